@@ -1,0 +1,23 @@
+package shard
+
+import "errors"
+
+var (
+	// ErrTimeBackwards is returned by Limiter.Allow when now is earlier than
+	// the latest time the limiter has already seen.
+	ErrTimeBackwards = errors.New("shard: time moved backwards")
+	// ErrInvalidHits is returned when a request's hits are not positive or
+	// exceed the policy limit (such a request could never be admitted).
+	ErrInvalidHits = errors.New("shard: invalid hits")
+	// ErrInvalidPolicy is returned when a policy's limit, window, algorithm
+	// or resolution is out of range.
+	ErrInvalidPolicy = errors.New("shard: invalid policy")
+	// ErrInvalidKey is returned when a key part is empty, too long or holds a
+	// character outside the allowed set.
+	ErrInvalidKey = errors.New("shard: invalid key")
+	// ErrCapacity is returned when a new key would exceed Config.MaxKeys
+	// after reclaiming expired keys; existing keys keep working.
+	ErrCapacity = errors.New("shard: key capacity reached")
+	// ErrInvalidState is returned by Store.Import for a malformed key state.
+	ErrInvalidState = errors.New("shard: invalid key state")
+)

@@ -1,0 +1,42 @@
+package shard
+
+import (
+	"fmt"
+	"time"
+)
+
+// Limiter is one key's limit on the caller's clock. It rejects a now earlier
+// than any it has seen with ErrTimeBackwards. It is not safe for concurrent
+// use; Store is the concurrent, many-key form.
+type Limiter struct {
+	policy Policy
+	lim    limiter
+	last   int64
+}
+
+// NewLimiter returns an empty limiter for p, or an error wrapping
+// ErrInvalidPolicy.
+func NewLimiter(p Policy) (*Limiter, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return &Limiter{policy: p, lim: newLimiter(p.Algorithm), last: minTime}, nil
+}
+
+// Allow decides whether hits units may be admitted at now and records them if
+// so. Over limit is Allowed == false with a nil error. Errors (time moved
+// backwards, invalid hits) change nothing.
+func (l *Limiter) Allow(now time.Time, hits int64) (Decision, error) {
+	t := now.UnixNano()
+	if t < l.last {
+		return Decision{}, fmt.Errorf("%w: %v is %v before the last decision", ErrTimeBackwards, now, time.Duration(l.last-t))
+	}
+	if err := checkHits(&l.policy, hits); err != nil {
+		return Decision{}, err
+	}
+	l.last = t
+	return l.lim.allow(t, l.policy, hits), nil
+}
+
+// Policy returns the limiter's policy.
+func (l *Limiter) Policy() Policy { return l.policy }

@@ -1,0 +1,181 @@
+package shard
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"time"
+)
+
+// Algorithm names one limiting algorithm. Each keeps a different promise;
+// they are separate policies, not tunings of one another.
+type Algorithm uint8
+
+const (
+	// SlidingLog (the default) admits at most Limit units in any rolling
+	// interval (t − Window, t]. It is exact: the log holds every admission as
+	// (timestamp, count) runs until it is Window old. It allows a burst of
+	// Limit at one instant when the log is empty.
+	SlidingLog Algorithm = iota
+	// TokenBucket is GCRA: a bucket of Limit units that refills one unit
+	// every Window/Limit. It allows a burst of at most Limit, then a steady
+	// rate of Limit per Window. Over any interval of length d it admits at
+	// most Limit + d·Limit/Window units, so a rolling window can see up to
+	// about 2·Limit: it smooths, it does not cap a window.
+	TokenBucket
+	// FixedWindow counts admissions per aligned interval [kW, (k+1)W). It is
+	// kept to demonstrate the boundary problem: Limit just before an edge and
+	// Limit just after it are all admitted, 2·Limit within moments.
+	FixedWindow
+	numAlgorithms
+)
+
+var algorithmNames = [numAlgorithms]string{"sliding_log", "token_bucket", "fixed_window"}
+
+// String returns the algorithm's stable name: sliding_log, token_bucket or
+// fixed_window.
+func (a Algorithm) String() string {
+	if a < numAlgorithms {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm maps a stable name (see String) to its Algorithm. The empty
+// string means SlidingLog.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	if s == "" {
+		return SlidingLog, nil
+	}
+	for i, n := range algorithmNames {
+		if n == s {
+			return Algorithm(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown algorithm %q (want sliding_log, token_bucket or fixed_window)", ErrInvalidPolicy, s)
+}
+
+// DefaultResolution is the timestamp resolution used when
+// Policy.Resolution is zero.
+const DefaultResolution = time.Millisecond
+
+// Policy is one named limit: how many units (Limit) per Window, under which
+// Algorithm.
+type Policy struct {
+	// Limit is the number of units admitted per window. Must be positive.
+	Limit int64
+	// Window is the rolling interval. Must be positive.
+	Window time.Duration
+	// Algorithm is the limiting algorithm. Zero means SlidingLog.
+	Algorithm Algorithm
+	// Resolution is the SlidingLog timestamp granularity: admission times
+	// are rounded up to a multiple of it, which keeps the promise and bounds
+	// a key's log to Window/Resolution runs. Zero means 1 ms. Must not
+	// exceed Window.
+	Resolution time.Duration
+}
+
+// Validate reports every problem with the policy, joined, each wrapping
+// ErrInvalidPolicy.
+func (p Policy) Validate() error {
+	var errs []error
+	if p.Limit <= 0 {
+		errs = append(errs, fmt.Errorf("%w: limit %d must be positive", ErrInvalidPolicy, p.Limit))
+	}
+	if p.Window <= 0 {
+		errs = append(errs, fmt.Errorf("%w: window %v must be positive", ErrInvalidPolicy, p.Window))
+	}
+	if p.Algorithm >= numAlgorithms {
+		errs = append(errs, fmt.Errorf("%w: unknown algorithm %d", ErrInvalidPolicy, p.Algorithm))
+	}
+	if p.Resolution < 0 {
+		errs = append(errs, fmt.Errorf("%w: resolution %v must not be negative", ErrInvalidPolicy, p.Resolution))
+	} else if p.Window > 0 && p.Resolution > p.Window {
+		errs = append(errs, fmt.Errorf("%w: resolution %v exceeds window %v", ErrInvalidPolicy, p.Resolution, p.Window))
+	}
+	return errors.Join(errs...)
+}
+
+// valid is the allocation-free check used on the decision path.
+func (p *Policy) valid() bool {
+	return p.Limit > 0 && p.Window > 0 && p.Algorithm < numAlgorithms && p.Resolution >= 0 && p.Resolution <= p.Window
+}
+
+func (p *Policy) resolution() int64 {
+	if p.Resolution == 0 {
+		return int64(DefaultResolution)
+	}
+	return int64(p.Resolution)
+}
+
+// checkHits validates a request's cost against the policy.
+func checkHits(p *Policy, hits int64) error {
+	if hits <= 0 {
+		return fmt.Errorf("%w: hits %d must be positive", ErrInvalidHits, hits)
+	}
+	if hits > p.Limit {
+		return fmt.Errorf("%w: hits %d exceed limit %d and can never be admitted", ErrInvalidHits, hits, p.Limit)
+	}
+	return nil
+}
+
+// Decision is the verdict on one request. Over limit is Allowed == false with
+// a nil error.
+type Decision struct {
+	// Allowed reports whether the request was admitted (and recorded).
+	Allowed bool
+	// Limit is the policy's limit.
+	Limit int64
+	// Remaining is how many units could still be admitted at this instant,
+	// after this decision.
+	Remaining int64
+	// RetryAfter is, for a rejected request, the exact time until enough
+	// admissions expire for this request's hits to fit (assuming no other
+	// admissions). Zero when allowed.
+	RetryAfter time.Duration
+	// ResetAfter is the time until the key's state is empty again (every
+	// recorded admission expired, or the bucket full).
+	ResetAfter time.Duration
+}
+
+// limiter is one key's state under one algorithm. Implementations assume the
+// caller validated the policy and hits and serialises calls.
+type limiter interface {
+	// allow makes the decision at now (ns) and records on admission.
+	allow(now int64, p Policy, hits int64) Decision
+	// idleAt returns the time (ns) from which the state is equivalent to a
+	// fresh one and may be reclaimed.
+	idleAt(window int64) int64
+	// export returns the state as runs with ages relative to now.
+	export(now int64) []Run
+	// merge folds rebased runs into the state, conservatively (never freeing
+	// quota the sender had used).
+	merge(now int64, runs []Run, p Policy)
+	// bytes is the memory the state holds beyond its fixed struct.
+	bytes() int64
+}
+
+func newLimiter(a Algorithm) limiter {
+	switch a {
+	case TokenBucket:
+		return &gcra{}
+	case FixedWindow:
+		return &fixedWindow{}
+	default:
+		return &slidingLog{}
+	}
+}
+
+// mulDiv returns a*b/c rounded up (ceil) or down, for non-negative a, b and
+// positive c with a*b/c < 2^63, without overflowing the product.
+func mulDiv(a, b, c int64, ceil bool) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return 1<<63 - 1
+	}
+	q, r := bits.Div64(hi, lo, uint64(c))
+	if ceil && r != 0 {
+		q++
+	}
+	return int64(q)
+}

@@ -1,0 +1,50 @@
+package shard
+
+import (
+	"fmt"
+	"time"
+)
+
+// Run is part of an exported key state: Count units admitted Age before the
+// export's now. Age may be negative by less than one resolution step (times
+// are rounded up). For TokenBucket the single run's Age is now minus the
+// theoretical arrival time and Count is zero; for FixedWindow it is the age of
+// the window start and the window's count.
+type Run struct {
+	Age   time.Duration
+	Count int64
+}
+
+// KeyState is one key's state as a plain value, for handoff between nodes.
+// Ages are relative to the sender's now; Import rebases them on the
+// receiver's now, so clock offset between machines cannot make admissions
+// expire early, and transfer delay only makes them expire later.
+type KeyState struct {
+	Key       Key
+	Algorithm Algorithm
+	// Runs are oldest first (non-increasing Age).
+	Runs []Run
+}
+
+// Validate reports whether the state is well formed: a valid key and
+// algorithm, and runs oldest first with sensible counts.
+func (s KeyState) Validate() error {
+	if err := s.Key.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidState, err)
+	}
+	if s.Algorithm >= numAlgorithms {
+		return fmt.Errorf("%w: unknown algorithm %d", ErrInvalidState, s.Algorithm)
+	}
+	if s.Algorithm != SlidingLog && len(s.Runs) > 1 {
+		return fmt.Errorf("%w: %v state has %d runs, want at most 1", ErrInvalidState, s.Algorithm, len(s.Runs))
+	}
+	for i, r := range s.Runs {
+		if r.Count < 0 || (s.Algorithm == SlidingLog && r.Count == 0) {
+			return fmt.Errorf("%w: run %d has count %d", ErrInvalidState, i, r.Count)
+		}
+		if i > 0 && r.Age > s.Runs[i-1].Age {
+			return fmt.Errorf("%w: run %d is older than run %d", ErrInvalidState, i, i-1)
+		}
+	}
+	return nil
+}

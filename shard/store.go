@@ -1,0 +1,322 @@
+package shard
+
+import (
+	"fmt"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Config configures a Store. The zero value is ready to use.
+type Config struct {
+	// Stripes is the number of lock stripes, rounded up to a power of two.
+	// Zero means 256.
+	Stripes int
+	// MaxKeys bounds how many keys the store holds. A new key past it gets
+	// ErrCapacity (after reclaiming expired keys in its stripe); existing
+	// keys keep working. Zero means 1 048 576.
+	MaxKeys int
+}
+
+// Store holds many keys' state and makes atomic per-key decisions on the
+// owner's clock. It is safe for concurrent use. The zero value is not usable;
+// call NewStore.
+type Store struct {
+	stripes []stripe
+	mask    uint64
+	maxKeys int64
+	keys    atomic.Int64
+	bytes   atomic.Int64
+	cursor  atomic.Uint64
+}
+
+type stripe struct {
+	mu sync.Mutex
+	m  map[string]*entry
+	// Padding keeps neighbouring stripes' locks on separate cache lines.
+	_ [40]byte
+}
+
+// entry is one key's state. ek is the key's canonical encoding (the map
+// key); key's parts share its memory.
+type entry struct {
+	key  Key
+	ek   string
+	last int64 // latest now seen, for the per-key clock clamp
+	alg  Algorithm
+	lim  limiter
+	// window is the window of the policy last applied, which bounds how
+	// long the state matters (for reclamation).
+	window time.Duration
+	size   int64 // bytes accounted for this entry
+}
+
+// Fixed per-key costs used by Bytes: the map slot (string header, pointer,
+// control byte and load-factor slack), the entry and its limiter struct.
+const (
+	mapSlotBytes = 40
+	entryBytes   = int64(unsafe.Sizeof(entry{}))
+	limBytes     = 48
+)
+
+// NewStore returns an empty store. Negative Config fields are an error.
+func NewStore(cfg Config) (*Store, error) {
+	if cfg.Stripes < 0 || cfg.MaxKeys < 0 {
+		return nil, fmt.Errorf("shard: stripes %d and max keys %d must not be negative", cfg.Stripes, cfg.MaxKeys)
+	}
+	if cfg.Stripes == 0 {
+		cfg.Stripes = 256
+	}
+	if cfg.MaxKeys == 0 {
+		cfg.MaxKeys = 1 << 20
+	}
+	n := 1 << bits.Len(uint(cfg.Stripes-1))
+	s := &Store{stripes: make([]stripe, n), mask: uint64(n - 1), maxKeys: int64(cfg.MaxKeys)}
+	for i := range s.stripes {
+		s.stripes[i].m = make(map[string]*entry)
+	}
+	return s, nil
+}
+
+func (s *Store) stripeFor(ek []byte) *stripe {
+	return &s.stripes[xxhash.Sum64(ek)&s.mask]
+}
+
+// Allow decides whether hits units of key may be admitted under p at now, and
+// records them if so. now is clamped per key so a key's time never
+// decreases (the owner's clock is the authority; a step back is treated as
+// no time passing). Over limit is Allowed == false with a nil error. Invalid
+// key, policy or hits, or ErrCapacity for a new key, return an error and
+// change nothing. It does not allocate for an existing key.
+func (s *Store) Allow(key Key, p Policy, hits int64, now time.Time) (Decision, error) {
+	var buf [MaxEncodedKeyLen]byte
+	ek, ok := key.AppendEncoded(buf[:0])
+	if !ok {
+		return Decision{}, key.Validate()
+	}
+	if !p.valid() {
+		return Decision{}, p.Validate()
+	}
+	if hits <= 0 || hits > p.Limit {
+		return Decision{}, checkHits(&p, hits)
+	}
+	t := now.UnixNano()
+	st := s.stripeFor(ek)
+	st.mu.Lock()
+	e := st.m[string(ek)]
+	if e == nil {
+		var err error
+		if e, err = s.insertLocked(st, ek, p.Algorithm, t); err != nil {
+			st.mu.Unlock()
+			return Decision{}, err
+		}
+	}
+	if e.alg != p.Algorithm {
+		// The policy table changed the key's algorithm: the old state means
+		// nothing to the new one.
+		s.resetLocked(e, p.Algorithm)
+	}
+	e.last = max(e.last, t)
+	e.window = p.Window
+	d := e.lim.allow(e.last, p, hits)
+	if e.alg == SlidingLog {
+		s.accountLocked(e)
+	}
+	st.mu.Unlock()
+	return d, nil
+}
+
+// insertLocked adds a fresh entry to st, whose lock is held. At capacity it
+// first reclaims st's idle entries.
+func (s *Store) insertLocked(st *stripe, ek []byte, a Algorithm, now int64) (*entry, error) {
+	if s.keys.Add(1) > s.maxKeys {
+		s.keys.Add(-1)
+		s.sweepStripeLocked(st, now)
+		if s.keys.Add(1) > s.maxKeys {
+			s.keys.Add(-1)
+			return nil, fmt.Errorf("%w: %d keys held", ErrCapacity, s.maxKeys)
+		}
+	}
+	k := string(ek) // one allocation per new key: the map key, shared by e.key
+	dk, err := DecodeKey(k)
+	if err != nil {
+		s.keys.Add(-1)
+		return nil, err
+	}
+	e := &entry{key: dk, ek: k, last: minTime, alg: a, lim: newLimiter(a)}
+	st.m[k] = e
+	s.accountLocked(e)
+	return e, nil
+}
+
+func (s *Store) resetLocked(e *entry, a Algorithm) {
+	e.alg, e.lim = a, newLimiter(a)
+	s.accountLocked(e)
+}
+
+// accountLocked refreshes e's share of Bytes.
+func (s *Store) accountLocked(e *entry) {
+	n := mapSlotBytes + entryBytes + limBytes + int64(len(e.ek)) + e.lim.bytes()
+	if n != e.size {
+		s.bytes.Add(n - e.size)
+		e.size = n
+	}
+}
+
+func (s *Store) removeLocked(st *stripe, e *entry) {
+	delete(st.m, e.ek)
+	s.keys.Add(-1)
+	s.bytes.Add(-e.size)
+}
+
+// sweepStripeLocked removes st's idle entries: those whose state is empty at
+// now, so removing them changes no future decision.
+func (s *Store) sweepStripeLocked(st *stripe, now int64) int {
+	n := 0
+	for _, e := range st.m {
+		if e.lim.idleAt(int64(e.window)) <= max(now, e.last) {
+			s.removeLocked(st, e)
+			n++
+		}
+	}
+	return n
+}
+
+// Sweep reclaims idle keys, examining stripes round-robin from where the last
+// sweep stopped until at least limit keys have been examined (limit <= 0
+// means every stripe once). It returns the number of keys removed. Call it
+// periodically; Store starts no goroutine of its own.
+func (s *Store) Sweep(now time.Time, limit int) int {
+	t := now.UnixNano()
+	removed, examined := 0, 0
+	for i := 0; i < len(s.stripes); i++ {
+		st := &s.stripes[s.cursor.Add(1)&s.mask]
+		st.mu.Lock()
+		examined += len(st.m)
+		removed += s.sweepStripeLocked(st, t)
+		st.mu.Unlock()
+		if limit > 0 && examined >= limit {
+			break
+		}
+	}
+	return removed
+}
+
+// Len returns the number of keys held.
+func (s *Store) Len() int { return int(s.keys.Load()) }
+
+// Bytes returns an estimate of the memory held by keys' state: map slots,
+// entries, encoded keys and log buffers. Tests check it against the heap.
+func (s *Store) Bytes() int64 { return s.bytes.Load() }
+
+// Export returns key's state with ages relative to now, and whether the key
+// is held. The store keeps the key.
+func (s *Store) Export(key Key, now time.Time) (KeyState, bool) {
+	return s.export(key, now, false)
+}
+
+// Take is Export followed by removal, atomically: after it returns, this
+// store no longer holds the key (used when ownership moves away).
+func (s *Store) Take(key Key, now time.Time) (KeyState, bool) {
+	return s.export(key, now, true)
+}
+
+func (s *Store) export(key Key, now time.Time, remove bool) (KeyState, bool) {
+	var buf [MaxEncodedKeyLen]byte
+	ek, ok := key.AppendEncoded(buf[:0])
+	if !ok {
+		return KeyState{}, false
+	}
+	st := s.stripeFor(ek)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	e := st.m[string(ek)]
+	if e == nil {
+		return KeyState{}, false
+	}
+	t := max(now.UnixNano(), e.last)
+	ks := KeyState{Key: e.key, Algorithm: e.alg, Runs: e.lim.export(t)}
+	if remove {
+		s.removeLocked(st, e)
+	}
+	return ks, true
+}
+
+// Import merges an exported state into the store, rebasing ages on now. If
+// the key already has state here, both are kept (their admissions add up),
+// which can only refuse more, never admit more. A malformed state returns an
+// error wrapping ErrInvalidState and changes nothing; a new key past
+// MaxKeys returns ErrCapacity.
+func (s *Store) Import(ks KeyState, p Policy, now time.Time) error {
+	if err := ks.Validate(); err != nil {
+		return err
+	}
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	if p.Algorithm != ks.Algorithm {
+		return fmt.Errorf("%w: state is %v but policy is %v", ErrInvalidState, ks.Algorithm, p.Algorithm)
+	}
+	var buf [MaxEncodedKeyLen]byte
+	ek, _ := ks.Key.AppendEncoded(buf[:0])
+	t := now.UnixNano()
+	st := s.stripeFor(ek)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	e := st.m[string(ek)]
+	if e == nil {
+		var err error
+		if e, err = s.insertLocked(st, ek, ks.Algorithm, t); err != nil {
+			return err
+		}
+	} else if e.alg != ks.Algorithm {
+		s.resetLocked(e, ks.Algorithm)
+	}
+	e.last = max(e.last, t)
+	e.lim.merge(e.last, ks.Runs, p)
+	e.window = p.Window
+	s.accountLocked(e)
+	return nil
+}
+
+// Delete removes key's state and reports whether it was held.
+func (s *Store) Delete(key Key) bool {
+	var buf [MaxEncodedKeyLen]byte
+	ek, ok := key.AppendEncoded(buf[:0])
+	if !ok {
+		return false
+	}
+	st := s.stripeFor(ek)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	e := st.m[string(ek)]
+	if e != nil {
+		s.removeLocked(st, e)
+	}
+	return e != nil
+}
+
+// Range calls fn for every key held, one stripe at a time, until fn returns
+// false. fn runs without any store lock held, so it may call the store; keys
+// added or removed during Range may or may not be seen.
+func (s *Store) Range(fn func(Key) bool) {
+	var keys []Key
+	for i := range s.stripes {
+		st := &s.stripes[i]
+		st.mu.Lock()
+		keys = keys[:0]
+		for _, e := range st.m {
+			keys = append(keys, e.key)
+		}
+		st.mu.Unlock()
+		for _, k := range keys {
+			if !fn(k) {
+				return
+			}
+		}
+	}
+}
