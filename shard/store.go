@@ -320,3 +320,17 @@ func (s *Store) Range(fn func(Key) bool) {
 		}
 	}
 }
+
+// Has reports whether key has state in the store.
+func (s *Store) Has(key Key) bool {
+	var buf [MaxEncodedKeyLen]byte
+	ek, ok := key.AppendEncoded(buf[:0])
+	if !ok {
+		return false
+	}
+	st := s.stripeFor(ek)
+	st.mu.Lock()
+	_, ok = st.m[string(ek)]
+	st.mu.Unlock()
+	return ok
+}

@@ -1,0 +1,340 @@
+package peer
+
+import (
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/hashicorp/memberlist"
+
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/shard"
+)
+
+// Key identifies one quota: tenant, authenticated subject and policy name.
+// It is shard.Key, re-exported so an embedder imports one package.
+type Key = shard.Key
+
+// Algorithm is shard.Algorithm, re-exported.
+type Algorithm = shard.Algorithm
+
+// The algorithms a policy can use; see shard for each one's promise.
+const (
+	SlidingLog  = shard.SlidingLog
+	TokenBucket = shard.TokenBucket
+	FixedWindow = shard.FixedWindow
+)
+
+// OnUnavailable says what a node does when a key's owner cannot be reached in
+// time. Whatever it says, the outcome is reported as unavailability, never as
+// over limit.
+type OnUnavailable uint8
+
+const (
+	// FailClosed (the default) refuses: Allow returns an error wrapping
+	// ErrUnavailable.
+	FailClosed OnUnavailable = iota
+	// FailOpen admits without a decision: Decision.Reason is
+	// ReasonFailedOpen.
+	FailOpen
+	// Fallback decides on a local log with a reduced limit
+	// (PolicyConfig.FallbackLimit): Decision.Reason is ReasonFallback.
+	Fallback
+)
+
+var onUnavailableNames = [...]string{"fail_closed", "fail_open", "fallback"}
+
+// String returns fail_closed, fail_open or fallback.
+func (o OnUnavailable) String() string {
+	if int(o) < len(onUnavailableNames) {
+		return onUnavailableNames[o]
+	}
+	return fmt.Sprintf("on_unavailable(%d)", uint8(o))
+}
+
+// ParseOnUnavailable maps fail_closed, fail_open or fallback (or "", meaning
+// fail_closed) to its value.
+func ParseOnUnavailable(s string) (OnUnavailable, error) {
+	if s == "" {
+		return FailClosed, nil
+	}
+	for i, n := range onUnavailableNames {
+		if n == s {
+			return OnUnavailable(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown on_unavailable %q (want fail_closed, fail_open or fallback)", ErrInvalidConfig, s)
+}
+
+// PolicyConfig is one entry of the server-side policy table. The owner's
+// table decides: a request only names the policy.
+type PolicyConfig struct {
+	// Limit is the number of units per Window. Must be positive.
+	Limit int64
+	// Window is the rolling window. Must be positive.
+	Window time.Duration
+	// Algorithm is the limiting algorithm. Zero means SlidingLog.
+	Algorithm Algorithm
+	// Resolution is the sliding log's timestamp granularity. Zero means 1 ms.
+	Resolution time.Duration
+	// OnUnavailable is what to do when the owner cannot be reached. Zero
+	// means FailClosed.
+	OnUnavailable OnUnavailable
+	// FallbackLimit is the local limit used by Fallback. Zero means Limit
+	// divided by the number of members in the ring (at least 1), so the
+	// members together stay near Limit.
+	FallbackLimit int64
+	// Shadow computes, records and reports decisions but admits every
+	// request: a refusal comes back Allowed with ReasonShadow. Use it to try
+	// a new limit on live traffic.
+	Shadow bool
+}
+
+func (p PolicyConfig) shard() shard.Policy {
+	return shard.Policy{Limit: p.Limit, Window: p.Window, Algorithm: p.Algorithm, Resolution: p.Resolution}
+}
+
+// Config configures a Node. The zero value runs a working single node on
+// loopback with ephemeral ports and one policy named "default" (100 per
+// minute). Production must set Name, GossipAddr, RPCAddr (reachable
+// addresses), Join, Policies, and should set TLS, GossipKey and Logger.
+// New works on a copy and never writes into the caller's struct.
+type Config struct {
+	// Name is the node's unique member name. Zero means "node-" plus 8
+	// random hex digits.
+	Name string
+	// GossipAddr is the memberlist bind address, host:port; port 0 picks a
+	// free port (read it back with Node.GossipAddr). Zero means
+	// "127.0.0.1:0".
+	GossipAddr string
+	// RPCAddr is the gRPC listen address, host:port; port 0 picks a free
+	// port (Node.RPCAddr). Zero means "127.0.0.1:0".
+	RPCAddr string
+	// Join lists gossip addresses of existing members. Zero means start a
+	// new cluster.
+	Join []string
+	// Policies is the server-side policy table, by policy name. Zero means
+	// {"default": 100 per minute, sliding log, fail closed}.
+	Policies map[string]PolicyConfig
+	// Ring holds the placement parameters; zero fields take ring's defaults.
+	// Every member must use the same values.
+	Ring ring.Config
+	// ForwardTimeout bounds one forwarded request when the caller's context
+	// has no earlier deadline. Zero means 500 ms.
+	ForwardTimeout time.Duration
+	// MaxBatch is the most requests one forwarded RPC carries. Zero means 256.
+	MaxBatch int
+	// MaxInFlight is how many batch RPCs may be in flight to one peer at
+	// once. Zero means 4.
+	MaxInFlight int
+	// DisableBatching sends every forwarded request as its own RPC (for
+	// comparison).
+	DisableBatching bool
+	// NotOwnerRetries bounds how often a request is retried after a peer
+	// answers "not owner". Zero means 3.
+	NotOwnerRetries int
+	// ServerTLS, if set, secures the gRPC server; ClientTLS secures the
+	// connections to peers. Nil means plaintext.
+	ServerTLS *tls.Config
+	// ClientTLS, see ServerTLS.
+	ClientTLS *tls.Config
+	// GossipKey, if set, encrypts gossip (AES, 16, 24 or 32 bytes). Members
+	// with another key cannot join.
+	GossipKey []byte
+	// Gossip adjusts the memberlist config after ringlimit's defaults
+	// (memberlist.DefaultLANConfig plus name, addresses, delegates and
+	// logger). Nil means no change. Called once, from New.
+	Gossip func(*memberlist.Config)
+	// Clock is the node's time source; as owner, it is the authority for the
+	// keys it owns. Nil means time.Now.
+	Clock func() time.Time
+	// Logger receives structured logs. Nil means discard.
+	Logger *slog.Logger
+	// Metrics receives counters and timings. Nil means none.
+	Metrics Metrics
+	// Store bounds local state (stripes, MaxKeys); zero fields take shard's
+	// defaults.
+	Store shard.Config
+	// SweepInterval is how often idle keys are reclaimed. Zero means 10 s.
+	SweepInterval time.Duration
+	// HotKeys is how many hot keys the node tracks and reports. Zero means
+	// 16.
+	HotKeys int
+	// HotKeysHalfLife is the decay half-life of hot-key rates. Zero means
+	// 10 s.
+	HotKeysHalfLife time.Duration
+	// Backup streams each owned key's admissions to the node that would own
+	// it if this node failed, so a crash loses at most the admissions not
+	// yet streamed. Zero (false) means no backup: a crash resets the crashed
+	// owner's keys.
+	Backup bool
+	// BackupInterval is how often admissions are streamed to backups. Zero
+	// means 50 ms.
+	BackupInterval time.Duration
+	// HandoffGrace is how long after a membership change a new owner asks
+	// the previous owner for a key's state before deciding on it. Zero
+	// means 30 s.
+	HandoffGrace time.Duration
+}
+
+// defaultPolicy is the table a zero Config gets.
+var defaultPolicy = PolicyConfig{Limit: 100, Window: time.Minute}
+
+// withDefaults returns a copy of c with zero fields filled in. Maps and
+// slices are copied so the caller's values are never written.
+func (c Config) withDefaults() Config {
+	if c.Name == "" {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		c.Name = "node-" + hex.EncodeToString(b[:])
+	}
+	if c.GossipAddr == "" {
+		c.GossipAddr = "127.0.0.1:0"
+	}
+	if c.RPCAddr == "" {
+		c.RPCAddr = "127.0.0.1:0"
+	}
+	c.Join = append([]string(nil), c.Join...)
+	pols := make(map[string]PolicyConfig, len(c.Policies))
+	for k, v := range c.Policies {
+		pols[k] = v
+	}
+	if len(pols) == 0 {
+		pols["default"] = defaultPolicy
+	}
+	c.Policies = pols
+	c.Ring = c.Ring.WithDefaults()
+	if c.ForwardTimeout == 0 {
+		c.ForwardTimeout = 500 * time.Millisecond
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = 256
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = 4
+	}
+	if c.NotOwnerRetries == 0 {
+		c.NotOwnerRetries = 3
+	}
+	c.GossipKey = append([]byte(nil), c.GossipKey...)
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Metrics == nil {
+		c.Metrics = nopMetrics{}
+	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = 10 * time.Second
+	}
+	if c.HotKeys == 0 {
+		c.HotKeys = 16
+	}
+	if c.HotKeysHalfLife == 0 {
+		c.HotKeysHalfLife = 10 * time.Second
+	}
+	if c.BackupInterval == 0 {
+		c.BackupInterval = 50 * time.Millisecond
+	}
+	if c.HandoffGrace == 0 {
+		c.HandoffGrace = 30 * time.Second
+	}
+	return c
+}
+
+// validate reports every problem at once, joined, each wrapping
+// ErrInvalidConfig. It expects defaults filled in.
+func (c Config) validate() error {
+	var errs []error
+	bad := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...))
+	}
+	if len(c.Name) > 128 {
+		bad("name is %d bytes, longer than 128", len(c.Name))
+	}
+	for _, a := range []struct{ name, v string }{{"gossip address", c.GossipAddr}, {"rpc address", c.RPCAddr}} {
+		if _, _, err := net.SplitHostPort(a.v); err != nil {
+			bad("%s %q: %v", a.name, a.v, err)
+		}
+	}
+	for name, p := range c.Policies {
+		if err := (shard.Key{Tenant: "t", Subject: "s", Policy: name}).Validate(); err != nil {
+			bad("policy name %q: must be 1 to %d bytes of visible ASCII", name, shard.MaxKeyPartLen)
+		}
+		if err := p.shard().Validate(); err != nil {
+			bad("policy %q: %v", name, err)
+		}
+		if p.OnUnavailable > Fallback {
+			bad("policy %q: unknown on_unavailable %d", name, p.OnUnavailable)
+		}
+		if p.FallbackLimit < 0 {
+			bad("policy %q: fallback limit %d must not be negative", name, p.FallbackLimit)
+		}
+	}
+	if err := c.Ring.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidConfig, err))
+	}
+	if c.ForwardTimeout < 0 {
+		bad("forward timeout %v must not be negative", c.ForwardTimeout)
+	}
+	if c.MaxBatch < 0 || c.MaxBatch > maxWireBatch {
+		bad("max batch %d must be between 1 and %d", c.MaxBatch, maxWireBatch)
+	}
+	if c.MaxInFlight < 0 {
+		bad("max in flight %d must not be negative", c.MaxInFlight)
+	}
+	if c.NotOwnerRetries < 0 {
+		bad("not-owner retries %d must not be negative", c.NotOwnerRetries)
+	}
+	switch len(c.GossipKey) {
+	case 0, 16, 24, 32:
+	default:
+		bad("gossip key is %d bytes, want 16, 24 or 32", len(c.GossipKey))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"sweep interval", c.SweepInterval}, {"hot keys half-life", c.HotKeysHalfLife}, {"backup interval", c.BackupInterval}, {"handoff grace", c.HandoffGrace}} {
+		if d.v < 0 {
+			bad("%s %v must not be negative", d.name, d.v)
+		}
+	}
+	if c.HotKeys < 0 {
+		bad("hot keys %d must not be negative", c.HotKeys)
+	}
+	if c.Store.Stripes < 0 || c.Store.MaxKeys < 0 {
+		bad("store stripes %d and max keys %d must not be negative", c.Store.Stripes, c.Store.MaxKeys)
+	}
+	return errors.Join(errs...)
+}
+
+// fingerprint identifies the cluster-wide contract: ring placement and the
+// policy table. Members gossip it; a member with another fingerprint is
+// never used as an owner.
+func (c Config) fingerprint() uint64 {
+	h := xxhash.New()
+	fmt.Fprintf(h, "ring=%d;", c.Ring.Fingerprint())
+	names := make([]string, 0, len(c.Policies))
+	for n := range c.Policies {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		p := c.Policies[n]
+		fmt.Fprintf(h, "%q=%d/%d/%d/%d;", n, p.Limit, p.Window, p.Algorithm, p.Resolution)
+	}
+	return h.Sum64()
+}
+
+// maxWireBatch is the most items a Check RPC may carry; more is
+// InvalidArgument.
+const maxWireBatch = 4096

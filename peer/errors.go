@@ -1,0 +1,28 @@
+package peer
+
+import (
+	"errors"
+)
+
+var (
+	// ErrUnavailable is returned by Allow when the key's owner could not be
+	// reached in time and the policy fails closed. It is never "over limit":
+	// the limiter could not decide.
+	ErrUnavailable = errors.New("peer: limiter unavailable")
+	// ErrClosed is returned by Allow after Close has started.
+	ErrClosed = errors.New("peer: node closed")
+	// ErrInvalidConfig is wrapped by every problem New finds in a Config.
+	ErrInvalidConfig = errors.New("peer: invalid config")
+	// ErrInvalidKey is returned when a key part is empty, too long or has a
+	// character outside visible ASCII. It wraps shard.ErrInvalidKey's cause.
+	ErrInvalidKey = errors.New("peer: invalid key")
+	// ErrUnknownPolicy is returned when the request names a policy that is
+	// not in the node's policy table.
+	ErrUnknownPolicy = errors.New("peer: unknown policy")
+	// ErrInvalidHits is returned when hits is negative or exceeds the
+	// policy's limit (it could never be admitted).
+	ErrInvalidHits = errors.New("peer: invalid hits")
+	// errNotOwner is the receiver's answer when its ring view says another
+	// node owns the key; it never leaves the package.
+	errNotOwner = errors.New("peer: not owner")
+)

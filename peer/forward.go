@@ -1,0 +1,265 @@
+package peer
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+)
+
+// client is the connection to one peer incarnation (name and address) and
+// the batcher that coalesces concurrent forwards to it. The connection is
+// dialed lazily by gRPC and closed when the peer leaves or restarts.
+type client struct {
+	n     *Node
+	name  string
+	addr  string
+	conn  *grpc.ClientConn
+	stub  peerpb.LimiterClient
+	queue chan *call
+	sem   chan struct{} // in-flight batch RPCs
+	quit  chan struct{}
+	once  sync.Once
+}
+
+// call is one forwarded request waiting for its batch's answer.
+type call struct {
+	item peerpb.CheckItem
+	key  peerpb.Key
+	done chan callResult
+}
+
+type callResult struct {
+	d   *peerpb.Decision
+	err error
+}
+
+const queueLen = 4096
+
+// client returns the client for member name at addr, creating it (and its
+// batcher goroutine) on first use. A client for an older address of the same
+// name is replaced.
+func (n *Node) client(name, addr string) (*client, error) {
+	n.clientsMu.Lock()
+	defer n.clientsMu.Unlock()
+	if c := n.clients[name]; c != nil {
+		if c.addr == addr {
+			return c, nil
+		}
+		c.stop()
+		delete(n.clients, name)
+	}
+	if n.ctx.Err() != nil {
+		return nil, ErrClosed
+	}
+	creds := insecure.NewCredentials()
+	if n.cfg.ClientTLS != nil {
+		creds = credentials.NewTLS(n.cfg.ClientTLS)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, fmt.Errorf("peer: client for %s at %s: %w", name, addr, err)
+	}
+	c := &client{
+		n: n, name: name, addr: addr, conn: conn,
+		stub:  peerpb.NewLimiterClient(conn),
+		queue: make(chan *call, queueLen),
+		sem:   make(chan struct{}, n.cfg.MaxInFlight),
+		quit:  make(chan struct{}),
+	}
+	n.clients[name] = c
+	n.wg.Add(1)
+	go c.batchLoop()
+	return c, nil
+}
+
+// dropClients stops clients of members that left or changed address.
+func (n *Node) dropClients(addrs map[string]string) {
+	n.clientsMu.Lock()
+	defer n.clientsMu.Unlock()
+	for name, c := range n.clients {
+		if addrs[name] != c.addr {
+			c.stop()
+			delete(n.clients, name)
+		}
+	}
+}
+
+func (c *client) stop() { c.once.Do(func() { close(c.quit) }) }
+
+// batchLoop takes an in-flight slot, then everything queued (up to
+// MaxBatch), and sends it as one RPC. No fixed delay is added: while RPCs are
+// in flight, requests queue up and leave together in the next batch.
+func (c *client) batchLoop() {
+	defer c.n.wg.Done()
+	defer func() {
+		// Wait for in-flight batches, then fail whatever is still queued.
+		for range cap(c.sem) {
+			c.sem <- struct{}{}
+		}
+		for {
+			select {
+			case k := <-c.queue:
+				k.done <- callResult{err: fmt.Errorf("%w: connection to %s closed", ErrUnavailable, c.name)}
+			default:
+				_ = c.conn.Close()
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case c.sem <- struct{}{}:
+		case <-c.quit:
+			return
+		}
+		var first *call
+		select {
+		case first = <-c.queue:
+		case <-c.quit:
+			<-c.sem
+			return
+		}
+		batch := []*call{first}
+	drain:
+		for len(batch) < c.n.cfg.MaxBatch {
+			select {
+			case k := <-c.queue:
+				batch = append(batch, k)
+			default:
+				break drain
+			}
+		}
+		c.n.wg.Add(1)
+		go c.send(batch)
+	}
+}
+
+// send makes one batch RPC and hands each call its decision.
+func (c *client) send(batch []*call) {
+	defer c.n.wg.Done()
+	defer func() { <-c.sem }()
+	req := &peerpb.CheckRequest{Sender: c.n.name, Items: make([]*peerpb.CheckItem, len(batch))}
+	v := c.n.view.Load()
+	req.RingVersion, req.MembersHash = v.snap.Version(), v.snap.MembersHash()
+	for i, k := range batch {
+		req.Items[i] = &k.item
+	}
+	ctx, cancel := context.WithTimeout(c.n.ctx, c.n.cfg.ForwardTimeout)
+	defer cancel()
+	start := time.Now()
+	resp, err := c.stub.Check(ctx, req)
+	if err == nil && len(resp.Decisions) != len(batch) {
+		err = fmt.Errorf("peer: %s answered %d decisions for %d requests", c.name, len(resp.Decisions), len(batch))
+	}
+	c.n.metrics.Batch(c.name, len(batch))
+	if err != nil {
+		c.n.metrics.Forward(c.name, "error", time.Since(start))
+		c.n.warnThrottled("forward failed", "peer", c.name, "batch", len(batch), "err", err)
+		err = fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, c.name, err)
+		for _, k := range batch {
+			k.done <- callResult{err: err}
+		}
+		return
+	}
+	c.n.metrics.Forward(c.name, "ok", time.Since(start))
+	for i, k := range batch {
+		k.done <- callResult{d: resp.Decisions[i]}
+	}
+}
+
+// forward asks owner to decide. It returns the owner's decision, a
+// *notOwnerError, or an error wrapping ErrUnavailable.
+func (n *Node) forward(ctx context.Context, v *view, owner string, key Key, hits int64, hops uint32) (Decision, error) {
+	addr, ok := v.addrs[owner]
+	if !ok {
+		return Decision{}, &notOwnerError{}
+	}
+	c, err := n.client(owner, addr)
+	if err != nil {
+		return Decision{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
+	defer cancel()
+	var res callResult
+	if n.cfg.DisableBatching {
+		res = c.direct(ctx, key, hits, hops)
+	} else {
+		k := n.calls.Get().(*call)
+		k.key = peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}
+		k.item = peerpb.CheckItem{Key: &k.key, Hits: hits, Hops: hops}
+		select {
+		case c.queue <- k:
+		case <-ctx.Done():
+			n.calls.Put(k)
+			return Decision{}, fmt.Errorf("%w: queue to %s: %w", ErrUnavailable, owner, ctx.Err())
+		case <-c.quit:
+			n.calls.Put(k)
+			return Decision{}, fmt.Errorf("%w: connection to %s closed", ErrUnavailable, owner)
+		}
+		select {
+		case res = <-k.done:
+			n.calls.Put(k)
+		case <-ctx.Done():
+			// The batch still holds k and will answer into its buffered
+			// channel; k is left to the garbage collector, not the pool.
+			return Decision{}, fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, owner, ctx.Err())
+		}
+	}
+	if res.err != nil {
+		return Decision{}, res.err
+	}
+	return fromWire(res.d, owner)
+}
+
+// direct sends one request as its own RPC (batching disabled).
+func (c *client) direct(ctx context.Context, key Key, hits int64, hops uint32) callResult {
+	v := c.n.view.Load()
+	req := &peerpb.CheckRequest{
+		Sender:      c.n.name,
+		RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash(),
+		Items: []*peerpb.CheckItem{{Key: &peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}, Hits: hits, Hops: hops}},
+	}
+	start := time.Now()
+	resp, err := c.stub.Check(ctx, req)
+	if err == nil && len(resp.Decisions) != 1 {
+		err = fmt.Errorf("peer: %s answered %d decisions for 1 request", c.name, len(resp.Decisions))
+	}
+	c.n.metrics.Batch(c.name, 1)
+	if err != nil {
+		c.n.metrics.Forward(c.name, "error", time.Since(start))
+		return callResult{err: fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, c.name, err)}
+	}
+	c.n.metrics.Forward(c.name, "ok", time.Since(start))
+	return callResult{d: resp.Decisions[0]}
+}
+
+// fromWire turns an owner's wire decision into a Decision or error.
+func fromWire(d *peerpb.Decision, peer string) (Decision, error) {
+	switch d.GetStatus() {
+	case peerpb.Status_STATUS_OK:
+		r := Reason(d.GetReason())
+		if r < ReasonAdmitted || r > ReasonFallback {
+			return Decision{}, fmt.Errorf("%w: %s sent reason %d", ErrUnavailable, peer, d.GetReason())
+		}
+		return Decision{
+			Allowed: d.GetAllowed(), Limit: d.GetLimit(), Remaining: d.GetRemaining(),
+			RetryAfter: time.Duration(d.GetRetryAfterNs()), ResetAfter: time.Duration(d.GetResetAfterNs()),
+			Reason: r, Owner: d.GetOwner(), RingVersion: d.GetRingVersion(),
+		}, nil
+	case peerpb.Status_STATUS_NOT_OWNER:
+		return Decision{}, &notOwnerError{owner: d.GetOwner(), membersHash: d.GetMembersHash()}
+	case peerpb.Status_STATUS_INVALID_ARGUMENT:
+		return Decision{}, fmt.Errorf("%w: %s: %s", ErrInvalidKey, peer, d.GetError())
+	case peerpb.Status_STATUS_UNKNOWN_POLICY:
+		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnknownPolicy, peer, d.GetError())
+	default:
+		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnavailable, peer, d.GetError())
+	}
+}

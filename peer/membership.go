@@ -1,0 +1,339 @@
+package peer
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/ringlimit/ringlimit/ring"
+)
+
+// view is one published ring with the addresses needed to reach its members.
+// Published views are never mutated.
+type view struct {
+	snap  *ring.Snapshot
+	addrs map[string]string // member name -> gRPC address
+	since time.Time         // node clock when this member set was installed
+	// prev holds earlier rings, newest first, each with the time it was
+	// replaced, so a new owner knows whom to ask for a key's state during
+	// the handoff grace period.
+	prev []prevRing
+	// joined is set on the node's first views: it has just joined, so every
+	// key it owns was owned by someone else (ring.Snapshot.Backup says who).
+	joined bool
+}
+
+// prevRing is a ring that was replaced at the given node time.
+type prevRing struct {
+	snap     *ring.Snapshot
+	replaced time.Time
+}
+
+// meta is what a node gossips about itself.
+type meta struct {
+	fingerprint uint64
+	rpcAddr     string
+}
+
+const metaVersion = 1
+
+func (m meta) encode() []byte {
+	b := make([]byte, 0, 16+len(m.rpcAddr))
+	b = append(b, metaVersion)
+	b = binary.BigEndian.AppendUint64(b, m.fingerprint)
+	return append(b, m.rpcAddr...)
+}
+
+func decodeMeta(b []byte) (meta, error) {
+	if len(b) < 9 || b[0] != metaVersion {
+		return meta{}, errors.New("peer: unrecognised member metadata")
+	}
+	m := meta{fingerprint: binary.BigEndian.Uint64(b[1:9]), rpcAddr: string(b[9:])}
+	if _, _, err := net.SplitHostPort(m.rpcAddr); err != nil {
+		return meta{}, fmt.Errorf("peer: member metadata rpc address: %w", err)
+	}
+	return m, nil
+}
+
+// event is one membership notification from memberlist.
+type event struct {
+	kind string // joined, left, updated
+	name string
+	addr string
+}
+
+// eventQueue collects memberlist notifications without blocking memberlist.
+// It is bounded: past maxEvents, the oldest detail is dropped (the rebuild
+// always reads the full member list, so only log detail is lost).
+type eventQueue struct {
+	mu      sync.Mutex
+	evs     []event
+	dropped int
+}
+
+const maxEvents = 1024
+
+func (q *eventQueue) push(e event) {
+	q.mu.Lock()
+	if len(q.evs) >= maxEvents {
+		q.evs = q.evs[1:]
+		q.dropped++
+	}
+	q.evs = append(q.evs, e)
+	q.mu.Unlock()
+}
+
+func (q *eventQueue) take() ([]event, int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	evs, d := q.evs, q.dropped
+	q.evs, q.dropped = nil, 0
+	return evs, d
+}
+
+// delegate receives memberlist callbacks. They never block: they note the
+// change and nudge the rebuild goroutine.
+type delegate struct {
+	n    *Node
+	meta []byte
+}
+
+func (d *delegate) NodeMeta(limit int) []byte {
+	if len(d.meta) > limit {
+		return nil
+	}
+	return d.meta
+}
+func (d *delegate) NotifyMsg([]byte)                {}
+func (d *delegate) GetBroadcasts(int, int) [][]byte { return nil }
+func (d *delegate) LocalState(bool) []byte          { return nil }
+func (d *delegate) MergeRemoteState([]byte, bool)   {}
+
+func (d *delegate) NotifyJoin(m *memberlist.Node)   { d.note("joined", m) }
+func (d *delegate) NotifyLeave(m *memberlist.Node)  { d.note("left", m) }
+func (d *delegate) NotifyUpdate(m *memberlist.Node) { d.note("updated", m) }
+
+func (d *delegate) note(kind string, m *memberlist.Node) {
+	kindOut := kind
+	if kind == "left" && m.State == memberlist.StateDead {
+		kindOut = "failed"
+	}
+	d.n.events.push(event{kind: kindOut, name: m.Name, addr: m.Address()})
+	d.n.nudge()
+}
+
+func (n *Node) nudge() {
+	select {
+	case n.rebuildCh <- struct{}{}:
+	default:
+	}
+}
+
+func (n *Node) startGossip(ctx context.Context) error {
+	host, portStr, _ := net.SplitHostPort(n.cfg.GossipAddr)
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return fmt.Errorf("%w: gossip port %q: %v", ErrInvalidConfig, portStr, err)
+	}
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = n.name
+	mc.BindAddr = host
+	mc.BindPort = port
+	mc.AdvertisePort = port
+	d := &delegate{n: n, meta: meta{fingerprint: n.fp, rpcAddr: n.RPCAddr()}.encode()}
+	mc.Delegate = d
+	mc.Events = d
+	n.gossipLog = newMemberlistLog(n.log)
+	mc.Logger = log.New(n.gossipLog, "", 0)
+	mc.LogOutput = nil
+	if len(n.cfg.GossipKey) > 0 {
+		mc.SecretKey = n.cfg.GossipKey
+	}
+	if n.cfg.Gossip != nil {
+		n.cfg.Gossip(mc)
+	}
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return fmt.Errorf("peer: start gossip on %s: %w", n.cfg.GossipAddr, err)
+	}
+	n.ml = ml
+	if len(n.cfg.Join) == 0 {
+		return nil
+	}
+	joined := make(chan error, 1)
+	go func() {
+		_, err := ml.Join(n.cfg.Join)
+		joined <- err
+	}()
+	select {
+	case err = <-joined:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		_ = ml.Shutdown()
+		<-joined // memberlist's join returns promptly once shut down
+		n.gossipLog.close()
+		return fmt.Errorf("peer: join %v: %w", n.cfg.Join, err)
+	}
+	return nil
+}
+
+// rebuildLoop rebuilds the ring whenever memberlist reports a change.
+func (n *Node) rebuildLoop() {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-n.rebuildCh:
+			n.rebuild()
+		}
+	}
+}
+
+// rebuild builds a fresh snapshot from the whole member list (never from
+// deltas), publishes it if the member set changed, and logs one "gossip
+// membership" line per event.
+func (n *Node) rebuild() {
+	evs, dropped := n.events.take()
+	names := make([]string, 0, n.ml.NumMembers())
+	addrs := make(map[string]string)
+	for _, m := range n.ml.Members() {
+		md, err := decodeMeta(m.Meta)
+		switch {
+		case err != nil:
+			n.log.Warn("member ignored", "peer", m.Name, "err", err)
+			continue
+		case md.fingerprint != n.fp:
+			n.log.Warn("member ignored: placement or policy fingerprint differs", "peer", m.Name,
+				"fingerprint", fmt.Sprintf("%016x", md.fingerprint), "want", fmt.Sprintf("%016x", n.fp))
+			continue
+		}
+		names = append(names, m.Name)
+		addrs[m.Name] = md.rpcAddr
+	}
+	old := n.view.Load()
+	now := n.clock()
+	n.viewMu.Lock()
+	changed := old == nil || !sameMembers(old, names, addrs)
+	v := old
+	if changed {
+		snap, err := ring.New(n.cfg.Ring, names, n.version+1)
+		if err != nil {
+			n.viewMu.Unlock()
+			// Only an impossible member list gets here (we are always in
+			// it); keep the old ring rather than route nowhere.
+			n.log.Error("ring rebuild failed", "err", err, "members", len(names))
+			return
+		}
+		n.version++
+		v = &view{snap: snap, addrs: addrs, since: now, joined: old == nil || old.joined && now.Sub(old.since) < n.cfg.HandoffGrace}
+		if old != nil {
+			v.prev = append([]prevRing{{snap: old.snap, replaced: now}}, old.prev...)
+			if len(v.prev) > maxPrevViews {
+				v.prev = v.prev[:maxPrevViews]
+			}
+		}
+		n.view.Store(v)
+		close(n.viewCh)
+		n.viewCh = make(chan struct{})
+	}
+	n.viewMu.Unlock()
+
+	owned := v.snap.PartitionsOwned(n.name)
+	if len(evs) == 0 && changed {
+		evs = []event{{kind: "joined", name: n.name}}
+	}
+	for _, e := range evs {
+		n.log.Info("gossip membership", "event", e.kind, "member", e.name, "member_addr", e.addr,
+			"ring_version", v.snap.Version(), "members", v.snap.Len(), "partitions_owned", owned)
+	}
+	if dropped > 0 {
+		n.log.Warn("gossip membership events dropped", "dropped", dropped)
+	}
+	if !changed {
+		return
+	}
+	n.metrics.Ring(v.snap.Version(), v.snap.Len())
+	n.dropClients(addrs)
+	if old != nil {
+		n.onRingChange(old, v)
+	}
+}
+
+const maxPrevViews = 4
+
+func sameMembers(v *view, names []string, addrs map[string]string) bool {
+	if v.snap.Len() != len(names) {
+		return false
+	}
+	for _, name := range names {
+		if v.addrs[name] != addrs[name] || !v.snap.Has(name) {
+			return false
+		}
+	}
+	return true
+}
+
+// viewChanged returns a channel closed at the next publish.
+func (n *Node) viewChanged() <-chan struct{} {
+	n.viewMu.Lock()
+	defer n.viewMu.Unlock()
+	return n.viewCh
+}
+
+// memberlistLog bridges memberlist's standard logger into slog: each line's
+// bracketed level ("[DEBUG]", "[INFO]", "[WARN]", "[ERR]") becomes the slog
+// level, with component=memberlist.
+type memberlistLog struct {
+	log *slog.Logger
+	mu  sync.Mutex
+	off bool
+}
+
+func newMemberlistLog(l *slog.Logger) *memberlistLog {
+	return &memberlistLog{log: l.With("component", "memberlist")}
+}
+
+func (w *memberlistLog) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	off := w.off
+	w.mu.Unlock()
+	if off {
+		return len(p), nil
+	}
+	line := bytes.TrimSpace(p)
+	level := slog.LevelInfo
+	for _, l := range []struct {
+		tag   string
+		level slog.Level
+	}{{"[DEBUG]", slog.LevelDebug}, {"[INFO]", slog.LevelInfo}, {"[WARN]", slog.LevelWarn}, {"[ERR]", slog.LevelError}, {"[ERROR]", slog.LevelError}} {
+		if bytes.HasPrefix(line, []byte(l.tag)) {
+			level = l.level
+			line = bytes.TrimSpace(line[len(l.tag):])
+			break
+		}
+	}
+	line = bytes.TrimPrefix(line, []byte("memberlist: "))
+	w.log.Log(context.Background(), level, string(line))
+	return len(p), nil
+}
+
+// close silences the bridge: memberlist may still log from its last
+// goroutines after Shutdown returns.
+func (w *memberlistLog) close() {
+	w.mu.Lock()
+	w.off = true
+	w.mu.Unlock()
+}

@@ -1,0 +1,69 @@
+package peer
+
+import "time"
+
+// Path says where a decision was made relative to the node that was asked.
+type Path uint8
+
+const (
+	// PathLocal: this node owns the key and decided.
+	PathLocal Path = iota
+	// PathForwarded: the decision came from the owner over gRPC.
+	PathForwarded
+	// PathRemote: this node decided as owner for a peer's forwarded request.
+	PathRemote
+)
+
+// String returns local, forwarded or remote.
+func (p Path) String() string {
+	switch p {
+	case PathLocal:
+		return "local"
+	case PathForwarded:
+		return "forwarded"
+	default:
+		return "remote"
+	}
+}
+
+// Metrics receives a node's measurements. Implementations must be safe for
+// concurrent use, cheap and never block: they are called on the decision
+// path. Labels passed in are low-cardinality: policy names come from the
+// server's table and peers are member names; keys never appear.
+// NewPrometheusMetrics returns the Prometheus implementation.
+type Metrics interface {
+	// Decision counts one answer of this node's Allow, or one decision made
+	// as owner for a peer (PathRemote).
+	Decision(policy string, reason Reason, path Path)
+	// Forward records one forwarded RPC to peer: its outcome ("ok",
+	// "error", "not_owner") and duration.
+	Forward(peer, outcome string, d time.Duration)
+	// Batch records how many requests one forwarded RPC carried.
+	Batch(peer string, size int)
+	// Ring records the current ring version and member count.
+	Ring(version uint64, members int)
+	// Keys records the keys and bytes held by the local store.
+	Keys(keys int, bytes int64)
+	// Evicted counts idle keys reclaimed by a sweep.
+	Evicted(n int)
+	// Handoff counts keys moved on a membership change, by direction
+	// ("sent", "received", "pulled") and outcome ("ok", "failed").
+	Handoff(direction, outcome string, keys int)
+	// Backup counts keys streamed to or received from backups, by
+	// direction ("sent", "received", "restored") and outcome.
+	Backup(direction, outcome string, keys int)
+	// HotKeys replaces the exported hot-key view (at most Config.HotKeys).
+	HotKeys(top []HotKey)
+}
+
+type nopMetrics struct{}
+
+func (nopMetrics) Decision(string, Reason, Path)         {}
+func (nopMetrics) Forward(string, string, time.Duration) {}
+func (nopMetrics) Batch(string, int)                     {}
+func (nopMetrics) Ring(uint64, int)                      {}
+func (nopMetrics) Keys(int, int64)                       {}
+func (nopMetrics) Evicted(int)                           {}
+func (nopMetrics) Handoff(string, string, int)           {}
+func (nopMetrics) Backup(string, string, int)            {}
+func (nopMetrics) HotKeys([]HotKey)                      {}

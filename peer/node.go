@@ -1,0 +1,315 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
+)
+
+// Node is one ringlimit peer: gossip membership, the hash ring, the local
+// store for the keys it owns, and the gRPC server and clients that forward
+// every other key to its owner. It is safe for concurrent use. Create it with
+// New and stop it with Close.
+type Node struct {
+	cfg      Config
+	name     string
+	log      *slog.Logger
+	clock    func() time.Time
+	metrics  Metrics
+	policies map[string]*policy
+	fp       uint64
+
+	store    *shard.Store
+	fallback *shard.Store
+	hot      *shard.HotKeys
+
+	view      atomic.Pointer[view]
+	viewMu    sync.Mutex    // guards viewCh and version
+	viewCh    chan struct{} // closed and replaced on each publish
+	version   uint64
+	events    eventQueue
+	rebuildCh chan struct{}
+
+	ml        *memberlist.Memberlist
+	gossipLog *memberlistLog
+	grpcSrv   *grpc.Server
+	health    *health.Server
+	rpcLis    net.Listener
+
+	clientsMu sync.Mutex
+	clients   map[string]*client // by member name
+	calls     sync.Pool          // of *call, reused by forwards
+
+	handoff handoffState
+	backup  backupState
+
+	ctx       context.Context // the node's lifetime; cancelled by Close
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closing   atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+	closed    chan struct{}
+	lastWarn  atomic.Int64 // unix ns of the last throttled warning
+}
+
+// policy is a table entry with its shard form precomputed.
+type policy struct {
+	name string
+	cfg  PolicyConfig
+	sp   shard.Policy
+}
+
+// New starts a node: it binds the gRPC listener and gossip, joins
+// cfg.Join, and returns once the node serves. ctx bounds start-up and the
+// initial join only, never the node's lifetime. On error everything started
+// has been released. Config problems wrap ErrInvalidConfig.
+func New(ctx context.Context, cfg Config) (*Node, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	store, err := shard.NewStore(cfg.Store)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	fallback, _ := shard.NewStore(cfg.Store)
+	n := &Node{
+		cfg:       cfg,
+		name:      cfg.Name,
+		log:       cfg.Logger.With("node", cfg.Name),
+		clock:     cfg.Clock,
+		metrics:   cfg.Metrics,
+		policies:  make(map[string]*policy, len(cfg.Policies)),
+		fp:        cfg.fingerprint(),
+		store:     store,
+		fallback:  fallback,
+		hot:       shard.NewHotKeys(4*cfg.HotKeys, cfg.HotKeysHalfLife),
+		viewCh:    make(chan struct{}),
+		rebuildCh: make(chan struct{}, 1),
+		clients:   make(map[string]*client),
+		closed:    make(chan struct{}),
+	}
+	for name, p := range cfg.Policies {
+		n.policies[name] = &policy{name: name, cfg: p, sp: p.shard()}
+	}
+	n.calls.New = func() any { return &call{done: make(chan callResult, 1)} }
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.handoff.init()
+	n.backup.init(cfg.Store)
+
+	if err := n.startRPC(); err != nil {
+		n.cancel()
+		return nil, err
+	}
+	if err := n.startGossip(ctx); err != nil {
+		n.grpcSrv.Stop()
+		n.cancel()
+		return nil, err
+	}
+	n.rebuild()
+	n.wg.Add(2)
+	go n.rebuildLoop()
+	go n.sweepLoop()
+	if cfg.Backup {
+		n.wg.Add(1)
+		go n.backupLoop()
+	}
+	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	n.log.Info("node started", "gossip_addr", n.GossipAddr(), "rpc_addr", n.RPCAddr(), "members", n.view.Load().snap.Len())
+	return n, nil
+}
+
+func (n *Node) startRPC() error {
+	lis, err := net.Listen("tcp", n.cfg.RPCAddr)
+	if err != nil {
+		return fmt.Errorf("peer: listen rpc %s: %w", n.cfg.RPCAddr, err)
+	}
+	var opts []grpc.ServerOption
+	if n.cfg.ServerTLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.ServerTLS)))
+	}
+	n.rpcLis = lis
+	n.grpcSrv = grpc.NewServer(opts...)
+	peerpb.RegisterLimiterServer(n.grpcSrv, &server{n: n})
+	peerpb.RegisterRateLimiterServer(n.grpcSrv, &publicServer{n: n})
+	n.health = health.NewServer()
+	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	healthpb.RegisterHealthServer(n.grpcSrv, n.health)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		// Serve returns when the server stops; any other error leaves the
+		// node unable to serve peers, which gossip will soon reflect.
+		if err := n.grpcSrv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			n.log.Error("rpc server stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// Name returns the node's member name.
+func (n *Node) Name() string { return n.name }
+
+// RPCAddr returns the bound gRPC address (host:port).
+func (n *Node) RPCAddr() string { return n.rpcLis.Addr().String() }
+
+// GossipAddr returns the bound gossip address (host:port).
+func (n *Node) GossipAddr() string {
+	ln := n.ml.LocalNode()
+	return net.JoinHostPort(ln.Addr.String(), fmt.Sprint(ln.Port))
+}
+
+// Members returns the names of the members in the node's current ring,
+// sorted. The caller owns the slice.
+func (n *Node) Members() []string { return n.view.Load().snap.Members() }
+
+// RingVersion returns the node's local ring version: it increases by one
+// each time the member set changes.
+func (n *Node) RingVersion() uint64 { return n.view.Load().snap.Version() }
+
+// Owner returns the member that owns key in the node's current ring view.
+func (n *Node) Owner(key Key) (string, error) {
+	var buf [shard.MaxEncodedKeyLen]byte
+	ek, ok := key.AppendEncoded(buf[:0])
+	if !ok {
+		return "", fmt.Errorf("%w: %w", ErrInvalidKey, key.Validate())
+	}
+	return n.view.Load().snap.Owner(ek), nil
+}
+
+// Policies returns a copy of the node's policy table.
+func (n *Node) Policies() map[string]PolicyConfig {
+	out := make(map[string]PolicyConfig, len(n.policies))
+	for k, p := range n.policies {
+		out[k] = p.cfg
+	}
+	return out
+}
+
+// Stats describes the local store.
+type Stats struct {
+	// Keys is the number of keys held (owned or being handed off).
+	Keys int
+	// Bytes estimates the memory those keys hold.
+	Bytes int64
+}
+
+// Stats returns the local store's size.
+func (n *Node) Stats() Stats { return Stats{Keys: n.store.Len(), Bytes: n.store.Bytes()} }
+
+// HotKey is one of the heaviest keys this node decided for as owner.
+type HotKey struct {
+	Key Key
+	// Rate is the decayed hit rate, in hits per second.
+	Rate float64
+}
+
+// HotKeys returns up to Config.HotKeys of the heaviest keys this node owns,
+// heaviest first, by time-decayed hit rate. The caller owns the slice.
+func (n *Node) HotKeys() []HotKey {
+	top := n.hot.Top(n.cfg.HotKeys, n.clock())
+	out := make([]HotKey, 0, len(top))
+	for _, h := range top {
+		k, err := shard.DecodeKey(h.Key)
+		if err != nil {
+			continue // only valid encodings are ever recorded
+		}
+		out = append(out, HotKey{Key: k, Rate: h.Rate})
+	}
+	return out
+}
+
+// sweepLoop reclaims idle keys every SweepInterval.
+func (n *Node) sweepLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+			n.Sweep()
+		}
+	}
+}
+
+// Sweep reclaims idle keys and refreshes key and hot-key metrics. The node
+// calls it every SweepInterval; tests may call it directly.
+func (n *Node) Sweep() {
+	now := n.clock()
+	ev := n.store.Sweep(now, 0) + n.fallback.Sweep(now, 0) + n.backup.replicas.Sweep(now, 0)
+	n.handoff.sweep(n, n.view.Load())
+	if ev > 0 {
+		n.metrics.Evicted(ev)
+	}
+	n.metrics.Keys(n.store.Len(), n.store.Bytes())
+	n.metrics.HotKeys(n.HotKeys())
+}
+
+// Close leaves the cluster gracefully: it stops admitting new calls (they
+// get ErrClosed), hands off the keys it owns to their new owners within
+// ctx's deadline, leaves gossip, stops the gRPC server and waits for every
+// goroutine the node started. It is idempotent and safe while Allow calls
+// are in flight; later calls return the first call's result.
+func (n *Node) Close(ctx context.Context) error {
+	n.closeOnce.Do(func() {
+		n.closeErr = n.close(ctx)
+		close(n.closed)
+	})
+	<-n.closed
+	return n.closeErr
+}
+
+func (n *Node) close(ctx context.Context) error {
+	n.closing.Store(true)
+	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	var errs []error
+	if err := n.drain(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	leaveTimeout := time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		leaveTimeout = max(min(time.Until(dl), leaveTimeout), 10*time.Millisecond)
+	}
+	if err := n.ml.Leave(leaveTimeout); err != nil {
+		errs = append(errs, fmt.Errorf("peer: leave gossip: %w", err))
+	}
+	if err := n.ml.Shutdown(); err != nil {
+		errs = append(errs, fmt.Errorf("peer: shut down gossip: %w", err))
+	}
+	n.cancel()
+	stopped := make(chan struct{})
+	go func() { n.grpcSrv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		n.grpcSrv.Stop()
+		<-stopped
+	}
+	n.clientsMu.Lock()
+	for name, c := range n.clients {
+		c.stop()
+		delete(n.clients, name)
+	}
+	n.clientsMu.Unlock()
+	n.wg.Wait()
+	n.gossipLog.close()
+	n.log.Info("node closed")
+	return errors.Join(errs...)
+}

@@ -1,0 +1,71 @@
+package peer
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// statusTable maps peer's sentinels to gRPC codes and back: one table for
+// both directions. Over limit is never a status: it travels in the body.
+var statusTable = []struct {
+	err  error
+	code codes.Code
+}{
+	{ErrInvalidKey, codes.InvalidArgument},
+	{ErrInvalidHits, codes.InvalidArgument},
+	{ErrUnknownPolicy, codes.NotFound},
+	{ErrClosed, codes.Unavailable},
+	{ErrUnavailable, codes.Unavailable},
+	{errNotOwner, codes.FailedPrecondition},
+}
+
+// ToStatus converts an error from Allow into a gRPC status error carrying
+// the matching code (Unavailable, InvalidArgument, NotFound) and the
+// message. Unknown errors become codes.Internal.
+func ToStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	for _, e := range statusTable {
+		if errors.Is(err, e.err) {
+			return status.Error(e.code, err.Error())
+		}
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// FromStatus converts a gRPC status error returned by the RateLimiter
+// service back into an error wrapping the matching sentinel, for clients of
+// a ringlimit server: Unavailable (and any transport failure) wraps
+// ErrUnavailable, NotFound ErrUnknownPolicy, and InvalidArgument
+// ErrInvalidKey (the message says whether the key or the hits were bad).
+func FromStatus(err error) error {
+	st, ok := status.FromError(err)
+	if !ok || err == nil {
+		return err
+	}
+	switch st.Code() {
+	case codes.InvalidArgument:
+		return fmt.Errorf("%w: %s", ErrInvalidKey, st.Message())
+	case codes.NotFound:
+		return fmt.Errorf("%w: %s", ErrUnknownPolicy, st.Message())
+	case codes.OK:
+		return nil
+	default:
+		return fmt.Errorf("%w: %s", ErrUnavailable, st.Message())
+	}
+}
+
+func errBatchTooLarge(n int) error {
+	return status.Errorf(codes.InvalidArgument, "peer: batch of %d entries exceeds %d", n, maxWireBatch)
+}
+
+func statusInvalid(msg string) error {
+	return status.Error(codes.InvalidArgument, "peer: "+msg)
+}
