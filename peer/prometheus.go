@@ -1,0 +1,306 @@
+package peer
+
+import (
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// PrometheusMetrics implements Metrics with Prometheus collectors registered
+// on a registry the caller owns. Build one per Node: two instances on two
+// registries are fully independent, and nothing is registered on the global
+// registry. It is safe for concurrent use; every method is cheap and never
+// blocks on I/O.
+//
+// It exports:
+//
+//	ringlimit_decisions_total{policy,reason,path}      counter
+//	ringlimit_forwards_total{peer,outcome}             counter
+//	ringlimit_forward_duration_seconds{peer}           histogram, 50µs to 1s
+//	ringlimit_batch_size{peer}                         histogram, 1 to 4096 requests
+//	ringlimit_ring_version                             gauge
+//	ringlimit_members                                  gauge
+//	ringlimit_keys                                     gauge
+//	ringlimit_bytes                                    gauge
+//	ringlimit_evicted_keys_total                       counter
+//	ringlimit_handoff_keys_total{direction,outcome}    counter
+//	ringlimit_backup_keys_total{direction,outcome}     counter
+//	ringlimit_hot_key_rate{rank,tenant,subject,policy} gauge, hits per second
+//
+// Label cardinality is bounded: policy comes from the server's table, reason
+// and path are enums, peer is a member name (series for a peer that left stay
+// until the process restarts, so a cluster whose member names change on every
+// deploy grows by one set of peer series per departed member).
+//
+// ringlimit_hot_key_rate exposes the tenant and subject of the at most K
+// heaviest keys the node owns, K being Config.HotKeys (16 by default): each
+// HotKeys call replaces the whole set atomically, so keys that cooled down
+// disappear and the series count never exceeds K. Those label values are
+// authenticated identities; restrict access to the metrics endpoint
+// accordingly, or set Config.HotKeys small.
+type PrometheusMetrics struct {
+	decisions   *prometheus.CounterVec
+	forwards    *prometheus.CounterVec
+	forwardDur  *prometheus.HistogramVec
+	batchSize   *prometheus.HistogramVec
+	ringVersion prometheus.Gauge
+	members     prometheus.Gauge
+	keys        prometheus.Gauge
+	bytes       prometheus.Gauge
+	evicted     prometheus.Counter
+	handoff     *prometheus.CounterVec
+	backup      *prometheus.CounterVec
+	hot         *hotKeyCollector
+
+	// Caches of resolved children, so the decision path does a lock-free
+	// map lookup instead of hashing label values inside the vector.
+	decisionC labelCache[decisionLabels, prometheus.Counter]
+	forwardC  labelCache[pairLabels, prometheus.Counter]
+	durationC labelCache[string, prometheus.Observer]
+	batchC    labelCache[string, prometheus.Observer]
+	handoffC  labelCache[pairLabels, prometheus.Counter]
+	backupC   labelCache[pairLabels, prometheus.Counter]
+}
+
+var _ Metrics = (*PrometheusMetrics)(nil)
+
+// errNilRegisterer is returned by NewPrometheusMetrics for a nil registry.
+var errNilRegisterer = errors.New("peer: nil prometheus registerer")
+
+// forwardBuckets spans a loopback hop (tens of µs) to the slowest forward a
+// sane ForwardTimeout allows, in seconds.
+var forwardBuckets = []float64{
+	50e-6, 100e-6, 250e-6, 500e-6,
+	1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3,
+	100e-3, 250e-3, 500e-3, 1,
+}
+
+// NewPrometheusMetrics builds the collectors and registers them on reg. It
+// returns an error if reg is nil or refuses a collector (for example because
+// another PrometheusMetrics is already registered on it); in that case
+// nothing it registered stays registered.
+func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error) {
+	if reg == nil {
+		return nil, errNilRegisterer
+	}
+	m := &PrometheusMetrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringlimit_decisions_total",
+			Help: "Decisions answered by this node (path local or forwarded) or made as owner for a peer (path remote), by policy and reason.",
+		}, []string{"policy", "reason", "path"}),
+		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringlimit_forwards_total",
+			Help: "Forwarded RPCs to a key's owner, by peer and outcome (ok, error, not_owner).",
+		}, []string{"peer", "outcome"}),
+		forwardDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ringlimit_forward_duration_seconds",
+			Help:    "Duration of forwarded RPCs to a key's owner, by peer.",
+			Buckets: forwardBuckets,
+		}, []string{"peer"}),
+		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ringlimit_batch_size",
+			Help:    "Requests carried by one forwarded RPC, by peer.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 13), // 1, 2, 4, ..., 4096 (maxWireBatch)
+		}, []string{"peer"}),
+		ringVersion: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ringlimit_ring_version",
+			Help: "This node's local ring version; it increases by one on each member-set change.",
+		}),
+		members: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ringlimit_members",
+			Help: "Members in this node's current ring.",
+		}),
+		keys: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ringlimit_keys",
+			Help: "Keys held by this node's local store.",
+		}),
+		bytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ringlimit_bytes",
+			Help: "Estimated bytes held by this node's local store.",
+		}),
+		evicted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ringlimit_evicted_keys_total",
+			Help: "Idle keys reclaimed by sweeps.",
+		}),
+		handoff: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringlimit_handoff_keys_total",
+			Help: "Keys moved on membership changes, by direction (sent, received, pulled) and outcome.",
+		}, []string{"direction", "outcome"}),
+		backup: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringlimit_backup_keys_total",
+			Help: "Keys streamed to or received from backups, by direction (sent, received, restored) and outcome.",
+		}, []string{"direction", "outcome"}),
+		hot: &hotKeyCollector{desc: prometheus.NewDesc(
+			"ringlimit_hot_key_rate",
+			"Time-decayed hit rate, in hits per second, of the heaviest keys this node owns (at most Config.HotKeys series).",
+			[]string{"rank", "tenant", "subject", "policy"}, nil,
+		)},
+	}
+	m.decisionC.resolve = func(k decisionLabels) prometheus.Counter {
+		return m.decisions.WithLabelValues(k.policy, k.reason.String(), k.path.String())
+	}
+	m.forwardC.resolve = func(k pairLabels) prometheus.Counter { return m.forwards.WithLabelValues(k.a, k.b) }
+	m.durationC.resolve = func(peer string) prometheus.Observer { return m.forwardDur.WithLabelValues(peer) }
+	m.batchC.resolve = func(peer string) prometheus.Observer { return m.batchSize.WithLabelValues(peer) }
+	m.handoffC.resolve = func(k pairLabels) prometheus.Counter { return m.handoff.WithLabelValues(k.a, k.b) }
+	m.backupC.resolve = func(k pairLabels) prometheus.Counter { return m.backup.WithLabelValues(k.a, k.b) }
+
+	cs := []prometheus.Collector{
+		m.decisions, m.forwards, m.forwardDur, m.batchSize,
+		m.ringVersion, m.members, m.keys, m.bytes,
+		m.evicted, m.handoff, m.backup, m.hot,
+	}
+	for i, c := range cs {
+		if err := reg.Register(c); err != nil {
+			for _, done := range cs[:i] {
+				reg.Unregister(done)
+			}
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// Decision implements Metrics.
+func (m *PrometheusMetrics) Decision(policy string, reason Reason, path Path) {
+	m.decisionC.get(decisionLabels{policy, reason, path}).Inc()
+}
+
+// Forward implements Metrics.
+func (m *PrometheusMetrics) Forward(peer, outcome string, d time.Duration) {
+	m.forwardC.get(pairLabels{peer, outcome}).Inc()
+	m.durationC.get(peer).Observe(d.Seconds())
+}
+
+// Batch implements Metrics.
+func (m *PrometheusMetrics) Batch(peer string, size int) {
+	m.batchC.get(peer).Observe(float64(size))
+}
+
+// Ring implements Metrics.
+func (m *PrometheusMetrics) Ring(version uint64, members int) {
+	m.ringVersion.Set(float64(version))
+	m.members.Set(float64(members))
+}
+
+// Keys implements Metrics.
+func (m *PrometheusMetrics) Keys(keys int, bytes int64) {
+	m.keys.Set(float64(keys))
+	m.bytes.Set(float64(bytes))
+}
+
+// Evicted implements Metrics. A count below one is ignored (a counter
+// never decreases).
+func (m *PrometheusMetrics) Evicted(n int) {
+	if n > 0 {
+		m.evicted.Add(float64(n))
+	}
+}
+
+// Handoff implements Metrics. A negative count is ignored.
+func (m *PrometheusMetrics) Handoff(direction, outcome string, keys int) {
+	if keys >= 0 {
+		m.handoffC.get(pairLabels{direction, outcome}).Add(float64(keys))
+	}
+}
+
+// Backup implements Metrics. A negative count is ignored.
+func (m *PrometheusMetrics) Backup(direction, outcome string, keys int) {
+	if keys >= 0 {
+		m.backupC.get(pairLabels{direction, outcome}).Add(float64(keys))
+	}
+}
+
+// HotKeys implements Metrics: it replaces the exported hot-key series with
+// one per entry, ranked "1" (heaviest) to len(top). The caller keeps top.
+func (m *PrometheusMetrics) HotKeys(top []HotKey) {
+	snap := make([]HotKey, len(top))
+	copy(snap, top)
+	m.hot.mu.Lock()
+	m.hot.top = snap
+	m.hot.mu.Unlock()
+}
+
+// hotKeyCollector exports the latest hot-key view. Replacing the whole
+// snapshot under one lock, rather than resetting a GaugeVec and setting its
+// children one by one, means a scrape never sees a half-written top-K.
+type hotKeyCollector struct {
+	desc *prometheus.Desc
+	mu   sync.Mutex // guards top
+	top  []HotKey   // never mutated once published
+}
+
+func (c *hotKeyCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *hotKeyCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	top := c.top
+	c.mu.Unlock()
+	for i, h := range top {
+		// Key parts are validated visible ASCII, so NewConstMetric cannot
+		// fail on them; a key that somehow is not is skipped, not panicked on.
+		mt, err := prometheus.NewConstMetric(c.desc, prometheus.GaugeValue, h.Rate,
+			strconv.Itoa(i+1), h.Key.Tenant, h.Key.Subject, h.Key.Policy)
+		if err == nil {
+			ch <- mt
+		}
+	}
+}
+
+type decisionLabels struct {
+	policy string
+	reason Reason
+	path   Path
+}
+
+type pairLabels struct{ a, b string }
+
+// maxCachedLabels bounds each labelCache. Past it, lookups go straight to
+// the vector (slower, still correct), so an unexpected label explosion
+// cannot grow the cache without bound.
+const maxCachedLabels = 1024
+
+// labelCache maps label values to a vector's child. Reads are one atomic
+// load and one map lookup, with no lock and no allocation; a miss copies the
+// map under mu (copy-on-write), which happens once per label set.
+type labelCache[K comparable, V any] struct {
+	m       atomic.Pointer[map[K]V]
+	mu      sync.Mutex // serialises misses
+	resolve func(K) V  // finds a child in the vector; set once at construction
+}
+
+func (c *labelCache[K, V]) get(k K) V {
+	m := c.m.Load()
+	if m != nil {
+		if v, ok := (*m)[k]; ok {
+			return v
+		}
+		if len(*m) >= maxCachedLabels {
+			return c.resolve(k)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var old map[K]V
+	if p := c.m.Load(); p != nil {
+		old = *p
+	}
+	if v, ok := old[k]; ok {
+		return v
+	}
+	v := c.resolve(k)
+	if len(old) >= maxCachedLabels {
+		return v
+	}
+	next := make(map[K]V, len(old)+1)
+	for ok, ov := range old {
+		next[ok] = ov
+	}
+	next[k] = v
+	c.m.Store(&next)
+	return v
+}
