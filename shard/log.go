@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"math/bits"
 	"time"
 	"unsafe"
 )
@@ -41,8 +42,12 @@ func (l *slidingLog) expire(cutoff int64) {
 
 func (l *slidingLog) push(ts, n int64) {
 	if l.size > 0 {
-		if last := l.at(l.size - 1); last.ts == ts {
+		if last := l.at(l.size - 1); last.ts >= ts {
 			// Equal timestamps share a run; the count keeps them distinct.
+			// An earlier ts (the resolution changed, or imported runs were
+			// rounded on another grid) joins the last run too: recording
+			// later only expires later, and the log stays in order, which
+			// expire, RetryAfter and ResetAfter rely on.
 			last.n += n
 			l.count += n
 			return
@@ -152,49 +157,84 @@ func (l *slidingLog) merge(now int64, runs []Run, p Policy) {
 
 func (l *slidingLog) bytes() int64 { return int64(len(l.buf)) * int64(unsafe.Sizeof(run{})) }
 
-// gcra is the token bucket as the generic cell rate algorithm: tat is the
-// theoretical arrival time of the next unit; the bucket is full when
-// tat <= now.
+// gcra is the token bucket as the generic cell rate algorithm: the
+// theoretical arrival time of the next unit is tat + frac/den ns (den is the
+// limit the fraction was computed for); the bucket is full when it is <= now.
+// Each unit costs exactly W/L: keeping the fraction lets a burst of L fit and
+// keeps Remaining and RetryAfter exact when L does not divide W.
 type gcra struct {
-	tat int64
+	tat, frac, den int64
+}
+
+// ceilTat is the theoretical arrival time rounded up to a whole ns.
+func (g *gcra) ceilTat(tat, frac int64) int64 {
+	if frac > 0 {
+		return tat + 1
+	}
+	return tat
 }
 
 func (g *gcra) allow(now int64, p Policy, hits int64) Decision {
 	w := int64(p.Window)
-	tat := max(g.tat, now)
-	// Each unit costs W/L of time; round up so rounding never adds quota.
-	newTat := tat + mulDiv(hits, w, p.Limit, true)
+	if g.den != p.Limit {
+		// The limit changed: round the old fraction up (never adds quota).
+		g.tat, g.frac, g.den = g.ceilTat(g.tat, g.frac), 0, p.Limit
+	}
+	tat, frac := g.tat, g.frac
+	if tat < now {
+		tat, frac = now, 0
+	}
+	// newTat = tat + (hits·W + frac)/L, exactly, as whole ns plus remainder.
+	hi, lo := bits.Mul64(uint64(hits), uint64(w))
+	lo, carry := bits.Add64(lo, uint64(frac), 0)
+	q, r := bits.Div64(hi+carry, lo, uint64(p.Limit))
+	newTat, newFrac := tat+int64(q), int64(r)
 	d := Decision{Limit: p.Limit}
-	if allowAt := newTat - w; now < allowAt {
+	if allowAt := g.ceilTat(newTat, newFrac) - w; now < allowAt {
 		d.RetryAfter = time.Duration(allowAt - now)
-		d.Remaining = g.remaining(now, tat, p)
-		d.ResetAfter = time.Duration(tat - now)
+		d.Remaining = g.remaining(now, tat, frac, p)
+		d.ResetAfter = time.Duration(g.ceilTat(tat, frac) - now)
 		return d
 	}
-	g.tat = newTat
+	g.tat, g.frac = newTat, newFrac
 	d.Allowed = true
-	d.Remaining = g.remaining(now, newTat, p)
-	d.ResetAfter = time.Duration(newTat - now)
+	d.Remaining = g.remaining(now, newTat, newFrac, p)
+	d.ResetAfter = time.Duration(g.ceilTat(newTat, newFrac) - now)
 	return d
 }
 
-func (g *gcra) remaining(now, tat int64, p Policy) int64 {
+// remaining is the number of units n that fit at now:
+// floor((W − (tat + frac/L − now))·L/W), for tat >= now.
+func (g *gcra) remaining(now, tat, frac int64, p Policy) int64 {
 	free := int64(p.Window) - (tat - now)
 	if free <= 0 {
 		return 0
 	}
-	return min(mulDiv(free, p.Limit, int64(p.Window), false), p.Limit)
+	hi, lo := bits.Mul64(uint64(free), uint64(p.Limit))
+	lo, borrow := bits.Sub64(lo, uint64(frac), 0)
+	q, _ := bits.Div64(hi-borrow, lo, uint64(p.Window))
+	return min(int64(q), p.Limit)
 }
 
-func (g *gcra) idleAt(int64) int64 { return g.tat }
+func (g *gcra) idleAt(int64) int64 { return g.ceilTat(g.tat, g.frac) }
 
 func (g *gcra) export(now int64) []Run {
-	return []Run{{Age: time.Duration(now - g.tat), Count: 0}}
+	// The fraction is rounded up: the receiver refills no earlier.
+	return []Run{{Age: time.Duration(now - g.ceilTat(g.tat, g.frac)), Count: 0}}
 }
 
 func (g *gcra) merge(now int64, runs []Run, _ Policy) {
 	for _, r := range runs {
-		g.tat = max(g.tat, now-int64(r.Age))
+		// The imported bucket's used capacity (its tat beyond its now) adds
+		// to ours: both sides' admissions stay counted.
+		debt := -int64(r.Age)
+		if debt <= 0 {
+			continue // that bucket was full
+		}
+		if g.tat < now {
+			g.tat, g.frac = now, 0
+		}
+		g.tat += debt
 	}
 }
 
@@ -207,10 +247,14 @@ type fixedWindow struct {
 
 func (f *fixedWindow) allow(now int64, p Policy, hits int64) Decision {
 	w := int64(p.Window)
-	start := now - ((now%w)+w)%w
-	if start != f.start {
-		f.start, f.count = start, 0
+	if f.count == 0 || now >= f.start+w {
+		// The recorded window has ended: start the aligned one holding now.
+		// A window imported from a clock with another offset may be
+		// unaligned here; it is kept until it ends, so a handoff never
+		// resets a quota early (DESIGN.md §5).
+		f.start, f.count = now-((now%w)+w)%w, 0
 	}
+	start := f.start
 	d := Decision{Limit: p.Limit}
 	if f.count+hits <= p.Limit {
 		f.count += hits
@@ -236,13 +280,19 @@ func (f *fixedWindow) export(now int64) []Run {
 	return []Run{{Age: time.Duration(now - f.start), Count: f.count}}
 }
 
-func (f *fixedWindow) merge(now int64, runs []Run, _ Policy) {
+func (f *fixedWindow) merge(now int64, runs []Run, p Policy) {
+	w := int64(p.Window)
 	for _, r := range runs {
 		start := now - int64(r.Age)
 		switch {
-		case start > f.start:
+		case r.Count == 0 || start+w <= now:
+			// That window has already ended: nothing left to count.
+		case f.count == 0 || f.start+w <= now:
 			f.start, f.count = start, r.Count
-		case start == f.start:
+		default:
+			// Both windows are current: keep both counts until the later
+			// one ends, which can only refuse more.
+			f.start = max(f.start, start)
 			f.count += r.Count
 		}
 	}

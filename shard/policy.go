@@ -3,7 +3,6 @@ package shard
 import (
 	"errors"
 	"fmt"
-	"math/bits"
 	"time"
 )
 
@@ -25,7 +24,9 @@ const (
 	TokenBucket
 	// FixedWindow counts admissions per aligned interval [kW, (k+1)W). It is
 	// kept to demonstrate the boundary problem: Limit just before an edge and
-	// Limit just after it are all admitted, 2·Limit within moments.
+	// Limit just after it are all admitted, 2·Limit within moments. A window
+	// imported from another node (Store.Import) keeps its boundaries until
+	// it ends, so a handoff between offset clocks never resets it early.
 	FixedWindow
 	numAlgorithms
 )
@@ -164,18 +165,4 @@ func newLimiter(a Algorithm) limiter {
 	default:
 		return &slidingLog{}
 	}
-}
-
-// mulDiv returns a*b/c rounded up (ceil) or down, for non-negative a, b and
-// positive c with a*b/c < 2^63, without overflowing the product.
-func mulDiv(a, b, c int64, ceil bool) int64 {
-	hi, lo := bits.Mul64(uint64(a), uint64(b))
-	if hi >= uint64(c) {
-		return 1<<63 - 1
-	}
-	q, r := bits.Div64(hi, lo, uint64(c))
-	if ceil && r != 0 {
-		q++
-	}
-	return int64(q)
 }

@@ -14,7 +14,7 @@ import (
 // Config configures a Store. The zero value is ready to use.
 type Config struct {
 	// Stripes is the number of lock stripes, rounded up to a power of two.
-	// Zero means 256.
+	// Zero means 256. At most MaxStripes.
 	Stripes int
 	// MaxKeys bounds how many keys the store holds. A new key past it gets
 	// ErrCapacity (after reclaiming expired keys in its stripe); existing
@@ -37,8 +37,9 @@ type Store struct {
 type stripe struct {
 	mu sync.Mutex
 	m  map[string]*entry
-	// Padding keeps neighbouring stripes' locks on separate cache lines.
-	_ [40]byte
+	// Padding keeps neighbouring stripes' locks on separate cache lines:
+	// the mutex and the map pointer take 16 bytes, a line 64.
+	_ [48]byte
 }
 
 // entry is one key's state. ek is the key's canonical encoding (the map
@@ -63,10 +64,18 @@ const (
 	limBytes     = 48
 )
 
-// NewStore returns an empty store. Negative Config fields are an error.
+// MaxStripes bounds Config.Stripes, so a configuration value can never make
+// NewStore allocate without bound (or panic).
+const MaxStripes = 1 << 16
+
+// NewStore returns an empty store. Negative Config fields, or Stripes above
+// MaxStripes, are an error.
 func NewStore(cfg Config) (*Store, error) {
 	if cfg.Stripes < 0 || cfg.MaxKeys < 0 {
 		return nil, fmt.Errorf("shard: stripes %d and max keys %d must not be negative", cfg.Stripes, cfg.MaxKeys)
+	}
+	if cfg.Stripes > MaxStripes {
+		return nil, fmt.Errorf("shard: stripes %d exceed %d", cfg.Stripes, MaxStripes)
 	}
 	if cfg.Stripes == 0 {
 		cfg.Stripes = 256
