@@ -117,6 +117,13 @@ type Config struct {
 	// RPCAddr is the gRPC listen address, host:port; port 0 picks a free
 	// port (Node.RPCAddr). Zero means "127.0.0.1:0".
 	RPCAddr string
+	// GossipAdvertiseAddr is the gossip address peers should use, when it
+	// differs from the bound one (NAT, 0.0.0.0 binds). Zero means the bound
+	// address.
+	GossipAdvertiseAddr string
+	// RPCAdvertiseAddr is the gRPC address peers should dial, when it
+	// differs from the bound one. Zero means the bound address.
+	RPCAdvertiseAddr string
 	// Join lists gossip addresses of existing members. Zero means start a
 	// new cluster.
 	Join []string
@@ -262,6 +269,14 @@ func (c Config) validate() error {
 		bad("name is %d bytes, longer than 128", len(c.Name))
 	}
 	for _, a := range []struct{ name, v string }{{"gossip address", c.GossipAddr}, {"rpc address", c.RPCAddr}} {
+		if _, _, err := net.SplitHostPort(a.v); err != nil {
+			bad("%s %q: %v", a.name, a.v, err)
+		}
+	}
+	for _, a := range []struct{ name, v string }{{"gossip advertise address", c.GossipAdvertiseAddr}, {"rpc advertise address", c.RPCAdvertiseAddr}} {
+		if a.v == "" {
+			continue
+		}
 		if _, _, err := net.SplitHostPort(a.v); err != nil {
 			bad("%s %q: %v", a.name, a.v, err)
 		}

@@ -43,22 +43,30 @@ type prevRing struct {
 type meta struct {
 	fingerprint uint64
 	rpcAddr     string
+	// draining is set by a node that is leaving gracefully, just before it
+	// hands off its keys, so peers can tell a leave from a failure.
+	draining bool
 }
 
-const metaVersion = 1
+const metaVersion = 2
 
 func (m meta) encode() []byte {
 	b := make([]byte, 0, 16+len(m.rpcAddr))
 	b = append(b, metaVersion)
+	var flags byte
+	if m.draining {
+		flags |= 1
+	}
+	b = append(b, flags)
 	b = binary.BigEndian.AppendUint64(b, m.fingerprint)
 	return append(b, m.rpcAddr...)
 }
 
 func decodeMeta(b []byte) (meta, error) {
-	if len(b) < 9 || b[0] != metaVersion {
+	if len(b) < 10 || b[0] != metaVersion {
 		return meta{}, errors.New("peer: unrecognised member metadata")
 	}
-	m := meta{fingerprint: binary.BigEndian.Uint64(b[1:9]), rpcAddr: string(b[9:])}
+	m := meta{draining: b[1]&1 != 0, fingerprint: binary.BigEndian.Uint64(b[2:10]), rpcAddr: string(b[10:])}
 	if _, _, err := net.SplitHostPort(m.rpcAddr); err != nil {
 		return meta{}, fmt.Errorf("peer: member metadata rpc address: %w", err)
 	}
@@ -72,47 +80,80 @@ type event struct {
 	addr string
 }
 
-// eventQueue collects memberlist notifications without blocking memberlist.
-// It is bounded: past maxEvents, the oldest detail is dropped (the rebuild
-// always reads the full member list, so only log detail is lost).
+// eventQueue collects memberlist notifications without blocking memberlist,
+// and keeps the member list the rebuild reads: each member's metadata is
+// copied inside the callback, because memberlist rewrites its own Node
+// values after the callback returns. Log detail is bounded: past maxEvents
+// the oldest event is dropped (the member list itself is always complete).
 type eventQueue struct {
 	mu      sync.Mutex
 	evs     []event
 	dropped int
+	members map[string][]byte // member name -> copy of its metadata
 }
 
 const maxEvents = 1024
 
-func (q *eventQueue) push(e event) {
+// apply records one memberlist notification and returns the event to log.
+func (q *eventQueue) apply(kind string, m *memberlist.Node) {
 	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.members == nil {
+		q.members = make(map[string][]byte)
+	}
+	e := event{kind: kind, name: m.Name, addr: m.Address()}
+	switch kind {
+	case "left":
+		// A member that announced draining left; any other disappearance
+		// is a failure (memberlist declared it dead).
+		if md, err := decodeMeta(q.members[m.Name]); err != nil || !md.draining {
+			e.kind = "failed"
+		}
+		delete(q.members, m.Name)
+	default:
+		q.members[m.Name] = append([]byte(nil), m.Meta...)
+	}
 	if len(q.evs) >= maxEvents {
 		q.evs = q.evs[1:]
 		q.dropped++
 	}
 	q.evs = append(q.evs, e)
-	q.mu.Unlock()
 }
 
-func (q *eventQueue) take() ([]event, int) {
+// take returns the pending events and a copy of the member list.
+func (q *eventQueue) take() ([]event, int, map[string][]byte) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	evs, d := q.evs, q.dropped
 	q.evs, q.dropped = nil, 0
-	return evs, d
+	members := make(map[string][]byte, len(q.members))
+	for k, v := range q.members {
+		members[k] = v
+	}
+	return evs, d, members
 }
 
 // delegate receives memberlist callbacks. They never block: they note the
 // change and nudge the rebuild goroutine.
 type delegate struct {
 	n    *Node
+	mu   sync.Mutex
 	meta []byte
 }
 
 func (d *delegate) NodeMeta(limit int) []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if len(d.meta) > limit {
 		return nil
 	}
 	return d.meta
+}
+
+func (d *delegate) setMeta(m meta) {
+	d.mu.Lock()
+	d.meta = m.encode()
+	d.mu.Unlock()
 }
 func (d *delegate) NotifyMsg([]byte)                {}
 func (d *delegate) GetBroadcasts(int, int) [][]byte { return nil }
@@ -124,11 +165,7 @@ func (d *delegate) NotifyLeave(m *memberlist.Node)  { d.note("left", m) }
 func (d *delegate) NotifyUpdate(m *memberlist.Node) { d.note("updated", m) }
 
 func (d *delegate) note(kind string, m *memberlist.Node) {
-	kindOut := kind
-	if kind == "left" && m.State == memberlist.StateDead {
-		kindOut = "failed"
-	}
-	d.n.events.push(event{kind: kindOut, name: m.Name, addr: m.Address()})
+	d.n.events.apply(kind, m)
 	d.n.nudge()
 }
 
@@ -150,7 +187,13 @@ func (n *Node) startGossip(ctx context.Context) error {
 	mc.BindAddr = host
 	mc.BindPort = port
 	mc.AdvertisePort = port
-	d := &delegate{n: n, meta: meta{fingerprint: n.fp, rpcAddr: n.RPCAddr()}.encode()}
+	if n.cfg.GossipAdvertiseAddr != "" {
+		ah, ap, _ := net.SplitHostPort(n.cfg.GossipAdvertiseAddr)
+		mc.AdvertiseAddr = ah
+		mc.AdvertisePort, _ = strconv.Atoi(ap)
+	}
+	d := &delegate{n: n, meta: n.meta(false).encode()}
+	n.delegate = d
 	mc.Delegate = d
 	mc.Events = d
 	n.gossipLog = newMemberlistLog(n.log)
@@ -178,11 +221,14 @@ func (n *Node) startGossip(ctx context.Context) error {
 	select {
 	case err = <-joined:
 	case <-ctx.Done():
+		_ = ml.Shutdown()
+		// The join goroutine must end before New returns; its TCP
+		// exchange is bounded by memberlist's TCPTimeout.
+		<-joined
 		err = ctx.Err()
 	}
 	if err != nil {
 		_ = ml.Shutdown()
-		<-joined // memberlist's join returns promptly once shut down
 		n.gossipLog.close()
 		return fmt.Errorf("peer: join %v: %w", n.cfg.Join, err)
 	}
@@ -206,22 +252,27 @@ func (n *Node) rebuildLoop() {
 // deltas), publishes it if the member set changed, and logs one "gossip
 // membership" line per event.
 func (n *Node) rebuild() {
-	evs, dropped := n.events.take()
-	names := make([]string, 0, n.ml.NumMembers())
+	evs, dropped, members := n.events.take()
+	names := make([]string, 0, len(members))
 	addrs := make(map[string]string)
-	for _, m := range n.ml.Members() {
-		md, err := decodeMeta(m.Meta)
+	for name, raw := range members {
+		md, err := decodeMeta(raw)
 		switch {
 		case err != nil:
-			n.log.Warn("member ignored", "peer", m.Name, "err", err)
+			n.log.Warn("member ignored", "peer", name, "err", err)
 			continue
 		case md.fingerprint != n.fp:
-			n.log.Warn("member ignored: placement or policy fingerprint differs", "peer", m.Name,
+			n.log.Warn("member ignored: placement or policy fingerprint differs", "peer", name,
 				"fingerprint", fmt.Sprintf("%016x", md.fingerprint), "want", fmt.Sprintf("%016x", n.fp))
 			continue
 		}
-		names = append(names, m.Name)
-		addrs[m.Name] = md.rpcAddr
+		names = append(names, name)
+		addrs[name] = md.rpcAddr
+	}
+	if len(names) == 0 {
+		// Only after our own leave: memberlist no longer lists us. Keep
+		// the last ring; the node is shutting down.
+		return
 	}
 	old := n.view.Load()
 	now := n.clock()
@@ -232,8 +283,8 @@ func (n *Node) rebuild() {
 		snap, err := ring.New(n.cfg.Ring, names, n.version+1)
 		if err != nil {
 			n.viewMu.Unlock()
-			// Only an impossible member list gets here (we are always in
-			// it); keep the old ring rather than route nowhere.
+			// Only an impossible member list gets here; keep the old ring
+			// rather than route nowhere.
 			n.log.Error("ring rebuild failed", "err", err, "members", len(names))
 			return
 		}

@@ -45,6 +45,7 @@ type Node struct {
 	rebuildCh chan struct{}
 
 	ml        *memberlist.Memberlist
+	delegate  *delegate
 	gossipLog *memberlistLog
 	grpcSrv   *grpc.Server
 	health    *health.Server
@@ -119,6 +120,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if err := n.startGossip(ctx); err != nil {
 		n.grpcSrv.Stop()
 		n.cancel()
+		n.wg.Wait()
 		return nil, err
 	}
 	n.rebuild()
@@ -164,6 +166,33 @@ func (n *Node) startRPC() error {
 
 // Name returns the node's member name.
 func (n *Node) Name() string { return n.name }
+
+// meta is what this node gossips about itself.
+func (n *Node) meta(draining bool) meta {
+	addr := n.cfg.RPCAdvertiseAddr
+	if addr == "" {
+		addr = n.RPCAddr()
+	}
+	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining}
+}
+
+// RingInfo describes the node's current ring, read from one snapshot.
+type RingInfo struct {
+	// Version is the local ring version.
+	Version uint64
+	// Members are the member names, sorted.
+	Members []string
+	// Partitions is the ring's partition count.
+	Partitions int
+	// PartitionsOwned is how many partitions this node owns.
+	PartitionsOwned int
+}
+
+// Ring returns the node's current ring, from one snapshot.
+func (n *Node) Ring() RingInfo {
+	s := n.view.Load().snap
+	return RingInfo{Version: s.Version(), Members: s.Members(), Partitions: s.Config().PartitionCount, PartitionsOwned: s.PartitionsOwned(n.name)}
+}
 
 // RPCAddr returns the bound gRPC address (host:port).
 func (n *Node) RPCAddr() string { return n.rpcLis.Addr().String() }
@@ -280,6 +309,10 @@ func (n *Node) close(ctx context.Context) error {
 	n.closing.Store(true)
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	var errs []error
+	// Announce the drain first, so peers log our departure as a leave,
+	// not a failure. Best effort: a slow gossip only changes the log line.
+	n.delegate.setMeta(n.meta(true))
+	_ = n.ml.UpdateNode(200 * time.Millisecond)
 	if err := n.drain(ctx); err != nil {
 		errs = append(errs, err)
 	}

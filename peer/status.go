@@ -3,6 +3,7 @@ package peer
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -50,15 +51,20 @@ func FromStatus(err error) error {
 	if !ok || err == nil {
 		return err
 	}
+	wrap := func(sentinel error) error {
+		// The server's message usually starts with the same sentinel text.
+		msg := strings.TrimPrefix(st.Message(), sentinel.Error()+": ")
+		return fmt.Errorf("%w: %s", sentinel, msg)
+	}
 	switch st.Code() {
 	case codes.InvalidArgument:
-		return fmt.Errorf("%w: %s", ErrInvalidKey, st.Message())
+		return wrap(ErrInvalidKey)
 	case codes.NotFound:
-		return fmt.Errorf("%w: %s", ErrUnknownPolicy, st.Message())
+		return wrap(ErrUnknownPolicy)
 	case codes.OK:
 		return nil
 	default:
-		return fmt.Errorf("%w: %s", ErrUnavailable, st.Message())
+		return wrap(ErrUnavailable)
 	}
 }
 

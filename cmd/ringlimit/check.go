@@ -1,0 +1,236 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+)
+
+const checkUsage = `Usage: ringlimit check --addr HOST:PORT --tenant T --subject S --policy P [flags]
+
+Asks a running node for one decision, through the gRPC RateLimiter API (the
+node's --grpc-addr) or, with --http, through POST /v1/check (--http-addr).
+
+Flags:
+  --addr H:P          node address (gRPC by default, HTTP with --http)
+  --http              use the HTTP API instead of gRPC
+  --tenant T          quota key: tenant
+  --subject S         quota key: subject (the authenticated account)
+  --policy P          quota key: policy name from the node's table
+  --hits N            cost of the request in units (default 1)
+  --json              print the decision as JSON
+  --timeout D         overall deadline (default 5s)
+  --tls-ca PATH       gRPC over TLS, trusting this CA
+  --tls-cert PATH     client certificate and key for mutual TLS
+  --tls-key PATH
+  --tls-server-name N name to verify in the node's certificate
+
+Exit codes: 0 allowed (including failed_open, fallback, shadow), 2 refused
+(over limit), 3 unavailable (the limiter could not decide, or the node could
+not be reached), 1 any other error (bad flags, invalid key, unknown policy).
+`
+
+type checkFlags struct {
+	addr, tenant, subject, policy         string
+	tlsCA, tlsCert, tlsKey, tlsServerName string
+	hits                                  int64
+	useHTTP, asJSON                       bool
+	timeout                               time.Duration
+}
+
+func parseCheckFlags(args []string, stderr io.Writer) (checkFlags, error) {
+	var f checkFlags
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, checkUsage) }
+	fs.StringVar(&f.addr, "addr", "", "")
+	fs.StringVar(&f.tenant, "tenant", "", "")
+	fs.StringVar(&f.subject, "subject", "", "")
+	fs.StringVar(&f.policy, "policy", "", "")
+	fs.Int64Var(&f.hits, "hits", 1, "")
+	fs.BoolVar(&f.useHTTP, "http", false, "")
+	fs.BoolVar(&f.asJSON, "json", false, "")
+	fs.DurationVar(&f.timeout, "timeout", 5*time.Second, "")
+	fs.StringVar(&f.tlsCA, "tls-ca", "", "")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "")
+	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return f, err
+		}
+		return f, usageError("check: " + err.Error())
+	}
+	switch {
+	case fs.NArg() > 0:
+		return f, usageError(fmt.Sprintf("check: unexpected argument %q", fs.Arg(0)))
+	case f.addr == "":
+		return f, usageError("check: --addr is required")
+	case f.tenant == "" || f.subject == "" || f.policy == "":
+		return f, usageError("check: --tenant, --subject and --policy are required")
+	case f.timeout <= 0:
+		return f, usageError("check: --timeout must be positive")
+	}
+	return f, nil
+}
+
+// runCheck asks a node for one decision and maps it to an exit code.
+func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f, err := parseCheckFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	var resp checkResponse
+	if f.useHTTP {
+		resp, err = checkHTTP(ctx, f)
+	} else {
+		resp, err = checkGRPC(ctx, f)
+	}
+	if err != nil && !errors.Is(err, peer.ErrUnavailable) {
+		return &exitError{code: exitFailure, err: fmt.Errorf("check: %w", err)}
+	}
+	if err != nil {
+		resp = checkResponse{Reason: peer.ReasonUnavailable.String(), Error: err.Error()}
+	}
+	if f.asJSON {
+		b, _ := json.Marshal(resp) // plain strings, numbers and bools
+		fmt.Fprintf(stdout, "%s\n", b)
+	} else {
+		printDecision(stdout, resp)
+	}
+	switch {
+	case err != nil:
+		return &exitError{code: exitUnavailable}
+	case !resp.Allowed:
+		return &exitError{code: exitRefused}
+	}
+	return nil
+}
+
+func printDecision(w io.Writer, r checkResponse) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	verdict := "ALLOWED"
+	switch {
+	case r.Reason == peer.ReasonUnavailable.String():
+		verdict = "UNAVAILABLE (the limiter could not decide; not over limit)"
+	case !r.Allowed:
+		verdict = "REFUSED (over limit)"
+	}
+	fmt.Fprintf(tw, "decision\t%s\n", verdict)
+	fmt.Fprintf(tw, "reason\t%s\n", r.Reason)
+	if r.Error != "" {
+		fmt.Fprintf(tw, "error\t%s\n", r.Error)
+	} else {
+		fmt.Fprintf(tw, "limit\t%d\n", r.Limit)
+		fmt.Fprintf(tw, "remaining\t%d\n", r.Remaining)
+		fmt.Fprintf(tw, "retry_after\t%v\n", time.Duration(r.RetryAfterMs)*time.Millisecond)
+		fmt.Fprintf(tw, "reset_after\t%v\n", time.Duration(r.ResetAfterMs)*time.Millisecond)
+		fmt.Fprintf(tw, "owner\t%s\n", r.Owner)
+	}
+	_ = tw.Flush()
+}
+
+// checkGRPC calls RateLimiter.Allow. Errors come back through
+// peer.FromStatus, so unavailability wraps peer.ErrUnavailable.
+func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
+	creds, err := clientCreds(f.tlsCA, f.tlsCert, f.tlsKey, f.tlsServerName)
+	if err != nil {
+		return checkResponse{}, err
+	}
+	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return checkResponse{}, fmt.Errorf("dial %s: %w", f.addr, err)
+	}
+	defer conn.Close()
+	r, err := peerpb.NewRateLimiterClient(conn).Allow(ctx, &peerpb.AllowRequest{
+		Key:  &peerpb.Key{Tenant: f.tenant, Subject: f.subject, Policy: f.policy},
+		Hits: f.hits,
+	})
+	if err != nil {
+		return checkResponse{}, peer.FromStatus(err)
+	}
+	return responseFrom(peer.Decision{
+		Allowed: r.GetAllowed(), Limit: r.GetLimit(), Remaining: r.GetRemaining(),
+		RetryAfter: time.Duration(r.GetRetryAfterNs()), ResetAfter: time.Duration(r.GetResetAfterNs()),
+		Reason: peer.Reason(r.GetReason()), Owner: r.GetOwner(), RingVersion: r.GetRingVersion(),
+	}), nil
+}
+
+// clientCreds returns plaintext credentials when no TLS flag is set, and TLS
+// trusting caFile (presenting certFile/keyFile when given) otherwise.
+func clientCreds(caFile, certFile, keyFile, serverName string) (credentials.TransportCredentials, error) {
+	if caFile == "" && certFile == "" && keyFile == "" {
+		return insecure.NewCredentials(), nil
+	}
+	if caFile == "" || (certFile == "") != (keyFile == "") {
+		return nil, errors.New("TLS needs --tls-ca, and --tls-cert with --tls-key for mutual TLS")
+	}
+	pool, err := loadCAPool(caFile)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, ServerName: serverName}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls key pair: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return credentials.NewTLS(cfg), nil
+}
+
+// checkHTTP posts to /v1/check and maps the status: 200 and 429 carry a
+// decision, 503 is unavailability, anything else an error with the body's
+// message.
+func checkHTTP(ctx context.Context, f checkFlags) (checkResponse, error) {
+	body, _ := json.Marshal(checkRequest{Tenant: f.tenant, Subject: f.subject, Policy: f.policy, Hits: f.hits})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+f.addr+"/v1/check", bytes.NewReader(body))
+	if err != nil {
+		return checkResponse{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{}).Do(req)
+	if err != nil {
+		return checkResponse{}, fmt.Errorf("%w: %w", peer.ErrUnavailable, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return checkResponse{}, fmt.Errorf("%w: read response: %w", peer.ErrUnavailable, err)
+	}
+	var out checkResponse
+	jerr := json.Unmarshal(data, &out)
+	switch resp.StatusCode {
+	case http.StatusOK, http.StatusTooManyRequests:
+		if jerr != nil {
+			return checkResponse{}, fmt.Errorf("bad response (HTTP %d): %w", resp.StatusCode, jerr)
+		}
+		return out, nil
+	case http.StatusServiceUnavailable:
+		return checkResponse{}, fmt.Errorf("%w: %s", peer.ErrUnavailable, out.Error)
+	default:
+		msg := out.Error
+		if jerr != nil || msg == "" {
+			msg = string(bytes.TrimSpace(data))
+		}
+		return checkResponse{}, fmt.Errorf("HTTP %d: %s", resp.StatusCode, msg)
+	}
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+)
+
+// TestCheck runs the check command in-process against a serve process, over
+// gRPC and HTTP, and checks its exit codes: 0 allowed, 2 refused, 3
+// unavailable, 1 other errors.
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	pols := writeFile(t, t.TempDir(), "policies.yaml", testPolicies)
+	p := startServe(t, "chk", nil, "--policies", pols)
+	// An address where nothing listens: bind a port, then release it.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := lis.Addr().String()
+	lis.Close()
+
+	key := []string{"--tenant", "acme", "--subject", "dave", "--policy", "api"}
+	grpcArgs := append([]string{"--addr", p.grpcAddr}, key...)
+	httpArgs := append([]string{"--addr", p.httpAddr, "--http"}, key...)
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantOut  []string       // substrings of stdout+stderr
+		wantJSON map[string]any // fields of the --json output
+	}{
+		// limit 3 on this key: three admissions, then refusals.
+		{name: "grpc allowed", args: grpcArgs, wantCode: 0, wantOut: []string{"ALLOWED", "remaining    2", "owner        chk"}},
+		{name: "grpc json allowed", args: append(grpcArgs, "--json"), wantCode: 0,
+			wantJSON: map[string]any{"allowed": true, "remaining": 1.0, "limit": 3.0, "reason": "admitted", "owner": "chk"}},
+		{name: "http json allowed", args: append(httpArgs, "--json"), wantCode: 0,
+			wantJSON: map[string]any{"allowed": true, "remaining": 0.0, "reason": "admitted", "owner": "chk"}},
+		{name: "grpc refused", args: grpcArgs, wantCode: 2, wantOut: []string{"REFUSED (over limit)", "over_limit"}},
+		{name: "http json refused", args: append(httpArgs, "--json"), wantCode: 2,
+			wantJSON: map[string]any{"allowed": false, "reason": "over_limit"}},
+		{name: "grpc unknown policy", args: []string{"--addr", p.grpcAddr, "--tenant", "a", "--subject", "b", "--policy", "nope"}, wantCode: 1, wantOut: []string{"unknown policy"}},
+		{name: "http unknown policy", args: []string{"--addr", p.httpAddr, "--http", "--tenant", "a", "--subject", "b", "--policy", "nope"}, wantCode: 1, wantOut: []string{"HTTP 400", "unknown policy"}},
+		{name: "http invalid hits", args: append(httpArgs, "--hits", "99"), wantCode: 1, wantOut: []string{"invalid hits"}},
+		{name: "grpc invalid key", args: []string{"--addr", p.grpcAddr, "--tenant", "a b", "--subject", "b", "--policy", "api"}, wantCode: 1, wantOut: []string{"invalid"}},
+		{name: "grpc unreachable", args: []string{"--addr", dead, "--tenant", "a", "--subject", "b", "--policy", "api", "--timeout", "2s"}, wantCode: 3, wantOut: []string{"UNAVAILABLE"}},
+		{name: "http unreachable json", args: []string{"--addr", dead, "--http", "--json", "--tenant", "a", "--subject", "b", "--policy", "api"}, wantCode: 3,
+			wantJSON: map[string]any{"allowed": false, "reason": "unavailable"}},
+		{name: "missing key part", args: []string{"--addr", p.grpcAddr, "--tenant", "a"}, wantCode: 1, wantOut: []string{"--tenant, --subject and --policy are required"}},
+	} {
+		// Sequential: the cases share one key's quota.
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			err := run(context.Background(), append([]string{"check"}, tc.args...), &out, &errOut)
+			code := exitCode(err, &errOut)
+			all := out.String() + errOut.String()
+			if code != tc.wantCode {
+				t.Errorf("check %q: exit code %d, want %d\n%s", tc.args, code, tc.wantCode, all)
+			}
+			for _, w := range tc.wantOut {
+				if !strings.Contains(all, w) {
+					t.Errorf("check %q output lacks %q:\n%s", tc.args, w, all)
+				}
+			}
+			if tc.wantJSON != nil {
+				var got map[string]any
+				if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+					t.Fatalf("check %q: stdout is not JSON: %v\n%s", tc.args, err, all)
+				}
+				for k, v := range tc.wantJSON {
+					if got[k] != v {
+						t.Errorf("check %q: %s = %v, want %v\n%s", tc.args, k, got[k], v, out.String())
+					}
+				}
+			}
+		})
+	}
+
+	t.Run("bench against the node", func(t *testing.T) {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), []string{"bench", "--addr", p.grpcAddr, "--policy", "shared", "--duration", "200ms", "--workers", "2", "--requests", "500"}, &out, &errOut)
+		if err != nil || !strings.Contains(out.String(), "throughput") || !strings.Contains(out.String(), "gRPC RateLimiter at "+p.grpcAddr) {
+			t.Errorf("bench --addr: %v\n%s%s", err, out.String(), errOut.String())
+		}
+	})
+}

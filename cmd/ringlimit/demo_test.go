@@ -1,0 +1,149 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary stand in for the ringlimit binary: when the
+// demo or a serve test re-executes it with RINGLIMIT_CHILD=1, it runs main's
+// code on its arguments (for example "serve ...") instead of the tests.
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnvVar) == "1" {
+		os.Exit(mainExit(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// TestDemo runs the whole demo in-process; its crash step re-executes the
+// test binary as the child node. It is not parallel: it runs alone, before
+// the parallel tests start their serve processes, because its cluster uses
+// fast gossip timings that CPU starvation could turn into false failure
+// suspicions.
+func TestDemo(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	start := time.Now()
+	err := run(ctx, []string{"demo"}, &out, &errOut)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("demo returned %v after %v\nstdout:\n%s\nstderr:\n%s", err, took, out.String(), errOut.String())
+	}
+	if took > 30*time.Second {
+		t.Errorf("demo took %v, want under 30s", took)
+	}
+	for _, want := range []string{
+		"✓ fixed window admits 200 around its edge",
+		"✓ sliding log admits 100 (want exactly 100)",
+		"✓ refused 1 ms before the admission is W old (retry_after exactly 1ms), admitted exactly at W",
+		"✓ 3 independent local limiters admit 300 of 300",
+		"✓ the cluster admits exactly 100 of 300",
+		"✓ every decision came from the key's single owner",
+		"✓ the quota was kept: 40 admitted after the move (want 40), then over limit",
+		"first request for the key: unavailable (errors.Is(err, peer.ErrUnavailable)), not over limit",
+		"✓ requests for the dead owner's key fail closed as unavailable",
+		"✓ decisions resume on a new owner after the ring converges",
+		"✓ the hottest key shop/item-00/feed is #1 at its owner",
+		"all 16 promises held",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("demo output lacks %q\nstdout:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "FAILED") {
+		t.Errorf("demo reported a failure:\n%s", out.String())
+	}
+	if !strings.Contains(errOut.String(), `msg="gossip membership"`) {
+		t.Errorf("demo log lacks the gossip membership lines:\n%s", errOut.String())
+	}
+	if strings.Contains(errOut.String(), "component=memberlist level=DEBUG") {
+		t.Errorf("memberlist debug lines leaked into the demo log")
+	}
+	t.Logf("demo took %v, %d bytes of output", took, out.Len())
+}
+
+func TestRunDispatch(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantOut  string
+	}{
+		{"no command", nil, 1, "Usage:"},
+		{"unknown command", []string{"frobnicate"}, 1, `unknown command "frobnicate"`},
+		{"help", []string{"help"}, 0, "ringlimit demo"},
+		{"help for a command", []string{"help", "check"}, 0, "Exit codes: 0 allowed"},
+		{"serve -h", []string{"serve", "-h"}, 0, "--gossip-addr"},
+		{"demo with an argument", []string{"demo", "extra"}, 1, `unexpected argument "extra"`},
+		{"bench duration too long", []string{"bench", "--duration", "2m"}, 1, "at most 1m0s"},
+		{"check without addr", []string{"check", "--tenant", "t"}, 1, "--addr is required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			err := run(context.Background(), tc.args, &out, &errOut)
+			code := exitCode(err, &errOut)
+			if code != tc.wantCode {
+				t.Errorf("run(%q) exit code %d, want %d (err %v)", tc.args, code, tc.wantCode, err)
+			}
+			if all := out.String() + errOut.String(); !strings.Contains(all, tc.wantOut) {
+				t.Errorf("run(%q) output lacks %q:\n%s", tc.args, tc.wantOut, all)
+			}
+		})
+	}
+}
+
+func TestLoggerFiltersMemberlist(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	log, err := newLogger(&buf, "text", slog.LevelInfo, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := log.With("node", "n1")
+	ml := node.With("component", "memberlist")
+	ml.Info("memberlist chatter")
+	ml.Warn("memberlist warning")
+	node.Info("gossip membership")
+	node.Debug("per request")
+	got := buf.String()
+	for _, tc := range []struct {
+		line string
+		want bool
+	}{
+		{"memberlist chatter", false},
+		{"memberlist warning", true},
+		{"gossip membership", true},
+		{"per request", false},
+		{"time=", false},
+	} {
+		if strings.Contains(got, tc.line) != tc.want {
+			t.Errorf("log contains %q = %v, want %v:\n%s", tc.line, !tc.want, tc.want, got)
+		}
+	}
+	if _, err := newLogger(io.Discard, "xml", slog.LevelInfo, false); err == nil {
+		t.Error("newLogger accepted log format xml")
+	}
+}
+
+// TestBenchInProcess runs a short bench on an in-process cluster.
+func TestBenchInProcess(t *testing.T) {
+	t.Parallel()
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"bench", "--duration", "300ms", "--workers", "4", "--keys", "64"}, &out, &errOut)
+	if err != nil {
+		t.Fatalf("bench: %v\n%s%s", err, out.String(), errOut.String())
+	}
+	for _, want := range []string{"requests", "throughput", "ops/s", "p50", "p999", "decided locally"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("bench output lacks %q:\n%s", want, out.String())
+		}
+	}
+}

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/peer"
+)
+
+func TestParsePolicies(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		in      string
+		want    map[string]peer.PolicyConfig
+		wantErr []string // substrings of the error, all required
+	}{
+		{
+			name: "yaml, every field",
+			in: `
+policies:
+  - name: api
+    limit: 100
+    window: 1m
+  - name: search
+    limit: 600
+    window: 1m30s
+    algorithm: token_bucket
+    on_unavailable: fallback
+    fallback_limit: 200
+  - name: login
+    limit: 5
+    window: 10s
+    algorithm: fixed_window
+    on_unavailable: fail_open
+    resolution: 10ms
+    shadow: true
+`,
+			want: map[string]peer.PolicyConfig{
+				"api":    {Limit: 100, Window: time.Minute},
+				"search": {Limit: 600, Window: 90 * time.Second, Algorithm: peer.TokenBucket, OnUnavailable: peer.Fallback, FallbackLimit: 200},
+				"login":  {Limit: 5, Window: 10 * time.Second, Algorithm: peer.FixedWindow, OnUnavailable: peer.FailOpen, Resolution: 10 * time.Millisecond, Shadow: true},
+			},
+		},
+		{
+			name: "json",
+			in:   `{"policies": [{"name": "api", "limit": 100, "window": "1m", "algorithm": "sliding_log", "on_unavailable": "fail_closed"}]}`,
+			want: map[string]peer.PolicyConfig{"api": {Limit: 100, Window: time.Minute}},
+		},
+		{
+			name:    "unknown field in an entry",
+			in:      "policies:\n  - name: api\n    limit: 1\n    window: 1s\n    burst: 5\n",
+			wantErr: []string{"field burst not found"},
+		},
+		{
+			name:    "unknown top-level field",
+			in:      `{"policies": [{"name": "api", "limit": 1, "window": "1s"}], "version": 2}`,
+			wantErr: []string{"field version not found"},
+		},
+		{
+			name:    "bad values are all reported",
+			in:      "policies:\n  - name: api\n    limit: 0\n    window: 5x\n    algorithm: leaky\n    on_unavailable: maybe\n",
+			wantErr: []string{`policies[0] ("api"): limit 0 must be positive`, `window "5x" must be a positive Go duration`, `algorithm "leaky"`, `on_unavailable "maybe"`},
+		},
+		{
+			name:    "window without a unit",
+			in:      "policies:\n  - name: api\n    limit: 1\n    window: 60\n",
+			wantErr: []string{`window "60" must be a positive Go duration`},
+		},
+		{
+			name:    "missing window and name",
+			in:      "policies:\n  - limit: 1\n",
+			wantErr: []string{"name is missing", "window is missing"},
+		},
+		{
+			name:    "duplicate name",
+			in:      "policies:\n  - {name: api, limit: 1, window: 1s}\n  - {name: api, limit: 2, window: 1s}\n",
+			wantErr: []string{`policies[1] ("api"): duplicate name`},
+		},
+		{
+			name:    "name with a space",
+			in:      "policies:\n  - {name: my api, limit: 1, window: 1s}\n",
+			wantErr: []string{"name must be 1 to 128 bytes of visible ASCII"},
+		},
+		{
+			name:    "negative fallback limit and resolution",
+			in:      "policies:\n  - {name: api, limit: 1, window: 1s, fallback_limit: -1, resolution: -1ms}\n",
+			wantErr: []string{"fallback_limit -1 must not be negative", `resolution "-1ms"`},
+		},
+		{name: "empty", in: "", wantErr: []string{"empty"}},
+		{name: "no policies", in: "policies: []\n", wantErr: []string{"no policies"}},
+		{name: "two documents", in: "policies:\n  - {name: a, limit: 1, window: 1s}\n---\npolicies: []\n", wantErr: []string{"more than one document"}},
+		{name: "not a mapping", in: "- a\n- b\n", wantErr: []string{"cannot unmarshal"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parsePolicies([]byte(tc.in))
+			if len(tc.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("parsePolicies(%q) = %v, want an error containing %q", tc.in, got, tc.wantErr)
+				}
+				for _, w := range tc.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("parsePolicies(%q) error\n%v\nlacks %q", tc.in, err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("parsePolicies(%q): %v", tc.in, err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("parsePolicies(%q)\n got %+v\nwant %+v", tc.in, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFormatPoliciesRoundTrip(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		table map[string]peer.PolicyConfig
+	}{
+		{"demo", demoPolicies()},
+		{"default", defaultPolicies()},
+		{"every field", map[string]peer.PolicyConfig{
+			"x": {Limit: 7, Window: 1500 * time.Millisecond, Algorithm: peer.FixedWindow, Resolution: 5 * time.Millisecond, OnUnavailable: peer.Fallback, FallbackLimit: 3, Shadow: true},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data, err := formatPolicies(tc.table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := parsePolicies(data)
+			if err != nil {
+				t.Fatalf("parse formatted table: %v\n%s", err, data)
+			}
+			if !reflect.DeepEqual(got, tc.table) {
+				t.Errorf("round trip\n got %+v\nwant %+v\nfile:\n%s", got, tc.table, data)
+			}
+		})
+	}
+}
+
+func TestLoadPolicies(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.json")
+	if err := os.WriteFile(good, []byte(`{"policies":[{"name":"api","limit":10,"window":"1s"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := loadPolicies(good)
+	if err != nil || got["api"].Limit != 10 {
+		t.Fatalf("loadPolicies(%s) = %v, %v; want api limit 10", good, got, err)
+	}
+	if _, err := loadPolicies(filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "missing.yaml") {
+		t.Errorf("loadPolicies(missing) error %v, want one naming the file", err)
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("policies:\n  - {name: api, limit: 1, window: 1s, typo: 1}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadPolicies(bad); err == nil || !strings.Contains(err.Error(), "bad.yaml") || !strings.Contains(err.Error(), "typo") {
+		t.Errorf("loadPolicies(bad) error %v, want one naming the file and the field", err)
+	}
+}
