@@ -26,7 +26,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ringlimit/ringlimit/peer"
-	"github.com/ringlimit/ringlimit/ring"
 )
 
 const serveUsage = `Usage: ringlimit serve [flags]
@@ -556,20 +555,14 @@ type ringInfo struct {
 }
 
 func (a *httpAPI) debugRing(w http.ResponseWriter, _ *http.Request) {
-	info := ringInfo{
-		Node:        a.node.Name(),
-		RingVersion: a.node.RingVersion(),
-		Members:     a.node.Members(),
-		Partitions:  ring.Config{}.WithDefaults().PartitionCount,
-	}
-	// TODO(lead): peer.Node has no accessor for the partitions it owns, so
-	// this rebuilds the placement from the member list. It is exact because
-	// serve always runs with the default ring parameters and placement
-	// depends only on the member set; replace it with a Node method.
-	if snap, err := ring.New(ring.Config{}, info.Members, info.RingVersion); err == nil {
-		info.PartitionsOwned = snap.PartitionsOwned(info.Node)
-	}
-	writeJSON(w, http.StatusOK, info)
+	r := a.node.Ring()
+	writeJSON(w, http.StatusOK, ringInfo{
+		Node:            a.node.Name(),
+		RingVersion:     r.Version,
+		Members:         r.Members,
+		Partitions:      r.Partitions,
+		PartitionsOwned: r.PartitionsOwned,
+	})
 }
 
 // hotKeyInfo is one entry of /debug/hotkeys.
