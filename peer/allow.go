@@ -24,6 +24,13 @@ func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
 	if n.closing.Load() {
 		return Decision{}, ErrClosed
 	}
+	// The key is validated first: a malformed policy part is an invalid
+	// key, not an unknown policy.
+	var buf [shard.MaxEncodedKeyLen]byte
+	ek, ok := req.Key.AppendEncoded(buf[:0])
+	if !ok {
+		return Decision{}, fmt.Errorf("%w: %w", ErrInvalidKey, req.Key.Validate())
+	}
 	p := n.policies[req.Key.Policy]
 	if p == nil {
 		return Decision{}, fmt.Errorf("%w: %q", ErrUnknownPolicy, req.Key.Policy)
@@ -34,11 +41,6 @@ func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
 	}
 	if hits < 0 || hits > p.sp.Limit {
 		return Decision{}, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, p.sp.Limit)
-	}
-	var buf [shard.MaxEncodedKeyLen]byte
-	ek, ok := req.Key.AppendEncoded(buf[:0])
-	if !ok {
-		return Decision{}, fmt.Errorf("%w: %w", ErrInvalidKey, req.Key.Validate())
 	}
 	var cause error
 	redirect := ""
@@ -130,10 +132,11 @@ func (n *Node) decideOwned(ctx context.Context, v *view, key Key, ek []byte, p *
 		return Decision{}, err
 	}
 	now := n.clock()
-	sd, err := n.store.Allow(key, p.sp, hits, now)
+	// admit decides under the key's handoff gate (handoff.go): a
+	// *notOwnerError if the state left meanwhile, else ErrUnavailable.
+	sd, err := n.admit(v, key, ek, p, hits, now)
 	if err != nil {
-		// Only ErrCapacity gets here: key, policy and hits were validated.
-		return Decision{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return Decision{}, err
 	}
 	d := Decision{
 		Allowed:     sd.Allowed,

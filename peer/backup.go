@@ -3,6 +3,7 @@ package peer
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/peerpb"
@@ -10,24 +11,41 @@ import (
 )
 
 // Crash backup (DESIGN.md §5). With Config.Backup, an owner notes every key
-// it admits for and, every BackupInterval, streams those keys' full states
-// to each key's backup member: the member that owns the key if this node
-// disappears (ring.Snapshot.Backup). The backup keeps them in a separate
-// replica store. When the owner fails, the new owner (that same member)
-// restores a key from its replica before deciding for it for the first time.
+// whose state changes (an admission, or state arriving by handoff or
+// restore) and, every BackupInterval, streams those keys' full states to
+// each key's backup member: the member that owns the key if this node
+// disappears (ring.Snapshot.Backup). After a ring change it streams every
+// key it owns, since backup members move with the ring. The backup keeps
+// the states in a separate replica store, each replacing the previous one.
+// When the owner fails, the new owner (that same member) finds no live
+// previous owner holding the key and restores the replica before it decides
+// for the key for the first time (within HandoffGrace of the ring change).
 //
-// The bound: a crash loses the admissions made since the last backup that
-// reached the replica, so at most BackupInterval plus one RPC of admissions
-// per key can be admitted again. Without Backup a crash resets the crashed
-// owner's keys: up to one extra window's limit per key.
+// The bound, per key: a crash loses the admissions made after the start of
+// the last stream that reached the backup. Streams start every
+// BackupInterval and a failed one is retried by the next, so with a healthy
+// backup that is at most the admissions of the last BackupInterval plus one
+// stream's duration (one RPC per 1024 keys per backup member, bounded by
+// ForwardTimeout) before the crash: those are admitted again after it, on
+// top of the limit. Keys are unavailable from the crash until the survivors'
+// failure detector removes the owner from the ring (memberlist's probe and
+// suspicion timeouts): requests forwarded to the dead owner fail meanwhile.
+// Without Backup a crash resets the crashed owner's keys: each can admit up
+// to its full limit again, on top of what it admitted in the window.
+//
+// Cost: one map insert under a mutex per admission of a key not yet noted
+// since the last stream, and one export plus one RPC share per noted key
+// per interval (bench: BenchmarkAllowBackup).
 type backupState struct {
 	mu       sync.Mutex
-	pending  map[string]Key // keys admitted since the last stream
+	pending  map[string]Key // keys changed since the last stream
+	lastOK   time.Time      // start of the last stream that reached every backup
 	replicas *shard.Store   // states this node backs up for others
+	full     atomic.Bool    // stream every owned key next time
 }
 
 // maxPendingBackup bounds the keys noted between two streams; past it keys
-// are not noted (and counted as dropped) until the next stream.
+// are not noted and the next stream sends every owned key instead.
 const maxPendingBackup = 1 << 18
 
 func (b *backupState) init(cfg shard.Config) {
@@ -35,14 +53,29 @@ func (b *backupState) init(cfg shard.Config) {
 	b.replicas, _ = shard.NewStore(cfg)
 }
 
-// note records that key (encoded as ek) was admitted. It allocates only for
-// a key not yet noted since the last stream.
+// note records that key (encoded as ek) changed. It allocates only for a
+// key not yet noted since the last stream.
 func (b *backupState) note(key Key, ek []byte) {
 	b.mu.Lock()
-	if _, ok := b.pending[string(ek)]; !ok && len(b.pending) < maxPendingBackup {
-		b.pending[string(ek)] = key
+	if _, ok := b.pending[string(ek)]; !ok {
+		if len(b.pending) < maxPendingBackup {
+			b.pending[string(ek)] = key
+		} else {
+			b.full.Store(true)
+		}
 	}
 	b.mu.Unlock()
+}
+
+// noteBackup notes key for the next backup stream when backups are on.
+func (n *Node) noteBackup(key Key) {
+	if !n.cfg.Backup {
+		return
+	}
+	var buf [shard.MaxEncodedKeyLen]byte
+	if ek, ok := key.AppendEncoded(buf[:0]); ok {
+		n.backup.note(key, ek)
+	}
 }
 
 func (n *Node) backupLoop() {
@@ -59,48 +92,89 @@ func (n *Node) backupLoop() {
 	}
 }
 
-// StreamBackups sends the state of every key admitted since the last call to
-// its backup member. The node calls it every BackupInterval when
-// Config.Backup is set; tests may call it directly. It returns the number of
-// keys that reached their backups.
+// StreamBackups sends the state of every key changed since the last call
+// (every owned key after a ring change) to its backup member. The node
+// calls it every BackupInterval when Config.Backup is set; tests and
+// embedders may call it directly, for example right before a planned
+// restart. Keys whose stream failed are sent again by the next call. It
+// returns the number of keys that reached their backups. Safe for
+// concurrent use.
 func (n *Node) StreamBackups(ctx context.Context) int {
+	start := time.Now()
+	full := n.backup.full.Swap(false)
 	n.backup.mu.Lock()
 	pending := n.backup.pending
 	n.backup.pending = make(map[string]Key, len(pending))
 	n.backup.mu.Unlock()
-	if len(pending) == 0 {
+	if len(pending) == 0 && !full {
 		return 0
 	}
 	v := n.view.Load()
 	now := n.clock()
-	groups := make(map[string][]*peerpb.KeyState)
-	for ek, k := range pending {
-		to := v.snap.Backup([]byte(ek))
-		if to == "" || v.snap.Owner([]byte(ek)) != n.name {
-			continue
+	type group struct {
+		keys   []Key
+		states []*peerpb.KeyState
+	}
+	groups := make(map[string]*group)
+	add := func(k Key, ek []byte) {
+		to := v.snap.Backup(ek)
+		if to == "" || v.snap.Owner(ek) != n.name {
+			return
 		}
 		if st, ok := n.store.Export(k, now); ok {
-			groups[to] = append(groups[to], stateToWire(st))
+			g := groups[to]
+			if g == nil {
+				g = &group{}
+				groups[to] = g
+			}
+			g.keys = append(g.keys, k)
+			g.states = append(g.states, stateToWire(st))
+		}
+	}
+	if full {
+		n.store.Range(func(k Key) bool {
+			var buf [shard.MaxEncodedKeyLen]byte
+			ek, _ := k.AppendEncoded(buf[:0])
+			add(k, ek)
+			return true
+		})
+	} else {
+		for ek, k := range pending {
+			add(k, []byte(ek))
 		}
 	}
 	sent := 0
-	for to, states := range groups {
+	allOK := true
+	for to, g := range groups {
 		c, err := n.client(to, v.addrs[to])
-		for len(states) > 0 && err == nil {
-			b := states[:min(len(states), handoffBatch)]
-			states = states[len(b):]
+		done := 0
+		for done < len(g.states) && err == nil {
+			b := g.states[done:min(len(g.states), done+handoffBatch)]
 			rctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
 			_, err = c.stub.Backup(rctx, &peerpb.BackupRequest{Sender: n.name, Keys: b})
 			cancel()
 			if err == nil {
-				sent += len(b)
+				done += len(b)
 				n.metrics.Backup("sent", "ok", len(b))
 			}
 		}
+		sent += done
 		if err != nil {
-			n.metrics.Backup("sent", "failed", len(states))
-			n.warnThrottled("backup stream failed", "peer", to, "err", err)
+			allOK = false
+			n.metrics.Backup("sent", "failed", len(g.states)-done)
+			n.warnThrottled("backup stream failed", "peer", to, "keys", len(g.states)-done, "err", err)
+			// Send them again next time rather than leave the backup stale.
+			for _, k := range g.keys[done:] {
+				n.noteBackup(k)
+			}
 		}
+	}
+	if allOK {
+		n.backup.mu.Lock()
+		if start.After(n.backup.lastOK) {
+			n.backup.lastOK = start
+		}
+		n.backup.mu.Unlock()
 	}
 	return sent
 }
@@ -110,6 +184,9 @@ func (s *server) Backup(_ context.Context, req *peerpb.BackupRequest) (*peerpb.B
 	n := s.n
 	if len(req.GetKeys()) > maxWireBatch {
 		return nil, errBatchTooLarge(len(req.GetKeys()))
+	}
+	if err := n.handoff.fault(faultBackup); err != nil {
+		return nil, err
 	}
 	now := n.clock()
 	var accepted uint32
@@ -129,23 +206,8 @@ func (s *server) Backup(_ context.Context, req *peerpb.BackupRequest) (*peerpb.B
 		}
 	}
 	n.metrics.Backup("received", "ok", int(accepted))
+	if int(accepted) < len(req.GetKeys()) {
+		n.metrics.Backup("received", "failed", len(req.GetKeys())-int(accepted))
+	}
 	return &peerpb.BackupResponse{Accepted: accepted}, nil
-}
-
-// restoreBackup moves key's replica, if this node holds one, into the store:
-// its owner failed and this node now owns the key.
-func (n *Node) restoreBackup(v *view, key Key, p *policy, now time.Time) error {
-	if n.backup.replicas.Len() == 0 {
-		return nil
-	}
-	st, ok := n.backup.replicas.Take(key, now)
-	if !ok {
-		return nil
-	}
-	if err := n.store.Import(st, p.sp, now); err != nil {
-		n.log.Error("backup restore failed", "err", err)
-		return nil
-	}
-	n.metrics.Backup("restored", "ok", 1)
-	return nil
 }

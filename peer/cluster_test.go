@@ -55,10 +55,38 @@ func startCluster(t testing.TB, n int, base Config) *cluster {
 	return c
 }
 
+// startClusterWith is startCluster with a per-node adjustment of the base
+// config (edit may be nil): edit(i, &cfg) runs for node i before it starts,
+// for example to give each node its own clock.
+func startClusterWith(t testing.TB, n int, base Config, edit func(i int, cfg *Config)) *cluster {
+	t.Helper()
+	c := &cluster{t: t, base: base}
+	for i := range n {
+		c.addWith(fmt.Sprintf("n%d", i), func(cfg *Config) {
+			if edit != nil {
+				edit(i, cfg)
+			}
+		})
+	}
+	c.waitMembers(n)
+	return c
+}
+
 func (c *cluster) add(name string) *Node {
+	c.t.Helper()
+	return c.addWith(name, nil)
+}
+
+// addWith starts one more node named name, joined through a live node,
+// with edit (if not nil) applied to its copy of the base config. It does not
+// wait for membership to converge.
+func (c *cluster) addWith(name string, edit func(cfg *Config)) *Node {
 	c.t.Helper()
 	cfg := c.base
 	cfg.Name = name
+	if edit != nil {
+		edit(&cfg)
+	}
 	if cfg.Gossip == nil {
 		cfg.Gossip = fastGossip
 	}

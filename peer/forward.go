@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -162,7 +163,7 @@ func (c *client) send(batch []*call) {
 	if err != nil {
 		c.n.metrics.Forward(c.name, "error", time.Since(start))
 		c.n.warnThrottled("forward failed", "peer", c.name, "batch", len(batch), "err", err)
-		err = fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, c.name, err)
+		err = fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, c.name, withCtxErr(ctx, err))
 		for _, k := range batch {
 			k.done <- callResult{err: err}
 		}
@@ -234,7 +235,7 @@ func (c *client) direct(ctx context.Context, key Key, hits int64, hops uint32) c
 	c.n.metrics.Batch(c.name, 1)
 	if err != nil {
 		c.n.metrics.Forward(c.name, "error", time.Since(start))
-		return callResult{err: fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, c.name, err)}
+		return callResult{err: fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, c.name, withCtxErr(ctx, err))}
 	}
 	c.n.metrics.Forward(c.name, "ok", time.Since(start))
 	return callResult{d: resp.Decisions[0]}
@@ -262,4 +263,14 @@ func fromWire(d *peerpb.Decision, peer string) (Decision, error) {
 	default:
 		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnavailable, peer, d.GetError())
 	}
+}
+
+// withCtxErr adds ctx's error to a failed RPC's error: gRPC reports an
+// expired deadline only as a status, and callers must be able to test
+// errors.Is(err, context.DeadlineExceeded).
+func withCtxErr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w: %w", err, cerr)
+	}
+	return err
 }

@@ -31,6 +31,10 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 		return nil, status.Error(codes.Unavailable, ErrClosed.Error())
 	}
 	v := n.view.Load()
+	if v == nil {
+		// Peers can see a joining node before its first ring is built.
+		return nil, status.Error(codes.Unavailable, "peer: node starting")
+	}
 	resp := &peerpb.CheckResponse{Decisions: make([]*peerpb.Decision, len(req.GetItems()))}
 	for i, it := range req.GetItems() {
 		resp.Decisions[i] = n.decideWire(ctx, v, it)
@@ -44,6 +48,13 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) *p
 	}
 	pk := it.GetKey()
 	key := Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}
+	// The key is validated first, as in Allow: a malformed policy part is
+	// an invalid key, not an unknown policy.
+	var buf [shard.MaxEncodedKeyLen]byte
+	ek, ok := key.AppendEncoded(buf[:0])
+	if !ok {
+		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %w", ErrInvalidKey, key.Validate()))
+	}
 	p := n.policies[key.Policy]
 	if p == nil {
 		return bad(peerpb.Status_STATUS_UNKNOWN_POLICY, fmt.Errorf("%w: %q", ErrUnknownPolicy, key.Policy))
@@ -54,11 +65,6 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) *p
 	}
 	if hits < 0 || hits > p.sp.Limit {
 		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, p.sp.Limit))
-	}
-	var buf [shard.MaxEncodedKeyLen]byte
-	ek, ok := key.AppendEncoded(buf[:0])
-	if !ok {
-		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %w", ErrInvalidKey, key.Validate()))
 	}
 	owner := v.snap.Owner(ek)
 	adopted := it.GetHops() > 0 && n.handoff.adoptedFrom(ek) == owner

@@ -1,0 +1,282 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/ringlimit/ringlimit/peer"
+)
+
+// Sinks keep the compiler from discarding decisions. Prefixed with peer so
+// they cannot clash with other benchmark files of this package.
+var (
+	peerDecisionSink atomic.Pointer[peer.Decision]
+	peerAllowedSink  atomic.Int64
+)
+
+// peerKeySlots is the size of the key pool, a power of two so the loops pick
+// a key with a mask. A pool of fewer distinct keys repeats them cyclically.
+const peerKeySlots = 1 << 14
+
+// peerPolicy admits everything: the benchmarks measure the path, not
+// refusals. The 10 ms resolution bounds each key's log to 100 runs per
+// 1 s window however fast the loop runs.
+const peerPolicy = "bench"
+
+var peerKeyCounts = []struct {
+	name     string
+	distinct int
+}{
+	{"1", 1},
+	{"1e4", 10000},
+}
+
+// peerGossip shortens memberlist timings for a loopback cluster.
+func peerGossip(mc *memberlist.Config) {
+	mc.ProbeInterval = 100 * time.Millisecond
+	mc.ProbeTimeout = 50 * time.Millisecond
+	mc.GossipInterval = 20 * time.Millisecond
+	mc.PushPullInterval = 500 * time.Millisecond
+	mc.TCPTimeout = time.Second
+}
+
+// startPeerCluster starts n nodes on 127.0.0.1 with ephemeral ports, joined
+// through the first, waits until each sees n members and the handoff grace
+// after the last membership change has passed (the steady state), and
+// closes them when b ends.
+func startPeerCluster(b *testing.B, n int, batching bool) []*peer.Node {
+	b.Helper()
+	const grace = 20 * time.Millisecond
+	nodes := make([]*peer.Node, 0, n)
+	for i := range n {
+		cfg := peer.Config{
+			Name: fmt.Sprintf("bench-%d", i),
+			Policies: map[string]peer.PolicyConfig{
+				peerPolicy: {Limit: 1 << 50, Window: time.Second, Resolution: 10 * time.Millisecond},
+			},
+			DisableBatching: !batching,
+			Gossip:          peerGossip,
+			// A short grace: a freshly joined node would otherwise ask the
+			// previous owner of every key it sees for the first time,
+			// which is join-time behaviour, not the steady state measured.
+			HandoffGrace: grace,
+		}
+		if i > 0 {
+			cfg.Join = []string{nodes[0].GossipAddr()}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		nd, err := peer.New(ctx, cfg)
+		cancel()
+		if err != nil {
+			b.Fatalf("start node %d: %v", i, err)
+		}
+		b.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := nd.Close(ctx); err != nil {
+				b.Errorf("close %s: %v", nd.Name(), err)
+			}
+		})
+		nodes = append(nodes, nd)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	converged := time.Time{}
+	for {
+		all := true
+		for _, nd := range nodes {
+			all = all && len(nd.Members()) == n
+		}
+		switch {
+		case !all:
+			converged = time.Time{}
+		case converged.IsZero():
+			converged = time.Now()
+		case time.Since(converged) > 2*grace:
+			return nodes
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("cluster of %d did not converge within 15 s", n)
+		}
+		<-tick.C
+	}
+}
+
+// peerKeys returns a pool of peerKeySlots keys holding distinct different
+// keys, each accepted by keep (given the key's owner in via's ring).
+func peerKeys(b *testing.B, via *peer.Node, distinct int, keep func(owner string) bool) []peer.Key {
+	b.Helper()
+	uniq := make([]peer.Key, 0, distinct)
+	for i := 0; len(uniq) < distinct; i++ {
+		if i > 100*distinct+1000 {
+			b.Fatalf("found only %d of %d keys with a wanted owner", len(uniq), distinct)
+		}
+		k := peer.Key{Tenant: "bench", Subject: fmt.Sprintf("user-%08d", i), Policy: peerPolicy}
+		owner, err := via.Owner(k)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if keep(owner) {
+			uniq = append(uniq, k)
+		}
+	}
+	pool := make([]peer.Key, peerKeySlots)
+	for i := range pool {
+		pool[i] = uniq[i%len(uniq)]
+	}
+	return pool
+}
+
+func reportOpsPerSec(b *testing.B) {
+	if s := b.Elapsed().Seconds(); s > 0 {
+		b.ReportMetric(float64(b.N)/s, "ops/s")
+	}
+}
+
+// BenchmarkNodeAllowLocal measures Node.Allow on a single node, which owns
+// every key: validation, the lock-free ring lookup and the shard decision.
+func BenchmarkNodeAllowLocal(b *testing.B) {
+	nd := startPeerCluster(b, 1, true)[0]
+	for _, kc := range peerKeyCounts {
+		keys := peerKeys(b, nd, kc.distinct, func(string) bool { return true })
+		b.Run("keys="+kc.name+"/mode=seq", func(b *testing.B) {
+			b.ReportAllocs()
+			ctx := context.Background()
+			var d peer.Decision
+			var err error
+			i := 0
+			for b.Loop() {
+				d, err = nd.Allow(ctx, peer.Request{Key: keys[i&(peerKeySlots-1)]})
+				if err != nil || !d.Allowed {
+					b.Fatalf("Allow = %+v, %v", d, err)
+				}
+				i++
+			}
+			peerDecisionSink.Store(&d)
+			reportOpsPerSec(b)
+		})
+		b.Run("keys="+kc.name+"/mode=parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			var next atomic.Int64
+			var failed atomic.Pointer[error]
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				// Goroutines start at different places in the pool.
+				i := int(next.Add(1)) * 7919
+				var allowed int64
+				for pb.Next() {
+					d, err := nd.Allow(ctx, peer.Request{Key: keys[i&(peerKeySlots-1)]})
+					if err != nil || !d.Allowed {
+						// A fresh variable: taking err's address would
+						// move every iteration's err to the heap.
+						e := err
+						if e == nil {
+							e = errors.New("refused")
+						}
+						failed.CompareAndSwap(nil, &e)
+						return
+					}
+					allowed++
+					i++
+				}
+				peerAllowedSink.Add(allowed)
+			})
+			if err := failed.Load(); err != nil {
+				b.Fatalf("Allow: %v", *err)
+			}
+			reportOpsPerSec(b)
+		})
+	}
+}
+
+// BenchmarkNodeAllowForwarded measures Node.Allow for keys owned by another
+// node of a 3-node loopback cluster: each call crosses gRPC. With batching
+// on, concurrent forwards to one owner share an RPC; SetParallelism(16)
+// supplies the concurrency a server would have. It reports latency
+// percentiles (p50-ns, p99-ns) and throughput (ops/s).
+func BenchmarkNodeAllowForwarded(b *testing.B) {
+	for _, batching := range []bool{true, false} {
+		name := "batching=on"
+		if !batching {
+			name = "batching=off"
+		}
+		b.Run(name, func(b *testing.B) {
+			nodes := startPeerCluster(b, 3, batching)
+			via := nodes[0]
+			for _, kc := range peerKeyCounts {
+				keys := peerKeys(b, via, kc.distinct, func(owner string) bool { return owner != via.Name() })
+				b.Run("keys="+kc.name, func(b *testing.B) {
+					benchForwarded(b, via, keys)
+				})
+			}
+		})
+	}
+}
+
+func benchForwarded(b *testing.B, via *peer.Node, keys []peer.Key) {
+	const parallelism = 16
+	b.ReportAllocs()
+	b.SetParallelism(parallelism)
+	// One latency slice per RunParallel goroutine, allocated before the
+	// timer starts; each can hold b.N samples, so no append reallocates
+	// inside the measured loop however the iterations are spread.
+	lat := make([][]time.Duration, parallelism*runtime.GOMAXPROCS(0))
+	for i := range lat {
+		lat[i] = make([]time.Duration, 0, b.N)
+	}
+	var next atomic.Int64
+	var failed atomic.Pointer[error]
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		id := int(next.Add(1) - 1)
+		var rec []time.Duration
+		if id < len(lat) {
+			rec = lat[id]
+		} // else: more goroutines than RunParallel documents; drop samples.
+		i := id * 7919
+		for pb.Next() {
+			start := time.Now()
+			d, err := via.Allow(ctx, peer.Request{Key: keys[i&(peerKeySlots-1)]})
+			rec = append(rec, time.Since(start))
+			if err != nil || !d.Allowed || d.Owner == via.Name() {
+				e := err // not &err: see BenchmarkNodeAllowLocal
+				if e == nil {
+					e = fmt.Errorf("decision %+v: want admitted by another node", d)
+				}
+				failed.CompareAndSwap(nil, &e)
+				return
+			}
+			i++
+		}
+		if id < len(lat) {
+			lat[id] = rec
+		}
+	})
+	b.StopTimer()
+	if err := failed.Load(); err != nil {
+		b.Fatalf("Allow: %v", *err)
+	}
+	var all []time.Duration
+	for _, r := range lat {
+		all = append(all, r...)
+	}
+	if len(all) == 0 {
+		return
+	}
+	slices.Sort(all)
+	pct := func(p float64) float64 { return float64(all[min(len(all)-1, int(p*float64(len(all))))].Nanoseconds()) }
+	b.ReportMetric(pct(0.50), "p50-ns")
+	b.ReportMetric(pct(0.99), "p99-ns")
+	reportOpsPerSec(b)
+}

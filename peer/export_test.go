@@ -1,0 +1,92 @@
+package peer
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/ringlimit/ringlimit/ring"
+)
+
+// KillForTest simulates a crash of n: the gRPC server stops at once (open
+// connections are cut, nothing is drained) and gossip shuts down without
+// leaving, so the other members only learn of it by failure detection. No
+// key is handed off. The node's goroutines are then stopped and waited for,
+// and Close afterwards returns at once: a crashed process has nothing left
+// to clean up. Allow on n returns ErrClosed.
+func (n *Node) KillForTest() {
+	n.closeOnce.Do(func() {
+		n.closing.Store(true)
+		n.grpcSrv.Stop()
+		// Shutdown, not Leave: the peers must see a silent member.
+		_ = n.ml.Shutdown()
+		n.cancel()
+		n.clientsMu.Lock()
+		for name, c := range n.clients {
+			c.stop()
+			delete(n.clients, name)
+		}
+		n.clientsMu.Unlock()
+		n.wg.Wait()
+		n.gossipLog.close()
+		close(n.closed)
+	})
+}
+
+// SetViewForTest publishes a hand-built ring of members on n, as if its
+// gossip view were stale or wrong. addrs maps members to their gRPC
+// addresses; a member without one is unreachable. The view stays until
+// gossip reports the next membership change. It returns the view's ring
+// version.
+func (n *Node) SetViewForTest(members []string, addrs map[string]string) (uint64, error) {
+	n.viewMu.Lock()
+	defer n.viewMu.Unlock()
+	snap, err := ring.New(n.cfg.Ring, members, n.version+1)
+	if err != nil {
+		return 0, fmt.Errorf("build test view: %w", err)
+	}
+	n.version++
+	cp := make(map[string]string, len(addrs))
+	for k, v := range addrs {
+		cp[k] = v
+	}
+	n.view.Store(&view{snap: snap, addrs: cp, since: n.clock()})
+	close(n.viewCh)
+	n.viewCh = make(chan struct{})
+	return snap.Version(), nil
+}
+
+// ExportForTest returns the log of key held by n, as admission times on n's
+// clock with their counts, oldest first, and whether n holds the key. The
+// log drops expired runs lazily (at the key's next decision), so runs W or
+// more old may still be listed. It reads the store without changing it.
+func (n *Node) ExportForTest(key Key) (runs []AdmissionRun, ok bool) {
+	now := n.clock()
+	st, ok := n.store.Export(key, now)
+	if !ok {
+		return nil, false
+	}
+	runs = make([]AdmissionRun, len(st.Runs))
+	for i, r := range st.Runs {
+		runs[i] = AdmissionRun{At: now.Add(-r.Age), Count: r.Count}
+	}
+	return runs, true
+}
+
+// AdmissionRun is Count units admitted at At on the owner's clock.
+type AdmissionRun struct {
+	At    time.Time
+	Count int64
+}
+
+// Fingerprint returns the placement and policy fingerprint n gossips.
+func (n *Node) Fingerprint() uint64 { return n.fp }
+
+// GossipMembers returns how many members n's memberlist knows, whatever
+// their fingerprint.
+func (n *Node) GossipMembers() int { return n.ml.NumMembers() }
+
+// EncodeMetaForTest returns the gossip metadata a member with the given
+// fingerprint and gRPC address would publish.
+func EncodeMetaForTest(fingerprint uint64, rpcAddr string) []byte {
+	return meta{fingerprint: fingerprint, rpcAddr: rpcAddr}.encode()
+}
