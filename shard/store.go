@@ -107,6 +107,15 @@ func (s *Store) Allow(key Key, p Policy, hits int64, now time.Time) (Decision, e
 	if !ok {
 		return Decision{}, key.Validate()
 	}
+	return s.AllowEncoded(ek, p, hits, now)
+}
+
+// AllowEncoded is Allow for a key already in its canonical encoding (see
+// Key.AppendEncoded), for callers that encoded it anyway, such as to place
+// it on a ring. A malformed encoding cannot match a held key and is
+// rejected with ErrInvalidKey when it would be inserted. It does not retain
+// ek.
+func (s *Store) AllowEncoded(ek []byte, p Policy, hits int64, now time.Time) (Decision, error) {
 	if !p.valid() {
 		return Decision{}, p.Validate()
 	}
