@@ -56,10 +56,15 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
   --log-format F        text or json (default text)
   --log-level L         debug, info, warn or error (default info)
 
+  --gossip-advertise-addr H:P  gossip address peers should use (NAT,
+                        0.0.0.0 binds); default: the bound address
+  --grpc-advertise-addr H:P    gRPC address peers should dial; default: the
+                        bound address
+
 The gRPC listener serves peers and clients alike; the HTTP listener is always
-plaintext: bind it to loopback or put it behind a proxy. Peers advertise the
-address the gRPC listener is bound to, so bind --grpc-addr to a reachable IP,
-not 0.0.0.0.
+plaintext: bind it to loopback or put it behind a proxy. Peers dial the
+address the gRPC listener is bound to unless --grpc-advertise-addr names
+another, so with a 0.0.0.0 bind set the advertise address.
 
 HTTP endpoints:
   POST /v1/check      {"tenant","subject","policy","hits"} ->
@@ -83,6 +88,7 @@ type serveFlags struct {
 	name, gossipAddr, grpcAddr, httpAddr, join, policies, gossipKey string
 	tlsCert, tlsKey, tlsCA, tlsServerName                           string
 	logFormat, logLevel                                             string
+	gossipAdvertise, grpcAdvertise                                  string
 	backup                                                          bool
 	drainTimeout, joinTimeout                                       time.Duration
 	// Hidden, for the demo's child node and tests: "fast" selects loopback
@@ -100,6 +106,8 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.name, "name", "", "")
 	fs.StringVar(&f.gossipAddr, "gossip-addr", "127.0.0.1:7946", "")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:8081", "")
+	fs.StringVar(&f.gossipAdvertise, "gossip-advertise-addr", "", "")
+	fs.StringVar(&f.grpcAdvertise, "grpc-advertise-addr", "", "")
 	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8080", "")
 	fs.StringVar(&f.join, "join", "", "")
 	fs.StringVar(&f.policies, "policies", "", "")
@@ -218,9 +226,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		GossipAddr: f.gossipAddr,
 		RPCAddr:    f.grpcAddr,
 		Join:       splitList(f.join),
-		Policies:   defaultPolicies(),
-		Backup:     f.backup,
-		Logger:     log,
+		// Advertised addresses, when the bound ones are not reachable.
+		GossipAdvertiseAddr: f.gossipAdvertise,
+		RPCAdvertiseAddr:    f.grpcAdvertise,
+		Policies:            defaultPolicies(),
+		Backup:              f.backup,
+		Logger:              log,
 	}
 	if f.policies != "" {
 		if cfg.Policies, err = loadPolicies(f.policies); err != nil {
