@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -33,38 +35,75 @@ import (
 // Without Backup a crash resets the crashed owner's keys: each can admit up
 // to its full limit again, on top of what it admitted in the window.
 //
-// Cost: one map insert under a mutex per admission of a key not yet noted
-// since the last stream, and one export plus one RPC share per noted key
-// per interval (bench: BenchmarkAllowBackup).
+// Cost: on each admission, a map lookup under one of 64 striped mutexes
+// (an insert for a key not yet noted since the last stream); per interval,
+// one export of each noted key's whole log plus its share of one RPC per
+// 1024 keys. The stream's cost grows with the keys admitted per interval
+// and their log lengths (at most min(L, W/resolution) runs each); see
+// BenchmarkAllowBackup.
 type backupState struct {
-	mu       sync.Mutex
-	pending  map[string]Key // keys changed since the last stream
-	lastOK   time.Time      // start of the last stream that reached every backup
-	replicas *shard.Store   // states this node backs up for others
-	full     atomic.Bool    // stream every owned key next time
+	// pending holds the keys changed since the last stream, striped by key
+	// hash so that noting an admission does not serialise all decisions.
+	pending  [pendingStripes]pendingStripe
+	mu       sync.Mutex // guards lastOK
+	lastOK   time.Time  // start of the last stream that reached every backup
+	replicas *shard.Store
+	full     atomic.Bool // stream every owned key next time
 }
 
-// maxPendingBackup bounds the keys noted between two streams; past it keys
-// are not noted and the next stream sends every owned key instead.
+type pendingStripe struct {
+	mu sync.Mutex
+	m  map[string]Key
+	_  [64 - 16]byte // one stripe per cache line
+}
+
+const pendingStripes = 64
+
+// maxPendingBackup bounds the keys noted between two streams (per stripe:
+// maxPendingBackup / pendingStripes); past it keys are not noted and the
+// next stream sends every owned key instead.
 const maxPendingBackup = 1 << 18
 
 func (b *backupState) init(cfg shard.Config) {
-	b.pending = make(map[string]Key)
+	for i := range b.pending {
+		b.pending[i].m = make(map[string]Key)
+	}
 	b.replicas, _ = shard.NewStore(cfg)
 }
 
 // note records that key (encoded as ek) changed. It allocates only for a
 // key not yet noted since the last stream.
 func (b *backupState) note(key Key, ek []byte) {
-	b.mu.Lock()
-	if _, ok := b.pending[string(ek)]; !ok {
-		if len(b.pending) < maxPendingBackup {
-			b.pending[string(ek)] = key
+	ps := &b.pending[xxhash.Sum64(ek)&(pendingStripes-1)]
+	ps.mu.Lock()
+	if _, ok := ps.m[string(ek)]; !ok {
+		if len(ps.m) < maxPendingBackup/pendingStripes {
+			ps.m[string(ek)] = key
 		} else {
 			b.full.Store(true)
 		}
 	}
-	b.mu.Unlock()
+	ps.mu.Unlock()
+}
+
+// takePending returns the noted keys and starts a new set.
+func (b *backupState) takePending() []Key {
+	var out []Key
+	for i := range b.pending {
+		ps := &b.pending[i]
+		ps.mu.Lock()
+		m := ps.m
+		if len(m) == 0 {
+			ps.mu.Unlock()
+			continue
+		}
+		ps.m = make(map[string]Key, len(m))
+		ps.mu.Unlock()
+		for _, k := range m { // m is ours now: note writes to the new map
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // noteBackup notes key for the next backup stream when backups are on.
@@ -102,10 +141,7 @@ func (n *Node) backupLoop() {
 func (n *Node) StreamBackups(ctx context.Context) int {
 	start := time.Now()
 	full := n.backup.full.Swap(false)
-	n.backup.mu.Lock()
-	pending := n.backup.pending
-	n.backup.pending = make(map[string]Key, len(pending))
-	n.backup.mu.Unlock()
+	pending := n.backup.takePending()
 	if len(pending) == 0 && !full {
 		return 0
 	}
@@ -139,8 +175,10 @@ func (n *Node) StreamBackups(ctx context.Context) int {
 			return true
 		})
 	} else {
-		for ek, k := range pending {
-			add(k, []byte(ek))
+		for _, k := range pending {
+			var buf [shard.MaxEncodedKeyLen]byte
+			ek, _ := k.AppendEncoded(buf[:0])
+			add(k, ek)
 		}
 	}
 	sent := 0

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/memberlist"
 )
 
 // Crash tests kill an owner abruptly (KillForTest: its gRPC server stops at
@@ -16,6 +18,19 @@ import (
 // state: how many admissions beyond the limit a crash allows, and how long
 // the crashed owner's keys are unavailable. They run in process; the
 // binary's own crash test (cmd/ringlimit) uses child processes and SIGKILL.
+
+// hoCrashGossip is fastGossip with a failure detector that still declares a
+// dead member dead well within a second (probe 100 ms, then 5 x 100 ms of
+// suspicion), but gives a live member starved of CPU time to refute a
+// suspicion: a false failure is a crash too (the crash bound applies), and
+// would blur what these tests measure.
+func hoCrashGossip(mc *memberlist.Config) {
+	fastGossip(mc)
+	mc.ProbeTimeout = 80 * time.Millisecond
+	mc.IndirectChecks = 2
+	mc.SuspicionMult = 5
+	mc.SuspicionMaxTimeoutMult = 2
+}
 
 // hoUnavailability summarises per-key unavailability: the time from the
 // kill until each key got its first decision again.
@@ -51,6 +66,7 @@ func TestCrashBackupBound(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			mets := []*hoMetrics{newHoMetrics(), newHoMetrics(), newHoMetrics()}
 			c := startClusterWith(t, 3, Config{
+				Gossip:         hoCrashGossip,
 				Backup:         tc.backup,
 				BackupInterval: time.Hour,
 				Policies:       map[string]PolicyConfig{"c": {Limit: limit, Window: time.Hour}},
@@ -153,6 +169,7 @@ func TestCrashUnderLoad(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := startCluster(t, 3, Config{
+				Gossip:         hoCrashGossip,
 				Backup:         tc.backup,
 				BackupInterval: 20 * time.Millisecond,
 				Policies:       map[string]PolicyConfig{"c": {Limit: limit, Window: time.Hour}},

@@ -37,7 +37,11 @@ import (
 //     live member that owned it in the recent rings (Pull RPC) and merges
 //     what they return. If a previous owner cannot answer, or answers that
 //     the state went to a third member, the request is unavailable rather
-//     than decided from an empty log.
+//     than decided from an empty log. A previous owner that has just left
+//     this node's ring (it left, failed, or was wrongly declared failed) is
+//     asked too, at its last address, best effort: if it answers, its
+//     state moves here; if it cannot be reached it is skipped, and the key
+//     continues from its crash backup, if any (backup.go).
 //   - A failed push keeps the state on the sender and keeps the tombstone,
 //     marked uncertain (the receiver may or may not have imported it).
 //     The sender does not decide on it until it has pulled the key back
@@ -55,6 +59,13 @@ import (
 // States travel as ages relative to the sender's clock and are rebased on
 // the receiver's (shard.Store.Import), so clock offset cannot expire
 // admissions early; merging adds admissions up, which can only refuse more.
+//
+// What it does not do: two members that cannot reach each other while
+// both are in the ring, or a live member wrongly declared failed that then
+// cannot be reached, make two decision points; that is the crash case, with
+// the crash bound (backup.go). During HandoffGrace after a ring change, the
+// first request for a key its new owner does not hold costs one Pull RPC per
+// previous owner, even for a key nobody ever saw.
 type handoffState struct {
 	stripes [gateStripes]handoffStripe
 
@@ -72,7 +83,14 @@ type handoffState struct {
 
 	// migrateTok serialises migrations (ring-change pushes and the drain).
 	migrateTok chan struct{}
-	migrating  atomic.Bool // a migration goroutine runs
+	migrating  atomic.Bool   // a migration goroutine runs
+	kick       chan struct{} // wakes a migration waiting to retry
+
+	// graceEpoch is non-zero while a handoff grace period may be open:
+	// each ring change sets a new value (after publishing the view), and
+	// the first decision that finds the grace over clears it.
+	graceEpoch atomic.Uint64
+	graceSeq   atomic.Uint64
 	again      atomic.Bool // another ring change arrived meanwhile
 	retry      atomic.Bool // a migration left keys behind; Sweep retries
 
@@ -150,6 +168,11 @@ const (
 	handoffBatch = 1024
 	// pushParallel bounds the Handoff RPCs a migration has in flight.
 	pushParallel = 4
+	// migrateRetryMin and migrateRetryMax bound the backoff between
+	// retries of a ring-change migration that failed (about 1.5 s in all);
+	// after that the next Sweep retries.
+	migrateRetryMin = 50 * time.Millisecond
+	migrateRetryMax = 800 * time.Millisecond
 	// drainRetries bounds the passes a drain makes over keys whose push
 	// failed, drainRetryPause apart, within the Close deadline.
 	drainRetries    = 10
@@ -159,7 +182,9 @@ const (
 func (h *handoffState) init() {
 	h.pulls = make(map[string]*pullCall)
 	h.departed = make(map[string]*departure)
+	h.graceEpoch.Store(h.graceSeq.Add(1)) // the first views: just joined
 	h.migrateTok = make(chan struct{}, 1)
+	h.kick = make(chan struct{}, 1)
 	h.drained = make(chan struct{})
 }
 
@@ -288,8 +313,21 @@ func (n *Node) settle(ctx context.Context, v *view, key Key, ek []byte, p *polic
 	if err := n.awaitHolder(ctx, v, key, ek, p); err != nil {
 		return err
 	}
+	// Outside any grace period there is nothing to settle, and no clock
+	// read either: the decision reads the clock once (STYLE.md §2).
+	e := n.handoff.graceEpoch.Load()
+	if e == 0 {
+		return nil
+	}
 	now := n.clock()
-	if !n.inGrace(v, now) || n.store.Has(key) {
+	if !n.inGrace(v, now) {
+		if cur := n.view.Load(); !n.inGrace(cur, now) {
+			// Fails if a ring change started a new grace meanwhile.
+			n.handoff.graceEpoch.CompareAndSwap(e, 0)
+		}
+		return nil
+	}
+	if n.store.Has(key) {
 		return nil
 	}
 	_, err := n.fetch(ctx, key, ek, p, n.previousOwners(v, ek, now), false)
@@ -370,7 +408,7 @@ func (n *Node) admit(v *view, key Key, ek []byte, p *policy, hits int64, now tim
 		s.mu.RUnlock()
 		return shard.Decision{}, fmt.Errorf("%w: node is leaving", ErrUnavailable)
 	}
-	d, err := n.store.Allow(key, p.sp, hits, now)
+	d, err := n.store.AllowEncoded(ek, p.sp, hits, now)
 	s.mu.RUnlock()
 	if err != nil {
 		// Only ErrCapacity gets here: key, policy and hits were validated.
@@ -637,9 +675,8 @@ func (s *server) Pull(ctx context.Context, req *peerpb.PullRequest) (*peerpb.Pul
 	if sender == "" {
 		return nil, statusInvalid("pull without sender")
 	}
-	v := n.view.Load()
+	v := n.firstView(ctx)
 	if v == nil {
-		// Peers can see a joining node before its first ring is built.
 		return nil, status.Error(codes.Unavailable, "peer: node starting")
 	}
 	resp := &peerpb.PullResponse{}
@@ -700,6 +737,28 @@ func (n *Node) giveUp(v *view, key Key, ek []byte, sender string) (*shard.KeySta
 	}
 }
 
+// firstView returns the node's view, waiting (bounded by ctx) for the first
+// one: peers can see a joining node, and push to it, before its first ring
+// is built. It returns nil if ctx ends first.
+func (n *Node) firstView(ctx context.Context) *view {
+	for {
+		if v := n.view.Load(); v != nil {
+			return v
+		}
+		ch := n.viewChanged()
+		if v := n.view.Load(); v != nil {
+			return v
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil
+		case <-n.ctx.Done():
+			return nil
+		}
+	}
+}
+
 // stateMoved is the ErrorInfo reason of a Pull answered "the state went to
 // another member"; the member is in the metadata under "holder".
 const stateMoved = "STATE_MOVED"
@@ -755,10 +814,9 @@ func (s *server) Handoff(ctx context.Context, req *peerpb.HandoffRequest) (*peer
 	if len(req.GetKeys()) > maxWireBatch {
 		return nil, errBatchTooLarge(len(req.GetKeys()))
 	}
-	v := n.view.Load()
+	v := n.firstView(ctx)
 	switch {
 	case v == nil:
-		// Peers can see a joining node before its first ring is built.
 		return nil, status.Error(codes.Unavailable, "peer: node starting")
 	case n.closing.Load():
 		return nil, status.Error(codes.Unavailable, "peer: node is leaving")
@@ -822,6 +880,7 @@ func (s *server) Handoff(ctx context.Context, req *peerpb.HandoffRequest) (*peer
 // onRingChange starts (or re-arms) the migration of keys this node no longer
 // owns, and tidies handoff bookkeeping.
 func (n *Node) onRingChange(old, v *view) {
+	n.handoff.graceEpoch.Store(n.handoff.graceSeq.Add(1))
 	n.handoff.noteDepartures(n, old, v, n.clock())
 	n.handoff.sweep(n, v)
 	if n.cfg.Backup {
@@ -838,6 +897,10 @@ func (n *Node) onRingChange(old, v *view) {
 // to go round again.
 func (n *Node) kickMigrate() {
 	n.handoff.again.Store(true)
+	select {
+	case n.handoff.kick <- struct{}{}:
+	default:
+	}
 	if n.closing.Load() || !n.handoff.migrating.CompareAndSwap(false, true) {
 		return
 	}
@@ -848,16 +911,34 @@ func (n *Node) kickMigrate() {
 func (n *Node) migrateLoop() {
 	defer n.wg.Done()
 	h := &n.handoff
+	backoff := migrateRetryMin
 	for {
 		for h.again.Swap(false) {
 			if n.closing.Load() || n.ctx.Err() != nil {
 				break // Close drains instead.
 			}
 			res := n.migrate(n.ctx, false)
-			if res.failed > 0 && n.ctx.Err() == nil {
+			if res.failed == 0 || n.ctx.Err() != nil {
+				backoff = migrateRetryMin
+				continue
+			}
+			if backoff > migrateRetryMax {
 				h.retry.Store(true)
 				n.log.Warn("handoff incomplete; will retry on next sweep", "keys_failed", res.failed)
+				backoff = migrateRetryMin
+				continue
 			}
+			// The receiver may be starting or briefly unreachable: retry
+			// soon, backing off, before leaving it to the sweep.
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+				h.again.Store(true)
+			case <-h.kick: // a ring change: go round now
+			case <-n.ctx.Done():
+			}
+			t.Stop()
+			backoff *= 2
 		}
 		h.migrating.Store(false)
 		// A kick between the loop's last check and the store above found
