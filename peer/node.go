@@ -176,6 +176,10 @@ func (n *Node) meta(draining bool) meta {
 	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining}
 }
 
+// leaveLinger is how long a leaving node keeps serving redirects after
+// announcing its leave; a few gossip rounds at LAN timings.
+const leaveLinger = 200 * time.Millisecond
+
 // RingInfo describes the node's current ring, read from one snapshot.
 type RingInfo struct {
 	// Version is the local ring version.
@@ -322,6 +326,17 @@ func (n *Node) close(ctx context.Context) error {
 	}
 	if err := n.ml.Leave(leaveTimeout); err != nil {
 		errs = append(errs, fmt.Errorf("peer: leave gossip: %w", err))
+	}
+	if n.view.Load().snap.Len() > 1 {
+		// Peers learn of the leave by gossip, a little later. Until then
+		// they still forward to us; keep answering (with "not owner, ask
+		// <new holder>") for a moment rather than refuse their connections.
+		t := time.NewTimer(leaveLinger)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
 	}
 	if err := n.ml.Shutdown(); err != nil {
 		errs = append(errs, fmt.Errorf("peer: shut down gossip: %w", err))

@@ -961,14 +961,14 @@ func (x *PullResponse) GetKeys() []*KeyState {
 	return nil
 }
 
-// BackupRequest carries an owner's recent admissions to the node that keeps
-// the backup copy of the keys.
+// BackupRequest carries the current state of keys an owner admitted for
+// since its previous stream to the node that keeps their backup copy.
 type BackupRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Sender is the node name of the keys' owner.
 	Sender string `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
-	// Keys with the admissions made since the sender's previous backup of
-	// each key; the backup node adds the runs to its copy.
+	// Keys with their full current state (ages relative to the sender's
+	// clock); the backup node replaces its copy of each key with it.
 	Keys          []*KeyState `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

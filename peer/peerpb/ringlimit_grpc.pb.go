@@ -65,7 +65,8 @@ type LimiterClient interface {
 	// Pull asks the previous owner of keys to give up their state (it stops
 	// deciding for them) and return it.
 	Pull(ctx context.Context, in *PullRequest, opts ...grpc.CallOption) (*PullResponse, error)
-	// Backup streams an owner's recent admissions to the key's backup node.
+	// Backup streams the full state of keys an owner admitted for recently to
+	// the keys' backup node, which replaces its copy of each key.
 	Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (*BackupResponse, error)
 }
 
@@ -134,7 +135,8 @@ type LimiterServer interface {
 	// Pull asks the previous owner of keys to give up their state (it stops
 	// deciding for them) and return it.
 	Pull(context.Context, *PullRequest) (*PullResponse, error)
-	// Backup streams an owner's recent admissions to the key's backup node.
+	// Backup streams the full state of keys an owner admitted for recently to
+	// the keys' backup node, which replaces its copy of each key.
 	Backup(context.Context, *BackupRequest) (*BackupResponse, error)
 	mustEmbedUnimplementedLimiterServer()
 }
