@@ -31,9 +31,10 @@ type client struct {
 
 // call is one forwarded request waiting for its batch's answer.
 type call struct {
-	item peerpb.CheckItem
-	key  peerpb.Key
-	done chan callResult
+	item  peerpb.CheckItem
+	key   peerpb.Key
+	done  chan callResult
+	timer *time.Timer // ForwardTimeout for the waiting caller; reused with the call
 }
 
 type callResult struct {
@@ -186,31 +187,48 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, key Key, hits
 	if err != nil {
 		return Decision{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
-	defer cancel()
 	var res callResult
 	if n.cfg.DisableBatching {
+		ctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
+		defer cancel()
 		res = c.direct(ctx, key, hits, hops)
 	} else {
+		// ForwardTimeout is enforced with the call's pooled timer rather
+		// than a derived context: this path runs per request, and a
+		// context.WithTimeout costs several allocations each time.
 		k := n.calls.Get().(*call)
+		if k.timer == nil {
+			k.timer = time.NewTimer(n.cfg.ForwardTimeout)
+		} else {
+			k.timer.Reset(n.cfg.ForwardTimeout)
+		}
 		k.key = peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}
 		k.item = peerpb.CheckItem{Key: &k.key, Hits: hits, Hops: hops}
 		select {
 		case c.queue <- k:
 		case <-ctx.Done():
+			k.timer.Stop()
 			n.calls.Put(k)
 			return Decision{}, fmt.Errorf("%w: queue to %s: %w", ErrUnavailable, owner, ctx.Err())
+		case <-k.timer.C:
+			n.calls.Put(k)
+			return Decision{}, fmt.Errorf("%w: queue to %s: %w", ErrUnavailable, owner, context.DeadlineExceeded)
 		case <-c.quit:
+			k.timer.Stop()
 			n.calls.Put(k)
 			return Decision{}, fmt.Errorf("%w: connection to %s closed", ErrUnavailable, owner)
 		}
 		select {
 		case res = <-k.done:
+			k.timer.Stop()
 			n.calls.Put(k)
 		case <-ctx.Done():
 			// The batch still holds k and will answer into its buffered
 			// channel; k is left to the garbage collector, not the pool.
+			k.timer.Stop()
 			return Decision{}, fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, owner, ctx.Err())
+		case <-k.timer.C:
+			return Decision{}, fmt.Errorf("%w: forward to %s: no answer within %v: %w", ErrUnavailable, owner, n.cfg.ForwardTimeout, context.DeadlineExceeded)
 		}
 	}
 	if res.err != nil {
