@@ -90,6 +90,19 @@ type eventQueue struct {
 	evs     []event
 	dropped int
 	members map[string][]byte // member name -> copy of its metadata
+	leaving map[string]bool   // members that said they are leaving
+}
+
+// markLeaving notes a member's own "leaving" message.
+func (q *eventQueue) markLeaving(name string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.leaving == nil {
+		q.leaving = make(map[string]bool)
+	}
+	if len(q.leaving) < maxEvents {
+		q.leaving[name] = true
+	}
 }
 
 const maxEvents = 1024
@@ -104,12 +117,14 @@ func (q *eventQueue) apply(kind string, m *memberlist.Node) {
 	e := event{kind: kind, name: m.Name, addr: m.Address()}
 	switch kind {
 	case "left":
-		// A member that announced draining left; any other disappearance
+		// A member that announced its leave left; any other disappearance
 		// is a failure (memberlist declared it dead).
-		if md, err := decodeMeta(q.members[m.Name]); err != nil || !md.draining {
+		md, err := decodeMeta(q.members[m.Name])
+		if !q.leaving[m.Name] && (err != nil || !md.draining) {
 			e.kind = "failed"
 		}
 		delete(q.members, m.Name)
+		delete(q.leaving, m.Name)
 	default:
 		q.members[m.Name] = append([]byte(nil), m.Meta...)
 	}
@@ -155,7 +170,37 @@ func (d *delegate) setMeta(m meta) {
 	d.meta = m.encode()
 	d.mu.Unlock()
 }
-func (d *delegate) NotifyMsg([]byte)                {}
+
+// NotifyMsg receives a member's "leaving" notice (see Node.announceLeave).
+func (d *delegate) NotifyMsg(b []byte) {
+	if len(b) > 1 && b[0] == msgLeaving {
+		d.n.events.markLeaving(string(b[1:]))
+	}
+}
+
+// msgLeaving tags the message a node sends each member before it leaves.
+const msgLeaving = 'L'
+
+// announceLeave tells every member, over memberlist's reliable (TCP)
+// channel and before the gossip leave, that this node leaves on purpose, so
+// their logs say "left" rather than "failed". Bounded by memberlist's
+// TCPTimeout per member; members are told concurrently; failures only cost
+// the log line.
+func (n *Node) announceLeave() {
+	msg := append([]byte{msgLeaving}, n.name...)
+	var wg sync.WaitGroup
+	for _, m := range n.ml.Members() {
+		if m.Name == n.name {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = n.ml.SendReliable(m, msg)
+		}()
+	}
+	wg.Wait()
+}
 func (d *delegate) GetBroadcasts(int, int) [][]byte { return nil }
 func (d *delegate) LocalState(bool) []byte          { return nil }
 func (d *delegate) MergeRemoteState([]byte, bool)   {}

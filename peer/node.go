@@ -317,6 +317,7 @@ func (n *Node) close(ctx context.Context) error {
 	// not a failure. Best effort: a slow gossip only changes the log line.
 	n.delegate.setMeta(n.meta(true))
 	_ = n.ml.UpdateNode(200 * time.Millisecond)
+	n.announceLeave()
 	if err := n.drain(ctx); err != nil {
 		errs = append(errs, err)
 	}
