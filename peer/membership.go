@@ -89,8 +89,22 @@ type eventQueue struct {
 	mu      sync.Mutex
 	evs     []event
 	dropped int
-	members map[string][]byte // member name -> copy of its metadata
-	leaving map[string]bool   // members that said they are leaving
+	members map[string][]byte          // member name -> copy of its metadata
+	addrs   map[string]memberlist.Node // member name -> copy of its gossip address
+	leaving map[string]bool            // members that said they are leaving
+}
+
+// gossipAddrs returns copies of the members' gossip addresses. memberlist's
+// own Node values are rewritten by its goroutines, so they are copied inside
+// the callbacks and never read later.
+func (q *eventQueue) gossipAddrs() []memberlist.Node {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := make([]memberlist.Node, 0, len(q.addrs))
+	for _, a := range q.addrs {
+		out = append(out, a)
+	}
+	return out
 }
 
 // markLeaving notes a member's own "leaving" message.
@@ -113,6 +127,7 @@ func (q *eventQueue) apply(kind string, m *memberlist.Node) {
 	defer q.mu.Unlock()
 	if q.members == nil {
 		q.members = make(map[string][]byte)
+		q.addrs = make(map[string]memberlist.Node)
 	}
 	e := event{kind: kind, name: m.Name, addr: m.Address()}
 	switch kind {
@@ -124,9 +139,11 @@ func (q *eventQueue) apply(kind string, m *memberlist.Node) {
 			e.kind = "failed"
 		}
 		delete(q.members, m.Name)
+		delete(q.addrs, m.Name)
 		delete(q.leaving, m.Name)
 	default:
 		q.members[m.Name] = append([]byte(nil), m.Meta...)
+		q.addrs[m.Name] = memberlist.Node{Name: m.Name, Addr: append(net.IP(nil), m.Addr...), Port: m.Port}
 	}
 	if len(q.evs) >= maxEvents {
 		q.evs = q.evs[1:]
@@ -189,14 +206,14 @@ const msgLeaving = 'L'
 func (n *Node) announceLeave() {
 	msg := append([]byte{msgLeaving}, n.name...)
 	var wg sync.WaitGroup
-	for _, m := range n.ml.Members() {
+	for _, m := range n.events.gossipAddrs() {
 		if m.Name == n.name {
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = n.ml.SendReliable(m, msg)
+			_ = n.ml.SendReliable(&m, msg)
 		}()
 	}
 	wg.Wait()
