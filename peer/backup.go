@@ -117,20 +117,6 @@ func (n *Node) noteBackup(key Key) {
 	}
 }
 
-func (n *Node) backupLoop() {
-	defer n.wg.Done()
-	t := time.NewTicker(n.cfg.BackupInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.ctx.Done():
-			return
-		case <-t.C:
-			n.StreamBackups(n.ctx)
-		}
-	}
-}
-
 // StreamBackups sends the state of every key changed since the last call
 // (every owned key after a ring change) to its backup member. The node
 // calls it every BackupInterval when Config.Backup is set; tests and
@@ -229,13 +215,12 @@ func (s *server) Backup(_ context.Context, req *peerpb.BackupRequest) (*peerpb.B
 	now := n.clock()
 	var accepted uint32
 	for _, ks := range req.GetKeys() {
-		st, err := stateFromWire(ks)
+		st, p, err := n.decodeState(ks)
 		if err != nil {
 			return nil, statusInvalid(err.Error())
 		}
-		p := n.policies[st.Key.Policy]
-		if p == nil || p.sp.Algorithm != st.Algorithm {
-			continue
+		if p == nil {
+			continue // a policy this node does not share: nothing to back up
 		}
 		// A replica is the owner's latest full state: replace, not merge.
 		n.backup.replicas.Delete(st.Key)

@@ -20,12 +20,7 @@ func (n *Node) KillForTest() {
 		// Shutdown, not Leave: the peers must see a silent member.
 		_ = n.ml.Shutdown()
 		n.cancel()
-		n.clientsMu.Lock()
-		for name, c := range n.clients {
-			c.stop()
-			delete(n.clients, name)
-		}
-		n.clientsMu.Unlock()
+		n.stopClients()
 		n.wg.Wait()
 		n.gossipLog.close()
 		close(n.closed)

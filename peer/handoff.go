@@ -218,17 +218,24 @@ func (h *handoffState) setGoneLocked(s *handoffStripe, ek string, t *tombstone) 
 	if s.gone == nil {
 		s.gone = make(map[string]*tombstone)
 	}
-	if _, ok := s.gone[ek]; !ok {
-		if len(s.gone) >= maxTombstonesPerStripe {
-			for k := range s.gone {
-				delete(s.gone, k)
-				h.nGone.Add(-1)
+	putBounded(s.gone, ek, t, &h.nGone)
+}
+
+// putBounded sets m[k] = v, keeping m at most maxTombstonesPerStripe long by
+// dropping an arbitrary entry for a new key, and n equal to the number of
+// entries across the maps it counts.
+func putBounded[V any](m map[string]V, k string, v V, n *atomic.Int64) {
+	if _, ok := m[k]; !ok {
+		if len(m) >= maxTombstonesPerStripe {
+			for old := range m {
+				delete(m, old)
+				n.Add(-1)
 				break
 			}
 		}
-		h.nGone.Add(1)
+		n.Add(1)
 	}
-	s.gone[ek] = t
+	m[k] = v
 }
 
 func (h *handoffState) clearGoneLocked(s *handoffStripe, ek string) {
@@ -242,17 +249,7 @@ func (h *handoffState) setAdoptedLocked(s *handoffStripe, ek, from string) {
 	if s.adopted == nil {
 		s.adopted = make(map[string]string)
 	}
-	if _, ok := s.adopted[ek]; !ok {
-		if len(s.adopted) >= maxTombstonesPerStripe {
-			for k := range s.adopted {
-				delete(s.adopted, k)
-				h.nAdopted.Add(-1)
-				break
-			}
-		}
-		h.nAdopted.Add(1)
-	}
-	s.adopted[ek] = from
+	putBounded(s.adopted, ek, from, &h.nAdopted)
 }
 
 func (h *handoffState) setMovingLocked(s *handoffStripe, ek string, ch chan struct{}) {
@@ -826,12 +823,11 @@ func (s *server) Handoff(ctx context.Context, req *peerpb.HandoffRequest) (*peer
 	}
 	states := make([]shard.KeyState, 0, len(req.GetKeys()))
 	for _, ks := range req.GetKeys() {
-		st, err := stateFromWire(ks)
+		st, p, err := n.decodeState(ks)
 		if err != nil {
 			return nil, statusInvalid(err.Error())
 		}
-		p := n.policies[st.Key.Policy]
-		if p == nil || p.sp.Algorithm != st.Algorithm {
+		if p == nil {
 			return nil, statusInvalid(fmt.Sprintf("key %s: policy %q unknown here or has another algorithm", st.Key, st.Key.Policy))
 		}
 		states = append(states, st)
@@ -1208,4 +1204,20 @@ func stateFromWire(ks *peerpb.KeyState) (shard.KeyState, error) {
 		st.Runs[i] = shard.Run{Age: time.Duration(r.GetAgeNs()), Count: r.GetCount()}
 	}
 	return st, st.Validate()
+}
+
+// decodeState decodes a pushed key state and finds the local policy it
+// belongs to. A malformed state is an error; a state whose policy is
+// unknown here or uses another algorithm comes back with a nil policy, for
+// the caller to refuse or skip.
+func (n *Node) decodeState(ks *peerpb.KeyState) (shard.KeyState, *policy, error) {
+	st, err := stateFromWire(ks)
+	if err != nil {
+		return st, nil, err
+	}
+	p := n.policies[st.Key.Policy]
+	if p == nil || p.sp.Algorithm != st.Algorithm {
+		return st, nil, nil
+	}
+	return st, p, nil
 }

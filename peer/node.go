@@ -126,10 +126,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.rebuild()
 	n.wg.Add(2)
 	go n.rebuildLoop()
-	go n.sweepLoop()
+	go n.every(cfg.SweepInterval, n.Sweep)
 	if cfg.Backup {
 		n.wg.Add(1)
-		go n.backupLoop()
+		go n.every(cfg.BackupInterval, func() { n.StreamBackups(n.ctx) })
 	}
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	n.log.Info("node started", "gossip_addr", n.GossipAddr(), "rpc_addr", n.RPCAddr(), "members", n.view.Load().snap.Len())
@@ -267,18 +267,30 @@ func (n *Node) HotKeys() []HotKey {
 	return out
 }
 
-// sweepLoop reclaims idle keys every SweepInterval.
-func (n *Node) sweepLoop() {
+// every calls fn every d until the node closes. It runs on a goroutine the
+// node owns (counted in wg by the caller).
+func (n *Node) every(d time.Duration, fn func()) {
 	defer n.wg.Done()
-	t := time.NewTicker(n.cfg.SweepInterval)
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-n.ctx.Done():
 			return
 		case <-t.C:
-			n.Sweep()
+			fn()
 		}
+	}
+}
+
+// stopClients stops every peer client (their batchers exit; the node's wg
+// waits for them).
+func (n *Node) stopClients() {
+	n.clientsMu.Lock()
+	defer n.clientsMu.Unlock()
+	for name, c := range n.clients {
+		c.stop()
+		delete(n.clients, name)
 	}
 }
 
@@ -351,12 +363,7 @@ func (n *Node) close(ctx context.Context) error {
 		n.grpcSrv.Stop()
 		<-stopped
 	}
-	n.clientsMu.Lock()
-	for name, c := range n.clients {
-		c.stop()
-		delete(n.clients, name)
-	}
-	n.clientsMu.Unlock()
+	n.stopClients()
 	n.wg.Wait()
 	n.gossipLog.close()
 	n.log.Info("node closed")

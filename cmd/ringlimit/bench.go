@@ -42,11 +42,11 @@ Flags:
 `
 
 type benchFlags struct {
-	addr, policy                          string
-	tlsCA, tlsCert, tlsKey, tlsServerName string
-	workers, keys                         int
-	requests, hits                        int64
-	duration                              time.Duration
+	addr, policy   string
+	tls            clientTLSFlags
+	workers, keys  int
+	requests, hits int64
+	duration       time.Duration
 }
 
 const maxBenchDuration = 60 * time.Second
@@ -63,10 +63,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (benchFlags, error) {
 	fs.IntVar(&f.keys, "keys", 1024, "")
 	fs.StringVar(&f.policy, "policy", "", "")
 	fs.Int64Var(&f.hits, "hits", 1, "")
-	fs.StringVar(&f.tlsCA, "tls-ca", "", "")
-	fs.StringVar(&f.tlsCert, "tls-cert", "", "")
-	fs.StringVar(&f.tlsKey, "tls-key", "", "")
-	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "")
+	f.tls.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return f, err
@@ -130,7 +127,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		local = func(w int, d peer.Decision) bool { return d.Owner == nodes[w%len(nodes)].Name() }
 		target = "in-process 3-node cluster (workers spread over the nodes)"
 	} else {
-		creds, err := clientCreds(f.tlsCA, f.tlsCert, f.tlsKey, f.tlsServerName)
+		creds, err := f.tls.creds()
 		if err != nil {
 			return usageError("bench: " + err.Error())
 		}

@@ -46,11 +46,11 @@ not be reached), 1 any other error (bad flags, invalid key, unknown policy).
 `
 
 type checkFlags struct {
-	addr, tenant, subject, policy         string
-	tlsCA, tlsCert, tlsKey, tlsServerName string
-	hits                                  int64
-	useHTTP, asJSON                       bool
-	timeout                               time.Duration
+	addr, tenant, subject, policy string
+	tls                           clientTLSFlags
+	hits                          int64
+	useHTTP, asJSON               bool
+	timeout                       time.Duration
 }
 
 func parseCheckFlags(args []string, stderr io.Writer) (checkFlags, error) {
@@ -66,10 +66,7 @@ func parseCheckFlags(args []string, stderr io.Writer) (checkFlags, error) {
 	fs.BoolVar(&f.useHTTP, "http", false, "")
 	fs.BoolVar(&f.asJSON, "json", false, "")
 	fs.DurationVar(&f.timeout, "timeout", 5*time.Second, "")
-	fs.StringVar(&f.tlsCA, "tls-ca", "", "")
-	fs.StringVar(&f.tlsCert, "tls-cert", "", "")
-	fs.StringVar(&f.tlsKey, "tls-key", "", "")
-	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "")
+	f.tls.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return f, err
@@ -150,7 +147,7 @@ func printDecision(w io.Writer, r checkResponse) {
 // checkGRPC calls RateLimiter.Allow. Errors come back through
 // peer.FromStatus, so unavailability wraps peer.ErrUnavailable.
 func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
-	creds, err := clientCreds(f.tlsCA, f.tlsCert, f.tlsKey, f.tlsServerName)
+	creds, err := f.tls.creds()
 	if err != nil {
 		return checkResponse{}, err
 	}
@@ -171,6 +168,21 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 		RetryAfter: time.Duration(r.GetRetryAfterNs()), ResetAfter: time.Duration(r.GetResetAfterNs()),
 		Reason: peer.Reason(r.GetReason()), Owner: r.GetOwner(), RingVersion: r.GetRingVersion(),
 	}), nil
+}
+
+// clientTLSFlags are the TLS flags of the commands that dial a node (check
+// and bench).
+type clientTLSFlags struct{ ca, cert, key, serverName string }
+
+func (t *clientTLSFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&t.ca, "tls-ca", "", "")
+	fs.StringVar(&t.cert, "tls-cert", "", "")
+	fs.StringVar(&t.key, "tls-key", "", "")
+	fs.StringVar(&t.serverName, "tls-server-name", "", "")
+}
+
+func (t clientTLSFlags) creds() (credentials.TransportCredentials, error) {
+	return clientCreds(t.ca, t.cert, t.key, t.serverName)
 }
 
 // clientCreds returns plaintext credentials when no TLS flag is set, and TLS
