@@ -2,9 +2,14 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // TestMembershipLogTellsLeaveFromFailure checks the "gossip membership" lines
@@ -56,5 +61,50 @@ func TestMembershipLogTellsLeaveFromFailure(t *testing.T) {
 			t.Fatalf("failure line lacks the ring facts: members=%v ring_version=%v partitions_owned=%v",
 				r.attrs["members"], r.attrs["ring_version"], r.attrs["partitions_owned"])
 		}
+	}
+}
+
+// TestAdvertisedRPCAddr checks that peers dial the advertised gRPC address,
+// not the bound one, and that a malformed advertise address is a config
+// error.
+func TestAdvertisedRPCAddr(t *testing.T) {
+	const advertised = "127.0.0.1:1" // nothing listens there
+	c := startClusterWith(t, 2, Config{}, func(i int, cfg *Config) {
+		if i == 1 {
+			cfg.RPCAdvertiseAddr = advertised
+		}
+	})
+	waitFor(t, 10*time.Second, "n0 to learn n1's advertised address", func() bool {
+		return c.nodes[0].view.Load().addrs["n1"] == advertised
+	})
+	if got := c.nodes[1].view.Load().addrs["n1"]; got != advertised {
+		t.Fatalf("n1 lists itself at %q, want the advertised %q", got, advertised)
+	}
+
+	_, err := New(context.Background(), Config{RPCAdvertiseAddr: "no-port", GossipAdvertiseAddr: "also:bad:colons"})
+	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "rpc advertise address") || !strings.Contains(err.Error(), "gossip advertise address") {
+		t.Fatalf("New with bad advertise addresses: %v; want ErrInvalidConfig naming both", err)
+	}
+}
+
+// TestFromStatusMessage checks that FromStatus maps codes to sentinels
+// without repeating the sentinel's text.
+func TestFromStatusMessage(t *testing.T) {
+	for _, tc := range []struct {
+		in   error
+		want error
+		msg  string
+	}{
+		{status.Error(codes.NotFound, `peer: unknown policy: "x"`), ErrUnknownPolicy, `peer: unknown policy: "x"`},
+		{status.Error(codes.Unavailable, "peer: limiter unavailable: owner down"), ErrUnavailable, "peer: limiter unavailable: owner down"},
+		{status.Error(codes.InvalidArgument, "bad hits"), ErrInvalidKey, "peer: invalid key: bad hits"},
+	} {
+		got := FromStatus(tc.in)
+		if !errors.Is(got, tc.want) || got.Error() != tc.msg {
+			t.Errorf("FromStatus(%v) = %q, want %q wrapping %v", tc.in, got, tc.msg, tc.want)
+		}
+	}
+	if FromStatus(nil) != nil {
+		t.Error("FromStatus(nil) != nil")
 	}
 }
