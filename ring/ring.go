@@ -416,3 +416,25 @@ func (m member) String() string { return string(m) }
 type hasher struct{}
 
 func (hasher) Sum64(data []byte) uint64 { return xxhash.Sum64(data) }
+
+// PartitionCount returns the number of partitions; 0 on the zero Snapshot.
+func (s *Snapshot) PartitionCount() int { return len(s.owner) }
+
+// PartitionOwner returns the member that owns partition p, or "" when p is
+// out of range. It takes no lock and does not allocate.
+func (s *Snapshot) PartitionOwner(p int) string {
+	if p < 0 || p >= len(s.owner) {
+		return ""
+	}
+	return s.members[s.owner[p]]
+}
+
+// PartitionBackup returns the member that would own partition p if its
+// owner left; "" with one member or when p is out of range. It takes no lock
+// and does not allocate.
+func (s *Snapshot) PartitionBackup(p int) string {
+	if p < 0 || p >= len(s.backup) || s.backup[p] == noBackup {
+		return ""
+	}
+	return s.members[s.backup[p]]
+}
