@@ -78,7 +78,7 @@ func hoBenchCluster(b *testing.B, prefix string, n int, cfg peer.Config) []*peer
 	for {
 		all := true
 		for _, nd := range nodes {
-			all = all && len(nd.Members()) == n
+			all = all && len(nd.Members()) == n && nd.Settled()
 		}
 		if all {
 			return nodes
@@ -195,11 +195,6 @@ func BenchmarkHandoffLeave(b *testing.B) {
 				nodes := hoBenchCluster(b, fmt.Sprintf("leave%d", i), 3, peer.Config{
 					Store:  hoStoreFor(tc.keys),
 					Logger: slog.New(drain),
-					// Short: during the grace after a join, a new key's
-					// first decision asks its previous owner, which would
-					// make filling N fresh keys slow. The leave itself
-					// pushes; it does not depend on the grace.
-					HandoffGrace: 20 * time.Millisecond,
 				})
 				hoBenchFill(b, nodes, tc.keys)
 				leaver := nodes[0]
@@ -248,33 +243,18 @@ func hoStoreFor(n int) shard.Config {
 	return shard.Config{MaxKeys: max(1<<20, 2*n)}
 }
 
-// BenchmarkAllowBackup compares Node.Allow with the crash backup on (the
-// default 50 ms BackupInterval; every admission notes its key and the
-// backup loop streams the noted keys' whole states), on without streaming
-// (BackupInterval 1 h: the decision path's share), and off, on the local
-// path (this node owns the keys) and the forwarded path (a peer does, 16
-// goroutines per CPU so batches fill), in a 3-node cluster. 1e4 distinct
-// keys, every decision an admission, logs bounded to 10 runs per key
-// (1 s window, 100 ms resolution): the stream re-sends about every key's
-// log every interval, a heavy case.
-func BenchmarkAllowBackup(b *testing.B) {
-	for _, tc := range []struct {
-		name     string
-		backup   bool
-		interval time.Duration
-	}{
-		{"backup=off", false, 0},
-		{"backup=on", true, 0},
-		// The decision path's share alone: keys are noted, never streamed.
-		{"backup=on-nostream", true, time.Hour},
-	} {
-		b.Run(tc.name, func(b *testing.B) {
-			nodes := hoBenchCluster(b, "bk", 3, peer.Config{
-				Backup:         tc.backup,
-				BackupInterval: tc.interval,
-				HandoffGrace:   20 * time.Millisecond,
+// BenchmarkAllowReplication compares Node.Allow with each replication
+// mode: sync (every admission answered after the partition's backup has
+// it), async (sent in the next batch, not waited for) and off, on the
+// local path (this node holds the keys) and the forwarded path (a peer
+// does, 16 goroutines per CPU so batches fill), in a 3-node cluster. 1e4
+// distinct keys, every decision an admission.
+func BenchmarkAllowReplication(b *testing.B) {
+	for _, mode := range []peer.Replication{peer.ReplicateSync, peer.ReplicateAsync, peer.ReplicateOff} {
+		b.Run("replication="+mode.String(), func(b *testing.B) {
+			nodes := hoBenchCluster(b, "rp", 3, peer.Config{
 				Policies: map[string]peer.PolicyConfig{
-					hoBenchPolicy: {Limit: 1e15, Window: time.Second, Resolution: 100 * time.Millisecond},
+					hoBenchPolicy: {Limit: 1e15, Window: time.Second, Resolution: 100 * time.Millisecond, Replication: mode},
 				},
 			})
 			b.Cleanup(func() { hoBenchClose(nodes) })
@@ -282,8 +262,7 @@ func BenchmarkAllowBackup(b *testing.B) {
 			for _, path := range []string{"local", "forwarded"} {
 				b.Run("path="+path, func(b *testing.B) {
 					keys := hoBenchKeys(b, via, 1e4, func(owner string) bool { return (owner == via.Name()) == (path == "local") })
-					// Settle: each key's first decision after a ring change
-					// may ask its previous owner; do them before timing.
+					// Settle: create every key before timing.
 					for _, k := range keys[:1e4] {
 						if _, err := via.Allow(context.Background(), peer.Request{Key: k}); err != nil {
 							b.Fatal(err)

@@ -49,8 +49,9 @@ func peerGossip(mc *memberlist.Config) {
 }
 
 // startPeerCluster starts n nodes on 127.0.0.1 with ephemeral ports, joined
-// through the first, waits until each sees n members and the handoff grace
-// after the last membership change has passed (the steady state), and
+// through the first, waits until each sees n members and every partition
+// has moved to its target with its backup copy in place (the steady
+// state), and
 // closes them when b ends.
 func startPeerCluster(b *testing.B, n int, batching bool) []*peer.Node {
 	b.Helper()
@@ -64,10 +65,6 @@ func startPeerCluster(b *testing.B, n int, batching bool) []*peer.Node {
 			},
 			DisableBatching: !batching,
 			Gossip:          peerGossip,
-			// A short grace: a freshly joined node would otherwise ask the
-			// previous owner of every key it sees for the first time,
-			// which is join-time behaviour, not the steady state measured.
-			HandoffGrace: grace,
 		}
 		if i > 0 {
 			cfg.Join = []string{nodes[0].GossipAddr()}
@@ -94,7 +91,7 @@ func startPeerCluster(b *testing.B, n int, batching bool) []*peer.Node {
 	for {
 		all := true
 		for _, nd := range nodes {
-			all = all && len(nd.Members()) == n
+			all = all && len(nd.Members()) == n && nd.Settled()
 		}
 		switch {
 		case !all:

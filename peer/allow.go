@@ -42,50 +42,136 @@ func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
 	if hits < 0 || hits > p.sp.Limit {
 		return Decision{}, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, p.sp.Limit)
 	}
+	return n.route(ctx, req.Key, ek, p, hits)
+}
+
+// decideStatus says what decideHere did.
+type decideStatus uint8
+
+const (
+	decided  decideStatus = iota // a decision or an error for the caller
+	waitHere                     // this node holds or will hold the partition: wait for it
+	remote                       // another node holds the partition
+)
+
+// route finds the partition's holder and gets its decision: here, or by
+// forwarding. The path goes down, never back: look up the partition's
+// state, then decide here, forward, or wait for a transfer.
+func (n *Node) route(ctx context.Context, key Key, ek []byte, p *policy, hits int64) (Decision, error) {
+	v := n.view.Load()
+	pid := v.snap.Partition(placement(ek))
+	pt := &n.pt.parts[pid]
 	var cause error
 	redirect := ""
-	for attempt := 0; attempt <= n.cfg.NotOwnerRetries; attempt++ {
-		v := n.view.Load()
-		owner := v.snap.Owner(ek)
-		hops := uint32(0)
-		if redirect != "" {
-			owner, redirect, hops = redirect, "", 1
-			if owner == n.name && n.handoff.adoptedFrom(ek) != v.snap.Owner(ek) {
-				// Told to ask ourselves, but we hold no handed-off state
-				// for the key: our ring must catch up first.
-				owner = v.snap.Owner(ek)
-				hops = 0
+	redirects := 0
+	waitUntil := time.Now().Add(n.cfg.ForwardTimeout)
+	waited := time.Duration(0)
+	for {
+		v = n.view.Load()
+		d, st, ch, err := n.decideHere(ctx, v, pt, pid, key, ek, p, hits)
+		switch st {
+		case decided:
+			if err != nil {
+				return n.onUnavailable(p, key, hits, err)
 			}
+			n.metrics.Decision(p.name, d.Reason, PathLocal)
+			return d, nil
+		case waitHere:
+			if err := n.waitPart(ctx, ch, waitUntil); err != nil {
+				return n.onUnavailable(p, key, hits, fmt.Errorf("%w: partition %d is moving: %w", ErrUnavailable, pid, err))
+			}
+			continue
 		}
-		var d Decision
-		var err error
-		path := PathLocal
-		if owner == n.name {
-			d, err = n.decideOwned(ctx, v, req.Key, ek, p, hits, hops > 0)
-		} else {
-			path = PathForwarded
-			d, err = n.forward(ctx, v, owner, req.Key, hits, hops)
+		target := redirect
+		redirect = ""
+		if target == "" {
+			target = n.routeTarget(v, pt, pid, waited)
 		}
+		if target == "" {
+			// This node is the target but not yet the holder: the
+			// transfer is on its way. Wait briefly, then ask around.
+			t0 := time.Now()
+			until := waitUntil
+			if t := t0.Add(notOwnerPause); t.Before(until) {
+				until = t
+			}
+			if err := n.waitPart(ctx, ch, until); err != nil && time.Now().After(waitUntil) {
+				return n.onUnavailable(p, key, hits, fmt.Errorf("%w: partition %d has no holder yet: %w", ErrUnavailable, pid, err))
+			}
+			waited += time.Since(t0)
+			continue
+		}
+		d, err = n.forward(ctx, v, target, key, hits, 0)
 		if err == nil {
-			n.metrics.Decision(p.name, d.Reason, path)
+			n.metrics.Decision(p.name, d.Reason, PathForwarded)
 			return d, nil
 		}
 		var no *notOwnerError
 		if !errors.As(err, &no) {
-			return n.onUnavailable(p, req.Key, hits, err)
+			return n.onUnavailable(p, key, hits, err)
 		}
 		cause = err
-		if no.owner != "" && no.owner != owner && v.snap.Has(no.owner) {
-			// The state moved to a member our ring does not name as owner
-			// yet (handoff in progress): ask that member directly, once.
-			redirect = no.owner
-			continue
+		redirects++
+		if redirects > n.cfg.NotOwnerRetries || time.Now().After(waitUntil) {
+			return n.onUnavailable(p, key, hits, cause)
 		}
-		if err := n.awaitView(ctx, v); err != nil {
-			return n.onUnavailable(p, req.Key, hits, errors.Join(cause, err))
+		switch {
+		case no.epoch > 0:
+			n.learn(pid, no.owner, no.epoch)
+		case no.owner != "" && no.owner != target && no.owner != n.name:
+			redirect = no.owner
+		default:
+			if err := n.awaitView(ctx, v); err != nil {
+				return n.onUnavailable(p, key, hits, errors.Join(cause, err))
+			}
 		}
 	}
-	return n.onUnavailable(p, req.Key, hits, cause)
+}
+
+// routeTarget is where a request for partition pid goes when this node does
+// not hold it: the holder it knows of, else the ring's target; "" when this
+// node is the target and should wait for the transfer (after waiting a
+// while, the ring's next owner, which knows where the partition is).
+func (n *Node) routeTarget(v *view, pt *part, pid int, waited time.Duration) string {
+	pt.mu.RLock()
+	r, holder := pt.role, pt.holder
+	pt.mu.RUnlock()
+	if (r == roleMoved || r == roleHint) && holder != n.name {
+		if _, ok := v.alive[holder]; ok {
+			return holder
+		}
+	}
+	t := v.snap.PartitionOwner(pid)
+	if t != n.name {
+		return t
+	}
+	if waited >= 2*notOwnerPause {
+		return v.snap.PartitionBackup(pid)
+	}
+	return ""
+}
+
+// waitPart waits for ch (a partition change), a short pause, or the
+// deadline; it returns an error only when ctx or the deadline ended.
+func (n *Node) waitPart(ctx context.Context, ch <-chan struct{}, until time.Time) error {
+	d := time.Until(until)
+	if d <= 0 {
+		return context.DeadlineExceeded
+	}
+	t := time.NewTimer(min(d, notOwnerPause))
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+		if time.Now().After(until) {
+			return context.DeadlineExceeded
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-n.ctx.Done():
+		return ErrClosed
+	}
+	return nil
 }
 
 // awaitView waits until the node's view differs from v, bounded by ctx and a
@@ -112,31 +198,81 @@ func (n *Node) awaitView(ctx context.Context, v *view) error {
 const notOwnerPause = 50 * time.Millisecond
 
 // notOwnerError is a receiver's "not owner" answer, with the member it
-// believes holds the key and its members hash.
+// believes holds the partition and that holder's epoch (0 when it only
+// names its ring's target).
 type notOwnerError struct {
-	owner       string
-	membersHash uint64
+	owner string
+	epoch uint64
 }
 
 func (e *notOwnerError) Error() string {
-	return fmt.Sprintf("peer: not owner (holder %q, members hash %016x)", e.owner, e.membersHash)
+	return fmt.Sprintf("peer: not owner (holder %q, epoch %d)", e.owner, e.epoch)
 }
 func (e *notOwnerError) Unwrap() error { return errNotOwner }
 
-// decideOwned decides for a key this node owns in view v (or holds by
-// handoff, when adopted is true). It returns a *notOwnerError when the key's
-// state has moved away, and an error wrapping ErrUnavailable when the state
-// cannot be settled in time.
-func (n *Node) decideOwned(ctx context.Context, v *view, key Key, ek []byte, p *policy, hits int64, adopted bool) (Decision, error) {
-	if err := n.settle(ctx, v, key, ek, p); err != nil {
-		return Decision{}, err
+// decideHere decides on this node if it holds partition pid and may decide
+// (lease, backup): a Decision, or an error for the caller. waitHere means
+// the node holds the partition but cannot decide yet (fenced for a move, a
+// lease or a backup copy on its way): ch is closed at the next change.
+// remote means another node holds it.
+func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, key Key, ek []byte, p *policy, hits int64) (Decision, decideStatus, <-chan struct{}, error) {
+	pt.mu.RLock()
+	ch := pt.changed
+	switch pt.role {
+	case roleFenced:
+		pt.mu.RUnlock()
+		return Decision{}, waitHere, ch, nil
+	case roleHolder:
+	default:
+		pt.mu.RUnlock()
+		return Decision{}, remote, ch, nil
+	}
+	if pt.backup != "" {
+		if n.mono() >= pt.leaseUntil.Load() {
+			// No lease: the backup may be taking over, or the renewal is
+			// late. Reconcile renews it or moves to a new backup.
+			pt.mu.RUnlock()
+			n.kickOwnership()
+			return Decision{}, waitHere, ch, nil
+		}
+	} else if !n.hasQuorum.Load() || p.cfg.Replication == ReplicateSync && n.desiredBackup(v, pid) != "" {
+		// A synchronous policy needs a backup with the partition's copy
+		// before it answers; reconcile is making one.
+		pt.mu.RUnlock()
+		n.kickOwnership()
+		return Decision{}, waitHere, ch, nil
 	}
 	now := n.clock()
-	// admit decides under the key's handoff gate (handoff.go): a
-	// *notOwnerError if the state left meanwhile, else ErrUnavailable.
-	sd, err := n.admit(v, key, ek, p, hits, now)
+	sd, err := pt.store.AllowEncoded(ek, p.sp, hits, now)
 	if err != nil {
-		return Decision{}, err
+		pt.mu.RUnlock()
+		if errors.Is(err, shard.ErrInvalidHits) {
+			return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrInvalidHits, err)
+		}
+		return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	var done chan error
+	var rerr error
+	if sd.Allowed && pt.backup != "" && p.cfg.Replication != ReplicateOff {
+		done, rerr = n.replicateAdmission(pt.backup, pid, pt.epoch, key, p.sp.Algorithm, admissionRun(p, sd, hits), now, p.cfg.Replication == ReplicateSync)
+	}
+	pt.mu.RUnlock()
+	if rerr != nil && p.cfg.Replication == ReplicateSync {
+		return Decision{}, decided, nil, rerr
+	}
+	if done != nil {
+		// The admission is recorded here; it is answered only once the
+		// backup has it too. If the backup does not confirm, the caller
+		// gets unavailable and the admission stays counted (it can only
+		// refuse more).
+		select {
+		case err := <-done:
+			if err != nil {
+				return Decision{}, decided, nil, err
+			}
+		case <-ctx.Done():
+			return Decision{}, decided, nil, fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
+		}
 	}
 	d := Decision{
 		Allowed:     sd.Allowed,
@@ -153,15 +289,13 @@ func (n *Node) decideOwned(ctx context.Context, v *view, key Key, ek []byte, p *
 		if p.cfg.Shadow {
 			d.Allowed, d.Reason = true, ReasonShadow
 		}
-	} else if n.cfg.Backup {
-		n.backup.note(key, ek)
 	}
 	// Hot keys are sampled: one decision in hotSample records hotSample
 	// times the hits, which keeps the tracker's lock off most decisions.
 	if rand.Uint32()%hotSample == 0 {
 		n.hot.RecordBytes(ek, hits*hotSample, now)
 	}
-	return d, nil
+	return d, decided, nil, nil
 }
 
 const hotSample = 8

@@ -130,12 +130,21 @@ func (c *cluster) live() []*Node {
 	return out
 }
 
-// waitMembers waits until every live node's ring has exactly want members.
+// waitMembers waits until every live node's ring has exactly want members
+// and every partition has moved to its target (Node.Settled).
 func (c *cluster) waitMembers(want int) {
 	c.t.Helper()
 	waitFor(c.t, 15*time.Second, fmt.Sprintf("every node to see %d members", want), func() bool {
 		for _, nd := range c.live() {
 			if len(nd.Members()) != want {
+				return false
+			}
+		}
+		return true
+	})
+	waitFor(c.t, 20*time.Second, "every partition to settle on its target", func() bool {
+		for _, nd := range c.live() {
+			if !nd.Settled() {
 				return false
 			}
 		}

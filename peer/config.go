@@ -95,6 +95,47 @@ type PolicyConfig struct {
 	// request: a refusal comes back Allowed with ReasonShadow. Use it to try
 	// a new limit on live traffic.
 	Shadow bool
+	// Replication says how the partition holder copies this policy's
+	// admissions to the partition's backup before a crash can lose them.
+	// Zero means ReplicateSync.
+	Replication Replication
+}
+
+// Replication is how a policy's admissions reach the partition's backup.
+type Replication uint8
+
+const (
+	// ReplicateSync answers an admission only after the backup has it: a
+	// crash of the holder loses nothing. Costs one batched round trip per
+	// admission (refusals record nothing and are not replicated).
+	ReplicateSync Replication = iota
+	// ReplicateAsync answers at once and sends the admission to the backup
+	// in the next batch: a crash loses the admissions still in flight (at
+	// most one batch round trip's worth).
+	ReplicateAsync
+	// ReplicateOff never copies admissions: a crash of the holder resets
+	// the policy's keys of its partitions. A graceful move still keeps them.
+	ReplicateOff
+)
+
+var replicationNames = [...]string{"sync", "async", "off"}
+
+// String returns "sync", "async" or "off".
+func (r Replication) String() string {
+	if int(r) < len(replicationNames) {
+		return replicationNames[r]
+	}
+	return fmt.Sprintf("Replication(%d)", r)
+}
+
+// ParseReplication parses "sync", "async" or "off".
+func ParseReplication(s string) (Replication, error) {
+	for i, n := range replicationNames {
+		if s == n {
+			return Replication(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown replication %q (want sync, async or off)", ErrInvalidConfig, s)
 }
 
 func (p PolicyConfig) shard() shard.Policy {
@@ -177,18 +218,23 @@ type Config struct {
 	// HotKeysHalfLife is the decay half-life of hot-key rates. Zero means
 	// 10 s.
 	HotKeysHalfLife time.Duration
-	// Backup streams each owned key's admissions to the node that would own
-	// it if this node failed, so a crash loses at most the admissions not
-	// yet streamed. Zero (false) means no backup: a crash resets the crashed
-	// owner's keys.
-	Backup bool
-	// BackupInterval is how often admissions are streamed to backups. Zero
-	// means 50 ms.
-	BackupInterval time.Duration
-	// HandoffGrace is how long after a membership change a new owner asks
-	// the previous owner for a key's state before deciding on it. Zero
-	// means 30 s.
-	HandoffGrace time.Duration
+	// LeaseDuration is how long a partition's backup, once it has the
+	// partition's copy, promises not to take the partition over; the
+	// holder decides only while it holds such a lease, timed on its own
+	// monotonic clock from when it sent the renewal, and renews it every
+	// LeaseDuration/4. A crashed holder's partitions are unavailable for
+	// failure detection plus at most LeaseDuration. Zero means 2 s.
+	LeaseDuration time.Duration
+	// FailedMemberTimeout is how long a member that failed (rather than
+	// left) still counts when the node asks whether it sees a majority of
+	// the cluster: a node that sees only a minority grants no leases and
+	// takes nothing over, so one side of a network split stays passive. A
+	// split longer than this can leave both sides deciding. Zero means
+	// 10 minutes.
+	FailedMemberTimeout time.Duration
+	// TransferChunkBytes bounds one message of a partition copy. Zero means
+	// 1 MiB.
+	TransferChunkBytes int
 }
 
 // defaultPolicy is the table a zero Config gets.
@@ -249,11 +295,14 @@ func (c Config) withDefaults() Config {
 	if c.HotKeysHalfLife == 0 {
 		c.HotKeysHalfLife = 10 * time.Second
 	}
-	if c.BackupInterval == 0 {
-		c.BackupInterval = 50 * time.Millisecond
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = 2 * time.Second
 	}
-	if c.HandoffGrace == 0 {
-		c.HandoffGrace = 30 * time.Second
+	if c.FailedMemberTimeout == 0 {
+		c.FailedMemberTimeout = 10 * time.Minute
+	}
+	if c.TransferChunkBytes == 0 {
+		c.TransferChunkBytes = 1 << 20
 	}
 	return c
 }
@@ -291,6 +340,9 @@ func (c Config) validate() error {
 		if p.OnUnavailable > Fallback {
 			bad("policy %q: unknown on_unavailable %d", name, p.OnUnavailable)
 		}
+		if p.Replication > ReplicateOff {
+			bad("policy %q: unknown replication %d", name, p.Replication)
+		}
 		if p.FallbackLimit < 0 {
 			bad("policy %q: fallback limit %d must not be negative", name, p.FallbackLimit)
 		}
@@ -318,10 +370,16 @@ func (c Config) validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"sweep interval", c.SweepInterval}, {"hot keys half-life", c.HotKeysHalfLife}, {"backup interval", c.BackupInterval}, {"handoff grace", c.HandoffGrace}} {
+	}{{"sweep interval", c.SweepInterval}, {"hot keys half-life", c.HotKeysHalfLife}, {"lease duration", c.LeaseDuration}, {"failed member timeout", c.FailedMemberTimeout}} {
 		if d.v < 0 {
 			bad("%s %v must not be negative", d.name, d.v)
 		}
+	}
+	if c.LeaseDuration > 0 && c.LeaseDuration < 10*time.Millisecond {
+		bad("lease duration %v must be at least 10ms", c.LeaseDuration)
+	}
+	if c.TransferChunkBytes < 0 {
+		bad("transfer chunk bytes %d must not be negative", c.TransferChunkBytes)
 	}
 	if c.HotKeys < 0 {
 		bad("hot keys %d must not be negative", c.HotKeys)
@@ -337,7 +395,9 @@ func (c Config) validate() error {
 // never used as an owner.
 func (c Config) fingerprint() uint64 {
 	h := xxhash.New()
-	fmt.Fprintf(h, "ring=%d;", c.Ring.Fingerprint())
+	// Placement hashes (tenant, subject) to a partition and ownership moves
+	// by partition with epochs: both are part of the contract.
+	fmt.Fprintf(h, "ring=%d;placement=%s;", c.Ring.Fingerprint(), placementScheme)
 	names := make([]string, 0, len(c.Policies))
 	for n := range c.Policies {
 		names = append(names, n)

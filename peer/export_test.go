@@ -44,7 +44,7 @@ func (n *Node) SetViewForTest(members []string, addrs map[string]string) (uint64
 	for k, v := range addrs {
 		cp[k] = v
 	}
-	n.view.Store(&view{snap: snap, addrs: cp, since: n.clock()})
+	n.view.Store(&view{snap: snap, alive: cp, since: time.Now()})
 	close(n.viewCh)
 	n.viewCh = make(chan struct{})
 	return snap.Version(), nil
@@ -56,7 +56,14 @@ func (n *Node) SetViewForTest(members []string, addrs map[string]string) (uint64
 // more old may still be listed. It reads the store without changing it.
 func (n *Node) ExportForTest(key Key) (runs []AdmissionRun, ok bool) {
 	now := n.clock()
-	st, ok := n.store.Export(key, now)
+	pt := n.partOfForTest(key)
+	pt.mu.RLock()
+	store := pt.store
+	pt.mu.RUnlock()
+	if store == nil {
+		return nil, false
+	}
+	st, ok := store.Export(key, now)
 	if !ok {
 		return nil, false
 	}
@@ -85,3 +92,51 @@ func (n *Node) GossipMembers() int { return n.ml.NumMembers() }
 func EncodeMetaForTest(fingerprint uint64, rpcAddr string) []byte {
 	return meta{fingerprint: fingerprint, rpcAddr: rpcAddr}.encode()
 }
+
+// partOfForTest returns the partition key belongs to on n.
+func (n *Node) partOfForTest(key Key) *part {
+	var buf [3 * 129]byte
+	ek, _ := key.AppendEncoded(buf[:0])
+	return &n.pt.parts[n.view.Load().snap.Partition(placement(ek))]
+}
+
+// holdsForTest reports whether n holds key's partition and has state for
+// key in it.
+func (n *Node) holdsForTest(key Key) bool {
+	pt := n.partOfForTest(key)
+	pt.mu.RLock()
+	defer pt.mu.RUnlock()
+	return (pt.role == roleHolder || pt.role == roleFenced) && pt.store != nil && pt.store.Has(key)
+}
+
+// decisionPointForTest reports whether n could decide for key now: it
+// holds key's partition (not fenced) and is not closing.
+func (n *Node) decisionPointForTest(key Key) bool {
+	if n.closing.Load() {
+		return false
+	}
+	pt := n.partOfForTest(key)
+	pt.mu.RLock()
+	defer pt.mu.RUnlock()
+	return pt.role == roleHolder
+}
+
+// backupOwnerForTest returns the member that would own key if its owner
+// left, in n's ring.
+func (n *Node) backupOwnerForTest(key Key) string {
+	var buf [3 * 129]byte
+	ek, _ := key.AppendEncoded(buf[:0])
+	return n.view.Load().snap.Backup(placement(ek))
+}
+
+// holdersForTest returns, per partition, the node's role and epoch.
+func (n *Node) roleForTest(pid int) (role, string, uint64) {
+	pt := &n.pt.parts[pid]
+	pt.mu.RLock()
+	defer pt.mu.RUnlock()
+	return pt.role, pt.holder, pt.epoch
+}
+
+// stopRPCForTest stops n's gRPC server at once and leaves gossip running:
+// peers still see n as a member, but every RPC to it fails.
+func (n *Node) stopRPCForTest() { n.grpcSrv.Stop() }

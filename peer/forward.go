@@ -24,6 +24,7 @@ type client struct {
 	conn  *grpc.ClientConn
 	stub  peerpb.LimiterClient
 	queue chan *call
+	repl  *replicator   // partition operations to this peer as backup
 	sem   chan struct{} // in-flight batch RPCs
 	quit  chan struct{}
 	once  sync.Once
@@ -75,10 +76,21 @@ func (n *Node) client(name, addr string) (*client, error) {
 		sem:   make(chan struct{}, n.cfg.MaxInFlight),
 		quit:  make(chan struct{}),
 	}
+	c.repl = &replicator{c: c, queue: make(chan *replItem, replQueueLen)}
 	n.clients[name] = c
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go c.batchLoop()
+	go c.replLoop()
 	return c, nil
+}
+
+// peerClient returns the client of a live member by name.
+func (n *Node) peerClient(name string) (*client, error) {
+	addr, ok := n.view.Load().alive[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, name, errNoPeer)
+	}
+	return n.client(name, addr)
 }
 
 // dropClients stops clients of members that left or changed address.
@@ -179,11 +191,7 @@ func (c *client) send(batch []*call) {
 // forward asks owner to decide. It returns the owner's decision, a
 // *notOwnerError, or an error wrapping ErrUnavailable.
 func (n *Node) forward(ctx context.Context, v *view, owner string, key Key, hits int64, hops uint32) (Decision, error) {
-	addr, ok := v.addrs[owner]
-	if !ok {
-		return Decision{}, &notOwnerError{}
-	}
-	c, err := n.client(owner, addr)
+	c, err := n.peerClient(owner)
 	if err != nil {
 		return Decision{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
@@ -273,7 +281,7 @@ func fromWire(d *peerpb.Decision, peer string) (Decision, error) {
 			Reason: r, Owner: d.GetOwner(), RingVersion: d.GetRingVersion(),
 		}, nil
 	case peerpb.Status_STATUS_NOT_OWNER:
-		return Decision{}, &notOwnerError{owner: d.GetOwner(), membersHash: d.GetMembersHash()}
+		return Decision{}, &notOwnerError{owner: d.GetOwner(), epoch: d.GetHolderEpoch()}
 	case peerpb.Status_STATUS_INVALID_ARGUMENT:
 		return Decision{}, fmt.Errorf("%w: %s: %s", ErrInvalidKey, peer, d.GetError())
 	case peerpb.Status_STATUS_UNKNOWN_POLICY:

@@ -21,22 +21,13 @@ import (
 // view is one published ring with the addresses needed to reach its members.
 // Published views are never mutated.
 type view struct {
-	snap  *ring.Snapshot
-	addrs map[string]string // member name -> gRPC address
-	since time.Time         // node clock when this member set was installed
-	// prev holds earlier rings, newest first, each with the time it was
-	// replaced, so a new owner knows whom to ask for a key's state during
-	// the handoff grace period.
-	prev []prevRing
-	// joined is set on the node's first views: it has just joined, so every
-	// key it owns was owned by someone else (ring.Snapshot.Backup says who).
-	joined bool
-}
-
-// prevRing is a ring that was replaced at the given node time.
-type prevRing struct {
-	snap     *ring.Snapshot
-	replaced time.Time
+	// snap places partitions on the members that may be targets: live,
+	// not draining.
+	snap *ring.Snapshot
+	// alive maps every live member (draining ones included) to its gRPC
+	// address.
+	alive map[string]string
+	since time.Time // node clock when this member set was installed
 }
 
 // meta is what a node gossips about itself.
@@ -316,7 +307,8 @@ func (n *Node) rebuildLoop() {
 func (n *Node) rebuild() {
 	evs, dropped, members := n.events.take()
 	names := make([]string, 0, len(members))
-	addrs := make(map[string]string)
+	alive := make(map[string]string)
+	draining := n.closing.Load()
 	for name, raw := range members {
 		md, err := decodeMeta(raw)
 		switch {
@@ -328,36 +320,37 @@ func (n *Node) rebuild() {
 				"fingerprint", fmt.Sprintf("%016x", md.fingerprint), "want", fmt.Sprintf("%016x", n.fp))
 			continue
 		}
+		alive[name] = md.rpcAddr
+		if md.draining || name == n.name && draining {
+			continue // never a target
+		}
 		names = append(names, name)
-		addrs[name] = md.rpcAddr
 	}
-	if len(names) == 0 {
+	if len(alive) == 0 {
 		// Only after our own leave: memberlist no longer lists us. Keep
 		// the last ring; the node is shutting down.
 		return
 	}
 	old := n.view.Load()
-	now := n.clock()
+	now := time.Now()
 	n.viewMu.Lock()
-	changed := old == nil || !sameMembers(old, names, addrs)
+	changed := old == nil || !sameMembers(old, names, alive)
 	v := old
 	if changed {
-		snap, err := ring.New(n.cfg.Ring, names, n.version+1)
-		if err != nil {
-			n.viewMu.Unlock()
-			// Only an impossible member list gets here; keep the old ring
-			// rather than route nowhere.
-			n.log.Error("ring rebuild failed", "err", err, "members", len(names))
-			return
-		}
-		n.version++
-		v = &view{snap: snap, addrs: addrs, since: now, joined: old == nil || old.joined && now.Sub(old.since) < n.cfg.HandoffGrace}
-		if old != nil {
-			v.prev = append([]prevRing{{snap: old.snap, replaced: now}}, old.prev...)
-			if len(v.prev) > maxPrevViews {
-				v.prev = v.prev[:maxPrevViews]
+		snap := old.snapOrNil()
+		if len(names) > 0 {
+			var err error
+			snap, err = ring.New(n.cfg.Ring, names, n.version+1)
+			if err != nil {
+				n.viewMu.Unlock()
+				// Only an impossible member list gets here; keep the old
+				// ring rather than route nowhere.
+				n.log.Error("ring rebuild failed", "err", err, "members", len(names))
+				return
 			}
+			n.version++
 		}
+		v = &view{snap: snap, alive: alive, since: now}
 		n.view.Store(v)
 		close(n.viewCh)
 		n.viewCh = make(chan struct{})
@@ -365,34 +358,54 @@ func (n *Node) rebuild() {
 	n.viewMu.Unlock()
 
 	owned := v.snap.PartitionsOwned(n.name)
-	if len(evs) == 0 && changed {
+	if len(evs) == 0 && changed && old == nil {
 		evs = []event{{kind: "joined", name: n.name}}
 	}
+	var failed, back []string
 	for _, e := range evs {
 		n.log.Info("gossip membership", "event", e.kind, "member", e.name, "member_addr", e.addr,
 			"ring_version", v.snap.Version(), "members", v.snap.Len(), "partitions_owned", owned)
+		switch e.kind {
+		case "failed":
+			failed = append(failed, e.name)
+		case "joined", "updated":
+			back = append(back, e.name)
+		}
 	}
 	if dropped > 0 {
 		n.log.Warn("gossip membership events dropped", "dropped", dropped)
 	}
+	n.noteMembership(failed, back)
+	n.hasQuorum.Store(n.quorum())
 	if !changed {
 		return
 	}
 	n.metrics.Ring(v.snap.Version(), v.snap.Len())
-	n.dropClients(addrs)
+	n.dropClients(alive)
 	if old != nil {
-		n.onRingChange(old, v)
+		n.kickOwnership()
 	}
 }
 
-const maxPrevViews = 4
+// snapOrNil returns v's snapshot, or nil for a nil view.
+func (v *view) snapOrNil() *ring.Snapshot {
+	if v == nil {
+		return nil
+	}
+	return v.snap
+}
 
-func sameMembers(v *view, names []string, addrs map[string]string) bool {
-	if v.snap.Len() != len(names) {
+func sameMembers(v *view, names []string, alive map[string]string) bool {
+	if v.snap.Len() != len(names) || len(v.alive) != len(alive) {
 		return false
 	}
 	for _, name := range names {
-		if v.addrs[name] != addrs[name] || !v.snap.Has(name) {
+		if !v.snap.Has(name) {
+			return false
+		}
+	}
+	for name, addr := range alive {
+		if v.alive[name] != addr {
 			return false
 		}
 	}

@@ -75,9 +75,9 @@ func TestAdvertisedRPCAddr(t *testing.T) {
 		}
 	})
 	waitFor(t, 10*time.Second, "n0 to learn n1's advertised address", func() bool {
-		return c.nodes[0].view.Load().addrs["n1"] == advertised
+		return c.nodes[0].view.Load().alive["n1"] == advertised
 	})
-	if got := c.nodes[1].view.Load().addrs["n1"]; got != advertised {
+	if got := c.nodes[1].view.Load().alive["n1"]; got != advertised {
 		t.Fatalf("n1 lists itself at %q, want the advertised %q", got, advertised)
 	}
 

@@ -33,9 +33,14 @@ type Node struct {
 	policies map[string]*policy
 	fp       uint64
 
-	store    *shard.Store
+	pt       *partTable // every ring partition as this node sees it
+	own      ownState
 	fallback *shard.Store
 	hot      *shard.HotKeys
+	started  time.Time // origin of the monotonic clock (mono)
+	// hasQuorum caches quorum() for the decision path; the rebuild and
+	// the ownership loop refresh it.
+	hasQuorum atomic.Bool
 
 	view      atomic.Pointer[view]
 	viewMu    sync.Mutex    // guards viewCh and version
@@ -54,9 +59,6 @@ type Node struct {
 	clientsMu sync.Mutex
 	clients   map[string]*client // by member name
 	calls     sync.Pool          // of *call, reused by forwards
-
-	handoff handoffState
-	backup  backupState
 
 	ctx       context.Context // the node's lifetime; cancelled by Close
 	cancel    context.CancelFunc
@@ -84,11 +86,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	store, err := shard.NewStore(cfg.Store)
+	fallback, err := shard.NewStore(cfg.Store)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	fallback, _ := shard.NewStore(cfg.Store)
 	n := &Node{
 		cfg:       cfg,
 		name:      cfg.Name,
@@ -97,7 +98,8 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		metrics:   cfg.Metrics,
 		policies:  make(map[string]*policy, len(cfg.Policies)),
 		fp:        cfg.fingerprint(),
-		store:     store,
+		pt:        newPartTable(cfg.Ring.PartitionCount),
+		started:   time.Now(),
 		fallback:  fallback,
 		hot:       shard.NewHotKeys(4*cfg.HotKeys, cfg.HotKeysHalfLife),
 		viewCh:    make(chan struct{}),
@@ -110,8 +112,15 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.calls.New = func() any { return &call{done: make(chan callResult, 1)} }
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.handoff.init()
-	n.backup.init(cfg.Store)
+	n.own.failed = make(map[string]time.Time)
+	n.own.working = make(map[int]bool)
+	n.own.kick = make(chan struct{}, 1)
+	if len(cfg.Join) == 0 {
+		// No one to join: this node starts the cluster and holds every
+		// partition. A node that joins holds nothing until partitions are
+		// transferred to it.
+		n.found()
+	}
 
 	if err := n.startRPC(); err != nil {
 		n.cancel()
@@ -124,13 +133,11 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.rebuild()
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go n.rebuildLoop()
 	go n.every(cfg.SweepInterval, n.Sweep)
-	if cfg.Backup {
-		n.wg.Add(1)
-		go n.every(cfg.BackupInterval, func() { n.StreamBackups(n.ctx) })
-	}
+	go n.ownerLoop()
+	n.kickOwnership()
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	n.log.Info("node started", "gossip_addr", n.GossipAddr(), "rpc_addr", n.RPCAddr(), "members", n.view.Load().snap.Len())
 	return n, nil
@@ -215,14 +222,17 @@ func (n *Node) Members() []string { return n.view.Load().snap.Members() }
 // each time the member set changes.
 func (n *Node) RingVersion() uint64 { return n.view.Load().snap.Version() }
 
-// Owner returns the member that owns key in the node's current ring view.
+// Owner returns the member that the node's current ring names as the
+// target of key's partition: its holder once any move has finished. Keys
+// are placed by tenant and subject, so every policy of one subject has the
+// same owner.
 func (n *Node) Owner(key Key) (string, error) {
 	var buf [shard.MaxEncodedKeyLen]byte
 	ek, ok := key.AppendEncoded(buf[:0])
 	if !ok {
 		return "", fmt.Errorf("%w: %w", ErrInvalidKey, key.Validate())
 	}
-	return n.view.Load().snap.Owner(ek), nil
+	return n.view.Load().snap.Owner(placement(ek)), nil
 }
 
 // Policies returns a copy of the node's policy table.
@@ -234,16 +244,37 @@ func (n *Node) Policies() map[string]PolicyConfig {
 	return out
 }
 
-// Stats describes the local store.
+// Stats describes the local stores.
 type Stats struct {
-	// Keys is the number of keys held (owned or being handed off).
+	// Keys is the number of keys held in partitions this node holds.
 	Keys int
 	// Bytes estimates the memory those keys hold.
 	Bytes int64
+	// Partitions is how many partitions this node holds.
+	Partitions int
+	// ReplicaKeys is the number of keys in the copies this node keeps as a
+	// backup.
+	ReplicaKeys int
 }
 
-// Stats returns the local store's size.
-func (n *Node) Stats() Stats { return Stats{Keys: n.store.Len(), Bytes: n.store.Bytes()} }
+// Stats returns the local stores' sizes.
+func (n *Node) Stats() Stats {
+	var s Stats
+	for i := range n.pt.parts {
+		pt := &n.pt.parts[i]
+		pt.mu.RLock()
+		if pt.store != nil && (pt.role == roleHolder || pt.role == roleFenced) {
+			s.Partitions++
+			s.Keys += pt.store.Len()
+			s.Bytes += pt.store.Bytes()
+		}
+		if pt.rep.store != nil {
+			s.ReplicaKeys += pt.rep.store.Len()
+		}
+		pt.mu.RUnlock()
+	}
+	return s
+}
 
 // HotKey is one of the heaviest keys this node decided for as owner.
 type HotKey struct {
@@ -298,12 +329,26 @@ func (n *Node) stopClients() {
 // calls it every SweepInterval; tests may call it directly.
 func (n *Node) Sweep() {
 	now := n.clock()
-	ev := n.store.Sweep(now, 0) + n.fallback.Sweep(now, 0) + n.backup.replicas.Sweep(now, 0)
-	n.handoff.sweep(n, n.view.Load())
+	ev := n.fallback.Sweep(now, 0)
+	for i := range n.pt.parts {
+		pt := &n.pt.parts[i]
+		pt.mu.RLock()
+		st, rep := pt.store, pt.rep.store
+		pt.mu.RUnlock()
+		// A store's own locks cover its sweep; a store that has just been
+		// given away is swept harmlessly.
+		if st != nil {
+			ev += st.Sweep(now, 0)
+		}
+		if rep != nil {
+			ev += rep.Sweep(now, 0)
+		}
+	}
 	if ev > 0 {
 		n.metrics.Evicted(ev)
 	}
-	n.metrics.Keys(n.store.Len(), n.store.Bytes())
+	st := n.Stats()
+	n.metrics.Keys(st.Keys, st.Bytes)
 	n.metrics.HotKeys(n.HotKeys())
 }
 
@@ -330,6 +375,7 @@ func (n *Node) close(ctx context.Context) error {
 	n.delegate.setMeta(n.meta(true))
 	_ = n.ml.UpdateNode(200 * time.Millisecond)
 	n.announceLeave()
+	n.excludeSelf(ctx)
 	if err := n.drain(ctx); err != nil {
 		errs = append(errs, err)
 	}

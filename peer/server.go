@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -66,24 +67,52 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) *p
 	if hits < 0 || hits > p.sp.Limit {
 		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, p.sp.Limit))
 	}
-	owner := v.snap.Owner(ek)
-	adopted := it.GetHops() > 0 && n.handoff.adoptedFrom(ek) == owner
-	if owner != n.name && !adopted {
-		return &peerpb.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: owner, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}
+	pid := v.snap.Partition(placement(ek))
+	pt := &n.pt.parts[pid]
+	// A receiver waits for a partition it holds or is about to hold (a
+	// move in progress), within the sender's deadline and at most half a
+	// forward timeout, so the sender can still act on the answer.
+	until := time.Now().Add(n.cfg.ForwardTimeout / 2)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(until) {
+		until = dl
 	}
-	d, err := n.decideOwned(ctx, v, key, ek, p, hits, adopted)
-	var no *notOwnerError
-	switch {
-	case errors.As(err, &no):
-		return &peerpb.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: no.owner, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}
-	case err != nil:
-		return bad(peerpb.Status_STATUS_UNAVAILABLE, err)
-	}
-	n.metrics.Decision(p.name, d.Reason, PathRemote)
-	return &peerpb.Decision{
-		Status: peerpb.Status_STATUS_OK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
-		RetryAfterNs: int64(d.RetryAfter), ResetAfterNs: int64(d.ResetAfter),
-		Owner: n.name, RingVersion: d.RingVersion, MembersHash: v.snap.MembersHash(), Reason: peerpb.Reason(d.Reason),
+	for {
+		d, st, ch, err := n.decideHere(ctx, v, pt, pid, key, ek, p, hits)
+		switch st {
+		case decided:
+			if err != nil {
+				if errors.Is(err, ErrInvalidHits) {
+					return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err)
+				}
+				return bad(peerpb.Status_STATUS_UNAVAILABLE, err)
+			}
+			n.metrics.Decision(p.name, d.Reason, PathRemote)
+			return &peerpb.Decision{
+				Status: peerpb.Status_STATUS_OK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
+				RetryAfterNs: int64(d.RetryAfter), ResetAfterNs: int64(d.ResetAfter),
+				Owner: n.name, RingVersion: d.RingVersion, MembersHash: v.snap.MembersHash(), Reason: peerpb.Reason(d.Reason),
+			}
+		case waitHere:
+			if err := n.waitPart(ctx, ch, until); err != nil {
+				return bad(peerpb.Status_STATUS_UNAVAILABLE, fmt.Errorf("%w: partition %d is moving", ErrUnavailable, pid))
+			}
+			v = n.view.Load()
+			continue
+		}
+		pt.mu.RLock()
+		r, holder, epoch := pt.role, pt.holder, pt.epoch
+		pt.mu.RUnlock()
+		if (r == roleMoved || r == roleHint) && holder != n.name {
+			return &peerpb.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: holder, HolderEpoch: epoch, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}
+		}
+		if t := v.snap.PartitionOwner(pid); t != n.name {
+			return &peerpb.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: t, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}
+		}
+		// We are the target and hold nothing yet: wait for the transfer.
+		if err := n.waitPart(ctx, ch, until); err != nil {
+			return bad(peerpb.Status_STATUS_UNAVAILABLE, fmt.Errorf("%w: partition %d has no holder here yet", ErrUnavailable, pid))
+		}
+		v = n.view.Load()
 	}
 }
 

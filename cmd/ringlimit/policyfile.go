@@ -27,6 +27,7 @@ const policiesUsage = `Policy file (--policies, YAML or JSON; unknown fields are
       fallback_limit: 0       # fallback's local limit; 0 = limit / members
       resolution: 1ms         # sliding_log timestamp granularity; default 1ms
       shadow: false           # decide and report, but admit everything
+      replication: sync       # sync (default) | async | off: copy admissions to the backup
 
   The same as JSON: {"policies": [{"name": "api", "limit": 100, "window": "1m"}]}
 
@@ -65,6 +66,7 @@ type policyEntry struct {
 	FallbackLimit int64  `yaml:"fallback_limit,omitempty"`
 	Resolution    string `yaml:"resolution,omitempty"`
 	Shadow        bool   `yaml:"shadow,omitempty"`
+	Replication   string `yaml:"replication,omitempty"`
 }
 
 // maxPolicyFile bounds how much of a policy file is read.
@@ -161,6 +163,13 @@ func parsePolicies(data []byte) (map[string]peer.PolicyConfig, error) {
 		}
 		pc.FallbackLimit = e.FallbackLimit
 		pc.Shadow = e.Shadow
+		if e.Replication != "" {
+			if r, err := peer.ParseReplication(e.Replication); err != nil {
+				bad("replication %q: want sync, async or off", e.Replication)
+			} else {
+				pc.Replication = r
+			}
+		}
 		if e.Name != "" {
 			out[e.Name] = pc
 		}
@@ -187,6 +196,7 @@ func formatPolicies(pols map[string]peer.PolicyConfig) ([]byte, error) {
 			Name: n, Limit: p.Limit, Window: p.Window.String(),
 			Algorithm: p.Algorithm.String(), OnUnavailable: p.OnUnavailable.String(),
 			FallbackLimit: p.FallbackLimit, Shadow: p.Shadow,
+			Replication: p.Replication.String(),
 		}
 		if p.Resolution != 0 {
 			e.Resolution = p.Resolution.String()

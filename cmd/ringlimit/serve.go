@@ -49,8 +49,6 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
   --tls-key PATH        public API); the three flags go together. Peers are
   --tls-ca PATH         dialed by address, so certificates need IP SANs unless
   --tls-server-name N   --tls-server-name names the SAN to verify instead
-  --backup              stream each key's admissions to a backup member so a
-                        crash loses at most ~50 ms of admissions
   --drain-timeout D     how long shutdown may take to hand off keys (default 10s)
   --join-timeout D      how long start-up may take to join (default 30s)
   --log-format F        text or json (default text)
@@ -89,7 +87,6 @@ type serveFlags struct {
 	tlsCert, tlsKey, tlsCA, tlsServerName                           string
 	logFormat, logLevel                                             string
 	gossipAdvertise, grpcAdvertise                                  string
-	backup                                                          bool
 	drainTimeout, joinTimeout                                       time.Duration
 	// Hidden, for the demo's child node and tests: "fast" selects loopback
 	// gossip timings (fastGossip); exitOnStdinEOF stops the node when its
@@ -116,7 +113,6 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.tlsKey, "tls-key", "", "")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "")
 	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "")
-	fs.BoolVar(&f.backup, "backup", false, "")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "")
 	fs.DurationVar(&f.joinTimeout, "join-timeout", 30*time.Second, "")
 	fs.StringVar(&f.logFormat, "log-format", "text", "")
@@ -230,7 +226,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		GossipAdvertiseAddr: f.gossipAdvertise,
 		RPCAdvertiseAddr:    f.grpcAdvertise,
 		Policies:            defaultPolicies(),
-		Backup:              f.backup,
 		Logger:              log,
 	}
 	if f.policies != "" {

@@ -8,7 +8,7 @@
 //   - Durations and ages are signed 64-bit nanosecond counts (suffix _ns).
 //     They are always relative to the sending node's clock at the moment it
 //     built the message, never wall-clock timestamps, so clock offset between
-//     machines cannot make an admission expire early (DESIGN.md section 5).
+//     machines cannot make an admission expire early.
 //   - Quota amounts (hits, limit, remaining, count) are in units of quota,
 //     the same units a policy's limit is written in.
 //   - A ring version is a number each node assigns to its own ring snapshots;
@@ -189,10 +189,153 @@ func (Reason) EnumDescriptor() ([]byte, []int) {
 	return file_ringlimit_proto_rawDescGZIP(), []int{1}
 }
 
+// OpStatus is the backup's answer to one PartitionOp.
+type OpStatus int32
+
+const (
+	OpStatus_OP_STATUS_UNSPECIFIED OpStatus = 0
+	// OP_STATUS_OK: applied; for SYNC_END, ADMIT and HEARTBEAT the backup has
+	// recorded a lease of lease_ns from when it received the operation.
+	OpStatus_OP_STATUS_OK OpStatus = 1
+	// OP_STATUS_STALE: the receiver knows a newer epoch (holder and epoch in
+	// the answer): the sender no longer holds the partition.
+	OpStatus_OP_STATUS_STALE OpStatus = 2
+	// OP_STATUS_NEED_SYNC: the receiver has no complete copy at this epoch
+	// from this sender; the sender must send a full copy first.
+	OpStatus_OP_STATUS_NEED_SYNC OpStatus = 3
+	// OP_STATUS_REFUSED: the receiver will not act as backup now (it is
+	// closing, or cannot see a majority of the members); no lease.
+	OpStatus_OP_STATUS_REFUSED OpStatus = 4
+)
+
+// Enum value maps for OpStatus.
+var (
+	OpStatus_name = map[int32]string{
+		0: "OP_STATUS_UNSPECIFIED",
+		1: "OP_STATUS_OK",
+		2: "OP_STATUS_STALE",
+		3: "OP_STATUS_NEED_SYNC",
+		4: "OP_STATUS_REFUSED",
+	}
+	OpStatus_value = map[string]int32{
+		"OP_STATUS_UNSPECIFIED": 0,
+		"OP_STATUS_OK":          1,
+		"OP_STATUS_STALE":       2,
+		"OP_STATUS_NEED_SYNC":   3,
+		"OP_STATUS_REFUSED":     4,
+	}
+)
+
+func (x OpStatus) Enum() *OpStatus {
+	p := new(OpStatus)
+	*p = x
+	return p
+}
+
+func (x OpStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OpStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_ringlimit_proto_enumTypes[2].Descriptor()
+}
+
+func (OpStatus) Type() protoreflect.EnumType {
+	return &file_ringlimit_proto_enumTypes[2]
+}
+
+func (x OpStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OpStatus.Descriptor instead.
+func (OpStatus) EnumDescriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{2}
+}
+
+// Kind says what the operation does.
+type PartitionOp_Kind int32
+
+const (
+	// KIND_UNSPECIFIED is never sent; the receiver answers OP_STATUS_STALE.
+	PartitionOp_KIND_UNSPECIFIED PartitionOp_Kind = 0
+	// KIND_SYNC_BEGIN starts a full copy at epoch: the backup drops any
+	// older copy of the partition and keeps what the following chunks carry.
+	PartitionOp_KIND_SYNC_BEGIN PartitionOp_Kind = 1
+	// KIND_SYNC_CHUNK carries part of the full copy (keys with their whole
+	// logs). Chunks are bounded in bytes by the sender.
+	PartitionOp_KIND_SYNC_CHUNK PartitionOp_Kind = 2
+	// KIND_SYNC_END completes the copy; from now on the backup may take the
+	// partition over if the holder fails, and the answer grants a lease.
+	PartitionOp_KIND_SYNC_END PartitionOp_Kind = 3
+	// KIND_ADMIT carries admissions (runs with ages) to add to the copy;
+	// the answer renews the lease.
+	PartitionOp_KIND_ADMIT PartitionOp_Kind = 4
+	// KIND_HEARTBEAT renews the lease without data.
+	PartitionOp_KIND_HEARTBEAT PartitionOp_Kind = 5
+	// KIND_RELEASE tells the receiver it is no longer the backup at epoch:
+	// it drops its copy and will not take the partition over.
+	PartitionOp_KIND_RELEASE PartitionOp_Kind = 6
+	// KIND_REPLACE carries keys whose whole state replaces the copy's
+	// (refunds and resets, which remove admissions).
+	PartitionOp_KIND_REPLACE PartitionOp_Kind = 7
+)
+
+// Enum value maps for PartitionOp_Kind.
+var (
+	PartitionOp_Kind_name = map[int32]string{
+		0: "KIND_UNSPECIFIED",
+		1: "KIND_SYNC_BEGIN",
+		2: "KIND_SYNC_CHUNK",
+		3: "KIND_SYNC_END",
+		4: "KIND_ADMIT",
+		5: "KIND_HEARTBEAT",
+		6: "KIND_RELEASE",
+		7: "KIND_REPLACE",
+	}
+	PartitionOp_Kind_value = map[string]int32{
+		"KIND_UNSPECIFIED": 0,
+		"KIND_SYNC_BEGIN":  1,
+		"KIND_SYNC_CHUNK":  2,
+		"KIND_SYNC_END":    3,
+		"KIND_ADMIT":       4,
+		"KIND_HEARTBEAT":   5,
+		"KIND_RELEASE":     6,
+		"KIND_REPLACE":     7,
+	}
+)
+
+func (x PartitionOp_Kind) Enum() *PartitionOp_Kind {
+	p := new(PartitionOp_Kind)
+	*p = x
+	return p
+}
+
+func (x PartitionOp_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PartitionOp_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_ringlimit_proto_enumTypes[3].Descriptor()
+}
+
+func (PartitionOp_Kind) Type() protoreflect.EnumType {
+	return &file_ringlimit_proto_enumTypes[3]
+}
+
+func (x PartitionOp_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PartitionOp_Kind.Descriptor instead.
+func (PartitionOp_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{7, 0}
+}
+
 // Key identifies one quota, as shard.Key does. Each part is 1 to 128 bytes of
 // visible ASCII (0x21 to 0x7E); a receiver validates every key it is sent and
 // reports an invalid one as STATUS_INVALID_ARGUMENT (Check) or skips it
-// (Handoff, Pull, Backup).
+// (Replicate).
 type Key struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Tenant the quota belongs to (bytes of visible ASCII).
@@ -445,7 +588,10 @@ type Decision struct {
 	// Error is a human-readable detail for any status other than STATUS_OK,
 	// for logs only: programs branch on status, never on this text. Empty for
 	// STATUS_OK.
-	Error         string `protobuf:"bytes,11,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,11,opt,name=error,proto3" json:"error,omitempty"`
+	// HolderEpoch, with STATUS_NOT_OWNER, is the epoch of the holder named in
+	// owner as the receiver knows it (0 if it names the ring's target only).
+	HolderEpoch   uint64 `protobuf:"varint,12,opt,name=holder_epoch,json=holderEpoch,proto3" json:"holder_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -555,6 +701,13 @@ func (x *Decision) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *Decision) GetHolderEpoch() uint64 {
+	if x != nil {
+		return x.HolderEpoch
+	}
+	return 0
 }
 
 // CheckResponse answers a CheckRequest.
@@ -730,38 +883,36 @@ func (x *KeyState) GetRuns() []*Run {
 	return nil
 }
 
-// HandoffRequest moves keys to the receiver, which owns them in the sender's
-// new ring view. The sender has stopped deciding for these keys before it
-// sends them.
-type HandoffRequest struct {
+// PartitionOp is one operation a holder sends to its partition's backup.
+type PartitionOp struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Sender is the node name of the node handing the keys over.
-	Sender string `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
-	// Keys to take over. The receiver adds the runs to any log it already
-	// holds for the key (an import never drops admissions), so the promise
-	// holds across the move.
-	Keys []*KeyState `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
-	// MembersHash is the fingerprint of the member list in the sender's ring
-	// view that made the receiver the owner. Zero means not known.
-	MembersHash   uint64 `protobuf:"varint,3,opt,name=members_hash,json=membersHash,proto3" json:"members_hash,omitempty"`
+	Kind  PartitionOp_Kind       `protobuf:"varint,1,opt,name=kind,proto3,enum=ringlimit.v1.PartitionOp_Kind" json:"kind,omitempty"`
+	// Partition is the ring partition, in [0, partition count).
+	Partition uint32 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	// Epoch is the sender's holder epoch for the partition.
+	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Keys are the key states the operation carries (SYNC_CHUNK, ADMIT,
+	// REPLACE); ages are relative to the sender's clock when it built the
+	// message.
+	Keys          []*KeyState `protobuf:"bytes,4,rep,name=keys,proto3" json:"keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *HandoffRequest) Reset() {
-	*x = HandoffRequest{}
+func (x *PartitionOp) Reset() {
+	*x = PartitionOp{}
 	mi := &file_ringlimit_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *HandoffRequest) String() string {
+func (x *PartitionOp) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*HandoffRequest) ProtoMessage() {}
+func (*PartitionOp) ProtoMessage() {}
 
-func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
+func (x *PartitionOp) ProtoReflect() protoreflect.Message {
 	mi := &file_ringlimit_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -773,57 +924,63 @@ func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use HandoffRequest.ProtoReflect.Descriptor instead.
-func (*HandoffRequest) Descriptor() ([]byte, []int) {
+// Deprecated: Use PartitionOp.ProtoReflect.Descriptor instead.
+func (*PartitionOp) Descriptor() ([]byte, []int) {
 	return file_ringlimit_proto_rawDescGZIP(), []int{7}
 }
 
-func (x *HandoffRequest) GetSender() string {
+func (x *PartitionOp) GetKind() PartitionOp_Kind {
 	if x != nil {
-		return x.Sender
+		return x.Kind
 	}
-	return ""
+	return PartitionOp_KIND_UNSPECIFIED
 }
 
-func (x *HandoffRequest) GetKeys() []*KeyState {
+func (x *PartitionOp) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *PartitionOp) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *PartitionOp) GetKeys() []*KeyState {
 	if x != nil {
 		return x.Keys
 	}
 	return nil
 }
 
-func (x *HandoffRequest) GetMembersHash() uint64 {
-	if x != nil {
-		return x.MembersHash
-	}
-	return 0
-}
-
-// HandoffResponse acknowledges a HandoffRequest.
-type HandoffResponse struct {
+// ReplicateRequest is a batch of partition operations to one backup.
+type ReplicateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Accepted is how many entries of HandoffRequest.keys the receiver
-	// imported. Entries it refused (invalid key, unknown policy, algorithm
-	// mismatch) are not counted.
-	Accepted      uint32 `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	// Sender is the holder's node name.
+	Sender        string         `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
+	Ops           []*PartitionOp `protobuf:"bytes,2,rep,name=ops,proto3" json:"ops,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *HandoffResponse) Reset() {
-	*x = HandoffResponse{}
+func (x *ReplicateRequest) Reset() {
+	*x = ReplicateRequest{}
 	mi := &file_ringlimit_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *HandoffResponse) String() string {
+func (x *ReplicateRequest) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*HandoffResponse) ProtoMessage() {}
+func (*ReplicateRequest) ProtoMessage() {}
 
-func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
+func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 	mi := &file_ringlimit_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -835,47 +992,55 @@ func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use HandoffResponse.ProtoReflect.Descriptor instead.
-func (*HandoffResponse) Descriptor() ([]byte, []int) {
+// Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
+func (*ReplicateRequest) Descriptor() ([]byte, []int) {
 	return file_ringlimit_proto_rawDescGZIP(), []int{8}
 }
 
-func (x *HandoffResponse) GetAccepted() uint32 {
+func (x *ReplicateRequest) GetSender() string {
 	if x != nil {
-		return x.Accepted
+		return x.Sender
 	}
-	return 0
+	return ""
 }
 
-// PullRequest asks the receiver, the keys' previous owner, to give up their
-// state to the sender, their owner in the sender's ring view.
-type PullRequest struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// Sender is the node name of the node that now owns the keys.
-	Sender string `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
-	// Keys whose state the sender wants.
-	Keys []*Key `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
-	// MembersHash is the fingerprint of the member list in the sender's ring
-	// view that made the sender the owner. Zero means not known.
-	MembersHash   uint64 `protobuf:"varint,3,opt,name=members_hash,json=membersHash,proto3" json:"members_hash,omitempty"`
+func (x *ReplicateRequest) GetOps() []*PartitionOp {
+	if x != nil {
+		return x.Ops
+	}
+	return nil
+}
+
+// OpResult answers one PartitionOp, in order.
+type OpResult struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Status OpStatus               `protobuf:"varint,1,opt,name=status,proto3,enum=ringlimit.v1.OpStatus" json:"status,omitempty"`
+	// LeaseNs is the lease the backup recorded, in nanoseconds from its
+	// receipt of the operation.
+	LeaseNs int64 `protobuf:"varint,2,opt,name=lease_ns,json=leaseNs,proto3" json:"lease_ns,omitempty"`
+	// Holder and Epoch describe the newer holder, with OP_STATUS_STALE.
+	Holder string `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
+	Epoch  uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Accepted counts the keys stored (SYNC_CHUNK, ADMIT, REPLACE).
+	Accepted      uint32 `protobuf:"varint,5,opt,name=accepted,proto3" json:"accepted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *PullRequest) Reset() {
-	*x = PullRequest{}
+func (x *OpResult) Reset() {
+	*x = OpResult{}
 	mi := &file_ringlimit_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *PullRequest) String() string {
+func (x *OpResult) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*PullRequest) ProtoMessage() {}
+func (*OpResult) ProtoMessage() {}
 
-func (x *PullRequest) ProtoReflect() protoreflect.Message {
+func (x *OpResult) ProtoReflect() protoreflect.Message {
 	mi := &file_ringlimit_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -887,182 +1052,413 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
-func (*PullRequest) Descriptor() ([]byte, []int) {
+// Deprecated: Use OpResult.ProtoReflect.Descriptor instead.
+func (*OpResult) Descriptor() ([]byte, []int) {
 	return file_ringlimit_proto_rawDescGZIP(), []int{9}
 }
 
-func (x *PullRequest) GetSender() string {
+func (x *OpResult) GetStatus() OpStatus {
 	if x != nil {
-		return x.Sender
+		return x.Status
 	}
-	return ""
+	return OpStatus_OP_STATUS_UNSPECIFIED
 }
 
-func (x *PullRequest) GetKeys() []*Key {
+func (x *OpResult) GetLeaseNs() int64 {
 	if x != nil {
-		return x.Keys
-	}
-	return nil
-}
-
-func (x *PullRequest) GetMembersHash() uint64 {
-	if x != nil {
-		return x.MembersHash
+		return x.LeaseNs
 	}
 	return 0
 }
 
-// PullResponse returns the state the previous owner gave up.
-type PullResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// Keys holds the state of each requested key the receiver had state for;
-	// keys it held no state for are omitted. After answering, the receiver no
-	// longer decides for the returned keys.
-	Keys          []*KeyState `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *PullResponse) Reset() {
-	*x = PullResponse{}
-	mi := &file_ringlimit_proto_msgTypes[10]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *PullResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*PullResponse) ProtoMessage() {}
-
-func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[10]
+func (x *OpResult) GetHolder() string {
 	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
-func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{10}
-}
-
-func (x *PullResponse) GetKeys() []*KeyState {
-	if x != nil {
-		return x.Keys
-	}
-	return nil
-}
-
-// BackupRequest carries the current state of keys an owner admitted for
-// since its previous stream to the node that keeps their backup copy.
-type BackupRequest struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// Sender is the node name of the keys' owner.
-	Sender string `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
-	// Keys with their full current state (ages relative to the sender's
-	// clock); the backup node replaces its copy of each key with it.
-	Keys          []*KeyState `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *BackupRequest) Reset() {
-	*x = BackupRequest{}
-	mi := &file_ringlimit_proto_msgTypes[11]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *BackupRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*BackupRequest) ProtoMessage() {}
-
-func (x *BackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[11]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
-func (*BackupRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{11}
-}
-
-func (x *BackupRequest) GetSender() string {
-	if x != nil {
-		return x.Sender
+		return x.Holder
 	}
 	return ""
 }
 
-func (x *BackupRequest) GetKeys() []*KeyState {
+func (x *OpResult) GetEpoch() uint64 {
 	if x != nil {
-		return x.Keys
+		return x.Epoch
 	}
-	return nil
+	return 0
 }
 
-// BackupResponse acknowledges a BackupRequest.
-type BackupResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// Accepted is how many entries of BackupRequest.keys the backup node
-	// stored.
-	Accepted      uint32 `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *BackupResponse) Reset() {
-	*x = BackupResponse{}
-	mi := &file_ringlimit_proto_msgTypes[12]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *BackupResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*BackupResponse) ProtoMessage() {}
-
-func (x *BackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[12]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use BackupResponse.ProtoReflect.Descriptor instead.
-func (*BackupResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{12}
-}
-
-func (x *BackupResponse) GetAccepted() uint32 {
+func (x *OpResult) GetAccepted() uint32 {
 	if x != nil {
 		return x.Accepted
 	}
 	return 0
+}
+
+// ReplicateResponse has exactly one OpResult per PartitionOp, in order.
+type ReplicateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*OpResult            `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateResponse) Reset() {
+	*x = ReplicateResponse{}
+	mi := &file_ringlimit_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateResponse) ProtoMessage() {}
+
+func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
+func (*ReplicateResponse) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ReplicateResponse) GetResults() []*OpResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// PromoteRequest hands a partition to its backup.
+type PromoteRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Sender    string                 `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
+	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	// Epoch is the sender's holder epoch; the receiver becomes holder at
+	// epoch + 1 if its complete copy is at epoch from the sender.
+	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromoteRequest) Reset() {
+	*x = PromoteRequest{}
+	mi := &file_ringlimit_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromoteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromoteRequest) ProtoMessage() {}
+
+func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
+func (*PromoteRequest) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PromoteRequest) GetSender() string {
+	if x != nil {
+		return x.Sender
+	}
+	return ""
+}
+
+func (x *PromoteRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *PromoteRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+// PromoteResponse answers a PromoteRequest.
+type PromoteResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Ok is true when the receiver holds the partition at epoch + 1 (also
+	// when a repeated request finds that already done).
+	Ok bool `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
+	// Holder and Epoch are the receiver's knowledge of the partition.
+	Holder string `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	Epoch  uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Error explains a refusal, for logs.
+	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromoteResponse) Reset() {
+	*x = PromoteResponse{}
+	mi := &file_ringlimit_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromoteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromoteResponse) ProtoMessage() {}
+
+func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromoteResponse.ProtoReflect.Descriptor instead.
+func (*PromoteResponse) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PromoteResponse) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *PromoteResponse) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *PromoteResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *PromoteResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// ProbeRequest names partitions to ask about.
+type ProbeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sender        string                 `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
+	Partitions    []uint32               `protobuf:"varint,2,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProbeRequest) Reset() {
+	*x = ProbeRequest{}
+	mi := &file_ringlimit_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProbeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProbeRequest) ProtoMessage() {}
+
+func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProbeRequest.ProtoReflect.Descriptor instead.
+func (*ProbeRequest) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ProbeRequest) GetSender() string {
+	if x != nil {
+		return x.Sender
+	}
+	return ""
+}
+
+func (x *ProbeRequest) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+// PartitionInfo is what a node knows of one partition.
+type PartitionInfo struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// Role: 0 none, 1 holder, 2 fenced holder (transferring), 3 moved
+	// (forwarding record), 4 hint only.
+	Role uint32 `protobuf:"varint,2,opt,name=role,proto3" json:"role,omitempty"`
+	// Holder and Epoch: the node's best knowledge of the holder.
+	Holder string `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
+	Epoch  uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// ReplicaEpoch is the epoch of the complete copy the node keeps, 0 if
+	// none; ReplicaHolder is whose copy it is.
+	ReplicaEpoch  uint64 `protobuf:"varint,5,opt,name=replica_epoch,json=replicaEpoch,proto3" json:"replica_epoch,omitempty"`
+	ReplicaHolder string `protobuf:"bytes,6,opt,name=replica_holder,json=replicaHolder,proto3" json:"replica_holder,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartitionInfo) Reset() {
+	*x = PartitionInfo{}
+	mi := &file_ringlimit_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionInfo) ProtoMessage() {}
+
+func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionInfo.ProtoReflect.Descriptor instead.
+func (*PartitionInfo) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *PartitionInfo) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *PartitionInfo) GetRole() uint32 {
+	if x != nil {
+		return x.Role
+	}
+	return 0
+}
+
+func (x *PartitionInfo) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *PartitionInfo) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *PartitionInfo) GetReplicaEpoch() uint64 {
+	if x != nil {
+		return x.ReplicaEpoch
+	}
+	return 0
+}
+
+func (x *PartitionInfo) GetReplicaHolder() string {
+	if x != nil {
+		return x.ReplicaHolder
+	}
+	return ""
+}
+
+// ProbeResponse answers a ProbeRequest, one entry per partition, in order.
+type ProbeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Partitions    []*PartitionInfo       `protobuf:"bytes,1,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProbeResponse) Reset() {
+	*x = ProbeResponse{}
+	mi := &file_ringlimit_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProbeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProbeResponse) ProtoMessage() {}
+
+func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProbeResponse.ProtoReflect.Descriptor instead.
+func (*ProbeResponse) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ProbeResponse) GetPartitions() []*PartitionInfo {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
 }
 
 // AllowRequest is one request for a decision.
@@ -1078,7 +1474,7 @@ type AllowRequest struct {
 
 func (x *AllowRequest) Reset() {
 	*x = AllowRequest{}
-	mi := &file_ringlimit_proto_msgTypes[13]
+	mi := &file_ringlimit_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1486,7 @@ func (x *AllowRequest) String() string {
 func (*AllowRequest) ProtoMessage() {}
 
 func (x *AllowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[13]
+	mi := &file_ringlimit_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1499,7 @@ func (x *AllowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowRequest.ProtoReflect.Descriptor instead.
 func (*AllowRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{13}
+	return file_ringlimit_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AllowRequest) GetKey() *Key {
@@ -1145,7 +1541,7 @@ type AllowResponse struct {
 
 func (x *AllowResponse) Reset() {
 	*x = AllowResponse{}
-	mi := &file_ringlimit_proto_msgTypes[14]
+	mi := &file_ringlimit_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1157,7 +1553,7 @@ func (x *AllowResponse) String() string {
 func (*AllowResponse) ProtoMessage() {}
 
 func (x *AllowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[14]
+	mi := &file_ringlimit_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1170,7 +1566,7 @@ func (x *AllowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowResponse.ProtoReflect.Descriptor instead.
 func (*AllowResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{14}
+	return file_ringlimit_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AllowResponse) GetAllowed() bool {
@@ -1246,7 +1642,7 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12-\n" +
 	"\x05items\x18\x02 \x03(\v2\x17.ringlimit.v1.CheckItemR\x05items\x12!\n" +
 	"\fring_version\x18\x03 \x01(\x04R\vringVersion\x12!\n" +
-	"\fmembers_hash\x18\x04 \x01(\x04R\vmembersHash\"\xf2\x02\n" +
+	"\fmembers_hash\x18\x04 \x01(\x04R\vmembersHash\"\x95\x03\n" +
 	"\bDecision\x12,\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x14.ringlimit.v1.StatusR\x06status\x12\x18\n" +
 	"\aallowed\x18\x02 \x01(\bR\aallowed\x12\x14\n" +
@@ -1259,7 +1655,8 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\fmembers_hash\x18\t \x01(\x04R\vmembersHash\x12,\n" +
 	"\x06reason\x18\n" +
 	" \x01(\x0e2\x14.ringlimit.v1.ReasonR\x06reason\x12\x14\n" +
-	"\x05error\x18\v \x01(\tR\x05error\"E\n" +
+	"\x05error\x18\v \x01(\tR\x05error\x12!\n" +
+	"\fholder_epoch\x18\f \x01(\x04R\vholderEpoch\"E\n" +
 	"\rCheckResponse\x124\n" +
 	"\tdecisions\x18\x01 \x03(\v2\x16.ringlimit.v1.DecisionR\tdecisions\"2\n" +
 	"\x03Run\x12\x15\n" +
@@ -1268,24 +1665,58 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\bKeyState\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.ringlimit.v1.KeyR\x03key\x12\x1c\n" +
 	"\talgorithm\x18\x02 \x01(\x05R\talgorithm\x12%\n" +
-	"\x04runs\x18\x03 \x03(\v2\x11.ringlimit.v1.RunR\x04runs\"w\n" +
-	"\x0eHandoffRequest\x12\x16\n" +
-	"\x06sender\x18\x01 \x01(\tR\x06sender\x12*\n" +
-	"\x04keys\x18\x02 \x03(\v2\x16.ringlimit.v1.KeyStateR\x04keys\x12!\n" +
-	"\fmembers_hash\x18\x03 \x01(\x04R\vmembersHash\"-\n" +
-	"\x0fHandoffResponse\x12\x1a\n" +
-	"\baccepted\x18\x01 \x01(\rR\baccepted\"o\n" +
-	"\vPullRequest\x12\x16\n" +
-	"\x06sender\x18\x01 \x01(\tR\x06sender\x12%\n" +
-	"\x04keys\x18\x02 \x03(\v2\x11.ringlimit.v1.KeyR\x04keys\x12!\n" +
-	"\fmembers_hash\x18\x03 \x01(\x04R\vmembersHash\":\n" +
-	"\fPullResponse\x12*\n" +
-	"\x04keys\x18\x01 \x03(\v2\x16.ringlimit.v1.KeyStateR\x04keys\"S\n" +
-	"\rBackupRequest\x12\x16\n" +
-	"\x06sender\x18\x01 \x01(\tR\x06sender\x12*\n" +
-	"\x04keys\x18\x02 \x03(\v2\x16.ringlimit.v1.KeyStateR\x04keys\",\n" +
-	"\x0eBackupResponse\x12\x1a\n" +
-	"\baccepted\x18\x01 \x01(\rR\baccepted\"G\n" +
+	"\x04runs\x18\x03 \x03(\v2\x11.ringlimit.v1.RunR\x04runs\"\xc5\x02\n" +
+	"\vPartitionOp\x122\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x1e.ringlimit.v1.PartitionOp.KindR\x04kind\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12*\n" +
+	"\x04keys\x18\x04 \x03(\v2\x16.ringlimit.v1.KeyStateR\x04keys\"\xa1\x01\n" +
+	"\x04Kind\x12\x14\n" +
+	"\x10KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fKIND_SYNC_BEGIN\x10\x01\x12\x13\n" +
+	"\x0fKIND_SYNC_CHUNK\x10\x02\x12\x11\n" +
+	"\rKIND_SYNC_END\x10\x03\x12\x0e\n" +
+	"\n" +
+	"KIND_ADMIT\x10\x04\x12\x12\n" +
+	"\x0eKIND_HEARTBEAT\x10\x05\x12\x10\n" +
+	"\fKIND_RELEASE\x10\x06\x12\x10\n" +
+	"\fKIND_REPLACE\x10\a\"W\n" +
+	"\x10ReplicateRequest\x12\x16\n" +
+	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
+	"\x03ops\x18\x02 \x03(\v2\x19.ringlimit.v1.PartitionOpR\x03ops\"\x9f\x01\n" +
+	"\bOpResult\x12.\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x16.ringlimit.v1.OpStatusR\x06status\x12\x19\n" +
+	"\blease_ns\x18\x02 \x01(\x03R\aleaseNs\x12\x16\n" +
+	"\x06holder\x18\x03 \x01(\tR\x06holder\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x1a\n" +
+	"\baccepted\x18\x05 \x01(\rR\baccepted\"E\n" +
+	"\x11ReplicateResponse\x120\n" +
+	"\aresults\x18\x01 \x03(\v2\x16.ringlimit.v1.OpResultR\aresults\"\\\n" +
+	"\x0ePromoteRequest\x12\x16\n" +
+	"\x06sender\x18\x01 \x01(\tR\x06sender\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"e\n" +
+	"\x0fPromoteResponse\x12\x0e\n" +
+	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x16\n" +
+	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"F\n" +
+	"\fProbeRequest\x12\x16\n" +
+	"\x06sender\x18\x01 \x01(\tR\x06sender\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x02 \x03(\rR\n" +
+	"partitions\"\xbb\x01\n" +
+	"\rPartitionInfo\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\rR\x04role\x12\x16\n" +
+	"\x06holder\x18\x03 \x01(\tR\x06holder\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12#\n" +
+	"\rreplica_epoch\x18\x05 \x01(\x04R\freplicaEpoch\x12%\n" +
+	"\x0ereplica_holder\x18\x06 \x01(\tR\rreplicaHolder\"L\n" +
+	"\rProbeResponse\x12;\n" +
+	"\n" +
+	"partitions\x18\x01 \x03(\v2\x1b.ringlimit.v1.PartitionInfoR\n" +
+	"partitions\"G\n" +
 	"\fAllowRequest\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.ringlimit.v1.KeyR\x03key\x12\x12\n" +
 	"\x04hits\x18\x02 \x01(\x03R\x04hits\"\x90\x02\n" +
@@ -1311,12 +1742,18 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x11REASON_OVER_LIMIT\x10\x02\x12\x11\n" +
 	"\rREASON_SHADOW\x10\x03\x12\x16\n" +
 	"\x12REASON_FAILED_OPEN\x10\x04\x12\x13\n" +
-	"\x0fREASON_FALLBACK\x10\x052\x97\x02\n" +
+	"\x0fREASON_FALLBACK\x10\x05*|\n" +
+	"\bOpStatus\x12\x19\n" +
+	"\x15OP_STATUS_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fOP_STATUS_OK\x10\x01\x12\x13\n" +
+	"\x0fOP_STATUS_STALE\x10\x02\x12\x17\n" +
+	"\x13OP_STATUS_NEED_SYNC\x10\x03\x12\x15\n" +
+	"\x11OP_STATUS_REFUSED\x10\x042\xa3\x02\n" +
 	"\aLimiter\x12@\n" +
-	"\x05Check\x12\x1a.ringlimit.v1.CheckRequest\x1a\x1b.ringlimit.v1.CheckResponse\x12F\n" +
-	"\aHandoff\x12\x1c.ringlimit.v1.HandoffRequest\x1a\x1d.ringlimit.v1.HandoffResponse\x12=\n" +
-	"\x04Pull\x12\x19.ringlimit.v1.PullRequest\x1a\x1a.ringlimit.v1.PullResponse\x12C\n" +
-	"\x06Backup\x12\x1b.ringlimit.v1.BackupRequest\x1a\x1c.ringlimit.v1.BackupResponse2O\n" +
+	"\x05Check\x12\x1a.ringlimit.v1.CheckRequest\x1a\x1b.ringlimit.v1.CheckResponse\x12L\n" +
+	"\tReplicate\x12\x1e.ringlimit.v1.ReplicateRequest\x1a\x1f.ringlimit.v1.ReplicateResponse\x12F\n" +
+	"\aPromote\x12\x1c.ringlimit.v1.PromoteRequest\x1a\x1d.ringlimit.v1.PromoteResponse\x12@\n" +
+	"\x05Probe\x12\x1a.ringlimit.v1.ProbeRequest\x1a\x1b.ringlimit.v1.ProbeResponse2O\n" +
 	"\vRateLimiter\x12@\n" +
 	"\x05Allow\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponseB,Z*github.com/ringlimit/ringlimit/peer/peerpbb\x06proto3"
 
@@ -1332,56 +1769,63 @@ func file_ringlimit_proto_rawDescGZIP() []byte {
 	return file_ringlimit_proto_rawDescData
 }
 
-var file_ringlimit_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_ringlimit_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_ringlimit_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_ringlimit_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_ringlimit_proto_goTypes = []any{
-	(Status)(0),             // 0: ringlimit.v1.Status
-	(Reason)(0),             // 1: ringlimit.v1.Reason
-	(*Key)(nil),             // 2: ringlimit.v1.Key
-	(*CheckItem)(nil),       // 3: ringlimit.v1.CheckItem
-	(*CheckRequest)(nil),    // 4: ringlimit.v1.CheckRequest
-	(*Decision)(nil),        // 5: ringlimit.v1.Decision
-	(*CheckResponse)(nil),   // 6: ringlimit.v1.CheckResponse
-	(*Run)(nil),             // 7: ringlimit.v1.Run
-	(*KeyState)(nil),        // 8: ringlimit.v1.KeyState
-	(*HandoffRequest)(nil),  // 9: ringlimit.v1.HandoffRequest
-	(*HandoffResponse)(nil), // 10: ringlimit.v1.HandoffResponse
-	(*PullRequest)(nil),     // 11: ringlimit.v1.PullRequest
-	(*PullResponse)(nil),    // 12: ringlimit.v1.PullResponse
-	(*BackupRequest)(nil),   // 13: ringlimit.v1.BackupRequest
-	(*BackupResponse)(nil),  // 14: ringlimit.v1.BackupResponse
-	(*AllowRequest)(nil),    // 15: ringlimit.v1.AllowRequest
-	(*AllowResponse)(nil),   // 16: ringlimit.v1.AllowResponse
+	(Status)(0),               // 0: ringlimit.v1.Status
+	(Reason)(0),               // 1: ringlimit.v1.Reason
+	(OpStatus)(0),             // 2: ringlimit.v1.OpStatus
+	(PartitionOp_Kind)(0),     // 3: ringlimit.v1.PartitionOp.Kind
+	(*Key)(nil),               // 4: ringlimit.v1.Key
+	(*CheckItem)(nil),         // 5: ringlimit.v1.CheckItem
+	(*CheckRequest)(nil),      // 6: ringlimit.v1.CheckRequest
+	(*Decision)(nil),          // 7: ringlimit.v1.Decision
+	(*CheckResponse)(nil),     // 8: ringlimit.v1.CheckResponse
+	(*Run)(nil),               // 9: ringlimit.v1.Run
+	(*KeyState)(nil),          // 10: ringlimit.v1.KeyState
+	(*PartitionOp)(nil),       // 11: ringlimit.v1.PartitionOp
+	(*ReplicateRequest)(nil),  // 12: ringlimit.v1.ReplicateRequest
+	(*OpResult)(nil),          // 13: ringlimit.v1.OpResult
+	(*ReplicateResponse)(nil), // 14: ringlimit.v1.ReplicateResponse
+	(*PromoteRequest)(nil),    // 15: ringlimit.v1.PromoteRequest
+	(*PromoteResponse)(nil),   // 16: ringlimit.v1.PromoteResponse
+	(*ProbeRequest)(nil),      // 17: ringlimit.v1.ProbeRequest
+	(*PartitionInfo)(nil),     // 18: ringlimit.v1.PartitionInfo
+	(*ProbeResponse)(nil),     // 19: ringlimit.v1.ProbeResponse
+	(*AllowRequest)(nil),      // 20: ringlimit.v1.AllowRequest
+	(*AllowResponse)(nil),     // 21: ringlimit.v1.AllowResponse
 }
 var file_ringlimit_proto_depIdxs = []int32{
-	2,  // 0: ringlimit.v1.CheckItem.key:type_name -> ringlimit.v1.Key
-	3,  // 1: ringlimit.v1.CheckRequest.items:type_name -> ringlimit.v1.CheckItem
+	4,  // 0: ringlimit.v1.CheckItem.key:type_name -> ringlimit.v1.Key
+	5,  // 1: ringlimit.v1.CheckRequest.items:type_name -> ringlimit.v1.CheckItem
 	0,  // 2: ringlimit.v1.Decision.status:type_name -> ringlimit.v1.Status
 	1,  // 3: ringlimit.v1.Decision.reason:type_name -> ringlimit.v1.Reason
-	5,  // 4: ringlimit.v1.CheckResponse.decisions:type_name -> ringlimit.v1.Decision
-	2,  // 5: ringlimit.v1.KeyState.key:type_name -> ringlimit.v1.Key
-	7,  // 6: ringlimit.v1.KeyState.runs:type_name -> ringlimit.v1.Run
-	8,  // 7: ringlimit.v1.HandoffRequest.keys:type_name -> ringlimit.v1.KeyState
-	2,  // 8: ringlimit.v1.PullRequest.keys:type_name -> ringlimit.v1.Key
-	8,  // 9: ringlimit.v1.PullResponse.keys:type_name -> ringlimit.v1.KeyState
-	8,  // 10: ringlimit.v1.BackupRequest.keys:type_name -> ringlimit.v1.KeyState
-	2,  // 11: ringlimit.v1.AllowRequest.key:type_name -> ringlimit.v1.Key
-	1,  // 12: ringlimit.v1.AllowResponse.reason:type_name -> ringlimit.v1.Reason
-	4,  // 13: ringlimit.v1.Limiter.Check:input_type -> ringlimit.v1.CheckRequest
-	9,  // 14: ringlimit.v1.Limiter.Handoff:input_type -> ringlimit.v1.HandoffRequest
-	11, // 15: ringlimit.v1.Limiter.Pull:input_type -> ringlimit.v1.PullRequest
-	13, // 16: ringlimit.v1.Limiter.Backup:input_type -> ringlimit.v1.BackupRequest
-	15, // 17: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
-	6,  // 18: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
-	10, // 19: ringlimit.v1.Limiter.Handoff:output_type -> ringlimit.v1.HandoffResponse
-	12, // 20: ringlimit.v1.Limiter.Pull:output_type -> ringlimit.v1.PullResponse
-	14, // 21: ringlimit.v1.Limiter.Backup:output_type -> ringlimit.v1.BackupResponse
-	16, // 22: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
-	18, // [18:23] is the sub-list for method output_type
-	13, // [13:18] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	7,  // 4: ringlimit.v1.CheckResponse.decisions:type_name -> ringlimit.v1.Decision
+	4,  // 5: ringlimit.v1.KeyState.key:type_name -> ringlimit.v1.Key
+	9,  // 6: ringlimit.v1.KeyState.runs:type_name -> ringlimit.v1.Run
+	3,  // 7: ringlimit.v1.PartitionOp.kind:type_name -> ringlimit.v1.PartitionOp.Kind
+	10, // 8: ringlimit.v1.PartitionOp.keys:type_name -> ringlimit.v1.KeyState
+	11, // 9: ringlimit.v1.ReplicateRequest.ops:type_name -> ringlimit.v1.PartitionOp
+	2,  // 10: ringlimit.v1.OpResult.status:type_name -> ringlimit.v1.OpStatus
+	13, // 11: ringlimit.v1.ReplicateResponse.results:type_name -> ringlimit.v1.OpResult
+	18, // 12: ringlimit.v1.ProbeResponse.partitions:type_name -> ringlimit.v1.PartitionInfo
+	4,  // 13: ringlimit.v1.AllowRequest.key:type_name -> ringlimit.v1.Key
+	1,  // 14: ringlimit.v1.AllowResponse.reason:type_name -> ringlimit.v1.Reason
+	6,  // 15: ringlimit.v1.Limiter.Check:input_type -> ringlimit.v1.CheckRequest
+	12, // 16: ringlimit.v1.Limiter.Replicate:input_type -> ringlimit.v1.ReplicateRequest
+	15, // 17: ringlimit.v1.Limiter.Promote:input_type -> ringlimit.v1.PromoteRequest
+	17, // 18: ringlimit.v1.Limiter.Probe:input_type -> ringlimit.v1.ProbeRequest
+	20, // 19: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
+	8,  // 20: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
+	14, // 21: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
+	16, // 22: ringlimit.v1.Limiter.Promote:output_type -> ringlimit.v1.PromoteResponse
+	19, // 23: ringlimit.v1.Limiter.Probe:output_type -> ringlimit.v1.ProbeResponse
+	21, // 24: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
+	20, // [20:25] is the sub-list for method output_type
+	15, // [15:20] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_ringlimit_proto_init() }
@@ -1394,8 +1838,8 @@ func file_ringlimit_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringlimit_proto_rawDesc), len(file_ringlimit_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   15,
+			NumEnums:      4,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -8,7 +8,7 @@
 //   - Durations and ages are signed 64-bit nanosecond counts (suffix _ns).
 //     They are always relative to the sending node's clock at the moment it
 //     built the message, never wall-clock timestamps, so clock offset between
-//     machines cannot make an admission expire early (DESIGN.md section 5).
+//     machines cannot make an admission expire early.
 //   - Quota amounts (hits, limit, remaining, count) are in units of quota,
 //     the same units a policy's limit is written in.
 //   - A ring version is a number each node assigns to its own ring snapshots;
@@ -42,32 +42,37 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Limiter_Check_FullMethodName   = "/ringlimit.v1.Limiter/Check"
-	Limiter_Handoff_FullMethodName = "/ringlimit.v1.Limiter/Handoff"
-	Limiter_Pull_FullMethodName    = "/ringlimit.v1.Limiter/Pull"
-	Limiter_Backup_FullMethodName  = "/ringlimit.v1.Limiter/Backup"
+	Limiter_Check_FullMethodName     = "/ringlimit.v1.Limiter/Check"
+	Limiter_Replicate_FullMethodName = "/ringlimit.v1.Limiter/Replicate"
+	Limiter_Promote_FullMethodName   = "/ringlimit.v1.Limiter/Promote"
+	Limiter_Probe_FullMethodName     = "/ringlimit.v1.Limiter/Probe"
 )
 
 // LimiterClient is the client API for Limiter service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// Limiter is the service every node serves to its peers.
+// Limiter is the service every node serves to its peers. Ownership is per
+// ring partition: each partition has at most one holder at a time, named by
+// an epoch that only grows; only the holder decides, and only while it holds
+// a lease from the partition's backup (see Replicate).
 type LimiterClient interface {
-	// Check asks this node, as owner, to decide a batch of requests. Items are
+	// Check asks this node, as holder, to decide a batch of requests. Items are
 	// decided independently; per-item problems are reported in the item's
 	// Decision.status; only whole-batch problems (too many items) are gRPC
 	// errors (InvalidArgument).
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
-	// Handoff pushes key state to the node that now owns the keys (graceful
-	// leave / ring change).
-	Handoff(ctx context.Context, in *HandoffRequest, opts ...grpc.CallOption) (*HandoffResponse, error)
-	// Pull asks the previous owner of keys to give up their state (it stops
-	// deciding for them) and return it.
-	Pull(ctx context.Context, in *PullRequest, opts ...grpc.CallOption) (*PullResponse, error)
-	// Backup streams the full state of keys an owner admitted for recently to
-	// the keys' backup node, which replaces its copy of each key.
-	Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (*BackupResponse, error)
+	// Replicate carries a holder's partition operations to the partition's
+	// backup: full copies in chunks, admissions, heartbeats, releases. Its
+	// answers grant (or refuse) the holder's lease.
+	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
+	// Promote asks the receiver, the partition's backup with a complete copy
+	// at the sender's epoch, to become the partition's holder at epoch + 1.
+	// The sender has stopped deciding for the partition before it sends.
+	Promote(ctx context.Context, in *PromoteRequest, opts ...grpc.CallOption) (*PromoteResponse, error)
+	// Probe asks what the receiver knows of some partitions: whether it holds
+	// them, keeps a copy, or knows who holds them, with epochs. Read-only.
+	Probe(ctx context.Context, in *ProbeRequest, opts ...grpc.CallOption) (*ProbeResponse, error)
 }
 
 type limiterClient struct {
@@ -88,30 +93,30 @@ func (c *limiterClient) Check(ctx context.Context, in *CheckRequest, opts ...grp
 	return out, nil
 }
 
-func (c *limiterClient) Handoff(ctx context.Context, in *HandoffRequest, opts ...grpc.CallOption) (*HandoffResponse, error) {
+func (c *limiterClient) Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(HandoffResponse)
-	err := c.cc.Invoke(ctx, Limiter_Handoff_FullMethodName, in, out, cOpts...)
+	out := new(ReplicateResponse)
+	err := c.cc.Invoke(ctx, Limiter_Replicate_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-func (c *limiterClient) Pull(ctx context.Context, in *PullRequest, opts ...grpc.CallOption) (*PullResponse, error) {
+func (c *limiterClient) Promote(ctx context.Context, in *PromoteRequest, opts ...grpc.CallOption) (*PromoteResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(PullResponse)
-	err := c.cc.Invoke(ctx, Limiter_Pull_FullMethodName, in, out, cOpts...)
+	out := new(PromoteResponse)
+	err := c.cc.Invoke(ctx, Limiter_Promote_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-func (c *limiterClient) Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (*BackupResponse, error) {
+func (c *limiterClient) Probe(ctx context.Context, in *ProbeRequest, opts ...grpc.CallOption) (*ProbeResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(BackupResponse)
-	err := c.cc.Invoke(ctx, Limiter_Backup_FullMethodName, in, out, cOpts...)
+	out := new(ProbeResponse)
+	err := c.cc.Invoke(ctx, Limiter_Probe_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -122,22 +127,27 @@ func (c *limiterClient) Backup(ctx context.Context, in *BackupRequest, opts ...g
 // All implementations must embed UnimplementedLimiterServer
 // for forward compatibility.
 //
-// Limiter is the service every node serves to its peers.
+// Limiter is the service every node serves to its peers. Ownership is per
+// ring partition: each partition has at most one holder at a time, named by
+// an epoch that only grows; only the holder decides, and only while it holds
+// a lease from the partition's backup (see Replicate).
 type LimiterServer interface {
-	// Check asks this node, as owner, to decide a batch of requests. Items are
+	// Check asks this node, as holder, to decide a batch of requests. Items are
 	// decided independently; per-item problems are reported in the item's
 	// Decision.status; only whole-batch problems (too many items) are gRPC
 	// errors (InvalidArgument).
 	Check(context.Context, *CheckRequest) (*CheckResponse, error)
-	// Handoff pushes key state to the node that now owns the keys (graceful
-	// leave / ring change).
-	Handoff(context.Context, *HandoffRequest) (*HandoffResponse, error)
-	// Pull asks the previous owner of keys to give up their state (it stops
-	// deciding for them) and return it.
-	Pull(context.Context, *PullRequest) (*PullResponse, error)
-	// Backup streams the full state of keys an owner admitted for recently to
-	// the keys' backup node, which replaces its copy of each key.
-	Backup(context.Context, *BackupRequest) (*BackupResponse, error)
+	// Replicate carries a holder's partition operations to the partition's
+	// backup: full copies in chunks, admissions, heartbeats, releases. Its
+	// answers grant (or refuse) the holder's lease.
+	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
+	// Promote asks the receiver, the partition's backup with a complete copy
+	// at the sender's epoch, to become the partition's holder at epoch + 1.
+	// The sender has stopped deciding for the partition before it sends.
+	Promote(context.Context, *PromoteRequest) (*PromoteResponse, error)
+	// Probe asks what the receiver knows of some partitions: whether it holds
+	// them, keeps a copy, or knows who holds them, with epochs. Read-only.
+	Probe(context.Context, *ProbeRequest) (*ProbeResponse, error)
 	mustEmbedUnimplementedLimiterServer()
 }
 
@@ -151,14 +161,14 @@ type UnimplementedLimiterServer struct{}
 func (UnimplementedLimiterServer) Check(context.Context, *CheckRequest) (*CheckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Check not implemented")
 }
-func (UnimplementedLimiterServer) Handoff(context.Context, *HandoffRequest) (*HandoffResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Handoff not implemented")
+func (UnimplementedLimiterServer) Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Replicate not implemented")
 }
-func (UnimplementedLimiterServer) Pull(context.Context, *PullRequest) (*PullResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Pull not implemented")
+func (UnimplementedLimiterServer) Promote(context.Context, *PromoteRequest) (*PromoteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Promote not implemented")
 }
-func (UnimplementedLimiterServer) Backup(context.Context, *BackupRequest) (*BackupResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Backup not implemented")
+func (UnimplementedLimiterServer) Probe(context.Context, *ProbeRequest) (*ProbeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Probe not implemented")
 }
 func (UnimplementedLimiterServer) mustEmbedUnimplementedLimiterServer() {}
 func (UnimplementedLimiterServer) testEmbeddedByValue()                 {}
@@ -199,56 +209,56 @@ func _Limiter_Check_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Limiter_Handoff_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(HandoffRequest)
+func _Limiter_Replicate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplicateRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(LimiterServer).Handoff(ctx, in)
+		return srv.(LimiterServer).Replicate(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: Limiter_Handoff_FullMethodName,
+		FullMethod: Limiter_Replicate_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(LimiterServer).Handoff(ctx, req.(*HandoffRequest))
+		return srv.(LimiterServer).Replicate(ctx, req.(*ReplicateRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Limiter_Pull_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(PullRequest)
+func _Limiter_Promote_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PromoteRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(LimiterServer).Pull(ctx, in)
+		return srv.(LimiterServer).Promote(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: Limiter_Pull_FullMethodName,
+		FullMethod: Limiter_Promote_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(LimiterServer).Pull(ctx, req.(*PullRequest))
+		return srv.(LimiterServer).Promote(ctx, req.(*PromoteRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Limiter_Backup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(BackupRequest)
+func _Limiter_Probe_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ProbeRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(LimiterServer).Backup(ctx, in)
+		return srv.(LimiterServer).Probe(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: Limiter_Backup_FullMethodName,
+		FullMethod: Limiter_Probe_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(LimiterServer).Backup(ctx, req.(*BackupRequest))
+		return srv.(LimiterServer).Probe(ctx, req.(*ProbeRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -265,16 +275,16 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Limiter_Check_Handler,
 		},
 		{
-			MethodName: "Handoff",
-			Handler:    _Limiter_Handoff_Handler,
+			MethodName: "Replicate",
+			Handler:    _Limiter_Replicate_Handler,
 		},
 		{
-			MethodName: "Pull",
-			Handler:    _Limiter_Pull_Handler,
+			MethodName: "Promote",
+			Handler:    _Limiter_Promote_Handler,
 		},
 		{
-			MethodName: "Backup",
-			Handler:    _Limiter_Backup_Handler,
+			MethodName: "Probe",
+			Handler:    _Limiter_Probe_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,734 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
+)
+
+// This file runs ownership (partition.go explains the rules): the
+// reconcile loop that transfers partitions to their targets, keeps each
+// held partition's backup complete, renews leases, takes over partitions of
+// failed holders and restarts orphaned ones.
+
+// mono returns the node's monotonic clock in nanoseconds. Leases are timed
+// on it, never on Config.Clock: a paused process does not stop it, and wall
+// clock steps cannot move it.
+func (n *Node) mono() int64 { return int64(time.Since(n.started)) }
+
+// holderLease is the part of a granted lease the holder counts on: 9/10,
+// from when it sent the request, so that it ends before the backup's record
+// of it while the clocks' rates differ by less than 10 %.
+func holderLease(d time.Duration) int64 { return int64(d) / 10 * 9 }
+
+// ownState is the node's ownership bookkeeping besides the partitions.
+type ownState struct {
+	mu     sync.Mutex
+	failed map[string]time.Time // members that failed (not left), when seen failed
+	// founded is set on a node that started without Join: it held every
+	// partition at epoch 1 from the start.
+	kick chan struct{}
+	// working marks partitions with a transfer or copy in progress, so the
+	// reconcile loop does not start a second one.
+	working map[int]bool
+	stopped bool // Close has begun: take nothing new over
+}
+
+func (n *Node) kickOwnership() {
+	select {
+	case n.own.kick <- struct{}{}:
+	default:
+	}
+}
+
+// noteFailed records members that disappeared without leaving, and forgets
+// members that came back. Called by the rebuild goroutine.
+func (n *Node) noteMembership(failed []string, back []string) {
+	n.own.mu.Lock()
+	defer n.own.mu.Unlock()
+	now := time.Now()
+	for _, m := range failed {
+		if len(n.own.failed) < maxEvents {
+			n.own.failed[m] = now
+		}
+	}
+	for _, m := range back {
+		delete(n.own.failed, m)
+	}
+}
+
+// quorum reports whether the node sees a strict majority of the cluster:
+// live members against live plus recently failed ones.
+func (n *Node) quorum() bool {
+	alive := len(n.view.Load().alive)
+	n.own.mu.Lock()
+	defer n.own.mu.Unlock()
+	failed := 0
+	for m, at := range n.own.failed {
+		if time.Since(at) > n.cfg.FailedMemberTimeout {
+			delete(n.own.failed, m)
+			continue
+		}
+		failed++
+	}
+	return alive > (alive+failed)/2
+}
+
+// alive reports whether member is live in the node's gossip view (draining
+// members are live).
+func (n *Node) alive(member string) bool {
+	_, ok := n.view.Load().alive[member]
+	return ok
+}
+
+// desiredBackup is the member that should keep the copy of partition pid
+// held by this node: the target while this node is not the target (so a
+// transfer finds its copy in place), else the ring's owner without this
+// node; "" when there is no other member.
+func (n *Node) desiredBackup(v *view, pid int) string {
+	t := v.snap.PartitionOwner(pid)
+	if t != "" && t != n.name {
+		return t
+	}
+	return v.snap.PartitionBackup(pid)
+}
+
+// ownerLoop runs reconcile on every ring change, every LeaseDuration/4
+// (lease renewal), and when kicked.
+func (n *Node) ownerLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.cfg.LeaseDuration / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+		case <-n.own.kick:
+		}
+		n.reconcile(n.ctx)
+	}
+}
+
+// reconcile looks at every partition once and starts what is due: a
+// transfer to the target, a complete copy to a new backup, a lease
+// renewal, a takeover or an orphan restart. Long steps run on their own
+// goroutines (one per partition at a time, bounded by reconcileParallel);
+// reconcile itself does not block on the network except for heartbeats,
+// which it sends without waiting.
+func (n *Node) reconcile(ctx context.Context) {
+	v := n.view.Load()
+	beats := map[string][]*peerpb.PartitionOp{}
+	var jobs []func(context.Context)
+	nowMono := n.mono()
+	for i := range n.pt.parts {
+		pt := &n.pt.parts[i]
+		if n.isWorking(i) {
+			continue
+		}
+		pt.mu.RLock()
+		r, epoch, backup, needSync := pt.role, pt.epoch, pt.backup, pt.needSync
+		rep := pt.rep
+		pt.mu.RUnlock()
+		switch r {
+		case roleHolder:
+			target := v.snap.PartitionOwner(i)
+			want := n.desiredBackup(v, i)
+			switch {
+			case target != "" && target != n.name && n.alive(target):
+				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.transfer(ctx, i, target) }))
+			case want != "" && (want != backup || needSync):
+				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.establishBackup(ctx, i, want) }))
+			case backup != "":
+				// Renew the lease at a quarter of its length; admissions
+				// renew it too, so an idle partition costs one op here.
+				if pt.leaseUntil.Load()-nowMono < holderLease(n.cfg.LeaseDuration)*3/4 {
+					beats[backup] = append(beats[backup], &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_HEARTBEAT, Partition: uint32(i), Epoch: epoch})
+				}
+			}
+		case roleFenced:
+			// A transfer whose promote failed: settle it.
+			jobs = append(jobs, n.job(i, func(ctx context.Context) { n.settleFenced(ctx, i) }))
+		default:
+			if rep.complete && !n.alive(rep.holder) && nowMono > rep.leaseEnd {
+				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.takeOver(ctx, i) }))
+			} else if v.snap.PartitionOwner(i) == n.name && n.orphanSuspect(v, pt) {
+				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.claimOrphan(ctx, i) }))
+			}
+		}
+	}
+	for to, ops := range beats {
+		n.sendOps(to, ops, nil)
+	}
+	if len(jobs) == 0 {
+		return
+	}
+	sem := make(chan struct{}, reconcileParallel)
+	var wg sync.WaitGroup
+	for _, j := range jobs {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			j(ctx)
+		}()
+	}
+	wg.Wait()
+}
+
+// reconcileParallel bounds the partition steps running at once.
+const reconcileParallel = 8
+
+// job marks partition pid as worked on and returns fn wrapped to unmark it.
+func (n *Node) job(pid int, fn func(context.Context)) func(context.Context) {
+	n.own.mu.Lock()
+	n.own.working[pid] = true
+	n.own.mu.Unlock()
+	return func(ctx context.Context) {
+		defer func() {
+			n.own.mu.Lock()
+			delete(n.own.working, pid)
+			n.own.mu.Unlock()
+		}()
+		ctx, cancel := context.WithTimeout(ctx, n.stepTimeout())
+		defer cancel()
+		fn(ctx)
+	}
+}
+
+func (n *Node) isWorking(pid int) bool {
+	n.own.mu.Lock()
+	defer n.own.mu.Unlock()
+	return n.own.working[pid]
+}
+
+// stepTimeout bounds one ownership step (a copy of a whole partition may
+// take several messages).
+func (n *Node) stepTimeout() time.Duration { return max(10*n.cfg.ForwardTimeout, 5*time.Second) }
+
+// fence stops decisions for partition pid if this node holds it at epoch,
+// waiting for decisions in progress (they hold the gate in read mode). It
+// reports whether the partition is now fenced.
+func (n *Node) fence(pid int, epoch uint64) bool {
+	pt := &n.pt.parts[pid]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	if pt.role != roleHolder || pt.epoch != epoch {
+		return false
+	}
+	pt.setRoleLocked(roleFenced, n.name, epoch, n.clock())
+	return true
+}
+
+// unfence lets the node decide for pid again.
+func (n *Node) unfence(pid int) {
+	pt := &n.pt.parts[pid]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	if pt.role == roleFenced {
+		pt.setRoleLocked(roleHolder, n.name, pt.epoch, n.clock())
+	}
+}
+
+// establishBackup gives partition pid a complete copy on member to, at a
+// new epoch, and makes it the partition's backup. The partition is fenced
+// while the copy is made, so the copy is exactly the holder's state; the
+// old backup is told to drop its copy. On failure the partition stays
+// with its old backup (and lease), and reconcile tries again.
+func (n *Node) establishBackup(ctx context.Context, pid int, to string) {
+	pt := &n.pt.parts[pid]
+	pt.mu.RLock()
+	epoch, old := pt.epoch, pt.backup
+	pt.mu.RUnlock()
+	if !n.fence(pid, epoch) {
+		return
+	}
+	defer n.unfence(pid)
+	if err := n.copyTo(ctx, pid, to, epoch+1); err != nil {
+		n.warnThrottled("partition copy failed", "partition", pid, "peer", to, "err", err)
+		return
+	}
+	if old != "" && old != to {
+		n.sendOps(old, []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_RELEASE, Partition: uint32(pid), Epoch: epoch}}, nil)
+	}
+}
+
+// copyTo streams partition pid (fenced by the caller) to member to as a
+// complete copy at epoch newEpoch, in chunks of at most TransferChunkBytes.
+// On success the partition is at newEpoch with to as its backup and a
+// fresh lease.
+func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) error {
+	pt := &n.pt.parts[pid]
+	pt.mu.RLock()
+	st := pt.store
+	pt.mu.RUnlock()
+	c, err := n.peerClient(to)
+	if err != nil {
+		return err
+	}
+	now := n.clock()
+	ops := []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_SYNC_BEGIN, Partition: uint32(pid), Epoch: newEpoch}}
+	size := 0
+	flush := func(last bool) error {
+		if last {
+			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_END, Partition: uint32(pid), Epoch: newEpoch})
+		}
+		sent := n.mono()
+		resp, err := c.stub.Replicate(ctx, &peerpb.ReplicateRequest{Sender: n.name, Ops: ops})
+		if err != nil {
+			return fmt.Errorf("%w: copy partition %d to %s: %w", ErrUnavailable, pid, to, withCtxErr(ctx, err))
+		}
+		if len(resp.Results) != len(ops) {
+			return fmt.Errorf("%w: %s answered %d results for %d operations", ErrUnavailable, to, len(resp.Results), len(ops))
+		}
+		for i, r := range resp.Results {
+			if r.Status != peerpb.OpStatus_OP_STATUS_OK {
+				n.applyOpResult(pid, ops[i].Epoch, to, r, sent)
+				return fmt.Errorf("%w: %s refused partition %d copy: %v", ErrUnavailable, to, pid, r.Status)
+			}
+		}
+		if last {
+			pt.mu.Lock()
+			if pt.role == roleFenced || pt.role == roleHolder {
+				pt.epoch = newEpoch
+				pt.backup = to
+				pt.needSync = false
+				pt.leaseUntil.Store(sent + min(resp.Results[len(ops)-1].LeaseNs, int64(n.cfg.LeaseDuration))/10*9)
+			}
+			pt.mu.Unlock()
+			n.metrics.Backup("sent", "ok", 1)
+		}
+		ops, size = ops[:0], 0
+		return nil
+	}
+	var ferr error
+	if st != nil {
+		st.Range(func(k Key) bool {
+			ks, ok := st.Export(k, now)
+			if !ok {
+				return true
+			}
+			w := stateToWire(ks)
+			sz := 64 + len(k.Tenant) + len(k.Subject) + len(k.Policy) + 12*len(ks.Runs)
+			if size+sz > n.cfg.TransferChunkBytes && size > 0 {
+				if ferr = flush(false); ferr != nil {
+					return false
+				}
+			}
+			if len(ops) == 0 || ops[len(ops)-1].Kind != peerpb.PartitionOp_KIND_SYNC_CHUNK {
+				ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_CHUNK, Partition: uint32(pid), Epoch: newEpoch})
+			}
+			op := ops[len(ops)-1]
+			op.Keys = append(op.Keys, w)
+			size += sz
+			return true
+		})
+	}
+	if ferr != nil {
+		return ferr
+	}
+	return flush(true)
+}
+
+// transfer moves partition pid to its target: a complete copy on the
+// target first (it becomes the backup), then, fenced, Promote. After the
+// target accepts, this node keeps a forwarding record. If the promote's
+// outcome is unknown the partition stays fenced: settleFenced finds out.
+func (n *Node) transfer(ctx context.Context, pid int, to string) {
+	pt := &n.pt.parts[pid]
+	pt.mu.RLock()
+	epoch, backup, needSync := pt.epoch, pt.backup, pt.needSync
+	pt.mu.RUnlock()
+	if !n.fence(pid, epoch) {
+		return
+	}
+	if backup != to || needSync {
+		if err := n.copyTo(ctx, pid, to, epoch+1); err != nil {
+			n.unfence(pid)
+			n.warnThrottled("partition transfer: copy failed", "partition", pid, "peer", to, "err", err)
+			return
+		}
+		if backup != "" && backup != to {
+			n.sendOps(backup, []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_RELEASE, Partition: uint32(pid), Epoch: epoch}}, nil)
+		}
+	}
+	n.promote(ctx, pid, to)
+}
+
+// promote asks to (the backup with our complete copy) to take partition
+// pid over; the partition is fenced.
+func (n *Node) promote(ctx context.Context, pid int, to string) {
+	pt := &n.pt.parts[pid]
+	pt.mu.RLock()
+	epoch := pt.epoch
+	pt.mu.RUnlock()
+	c, err := n.peerClient(to)
+	if err == nil {
+		var resp *peerpb.PromoteResponse
+		resp, err = c.stub.Promote(ctx, &peerpb.PromoteRequest{Sender: n.name, Partition: uint32(pid), Epoch: epoch})
+		if err == nil && !resp.Ok {
+			if resp.Epoch > epoch && resp.Holder != "" {
+				// Someone already holds it at a newer epoch.
+				n.learn(pid, resp.Holder, resp.Epoch)
+				return
+			}
+			// Refused (for example the target is closing): stay holder;
+			// reconcile tries again with the next ring.
+			n.unfence(pid)
+			n.warnThrottled("partition transfer refused", "partition", pid, "peer", to, "err", resp.Error)
+			return
+		}
+	}
+	if err != nil {
+		// Unknown outcome: the target may hold the partition now. Stay
+		// fenced; settleFenced asks again or finds out who holds it.
+		n.warnThrottled("partition transfer: promote failed", "partition", pid, "peer", to, "err", err)
+		return
+	}
+	pt.mu.Lock()
+	if pt.role == roleFenced && pt.epoch == epoch {
+		keys := 0
+		if pt.store != nil {
+			keys = pt.store.Len()
+		}
+		pt.store = nil
+		pt.backup = ""
+		pt.leaseUntil.Store(0)
+		pt.setRoleLocked(roleMoved, to, epoch+1, n.clock())
+		n.metrics.Handoff("sent", "ok", keys)
+	}
+	pt.mu.Unlock()
+	n.log.Debug("partition transferred", "partition", pid, "peer", to, "epoch", epoch+1)
+}
+
+// settleFenced resolves a fenced partition whose promote failed: ask the
+// target again while it lives; once it is gone, ask every member whether
+// anyone holds the partition at a newer epoch, and if nobody does, take it
+// back (our copy is complete: the target could not decide before it
+// established its own backup for synchronous policies).
+func (n *Node) settleFenced(ctx context.Context, pid int) {
+	pt := &n.pt.parts[pid]
+	pt.mu.RLock()
+	epoch, backup := pt.epoch, pt.backup
+	pt.mu.RUnlock()
+	if backup != "" && n.alive(backup) {
+		n.promote(ctx, pid, backup)
+		return
+	}
+	if !n.quorum() {
+		return
+	}
+	newest, ok := n.probe(ctx, pid)
+	if !ok {
+		return
+	}
+	if newest.epoch > epoch {
+		n.learn(pid, newest.holder, newest.epoch)
+		return
+	}
+	pt.mu.Lock()
+	if pt.role == roleFenced && pt.epoch == epoch {
+		pt.backup = ""
+		pt.needSync = false
+		pt.epoch = max(epoch, newest.epoch) + 1
+		pt.setRoleLocked(roleHolder, n.name, pt.epoch, n.clock())
+	}
+	pt.mu.Unlock()
+	n.log.Warn("partition transfer abandoned: target gone, partition kept", "partition", pid, "peer", backup)
+}
+
+// takeOver makes this node, the backup of a failed holder, the holder of
+// partition pid at the copy's epoch + 1, once the lease has expired, the
+// node sees a majority, and no live member knows a newer epoch.
+func (n *Node) takeOver(ctx context.Context, pid int) {
+	n.own.mu.Lock()
+	stopped := n.own.stopped
+	n.own.mu.Unlock()
+	if stopped || !n.quorum() {
+		return
+	}
+	pt := &n.pt.parts[pid]
+	pt.mu.RLock()
+	rep := pt.rep
+	pt.mu.RUnlock()
+	newest, ok := n.probe(ctx, pid)
+	if !ok {
+		return
+	}
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	if !pt.rep.complete || pt.rep.epoch != rep.epoch || pt.role == roleHolder || pt.role == roleFenced {
+		return
+	}
+	if newest.epoch > rep.epoch {
+		// Our copy is stale: someone moved on.
+		pt.rep = replica{}
+		pt.learnLocked(newest.holder, newest.epoch, n.clock())
+		return
+	}
+	pt.store = rep.store
+	if pt.store == nil {
+		pt.store = n.newPartStore()
+	}
+	pt.rep = replica{}
+	pt.backup = ""
+	pt.needSync = false
+	pt.leaseUntil.Store(0)
+	pt.setRoleLocked(roleHolder, n.name, rep.epoch+1, n.clock())
+	n.metrics.Handoff("takeover", "ok", pt.store.Len())
+	n.log.Warn("partition taken over from failed holder", "partition", pid, "peer", rep.holder, "epoch", rep.epoch+1, "keys", pt.store.Len())
+}
+
+// orphanSuspect reports whether partition pt, whose target this node is,
+// may have no holder at all: the node knows no live holder, and has known
+// none for longer than two leases plus failure detection could explain.
+func (n *Node) orphanSuspect(v *view, pt *part) bool {
+	pt.mu.RLock()
+	holder, since := pt.holder, pt.since
+	pt.mu.RUnlock()
+	if holder != "" && n.alive(holder) {
+		return false
+	}
+	ref := since
+	if v.since.After(ref) {
+		ref = v.since
+	}
+	return time.Since(ref) > n.orphanGrace()
+}
+
+// orphanGrace is how long a target waits, after it last saw a holder or a
+// membership change, before it asks whether the partition has a holder.
+func (n *Node) orphanGrace() time.Duration { return 2*n.cfg.LeaseDuration + 2*time.Second }
+
+// claimOrphan restarts partition pid empty at a new epoch when no live
+// member holds it, moves it or keeps a copy: its holder and backup have
+// both failed (the two-fault case), and the state is lost.
+func (n *Node) claimOrphan(ctx context.Context, pid int) {
+	if !n.quorum() {
+		return
+	}
+	newest, ok := n.probe(ctx, pid)
+	if !ok || newest.active {
+		if ok && newest.holder != "" {
+			n.learn(pid, newest.holder, newest.epoch)
+		}
+		return
+	}
+	pt := &n.pt.parts[pid]
+	pt.mu.Lock()
+	if pt.role == roleHolder || pt.role == roleFenced || pt.rep.complete {
+		pt.mu.Unlock()
+		return
+	}
+	epoch := max(pt.epoch, newest.epoch) + 1
+	pt.store = n.newPartStore()
+	pt.backup = ""
+	pt.setRoleLocked(roleHolder, n.name, epoch, n.clock())
+	pt.mu.Unlock()
+	n.metrics.Handoff("lost", "orphaned", 1)
+	n.log.Error("partition state lost: holder and backup both failed; restarted empty", "partition", pid, "epoch", epoch)
+}
+
+// probeResult is the newest knowledge of a partition among live members.
+type probeResult struct {
+	holder string
+	epoch  uint64
+	// active is set when some live member holds the partition, is moving
+	// it, or keeps a complete copy (it will take it over).
+	active bool
+}
+
+// probe asks every other live member about partition pid. ok is false if
+// any of them did not answer: the caller must not act on partial news.
+func (n *Node) probe(ctx context.Context, pid int) (probeResult, bool) {
+	v := n.view.Load()
+	var mu sync.Mutex
+	var res probeResult
+	ok := true
+	var wg sync.WaitGroup
+	for m := range v.alive {
+		if m == n.name {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := n.peerClient(m)
+			var resp *peerpb.ProbeResponse
+			if err == nil {
+				cctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
+				resp, err = c.stub.Probe(cctx, &peerpb.ProbeRequest{Sender: n.name, Partitions: []uint32{uint32(pid)}})
+				cancel()
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil || len(resp.Partitions) != 1 {
+				ok = false
+				return
+			}
+			in := resp.Partitions[0]
+			if in.Epoch > res.epoch && in.Holder != "" {
+				res.holder, res.epoch = in.Holder, in.Epoch
+			}
+			if in.ReplicaEpoch > res.epoch {
+				res.holder, res.epoch = in.ReplicaHolder, in.ReplicaEpoch
+			}
+			switch role(in.Role) {
+			case roleHolder, roleFenced:
+				res.active = true
+			}
+			if in.ReplicaEpoch > 0 {
+				res.active = true
+			}
+		}()
+	}
+	wg.Wait()
+	return res, ok
+}
+
+// learn records a newer holder of pid.
+func (n *Node) learn(pid int, holder string, epoch uint64) {
+	if pid < 0 || pid >= len(n.pt.parts) || holder == "" {
+		return
+	}
+	pt := &n.pt.parts[pid]
+	pt.mu.Lock()
+	pt.learnLocked(holder, epoch, n.clock())
+	pt.mu.Unlock()
+}
+
+// newPartStore returns an empty store for one partition's keys. MaxKeys is
+// shared out: each partition may hold twice its even share.
+func (n *Node) newPartStore() *shard.Store {
+	cfg := n.cfg.Store
+	cfg.Stripes = partStripes
+	if cfg.MaxKeys > 0 {
+		cfg.MaxKeys = max(64, 2*cfg.MaxKeys/len(n.pt.parts))
+	}
+	st, err := shard.NewStore(cfg)
+	if err != nil {
+		// cfg was validated in New; NewStore only fails on bad values.
+		panic(fmt.Sprintf("peer: partition store: %v", err))
+	}
+	return st
+}
+
+// partStripes is the lock stripes of one partition's store.
+const partStripes = 16
+
+// found makes this node the holder of every partition at epoch 1: it
+// starts a new cluster.
+func (n *Node) found() {
+	now := n.clock()
+	for i := range n.pt.parts {
+		pt := &n.pt.parts[i]
+		pt.mu.Lock()
+		pt.store = n.newPartStore()
+		pt.setRoleLocked(roleHolder, n.name, 1, now)
+		pt.mu.Unlock()
+	}
+}
+
+// drain transfers every partition this node holds before it leaves: the
+// node is already draining (not a target anywhere). It retries until ctx
+// ends and reports the partitions (and keys) it could not move.
+func (n *Node) drain(ctx context.Context) error {
+	n.own.mu.Lock()
+	n.own.stopped = true
+	n.own.mu.Unlock()
+	pause := time.NewTicker(50 * time.Millisecond)
+	defer pause.Stop()
+	for {
+		n.reconcile(ctx)
+		held, keys := n.heldPartitions()
+		if held == 0 {
+			return nil
+		}
+		if n.view.Load().snap.Has(n.name) {
+			// Our ring still names us (excludeSelf found no other member
+			// that is not leaving): the whole cluster is stopping.
+			n.log.Info("last member leaving: partitions end with the cluster", "partitions", held, "keys", keys)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			n.metrics.Handoff("sent", "failed", keys)
+			err := fmt.Errorf("peer: %d partitions (%d keys) not handed off: %w", held, keys, ctx.Err())
+			n.log.Error("partitions not handed off", "partitions", held, "keys", keys, "err", ctx.Err())
+			return err
+		case <-pause.C:
+		}
+	}
+}
+
+// heldPartitions counts the partitions this node holds or is moving, and
+// their keys.
+func (n *Node) heldPartitions() (parts, keys int) {
+	for i := range n.pt.parts {
+		pt := &n.pt.parts[i]
+		pt.mu.RLock()
+		if pt.role == roleHolder || pt.role == roleFenced {
+			parts++
+			if pt.store != nil {
+				keys += pt.store.Len()
+			}
+		}
+		pt.mu.RUnlock()
+	}
+	return parts, keys
+}
+
+var errNoPeer = errors.New("peer: member not in view")
+
+// excludeSelf rebuilds the node's ring without itself (it is draining, so
+// it is nobody's target) and waits, briefly, for the new view.
+func (n *Node) excludeSelf(ctx context.Context) {
+	ch := n.viewChanged()
+	n.nudge()
+	t := time.NewTimer(200 * time.Millisecond)
+	defer t.Stop()
+	for n.view.Load().snap.Has(n.name) {
+		select {
+		case <-ch:
+			ch = n.viewChanged()
+		case <-t.C:
+			return // no other member: the ring keeps only us
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// Settled reports whether ownership on this node matches its ring: it
+// holds, not fenced, every partition its ring names it the target of, each
+// with its backup copy in place when the ring has another member, and
+// holds none that belong to another member. A cluster whose members are
+// all settled (and agree on the members) has finished moving partitions.
+func (n *Node) Settled() bool {
+	v := n.view.Load()
+	for i := range n.pt.parts {
+		pt := &n.pt.parts[i]
+		pt.mu.RLock()
+		r, backup, needSync := pt.role, pt.backup, pt.needSync
+		pt.mu.RUnlock()
+		target := v.snap.PartitionOwner(i)
+		mine := r == roleHolder || r == roleFenced
+		if (target == n.name) != mine || r == roleFenced {
+			return false
+		}
+		if mine && (needSync || backup != n.desiredBackup(v, i)) {
+			return false
+		}
+	}
+	return true
+}

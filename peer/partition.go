@@ -1,0 +1,198 @@
+package peer
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ringlimit/ringlimit/shard"
+)
+
+// Ownership: partitions with epochs, a replica and a lease.
+//
+// The rule behind every step: a partition has at most one holder at a time,
+// and only the holder decides for its keys. Nothing is inferred from ring
+// history or timers; the holder changes only by an explicit step that
+// carries an epoch, and epochs only grow.
+//
+//   - Placement. A key belongs to the ring partition of its (tenant,
+//     subject) — never of the policy — so one holder has every policy of a
+//     subject. Keys never move alone: a partition's keys live in their own
+//     store and move together.
+//   - Target vs holder. The ring names each partition's target. The holder
+//     changes only by a transfer (transfer.go): the holder makes the target
+//     its backup with a complete copy, fences the partition (stops
+//     deciding, waits for decisions in progress), and asks the target to
+//     take it over (Promote). The target becomes holder at epoch + 1. The
+//     old holder keeps a forwarding record (partition → holder, epoch),
+//     never evicted, and redirects. A target that is not the holder never
+//     decides from empty: its requests wait for the transfer or go to the
+//     holder it knows of.
+//   - Founding. A node started without Join founds the cluster: it holds
+//     every partition at epoch 1. A node that joins holds nothing until
+//     partitions are transferred to it.
+//   - Replica. The holder copies admissions to the partition's backup (the
+//     target while the holder is not the target, else the ring's owner
+//     without the holder), synchronously for ReplicateSync policies
+//     (replicate.go). A backup keeps one copy per partition, replaced only
+//     by a full copy at a newer or equal epoch.
+//   - Lease. The holder decides only while it holds a lease from its
+//     backup. Every answer of the backup to a complete copy, an admission
+//     or a heartbeat grants LeaseDuration from when the backup received
+//     it; the holder counts 9/10 of it from when it sent the request, on
+//     its monotonic clock. So the holder's lease ends before the backup's
+//     record of it, provided the two clocks' rates differ by less than
+//     10 % (offsets do not matter). A paused or cut-off holder cannot renew
+//     and stops deciding; its synchronous admissions fail at the backup
+//     too, once the backup has taken over (its epoch is stale).
+//   - Takeover. A backup takes a partition over only when its holder has
+//     failed in the backup's view, the lease it granted has expired on its
+//     own clock, and it sees a majority of the cluster (quorum, below).
+//     It continues from its copy at epoch + 1: a crash loses nothing that
+//     was replicated synchronously.
+//   - Quorum. A node counts the live members and those that failed (not
+//     left) less than FailedMemberTimeout ago; it grants leases, takes
+//     over and claims orphans only while it sees a strict majority. One
+//     node cut off from the others therefore stays passive, and when a
+//     holder's backup failed, the holder keeps deciding only on the
+//     majority side.
+//   - Two faults at once (holder and backup both failed) lose the
+//     partition's state: the partition's target finds, by asking every
+//     live member (Probe), that nobody holds it or has a copy, and
+//     restarts it empty at a newer epoch. It is logged at Error and
+//     counted (Metrics.Handoff "lost").
+//
+// What this does not do: it is not consensus. A node that is wrongly
+// believed failed by a majority while it still holds a lease from a backup
+// on the minority side cannot exist (the backup refuses leases without a
+// majority); but a majority that loses both a holder and its backup to a
+// network split (not a crash) restarts the partition while the pair on the
+// minority side stops deciding only when the backup notices it lost the
+// majority, about one failure-detection time later, and the majority
+// waits for that plus two leases before it restarts anything.
+type partTable struct {
+	parts []part
+}
+
+// role is what a node is for one partition.
+type role uint8
+
+const (
+	// roleNone: the node knows nothing of the partition's holder.
+	roleNone role = iota
+	// roleHolder: the node holds the partition and decides while it may.
+	roleHolder
+	// roleFenced: the node holds the partition but is moving it or its
+	// copy; it does not decide until the move ends.
+	roleFenced
+	// roleMoved: a forwarding record; holder and epoch say where it went.
+	roleMoved
+	// roleHint: holder and epoch were learned from a peer; routing only.
+	roleHint
+)
+
+var roleNames = [...]string{"none", "holder", "fenced", "moved", "hint"}
+
+func (r role) String() string { return roleNames[r] }
+
+// part is one partition as this node sees it. mu is the partition's gate:
+// a local decision holds it in read mode from the role check to the end of
+// the store decision; every role change takes it in write mode, so no
+// decision lands on a store that has just been fenced or given away.
+type part struct {
+	id int
+	mu sync.RWMutex
+
+	role   role
+	epoch  uint64 // holder's epoch: ours when holding, else the best known
+	holder string // the holder: this node when holding, else where to go
+	store  *shard.Store
+	// backup is the member that has a complete copy of our partition at
+	// epoch (holder side), "" when no member has one.
+	backup string
+	// leaseUntil is the holder's lease, node monotonic ns (atomic: renewals
+	// race with decisions that only read it).
+	leaseUntil atomic.Int64
+	// backupDown is set when the backup refused or lost our copy; a new
+	// complete copy is needed before replicating again.
+	needSync bool
+	// changed is closed and replaced at every role change, so requests
+	// waiting for a transfer wake up.
+	changed chan struct{}
+	// since is when the current holder knowledge was set (wall clock of the
+	// node, for the orphan grace).
+	since time.Time
+
+	// Replica side: our copy of another holder's partition.
+	rep replica
+}
+
+// replica is the copy of a partition this node keeps as its backup.
+type replica struct {
+	holder   string
+	epoch    uint64
+	complete bool // a full copy arrived (SYNC_END)
+	store    *shard.Store
+	// leaseEnd is when the lease this node granted ends, node monotonic ns.
+	leaseEnd int64
+}
+
+// setRoleLocked changes the partition's role and wakes its waiters. Called
+// with p.mu held for writing.
+func (p *part) setRoleLocked(r role, holder string, epoch uint64, now time.Time) {
+	// since is on the real clock: orphan detection must not be fooled by
+	// a test's fake node clock.
+	_ = now
+	p.role, p.holder, p.epoch, p.since = r, holder, epoch, time.Now()
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// learnLocked records that holder holds the partition at epoch, if that is
+// newer than what the node knows and the node does not hold it itself.
+// Returns whether anything changed. Called with p.mu held for writing.
+func (p *part) learnLocked(holder string, epoch uint64, now time.Time) bool {
+	if holder == "" || epoch <= p.epoch && p.role != roleNone {
+		return false
+	}
+	if p.role == roleHolder || p.role == roleFenced {
+		if epoch <= p.epoch {
+			return false
+		}
+		// Someone holds it at a newer epoch: ours is stale. The caller
+		// drops the store (it stopped being authoritative when the newer
+		// epoch began).
+		p.store = nil
+		p.backup = ""
+		p.leaseUntil.Store(0)
+		p.setRoleLocked(roleMoved, holder, epoch, now)
+		return true
+	}
+	r := roleHint
+	if p.role == roleMoved {
+		r = roleMoved
+	}
+	p.setRoleLocked(r, holder, epoch, now)
+	return true
+}
+
+func newPartTable(n int) *partTable {
+	t := &partTable{parts: make([]part, n)}
+	for i := range t.parts {
+		t.parts[i].id = i
+		t.parts[i].changed = make(chan struct{})
+	}
+	return t
+}
+
+// placementScheme names how keys map to partitions; it is part of the
+// cluster fingerprint.
+const placementScheme = "tenant-subject/v1"
+
+// placement returns the bytes of ek (a key's canonical encoding) that place
+// it: the encoded tenant and subject, without the policy.
+func placement(ek []byte) []byte {
+	n := 1 + int(ek[0])
+	n += 1 + int(ek[n])
+	return ek[:n]
+}

@@ -1,0 +1,430 @@
+package peer
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
+)
+
+// Replication: the holder's side sends partition operations to each
+// partition's backup through one batcher per backup member (the same
+// pattern as forwarding: an in-flight slot, then everything queued, as one
+// Replicate RPC). An admission of a ReplicateSync policy waits for its
+// operation's answer; a ReplicateAsync one does not. Every OK answer
+// renews the lease of the operation's partition from when the batch was
+// sent; STALE turns the partition into a forwarding record; NEED_SYNC
+// marks it for a new complete copy.
+//
+// The backup's side (server.Replicate) keeps one copy per partition in its
+// own store. A copy is replaced only by a complete copy at a newer epoch;
+// admissions are added to it (merging adds admissions up, so a duplicated
+// message only refuses more, never admits more).
+
+// replItem is one operation waiting for a batch.
+type replItem struct {
+	kind  peerpb.PartitionOp_Kind
+	part  uint32
+	epoch uint64
+	at    time.Time // node clock when the admission was decided (ADMIT)
+	run   shard.Run // the admission, age relative to at (ADMIT)
+	key   Key
+	alg   shard.Algorithm
+	done  chan error // nil when nobody waits
+}
+
+// replicator is the batcher of operations to one backup member.
+type replicator struct {
+	c     *client
+	queue chan *replItem
+}
+
+const replQueueLen = 8192
+
+// sendOps queues ops to member to without waiting for them; results are
+// applied to the partitions when they arrive.
+func (n *Node) sendOps(to string, ops []*peerpb.PartitionOp, _ chan error) {
+	c, err := n.peerClient(to)
+	if err != nil {
+		return
+	}
+	for _, op := range ops {
+		it := &replItem{kind: op.Kind, part: op.Partition, epoch: op.Epoch}
+		select {
+		case c.repl.queue <- it:
+		default:
+			// A full queue: the lease renewal is retried next tick.
+			return
+		}
+	}
+}
+
+// replicateAdmission queues one admission of key in partition pid at epoch
+// for backup to. It returns a channel that yields the outcome when wait is
+// set, else nil.
+func (n *Node) replicateAdmission(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (chan error, error) {
+	c, err := n.peerClient(to)
+	if err != nil {
+		return nil, err
+	}
+	it := &replItem{
+		kind:  peerpb.PartitionOp_KIND_ADMIT,
+		part:  uint32(pid),
+		epoch: epoch,
+		at:    at,
+		run:   run,
+		key:   key,
+		alg:   alg,
+	}
+	if wait {
+		it.done = make(chan error, 1)
+	}
+	select {
+	case c.repl.queue <- it:
+	default:
+		return nil, fmt.Errorf("%w: replication queue to %s is full", ErrUnavailable, to)
+	}
+	return it.done, nil
+}
+
+// admissionRun is the admission just decided, as a run to add to the
+// backup's copy: exact for the sliding log and fixed window, an upper bound
+// on the bucket's debt for the token bucket (the copy refills no earlier).
+func admissionRun(p *policy, sd shard.Decision, hits int64) shard.Run {
+	switch p.sp.Algorithm {
+	case shard.TokenBucket:
+		// debt = ceil(hits × W / L), the bucket's fill for hits units.
+		hi, lo := bits.Mul64(uint64(hits), uint64(p.sp.Window))
+		q, r := bits.Div64(hi%uint64(p.sp.Limit), lo, uint64(p.sp.Limit))
+		if r > 0 {
+			q++
+		}
+		return shard.Run{Age: -time.Duration(q)}
+	case shard.FixedWindow:
+		// The window started W − ResetAfter before the decision.
+		return shard.Run{Age: p.sp.Window - sd.ResetAfter, Count: hits}
+	default:
+		return shard.Run{Age: 0, Count: hits}
+	}
+}
+
+// replLoop batches c's replication queue into Replicate RPCs.
+func (c *client) replLoop() {
+	defer c.n.wg.Done()
+	r := c.repl
+	defer func() {
+		for {
+			select {
+			case it := <-r.queue:
+				if it.done != nil {
+					it.done <- fmt.Errorf("%w: connection to %s closed", ErrUnavailable, c.name)
+				}
+			default:
+				return
+			}
+		}
+	}()
+	for {
+		var first *replItem
+		select {
+		case first = <-r.queue:
+		case <-c.quit:
+			return
+		}
+		batch := []*replItem{first}
+	drain:
+		for len(batch) < maxReplBatch {
+			select {
+			case it := <-r.queue:
+				batch = append(batch, it)
+			default:
+				break drain
+			}
+		}
+		c.sendRepl(batch)
+	}
+}
+
+const maxReplBatch = 1024
+
+// sendRepl sends one batch. Admissions for one partition and epoch share
+// one operation.
+func (c *client) sendRepl(batch []*replItem) {
+	n := c.n
+	now := n.clock()
+	req := &peerpb.ReplicateRequest{Sender: n.name}
+	opOf := make([]int, len(batch))
+	admitOp := map[[2]uint64]int{}
+	for i, it := range batch {
+		if it.kind == peerpb.PartitionOp_KIND_ADMIT {
+			k := [2]uint64{uint64(it.part), it.epoch}
+			j, ok := admitOp[k]
+			if !ok {
+				j = len(req.Ops)
+				admitOp[k] = j
+				req.Ops = append(req.Ops, &peerpb.PartitionOp{Kind: it.kind, Partition: it.part, Epoch: it.epoch})
+			}
+			run := it.run
+			if it.alg != shard.TokenBucket {
+				// Ages are relative to now, when the message is built.
+				run.Age += now.Sub(it.at)
+			}
+			req.Ops[j].Keys = append(req.Ops[j].Keys, stateToWire(shard.KeyState{Key: it.key, Algorithm: it.alg, Runs: []shard.Run{run}}))
+			opOf[i] = j
+			continue
+		}
+		opOf[i] = len(req.Ops)
+		req.Ops = append(req.Ops, &peerpb.PartitionOp{Kind: it.kind, Partition: it.part, Epoch: it.epoch})
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
+	defer cancel()
+	sent := n.mono()
+	start := time.Now()
+	resp, err := c.stub.Replicate(ctx, req)
+	if err == nil && len(resp.Results) != len(req.Ops) {
+		err = fmt.Errorf("peer: %s answered %d results for %d operations", c.name, len(resp.Results), len(req.Ops))
+	}
+	if err != nil {
+		n.metrics.Forward(c.name, "replicate_error", time.Since(start))
+		n.warnThrottled("replication failed", "peer", c.name, "ops", len(req.Ops), "err", err)
+		err = fmt.Errorf("%w: replicate to %s: %w", ErrUnavailable, c.name, withCtxErr(ctx, err))
+		for _, it := range batch {
+			if it.done != nil {
+				it.done <- err
+			}
+		}
+		return
+	}
+	n.metrics.Forward(c.name, "replicate_ok", time.Since(start))
+	for j, r := range resp.Results {
+		op := req.Ops[j]
+		n.applyOpResult(int(op.Partition), op.Epoch, c.name, r, sent)
+	}
+	for i, it := range batch {
+		if it.done == nil {
+			continue
+		}
+		r := resp.Results[opOf[i]]
+		if r.Status == peerpb.OpStatus_OP_STATUS_OK {
+			it.done <- nil
+		} else {
+			it.done <- fmt.Errorf("%w: backup %s answered %v for partition %d", ErrUnavailable, c.name, r.Status, it.part)
+		}
+	}
+}
+
+// applyOpResult applies a backup's answer to an operation of partition
+// pid sent at epoch (node monotonic time sent).
+func (n *Node) applyOpResult(pid int, epoch uint64, from string, r *peerpb.OpResult, sent int64) {
+	if pid < 0 || pid >= len(n.pt.parts) {
+		return
+	}
+	pt := &n.pt.parts[pid]
+	switch r.Status {
+	case peerpb.OpStatus_OP_STATUS_OK:
+		if r.LeaseNs <= 0 {
+			return
+		}
+		pt.mu.RLock()
+		if pt.epoch == epoch && pt.backup == from {
+			until := sent + min(r.LeaseNs, int64(n.cfg.LeaseDuration))/10*9
+			for {
+				cur := pt.leaseUntil.Load()
+				if cur >= until || pt.leaseUntil.CompareAndSwap(cur, until) {
+					break
+				}
+			}
+		}
+		pt.mu.RUnlock()
+	case peerpb.OpStatus_OP_STATUS_STALE:
+		pt.mu.Lock()
+		if pt.epoch <= epoch && r.Epoch > epoch {
+			pt.learnLocked(r.Holder, r.Epoch, n.clock())
+			n.log.Warn("partition lost to a newer holder", "partition", pid, "owner", r.Holder, "epoch", r.Epoch)
+		}
+		pt.mu.Unlock()
+	case peerpb.OpStatus_OP_STATUS_NEED_SYNC, peerpb.OpStatus_OP_STATUS_REFUSED:
+		pt.mu.Lock()
+		if pt.epoch == epoch && pt.backup == from {
+			pt.needSync = true
+		}
+		pt.mu.Unlock()
+		n.kickOwnership()
+	}
+}
+
+// Replicate is the backup's side of replication.
+func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*peerpb.ReplicateResponse, error) {
+	n := s.n
+	if len(req.GetOps()) > maxWireBatch {
+		return nil, status.Errorf(codes.InvalidArgument, "peer: %d operations exceed %d", len(req.GetOps()), maxWireBatch)
+	}
+	resp := &peerpb.ReplicateResponse{Results: make([]*peerpb.OpResult, len(req.GetOps()))}
+	closing := n.closing.Load()
+	quorum := n.quorum()
+	for i, op := range req.GetOps() {
+		resp.Results[i] = n.applyOp(req.GetSender(), op, closing, quorum)
+	}
+	return resp, nil
+}
+
+// applyOp applies one operation from holder sender to this node's copy.
+func (n *Node) applyOp(sender string, op *peerpb.PartitionOp, closing, quorum bool) *peerpb.OpResult {
+	pid := int(op.GetPartition())
+	if pid >= len(n.pt.parts) || sender == "" || sender == n.name {
+		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_REFUSED}
+	}
+	pt := &n.pt.parts[pid]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	epoch := op.GetEpoch()
+	// A newer holder we know of (ourselves included) makes the sender stale.
+	if pt.epoch > epoch && pt.holder != "" && pt.role != roleNone {
+		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_STALE, Holder: pt.holder, Epoch: pt.epoch}
+	}
+	if pt.rep.epoch > epoch {
+		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_STALE, Holder: pt.rep.holder, Epoch: pt.rep.epoch}
+	}
+	now := n.clock()
+	grant := func() *peerpb.OpResult {
+		if closing || !quorum {
+			// No lease: a closing node will not be there to honour it, and
+			// a node without a majority must not let a holder decide.
+			return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_REFUSED}
+		}
+		pt.rep.leaseEnd = max(pt.rep.leaseEnd, n.mono()+int64(n.cfg.LeaseDuration))
+		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_OK, LeaseNs: int64(n.cfg.LeaseDuration)}
+	}
+	switch op.GetKind() {
+	case peerpb.PartitionOp_KIND_SYNC_BEGIN:
+		if closing {
+			return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_REFUSED}
+		}
+		// The sender holds the partition at epoch - 1 or earlier; record it.
+		if pt.role != roleHolder && pt.role != roleFenced {
+			pt.learnLocked(sender, epoch-1, now)
+		}
+		pt.rep = replica{holder: sender, epoch: epoch, store: n.newPartStore(), leaseEnd: pt.rep.leaseEnd}
+		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_OK}
+	case peerpb.PartitionOp_KIND_SYNC_CHUNK, peerpb.PartitionOp_KIND_ADMIT, peerpb.PartitionOp_KIND_REPLACE:
+		if pt.rep.holder != sender || pt.rep.epoch != epoch || pt.rep.store == nil {
+			return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
+		}
+		if op.GetKind() != peerpb.PartitionOp_KIND_SYNC_CHUNK && !pt.rep.complete {
+			return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
+		}
+		accepted := 0
+		for _, w := range op.GetKeys() {
+			st, p, err := n.decodeState(w)
+			if err != nil || p == nil {
+				continue // malformed, or a policy this node does not have
+			}
+			if op.GetKind() == peerpb.PartitionOp_KIND_REPLACE {
+				pt.rep.store.Delete(st.Key)
+			}
+			if err := pt.rep.store.Import(st, p.sp, now); err != nil {
+				// The copy cannot hold the key (capacity): it is not a
+				// complete copy any more.
+				pt.rep.complete = false
+				return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, Accepted: uint32(accepted)}
+			}
+			accepted++
+		}
+		n.metrics.Backup("received", "ok", accepted)
+		if op.GetKind() == peerpb.PartitionOp_KIND_SYNC_CHUNK {
+			return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_OK, Accepted: uint32(accepted)}
+		}
+		r := grant()
+		r.Accepted = uint32(accepted)
+		return r
+	case peerpb.PartitionOp_KIND_SYNC_END:
+		if pt.rep.holder != sender || pt.rep.epoch != epoch || pt.rep.store == nil {
+			return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
+		}
+		pt.rep.complete = true
+		return grant()
+	case peerpb.PartitionOp_KIND_HEARTBEAT:
+		if pt.rep.holder != sender || pt.rep.epoch != epoch || !pt.rep.complete {
+			return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
+		}
+		return grant()
+	case peerpb.PartitionOp_KIND_RELEASE:
+		if pt.rep.holder == sender && pt.rep.epoch <= epoch {
+			pt.rep = replica{}
+		}
+		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_OK}
+	default:
+		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_REFUSED}
+	}
+}
+
+// Promote makes this node, the backup with a complete copy at the sender's
+// epoch, the partition's holder at epoch + 1. The old holder becomes this
+// node's backup at once when it still has the very same state and is the
+// ring's choice; otherwise reconcile makes a new copy before the
+// partition decides for synchronous policies.
+func (s *server) Promote(_ context.Context, req *peerpb.PromoteRequest) (*peerpb.PromoteResponse, error) {
+	n := s.n
+	pid := int(req.GetPartition())
+	if pid >= len(n.pt.parts) {
+		return nil, status.Errorf(codes.InvalidArgument, "peer: partition %d out of range", pid)
+	}
+	pt := &n.pt.parts[pid]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	epoch := req.GetEpoch()
+	if (pt.role == roleHolder || pt.role == roleFenced) && pt.epoch == epoch+1 && pt.rep.holder == "" {
+		return &peerpb.PromoteResponse{Ok: true, Holder: n.name, Epoch: pt.epoch}, nil // a repeat
+	}
+	if n.closing.Load() {
+		return &peerpb.PromoteResponse{Holder: pt.holder, Epoch: pt.epoch, Error: "closing"}, nil
+	}
+	if pt.epoch > epoch+1 || pt.rep.epoch > epoch {
+		h, e := pt.holder, pt.epoch
+		if pt.rep.epoch > e {
+			h, e = pt.rep.holder, pt.rep.epoch
+		}
+		return &peerpb.PromoteResponse{Holder: h, Epoch: e, Error: "newer epoch known"}, nil
+	}
+	if !pt.rep.complete || pt.rep.holder != req.GetSender() || pt.rep.epoch != epoch {
+		return &peerpb.PromoteResponse{Holder: pt.holder, Epoch: pt.epoch, Error: "no complete copy at this epoch"}, nil
+	}
+	pt.store = pt.rep.store
+	pt.rep = replica{}
+	pt.backup = ""
+	pt.needSync = false
+	pt.leaseUntil.Store(0)
+	pt.setRoleLocked(roleHolder, n.name, epoch+1, n.clock())
+	n.metrics.Handoff("received", "ok", pt.store.Len())
+	n.kickOwnership()
+	return &peerpb.PromoteResponse{Ok: true, Holder: n.name, Epoch: epoch + 1}, nil
+}
+
+// Probe tells what this node knows of the partitions asked about.
+func (s *server) Probe(_ context.Context, req *peerpb.ProbeRequest) (*peerpb.ProbeResponse, error) {
+	n := s.n
+	if len(req.GetPartitions()) > len(n.pt.parts) {
+		return nil, status.Errorf(codes.InvalidArgument, "peer: %d partitions asked, ring has %d", len(req.GetPartitions()), len(n.pt.parts))
+	}
+	resp := &peerpb.ProbeResponse{Partitions: make([]*peerpb.PartitionInfo, len(req.GetPartitions()))}
+	for i, pid := range req.GetPartitions() {
+		if int(pid) >= len(n.pt.parts) {
+			return nil, status.Errorf(codes.InvalidArgument, "peer: partition %d out of range", pid)
+		}
+		pt := &n.pt.parts[pid]
+		pt.mu.RLock()
+		info := &peerpb.PartitionInfo{Partition: pid, Role: uint32(pt.role), Holder: pt.holder, Epoch: pt.epoch}
+		if pt.rep.complete {
+			info.ReplicaEpoch, info.ReplicaHolder = pt.rep.epoch, pt.rep.holder
+		}
+		pt.mu.RUnlock()
+		resp.Partitions[i] = info
+	}
+	return resp, nil
+}
