@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -140,3 +141,7 @@ func (n *Node) roleForTest(pid int) (role, string, uint64) {
 // stopRPCForTest stops n's gRPC server at once and leaves gossip running:
 // peers still see n as a member, but every RPC to it fails.
 func (n *Node) stopRPCForTest() { n.grpcSrv.Stop() }
+
+// setCheckHookForTest makes n's Check handler call f before deciding (for
+// example to hang until the caller gives up).
+func (n *Node) setCheckHookForTest(f func(ctx context.Context)) { n.checkHook.Store(&f) }

@@ -106,14 +106,14 @@ func silentAddr(t *testing.T) string {
 	return lis.Addr().String()
 }
 
-// TestFailurePolicies asks for keys whose owner is alive in gossip but cannot
-// be reached: one refuses connections, one accepts and never answers. Each
-// policy's OnUnavailable applies, reported as unavailability and never as
-// over limit, within the caller's deadline.
+// TestFailurePolicies asks for keys whose holder is alive in gossip but
+// cannot be reached: one refuses connections (its gRPC server stopped), one
+// accepts and never answers. Each policy's OnUnavailable applies, reported
+// as unavailability and never as over limit, within the caller's deadline.
 func TestFailurePolicies(t *testing.T) {
 	const forwardTimeout = 300 * time.Millisecond
-	// n1 forwards each request as its own RPC, n0 and n2 batch.
-	c := startClusterWith(t, 3, Config{
+	// n1 forwards each request as its own RPC, n0 batches.
+	c := startClusterWith(t, 5, Config{
 		ForwardTimeout: forwardTimeout,
 		Policies: map[string]PolicyConfig{
 			"closed":   {Limit: 9, Window: time.Minute},
@@ -123,9 +123,10 @@ func TestFailurePolicies(t *testing.T) {
 			"share": {Limit: 15, Window: time.Minute, OnUnavailable: Fallback},
 		},
 	}, func(i int, cfg *Config) { cfg.DisableBatching = i == 1 })
-	startGhost(t, c, "refusing", refusedAddr(t))
-	startGhost(t, c, "silent", silentAddr(t))
-	c.waitMembers(5)
+	refusing, silent := c.nodes[3], c.nodes[4]
+	refusing.stopRPCForTest()
+	silent.setCheckHookForTest(func(ctx context.Context) { <-ctx.Done() })
+	names := map[string]string{"refusing": refusing.Name(), "silent": silent.Name()}
 	via := c.nodes[0]
 	// slack covers scheduling on a loaded machine; any retry loop or a
 	// missing deadline would take far longer.
@@ -149,7 +150,7 @@ func TestFailurePolicies(t *testing.T) {
 				{owner: "silent", wantDeadline: true, minElapsed: forwardTimeout, maxElapsed: forwardTimeout + slack},
 			} {
 				t.Run(fmt.Sprintf("batching=%v/owner=%s/deadline=%v", !via.cfg.DisableBatching, tc.owner, tc.deadline), func(t *testing.T) {
-					key := pmKeyOwnedBy(t, via, "closed", tc.owner)
+					key := pmKeyOwnedBy(t, via, "closed", names[tc.owner])
 					ctx := context.Background()
 					if tc.deadline > 0 {
 						var cancel context.CancelFunc
@@ -178,7 +179,7 @@ func TestFailurePolicies(t *testing.T) {
 
 	t.Run("fail_open", func(t *testing.T) {
 		for _, owner := range []string{"refusing", "silent"} {
-			key := pmKeyOwnedBy(t, via, "open", owner)
+			key := pmKeyOwnedBy(t, via, "open", names[owner])
 			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 			d, err := via.Allow(ctx, Request{Key: key})
 			cancel()
@@ -197,7 +198,7 @@ func TestFailurePolicies(t *testing.T) {
 			{"fallback", 2},
 			{"share", 15 / 5},
 		} {
-			key := pmKeyOwnedBy(t, via, tc.policy, "refusing")
+			key := pmKeyOwnedBy(t, via, tc.policy, names["refusing"])
 			for i := range tc.limit + 2 {
 				d, err := via.Allow(context.Background(), Request{Key: key})
 				allowed := i < tc.limit

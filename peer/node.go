@@ -68,6 +68,8 @@ type Node struct {
 	closeErr  error
 	closed    chan struct{}
 	lastWarn  atomic.Int64 // unix ns of the last throttled warning
+	// checkHook, when set (tests only), runs at the start of every Check.
+	checkHook atomic.Pointer[func(context.Context)]
 }
 
 // policy is a table entry with its shard form precomputed.

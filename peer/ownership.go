@@ -65,7 +65,11 @@ func (n *Node) noteMembership(failed []string, back []string) {
 // quorum reports whether the node sees a strict majority of the cluster:
 // live members against live plus recently failed ones.
 func (n *Node) quorum() bool {
-	alive := len(n.view.Load().alive)
+	v := n.view.Load()
+	if v == nil {
+		return false // not started yet
+	}
+	alive := len(v.alive)
 	n.own.mu.Lock()
 	defer n.own.mu.Unlock()
 	failed := 0

@@ -31,6 +31,9 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 	if n.ctx.Err() != nil {
 		return nil, status.Error(codes.Unavailable, ErrClosed.Error())
 	}
+	if h := n.checkHook.Load(); h != nil {
+		(*h)(ctx)
+	}
 	v := n.view.Load()
 	if v == nil {
 		// Peers can see a joining node before its first ring is built.
