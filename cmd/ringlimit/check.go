@@ -53,11 +53,16 @@ type checkFlags struct {
 	timeout                       time.Duration
 }
 
-func parseCheckFlags(args []string, stderr io.Writer) (checkFlags, error) {
+// parseCheckFlags parses check's flags. Asked for help (-h among them), it
+// prints checkUsage to stdout and returns flag.ErrHelp; on a bad flag it
+// prints the problem and checkUsage to stderr.
+func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error) {
 	var f checkFlags
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, checkUsage) }
+	// The flag package calls Usage for -h and for errors alike; which
+	// stream gets the text is decided below, once the error is known.
+	fs.Usage = func() {}
 	fs.StringVar(&f.addr, "addr", "", "")
 	fs.StringVar(&f.tenant, "tenant", "", "")
 	fs.StringVar(&f.subject, "subject", "", "")
@@ -69,8 +74,10 @@ func parseCheckFlags(args []string, stderr io.Writer) (checkFlags, error) {
 	f.tls.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, checkUsage)
 			return f, err
 		}
+		fmt.Fprint(stderr, checkUsage)
 		return f, usageError("check: " + err.Error())
 	}
 	switch {
@@ -88,7 +95,7 @@ func parseCheckFlags(args []string, stderr io.Writer) (checkFlags, error) {
 
 // runCheck asks a node for one decision and maps it to an exit code.
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f, err := parseCheckFlags(args, stderr)
+	f, err := parseCheckFlags(args, stdout, stderr)
 	if err != nil {
 		return err
 	}

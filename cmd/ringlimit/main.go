@@ -64,6 +64,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageError("no command given")
 	}
 	cmd, rest := args[0], args[1:]
+	// "ringlimit CMD -h" is "ringlimit help CMD": help is asked for, so it
+	// goes to stdout. (Help flags among other flags are the subcommand's
+	// to handle.)
+	if len(rest) == 1 && isHelpFlag(rest[0]) {
+		if _, ok := commandUsage(cmd); ok {
+			cmd, rest = "help", []string{cmd}
+		}
+	}
 	switch cmd {
 	case "demo":
 		return runDemo(ctx, rest, stdout, stderr)
@@ -74,8 +82,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "bench":
 		return runBench(ctx, rest, stdout, stderr)
 	case "help", "-h", "-help", "--help":
+		// Every help goes to stdout and exits 0; only usage errors go to
+		// stderr.
 		if len(rest) > 0 && rest[0] != "help" && !strings.HasPrefix(rest[0], "-") {
-			return run(ctx, []string{rest[0], "-h"}, stdout, stderr)
+			text, ok := commandUsage(rest[0])
+			if !ok {
+				fmt.Fprint(stderr, usageText)
+				return usageError(fmt.Sprintf("help: unknown command %q", rest[0]))
+			}
+			fmt.Fprint(stdout, text)
+			return nil
 		}
 		fmt.Fprint(stdout, usageText)
 		return nil
@@ -83,6 +99,30 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stderr, usageText)
 		return usageError(fmt.Sprintf("unknown command %q", cmd))
 	}
+}
+
+// commandUsage returns the help text of subcommand name.
+func commandUsage(name string) (string, bool) {
+	switch name {
+	case "demo":
+		return demoUsage, true
+	case "serve":
+		return serveUsage + policiesUsage, true
+	case "check":
+		return checkUsage, true
+	case "bench":
+		return benchUsage, true
+	}
+	return "", false
+}
+
+// isHelpFlag reports whether arg asks the flag package for help.
+func isHelpFlag(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--help", "--h":
+		return true
+	}
+	return false
 }
 
 // exitError carries a specific exit code. A nil err means the command has
