@@ -33,7 +33,9 @@ Exit codes:
   0  success (check: the request was allowed)
   1  error (bad flags, bad input, a failed demo promise, ...)
   2  check: refused, over limit
-  3  check: unavailable (the limiter could not decide, or the node is unreachable)
+  3  check: unavailable (the node answered: the limiter could not decide)
+  4  check: unreachable (could not connect to the node at all: wrong address
+     or port, node down, name not found)
 
 Every serve flag can also be set in the environment as RINGLIMIT_<FLAG>, with
 dashes as underscores, uppercase (--gossip-addr -> RINGLIMIT_GOSSIP_ADDR).
@@ -141,12 +143,13 @@ func (e *exitError) Error() string {
 
 func (e *exitError) Unwrap() error { return e.err }
 
-// Exit codes shared by every subcommand; check documents 2 and 3.
+// Exit codes shared by every subcommand; check documents 2, 3 and 4.
 const (
 	exitOK          = 0
 	exitFailure     = 1
 	exitRefused     = 2
 	exitUnavailable = 3
+	exitUnreachable = 4
 )
 
 // usageError is a bad command line: exit code 1 (2 is check's "refused").
