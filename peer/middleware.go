@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -24,8 +25,11 @@ import (
 // or limit anonymous traffic with its own key (for example the client
 // address under an "anonymous" tenant).
 //
-// An invalid key (empty part, too long, bytes outside visible ASCII) or an
-// unknown policy is a bug in server code, answered 500.
+// An invalid key (empty part, too long, bytes outside visible ASCII) is
+// answered 400 with a JSON error naming the bad part: build Tenant and
+// Subject from raw identities (an email, a UTF-8 name, an address) with
+// shard.KeyPart, which maps any string to a valid part. An unknown policy is
+// a server misconfiguration, answered 500.
 type KeyFunc func(r *http.Request) (key Key, ok bool)
 
 // Limiter is what Middleware needs from a limiter. *Node implements it.
@@ -46,10 +50,20 @@ type MiddlewareConfig struct {
 	// request; a result outside 1..limit is a server bug, answered 500
 	// (zero is taken as 1, as by Node.Allow).
 	Hits func(r *http.Request) int64
-	// OnError writes the response when the limiter returns an error (the
-	// request is never passed on). Nil means DefaultOnError: 503 with a JSON
-	// body when the limiter is unavailable or closed, 500 otherwise.
+	// OnError writes the response when the key is invalid or the limiter
+	// returns an error (the request is never passed on). For an unavailable
+	// or closed limiter the middleware has already set Retry-After,
+	// RateLimit-Policy and RateLimit-Reason when OnError is called; OnError
+	// may replace them. Nil means the middleware's own answer, which is
+	// DefaultOnError's plus the policy, its limit and retry_after_seconds in
+	// the 503 body.
 	OnError func(w http.ResponseWriter, r *http.Request, err error)
+	// Logger receives one line per request the middleware answers with an
+	// error: Warn for an invalid key (the bad part named, never its value),
+	// Error for an unknown policy, invalid hits or any other server-side
+	// failure, and Debug for unavailability (the node logs the cause). It is
+	// called on the request's goroutine. Nil means discard.
+	Logger *slog.Logger
 }
 
 // Middleware limits next with the node's decisions. For each request it
@@ -63,9 +77,15 @@ type MiddlewareConfig struct {
 //     seconds, rounded up), the RateLimit headers and a JSON body
 //     {"error":"rate limit exceeded","policy":...,"retry_after_seconds":...};
 //     next is not called;
+//   - invalid key (checked before the limiter is asked): 400 with
+//     {"error":"invalid rate limit key: subject has byte 0xc3 at 3 outside
+//     visible ASCII","reason":"invalid_key"}, logged at Warn;
 //   - error: cfg.OnError (by default 503 for ErrUnavailable or ErrClosed,
-//     never 429, and 500 for ErrInvalidKey, ErrInvalidHits, ErrUnknownPolicy
-//     and anything else, since the key comes from server code).
+//     never 429, with Retry-After (UnavailableRetryAfter, in seconds),
+//     RateLimit-Policy and RateLimit-Reason: unavailable headers and a body
+//     naming the policy, its limit and retry_after_seconds; 500 for
+//     ErrUnknownPolicy, ErrInvalidHits and anything else, since policies and
+//     costs come from server code).
 //
 // Requests for which cfg.Key returns ok == false pass through untouched.
 // The RateLimit headers follow the IETF "RateLimit header fields for HTTP"
@@ -76,9 +96,9 @@ type MiddlewareConfig struct {
 // The policy table is read once, here; the returned handler is safe for
 // concurrent use.
 func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
-	m := &middleware{cfg: cfg, next: next}
-	if m.cfg.OnError == nil {
-		m.cfg.OnError = DefaultOnError
+	m := &middleware{cfg: cfg, next: next, log: cfg.Logger}
+	if m.log == nil {
+		m.log = slog.New(slog.DiscardHandler)
 	}
 	var missing []string
 	if cfg.Limiter == nil {
@@ -102,17 +122,24 @@ type middleware struct {
 	cfg      MiddlewareConfig
 	next     http.Handler
 	policies map[string]PolicyConfig // read once: the table is fixed for a node's life
+	log      *slog.Logger
 	cfgErr   error
 }
 
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if m.cfgErr != nil {
-		m.cfg.OnError(w, r, m.cfgErr)
+		m.fail(w, r, Key{}, m.cfgErr)
 		return
 	}
 	key, ok := m.cfg.Key(r)
 	if !ok {
 		m.next.ServeHTTP(w, r)
+		return
+	}
+	// Checked here rather than left to the limiter, whose error stacks the
+	// peer and shard prefixes: the answer names the bad part once.
+	if problem := key.Problem(); problem != "" {
+		m.fail(w, r, key, &keyError{problem: problem})
 		return
 	}
 	req := Request{Key: key, Hits: 1}
@@ -121,24 +148,102 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	d, err := m.cfg.Limiter.Allow(r.Context(), req)
 	if err != nil {
-		m.cfg.OnError(w, r, err)
+		m.fail(w, r, key, err)
 		return
 	}
-	h := w.Header()
-	RateLimitHeaders(h, key.Policy, m.policies[key.Policy], d)
+	pc := m.policies[key.Policy]
+	RateLimitHeaders(w.Header(), key.Policy, pc, d)
 	if d.Allowed {
 		m.next.ServeHTTP(w, r)
 		return
 	}
-	retry := max(RetryAfterSeconds(d.RetryAfter), 1)
-	h.Set("Retry-After", strconv.FormatInt(retry, 10))
 	writeJSON(w, http.StatusTooManyRequests, errorBody{
 		Error:             "rate limit exceeded",
 		Policy:            key.Policy,
 		Reason:            d.Reason.String(),
 		Limit:             d.Limit,
-		RetryAfterSeconds: retry,
+		RetryAfterSeconds: resetSeconds(pc, d),
 	})
+}
+
+// fail logs err and answers it through OnError, or with the middleware's own
+// body when OnError is nil.
+func (m *middleware) fail(w http.ResponseWriter, r *http.Request, key Key, err error) {
+	status := ErrorStatus(err)
+	ctx := r.Context()
+	switch {
+	case status == http.StatusServiceUnavailable:
+		m.log.DebugContext(ctx, "rate limiter unavailable", "policy", key.Policy, "err", err)
+	case errors.Is(err, ErrInvalidKey):
+		var ke *keyError
+		problem := "invalid key"
+		if errors.As(err, &ke) {
+			problem = ke.problem
+		}
+		m.log.WarnContext(ctx, "invalid rate limit key", "problem", problem, "path", r.URL.Path)
+	case errors.Is(err, ErrUnknownPolicy):
+		m.log.ErrorContext(ctx, "unknown rate limit policy", "policy", key.Policy, "path", r.URL.Path)
+	default:
+		m.log.ErrorContext(ctx, "rate limit check failed", "policy", key.Policy, "path", r.URL.Path, "err", err)
+	}
+	// A 503 tells the client what a 429 would: when to retry and which
+	// quota applies. The policy is unknown only if the node closed before
+	// looking it up.
+	pc, known := m.policies[key.Policy]
+	unavailable := status == http.StatusServiceUnavailable
+	switch {
+	case unavailable && known:
+		UnavailableHeaders(w.Header(), key.Policy, pc)
+	case unavailable:
+		w.Header().Set("Retry-After", strconv.FormatInt(RetryAfterSeconds(UnavailableRetryAfter), 10))
+	}
+	if m.cfg.OnError != nil {
+		m.cfg.OnError(w, r, err)
+		return
+	}
+	body := errorBodyFor(err)
+	if unavailable {
+		body.RetryAfterSeconds = RetryAfterSeconds(UnavailableRetryAfter)
+		if known {
+			body.Policy, body.Limit = key.Policy, pc.Limit
+		}
+	}
+	writeJSON(w, status, body)
+}
+
+// keyError is an invalid key found by the middleware: problem names the bad
+// part in the user's terms (Key.Problem) and never holds its value, so it
+// may be sent to the client.
+type keyError struct{ problem string }
+
+func (e *keyError) Error() string        { return ErrInvalidKey.Error() + ": " + e.problem }
+func (e *keyError) Is(target error) bool { return target == ErrInvalidKey }
+
+// UnavailableRetryAfter is the wait Middleware and the ringlimit server
+// suggest when the limiter could not decide (Retry-After on a 503): about
+// the time a forward to a live owner, or gossip's verdict on a dead one,
+// takes to settle.
+const UnavailableRetryAfter = time.Second
+
+// UnavailableHeaders sets the header fields of a 503 answer for policy pc,
+// named policy, when the limiter could not decide: Retry-After
+// (UnavailableRetryAfter in seconds), RateLimit-Policy as RateLimitHeaders
+// writes it with the policy's configured limit, and RateLimit-Reason:
+// unavailable. RateLimit is removed: nothing is known of the key's state.
+func UnavailableHeaders(h http.Header, policy string, pc PolicyConfig) {
+	h.Set("Retry-After", strconv.FormatInt(RetryAfterSeconds(UnavailableRetryAfter), 10))
+	h.Set("RateLimit-Policy", policyField(policy, pc, pc.Limit))
+	h.Del("RateLimit")
+	h.Set("RateLimit-Reason", ReasonUnavailable.String())
+}
+
+// policyField is the RateLimit-Policy value for policy pc with quota limit.
+func policyField(policy string, pc PolicyConfig, limit int64) string {
+	pv := sfString(policy) + ";q=" + strconv.FormatInt(limit, 10)
+	if pc.Window > 0 {
+		pv += ";w=" + strconv.FormatInt(RetryAfterSeconds(pc.Window), 10)
+	}
+	return pv
 }
 
 // RateLimitHeaders sets the RateLimit header fields of the IETF draft
@@ -153,28 +258,29 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // pc.Window is zero. For an admitted request t is d.ResetAfter rounded up:
 // the time until the whole quota is free again. For a refused one t is
 // d.RetryAfter rounded up (at least 1), so a client that waits t seconds is
-// not refused again for the same cost. A failed-open decision carries no
+// not refused again for the same cost. t never exceeds w: the owner rounds
+// admission times up to the policy's resolution, so a key's state can
+// outlast the window by less than one resolution step (10.0004 s for a
+// 10 s window), and that step is not reported as a whole extra second.
+// For a refused decision Retry-After is set to the same t, so the two
+// headers and the body agree. A failed-open decision carries no
 // knowledge of the key's state, so RateLimit is omitted. For reasons other
 // than admitted and over_limit, RateLimit-Reason names the reason
 // (failed_open, fallback or shadow). Existing values of these fields are
-// replaced. Retry-After is the caller's choice (Middleware sets it on 429).
+// replaced; Retry-After is left alone on an admitted decision.
 func RateLimitHeaders(h http.Header, policy string, pc PolicyConfig, d Decision) {
 	name := sfString(policy)
 	limit := d.Limit
 	if limit == 0 {
 		limit = pc.Limit
 	}
-	pv := name + ";q=" + strconv.FormatInt(limit, 10)
-	if pc.Window > 0 {
-		pv += ";w=" + strconv.FormatInt(RetryAfterSeconds(pc.Window), 10)
-	}
-	h.Set("RateLimit-Policy", pv)
+	h.Set("RateLimit-Policy", policyField(policy, pc, limit))
 	if d.Reason != ReasonFailedOpen {
-		t := RetryAfterSeconds(d.ResetAfter)
+		t := strconv.FormatInt(resetSeconds(pc, d), 10)
+		h.Set("RateLimit", name+";r="+strconv.FormatInt(max(d.Remaining, 0), 10)+";t="+t)
 		if !d.Allowed {
-			t = max(RetryAfterSeconds(d.RetryAfter), 1)
+			h.Set("Retry-After", t)
 		}
-		h.Set("RateLimit", name+";r="+strconv.FormatInt(max(d.Remaining, 0), 10)+";t="+strconv.FormatInt(t, 10))
 	} else {
 		h.Del("RateLimit")
 	}
@@ -184,6 +290,20 @@ func RateLimitHeaders(h http.Header, policy string, pc PolicyConfig, d Decision)
 	default:
 		h.Del("RateLimit-Reason")
 	}
+}
+
+// resetSeconds is RateLimit's t for d (see RateLimitHeaders): ResetAfter
+// when admitted, RetryAfter (at least 1) when refused, in seconds rounded
+// up, and never more than the window in seconds.
+func resetSeconds(pc PolicyConfig, d Decision) int64 {
+	t := RetryAfterSeconds(d.ResetAfter)
+	if !d.Allowed {
+		t = max(RetryAfterSeconds(d.RetryAfter), 1)
+	}
+	if w := RetryAfterSeconds(pc.Window); w > 0 {
+		t = min(t, w)
+	}
+	return t
 }
 
 // RetryAfterSeconds returns d in whole seconds, rounded up, so that waiting
@@ -199,14 +319,19 @@ func RetryAfterSeconds(d time.Duration) int64 {
 	return s
 }
 
-// ErrorStatus maps an error from Node.Allow to an HTTP status: 503 Service
-// Unavailable for ErrUnavailable and ErrClosed (the limiter could not
-// decide; never 429), 500 Internal Server Error for everything else,
-// including ErrInvalidKey, ErrInvalidHits and ErrUnknownPolicy (keys and
-// costs come from server code, so those are server bugs).
+// ErrorStatus maps an error from Node.Allow or Middleware to an HTTP status:
+// 503 Service Unavailable for ErrUnavailable and ErrClosed (the limiter
+// could not decide; never 429), 400 Bad Request for ErrInvalidKey (the
+// identity the key was built from cannot be a key part), 500 Internal
+// Server Error for everything else, including ErrInvalidHits and
+// ErrUnknownPolicy (costs and policy names come from server code, so those
+// are server bugs).
 func ErrorStatus(err error) int {
-	if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrClosed) {
+	switch {
+	case errors.Is(err, ErrUnavailable) || errors.Is(err, ErrClosed):
 		return http.StatusServiceUnavailable
+	case errors.Is(err, ErrInvalidKey):
+		return http.StatusBadRequest
 	}
 	return http.StatusInternalServerError
 }
@@ -214,17 +339,32 @@ func ErrorStatus(err error) int {
 // DefaultOnError writes ErrorStatus(err) with a JSON body
 // {"error":...,"reason":...}. The body names the class of failure only:
 // err's text, which may carry key parts or addresses, is not sent to the
-// client.
+// client, except for the bad part Middleware names in an invalid key
+// ("invalid rate limit key: subject has byte 0xc3 at 3 outside visible
+// ASCII"), which never quotes the part's value. A 503 carries Retry-After
+// (UnavailableRetryAfter) unless the header is already set.
 func DefaultOnError(w http.ResponseWriter, r *http.Request, err error) {
 	status := ErrorStatus(err)
-	body := errorBody{Error: "internal error", Reason: "internal"}
+	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", strconv.FormatInt(RetryAfterSeconds(UnavailableRetryAfter), 10))
+	}
+	writeJSON(w, status, errorBodyFor(err))
+}
+
+// errorBodyFor is DefaultOnError's body for err.
+func errorBodyFor(err error) errorBody {
+	var ke *keyError
 	switch {
 	case errors.Is(err, ErrUnavailable):
-		body = errorBody{Error: "rate limiter unavailable", Reason: ReasonUnavailable.String()}
+		return errorBody{Error: "rate limiter unavailable", Reason: ReasonUnavailable.String()}
 	case errors.Is(err, ErrClosed):
-		body = errorBody{Error: "rate limiter shutting down", Reason: ReasonUnavailable.String()}
+		return errorBody{Error: "rate limiter shutting down", Reason: ReasonUnavailable.String()}
+	case errors.As(err, &ke):
+		return errorBody{Error: "invalid rate limit key: " + ke.problem, Reason: "invalid_key"}
+	case errors.Is(err, ErrInvalidKey):
+		return errorBody{Error: "invalid rate limit key", Reason: "invalid_key"}
 	}
-	writeJSON(w, status, body)
+	return errorBody{Error: "internal error", Reason: "internal"}
 }
 
 // errorBody is the JSON body of 429, 503 and 500 answers.

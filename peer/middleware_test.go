@@ -1,18 +1,22 @@
 package peer_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 // mwT0 is the fixed epoch of the middleware and metrics tests.
@@ -170,6 +174,7 @@ func TestMiddlewareNode(t *testing.T) {
 		Policies: map[string]peer.PolicyConfig{
 			"api":  {Limit: 3, Window: time.Minute},
 			"bulk": {Limit: 10, Window: 1500 * time.Millisecond},
+			"ten":  {Limit: 1, Window: 10 * time.Second},
 		},
 	})
 	next := &mwNext{}
@@ -206,10 +211,21 @@ func TestMiddlewareNode(t *testing.T) {
 			headers: map[string]string{"RateLimit-Policy": `"bulk";q=10;w=2`, "RateLimit": `"bulk";r=9;t=2`}},
 		{name: "cost above the limit is a server bug", at: 62 * time.Second, user: "dave", cost: "4", status: 500,
 			headers: map[string]string{"RateLimit": "", "Retry-After": ""}, body: map[string]any{"error": "internal error"}},
-		{name: "unknown policy is a server bug", at: 62 * time.Second, user: "dave", policy: "nope", status: 500,
+		{name: "unknown policy is a server misconfiguration", at: 62 * time.Second, user: "dave", policy: "nope", status: 500,
 			body: map[string]any{"error": "internal error"}},
-		{name: "invalid key is a server bug", at: 62 * time.Second, user: "dä ve", status: 500,
-			body: map[string]any{"error": "internal error"}},
+		{name: "invalid key is a bad request naming the part", at: 62 * time.Second, user: "josé", status: 400,
+			headers: map[string]string{"RateLimit": "", "Retry-After": "", "Content-Type": "application/json"},
+			body:    map[string]any{"error": "invalid rate limit key: subject has byte 0xc3 at 3 outside visible ASCII", "reason": "invalid_key"}},
+		// The owner rounds the admission at +70.0005 s up to +70.001 s, so the
+		// key's state lasts 10.0005 s: t and Retry-After still say 10, the
+		// window, not 11.
+		{name: "reset of a full 10 s window is 10", at: 70*time.Second + 500*time.Microsecond, user: "erin", policy: "ten", status: 200, nextCall: true,
+			headers: map[string]string{"RateLimit-Policy": `"ten";q=1;w=10`, "RateLimit": `"ten";r=0;t=10`}},
+		{name: "retry within a full 10 s window is 10", at: 70*time.Second + 500*time.Microsecond, user: "erin", policy: "ten", status: 429,
+			headers: map[string]string{"RateLimit": `"ten";r=0;t=10`, "Retry-After": "10"},
+			body:    map[string]any{"retry_after_seconds": 10}},
+		{name: "sub-second remainder rounds up", at: 70*time.Second + 900*time.Millisecond, user: "erin", policy: "ten", status: 429,
+			headers: map[string]string{"RateLimit": `"ten";r=0;t=10`, "Retry-After": "10"}},
 	}
 	runMWSteps(t, srv, next, clock, steps)
 }
@@ -227,18 +243,30 @@ func (f mwFake) Policies() map[string]peer.PolicyConfig {
 
 func TestMiddlewareOutcomes(t *testing.T) {
 	unavailable := fmt.Errorf("%w: %w", peer.ErrUnavailable, context.DeadlineExceeded)
+	// A 503 carries what a 429 carries: when to retry and which quota.
+	unavailableHeaders := map[string]string{"Retry-After": "1", "RateLimit-Policy": `"api";q=3;w=60`, "RateLimit": "",
+		"RateLimit-Reason": "unavailable", "Content-Type": "application/json"}
 	tests := []struct {
 		name string
 		lim  peer.Limiter
 		step mwStep
 	}{
 		{"unavailable is 503, never 429", mwFake{err: unavailable},
-			mwStep{status: 503, headers: map[string]string{"Retry-After": "", "RateLimit": "", "Content-Type": "application/json"},
-				body: map[string]any{"error": "rate limiter unavailable", "reason": "unavailable"}}},
+			mwStep{status: 503, headers: unavailableHeaders,
+				body: map[string]any{"error": "rate limiter unavailable", "reason": "unavailable", "policy": "api", "limit": 3, "retry_after_seconds": 1}}},
 		{"closed is 503", mwFake{err: peer.ErrClosed},
-			mwStep{status: 503, body: map[string]any{"reason": "unavailable"}}},
-		{"invalid key is 500", mwFake{err: fmt.Errorf("%w: subject is empty", peer.ErrInvalidKey)},
-			mwStep{status: 500, body: map[string]any{"error": "internal error"}}},
+			mwStep{status: 503, headers: unavailableHeaders,
+				body: map[string]any{"reason": "unavailable", "policy": "api", "limit": 3, "retry_after_seconds": 1}}},
+		{"closed with an unknown policy still says when to retry", mwFake{err: peer.ErrClosed},
+			mwStep{policy: "nope", status: 503, headers: map[string]string{"Retry-After": "1", "RateLimit-Policy": ""},
+				body: map[string]any{"reason": "unavailable", "retry_after_seconds": 1}}},
+		{"invalid key from the limiter is 400 without its text", mwFake{err: fmt.Errorf("%w: 10.0.0.7:8081: subject is empty", peer.ErrInvalidKey)},
+			mwStep{status: 400, body: map[string]any{"error": "invalid rate limit key", "reason": "invalid_key"}}},
+		{"invalid key from the key func is 400 naming the part", mwFake{d: peer.Decision{Allowed: true}},
+			mwStep{user: "[::1]:8080 x", status: 400, headers: map[string]string{"RateLimit": "", "Retry-After": ""},
+				body: map[string]any{"error": "invalid rate limit key: subject has byte 0x20 at 10 outside visible ASCII", "reason": "invalid_key"}}},
+		{"KeyPart makes that identity a valid key", mwFake{d: peer.Decision{Allowed: true, Limit: 3, Reason: peer.ReasonAdmitted}},
+			mwStep{user: shard.KeyPart("[::1]:8080 x"), status: 200, nextCall: true}},
 		{"invalid hits is 500", mwFake{err: peer.ErrInvalidHits}, mwStep{status: 500}},
 		{"unknown policy is 500", mwFake{err: peer.ErrUnknownPolicy}, mwStep{status: 500}},
 		{"other error is 500", mwFake{err: errors.New("boom")}, mwStep{status: 500}},
@@ -266,7 +294,10 @@ func TestMiddlewareOutcomes(t *testing.T) {
 			srv := httptest.NewServer(peer.Middleware(peer.MiddlewareConfig{Limiter: tc.lim, Key: mwTestKey}, next))
 			defer srv.Close()
 			st := tc.step
-			st.name, st.user = tc.name, "alice"
+			st.name = tc.name
+			if st.user == "" {
+				st.user = "alice"
+			}
 			runMWSteps(t, srv, next, nil, []mwStep{st})
 		})
 	}
@@ -288,6 +319,9 @@ func TestMiddlewareOnError(t *testing.T) {
 	h.ServeHTTP(rec, req)
 	if rec.Code != http.StatusTeapot || !errors.Is(got, peer.ErrUnavailable) {
 		t.Errorf("custom OnError: status %d, err %v; want 418 and an error wrapping ErrUnavailable", rec.Code, got)
+	}
+	if ra, rp := rec.Header().Get("Retry-After"), rec.Header().Get("RateLimit-Policy"); ra != "1" || rp != `"api";q=3;w=60` {
+		t.Errorf("custom OnError on unavailable: Retry-After %q, RateLimit-Policy %q; want them set before OnError", ra, rp)
 	}
 
 	// Without a KeyFunc the handler reports ErrInvalidConfig rather than
@@ -331,19 +365,32 @@ func TestMiddlewareRateLimitHeaders(t *testing.T) {
 		pc               peer.PolicyConfig
 		d                peer.Decision
 		wantPolicy, want string
+		wantRetry        string // Retry-After; "" means absent
 	}{
 		{"admitted", "api", peer.PolicyConfig{Limit: 100, Window: time.Minute},
 			peer.Decision{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: 59500 * time.Millisecond, Reason: peer.ReasonAdmitted},
-			`"api";q=100;w=60`, `"api";r=99;t=60`},
+			`"api";q=100;w=60`, `"api";r=99;t=60`, ""},
 		{"refused uses retry after, not reset", "api", peer.PolicyConfig{Limit: 100, Window: time.Minute},
 			peer.Decision{Limit: 100, RetryAfter: 1100 * time.Millisecond, ResetAfter: 59 * time.Second, Reason: peer.ReasonOverLimit},
-			`"api";q=100;w=60`, `"api";r=0;t=2`},
+			`"api";q=100;w=60`, `"api";r=0;t=2`, "2"},
+		{"exactly the window is the window", "ten", peer.PolicyConfig{Limit: 5, Window: 10 * time.Second},
+			peer.Decision{Allowed: true, Limit: 5, Remaining: 4, ResetAfter: 10 * time.Second, Reason: peer.ReasonAdmitted},
+			`"ten";q=5;w=10`, `"ten";r=4;t=10`, ""},
+		{"a resolution step past the window is still the window", "ten", peer.PolicyConfig{Limit: 5, Window: 10 * time.Second},
+			peer.Decision{Allowed: true, Limit: 5, Remaining: 4, ResetAfter: 10*time.Second + 400*time.Microsecond, Reason: peer.ReasonAdmitted},
+			`"ten";q=5;w=10`, `"ten";r=4;t=10`, ""},
+		{"sub-second remainder rounds up", "ten", peer.PolicyConfig{Limit: 5, Window: 10 * time.Second},
+			peer.Decision{Allowed: true, Limit: 5, Remaining: 4, ResetAfter: 9200 * time.Millisecond, Reason: peer.ReasonAdmitted},
+			`"ten";q=5;w=10`, `"ten";r=4;t=10`, ""},
+		{"refused a resolution step past the window", "ten", peer.PolicyConfig{Limit: 1, Window: 10 * time.Second},
+			peer.Decision{Limit: 1, RetryAfter: 10*time.Second + 400*time.Microsecond, ResetAfter: 10*time.Second + 400*time.Microsecond, Reason: peer.ReasonOverLimit},
+			`"ten";q=1;w=10`, `"ten";r=0;t=10`, "10"},
 		{"quote and backslash escaped", `a"b\c`, peer.PolicyConfig{Limit: 1, Window: time.Second},
 			peer.Decision{Allowed: true, Limit: 1, Reason: peer.ReasonAdmitted},
-			`"a\"b\\c";q=1;w=1`, `"a\"b\\c";r=0;t=0`},
+			`"a\"b\\c";q=1;w=1`, `"a\"b\\c";r=0;t=0`, ""},
 		{"no window, limit from table", "api", peer.PolicyConfig{Limit: 7},
 			peer.Decision{Allowed: true, Remaining: 6, Reason: peer.ReasonAdmitted},
-			`"api";q=7`, `"api";r=6;t=0`},
+			`"api";q=7`, `"api";r=6;t=0`, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -358,6 +405,60 @@ func TestMiddlewareRateLimitHeaders(t *testing.T) {
 			}
 			if got := h.Get("RateLimit-Reason"); got != "" {
 				t.Errorf("RateLimit-Reason = %q, want none", got)
+			}
+			if got := h.Get("Retry-After"); got != tc.wantRetry {
+				t.Errorf("Retry-After = %q, want %q", got, tc.wantRetry)
+			}
+		})
+	}
+}
+
+// TestMiddlewareLogs checks that every error answer is logged once, at the
+// level its cause deserves, and that an invalid key's value is not logged.
+func TestMiddlewareLogs(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		lim       peer.Limiter
+		user      string
+		policy    string
+		status    int
+		wantLevel string
+		wantText  []string
+	}{
+		{"invalid key is a warning naming the part", mwFake{}, "josé", "", 400, "WARN",
+			[]string{`msg="invalid rate limit key"`, `problem="subject has byte 0xc3 at 3 outside visible ASCII"`}},
+		{"unknown policy is an error", mwFake{err: fmt.Errorf("%w: %q", peer.ErrUnknownPolicy, "nope")}, "alice", "nope", 500, "ERROR",
+			[]string{`msg="unknown rate limit policy"`, "policy=nope"}},
+		{"invalid hits is an error", mwFake{err: peer.ErrInvalidHits}, "alice", "", 500, "ERROR",
+			[]string{`msg="rate limit check failed"`, "policy=api"}},
+		{"unavailable is debug: the node logs the cause", mwFake{err: peer.ErrUnavailable}, "alice", "", 503, "DEBUG",
+			[]string{`msg="rate limiter unavailable"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			h := peer.Middleware(peer.MiddlewareConfig{Limiter: tc.lim, Key: mwTestKey, Logger: log}, &mwNext{})
+			req := httptest.NewRequest(http.MethodGet, "/search", nil)
+			req.Header.Set("X-Test-User", tc.user)
+			if tc.policy != "" {
+				req.Header.Set("X-Test-Policy", tc.policy)
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			out := buf.String()
+			if rec.Code != tc.status {
+				t.Errorf("status %d, want %d", rec.Code, tc.status)
+			}
+			if n := strings.Count(out, "\n"); n != 1 || !strings.Contains(out, "level="+tc.wantLevel) {
+				t.Errorf("log has %d lines, want one at %s:\n%s", n, tc.wantLevel, out)
+			}
+			for _, w := range tc.wantText {
+				if !strings.Contains(out, w) {
+					t.Errorf("log lacks %s:\n%s", w, out)
+				}
+			}
+			if strings.Contains(out, tc.user) {
+				t.Errorf("log holds the raw subject %q:\n%s", tc.user, out)
 			}
 		})
 	}

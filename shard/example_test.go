@@ -81,3 +81,18 @@ func ExampleStore() {
 	// one window after the first request: allowed=true
 	// true
 }
+
+// KeyPart turns any identity into a valid key part: key-safe text is kept,
+// everything else is percent-encoded, and very long inputs are shortened
+// with a 128-bit hash.
+func ExampleKeyPart() {
+	for _, id := range []string{"jane.doe@example.com", "josé", "[::1]:8080", ""} {
+		key := shard.Key{Tenant: "acme", Subject: shard.KeyPart(id), Policy: "search"}
+		fmt.Printf("%q -> %s (valid: %v)\n", id, key.Subject, key.Validate() == nil)
+	}
+	// Output:
+	// "jane.doe@example.com" -> jane.doe@example.com (valid: true)
+	// "josé" -> jos%C3%A9 (valid: true)
+	// "[::1]:8080" -> %5B%3A%3A1%5D%3A8080 (valid: true)
+	// "" -> ~ (valid: true)
+}

@@ -61,8 +61,24 @@ type hotNode struct {
 // bounded memory, using the Space-Saving (stream-summary) algorithm: at most
 // capacity keys are tracked; when a new key arrives and the tracker is full,
 // it takes over the lightest entry, inheriting that entry's count as its
-// error bound. Every key whose decayed count exceeds 1/capacity of the total
-// decayed count is guaranteed to be tracked.
+// error bound.
+//
+// What Space-Saving guarantees, for decayed counts at any one time and for
+// exactly the hits given to Record (a caller that records only a sample of
+// its traffic gets these bounds for the sample, not for the traffic):
+//
+//   - Let min be the smallest Count in the tracker (0 while it is not
+//     full); min is at most total/capacity, where total is the decayed sum
+//     of all recorded hits. A key that is not tracked has a true decayed
+//     count of at most min. So a key whose true decayed count exceeds
+//     total/capacity is always tracked; lighter keys may or may not be.
+//   - A tracked key's Count over-estimates its true decayed count by at
+//     most its Error, and Error is at most min. Count never
+//     under-estimates.
+//
+// Nothing more is promised: ranks among keys whose counts differ by less
+// than min may be wrong, and a tracked light key may be displaced at any
+// time.
 //
 // Decay uses forward decay: a hit at time t is stored with weight
 // 2^((t-landmark)/halfLife), so Record touches only one entry; counters are

@@ -9,16 +9,21 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"sync"
 	"text/tabwriter"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 const checkUsage = `Usage: ringlimit check --addr HOST:PORT --tenant T --subject S --policy P [flags]
@@ -41,8 +46,10 @@ Flags:
   --tls-server-name N name to verify in the node's certificate
 
 Exit codes: 0 allowed (including failed_open, fallback, shadow), 2 refused
-(over limit), 3 unavailable (the limiter could not decide, or the node could
-not be reached), 1 any other error (bad flags, invalid key, unknown policy).
+(over limit), 3 unavailable (the node answered that the limiter could not
+decide), 4 unreachable (no connection to --addr at all: wrong address or
+port, node not running, name not found), 1 any other error (bad flags,
+invalid key, unknown policy, TLS set-up).
 `
 
 type checkFlags struct {
@@ -53,11 +60,16 @@ type checkFlags struct {
 	timeout                       time.Duration
 }
 
-func parseCheckFlags(args []string, stderr io.Writer) (checkFlags, error) {
+// parseCheckFlags parses check's flags. Asked for help (-h among them), it
+// prints checkUsage to stdout and returns flag.ErrHelp; on a bad flag it
+// prints the problem and checkUsage to stderr.
+func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error) {
 	var f checkFlags
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, checkUsage) }
+	// The flag package calls Usage for -h and for errors alike; which
+	// stream gets the text is decided below, once the error is known.
+	fs.Usage = func() {}
 	fs.StringVar(&f.addr, "addr", "", "")
 	fs.StringVar(&f.tenant, "tenant", "", "")
 	fs.StringVar(&f.subject, "subject", "", "")
@@ -69,8 +81,10 @@ func parseCheckFlags(args []string, stderr io.Writer) (checkFlags, error) {
 	f.tls.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, checkUsage)
 			return f, err
 		}
+		fmt.Fprint(stderr, checkUsage)
 		return f, usageError("check: " + err.Error())
 	}
 	switch {
@@ -83,12 +97,26 @@ func parseCheckFlags(args []string, stderr io.Writer) (checkFlags, error) {
 	case f.timeout <= 0:
 		return f, usageError("check: --timeout must be positive")
 	}
+	// Checked here, where it can be said once in the flags' terms, rather
+	// than by the node, whose error stacks the peer and shard prefixes.
+	if p := (peer.Key{Tenant: f.tenant, Subject: f.subject, Policy: f.policy}).Problem(); p != "" {
+		return f, usageError(fmt.Sprintf("check: invalid key: %s; --tenant, --subject and --policy must each be 1 to %d bytes of visible ASCII",
+			p, shard.MaxKeyPartLen))
+	}
 	return f, nil
 }
 
+// errUnreachable is wrapped by check's errors when no connection to the
+// node could be made at all (exit code 4), as opposed to a node that
+// answered "unavailable" (exit code 3).
+var errUnreachable = errors.New("could not reach the node")
+
+// reasonUnreachable labels errUnreachable in check's output.
+const reasonUnreachable = "unreachable"
+
 // runCheck asks a node for one decision and maps it to an exit code.
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f, err := parseCheckFlags(args, stderr)
+	f, err := parseCheckFlags(args, stdout, stderr)
 	if err != nil {
 		return err
 	}
@@ -100,11 +128,15 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	} else {
 		resp, err = checkGRPC(ctx, f)
 	}
-	if err != nil && !errors.Is(err, peer.ErrUnavailable) {
-		return &exitError{code: exitFailure, err: fmt.Errorf("check: %w", err)}
-	}
-	if err != nil {
+	code := exitUnavailable
+	switch {
+	case errors.Is(err, errUnreachable):
+		resp = checkResponse{Reason: reasonUnreachable, Error: err.Error()}
+		code = exitUnreachable
+	case errors.Is(err, peer.ErrUnavailable):
 		resp = checkResponse{Reason: peer.ReasonUnavailable.String(), Error: err.Error()}
+	case err != nil:
+		return &exitError{code: exitFailure, err: fmt.Errorf("check: %w", err)}
 	}
 	if f.asJSON {
 		b, _ := json.Marshal(resp) // plain strings, numbers and bools
@@ -114,7 +146,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	switch {
 	case err != nil:
-		return &exitError{code: exitUnavailable}
+		return &exitError{code: code}
 	case !resp.Allowed:
 		return &exitError{code: exitRefused}
 	}
@@ -125,6 +157,8 @@ func printDecision(w io.Writer, r checkResponse) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	verdict := "ALLOWED"
 	switch {
+	case r.Reason == reasonUnreachable:
+		verdict = "UNREACHABLE (no connection to the node: check --addr and that the node runs)"
 	case r.Reason == peer.ReasonUnavailable.String():
 		verdict = "UNAVAILABLE (the limiter could not decide; not over limit)"
 	case !r.Allowed:
@@ -144,14 +178,19 @@ func printDecision(w io.Writer, r checkResponse) {
 	_ = tw.Flush()
 }
 
-// checkGRPC calls RateLimiter.Allow. Errors come back through
-// peer.FromStatus, so unavailability wraps peer.ErrUnavailable.
+// checkGRPC calls RateLimiter.Allow. A failure to connect at all wraps
+// errUnreachable; other unavailability comes back through peer.FromStatus
+// and wraps peer.ErrUnavailable; a rejected request says why, once.
 func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 	creds, err := f.tls.creds()
 	if err != nil {
 		return checkResponse{}, err
 	}
-	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(creds))
+	var dials dialRecord
+	// passthrough: the dialer below resolves the name itself, so a name
+	// that does not resolve is a dial failure like a refused port.
+	conn, err := grpc.NewClient("passthrough:///"+f.addr, grpc.WithTransportCredentials(creds),
+		grpc.WithContextDialer(dials.dial))
 	if err != nil {
 		return checkResponse{}, fmt.Errorf("dial %s: %w", f.addr, err)
 	}
@@ -161,6 +200,17 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 		Hits: f.hits,
 	})
 	if err != nil {
+		if dialErr := dials.neverConnected(); dialErr != nil {
+			return checkResponse{}, fmt.Errorf("%w at %s: %w", errUnreachable, f.addr, dialErr)
+		}
+		switch st, _ := status.FromError(err); st.Code() {
+		case codes.NotFound:
+			return checkResponse{}, fmt.Errorf("unknown policy %q: not in the node's policy table", f.policy)
+		case codes.InvalidArgument:
+			// The node's message names the problem (key or hits) once;
+			// peer.FromStatus would file both under "invalid key".
+			return checkResponse{}, fmt.Errorf("the node rejected the request: %s", st.Message())
+		}
 		return checkResponse{}, peer.FromStatus(err)
 	}
 	return responseFrom(peer.Decision{
@@ -168,6 +218,39 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 		RetryAfter: time.Duration(r.GetRetryAfterNs()), ResetAfter: time.Duration(r.GetResetAfterNs()),
 		Reason: peer.Reason(r.GetReason()), Owner: r.GetOwner(), RingVersion: r.GetRingVersion(),
 	}), nil
+}
+
+// dialRecord remembers whether any TCP connection to the node was made, and
+// the last dial error, so that "could not connect at all" can be told from
+// "connected, then the node said unavailable" without reading error texts.
+// Safe for concurrent use: gRPC dials on its own goroutines.
+type dialRecord struct {
+	mu        sync.Mutex
+	connected bool
+	lastErr   error
+}
+
+func (d *dialRecord) dial(ctx context.Context, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		d.lastErr = err
+	} else {
+		d.connected = true
+	}
+	return c, err
+}
+
+// neverConnected returns the last dial error if no dial succeeded, and nil
+// otherwise (or if no dial was tried).
+func (d *dialRecord) neverConnected() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.connected {
+		return nil
+	}
+	return d.lastErr
 }
 
 // clientTLSFlags are the TLS flags of the commands that dial a node (check
@@ -220,7 +303,13 @@ func checkHTTP(ctx context.Context, f checkFlags) (checkResponse, error) {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := (&http.Client{}).Do(req)
-	if err != nil {
+	var opErr *net.OpError
+	switch {
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		// Refused, no route, name not found, or the deadline passed while
+		// connecting: nothing answered.
+		return checkResponse{}, fmt.Errorf("%w at %s: %w", errUnreachable, f.addr, opErr)
+	case err != nil:
 		return checkResponse{}, fmt.Errorf("%w: %w", peer.ErrUnavailable, err)
 	}
 	defer resp.Body.Close()

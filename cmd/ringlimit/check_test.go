@@ -5,13 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
 
 // TestCheck runs the check command in-process against a serve process, over
 // gRPC and HTTP, and checks its exit codes: 0 allowed, 2 refused, 3
-// unavailable, 1 other errors.
+// unavailable (the server answered so), 4 unreachable (nothing answered), 1
+// other errors.
 func TestCheck(t *testing.T) {
 	t.Parallel()
 	pols := writeFile(t, t.TempDir(), "policies.yaml", testPolicies)
@@ -23,6 +26,14 @@ func TestCheck(t *testing.T) {
 	}
 	dead := lis.Addr().String()
 	lis.Close()
+	// A server that answers, but only 503: an outage the server reports.
+	outage := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"allowed":false,"reason":"unavailable","error":"rate limiter unavailable: node is shutting down"}`))
+	}))
+	defer outage.Close()
+	outageAddr := strings.TrimPrefix(outage.URL, "http://")
 
 	key := []string{"--tenant", "acme", "--subject", "dave", "--policy", "api"}
 	grpcArgs := append([]string{"--addr", p.grpcAddr}, key...)
@@ -46,10 +57,16 @@ func TestCheck(t *testing.T) {
 		{name: "grpc unknown policy", args: []string{"--addr", p.grpcAddr, "--tenant", "a", "--subject", "b", "--policy", "nope"}, wantCode: 1, wantOut: []string{"unknown policy"}},
 		{name: "http unknown policy", args: []string{"--addr", p.httpAddr, "--http", "--tenant", "a", "--subject", "b", "--policy", "nope"}, wantCode: 1, wantOut: []string{"HTTP 400", "unknown policy"}},
 		{name: "http invalid hits", args: append(httpArgs, "--hits", "99"), wantCode: 1, wantOut: []string{"invalid hits"}},
-		{name: "grpc invalid key", args: []string{"--addr", p.grpcAddr, "--tenant", "a b", "--subject", "b", "--policy", "api"}, wantCode: 1, wantOut: []string{"invalid"}},
-		{name: "grpc unreachable", args: []string{"--addr", dead, "--tenant", "a", "--subject", "b", "--policy", "api", "--timeout", "2s"}, wantCode: 3, wantOut: []string{"UNAVAILABLE"}},
-		{name: "http unreachable json", args: []string{"--addr", dead, "--http", "--json", "--tenant", "a", "--subject", "b", "--policy", "api"}, wantCode: 3,
-			wantJSON: map[string]any{"allowed": false, "reason": "unavailable"}},
+		{name: "grpc invalid key", args: []string{"--addr", p.grpcAddr, "--tenant", "a b", "--subject", "b", "--policy", "api"}, wantCode: 1,
+			wantOut: []string{"ringlimit: check: invalid key: tenant has byte 0x20 at 1 outside visible ASCII; --tenant, --subject and --policy must each be"}},
+		{name: "grpc invalid hits", args: append(grpcArgs, "--hits", "99"), wantCode: 1,
+			wantOut: []string{"check: the node rejected the request: peer: invalid hits: hits 99 must be between 1 and the limit 3"}},
+		{name: "grpc unreachable", args: []string{"--addr", dead, "--tenant", "a", "--subject", "b", "--policy", "api", "--timeout", "2s"}, wantCode: 4,
+			wantOut: []string{"UNREACHABLE", "could not reach the node at " + dead, "connection refused"}},
+		{name: "http unreachable json", args: []string{"--addr", dead, "--http", "--json", "--tenant", "a", "--subject", "b", "--policy", "api"}, wantCode: 4,
+			wantJSON: map[string]any{"allowed": false, "reason": "unreachable"}},
+		{name: "http answered 503", args: []string{"--addr", outageAddr, "--http", "--tenant", "a", "--subject", "b", "--policy", "api"}, wantCode: 3,
+			wantOut: []string{"UNAVAILABLE", "node is shutting down"}},
 		{name: "missing key part", args: []string{"--addr", p.grpcAddr, "--tenant", "a"}, wantCode: 1, wantOut: []string{"--tenant, --subject and --policy are required"}},
 	} {
 		// Sequential: the cases share one key's quota.
@@ -65,6 +82,9 @@ func TestCheck(t *testing.T) {
 				if !strings.Contains(all, w) {
 					t.Errorf("check %q output lacks %q:\n%s", tc.args, w, all)
 				}
+			}
+			if strings.Contains(all, "invalid key: shard:") || strings.Contains(all, "invalid key: peer:") {
+				t.Errorf("check %q output stacks error prefixes:\n%s", tc.args, all)
 			}
 			if tc.wantJSON != nil {
 				var got map[string]any

@@ -33,7 +33,9 @@ Exit codes:
   0  success (check: the request was allowed)
   1  error (bad flags, bad input, a failed demo promise, ...)
   2  check: refused, over limit
-  3  check: unavailable (the limiter could not decide, or the node is unreachable)
+  3  check: unavailable (the node answered: the limiter could not decide)
+  4  check: unreachable (could not connect to the node at all: wrong address
+     or port, node down, name not found)
 
 Every serve flag can also be set in the environment as RINGLIMIT_<FLAG>, with
 dashes as underscores, uppercase (--gossip-addr -> RINGLIMIT_GOSSIP_ADDR).
@@ -64,6 +66,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageError("no command given")
 	}
 	cmd, rest := args[0], args[1:]
+	// "ringlimit CMD -h" is "ringlimit help CMD": help is asked for, so it
+	// goes to stdout. (Help flags among other flags are the subcommand's
+	// to handle.)
+	if len(rest) == 1 && isHelpFlag(rest[0]) {
+		if _, ok := commandUsage(cmd); ok {
+			cmd, rest = "help", []string{cmd}
+		}
+	}
 	switch cmd {
 	case "demo":
 		return runDemo(ctx, rest, stdout, stderr)
@@ -74,8 +84,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "bench":
 		return runBench(ctx, rest, stdout, stderr)
 	case "help", "-h", "-help", "--help":
+		// Every help goes to stdout and exits 0; only usage errors go to
+		// stderr.
 		if len(rest) > 0 && rest[0] != "help" && !strings.HasPrefix(rest[0], "-") {
-			return run(ctx, []string{rest[0], "-h"}, stdout, stderr)
+			text, ok := commandUsage(rest[0])
+			if !ok {
+				fmt.Fprint(stderr, usageText)
+				return usageError(fmt.Sprintf("help: unknown command %q", rest[0]))
+			}
+			fmt.Fprint(stdout, text)
+			return nil
 		}
 		fmt.Fprint(stdout, usageText)
 		return nil
@@ -83,6 +101,30 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stderr, usageText)
 		return usageError(fmt.Sprintf("unknown command %q", cmd))
 	}
+}
+
+// commandUsage returns the help text of subcommand name.
+func commandUsage(name string) (string, bool) {
+	switch name {
+	case "demo":
+		return demoUsage, true
+	case "serve":
+		return serveUsage + policiesUsage, true
+	case "check":
+		return checkUsage, true
+	case "bench":
+		return benchUsage, true
+	}
+	return "", false
+}
+
+// isHelpFlag reports whether arg asks the flag package for help.
+func isHelpFlag(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--help", "--h":
+		return true
+	}
+	return false
 }
 
 // exitError carries a specific exit code. A nil err means the command has
@@ -101,12 +143,13 @@ func (e *exitError) Error() string {
 
 func (e *exitError) Unwrap() error { return e.err }
 
-// Exit codes shared by every subcommand; check documents 2 and 3.
+// Exit codes shared by every subcommand; check documents 2, 3 and 4.
 const (
 	exitOK          = 0
 	exitFailure     = 1
 	exitRefused     = 2
 	exitUnavailable = 3
+	exitUnreachable = 4
 )
 
 // usageError is a bad command line: exit code 1 (2 is check's "refused").

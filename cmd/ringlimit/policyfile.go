@@ -94,31 +94,36 @@ func loadPolicies(path string) (map[string]peer.PolicyConfig, error) {
 }
 
 // parsePolicies parses a policy table from YAML or JSON (JSON is read as
-// YAML). It reports every problem it finds, joined: unknown fields, missing
-// or duplicate names, non-positive limits, unparsable durations and unknown
-// algorithm or on_unavailable names.
+// YAML). It reports every problem it finds, joined, in the file's terms
+// with line numbers: a wrong shape, unknown or repeated fields, values of
+// the wrong kind, missing or duplicate names, non-positive limits,
+// unparsable durations and unknown algorithm or on_unavailable names.
 func parsePolicies(data []byte) (map[string]peer.PolicyConfig, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	var pf policyFile
-	if err := dec.Decode(&pf); err != nil {
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, errors.New("empty: want a top-level \"policies\" list")
 		}
-		return nil, err
+		return nil, fmt.Errorf("not valid YAML or JSON: %w", err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return nil, errors.New("more than one document: want exactly one")
 	}
-	if len(pf.Policies) == 0 {
+	entries, skip, errs := policyEntries(&doc)
+	if len(entries) == 0 && len(errs) == 0 {
 		return nil, errors.New("no policies: want a top-level \"policies\" list with at least one entry")
 	}
-	var errs []error
-	out := make(map[string]peer.PolicyConfig, len(pf.Policies))
-	for i, e := range pf.Policies {
+	out := make(map[string]peer.PolicyConfig, len(entries))
+	for i, e := range entries {
 		bad := func(format string, a ...any) {
 			errs = append(errs, fmt.Errorf("policies[%d] (%q): %s", i, e.Name, fmt.Sprintf(format, a...)))
+		}
+		if skip[i] {
+			// Its shape is already reported; its values would only
+			// repeat that.
+			continue
 		}
 		var pc peer.PolicyConfig
 		switch err := (shard.Key{Tenant: "t", Subject: "s", Policy: e.Name}).Validate(); {
@@ -178,6 +183,134 @@ func parsePolicies(data []byte) (map[string]peer.PolicyConfig, error) {
 		return nil, errors.Join(errs...)
 	}
 	return out, nil
+}
+
+// policyFields lists an entry's fields in the order the docs give them.
+const policyFields = "name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow"
+
+// policyEntries reads the entries of a policy file's document node without
+// the YAML library's struct decoding, whose errors name Go types
+// ("!!map into []main.policyEntry"). Entries whose shape is wrong are
+// reported in errs, and marked in skip so their values are not checked.
+func policyEntries(doc *yaml.Node) (entries []policyEntry, skip []bool, errs []error) {
+	root := resolve(doc)
+	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		root = resolve(root.Content[0])
+	}
+	if root.Kind != yaml.MappingNode {
+		return nil, nil, []error{fmt.Errorf("the file must be a map with a \"policies\" list, got %s at line %d", kindOf(root), root.Line)}
+	}
+	var list *yaml.Node
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], resolve(root.Content[i+1])
+		switch {
+		case k.Value != "policies":
+			errs = append(errs, fmt.Errorf("unknown top-level field %q at line %d: the file holds only \"policies\"", k.Value, k.Line))
+		case list != nil:
+			errs = append(errs, fmt.Errorf("\"policies\" given twice (lines %d and %d)", list.Line, k.Line))
+		default:
+			list = v
+		}
+	}
+	if list == nil || list.ShortTag() == "!!null" {
+		return nil, nil, errs
+	}
+	if list.Kind != yaml.SequenceNode {
+		return nil, nil, append(errs, fmt.Errorf("\"policies\" must be a list of {%s} entries, got %s at line %d", policyFields, kindOf(list), list.Line))
+	}
+	for i, item := range list.Content {
+		e, bad := policyEntryOf(i, resolve(item))
+		entries, skip, errs = append(entries, e), append(skip, len(bad) > 0), append(errs, bad...)
+	}
+	return entries, skip, errs
+}
+
+// policyEntryOf reads entry i of the policies list.
+func policyEntryOf(i int, n *yaml.Node) (e policyEntry, errs []error) {
+	if n.Kind != yaml.MappingNode {
+		return e, []error{fmt.Errorf("policies[%d] must be a map of {%s}, got %s at line %d", i, policyFields, kindOf(n), n.Line)}
+	}
+	seen := map[string]int{}
+	for j := 0; j+1 < len(n.Content); j += 2 {
+		k, v := n.Content[j], resolve(n.Content[j+1])
+		bad := func(format string, a ...any) {
+			errs = append(errs, fmt.Errorf("policies[%d]: %s", i, fmt.Sprintf(format, a...)))
+		}
+		if line, dup := seen[k.Value]; dup {
+			bad("field %q given twice (lines %d and %d)", k.Value, line, k.Line)
+			continue
+		}
+		seen[k.Value] = k.Line
+		var str *string
+		switch k.Value {
+		case "name":
+			str = &e.Name
+		case "window":
+			str = &e.Window
+		case "algorithm":
+			str = &e.Algorithm
+		case "on_unavailable":
+			str = &e.OnUnavailable
+		case "resolution":
+			str = &e.Resolution
+		case "limit", "fallback_limit":
+			var x int64
+			if v.Kind != yaml.ScalarNode || v.Decode(&x) != nil {
+				bad("%s must be a whole number, got %s at line %d", k.Value, kindOf(v), v.Line)
+			} else if k.Value == "limit" {
+				e.Limit = x
+			} else {
+				e.FallbackLimit = x
+			}
+		case "shadow":
+			if v.Kind != yaml.ScalarNode || v.Decode(&e.Shadow) != nil {
+				bad("shadow must be true or false, got %s at line %d", kindOf(v), v.Line)
+			}
+		default:
+			bad("unknown field %q at line %d (want %s)", k.Value, k.Line, policyFields)
+		}
+		if str != nil {
+			// Any scalar is text here: "window: 60" is then reported
+			// as a duration without a unit, which says what to write.
+			if v.Kind != yaml.ScalarNode {
+				bad("%s must be a string, got %s at line %d", k.Value, kindOf(v), v.Line)
+			} else if v.ShortTag() != "!!null" {
+				*str = v.Value
+			}
+		}
+	}
+	return e, errs
+}
+
+// resolve follows a YAML alias to the node it names.
+func resolve(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
+}
+
+// kindOf describes a node in the file's terms: "a map", "a list",
+// "the number 5", "the string \"abc\"", "nothing".
+func kindOf(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a map"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		switch n.ShortTag() {
+		case "!!null":
+			return "nothing"
+		case "!!str":
+			return fmt.Sprintf("the string %q", n.Value)
+		case "!!int", "!!float":
+			return "the number " + n.Value
+		default:
+			return n.Value
+		}
+	}
+	return "an empty document"
 }
 
 // formatPolicies renders a table in the policy file format, sorted by name,

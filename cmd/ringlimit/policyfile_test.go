@@ -54,12 +54,12 @@ policies:
 		{
 			name:    "unknown field in an entry",
 			in:      "policies:\n  - name: api\n    limit: 1\n    window: 1s\n    burst: 5\n",
-			wantErr: []string{"field burst not found"},
+			wantErr: []string{`policies[0]: unknown field "burst" at line 5 (want name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow)`},
 		},
 		{
 			name:    "unknown top-level field",
 			in:      `{"policies": [{"name": "api", "limit": 1, "window": "1s"}], "version": 2}`,
-			wantErr: []string{"field version not found"},
+			wantErr: []string{`unknown top-level field "version" at line 1: the file holds only "policies"`},
 		},
 		{
 			name:    "bad values are all reported",
@@ -94,7 +94,30 @@ policies:
 		{name: "empty", in: "", wantErr: []string{"empty"}},
 		{name: "no policies", in: "policies: []\n", wantErr: []string{"no policies"}},
 		{name: "two documents", in: "policies:\n  - {name: a, limit: 1, window: 1s}\n---\npolicies: []\n", wantErr: []string{"more than one document"}},
-		{name: "not a mapping", in: "- a\n- b\n", wantErr: []string{"cannot unmarshal"}},
+		{name: "not a mapping", in: "- a\n- b\n", wantErr: []string{`the file must be a map with a "policies" list, got a list at line 1`}},
+		{
+			name:    "policies is a map, not a list",
+			in:      "policies:\n  api:\n    limit: 1\n    window: 1s\n",
+			wantErr: []string{`"policies" must be a list of {name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow} entries, got a map at line 2`},
+		},
+		{
+			name:    "an entry is not a map",
+			in:      "policies:\n  - api\n  - {name: b, limit: 1, window: 1s}\n",
+			wantErr: []string{`policies[0] must be a map of {name, limit, window`, `got the string "api" at line 2`},
+		},
+		{
+			name: "values of the wrong kind are all reported",
+			in:   "policies:\n  - name: [a, b]\n    limit: lots\n    window: 1s\n    shadow: maybe\n    fallback_limit: {x: 1}\n",
+			wantErr: []string{`policies[0]: name must be a string, got a list at line 2`, `limit must be a whole number, got the string "lots" at line 3`,
+				`shadow must be true or false, got the string "maybe" at line 5`, `fallback_limit must be a whole number, got a map at line 6`},
+		},
+		{
+			name:    "a field given twice",
+			in:      "policies:\n  - name: api\n    limit: 1\n    window: 1s\n    limit: 2\n",
+			wantErr: []string{`policies[0]: field "limit" given twice (lines 3 and 5)`},
+		},
+		{name: "policies given but empty", in: "policies:\n", wantErr: []string{"no policies"}},
+		{name: "not YAML", in: "policies: [\n", wantErr: []string{"not valid YAML or JSON", "line"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := parsePolicies([]byte(tc.in))
@@ -105,6 +128,13 @@ policies:
 				for _, w := range tc.wantErr {
 					if !strings.Contains(err.Error(), w) {
 						t.Errorf("parsePolicies(%q) error\n%v\nlacks %q", tc.in, err, w)
+					}
+				}
+				// The user wrote YAML or JSON: Go type names and YAML
+				// tags mean nothing to them.
+				for _, leak := range []string{"main.", "!!", "[]", "int64", "unmarshal"} {
+					if strings.Contains(err.Error(), leak) {
+						t.Errorf("parsePolicies(%q) error leaks %q:\n%v", tc.in, leak, err)
 					}
 				}
 				return

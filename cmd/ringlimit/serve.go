@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 const serveUsage = `Usage: ringlimit serve [flags]
@@ -71,7 +72,9 @@ HTTP endpoints:
                       200 admitted (also failed_open, fallback, shadow),
                       429 over limit, 503 unavailable, 400 bad input,
                       413 body over 64 KiB; RateLimit-Policy, RateLimit and
-                      Retry-After headers
+                      Retry-After headers (a 503 carries Retry-After,
+                      RateLimit-Policy, RateLimit-Reason: unavailable, and
+                      the policy's limit and retry_after_ms in its body)
   GET  /healthz       200 while the process runs
   GET  /readyz        200 once joined with a non-empty ring, 503 while draining
   GET  /metrics       Prometheus metrics (ringlimit_*, go_*, process_*)
@@ -506,33 +509,73 @@ func (a *httpAPI) check(w http.ResponseWriter, r *http.Request) {
 	}
 	key := peer.Key{Tenant: req.Tenant, Subject: req.Subject, Policy: req.Policy}
 	d, err := a.node.Allow(r.Context(), peer.Request{Key: key, Hits: req.Hits})
-	switch {
-	case errors.Is(err, peer.ErrInvalidKey), errors.Is(err, peer.ErrInvalidHits), errors.Is(err, peer.ErrUnknownPolicy):
-		writeJSON(w, http.StatusBadRequest, errorResponse{Error: err.Error()})
-		return
-	case errors.Is(err, peer.ErrUnavailable), errors.Is(err, peer.ErrClosed):
-		// Unavailable is never 429: the limiter could not decide. The
-		// cause (addresses, timeouts) stays in the node's own logs.
-		msg := "rate limiter unavailable: the key's owner could not decide in time"
-		if errors.Is(err, peer.ErrClosed) {
-			msg = "rate limiter unavailable: node is shutting down"
-		}
-		a.log.Debug("check unavailable", "policy", req.Policy, "err", err)
-		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusServiceUnavailable, checkResponse{Reason: peer.ReasonUnavailable.String(), Error: msg})
-		return
-	case err != nil:
-		a.log.Error("check failed", "policy", req.Policy, "err", err)
-		writeJSON(w, http.StatusInternalServerError, errorResponse{Error: "internal error"})
+	if err != nil {
+		a.writeAllowError(w, key, req.Hits, err)
 		return
 	}
+	// RateLimitHeaders also sets Retry-After on a refusal.
 	peer.RateLimitHeaders(w.Header(), req.Policy, a.policies[req.Policy], d)
 	status := http.StatusOK
 	if !d.Allowed {
 		status = http.StatusTooManyRequests
-		w.Header().Set("Retry-After", fmt.Sprint(max(peer.RetryAfterSeconds(d.RetryAfter), 1)))
 	}
 	writeJSON(w, status, responseFrom(d))
+}
+
+// writeAllowError answers an error from Node.Allow for key and hits: 400
+// for bad input, in the client's terms and once (the error's own text
+// stacks the peer and shard prefixes); 503 for unavailability, with the
+// headers and body fields a 429 carries; 500 otherwise.
+func (a *httpAPI) writeAllowError(w http.ResponseWriter, key peer.Key, hits int64, err error) {
+	pc, known := a.policies[key.Policy]
+	switch {
+	case errors.Is(err, peer.ErrInvalidKey):
+		msg := "invalid key"
+		if p := key.Problem(); p != "" {
+			msg += ": " + p
+		}
+		msg += fmt.Sprintf("; tenant, subject and policy must each be 1 to %d bytes of visible ASCII", shard.MaxKeyPartLen)
+		writeJSON(w, http.StatusBadRequest, errorResponse{Error: msg})
+	case errors.Is(err, peer.ErrUnknownPolicy):
+		writeJSON(w, http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("unknown policy %q: this node's policies are %s", key.Policy, policyNames(a.policies))})
+	case errors.Is(err, peer.ErrInvalidHits):
+		writeJSON(w, http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("invalid hits %d: must be between 1 and the policy's limit %d (0 means 1)", hits, pc.Limit)})
+	case errors.Is(err, peer.ErrUnavailable), errors.Is(err, peer.ErrClosed):
+		// Unavailable is never 429: the limiter could not decide. The
+		// cause (addresses, refused connections) stays in the node's own
+		// logs; the text claims a timeout only when there was one.
+		msg := "rate limiter unavailable: could not get a decision from the key's owner"
+		switch {
+		case errors.Is(err, peer.ErrClosed):
+			msg = "rate limiter unavailable: node is shutting down"
+		case errors.Is(err, context.DeadlineExceeded):
+			msg = "rate limiter unavailable: the key's owner could not decide in time"
+		}
+		a.log.Debug("check unavailable", "policy", key.Policy, "err", err)
+		body := checkResponse{Reason: peer.ReasonUnavailable.String(), Error: msg,
+			RetryAfterMs: peer.UnavailableRetryAfter.Milliseconds()}
+		if known {
+			peer.UnavailableHeaders(w.Header(), key.Policy, pc)
+			body.Limit = pc.Limit
+		} else {
+			// Closed before the policy was looked up.
+			w.Header().Set("Retry-After", fmt.Sprint(peer.RetryAfterSeconds(peer.UnavailableRetryAfter)))
+		}
+		writeJSON(w, http.StatusServiceUnavailable, body)
+	default:
+		a.log.Error("check failed", "policy", key.Policy, "err", err)
+		writeJSON(w, http.StatusInternalServerError, errorResponse{Error: "internal error"})
+	}
+}
+
+// policyNames lists a policy table's names, sorted and comma-separated.
+func policyNames(pols map[string]peer.PolicyConfig) string {
+	names := make([]string, 0, len(pols))
+	for n := range pols {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
 }
 
 func (a *httpAPI) healthz(w http.ResponseWriter, _ *http.Request) {

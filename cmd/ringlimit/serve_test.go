@@ -13,12 +13,15 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,6 +36,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ringlimit/ringlimit/peer"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
@@ -262,15 +266,20 @@ func TestServeHTTPAndGRPC(t *testing.T) {
 		{"unknown field", `{"tenant":"a","subject":"b","policy":"api","limit":1000}`, 400, `unknown field "limit"`},
 		{"two objects", good + good, 400, "trailing data"},
 		{"unknown policy", `{"tenant":"a","subject":"b","policy":"nope"}`, 400, "unknown policy"},
-		{"empty tenant", `{"subject":"b","policy":"api"}`, 400, "invalid key"},
+		{"empty tenant", `{"subject":"b","policy":"api"}`, 400, "invalid key: tenant is empty;"},
+		{"UTF-8 subject", `{"tenant":"a","subject":"josé","policy":"api"}`, 400, "invalid key: subject has byte 0xc3 at 3 outside visible ASCII;"},
 		{"hits above the limit", `{"tenant":"a","subject":"b","policy":"api","hits":4}`, 400, "invalid hits"},
 		{"negative hits", `{"tenant":"a","subject":"b","policy":"api","hits":-1}`, 400, "invalid hits"},
 		{"oversized body", `{"tenant":"` + strings.Repeat("a", 70<<10) + `"}`, 413, "larger than 65536"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := doHTTP(t, "POST", check, tc.body)
-			if msg, _ := r.body["error"].(string); r.status != tc.status || !strings.Contains(msg, tc.errPart) {
+			msg, _ := r.body["error"].(string)
+			if r.status != tc.status || !strings.Contains(msg, tc.errPart) {
 				t.Errorf("POST %.60q: %d %s, want %d with error containing %q", tc.body, r.status, r.raw, tc.status, tc.errPart)
+			}
+			if strings.Contains(msg, "peer:") || strings.Contains(msg, "shard:") {
+				t.Errorf("POST %.60q: error %q carries a package prefix", tc.body, msg)
 			}
 		})
 	}
@@ -429,8 +438,10 @@ func TestServeUnavailable(t *testing.T) {
 	<-b.exited
 	r := doHTTP(t, "POST", "http://"+a.httpAddr+"/v1/check", body)
 	if r.status != http.StatusServiceUnavailable || r.body["reason"] != "unavailable" || r.body["allowed"] != false ||
-		r.body["error"] == nil || r.header.Get("Retry-After") == "" {
-		t.Errorf("check right after the owner died: %d %v %s, want 503 reason unavailable with an error and Retry-After", r.status, r.header, r.raw)
+		r.body["error"] == nil || r.header.Get("Retry-After") != "1" || r.body["retry_after_ms"] != 1000.0 ||
+		r.body["limit"] != 3.0 || r.header.Get("RateLimit-Policy") != `"api";q=3;w=60` {
+		t.Errorf("check right after the owner died: %d %v %s, want 503 reason unavailable with an error, "+
+			"Retry-After 1 and retry_after_ms 1000, RateLimit-Policy and the policy's limit", r.status, r.header, r.raw)
 	}
 	waitFor(t, 15*time.Second, "ua to decide again once its ring drops ub", func() bool {
 		r := doHTTP(t, "POST", "http://"+a.httpAddr+"/v1/check", body)
@@ -670,5 +681,79 @@ func TestLoadGossipKey(t *testing.T) {
 	}
 	if _, err := loadGossipKey(filepath.Join(dir, "missing")); err == nil {
 		t.Error("loadGossipKey(missing) returned no error")
+	}
+}
+
+// TestServeAllowErrors checks how serve answers each error Node.Allow can
+// return: bad input in the client's terms with no package prefixes, and a
+// 503 that carries what a 429 carries and claims a timeout only after one.
+func TestServeAllowErrors(t *testing.T) {
+	t.Parallel()
+	api := &httpAPI{policies: map[string]peer.PolicyConfig{
+		"api": {Limit: 3, Window: time.Minute}, "shared": {Limit: 10, Window: time.Minute},
+	}, log: slog.New(slog.DiscardHandler)}
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	good := peer.Key{Tenant: "a", Subject: "b", Policy: "api"}
+	for _, tc := range []struct {
+		name     string
+		key      peer.Key
+		hits     int64
+		err      error
+		status   int
+		headers  map[string]string // "" means absent
+		body     map[string]any
+		errPart  string
+		errNotIn string
+	}{
+		{name: "connection refused", key: good, status: 503,
+			err:     fmt.Errorf("%w: forward to ub: %w", peer.ErrUnavailable, refused),
+			headers: map[string]string{"Retry-After": "1", "RateLimit-Policy": `"api";q=3;w=60`, "RateLimit-Reason": "unavailable", "RateLimit": ""},
+			body:    map[string]any{"retry_after_ms": 1000.0, "limit": 3.0, "reason": "unavailable", "allowed": false},
+			errPart: "could not get a decision from the key's owner", errNotIn: "in time"},
+		{name: "deadline", key: good, status: 503,
+			err:     fmt.Errorf("%w: %w", peer.ErrUnavailable, context.DeadlineExceeded),
+			headers: map[string]string{"Retry-After": "1", "RateLimit-Policy": `"api";q=3;w=60`},
+			body:    map[string]any{"retry_after_ms": 1000.0, "limit": 3.0},
+			errPart: "could not decide in time"},
+		{name: "closed", key: good, err: peer.ErrClosed, status: 503,
+			headers: map[string]string{"Retry-After": "1", "RateLimit-Policy": `"api";q=3;w=60`},
+			body:    map[string]any{"retry_after_ms": 1000.0, "limit": 3.0}, errPart: "shutting down"},
+		{name: "closed before the policy was looked up", key: peer.Key{Tenant: "a", Subject: "b", Policy: "nope"}, err: peer.ErrClosed, status: 503,
+			headers: map[string]string{"Retry-After": "1", "RateLimit-Policy": ""},
+			body:    map[string]any{"retry_after_ms": 1000.0}, errPart: "shutting down"},
+		{name: "invalid key", key: peer.Key{Tenant: "a", Subject: "josé", Policy: "api"}, status: 400,
+			err:     fmt.Errorf("%w: %w", peer.ErrInvalidKey, peer.Key{Tenant: "a", Subject: "josé", Policy: "api"}.Validate()),
+			errPart: "invalid key: subject has byte 0xc3 at 3 outside visible ASCII; tenant, subject and policy must each be 1 to 128 bytes", errNotIn: "invalid key: shard"},
+		{name: "unknown policy", key: peer.Key{Tenant: "a", Subject: "b", Policy: "nope"}, status: 400,
+			err: fmt.Errorf("%w: %q", peer.ErrUnknownPolicy, "nope"), errPart: `unknown policy "nope": this node's policies are api, shared`},
+		{name: "invalid hits", key: good, hits: 4, status: 400,
+			err: fmt.Errorf("%w: hits 4 must be between 1 and the limit 3", peer.ErrInvalidHits), errPart: "invalid hits 4: must be between 1 and the policy's limit 3"},
+		{name: "anything else", key: good, err: errors.New("boom"), status: 500, errPart: "internal error", errNotIn: "boom"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			api.writeAllowError(rec, tc.key, tc.hits, tc.err)
+			var body map[string]any
+			if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+				t.Fatalf("body %q is not JSON: %v", rec.Body.String(), err)
+			}
+			msg, _ := body["error"].(string)
+			if rec.Code != tc.status || !strings.Contains(msg, tc.errPart) {
+				t.Errorf("error %v: %d %q, want %d with error containing %q", tc.err, rec.Code, msg, tc.status, tc.errPart)
+			}
+			if strings.Contains(msg, "peer:") || strings.Contains(msg, "shard:") || (tc.errNotIn != "" && strings.Contains(msg, tc.errNotIn)) {
+				t.Errorf("error %v: message %q has a package prefix or %q", tc.err, msg, tc.errNotIn)
+			}
+			for k, want := range tc.headers {
+				if got := rec.Header().Get(k); got != want {
+					t.Errorf("error %v: header %s = %q, want %q", tc.err, k, got, want)
+				}
+			}
+			for k, want := range tc.body {
+				if body[k] != want {
+					t.Errorf("error %v: body %s = %v, want %v (%s)", tc.err, k, body[k], want, rec.Body.String())
+				}
+			}
+		})
 	}
 }
