@@ -214,7 +214,7 @@ func New(cfg Config, members []string, version uint64) (*Snapshot, error) {
 // after the first moved one can shift, so re-placing only the leaver's
 // partitions would not be exact. placement makes each pass cheap
 // (no sorting, hashing or maps), and a pass stops at the member's last
-// partition because later ones cannot change the ones before.
+// partition.
 func (s *Snapshot) buildTables(sum64 func([]byte) uint64) error {
 	pl := newPlacement(s.cfg, s.members, sum64)
 	n := len(s.members)
@@ -231,25 +231,36 @@ func (s *Snapshot) buildTables(sum64 func([]byte) uint64) error {
 		}
 		return nil
 	}
-	last := make([]int, n) // member -> its highest partition
+	// byOwner lists each member's partitions in order, from at[m] to
+	// at[m+1], so a pass reads back only the partitions it is for.
+	at := make([]int, n+1)
+	for _, m := range s.owner {
+		at[m+1]++
+	}
+	for m := range n {
+		at[m+1] += at[m]
+	}
+	byOwner := make([]uint32, len(s.owner))
+	next := slices.Clone(at[:n])
 	for p, m := range s.owner {
-		last[m] = p
+		byOwner[next[m]] = uint32(p)
+		next[m]++
 	}
 	scratch := make([]uint32, len(s.owner))
 	capacity := pl.capacity(n - 1)
 	for x := range uint32(n) {
-		if s.owned[x] == 0 {
+		mine := byOwner[at[x]:at[x+1]]
+		if len(mine) == 0 {
 			continue // owns nothing, so it is nobody's primary
 		}
 		clear(loads)
-		out := scratch[:last[x]+1]
+		// Partitions after x's last cannot change those before it.
+		out := scratch[:mine[len(mine)-1]+1]
 		if !pl.run(x, capacity, loads, out) {
 			return errNoRoom(n - 1)
 		}
-		for p, b := range out {
-			if s.owner[p] == x {
-				s.backup[p] = b
-			}
+		for _, p := range mine {
+			s.backup[p] = out[p]
 		}
 	}
 	return nil
