@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"testing"
 
@@ -119,14 +120,32 @@ func BenchmarkRingBackup(b *testing.B) {
 	}
 }
 
+// ringNewCases are the ring sizes measured for a rebuild: the lookup sizes
+// plus 64 and 256 members, keeping about 32 partitions per member (primes)
+// from 128 members on. Issue 9 budgets 256 members at 20 ms and 10 MB.
+var ringNewCases = []struct {
+	members    int
+	partitions int
+}{
+	{members: 3, partitions: 271},
+	{members: 16, partitions: 271},
+	{members: 64, partitions: 2053},
+	{members: 128, partitions: 4099},
+	{members: 256, partitions: 8191},
+}
+
 // BenchmarkRingNew measures a full snapshot rebuild, paid on every
-// membership change: the library ring plus one ring per member for backups.
+// membership change: owners plus, for every member, where its partitions go
+// if it leaves. MB/op is the bytes allocated per rebuild in millions, the
+// unit of the issue 9 budget.
 func BenchmarkRingNew(b *testing.B) {
-	for _, c := range ringCases {
+	for _, c := range ringNewCases {
 		b.Run(fmt.Sprintf("members=%d", c.members), func(b *testing.B) {
 			members := ringMembers(c.members)
 			cfg := ring.Config{PartitionCount: c.partitions}
 			b.ReportAllocs()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
 			for b.Loop() {
 				s, err := ring.New(cfg, members, 1)
 				if err != nil {
@@ -134,6 +153,8 @@ func BenchmarkRingNew(b *testing.B) {
 				}
 				ringSnapshotSink = s
 			}
+			runtime.ReadMemStats(&after)
+			b.ReportMetric(float64(after.TotalAlloc-before.TotalAlloc)/float64(b.N)/1e6, "MB/op")
 		})
 	}
 }

@@ -4,9 +4,12 @@
 // ring parameters (Config: partition count, replication factor, load factor;
 // the hasher is fixed to xxhash64), and the immutable Snapshot built from one
 // complete member list: key bytes → partition → owner, the backup owner, the
-// snapshot's version, and the Config fingerprint. Placement is computed by
+// snapshot's version, and the Config fingerprint. Placement is that of
 // github.com/buraksezer/consistent v1.0.0 (consistent hashing with bounded
-// loads); ring validates every input first so that library never panics.
+// loads), restated in placement.go so one set of ring positions serves every
+// ring New needs; the tests keep the library as the reference. ring validates
+// every input first; where the library would still panic (every position of
+// a member colliding, not reachable with xxhash), New returns an error.
 //
 // Guarantees:
 //

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/buraksezer/consistent"
 	"github.com/cespare/xxhash/v2"
 )
 
@@ -38,7 +37,14 @@ const (
 	// xxhash64(key) mod PartitionCount, owner from the library's partition
 	// table, backup = owner in the ring without the primary owner.
 	scheme = "ringlimit/ring/v1"
-	// library is the pinned ring library; keep in step with go.mod.
+	// library is the pinned ring library whose placement this package
+	// reproduces. New no longer calls it (placement.go restates its
+	// algorithm), but the tables are bit-identical to what it gives for
+	// the same member list — the tests compare them over random lists — so
+	// the placement function, and with it the fingerprint, is unchanged.
+	// If the restatement ever departs from the library, change this (or
+	// scheme) so peers of different builds do not mix. Keep it in step
+	// with go.mod, where the library stays as the tests' reference.
 	library = "github.com/buraksezer/consistent@v1.0.0"
 	// hasherName names the hash used for keys and ring positions.
 	hasherName = "xxhash64"
@@ -151,12 +157,11 @@ type Snapshot struct {
 // Errors: ErrNoMembers for an empty list; ErrInvalidMember for an empty or
 // duplicated name; ErrInvalidConfig for a bad cfg. Problems are joined.
 //
-// Cost: besides building the library ring once, New recomputes the ring
-// without each member (for Backup), about members × 2 × PartitionCount
-// library placements. Measured on one core (bench/): ~0.5 ms at 3 members
-// and ~3 ms at 16 with the defaults, ~50 ms at 128 members with 271
-// partitions, ~350 ms at 128 with 4099. Call it on membership change, not per
-// request, and coalesce bursts of changes into one rebuild.
+// Cost: one placement pass for the owners and one per owning member for the
+// backups (see buildTables), with no maps and a few allocations of
+// O(members × ReplicationFactor + PartitionCount). See BenchmarkRingNew in
+// bench/ for figures. Call it on membership change, not per request, and
+// coalesce bursts of changes into one rebuild.
 func New(cfg Config, members []string, version uint64) (*Snapshot, error) {
 	cfg = cfg.WithDefaults()
 	var errs []error
@@ -192,127 +197,81 @@ func New(cfg Config, members []string, version uint64) (*Snapshot, error) {
 		owned:       make([]int, len(sorted)),
 		membersHash: membersHash(sorted),
 	}
-	// Two ways to get the same tables; see buildTables. Reusing one library
-	// ring is only exact when no two virtual nodes share a position.
-	if err := s.buildTables(!positionsCollide(sorted, cfg.ReplicationFactor)); err != nil {
+	if err := s.buildTables(xxhash.Sum64); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-// buildTables fills s.owner, s.owned and s.backup from the library ring.
+// buildTables fills s.owner, s.owned and s.backup, hashing ring positions
+// with sum64 (xxhash64; tests pass a colliding hash to exercise collisions).
 //
 // The backup of a partition is its owner in the ring without the partition's
 // primary owner: exactly where the key goes if that owner leaves, so a replica
-// kept there is already in place when the primary is gone. That takes one
-// ring per member. Building each from scratch costs the library a full sort
-// per added member, which is seconds at a hundred members; with reuse set,
-// buildTables instead removes the member from one ring and adds it back,
-// which the library rebuilds from the same sorted positions and so yields
-// the same table, provided no positions collide (a collision makes Remove
-// delete another member's position too). Tests check both paths agree.
-func (s *Snapshot) buildTables(reuse bool) (err error) {
-	// The library panics when it cannot place partitions. Validate rules
-	// out every parameter that can cause that; what remains is a member
-	// whose ring positions all collide with others' (not reachable with
-	// realistic names). Turn it into an error rather than crash the node.
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: cannot place %d members on the ring: %v", ErrInvalidMember, len(s.members), r)
-		}
-	}()
-	index := make(map[string]uint32, len(s.members))
-	for i, name := range s.members {
-		index[name] = uint32(i)
-	}
-	full := newConsistent(s.cfg, s.members)
-	if err := readTable(full, index, s.owner, func(int) bool { return true }); err != nil {
-		return err
+// kept there is already in place when the primary is gone. That is one
+// placement per member that owns anything, each from scratch: with bounded
+// loads the cap changes with the member count and every partition placed
+// after the first moved one can shift, so re-placing only the leaver's
+// partitions would not be exact. placement makes each pass cheap
+// (no sorting, hashing or maps), and a pass stops at the member's last
+// partition.
+func (s *Snapshot) buildTables(sum64 func([]byte) uint64) error {
+	pl := newPlacement(s.cfg, s.members, sum64)
+	n := len(s.members)
+	loads := make([]int32, n)
+	if !pl.run(none, pl.capacity(n), loads, s.owner) {
+		return errNoRoom(n)
 	}
 	for _, m := range s.owner {
 		s.owned[m]++
 	}
-	if len(s.members) == 1 {
+	if n == 1 {
 		for p := range s.backup {
 			s.backup[p] = noBackup
 		}
 		return nil
 	}
-	var rest []string
-	for i, name := range s.members {
-		if s.owned[i] == 0 {
+	// byOwner lists each member's partitions in order, from at[m] to
+	// at[m+1], so a pass reads back only the partitions it is for.
+	at := make([]int, n+1)
+	for _, m := range s.owner {
+		at[m+1]++
+	}
+	for m := range n {
+		at[m+1] += at[m]
+	}
+	byOwner := make([]uint32, len(s.owner))
+	next := slices.Clone(at[:n])
+	for p, m := range s.owner {
+		byOwner[next[m]] = uint32(p)
+		next[m]++
+	}
+	scratch := make([]uint32, len(s.owner))
+	capacity := pl.capacity(n - 1)
+	for x := range uint32(n) {
+		mine := byOwner[at[x]:at[x+1]]
+		if len(mine) == 0 {
 			continue // owns nothing, so it is nobody's primary
 		}
-		without := full
-		if reuse {
-			full.Remove(name)
-		} else {
-			rest = append(append(rest[:0], s.members[:i]...), s.members[i+1:]...)
-			without = newConsistent(s.cfg, rest)
+		clear(loads)
+		// Partitions after x's last cannot change those before it.
+		out := scratch[:mine[len(mine)-1]+1]
+		if !pl.run(x, capacity, loads, out) {
+			return errNoRoom(n - 1)
 		}
-		primary := uint32(i)
-		if err := readTable(without, index, s.backup, func(p int) bool { return s.owner[p] == primary }); err != nil {
-			return err
-		}
-		if reuse {
-			full.Add(member(name))
+		for _, p := range mine {
+			s.backup[p] = out[p]
 		}
 	}
 	return nil
 }
 
-// newConsistent builds the library ring for members under cfg.
-func newConsistent(cfg Config, members []string) *consistent.Consistent {
-	list := make([]consistent.Member, len(members))
-	for i, name := range members {
-		list[i] = member(name)
-	}
-	return consistent.New(list, consistent.Config{
-		Hasher:            hasher{},
-		PartitionCount:    cfg.PartitionCount,
-		ReplicationFactor: cfg.ReplicationFactor,
-		Load:              cfg.Load,
-	})
-}
-
-// readTable writes, for each partition p with want(p), the index of p's owner
-// in c into table.
-func readTable(c *consistent.Consistent, index map[string]uint32, table []uint32, want func(p int) bool) error {
-	for p := range table {
-		if !want(p) {
-			continue
-		}
-		o := c.GetPartitionOwner(p)
-		if o == nil {
-			return fmt.Errorf("%w: partition %d has no owner", ErrInvalidMember, p)
-		}
-		i, ok := index[o.String()]
-		if !ok {
-			return fmt.Errorf("%w: partition %d owned by unknown member %q", ErrInvalidMember, p, o.String())
-		}
-		table[p] = i
-	}
-	return nil
-}
-
-// positionsCollide reports whether two virtual nodes of members share a ring
-// position. replicaKey must match the library's (ring_test.go pins it).
-func positionsCollide(members []string, replicationFactor int) bool {
-	pos := make([]uint64, 0, len(members)*replicationFactor)
-	var key []byte
-	for _, name := range members {
-		for i := range replicationFactor {
-			key = replicaKey(key[:0], name, i)
-			pos = append(pos, xxhash.Sum64(key))
-		}
-	}
-	slices.Sort(pos)
-	for i := 1; i < len(pos); i++ {
-		if pos[i] == pos[i-1] {
-			return true
-		}
-	}
-	return false
+// errNoRoom reports a ring on which the library would panic for lack of
+// room. Validate rules out every parameter that can cause that; what remains
+// is a member whose ring positions all collide with others' (not reachable
+// with xxhash and realistic names).
+func errNoRoom(members int) error {
+	return fmt.Errorf("%w: cannot place partitions on a ring of %d members", ErrInvalidMember, members)
 }
 
 // replicaKey appends the bytes the library hashes for virtual node i of name
@@ -405,17 +364,6 @@ func (s *Snapshot) PartitionsOwned(name string) int {
 
 // Config returns the Config the snapshot was built with, defaults applied.
 func (s *Snapshot) Config() Config { return s.cfg }
-
-// member adapts a name to the ring library's Member interface.
-type member string
-
-func (m member) String() string { return string(m) }
-
-// hasher is the ring library's Hasher: xxhash64, for key partitions and for
-// virtual node positions alike.
-type hasher struct{}
-
-func (hasher) Sum64(data []byte) uint64 { return xxhash.Sum64(data) }
 
 // PartitionCount returns the number of partitions; 0 on the zero Snapshot.
 func (s *Snapshot) PartitionCount() int { return len(s.owner) }

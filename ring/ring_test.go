@@ -65,7 +65,7 @@ func mustNew(t testing.TB, cfg Config, members []string, version uint64) *Snapsh
 // libraryRing builds the ring library's own view of members, the reference
 // Owner must match.
 func libraryRing(cfg Config, members []string) *consistent.Consistent {
-	return newConsistent(cfg.WithDefaults(), members)
+	return newConsistent(cfg.WithDefaults(), members, libraryHasher(xxhash.Sum64))
 }
 
 func TestConfigValidate(t *testing.T) {
@@ -423,38 +423,6 @@ func TestBackup(t *testing.T) {
 	})
 }
 
-// TestBuildPathsAgree checks that the fast backup computation (one library
-// ring, members removed and re-added) gives exactly the tables of building
-// each ring from scratch, which is the definition of Backup.
-func TestBuildPathsAgree(t *testing.T) {
-	for _, tt := range []struct {
-		cfg     Config
-		members int
-	}{
-		{cfg: Config{}, members: 2},
-		{cfg: Config{}, members: 9},
-		{cfg: Config{PartitionCount: 13, ReplicationFactor: 2, Load: 1}, members: 20},
-		{cfg: Config{PartitionCount: 1021, Load: 1.01}, members: 7},
-	} {
-		t.Run(fmt.Sprintf("%+v/members=%d", tt.cfg, tt.members), func(t *testing.T) {
-			fast := mustNew(t, tt.cfg, names(tt.members), 1)
-			slow := &Snapshot{
-				cfg:     fast.cfg,
-				members: fast.members,
-				owner:   make([]uint32, len(fast.owner)),
-				backup:  make([]uint32, len(fast.backup)),
-				owned:   make([]int, len(fast.owned)),
-			}
-			if err := slow.buildTables(false); err != nil {
-				t.Fatalf("buildTables(reuse=false) = %v", err)
-			}
-			if !slices.Equal(fast.owner, slow.owner) || !slices.Equal(fast.backup, slow.backup) || !slices.Equal(fast.owned, slow.owned) {
-				t.Fatalf("tables differ:\nowner  %v\n       %v\nbackup %v\n       %v", fast.owner, slow.owner, fast.backup, slow.backup)
-			}
-		})
-	}
-}
-
 // recordingHasher records every input the library hashes.
 type recordingHasher struct{ seen map[string]bool }
 
@@ -464,7 +432,7 @@ func (h recordingHasher) Sum64(b []byte) uint64 {
 }
 
 // TestReplicaKeyMatchesLibrary pins replicaKey to the bytes the library
-// hashes for virtual nodes; positionsCollide is only meaningful if they agree.
+// hashes for virtual nodes; placement is only exact if they agree.
 func TestReplicaKeyMatchesLibrary(t *testing.T) {
 	const partitions, replication = 5, 4
 	members := []string{"a", "node-11", "1:x"}
@@ -490,24 +458,6 @@ func TestReplicaKeyMatchesLibrary(t *testing.T) {
 		if !h.seen[k] {
 			t.Errorf("replicaKey produced %q, which the library never hashed (it hashed %q)", k, slices.Sorted(maps.Keys(h.seen)))
 		}
-	}
-}
-
-func TestPositionsCollide(t *testing.T) {
-	tests := []struct {
-		name    string
-		members []string
-		want    bool
-	}{
-		{name: "distinct", members: names(64), want: false},
-		{name: "same name twice", members: []string{"a", "b", "a"}, want: true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := positionsCollide(tt.members, DefaultReplicationFactor); got != tt.want {
-				t.Fatalf("positionsCollide(%q) = %v, want %v", tt.members, got, tt.want)
-			}
-		})
 	}
 }
 
