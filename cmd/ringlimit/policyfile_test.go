@@ -98,7 +98,7 @@ policies:
 		{
 			name:    "policies is a map, not a list",
 			in:      "policies:\n  api:\n    limit: 1\n    window: 1s\n",
-			wantErr: []string{`"policies" must be a list of {name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow} entries, got a map at line 2`},
+			wantErr: []string{`"policies" must be a list of {name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow, replication} entries, got a map at line 2`},
 		},
 		{
 			name:    "an entry is not a map",
