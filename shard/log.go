@@ -245,66 +245,78 @@ func (l *slidingLog) merge(now int64, runs []Run, p Policy) {
 
 func (l *slidingLog) bytes() int64 { return int64(len(l.buf)) * int64(unsafe.Sizeof(run{})) }
 
-// gcra is the token bucket as the generic cell rate algorithm: the
-// theoretical arrival time of the next unit is tat + frac/den ns (den is the
-// limit the fraction was computed for); the bucket is full when it is <= now.
-// Each unit costs exactly W/L: keeping the fraction lets a burst of L fit and
-// keeps Remaining and RetryAfter exact when L does not divide W.
+// gcra is the token bucket as the generic cell rate algorithm. The
+// theoretical arrival time of the next unit is base + debt + frac/den ns
+// (den is the limit the fraction was computed for); the bucket is full when
+// it is <= now. Each unit costs exactly W/L: keeping the fraction lets a
+// burst of L fit and keeps Remaining and RetryAfter exact when L does not
+// divide W.
+//
+// The arrival time is kept relative to base (the time of the last change,
+// never in the future) rather than as an absolute time: it lies up to a
+// window ahead of now, and near the end of int64 time (year 2262, within
+// 2·MaxWindow) an absolute one would have to wrap or saturate, and a
+// saturated one would admit. debt only ever compares with W, and saturates
+// at "never".
 type gcra struct {
-	tat, frac, den int64
+	base, debt, frac, den int64
 }
 
-// ceilTat is the theoretical arrival time rounded up to a whole ns.
-func (g *gcra) ceilTat(tat, frac int64) int64 {
+// ceilDebt is debt + frac/den rounded up to a whole ns.
+func ceilDebt(debt, frac int64) int64 {
 	if frac > 0 {
-		return satAdd(tat, 1)
+		return satAdd(debt, 1)
 	}
-	return tat
+	return debt
 }
 
-// normalize rounds the fraction up when the limit changed (never adds
-// quota): frac is in units of 1/den ns.
-func (g *gcra) normalize(p Policy) {
-	if g.den != p.Limit {
-		g.tat, g.frac, g.den = g.ceilTat(g.tat, g.frac), 0, p.Limit
+// at returns the debt and fraction left at now (>= base), for den ==
+// p.Limit: a limit change rounds the old fraction up (never adds quota).
+func (g *gcra) at(now int64, p Policy) (debt, frac int64) {
+	debt, frac = g.debt, g.frac
+	if debt == 0 && frac == 0 {
+		return 0, 0 // full (or fresh), whatever base is
 	}
+	if g.den != p.Limit {
+		debt, frac = ceilDebt(debt, frac), 0
+	}
+	// The bucket is full once base + debt + frac/L <= now.
+	elapsed := satSub(now, g.base)
+	if debt < elapsed || (debt == elapsed && frac == 0) {
+		return 0, 0
+	}
+	return debt - elapsed, frac
 }
 
 // decide returns the decision allow would make at now and, if it admits,
-// the new state, changing nothing.
-func (g *gcra) decide(now int64, p Policy, hits int64) (d Decision, newTat, newFrac int64) {
+// the new debt, changing nothing.
+func (g *gcra) decide(now int64, p Policy, hits int64) (d Decision, newDebt, newFrac int64) {
 	w := int64(p.Window)
-	tat, frac := g.tat, g.frac
-	if g.den != p.Limit {
-		tat, frac = g.ceilTat(tat, frac), 0
-	}
-	if tat < now {
-		tat, frac = now, 0
-	}
-	// newTat = tat + (hits·W + frac)/L, exactly, as whole ns plus remainder.
-	// hits <= L and frac < L, so the quotient is at most W and fits.
+	debt, frac := g.at(now, p)
+	// newDebt = debt + (hits·W + frac)/L, exactly, as whole ns plus
+	// remainder. hits <= L and frac < L, so the quotient is at most W.
 	hi, lo := bits.Mul64(uint64(hits), uint64(w))
 	lo, carry := bits.Add64(lo, uint64(frac), 0)
 	q, r := bits.Div64(hi+carry, lo, uint64(p.Limit))
-	newTat, newFrac = satAdd(tat, int64(q)), int64(r)
+	newDebt, newFrac = satAdd(debt, int64(q)), int64(r)
 	d = Decision{Limit: p.Limit}
-	if allowAt := satSub(g.ceilTat(newTat, newFrac), w); now < allowAt {
-		d.RetryAfter = time.Duration(satSub(allowAt, now))
-		d.Remaining = g.remaining(now, tat, frac, p)
-		d.ResetAfter = time.Duration(satSub(g.ceilTat(tat, frac), now))
+	// Admit iff the new arrival time minus W is not after now.
+	if over := ceilDebt(newDebt, newFrac) - w; over > 0 {
+		d.RetryAfter = time.Duration(over)
+		d.Remaining = remainingGCRA(debt, frac, p)
+		d.ResetAfter = time.Duration(ceilDebt(debt, frac))
 		return d, 0, 0
 	}
 	d.Allowed = true
-	d.Remaining = g.remaining(now, newTat, newFrac, p)
-	d.ResetAfter = time.Duration(satSub(g.ceilTat(newTat, newFrac), now))
-	return d, newTat, newFrac
+	d.Remaining = remainingGCRA(newDebt, newFrac, p)
+	d.ResetAfter = time.Duration(ceilDebt(newDebt, newFrac))
+	return d, newDebt, newFrac
 }
 
 func (g *gcra) allow(now int64, p Policy, hits int64) Decision {
-	g.normalize(p)
-	d, tat, frac := g.decide(now, p, hits)
+	d, debt, frac := g.decide(now, p, hits)
 	if d.Allowed {
-		g.tat, g.frac = tat, frac
+		g.base, g.debt, g.frac, g.den = now, debt, frac, p.Limit
 	}
 	return d
 }
@@ -317,37 +329,38 @@ func (g *gcra) peek(now int64, p Policy, hits int64) Decision {
 // refund moves the theoretical arrival time back by hits·W/L, exactly, but
 // never before now: a full bucket holds Limit units and no more.
 func (g *gcra) refund(now int64, p Policy, hits int64) Decision {
-	g.normalize(p)
 	w, lim := int64(p.Window), p.Limit
+	debt, frac := g.at(now, p)
 	d := Decision{Limit: lim, Remaining: lim}
-	if g.tat < now || (g.tat == now && g.frac == 0) {
-		return d // full: nothing admitted is still counted
+	if debt == 0 && frac == 0 {
+		return d // full: nothing admitted still counts
 	}
-	// back = hits·W/L as whole ns plus r2/L. hits may exceed L, so split it
+	// back = hits·W/L as whole ns plus r2/L. hits may exceed L, so split it:
 	// (q1·L + r1)·W/L = q1·W + r1·W/L; the first part saturates, the second
 	// is below W.
 	q1, r1 := hits/lim, hits%lim
 	hi, lo := bits.Mul64(uint64(r1), uint64(w))
 	q2, r2 := bits.Div64(hi, lo, uint64(lim))
 	back := satAdd(satMul(q1, w), int64(q2))
-	if span := satSub(g.tat, now); back > span || (back == span && int64(r2) >= g.frac) {
-		g.tat, g.frac = now, 0
+	if back > debt || (back == debt && int64(r2) >= frac) {
+		debt, frac = 0, 0
 	} else {
-		g.tat, g.frac = g.tat-back, g.frac-int64(r2)
-		if g.frac < 0 {
-			g.tat, g.frac = g.tat-1, g.frac+lim
+		debt, frac = debt-back, frac-int64(r2)
+		if frac < 0 {
+			debt, frac = debt-1, frac+lim
 		}
 	}
 	d.Allowed = true
-	d.Remaining = g.remaining(now, g.tat, g.frac, p)
-	d.ResetAfter = time.Duration(max(satSub(g.ceilTat(g.tat, g.frac), now), 0))
+	g.base, g.debt, g.frac, g.den = now, debt, frac, lim
+	d.Remaining = remainingGCRA(debt, frac, p)
+	d.ResetAfter = time.Duration(ceilDebt(debt, frac))
 	return d
 }
 
-// remaining is the number of units n that fit at now:
-// floor((W − (tat + frac/L − now))·L/W), for tat >= now.
-func (g *gcra) remaining(now, tat, frac int64, p Policy) int64 {
-	free := int64(p.Window) - satSub(tat, now)
+// remainingGCRA is the number of units n that fit with debt + frac/L
+// outstanding: floor((W − debt − frac/L)·L/W), at most L.
+func remainingGCRA(debt, frac int64, p Policy) int64 {
+	free := int64(p.Window) - debt
 	if free <= 0 {
 		return 0
 	}
@@ -357,25 +370,30 @@ func (g *gcra) remaining(now, tat, frac int64, p Policy) int64 {
 	return min(int64(q), p.Limit)
 }
 
-func (g *gcra) idleAt(int64) int64 { return g.ceilTat(g.tat, g.frac) }
-
-func (g *gcra) export(now int64) []Run {
-	// The fraction is rounded up: the receiver refills no earlier.
-	return []Run{{Age: time.Duration(satSub(now, g.ceilTat(g.tat, g.frac))), Count: 0}}
+func (g *gcra) idleAt(int64) int64 {
+	if g.debt == 0 && g.frac == 0 {
+		return minTime
+	}
+	return satAdd(g.base, ceilDebt(g.debt, g.frac))
 }
 
-func (g *gcra) merge(now int64, runs []Run, _ Policy) {
+func (g *gcra) export(now int64) []Run {
+	// Age is now minus the arrival time; the fraction is rounded up, so the
+	// receiver refills no earlier.
+	debt := ceilDebt(g.debt, g.frac)
+	return []Run{{Age: time.Duration(satSub(satSub(now, g.base), debt)), Count: 0}}
+}
+
+func (g *gcra) merge(now int64, runs []Run, p Policy) {
 	for _, r := range runs {
-		// The imported bucket's used capacity (its tat beyond its now) adds
-		// to ours: both sides' admissions stay counted.
+		// The imported bucket's used capacity (its arrival time beyond its
+		// now) adds to ours: both sides' admissions stay counted.
 		debt := satSub(0, int64(r.Age))
 		if debt <= 0 {
 			continue // that bucket was full
 		}
-		if g.tat < now {
-			g.tat, g.frac = now, 0
-		}
-		g.tat = satAdd(g.tat, debt)
+		cur, frac := g.at(now, p)
+		g.base, g.debt, g.frac, g.den = now, satAdd(cur, debt), frac, p.Limit
 	}
 }
 
