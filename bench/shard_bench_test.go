@@ -202,3 +202,71 @@ func BenchmarkLimiterAllow(b *testing.B) {
 		b.Fatal(err)
 	}
 }
+
+// BenchmarkStoreAllowMulti measures one atomic decision over two policies
+// (a sliding log and a token bucket) of one existing subject, on one
+// goroutine. The caller's out slice makes it allocation-free.
+func BenchmarkStoreAllowMulti(b *testing.B) {
+	for _, bc := range shardStoreCases {
+		b.Run(bc.name+"/policies=2", func(b *testing.B) {
+			pool := shardKeyPool(bc.keys)
+			items := []shard.MultiItem{
+				{Policy: "api", P: shardBenchPolicy(shard.SlidingLog), Hits: bc.hits},
+				{Policy: "burst", P: shardBenchPolicy(shard.TokenBucket), Hits: bc.hits},
+			}
+			store, err := shard.NewStore(shard.Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			out := make([]shard.Decision, len(items))
+			mask := len(pool) - 1
+			now := shardBenchT0
+			steps := max(3*int(time.Second/shardBenchStep), 4*len(pool))
+			for i := range steps {
+				now = now.Add(shardBenchStep)
+				k := pool[i&mask]
+				if _, err := store.AllowMulti(k.Tenant, k.Subject, items, now, out); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				now = now.Add(shardBenchStep)
+				k := pool[i&mask]
+				_, err = store.AllowMulti(k.Tenant, k.Subject, items, now, out)
+				i++
+			}
+			sinkShardDecision, sinkShardErr = out[0], err
+			if err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
+
+// BenchmarkStorePeek measures Peek (Allow's answer, recording nothing) on
+// existing keys at steady state, for each algorithm.
+func BenchmarkStorePeek(b *testing.B) {
+	for _, alg := range []shard.Algorithm{shard.SlidingLog, shard.TokenBucket, shard.FixedWindow} {
+		b.Run("alg="+alg.String(), func(b *testing.B) {
+			p := shardBenchPolicy(alg)
+			pool := shardKeyPool(1024)
+			store, now := shardWarmStore(b, pool, p, 1)
+			mask := len(pool) - 1
+			b.ReportAllocs()
+			var d shard.Decision
+			var err error
+			i := 0
+			for b.Loop() {
+				now = now.Add(shardBenchStep)
+				d, err = store.Peek(pool[i&mask], p, 1, now)
+				i++
+			}
+			sinkShardDecision, sinkShardErr = d, err
+			if err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}

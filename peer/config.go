@@ -393,6 +393,19 @@ func (c Config) validate() error {
 // fingerprint identifies the cluster-wide contract: ring placement and the
 // policy table. Members gossip it; a member with another fingerprint is
 // never used as an owner.
+//
+// It covers exactly what changes an owner's decision, so that two tables
+// that decide alike agree and two that do not differ:
+//   - name, Limit, Window and Algorithm;
+//   - Resolution, normalized (zero is shard.DefaultResolution) and only for
+//     the sliding log, the one algorithm that reads it: 0 and an explicit
+//     1ms are the same table;
+//   - Shadow: a shadow-mode owner admits every request, so a ring where
+//     some members shadow a policy and others do not enforces it by chance.
+//
+// It leaves out OnUnavailable and FallbackLimit: they are applied by the
+// node that cannot reach the owner, never by the owner, so members may
+// differ in them without any owner deciding differently.
 func (c Config) fingerprint() uint64 {
 	h := xxhash.New()
 	// Placement hashes (tenant, subject) to a partition and ownership moves
@@ -405,7 +418,14 @@ func (c Config) fingerprint() uint64 {
 	sort.Strings(names)
 	for _, n := range names {
 		p := c.Policies[n]
-		fmt.Fprintf(h, "%q=%d/%d/%d/%d;", n, p.Limit, p.Window, p.Algorithm, p.Resolution)
+		res := time.Duration(0)
+		if p.Algorithm == shard.SlidingLog {
+			res = p.Resolution
+			if res == 0 {
+				res = shard.DefaultResolution
+			}
+		}
+		fmt.Fprintf(h, "%q=%d/%d/%d/%d/%t;", n, p.Limit, p.Window, p.Algorithm, res, p.Shadow)
 	}
 	return h.Sum64()
 }

@@ -28,8 +28,21 @@
 // # Concurrency
 //
 // Store is safe for concurrent use: keys are spread over lock stripes chosen
-// by xxhash of the key's encoding, and one stripe lock covers one key's whole
-// decision (drop expired, count, compare, record). Store starts no
+// by xxhash of the encoding of the key's (tenant, subject) part
+// (Key.AppendPlacement), and one stripe lock covers one key's whole decision
+// (drop expired, count, compare, record). All policies of one subject share
+// a stripe, so AllowMulti decides several of them as one atomic decision.
+//
+// # Beyond Allow
+//
+// Peek answers what Allow would decide, recording nothing. Refund gives back
+// admissions that still count, newest first. Delete is the reset primitive.
+//
+// # Bounds
+//
+// Window is at most MaxWindow (100 years); Limit may be any positive int64.
+// No sum wraps: counts are compared as hits ≤ Limit − count, and sums of
+// times saturate, so a far expiry stays far. Store starts no
 // goroutines; Sweep is called by whoever owns the schedule. Limiter and
 // HotKeys document their own rules.
 package shard

@@ -18,6 +18,9 @@ var (
 	// ErrCapacity is returned when a new key would exceed Config.MaxKeys
 	// after reclaiming expired keys; existing keys keep working.
 	ErrCapacity = errors.New("shard: key capacity reached")
+	// ErrInvalidMulti is returned by Store.AllowMulti for no policies, more
+	// than MaxMulti, a policy named twice or an out slice too short.
+	ErrInvalidMulti = errors.New("shard: invalid multi-policy request")
 	// ErrInvalidState is returned by Store.Import for a malformed key state.
 	ErrInvalidState = errors.New("shard: invalid key state")
 )

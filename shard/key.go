@@ -70,6 +70,28 @@ func (k Key) AppendEncoded(dst []byte) ([]byte, bool) {
 	return dst, true
 }
 
+// AppendPlacement appends the encoding of the key's (tenant, subject) part
+// to dst: the prefix of AppendEncoded's output that precedes the policy.
+// Placement and ownership should hash these bytes, not the whole encoding,
+// so that one owner holds all of a subject's policies and can decide them
+// together (Store.AllowMulti); Store chooses its lock stripe from them for
+// the same reason. It returns ok == false, and dst unchanged, if the key
+// (policy included) is invalid.
+func (k Key) AppendPlacement(dst []byte) ([]byte, bool) {
+	if !validFast(k.Tenant) || !validFast(k.Subject) || !validFast(k.Policy) {
+		return dst, false
+	}
+	return appendPlacement(dst, k.Tenant, k.Subject), true
+}
+
+// appendPlacement appends the encoding of two validated parts.
+func appendPlacement(dst []byte, tenant, subject string) []byte {
+	dst = append(dst, byte(len(tenant)))
+	dst = append(dst, tenant...)
+	dst = append(dst, byte(len(subject)))
+	return append(dst, subject...)
+}
+
 func validFast(s string) bool {
 	if len(s) == 0 || len(s) > MaxKeyPartLen {
 		return false

@@ -38,5 +38,33 @@ func (l *Limiter) Allow(now time.Time, hits int64) (Decision, error) {
 	return l.lim.allow(t, l.policy, hits), nil
 }
 
+// Peek returns the decision Allow would make at now, recording nothing and
+// leaving the limiter's clock where it was. Errors are Allow's.
+func (l *Limiter) Peek(now time.Time, hits int64) (Decision, error) {
+	t := now.UnixNano()
+	if t < l.last {
+		return Decision{}, fmt.Errorf("%w: %v is %v before the last decision", ErrTimeBackwards, now, time.Duration(l.last-t))
+	}
+	if err := checkHits(&l.policy, hits); err != nil {
+		return Decision{}, err
+	}
+	return l.lim.peek(t, l.policy, hits), nil
+}
+
+// Refund gives back up to hits units still counted at now, newest first,
+// as Store.Refund does, and returns the state after it. hits must be at
+// least 1. Errors (time moved backwards, invalid hits) change nothing.
+func (l *Limiter) Refund(now time.Time, hits int64) (Decision, error) {
+	t := now.UnixNano()
+	if t < l.last {
+		return Decision{}, fmt.Errorf("%w: %v is %v before the last decision", ErrTimeBackwards, now, time.Duration(l.last-t))
+	}
+	if hits <= 0 {
+		return Decision{}, checkHits(&l.policy, hits)
+	}
+	l.last = t
+	return l.lim.refund(t, l.policy, hits), nil
+}
+
 // Policy returns the limiter's policy.
 func (l *Limiter) Policy() Policy { return l.policy }

@@ -25,19 +25,31 @@ type slidingLog struct {
 
 func (l *slidingLog) at(i int) *run { return &l.buf[(l.head+i)&(len(l.buf)-1)] }
 
-// expire drops runs with ts <= cutoff: an admission exactly W old has
-// expired (DESIGN.md §1).
-func (l *slidingLog) expire(cutoff int64) {
-	for l.size > 0 {
-		r := &l.buf[l.head]
+// expired returns how many of the oldest runs have ts <= cutoff, and the
+// units they hold: an admission exactly W old has expired (DESIGN.md §1).
+// It changes nothing, so peek can use it.
+func (l *slidingLog) expired(cutoff int64) (runs int, units int64) {
+	for runs < l.size {
+		r := l.at(runs)
 		if r.ts > cutoff {
-			return
+			break
 		}
-		l.count -= r.n
+		units += r.n
+		runs++
+	}
+	return runs, units
+}
+
+// drop removes the n oldest runs.
+func (l *slidingLog) drop(n int) {
+	for ; n > 0; n-- {
+		l.count -= l.buf[l.head].n
 		l.head = (l.head + 1) & (len(l.buf) - 1)
 		l.size--
 	}
-	l.head = 0
+	if l.size == 0 {
+		l.head = 0
+	}
 }
 
 func (l *slidingLog) push(ts, n int64) {
@@ -81,34 +93,90 @@ func roundUp(t, res int64) int64 {
 	if r < 0 {
 		return t - r
 	}
-	return t - r + res
+	return satAdd(t-r, res) // within res of MaxInt64: "never" expires
 }
 
-func (l *slidingLog) allow(now int64, p Policy, hits int64) Decision {
+// expiresIn is the time from now until an admission recorded at ts expires:
+// ts + w − now, saturated.
+func expiresIn(ts, w, now int64) time.Duration { return time.Duration(satAdd(satSub(ts, now), w)) }
+
+// decide returns the decision allow would make at now and how many of the
+// oldest runs have expired, changing nothing. The log never holds more than
+// Limit units (allow checks before it records, merge trims), so Limit −
+// count cannot overflow and count + hits is never computed: with limits
+// above 2^62 it would wrap and admit.
+func (l *slidingLog) decide(now int64, p Policy, hits int64) (Decision, int) {
 	w := int64(p.Window)
-	l.expire(now - w)
+	skip, gone := l.expired(satSub(now, w))
+	count := l.count - gone
 	d := Decision{Limit: p.Limit}
-	if l.count+hits <= p.Limit {
-		l.push(roundUp(now, p.resolution()), hits)
+	if hits <= p.Limit-count {
+		// push joins the last run if it is not older than now's slot.
+		last := roundUp(now, p.resolution())
+		if skip < l.size {
+			last = max(last, l.at(l.size-1).ts)
+		}
 		d.Allowed = true
-		d.Remaining = p.Limit - l.count
-		d.ResetAfter = time.Duration(l.at(l.size-1).ts + w - now)
-		return d
+		d.Remaining = p.Limit - count - hits
+		d.ResetAfter = expiresIn(last, w, now)
+		return d, skip
 	}
-	d.Remaining = max(p.Limit-l.count, 0)
-	// The request fits once the oldest runs holding need units have expired;
-	// the run that completes need expires at its ts + W.
-	need := l.count + hits - p.Limit
+	d.Remaining = max(p.Limit-count, 0)
+	// The request fits once the oldest runs holding need = count + hits − L
+	// units have expired; the run that completes need expires at its ts + W.
+	// need is written so that nothing overflows: L − hits >= 0, count >= 0.
+	need := count - (p.Limit - hits)
 	var freed int64
-	for i := 0; i < l.size; i++ {
+	for i := skip; i < l.size; i++ {
 		r := l.at(i)
 		freed += r.n
 		if freed >= need {
-			d.RetryAfter = time.Duration(r.ts + w - now)
+			d.RetryAfter = expiresIn(r.ts, w, now)
 			break
 		}
 	}
-	d.ResetAfter = time.Duration(l.at(l.size-1).ts + w - now)
+	// Refused means count > L − hits >= 0, so a live run exists.
+	d.ResetAfter = expiresIn(l.at(l.size-1).ts, w, now)
+	return d, skip
+}
+
+func (l *slidingLog) allow(now int64, p Policy, hits int64) Decision {
+	d, skip := l.decide(now, p, hits)
+	l.drop(skip)
+	if d.Allowed {
+		l.push(roundUp(now, p.resolution()), hits)
+	}
+	return d
+}
+
+func (l *slidingLog) peek(now int64, p Policy, hits int64) Decision {
+	d, _ := l.decide(now, p, hits)
+	return d
+}
+
+// refund removes up to hits live units from the newest runs.
+func (l *slidingLog) refund(now int64, p Policy, hits int64) Decision {
+	w := int64(p.Window)
+	skip, _ := l.expired(satSub(now, w))
+	l.drop(skip)
+	d := Decision{Limit: p.Limit}
+	for hits > 0 && l.size > 0 {
+		last := l.at(l.size - 1)
+		take := min(hits, last.n)
+		last.n -= take
+		l.count -= take
+		hits -= take
+		d.Allowed = true
+		if last.n == 0 {
+			l.size--
+		}
+	}
+	if l.size == 0 {
+		l.head = 0
+	} else {
+		d.ResetAfter = expiresIn(l.at(l.size-1).ts, w, now)
+	}
+	d.Remaining = max(p.Limit-l.count, 0)
 	return d
 }
 
@@ -116,97 +184,183 @@ func (l *slidingLog) idleAt(window int64) int64 {
 	if l.size == 0 {
 		return minTime
 	}
-	return l.at(l.size-1).ts + window
+	// Saturated: with a long window and a late ts the sum would wrap
+	// negative and Sweep would drop a key that still holds admissions.
+	return satAdd(l.at(l.size-1).ts, window)
 }
 
 func (l *slidingLog) export(now int64) []Run {
 	out := make([]Run, l.size)
 	for i := range out {
 		r := l.at(i)
-		out[i] = Run{Age: time.Duration(now - r.ts), Count: r.n}
+		out[i] = Run{Age: time.Duration(satSub(now, r.ts)), Count: r.n}
 	}
 	return out
 }
 
+// merge folds imported runs into the log: two timestamp-ordered sequences,
+// equal timestamps adding up, expired runs dropped. Both sides' admissions
+// stay counted, which can only refuse more, never admit more. The result is
+// then trimmed to the newest runs holding Limit units (the oldest of them
+// cut down to what completes Limit). That changes no decision: while those
+// newer runs are live every request is refused, whatever older runs hold;
+// RetryAfter is where freed >= count + hits − L, and removing d older units
+// lowers both sides by d; ResetAfter depends on the newest run only. It
+// keeps the log's invariant count <= Limit, so no sum of counts can wrap
+// however many states are imported.
 func (l *slidingLog) merge(now int64, runs []Run, p Policy) {
 	if len(runs) == 0 {
 		return
 	}
-	// Merge two timestamp-ordered sequences; equal timestamps add up. The
-	// result may hold more than Limit units: that only refuses more, never
-	// admits more (the sender's admissions all stay counted).
-	old := make([]run, l.size)
-	for i := range old {
-		old[i] = *l.at(i)
-	}
-	l.buf, l.head, l.size, l.count = nil, 0, 0, 0
+	cutoff := satSub(now, int64(p.Window))
+	all := make([]run, 0, l.size+len(runs))
 	i, j := 0, 0
-	for i < len(old) || j < len(runs) {
+	for i < l.size || j < len(runs) {
 		var r run
-		if j >= len(runs) || (i < len(old) && old[i].ts <= now-int64(runs[j].Age)) {
-			r = old[i]
+		if j < len(runs) {
+			r = run{ts: satSub(now, int64(runs[j].Age)), n: runs[j].Count}
+		}
+		if j >= len(runs) || (i < l.size && l.at(i).ts <= r.ts) {
+			r = *l.at(i)
 			i++
 		} else {
-			r = run{ts: now - int64(runs[j].Age), n: runs[j].Count}
 			j++
 		}
+		if r.ts > cutoff {
+			all = append(all, r)
+		}
+	}
+	var units int64
+	k := len(all)
+	for k > 0 && units < p.Limit {
+		k--
+		all[k].n = min(all[k].n, p.Limit-units)
+		units += all[k].n
+	}
+	l.buf, l.head, l.size, l.count = nil, 0, 0, 0
+	for _, r := range all[k:] {
 		l.push(r.ts, r.n)
 	}
-	l.expire(now - int64(p.Window))
 }
 
 func (l *slidingLog) bytes() int64 { return int64(len(l.buf)) * int64(unsafe.Sizeof(run{})) }
 
-// gcra is the token bucket as the generic cell rate algorithm: the
-// theoretical arrival time of the next unit is tat + frac/den ns (den is the
-// limit the fraction was computed for); the bucket is full when it is <= now.
-// Each unit costs exactly W/L: keeping the fraction lets a burst of L fit and
-// keeps Remaining and RetryAfter exact when L does not divide W.
+// gcra is the token bucket as the generic cell rate algorithm. The
+// theoretical arrival time of the next unit is base + debt + frac/den ns
+// (den is the limit the fraction was computed for); the bucket is full when
+// it is <= now. Each unit costs exactly W/L: keeping the fraction lets a
+// burst of L fit and keeps Remaining and RetryAfter exact when L does not
+// divide W.
+//
+// The arrival time is kept relative to base (the time of the last change,
+// never in the future) rather than as an absolute time: it lies up to a
+// window ahead of now, and near the end of int64 time (year 2262, within
+// 2·MaxWindow) an absolute one would have to wrap or saturate, and a
+// saturated one would admit. debt only ever compares with W, and saturates
+// at "never".
 type gcra struct {
-	tat, frac, den int64
+	base, debt, frac, den int64
 }
 
-// ceilTat is the theoretical arrival time rounded up to a whole ns.
-func (g *gcra) ceilTat(tat, frac int64) int64 {
+// ceilDebt is debt + frac/den rounded up to a whole ns.
+func ceilDebt(debt, frac int64) int64 {
 	if frac > 0 {
-		return tat + 1
+		return satAdd(debt, 1)
 	}
-	return tat
+	return debt
 }
 
-func (g *gcra) allow(now int64, p Policy, hits int64) Decision {
-	w := int64(p.Window)
+// at returns the debt and fraction left at now (>= base), for den ==
+// p.Limit: a limit change rounds the old fraction up (never adds quota).
+func (g *gcra) at(now int64, p Policy) (debt, frac int64) {
+	debt, frac = g.debt, g.frac
+	if debt == 0 && frac == 0 {
+		return 0, 0 // full (or fresh), whatever base is
+	}
 	if g.den != p.Limit {
-		// The limit changed: round the old fraction up (never adds quota).
-		g.tat, g.frac, g.den = g.ceilTat(g.tat, g.frac), 0, p.Limit
+		debt, frac = ceilDebt(debt, frac), 0
 	}
-	tat, frac := g.tat, g.frac
-	if tat < now {
-		tat, frac = now, 0
+	// The bucket is full once base + debt + frac/L <= now.
+	elapsed := satSub(now, g.base)
+	if debt < elapsed || (debt == elapsed && frac == 0) {
+		return 0, 0
 	}
-	// newTat = tat + (hits·W + frac)/L, exactly, as whole ns plus remainder.
+	return debt - elapsed, frac
+}
+
+// decide returns the decision allow would make at now and, if it admits,
+// the new debt, changing nothing.
+func (g *gcra) decide(now int64, p Policy, hits int64) (d Decision, newDebt, newFrac int64) {
+	w := int64(p.Window)
+	debt, frac := g.at(now, p)
+	// newDebt = debt + (hits·W + frac)/L, exactly, as whole ns plus
+	// remainder. hits <= L and frac < L, so the quotient is at most W.
 	hi, lo := bits.Mul64(uint64(hits), uint64(w))
 	lo, carry := bits.Add64(lo, uint64(frac), 0)
 	q, r := bits.Div64(hi+carry, lo, uint64(p.Limit))
-	newTat, newFrac := tat+int64(q), int64(r)
-	d := Decision{Limit: p.Limit}
-	if allowAt := g.ceilTat(newTat, newFrac) - w; now < allowAt {
-		d.RetryAfter = time.Duration(allowAt - now)
-		d.Remaining = g.remaining(now, tat, frac, p)
-		d.ResetAfter = time.Duration(g.ceilTat(tat, frac) - now)
-		return d
+	newDebt, newFrac = satAdd(debt, int64(q)), int64(r)
+	d = Decision{Limit: p.Limit}
+	// Admit iff the new arrival time minus W is not after now.
+	if over := ceilDebt(newDebt, newFrac) - w; over > 0 {
+		d.RetryAfter = time.Duration(over)
+		d.Remaining = remainingGCRA(debt, frac, p)
+		d.ResetAfter = time.Duration(ceilDebt(debt, frac))
+		return d, 0, 0
 	}
-	g.tat, g.frac = newTat, newFrac
 	d.Allowed = true
-	d.Remaining = g.remaining(now, newTat, newFrac, p)
-	d.ResetAfter = time.Duration(g.ceilTat(newTat, newFrac) - now)
+	d.Remaining = remainingGCRA(newDebt, newFrac, p)
+	d.ResetAfter = time.Duration(ceilDebt(newDebt, newFrac))
+	return d, newDebt, newFrac
+}
+
+func (g *gcra) allow(now int64, p Policy, hits int64) Decision {
+	d, debt, frac := g.decide(now, p, hits)
+	if d.Allowed {
+		g.base, g.debt, g.frac, g.den = now, debt, frac, p.Limit
+	}
 	return d
 }
 
-// remaining is the number of units n that fit at now:
-// floor((W − (tat + frac/L − now))·L/W), for tat >= now.
-func (g *gcra) remaining(now, tat, frac int64, p Policy) int64 {
-	free := int64(p.Window) - (tat - now)
+func (g *gcra) peek(now int64, p Policy, hits int64) Decision {
+	d, _, _ := g.decide(now, p, hits)
+	return d
+}
+
+// refund moves the theoretical arrival time back by hits·W/L, exactly, but
+// never before now: a full bucket holds Limit units and no more.
+func (g *gcra) refund(now int64, p Policy, hits int64) Decision {
+	w, lim := int64(p.Window), p.Limit
+	debt, frac := g.at(now, p)
+	d := Decision{Limit: lim, Remaining: lim}
+	if debt == 0 && frac == 0 {
+		return d // full: nothing admitted still counts
+	}
+	// back = hits·W/L as whole ns plus r2/L. hits may exceed L, so split it:
+	// (q1·L + r1)·W/L = q1·W + r1·W/L; the first part saturates, the second
+	// is below W.
+	q1, r1 := hits/lim, hits%lim
+	hi, lo := bits.Mul64(uint64(r1), uint64(w))
+	q2, r2 := bits.Div64(hi, lo, uint64(lim))
+	back := satAdd(satMul(q1, w), int64(q2))
+	if back > debt || (back == debt && int64(r2) >= frac) {
+		debt, frac = 0, 0
+	} else {
+		debt, frac = debt-back, frac-int64(r2)
+		if frac < 0 {
+			debt, frac = debt-1, frac+lim
+		}
+	}
+	d.Allowed = true
+	g.base, g.debt, g.frac, g.den = now, debt, frac, lim
+	d.Remaining = remainingGCRA(debt, frac, p)
+	d.ResetAfter = time.Duration(ceilDebt(debt, frac))
+	return d
+}
+
+// remainingGCRA is the number of units n that fit with debt + frac/L
+// outstanding: floor((W − debt − frac/L)·L/W), at most L.
+func remainingGCRA(debt, frac int64, p Policy) int64 {
+	free := int64(p.Window) - debt
 	if free <= 0 {
 		return 0
 	}
@@ -216,25 +370,30 @@ func (g *gcra) remaining(now, tat, frac int64, p Policy) int64 {
 	return min(int64(q), p.Limit)
 }
 
-func (g *gcra) idleAt(int64) int64 { return g.ceilTat(g.tat, g.frac) }
-
-func (g *gcra) export(now int64) []Run {
-	// The fraction is rounded up: the receiver refills no earlier.
-	return []Run{{Age: time.Duration(now - g.ceilTat(g.tat, g.frac)), Count: 0}}
+func (g *gcra) idleAt(int64) int64 {
+	if g.debt == 0 && g.frac == 0 {
+		return minTime
+	}
+	return satAdd(g.base, ceilDebt(g.debt, g.frac))
 }
 
-func (g *gcra) merge(now int64, runs []Run, _ Policy) {
+func (g *gcra) export(now int64) []Run {
+	// Age is now minus the arrival time; the fraction is rounded up, so the
+	// receiver refills no earlier.
+	debt := ceilDebt(g.debt, g.frac)
+	return []Run{{Age: time.Duration(satSub(satSub(now, g.base), debt)), Count: 0}}
+}
+
+func (g *gcra) merge(now int64, runs []Run, p Policy) {
 	for _, r := range runs {
-		// The imported bucket's used capacity (its tat beyond its now) adds
-		// to ours: both sides' admissions stay counted.
-		debt := -int64(r.Age)
+		// The imported bucket's used capacity (its arrival time beyond its
+		// now) adds to ours: both sides' admissions stay counted.
+		debt := satSub(0, int64(r.Age))
 		if debt <= 0 {
 			continue // that bucket was full
 		}
-		if g.tat < now {
-			g.tat, g.frac = now, 0
-		}
-		g.tat += debt
+		cur, frac := g.at(now, p)
+		g.base, g.debt, g.frac, g.den = now, satAdd(cur, debt), frac, p.Limit
 	}
 }
 
@@ -245,26 +404,59 @@ type fixedWindow struct {
 	start, count int64
 }
 
-func (f *fixedWindow) allow(now int64, p Policy, hits int64) Decision {
+// decide returns the decision allow would make at now and, if it admits,
+// the window's new start and count, changing nothing.
+func (f *fixedWindow) decide(now int64, p Policy, hits int64) (d Decision, start, count int64) {
 	w := int64(p.Window)
-	if f.count == 0 || now >= f.start+w {
+	start, count = f.start, f.count
+	if count == 0 || satSub(now, start) >= w {
 		// The recorded window has ended: start the aligned one holding now.
 		// A window imported from a clock with another offset may be
 		// unaligned here; it is kept until it ends, so a handoff never
-		// resets a quota early (DESIGN.md §5).
-		f.start, f.count = now-((now%w)+w)%w, 0
+		// resets a quota early (DESIGN.md §5). now%w + w < 2·MaxWindow fits.
+		start, count = satSub(now, ((now%w)+w)%w), 0
 	}
-	start := f.start
-	d := Decision{Limit: p.Limit}
-	if f.count+hits <= p.Limit {
-		f.count += hits
+	d = Decision{Limit: p.Limit}
+	// count <= Limit (merge clamps), so Limit − count cannot overflow.
+	if hits <= p.Limit-count {
+		count += hits
 		d.Allowed = true
 	} else {
-		d.RetryAfter = time.Duration(start + w - now)
+		d.RetryAfter = expiresIn(start, w, now)
 	}
-	d.Remaining = p.Limit - f.count
+	d.Remaining = max(p.Limit-count, 0)
+	if count > 0 {
+		d.ResetAfter = expiresIn(start, w, now)
+	}
+	return d, start, count
+}
+
+func (f *fixedWindow) allow(now int64, p Policy, hits int64) Decision {
+	d, start, count := f.decide(now, p, hits)
+	if d.Allowed {
+		f.start, f.count = start, count
+	}
+	return d
+}
+
+func (f *fixedWindow) peek(now int64, p Policy, hits int64) Decision {
+	d, _, _ := f.decide(now, p, hits)
+	return d
+}
+
+// refund lowers the current window's count by up to hits, never below zero;
+// a window that has ended has nothing to give back.
+func (f *fixedWindow) refund(now int64, p Policy, hits int64) Decision {
+	w := int64(p.Window)
+	d := Decision{Limit: p.Limit, Remaining: p.Limit}
+	if f.count == 0 || satSub(now, f.start) >= w {
+		return d
+	}
+	f.count = max(f.count-hits, 0)
+	d.Allowed = true
+	d.Remaining = max(p.Limit-f.count, 0)
 	if f.count > 0 {
-		d.ResetAfter = time.Duration(start + w - now)
+		d.ResetAfter = expiresIn(f.start, w, now)
 	}
 	return d
 }
@@ -273,27 +465,29 @@ func (f *fixedWindow) idleAt(window int64) int64 {
 	if f.count == 0 {
 		return minTime
 	}
-	return f.start + window
+	return satAdd(f.start, window)
 }
 
 func (f *fixedWindow) export(now int64) []Run {
-	return []Run{{Age: time.Duration(now - f.start), Count: f.count}}
+	return []Run{{Age: time.Duration(satSub(now, f.start)), Count: f.count}}
 }
 
 func (f *fixedWindow) merge(now int64, runs []Run, p Policy) {
 	w := int64(p.Window)
 	for _, r := range runs {
-		start := now - int64(r.Age)
+		start := satSub(now, int64(r.Age))
+		// A count above Limit refuses exactly what Limit refuses until the
+		// window ends; clamping keeps Limit − count from overflowing.
 		switch {
-		case r.Count == 0 || start+w <= now:
+		case r.Count == 0 || satSub(now, start) >= w:
 			// That window has already ended: nothing left to count.
-		case f.count == 0 || f.start+w <= now:
-			f.start, f.count = start, r.Count
+		case f.count == 0 || satSub(now, f.start) >= w:
+			f.start, f.count = start, min(r.Count, p.Limit)
 		default:
 			// Both windows are current: keep both counts until the later
 			// one ends, which can only refuse more.
 			f.start = max(f.start, start)
-			f.count += r.Count
+			f.count = min(satAdd(f.count, r.Count), p.Limit)
 		}
 	}
 }

@@ -60,12 +60,30 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 // Policy.Resolution is zero.
 const DefaultResolution = time.Millisecond
 
+// MaxWindow bounds Policy.Window: 100 years of 365.25 days, about 3.16·10^18
+// ns, below 2^62. The bound keeps every difference of two in-window times,
+// twice a window, and a window plus the unrounded part of a timestamp inside
+// int64; sums with now that could still pass the int64 range (now itself is
+// any int64) saturate. Without it a window above about 236 years made
+// now + Window wrap, so token_bucket and fixed_window admitted at random and
+// Sweep dropped live sliding-log keys. A rate limit over a longer window is
+// not a rate limit.
+const MaxWindow = 100 * year
+
+// year is 365.25 days, for MaxWindow and for messages about it.
+const year = 36525 * 24 * time.Hour / 100
+
+// Limit has no bound below math.MaxInt64: every comparison is written as
+// hits ≤ Limit − count (count never exceeds Limit, see slidingLog.merge), so
+// count + hits is never computed.
+
 // Policy is one named limit: how many units (Limit) per Window, under which
 // Algorithm.
 type Policy struct {
 	// Limit is the number of units admitted per window. Must be positive.
 	Limit int64
-	// Window is the rolling interval. Must be positive.
+	// Window is the rolling interval. Must be positive and at most
+	// MaxWindow (100 years).
 	Window time.Duration
 	// Algorithm is the limiting algorithm. Zero means SlidingLog.
 	Algorithm Algorithm
@@ -85,6 +103,8 @@ func (p Policy) Validate() error {
 	}
 	if p.Window <= 0 {
 		errs = append(errs, fmt.Errorf("%w: window %v must be positive", ErrInvalidPolicy, p.Window))
+	} else if p.Window > MaxWindow {
+		errs = append(errs, fmt.Errorf("%w: window %s exceeds the maximum %s; use a window of at most 100 years", ErrInvalidPolicy, years(p.Window), years(MaxWindow)))
 	}
 	if p.Algorithm >= numAlgorithms {
 		errs = append(errs, fmt.Errorf("%w: unknown algorithm %d", ErrInvalidPolicy, p.Algorithm))
@@ -99,7 +119,16 @@ func (p Policy) Validate() error {
 
 // valid is the allocation-free check used on the decision path.
 func (p *Policy) valid() bool {
-	return p.Limit > 0 && p.Window > 0 && p.Algorithm < numAlgorithms && p.Resolution >= 0 && p.Resolution <= p.Window
+	return p.Limit > 0 && p.Window > 0 && p.Window <= MaxWindow && p.Algorithm < numAlgorithms && p.Resolution >= 0 && p.Resolution <= p.Window
+}
+
+// years formats a long duration in years of 365.25 days ("300y"), with the
+// exact Duration for windows that are not whole years.
+func years(d time.Duration) string {
+	if d%year == 0 {
+		return fmt.Sprintf("%dy", d/year)
+	}
+	return fmt.Sprintf("%.1fy (%v)", float64(d)/float64(year), d)
 }
 
 func (p *Policy) resolution() int64 {
@@ -152,6 +181,12 @@ type limiter interface {
 	// merge folds rebased runs into the state, conservatively (never freeing
 	// quota the sender had used).
 	merge(now int64, runs []Run, p Policy)
+	// peek returns the decision allow would make at now, changing nothing.
+	peek(now int64, p Policy, hits int64) Decision
+	// refund gives back up to hits (>= 1) units still counted at now,
+	// newest first, and returns the state after it: Allowed reports whether
+	// anything was given back, Remaining and ResetAfter describe the state.
+	refund(now int64, p Policy, hits int64) Decision
 	// bytes is the memory the state holds beyond its fixed struct.
 	bytes() int64
 }

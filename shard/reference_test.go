@@ -19,6 +19,11 @@ import (
 // nanoseconds and never decreases between calls.
 type refModel interface {
 	decide(now, hits int64) Decision
+	// refund gives back up to hits of the newest units still counted at
+	// now and returns the state: Allowed if anything was given back.
+	refund(now, hits int64) Decision
+	// clone returns an independent copy, so peek is clone().decide().
+	clone() refModel
 	// edge returns a time at which the model's state changes by itself (an
 	// admission expires, the bucket fills, the window ends), so generators can
 	// aim exactly at boundaries.
@@ -85,6 +90,34 @@ func (m *refLog) decide(now, hits int64) Decision {
 	return d
 }
 
+func (m *refLog) refund(now, hits int64) Decision {
+	var live []int64
+	for _, ts := range m.units {
+		if now-m.window < ts {
+			live = append(live, ts)
+		}
+	}
+	slices.Sort(live)
+	d := Decision{Limit: m.limit}
+	for hits > 0 && len(live) > 0 {
+		live = live[:len(live)-1] // the newest unit
+		hits--
+		d.Allowed = true
+	}
+	m.units = live
+	d.Remaining = m.limit - int64(len(live))
+	if len(live) > 0 {
+		d.ResetAfter = time.Duration(live[len(live)-1] + m.window - now)
+	}
+	return d
+}
+
+func (m *refLog) clone() refModel {
+	c := *m
+	c.units = slices.Clone(m.units)
+	return &c
+}
+
 func (m *refLog) edge() (int64, bool) {
 	if len(m.units) == 0 {
 		return 0, false
@@ -145,6 +178,25 @@ func (m *refGCRA) decide(now, hits int64) Decision {
 	return d
 }
 
+func (m *refGCRA) refund(now, hits int64) Decision {
+	nowR := ratInt(now)
+	d := Decision{Limit: m.limit, Remaining: m.limit}
+	if m.tat == nil || m.tat.Cmp(nowR) <= 0 {
+		return d // full
+	}
+	back := new(big.Rat).SetFrac(new(big.Int).Mul(big.NewInt(hits), big.NewInt(m.window)), big.NewInt(m.limit))
+	m.tat = new(big.Rat).Sub(m.tat, back)
+	if m.tat.Cmp(nowR) < 0 {
+		m.tat = nowR
+	}
+	d.Allowed = true
+	d.Remaining = m.remaining(now, m.tat)
+	d.ResetAfter = time.Duration(ratCeil(m.tat) - now)
+	return d
+}
+
+func (m *refGCRA) clone() refModel { c := *m; return &c } // decide never mutates a tat in place
+
 func (m *refGCRA) edge() (int64, bool) {
 	if m.tat == nil {
 		return 0, false
@@ -180,6 +232,36 @@ func (m *refFixed) decide(now, hits int64) Decision {
 		d.ResetAfter = time.Duration(start + m.window - now)
 	}
 	return d
+}
+
+func (m *refFixed) refund(now, hits int64) Decision {
+	start := now / m.window * m.window
+	d := Decision{Limit: m.limit}
+	var count int64
+	for i := len(m.adm) - 1; i >= 0; i-- {
+		a := &m.adm[i]
+		if a.ts < start {
+			continue
+		}
+		take := min(hits, a.n)
+		a.n -= take
+		hits -= take
+		if take > 0 {
+			d.Allowed = true
+		}
+		count += a.n
+	}
+	d.Remaining = m.limit - count
+	if count > 0 {
+		d.ResetAfter = time.Duration(start + m.window - now)
+	}
+	return d
+}
+
+func (m *refFixed) clone() refModel {
+	c := *m
+	c.adm = slices.Clone(m.adm)
+	return &c
 }
 
 func (m *refFixed) edge() (int64, bool) {
@@ -223,8 +305,19 @@ func newModelHarness(p Policy, store *Store, key Key, start int64) (*modelHarnes
 func (h *modelHarness) do(now, hits int64) error {
 	h.ops++
 	at := time.Unix(0, now)
+	// Peek first: it must answer exactly what the Allow that follows
+	// decides, and change nothing (or the Allow would differ from the
+	// model).
+	peekL, perrL := h.lim.Peek(at, hits)
+	peekS, perrS := h.store.Peek(h.key, h.p, hits, at)
 	gotL, errL := h.lim.Allow(at, hits)
 	gotS, errS := h.store.Allow(h.key, h.p, hits, at)
+	if (perrL == nil) != (errL == nil) || (errL == nil && peekL != gotL) {
+		return fmt.Errorf("limiter at %d hits %d: Peek %+v, %v; Allow %+v, %v", now, hits, peekL, perrL, gotL, errL)
+	}
+	if (perrS == nil) != (errS == nil) || (errS == nil && peekS != gotS) {
+		return fmt.Errorf("store at %d hits %d: Peek %+v, %v; Allow %+v, %v", now, hits, peekS, perrS, gotS, errS)
+	}
 	if hits <= 0 || hits > h.p.Limit {
 		if !errors.Is(errL, ErrInvalidHits) || !errors.Is(errS, ErrInvalidHits) {
 			return fmt.Errorf("hits %d: limiter err %v, store err %v, want ErrInvalidHits", hits, errL, errS)
@@ -254,6 +347,45 @@ func (h *modelHarness) do(now, hits int64) error {
 	return nil
 }
 
+// refund sends one Refund at now to both implementations and checks them
+// against their models.
+func (h *modelHarness) refund(now, hits int64) error {
+	h.ops++
+	at := time.Unix(0, now)
+	gotL, errL := h.lim.Refund(at, hits)
+	gotS, errS := h.store.Refund(h.key, h.p, hits, at)
+	if hits <= 0 {
+		if !errors.Is(errL, ErrInvalidHits) || !errors.Is(errS, ErrInvalidHits) {
+			return fmt.Errorf("refund hits %d: limiter err %v, store err %v, want ErrInvalidHits", hits, errL, errS)
+		}
+		return nil
+	}
+	if now < h.limLast {
+		if !errors.Is(errL, ErrTimeBackwards) {
+			return fmt.Errorf("limiter refund at %d < last %d: err %v, want ErrTimeBackwards", now, h.limLast, errL)
+		}
+	} else {
+		if errL != nil {
+			return fmt.Errorf("limiter refund: unexpected error %v", errL)
+		}
+		h.limLast = now
+		if want := h.limModel.refund(now, hits); gotL != want {
+			return fmt.Errorf("limiter refund at %d hits %d:\n got %+v\nwant %+v", now, hits, gotL, want)
+		}
+	}
+	if errS != nil {
+		return fmt.Errorf("store refund: unexpected error %v", errS)
+	}
+	if h.store.Has(h.key) {
+		// Refund advances a held key's clock; a key not held stays so.
+		h.storeLast = max(h.storeLast, now)
+	}
+	if want := h.storeModel.refund(max(h.storeLast, now), hits); gotS != want {
+		return fmt.Errorf("store refund at %d (clamped %d) hits %d:\n got %+v\nwant %+v", now, h.storeLast, hits, gotS, want)
+	}
+	return nil
+}
+
 // opKind is how the next request's time is chosen.
 type opKind uint8
 
@@ -266,6 +398,7 @@ const (
 	opEdge                  // exactly at, just before or just after the next expiry
 	opRaw                   // a raw nanosecond step
 	opBadHits               // invalid hits (0, negative or > limit)
+	opRefund                // a refund of 1 to limit+2 units (or 0: invalid) a little later
 	numOpKinds
 )
 
@@ -295,6 +428,10 @@ func (h *modelHarness) apply(kind opKind, a, b uint64, hits int64) error {
 	case opBadHits:
 		bad := [...]int64{0, -1, -h.p.Limit, h.p.Limit + 1, h.p.Limit + int64(b%1000) + 1}
 		return h.do(now, bad[a%uint64(len(bad))])
+	case opRefund:
+		now += int64(a % (w/8 + 1))
+		h.now = now
+		return h.refund(now, int64(b%uint64(h.p.Limit+3)))
 	}
 	h.now = now
 	return h.do(now, hits)
@@ -340,7 +477,7 @@ func runRandomSequence(t *testing.T, seed uint64, rng *rand.Rand, store *Store, 
 	}
 	// Weights per op kind: mostly equal times, small steps and edges, with
 	// long gaps, backward probes and invalid hits mixed in.
-	weights := [numOpKinds]int{opSame: 20, opTiny: 25, opStep: 20, opGap: 4, opBack: 5, opEdge: 15, opRaw: 8, opBadHits: 3}
+	weights := [numOpKinds]int{opSame: 20, opTiny: 25, opStep: 20, opGap: 4, opBack: 5, opEdge: 15, opRaw: 8, opBadHits: 3, opRefund: 6}
 	total := 0
 	for _, wt := range weights {
 		total += wt
@@ -358,7 +495,7 @@ func runRandomSequence(t *testing.T, seed uint64, rng *rand.Rand, store *Store, 
 }
 
 func (k opKind) String() string {
-	names := [...]string{"same", "tiny", "step", "gap", "back", "edge", "raw", "badhits"}
+	names := [...]string{"same", "tiny", "step", "gap", "back", "edge", "raw", "badhits", "refund"}
 	if int(k) < len(names) {
 		return names[k]
 	}

@@ -91,8 +91,30 @@ func NewStore(cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// stripeFor returns the stripe of an encoded key. It hashes the (tenant,
+// subject) prefix only (Key.AppendPlacement), so every policy of one subject
+// shares a stripe and AllowMulti can decide them under one lock.
 func (s *Store) stripeFor(ek []byte) *stripe {
-	return &s.stripes[xxhash.Sum64(ek)&s.mask]
+	return s.stripeForPlacement(ek[:placementLen(ek)])
+}
+
+// stripeForPlacement returns the stripe of an encoded (tenant, subject).
+func (s *Store) stripeForPlacement(pre []byte) *stripe {
+	return &s.stripes[xxhash.Sum64(pre)&s.mask]
+}
+
+// placementLen returns the length of ek's (tenant, subject) prefix, or
+// len(ek) if ek is too short to hold one (such an encoding matches no held
+// key, so any stripe will do).
+func placementLen(ek []byte) int {
+	if len(ek) == 0 {
+		return 0
+	}
+	n := 1 + int(ek[0])
+	if n >= len(ek) {
+		return len(ek)
+	}
+	return min(n+1+int(ek[n]), len(ek))
 }
 
 // Allow decides whether hits units of key may be admitted under p at now, and
@@ -151,14 +173,32 @@ func (s *Store) AllowEncoded(ek []byte, p Policy, hits int64, now time.Time) (De
 // insertLocked adds a fresh entry to st, whose lock is held. At capacity it
 // first reclaims st's idle entries.
 func (s *Store) insertLocked(st *stripe, ek []byte, a Algorithm, now int64) (*entry, error) {
-	if s.keys.Add(1) > s.maxKeys {
-		s.keys.Add(-1)
-		s.sweepStripeLocked(st, now)
-		if s.keys.Add(1) > s.maxKeys {
-			s.keys.Add(-1)
-			return nil, fmt.Errorf("%w: %d keys held", ErrCapacity, s.maxKeys)
-		}
+	if err := s.reserveLocked(st, 1, now, true); err != nil {
+		return nil, err
 	}
+	return s.newEntryLocked(st, ek, a)
+}
+
+// reserveLocked counts n new keys against MaxKeys. If they do not fit and
+// sweep is set, it first reclaims st's idle entries (st's lock is held).
+func (s *Store) reserveLocked(st *stripe, n int64, now int64, sweep bool) error {
+	if s.keys.Add(n) <= s.maxKeys {
+		return nil
+	}
+	s.keys.Add(-n)
+	if sweep {
+		s.sweepStripeLocked(st, now)
+		if s.keys.Add(n) <= s.maxKeys {
+			return nil
+		}
+		s.keys.Add(-n)
+	}
+	return fmt.Errorf("%w: %d keys held", ErrCapacity, s.maxKeys)
+}
+
+// newEntryLocked adds a fresh entry for ek to st, whose lock is held, after
+// reserveLocked counted it.
+func (s *Store) newEntryLocked(st *stripe, ek []byte, a Algorithm) (*entry, error) {
 	k := string(ek) // one allocation per new key: the map key, shared by e.key
 	dk, err := DecodeKey(k)
 	if err != nil {
@@ -301,7 +341,10 @@ func (s *Store) Import(ks KeyState, p Policy, now time.Time) error {
 	return nil
 }
 
-// Delete removes key's state and reports whether it was held.
+// Delete removes key's state and reports whether it was held. It is the
+// reset primitive: afterwards the key decides as if it had never been seen
+// (a full quota, no clock clamp). It changes no other key, including the
+// subject's other policies.
 func (s *Store) Delete(key Key) bool {
 	var buf [MaxEncodedKeyLen]byte
 	ek, ok := key.AppendEncoded(buf[:0])
@@ -351,4 +394,103 @@ func (s *Store) Has(key Key) bool {
 	_, ok = st.m[string(ek)]
 	st.mu.Unlock()
 	return ok
+}
+
+// Peek returns the decision Allow would make for the same arguments at now,
+// recording nothing: it changes neither the key's state nor its clock (now
+// is clamped to the key's latest time for the answer only), and does not
+// create the key. Errors are Allow's, except that it never returns
+// ErrCapacity. It does not allocate.
+func (s *Store) Peek(key Key, p Policy, hits int64, now time.Time) (Decision, error) {
+	var buf [MaxEncodedKeyLen]byte
+	ek, ok := key.AppendEncoded(buf[:0])
+	if !ok {
+		return Decision{}, key.Validate()
+	}
+	if !p.valid() {
+		return Decision{}, p.Validate()
+	}
+	if hits <= 0 || hits > p.Limit {
+		return Decision{}, checkHits(&p, hits)
+	}
+	t := now.UnixNano()
+	st := s.stripeFor(ek)
+	st.mu.Lock()
+	d := s.peekLocked(st.m[string(ek)], p, hits, t)
+	st.mu.Unlock()
+	return d, nil
+}
+
+// peekLocked is the decision at t for e (nil if not held), changing nothing.
+// A key whose state belongs to another algorithm decides as a fresh one,
+// as Allow would after resetting it.
+func (s *Store) peekLocked(e *entry, p Policy, hits int64, t int64) Decision {
+	if e == nil {
+		return peekFresh(t, p, hits)
+	}
+	t = max(t, e.last)
+	if e.alg != p.Algorithm {
+		return peekFresh(t, p, hits)
+	}
+	return e.lim.peek(t, p, hits)
+}
+
+// peekFresh is the decision of an empty state at now. The zero states are
+// stack values called directly (not through limiter) so nothing escapes.
+func peekFresh(now int64, p Policy, hits int64) Decision {
+	switch p.Algorithm {
+	case TokenBucket:
+		var g gcra
+		return g.peek(now, p, hits)
+	case FixedWindow:
+		var f fixedWindow
+		return f.peek(now, p, hits)
+	default:
+		var l slidingLog
+		return l.peek(now, p, hits)
+	}
+}
+
+// Refund gives back up to hits units of key's admissions that still count
+// at now, newest first: the sliding log removes units from its newest runs;
+// the token bucket moves its theoretical arrival time back by hits·W/L, but
+// never before now (never more than a full bucket); the fixed window lowers
+// the current window's count, never below zero. It never goes below an
+// empty state. now is clamped per key as in Allow, and advances the key's
+// clock.
+//
+// The returned Decision describes the state after the refund: Allowed
+// reports whether anything was given back, Remaining and ResetAfter are as
+// in Allow, RetryAfter is zero. A key not held (or held under another
+// algorithm, which Allow would reset) has nothing to give back and is not
+// created. hits must be at least 1 (ErrInvalidHits) and may exceed the
+// limit. Errors change nothing. It does not allocate.
+func (s *Store) Refund(key Key, p Policy, hits int64, now time.Time) (Decision, error) {
+	var buf [MaxEncodedKeyLen]byte
+	ek, ok := key.AppendEncoded(buf[:0])
+	if !ok {
+		return Decision{}, key.Validate()
+	}
+	if !p.valid() {
+		return Decision{}, p.Validate()
+	}
+	if hits <= 0 {
+		return Decision{}, checkHits(&p, hits)
+	}
+	t := now.UnixNano()
+	st := s.stripeFor(ek)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	e := st.m[string(ek)]
+	if e == nil {
+		return Decision{Limit: p.Limit, Remaining: p.Limit}, nil
+	}
+	if e.alg != p.Algorithm {
+		s.resetLocked(e, p.Algorithm)
+	}
+	e.last = max(e.last, t)
+	e.window = p.Window
+	d := e.lim.refund(e.last, p, hits)
+	s.accountLocked(e)
+	return d, nil
 }

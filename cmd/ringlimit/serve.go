@@ -483,20 +483,11 @@ type errorResponse struct {
 
 func (a *httpAPI) check(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, maxCheckBody)
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	var req checkRequest
-	err := dec.Decode(&req)
-	if err == nil {
-		// Exactly one JSON object: anything after it but whitespace is an
-		// error (unless it is the size limit that stopped the read).
-		if _, terr := dec.Token(); !errors.Is(terr, io.EOF) {
-			err = errors.New("trailing data after the JSON object")
-			var tooBig *http.MaxBytesError
-			if errors.As(terr, &tooBig) {
-				err = terr
-			}
-		}
+	// Strict: exact field names, no duplicates, hits 1 when absent and
+	// never 0, null or fractional (httpdecode.go). One policy per check.
+	req, err := decodeCheck(r.Body)
+	if err == nil && req.Policies != nil {
+		err = errors.New(`/v1/check takes one "policy"; "policies" is for the multi-limit endpoint`)
 	}
 	if err != nil {
 		var tooBig *http.MaxBytesError

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+)
+
+// checkBody is a strictly decoded POST /v1/check body. Exactly one of
+// Policy and Policies is set when a policy was given; Policies (the
+// multi-limit form) is nil unless the body used "policies". Missing tenant,
+// subject or policy stay empty: key validation names them.
+type checkBody struct {
+	Tenant   string   `json:"tenant"`
+	Subject  string   `json:"subject"`
+	Policy   string   `json:"policy,omitempty"`
+	Policies []string `json:"policies,omitempty"`
+	// Hits is the request's cost; 1 when the body has no "hits".
+	Hits int64 `json:"hits"`
+}
+
+// decodeCheck reads exactly one JSON object from r as a check body, more
+// strictly than encoding/json's Decode, which matches field names without
+// regard to case, keeps the last of duplicated fields and reads null or 0
+// into hits as if it were absent (and then charged 1). Here:
+//   - field names are exact and case-sensitive; unknown fields, duplicated
+//     fields and anything after the object are errors;
+//   - tenant, subject and policy must be strings (not null);
+//   - hits, if present, must be an integer from 1 to MaxInt64 (not null, 0,
+//     negative, fractional or in exponent form); absent means 1;
+//   - policies must be a non-empty list of distinct strings, and cannot be
+//     given together with policy.
+//
+// Errors from r (such as *http.MaxBytesError) are wrapped, so callers can
+// tell a body too large from a bad one.
+func decodeCheck(r io.Reader) (checkBody, error) {
+	dec := json.NewDecoder(r)
+	dec.UseNumber()
+	var b checkBody
+	if err := expectDelim(dec, '{', "the body must be a JSON object"); err != nil {
+		return checkBody{}, err
+	}
+	seen := map[string]bool{}
+	hasHits := false
+	for dec.More() {
+		tok, err := token(dec)
+		if err != nil {
+			return checkBody{}, err
+		}
+		name, _ := tok.(string) // object keys are always strings
+		if seen[name] {
+			return checkBody{}, fmt.Errorf("field %q appears twice", name)
+		}
+		seen[name] = true
+		switch name {
+		case "tenant":
+			b.Tenant, err = stringValue(dec, name)
+		case "subject":
+			b.Subject, err = stringValue(dec, name)
+		case "policy":
+			b.Policy, err = stringValue(dec, name)
+		case "policies":
+			b.Policies, err = policiesValue(dec)
+		case "hits":
+			hasHits = true
+			b.Hits, err = hitsValue(dec)
+		default:
+			err = fmt.Errorf("unknown field %q (fields are tenant, subject, policy or policies, and hits, in lower case)", name)
+		}
+		if err != nil {
+			return checkBody{}, err
+		}
+	}
+	if err := expectDelim(dec, '}', "the object is not closed"); err != nil {
+		return checkBody{}, err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		if err != nil && !isSyntaxError(err) {
+			return checkBody{}, err // a read error, such as the size limit
+		}
+		return checkBody{}, errors.New("trailing data after the JSON object")
+	}
+	if seen["policy"] && seen["policies"] {
+		return checkBody{}, errors.New(`give either "policy" or "policies", not both`)
+	}
+	if !hasHits {
+		b.Hits = 1
+	}
+	return b, nil
+}
+
+func isSyntaxError(err error) bool {
+	var se *json.SyntaxError
+	return errors.As(err, &se)
+}
+
+// token reads the next token inside the object: the body ending there is
+// io.ErrUnexpectedEOF, not io.EOF.
+func token(dec *json.Decoder) (json.Token, error) {
+	tok, err := dec.Token()
+	if errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("the body ends inside the object: %w", io.ErrUnexpectedEOF)
+	}
+	return tok, err
+}
+
+// expectDelim reads one token and requires it to be d.
+func expectDelim(dec *json.Decoder, d json.Delim, msg string) error {
+	tok, err := token(dec)
+	if errors.Is(err, io.ErrUnexpectedEOF) && d == '{' {
+		return fmt.Errorf("%s: %w", msg, err)
+	}
+	if err != nil {
+		return err
+	}
+	if tok != d {
+		return errors.New(msg)
+	}
+	return nil
+}
+
+// stringValue reads one value that must be a JSON string.
+func stringValue(dec *json.Decoder, field string) (string, error) {
+	tok, err := token(dec)
+	if err != nil {
+		return "", err
+	}
+	s, ok := tok.(string)
+	if !ok {
+		return "", fmt.Errorf("%s must be a string, not %s", field, describe(tok))
+	}
+	return s, nil
+}
+
+// hitsValue reads hits: an integer from 1 to MaxInt64.
+func hitsValue(dec *json.Decoder) (int64, error) {
+	tok, err := token(dec)
+	if err != nil {
+		return 0, err
+	}
+	num, ok := tok.(json.Number)
+	if !ok {
+		return 0, fmt.Errorf("invalid hits: must be a positive integer, not %s (leave hits out to mean 1)", describe(tok))
+	}
+	n, err := strconv.ParseInt(string(num), 10, 64)
+	if err != nil {
+		var ne *strconv.NumError
+		if errors.As(err, &ne) && errors.Is(ne.Err, strconv.ErrRange) {
+			return 0, fmt.Errorf("invalid hits %s: larger than %d", num, int64(1<<63-1))
+		}
+		return 0, fmt.Errorf("invalid hits %s: must be a whole number such as 1 or 5", num)
+	}
+	if n <= 0 {
+		return 0, fmt.Errorf("invalid hits %d: must be at least 1 (leave hits out to mean 1)", n)
+	}
+	return n, nil
+}
+
+// policiesValue reads policies: a non-empty list of distinct strings.
+func policiesValue(dec *json.Decoder) ([]string, error) {
+	if err := expectDelim(dec, '[', "policies must be a list of policy names"); err != nil {
+		return nil, err
+	}
+	list := []string{}
+	for dec.More() {
+		s, err := stringValue(dec, "each of policies")
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range list {
+			if p == s {
+				return nil, fmt.Errorf("policy %q appears twice in policies", s)
+			}
+		}
+		list = append(list, s)
+	}
+	if err := expectDelim(dec, ']', "policies is not closed"); err != nil {
+		return nil, err
+	}
+	if len(list) == 0 {
+		return nil, errors.New("policies must name at least one policy")
+	}
+	return list, nil
+}
+
+// describe names a JSON token's kind for error messages.
+func describe(tok json.Token) string {
+	switch v := tok.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "a boolean"
+	case json.Number:
+		return "the number " + string(v)
+	case string:
+		return "a string"
+	case json.Delim:
+		if v == '{' {
+			return "an object"
+		}
+		return "a list"
+	}
+	return "another value"
+}
