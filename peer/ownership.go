@@ -148,6 +148,10 @@ func (n *Node) reconcile(ctx context.Context) {
 				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.transfer(ctx, i, target) }))
 			case want != "" && (want != backup || needSync):
 				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.establishBackup(ctx, i, want) }))
+			case want == "" && backup != "":
+				// No other member may keep a copy (we are alone, the
+				// others are leaving): let the old backup go.
+				n.dropBackup(i, epoch, backup)
 			case backup != "":
 				// Renew the lease at a quarter of its length; admissions
 				// renew it too, so an idle partition costs one op here.
@@ -405,6 +409,11 @@ func (n *Node) promote(ctx context.Context, pid int, to string) {
 		if pt.store != nil {
 			keys = pt.store.Len()
 		}
+		// Our fenced state is exactly what the new holder started from:
+		// it becomes our copy of its partition at the new epoch, and the
+		// lease the new holder counts on starts now on our clock (after it
+		// started on the new holder's).
+		pt.rep = replica{holder: to, epoch: epoch + 1, complete: pt.store != nil, store: pt.store, leaseEnd: n.mono() + int64(n.cfg.LeaseDuration)}
 		pt.store = nil
 		pt.backup = ""
 		pt.leaseUntil.Store(0)
@@ -655,7 +664,9 @@ func (n *Node) drain(ctx context.Context) error {
 	for {
 		n.reconcile(ctx)
 		held, keys := n.heldPartitions()
-		if held == 0 {
+		if held == 0 && n.replicasHeld() == 0 {
+			// Nothing held, and every holder that used us as its backup
+			// has a copy elsewhere (we refuse leases while closing).
 			return nil
 		}
 		if n.view.Load().snap.Has(n.name) {
@@ -666,6 +677,10 @@ func (n *Node) drain(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
+			if held == 0 {
+				n.log.Warn("leaving while holders still keep their copies here", "partitions", n.replicasHeld())
+				return nil
+			}
 			n.metrics.Handoff("sent", "failed", keys)
 			err := fmt.Errorf("peer: %d partitions (%d keys) not handed off: %w", held, keys, ctx.Err())
 			n.log.Error("partitions not handed off", "partitions", held, "keys", keys, "err", ctx.Err())
@@ -735,4 +750,33 @@ func (n *Node) Settled() bool {
 		}
 	}
 	return true
+}
+
+// replicasHeld counts the partitions this node keeps a complete copy of.
+func (n *Node) replicasHeld() int {
+	c := 0
+	for i := range n.pt.parts {
+		pt := &n.pt.parts[i]
+		pt.mu.RLock()
+		if pt.rep.complete {
+			c++
+		}
+		pt.mu.RUnlock()
+	}
+	return c
+}
+
+// dropBackup releases partition pid's backup when no member can keep a
+// copy: the holder decides alone from now on (with quorum).
+func (n *Node) dropBackup(pid int, epoch uint64, backup string) {
+	pt := &n.pt.parts[pid]
+	pt.mu.Lock()
+	if pt.role != roleHolder || pt.epoch != epoch || pt.backup != backup {
+		pt.mu.Unlock()
+		return
+	}
+	pt.backup = ""
+	pt.needSync = false
+	pt.mu.Unlock()
+	n.sendOps(backup, []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_RELEASE, Partition: uint32(pid), Epoch: epoch}}, nil)
 }

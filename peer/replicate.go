@@ -379,7 +379,7 @@ func (s *server) Promote(_ context.Context, req *peerpb.PromoteRequest) (*peerpb
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
 	epoch := req.GetEpoch()
-	if (pt.role == roleHolder || pt.role == roleFenced) && pt.epoch == epoch+1 && pt.rep.holder == "" {
+	if (pt.role == roleHolder || pt.role == roleFenced) && pt.epoch == epoch+1 {
 		return &peerpb.PromoteResponse{Ok: true, Holder: n.name, Epoch: pt.epoch}, nil // a repeat
 	}
 	if n.closing.Load() {
@@ -395,11 +395,16 @@ func (s *server) Promote(_ context.Context, req *peerpb.PromoteRequest) (*peerpb
 	if !pt.rep.complete || pt.rep.holder != req.GetSender() || pt.rep.epoch != epoch {
 		return &peerpb.PromoteResponse{Holder: pt.holder, Epoch: pt.epoch, Error: "no complete copy at this epoch"}, nil
 	}
+	// The sender keeps the very same state (it fenced the partition before
+	// the copy) and turns it into its copy of ours when it reads this
+	// answer: it is our backup from the start, so a crash of this node
+	// right after the move loses nothing. Our lease counts from now, before
+	// the sender's record of it begins (when it receives the answer).
 	pt.store = pt.rep.store
 	pt.rep = replica{}
-	pt.backup = ""
+	pt.backup = req.GetSender()
 	pt.needSync = false
-	pt.leaseUntil.Store(0)
+	pt.leaseUntil.Store(n.mono() + holderLease(n.cfg.LeaseDuration))
 	pt.setRoleLocked(roleHolder, n.name, epoch+1, n.clock())
 	n.metrics.Handoff("received", "ok", pt.store.Len())
 	n.kickOwnership()

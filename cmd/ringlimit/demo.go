@@ -426,8 +426,9 @@ func (d *demo) crash(ctx context.Context, live []*peer.Node, policyPath string) 
 		return err
 	}
 	defer child.stop()
-	if err := waitUntil(ctx, 10*time.Second, "the nodes and the child n4 to see 3 members", func() bool {
-		return len(live[0].Members()) == 3 && len(live[1].Members()) == 3 && child.members(ctx) == 3
+	if err := waitUntil(ctx, 20*time.Second, "the nodes and the child n4 to see 3 members and partitions to settle", func() bool {
+		return len(live[0].Members()) == 3 && len(live[1].Members()) == 3 && child.members(ctx) == 3 &&
+			live[0].Settled() && live[1].Settled()
 	}); err != nil {
 		return err
 	}
@@ -435,22 +436,17 @@ func (d *demo) crash(ctx context.Context, live []*peer.Node, policyPath string) 
 	if err != nil {
 		return err
 	}
-	const limit = 5
-	var over peer.Decision
-	admitted := 0
-	for range limit + 1 {
-		dec, err := live[0].Allow(ctx, peer.Request{Key: key})
-		if err != nil {
-			return fmt.Errorf("allow before the kill: %w", err)
+	const limit, before = 5, 3
+	var last peer.Decision
+	for i := range before {
+		dec, err := live[i%2].Allow(ctx, peer.Request{Key: key})
+		if err != nil || !dec.Allowed {
+			return fmt.Errorf("allow before the kill: %+v, %w", dec, err)
 		}
-		if dec.Allowed {
-			admitted++
-		} else {
-			over = dec
-		}
+		last = dec
 	}
-	fmt.Fprintf(d.out, "  child process pid %d serves n4 (grpc %s); key %s (limit %d per 1m) is owned by n4\n", child.cmd.Process.Pid, child.grpcAddr, key, limit)
-	fmt.Fprintf(d.out, "  before the kill: %d admitted, then reason=%s with err=nil (over limit is a result)\n", admitted, over.Reason)
+	fmt.Fprintf(d.out, "  child process pid %d serves n4 (grpc %s); key %s (limit %d per 1m) is held by %s\n", child.cmd.Process.Pid, child.grpcAddr, key, limit, last.Owner)
+	fmt.Fprintf(d.out, "  before the kill: %d admitted by %s, each answered only after its backup had it (replication: sync)\n", before, last.Owner)
 
 	killed := time.Now()
 	if err := child.cmd.Process.Kill(); err != nil { // SIGKILL: no leave, no handoff
@@ -462,7 +458,7 @@ func (d *demo) crash(ctx context.Context, live []*peer.Node, policyPath string) 
 		resumedDec                       peer.Decision
 		resumedVia                       string
 	)
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for i := 0; resumed == 0 && time.Now().Before(deadline); i++ {
@@ -505,11 +501,24 @@ func (d *demo) crash(ctx context.Context, live []*peer.Node, policyPath string) 
 	if converged == 0 {
 		converged = time.Since(killed)
 	}
-	// Once both survivors agree, every request is decided again.
-	afterOK := true
-	for i := range 4 {
-		if _, err := live[i%2].Allow(ctx, peer.Request{Key: key}); err != nil {
-			afterOK = false
+	// The new holder continues from the backup's copy: with `before`
+	// admitted before the crash and one just now, exactly limit - before - 1
+	// more fit, then over limit.
+	admittedAfter := 0
+	if resumed > 0 {
+		admittedAfter = 1
+	}
+	var refused peer.Decision
+	for i := range limit {
+		dec, err := live[i%2].Allow(ctx, peer.Request{Key: key})
+		if err != nil {
+			other++
+			continue
+		}
+		if dec.Allowed {
+			admittedAfter++
+		} else {
+			refused = dec
 		}
 	}
 	child.reap()
@@ -522,15 +531,15 @@ func (d *demo) crash(ctx context.Context, live []*peer.Node, policyPath string) 
 	}
 	fmt.Fprintf(tw, "  %v\tgossip marks n4 failed; both survivors' rings have 2 members\n", converged.Round(time.Millisecond))
 	if resumed > 0 {
-		fmt.Fprintf(tw, "  %v\tdecisions resume via %s: %s by %s, remaining %d\n", resumed.Round(time.Millisecond), resumedVia, resumedDec.Reason, resumedDec.Owner, resumedDec.Remaining)
+		fmt.Fprintf(tw, "  %v\tthe backup took over after the lease: %s by %s via %s, remaining %d\n", resumed.Round(time.Millisecond), resumedDec.Reason, resumedDec.Owner, resumedVia, resumedDec.Remaining)
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(d.out, "  during the outage: %d requests unavailable, %d reported over limit, %d other errors\n", unavailable, overDuring, other)
-	fmt.Fprintf(d.out, "  note: without Config.Backup the crashed owner's log is lost, so the key restarts with a fresh quota (DESIGN.md §5)\n")
-	d.promise(firstUnavail > 0, "requests for the dead owner's key fail closed as unavailable (first after %v)", firstUnavail.Round(time.Millisecond))
+	fmt.Fprintf(d.out, "  after the takeover: %d admitted (want %d = %d - %d before the crash), then %s\n", admittedAfter, limit-before, limit, before, refused.Reason)
+	d.promise(firstUnavail > 0, "requests for the dead holder's key fail closed as unavailable (first after %v)", firstUnavail.Round(time.Millisecond))
 	d.promise(overDuring == 0 && other == 0, "no request during the outage was reported as over limit (%d) or another error (%d)", overDuring, other)
-	d.promise(resumed > 0 && resumedDec.Owner != "n4", "decisions resume on a new owner after the ring converges (after %v)", resumed.Round(time.Millisecond))
-	d.promise(afterOK, "once both survivors agree on the ring, every request is decided again")
+	d.promise(resumed > 0 && resumedDec.Owner != "n4", "decisions resume on the backup after failure detection and the lease (after %v)", resumed.Round(time.Millisecond))
+	d.promise(admittedAfter == limit-before && refused.Reason == peer.ReasonOverLimit, "the crash lost nothing: %d admitted after it (want %d), then over limit", admittedAfter, limit-before)
 	return nil
 }
 
