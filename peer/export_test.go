@@ -145,3 +145,27 @@ func (n *Node) stopRPCForTest() { n.grpcSrv.Stop() }
 // setCheckHookForTest makes n's Check handler call f before deciding (for
 // example to hang until the caller gives up).
 func (n *Node) setCheckHookForTest(f func(ctx context.Context)) { n.checkHook.Store(&f) }
+
+// partIDForTest returns key's partition.
+func (n *Node) partIDForTest(key Key) int {
+	var buf [3 * 129]byte
+	ek, _ := key.AppendEncoded(buf[:0])
+	return n.view.Load().snap.Partition(placement(ek))
+}
+
+// ringWithForTest returns the ring n's members plus extra would form.
+func (n *Node) ringWithForTest(extra string) *ring.Snapshot {
+	snap, err := ring.New(n.cfg.Ring, append(n.Members(), extra), 1)
+	if err != nil {
+		panic(err)
+	}
+	return snap
+}
+
+// backupForTest returns the backup n uses for partition pid it holds.
+func (n *Node) backupForTest(pid int) string {
+	pt := &n.pt.parts[pid]
+	pt.mu.RLock()
+	defer pt.mu.RUnlock()
+	return pt.backup
+}

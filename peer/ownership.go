@@ -80,7 +80,25 @@ func (n *Node) quorum() bool {
 		}
 		failed++
 	}
-	return alive > (alive+failed)/2
+	total := alive + failed
+	if 2*alive != total {
+		return 2*alive > total
+	}
+	// Exactly half: the half with the smallest member name wins, so two
+	// halves of a split never both act (and a two-member cluster survives
+	// the loss of its larger-named member).
+	smallest := ""
+	for m := range v.alive {
+		if smallest == "" || m < smallest {
+			smallest = m
+		}
+	}
+	for m := range n.own.failed {
+		if m < smallest {
+			return false
+		}
+	}
+	return true
 }
 
 // alive reports whether member is live in the node's gossip view (draining

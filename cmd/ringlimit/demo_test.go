@@ -48,8 +48,9 @@ func TestDemo(t *testing.T) {
 		"✓ every decision came from the key's single owner",
 		"✓ the quota was kept: 40 admitted after the move (want 40), then over limit",
 		"first request for the key: unavailable (errors.Is(err, peer.ErrUnavailable)), not over limit",
-		"✓ requests for the dead owner's key fail closed as unavailable",
-		"✓ decisions resume on a new owner after the ring converges",
+		"✓ requests for the dead holder's key fail closed as unavailable",
+		"✓ decisions resume on the backup after failure detection and the lease",
+		"✓ the crash lost nothing: 2 admitted after it (want 2), then over limit",
 		"✓ the hottest key shop/item-00/feed is #1 at its owner",
 		"all 16 promises held",
 	} {

@@ -54,7 +54,7 @@ policies:
 		{
 			name:    "unknown field in an entry",
 			in:      "policies:\n  - name: api\n    limit: 1\n    window: 1s\n    burst: 5\n",
-			wantErr: []string{`policies[0]: unknown field "burst" at line 5 (want name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow)`},
+			wantErr: []string{`policies[0]: unknown field "burst" at line 5 (want name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow, replication)`},
 		},
 		{
 			name:    "unknown top-level field",

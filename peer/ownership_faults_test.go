@@ -1,0 +1,412 @@
+package peer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Ownership fault tests: concurrent membership changes, large partitions,
+// crashes, restarts and double faults. Each drives load, records every
+// admission at its owner's (shared, fake) decision time, and checks with
+// the rolling-window checker that no window ever holds more than L, and
+// with wide keys (a limit never reached) that no key was reset.
+
+// addConcurrently starts the named nodes at the same time, joined through
+// a live node, and adds them to c once all have started.
+func (c *cluster) addConcurrently(names ...string) []*Node {
+	c.t.Helper()
+	seed := c.live()[0].GossipAddr()
+	out := make([]*Node, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Go(func() {
+			cfg := c.base
+			cfg.Name = name
+			if cfg.Gossip == nil {
+				cfg.Gossip = fastGossip
+			}
+			if cfg.Logger == nil {
+				cfg.Logger = testLogger(c.t)
+			}
+			cfg.Join = []string{seed}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			out[i], errs[i] = New(ctx, cfg)
+		})
+	}
+	wg.Wait()
+	for i, nd := range out {
+		if errs[i] != nil {
+			c.t.Fatalf("start %s: %v", names[i], errs[i])
+		}
+		c.t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = nd.Close(ctx)
+		})
+		c.nodes = append(c.nodes, nd)
+	}
+	return out
+}
+
+// closeConcurrently closes nodes at the same time and fails on any error.
+func closeConcurrently(t *testing.T, nodes ...*Node) {
+	t.Helper()
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, nd := range nodes {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			errs[i] = nd.Close(ctx)
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent Close of %s: %v", nodes[i].Name(), err)
+		}
+	}
+}
+
+// runClock advances clk by step every 25 answered requests of load until
+// the returned stop function is called.
+func runClock(load *hoLoad, clk *hoClock, step time.Duration) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		last := load.requests.Load()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			if n := load.requests.Load(); n-last >= 25 {
+				last = n
+				clk.Advance(step)
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}
+
+// checkNoReset probes every wide key once through a live node: the holder's
+// Remaining must account for every admission made before (a lost or reset
+// log shows as more Remaining), allowing for unavailable answers that may
+// have been admitted after the caller gave up.
+func checkNoReset(t *testing.T, c *cluster, load *hoLoad, wideFrom int, limit int64) {
+	t.Helper()
+	live := c.live()
+	for i := wideFrom; i < len(load.keys); i++ {
+		k := load.keys[i]
+		before, ghosts := load.admitted[i].Load(), load.unavail[i].Load()
+		var d Decision
+		waitFor(t, 15*time.Second, fmt.Sprintf("a decision for %v", k), func() bool {
+			var err error
+			d, err = live[i%len(live)].Allow(context.Background(), Request{Key: k})
+			return err == nil
+		})
+		got := before + 1
+		want := limit - got
+		if d.Remaining > want || d.Remaining < want-ghosts {
+			t.Fatalf("key %v: Remaining %d after %d admissions (%d unavailable), want %d: the log was reset or lost", k, d.Remaining, got, ghosts, want)
+		}
+	}
+}
+
+// TestOwnershipConcurrentChanges runs membership changes that used to
+// break ownership inferred from ring history — two joins at once, two
+// graceful leaves at once, a join and a leave at once — under load at the
+// limit on a sliding fake clock. No window may hold more than L and no
+// wide key may lose an admission.
+func TestOwnershipConcurrentChanges(t *testing.T) {
+	const limit, window, step, wide = 10, 500 * time.Millisecond, 10 * time.Millisecond, 1 << 40
+	for _, tc := range []struct {
+		name   string
+		start  int
+		change func(t *testing.T, c *cluster)
+		after  int
+	}{
+		{"two_joins", 3, func(t *testing.T, c *cluster) { c.addConcurrently("j0", "j1") }, 5},
+		{"two_leaves", 5, func(t *testing.T, c *cluster) { closeConcurrently(t, c.nodes[1], c.nodes[3]) }, 3},
+		{"join_and_leave", 4, func(t *testing.T, c *cluster) {
+			var wg sync.WaitGroup
+			wg.Go(func() { closeConcurrently(t, c.nodes[2]) })
+			c.addConcurrently("j0")
+			wg.Wait()
+		}, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &hoClock{}
+			c := startCluster(t, tc.start, Config{
+				Clock:  clk.Now,
+				Gossip: hoGossip,
+				Policies: map[string]PolicyConfig{
+					"roll": {Limit: limit, Window: window},
+					"wide": {Limit: wide, Window: time.Hour},
+				},
+			})
+			keys := append(hoKeys("cc-"+tc.name, 40, "roll"), hoKeys("cc-"+tc.name, 20, "wide")...)
+			load := newHoLoad(t, keys, clk)
+			for _, nd := range c.nodes {
+				load.drive(nd, 2)
+			}
+			stop := runClock(load, clk, step)
+			load.progress(500)
+			tc.change(t, c)
+			c.waitMembers(tc.after)
+			for _, nd := range c.live() {
+				load.drive(nd, 1)
+			}
+			load.progress(500)
+			load.halt()
+			stop()
+			admitted, unavailable := load.totals()
+			windows := load.checkRolling(limit, window)
+			t.Logf("%d requests, %d admitted (%d windows checked), %d unavailable", load.requests.Load(), admitted, windows, unavailable)
+			checkNoReset(t, c, load, 40, wide)
+			hoCheckOneDecisionPoint(t, c, keys)
+		})
+	}
+}
+
+// TestOwnershipLargePartition moves and replicates a partition whose state
+// is larger than gRPC's default 4 MiB message limit: the copy travels in
+// chunks bounded by TransferChunkBytes. The new holder's counts must be
+// exact, and its backup's copy must be exact too (checked by crashing the
+// new holder and asking the backup after it takes over).
+func TestOwnershipLargePartition(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills a partition with over 8 MiB of state")
+	}
+	const limit, runs = 1 << 20, 400
+	clk := &hoClock{}
+	c := startCluster(t, 2, Config{
+		Clock:    clk.Now,
+		Gossip:   hoCrashGossip,
+		Policies: map[string]PolicyConfig{"big": {Limit: limit, Window: time.Hour, Replication: ReplicateAsync}},
+	})
+	n0 := c.nodes[0]
+	// Keys of one partition, held by n0: one subject, many tenants would
+	// spread; instead pick keys whose partition is the first one n0 holds.
+	var keys []Key
+	pid := -1
+	for i := 0; len(keys) < 2000 && i < 1<<20; i++ {
+		k := Key{Tenant: "big", Subject: fmt.Sprintf("s%06d", i), Policy: "big"}
+		p := n0.partIDForTest(k)
+		if pid < 0 {
+			if o, _ := n0.Owner(k); o != n0.Name() {
+				continue
+			}
+			pid = p
+		}
+		if p == pid {
+			keys = append(keys, k)
+		}
+	}
+	// runs distinct admission instants per key: 2000 × 400 runs ≈ 800k
+	// runs, about 10 MiB on the wire.
+	for r := range runs {
+		for _, k := range keys {
+			if _, err := n0.Allow(context.Background(), Request{Key: k}); err != nil {
+				t.Fatalf("fill: %v", err)
+			}
+		}
+		if r%50 == 49 {
+			t.Logf("filled %d runs per key", r+1)
+		}
+		clk.Advance(time.Millisecond)
+	}
+	// A joiner that becomes the partition's target receives it by copy
+	// and promote; then it is killed and n0 (the old holder, now backup)
+	// takes over from its copy.
+	var target *Node
+	for i := 0; target == nil && i < 50; i++ {
+		name := fmt.Sprintf("j%d", i)
+		if n0.ringWithForTest(name).PartitionOwner(pid) == name {
+			target = c.add(name)
+		}
+	}
+	if target == nil {
+		t.Fatal("no joiner name takes the partition")
+	}
+	c.waitMembers(3)
+	if r, _, _ := target.roleForTest(pid); r != roleHolder {
+		t.Fatalf("the joiner %s does not hold partition %d after settling (%v)", target.Name(), pid, r)
+	}
+	check := func(via *Node, wantOwner string, extra int64) {
+		t.Helper()
+		for _, k := range keys[:50] {
+			d, err := via.Allow(context.Background(), Request{Key: k, Hits: 1})
+			if err != nil || d.Owner != wantOwner || d.Remaining != limit-runs-1-extra {
+				t.Fatalf("%v via %s: %+v, %v; want decided by %s with %d remaining", k, via.Name(), d, err, wantOwner, limit-runs-1-extra)
+			}
+		}
+	}
+	check(c.nodes[1], target.Name(), 0)
+	backup := target.backupForTest(pid)
+	target.KillForTest()
+	var bnode *Node
+	for _, nd := range c.nodes {
+		if nd.Name() == backup {
+			bnode = nd
+		}
+	}
+	if bnode == nil {
+		t.Fatalf("backup %q of partition %d is not a test node", backup, pid)
+	}
+	c.waitMembers(2)
+	check(c.nodes[1], bnode.Name(), 1)
+}
+
+// TestOwnershipCrashAndRestart kills a holder right after admissions (no
+// pause), checks the backup continues from its copy (nothing lost), then
+// restarts the crashed node under its old name: it gets its partitions back
+// by transfer, and the counts still hold.
+func TestOwnershipCrashAndRestart(t *testing.T) {
+	const limit = 20
+	c := startCluster(t, 3, Config{
+		Gossip:   hoCrashGossip,
+		Policies: map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
+	})
+	victim := c.nodes[2]
+	var keys []Key
+	for _, k := range hoKeys("crash", 400, "p") {
+		if o, _ := c.nodes[0].Owner(k); o == victim.Name() {
+			keys = append(keys, k)
+		}
+		if len(keys) == 20 {
+			break
+		}
+	}
+	used := make([]int64, len(keys))
+	for i, k := range keys {
+		for j := range 12 {
+			d, err := c.nodes[j%3].Allow(context.Background(), Request{Key: k})
+			if err != nil || !d.Allowed {
+				t.Fatalf("admission %d of %v: %+v, %v", j, k, d, err)
+			}
+			used[i]++
+		}
+	}
+	killed := time.Now()
+	victim.KillForTest()
+	c.waitMembers(2)
+	// Every key continues from the backup's copy: exactly limit-12 more.
+	for i, k := range keys {
+		admitted := int64(0)
+		deadline := time.Now().Add(15 * time.Second)
+		for n := 0; n < limit; {
+			d, err := c.nodes[n%2].Allow(context.Background(), Request{Key: k})
+			if err != nil {
+				if time.Now().After(deadline) {
+					t.Fatalf("%v: no decision 15 s after the crash: %v", k, err)
+				}
+				continue
+			}
+			n++
+			if d.Allowed {
+				admitted++
+			}
+		}
+		if i == 0 {
+			t.Logf("unavailable for %v after the kill", time.Since(killed).Round(time.Millisecond))
+		}
+		if admitted != limit-used[i] {
+			t.Fatalf("%v: %d admitted after the crash, want %d (the crash must lose nothing)", k, admitted, limit-used[i])
+		}
+		used[i] = limit
+	}
+	// Restart under the old name: partitions come back by transfer.
+	back := c.add(victim.Name())
+	c.waitMembers(3)
+	for _, k := range keys {
+		for _, nd := range c.live() {
+			d, err := nd.Allow(context.Background(), Request{Key: k})
+			if err != nil || d.Allowed || d.Owner != back.Name() {
+				t.Fatalf("%v via %s after the restart: %+v, %v; want refused by the restarted %s", k, nd.Name(), d, err, back.Name())
+			}
+		}
+	}
+}
+
+// TestOwnershipDoubleFault kills a holder and its backup together. The
+// partition's state is lost: it restarts empty after the orphan grace, the
+// loss is logged at Error and counted, and the over-admission is bounded by
+// one limit per key (what was admitted before the faults).
+func TestOwnershipDoubleFault(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the orphan grace")
+	}
+	const limit = 5
+	logs := newHoLogs()
+	metrics := newHoMetrics()
+	c := startClusterWith(t, 4, Config{
+		Gossip:        hoCrashGossip,
+		LeaseDuration: 500 * time.Millisecond,
+		Policies:      map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
+	}, func(i int, cfg *Config) {
+		cfg.Logger = slog.New(logs)
+		cfg.Metrics = metrics
+	})
+	holder := c.nodes[3]
+	var key Key
+	var backupName string
+	for _, k := range hoKeys("double", 1000, "p") {
+		if o, _ := c.nodes[0].Owner(k); o == holder.Name() {
+			b := holder.backupForTest(holder.partIDForTest(k))
+			if b != c.nodes[0].Name() {
+				key, backupName = k, b
+				break
+			}
+		}
+	}
+	var backup *Node
+	for _, nd := range c.nodes {
+		if nd.Name() == backupName {
+			backup = nd
+		}
+	}
+	if backup == nil {
+		t.Fatalf("no key held by %s with a test node as backup", holder.Name())
+	}
+	for range limit {
+		if d, err := c.nodes[0].Allow(context.Background(), Request{Key: key}); err != nil || !d.Allowed {
+			t.Fatalf("fill: %+v, %v", d, err)
+		}
+	}
+	holder.KillForTest()
+	backup.KillForTest()
+	c.waitMembers(2)
+	admitted := 0
+	waitFor(t, 30*time.Second, "the orphaned partition to restart", func() bool {
+		d, err := c.nodes[0].Allow(context.Background(), Request{Key: key})
+		if err == nil && d.Allowed {
+			admitted++
+		}
+		return err == nil
+	})
+	for range 2 * limit {
+		if d, err := c.nodes[0].Allow(context.Background(), Request{Key: key}); err == nil && d.Allowed {
+			admitted++
+		}
+	}
+	if admitted != limit {
+		t.Fatalf("after losing holder and backup, %d admitted; want exactly %d (restarted empty, then the limit holds)", admitted, limit)
+	}
+	if len(logs.find(c.nodes[0].Name(), "partition state lost: holder and backup both failed; restarted empty"))+
+		len(logs.find(c.nodes[1].Name(), "partition state lost: holder and backup both failed; restarted empty")) == 0 {
+		t.Fatal("the loss was not logged")
+	}
+	if metrics.handoffCount("lost/orphaned") == 0 {
+		t.Fatal("the loss was not counted")
+	}
+}
