@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/memberlist"
-
 	"github.com/ringlimit/ringlimit/peer"
 )
 
@@ -39,15 +37,6 @@ var peerKeyCounts = []struct {
 	{"1e4", 10000},
 }
 
-// peerGossip shortens memberlist timings for a loopback cluster.
-func peerGossip(mc *memberlist.Config) {
-	mc.ProbeInterval = 100 * time.Millisecond
-	mc.ProbeTimeout = 50 * time.Millisecond
-	mc.GossipInterval = 20 * time.Millisecond
-	mc.PushPullInterval = 500 * time.Millisecond
-	mc.TCPTimeout = time.Second
-}
-
 // startPeerCluster starts n nodes on 127.0.0.1 with ephemeral ports, joined
 // through the first, waits until each sees n members and the handoff grace
 // after the last membership change has passed (the steady state), and
@@ -63,7 +52,7 @@ func startPeerCluster(b *testing.B, n int, batching bool) []*peer.Node {
 				peerPolicy: {Limit: 1 << 50, Window: time.Second, Resolution: 10 * time.Millisecond},
 			},
 			DisableBatching: !batching,
-			Gossip:          peerGossip,
+			GossipProfile:   peer.GossipFast,
 			// A short grace: a freshly joined node would otherwise ask the
 			// previous owner of every key it sees for the first time,
 			// which is join-time behaviour, not the steady state measured.

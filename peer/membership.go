@@ -264,6 +264,7 @@ func (n *Node) startGossip(ctx context.Context) error {
 	if len(n.cfg.GossipKey) > 0 {
 		mc.SecretKey = n.cfg.GossipKey
 	}
+	n.cfg.GossipProfile.Apply(mc)
 	if n.cfg.Gossip != nil {
 		n.cfg.Gossip(mc)
 	}

@@ -580,7 +580,7 @@ func TestServeConfigErrors(t *testing.T) {
 		{"bad log level", []string{"--log-level", "loud"}, `log level "loud"`},
 		{"half of TLS", []string{"--tls-cert", "x.pem"}, "go together"},
 		{"bad gossip key", []string{"--gossip-key", shortKey}, "want 16, 24 or 32"},
-		{"bad gossip profile", []string{"--gossip-profile", "wan"}, "gossip profile"},
+		{"bad gossip profile", []string{"--gossip-profile", "moon"}, "gossip profile"},
 		{"stray argument", []string{"now"}, `unexpected argument "now"`},
 		{"bad address", []string{"--gossip-addr", "nowhere", "--grpc-addr", "127.0.0.1:0", "--http-addr", ""}, "gossip address"},
 	} {
