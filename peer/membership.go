@@ -276,24 +276,10 @@ func (n *Node) startGossip(ctx context.Context) error {
 	if len(n.cfg.Join) == 0 {
 		return nil
 	}
-	joined := make(chan error, 1)
-	go func() {
-		_, err := ml.Join(n.cfg.Join)
-		joined <- err
-	}()
-	select {
-	case err = <-joined:
-	case <-ctx.Done():
-		_ = ml.Shutdown()
-		// The join goroutine must end before New returns; its TCP
-		// exchange is bounded by memberlist's TCPTimeout.
-		<-joined
-		err = ctx.Err()
-	}
-	if err != nil {
+	if err := n.join(ctx, ml); err != nil {
 		_ = ml.Shutdown()
 		n.gossipLog.close()
-		return fmt.Errorf("peer: join %v: %w", n.cfg.Join, err)
+		return err
 	}
 	return nil
 }

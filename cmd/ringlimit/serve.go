@@ -217,6 +217,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Backup:              f.backup,
 		Logger:              log,
 		GossipProfile:       f.gossipProfile,
+		JoinTimeout:         f.joinTimeout,
 	}
 	if f.policies != "" {
 		if cfg.Policies, err = loadPolicies(f.policies); err != nil {
