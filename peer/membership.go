@@ -46,12 +46,20 @@ type meta struct {
 	// draining is set by a node that is leaving gracefully, just before it
 	// hands off its keys, so peers can tell a leave from a failure.
 	draining bool
+	// start identifies the process (random, fixed for the Node's life), so
+	// peers can tell a restart on the same address from the same process
+	// (see rejoin.go). Zero from a version 2 member.
+	start uint64
 }
 
-const metaVersion = 2
+// metaVersion 3 inserts the 8-byte start id between the fingerprint and the
+// address: version, flags, fingerprint, start, rpc address. Version 2
+// (without start) is still decoded, so a rolling upgrade can read older
+// members.
+const metaVersion = 3
 
 func (m meta) encode() []byte {
-	b := make([]byte, 0, 16+len(m.rpcAddr))
+	b := make([]byte, 0, 18+len(m.rpcAddr))
 	b = append(b, metaVersion)
 	var flags byte
 	if m.draining {
@@ -59,14 +67,23 @@ func (m meta) encode() []byte {
 	}
 	b = append(b, flags)
 	b = binary.BigEndian.AppendUint64(b, m.fingerprint)
+	b = binary.BigEndian.AppendUint64(b, m.start)
 	return append(b, m.rpcAddr...)
 }
 
 func decodeMeta(b []byte) (meta, error) {
-	if len(b) < 10 || b[0] != metaVersion {
+	addrAt := 18
+	switch {
+	case len(b) >= 18 && b[0] == metaVersion:
+	case len(b) >= 10 && b[0] == 2:
+		addrAt = 10
+	default:
 		return meta{}, errors.New("peer: unrecognised member metadata")
 	}
-	m := meta{draining: b[1]&1 != 0, fingerprint: binary.BigEndian.Uint64(b[2:10]), rpcAddr: string(b[10:])}
+	m := meta{draining: b[1]&1 != 0, fingerprint: binary.BigEndian.Uint64(b[2:10]), rpcAddr: string(b[addrAt:])}
+	if addrAt == 18 {
+		m.start = binary.BigEndian.Uint64(b[10:18])
+	}
 	if _, _, err := net.SplitHostPort(m.rpcAddr); err != nil {
 		return meta{}, fmt.Errorf("peer: member metadata rpc address: %w", err)
 	}
@@ -304,6 +321,7 @@ func (n *Node) rebuild() {
 	evs, dropped, members := n.events.take()
 	names := make([]string, 0, len(members))
 	addrs := make(map[string]string)
+	starts := make(map[string]uint64, len(members))
 	for name, raw := range members {
 		md, err := decodeMeta(raw)
 		switch {
@@ -317,7 +335,9 @@ func (n *Node) rebuild() {
 		}
 		names = append(names, name)
 		addrs[name] = md.rpcAddr
+		starts[name] = md.start
 	}
+	n.noteRestarts(evs, starts)
 	if len(names) == 0 {
 		// Only after our own leave: memberlist no longer lists us. Keep
 		// the last ring; the node is shutting down.

@@ -66,6 +66,8 @@ type Node struct {
 	closeErr  error
 	closed    chan struct{}
 	lastWarn  atomic.Int64 // unix ns of the last throttled warning
+
+	ops opsState // restarts, duplicate names, readiness, reconnects, peer auth
 }
 
 // policy is a table entry with its shard form precomputed.
@@ -109,6 +111,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.policies[name] = &policy{name: name, cfg: p, sp: p.shard()}
 	}
 	n.calls.New = func() any { return &call{done: make(chan callResult, 1)} }
+	n.ops.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.handoff.init()
 	n.backup.init(cfg.Store)
@@ -173,7 +176,7 @@ func (n *Node) meta(draining bool) meta {
 	if addr == "" {
 		addr = n.RPCAddr()
 	}
-	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining}
+	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining, start: n.ops.start}
 }
 
 // leaveLinger is how long a leaving node keeps serving redirects after
