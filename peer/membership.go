@@ -275,6 +275,7 @@ func (n *Node) startGossip(ctx context.Context) error {
 	n.delegate = d
 	mc.Delegate = d
 	mc.Events = d
+	mc.Conflict = d
 	n.gossipLog = newMemberlistLog(n.log)
 	mc.Logger = log.New(n.gossipLog, "", 0)
 	mc.LogOutput = nil
@@ -293,7 +294,13 @@ func (n *Node) startGossip(ctx context.Context) error {
 	if len(n.cfg.Join) == 0 {
 		return nil
 	}
-	if err := n.join(ctx, ml); err != nil {
+	err = n.join(ctx, ml)
+	if err == nil {
+		err = n.duplicateName()
+	}
+	if err != nil {
+		// Shutdown, not Leave: after a name conflict a leave would
+		// announce the established member's departure.
 		_ = ml.Shutdown()
 		n.gossipLog.close()
 		return err

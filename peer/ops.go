@@ -16,6 +16,8 @@ type opsState struct {
 	// starts maps member names to the start id last seen in their meta.
 	// Only the rebuild goroutine (or New, before it starts) touches it.
 	starts map[string]uint64
+	// conflict records another member claiming our name (conflict.go).
+	conflict conflictState
 }
 
 func (o *opsState) init() {
