@@ -148,6 +148,7 @@ func (n *Node) startRPC() error {
 	if n.cfg.ServerTLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.ServerTLS)))
 	}
+	opts = append(opts, n.rpcAuthServerOptions()...)
 	n.rpcLis = lis
 	n.grpcSrv = grpc.NewServer(opts...)
 	peerpb.RegisterLimiterServer(n.grpcSrv, &server{n: n})

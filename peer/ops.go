@@ -18,6 +18,8 @@ type opsState struct {
 	starts map[string]uint64
 	// conflict records another member claiming our name (conflict.go).
 	conflict conflictState
+	// auth is the peer-RPC authentication, set in New (auth.go).
+	auth peerAuth
 }
 
 func (o *opsState) init() {
