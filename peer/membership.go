@@ -317,6 +317,7 @@ func (n *Node) rebuildLoop() {
 			return
 		case <-n.rebuildCh:
 			n.rebuild()
+			n.updateReady()
 		}
 	}
 }
@@ -333,11 +334,15 @@ func (n *Node) rebuild() {
 		md, err := decodeMeta(raw)
 		switch {
 		case err != nil:
-			n.log.Warn("member ignored", "peer", name, "err", err)
+			if n.ignore(name, "unreadable metadata") {
+				n.log.Warn("member ignored", "peer", name, "err", err)
+			}
 			continue
 		case md.fingerprint != n.fp:
-			n.log.Warn("member ignored: placement or policy fingerprint differs", "peer", name,
-				"fingerprint", fmt.Sprintf("%016x", md.fingerprint), "want", fmt.Sprintf("%016x", n.fp))
+			if n.ignore(name, "placement or policy fingerprint differs") {
+				n.log.Warn("member ignored: placement or policy fingerprint differs", "peer", name,
+					"fingerprint", fmt.Sprintf("%016x", md.fingerprint), "want", fmt.Sprintf("%016x", n.fp))
+			}
 			continue
 		}
 		names = append(names, name)
@@ -345,6 +350,7 @@ func (n *Node) rebuild() {
 		starts[name] = md.start
 	}
 	n.noteRestarts(evs, starts)
+	ignored := n.commitIgnored()
 	if len(names) == 0 {
 		// Only after our own leave: memberlist no longer lists us. Keep
 		// the last ring; the node is shutting down.
@@ -383,6 +389,10 @@ func (n *Node) rebuild() {
 		evs = []event{{kind: "joined", name: n.name}}
 	}
 	for _, e := range evs {
+		if _, ok := ignored[e.name]; ok && (e.kind == "joined" || e.kind == "updated") {
+			// Gossip knows it, the ring does not: not a join.
+			e.kind = "ignored"
+		}
 		n.log.Info("gossip membership", "event", e.kind, "member", e.name, "member_addr", e.addr,
 			"ring_version", v.snap.Version(), "members", v.snap.Len(), "partitions_owned", owned)
 	}

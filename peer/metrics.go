@@ -58,6 +58,10 @@ type Metrics interface {
 	// to unauthenticated callers (no PeerSecret, GossipKey or required
 	// client certificates).
 	PeerRPCOpen(open bool)
+	// Ready reports a readiness change (see Node.Ready): reason is "" when
+	// ready, else one of ReadyReasonClosing, ReadyReasonAlone or
+	// ReadyReasonIgnored. Called from New and the rebuild goroutine.
+	Ready(ready bool, reason string)
 }
 
 type nopMetrics struct{}
@@ -72,3 +76,4 @@ func (nopMetrics) Handoff(string, string, int)           {}
 func (nopMetrics) Backup(string, string, int)            {}
 func (nopMetrics) HotKeys([]HotKey)                      {}
 func (nopMetrics) PeerRPCOpen(bool)                      {}
+func (nopMetrics) Ready(bool, string)                    {}

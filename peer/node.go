@@ -134,7 +134,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.wg.Add(1)
 		go n.every(cfg.BackupInterval, func() { n.StreamBackups(n.ctx) })
 	}
-	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	n.updateReady()
 	n.log.Info("node started", "gossip_addr", n.GossipAddr(), "rpc_addr", n.RPCAddr(), "members", n.view.Load().snap.Len())
 	return n, nil
 }
@@ -327,7 +327,7 @@ func (n *Node) Close(ctx context.Context) error {
 
 func (n *Node) close(ctx context.Context) error {
 	n.closing.Store(true)
-	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	n.updateReady() // not serving from here on
 	var errs []error
 	// Announce the drain first, so peers log our departure as a leave,
 	// not a failure. Best effort: a slow gossip only changes the log line.

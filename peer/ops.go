@@ -20,9 +20,12 @@ type opsState struct {
 	conflict conflictState
 	// auth is the peer-RPC authentication, set in New (auth.go).
 	auth peerAuth
+	// ready is the readiness bookkeeping (ready.go).
+	ready readyState
 }
 
 func (o *opsState) init() {
+	o.ready.last = "-"
 	var b [8]byte
 	for o.start == 0 {
 		_, _ = rand.Read(b[:])

@@ -79,7 +79,10 @@ HTTP endpoints:
                       413 body over 64 KiB; RateLimit-Policy, RateLimit and
                       Retry-After headers
   GET  /healthz       200 while the process runs
-  GET  /readyz        200 once joined with a non-empty ring, 503 while draining
+  GET  /readyz        200 while part of the cluster; 503 with {"status",
+                      "reason"} while draining, alone although --join was
+                      given, or ignoring live members (another policy table
+                      or placement)
   GET  /metrics       Prometheus metrics (ringlimit_*, go_*, process_*)
   GET  /debug/ring    members, ring version, partitions owned by this node
   GET  /debug/hotkeys the heaviest keys this node owns (tenant and subject
@@ -529,9 +532,12 @@ func (a *httpAPI) healthz(w http.ResponseWriter, _ *http.Request) {
 
 func (a *httpAPI) readyz(w http.ResponseWriter, _ *http.Request) {
 	members := len(a.node.Members())
+	ready, reason := a.node.Ready()
 	switch {
 	case a.draining.Load():
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "draining", "members": members})
+	case !ready:
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "reason": reason, "members": members})
 	case members == 0:
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "no members", "members": members})
 	default:

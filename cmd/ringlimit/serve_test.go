@@ -401,6 +401,28 @@ func TestServeTwoNodes(t *testing.T) {
 	}
 }
 
+// TestServeReadyzIgnoredMember joins a node with another policy table:
+// both leave the other out of their ring, and /readyz says so with 503 and
+// the reason.
+func TestServeReadyzIgnoredMember(t *testing.T) {
+	t.Parallel()
+	pols := writeFile(t, t.TempDir(), "policies.yaml", testPolicies)
+	a := startServe(t, "ready-a", nil, "--policies", pols)
+	if r := doHTTP(t, "GET", "http://"+a.httpAddr+"/readyz", ""); r.status != 200 {
+		t.Fatalf("/readyz alone without --join: %d %s, want 200", r.status, r.raw)
+	}
+	startServe(t, "ready-b", nil, "--join", a.gossipAddr) // default policies
+	var last httpResult
+	waitFor(t, 15*time.Second, "a's /readyz to report the ignored member", func() bool {
+		last = doHTTP(t, "GET", "http://"+a.httpAddr+"/readyz", "")
+		return last.status == 503
+	})
+	reason, _ := last.body["reason"].(string)
+	if last.body["status"] != "not ready" || !strings.Contains(reason, "ready-b") || !strings.Contains(reason, "fingerprint") {
+		t.Fatalf("/readyz = %d %s; want not ready naming ready-b and the fingerprint", last.status, last.raw)
+	}
+}
+
 // TestServeUnavailable kills the owner of a key with SIGKILL: the other
 // node answers 503 "unavailable" (never 429) until its ring drops the dead
 // member, then decides again.
