@@ -139,7 +139,7 @@ func (q *eventQueue) markLeaving(name string) {
 const maxEvents = 1024
 
 // apply records one memberlist notification and returns the event to log.
-func (q *eventQueue) apply(kind string, m *memberlist.Node) {
+func (q *eventQueue) apply(kind string, m *memberlist.Node) event {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.members == nil {
@@ -167,6 +167,7 @@ func (q *eventQueue) apply(kind string, m *memberlist.Node) {
 		q.dropped++
 	}
 	q.evs = append(q.evs, e)
+	return e
 }
 
 // take returns the pending events and a copy of the member list.
@@ -244,7 +245,7 @@ func (d *delegate) NotifyLeave(m *memberlist.Node)  { d.note("left", m) }
 func (d *delegate) NotifyUpdate(m *memberlist.Node) { d.note("updated", m) }
 
 func (d *delegate) note(kind string, m *memberlist.Node) {
-	d.n.events.apply(kind, m)
+	d.n.noteReconnect(d.n.events.apply(kind, m))
 	d.n.nudge()
 }
 

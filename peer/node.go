@@ -130,6 +130,8 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.wg.Add(2)
 	go n.rebuildLoop()
 	go n.every(cfg.SweepInterval, n.Sweep)
+	n.wg.Add(1)
+	go n.every(cfg.ReconnectInterval, n.reconnect)
 	if cfg.Backup {
 		n.wg.Add(1)
 		go n.every(cfg.BackupInterval, func() { n.StreamBackups(n.ctx) })

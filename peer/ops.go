@@ -22,6 +22,8 @@ type opsState struct {
 	auth peerAuth
 	// ready is the readiness bookkeeping (ready.go).
 	ready readyState
+	// reconnect is the set of failed members to rejoin (reconnect.go).
+	reconnect reconnectState
 }
 
 func (o *opsState) init() {
