@@ -54,8 +54,8 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
   --join-timeout D      how long start-up keeps retrying the --join seeds
                         (default 30s)
   --gossip-profile P    gossip timings: lan (default; a killed member is
-                        declared failed in ~5.5 s), fast (one data centre
-                        with low latency, ~1.2 s) or wan (~35 s); every
+                        declared failed in ~6 s), fast (one data centre
+                        with low latency, ~1.2 s) or wan (~45 s); every
                         member should use the same
   --log-format F        text or json (default text)
   --log-level L         debug, info, warn or error (default info)
