@@ -694,3 +694,29 @@ func TestLoadGossipKey(t *testing.T) {
 		t.Error("loadGossipKey(missing) returned no error")
 	}
 }
+
+// TestServeJoinTimeout starts serve with a seed that never comes up: it
+// must keep retrying for --join-timeout, logging each try, then fail naming
+// the seed (it used to exit after the first refused try).
+func TestServeJoinTimeout(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := l.Addr().String()
+	_ = l.Close()
+	var stderr bytes.Buffer
+	start := time.Now()
+	err = runServe(context.Background(), []string{"--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--http-addr", "",
+		"--gossip-profile", "fast", "--join", seed, "--join-timeout", "500ms"}, io.Discard, &stderr)
+	took := time.Since(start)
+	if err == nil || !strings.Contains(err.Error(), seed) {
+		t.Fatalf("serve with an absent seed = %v; want an error naming %s", err, seed)
+	}
+	if took < 500*time.Millisecond {
+		t.Fatalf("serve gave up after %v, before --join-timeout 500ms", took)
+	}
+	if !strings.Contains(stderr.String(), "join failed, retrying") || !strings.Contains(stderr.String(), "attempt=2") {
+		t.Fatalf("serve log lacks the retried join attempts:\n%s", stderr.String())
+	}
+}
