@@ -37,12 +37,9 @@ func hoBenchPolicies() map[string]peer.PolicyConfig {
 	}
 }
 
-// hoBenchGossip shortens memberlist timings for a loopback cluster.
+// hoBenchGossip is the GossipFast preset with a patient failure detector,
+// so a loaded machine does not turn a handoff into a false failure.
 func hoBenchGossip(mc *memberlist.Config) {
-	mc.ProbeInterval = 200 * time.Millisecond
-	mc.ProbeTimeout = 100 * time.Millisecond
-	mc.GossipInterval = 20 * time.Millisecond
-	mc.PushPullInterval = 500 * time.Millisecond
 	mc.TCPTimeout = 2 * time.Second
 	mc.SuspicionMult = 10
 }
@@ -59,7 +56,7 @@ func hoBenchCluster(b *testing.B, prefix string, n int, cfg peer.Config) []*peer
 		if c.Policies == nil {
 			c.Policies = hoBenchPolicies()
 		}
-		c.Gossip = hoBenchGossip
+		c.GossipProfile, c.Gossip = peer.GossipFast, hoBenchGossip
 		if i > 0 {
 			c.Join = []string{nodes[0].GossipAddr()}
 		}

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/memberlist"
-
 	"github.com/ringlimit/ringlimit/peer"
 )
 
@@ -39,15 +37,6 @@ var peerKeyCounts = []struct {
 	{"1e4", 10000},
 }
 
-// peerGossip shortens memberlist timings for a loopback cluster.
-func peerGossip(mc *memberlist.Config) {
-	mc.ProbeInterval = 100 * time.Millisecond
-	mc.ProbeTimeout = 50 * time.Millisecond
-	mc.GossipInterval = 20 * time.Millisecond
-	mc.PushPullInterval = 500 * time.Millisecond
-	mc.TCPTimeout = time.Second
-}
-
 // startPeerCluster starts n nodes on 127.0.0.1 with ephemeral ports, joined
 // through the first, waits until each sees n members and every partition
 // has moved to its target with its backup copy in place (the steady
@@ -64,7 +53,7 @@ func startPeerCluster(b *testing.B, n int, batching bool) []*peer.Node {
 				peerPolicy: {Limit: 1 << 50, Window: time.Second, Resolution: 10 * time.Millisecond},
 			},
 			DisableBatching: !batching,
-			Gossip:          peerGossip,
+			GossipProfile:   peer.GossipFast,
 		}
 		if i > 0 {
 			cfg.Join = []string{nodes[0].GossipAddr()}

@@ -13,23 +13,9 @@ import (
 	"github.com/hashicorp/memberlist"
 )
 
-// fastGossip shortens memberlist timings for loopback tests. The failure
-// detector still declares a dead member dead within about a second, but
-// gives a live member starved of CPU (race builds on two cores) a chance to
-// refute a suspicion instead of being declared dead falsely.
-func fastGossip(mc *memberlist.Config) {
-	mc.ProbeInterval = 200 * time.Millisecond
-	mc.ProbeTimeout = 100 * time.Millisecond
-	mc.GossipInterval = 20 * time.Millisecond
-	mc.GossipToTheDeadTime = 2 * time.Second
-	mc.SuspicionMult = 3
-	mc.SuspicionMaxTimeoutMult = 2
-	mc.PushPullInterval = 500 * time.Millisecond
-	mc.TCPTimeout = time.Second
-	mc.IndirectChecks = 2
-	mc.RetransmitMult = 2
-	mc.DeadNodeReclaimTime = 100 * time.Millisecond
-}
+// fastGossip is the GossipFast preset, as a Config.Gossip func that test
+// variants (slowDetect, hoGossip, hoCrashGossip) start from.
+func fastGossip(mc *memberlist.Config) { GossipFast.Apply(mc) }
 
 // testLogger returns a logger writing to the test log when RINGLIMIT_TEST_LOG
 // is set, and a discarding one otherwise.

@@ -194,12 +194,46 @@ type Config struct {
 	// ClientTLS, see ServerTLS.
 	ClientTLS *tls.Config
 	// GossipKey, if set, encrypts gossip (AES, 16, 24 or 32 bytes). Members
-	// with another key cannot join.
+	// with another key cannot join. Unless PeerSecret is set, it also
+	// authenticates peer RPCs (see PeerSecret).
 	GossipKey []byte
+	// PeerSecret authenticates peer-only RPCs (the ringlimit.v1.Limiter
+	// service: forwards, handoff, pull, backup) on the shared gRPC port:
+	// peers send an HMAC-SHA256 token derived from it with every call, and
+	// calls without the right token are refused (Unauthenticated or
+	// PermissionDenied). Any length; use 32 random bytes. Every member must
+	// use the same secret. Zero means GossipKey; with neither, and no
+	// mutual TLS (ServerTLS.ClientAuth RequireAndVerifyClientCert, which
+	// authenticates peers by certificate), peer RPCs are open to anyone who
+	// reaches the port and New logs a warning. Over plaintext gRPC the
+	// token can be read off the wire: use TLS outside a trusted network.
+	PeerSecret []byte
+	// GossipProfile selects memberlist's timings: GossipLAN, GossipFast or
+	// GossipWAN (see each for its failure-detection time). Gossip runs
+	// after it and may adjust single knobs. Every member should use the
+	// same profile. Zero means GossipLAN.
+	GossipProfile GossipProfile
 	// Gossip adjusts the memberlist config after ringlimit's defaults
-	// (memberlist.DefaultLANConfig plus name, addresses, delegates and
-	// logger). Nil means no change. Called once, from New.
+	// (memberlist.DefaultLANConfig, GossipProfile's timings, name,
+	// addresses, delegates and logger). Nil means no change. Called once,
+	// from New.
 	Gossip func(*memberlist.Config)
+	// JoinTimeout bounds how long New keeps trying to join Join's seeds
+	// when none answers: tries are spaced 100 ms apart, doubling up to 2 s,
+	// and each failure is logged with its attempt number. The ctx passed
+	// to New bounds it too. Zero means 30 s.
+	JoinTimeout time.Duration
+	// ReconnectInterval is how often the node tries to rejoin members that
+	// failed (memberlist never contacts a member again once it declared it
+	// dead, so after a network partition each side would keep its own ring)
+	// and, while it is alone, the Join seeds. Zero means the profile's: 1 s
+	// for GossipFast, 10 s for GossipLAN, 30 s for GossipWAN.
+	ReconnectInterval time.Duration
+	// ReconnectTimeout is how long after a member failed the node keeps
+	// trying to rejoin it; at most 256 failed members are remembered, the
+	// oldest forgotten first. Members that left gracefully are never
+	// retried. Zero means 6 h.
+	ReconnectTimeout time.Duration
 	// Clock is the node's time source; as owner, it is the authority for the
 	// keys it owns. Nil means time.Now.
 	Clock func() time.Time
@@ -277,6 +311,19 @@ func (c Config) withDefaults() Config {
 		c.NotOwnerRetries = 3
 	}
 	c.GossipKey = append([]byte(nil), c.GossipKey...)
+	c.PeerSecret = append([]byte(nil), c.PeerSecret...)
+	if c.GossipProfile == "" {
+		c.GossipProfile = GossipLAN
+	}
+	if c.JoinTimeout == 0 {
+		c.JoinTimeout = 30 * time.Second
+	}
+	if c.ReconnectInterval == 0 {
+		c.ReconnectInterval = c.GossipProfile.reconnectInterval()
+	}
+	if c.ReconnectTimeout == 0 {
+		c.ReconnectTimeout = 6 * time.Hour
+	}
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
@@ -367,10 +414,14 @@ func (c Config) validate() error {
 	default:
 		bad("gossip key is %d bytes, want 16, 24 or 32", len(c.GossipKey))
 	}
+	if _, err := ParseGossipProfile(string(c.GossipProfile)); err != nil {
+		errs = append(errs, err)
+	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"sweep interval", c.SweepInterval}, {"hot keys half-life", c.HotKeysHalfLife}, {"lease duration", c.LeaseDuration}, {"failed member timeout", c.FailedMemberTimeout}} {
+	}{{"sweep interval", c.SweepInterval}, {"hot keys half-life", c.HotKeysHalfLife}, {"lease duration", c.LeaseDuration}, {"failed member timeout", c.FailedMemberTimeout},
+		{"join timeout", c.JoinTimeout}, {"reconnect interval", c.ReconnectInterval}, {"reconnect timeout", c.ReconnectTimeout}} {
 		if d.v < 0 {
 			bad("%s %v must not be negative", d.name, d.v)
 		}

@@ -22,6 +22,9 @@ var (
 	// ErrInvalidHits is returned when hits is negative or exceeds the
 	// policy's limit (it could never be admitted).
 	ErrInvalidHits = errors.New("peer: invalid hits")
+	// ErrDuplicateName is returned by New when another live member already
+	// uses the node's name.
+	ErrDuplicateName = errors.New("peer: duplicate member name")
 	// errNotOwner is the receiver's answer when its ring view says another
 	// node owns the key; it never leaves the package.
 	errNotOwner = errors.New("peer: not owner")

@@ -214,12 +214,10 @@ func TestFailurePolicies(t *testing.T) {
 	})
 }
 
-// slowDetect is fastGossip with failure detection slowed to about a second,
-// so a test can act on a dead owner before the ring moves on.
+// slowDetect is fastGossip with failure detection slowed by one probe
+// interval, so a test can act on a dead owner before the ring moves on.
 func slowDetect(mc *memberlist.Config) {
 	fastGossip(mc)
-	mc.ProbeInterval = 200 * time.Millisecond
-	mc.ProbeTimeout = 100 * time.Millisecond
 	mc.SuspicionMult = 4
 }
 

@@ -65,7 +65,7 @@ func (n *Node) client(name, addr string) (*client, error) {
 	if n.cfg.ClientTLS != nil {
 		creds = credentials.NewTLS(n.cfg.ClientTLS)
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(addr, append(n.rpcAuthDialOptions(), grpc.WithTransportCredentials(creds))...)
 	if err != nil {
 		return nil, fmt.Errorf("peer: client for %s at %s: %w", name, addr, err)
 	}

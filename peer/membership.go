@@ -37,12 +37,20 @@ type meta struct {
 	// draining is set by a node that is leaving gracefully, just before it
 	// hands off its keys, so peers can tell a leave from a failure.
 	draining bool
+	// start identifies the process (random, fixed for the Node's life), so
+	// peers can tell a restart on the same address from the same process
+	// (see rejoin.go). Zero from a version 2 member.
+	start uint64
 }
 
-const metaVersion = 2
+// metaVersion 3 inserts the 8-byte start id between the fingerprint and the
+// address: version, flags, fingerprint, start, rpc address. Version 2
+// (without start) is still decoded, so a rolling upgrade can read older
+// members.
+const metaVersion = 3
 
 func (m meta) encode() []byte {
-	b := make([]byte, 0, 16+len(m.rpcAddr))
+	b := make([]byte, 0, 18+len(m.rpcAddr))
 	b = append(b, metaVersion)
 	var flags byte
 	if m.draining {
@@ -50,14 +58,23 @@ func (m meta) encode() []byte {
 	}
 	b = append(b, flags)
 	b = binary.BigEndian.AppendUint64(b, m.fingerprint)
+	b = binary.BigEndian.AppendUint64(b, m.start)
 	return append(b, m.rpcAddr...)
 }
 
 func decodeMeta(b []byte) (meta, error) {
-	if len(b) < 10 || b[0] != metaVersion {
+	addrAt := 18
+	switch {
+	case len(b) >= 18 && b[0] == metaVersion:
+	case len(b) >= 10 && b[0] == 2:
+		addrAt = 10
+	default:
 		return meta{}, errors.New("peer: unrecognised member metadata")
 	}
-	m := meta{draining: b[1]&1 != 0, fingerprint: binary.BigEndian.Uint64(b[2:10]), rpcAddr: string(b[10:])}
+	m := meta{draining: b[1]&1 != 0, fingerprint: binary.BigEndian.Uint64(b[2:10]), rpcAddr: string(b[addrAt:])}
+	if addrAt == 18 {
+		m.start = binary.BigEndian.Uint64(b[10:18])
+	}
 	if _, _, err := net.SplitHostPort(m.rpcAddr); err != nil {
 		return meta{}, fmt.Errorf("peer: member metadata rpc address: %w", err)
 	}
@@ -113,7 +130,7 @@ func (q *eventQueue) markLeaving(name string) {
 const maxEvents = 1024
 
 // apply records one memberlist notification and returns the event to log.
-func (q *eventQueue) apply(kind string, m *memberlist.Node) {
+func (q *eventQueue) apply(kind string, m *memberlist.Node) event {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.members == nil {
@@ -141,6 +158,7 @@ func (q *eventQueue) apply(kind string, m *memberlist.Node) {
 		q.dropped++
 	}
 	q.evs = append(q.evs, e)
+	return e
 }
 
 // take returns the pending events and a copy of the member list.
@@ -218,7 +236,7 @@ func (d *delegate) NotifyLeave(m *memberlist.Node)  { d.note("left", m) }
 func (d *delegate) NotifyUpdate(m *memberlist.Node) { d.note("updated", m) }
 
 func (d *delegate) note(kind string, m *memberlist.Node) {
-	d.n.events.apply(kind, m)
+	d.n.noteReconnect(d.n.events.apply(kind, m))
 	d.n.nudge()
 }
 
@@ -249,12 +267,14 @@ func (n *Node) startGossip(ctx context.Context) error {
 	n.delegate = d
 	mc.Delegate = d
 	mc.Events = d
+	mc.Conflict = d
 	n.gossipLog = newMemberlistLog(n.log)
 	mc.Logger = log.New(n.gossipLog, "", 0)
 	mc.LogOutput = nil
 	if len(n.cfg.GossipKey) > 0 {
 		mc.SecretKey = n.cfg.GossipKey
 	}
+	n.cfg.GossipProfile.Apply(mc)
 	if n.cfg.Gossip != nil {
 		n.cfg.Gossip(mc)
 	}
@@ -266,24 +286,16 @@ func (n *Node) startGossip(ctx context.Context) error {
 	if len(n.cfg.Join) == 0 {
 		return nil
 	}
-	joined := make(chan error, 1)
-	go func() {
-		_, err := ml.Join(n.cfg.Join)
-		joined <- err
-	}()
-	select {
-	case err = <-joined:
-	case <-ctx.Done():
-		_ = ml.Shutdown()
-		// The join goroutine must end before New returns; its TCP
-		// exchange is bounded by memberlist's TCPTimeout.
-		<-joined
-		err = ctx.Err()
+	err = n.join(ctx, ml)
+	if err == nil {
+		err = n.duplicateName()
 	}
 	if err != nil {
+		// Shutdown, not Leave: after a name conflict a leave would
+		// announce the established member's departure.
 		_ = ml.Shutdown()
 		n.gossipLog.close()
-		return fmt.Errorf("peer: join %v: %w", n.cfg.Join, err)
+		return err
 	}
 	return nil
 }
@@ -297,6 +309,7 @@ func (n *Node) rebuildLoop() {
 			return
 		case <-n.rebuildCh:
 			n.rebuild()
+			n.updateReady()
 		}
 	}
 }
@@ -309,23 +322,31 @@ func (n *Node) rebuild() {
 	names := make([]string, 0, len(members))
 	alive := make(map[string]string)
 	draining := n.closing.Load()
+	starts := make(map[string]uint64, len(members))
 	for name, raw := range members {
 		md, err := decodeMeta(raw)
 		switch {
 		case err != nil:
-			n.log.Warn("member ignored", "peer", name, "err", err)
+			if n.ignore(name, "unreadable metadata") {
+				n.log.Warn("member ignored", "peer", name, "err", err)
+			}
 			continue
 		case md.fingerprint != n.fp:
-			n.log.Warn("member ignored: placement or policy fingerprint differs", "peer", name,
-				"fingerprint", fmt.Sprintf("%016x", md.fingerprint), "want", fmt.Sprintf("%016x", n.fp))
+			if n.ignore(name, "placement or policy fingerprint differs") {
+				n.log.Warn("member ignored: placement or policy fingerprint differs", "peer", name,
+					"fingerprint", fmt.Sprintf("%016x", md.fingerprint), "want", fmt.Sprintf("%016x", n.fp))
+			}
 			continue
 		}
 		alive[name] = md.rpcAddr
+		starts[name] = md.start
 		if md.draining || name == n.name && draining {
 			continue // never a target
 		}
 		names = append(names, name)
 	}
+	n.noteRestarts(evs, starts)
+	ignored := n.commitIgnored()
 	if len(alive) == 0 {
 		// Only after our own leave: memberlist no longer lists us. Keep
 		// the last ring; the node is shutting down.
@@ -363,6 +384,10 @@ func (n *Node) rebuild() {
 	}
 	var failed, back []string
 	for _, e := range evs {
+		if _, ok := ignored[e.name]; ok && (e.kind == "joined" || e.kind == "updated") {
+			// Gossip knows it, the ring does not: not a join.
+			e.kind = "ignored"
+		}
 		n.log.Info("gossip membership", "event", e.kind, "member", e.name, "member_addr", e.addr,
 			"ring_version", v.snap.Version(), "members", v.snap.Len(), "partitions_owned", owned)
 		switch e.kind {

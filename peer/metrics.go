@@ -54,6 +54,14 @@ type Metrics interface {
 	Backup(direction, outcome string, keys int)
 	// HotKeys replaces the exported hot-key view (at most Config.HotKeys).
 	HotKeys(top []HotKey)
+	// PeerRPCOpen reports, once from New, whether peer-only RPCs are open
+	// to unauthenticated callers (no PeerSecret, GossipKey or required
+	// client certificates).
+	PeerRPCOpen(open bool)
+	// Ready reports a readiness change (see Node.Ready): reason is "" when
+	// ready, else one of ReadyReasonClosing, ReadyReasonAlone or
+	// ReadyReasonIgnored. Called from New and the rebuild goroutine.
+	Ready(ready bool, reason string)
 }
 
 type nopMetrics struct{}
@@ -67,3 +75,5 @@ func (nopMetrics) Evicted(int)                           {}
 func (nopMetrics) Handoff(string, string, int)           {}
 func (nopMetrics) Backup(string, string, int)            {}
 func (nopMetrics) HotKeys([]HotKey)                      {}
+func (nopMetrics) PeerRPCOpen(bool)                      {}
+func (nopMetrics) Ready(bool, string)                    {}

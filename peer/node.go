@@ -70,6 +70,8 @@ type Node struct {
 	lastWarn  atomic.Int64 // unix ns of the last throttled warning
 	// checkHook, when set (tests only), runs at the start of every Check.
 	checkHook atomic.Pointer[func(context.Context)]
+
+	ops opsState // restarts, duplicate names, readiness, reconnects, peer auth
 }
 
 // policy is a table entry with its shard form precomputed.
@@ -113,6 +115,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.policies[name] = &policy{name: name, cfg: p, sp: p.shard()}
 	}
 	n.calls.New = func() any { return &call{done: make(chan callResult, 1)} }
+	n.ops.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.own.failed = make(map[string]time.Time)
 	n.own.working = make(map[int]bool)
@@ -140,7 +143,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	go n.every(cfg.SweepInterval, n.Sweep)
 	go n.ownerLoop()
 	n.kickOwnership()
-	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	n.wg.Add(1)
+	go n.every(cfg.ReconnectInterval, n.reconnect)
+	n.updateReady()
 	n.log.Info("node started", "gossip_addr", n.GossipAddr(), "rpc_addr", n.RPCAddr(), "members", n.view.Load().snap.Len())
 	return n, nil
 }
@@ -154,6 +159,7 @@ func (n *Node) startRPC() error {
 	if n.cfg.ServerTLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.ServerTLS)))
 	}
+	opts = append(opts, n.rpcAuthServerOptions()...)
 	n.rpcLis = lis
 	n.grpcSrv = grpc.NewServer(opts...)
 	peerpb.RegisterLimiterServer(n.grpcSrv, &server{n: n})
@@ -182,7 +188,7 @@ func (n *Node) meta(draining bool) meta {
 	if addr == "" {
 		addr = n.RPCAddr()
 	}
-	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining}
+	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining, start: n.ops.start}
 }
 
 // leaveLinger is how long a leaving node keeps serving redirects after
@@ -370,7 +376,7 @@ func (n *Node) Close(ctx context.Context) error {
 
 func (n *Node) close(ctx context.Context) error {
 	n.closing.Store(true)
-	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	n.updateReady() // not serving from here on
 	var errs []error
 	// Announce the drain first, so peers log our departure as a leave,
 	// not a failure. Best effort: a slow gossip only changes the log line.

@@ -30,6 +30,9 @@ import (
 //	ringlimit_handoff_keys_total{direction,outcome}    counter
 //	ringlimit_backup_keys_total{direction,outcome}     counter
 //	ringlimit_hot_key_rate{rank,tenant,subject,policy} gauge, hits per second
+//	ringlimit_peer_rpc_open                            gauge, 1 if peer RPCs are unauthenticated
+//	ringlimit_ready                                    gauge, 1 if ready (Node.Ready)
+//	ringlimit_unready_reason{reason}                   gauge, 1 for the current reason
 //
 // Label cardinality is bounded: policy comes from the server's table, reason
 // and path are enums, peer is a member name (series for a peer that left stay
@@ -55,6 +58,9 @@ type PrometheusMetrics struct {
 	handoff     *prometheus.CounterVec
 	backup      *prometheus.CounterVec
 	hot         *hotKeyCollector
+	peerRPCOpen prometheus.Gauge
+	ready       prometheus.Gauge
+	unready     *prometheus.GaugeVec
 
 	// Caches of resolved children, so the decision path does a lock-free
 	// map lookup instead of hashing label values inside the vector.
@@ -134,6 +140,18 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 			Name: "ringlimit_backup_keys_total",
 			Help: "Keys streamed to or received from backups, by direction (sent, received, restored) and outcome.",
 		}, []string{"direction", "outcome"}),
+		peerRPCOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ringlimit_peer_rpc_open",
+			Help: "1 if this node accepts peer-only RPCs without authentication (no peer secret, gossip key or required client certificates), else 0.",
+		}),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ringlimit_ready",
+			Help: "1 if this node is part of its cluster (joined, not alone, ignoring no live member, not closing), else 0.",
+		}),
+		unready: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ringlimit_unready_reason",
+			Help: "1 for the reason this node is not ready (closing, alone, ignored_members), 0 for the others.",
+		}, []string{"reason"}),
 		hot: &hotKeyCollector{desc: prometheus.NewDesc(
 			"ringlimit_hot_key_rate",
 			"Time-decayed hit rate, in hits per second, of the heaviest keys this node owns (at most Config.HotKeys series).",
@@ -152,7 +170,8 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 	cs := []prometheus.Collector{
 		m.decisions, m.forwards, m.forwardDur, m.batchSize,
 		m.ringVersion, m.members, m.keys, m.bytes,
-		m.evicted, m.handoff, m.backup, m.hot,
+		m.evicted, m.handoff, m.backup, m.hot, m.peerRPCOpen,
+		m.ready, m.unready,
 	}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
@@ -303,4 +322,22 @@ func (c *labelCache[K, V]) get(k K) V {
 	next[k] = v
 	c.m.Store(&next)
 	return v
+}
+
+// PeerRPCOpen implements Metrics.
+func (m *PrometheusMetrics) PeerRPCOpen(open bool) { m.peerRPCOpen.Set(b2f(open)) }
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Ready implements Metrics.
+func (m *PrometheusMetrics) Ready(ready bool, reason string) {
+	m.ready.Set(b2f(ready))
+	for _, r := range []string{ReadyReasonClosing, ReadyReasonAlone, ReadyReasonIgnored} {
+		m.unready.WithLabelValues(r).Set(b2f(r == reason))
+	}
 }

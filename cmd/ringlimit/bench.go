@@ -112,9 +112,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		base := peer.Config{
-			Policies: map[string]peer.PolicyConfig{"bench": {Limit: 1000, Window: time.Second}},
-			Gossip:   fastGossip,
-			Logger:   log,
+			Policies:      map[string]peer.PolicyConfig{"bench": {Limit: 1000, Window: time.Second}},
+			GossipProfile: peer.GossipFast,
+			Logger:        log,
 		}
 		nodes, err := startCluster(ctx, []string{"b1", "b2", "b3"}, base)
 		if err != nil {

@@ -224,7 +224,7 @@ func (d *demo) cluster(ctx context.Context) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	base := peer.Config{Policies: pols, Gossip: fastGossip, Logger: d.log, ForwardTimeout: 2 * time.Second}
+	base := peer.Config{Policies: pols, GossipProfile: peer.GossipFast, Logger: d.log, ForwardTimeout: 2 * time.Second}
 	fmt.Fprintln(d.out, "\nstarting a 3-node cluster on 127.0.0.1 (gossip and gRPC on ephemeral ports)...")
 	nodes, err := startCluster(ctx, []string{"n1", "n2", "n3"}, base)
 	if err != nil {

@@ -20,7 +20,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -51,7 +50,12 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
   --tls-ca PATH         dialed by address, so certificates need IP SANs unless
   --tls-server-name N   --tls-server-name names the SAN to verify instead
   --drain-timeout D     how long shutdown may take to hand off keys (default 10s)
-  --join-timeout D      how long start-up may take to join (default 30s)
+  --join-timeout D      how long start-up keeps retrying the --join seeds
+                        (default 30s)
+  --gossip-profile P    gossip timings: lan (default; a killed member is
+                        declared failed in ~6 s), fast (one data centre
+                        with low latency, ~1.2 s) or wan (~45 s); every
+                        member should use the same
   --log-format F        text or json (default text)
   --log-level L         debug, info, warn or error (default info)
 
@@ -76,7 +80,10 @@ HTTP endpoints:
                       RateLimit-Policy, RateLimit-Reason: unavailable, and
                       the policy's limit and retry_after_ms in its body)
   GET  /healthz       200 while the process runs
-  GET  /readyz        200 once joined with a non-empty ring, 503 while draining
+  GET  /readyz        200 while part of the cluster; 503 with {"status",
+                      "reason"} while draining, alone although --join was
+                      given, or ignoring live members (another policy table
+                      or placement)
   GET  /metrics       Prometheus metrics (ringlimit_*, go_*, process_*)
   GET  /debug/ring    members, ring version, partitions owned by this node
   GET  /debug/hotkeys the heaviest keys this node owns (tenant and subject
@@ -91,10 +98,10 @@ type serveFlags struct {
 	logFormat, logLevel                                             string
 	gossipAdvertise, grpcAdvertise                                  string
 	drainTimeout, joinTimeout                                       time.Duration
-	// Hidden, for the demo's child node and tests: "fast" selects loopback
-	// gossip timings (fastGossip); exitOnStdinEOF stops the node when its
-	// parent closes stdin (or dies), so a child never outlives the demo.
-	gossipProfile  string
+	gossipProfile                                                   peer.GossipProfile
+	// Hidden, for the demo's child node and tests: exitOnStdinEOF stops
+	// the node when its parent closes stdin (or dies), so a child never
+	// outlives the demo.
 	exitOnStdinEOF bool
 }
 
@@ -120,7 +127,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.DurationVar(&f.joinTimeout, "join-timeout", 30*time.Second, "")
 	fs.StringVar(&f.logFormat, "log-format", "text", "")
 	fs.StringVar(&f.logLevel, "log-level", "info", "")
-	fs.StringVar(&f.gossipProfile, "gossip-profile", "lan", "")
+	profile := fs.String("gossip-profile", string(peer.GossipLAN), "")
 	fs.BoolVar(&f.exitOnStdinEOF, "exit-on-stdin-eof", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -137,8 +144,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	if f.drainTimeout <= 0 || f.joinTimeout <= 0 {
 		return f, usageError("serve: --drain-timeout and --join-timeout must be positive")
 	}
-	if f.gossipProfile != "lan" && f.gossipProfile != "fast" {
-		return f, usageError(fmt.Sprintf("serve: gossip profile %q: want lan or fast", f.gossipProfile))
+	var err error
+	if f.gossipProfile, err = peer.ParseGossipProfile(*profile); err != nil {
+		return f, usageError(fmt.Sprintf("serve: gossip profile %q: want lan, fast or wan", *profile))
 	}
 	return f, nil
 }
@@ -183,27 +191,6 @@ func splitList(s string) []string {
 	return out
 }
 
-// fastGossip shortens memberlist's timings for a cluster on one machine's
-// loopback: a crashed member is declared dead in about a second instead of
-// several. The probe timeout and suspicion multiplier keep some slack: with
-// tighter values (50 ms probe timeout, suspicion after 200 ms) a loaded
-// 2-core machine running the race detector falsely suspected live members,
-// and a member wrongly declared dead makes its keys change owner. Never use
-// it across a real network.
-func fastGossip(mc *memberlist.Config) {
-	mc.ProbeInterval = 200 * time.Millisecond
-	mc.ProbeTimeout = 100 * time.Millisecond
-	mc.GossipInterval = 20 * time.Millisecond
-	mc.GossipToTheDeadTime = 2 * time.Second
-	mc.SuspicionMult = 3
-	mc.SuspicionMaxTimeoutMult = 2
-	mc.PushPullInterval = 500 * time.Millisecond
-	mc.TCPTimeout = time.Second
-	mc.IndirectChecks = 1
-	mc.RetransmitMult = 2
-	mc.DeadNodeReclaimTime = 100 * time.Millisecond
-}
-
 // runServe runs one node until ctx is cancelled (SIGTERM or SIGINT in
 // main), then drains and returns nil.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -230,6 +217,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		RPCAdvertiseAddr:    f.grpcAdvertise,
 		Policies:            defaultPolicies(),
 		Logger:              log,
+		GossipProfile:       f.gossipProfile,
+		JoinTimeout:         f.joinTimeout,
 	}
 	if f.policies != "" {
 		if cfg.Policies, err = loadPolicies(f.policies); err != nil {
@@ -248,9 +237,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if cfg.ServerTLS, cfg.ClientTLS, err = loadMutualTLS(f.tlsCert, f.tlsKey, f.tlsCA, f.tlsServerName); err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
-	}
-	if f.gossipProfile == "fast" {
-		cfg.Gossip = fastGossip
 	}
 
 	// The registry is this command's own: the node's metrics plus the Go
@@ -575,9 +561,12 @@ func (a *httpAPI) healthz(w http.ResponseWriter, _ *http.Request) {
 
 func (a *httpAPI) readyz(w http.ResponseWriter, _ *http.Request) {
 	members := len(a.node.Members())
+	ready, reason := a.node.Ready()
 	switch {
 	case a.draining.Load():
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "draining", "members": members})
+	case !ready:
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "reason": reason, "members": members})
 	case members == 0:
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "no members", "members": members})
 	default:

@@ -410,6 +410,28 @@ func TestServeTwoNodes(t *testing.T) {
 	}
 }
 
+// TestServeReadyzIgnoredMember joins a node with another policy table:
+// both leave the other out of their ring, and /readyz says so with 503 and
+// the reason.
+func TestServeReadyzIgnoredMember(t *testing.T) {
+	t.Parallel()
+	pols := writeFile(t, t.TempDir(), "policies.yaml", testPolicies)
+	a := startServe(t, "ready-a", nil, "--policies", pols)
+	if r := doHTTP(t, "GET", "http://"+a.httpAddr+"/readyz", ""); r.status != 200 {
+		t.Fatalf("/readyz alone without --join: %d %s, want 200", r.status, r.raw)
+	}
+	startServe(t, "ready-b", nil, "--join", a.gossipAddr) // default policies
+	var last httpResult
+	waitFor(t, 15*time.Second, "a's /readyz to report the ignored member", func() bool {
+		last = doHTTP(t, "GET", "http://"+a.httpAddr+"/readyz", "")
+		return last.status == 503
+	})
+	reason, _ := last.body["reason"].(string)
+	if last.body["status"] != "not ready" || !strings.Contains(reason, "ready-b") || !strings.Contains(reason, "fingerprint") {
+		t.Fatalf("/readyz = %d %s; want not ready naming ready-b and the fingerprint", last.status, last.raw)
+	}
+}
+
 // TestServeUnavailable kills the owner of a key with SIGKILL: the other
 // node answers 503 "unavailable" (never 429) until its ring drops the dead
 // member, then decides again.
@@ -591,7 +613,7 @@ func TestServeConfigErrors(t *testing.T) {
 		{"bad log level", []string{"--log-level", "loud"}, `log level "loud"`},
 		{"half of TLS", []string{"--tls-cert", "x.pem"}, "go together"},
 		{"bad gossip key", []string{"--gossip-key", shortKey}, "want 16, 24 or 32"},
-		{"bad gossip profile", []string{"--gossip-profile", "wan"}, "gossip profile"},
+		{"bad gossip profile", []string{"--gossip-profile", "moon"}, "gossip profile"},
 		{"stray argument", []string{"now"}, `unexpected argument "now"`},
 		{"bad address", []string{"--gossip-addr", "nowhere", "--grpc-addr", "127.0.0.1:0", "--http-addr", ""}, "gossip address"},
 	} {
@@ -755,5 +777,31 @@ func TestServeAllowErrors(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestServeJoinTimeout starts serve with a seed that never comes up: it
+// must keep retrying for --join-timeout, logging each try, then fail naming
+// the seed (it used to exit after the first refused try).
+func TestServeJoinTimeout(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := l.Addr().String()
+	_ = l.Close()
+	var stderr bytes.Buffer
+	start := time.Now()
+	err = runServe(context.Background(), []string{"--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--http-addr", "",
+		"--gossip-profile", "fast", "--join", seed, "--join-timeout", "500ms"}, io.Discard, &stderr)
+	took := time.Since(start)
+	if err == nil || !strings.Contains(err.Error(), seed) {
+		t.Fatalf("serve with an absent seed = %v; want an error naming %s", err, seed)
+	}
+	if took < 500*time.Millisecond {
+		t.Fatalf("serve gave up after %v, before --join-timeout 500ms", took)
+	}
+	if !strings.Contains(stderr.String(), "join failed, retrying") || !strings.Contains(stderr.String(), "attempt=2") {
+		t.Fatalf("serve log lacks the retried join attempts:\n%s", stderr.String())
 	}
 }

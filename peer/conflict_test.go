@@ -1,0 +1,50 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDuplicateNameRefused starts a second node under a live member's name.
+// New must fail with ErrDuplicateName naming the other address, and the
+// established member must keep its place, address and service.
+func TestDuplicateNameRefused(t *testing.T) {
+	pols := map[string]PolicyConfig{"p": {Limit: 100, Window: time.Minute}}
+	for _, tc := range []struct {
+		name string
+		seed int // node the duplicate joins through
+		dup  int // node whose name it takes
+	}{
+		{"name of the seed", 0, 0},
+		{"name of another member", 0, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startCluster(t, 2, Config{Policies: pols})
+			victim := c.nodes[tc.dup]
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			nd, err := New(ctx, Config{Name: victim.Name(), Policies: pols, GossipProfile: GossipFast,
+				Join: []string{c.nodes[tc.seed].GossipAddr()}, Logger: testLogger(t)})
+			if err == nil {
+				_ = nd.Close(context.Background())
+				t.Fatalf("New under the name %q of a live member succeeded", victim.Name())
+			}
+			if !errors.Is(err, ErrDuplicateName) || !strings.Contains(err.Error(), victim.GossipAddr()) {
+				t.Fatalf("New under a live member's name = %v; want ErrDuplicateName naming %s", err, victim.GossipAddr())
+			}
+			for _, o := range c.nodes {
+				if got := o.Members(); !slices.Equal(got, []string{"n0", "n1"}) {
+					t.Fatalf("%s ring = %v after the refused duplicate, want [n0 n1]", o.Name(), got)
+				}
+				key := pmKeyOwnedBy(t, o, "p", victim.Name())
+				if d, err := o.Allow(context.Background(), Request{Key: key}); err != nil || d.Owner != victim.Name() {
+					t.Fatalf("Allow via %s after the refused duplicate = %+v, %v; want a decision by %s", o.Name(), d, err, victim.Name())
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,116 @@
+package peer
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// A node is ready when it is part of the cluster it was configured for:
+// not closing, not alone while it was given seeds to join (never joined,
+// or cut off since), and not ignoring live gossip members (a member with
+// another placement or policy fingerprint, or unreadable metadata, gossips
+// with us but is left out of our ring, so the two sides disagree about
+// owners). The gRPC health service (service "") and Metrics.Ready follow
+// it; cmd/ringlimit's /readyz reports it.
+
+// Readiness reason codes, for Metrics.Ready: a fixed, low-cardinality set.
+const (
+	ReadyReasonClosing = "closing"
+	ReadyReasonAlone   = "alone"
+	ReadyReasonIgnored = "ignored_members"
+)
+
+// readyState is the node's readiness bookkeeping.
+type readyState struct {
+	// pending collects the members the current rebuild ignores, with why;
+	// prevIgnored is the previous rebuild's. Rebuild goroutine only.
+	pending, prevIgnored map[string]string
+
+	mu      sync.Mutex
+	ignored map[string]string // member -> why, as of the last rebuild
+	last    string            // last reported reason; "-" before the first
+}
+
+// ignore notes that the running rebuild leaves member name out of the
+// ring, and reports whether that is news (it was not ignored, or for
+// another reason, by the previous rebuild) and so worth a warning.
+func (n *Node) ignore(name, why string) bool {
+	r := &n.ops.ready
+	if r.pending == nil {
+		r.pending = make(map[string]string)
+	}
+	r.pending[name] = why
+	return r.prevIgnored[name] != why
+}
+
+// commitIgnored publishes the running rebuild's ignored members and
+// returns them.
+func (n *Node) commitIgnored() map[string]string {
+	r := &n.ops.ready
+	ign := r.pending
+	r.pending, r.prevIgnored = nil, ign
+	r.mu.Lock()
+	r.ignored = ign
+	r.mu.Unlock()
+	return ign
+}
+
+// Ready reports whether the node is part of the cluster, and if not, why
+// (the reason is empty when ready). It is not ready while closing, while
+// it was given Join seeds but knows no other live member, or while it
+// ignores live gossip members (another placement or policy fingerprint,
+// unreadable metadata). Safe for concurrent use.
+func (n *Node) Ready() (bool, string) {
+	ok, reason, _ := n.readiness()
+	return ok, reason
+}
+
+func (n *Node) readiness() (ok bool, reason, code string) {
+	if n.closing.Load() {
+		return false, "closing: leaving the cluster", ReadyReasonClosing
+	}
+	n.ops.ready.mu.Lock()
+	ign := n.ops.ready.ignored
+	n.ops.ready.mu.Unlock()
+	if len(ign) > 0 {
+		parts := make([]string, 0, len(ign))
+		for _, name := range slices.Sorted(maps.Keys(ign)) {
+			parts = append(parts, fmt.Sprintf("%s (%s)", name, ign[name]))
+		}
+		return false, fmt.Sprintf("ignoring %d live gossip member(s) left out of the ring: %s", len(ign), strings.Join(parts, ", ")), ReadyReasonIgnored
+	}
+	if len(n.cfg.Join) > 0 && n.ml.NumMembers() <= 1 {
+		return false, fmt.Sprintf("alone: no live member reached through the seeds %v", n.cfg.Join), ReadyReasonAlone
+	}
+	return true, "", ""
+}
+
+// updateReady recomputes readiness and, when it changed, logs it, reports
+// it to Metrics and sets the gRPC health status. Called from New and after
+// each rebuild.
+func (n *Node) updateReady() {
+	ok, reason, code := n.readiness()
+	r := &n.ops.ready
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if reason == r.last {
+		return
+	}
+	r.last = reason
+	st := healthpb.HealthCheckResponse_SERVING
+	if !ok {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	n.health.SetServingStatus("", st)
+	n.metrics.Ready(ok, code)
+	if ok {
+		n.log.Info("readiness changed", "ready", true)
+	} else {
+		n.log.Info("readiness changed", "ready", false, "reason", reason)
+	}
+}

@@ -1,0 +1,104 @@
+package peer
+
+import (
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// memberlist never contacts a member again once it has declared it dead:
+// after a network partition heals, each side keeps the ring it shrank to,
+// and a key has two owners for good. Like serf's reconnect, the node
+// therefore remembers the gossip address of each member that FAILED (a
+// member that left gracefully said so and is never retried) and, every
+// Config.ReconnectInterval, joins one of them at random. The join's state
+// exchange tells each side the other declared it dead; each refutes, and
+// both rings grow back. While the node knows no other member at all and was
+// given seeds, it also re-joins the seeds (a node cut off since start-up,
+// or whose every peer failed). The set is bounded (maxReconnect, oldest
+// forgotten first) and aged (Config.ReconnectTimeout): a member that is
+// gone for good costs one refused dial per interval until then.
+
+// maxReconnect bounds the remembered failed members.
+const maxReconnect = 256
+
+// reconnectState is the set of failed members to retry.
+type reconnectState struct {
+	mu     sync.Mutex
+	failed map[string]failedMember // by member name
+}
+
+type failedMember struct {
+	addr string    // gossip address, host:port
+	at   time.Time // when it was declared failed (wall clock)
+}
+
+// noteReconnect updates the set from one membership event. Called from
+// memberlist's callbacks; never blocks.
+func (n *Node) noteReconnect(e event) {
+	if e.name == n.name {
+		return
+	}
+	r := &n.ops.reconnect
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch e.kind {
+	case "failed":
+		if r.failed == nil {
+			r.failed = make(map[string]failedMember)
+		}
+		if _, ok := r.failed[e.name]; !ok && len(r.failed) >= maxReconnect {
+			oldest := ""
+			for name, f := range r.failed {
+				if oldest == "" || f.at.Before(r.failed[oldest].at) {
+					oldest = name
+				}
+			}
+			delete(r.failed, oldest)
+		}
+		r.failed[e.name] = failedMember{addr: e.addr, at: time.Now()}
+	case "joined", "left":
+		delete(r.failed, e.name)
+	}
+}
+
+// reconnect makes one round: it joins one remembered failed member (at
+// random), and the seeds if the node knows no other member. Runs on the
+// node's reconnect goroutine every Config.ReconnectInterval; each join is
+// bounded by memberlist's TCPTimeout.
+func (n *Node) reconnect() {
+	if n.closing.Load() {
+		return
+	}
+	now := time.Now()
+	r := &n.ops.reconnect
+	r.mu.Lock()
+	var names []string
+	for name, f := range r.failed {
+		if now.Sub(f.at) > n.cfg.ReconnectTimeout {
+			delete(r.failed, name)
+			continue
+		}
+		names = append(names, name)
+	}
+	var name, addr string
+	if len(names) > 0 {
+		name = names[rand.IntN(len(names))]
+		addr = r.failed[name].addr
+	}
+	r.mu.Unlock()
+	if addr != "" {
+		if _, err := n.ml.Join([]string{addr}); err != nil {
+			n.log.Debug("reconnect to failed member failed", "peer", name, "member_addr", addr, "err", err)
+		} else {
+			n.log.Info("reconnected to failed member", "peer", name, "member_addr", addr)
+		}
+	}
+	if len(n.cfg.Join) > 0 && n.ml.NumMembers() <= 1 && !n.closing.Load() {
+		if _, err := n.ml.Join(n.cfg.Join); err != nil {
+			n.log.Debug("rejoin through seeds failed", "seeds", n.cfg.Join, "err", err)
+		} else {
+			n.log.Info("rejoined through seeds", "seeds", n.cfg.Join)
+		}
+	}
+}
