@@ -31,6 +31,9 @@ import (
 //
 //	sudo RINGLIMIT_NETNS=1 go test -count=1 -run TestPartitionNetns -v ./cmd/ringlimit/
 //
+// RINGLIMIT_NETNS_LOG_LEVEL=debug runs the nodes with debug logs (printed
+// if the test fails).
+//
 // Topology, all private to the test (names carry "rl" + the test's pid):
 //
 //	namespace rlPIDbr:  bridge "rlbr" with one veth per node
@@ -216,6 +219,14 @@ func TestPartitionNetns(t *testing.T) {
 			t.Logf("key %s via n%d: %s", keys[k], c, strings.Join(parts, "; "))
 		}
 	}
+	// A healthy cluster decides: anything but 200 or 429 before the cut is
+	// reported (not failed: this test is about the partition).
+	for _, r := range rs {
+		if r.sent.Before(tCut) && r.status != http.StatusOK && r.status != http.StatusTooManyRequests {
+			t.Logf("before the cut, key %s via n%d at +%v: %s %q (took %v)", keys[r.key], r.client,
+				r.sent.Sub(start).Round(time.Millisecond), r.outcome(), r.errMsg, r.recv.Sub(r.sent).Round(time.Millisecond))
+		}
+	}
 	// Unavailability of the cut-off node's key, per client side.
 	for c := range nodes {
 		u := unavailability(rs, 0, c, tCut)
@@ -227,6 +238,25 @@ func TestPartitionNetns(t *testing.T) {
 		if c != 0 {
 			if u.recovered.IsZero() || !u.recovered.Before(tHeal) {
 				t.Errorf("majority side (n%d) did not decide again for the cut-off node's key %s during the %v cut", c, keys[0], cutFor)
+			}
+		}
+	}
+	// One holder at a time: once the majority side has decided for the
+	// cut-off node's key, the cut-off node (whose lease has then expired)
+	// must not decide for it again. Counted only when the order is certain:
+	// sent after the majority's answer was received.
+	var majorityAt time.Time
+	for _, r := range rs {
+		if r.key == 0 && !r.sent.Before(tCut) && (r.status == http.StatusOK || r.status == http.StatusTooManyRequests) &&
+			r.owner != "n0" && (majorityAt.IsZero() || r.recv.Before(majorityAt)) {
+			majorityAt = r.recv
+		}
+	}
+	if !majorityAt.IsZero() {
+		for _, r := range rs {
+			if r.key == 0 && r.owner == "n0" && r.sent.After(majorityAt) {
+				t.Errorf("key %s: n0 decided (%d, sent +%v via n%d) after the majority side had decided for it (+%v): two holders",
+					keys[0], r.status, r.sent.Sub(start).Round(time.Millisecond), r.client, majorityAt.Sub(start).Round(time.Millisecond))
 			}
 		}
 	}
@@ -271,6 +301,7 @@ type request struct {
 	sent, recv  time.Time
 	status      int // 0: no answer (the outcome is unknown)
 	owner       string
+	errMsg      string // the body's error, or the transport error
 }
 
 func (r request) outcome() string {
@@ -320,13 +351,16 @@ func runClient(ctx context.Context, client *http.Client, node, key int, url, bod
 		if err == nil {
 			var b struct {
 				Owner string `json:"owner"`
+				Error string `json:"error"`
 			}
 			_ = json.NewDecoder(resp.Body).Decode(&b)
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
-			r.status, r.owner = resp.StatusCode, b.Owner
+			r.status, r.owner, r.errMsg = resp.StatusCode, b.Owner, b.Error
 		} else if ctx.Err() != nil {
 			return // cancelled at the end: not an observation
+		} else {
+			r.errMsg = err.Error()
 		}
 		r.recv = time.Now()
 		rec.add(r)
