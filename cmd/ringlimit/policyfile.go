@@ -186,7 +186,7 @@ func parsePolicies(data []byte) (map[string]peer.PolicyConfig, error) {
 }
 
 // policyFields lists an entry's fields in the order the docs give them.
-const policyFields = "name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow"
+const policyFields = "name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow, replication"
 
 // policyEntries reads the entries of a policy file's document node without
 // the YAML library's struct decoding, whose errors name Go types
@@ -253,6 +253,8 @@ func policyEntryOf(i int, n *yaml.Node) (e policyEntry, errs []error) {
 			str = &e.OnUnavailable
 		case "resolution":
 			str = &e.Resolution
+		case "replication":
+			str = &e.Replication
 		case "limit", "fallback_limit":
 			var x int64
 			if v.Kind != yaml.ScalarNode || v.Decode(&x) != nil {

@@ -39,11 +39,12 @@ policies:
     on_unavailable: fail_open
     resolution: 10ms
     shadow: true
+    replication: off
 `,
 			want: map[string]peer.PolicyConfig{
 				"api":    {Limit: 100, Window: time.Minute},
 				"search": {Limit: 600, Window: 90 * time.Second, Algorithm: peer.TokenBucket, OnUnavailable: peer.Fallback, FallbackLimit: 200},
-				"login":  {Limit: 5, Window: 10 * time.Second, Algorithm: peer.FixedWindow, OnUnavailable: peer.FailOpen, Resolution: 10 * time.Millisecond, Shadow: true},
+				"login":  {Limit: 5, Window: 10 * time.Second, Algorithm: peer.FixedWindow, OnUnavailable: peer.FailOpen, Resolution: 10 * time.Millisecond, Shadow: true, Replication: peer.ReplicateOff},
 			},
 		},
 		{
@@ -54,7 +55,7 @@ policies:
 		{
 			name:    "unknown field in an entry",
 			in:      "policies:\n  - name: api\n    limit: 1\n    window: 1s\n    burst: 5\n",
-			wantErr: []string{`policies[0]: unknown field "burst" at line 5 (want name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow)`},
+			wantErr: []string{`policies[0]: unknown field "burst" at line 5 (want name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow, replication)`},
 		},
 		{
 			name:    "unknown top-level field",
@@ -98,7 +99,7 @@ policies:
 		{
 			name:    "policies is a map, not a list",
 			in:      "policies:\n  api:\n    limit: 1\n    window: 1s\n",
-			wantErr: []string{`"policies" must be a list of {name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow} entries, got a map at line 2`},
+			wantErr: []string{`"policies" must be a list of {name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow, replication} entries, got a map at line 2`},
 		},
 		{
 			name:    "an entry is not a map",
@@ -158,7 +159,7 @@ func TestFormatPoliciesRoundTrip(t *testing.T) {
 		{"demo", demoPolicies()},
 		{"default", defaultPolicies()},
 		{"every field", map[string]peer.PolicyConfig{
-			"x": {Limit: 7, Window: 1500 * time.Millisecond, Algorithm: peer.FixedWindow, Resolution: 5 * time.Millisecond, OnUnavailable: peer.Fallback, FallbackLimit: 3, Shadow: true},
+			"x": {Limit: 7, Window: 1500 * time.Millisecond, Algorithm: peer.FixedWindow, Resolution: 5 * time.Millisecond, OnUnavailable: peer.Fallback, FallbackLimit: 3, Shadow: true, Replication: peer.ReplicateAsync},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
