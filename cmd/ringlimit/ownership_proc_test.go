@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -138,6 +139,9 @@ type outcome struct {
 	err        error // transport error
 	owner      string
 	remaining  int64
+	// pieces, when set, narrow [send, recv] to the times the decision
+	// may have been made at (see pausedVia).
+	pieces []span
 }
 
 // admitted reports a 200.
@@ -169,42 +173,97 @@ func ask(p *serveProc, subject, policy string) outcome {
 	return o
 }
 
+// span is a closed time interval [from, to].
+type span struct{ from, to time.Time }
+
+// when returns the times at which o may have been decided: [send, recv],
+// or the pieces set by pausedVia.
+func (o outcome) when() []span {
+	if o.pieces != nil {
+		return o.pieces
+	}
+	return []span{{o.send, o.recv}}
+}
+
+// pausedVia narrows the decision times of requests sent through a node
+// that was stopped from stopAt to contAt: such a node runs no code while
+// stopped, so a request sent to it during the stop was decided after
+// contAt, and one sent before the stop and answered after it was decided
+// either before stopAt plus slack (the node had already passed it on: the
+// owner decides it as soon as it is scheduled) or after contAt.
+func pausedVia(outs []outcome, node string, stopAt, contAt time.Time, slack time.Duration) {
+	for i := range outs {
+		o := &outs[i]
+		if o.via != node || !o.recv.After(contAt) {
+			continue
+		}
+		switch {
+		case !o.send.Before(stopAt):
+			o.pieces = []span{{maxTime(o.send, contAt), o.recv}}
+		case o.send.Before(stopAt) && stopAt.Add(slack).Before(contAt):
+			o.pieces = []span{{o.send, stopAt.Add(slack)}, {contAt, o.recv}}
+		}
+	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 // windowCheck is the rolling-window check of one key's admissions.
 type windowCheck struct {
 	// possible is the largest number of admissions that could have been
 	// decided inside one window (t-W, t]: an admission is counted if any
-	// time in [send, recv] lies in the window. It over-counts, never
-	// under-counts: a true window above the limit always shows here.
+	// time it may have been decided at (outcome.when) lies in the window.
+	// It over-counts, never under-counts: a true window above the limit
+	// always shows here.
 	possible   int
 	possibleAt time.Time
-	// certain is the largest number of admissions whose whole [send, recv]
-	// lies inside one window: a lower bound on the true count.
+	// certain is the largest number of admissions whose every possible
+	// decision time lies inside one window: a lower bound on the true
+	// count.
 	certain int
 }
 
 // checkWindows computes the rolling-window bounds over admissions of one
 // key (any order). Decision times are on the deciding process's wall
 // clock, which on one machine is the test's clock; an admission decided
-// at d is in (t-W, t] iff d <= t < d+W, so with d in [send, recv] it may
-// be in that window iff send <= t < recv+W. The count of such intervals
-// is largest at some send time.
+// at d is in (t-W, t] iff d <= t < d+W, so with d in [a, b] it may be in
+// that window iff a <= t < b+W. The count of such admissions is largest
+// at the start of some interval.
 func checkWindows(adms []outcome, w time.Duration) windowCheck {
 	var c windowCheck
-	for _, a := range adms {
-		t := a.send
-		n := 0
-		for _, b := range adms {
-			if !b.send.After(t) && t.Before(b.recv.Add(w)) {
-				n++
+	mayBeIn := func(b outcome, t time.Time) bool {
+		for _, sp := range b.when() {
+			if !sp.from.After(t) && t.Before(sp.to.Add(w)) {
+				return true
 			}
 		}
-		if n > c.possible {
-			c.possible, c.possibleAt = n, t
+		return false
+	}
+	for _, a := range adms {
+		for _, sp := range a.when() {
+			n := 0
+			for _, b := range adms {
+				if mayBeIn(b, sp.from) {
+					n++
+				}
+			}
+			if n > c.possible {
+				c.possible, c.possibleAt = n, sp.from
+			}
 		}
-		// Certain: both ends of b inside (t'-W, t'] with t' = a.recv.
-		n = 0
+		// Certain: every possible time of b inside (t-W, t] with t the
+		// latest possible time of a.
+		ws := a.when()
+		t := ws[len(ws)-1].to
+		n := 0
 		for _, b := range adms {
-			if !b.recv.After(a.recv) && b.send.After(a.recv.Add(-w)) {
+			bs := b.when()
+			if !bs[len(bs)-1].to.After(t) && bs[0].from.After(t.Add(-w)) {
 				n++
 			}
 		}
@@ -213,10 +272,20 @@ func checkWindows(adms []outcome, w time.Duration) windowCheck {
 	return c
 }
 
-// checkAllWindows runs checkWindows per key of outs' admissions and reports
-// keys over limit. It fails the test on a certain violation and on a
-// possible one (the possible bound is the one the promise must meet: it
-// is never below the truth).
+// checkAllWindows runs checkWindows per key of outs' admissions. It fails
+// the test when a window certainly holds more than limit admissions, or
+// possibly holds more than limit+1.
+//
+// Why not "possibly more than limit": the responses carry no decision
+// time, and a limiter at its limit admits the next request the moment the
+// oldest admission leaves the window, so the two are exactly W apart and
+// their [send, recv] intervals (a few ms each) straddle every window edge.
+// The possible bound then reports limit+1 at nearly every edge of a
+// saturated key (observed on every run) even with a correct limiter. A
+// stale holder or a reset key admits a burst, which shows as more than
+// limit certainly; a single extra admission within a round trip of a
+// window edge is the one case these tests cannot tell from a correct run.
+// Windows possibly at limit+1 are counted in the log.
 func checkAllWindows(t *testing.T, outs []outcome, limit int, w time.Duration) {
 	t.Helper()
 	byKey := map[string][]outcome{}
@@ -230,17 +299,21 @@ func checkAllWindows(t *testing.T, outs []outcome, limit int, w time.Duration) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	worstPossible, worstCertain := 0, 0
+	worstPossible, worstCertain, edgeKeys := 0, 0, 0
 	for _, k := range keys {
 		c := checkWindows(byKey[k], w)
 		worstPossible, worstCertain = max(worstPossible, c.possible), max(worstCertain, c.certain)
 		if c.possible > limit {
-			t.Errorf("key %s: %d admissions may lie in the window of %v ending at %s (at least %d certainly do), limit %d\n%s",
-				k, c.possible, w, c.possibleAt.Format("15:04:05.000"), c.certain, limit, describeWindow(byKey[k], c.possibleAt, w))
+			edgeKeys++
+		}
+		if c.certain > limit || c.possible > limit+1 {
+			t.Errorf("key %s: %d admissions certainly and %d possibly in the window of %v ending at %s, limit %d\n%s",
+				k, c.certain, c.possible, w, c.possibleAt.Format("15:04:05.000"), limit, describeWindow(byKey[k], c.possibleAt, w))
 		}
 	}
-	t.Logf("rolling windows over %d keys: at most %d admissions possibly and %d certainly in one window of %v (limit %d)",
-		len(keys), worstPossible, worstCertain, w, limit)
+	t.Logf("rolling windows over %d keys: at most %d admissions certainly and %d possibly in one window of %v (limit %d); "+
+		"%d keys possibly at limit+1 within a round trip of a window edge",
+		len(keys), worstCertain, worstPossible, w, limit, edgeKeys)
 }
 
 // describeWindow lists the admissions that may lie in the window ending at t.
@@ -248,9 +321,13 @@ func describeWindow(adms []outcome, t time.Time, w time.Duration) string {
 	var b strings.Builder
 	sort.Slice(adms, func(i, j int) bool { return adms[i].send.Before(adms[j].send) })
 	for _, a := range adms {
-		if !a.send.After(t) && t.Before(a.recv.Add(w)) {
-			fmt.Fprintf(&b, "  sent %s recv %s via %s owner %s remaining %d\n",
-				a.send.Format("15:04:05.000000"), a.recv.Format("15:04:05.000000"), a.via, a.owner, a.remaining)
+		for _, sp := range a.when() {
+			if !sp.from.After(t) && t.Before(sp.to.Add(w)) {
+				fmt.Fprintf(&b, "  sent %s recv %s (decided in %s..%s) via %s owner %s remaining %d\n",
+					a.send.Format("15:04:05.000000"), a.recv.Format("15:04:05.000000"),
+					sp.from.Format("15:04:05.000"), sp.to.Format("15:04:05.000"), a.via, a.owner, a.remaining)
+				break
+			}
 		}
 	}
 	return b.String()
@@ -400,5 +477,195 @@ func TestProcKillOwner(t *testing.T) {
 				t.Errorf("replication off: %d admitted in total, want more than the limit %d (the key restarts on takeover)", total, limit)
 			}
 		})
+	}
+}
+
+// loadLog collects outcomes from many goroutines.
+type loadLog struct {
+	mu   sync.Mutex
+	outs []outcome
+}
+
+func (l *loadLog) add(o outcome) {
+	l.mu.Lock()
+	l.outs = append(l.outs, o)
+	l.mu.Unlock()
+}
+
+func (l *loadLog) all() []outcome {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]outcome(nil), l.outs...)
+}
+
+// client sends checks through p every interval, cycling through subjects,
+// until stop is closed or it has sent max requests.
+func (l *loadLog) client(wg *sync.WaitGroup, stop <-chan struct{}, p func() *serveProc, subjects []string, policy string, interval time.Duration, max, offset int) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for i := 0; i < max; i++ {
+			l.add(ask(p(), subjects[(i+offset)%len(subjects)], policy))
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+}
+
+// TestProcPauseOwner stops the holder of some keys with SIGSTOP for longer
+// than failure detection plus a lease, under traffic through every node
+// (requests to the stopped node queue in its listen backlog), then resumes
+// it. No window may hold more than L admissions, and the resumed node must
+// not decide for a partition that was taken over while it was stopped
+// unless the partition was transferred back to it first.
+func TestProcPauseOwner(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 3 serve processes and pauses one for 7s: skipped with -short")
+	}
+	const (
+		limit  = 20
+		window = 3 * time.Second
+		paused = 7 * time.Second
+	)
+	nodes, _ := procCluster(t, "p")
+	victim := nodes[2]
+	var victimSubjects, otherSubjects []string
+	for i := 0; i < 300 && (len(victimSubjects) < 4 || len(otherSubjects) < 2); i++ {
+		s := fmt.Sprintf("pause-%d", i)
+		switch o := probeOwner(nodes[i%3], s); {
+		case o == victim.name && len(victimSubjects) < 4:
+			victimSubjects = append(victimSubjects, s)
+		case o != "" && o != victim.name && len(otherSubjects) < 2:
+			otherSubjects = append(otherSubjects, s)
+		}
+	}
+	if len(victimSubjects) < 4 || len(otherSubjects) < 2 {
+		t.Fatalf("found subjects %v held by %s and %v held by others in 300 tries, want 4 and 2", victimSubjects, victim.name, otherSubjects)
+	}
+	subjects := append(append([]string(nil), victimSubjects...), otherSubjects...)
+
+	var load loadLog
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	// Two paced clients per node, about 100 requests/s in all: enough to
+	// keep every key at its limit, little enough for 2 cores.
+	for i, p := range nodes {
+		for j := range 2 {
+			load.client(&wg, stop, func() *serveProc { return p }, subjects, "pause", 60*time.Millisecond, 1000, 3*i+j)
+		}
+	}
+	// One window of traffic before the fault, so every key is at its limit.
+	<-time.After(window)
+	if err := victim.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopAt := time.Now()
+	// While the victim is stopped, requests pile up in its listen backlog:
+	// one every 100 ms, each on its own goroutine (at most 70).
+	queued := time.NewTicker(100 * time.Millisecond)
+	holdUntil := time.NewTimer(paused) // the fault itself: the pause lasts this long
+	for hold := true; hold; {
+		select {
+		case <-queued.C:
+			wg.Add(1)
+			go func(s string) {
+				defer wg.Done()
+				load.add(ask(victim, s, "pause"))
+			}(subjects[len(load.all())%len(subjects)])
+		case <-holdUntil.C:
+			hold = false
+		}
+	}
+	queued.Stop()
+	if err := victim.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	contAt := time.Now()
+	<-time.After(4 * time.Second) // traffic after the resume
+	close(stop)
+	wg.Wait()
+	outs := load.all()
+
+	status := map[string]int{}
+	for _, o := range outs {
+		k := fmt.Sprint(o.status)
+		if o.err != nil {
+			k = "error"
+		}
+		status[k]++
+	}
+	t.Logf("%d requests: %v; paused %s from %s to %s", len(outs), status, victim.name,
+		stopAt.Format("15:04:05.000"), contAt.Format("15:04:05.000"))
+	// The stopped node ran no code for the pause; a request it had already
+	// passed on was decided by its owner within a second (a generous bound
+	// on one scheduling delay on a loaded machine).
+	pausedVia(outs, victim.name, stopAt, contAt, time.Second)
+	checkAllWindows(t, outs, limit, window)
+
+	// Unavailability: from the stop to the first decision for each of the
+	// victim's keys through another node.
+	var worst time.Duration
+	for _, s := range victimSubjects {
+		first := time.Time{}
+		for _, o := range outs {
+			if o.key == s+"/pause" && o.via != victim.name && o.decided() && o.send.After(stopAt) && (first.IsZero() || o.recv.Before(first)) {
+				first = o.recv
+			}
+		}
+		if first.IsZero() || first.After(contAt) {
+			t.Errorf("no decision for %s through the other nodes while %s was stopped (%v)", s, victim.name, paused)
+			continue
+		}
+		worst = max(worst, first.Sub(stopAt))
+	}
+	t.Logf("unavailability of the stopped holder's keys: at most %v after SIGSTOP", worst.Round(time.Millisecond))
+
+	// Partitions taken over from the victim while it was stopped, and
+	// when (if ever) each came back to it by a transfer.
+	takenOver := map[int]time.Time{}
+	back := map[int]time.Time{}
+	for _, p := range nodes {
+		for _, l := range logLines(p, "partition taken over from failed holder") {
+			if l.Partition != nil && l.Peer == victim.name {
+				takenOver[*l.Partition] = l.Time
+			}
+		}
+		for _, l := range logLines(p, "partition transferred") {
+			if l.Partition != nil && l.Peer == victim.name && l.Time.After(contAt) {
+				if b, ok := back[*l.Partition]; !ok || l.Time.Before(b) {
+					back[*l.Partition] = l.Time
+				}
+			}
+		}
+	}
+	lost := len(logLines(victim, "partition lost to a newer holder"))
+	t.Logf("%d partitions taken over from %s, %d transferred back after SIGCONT; %s logged %d \"partition lost to a newer holder\"",
+		len(takenOver), victim.name, len(back), victim.name, lost)
+	for _, s := range victimSubjects {
+		pid := partitionOf(t, s)
+		if _, ok := takenOver[pid]; !ok {
+			t.Errorf("subject %s (partition %d) was held by %s, but no node logged taking its partition over", s, pid, victim.name)
+			continue
+		}
+		// A decision by the victim after the stop is allowed only once the
+		// partition is its own again. The sender logs the transfer right
+		// after the victim accepted it, so a decision may return a moment
+		// before that line: 100 ms of slack.
+		for _, o := range outs {
+			if o.key != s+"/pause" || !o.decided() || o.owner != victim.name || !o.send.After(stopAt) {
+				continue
+			}
+			if b, ok := back[pid]; !ok || o.recv.Add(100*time.Millisecond).Before(b) {
+				t.Errorf("%s decided %s (status %d, sent %s, received %s via %s) after it was stopped, on partition %d "+
+					"that was taken over at %s and not transferred back before (transferred back: %v)",
+					victim.name, s, o.status, o.send.Format("15:04:05.000"), o.recv.Format("15:04:05.000"), o.via,
+					pid, takenOver[pid].Format("15:04:05.000"), ok)
+			}
+		}
 	}
 }
