@@ -669,3 +669,130 @@ func TestProcPauseOwner(t *testing.T) {
 		}
 	}
 }
+
+// TestProcRollingRestart restarts every node in turn (SIGTERM, wait for the
+// exit, start again with the same name and ports, joining the other two)
+// under load on 30 keys. No window may go over its limit, and a key with a
+// limit no one reaches must not reset: the remaining count the cluster
+// reports at the end is the limit minus what the client saw admitted, give
+// or take the answers whose outcome the client cannot know.
+func TestProcRollingRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 3 serve processes and restarts each: skipped with -short")
+	}
+	const (
+		limit  = 10
+		window = 2 * time.Second
+		wide   = 1_000_000_000
+	)
+	nodes, pols := procCluster(t, "r")
+	var mu sync.Mutex // guards nodes while a node is replaced
+	nodeAt := func(i int) func() *serveProc {
+		return func() *serveProc {
+			mu.Lock()
+			defer mu.Unlock()
+			return nodes[i]
+		}
+	}
+	subjects := make([]string, 30)
+	for i := range subjects {
+		subjects[i] = fmt.Sprintf("roll-%d", i)
+	}
+	var load, wideLoad loadLog
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	// About 240 requests/s on the 30 keys: enough to hold most of them at
+	// their limit of 5/s.
+	for i := range nodes {
+		for j := range 2 {
+			load.client(&wg, stop, nodeAt(i), subjects, "roll", 25*time.Millisecond, 1500, 5*i+j)
+		}
+		wideLoad.client(&wg, stop, nodeAt(i), []string{"wide"}, "wide", 50*time.Millisecond, 1000, 0)
+	}
+	started := time.Now()
+	for i, old := range nodes {
+		var join []string
+		for j, p := range nodes {
+			if j != i {
+				join = append(join, p.gossipAddr)
+			}
+		}
+		t0 := time.Now()
+		if code := old.terminate(t); code != 0 {
+			t.Fatalf("%s exited %d after SIGTERM, want 0\n%s", old.name, code, old.logText())
+		}
+		drained := time.Since(t0)
+		p := startServe(t, old.name, nil, "--policies", pols, "--log-level", "debug",
+			"--gossip-addr", old.gossipAddr, "--grpc-addr", old.grpcAddr, "--http-addr", old.httpAddr,
+			"--join", strings.Join(join, ","))
+		mu.Lock()
+		nodes[i] = p
+		mu.Unlock()
+		waitMembers(t, nodes, 3)
+		// Ready means holding partitions again, not only gossiping: the
+		// next node goes down once the transfers to this one are done.
+		waitSettled(t, nodes)
+		t.Logf("restarted %s: drained in %v, back with 3 members after %v", old.name,
+			drained.Round(time.Millisecond), time.Since(t0).Round(time.Millisecond))
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("three restarts in %v", time.Since(started).Round(time.Millisecond))
+
+	outs := load.all()
+	status := map[string]int{}
+	for _, o := range outs {
+		k := fmt.Sprint(o.status)
+		switch {
+		case o.refused():
+			k = "refused"
+		case o.err != nil:
+			k = "error"
+		}
+		status[k]++
+	}
+	t.Logf("%d requests on %d keys: %v", len(outs), len(subjects), status)
+	checkAllWindows(t, outs, limit, window)
+
+	// The wide key: every 200 was admitted; a 503 or a transport error
+	// after the request was sent may or may not have been; a refused
+	// connection was not.
+	admitted, unknown := 0, 0
+	wideStatus := map[string]int{}
+	for _, o := range wideLoad.all() {
+		switch {
+		case o.admitted():
+			admitted++
+		case o.refused():
+		case o.err != nil || o.status == http.StatusServiceUnavailable:
+			unknown++
+		case o.status != 0:
+			t.Errorf("wide key: status %d through %s", o.status, o.via)
+		}
+		k := fmt.Sprint(o.status)
+		if o.err != nil {
+			k = "error"
+		}
+		wideStatus[k]++
+	}
+	var last outcome
+	waitFor(t, 10*time.Second, "a decision for the wide key", func() bool {
+		last = ask(nodes[0], "wide", "wide")
+		if last.err != nil || last.status == http.StatusServiceUnavailable {
+			unknown++
+			return false
+		}
+		return true
+	})
+	if !last.admitted() {
+		t.Fatalf("final check of the wide key: status %d", last.status)
+	}
+	admitted++
+	want := int64(wide - admitted)
+	t.Logf("wide key: %v; %d admitted, %d unknown; the cluster reports %d remaining, want %d..%d",
+		wideStatus, admitted, unknown, last.remaining, want-int64(unknown), want)
+	if last.remaining > want || last.remaining < want-int64(unknown) {
+		t.Errorf("wide key reset or double-counted: %d remaining after %d admissions (%d unknown), want %d..%d",
+			last.remaining, admitted, unknown, want-int64(unknown), want)
+	}
+}
