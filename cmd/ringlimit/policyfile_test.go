@@ -39,11 +39,12 @@ policies:
     on_unavailable: fail_open
     resolution: 10ms
     shadow: true
+    replication: off
 `,
 			want: map[string]peer.PolicyConfig{
 				"api":    {Limit: 100, Window: time.Minute},
 				"search": {Limit: 600, Window: 90 * time.Second, Algorithm: peer.TokenBucket, OnUnavailable: peer.Fallback, FallbackLimit: 200},
-				"login":  {Limit: 5, Window: 10 * time.Second, Algorithm: peer.FixedWindow, OnUnavailable: peer.FailOpen, Resolution: 10 * time.Millisecond, Shadow: true},
+				"login":  {Limit: 5, Window: 10 * time.Second, Algorithm: peer.FixedWindow, OnUnavailable: peer.FailOpen, Resolution: 10 * time.Millisecond, Shadow: true, Replication: peer.ReplicateOff},
 			},
 		},
 		{
@@ -158,7 +159,7 @@ func TestFormatPoliciesRoundTrip(t *testing.T) {
 		{"demo", demoPolicies()},
 		{"default", defaultPolicies()},
 		{"every field", map[string]peer.PolicyConfig{
-			"x": {Limit: 7, Window: 1500 * time.Millisecond, Algorithm: peer.FixedWindow, Resolution: 5 * time.Millisecond, OnUnavailable: peer.Fallback, FallbackLimit: 3, Shadow: true},
+			"x": {Limit: 7, Window: 1500 * time.Millisecond, Algorithm: peer.FixedWindow, Resolution: 5 * time.Millisecond, OnUnavailable: peer.Fallback, FallbackLimit: 3, Shadow: true, Replication: peer.ReplicateAsync},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
