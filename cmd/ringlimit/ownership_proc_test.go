@@ -118,7 +118,7 @@ func waitSettled(t *testing.T, nodes []*serveProc) {
 // probeOwner returns the member that decided a probe for subject through
 // p, "" if there was no decision.
 func probeOwner(p *serveProc, subject string) string {
-	r, err := httpDo("POST", "http://"+p.httpAddr+"/v1/check", checkBody(subject, "probe"))
+	r, err := httpDo("POST", "http://"+p.httpAddr+"/v1/check", procCheckBody(subject, "probe"))
 	if err != nil || r.status != http.StatusOK {
 		return ""
 	}
@@ -126,7 +126,7 @@ func probeOwner(p *serveProc, subject string) string {
 	return o
 }
 
-func checkBody(subject, policy string) string {
+func procCheckBody(subject, policy string) string {
 	return fmt.Sprintf(`{"tenant":%q,"subject":%q,"policy":%q}`, procTenant, subject, policy)
 }
 
@@ -160,7 +160,7 @@ func (o outcome) refused() bool { return errors.Is(o.err, syscall.ECONNREFUSED) 
 // goroutine.
 func ask(p *serveProc, subject, policy string) outcome {
 	o := outcome{key: subject + "/" + policy, via: p.name, send: time.Now()}
-	r, err := httpDo("POST", "http://"+p.httpAddr+"/v1/check", checkBody(subject, policy))
+	r, err := httpDo("POST", "http://"+p.httpAddr+"/v1/check", procCheckBody(subject, policy))
 	o.recv = time.Now()
 	if err != nil {
 		o.err = err
