@@ -49,7 +49,7 @@ const redisEnv = "RINGLIMIT_REDIS"
 // Each request costs one unit.
 
 // redisScriptNaive is the sliding-log script found in blog posts. Its
-// boundary choices happen to match DESIGN.md §1: ZREMRANGEBYSCORE with an
+// boundary choices happen to match the promise: ZREMRANGEBYSCORE with an
 // inclusive max of now-W drops ts <= now-W, so the window is (now-W, now],
 // and "count < L" admits while one more unit fits (posts differ here: an
 // exclusive "(now-W" keeps entries exactly W old, a stricter limiter, and
@@ -78,7 +78,7 @@ return 0
 `
 
 // redisScriptExact is the corrected script, used for the speed comparison:
-// it keeps DESIGN.md §1. Each admission gets a unique member (now-<seq>,
+// it keeps the promise. Each admission gets a unique member (now-<seq>,
 // seq from INCR on KEYS[2]), so equal timestamps stay distinct admissions;
 // ZREMRANGEBYSCORE key -inf now-W drops exactly ts <= now-W; a unit is
 // admitted only if count+1 <= L, and a refusal records nothing. The script
@@ -612,7 +612,7 @@ func TestRedisScriptMergesEqualTimestamps(t *testing.T) {
 	}
 }
 
-// TestRedisScriptBoundaryFacts runs the boundary facts of DESIGN.md §1 on
+// TestRedisScriptBoundaryFacts runs the boundary facts of the promise on
 // both scripts and on shard.Store. The naive script's boundaries are right
 // (the L = 1 case passes); only its merging of equal timestamps breaks the
 // L = 100 case.

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
@@ -21,6 +22,9 @@ import (
 // returns ErrClosed. Safe for concurrent use; the local path does not
 // allocate.
 func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
+	if len(req.Policies) > 0 {
+		return n.do(ctx, peerpb.Op_OP_CHECK, req)
+	}
 	if n.closing.Load() {
 		return Decision{}, ErrClosed
 	}
@@ -42,7 +46,122 @@ func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
 	if hits < 0 || hits > p.sp.Limit {
 		return Decision{}, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, p.sp.Limit)
 	}
-	return n.route(ctx, req.Key, ek, p, hits)
+	r := opReq{key: req.Key, ek: ek, p: p, hits: hits}
+	return n.route(ctx, &r)
+}
+
+// Peek answers what Allow would decide now for req, recording nothing: the
+// Decision's Reason is ReasonPeek and Allowed says whether the request
+// would be admitted. It goes to the key's holder like Allow; when the
+// holder cannot be reached it returns an error wrapping ErrUnavailable
+// (peeks never fail open).
+func (n *Node) Peek(ctx context.Context, req Request) (Decision, error) {
+	return n.do(ctx, peerpb.Op_OP_PEEK, req)
+}
+
+// Refund gives back up to req.Hits units (zero means 1) of the key's
+// admissions still inside the window, newest first, never below empty, and
+// returns the key's new state (Reason ReasonRefunded; Allowed reports
+// whether anything was given back). For token_bucket it moves the bucket
+// back by that many units' worth, never past full; for fixed_window it
+// lowers the current window's count, never below zero. Decided by the
+// key's holder and replicated like an admission.
+func (n *Node) Refund(ctx context.Context, req Request) (Decision, error) {
+	return n.do(ctx, peerpb.Op_OP_REFUND, req)
+}
+
+// Reset clears key's state at its holder (an operator action) and
+// replicates the reset: the key starts empty. Reason is ReasonReset.
+func (n *Node) Reset(ctx context.Context, key Key) (Decision, error) {
+	return n.do(ctx, peerpb.Op_OP_RESET, Request{Key: key})
+}
+
+// opReq is one validated request: an operation on one key, or a check of
+// several policies of one tenant and subject.
+type opReq struct {
+	op   peerpb.Op
+	key  Key    // Policy is "" for a multi-policy request
+	ek   []byte // the encoded key (of the first policy for multi): placement
+	p    *policy
+	hits int64
+	// multi holds the policies of a multi-policy request, names their names.
+	multi []*policy
+	names []string
+}
+
+// do validates req for op and routes it.
+func (n *Node) do(ctx context.Context, op peerpb.Op, req Request) (Decision, error) {
+	if n.closing.Load() {
+		return Decision{}, ErrClosed
+	}
+	r, err := n.parseReq(op, req.Key, req.Policies, req.Hits)
+	if err != nil {
+		return Decision{}, err
+	}
+	return n.route(ctx, r)
+}
+
+// parseReq validates a request from a caller or a peer; errors wrap
+// ErrInvalidKey, ErrUnknownPolicy or ErrInvalidHits.
+func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*opReq, error) {
+	r := &opReq{op: op, key: key}
+	if hits == 0 {
+		hits = 1
+	}
+	if hits < 0 {
+		return nil, fmt.Errorf("%w: hits %d must be at least 1", ErrInvalidHits, hits)
+	}
+	r.hits = hits
+	if len(policies) > 0 {
+		if op != peerpb.Op_OP_CHECK && op != peerpb.Op_OP_PEEK {
+			return nil, fmt.Errorf("%w: several policies are for checks and peeks only", ErrInvalidKey)
+		}
+		if key.Policy != "" {
+			return nil, fmt.Errorf("%w: give the policy or the list of policies, not both", ErrInvalidKey)
+		}
+		if len(policies) > shard.MaxMulti {
+			return nil, fmt.Errorf("%w: %d policies, at most %d", ErrInvalidKey, len(policies), shard.MaxMulti)
+		}
+		for i, name := range policies {
+			k := Key{Tenant: key.Tenant, Subject: key.Subject, Policy: name}
+			ek, ok := k.AppendEncoded(nil)
+			if !ok {
+				return nil, fmt.Errorf("%w: %w", ErrInvalidKey, k.Validate())
+			}
+			if i == 0 {
+				r.ek = ek
+			}
+			for _, prev := range policies[:i] {
+				if prev == name {
+					return nil, fmt.Errorf("%w: policy %q named twice", ErrInvalidKey, name)
+				}
+			}
+			p := n.policies[name]
+			if p == nil {
+				return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
+			}
+			if hits > p.sp.Limit {
+				return nil, fmt.Errorf("%w: hits %d exceed policy %q's limit %d", ErrInvalidHits, hits, name, p.sp.Limit)
+			}
+			r.multi = append(r.multi, p)
+		}
+		r.names = policies
+		r.p = r.multi[0]
+		return r, nil
+	}
+	ek, ok := key.AppendEncoded(nil)
+	if !ok {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidKey, key.Validate())
+	}
+	r.ek = ek
+	r.p = n.policies[key.Policy]
+	if r.p == nil {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, key.Policy)
+	}
+	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK) && hits > r.p.sp.Limit {
+		return nil, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, r.p.sp.Limit)
+	}
+	return r, nil
 }
 
 // decideStatus says what decideHere did.
@@ -57,9 +176,9 @@ const (
 // route finds the partition's holder and gets its decision: here, or by
 // forwarding. The path goes down, never back: look up the partition's
 // state, then decide here, forward, or wait for a transfer.
-func (n *Node) route(ctx context.Context, key Key, ek []byte, p *policy, hits int64) (Decision, error) {
+func (n *Node) route(ctx context.Context, r *opReq) (Decision, error) {
 	v := n.view.Load()
-	pid := v.snap.Partition(placement(ek))
+	pid := v.snap.Partition(placement(r.ek))
 	pt := &n.pt.parts[pid]
 	var cause error
 	redirect := ""
@@ -68,17 +187,17 @@ func (n *Node) route(ctx context.Context, key Key, ek []byte, p *policy, hits in
 	waited := time.Duration(0)
 	for {
 		v = n.view.Load()
-		d, st, ch, err := n.decideHere(ctx, v, pt, pid, key, ek, p, hits)
+		d, st, ch, err := n.decideHere(ctx, v, pt, pid, r)
 		switch st {
 		case decided:
 			if err != nil {
-				return n.onUnavailable(p, key, hits, err)
+				return n.unavailable(r, err)
 			}
-			n.metrics.Decision(p.name, d.Reason, PathLocal)
+			n.metrics.Decision(r.p.name, d.Reason, PathLocal)
 			return d, nil
 		case waitHere:
 			if err := n.waitPart(ctx, ch, waitUntil); err != nil {
-				return n.onUnavailable(p, key, hits, fmt.Errorf("%w: partition %d is moving: %w", ErrUnavailable, pid, err))
+				return n.unavailable(r, fmt.Errorf("%w: partition %d is moving: %w", ErrUnavailable, pid, err))
 			}
 			continue
 		}
@@ -96,24 +215,24 @@ func (n *Node) route(ctx context.Context, key Key, ek []byte, p *policy, hits in
 				until = t
 			}
 			if err := n.waitPart(ctx, ch, until); err != nil && time.Now().After(waitUntil) {
-				return n.onUnavailable(p, key, hits, fmt.Errorf("%w: partition %d has no holder yet: %w", ErrUnavailable, pid, err))
+				return n.unavailable(r, fmt.Errorf("%w: partition %d has no holder yet: %w", ErrUnavailable, pid, err))
 			}
 			waited += time.Since(t0)
 			continue
 		}
-		d, err = n.forward(ctx, v, target, key, hits, 0)
+		d, err = n.forward(ctx, v, target, r)
 		if err == nil {
-			n.metrics.Decision(p.name, d.Reason, PathForwarded)
+			n.metrics.Decision(r.p.name, d.Reason, PathForwarded)
 			return d, nil
 		}
 		var no *notOwnerError
 		if !errors.As(err, &no) {
-			return n.onUnavailable(p, key, hits, err)
+			return n.unavailable(r, err)
 		}
 		cause = err
 		redirects++
 		if redirects > n.cfg.NotOwnerRetries || time.Now().After(waitUntil) {
-			return n.onUnavailable(p, key, hits, cause)
+			return n.unavailable(r, cause)
 		}
 		switch {
 		case no.epoch > 0:
@@ -122,7 +241,7 @@ func (n *Node) route(ctx context.Context, key Key, ek []byte, p *policy, hits in
 			redirect = no.owner
 		default:
 			if err := n.awaitView(ctx, v); err != nil {
-				return n.onUnavailable(p, key, hits, errors.Join(cause, err))
+				return n.unavailable(r, errors.Join(cause, err))
 			}
 		}
 	}
@@ -215,7 +334,11 @@ func (e *notOwnerError) Unwrap() error { return errNotOwner }
 // the node holds the partition but cannot decide yet (fenced for a move, a
 // lease or a backup copy on its way): ch is closed at the next change.
 // remote means another node holds it.
-func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, key Key, ek []byte, p *policy, hits int64) (Decision, decideStatus, <-chan struct{}, error) {
+func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *opReq) (Decision, decideStatus, <-chan struct{}, error) {
+	if r.op != peerpb.Op_OP_CHECK || r.multi != nil {
+		return n.decideOther(ctx, v, pt, pid, r)
+	}
+	key, ek, p, hits := r.key, r.ek, r.p, r.hits
 	pt.mu.RLock()
 	ch := pt.changed
 	switch pt.role {
@@ -283,6 +406,7 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, key K
 		Reason:      ReasonAdmitted,
 		Owner:       n.name,
 		RingVersion: v.snap.Version(),
+		DecidedAt:   now,
 	}
 	if !sd.Allowed {
 		d.Reason = ReasonOverLimit
@@ -299,6 +423,32 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, key K
 }
 
 const hotSample = 8
+
+// unavailable applies the failure policy to a request the holder could
+// not decide: a check takes its policy's OnUnavailable (for several
+// policies, fail closed if any of them does, else the first's); peeks,
+// refunds and resets are never answered without their holder.
+func (n *Node) unavailable(r *opReq, cause error) (Decision, error) {
+	if r.op != peerpb.Op_OP_CHECK {
+		return n.onUnavailable(&policy{name: r.p.name, sp: r.p.sp}, r.key, r.hits, cause)
+	}
+	p := r.p
+	for _, q := range r.multi {
+		if q.cfg.OnUnavailable == FailClosed {
+			p = q
+			break
+		}
+	}
+	if r.multi != nil && p.cfg.OnUnavailable != FailClosed {
+		// Fail open or fall back on the first policy's terms: the local
+		// fallback log is per key, so a multi-policy fallback uses the
+		// first policy's key.
+		k := r.key
+		k.Policy = p.name
+		return n.onUnavailable(p, k, r.hits, cause)
+	}
+	return n.onUnavailable(p, r.key, r.hits, cause)
+}
 
 // onUnavailable applies the policy's OnUnavailable to a request whose owner
 // could not decide. cause is kept in the returned error.

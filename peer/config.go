@@ -18,8 +18,19 @@ import (
 	"github.com/ringlimit/ringlimit/shard"
 )
 
-// Key identifies one quota: tenant, authenticated subject and policy name.
-// It is shard.Key, re-exported so an embedder imports one package.
+// Key identifies one quota. It is shard.Key, re-exported so an embedder
+// imports one package:
+//
+//	type Key struct {
+//		Tenant  string // the customer or application the quota belongs to
+//		Subject string // the authenticated account (never a client-chosen string)
+//		Policy  string // the name of an entry in Config.Policies
+//	}
+//
+// Each part is 1 to 128 bytes of visible ASCII (0x21 to 0x7E); anything
+// else is ErrInvalidKey. shard.KeyPart turns any string (an email, a UTF-8
+// name, an address) into a valid, collision-free part. Keys are placed by
+// Tenant and Subject: every policy of one subject has the same holder.
 type Key = shard.Key
 
 // Algorithm is shard.Algorithm, re-exported.

@@ -13,6 +13,26 @@ type Request struct {
 	// Hits is the request's cost in units. Zero means 1; negative or above
 	// the policy's limit is ErrInvalidHits.
 	Hits int64
+	// Policies, when not empty, names several policies of Key's tenant and
+	// subject, decided as one: the request is admitted only if every policy
+	// admits Hits, and then every policy records them, else none does. Key's
+	// Policy must then be empty. At most 16 names, none twice. Keys are
+	// placed by tenant and subject, so one holder decides all of them.
+	Policies []string
+}
+
+// PolicyDecision is one policy's part of a multi-policy decision.
+type PolicyDecision struct {
+	// Policy is the policy's name.
+	Policy string
+	// Allowed is what this policy alone would answer.
+	Allowed bool
+	// Limit, Remaining, RetryAfter and ResetAfter are as in Decision, for
+	// this policy's key.
+	Limit      int64
+	Remaining  int64
+	RetryAfter time.Duration
+	ResetAfter time.Duration
 }
 
 // Reason says how a decision was reached.
@@ -36,12 +56,20 @@ const (
 	// HTTP bodies. Allow never returns it in a Decision: it returns an error
 	// wrapping ErrUnavailable instead.
 	ReasonUnavailable
+	// ReasonPeek: the holder answered what a check would decide now;
+	// nothing was recorded.
+	ReasonPeek
+	// ReasonRefunded: the holder gave back units; the Decision is the key's
+	// new state (Allowed reports whether anything was given back).
+	ReasonRefunded
+	// ReasonReset: the holder cleared the key.
+	ReasonReset
 )
 
-var reasonNames = [...]string{"", "admitted", "over_limit", "shadow", "failed_open", "fallback", "unavailable"}
+var reasonNames = [...]string{"", "admitted", "over_limit", "shadow", "failed_open", "fallback", "unavailable", "peek", "refunded", "reset"}
 
 // String returns the reason's stable name: admitted, over_limit, shadow,
-// failed_open, fallback or unavailable.
+// failed_open, fallback, unavailable, peek, refunded or reset.
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) && r != 0 {
 		return reasonNames[r]
@@ -70,4 +98,14 @@ type Decision struct {
 	// RingVersion is the deciding node's local ring version when it
 	// decided: which ownership epoch produced the decision.
 	RingVersion uint64
+	// DecidedAt is the deciding node's clock when it decided (the owner's
+	// clock is the authority); zero for ReasonFailedOpen.
+	DecidedAt time.Time
+	// Limits has one entry per policy of a multi-policy request, in the
+	// request's order; nil otherwise. The top-level fields then describe
+	// the policy that refused (RefusedBy), or the one with the least
+	// Remaining when all admitted.
+	Limits []PolicyDecision
+	// RefusedBy names the first policy that refused a multi-policy request.
+	RefusedBy string
 }

@@ -3,25 +3,32 @@
 // each quota key has exactly one owner, so a limit of L per window holds
 // across the whole cluster, not per instance.
 //
-// A Node keeps membership with hashicorp/memberlist gossip, places keys on a
-// consistent hash ring (package ring), decides for the keys it owns on its
-// local store (package shard) and forwards every other key to its owner over
-// gRPC, coalescing concurrent forwards to one peer into batched RPCs.
+// A Node keeps membership with hashicorp/memberlist gossip, places each
+// key's (tenant, subject) in a partition of a consistent hash ring (package
+// ring), decides for the partitions it holds on their local stores (package
+// shard) and forwards every other key to its partition's holder over gRPC,
+// coalescing concurrent forwards to one peer into batched RPCs.
 //
 // What it guarantees:
 //
-//   - One decision point per key per ring: a node decides only for keys its
-//     own ring says it owns (or that were handed to it explicitly during a
-//     move); otherwise it answers "not owner" and the sender retries.
+//   - One decision point per partition: each partition has at most one
+//     holder, named by an epoch that only grows; the holder changes only by
+//     an explicit transfer or by its backup taking over after the holder
+//     failed and its lease expired (partition.go explains every rule). A
+//     node that does not hold a partition never decides for it: it
+//     forwards, or waits for a transfer in progress.
 //   - The owner's clock is the authority for its keys, clamped per key so it
 //     never moves backward.
 //   - When the owner cannot decide in time, the policy's OnUnavailable
 //     applies (fail closed by default), and the outcome is reported as
 //     unavailability — an error wrapping ErrUnavailable, or a Decision whose
 //     Reason is ReasonFailedOpen or ReasonFallback — never as over limit.
-//   - Membership changes do not reset quotas: keys move with their logs
-//     (see handoff.go), and Config.Backup streams state to a backup member
-//     so a crash loses at most one BackupInterval of admissions.
+//   - Membership changes do not reset quotas: partitions move with their
+//     logs. With the default synchronous replication an admission is
+//     answered only after the partition's backup has it, so a crash of the
+//     holder loses nothing; the backup continues after failure detection
+//     plus at most one LeaseDuration. Losing a holder and its backup at once
+//     loses the partition's state (logged at Error and counted).
 //
 // What it does not do: it does not authenticate callers (the embedding
 // application builds Keys from authenticated identity), and it does not

@@ -3,6 +3,7 @@ package peer
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/ringlimit/ringlimit/ring"
@@ -168,4 +169,10 @@ func (n *Node) backupForTest(pid int) string {
 	pt.mu.RLock()
 	defer pt.mu.RUnlock()
 	return pt.backup
+}
+
+// sameDecision compares decisions ignoring DecidedAt.
+func sameDecision(a, b Decision) bool {
+	a.DecidedAt, b.DecidedAt = time.Time{}, time.Time{}
+	return reflect.DeepEqual(a, b)
 }

@@ -190,7 +190,8 @@ func (c *client) send(batch []*call) {
 
 // forward asks owner to decide. It returns the owner's decision, a
 // *notOwnerError, or an error wrapping ErrUnavailable.
-func (n *Node) forward(ctx context.Context, v *view, owner string, key Key, hits int64, hops uint32) (Decision, error) {
+func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (Decision, error) {
+	key, hits := r.key, r.hits
 	c, err := n.peerClient(owner)
 	if err != nil {
 		return Decision{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -199,7 +200,7 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, key Key, hits
 	if n.cfg.DisableBatching {
 		ctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
 		defer cancel()
-		res = c.direct(ctx, key, hits, hops)
+		res = c.direct(ctx, r)
 	} else {
 		// ForwardTimeout is enforced with the call's pooled timer rather
 		// than a derived context: this path runs per request, and a
@@ -211,7 +212,7 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, key Key, hits
 			k.timer.Reset(n.cfg.ForwardTimeout)
 		}
 		k.key = peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}
-		k.item = peerpb.CheckItem{Key: &k.key, Hits: hits, Hops: hops}
+		k.item = peerpb.CheckItem{Key: &k.key, Hits: hits, Op: r.op, Policies: r.names}
 		select {
 		case c.queue <- k:
 		case <-ctx.Done():
@@ -246,12 +247,13 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, key Key, hits
 }
 
 // direct sends one request as its own RPC (batching disabled).
-func (c *client) direct(ctx context.Context, key Key, hits int64, hops uint32) callResult {
+func (c *client) direct(ctx context.Context, r *opReq) callResult {
+	key := r.key
 	v := c.n.view.Load()
 	req := &peerpb.CheckRequest{
 		Sender:      c.n.name,
 		RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash(),
-		Items: []*peerpb.CheckItem{{Key: &peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}, Hits: hits, Hops: hops}},
+		Items: []*peerpb.CheckItem{{Key: &peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}, Hits: r.hits, Op: r.op, Policies: r.names}},
 	}
 	start := time.Now()
 	resp, err := c.stub.Check(ctx, req)
@@ -272,14 +274,25 @@ func fromWire(d *peerpb.Decision, peer string) (Decision, error) {
 	switch d.GetStatus() {
 	case peerpb.Status_STATUS_OK:
 		r := Reason(d.GetReason())
-		if r < ReasonAdmitted || r > ReasonFallback {
+		if r < ReasonAdmitted || r > ReasonReset || r == ReasonUnavailable {
 			return Decision{}, fmt.Errorf("%w: %s sent reason %d", ErrUnavailable, peer, d.GetReason())
 		}
-		return Decision{
+		out := Decision{
 			Allowed: d.GetAllowed(), Limit: d.GetLimit(), Remaining: d.GetRemaining(),
 			RetryAfter: time.Duration(d.GetRetryAfterNs()), ResetAfter: time.Duration(d.GetResetAfterNs()),
-			Reason: r, Owner: d.GetOwner(), RingVersion: d.GetRingVersion(),
-		}, nil
+			Reason: r, Owner: d.GetOwner(), RingVersion: d.GetRingVersion(), RefusedBy: d.GetRefusedBy(),
+		}
+		if ns := d.GetDecidedAtUnixNs(); ns != 0 {
+			out.DecidedAt = time.Unix(0, ns)
+		}
+		if ls := d.GetLimits(); len(ls) > 0 {
+			out.Limits = make([]PolicyDecision, len(ls))
+			for i, l := range ls {
+				out.Limits[i] = PolicyDecision{Policy: l.GetPolicy(), Allowed: l.GetAllowed(), Limit: l.GetLimit(), Remaining: l.GetRemaining(),
+					RetryAfter: time.Duration(l.GetRetryAfterNs()), ResetAfter: time.Duration(l.GetResetAfterNs())}
+			}
+		}
+		return out, nil
 	case peerpb.Status_STATUS_NOT_OWNER:
 		return Decision{}, &notOwnerError{owner: d.GetOwner(), epoch: d.GetHolderEpoch()}
 	case peerpb.Status_STATUS_INVALID_ARGUMENT:

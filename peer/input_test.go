@@ -95,7 +95,7 @@ func TestInputAllow(t *testing.T) {
 			)
 			for _, tc := range cases {
 				d, err := via.Allow(context.Background(), tc.req)
-				if !errors.Is(err, tc.want) || d != (Decision{}) {
+				if !errors.Is(err, tc.want) || !reflect.DeepEqual(d, Decision{}) {
 					t.Errorf("%s: Allow(%+v) = %+v, %v; want no decision and %v", tc.name, tc.req, d, err, tc.want)
 				}
 			}

@@ -445,8 +445,10 @@ func (n *Node) viewChanged() <-chan struct{} {
 }
 
 // memberlistLog bridges memberlist's standard logger into slog: each line's
-// bracketed level ("[DEBUG]", "[INFO]", "[WARN]", "[ERR]") becomes the slog
-// level, with component=memberlist.
+// bracketed level becomes the slog level, with component=memberlist.
+// memberlist's "[ERR]" (a failed probe, push/pull or send) is degraded
+// service, so it becomes Warn: Error is kept for lost state. A send on a
+// connection closed by our own shutdown is Debug.
 type memberlistLog struct {
 	log *slog.Logger
 	mu  sync.Mutex
@@ -469,7 +471,7 @@ func (w *memberlistLog) Write(p []byte) (int, error) {
 	for _, l := range []struct {
 		tag   string
 		level slog.Level
-	}{{"[DEBUG]", slog.LevelDebug}, {"[INFO]", slog.LevelInfo}, {"[WARN]", slog.LevelWarn}, {"[ERR]", slog.LevelError}, {"[ERROR]", slog.LevelError}} {
+	}{{"[DEBUG]", slog.LevelDebug}, {"[INFO]", slog.LevelInfo}, {"[WARN]", slog.LevelWarn}, {"[ERR]", slog.LevelWarn}, {"[ERROR]", slog.LevelWarn}} {
 		if bytes.HasPrefix(line, []byte(l.tag)) {
 			level = l.level
 			line = bytes.TrimSpace(line[len(l.tag):])
@@ -477,6 +479,10 @@ func (w *memberlistLog) Write(p []byte) (int, error) {
 		}
 	}
 	line = bytes.TrimPrefix(line, []byte("memberlist: "))
+	if bytes.Contains(line, []byte("use of closed network connection")) {
+		// memberlist's own goroutines racing its shutdown: not news.
+		level = slog.LevelDebug
+	}
 	w.log.Log(context.Background(), level, string(line))
 	return len(p), nil
 }

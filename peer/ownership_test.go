@@ -49,7 +49,7 @@ func (c *hoClock) WithOffset(off time.Duration) func() time.Time {
 // hoGossip is fastGossip with a patient failure detector. Joins and leaves
 // still spread within tens of milliseconds (they are gossiped), but a node
 // starved of CPU by the race detector and parallel builds is not declared
-// failed: to the limiter a false failure is a crash (DESIGN.md §5, the
+// failed: to the limiter a false failure is a crash (the
 // crash bound applies), which would make these tests measure crashes
 // instead of handoffs. The crash tests keep fastGossip.
 func hoGossip(mc *memberlist.Config) {

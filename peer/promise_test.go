@@ -75,7 +75,7 @@ func pmKeyOwnedBy(t *testing.T, nd *Node, policy, owner string) Key {
 }
 
 // refLog is the sequential reference model of one key: a plain list of
-// admission times, scanned on every call (DESIGN.md §1, STYLE.md §8).
+// admission times, scanned on every call.
 type refLog struct{ ts []time.Time }
 
 // count returns the admissions in (now-w, now].
@@ -442,7 +442,7 @@ func TestPromiseOwnerClock(t *testing.T) {
 				// Just before the admissions are W old on the owner's clock.
 				{window - time.Millisecond, a, false, 0, time.Millisecond},
 				{0, b, false, 0, time.Millisecond},
-				// Exactly W old: expired (DESIGN.md §1).
+				// Exactly W old: expired.
 				{time.Millisecond, a, true, 2, 0},
 			}
 			for i, s := range steps {

@@ -34,6 +34,8 @@ type replItem struct {
 	epoch uint64
 	at    time.Time // node clock when the admission was decided (ADMIT)
 	run   shard.Run // the admission, age relative to at (ADMIT)
+	// state is a key's whole state, ages relative to at (REPLACE).
+	state *shard.KeyState
 	key   Key
 	alg   shard.Algorithm
 	done  chan error // nil when nobody waits
@@ -82,6 +84,25 @@ func (n *Node) replicateAdmission(to string, pid int, epoch uint64, key Key, alg
 		key:   key,
 		alg:   alg,
 	}
+	if wait {
+		it.done = make(chan error, 1)
+	}
+	select {
+	case c.repl.queue <- it:
+	default:
+		return nil, fmt.Errorf("%w: replication queue to %s is full", ErrUnavailable, to)
+	}
+	return it.done, nil
+}
+
+// replicateState queues key state st (ages relative to at) for backup to
+// as a replacement of the copy's state of that key.
+func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyState, at time.Time, wait bool) (chan error, error) {
+	c, err := n.peerClient(to)
+	if err != nil {
+		return nil, err
+	}
+	it := &replItem{kind: peerpb.PartitionOp_KIND_REPLACE, part: uint32(pid), epoch: epoch, at: at, state: &st}
 	if wait {
 		it.done = make(chan error, 1)
 	}
@@ -180,7 +201,18 @@ func (c *client) sendRepl(batch []*replItem) {
 			continue
 		}
 		opOf[i] = len(req.Ops)
-		req.Ops = append(req.Ops, &peerpb.PartitionOp{Kind: it.kind, Partition: it.part, Epoch: it.epoch})
+		op := &peerpb.PartitionOp{Kind: it.kind, Partition: it.part, Epoch: it.epoch}
+		if it.state != nil {
+			st := *it.state
+			st.Runs = append([]shard.Run(nil), st.Runs...)
+			for j := range st.Runs {
+				// An exported age is absolute in time: it grows by the
+				// time the message waited.
+				st.Runs[j].Age += now.Sub(it.at)
+			}
+			op.Keys = []*peerpb.KeyState{stateToWire(st)}
+		}
+		req.Ops = append(req.Ops, op)
 	}
 	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
 	defer cancel()
@@ -327,6 +359,10 @@ func (n *Node) applyOp(sender string, op *peerpb.PartitionOp, closing, quorum bo
 			}
 			if op.GetKind() == peerpb.PartitionOp_KIND_REPLACE {
 				pt.rep.store.Delete(st.Key)
+				if len(st.Runs) == 0 {
+					accepted++ // a reset: the key is empty
+					continue
+				}
 			}
 			if err := pt.rep.store.Import(st, p.sp, now); err != nil {
 				// The copy cannot hold the key (capacity): it is not a

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/peerpb"
-	"github.com/ringlimit/ringlimit/shard"
 )
 
 // server answers peers: it decides, as owner, the requests they forward.
@@ -52,24 +52,14 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) *p
 	}
 	pk := it.GetKey()
 	key := Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}
-	// The key is validated first, as in Allow: a malformed policy part is
-	// an invalid key, not an unknown policy.
-	var buf [shard.MaxEncodedKeyLen]byte
-	ek, ok := key.AppendEncoded(buf[:0])
-	if !ok {
-		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %w", ErrInvalidKey, key.Validate()))
+	r, err := n.parseReq(it.GetOp(), key, it.GetPolicies(), it.GetHits())
+	switch {
+	case errors.Is(err, ErrUnknownPolicy):
+		return bad(peerpb.Status_STATUS_UNKNOWN_POLICY, err)
+	case err != nil:
+		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err)
 	}
-	p := n.policies[key.Policy]
-	if p == nil {
-		return bad(peerpb.Status_STATUS_UNKNOWN_POLICY, fmt.Errorf("%w: %q", ErrUnknownPolicy, key.Policy))
-	}
-	hits := it.GetHits()
-	if hits == 0 {
-		hits = 1
-	}
-	if hits < 0 || hits > p.sp.Limit {
-		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, p.sp.Limit))
-	}
+	ek := r.ek
 	pid := v.snap.Partition(placement(ek))
 	pt := &n.pt.parts[pid]
 	// A receiver waits for a partition it holds or is about to hold (a
@@ -80,7 +70,7 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) *p
 		until = dl
 	}
 	for {
-		d, st, ch, err := n.decideHere(ctx, v, pt, pid, key, ek, p, hits)
+		d, st, ch, err := n.decideHere(ctx, v, pt, pid, r)
 		switch st {
 		case decided:
 			if err != nil {
@@ -89,12 +79,18 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) *p
 				}
 				return bad(peerpb.Status_STATUS_UNAVAILABLE, err)
 			}
-			n.metrics.Decision(p.name, d.Reason, PathRemote)
-			return &peerpb.Decision{
+			n.metrics.Decision(r.p.name, d.Reason, PathRemote)
+			out := &peerpb.Decision{
 				Status: peerpb.Status_STATUS_OK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
 				RetryAfterNs: int64(d.RetryAfter), ResetAfterNs: int64(d.ResetAfter),
 				Owner: n.name, RingVersion: d.RingVersion, MembersHash: v.snap.MembersHash(), Reason: peerpb.Reason(d.Reason),
+				DecidedAtUnixNs: d.DecidedAt.UnixNano(), RefusedBy: d.RefusedBy,
 			}
+			for _, l := range d.Limits {
+				out.Limits = append(out.Limits, &peerpb.PolicyDecision{Policy: l.Policy, Allowed: l.Allowed, Limit: l.Limit, Remaining: l.Remaining,
+					RetryAfterNs: int64(l.RetryAfter), ResetAfterNs: int64(l.ResetAfter)})
+			}
+			return out
 		case waitHere:
 			if err := n.waitPart(ctx, ch, until); err != nil {
 				return bad(peerpb.Status_STATUS_UNAVAILABLE, fmt.Errorf("%w: partition %d is moving", ErrUnavailable, pid))
@@ -127,14 +123,74 @@ type publicServer struct {
 }
 
 func (s *publicServer) Allow(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+	return s.do(ctx, peerpb.Op_OP_CHECK, req)
+}
+
+// Peek answers what Allow would decide, consuming nothing.
+func (s *publicServer) Peek(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+	return s.do(ctx, peerpb.Op_OP_PEEK, req)
+}
+
+// Refund gives back units of the key's admissions.
+func (s *publicServer) Refund(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+	return s.do(ctx, peerpb.Op_OP_REFUND, req)
+}
+
+// Reset clears a key. The public port is the guard: serve it with mutual
+// TLS wherever clients must not reset quotas.
+func (s *publicServer) Reset(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+	return s.do(ctx, peerpb.Op_OP_RESET, req)
+}
+
+// MaxBatch is the most requests one AllowBatch call (or HTTP /v1/checks
+// body) may carry.
+const MaxBatch = 1000
+
+// AllowBatch decides independent requests; one bad item fails alone.
+func (s *publicServer) AllowBatch(ctx context.Context, req *peerpb.AllowBatchRequest) (*peerpb.AllowBatchResponse, error) {
+	if n := len(req.GetRequests()); n > MaxBatch {
+		return nil, status.Errorf(codes.InvalidArgument, "peer: batch of %d requests exceeds %d", n, MaxBatch)
+	}
+	out := &peerpb.AllowBatchResponse{Results: make([]*peerpb.AllowBatchResult, len(req.GetRequests()))}
+	var wg sync.WaitGroup
+	for i, r := range req.GetRequests() {
+		wg.Go(func() {
+			resp, err := s.do(ctx, peerpb.Op_OP_CHECK, r)
+			if err != nil {
+				st := status.Convert(err)
+				out.Results[i] = &peerpb.AllowBatchResult{Code: int32(st.Code()), Error: st.Message()}
+				return
+			}
+			out.Results[i] = &peerpb.AllowBatchResult{Response: resp}
+		})
+	}
+	wg.Wait()
+	return out, nil
+}
+
+func (s *publicServer) do(ctx context.Context, op peerpb.Op, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	pk := req.GetKey()
-	d, err := s.n.Allow(ctx, Request{Key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, Hits: req.GetHits()})
+	d, err := s.n.do(ctx, op, Request{Key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, Hits: req.GetHits(), Policies: req.GetPolicies()})
 	if err != nil {
 		return nil, ToStatus(err)
 	}
-	return &peerpb.AllowResponse{
+	return DecisionToWire(d), nil
+}
+
+// DecisionToWire converts a Decision to the public API's response.
+func DecisionToWire(d Decision) *peerpb.AllowResponse {
+	out := &peerpb.AllowResponse{
 		Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
 		RetryAfterNs: int64(d.RetryAfter), ResetAfterNs: int64(d.ResetAfter),
 		Reason: peerpb.Reason(d.Reason), Owner: d.Owner, RingVersion: d.RingVersion,
-	}, nil
+		RefusedBy: d.RefusedBy,
+	}
+	if !d.DecidedAt.IsZero() {
+		out.DecidedAtUnixNs = d.DecidedAt.UnixNano()
+	}
+	for _, l := range d.Limits {
+		out.Limits = append(out.Limits, &peerpb.PolicyDecision{Policy: l.Policy, Allowed: l.Allowed, Limit: l.Limit, Remaining: l.Remaining,
+			RetryAfterNs: int64(l.RetryAfter), ResetAfterNs: int64(l.ResetAfter)})
+	}
+	return out
 }

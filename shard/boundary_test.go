@@ -9,7 +9,7 @@ import (
 
 // t0 is the fixed epoch of every time table in this package's tests. It is
 // a multiple of 60 s (and of 7 ms), so fixed windows of 60 s and resolution
-// steps of 7 ms start exactly at t0 and offsets read as in DESIGN.md.
+// steps of 7 ms start exactly at t0 and offsets read as in the boundary facts.
 var t0 = time.Unix(1_699_999_980, 0)
 
 const ms = time.Millisecond
@@ -77,7 +77,7 @@ func concatSteps(parts ...[]boundaryStep) []boundaryStep {
 	return out
 }
 
-// TestBoundaryFacts is DESIGN.md §1 as a table, run against Limiter and
+// TestBoundaryFacts is the promise's boundary facts as a table, run against Limiter and
 // Store.
 func TestBoundaryFacts(t *testing.T) {
 	l100 := Policy{Limit: 100, Window: 60 * time.Second}

@@ -26,7 +26,7 @@ type slidingLog struct {
 func (l *slidingLog) at(i int) *run { return &l.buf[(l.head+i)&(len(l.buf)-1)] }
 
 // expired returns how many of the oldest runs have ts <= cutoff, and the
-// units they hold: an admission exactly W old has expired (DESIGN.md §1).
+// units they hold: an admission exactly W old has expired.
 // It changes nothing, so peek can use it.
 func (l *slidingLog) expired(cutoff int64) (runs int, units int64) {
 	for runs < l.size {
@@ -413,7 +413,7 @@ func (f *fixedWindow) decide(now int64, p Policy, hits int64) (d Decision, start
 		// The recorded window has ended: start the aligned one holding now.
 		// A window imported from a clock with another offset may be
 		// unaligned here; it is kept until it ends, so a handoff never
-		// resets a quota early (DESIGN.md §5). now%w + w < 2·MaxWindow fits.
+		// resets a quota early. now%w + w < 2·MaxWindow fits.
 		start, count = satSub(now, ((now%w)+w)%w), 0
 	}
 	d = Decision{Limit: p.Limit}

@@ -148,7 +148,7 @@ func burst(l *shard.Limiter, at time.Duration, n int) (admitted int, last shard.
 func secs(d time.Duration) string { return fmt.Sprintf("%.3fs", d.Seconds()) }
 
 // boundaryBurst is step 1: L=100 per 1 s, 100 requests 100 ms before a
-// window edge and 100 just after it (DESIGN.md §1 scaled to W = 1 s).
+// window edge and 100 just after it (the boundary facts scaled to W = 1 s).
 func (d *demo) boundaryBurst() {
 	const limit, w = 100, time.Second
 	before, after := w-100*time.Millisecond, w+100*time.Millisecond

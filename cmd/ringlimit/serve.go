@@ -313,7 +313,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer cancelDrain()
 	if err := node.Close(drainCtx); err != nil {
 		// The process still exits 0: the node left, and the keys it could
-		// not hand off behave as after a crash (DESIGN.md §5).
+		// not hand off behave as after a crash.
 		log.Error("drain incomplete", "err", err)
 	}
 	if httpSrv != nil {

@@ -44,6 +44,64 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Op is the operation a CheckItem asks for.
+type Op int32
+
+const (
+	// OP_CHECK decides and, if admitted, records hits.
+	Op_OP_CHECK Op = 0
+	// OP_PEEK answers what OP_CHECK would decide now, recording nothing.
+	Op_OP_PEEK Op = 1
+	// OP_REFUND gives back up to hits units of the key's admissions still in
+	// the window, newest first.
+	Op_OP_REFUND Op = 2
+	// OP_RESET clears the key's state.
+	Op_OP_RESET Op = 3
+)
+
+// Enum value maps for Op.
+var (
+	Op_name = map[int32]string{
+		0: "OP_CHECK",
+		1: "OP_PEEK",
+		2: "OP_REFUND",
+		3: "OP_RESET",
+	}
+	Op_value = map[string]int32{
+		"OP_CHECK":  0,
+		"OP_PEEK":   1,
+		"OP_REFUND": 2,
+		"OP_RESET":  3,
+	}
+)
+
+func (x Op) Enum() *Op {
+	p := new(Op)
+	*p = x
+	return p
+}
+
+func (x Op) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Op) Descriptor() protoreflect.EnumDescriptor {
+	return file_ringlimit_proto_enumTypes[0].Descriptor()
+}
+
+func (Op) Type() protoreflect.EnumType {
+	return &file_ringlimit_proto_enumTypes[0]
+}
+
+func (x Op) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Op.Descriptor instead.
+func (Op) EnumDescriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{0}
+}
+
 // Status is the outcome of one item: whether it was decided at all.
 type Status int32
 
@@ -102,11 +160,11 @@ func (x Status) String() string {
 }
 
 func (Status) Descriptor() protoreflect.EnumDescriptor {
-	return file_ringlimit_proto_enumTypes[0].Descriptor()
+	return file_ringlimit_proto_enumTypes[1].Descriptor()
 }
 
 func (Status) Type() protoreflect.EnumType {
-	return &file_ringlimit_proto_enumTypes[0]
+	return &file_ringlimit_proto_enumTypes[1]
 }
 
 func (x Status) Number() protoreflect.EnumNumber {
@@ -115,7 +173,7 @@ func (x Status) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Status.Descriptor instead.
 func (Status) EnumDescriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{0}
+	return file_ringlimit_proto_rawDescGZIP(), []int{1}
 }
 
 // Reason says how a STATUS_OK verdict was reached.
@@ -140,6 +198,14 @@ const (
 	// back to a local log with a reduced limit; limit reports that reduced
 	// limit.
 	Reason_REASON_FALLBACK Reason = 5
+	// REASON_PEEK: the holder answered what OP_CHECK would decide now and
+	// recorded nothing (allowed says whether it would admit).
+	Reason_REASON_PEEK Reason = 7
+	// REASON_REFUNDED: the holder gave back units (OP_REFUND); allowed says
+	// whether anything was given back, remaining is the new state.
+	Reason_REASON_REFUNDED Reason = 8
+	// REASON_RESET: the holder cleared the key (OP_RESET).
+	Reason_REASON_RESET Reason = 9
 )
 
 // Enum value maps for Reason.
@@ -151,6 +217,9 @@ var (
 		3: "REASON_SHADOW",
 		4: "REASON_FAILED_OPEN",
 		5: "REASON_FALLBACK",
+		7: "REASON_PEEK",
+		8: "REASON_REFUNDED",
+		9: "REASON_RESET",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED": 0,
@@ -159,6 +228,9 @@ var (
 		"REASON_SHADOW":      3,
 		"REASON_FAILED_OPEN": 4,
 		"REASON_FALLBACK":    5,
+		"REASON_PEEK":        7,
+		"REASON_REFUNDED":    8,
+		"REASON_RESET":       9,
 	}
 )
 
@@ -173,11 +245,11 @@ func (x Reason) String() string {
 }
 
 func (Reason) Descriptor() protoreflect.EnumDescriptor {
-	return file_ringlimit_proto_enumTypes[1].Descriptor()
+	return file_ringlimit_proto_enumTypes[2].Descriptor()
 }
 
 func (Reason) Type() protoreflect.EnumType {
-	return &file_ringlimit_proto_enumTypes[1]
+	return &file_ringlimit_proto_enumTypes[2]
 }
 
 func (x Reason) Number() protoreflect.EnumNumber {
@@ -186,7 +258,7 @@ func (x Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Reason.Descriptor instead.
 func (Reason) EnumDescriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{1}
+	return file_ringlimit_proto_rawDescGZIP(), []int{2}
 }
 
 // OpStatus is the backup's answer to one PartitionOp.
@@ -237,11 +309,11 @@ func (x OpStatus) String() string {
 }
 
 func (OpStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_ringlimit_proto_enumTypes[2].Descriptor()
+	return file_ringlimit_proto_enumTypes[3].Descriptor()
 }
 
 func (OpStatus) Type() protoreflect.EnumType {
-	return &file_ringlimit_proto_enumTypes[2]
+	return &file_ringlimit_proto_enumTypes[3]
 }
 
 func (x OpStatus) Number() protoreflect.EnumNumber {
@@ -250,7 +322,7 @@ func (x OpStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OpStatus.Descriptor instead.
 func (OpStatus) EnumDescriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{2}
+	return file_ringlimit_proto_rawDescGZIP(), []int{3}
 }
 
 // Kind says what the operation does.
@@ -316,11 +388,11 @@ func (x PartitionOp_Kind) String() string {
 }
 
 func (PartitionOp_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_ringlimit_proto_enumTypes[3].Descriptor()
+	return file_ringlimit_proto_enumTypes[4].Descriptor()
 }
 
 func (PartitionOp_Kind) Type() protoreflect.EnumType {
-	return &file_ringlimit_proto_enumTypes[3]
+	return &file_ringlimit_proto_enumTypes[4]
 }
 
 func (x PartitionOp_Kind) Number() protoreflect.EnumNumber {
@@ -329,7 +401,7 @@ func (x PartitionOp_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PartitionOp_Kind.Descriptor instead.
 func (PartitionOp_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{7, 0}
+	return file_ringlimit_proto_rawDescGZIP(), []int{8, 0}
 }
 
 // Key identifies one quota, as shard.Key does. Each part is 1 to 128 bytes of
@@ -411,10 +483,16 @@ type CheckItem struct {
 	// a negative value is STATUS_INVALID_ARGUMENT.
 	Hits int64 `protobuf:"varint,2,opt,name=hits,proto3" json:"hits,omitempty"`
 	// Hops counts how many times this item has already been forwarded between
-	// nodes (0 on the first send). A receiver that is not the owner in its own
-	// ring view may forward the item once more with hops + 1 while hops is
-	// under its configured bound; otherwise it answers STATUS_NOT_OWNER.
-	Hops          uint32 `protobuf:"varint,3,opt,name=hops,proto3" json:"hops,omitempty"`
+	// nodes (0 on the first send). Receivers answer STATUS_NOT_OWNER rather
+	// than forward again; kept for diagnostics.
+	Hops uint32 `protobuf:"varint,3,opt,name=hops,proto3" json:"hops,omitempty"`
+	// Op is what to do; zero is OP_CHECK.
+	Op Op `protobuf:"varint,4,opt,name=op,proto3,enum=ringlimit.v1.Op" json:"op,omitempty"`
+	// Policies, when not empty, names several policies of key's tenant and
+	// subject to decide as one (key.policy is then empty): admitted only if
+	// every policy admits hits, and then all record, else none does. At most
+	// 16, no name twice.
+	Policies      []string `protobuf:"bytes,5,rep,name=policies,proto3" json:"policies,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -470,6 +548,106 @@ func (x *CheckItem) GetHops() uint32 {
 	return 0
 }
 
+func (x *CheckItem) GetOp() Op {
+	if x != nil {
+		return x.Op
+	}
+	return Op_OP_CHECK
+}
+
+func (x *CheckItem) GetPolicies() []string {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+// PolicyDecision is one policy's part of a multi-policy decision.
+type PolicyDecision struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Policy string                 `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	// Allowed is what this policy alone would answer.
+	Allowed       bool  `protobuf:"varint,2,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	Limit         int64 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	Remaining     int64 `protobuf:"varint,4,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	RetryAfterNs  int64 `protobuf:"varint,5,opt,name=retry_after_ns,json=retryAfterNs,proto3" json:"retry_after_ns,omitempty"`
+	ResetAfterNs  int64 `protobuf:"varint,6,opt,name=reset_after_ns,json=resetAfterNs,proto3" json:"reset_after_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyDecision) Reset() {
+	*x = PolicyDecision{}
+	mi := &file_ringlimit_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyDecision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyDecision) ProtoMessage() {}
+
+func (x *PolicyDecision) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyDecision.ProtoReflect.Descriptor instead.
+func (*PolicyDecision) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PolicyDecision) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+func (x *PolicyDecision) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *PolicyDecision) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *PolicyDecision) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *PolicyDecision) GetRetryAfterNs() int64 {
+	if x != nil {
+		return x.RetryAfterNs
+	}
+	return 0
+}
+
+func (x *PolicyDecision) GetResetAfterNs() int64 {
+	if x != nil {
+		return x.ResetAfterNs
+	}
+	return 0
+}
+
 // CheckRequest is a batch of requests for which the sender believes the
 // receiver is the owner.
 type CheckRequest struct {
@@ -493,7 +671,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_ringlimit_proto_msgTypes[2]
+	mi := &file_ringlimit_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -505,7 +683,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[2]
+	mi := &file_ringlimit_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -518,7 +696,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{2}
+	return file_ringlimit_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CheckRequest) GetSender() string {
@@ -591,14 +769,21 @@ type Decision struct {
 	Error string `protobuf:"bytes,11,opt,name=error,proto3" json:"error,omitempty"`
 	// HolderEpoch, with STATUS_NOT_OWNER, is the epoch of the holder named in
 	// owner as the receiver knows it (0 if it names the ring's target only).
-	HolderEpoch   uint64 `protobuf:"varint,12,opt,name=holder_epoch,json=holderEpoch,proto3" json:"holder_epoch,omitempty"`
+	HolderEpoch uint64 `protobuf:"varint,12,opt,name=holder_epoch,json=holderEpoch,proto3" json:"holder_epoch,omitempty"`
+	// DecidedAtUnixNs is the deciding node's clock when it decided (the
+	// owner's clock is the authority), Unix nanoseconds; 0 if not decided.
+	DecidedAtUnixNs int64 `protobuf:"varint,13,opt,name=decided_at_unix_ns,json=decidedAtUnixNs,proto3" json:"decided_at_unix_ns,omitempty"`
+	// Limits has one entry per policy of a multi-policy request, in order.
+	Limits []*PolicyDecision `protobuf:"bytes,14,rep,name=limits,proto3" json:"limits,omitempty"`
+	// RefusedBy names the first policy that refused a multi-policy request.
+	RefusedBy     string `protobuf:"bytes,15,opt,name=refused_by,json=refusedBy,proto3" json:"refused_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Decision) Reset() {
 	*x = Decision{}
-	mi := &file_ringlimit_proto_msgTypes[3]
+	mi := &file_ringlimit_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -610,7 +795,7 @@ func (x *Decision) String() string {
 func (*Decision) ProtoMessage() {}
 
 func (x *Decision) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[3]
+	mi := &file_ringlimit_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -623,7 +808,7 @@ func (x *Decision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Decision.ProtoReflect.Descriptor instead.
 func (*Decision) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{3}
+	return file_ringlimit_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Decision) GetStatus() Status {
@@ -710,6 +895,27 @@ func (x *Decision) GetHolderEpoch() uint64 {
 	return 0
 }
 
+func (x *Decision) GetDecidedAtUnixNs() int64 {
+	if x != nil {
+		return x.DecidedAtUnixNs
+	}
+	return 0
+}
+
+func (x *Decision) GetLimits() []*PolicyDecision {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *Decision) GetRefusedBy() string {
+	if x != nil {
+		return x.RefusedBy
+	}
+	return ""
+}
+
 // CheckResponse answers a CheckRequest.
 type CheckResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -722,7 +928,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_ringlimit_proto_msgTypes[4]
+	mi := &file_ringlimit_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -734,7 +940,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[4]
+	mi := &file_ringlimit_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -747,7 +953,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{4}
+	return file_ringlimit_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CheckResponse) GetDecisions() []*Decision {
@@ -774,7 +980,7 @@ type Run struct {
 
 func (x *Run) Reset() {
 	*x = Run{}
-	mi := &file_ringlimit_proto_msgTypes[5]
+	mi := &file_ringlimit_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -786,7 +992,7 @@ func (x *Run) String() string {
 func (*Run) ProtoMessage() {}
 
 func (x *Run) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[5]
+	mi := &file_ringlimit_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -799,7 +1005,7 @@ func (x *Run) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Run.ProtoReflect.Descriptor instead.
 func (*Run) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{5}
+	return file_ringlimit_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Run) GetAgeNs() int64 {
@@ -834,7 +1040,7 @@ type KeyState struct {
 
 func (x *KeyState) Reset() {
 	*x = KeyState{}
-	mi := &file_ringlimit_proto_msgTypes[6]
+	mi := &file_ringlimit_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -846,7 +1052,7 @@ func (x *KeyState) String() string {
 func (*KeyState) ProtoMessage() {}
 
 func (x *KeyState) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[6]
+	mi := &file_ringlimit_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -859,7 +1065,7 @@ func (x *KeyState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyState.ProtoReflect.Descriptor instead.
 func (*KeyState) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{6}
+	return file_ringlimit_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *KeyState) GetKey() *Key {
@@ -901,7 +1107,7 @@ type PartitionOp struct {
 
 func (x *PartitionOp) Reset() {
 	*x = PartitionOp{}
-	mi := &file_ringlimit_proto_msgTypes[7]
+	mi := &file_ringlimit_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -913,7 +1119,7 @@ func (x *PartitionOp) String() string {
 func (*PartitionOp) ProtoMessage() {}
 
 func (x *PartitionOp) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[7]
+	mi := &file_ringlimit_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -926,7 +1132,7 @@ func (x *PartitionOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionOp.ProtoReflect.Descriptor instead.
 func (*PartitionOp) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{7}
+	return file_ringlimit_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PartitionOp) GetKind() PartitionOp_Kind {
@@ -969,7 +1175,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_ringlimit_proto_msgTypes[8]
+	mi := &file_ringlimit_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -981,7 +1187,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[8]
+	mi := &file_ringlimit_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -994,7 +1200,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{8}
+	return file_ringlimit_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReplicateRequest) GetSender() string {
@@ -1029,7 +1235,7 @@ type OpResult struct {
 
 func (x *OpResult) Reset() {
 	*x = OpResult{}
-	mi := &file_ringlimit_proto_msgTypes[9]
+	mi := &file_ringlimit_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1041,7 +1247,7 @@ func (x *OpResult) String() string {
 func (*OpResult) ProtoMessage() {}
 
 func (x *OpResult) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[9]
+	mi := &file_ringlimit_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1054,7 +1260,7 @@ func (x *OpResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpResult.ProtoReflect.Descriptor instead.
 func (*OpResult) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{9}
+	return file_ringlimit_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *OpResult) GetStatus() OpStatus {
@@ -1102,7 +1308,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_ringlimit_proto_msgTypes[10]
+	mi := &file_ringlimit_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1114,7 +1320,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[10]
+	mi := &file_ringlimit_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1127,7 +1333,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{10}
+	return file_ringlimit_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReplicateResponse) GetResults() []*OpResult {
@@ -1151,7 +1357,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_ringlimit_proto_msgTypes[11]
+	mi := &file_ringlimit_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1163,7 +1369,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[11]
+	mi := &file_ringlimit_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1176,7 +1382,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{11}
+	return file_ringlimit_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PromoteRequest) GetSender() string {
@@ -1217,7 +1423,7 @@ type PromoteResponse struct {
 
 func (x *PromoteResponse) Reset() {
 	*x = PromoteResponse{}
-	mi := &file_ringlimit_proto_msgTypes[12]
+	mi := &file_ringlimit_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1229,7 +1435,7 @@ func (x *PromoteResponse) String() string {
 func (*PromoteResponse) ProtoMessage() {}
 
 func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[12]
+	mi := &file_ringlimit_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1242,7 +1448,7 @@ func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteResponse.ProtoReflect.Descriptor instead.
 func (*PromoteResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{12}
+	return file_ringlimit_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PromoteResponse) GetOk() bool {
@@ -1284,7 +1490,7 @@ type ProbeRequest struct {
 
 func (x *ProbeRequest) Reset() {
 	*x = ProbeRequest{}
-	mi := &file_ringlimit_proto_msgTypes[13]
+	mi := &file_ringlimit_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1502,7 @@ func (x *ProbeRequest) String() string {
 func (*ProbeRequest) ProtoMessage() {}
 
 func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[13]
+	mi := &file_ringlimit_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1515,7 @@ func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeRequest.ProtoReflect.Descriptor instead.
 func (*ProbeRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{13}
+	return file_ringlimit_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ProbeRequest) GetSender() string {
@@ -1346,7 +1552,7 @@ type PartitionInfo struct {
 
 func (x *PartitionInfo) Reset() {
 	*x = PartitionInfo{}
-	mi := &file_ringlimit_proto_msgTypes[14]
+	mi := &file_ringlimit_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1358,7 +1564,7 @@ func (x *PartitionInfo) String() string {
 func (*PartitionInfo) ProtoMessage() {}
 
 func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[14]
+	mi := &file_ringlimit_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1371,7 +1577,7 @@ func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionInfo.ProtoReflect.Descriptor instead.
 func (*PartitionInfo) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{14}
+	return file_ringlimit_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PartitionInfo) GetPartition() uint32 {
@@ -1426,7 +1632,7 @@ type ProbeResponse struct {
 
 func (x *ProbeResponse) Reset() {
 	*x = ProbeResponse{}
-	mi := &file_ringlimit_proto_msgTypes[15]
+	mi := &file_ringlimit_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1438,7 +1644,7 @@ func (x *ProbeResponse) String() string {
 func (*ProbeResponse) ProtoMessage() {}
 
 func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[15]
+	mi := &file_ringlimit_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1451,7 +1657,7 @@ func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeResponse.ProtoReflect.Descriptor instead.
 func (*ProbeResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{15}
+	return file_ringlimit_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ProbeResponse) GetPartitions() []*PartitionInfo {
@@ -1467,14 +1673,16 @@ type AllowRequest struct {
 	// key is the quota key; its policy names an entry of the server's table.
 	Key *Key `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// hits is the request's cost in units; 0 means 1.
-	Hits          int64 `protobuf:"varint,2,opt,name=hits,proto3" json:"hits,omitempty"`
+	Hits int64 `protobuf:"varint,2,opt,name=hits,proto3" json:"hits,omitempty"`
+	// policies, instead of key.policy, names several policies decided as one.
+	Policies      []string `protobuf:"bytes,3,rep,name=policies,proto3" json:"policies,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AllowRequest) Reset() {
 	*x = AllowRequest{}
-	mi := &file_ringlimit_proto_msgTypes[16]
+	mi := &file_ringlimit_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1486,7 +1694,7 @@ func (x *AllowRequest) String() string {
 func (*AllowRequest) ProtoMessage() {}
 
 func (x *AllowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[16]
+	mi := &file_ringlimit_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1499,7 +1707,7 @@ func (x *AllowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowRequest.ProtoReflect.Descriptor instead.
 func (*AllowRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{16}
+	return file_ringlimit_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AllowRequest) GetKey() *Key {
@@ -1514,6 +1722,166 @@ func (x *AllowRequest) GetHits() int64 {
 		return x.Hits
 	}
 	return 0
+}
+
+func (x *AllowRequest) GetPolicies() []string {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+// AllowBatchRequest carries independent requests.
+type AllowBatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Requests      []*AllowRequest        `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllowBatchRequest) Reset() {
+	*x = AllowBatchRequest{}
+	mi := &file_ringlimit_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllowBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllowBatchRequest) ProtoMessage() {}
+
+func (x *AllowBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllowBatchRequest.ProtoReflect.Descriptor instead.
+func (*AllowBatchRequest) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *AllowBatchRequest) GetRequests() []*AllowRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+// AllowBatchResult is one request's outcome: a response, or an error.
+type AllowBatchResult struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Response *AllowResponse         `protobuf:"bytes,1,opt,name=response,proto3" json:"response,omitempty"`
+	// code is the gRPC status code the request alone would have failed
+	// with; 0 (OK) when response is set.
+	Code          int32  `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllowBatchResult) Reset() {
+	*x = AllowBatchResult{}
+	mi := &file_ringlimit_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllowBatchResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllowBatchResult) ProtoMessage() {}
+
+func (x *AllowBatchResult) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllowBatchResult.ProtoReflect.Descriptor instead.
+func (*AllowBatchResult) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *AllowBatchResult) GetResponse() *AllowResponse {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
+func (x *AllowBatchResult) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *AllowBatchResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// AllowBatchResponse has one result per request, in order.
+type AllowBatchResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*AllowBatchResult    `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllowBatchResponse) Reset() {
+	*x = AllowBatchResponse{}
+	mi := &file_ringlimit_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllowBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllowBatchResponse) ProtoMessage() {}
+
+func (x *AllowBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllowBatchResponse.ProtoReflect.Descriptor instead.
+func (*AllowBatchResponse) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *AllowBatchResponse) GetResults() []*AllowBatchResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
 }
 
 // AllowResponse is the decision.
@@ -1534,14 +1902,20 @@ type AllowResponse struct {
 	// owner is the name of the node that decided.
 	Owner string `protobuf:"bytes,7,opt,name=owner,proto3" json:"owner,omitempty"`
 	// ring_version is the deciding node's local ring version (for logs).
-	RingVersion   uint64 `protobuf:"varint,8,opt,name=ring_version,json=ringVersion,proto3" json:"ring_version,omitempty"`
+	RingVersion uint64 `protobuf:"varint,8,opt,name=ring_version,json=ringVersion,proto3" json:"ring_version,omitempty"`
+	// decided_at_unix_ns is the deciding node's clock when it decided.
+	DecidedAtUnixNs int64 `protobuf:"varint,9,opt,name=decided_at_unix_ns,json=decidedAtUnixNs,proto3" json:"decided_at_unix_ns,omitempty"`
+	// limits has one entry per policy of a multi-policy request.
+	Limits []*PolicyDecision `protobuf:"bytes,10,rep,name=limits,proto3" json:"limits,omitempty"`
+	// refused_by names the first policy that refused.
+	RefusedBy     string `protobuf:"bytes,11,opt,name=refused_by,json=refusedBy,proto3" json:"refused_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AllowResponse) Reset() {
 	*x = AllowResponse{}
-	mi := &file_ringlimit_proto_msgTypes[17]
+	mi := &file_ringlimit_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1553,7 +1927,7 @@ func (x *AllowResponse) String() string {
 func (*AllowResponse) ProtoMessage() {}
 
 func (x *AllowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[17]
+	mi := &file_ringlimit_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1566,7 +1940,7 @@ func (x *AllowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowResponse.ProtoReflect.Descriptor instead.
 func (*AllowResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{17}
+	return file_ringlimit_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AllowResponse) GetAllowed() bool {
@@ -1625,6 +1999,27 @@ func (x *AllowResponse) GetRingVersion() uint64 {
 	return 0
 }
 
+func (x *AllowResponse) GetDecidedAtUnixNs() int64 {
+	if x != nil {
+		return x.DecidedAtUnixNs
+	}
+	return 0
+}
+
+func (x *AllowResponse) GetLimits() []*PolicyDecision {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *AllowResponse) GetRefusedBy() string {
+	if x != nil {
+		return x.RefusedBy
+	}
+	return ""
+}
+
 var File_ringlimit_proto protoreflect.FileDescriptor
 
 const file_ringlimit_proto_rawDesc = "" +
@@ -1633,16 +2028,25 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x03Key\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
 	"\asubject\x18\x02 \x01(\tR\asubject\x12\x16\n" +
-	"\x06policy\x18\x03 \x01(\tR\x06policy\"X\n" +
+	"\x06policy\x18\x03 \x01(\tR\x06policy\"\x96\x01\n" +
 	"\tCheckItem\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.ringlimit.v1.KeyR\x03key\x12\x12\n" +
 	"\x04hits\x18\x02 \x01(\x03R\x04hits\x12\x12\n" +
-	"\x04hops\x18\x03 \x01(\rR\x04hops\"\x9b\x01\n" +
+	"\x04hops\x18\x03 \x01(\rR\x04hops\x12 \n" +
+	"\x02op\x18\x04 \x01(\x0e2\x10.ringlimit.v1.OpR\x02op\x12\x1a\n" +
+	"\bpolicies\x18\x05 \x03(\tR\bpolicies\"\xc2\x01\n" +
+	"\x0ePolicyDecision\x12\x16\n" +
+	"\x06policy\x18\x01 \x01(\tR\x06policy\x12\x18\n" +
+	"\aallowed\x18\x02 \x01(\bR\aallowed\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x03R\x05limit\x12\x1c\n" +
+	"\tremaining\x18\x04 \x01(\x03R\tremaining\x12$\n" +
+	"\x0eretry_after_ns\x18\x05 \x01(\x03R\fretryAfterNs\x12$\n" +
+	"\x0ereset_after_ns\x18\x06 \x01(\x03R\fresetAfterNs\"\x9b\x01\n" +
 	"\fCheckRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12-\n" +
 	"\x05items\x18\x02 \x03(\v2\x17.ringlimit.v1.CheckItemR\x05items\x12!\n" +
 	"\fring_version\x18\x03 \x01(\x04R\vringVersion\x12!\n" +
-	"\fmembers_hash\x18\x04 \x01(\x04R\vmembersHash\"\x95\x03\n" +
+	"\fmembers_hash\x18\x04 \x01(\x04R\vmembersHash\"\x97\x04\n" +
 	"\bDecision\x12,\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x14.ringlimit.v1.StatusR\x06status\x12\x18\n" +
 	"\aallowed\x18\x02 \x01(\bR\aallowed\x12\x14\n" +
@@ -1656,7 +2060,11 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x06reason\x18\n" +
 	" \x01(\x0e2\x14.ringlimit.v1.ReasonR\x06reason\x12\x14\n" +
 	"\x05error\x18\v \x01(\tR\x05error\x12!\n" +
-	"\fholder_epoch\x18\f \x01(\x04R\vholderEpoch\"E\n" +
+	"\fholder_epoch\x18\f \x01(\x04R\vholderEpoch\x12+\n" +
+	"\x12decided_at_unix_ns\x18\r \x01(\x03R\x0fdecidedAtUnixNs\x124\n" +
+	"\x06limits\x18\x0e \x03(\v2\x1c.ringlimit.v1.PolicyDecisionR\x06limits\x12\x1d\n" +
+	"\n" +
+	"refused_by\x18\x0f \x01(\tR\trefusedBy\"E\n" +
 	"\rCheckResponse\x124\n" +
 	"\tdecisions\x18\x01 \x03(\v2\x16.ringlimit.v1.DecisionR\tdecisions\"2\n" +
 	"\x03Run\x12\x15\n" +
@@ -1716,10 +2124,19 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\rProbeResponse\x12;\n" +
 	"\n" +
 	"partitions\x18\x01 \x03(\v2\x1b.ringlimit.v1.PartitionInfoR\n" +
-	"partitions\"G\n" +
+	"partitions\"c\n" +
 	"\fAllowRequest\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.ringlimit.v1.KeyR\x03key\x12\x12\n" +
-	"\x04hits\x18\x02 \x01(\x03R\x04hits\"\x90\x02\n" +
+	"\x04hits\x18\x02 \x01(\x03R\x04hits\x12\x1a\n" +
+	"\bpolicies\x18\x03 \x03(\tR\bpolicies\"K\n" +
+	"\x11AllowBatchRequest\x126\n" +
+	"\brequests\x18\x01 \x03(\v2\x1a.ringlimit.v1.AllowRequestR\brequests\"u\n" +
+	"\x10AllowBatchResult\x127\n" +
+	"\bresponse\x18\x01 \x01(\v2\x1b.ringlimit.v1.AllowResponseR\bresponse\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"N\n" +
+	"\x12AllowBatchResponse\x128\n" +
+	"\aresults\x18\x01 \x03(\v2\x1e.ringlimit.v1.AllowBatchResultR\aresults\"\x92\x03\n" +
 	"\rAllowResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -1728,21 +2145,34 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x0ereset_after_ns\x18\x05 \x01(\x03R\fresetAfterNs\x12,\n" +
 	"\x06reason\x18\x06 \x01(\x0e2\x14.ringlimit.v1.ReasonR\x06reason\x12\x14\n" +
 	"\x05owner\x18\a \x01(\tR\x05owner\x12!\n" +
-	"\fring_version\x18\b \x01(\x04R\vringVersion*\x95\x01\n" +
+	"\fring_version\x18\b \x01(\x04R\vringVersion\x12+\n" +
+	"\x12decided_at_unix_ns\x18\t \x01(\x03R\x0fdecidedAtUnixNs\x124\n" +
+	"\x06limits\x18\n" +
+	" \x03(\v2\x1c.ringlimit.v1.PolicyDecisionR\x06limits\x12\x1d\n" +
+	"\n" +
+	"refused_by\x18\v \x01(\tR\trefusedBy*<\n" +
+	"\x02Op\x12\f\n" +
+	"\bOP_CHECK\x10\x00\x12\v\n" +
+	"\aOP_PEEK\x10\x01\x12\r\n" +
+	"\tOP_REFUND\x10\x02\x12\f\n" +
+	"\bOP_RESET\x10\x03*\x95\x01\n" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tSTATUS_OK\x10\x01\x12\x14\n" +
 	"\x10STATUS_NOT_OWNER\x10\x02\x12\x1b\n" +
 	"\x17STATUS_INVALID_ARGUMENT\x10\x03\x12\x19\n" +
 	"\x15STATUS_UNKNOWN_POLICY\x10\x04\x12\x16\n" +
-	"\x12STATUS_UNAVAILABLE\x10\x05*\x8c\x01\n" +
+	"\x12STATUS_UNAVAILABLE\x10\x05*\xc4\x01\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fREASON_ADMITTED\x10\x01\x12\x15\n" +
 	"\x11REASON_OVER_LIMIT\x10\x02\x12\x11\n" +
 	"\rREASON_SHADOW\x10\x03\x12\x16\n" +
 	"\x12REASON_FAILED_OPEN\x10\x04\x12\x13\n" +
-	"\x0fREASON_FALLBACK\x10\x05*|\n" +
+	"\x0fREASON_FALLBACK\x10\x05\x12\x0f\n" +
+	"\vREASON_PEEK\x10\a\x12\x13\n" +
+	"\x0fREASON_REFUNDED\x10\b\x12\x10\n" +
+	"\fREASON_RESET\x10\t*|\n" +
 	"\bOpStatus\x12\x19\n" +
 	"\x15OP_STATUS_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fOP_STATUS_OK\x10\x01\x12\x13\n" +
@@ -1753,9 +2183,14 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x05Check\x12\x1a.ringlimit.v1.CheckRequest\x1a\x1b.ringlimit.v1.CheckResponse\x12L\n" +
 	"\tReplicate\x12\x1e.ringlimit.v1.ReplicateRequest\x1a\x1f.ringlimit.v1.ReplicateResponse\x12F\n" +
 	"\aPromote\x12\x1c.ringlimit.v1.PromoteRequest\x1a\x1d.ringlimit.v1.PromoteResponse\x12@\n" +
-	"\x05Probe\x12\x1a.ringlimit.v1.ProbeRequest\x1a\x1b.ringlimit.v1.ProbeResponse2O\n" +
+	"\x05Probe\x12\x1a.ringlimit.v1.ProbeRequest\x1a\x1b.ringlimit.v1.ProbeResponse2\xe6\x02\n" +
 	"\vRateLimiter\x12@\n" +
-	"\x05Allow\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponseB,Z*github.com/ringlimit/ringlimit/peer/peerpbb\x06proto3"
+	"\x05Allow\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12O\n" +
+	"\n" +
+	"AllowBatch\x12\x1f.ringlimit.v1.AllowBatchRequest\x1a .ringlimit.v1.AllowBatchResponse\x12?\n" +
+	"\x04Peek\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12A\n" +
+	"\x06Refund\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12@\n" +
+	"\x05Reset\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponseB,Z*github.com/ringlimit/ringlimit/peer/peerpbb\x06proto3"
 
 var (
 	file_ringlimit_proto_rawDescOnce sync.Once
@@ -1769,63 +2204,82 @@ func file_ringlimit_proto_rawDescGZIP() []byte {
 	return file_ringlimit_proto_rawDescData
 }
 
-var file_ringlimit_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_ringlimit_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_ringlimit_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_ringlimit_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_ringlimit_proto_goTypes = []any{
-	(Status)(0),               // 0: ringlimit.v1.Status
-	(Reason)(0),               // 1: ringlimit.v1.Reason
-	(OpStatus)(0),             // 2: ringlimit.v1.OpStatus
-	(PartitionOp_Kind)(0),     // 3: ringlimit.v1.PartitionOp.Kind
-	(*Key)(nil),               // 4: ringlimit.v1.Key
-	(*CheckItem)(nil),         // 5: ringlimit.v1.CheckItem
-	(*CheckRequest)(nil),      // 6: ringlimit.v1.CheckRequest
-	(*Decision)(nil),          // 7: ringlimit.v1.Decision
-	(*CheckResponse)(nil),     // 8: ringlimit.v1.CheckResponse
-	(*Run)(nil),               // 9: ringlimit.v1.Run
-	(*KeyState)(nil),          // 10: ringlimit.v1.KeyState
-	(*PartitionOp)(nil),       // 11: ringlimit.v1.PartitionOp
-	(*ReplicateRequest)(nil),  // 12: ringlimit.v1.ReplicateRequest
-	(*OpResult)(nil),          // 13: ringlimit.v1.OpResult
-	(*ReplicateResponse)(nil), // 14: ringlimit.v1.ReplicateResponse
-	(*PromoteRequest)(nil),    // 15: ringlimit.v1.PromoteRequest
-	(*PromoteResponse)(nil),   // 16: ringlimit.v1.PromoteResponse
-	(*ProbeRequest)(nil),      // 17: ringlimit.v1.ProbeRequest
-	(*PartitionInfo)(nil),     // 18: ringlimit.v1.PartitionInfo
-	(*ProbeResponse)(nil),     // 19: ringlimit.v1.ProbeResponse
-	(*AllowRequest)(nil),      // 20: ringlimit.v1.AllowRequest
-	(*AllowResponse)(nil),     // 21: ringlimit.v1.AllowResponse
+	(Op)(0),                    // 0: ringlimit.v1.Op
+	(Status)(0),                // 1: ringlimit.v1.Status
+	(Reason)(0),                // 2: ringlimit.v1.Reason
+	(OpStatus)(0),              // 3: ringlimit.v1.OpStatus
+	(PartitionOp_Kind)(0),      // 4: ringlimit.v1.PartitionOp.Kind
+	(*Key)(nil),                // 5: ringlimit.v1.Key
+	(*CheckItem)(nil),          // 6: ringlimit.v1.CheckItem
+	(*PolicyDecision)(nil),     // 7: ringlimit.v1.PolicyDecision
+	(*CheckRequest)(nil),       // 8: ringlimit.v1.CheckRequest
+	(*Decision)(nil),           // 9: ringlimit.v1.Decision
+	(*CheckResponse)(nil),      // 10: ringlimit.v1.CheckResponse
+	(*Run)(nil),                // 11: ringlimit.v1.Run
+	(*KeyState)(nil),           // 12: ringlimit.v1.KeyState
+	(*PartitionOp)(nil),        // 13: ringlimit.v1.PartitionOp
+	(*ReplicateRequest)(nil),   // 14: ringlimit.v1.ReplicateRequest
+	(*OpResult)(nil),           // 15: ringlimit.v1.OpResult
+	(*ReplicateResponse)(nil),  // 16: ringlimit.v1.ReplicateResponse
+	(*PromoteRequest)(nil),     // 17: ringlimit.v1.PromoteRequest
+	(*PromoteResponse)(nil),    // 18: ringlimit.v1.PromoteResponse
+	(*ProbeRequest)(nil),       // 19: ringlimit.v1.ProbeRequest
+	(*PartitionInfo)(nil),      // 20: ringlimit.v1.PartitionInfo
+	(*ProbeResponse)(nil),      // 21: ringlimit.v1.ProbeResponse
+	(*AllowRequest)(nil),       // 22: ringlimit.v1.AllowRequest
+	(*AllowBatchRequest)(nil),  // 23: ringlimit.v1.AllowBatchRequest
+	(*AllowBatchResult)(nil),   // 24: ringlimit.v1.AllowBatchResult
+	(*AllowBatchResponse)(nil), // 25: ringlimit.v1.AllowBatchResponse
+	(*AllowResponse)(nil),      // 26: ringlimit.v1.AllowResponse
 }
 var file_ringlimit_proto_depIdxs = []int32{
-	4,  // 0: ringlimit.v1.CheckItem.key:type_name -> ringlimit.v1.Key
-	5,  // 1: ringlimit.v1.CheckRequest.items:type_name -> ringlimit.v1.CheckItem
-	0,  // 2: ringlimit.v1.Decision.status:type_name -> ringlimit.v1.Status
-	1,  // 3: ringlimit.v1.Decision.reason:type_name -> ringlimit.v1.Reason
-	7,  // 4: ringlimit.v1.CheckResponse.decisions:type_name -> ringlimit.v1.Decision
-	4,  // 5: ringlimit.v1.KeyState.key:type_name -> ringlimit.v1.Key
-	9,  // 6: ringlimit.v1.KeyState.runs:type_name -> ringlimit.v1.Run
-	3,  // 7: ringlimit.v1.PartitionOp.kind:type_name -> ringlimit.v1.PartitionOp.Kind
-	10, // 8: ringlimit.v1.PartitionOp.keys:type_name -> ringlimit.v1.KeyState
-	11, // 9: ringlimit.v1.ReplicateRequest.ops:type_name -> ringlimit.v1.PartitionOp
-	2,  // 10: ringlimit.v1.OpResult.status:type_name -> ringlimit.v1.OpStatus
-	13, // 11: ringlimit.v1.ReplicateResponse.results:type_name -> ringlimit.v1.OpResult
-	18, // 12: ringlimit.v1.ProbeResponse.partitions:type_name -> ringlimit.v1.PartitionInfo
-	4,  // 13: ringlimit.v1.AllowRequest.key:type_name -> ringlimit.v1.Key
-	1,  // 14: ringlimit.v1.AllowResponse.reason:type_name -> ringlimit.v1.Reason
-	6,  // 15: ringlimit.v1.Limiter.Check:input_type -> ringlimit.v1.CheckRequest
-	12, // 16: ringlimit.v1.Limiter.Replicate:input_type -> ringlimit.v1.ReplicateRequest
-	15, // 17: ringlimit.v1.Limiter.Promote:input_type -> ringlimit.v1.PromoteRequest
-	17, // 18: ringlimit.v1.Limiter.Probe:input_type -> ringlimit.v1.ProbeRequest
-	20, // 19: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
-	8,  // 20: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
-	14, // 21: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
-	16, // 22: ringlimit.v1.Limiter.Promote:output_type -> ringlimit.v1.PromoteResponse
-	19, // 23: ringlimit.v1.Limiter.Probe:output_type -> ringlimit.v1.ProbeResponse
-	21, // 24: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
-	20, // [20:25] is the sub-list for method output_type
-	15, // [15:20] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	5,  // 0: ringlimit.v1.CheckItem.key:type_name -> ringlimit.v1.Key
+	0,  // 1: ringlimit.v1.CheckItem.op:type_name -> ringlimit.v1.Op
+	6,  // 2: ringlimit.v1.CheckRequest.items:type_name -> ringlimit.v1.CheckItem
+	1,  // 3: ringlimit.v1.Decision.status:type_name -> ringlimit.v1.Status
+	2,  // 4: ringlimit.v1.Decision.reason:type_name -> ringlimit.v1.Reason
+	7,  // 5: ringlimit.v1.Decision.limits:type_name -> ringlimit.v1.PolicyDecision
+	9,  // 6: ringlimit.v1.CheckResponse.decisions:type_name -> ringlimit.v1.Decision
+	5,  // 7: ringlimit.v1.KeyState.key:type_name -> ringlimit.v1.Key
+	11, // 8: ringlimit.v1.KeyState.runs:type_name -> ringlimit.v1.Run
+	4,  // 9: ringlimit.v1.PartitionOp.kind:type_name -> ringlimit.v1.PartitionOp.Kind
+	12, // 10: ringlimit.v1.PartitionOp.keys:type_name -> ringlimit.v1.KeyState
+	13, // 11: ringlimit.v1.ReplicateRequest.ops:type_name -> ringlimit.v1.PartitionOp
+	3,  // 12: ringlimit.v1.OpResult.status:type_name -> ringlimit.v1.OpStatus
+	15, // 13: ringlimit.v1.ReplicateResponse.results:type_name -> ringlimit.v1.OpResult
+	20, // 14: ringlimit.v1.ProbeResponse.partitions:type_name -> ringlimit.v1.PartitionInfo
+	5,  // 15: ringlimit.v1.AllowRequest.key:type_name -> ringlimit.v1.Key
+	22, // 16: ringlimit.v1.AllowBatchRequest.requests:type_name -> ringlimit.v1.AllowRequest
+	26, // 17: ringlimit.v1.AllowBatchResult.response:type_name -> ringlimit.v1.AllowResponse
+	24, // 18: ringlimit.v1.AllowBatchResponse.results:type_name -> ringlimit.v1.AllowBatchResult
+	2,  // 19: ringlimit.v1.AllowResponse.reason:type_name -> ringlimit.v1.Reason
+	7,  // 20: ringlimit.v1.AllowResponse.limits:type_name -> ringlimit.v1.PolicyDecision
+	8,  // 21: ringlimit.v1.Limiter.Check:input_type -> ringlimit.v1.CheckRequest
+	14, // 22: ringlimit.v1.Limiter.Replicate:input_type -> ringlimit.v1.ReplicateRequest
+	17, // 23: ringlimit.v1.Limiter.Promote:input_type -> ringlimit.v1.PromoteRequest
+	19, // 24: ringlimit.v1.Limiter.Probe:input_type -> ringlimit.v1.ProbeRequest
+	22, // 25: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
+	23, // 26: ringlimit.v1.RateLimiter.AllowBatch:input_type -> ringlimit.v1.AllowBatchRequest
+	22, // 27: ringlimit.v1.RateLimiter.Peek:input_type -> ringlimit.v1.AllowRequest
+	22, // 28: ringlimit.v1.RateLimiter.Refund:input_type -> ringlimit.v1.AllowRequest
+	22, // 29: ringlimit.v1.RateLimiter.Reset:input_type -> ringlimit.v1.AllowRequest
+	10, // 30: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
+	16, // 31: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
+	18, // 32: ringlimit.v1.Limiter.Promote:output_type -> ringlimit.v1.PromoteResponse
+	21, // 33: ringlimit.v1.Limiter.Probe:output_type -> ringlimit.v1.ProbeResponse
+	26, // 34: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
+	25, // 35: ringlimit.v1.RateLimiter.AllowBatch:output_type -> ringlimit.v1.AllowBatchResponse
+	26, // 36: ringlimit.v1.RateLimiter.Peek:output_type -> ringlimit.v1.AllowResponse
+	26, // 37: ringlimit.v1.RateLimiter.Refund:output_type -> ringlimit.v1.AllowResponse
+	26, // 38: ringlimit.v1.RateLimiter.Reset:output_type -> ringlimit.v1.AllowResponse
+	30, // [30:39] is the sub-list for method output_type
+	21, // [21:30] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_ringlimit_proto_init() }
@@ -1838,8 +2292,8 @@ func file_ringlimit_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringlimit_proto_rawDesc), len(file_ringlimit_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   18,
+			NumEnums:      5,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -292,7 +292,11 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	RateLimiter_Allow_FullMethodName = "/ringlimit.v1.RateLimiter/Allow"
+	RateLimiter_Allow_FullMethodName      = "/ringlimit.v1.RateLimiter/Allow"
+	RateLimiter_AllowBatch_FullMethodName = "/ringlimit.v1.RateLimiter/AllowBatch"
+	RateLimiter_Peek_FullMethodName       = "/ringlimit.v1.RateLimiter/Peek"
+	RateLimiter_Refund_FullMethodName     = "/ringlimit.v1.RateLimiter/Refund"
+	RateLimiter_Reset_FullMethodName      = "/ringlimit.v1.RateLimiter/Reset"
 )
 
 // RateLimiterClient is the client API for RateLimiter service.
@@ -305,8 +309,19 @@ const (
 // policy, Unavailable when the owner could not decide and the policy fails
 // closed. Over limit is a normal response with allowed = false.
 type RateLimiterClient interface {
-	// Allow decides one request.
+	// Allow decides one request (one policy, or several of one tenant and
+	// subject decided atomically).
 	Allow(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error)
+	// AllowBatch decides up to 1000 independent requests in one call; one bad
+	// item does not fail the others.
+	AllowBatch(ctx context.Context, in *AllowBatchRequest, opts ...grpc.CallOption) (*AllowBatchResponse, error)
+	// Peek answers what Allow would decide now, consuming nothing.
+	Peek(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error)
+	// Refund gives back up to hits units of the key's admissions still in the
+	// window, newest first; the response is the key's new state.
+	Refund(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error)
+	// Reset clears a key (an operator action: guard the port with mutual TLS).
+	Reset(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error)
 }
 
 type rateLimiterClient struct {
@@ -327,6 +342,46 @@ func (c *rateLimiterClient) Allow(ctx context.Context, in *AllowRequest, opts ..
 	return out, nil
 }
 
+func (c *rateLimiterClient) AllowBatch(ctx context.Context, in *AllowBatchRequest, opts ...grpc.CallOption) (*AllowBatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AllowBatchResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_AllowBatch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Peek(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AllowResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Peek_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Refund(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AllowResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Refund_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Reset(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AllowResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Reset_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RateLimiterServer is the server API for RateLimiter service.
 // All implementations must embed UnimplementedRateLimiterServer
 // for forward compatibility.
@@ -337,8 +392,19 @@ func (c *rateLimiterClient) Allow(ctx context.Context, in *AllowRequest, opts ..
 // policy, Unavailable when the owner could not decide and the policy fails
 // closed. Over limit is a normal response with allowed = false.
 type RateLimiterServer interface {
-	// Allow decides one request.
+	// Allow decides one request (one policy, or several of one tenant and
+	// subject decided atomically).
 	Allow(context.Context, *AllowRequest) (*AllowResponse, error)
+	// AllowBatch decides up to 1000 independent requests in one call; one bad
+	// item does not fail the others.
+	AllowBatch(context.Context, *AllowBatchRequest) (*AllowBatchResponse, error)
+	// Peek answers what Allow would decide now, consuming nothing.
+	Peek(context.Context, *AllowRequest) (*AllowResponse, error)
+	// Refund gives back up to hits units of the key's admissions still in the
+	// window, newest first; the response is the key's new state.
+	Refund(context.Context, *AllowRequest) (*AllowResponse, error)
+	// Reset clears a key (an operator action: guard the port with mutual TLS).
+	Reset(context.Context, *AllowRequest) (*AllowResponse, error)
 	mustEmbedUnimplementedRateLimiterServer()
 }
 
@@ -351,6 +417,18 @@ type UnimplementedRateLimiterServer struct{}
 
 func (UnimplementedRateLimiterServer) Allow(context.Context, *AllowRequest) (*AllowResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Allow not implemented")
+}
+func (UnimplementedRateLimiterServer) AllowBatch(context.Context, *AllowBatchRequest) (*AllowBatchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AllowBatch not implemented")
+}
+func (UnimplementedRateLimiterServer) Peek(context.Context, *AllowRequest) (*AllowResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Peek not implemented")
+}
+func (UnimplementedRateLimiterServer) Refund(context.Context, *AllowRequest) (*AllowResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Refund not implemented")
+}
+func (UnimplementedRateLimiterServer) Reset(context.Context, *AllowRequest) (*AllowResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reset not implemented")
 }
 func (UnimplementedRateLimiterServer) mustEmbedUnimplementedRateLimiterServer() {}
 func (UnimplementedRateLimiterServer) testEmbeddedByValue()                     {}
@@ -391,6 +469,78 @@ func _RateLimiter_Allow_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimiter_AllowBatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AllowBatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).AllowBatch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_AllowBatch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).AllowBatch(ctx, req.(*AllowBatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Peek_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AllowRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Peek(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Peek_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Peek(ctx, req.(*AllowRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Refund_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AllowRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Refund(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Refund_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Refund(ctx, req.(*AllowRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Reset_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AllowRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Reset(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Reset_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Reset(ctx, req.(*AllowRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RateLimiter_ServiceDesc is the grpc.ServiceDesc for RateLimiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -401,6 +551,22 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Allow",
 			Handler:    _RateLimiter_Allow_Handler,
+		},
+		{
+			MethodName: "AllowBatch",
+			Handler:    _RateLimiter_AllowBatch_Handler,
+		},
+		{
+			MethodName: "Peek",
+			Handler:    _RateLimiter_Peek_Handler,
+		},
+		{
+			MethodName: "Refund",
+			Handler:    _RateLimiter_Refund_Handler,
+		},
+		{
+			MethodName: "Reset",
+			Handler:    _RateLimiter_Reset_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,216 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
+)
+
+// The operations besides a single-policy check: several policies decided
+// as one, peek, refund and reset. Each goes to the partition's holder like
+// a check and passes the same gate (decideHere); refunds and resets change
+// a key's state in ways an addition cannot express, so they replicate the
+// key's whole new state (KIND_REPLACE), taken under the partition's gate in
+// write mode so that no admission can slip between the change and the copy.
+
+// decideOther decides r (not a single-policy check) if this node holds
+// partition pid and may decide; the statuses are decideHere's.
+func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *opReq) (Decision, decideStatus, <-chan struct{}, error) {
+	exclusive := r.op == peerpb.Op_OP_REFUND || r.op == peerpb.Op_OP_RESET
+	lock, unlock := pt.mu.RLock, pt.mu.RUnlock
+	if exclusive {
+		lock, unlock = pt.mu.Lock, pt.mu.Unlock
+	}
+	lock()
+	ch := pt.changed
+	switch pt.role {
+	case roleFenced:
+		unlock()
+		return Decision{}, waitHere, ch, nil
+	case roleHolder:
+	default:
+		unlock()
+		return Decision{}, remote, ch, nil
+	}
+	sync := r.p.cfg.Replication == ReplicateSync
+	for _, q := range r.multi {
+		sync = sync || q.cfg.Replication == ReplicateSync
+	}
+	if pt.backup != "" {
+		if n.mono() >= pt.leaseUntil.Load() {
+			unlock()
+			n.kickOwnership()
+			return Decision{}, waitHere, ch, nil
+		}
+	} else if !n.hasQuorum.Load() || sync && r.op != peerpb.Op_OP_PEEK && n.desiredBackup(v, pid) != "" {
+		unlock()
+		n.kickOwnership()
+		return Decision{}, waitHere, ch, nil
+	}
+	now := n.clock()
+	d := Decision{Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: now}
+	var waits []chan error
+	var err error
+	switch {
+	case r.multi != nil:
+		d, waits, err = n.decideMultiLocked(pt, pid, r, now, d)
+	case r.op == peerpb.Op_OP_PEEK:
+		var sd shard.Decision
+		sd, err = pt.store.Peek(r.key, r.p.sp, r.hits, now)
+		d = fillDecision(d, sd, ReasonPeek)
+	case r.op == peerpb.Op_OP_REFUND:
+		var sd shard.Decision
+		sd, err = pt.store.Refund(r.key, r.p.sp, r.hits, now)
+		d = fillDecision(d, sd, ReasonRefunded)
+		if err == nil {
+			waits, err = n.replicateStateLocked(pt, pid, r, now)
+		}
+	case r.op == peerpb.Op_OP_RESET:
+		pt.store.Delete(r.key)
+		d = Decision{Allowed: true, Limit: r.p.sp.Limit, Remaining: r.p.sp.Limit, Reason: ReasonReset, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: now}
+		waits, err = n.replicateStateLocked(pt, pid, r, now)
+	default:
+		err = fmt.Errorf("%w: unknown operation %v", ErrInvalidKey, r.op)
+	}
+	unlock()
+	if err != nil {
+		if errors.Is(err, shard.ErrInvalidHits) {
+			return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrInvalidHits, err)
+		}
+		if errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidHits) {
+			return Decision{}, decided, nil, err
+		}
+		return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	for _, w := range waits {
+		select {
+		case err := <-w:
+			if err != nil {
+				return Decision{}, decided, nil, err
+			}
+		case <-ctx.Done():
+			return Decision{}, decided, nil, fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
+		}
+	}
+	return d, decided, nil, nil
+}
+
+// fillDecision copies a shard decision into d with reason.
+func fillDecision(d Decision, sd shard.Decision, reason Reason) Decision {
+	d.Allowed, d.Limit, d.Remaining, d.RetryAfter, d.ResetAfter, d.Reason = sd.Allowed, sd.Limit, sd.Remaining, sd.RetryAfter, sd.ResetAfter, reason
+	return d
+}
+
+// decideMultiLocked decides (or peeks) several policies of one subject as
+// one, under the partition gate held by the caller, and queues the
+// admissions for the backup. The top-level fields of the result describe
+// the refusing policy, or the admitted policy with the least Remaining.
+func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d Decision) (Decision, []chan error, error) {
+	d.Limits = make([]PolicyDecision, len(r.multi))
+	var out [shard.MaxMulti]shard.Decision
+	refused := -1
+	if r.op == peerpb.Op_OP_PEEK {
+		for i, p := range r.multi {
+			k := Key{Tenant: r.key.Tenant, Subject: r.key.Subject, Policy: p.name}
+			sd, err := pt.store.Peek(k, p.sp, r.hits, now)
+			if err != nil {
+				return d, nil, err
+			}
+			out[i] = sd
+			if !sd.Allowed && refused < 0 {
+				refused = i
+			}
+		}
+	} else {
+		items := make([]shard.MultiItem, len(r.multi))
+		for i, p := range r.multi {
+			items[i] = shard.MultiItem{Policy: p.name, P: p.sp, Hits: r.hits}
+		}
+		var err error
+		refused, err = pt.store.AllowMulti(r.key.Tenant, r.key.Subject, items, now, out[:len(items)])
+		if err != nil {
+			if errors.Is(err, shard.ErrInvalidMulti) {
+				return d, nil, fmt.Errorf("%w: %w", ErrInvalidKey, err)
+			}
+			return d, nil, err
+		}
+	}
+	top := 0
+	for i, p := range r.multi {
+		sd := out[i]
+		d.Limits[i] = PolicyDecision{Policy: p.name, Allowed: sd.Allowed, Limit: sd.Limit, Remaining: sd.Remaining, RetryAfter: sd.RetryAfter, ResetAfter: sd.ResetAfter}
+		if sd.Remaining < out[top].Remaining {
+			top = i
+		}
+	}
+	if refused >= 0 {
+		top = refused
+		d.RefusedBy = r.multi[refused].name
+	}
+	d = fillDecision(d, out[top], ReasonAdmitted)
+	d.Allowed = refused < 0
+	switch {
+	case r.op == peerpb.Op_OP_PEEK:
+		d.Reason = ReasonPeek
+		return d, nil, nil
+	case refused >= 0:
+		d.Reason = ReasonOverLimit
+		shadow := true
+		for _, p := range r.multi {
+			shadow = shadow && p.cfg.Shadow
+		}
+		if shadow {
+			d.Allowed, d.Reason = true, ReasonShadow
+		}
+		return d, nil, nil
+	}
+	var waits []chan error
+	if pt.backup == "" {
+		return d, nil, nil
+	}
+	for i, p := range r.multi {
+		if p.cfg.Replication == ReplicateOff {
+			continue
+		}
+		k := Key{Tenant: r.key.Tenant, Subject: r.key.Subject, Policy: p.name}
+		w, err := n.replicateAdmission(pt.backup, pid, pt.epoch, k, p.sp.Algorithm, admissionRun(p, out[i], r.hits), now, p.cfg.Replication == ReplicateSync)
+		if err != nil {
+			if p.cfg.Replication == ReplicateSync {
+				return d, nil, err
+			}
+			continue
+		}
+		if w != nil {
+			waits = append(waits, w)
+		}
+	}
+	return d, waits, nil
+}
+
+// replicateStateLocked queues the key's whole state (after a refund or a
+// reset) for the partition's backup; the caller holds the gate in write
+// mode. A policy with replication off sends nothing.
+func (n *Node) replicateStateLocked(pt *part, pid int, r *opReq, now time.Time) ([]chan error, error) {
+	if pt.backup == "" || r.p.cfg.Replication == ReplicateOff {
+		return nil, nil
+	}
+	st, ok := pt.store.Export(r.key, now)
+	if !ok {
+		st = shard.KeyState{Key: r.key, Algorithm: r.p.sp.Algorithm}
+	}
+	w, err := n.replicateState(pt.backup, pid, pt.epoch, st, now, r.p.cfg.Replication == ReplicateSync)
+	if err != nil {
+		if r.p.cfg.Replication == ReplicateSync {
+			return nil, err
+		}
+		return nil, nil
+	}
+	if w == nil {
+		return nil, nil
+	}
+	return []chan error{w}, nil
+}
