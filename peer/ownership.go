@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"log/slog"
 	"errors"
 	"fmt"
 	"sync"
@@ -280,6 +281,7 @@ func (n *Node) establishBackup(ctx context.Context, pid int, to string) {
 		return
 	}
 	defer n.unfence(pid)
+	n.log.Debug("partition backup moving", "partition", pid, "peer", to, "from", old)
 	if err := n.copyTo(ctx, pid, to, epoch+1); err != nil {
 		n.warnThrottled("partition copy failed", "partition", pid, "peer", to, "err", err)
 		return
@@ -693,6 +695,9 @@ func (n *Node) drain(ctx context.Context) error {
 			n.log.Info("last member leaving: partitions end with the cluster", "partitions", held, "keys", keys)
 			return nil
 		}
+		if held == 0 {
+			n.logReplicasHeld()
+		}
 		select {
 		case <-ctx.Done():
 			if held == 0 {
@@ -770,13 +775,15 @@ func (n *Node) Settled() bool {
 	return true
 }
 
-// replicasHeld counts the partitions this node keeps a complete copy of.
+// replicasHeld counts the partitions this node keeps a complete copy of
+// for a live holder (a copy of a holder that has gone protects nothing a
+// draining node could act on: it takes nothing over).
 func (n *Node) replicasHeld() int {
 	c := 0
 	for i := range n.pt.parts {
 		pt := &n.pt.parts[i]
 		pt.mu.RLock()
-		if pt.rep.complete {
+		if pt.rep.complete && n.alive(pt.rep.holder) {
 			c++
 		}
 		pt.mu.RUnlock()
@@ -797,4 +804,19 @@ func (n *Node) dropBackup(pid int, epoch uint64, backup string) {
 	pt.needSync = false
 	pt.mu.Unlock()
 	n.sendOps(backup, []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_RELEASE, Partition: uint32(pid), Epoch: epoch}}, nil)
+}
+
+// logReplicasHeld logs, at Debug, the copies a draining node still keeps.
+func (n *Node) logReplicasHeld() {
+	if !n.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	for i := range n.pt.parts {
+		pt := &n.pt.parts[i]
+		pt.mu.RLock()
+		if pt.rep.complete {
+			n.log.Debug("draining: copy still held", "partition", i, "owner", pt.rep.holder, "epoch", pt.rep.epoch, "holder_alive", n.alive(pt.rep.holder))
+		}
+		pt.mu.RUnlock()
+	}
 }

@@ -156,6 +156,7 @@ func TestOwnershipConcurrentChanges(t *testing.T) {
 			})
 			keys := append(hoKeys("cc-"+tc.name, 40, "roll"), hoKeys("cc-"+tc.name, 20, "wide")...)
 			load := newHoLoad(t, keys, clk)
+			load.only = "roll"
 			for _, nd := range c.nodes {
 				load.drive(nd, 2)
 			}

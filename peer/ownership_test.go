@@ -188,6 +188,8 @@ type hoLoad struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 	seed atomic.Uint64
+	// only, if set, limits checkRolling to keys of that policy.
+	only string
 }
 
 func newHoLoad(t *testing.T, keys []Key, clock *hoClock) *hoLoad {
@@ -303,6 +305,9 @@ func (l *hoLoad) checkRolling(limit int64, w time.Duration) (windowsChecked int)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i, ts := range l.times {
+		if l.only != "" && l.keys[i].Policy != l.only {
+			continue
+		}
 		idx := make([]int, len(ts))
 		for j := range idx {
 			idx[j] = j

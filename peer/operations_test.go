@@ -1,0 +1,255 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestMultiPolicyAtomic decides two policies of one subject as one, through
+// every node of a cluster, concurrently: no policy's window may ever hold
+// more than its limit, and each policy's log must hold exactly the admitted
+// requests (none admitted by one policy's log but refused overall).
+func TestMultiPolicyAtomic(t *testing.T) {
+	const perSecond, perMinute = 5, 12
+	clk := &hoClock{}
+	c := startCluster(t, 3, Config{
+		Clock:  clk.Now,
+		Gossip: hoGossip,
+		Policies: map[string]PolicyConfig{
+			"sec": {Limit: perSecond, Window: time.Second},
+			"min": {Limit: perMinute, Window: time.Minute},
+		},
+	})
+	key := Key{Tenant: "acme", Subject: "user-multi"}
+	var mu sync.Mutex
+	var times []time.Time
+	var wg sync.WaitGroup
+	for g := range 6 {
+		nd := c.nodes[g%3]
+		wg.Go(func() {
+			for i := range 40 {
+				clk.freeze.RLock()
+				at := clk.Now()
+				d, err := nd.Allow(context.Background(), Request{Key: key, Policies: []string{"sec", "min"}})
+				clk.freeze.RUnlock()
+				if err != nil {
+					t.Errorf("Allow: %v", err)
+					return
+				}
+				if len(d.Limits) != 2 || d.Limits[0].Policy != "sec" || d.Limits[1].Policy != "min" {
+					t.Errorf("Limits = %+v, want sec then min", d.Limits)
+					return
+				}
+				if d.Allowed {
+					mu.Lock()
+					times = append(times, at)
+					mu.Unlock()
+				} else if d.RefusedBy == "" || d.Reason != ReasonOverLimit {
+					t.Errorf("refused without RefusedBy/over_limit: %+v", d)
+				}
+				if i%5 == 4 {
+					clk.Advance(100 * time.Millisecond)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	check := func(limit int, w time.Duration) {
+		t.Helper()
+		for i, ti := range times {
+			n := 0
+			for _, tj := range times {
+				if tj.After(ti.Add(-w)) && !tj.After(ti) {
+					n++
+				}
+			}
+			if n > limit {
+				t.Fatalf("%d admissions in the window (%v, %v], limit %d", n, ti.Add(-w).Sub(hoT0), ti.Sub(hoT0), limit)
+			}
+			_ = i
+		}
+	}
+	check(perSecond, time.Second)
+	check(perMinute, time.Minute)
+	if len(times) != perMinute {
+		t.Fatalf("%d multi-policy admissions, want exactly the per-minute limit %d over this run", len(times), perMinute)
+	}
+	// Each policy's own log holds exactly the admitted requests.
+	for _, tc := range []struct {
+		policy string
+		limit  int64
+	}{{"min", perMinute}} {
+		d, err := c.nodes[0].Peek(context.Background(), Request{Key: Key{Tenant: key.Tenant, Subject: key.Subject, Policy: tc.policy}})
+		if err != nil || d.Reason != ReasonPeek || d.Remaining != tc.limit-int64(len(times)) {
+			t.Fatalf("peek %s: %+v, %v; want %d remaining", tc.policy, d, err, tc.limit-int64(len(times)))
+		}
+	}
+}
+
+// TestOperations checks peek, refund and reset end to end, through a node
+// that forwards and through the holder, and that a refused multi-policy
+// request records nothing in the policy that admitted.
+func TestOperations(t *testing.T) {
+	clk := &hoClock{}
+	c := startCluster(t, 3, Config{
+		Clock: clk.Now,
+		Policies: map[string]PolicyConfig{
+			"a": {Limit: 5, Window: time.Minute},
+			"b": {Limit: 2, Window: time.Minute},
+		},
+	})
+	ctx := context.Background()
+	k := Key{Tenant: "acme", Subject: "ops", Policy: "a"}
+	owner, _ := c.nodes[0].Owner(k)
+	var via, holder *Node
+	for _, nd := range c.nodes {
+		if nd.Name() == owner {
+			holder = nd
+		} else {
+			via = nd
+		}
+	}
+	for _, nd := range []*Node{via, holder} {
+		t.Run("via="+nd.Name(), func(t *testing.T) {
+			if _, err := nd.Reset(ctx, k); err != nil {
+				t.Fatalf("Reset: %v", err)
+			}
+			for range 3 {
+				clk.Advance(time.Millisecond)
+				if d, err := nd.Allow(ctx, Request{Key: k}); err != nil || !d.Allowed {
+					t.Fatalf("Allow: %+v, %v", d, err)
+				}
+			}
+			// Peek consumes nothing.
+			for range 3 {
+				d, err := nd.Peek(ctx, Request{Key: k, Hits: 2})
+				if err != nil || !d.Allowed || d.Reason != ReasonPeek || d.Remaining != 0 || d.Owner != owner {
+					t.Fatalf("Peek: %+v, %v; want would-admit with 0 remaining after it, by %s", d, err, owner)
+				}
+			}
+			if d, _ := nd.Peek(ctx, Request{Key: k, Hits: 3}); d.Allowed || d.RetryAfter <= 0 {
+				t.Fatalf("Peek of 3 with 2 left: %+v; want refused with RetryAfter", d)
+			}
+			// Refund 2 of 3: Remaining goes from 2 to 4; never below empty.
+			d, err := nd.Refund(ctx, Request{Key: k, Hits: 2})
+			if err != nil || !d.Allowed || d.Reason != ReasonRefunded || d.Remaining != 4 {
+				t.Fatalf("Refund 2: %+v, %v; want 4 remaining", d, err)
+			}
+			d, err = nd.Refund(ctx, Request{Key: k, Hits: 10})
+			if err != nil || d.Remaining != 5 {
+				t.Fatalf("Refund 10 of 1: %+v, %v; want 5 remaining (never below empty)", d, err)
+			}
+			if _, err := nd.Refund(ctx, Request{Key: k, Hits: -1}); !errors.Is(err, ErrInvalidHits) {
+				t.Fatalf("Refund -1: %v, want ErrInvalidHits", err)
+			}
+			// A multi-policy request refused by b records nothing in a.
+			kb := Key{Tenant: k.Tenant, Subject: k.Subject, Policy: "b"}
+			if _, err := nd.Reset(ctx, kb); err != nil {
+				t.Fatal(err)
+			}
+			multi := Request{Key: Key{Tenant: k.Tenant, Subject: k.Subject}, Policies: []string{"a", "b"}}
+			for i := range 3 {
+				d, err := nd.Allow(ctx, multi)
+				if err != nil || d.Allowed != (i < 2) {
+					t.Fatalf("multi %d: %+v, %v", i, d, err)
+				}
+				if i == 2 && (d.RefusedBy != "b" || !d.Limits[0].Allowed || d.Limits[1].Allowed) {
+					t.Fatalf("multi refused: %+v; want refused by b with a admitting", d)
+				}
+			}
+			if d, _ := nd.Peek(ctx, Request{Key: k}); d.Remaining != 5-2-1 {
+				t.Fatalf("a after 2 admitted and 1 refused multi requests: %+v; want %d remaining", d, 5-2-1)
+			}
+			// Reset empties the key.
+			if d, err := nd.Reset(ctx, k); err != nil || d.Reason != ReasonReset {
+				t.Fatalf("Reset: %+v, %v", d, err)
+			}
+			if d, _ := nd.Peek(ctx, Request{Key: k}); d.Remaining != 4 {
+				t.Fatalf("after reset: %+v; want a full limit (peek of 1 leaves 4)", d)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name string
+		req  Request
+		want error
+	}{
+		{"policy and policies", Request{Key: k, Policies: []string{"a"}}, ErrInvalidKey},
+		{"duplicate policy", Request{Key: Key{Tenant: "t", Subject: "s"}, Policies: []string{"a", "a"}}, ErrInvalidKey},
+		{"unknown policy", Request{Key: Key{Tenant: "t", Subject: "s"}, Policies: []string{"a", "zz"}}, ErrUnknownPolicy},
+		{"hits over a limit", Request{Key: Key{Tenant: "t", Subject: "s"}, Policies: []string{"a", "b"}, Hits: 3}, ErrInvalidHits},
+		{"too many", Request{Key: Key{Tenant: "t", Subject: "s"}, Policies: manyPolicies(17)}, ErrInvalidKey},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := c.nodes[0].Allow(ctx, tc.req); !errors.Is(err, tc.want) {
+				t.Fatalf("Allow(%+v) = %v, want %v", tc.req, err, tc.want)
+			}
+		})
+	}
+}
+
+func manyPolicies(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("p%d", i)
+	}
+	return out
+}
+
+// TestRefundReplicated crashes the holder right after a refund: the backup
+// continues from a copy that has the refund (and a reset) applied.
+func TestRefundReplicated(t *testing.T) {
+	c := startCluster(t, 3, Config{
+		Gossip:   hoCrashGossip,
+		Policies: map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}},
+	})
+	ctx := context.Background()
+	victim := c.nodes[2]
+	k := pmKeyOwnedBy(t, c.nodes[0], "p", victim.Name())
+	k2 := pmKeyOwnedBy2(t, c.nodes[0], "p", victim.Name(), k)
+	for range 5 {
+		if d, err := c.nodes[0].Allow(ctx, Request{Key: k}); err != nil || !d.Allowed {
+			t.Fatalf("fill: %+v, %v", d, err)
+		}
+		if d, err := c.nodes[0].Allow(ctx, Request{Key: k2}); err != nil || !d.Allowed {
+			t.Fatalf("fill: %+v, %v", d, err)
+		}
+	}
+	if d, err := c.nodes[1].Refund(ctx, Request{Key: k, Hits: 2}); err != nil || d.Remaining != 2 {
+		t.Fatalf("Refund: %+v, %v", d, err)
+	}
+	if _, err := c.nodes[1].Reset(ctx, k2); err != nil {
+		t.Fatalf("Reset: %v", err)
+	}
+	victim.KillForTest()
+	c.waitMembers(2)
+	var d Decision
+	waitFor(t, 15*time.Second, "a decision after the takeover", func() bool {
+		var err error
+		d, err = c.nodes[0].Peek(ctx, Request{Key: k})
+		return err == nil
+	})
+	if d.Remaining != 1 || !d.Allowed {
+		t.Fatalf("after the crash, peek of %v: %+v; want the refunded state (2 free, 1 left after this request)", k, d)
+	}
+	if d, err := c.nodes[0].Peek(ctx, Request{Key: k2}); err != nil || d.Remaining != 4 {
+		t.Fatalf("after the crash, peek of the reset key: %+v, %v; want a full limit", d, err)
+	}
+}
+
+// pmKeyOwnedBy2 is pmKeyOwnedBy returning a key other than not.
+func pmKeyOwnedBy2(t *testing.T, nd *Node, policy, owner string, not Key) Key {
+	t.Helper()
+	for i := range 10000 {
+		k := Key{Tenant: "acme2", Subject: fmt.Sprintf("subject-%05d", i), Policy: policy}
+		if o, err := nd.Owner(k); err == nil && o == owner && k != not {
+			return k
+		}
+	}
+	t.Fatalf("no second key owned by %s", owner)
+	return Key{}
+}
