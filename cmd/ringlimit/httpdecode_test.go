@@ -80,7 +80,7 @@ func TestCheckHandlerRejects(t *testing.T) {
 		`{"tenant":"a","subject":"b","policy":"api","hits":null}`,
 		`{"TENANT":"a","subject":"b","policy":"api"}`,
 		`{"tenant":"a","subject":"b","policy":"api","policy":"other"}`,
-		`{"tenant":"a","subject":"b","policies":["api","other"]}`,
+		`{"tenant":"a","subject":"b","policy":"api","policies":["api","other"]}`,
 	} {
 		rec := httptest.NewRecorder()
 		api.check(rec, httptest.NewRequest(http.MethodPost, "/v1/check", strings.NewReader(body)))
