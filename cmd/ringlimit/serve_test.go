@@ -283,6 +283,12 @@ func TestServeHTTPAndGRPC(t *testing.T) {
 			}
 		})
 	}
+	t.Run("reset without --admin-token-file is 404", func(t *testing.T) {
+		r := doHTTP(t, "POST", base+"/v1/reset", good)
+		if msg, _ := r.body["error"].(string); r.status != http.StatusNotFound || !strings.Contains(msg, "--admin-token-file") {
+			t.Errorf("POST /v1/reset: %d %s, want 404 naming --admin-token-file", r.status, r.raw)
+		}
+	})
 	t.Run("wrong method", func(t *testing.T) {
 		if r := doHTTP(t, "GET", check, ""); r.status != http.StatusMethodNotAllowed {
 			t.Errorf("GET /v1/check: %d, want 405", r.status)
