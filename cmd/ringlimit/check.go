@@ -11,6 +11,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -28,8 +30,9 @@ import (
 
 const checkUsage = `Usage: ringlimit check --addr HOST:PORT --tenant T --subject S --policy P [flags]
 
-Asks a running node for one decision, through the gRPC RateLimiter API (the
-node's --grpc-addr) or, with --http, through POST /v1/check (--http-addr).
+Asks a running node for one decision (or a peek, refund or reset), through
+the gRPC RateLimiter API (the node's --grpc-addr) or, with --http, through
+the HTTP API (--http-addr: POST /v1/check, /v1/peek, /v1/refund, /v1/reset).
 
 Flags:
   --addr H:P          node address (gRPC by default, HTTP with --http)
@@ -37,27 +40,42 @@ Flags:
   --tenant T          quota key: tenant
   --subject S         quota key: subject (the authenticated account)
   --policy P          quota key: policy name from the node's table
+  --policies A,B      several policies of the tenant and subject, decided as
+                      one (instead of --policy): admitted only if every
+                      policy admits, and only then recorded in all
   --hits N            cost of the request in units (default 1)
-  --json              print the decision as JSON
+  --peek              ask what a check would decide now; records nothing
+  --refund N          give back up to N units of the key's admissions in
+                      the window, newest first (never below empty)
+  --reset             clear the key (an operator action). Over HTTP it needs
+                      --admin-token-file (the token serve was started with);
+                      over gRPC the node's port is the guard (mutual TLS)
+  --admin-token-file PATH  bearer token for --reset over --http (also read
+                      from RINGLIMIT_ADMIN_TOKEN_FILE)
+  --json              print the answer as JSON (the HTTP API's body)
   --timeout D         overall deadline (default 5s)
   --tls-ca PATH       gRPC over TLS, trusting this CA
   --tls-cert PATH     client certificate and key for mutual TLS
   --tls-key PATH
   --tls-server-name N name to verify in the node's certificate
 
-Exit codes: 0 allowed (including failed_open, fallback, shadow), 2 refused
-(over limit), 3 unavailable (the node answered that the limiter could not
-decide), 4 unreachable (no connection to --addr at all: wrong address or
-port, node not running, name not found), 1 any other error (bad flags,
-invalid key, unknown policy, TLS set-up).
+Exit codes: 0 allowed (including failed_open, fallback, shadow; for --peek:
+would be allowed; --refund and --reset: done), 2 refused (over limit; for
+--peek: would be refused), 3 unavailable (the node answered that the limiter
+could not decide), 4 unreachable (no connection to --addr at all: wrong
+address or port, node not running, name not found), 1 any other error (bad
+flags, invalid key, unknown policy, wrong admin token, TLS set-up).
 `
 
 type checkFlags struct {
 	addr, tenant, subject, policy string
+	policies                      []string
 	tls                           clientTLSFlags
 	hits                          int64
 	useHTTP, asJSON               bool
 	timeout                       time.Duration
+	op                            op
+	adminTokenFile                string
 }
 
 // parseCheckFlags parses check's flags. Asked for help (-h among them), it
@@ -74,7 +92,12 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 	fs.StringVar(&f.tenant, "tenant", "", "")
 	fs.StringVar(&f.subject, "subject", "", "")
 	fs.StringVar(&f.policy, "policy", "", "")
+	policies := fs.String("policies", "", "")
 	fs.Int64Var(&f.hits, "hits", 1, "")
+	peek := fs.Bool("peek", false, "")
+	refund := fs.Int64("refund", 0, "")
+	reset := fs.Bool("reset", false, "")
+	fs.StringVar(&f.adminTokenFile, "admin-token-file", "", "")
 	fs.BoolVar(&f.useHTTP, "http", false, "")
 	fs.BoolVar(&f.asJSON, "json", false, "")
 	fs.DurationVar(&f.timeout, "timeout", 5*time.Second, "")
@@ -87,21 +110,63 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 		fmt.Fprint(stderr, checkUsage)
 		return f, usageError("check: " + err.Error())
 	}
+	given := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	if f.adminTokenFile == "" {
+		f.adminTokenFile = os.Getenv(envName("admin-token-file"))
+	}
+	f.policies = splitList(*policies)
+	ops := 0
+	for _, on := range []bool{*peek, given["refund"], *reset} {
+		if on {
+			ops++
+		}
+	}
+	switch {
+	case *peek:
+		f.op = opPeek
+	case given["refund"]:
+		f.op, f.hits = opRefund, *refund
+	case *reset:
+		f.op = opReset
+	}
 	switch {
 	case fs.NArg() > 0:
 		return f, usageError(fmt.Sprintf("check: unexpected argument %q", fs.Arg(0)))
 	case f.addr == "":
 		return f, usageError("check: --addr is required")
-	case f.tenant == "" || f.subject == "" || f.policy == "":
-		return f, usageError("check: --tenant, --subject and --policy are required")
+	case given["policy"] && given["policies"]:
+		return f, usageError("check: give --policy or --policies, not both")
+	case f.tenant == "" || f.subject == "" || f.policy == "" && len(f.policies) == 0:
+		return f, usageError("check: --tenant, --subject and --policy (or --policies) are required")
 	case f.timeout <= 0:
 		return f, usageError("check: --timeout must be positive")
+	case ops > 1:
+		return f, usageError("check: --peek, --refund and --reset go alone: give one of them")
+	case given["refund"] && given["hits"]:
+		return f, usageError("check: --refund N takes the units to give back; leave out --hits")
+	case given["refund"] && *refund < 1:
+		return f, usageError(fmt.Sprintf("check: --refund %d: give back at least 1 unit", *refund))
+	case *reset && given["hits"]:
+		return f, usageError("check: --reset takes no --hits")
+	case len(f.policies) > 0 && (f.op == opRefund || f.op == opReset):
+		return f, usageError(fmt.Sprintf("check: --%s works on one --policy, not --policies", f.op))
+	case given["admin-token-file"] && !(*reset && f.useHTTP):
+		return f, usageError("check: --admin-token-file is for --reset with --http (a gRPC reset is guarded by the node's mutual TLS)")
+	case *reset && f.useHTTP && f.adminTokenFile == "":
+		return f, usageError("check: --reset over --http needs --admin-token-file (or RINGLIMIT_ADMIN_TOKEN_FILE)")
 	}
 	// Checked here, where it can be said once in the flags' terms, rather
 	// than by the node, whose error stacks the peer and shard prefixes.
-	if p := (peer.Key{Tenant: f.tenant, Subject: f.subject, Policy: f.policy}).Problem(); p != "" {
-		return f, usageError(fmt.Sprintf("check: invalid key: %s; --tenant, --subject and --policy must each be 1 to %d bytes of visible ASCII",
-			p, shard.MaxKeyPartLen))
+	names := f.policies
+	if len(names) == 0 {
+		names = []string{f.policy}
+	}
+	for _, name := range names {
+		if p := (peer.Key{Tenant: f.tenant, Subject: f.subject, Policy: name}).Problem(); p != "" {
+			return f, usageError(fmt.Sprintf("check: invalid key: %s; --tenant, --subject and --policy must each be 1 to %d bytes of visible ASCII",
+				p, shard.MaxKeyPartLen))
+		}
 	}
 	return f, nil
 }
@@ -142,18 +207,18 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		b, _ := json.Marshal(resp) // plain strings, numbers and bools
 		fmt.Fprintf(stdout, "%s\n", b)
 	} else {
-		printDecision(stdout, resp)
+		printDecision(stdout, f.op, resp)
 	}
 	switch {
 	case err != nil:
 		return &exitError{code: code}
-	case !resp.Allowed:
+	case !resp.Allowed && (f.op == opCheck || f.op == opPeek):
 		return &exitError{code: exitRefused}
 	}
 	return nil
 }
 
-func printDecision(w io.Writer, r checkResponse) {
+func printDecision(w io.Writer, o op, r checkResponse) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	verdict := "ALLOWED"
 	switch {
@@ -161,6 +226,16 @@ func printDecision(w io.Writer, r checkResponse) {
 		verdict = "UNREACHABLE (no connection to the node: check --addr and that the node runs)"
 	case r.Reason == peer.ReasonUnavailable.String():
 		verdict = "UNAVAILABLE (the limiter could not decide; not over limit)"
+	case o == opPeek && r.Allowed:
+		verdict = "WOULD BE ALLOWED (peek: nothing recorded)"
+	case o == opPeek:
+		verdict = "WOULD BE REFUSED (peek: over limit; nothing recorded)"
+	case o == opRefund && r.Allowed:
+		verdict = "REFUNDED"
+	case o == opRefund:
+		verdict = "NOTHING TO REFUND (no admissions in the window)"
+	case o == opReset:
+		verdict = "RESET (the key starts empty)"
 	case !r.Allowed:
 		verdict = "REFUSED (over limit)"
 	}
@@ -168,14 +243,31 @@ func printDecision(w io.Writer, r checkResponse) {
 	fmt.Fprintf(tw, "reason\t%s\n", r.Reason)
 	if r.Error != "" {
 		fmt.Fprintf(tw, "error\t%s\n", r.Error)
-	} else {
-		fmt.Fprintf(tw, "limit\t%d\n", r.Limit)
-		fmt.Fprintf(tw, "remaining\t%d\n", r.Remaining)
-		fmt.Fprintf(tw, "retry_after\t%v\n", time.Duration(r.RetryAfterMs)*time.Millisecond)
-		fmt.Fprintf(tw, "reset_after\t%v\n", time.Duration(r.ResetAfterMs)*time.Millisecond)
-		fmt.Fprintf(tw, "owner\t%s\n", r.Owner)
+		_ = tw.Flush()
+		return
+	}
+	if r.RefusedBy != "" {
+		fmt.Fprintf(tw, "refused_by\t%s\n", r.RefusedBy)
+	}
+	fmt.Fprintf(tw, "limit\t%d\n", r.Limit)
+	fmt.Fprintf(tw, "remaining\t%d\n", r.Remaining)
+	fmt.Fprintf(tw, "retry_after\t%v\n", time.Duration(r.RetryAfterMs)*time.Millisecond)
+	fmt.Fprintf(tw, "reset_after\t%v\n", time.Duration(r.ResetAfterMs)*time.Millisecond)
+	fmt.Fprintf(tw, "owner\t%s\n", r.Owner)
+	if r.DecidedAtUnixNs != 0 {
+		fmt.Fprintf(tw, "decided_at\t%s\n", time.Unix(0, r.DecidedAtUnixNs).UTC().Format(time.RFC3339Nano))
 	}
 	_ = tw.Flush()
+	if len(r.Limits) > 0 {
+		fmt.Fprintln(w, "limits:")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  policy\tallowed\tlimit\tremaining\tretry_after\treset_after")
+		for _, l := range r.Limits {
+			fmt.Fprintf(tw, "  %s\t%v\t%d\t%d\t%v\t%v\n", l.Policy, l.Allowed, l.Limit, l.Remaining,
+				time.Duration(l.RetryAfterMs)*time.Millisecond, time.Duration(l.ResetAfterMs)*time.Millisecond)
+		}
+		_ = tw.Flush()
+	}
 }
 
 // checkGRPC calls RateLimiter.Allow. A failure to connect at all wraps
@@ -195,16 +287,37 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 		return checkResponse{}, fmt.Errorf("dial %s: %w", f.addr, err)
 	}
 	defer conn.Close()
-	r, err := peerpb.NewRateLimiterClient(conn).Allow(ctx, &peerpb.AllowRequest{
-		Key:  &peerpb.Key{Tenant: f.tenant, Subject: f.subject, Policy: f.policy},
-		Hits: f.hits,
-	})
+	client := peerpb.NewRateLimiterClient(conn)
+	call := client.Allow
+	switch f.op {
+	case opPeek:
+		call = client.Peek
+	case opRefund:
+		call = client.Refund
+	case opReset:
+		call = client.Reset
+	}
+	req := &peerpb.AllowRequest{
+		Key:      &peerpb.Key{Tenant: f.tenant, Subject: f.subject, Policy: f.policy},
+		Hits:     f.hits,
+		Policies: f.policies,
+	}
+	if f.op == opReset {
+		req.Hits = 0
+	}
+	r, err := call(ctx, req)
 	if err != nil {
 		if dialErr := dials.neverConnected(); dialErr != nil {
 			return checkResponse{}, fmt.Errorf("%w at %s: %w", errUnreachable, f.addr, dialErr)
 		}
 		switch st, _ := status.FromError(err); st.Code() {
 		case codes.NotFound:
+			if len(f.policies) > 0 {
+				// Which of them: the node's message names it, after its
+				// own prefix.
+				return checkResponse{}, fmt.Errorf("unknown policy %s: not in the node's policy table",
+					strings.TrimPrefix(st.Message(), peer.ErrUnknownPolicy.Error()+": "))
+			}
 			return checkResponse{}, fmt.Errorf("unknown policy %q: not in the node's policy table", f.policy)
 		case codes.InvalidArgument:
 			// The node's message names the problem (key or hits) once;
@@ -213,11 +326,25 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 		}
 		return checkResponse{}, peer.FromStatus(err)
 	}
-	return responseFrom(peer.Decision{
+	return responseFrom(decisionFromWire(r)), nil
+}
+
+// decisionFromWire converts a RateLimiter answer to a Decision.
+func decisionFromWire(r *peerpb.AllowResponse) peer.Decision {
+	d := peer.Decision{
 		Allowed: r.GetAllowed(), Limit: r.GetLimit(), Remaining: r.GetRemaining(),
 		RetryAfter: time.Duration(r.GetRetryAfterNs()), ResetAfter: time.Duration(r.GetResetAfterNs()),
 		Reason: peer.Reason(r.GetReason()), Owner: r.GetOwner(), RingVersion: r.GetRingVersion(),
-	}), nil
+		RefusedBy: r.GetRefusedBy(),
+	}
+	if ns := r.GetDecidedAtUnixNs(); ns != 0 {
+		d.DecidedAt = time.Unix(0, ns)
+	}
+	for _, l := range r.GetLimits() {
+		d.Limits = append(d.Limits, peer.PolicyDecision{Policy: l.GetPolicy(), Allowed: l.GetAllowed(), Limit: l.GetLimit(),
+			Remaining: l.GetRemaining(), RetryAfter: time.Duration(l.GetRetryAfterNs()), ResetAfter: time.Duration(l.GetResetAfterNs())})
+	}
+	return d
 }
 
 // dialRecord remembers whether any TCP connection to the node was made, and
@@ -292,16 +419,31 @@ func clientCreds(caFile, certFile, keyFile, serverName string) (credentials.Tran
 	return credentials.NewTLS(cfg), nil
 }
 
-// checkHTTP posts to /v1/check and maps the status: 200 and 429 carry a
-// decision, 503 is unavailability, anything else an error with the body's
-// message.
+// checkHTTP posts to /v1/check (or /v1/peek, /v1/refund, /v1/reset) and
+// maps the status: 200 and 429 carry a decision, 503 is unavailability,
+// anything else an error with the body's message.
 func checkHTTP(ctx context.Context, f checkFlags) (checkResponse, error) {
-	body, _ := json.Marshal(checkRequest{Tenant: f.tenant, Subject: f.subject, Policy: f.policy, Hits: f.hits})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+f.addr+"/v1/check", bytes.NewReader(body))
+	cb := checkBody{Tenant: f.tenant, Subject: f.subject, Policy: f.policy, Policies: f.policies, Hits: f.hits}
+	var token []byte
+	if f.op == opReset {
+		var err error
+		if token, err = loadAdminToken(f.adminTokenFile); err != nil {
+			return checkResponse{}, err
+		}
+	}
+	body, _ := json.Marshal(cb)
+	if f.op == opReset {
+		// /v1/reset takes no hits.
+		body, _ = json.Marshal(map[string]string{"tenant": f.tenant, "subject": f.subject, "policy": f.policy})
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+f.addr+"/v1/"+f.op.String(), bytes.NewReader(body))
 	if err != nil {
 		return checkResponse{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if token != nil {
+		req.Header.Set("Authorization", "Bearer "+string(token))
+	}
 	resp, err := (&http.Client{}).Do(req)
 	var opErr *net.OpError
 	switch {
@@ -327,6 +469,8 @@ func checkHTTP(ctx context.Context, f checkFlags) (checkResponse, error) {
 		return out, nil
 	case http.StatusServiceUnavailable:
 		return checkResponse{}, fmt.Errorf("%w: %s", peer.ErrUnavailable, out.Error)
+	case http.StatusUnauthorized:
+		return checkResponse{}, fmt.Errorf("HTTP 401: the node refused the admin token in %s", f.adminTokenFile)
 	default:
 		msg := out.Error
 		if jerr != nil || msg == "" {

@@ -67,7 +67,7 @@ func TestCheck(t *testing.T) {
 			wantJSON: map[string]any{"allowed": false, "reason": "unreachable"}},
 		{name: "http answered 503", args: []string{"--addr", outageAddr, "--http", "--tenant", "a", "--subject", "b", "--policy", "api"}, wantCode: 3,
 			wantOut: []string{"UNAVAILABLE", "node is shutting down"}},
-		{name: "missing key part", args: []string{"--addr", p.grpcAddr, "--tenant", "a"}, wantCode: 1, wantOut: []string{"--tenant, --subject and --policy are required"}},
+		{name: "missing key part", args: []string{"--addr", p.grpcAddr, "--tenant", "a"}, wantCode: 1, wantOut: []string{"--tenant, --subject and --policy (or --policies) are required"}},
 	} {
 		// Sequential: the cases share one key's quota.
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -203,4 +204,75 @@ func describe(tok json.Token) string {
 		return "a list"
 	}
 	return "another value"
+}
+
+// checksItem is one request of a /v1/checks body: its decoded check body,
+// or why it is not one.
+type checksItem struct {
+	body checkBody
+	err  error
+}
+
+// decodeChecks reads a /v1/checks body, {"requests": [check bodies]},
+// strictly: the object has exactly the field "requests", a list of at most
+// max JSON values, and nothing follows it. Each value is then decoded by
+// decodeCheck on its own, so a bad item (an unknown field, hits 0) fails
+// alone in its checksItem; a body that is not valid JSON at all fails
+// whole. Errors from r are wrapped, as by decodeCheck.
+func decodeChecks(r io.Reader, max int) ([]checksItem, error) {
+	dec := json.NewDecoder(r)
+	dec.UseNumber()
+	if err := expectDelim(dec, '{', `the body must be a JSON object {"requests": [...]}`); err != nil {
+		return nil, err
+	}
+	var items []checksItem
+	seen := false
+	for dec.More() {
+		tok, err := token(dec)
+		if err != nil {
+			return nil, err
+		}
+		name, _ := tok.(string)
+		if name != "requests" {
+			return nil, fmt.Errorf(`unknown field %q (the body is {"requests": [...]})`, name)
+		}
+		if seen {
+			return nil, errors.New(`field "requests" appears twice`)
+		}
+		seen = true
+		if err := expectDelim(dec, '[', "requests must be a list of check bodies"); err != nil {
+			return nil, err
+		}
+		items = []checksItem{}
+		for dec.More() {
+			if len(items) == max {
+				return nil, fmt.Errorf("more than %d requests: split the batch", max)
+			}
+			var raw json.RawMessage
+			if err := dec.Decode(&raw); err != nil {
+				if !isSyntaxError(err) && !errors.Is(err, io.ErrUnexpectedEOF) {
+					return nil, err // a read error, such as the size limit
+				}
+				return nil, fmt.Errorf("request %d: %w", len(items), err)
+			}
+			b, err := decodeCheck(bytes.NewReader(raw))
+			items = append(items, checksItem{body: b, err: err})
+		}
+		if err := expectDelim(dec, ']', "requests is not closed"); err != nil {
+			return nil, err
+		}
+	}
+	if err := expectDelim(dec, '}', "the object is not closed"); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		if err != nil && !isSyntaxError(err) {
+			return nil, err
+		}
+		return nil, errors.New("trailing data after the JSON object")
+	}
+	if !seen {
+		return nil, errors.New(`the body has no "requests" list`)
+	}
+	return items, nil
 }

@@ -80,7 +80,7 @@ func TestCheckHandlerRejects(t *testing.T) {
 		`{"tenant":"a","subject":"b","policy":"api","hits":null}`,
 		`{"TENANT":"a","subject":"b","policy":"api"}`,
 		`{"tenant":"a","subject":"b","policy":"api","policy":"other"}`,
-		`{"tenant":"a","subject":"b","policies":["api","other"]}`,
+		`{"tenant":"a","subject":"b","policy":"api","policies":["api","other"]}`,
 	} {
 		rec := httptest.NewRecorder()
 		api.check(rec, httptest.NewRequest(http.MethodPost, "/v1/check", strings.NewReader(body)))
@@ -116,4 +116,54 @@ func FuzzDecodeCheck(f *testing.F) {
 			t.Fatalf("%q decoded as %+v, re-encoded as %s, decoded again as %+v, %v", data, got, enc, again, err)
 		}
 	})
+}
+
+// TestDecodeChecks is the table of /v1/checks envelopes: a bad item fails
+// alone (with decodeCheck's message), a bad envelope fails whole.
+func TestDecodeChecks(t *testing.T) {
+	item := `{"tenant":"a","subject":"b","policy":"api"}`
+	ok := []struct {
+		name, body string
+		wantErrs   []string // per item: "" for a decoded body, else part of its error
+	}{
+		{"empty list", `{"requests":[]}`, []string{}},
+		{"one", `{"requests":[` + item + `]}`, []string{""}},
+		{"bad item in the middle", `{"requests":[` + item + `,{"tenant":"a","hits":0},` + item + `]}`, []string{"", "invalid hits 0", ""}},
+		{"item not an object", `{"requests":[[1],"x",null]}`, []string{"must be a JSON object", "must be a JSON object", "must be a JSON object"}},
+		{"unknown field in an item", `{"requests":[{"tenant":"a","limit":9}]}`, []string{`unknown field "limit"`}},
+		{"exactly the maximum", `{"requests":[` + strings.TrimSuffix(strings.Repeat(item+",", 3), ",") + `]}`, []string{"", "", ""}},
+	}
+	for _, tc := range ok {
+		t.Run(tc.name, func(t *testing.T) {
+			items, err := decodeChecks(strings.NewReader(tc.body), 3)
+			if err != nil || len(items) != len(tc.wantErrs) {
+				t.Fatalf("decodeChecks(%s) = %d items, %v; want %d items", tc.body, len(items), err, len(tc.wantErrs))
+			}
+			for i, want := range tc.wantErrs {
+				got := items[i].err
+				if want == "" && got != nil || want != "" && (got == nil || !strings.Contains(got.Error(), want)) {
+					t.Errorf("item %d of %s: error %v, want %q", i, tc.body, got, want)
+				}
+			}
+		})
+	}
+	bad := []struct{ name, body, errPart string }{
+		{"too many", `{"requests":[` + strings.TrimSuffix(strings.Repeat(item+",", 4), ",") + `]}`, "more than 3 requests"},
+		{"no requests", `{}`, `no "requests" list`},
+		{"unknown field", `{"requests":[],"extra":1}`, `unknown field "extra"`},
+		{"requests twice", `{"requests":[],"requests":[]}`, `"requests" appears twice`},
+		{"requests not a list", `{"requests":{}}`, "requests must be a list"},
+		{"not an object", `[]`, "must be a JSON object"},
+		{"broken item", `{"requests":[{"tenant":]}`, "request 0"},
+		{"truncated", `{"requests":[` + item, "unexpected EOF"},
+		{"trailing data", `{"requests":[]} {}`, "trailing data"},
+	}
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
+			items, err := decodeChecks(strings.NewReader(tc.body), 3)
+			if err == nil || !strings.Contains(err.Error(), tc.errPart) {
+				t.Fatalf("decodeChecks(%s) = %d items, %v; want an error containing %q", tc.body, len(items), err, tc.errPart)
+			}
+		})
+	}
 }

@@ -58,6 +58,11 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         member should use the same
   --log-format F        text or json (default text)
   --log-level L         debug, info, warn or error (default info)
+  --admin-token-file P  file holding the bearer token that POST /v1/reset
+                        requires; without it /v1/reset answers 404. (gRPC
+                        RateLimiter.Reset has no token: it is guarded by the
+                        port itself, so serve gRPC with --tls-* (mutual TLS)
+                        wherever clients must not reset quotas.)
 
   --gossip-advertise-addr H:P  gossip address peers should use (NAT,
                         0.0.0.0 binds); default: the bound address
@@ -69,16 +74,38 @@ plaintext: bind it to loopback or put it behind a proxy. Peers dial the
 address the gRPC listener is bound to unless --grpc-advertise-addr names
 another, so with a 0.0.0.0 bind set the advertise address.
 
-HTTP endpoints:
+HTTP endpoints (request bodies are strict JSON: exact field names, no
+duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
   POST /v1/check      {"tenant","subject","policy","hits"} ->
                       {"allowed","limit","remaining","retry_after_ms",
-                       "reset_after_ms","reason","owner"}
-                      200 admitted (also failed_open, fallback, shadow),
-                      429 over limit, 503 unavailable, 400 bad input,
-                      413 body over 64 KiB; RateLimit-Policy, RateLimit and
+                       "reset_after_ms","reason","owner","decided_at_unix_ns"}
+                      hits is 1 when absent. 200 admitted (also failed_open,
+                      fallback, shadow), 429 over limit, 503 unavailable,
+                      400 bad input; RateLimit-Policy, RateLimit and
                       Retry-After headers (a 503 carries Retry-After,
                       RateLimit-Policy, RateLimit-Reason: unavailable, and
-                      the policy's limit and retry_after_ms in its body)
+                      the policy's limit and retry_after_ms in its body).
+                      "policies": ["a","b"] instead of "policy" decides
+                      several policies of one tenant and subject as one:
+                      admitted only if every policy admits, and only then
+                      recorded in all; the body adds "refused_by" and
+                      "limits": [{"policy","limit","remaining",
+                      "retry_after_ms","reset_after_ms","allowed"}], and the
+                      RateLimit headers list every policy
+  POST /v1/checks     {"requests": [check bodies, at most 1000]} ->
+                      {"results": [one per request, in order: a /v1/check
+                      body, or {"error","status"}]}; independent decisions,
+                      200 unless the envelope is bad or too long (400)
+  POST /v1/peek       a check body -> what /v1/check would answer now,
+                      reason "peek"; records nothing; always 200
+  POST /v1/refund     {"tenant","subject","policy","hits"} gives back up to
+                      hits (default 1) of the key's admissions in the
+                      window, newest first, never below empty; 200 with the
+                      key's new state, reason "refunded"
+  POST /v1/reset      {"tenant","subject","policy"} clears the key; needs
+                      Authorization: Bearer <--admin-token-file's token>
+                      (401 without it, 404 when serve has no token); 200
+                      with reason "reset"
   GET  /healthz       200 while the process runs
   GET  /readyz        200 while part of the cluster; 503 with {"status",
                       "reason"} while draining, alone although --join was
@@ -96,6 +123,7 @@ type serveFlags struct {
 	name, gossipAddr, grpcAddr, httpAddr, join, policies, gossipKey string
 	tlsCert, tlsKey, tlsCA, tlsServerName                           string
 	logFormat, logLevel                                             string
+	adminTokenFile                                                  string
 	gossipAdvertise, grpcAdvertise                                  string
 	drainTimeout, joinTimeout                                       time.Duration
 	gossipProfile                                                   peer.GossipProfile
@@ -127,6 +155,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.DurationVar(&f.joinTimeout, "join-timeout", 30*time.Second, "")
 	fs.StringVar(&f.logFormat, "log-format", "text", "")
 	fs.StringVar(&f.logLevel, "log-level", "info", "")
+	fs.StringVar(&f.adminTokenFile, "admin-token-file", "", "")
 	profile := fs.String("gossip-profile", string(peer.GossipLAN), "")
 	fs.BoolVar(&f.exitOnStdinEOF, "exit-on-stdin-eof", false, "")
 	if err := fs.Parse(args); err != nil {
@@ -239,6 +268,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 
+	var adminToken []byte
+	if f.adminTokenFile != "" {
+		if adminToken, err = loadAdminToken(f.adminTokenFile); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
+
 	// The registry is this command's own: the node's metrics plus the Go
 	// runtime and process collectors, nothing global.
 	reg := prometheus.NewRegistry()
@@ -266,7 +302,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("serve: start node: %w", err)
 	}
 
-	api := &httpAPI{node: node, policies: node.Policies(), reg: reg, log: log}
+	api := &httpAPI{node: node, policies: node.Policies(), reg: reg, log: log, adminToken: adminToken}
 	var httpSrv *http.Server
 	httpErr := make(chan error, 1)
 	httpAddr := ""
@@ -403,7 +439,7 @@ func loadCAPool(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// maxCheckBody bounds a /v1/check request body.
+// maxCheckBody bounds a /v1/check (peek, refund, reset) request body.
 const maxCheckBody = 64 << 10
 
 // httpAPI serves the HTTP endpoints of one node.
@@ -413,11 +449,17 @@ type httpAPI struct {
 	reg      *prometheus.Registry
 	log      *slog.Logger
 	draining atomic.Bool
+	// adminToken guards /v1/reset; nil disables the endpoint (404).
+	adminToken []byte
 }
 
 func (a *httpAPI) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/check", a.check)
+	mux.HandleFunc("POST /v1/checks", a.checks)
+	mux.HandleFunc("POST /v1/peek", a.peek)
+	mux.HandleFunc("POST /v1/refund", a.refund)
+	mux.HandleFunc("POST /v1/reset", a.reset)
 	mux.HandleFunc("GET /healthz", a.healthz)
 	mux.HandleFunc("GET /readyz", a.readyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
@@ -426,16 +468,11 @@ func (a *httpAPI) routes() http.Handler {
 	return mux
 }
 
-// checkRequest is the body of POST /v1/check.
-type checkRequest struct {
-	Tenant  string `json:"tenant"`
-	Subject string `json:"subject"`
-	Policy  string `json:"policy"`
-	Hits    int64  `json:"hits"`
-}
-
-// checkResponse is the answer of /v1/check (and check --json). Durations are
-// in milliseconds, rounded up so that waiting them is never too short.
+// checkResponse is the answer of /v1/check, /v1/peek, /v1/refund and
+// /v1/reset (and check --json). Durations are in milliseconds, rounded up so
+// that waiting them is never too short. For a multi-policy request the
+// top-level fields describe the whole decision (the refusing policy, or the
+// admitted one with the least remaining) and Limits has one entry per policy.
 type checkResponse struct {
 	Allowed      bool   `json:"allowed"`
 	Limit        int64  `json:"limit"`
@@ -444,15 +481,39 @@ type checkResponse struct {
 	ResetAfterMs int64  `json:"reset_after_ms"`
 	Reason       string `json:"reason"`
 	Owner        string `json:"owner,omitempty"`
-	Error        string `json:"error,omitempty"`
+	// DecidedAtUnixNs is the deciding node's clock when it decided, in
+	// nanoseconds since the Unix epoch (0 when nothing decided, as for
+	// failed_open). Above 2^53: parse it as a 64-bit integer.
+	DecidedAtUnixNs int64           `json:"decided_at_unix_ns,omitempty"`
+	RefusedBy       string          `json:"refused_by,omitempty"`
+	Limits          []limitResponse `json:"limits,omitempty"`
+	Error           string          `json:"error,omitempty"`
+}
+
+// limitResponse is one policy's part of a multi-policy decision.
+type limitResponse struct {
+	Policy       string `json:"policy"`
+	Limit        int64  `json:"limit"`
+	Remaining    int64  `json:"remaining"`
+	RetryAfterMs int64  `json:"retry_after_ms"`
+	ResetAfterMs int64  `json:"reset_after_ms"`
+	Allowed      bool   `json:"allowed"`
 }
 
 func responseFrom(d peer.Decision) checkResponse {
-	return checkResponse{
+	r := checkResponse{
 		Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
 		RetryAfterMs: ceilMillis(d.RetryAfter), ResetAfterMs: ceilMillis(d.ResetAfter),
-		Reason: d.Reason.String(), Owner: d.Owner,
+		Reason: d.Reason.String(), Owner: d.Owner, RefusedBy: d.RefusedBy,
 	}
+	if !d.DecidedAt.IsZero() {
+		r.DecidedAtUnixNs = d.DecidedAt.UnixNano()
+	}
+	for _, l := range d.Limits {
+		r.Limits = append(r.Limits, limitResponse{Policy: l.Policy, Limit: l.Limit, Remaining: l.Remaining,
+			RetryAfterMs: ceilMillis(l.RetryAfter), ResetAfterMs: ceilMillis(l.ResetAfter), Allowed: l.Allowed})
+	}
+	return r
 }
 
 // ceilMillis returns d in whole milliseconds, rounded up; 0 for d <= 0.
@@ -467,14 +528,15 @@ type errorResponse struct {
 	Error string `json:"error"`
 }
 
-func (a *httpAPI) check(w http.ResponseWriter, r *http.Request) {
+// check answers POST /v1/check: one decision that consumes quota.
+func (a *httpAPI) check(w http.ResponseWriter, r *http.Request) { a.serveOp(w, r, opCheck) }
+
+// serveOp answers one operation on one body (check, peek, refund, reset).
+func (a *httpAPI) serveOp(w http.ResponseWriter, r *http.Request, o op) {
 	r.Body = http.MaxBytesReader(w, r.Body, maxCheckBody)
 	// Strict: exact field names, no duplicates, hits 1 when absent and
-	// never 0, null or fractional (httpdecode.go). One policy per check.
-	req, err := decodeCheck(r.Body)
-	if err == nil && req.Policies != nil {
-		err = errors.New(`/v1/check takes one "policy"; "policies" is for the multi-limit endpoint`)
-	}
+	// never 0, null or fractional (httpdecode.go).
+	b, err := decodeCheck(r.Body)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -484,39 +546,152 @@ func (a *httpAPI) check(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, errorResponse{Error: "bad JSON body: " + err.Error()})
 		return
 	}
-	key := peer.Key{Tenant: req.Tenant, Subject: req.Subject, Policy: req.Policy}
-	d, err := a.node.Allow(r.Context(), peer.Request{Key: key, Hits: req.Hits})
-	if err != nil {
-		a.writeAllowError(w, key, req.Hits, err)
-		return
+	if o == opReset {
+		a.log.Info("reset", "remote_addr", r.RemoteAddr, "tenant", b.Tenant, "policy", b.Policy)
+		a.log.Debug("reset subject", "remote_addr", r.RemoteAddr, "tenant", b.Tenant, "subject", b.Subject, "policy", b.Policy)
 	}
-	// RateLimitHeaders also sets Retry-After on a refusal.
-	peer.RateLimitHeaders(w.Header(), req.Policy, a.policies[req.Policy], d)
-	status := http.StatusOK
-	if !d.Allowed {
-		status = http.StatusTooManyRequests
-	}
-	writeJSON(w, status, responseFrom(d))
+	status, body := a.do(r.Context(), w.Header(), o, b)
+	writeJSON(w, status, body)
 }
 
-// writeAllowError answers an error from Node.Allow for key and hits: 400
-// for bad input, in the client's terms and once (the error's own text
-// stacks the peer and shard prefixes); 503 for unavailability, with the
-// headers and body fields a 429 carries; 500 otherwise.
-func (a *httpAPI) writeAllowError(w http.ResponseWriter, key peer.Key, hits int64, err error) {
-	pc, known := a.policies[key.Policy]
+// do runs operation o for body b and returns the HTTP status and body,
+// setting the response's header fields in h. It is what one /v1/check (or
+// /v1/peek, ...) does, and what each item of /v1/checks does.
+func (a *httpAPI) do(ctx context.Context, h http.Header, o op, b checkBody) (int, any) {
+	if msg := o.problem(b); msg != "" {
+		return http.StatusBadRequest, errorResponse{Error: msg}
+	}
+	req := peer.Request{Key: peer.Key{Tenant: b.Tenant, Subject: b.Subject, Policy: b.Policy}, Hits: b.Hits, Policies: b.Policies}
+	var d peer.Decision
+	var err error
+	switch o {
+	case opPeek:
+		d, err = a.node.Peek(ctx, req)
+	case opRefund:
+		d, err = a.node.Refund(ctx, req)
+	case opReset:
+		d, err = a.node.Reset(ctx, req.Key)
+	default:
+		d, err = a.node.Allow(ctx, req)
+	}
+	if err != nil {
+		return a.allowError(h, b, err)
+	}
+	a.rateLimitHeaders(h, o, b, d)
+	if o == opCheck && !d.Allowed {
+		return http.StatusTooManyRequests, responseFrom(d)
+	}
+	return http.StatusOK, responseFrom(d)
+}
+
+// rateLimitHeaders sets the RateLimit header fields for decision d on b's
+// policy or policies. Several policies are listed in one field each, in the
+// request's order, as the IETF draft allows:
+//
+//	RateLimit-Policy: "per_second";q=10;w=1, "per_day";q=1000;w=86400
+//	RateLimit: "per_second";r=9;t=1, "per_day";r=999;t=86400
+//
+// A refused check carries Retry-After from the refusing policy. Peek,
+// refund and reset answers describe the key's state and never carry
+// Retry-After (they are not refusals).
+func (a *httpAPI) rateLimitHeaders(h http.Header, o op, b checkBody, d peer.Decision) {
+	if o == opRefund || o == opReset {
+		// Allowed reports whether anything was given back, not a refusal:
+		// describe the state as an admitted decision would.
+		d.Allowed = true
+	}
+	if len(b.Policies) == 0 {
+		peer.RateLimitHeaders(h, b.Policy, a.policies[b.Policy], d)
+	} else {
+		a.multiHeaders(h, b.Policies, d)
+	}
+	if o != opCheck {
+		h.Del("Retry-After")
+	}
+}
+
+// multiHeaders is rateLimitHeaders for a multi-policy decision.
+func (a *httpAPI) multiHeaders(h http.Header, names []string, d peer.Decision) {
+	var pols, states []string
+	retry := ""
+	if len(d.Limits) == 0 {
+		// failed_open or fallback: no per-policy state is known; list the
+		// configured quotas only.
+		for _, name := range names {
+			tmp := http.Header{}
+			peer.UnavailableHeaders(tmp, name, a.policies[name])
+			pols = append(pols, tmp.Get("RateLimit-Policy"))
+		}
+		if !d.Allowed {
+			retry = fmt.Sprint(max(peer.RetryAfterSeconds(d.RetryAfter), 1))
+		}
+	}
+	for _, l := range d.Limits {
+		tmp := http.Header{}
+		peer.RateLimitHeaders(tmp, l.Policy, a.policies[l.Policy], peer.Decision{
+			Allowed: l.Allowed, Limit: l.Limit, Remaining: l.Remaining, RetryAfter: l.RetryAfter, ResetAfter: l.ResetAfter, Reason: d.Reason})
+		pols = append(pols, tmp.Get("RateLimit-Policy"))
+		states = append(states, tmp.Get("RateLimit"))
+		if l.Policy == d.RefusedBy {
+			retry = tmp.Get("Retry-After")
+		}
+	}
+	h.Set("RateLimit-Policy", strings.Join(pols, ", "))
+	if len(states) > 0 {
+		h.Set("RateLimit", strings.Join(states, ", "))
+	} else {
+		h.Del("RateLimit")
+	}
+	if !d.Allowed && retry != "" {
+		h.Set("Retry-After", retry)
+	}
+	switch d.Reason {
+	case peer.ReasonFailedOpen, peer.ReasonFallback, peer.ReasonShadow:
+		h.Set("RateLimit-Reason", d.Reason.String())
+	default:
+		h.Del("RateLimit-Reason")
+	}
+}
+
+// allowError answers an error from the node for body b: 400 for bad input,
+// in the client's terms and once (the error's own text stacks the peer and
+// shard prefixes); 503 for unavailability, with the headers and body fields
+// a 429 carries; 500 otherwise. It sets header fields in h and returns the
+// status and body.
+func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
+	names := b.Policies
+	if names == nil {
+		names = []string{b.Policy}
+	}
 	switch {
 	case errors.Is(err, peer.ErrInvalidKey):
 		msg := "invalid key"
-		if p := key.Problem(); p != "" {
-			msg += ": " + p
+		for _, name := range names {
+			if p := (peer.Key{Tenant: b.Tenant, Subject: b.Subject, Policy: name}).Problem(); p != "" {
+				msg += ": " + p
+				break
+			}
 		}
 		msg += fmt.Sprintf("; tenant, subject and policy must each be 1 to %d bytes of visible ASCII", shard.MaxKeyPartLen)
-		writeJSON(w, http.StatusBadRequest, errorResponse{Error: msg})
+		return http.StatusBadRequest, errorResponse{Error: msg}
 	case errors.Is(err, peer.ErrUnknownPolicy):
-		writeJSON(w, http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("unknown policy %q: this node's policies are %s", key.Policy, policyNames(a.policies))})
+		unknown := names[0]
+		for _, name := range names {
+			if _, ok := a.policies[name]; !ok {
+				unknown = name
+				break
+			}
+		}
+		return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("unknown policy %q: this node's policies are %s", unknown, policyNames(a.policies))}
 	case errors.Is(err, peer.ErrInvalidHits):
-		writeJSON(w, http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("invalid hits %d: must be between 1 and the policy's limit %d (0 means 1)", hits, pc.Limit)})
+		if len(names) > 1 {
+			for _, name := range names {
+				if lim := a.policies[name].Limit; b.Hits > lim {
+					return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("invalid hits %d: above policy %q's limit %d; a multi-policy check must fit every policy", b.Hits, name, lim)}
+				}
+			}
+		}
+		return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("invalid hits %d: must be between 1 and the policy's limit %d (0 means 1)", b.Hits, a.policies[names[0]].Limit)}
 	case errors.Is(err, peer.ErrUnavailable), errors.Is(err, peer.ErrClosed):
 		// Unavailable is never 429: the limiter could not decide. The
 		// cause (addresses, refused connections) stays in the node's own
@@ -528,20 +703,34 @@ func (a *httpAPI) writeAllowError(w http.ResponseWriter, key peer.Key, hits int6
 		case errors.Is(err, context.DeadlineExceeded):
 			msg = "rate limiter unavailable: the key's owner could not decide in time"
 		}
-		a.log.Debug("check unavailable", "policy", key.Policy, "err", err)
+		a.log.Debug("check unavailable", "policy", strings.Join(names, ","), "err", err)
 		body := checkResponse{Reason: peer.ReasonUnavailable.String(), Error: msg,
 			RetryAfterMs: peer.UnavailableRetryAfter.Milliseconds()}
-		if known {
-			peer.UnavailableHeaders(w.Header(), key.Policy, pc)
-			body.Limit = pc.Limit
-		} else {
-			// Closed before the policy was looked up.
-			w.Header().Set("Retry-After", fmt.Sprint(peer.RetryAfterSeconds(peer.UnavailableRetryAfter)))
+		var pols []string
+		for _, name := range names {
+			pc, known := a.policies[name]
+			if !known {
+				continue
+			}
+			tmp := http.Header{}
+			peer.UnavailableHeaders(tmp, name, pc)
+			pols = append(pols, tmp.Get("RateLimit-Policy"))
+			if len(names) > 1 {
+				body.Limits = append(body.Limits, limitResponse{Policy: name, Limit: pc.Limit})
+			} else {
+				body.Limit = pc.Limit
+			}
 		}
-		writeJSON(w, http.StatusServiceUnavailable, body)
+		h.Set("Retry-After", fmt.Sprint(peer.RetryAfterSeconds(peer.UnavailableRetryAfter)))
+		h.Del("RateLimit")
+		if len(pols) > 0 {
+			h.Set("RateLimit-Policy", strings.Join(pols, ", "))
+			h.Set("RateLimit-Reason", peer.ReasonUnavailable.String())
+		}
+		return http.StatusServiceUnavailable, body
 	default:
-		a.log.Error("check failed", "policy", key.Policy, "err", err)
-		writeJSON(w, http.StatusInternalServerError, errorResponse{Error: "internal error"})
+		a.log.Error("check failed", "policy", strings.Join(names, ","), "err", err)
+		return http.StatusInternalServerError, errorResponse{Error: "internal error"}
 	}
 }
 

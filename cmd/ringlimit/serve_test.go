@@ -283,6 +283,12 @@ func TestServeHTTPAndGRPC(t *testing.T) {
 			}
 		})
 	}
+	t.Run("reset without --admin-token-file is 404", func(t *testing.T) {
+		r := doHTTP(t, "POST", base+"/v1/reset", good)
+		if msg, _ := r.body["error"].(string); r.status != http.StatusNotFound || !strings.Contains(msg, "--admin-token-file") {
+			t.Errorf("POST /v1/reset: %d %s, want 404 naming --admin-token-file", r.status, r.raw)
+		}
+	})
 	t.Run("wrong method", func(t *testing.T) {
 		if r := doHTTP(t, "GET", check, ""); r.status != http.StatusMethodNotAllowed {
 			t.Errorf("GET /v1/check: %d, want 405", r.status)
@@ -719,6 +725,7 @@ func TestServeAllowErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		key      peer.Key
+		policies []string // instead of key.Policy
 		hits     int64
 		err      error
 		status   int
@@ -751,10 +758,22 @@ func TestServeAllowErrors(t *testing.T) {
 		{name: "invalid hits", key: good, hits: 4, status: 400,
 			err: fmt.Errorf("%w: hits 4 must be between 1 and the limit 3", peer.ErrInvalidHits), errPart: "invalid hits 4: must be between 1 and the policy's limit 3"},
 		{name: "anything else", key: good, err: errors.New("boom"), status: 500, errPart: "internal error", errNotIn: "boom"},
+		{name: "multi unavailable", key: peer.Key{Tenant: "a", Subject: "b"}, policies: []string{"api", "shared"}, status: 503,
+			err:     fmt.Errorf("%w: %w", peer.ErrUnavailable, refused),
+			headers: map[string]string{"Retry-After": "1", "RateLimit-Policy": `"api";q=3;w=60, "shared";q=10;w=60`, "RateLimit-Reason": "unavailable", "RateLimit": ""},
+			body:    map[string]any{"retry_after_ms": 1000.0, "reason": "unavailable"}, errPart: "could not get a decision"},
+		{name: "multi unknown policy", key: peer.Key{Tenant: "a", Subject: "b"}, policies: []string{"api", "nope"}, status: 400,
+			err: fmt.Errorf("%w: %q", peer.ErrUnknownPolicy, "nope"), errPart: `unknown policy "nope": this node's policies are api, shared`},
+		{name: "multi invalid hits", key: peer.Key{Tenant: "a", Subject: "b"}, policies: []string{"shared", "api"}, hits: 5, status: 400,
+			err: fmt.Errorf("%w: hits 5 exceed policy %q's limit 3", peer.ErrInvalidHits, "api"), errPart: `invalid hits 5: above policy "api"'s limit 3; a multi-policy check must fit every policy`},
+		{name: "multi invalid key", key: peer.Key{Tenant: "a", Subject: "b"}, policies: []string{"api", "sh ared"}, status: 400,
+			err: fmt.Errorf("%w: bad", peer.ErrInvalidKey), errPart: "invalid key: policy has byte 0x20 at 2 outside visible ASCII;"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := httptest.NewRecorder()
-			api.writeAllowError(rec, tc.key, tc.hits, tc.err)
+			b := checkBody{Tenant: tc.key.Tenant, Subject: tc.key.Subject, Policy: tc.key.Policy, Policies: tc.policies, Hits: tc.hits}
+			status, out := api.allowError(rec.Header(), b, tc.err)
+			writeJSON(rec, status, out)
 			var body map[string]any
 			if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
 				t.Fatalf("body %q is not JSON: %v", rec.Body.String(), err)

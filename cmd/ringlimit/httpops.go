@@ -1,0 +1,169 @@
+package main
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/shard"
+)
+
+// The HTTP operations besides a single check: batches (/v1/checks), peek,
+// refund and the token-guarded reset. Each runs through httpAPI.do, so an
+// operation answers alike alone and as a batch item.
+
+// op is what an HTTP request asks of the node.
+type op uint8
+
+const (
+	opCheck  op = iota // consume quota (Node.Allow)
+	opPeek             // what a check would decide; consumes nothing
+	opRefund           // give units back, newest first
+	opReset            // clear the key (operator action)
+)
+
+func (o op) String() string {
+	return [...]string{"check", "peek", "refund", "reset"}[o]
+}
+
+// problem says, in the client's terms, why body b cannot be operation o,
+// or "" if it can. The node would refuse these too, but with its own
+// prefixes; checking here says it once.
+func (o op) problem(b checkBody) string {
+	switch {
+	case b.Policies != nil && (o == opRefund || o == opReset):
+		return fmt.Sprintf(`bad JSON body: /v1/%s takes one "policy", not "policies"`, o)
+	case len(b.Policies) > shard.MaxMulti:
+		return fmt.Sprintf("bad JSON body: %d policies, at most %d", len(b.Policies), shard.MaxMulti)
+	case o == opReset && b.Hits != 1:
+		return `bad JSON body: /v1/reset takes no "hits"`
+	}
+	return ""
+}
+
+func (a *httpAPI) peek(w http.ResponseWriter, r *http.Request)   { a.serveOp(w, r, opPeek) }
+func (a *httpAPI) refund(w http.ResponseWriter, r *http.Request) { a.serveOp(w, r, opRefund) }
+
+// reset answers POST /v1/reset: 404 unless serve has an admin token, 401
+// without the right bearer token, else the reset key's new (empty) state.
+func (a *httpAPI) reset(w http.ResponseWriter, r *http.Request) {
+	if a.adminToken == nil {
+		writeJSON(w, http.StatusNotFound, errorResponse{Error: "/v1/reset is disabled: start serve with --admin-token-file to enable it"})
+		return
+	}
+	if !a.authorized(r) {
+		a.log.Warn("reset refused: missing or wrong admin token", "remote_addr", r.RemoteAddr)
+		w.Header().Set("WWW-Authenticate", `Bearer realm="ringlimit"`)
+		writeJSON(w, http.StatusUnauthorized, errorResponse{Error: "reset needs the admin token: send Authorization: Bearer <token from --admin-token-file>"})
+		return
+	}
+	a.serveOp(w, r, opReset)
+}
+
+// authorized reports whether r carries "Authorization: Bearer <token>"
+// with the admin token. The comparison takes the same time whatever the
+// token: both sides are hashed first, so neither length nor content leaks.
+func (a *httpAPI) authorized(r *http.Request) bool {
+	auth := r.Header.Get("Authorization")
+	const scheme = "bearer "
+	if len(auth) <= len(scheme) || !strings.EqualFold(auth[:len(scheme)], scheme) {
+		return false
+	}
+	got := sha256.Sum256([]byte(strings.TrimSpace(auth[len(scheme):])))
+	want := sha256.Sum256(a.adminToken)
+	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
+}
+
+// loadAdminToken reads the reset token: the file's content with
+// surrounding whitespace removed, which must not be empty.
+func loadAdminToken(path string) ([]byte, error) {
+	data, err := readSmallFile(path, 4096)
+	if err != nil {
+		return nil, fmt.Errorf("admin token: %w", err)
+	}
+	tok := []byte(strings.TrimSpace(string(data)))
+	if len(tok) == 0 {
+		return nil, fmt.Errorf("admin token file %s is empty: write a long random secret into it", path)
+	}
+	return tok, nil
+}
+
+// maxChecksBody bounds a /v1/checks body: 1000 items of a few hundred
+// bytes, with room for long keys.
+const maxChecksBody = 4 << 20
+
+// batchParallel bounds how many items of one /v1/checks request are asked
+// of the node at once.
+const batchParallel = 64
+
+// batchError is a /v1/checks result for an item that got no decision: the
+// status and message /v1/check would have answered for it alone.
+type batchError struct {
+	Error  string `json:"error"`
+	Status int    `json:"status"`
+	// Reason and RetryAfterMs are set for a 503: "unavailable" and the
+	// suggested wait.
+	Reason       string `json:"reason,omitempty"`
+	RetryAfterMs int64  `json:"retry_after_ms,omitempty"`
+}
+
+// checksResponse is the answer of /v1/checks: one result per request, in
+// order, each a checkResponse or a batchError.
+type checksResponse struct {
+	Results []any `json:"results"`
+}
+
+// checks answers POST /v1/checks: independent checks, decided
+// concurrently (at most batchParallel at a time); one bad item fails
+// alone. The envelope itself must be well-formed and hold at most
+// peer.MaxBatch requests, else the whole request is a 400.
+func (a *httpAPI) checks(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxChecksBody)
+	items, err := decodeChecks(r.Body, peer.MaxBatch)
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeJSON(w, http.StatusRequestEntityTooLarge, errorResponse{Error: fmt.Sprintf("body larger than %d bytes", maxChecksBody)})
+			return
+		}
+		writeJSON(w, http.StatusBadRequest, errorResponse{Error: "bad JSON body: " + err.Error()})
+		return
+	}
+	out := checksResponse{Results: make([]any, len(items))}
+	sem := make(chan struct{}, batchParallel)
+	var wg sync.WaitGroup
+	for i, it := range items {
+		if it.err != nil {
+			out.Results[i] = batchError{Error: "bad JSON body: " + it.err.Error(), Status: http.StatusBadRequest}
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			// Per-item headers have nowhere to go: the body says it all.
+			status, body := a.do(r.Context(), http.Header{}, opCheck, it.body)
+			out.Results[i] = batchResult(status, body)
+		})
+	}
+	wg.Wait()
+	writeJSON(w, http.StatusOK, out)
+}
+
+// batchResult turns one item's answer into its /v1/checks result.
+func batchResult(status int, body any) any {
+	switch b := body.(type) {
+	case checkResponse:
+		if status == http.StatusServiceUnavailable {
+			return batchError{Error: b.Error, Status: status, Reason: b.Reason, RetryAfterMs: b.RetryAfterMs}
+		}
+		return b
+	case errorResponse:
+		return batchError{Error: b.Error, Status: status}
+	}
+	return batchError{Error: "internal error", Status: http.StatusInternalServerError}
+}
