@@ -25,7 +25,10 @@ func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
 	if len(req.Policies) > 0 {
 		return n.do(ctx, peerpb.Op_OP_CHECK, req)
 	}
-	if n.closing.Load() {
+	// A closing node keeps routing while it drains (it holds fewer and
+	// fewer partitions and forwards the rest); only once Close has
+	// stopped it do calls fail.
+	if n.ctx.Err() != nil {
 		return Decision{}, ErrClosed
 	}
 	// The key is validated first: a malformed policy part is an invalid
@@ -91,7 +94,7 @@ type opReq struct {
 
 // do validates req for op and routes it.
 func (n *Node) do(ctx context.Context, op peerpb.Op, req Request) (Decision, error) {
-	if n.closing.Load() {
+	if n.ctx.Err() != nil {
 		return Decision{}, ErrClosed
 	}
 	r, err := n.parseReq(op, req.Key, req.Policies, req.Hits)

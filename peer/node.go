@@ -360,10 +360,12 @@ func (n *Node) Sweep() {
 	n.metrics.HotKeys(n.HotKeys())
 }
 
-// Close leaves the cluster gracefully: it stops admitting new calls (they
-// get ErrClosed), hands off the keys it owns to their new owners within
-// ctx's deadline, leaves gossip, stops the gRPC server and waits for every
-// goroutine the node started. It is idempotent and safe while Allow calls
+// Close leaves the cluster gracefully: it announces that it is leaving (no
+// partition targets it any more), transfers every partition it holds to
+// its new holder within ctx's deadline (calls made meanwhile are still
+// routed: they wait for the move or go to the new holder), leaves gossip,
+// stops the gRPC server and waits for every goroutine the node started;
+// from then on calls return ErrClosed. It is idempotent and safe while Allow calls
 // are in flight; later calls return the first call's result.
 func (n *Node) Close(ctx context.Context) error {
 	n.closeOnce.Do(func() {

@@ -142,6 +142,11 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 	top := 0
 	for i, p := range r.multi {
 		sd := out[i]
+		if refused >= 0 && sd.Allowed && r.op != peerpb.Op_OP_PEEK {
+			// Nothing was recorded: report the state as it is, not as
+			// it would be had this policy alone admitted.
+			sd.Remaining = min(sd.Limit, sd.Remaining+r.hits)
+		}
 		d.Limits[i] = PolicyDecision{Policy: p.name, Allowed: sd.Allowed, Limit: sd.Limit, Remaining: sd.Remaining, RetryAfter: sd.RetryAfter, ResetAfter: sd.ResetAfter}
 		if sd.Remaining < out[top].Remaining {
 			top = i

@@ -2,9 +2,9 @@ package peer
 
 import (
 	"context"
-	"log/slog"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 

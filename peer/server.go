@@ -146,6 +146,9 @@ func (s *publicServer) Reset(ctx context.Context, req *peerpb.AllowRequest) (*pe
 // body) may carry.
 const MaxBatch = 1000
 
+// batchParallel bounds the requests of one AllowBatch decided at once.
+const batchParallel = 64
+
 // AllowBatch decides independent requests; one bad item fails alone.
 func (s *publicServer) AllowBatch(ctx context.Context, req *peerpb.AllowBatchRequest) (*peerpb.AllowBatchResponse, error) {
 	if n := len(req.GetRequests()); n > MaxBatch {
@@ -153,8 +156,11 @@ func (s *publicServer) AllowBatch(ctx context.Context, req *peerpb.AllowBatchReq
 	}
 	out := &peerpb.AllowBatchResponse{Results: make([]*peerpb.AllowBatchResult, len(req.GetRequests()))}
 	var wg sync.WaitGroup
+	sem := make(chan struct{}, batchParallel)
 	for i, r := range req.GetRequests() {
+		sem <- struct{}{}
 		wg.Go(func() {
+			defer func() { <-sem }()
 			resp, err := s.do(ctx, peerpb.Op_OP_CHECK, r)
 			if err != nil {
 				st := status.Convert(err)

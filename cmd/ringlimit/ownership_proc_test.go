@@ -17,7 +17,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -140,8 +143,10 @@ type outcome struct {
 	owner      string
 	remaining  int64
 	// pieces, when set, narrow [send, recv] to the times the decision
-	// may have been made at (see pausedVia).
+	// may have been made at (see pausedVia), or hold the exact decision
+	// time the owner reported (exact).
 	pieces []span
+	exact  bool
 }
 
 // admitted reports a 200.
@@ -170,8 +175,19 @@ func ask(p *serveProc, subject, policy string) outcome {
 	o.owner, _ = r.body["owner"].(string)
 	rem, _ := r.body["remaining"].(float64)
 	o.remaining = int64(rem)
+	// The owner's decision time, exact (parsed from the text: a float64
+	// would round nanoseconds). All nodes run on this machine's clock.
+	if m := decidedAtRE.FindStringSubmatch(r.raw); m != nil {
+		if ns, err := strconv.ParseInt(m[1], 10, 64); err == nil && ns > 0 {
+			at := time.Unix(0, ns)
+			o.pieces = []span{{at, at}}
+			o.exact = true
+		}
+	}
 	return o
 }
+
+var decidedAtRE = regexp.MustCompile(`"decided_at_unix_ns":\s*(\d+)`)
 
 // span is a closed time interval [from, to].
 type span struct{ from, to time.Time }
@@ -194,7 +210,7 @@ func (o outcome) when() []span {
 func pausedVia(outs []outcome, node string, stopAt, contAt time.Time, slack time.Duration) {
 	for i := range outs {
 		o := &outs[i]
-		if o.via != node || !o.recv.After(contAt) {
+		if o.via != node || !o.recv.After(contAt) || o.exact {
 			continue
 		}
 		switch {
@@ -306,7 +322,7 @@ func checkAllWindows(t *testing.T, outs []outcome, limit int, w time.Duration) {
 		if c.possible > limit {
 			edgeKeys++
 		}
-		if c.certain > limit || c.possible > limit+1 {
+		if c.certain > limit || c.possible > limit+1 || exactAll(byKey[k]) && c.possible > limit {
 			t.Errorf("key %s: %d admissions certainly and %d possibly in the window of %v ending at %s, limit %d\n%s",
 				k, c.certain, c.possible, w, c.possibleAt.Format("15:04:05.000"), limit, describeWindow(byKey[k], c.possibleAt, w))
 		}
@@ -314,6 +330,17 @@ func checkAllWindows(t *testing.T, outs []outcome, limit int, w time.Duration) {
 	t.Logf("rolling windows over %d keys: at most %d admissions certainly and %d possibly in one window of %v (limit %d); "+
 		"%d keys possibly at limit+1 within a round trip of a window edge",
 		len(keys), worstCertain, worstPossible, w, limit, edgeKeys)
+}
+
+// exactAll reports whether every admission carries its exact decision
+// time: then the window check is exact and allows no slack.
+func exactAll(adms []outcome) bool {
+	for _, a := range adms {
+		if !a.exact {
+			return false
+		}
+	}
+	return true
 }
 
 // describeWindow lists the admissions that may lie in the window ending at t.
@@ -720,6 +747,9 @@ func TestProcRollingRestart(t *testing.T) {
 		t0 := time.Now()
 		if code := old.terminate(t); code != 0 {
 			t.Fatalf("%s exited %d after SIGTERM, want 0\n%s", old.name, code, old.logText())
+		}
+		if os.Getenv("RL_DUMP") != "" {
+			t.Logf("LOG %s:\n%s", old.name, old.logText())
 		}
 		drained := time.Since(t0)
 		p := startServe(t, old.name, nil, "--policies", pols, "--log-level", "debug",
