@@ -182,7 +182,12 @@ func (n *Node) reconcile(ctx context.Context) {
 			// A transfer whose promote failed: settle it.
 			jobs = append(jobs, n.job(i, func(ctx context.Context) { n.settleFenced(ctx, i) }))
 		default:
-			if rep.complete && !n.alive(rep.holder) && nowMono > rep.leaseEnd {
+			if rep.complete && n.alive(rep.holder) && nowMono > rep.leaseEnd+2*int64(n.cfg.LeaseDuration) {
+				// The holder lives but has not renewed with us for two
+				// leases: we are no longer its backup (its release was
+				// lost). The copy is stale; drop it.
+				n.dropStaleReplica(i, rep.holder, rep.epoch)
+			} else if rep.complete && !n.alive(rep.holder) && nowMono > rep.leaseEnd {
 				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.takeOver(ctx, i) }))
 			} else if v.snap.PartitionOwner(i) == n.name && n.orphanSuspect(v, pt) {
 				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.claimOrphan(ctx, i) }))
@@ -433,7 +438,9 @@ func (n *Node) promote(ctx context.Context, pid int, to string) {
 		// it becomes our copy of its partition at the new epoch, and the
 		// lease the new holder counts on starts now on our clock (after it
 		// started on the new holder's).
-		pt.rep = replica{holder: to, epoch: epoch + 1, complete: pt.store != nil, store: pt.store, leaseEnd: n.mono() + int64(n.cfg.LeaseDuration)}
+		if pt.releasedBy != to || pt.releasedEpoch < epoch+1 {
+			pt.rep = replica{holder: to, epoch: epoch + 1, complete: pt.store != nil, store: pt.store, leaseEnd: n.mono() + int64(n.cfg.LeaseDuration)}
+		}
 		pt.store = nil
 		pt.backup = ""
 		pt.leaseUntil.Store(0)
@@ -818,5 +825,17 @@ func (n *Node) logReplicasHeld() {
 			n.log.Debug("draining: copy still held", "partition", i, "owner", pt.rep.holder, "epoch", pt.rep.epoch, "holder_alive", n.alive(pt.rep.holder))
 		}
 		pt.mu.RUnlock()
+	}
+}
+
+// dropStaleReplica drops partition pid's copy if it is still holder's at
+// epoch.
+func (n *Node) dropStaleReplica(pid int, holder string, epoch uint64) {
+	pt := &n.pt.parts[pid]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	if pt.rep.holder == holder && pt.rep.epoch == epoch {
+		pt.rep = replica{}
+		n.log.Debug("stale partition copy dropped", "partition", pid, "owner", holder, "epoch", epoch)
 	}
 }

@@ -125,6 +125,11 @@ type part struct {
 
 	// Replica side: our copy of another holder's partition.
 	rep replica
+	// released records the newest RELEASE received without a matching
+	// copy (it can overtake the promote answer that installs the copy):
+	// a copy from that holder at that epoch or older is not installed.
+	releasedBy    string
+	releasedEpoch uint64
 }
 
 // replica is the copy of a partition this node keeps as its backup.

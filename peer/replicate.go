@@ -393,6 +393,8 @@ func (n *Node) applyOp(sender string, op *peerpb.PartitionOp, closing, quorum bo
 	case peerpb.PartitionOp_KIND_RELEASE:
 		if pt.rep.holder == sender && pt.rep.epoch <= epoch {
 			pt.rep = replica{}
+		} else if pt.rep.holder == "" {
+			pt.releasedBy, pt.releasedEpoch = sender, epoch
 		}
 		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_OK}
 	default:
