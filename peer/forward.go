@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
@@ -310,6 +312,10 @@ func fromWire(d *peerpb.Decision, peer string) (Decision, error) {
 func withCtxErr(ctx context.Context, err error) error {
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 		return fmt.Errorf("%w: %w", err, cerr)
+	}
+	if status.Code(err) == codes.DeadlineExceeded && !errors.Is(err, context.DeadlineExceeded) {
+		// The deadline passed on the other side first.
+		return fmt.Errorf("%w: %w", err, context.DeadlineExceeded)
 	}
 	return err
 }

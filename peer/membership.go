@@ -346,6 +346,7 @@ func (n *Node) rebuild() {
 		names = append(names, name)
 	}
 	n.noteRestarts(evs, starts)
+	n.noteIncarnations(starts)
 	ignored := n.commitIgnored()
 	if len(alive) == 0 {
 		// Only after our own leave: memberlist no longer lists us. Keep

@@ -119,6 +119,8 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.own.failed = make(map[string]time.Time)
 	n.own.working = make(map[int]bool)
+	n.own.starts = make(map[string]uint64)
+	n.own.restartedAt = make(map[string]int64)
 	n.own.kick = make(chan struct{}, 1)
 	if len(cfg.Join) == 0 {
 		// No one to join: this node starts the cluster and holds every

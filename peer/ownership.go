@@ -38,6 +38,41 @@ type ownState struct {
 	// reconcile loop does not start a second one.
 	working map[int]bool
 	stopped bool // Close has begun: take nothing new over
+	// starts is each member's last seen process start id, restartedAt
+	// (monotonic ns) when a member last came back as a new process: the old
+	// process is gone, whatever gossip says, so its partitions may be taken
+	// over once its lease has expired.
+	starts      map[string]uint64
+	restartedAt map[string]int64
+}
+
+// noteIncarnations records members that restarted (a new start id under a
+// known name). Called by the rebuild goroutine with every live member's
+// start id.
+func (n *Node) noteIncarnations(starts map[string]uint64) {
+	n.own.mu.Lock()
+	defer n.own.mu.Unlock()
+	for name, s := range starts {
+		if name == n.name || s == 0 {
+			continue
+		}
+		prev, ok := n.own.starts[name]
+		if ok && prev != s {
+			n.own.restartedAt[name] = n.mono()
+		}
+		if ok || len(n.own.starts) < maxEvents {
+			n.own.starts[name] = s
+		}
+	}
+}
+
+// restartedSince reports whether member came back as a new process after
+// mono time t.
+func (n *Node) restartedSince(member string, t int64) bool {
+	n.own.mu.Lock()
+	defer n.own.mu.Unlock()
+	at, ok := n.own.restartedAt[member]
+	return ok && at > t
 }
 
 func (n *Node) kickOwnership() {
@@ -182,12 +217,13 @@ func (n *Node) reconcile(ctx context.Context) {
 			// A transfer whose promote failed: settle it.
 			jobs = append(jobs, n.job(i, func(ctx context.Context) { n.settleFenced(ctx, i) }))
 		default:
-			if rep.complete && n.alive(rep.holder) && nowMono > rep.leaseEnd+2*int64(n.cfg.LeaseDuration) {
+			gone := !n.alive(rep.holder) || n.restartedSince(rep.holder, rep.made)
+			if rep.complete && !gone && nowMono > rep.leaseEnd+2*int64(n.cfg.LeaseDuration) {
 				// The holder lives but has not renewed with us for two
 				// leases: we are no longer its backup (its release was
 				// lost). The copy is stale; drop it.
 				n.dropStaleReplica(i, rep.holder, rep.epoch)
-			} else if rep.complete && !n.alive(rep.holder) && nowMono > rep.leaseEnd {
+			} else if rep.complete && gone && nowMono > rep.leaseEnd {
 				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.takeOver(ctx, i) }))
 			} else if v.snap.PartitionOwner(i) == n.name && n.orphanSuspect(v, pt) {
 				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.claimOrphan(ctx, i) }))
@@ -439,7 +475,7 @@ func (n *Node) promote(ctx context.Context, pid int, to string) {
 		// lease the new holder counts on starts now on our clock (after it
 		// started on the new holder's).
 		if pt.releasedBy != to || pt.releasedEpoch < epoch+1 {
-			pt.rep = replica{holder: to, epoch: epoch + 1, complete: pt.store != nil, store: pt.store, leaseEnd: n.mono() + int64(n.cfg.LeaseDuration)}
+			pt.rep = replica{holder: to, epoch: epoch + 1, complete: pt.store != nil, store: pt.store, leaseEnd: n.mono() + int64(n.cfg.LeaseDuration), made: n.mono()}
 		}
 		pt.store = nil
 		pt.backup = ""

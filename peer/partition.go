@@ -140,6 +140,9 @@ type replica struct {
 	store    *shard.Store
 	// leaseEnd is when the lease this node granted ends, node monotonic ns.
 	leaseEnd int64
+	// made is when the copy was begun (node monotonic ns): a restart of the
+	// holder after it means the process that made it is gone.
+	made int64
 }
 
 // setRoleLocked changes the partition's role and wakes its waiters. Called

@@ -9,8 +9,9 @@ import (
 // TestRejoinAfterKill kills a member abruptly and restarts it at once under
 // the same name and addresses, before failure detection removes it. A peer
 // that failed to reach it meanwhile (its connection now in gRPC's reconnect
-// backoff) must reach the new process with its first forward after it
-// learns of the restart.
+// backoff) must reach the new process with its first forward once the
+// restarted member has its partitions back; and the quota is kept (the
+// backup took the partitions over from its copy, not from empty).
 func TestRejoinAfterKill(t *testing.T) {
 	pols := map[string]PolicyConfig{"p": {Limit: 100, Window: time.Minute}}
 	tap, log := newLogTap(t)
@@ -40,9 +41,16 @@ func TestRejoinAfterKill(t *testing.T) {
 	ready := time.Now()
 	waitLog(t, restarted, 10*time.Second, "n0 to notice n1's restart")
 	noticed := time.Since(ready)
+	// The new process holds nothing: n0, n1's backup, takes its partitions
+	// over once the old process's lease has expired, and moves them back
+	// to n1, their target. Then the first forward must reach n1.
+	c.waitMembers(2)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	d, err := n0.Allow(ctx, Request{Key: key})
+	if err == nil && d.Remaining != 98 {
+		t.Fatalf("after the restart the key has %d remaining, want 98 (one admission before the kill, one now)", d.Remaining)
+	}
 	if err != nil || d.Owner != "n1" {
 		t.Fatalf("first Allow via n0 after n1 restarted = %+v, %v; want a decision by n1", d, err)
 	}

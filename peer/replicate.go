@@ -342,7 +342,7 @@ func (n *Node) applyOp(sender string, op *peerpb.PartitionOp, closing, quorum bo
 		if pt.role != roleHolder && pt.role != roleFenced {
 			pt.learnLocked(sender, epoch-1, now)
 		}
-		pt.rep = replica{holder: sender, epoch: epoch, store: n.newPartStore(), leaseEnd: pt.rep.leaseEnd}
+		pt.rep = replica{holder: sender, epoch: epoch, store: n.newPartStore(), leaseEnd: pt.rep.leaseEnd, made: n.mono()}
 		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_OK}
 	case peerpb.PartitionOp_KIND_SYNC_CHUNK, peerpb.PartitionOp_KIND_ADMIT, peerpb.PartitionOp_KIND_REPLACE:
 		if pt.rep.holder != sender || pt.rep.epoch != epoch || pt.rep.store == nil {

@@ -34,6 +34,11 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 	if h := n.checkHook.Load(); h != nil {
 		(*h)(ctx)
 	}
+	if err := ctx.Err(); err != nil {
+		// The sender gave up: deciding now would record admissions nobody
+		// is told of.
+		return nil, status.FromContextError(err).Err()
+	}
 	v := n.view.Load()
 	if v == nil {
 		// Peers can see a joining node before its first ring is built.
