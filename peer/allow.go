@@ -50,8 +50,8 @@ func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
 	if hits < 0 || hits > p.sp.Limit {
 		return Decision{}, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, p.sp.Limit)
 	}
-	r := opReq{key: req.Key, ek: ek, p: p, hits: hits}
-	return n.route(ctx, &r)
+	r := opReq{key: req.Key, p: p, hits: hits}
+	return n.route(ctx, &r, ek)
 }
 
 // Peek answers what Allow would decide now for req, recording nothing: the
@@ -84,8 +84,7 @@ func (n *Node) Reset(ctx context.Context, key Key) (Decision, error) {
 // several policies of one tenant and subject.
 type opReq struct {
 	op   peerpb.Op
-	key  Key    // Policy is "" for a multi-policy request
-	ek   []byte // the encoded key (of the first policy for multi): placement
+	key  Key // Policy is "" for a multi-policy request
 	p    *policy
 	hits int64
 	// multi holds the policies of a multi-policy request, names their names.
@@ -98,74 +97,75 @@ func (n *Node) do(ctx context.Context, op peerpb.Op, req Request) (Decision, err
 	if n.stopped.Load() {
 		return Decision{}, ErrClosed
 	}
-	r, err := n.parseReq(op, req.Key, req.Policies, req.Hits)
+	r, ek, err := n.parseReq(op, req.Key, req.Policies, req.Hits)
 	if err != nil {
 		return Decision{}, err
 	}
-	return n.route(ctx, r)
+	return n.route(ctx, r, ek)
 }
 
-// parseReq validates a request from a caller or a peer; errors wrap
-// ErrInvalidKey, ErrUnknownPolicy or ErrInvalidHits.
-func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*opReq, error) {
+// parseReq validates a request from a caller or a peer and returns it with
+// its key's encoding (the first policy's for several: it places the
+// request); errors wrap ErrInvalidKey, ErrUnknownPolicy or ErrInvalidHits.
+func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*opReq, []byte, error) {
 	r := &opReq{op: op, key: key}
+	var first []byte
 	if hits == 0 {
 		hits = 1
 	}
 	if hits < 0 {
-		return nil, fmt.Errorf("%w: hits %d must be at least 1", ErrInvalidHits, hits)
+		return nil, nil, fmt.Errorf("%w: hits %d must be at least 1", ErrInvalidHits, hits)
 	}
 	r.hits = hits
 	if len(policies) > 0 {
 		if op != peerpb.Op_OP_CHECK && op != peerpb.Op_OP_PEEK {
-			return nil, fmt.Errorf("%w: several policies are for checks and peeks only", ErrInvalidKey)
+			return nil, nil, fmt.Errorf("%w: several policies are for checks and peeks only", ErrInvalidKey)
 		}
 		if key.Policy != "" {
-			return nil, fmt.Errorf("%w: give the policy or the list of policies, not both", ErrInvalidKey)
+			return nil, nil, fmt.Errorf("%w: give the policy or the list of policies, not both", ErrInvalidKey)
 		}
 		if len(policies) > shard.MaxMulti {
-			return nil, fmt.Errorf("%w: %d policies, at most %d", ErrInvalidKey, len(policies), shard.MaxMulti)
+			return nil, nil, fmt.Errorf("%w: %d policies, at most %d", ErrInvalidKey, len(policies), shard.MaxMulti)
 		}
 		for i, name := range policies {
 			k := Key{Tenant: key.Tenant, Subject: key.Subject, Policy: name}
 			ek, ok := k.AppendEncoded(nil)
 			if !ok {
-				return nil, fmt.Errorf("%w: %w", ErrInvalidKey, k.Validate())
+				return nil, nil, fmt.Errorf("%w: %w", ErrInvalidKey, k.Validate())
 			}
 			if i == 0 {
-				r.ek = ek
+				first = ek
 			}
 			for _, prev := range policies[:i] {
 				if prev == name {
-					return nil, fmt.Errorf("%w: policy %q named twice", ErrInvalidKey, name)
+					return nil, nil, fmt.Errorf("%w: policy %q named twice", ErrInvalidKey, name)
 				}
 			}
 			p := n.policies[name]
 			if p == nil {
-				return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
+				return nil, nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
 			}
 			if hits > p.sp.Limit {
-				return nil, fmt.Errorf("%w: hits %d exceed policy %q's limit %d", ErrInvalidHits, hits, name, p.sp.Limit)
+				return nil, nil, fmt.Errorf("%w: hits %d exceed policy %q's limit %d", ErrInvalidHits, hits, name, p.sp.Limit)
 			}
 			r.multi = append(r.multi, p)
 		}
 		r.names = policies
 		r.p = r.multi[0]
-		return r, nil
+		return r, first, nil
 	}
 	ek, ok := key.AppendEncoded(nil)
 	if !ok {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidKey, key.Validate())
+		return nil, nil, fmt.Errorf("%w: %w", ErrInvalidKey, key.Validate())
 	}
-	r.ek = ek
 	r.p = n.policies[key.Policy]
 	if r.p == nil {
-		return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, key.Policy)
+		return nil, nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, key.Policy)
 	}
 	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK) && hits > r.p.sp.Limit {
-		return nil, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, r.p.sp.Limit)
+		return nil, nil, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, r.p.sp.Limit)
 	}
-	return r, nil
+	return r, ek, nil
 }
 
 // decideStatus says what decideHere did.
@@ -180,9 +180,9 @@ const (
 // route finds the partition's holder and gets its decision: here, or by
 // forwarding. The path goes down, never back: look up the partition's
 // state, then decide here, forward, or wait for a transfer.
-func (n *Node) route(ctx context.Context, r *opReq) (Decision, error) {
+func (n *Node) route(ctx context.Context, r *opReq, ek []byte) (Decision, error) {
 	v := n.view.Load()
-	pid := v.snap.Partition(placement(r.ek))
+	pid := v.snap.Partition(placement(ek))
 	pt := &n.pt.parts[pid]
 	var cause error
 	redirect := ""
@@ -191,7 +191,7 @@ func (n *Node) route(ctx context.Context, r *opReq) (Decision, error) {
 	waited := time.Duration(0)
 	for {
 		v = n.view.Load()
-		d, st, ch, err := n.decideHere(ctx, v, pt, pid, r)
+		d, st, ch, err := n.decideHere(ctx, v, pt, pid, r, ek)
 		switch st {
 		case decided:
 			if err != nil {
@@ -338,11 +338,11 @@ func (e *notOwnerError) Unwrap() error { return errNotOwner }
 // the node holds the partition but cannot decide yet (fenced for a move, a
 // lease or a backup copy on its way): ch is closed at the next change.
 // remote means another node holds it.
-func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *opReq) (Decision, decideStatus, <-chan struct{}, error) {
+func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *opReq, ek []byte) (Decision, decideStatus, <-chan struct{}, error) {
 	if r.op != peerpb.Op_OP_CHECK || r.multi != nil {
 		return n.decideOther(ctx, v, pt, pid, r)
 	}
-	key, ek, p, hits := r.key, r.ek, r.p, r.hits
+	key, p, hits := r.key, r.p, r.hits
 	pt.mu.RLock()
 	ch := pt.changed
 	switch pt.role {

@@ -57,14 +57,13 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) *p
 	}
 	pk := it.GetKey()
 	key := Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}
-	r, err := n.parseReq(it.GetOp(), key, it.GetPolicies(), it.GetHits())
+	r, ek, err := n.parseReq(it.GetOp(), key, it.GetPolicies(), it.GetHits())
 	switch {
 	case errors.Is(err, ErrUnknownPolicy):
 		return bad(peerpb.Status_STATUS_UNKNOWN_POLICY, err)
 	case err != nil:
 		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err)
 	}
-	ek := r.ek
 	pid := v.snap.Partition(placement(ek))
 	pt := &n.pt.parts[pid]
 	// A receiver waits for a partition it holds or is about to hold (a
@@ -75,7 +74,7 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) *p
 		until = dl
 	}
 	for {
-		d, st, ch, err := n.decideHere(ctx, v, pt, pid, r)
+		d, st, ch, err := n.decideHere(ctx, v, pt, pid, r, ek)
 		switch st {
 		case decided:
 			if err != nil {
