@@ -299,8 +299,17 @@ type HotKey struct {
 	Rate float64
 }
 
-// HotKeys returns up to Config.HotKeys of the heaviest keys this node owns,
+// HotKeys returns up to Config.HotKeys of the heaviest keys this node holds,
 // heaviest first, by time-decayed hit rate. The caller owns the slice.
+//
+// What it guarantees: the holder records one decision in 8, chosen at
+// random, with 8 times its hits, into a Space-Saving sketch of 4 ×
+// Config.HotKeys counters (this keeps the sketch's lock off most
+// decisions). Rates are therefore estimates: a key with a few dozen hits
+// may be missed, and each rate may be off by the sketch's smallest counter
+// plus sampling noise (relative error about 1/sqrt(hits/8)). A key taking
+// more than 1/(4 × HotKeys) of a node's traffic for a few seconds is
+// reported. Only keys this node decided for as holder are counted.
 func (n *Node) HotKeys() []HotKey {
 	top := n.hot.Top(n.cfg.HotKeys, n.clock())
 	out := make([]HotKey, 0, len(top))
