@@ -41,16 +41,22 @@ type meta struct {
 	// peers can tell a restart on the same address from the same process
 	// (see rejoin.go). Zero from a version 2 member.
 	start uint64
+	// cluster identifies the cluster the member belongs to: chosen at
+	// random by the node that founded it (started without Join), adopted
+	// by every node that joins. Zero while a joiner has not adopted one
+	// yet, and from older members. Two clusters founded separately never
+	// merge: each ignores the other's members (see rebuild).
+	cluster uint64
 }
 
-// metaVersion 3 inserts the 8-byte start id between the fingerprint and the
-// address: version, flags, fingerprint, start, rpc address. Version 2
-// (without start) is still decoded, so a rolling upgrade can read older
-// members.
-const metaVersion = 3
+// metaVersion 4 is: version, flags, fingerprint, start id, cluster id,
+// rpc address (8-byte big-endian numbers). Versions 3 (without the cluster
+// id) and 2 (without start and cluster ids) are still decoded, so a rolling
+// upgrade can read older members.
+const metaVersion = 4
 
 func (m meta) encode() []byte {
-	b := make([]byte, 0, 18+len(m.rpcAddr))
+	b := make([]byte, 0, 26+len(m.rpcAddr))
 	b = append(b, metaVersion)
 	var flags byte
 	if m.draining {
@@ -59,21 +65,27 @@ func (m meta) encode() []byte {
 	b = append(b, flags)
 	b = binary.BigEndian.AppendUint64(b, m.fingerprint)
 	b = binary.BigEndian.AppendUint64(b, m.start)
+	b = binary.BigEndian.AppendUint64(b, m.cluster)
 	return append(b, m.rpcAddr...)
 }
 
 func decodeMeta(b []byte) (meta, error) {
-	addrAt := 18
+	addrAt := 26
 	switch {
-	case len(b) >= 18 && b[0] == metaVersion:
+	case len(b) >= 26 && b[0] == metaVersion:
+	case len(b) >= 18 && b[0] == 3:
+		addrAt = 18
 	case len(b) >= 10 && b[0] == 2:
 		addrAt = 10
 	default:
 		return meta{}, errors.New("peer: unrecognised member metadata")
 	}
 	m := meta{draining: b[1]&1 != 0, fingerprint: binary.BigEndian.Uint64(b[2:10]), rpcAddr: string(b[addrAt:])}
-	if addrAt == 18 {
+	if addrAt >= 18 {
 		m.start = binary.BigEndian.Uint64(b[10:18])
+	}
+	if addrAt == 26 {
+		m.cluster = binary.BigEndian.Uint64(b[18:26])
 	}
 	if _, _, err := net.SplitHostPort(m.rpcAddr); err != nil {
 		return meta{}, fmt.Errorf("peer: member metadata rpc address: %w", err)
@@ -322,6 +334,7 @@ func (n *Node) rebuild() {
 	names := make([]string, 0, len(members))
 	alive := make(map[string]string)
 	draining := n.closing.Load()
+	mine := n.adoptCluster(members)
 	starts := make(map[string]uint64, len(members))
 	for name, raw := range members {
 		md, err := decodeMeta(raw)
@@ -335,6 +348,12 @@ func (n *Node) rebuild() {
 			if n.ignore(name, "placement or policy fingerprint differs") {
 				n.log.Warn("member ignored: placement or policy fingerprint differs", "peer", name,
 					"fingerprint", fmt.Sprintf("%016x", md.fingerprint), "want", fmt.Sprintf("%016x", n.fp))
+			}
+			continue
+		case md.cluster != 0 && mine != 0 && md.cluster != mine:
+			if n.ignore(name, "member of another cluster (started separately; restart one side with Join pointing at the other)") {
+				n.log.Warn("member ignored: it belongs to another cluster, founded separately", "peer", name,
+					"cluster", fmt.Sprintf("%016x", md.cluster), "want", fmt.Sprintf("%016x", mine))
 			}
 			continue
 		}
@@ -494,4 +513,31 @@ func (w *memberlistLog) close() {
 	w.mu.Lock()
 	w.off = true
 	w.mu.Unlock()
+}
+
+// adoptCluster returns the node's cluster id. A node that joined and has
+// none yet adopts the smallest id among the members it sees (they are the
+// cluster it joined) and gossips it. Called by the rebuild goroutine.
+func (n *Node) adoptCluster(members map[string][]byte) uint64 {
+	mine := n.clusterID.Load()
+	if mine != 0 {
+		return mine
+	}
+	for name, raw := range members {
+		md, err := decodeMeta(raw)
+		if err != nil || name == n.name || md.fingerprint != n.fp || md.cluster == 0 {
+			continue
+		}
+		if mine == 0 || md.cluster < mine {
+			mine = md.cluster
+		}
+	}
+	if mine == 0 {
+		return 0
+	}
+	n.clusterID.Store(mine)
+	n.delegate.setMeta(n.meta(n.closing.Load()))
+	// Best effort: the id also travels with the next gossip of our meta.
+	_ = n.ml.UpdateNode(100 * time.Millisecond)
+	return mine
 }

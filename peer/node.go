@@ -2,6 +2,8 @@ package peer
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -43,6 +45,8 @@ type Node struct {
 	realClock bool
 	// stopped is set once Close has stopped the node: calls get ErrClosed.
 	stopped atomic.Bool
+	// clusterID names the cluster this node belongs to (see meta.cluster).
+	clusterID atomic.Uint64
 	// hasQuorum caches quorum() for the decision path; the rebuild and
 	// the ownership loop refresh it.
 	hasQuorum atomic.Bool
@@ -131,8 +135,11 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if len(cfg.Join) == 0 {
 		// No one to join: this node starts the cluster and holds every
 		// partition. A node that joins holds nothing until partitions are
-		// transferred to it.
+		// transferred to it, and adopts the cluster's id.
 		n.found()
+		var b [8]byte
+		_, _ = crand.Read(b[:])
+		n.clusterID.Store(binary.BigEndian.Uint64(b[:]) | 1)
 	}
 
 	if err := n.startRPC(); err != nil {
@@ -196,7 +203,7 @@ func (n *Node) meta(draining bool) meta {
 	if addr == "" {
 		addr = n.RPCAddr()
 	}
-	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining, start: n.ops.start}
+	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining, start: n.ops.start, cluster: n.clusterID.Load()}
 }
 
 // leaveLinger is how long a leaving node keeps serving redirects after

@@ -416,3 +416,38 @@ func TestOwnershipDoubleFault(t *testing.T) {
 		t.Fatal("the loss was not counted")
 	}
 }
+
+// TestSeparateClustersDoNotMerge starts two nodes without Join (each founds
+// its own cluster and holds every partition), then makes them meet through
+// gossip. They must not merge into one ring — that would give every
+// partition two holders — but ignore each other and say so in readiness.
+// A third node that joins one of them adopts that cluster.
+func TestSeparateClustersDoNotMerge(t *testing.T) {
+	a := &cluster{t: t, base: Config{Policies: map[string]PolicyConfig{"p": {Limit: 3, Window: time.Minute}}}}
+	na := a.add("a")
+	b := &cluster{t: t, base: a.base}
+	nb := b.add("b")
+	if n, err := nb.Join(context.Background(), []string{na.GossipAddr()}); err != nil || n == 0 {
+		t.Fatalf("gossip join of the second cluster: %d, %v", n, err)
+	}
+	waitFor(t, 10*time.Second, "both to see the other in gossip and report it", func() bool {
+		okA, whyA := na.Ready()
+		okB, whyB := nb.Ready()
+		return na.GossipMembers() == 2 && nb.GossipMembers() == 2 && !okA && !okB && whyA != "" && whyB != ""
+	})
+	if len(na.Members()) != 1 || len(nb.Members()) != 1 {
+		t.Fatalf("rings %v and %v; want each cluster alone", na.Members(), nb.Members())
+	}
+	// A joiner through a adopts a's cluster and settles with a only.
+	a.add("c")
+	a.waitMembers(2)
+	if got := na.Members(); len(got) != 2 || got[0] != "a" || got[1] != "c" {
+		t.Fatalf("a's ring %v, want [a c]", got)
+	}
+	k := Key{Tenant: "t", Subject: "s", Policy: "p"}
+	for range 3 {
+		if d, err := na.Allow(context.Background(), Request{Key: k}); err != nil || !d.Allowed || (d.Owner != "a" && d.Owner != "c") {
+			t.Fatalf("via a: %+v, %v", d, err)
+		}
+	}
+}

@@ -60,7 +60,7 @@ func TestRejoinAfterKill(t *testing.T) {
 // TestMetaDecodeVersions checks that version 3 metadata round-trips with its
 // start id and that version 2 metadata (without one) still decodes.
 func TestMetaDecodeVersions(t *testing.T) {
-	m := meta{fingerprint: 42, rpcAddr: "127.0.0.1:9", draining: true, start: 7}
+	m := meta{fingerprint: 42, rpcAddr: "127.0.0.1:9", draining: true, start: 7, cluster: 9}
 	got, err := decodeMeta(m.encode())
 	if err != nil || got != m {
 		t.Fatalf("decode(encode(%+v)) = %+v, %v", m, got, err)
