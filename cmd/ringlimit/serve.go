@@ -23,7 +23,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
 
+	"github.com/ringlimit/ringlimit/cmd/ringlimit/envoyrls"
 	"github.com/ringlimit/ringlimit/peer"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -36,8 +38,9 @@ gracefully (hands its keys to their new owners) and exits 0.
 Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
   --name NAME           unique member name (default: "node-" + random hex)
   --gossip-addr H:P     memberlist gossip bind address (default 127.0.0.1:7946)
-  --grpc-addr H:P       gRPC address: peer traffic, public RateLimiter API and
-                        grpc.health.v1 (default 127.0.0.1:8081)
+  --grpc-addr H:P       gRPC address: peer traffic, public RateLimiter API,
+                        Envoy's RateLimitService (see "Envoy domains" below)
+                        and grpc.health.v1 (default 127.0.0.1:8081)
   --http-addr H:P       HTTP API, health and metrics; "" disables it
                         (default 127.0.0.1:8080)
   --join A,B            gossip addresses of existing members (comma-separated);
@@ -137,7 +140,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	var f serveFlags
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, serveUsage+policiesUsage) }
+	fs.Usage = func() { fmt.Fprint(stderr, serveUsage+policiesUsage+"\n"+domainsUsage) }
 	fs.StringVar(&f.name, "name", "", "")
 	fs.StringVar(&f.gossipAddr, "gossip-addr", "127.0.0.1:7946", "")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:8081", "")
@@ -249,10 +252,21 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		GossipProfile:       f.gossipProfile,
 		JoinTimeout:         f.joinTimeout,
 	}
+	// Envoy's RateLimitService is always served, on the gRPC port; without
+	// "domains" in the policy file every domain is unknown and answered
+	// OK, as envoyproxy/ratelimit answers an unknown domain.
+	envoy, _ := envoyrls.Compile(nil)
 	if f.policies != "" {
-		if cfg.Policies, err = loadPolicies(f.policies); err != nil {
+		var fileEnvoy *envoyrls.Table
+		if cfg.Policies, fileEnvoy, err = loadPolicyFile(f.policies); err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
+		if fileEnvoy != nil {
+			envoy = fileEnvoy
+		}
+	}
+	cfg.RegisterServices = func(s grpc.ServiceRegistrar, n *peer.Node) {
+		envoyrls.New(n, envoy, log).Register(s)
 	}
 	if f.gossipKey != "" {
 		if cfg.GossipKey, err = loadGossipKey(f.gossipKey); err != nil {
