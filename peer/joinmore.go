@@ -28,8 +28,10 @@ func (n *Node) Join(ctx context.Context, addrs []string) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("peer: join: %w", err)
 	}
+	// Copies taken in memberlist's callbacks: its own Node values are
+	// rewritten by its goroutines (see gossipAddrs).
 	known := make(map[string]bool)
-	for _, m := range n.ml.Members() {
+	for _, m := range n.events.gossipAddrs() {
 		known[net.JoinHostPort(m.Addr.String(), fmt.Sprint(m.Port))] = true
 	}
 	var fresh []string
