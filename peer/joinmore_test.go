@@ -26,8 +26,11 @@ func TestDNSJoinNodeJoin(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("Join(self, a) = %d, %v; want 1, nil", n, err)
 	}
-	both := &cluster{t: t, nodes: []*Node{a.nodes[0], b.nodes[0]}}
-	both.waitMembers(2)
+	// Membership only: whether the two founders' partitions then settle
+	// is the partition-heal path's business (see reconnect.go), not Join's.
+	waitFor(t, 15*time.Second, "both nodes to see 2 members", func() bool {
+		return len(a.nodes[0].Members()) == 2 && len(b.nodes[0].Members()) == 2
+	})
 	if n, err := b.nodes[0].Join(ctx, []string{a.nodes[0].GossipAddr()}); err != nil || n != 0 {
 		t.Errorf("Join(known member) = %d, %v; want 0, nil", n, err)
 	}

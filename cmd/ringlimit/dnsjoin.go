@@ -29,7 +29,9 @@ import (
 // --join-refresh, a goroutine of runServe resolves them again and hands
 // the addresses to Node.Join, which contacts only those not yet members:
 // new pods are joined, and two clusters that started apart (two first pods
-// racing) merge as after a healed partition.
+// racing) merge their membership as after a healed partition. (In tests,
+// two merged founders do not always settle partition ownership within
+// 20 s; the StatefulSet's OrderedReady start avoids two founders.)
 
 // resolver is what DNS join needs; *net.Resolver has it.
 type resolver interface {
