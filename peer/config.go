@@ -13,6 +13,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/hashicorp/memberlist"
+	"google.golang.org/grpc"
 
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/shard"
@@ -229,6 +230,16 @@ type Config struct {
 	// addresses, delegates and logger). Nil means no change. Called once,
 	// from New.
 	Gossip func(*memberlist.Config)
+	// RegisterServices, when not nil, registers further gRPC services on
+	// the node's gRPC server, so they share its listener (RPCAddr), TLS
+	// and authentication. It is called once, from New, after the node's
+	// own services are registered and before the server starts serving;
+	// node is the node being started: its methods may be called from the
+	// registered handlers, which may run before New returns (while the
+	// node is still joining). Nil registers nothing. cmd/ringlimit uses it
+	// for Envoy's rate limit service, so peer never imports Envoy's
+	// protos.
+	RegisterServices func(s grpc.ServiceRegistrar, node *Node)
 	// JoinTimeout bounds how long New keeps trying to join Join's seeds
 	// when none answers: tries are spaced 100 ms apart, doubling up to 2 s,
 	// and each failure is logged with its attempt number. The ctx passed

@@ -182,6 +182,9 @@ func (n *Node) startRPC() error {
 	n.health = health.NewServer()
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(n.grpcSrv, n.health)
+	if n.cfg.RegisterServices != nil {
+		n.cfg.RegisterServices(n.grpcSrv, n)
+	}
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()

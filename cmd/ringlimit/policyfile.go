@@ -7,10 +7,12 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/ringlimit/ringlimit/cmd/ringlimit/envoyrls"
 	"github.com/ringlimit/ringlimit/peer"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -72,25 +74,34 @@ type policyEntry struct {
 // maxPolicyFile bounds how much of a policy file is read.
 const maxPolicyFile = 1 << 20
 
-// loadPolicies reads and parses the policy file at path.
+// loadPolicies reads and parses the policy file at path: its policies and
+// the policies generated for its Envoy domains.
 func loadPolicies(path string) (map[string]peer.PolicyConfig, error) {
+	pols, _, err := loadPolicyFile(path)
+	return pols, err
+}
+
+// loadPolicyFile reads and parses the policy file at path. The table holds
+// the file's policies and those generated for its Envoy domains; envoy is
+// nil when the file has no domains.
+func loadPolicyFile(path string) (map[string]peer.PolicyConfig, *envoyrls.Table, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("policy file: %w", err)
+		return nil, nil, fmt.Errorf("policy file: %w", err)
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, maxPolicyFile+1))
 	if err != nil {
-		return nil, fmt.Errorf("policy file %s: %w", path, err)
+		return nil, nil, fmt.Errorf("policy file %s: %w", path, err)
 	}
 	if len(data) > maxPolicyFile {
-		return nil, fmt.Errorf("policy file %s: larger than %d bytes", path, maxPolicyFile)
+		return nil, nil, fmt.Errorf("policy file %s: larger than %d bytes", path, maxPolicyFile)
 	}
-	pols, err := parsePolicies(data)
+	pols, envoy, err := parsePolicyFile(data)
 	if err != nil {
-		return nil, fmt.Errorf("policy file %s: %w", path, err)
+		return nil, nil, fmt.Errorf("policy file %s: %w", path, err)
 	}
-	return pols, nil
+	return pols, envoy, nil
 }
 
 // parsePolicies parses a policy table from YAML or JSON (JSON is read as
@@ -99,21 +110,35 @@ func loadPolicies(path string) (map[string]peer.PolicyConfig, error) {
 // the wrong kind, missing or duplicate names, non-positive limits,
 // unparsable durations and unknown algorithm or on_unavailable names.
 func parsePolicies(data []byte) (map[string]peer.PolicyConfig, error) {
+	pols, _, err := parsePolicyFile(data)
+	return pols, err
+}
+
+// parsePolicyFile is parsePolicies that also returns the compiled Envoy
+// domains (nil without a "domains" section); the returned table includes
+// the policies generated for them (domains.go).
+func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, errors.New("empty: want a top-level \"policies\" list")
+			return nil, nil, errors.New("empty: want a top-level \"policies\" list")
 		}
-		return nil, fmt.Errorf("not valid YAML or JSON: %w", err)
+		return nil, nil, fmt.Errorf("not valid YAML or JSON: %w", err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, errors.New("more than one document: want exactly one")
+		return nil, nil, errors.New("more than one document: want exactly one")
 	}
-	entries, skip, errs := policyEntries(&doc)
-	if len(entries) == 0 && len(errs) == 0 {
-		return nil, errors.New("no policies: want a top-level \"policies\" list with at least one entry")
+	entries, skip, domainsNode, errs := policyEntries(&doc)
+	var envoy *envoyrls.Table
+	if domainsNode != nil {
+		var derrs []error
+		envoy, derrs = parseDomains(domainsNode)
+		errs = append(errs, derrs...)
+	}
+	if len(entries) == 0 && len(errs) == 0 && envoy == nil {
+		return nil, nil, errors.New("no policies: want a top-level \"policies\" list with at least one entry, or \"domains\"")
 	}
 	out := make(map[string]peer.PolicyConfig, len(entries))
 	for i, e := range entries {
@@ -175,14 +200,22 @@ func parsePolicies(data []byte) (map[string]peer.PolicyConfig, error) {
 				pc.Replication = r
 			}
 		}
+		if strings.HasPrefix(e.Name, envoyrls.PolicyPrefix) {
+			bad("names starting with %q are reserved for the policies generated from \"domains\"", envoyrls.PolicyPrefix)
+		}
 		if e.Name != "" {
 			out[e.Name] = pc
 		}
 	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+	if envoy != nil {
+		for name, pc := range envoy.Policies() {
+			out[name] = pc
+		}
 	}
-	return out, nil
+	if len(errs) > 0 {
+		return nil, nil, errors.Join(errs...)
+	}
+	return out, envoy, nil
 }
 
 // policyFields lists an entry's fields in the order the docs give them.
@@ -192,37 +225,41 @@ const policyFields = "name, limit, window, algorithm, on_unavailable, fallback_l
 // the YAML library's struct decoding, whose errors name Go types
 // ("!!map into []main.policyEntry"). Entries whose shape is wrong are
 // reported in errs, and marked in skip so their values are not checked.
-func policyEntries(doc *yaml.Node) (entries []policyEntry, skip []bool, errs []error) {
+func policyEntries(doc *yaml.Node) (entries []policyEntry, skip []bool, domains *yaml.Node, errs []error) {
 	root := resolve(doc)
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
 		root = resolve(root.Content[0])
 	}
 	if root.Kind != yaml.MappingNode {
-		return nil, nil, []error{fmt.Errorf("the file must be a map with a \"policies\" list, got %s at line %d", kindOf(root), root.Line)}
+		return nil, nil, nil, []error{fmt.Errorf("the file must be a map with a \"policies\" list, got %s at line %d", kindOf(root), root.Line)}
 	}
-	var list *yaml.Node
+	var list, listKey, domainsKey *yaml.Node
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], resolve(root.Content[i+1])
 		switch {
+		case k.Value == "domains" && domainsKey != nil:
+			errs = append(errs, fmt.Errorf("\"domains\" given twice (lines %d and %d)", domainsKey.Line, k.Line))
+		case k.Value == "domains":
+			domainsKey, domains = k, v
 		case k.Value != "policies":
-			errs = append(errs, fmt.Errorf("unknown top-level field %q at line %d: the file holds only \"policies\"", k.Value, k.Line))
-		case list != nil:
-			errs = append(errs, fmt.Errorf("\"policies\" given twice (lines %d and %d)", list.Line, k.Line))
+			errs = append(errs, fmt.Errorf("unknown top-level field %q at line %d: the file holds only \"policies\" and \"domains\"", k.Value, k.Line))
+		case listKey != nil:
+			errs = append(errs, fmt.Errorf("\"policies\" given twice (lines %d and %d)", listKey.Line, k.Line))
 		default:
-			list = v
+			listKey, list = k, v
 		}
 	}
 	if list == nil || list.ShortTag() == "!!null" {
-		return nil, nil, errs
+		return nil, nil, domains, errs
 	}
 	if list.Kind != yaml.SequenceNode {
-		return nil, nil, append(errs, fmt.Errorf("\"policies\" must be a list of {%s} entries, got %s at line %d", policyFields, kindOf(list), list.Line))
+		return nil, nil, domains, append(errs, fmt.Errorf("\"policies\" must be a list of {%s} entries, got %s at line %d", policyFields, kindOf(list), list.Line))
 	}
 	for i, item := range list.Content {
 		e, bad := policyEntryOf(i, resolve(item))
 		entries, skip, errs = append(entries, e), append(skip, len(bad) > 0), append(errs, bad...)
 	}
-	return entries, skip, errs
+	return entries, skip, domains, errs
 }
 
 // policyEntryOf reads entry i of the policies list.

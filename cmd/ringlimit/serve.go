@@ -23,7 +23,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
 
+	"github.com/ringlimit/ringlimit/cmd/ringlimit/envoyrls"
 	"github.com/ringlimit/ringlimit/peer"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -36,12 +38,21 @@ gracefully (hands its keys to their new owners) and exits 0.
 Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
   --name NAME           unique member name (default: "node-" + random hex)
   --gossip-addr H:P     memberlist gossip bind address (default 127.0.0.1:7946)
-  --grpc-addr H:P       gRPC address: peer traffic, public RateLimiter API and
-                        grpc.health.v1 (default 127.0.0.1:8081)
+  --grpc-addr H:P       gRPC address: peer traffic, public RateLimiter API,
+                        Envoy's RateLimitService (see "Envoy domains" below)
+                        and grpc.health.v1 (default 127.0.0.1:8081)
   --http-addr H:P       HTTP API, health and metrics; "" disables it
                         (default 127.0.0.1:8080)
   --join A,B            gossip addresses of existing members (comma-separated);
-                        empty starts a new cluster
+                        empty starts a new cluster. Each may also be
+                        dns+NAME:PORT (every A/AAAA record of NAME, e.g. a
+                        Kubernetes headless Service) or dnssrv+NAME (SRV
+                        records); names are resolved at start-up (this
+                        node's own address left out; no other address
+                        found and no plain one given: a new cluster) and
+                        again every --join-refresh, joining new members
+  --join-refresh D      how often dns+ and dnssrv+ names are re-resolved;
+                        0 disables (default 30s)
   --policies PATH       policy table file, YAML or JSON (see below)
   --gossip-key PATH     gossip encryption key file: 16, 24 or 32 raw bytes, or
                         their base64
@@ -125,7 +136,7 @@ type serveFlags struct {
 	logFormat, logLevel                                             string
 	adminTokenFile                                                  string
 	gossipAdvertise, grpcAdvertise                                  string
-	drainTimeout, joinTimeout                                       time.Duration
+	drainTimeout, joinTimeout, joinRefresh                          time.Duration
 	gossipProfile                                                   peer.GossipProfile
 	// Hidden, for the demo's child node and tests: exitOnStdinEOF stops
 	// the node when its parent closes stdin (or dies), so a child never
@@ -137,7 +148,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	var f serveFlags
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, serveUsage+policiesUsage) }
+	fs.Usage = func() { fmt.Fprint(stderr, serveUsage+policiesUsage+"\n"+domainsUsage) }
 	fs.StringVar(&f.name, "name", "", "")
 	fs.StringVar(&f.gossipAddr, "gossip-addr", "127.0.0.1:7946", "")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:8081", "")
@@ -153,6 +164,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "")
 	fs.DurationVar(&f.joinTimeout, "join-timeout", 30*time.Second, "")
+	fs.DurationVar(&f.joinRefresh, "join-refresh", 30*time.Second, "")
 	fs.StringVar(&f.logFormat, "log-format", "text", "")
 	fs.StringVar(&f.logLevel, "log-level", "info", "")
 	fs.StringVar(&f.adminTokenFile, "admin-token-file", "", "")
@@ -172,6 +184,12 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	}
 	if f.drainTimeout <= 0 || f.joinTimeout <= 0 {
 		return f, usageError("serve: --drain-timeout and --join-timeout must be positive")
+	}
+	if f.joinRefresh < 0 {
+		return f, usageError("serve: --join-refresh must not be negative (0 disables)")
+	}
+	if _, err := parseJoin(f.join); err != nil {
+		return f, usageError("serve: " + err.Error())
 	}
 	var err error
 	if f.gossipProfile, err = peer.ParseGossipProfile(*profile); err != nil {
@@ -240,7 +258,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Name:       f.name,
 		GossipAddr: f.gossipAddr,
 		RPCAddr:    f.grpcAddr,
-		Join:       splitList(f.join),
 		// Advertised addresses, when the bound ones are not reachable.
 		GossipAdvertiseAddr: f.gossipAdvertise,
 		RPCAdvertiseAddr:    f.grpcAdvertise,
@@ -249,10 +266,21 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		GossipProfile:       f.gossipProfile,
 		JoinTimeout:         f.joinTimeout,
 	}
+	// Envoy's RateLimitService is always served, on the gRPC port; without
+	// "domains" in the policy file every domain is unknown and answered
+	// OK, as envoyproxy/ratelimit answers an unknown domain.
+	envoy, _ := envoyrls.Compile(nil)
 	if f.policies != "" {
-		if cfg.Policies, err = loadPolicies(f.policies); err != nil {
+		var fileEnvoy *envoyrls.Table
+		if cfg.Policies, fileEnvoy, err = loadPolicyFile(f.policies); err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
+		if fileEnvoy != nil {
+			envoy = fileEnvoy
+		}
+	}
+	cfg.RegisterServices = func(s grpc.ServiceRegistrar, n *peer.Node) {
+		envoyrls.New(n, envoy, log).Register(s)
 	}
 	if f.gossipKey != "" {
 		if cfg.GossipKey, err = loadGossipKey(f.gossipKey); err != nil {
@@ -296,6 +324,20 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 
 	startCtx, cancelStart := context.WithTimeout(ctx, f.joinTimeout)
+	joins, _ := parseJoin(f.join) // checked in parseServeFlags
+	if !hasDNS(joins) {
+		cfg.Join = splitList(f.join)
+	} else {
+		_, port, _ := net.SplitHostPort(f.gossipAddr)
+		addrs, err := resolveJoin(startCtx, net.DefaultResolver, joins, selfFunc(port))
+		if err != nil {
+			log.Warn("dns join: resolve", "err", err)
+		}
+		if len(addrs) == 0 {
+			log.Info("dns join: no other member found: starting a new cluster")
+		}
+		cfg.Join = addrs
+	}
 	node, err := peer.New(startCtx, cfg)
 	cancelStart()
 	if err != nil {
@@ -332,6 +374,30 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}()
 	}
 
+	// The DNS refresh goroutine is runServe's: stopped and waited for
+	// before the node closes.
+	refreshCtx, stopRefresh := context.WithCancel(ctx)
+	refreshDone := make(chan struct{})
+	if hasDNS(joins) && f.joinRefresh > 0 {
+		_, port, _ := net.SplitHostPort(node.GossipAddr())
+		self := selfFunc(port)
+		go func() {
+			defer close(refreshDone)
+			t := time.NewTicker(f.joinRefresh)
+			defer t.Stop()
+			for {
+				select {
+				case <-refreshCtx.Done():
+					return
+				case <-t.C:
+					refreshJoin(refreshCtx, net.DefaultResolver, node, joins, self, log)
+				}
+			}
+		}()
+	} else {
+		close(refreshDone)
+	}
+
 	var runErr error
 	select {
 	case <-ctx.Done():
@@ -343,6 +409,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		log.Error("http server failed: draining", "err", err)
 	}
 	api.draining.Store(true)
+	stopRefresh()
+	<-refreshDone
 
 	// Shutdown must not inherit ctx: it is already cancelled by the signal.
 	drainCtx, cancelDrain := context.WithTimeout(context.WithoutCancel(ctx), f.drainTimeout)

@@ -1,0 +1,222 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+const deployDir = "deploy/kubernetes"
+
+// manifestDocs parses every YAML document of the manifests directory.
+func manifestDocs(t *testing.T) map[string][]map[string]any {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(deployDir, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests in %s: %v", deployDir, err)
+	}
+	out := map[string][]map[string]any{} // kind -> documents
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		for {
+			var doc map[string]any
+			if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			kind, _ := doc["kind"].(string)
+			out[kind] = append(out[kind], doc)
+		}
+	}
+	return out
+}
+
+// dig walks maps and lists: dig(doc, "spec", "template", 0, ...).
+func dig(v any, path ...any) any {
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, _ := v.(map[string]any)
+			v = m[k]
+		case int:
+			l, _ := v.([]any)
+			if k >= len(l) {
+				return nil
+			}
+			v = l[k]
+		}
+	}
+	return v
+}
+
+// envRef matches a Kubernetes $(VAR) reference.
+var envRef = regexp.MustCompile(`\$\([A-Z_]+\)`)
+
+// TestDeployManifests checks the Kubernetes manifests against serve: every
+// flag and RINGLIMIT_* variable they pass parses in serve's flag set,
+// every HTTP path they probe is served, and the pieces the docs promise
+// are there.
+func TestDeployManifests(t *testing.T) {
+	t.Parallel()
+	docs := manifestDocs(t)
+	if len(docs["StatefulSet"]) != 1 {
+		t.Fatalf("want one StatefulSet, got %d", len(docs["StatefulSet"]))
+	}
+	ss := docs["StatefulSet"][0]
+	pod := dig(ss, "spec", "template", "spec")
+	c := dig(pod, "containers", 0)
+	var args []string
+	for _, a := range dig(c, "args").([]any) {
+		args = append(args, envRef.ReplaceAllString(a.(string), "10.0.0.7"))
+	}
+	if len(args) == 0 || args[0] != "serve" {
+		t.Fatalf("container args %q, want serve first", args)
+	}
+	flags := args[1:]
+	for _, e := range dig(c, "env").([]any) {
+		name := dig(e, "name").(string)
+		if f, ok := strings.CutPrefix(name, "RINGLIMIT_"); ok {
+			flags = append(flags, "--"+strings.ReplaceAll(strings.ToLower(f), "_", "-")+"=ringlimit-0")
+		}
+	}
+	var stderr bytes.Buffer
+	f, err := parseServeFlags(flags, &stderr)
+	if err != nil {
+		t.Fatalf("serve rejects the manifest's flags %q: %v\n%s", flags, err, stderr.String())
+	}
+	if !strings.HasPrefix(f.join, "dns+ringlimit-gossip.") || !strings.HasSuffix(f.join, ":7946") || string(f.gossipProfile) != "lan" {
+		t.Errorf("join %q, profile %q: want dns+ringlimit-gossip.<ns>...:7946 and lan", f.join, f.gossipProfile)
+	}
+	if f.gossipKey == "" || f.tlsCert == "" || f.policies == "" {
+		t.Errorf("manifest lacks --gossip-key, --tls-* or --policies: %q", flags)
+	}
+	grace, _ := dig(pod, "terminationGracePeriodSeconds").(int)
+	if time.Duration(grace)*time.Second < f.drainTimeout+5*time.Second {
+		t.Errorf("terminationGracePeriodSeconds %d does not cover --drain-timeout %v plus leaving", grace, f.drainTimeout)
+	}
+
+	// Probed paths are served by serve's HTTP mux.
+	mux := (&httpAPI{}).routes().(*http.ServeMux)
+	for probe, want := range map[string]string{"readinessProbe": "/readyz", "livenessProbe": "/healthz"} {
+		path, _ := dig(c, probe, "httpGet", "path").(string)
+		if path != want {
+			t.Errorf("%s path %q, want %q", probe, path, want)
+		}
+		if _, pattern := mux.Handler(httptestRequest("GET", path)); pattern == "" {
+			t.Errorf("%s probes %s, which serve does not serve", probe, path)
+		}
+	}
+	if dig(c, "resources", "requests") == nil || dig(c, "resources", "limits") == nil {
+		t.Error("container lacks resource requests or limits")
+	}
+
+	var headless bool
+	for _, s := range docs["Service"] {
+		if dig(s, "spec", "clusterIP") == "None" {
+			headless = dig(s, "spec", "publishNotReadyAddresses") == true
+		}
+	}
+	if !headless {
+		t.Error("want a headless Service with publishNotReadyAddresses: true")
+	}
+	if len(docs["PodDisruptionBudget"]) != 1 || dig(docs["PodDisruptionBudget"][0], "spec", "maxUnavailable") != 1 {
+		t.Error("want a PodDisruptionBudget with maxUnavailable: 1")
+	}
+	// The policy ConfigMap parses as a policy file.
+	cm := docs["ConfigMap"]
+	if len(cm) != 1 {
+		t.Fatalf("want one ConfigMap, got %d", len(cm))
+	}
+	if _, _, err := parsePolicyFile([]byte(dig(cm[0], "data", "policies.yaml").(string))); err != nil {
+		t.Errorf("the ConfigMap's policies.yaml: %v", err)
+	}
+	if img, _ := dig(c, "image").(string); !strings.HasPrefix(img, "ringlimit:") {
+		t.Errorf("image %q, want the ringlimit image the Dockerfile builds", img)
+	}
+}
+
+func httptestRequest(method, path string) *http.Request {
+	r, _ := http.NewRequest(method, "http://x"+path, nil)
+	return r
+}
+
+// TestDeployDockerfile runs the Dockerfile's go build line (no container
+// runtime here) into a temporary directory and checks the binary runs, and
+// that the run-time stage is shell-free and non-root.
+func TestDeployDockerfile(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	t.Parallel()
+	data, err := os.ReadFile(filepath.Join(deployDir, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var run string
+	var froms []string
+	user, entry := "", ""
+	for _, line := range strings.Split(string(data), "\n") {
+		switch {
+		case strings.HasPrefix(line, "RUN ") && strings.Contains(line, " go build "):
+			run = strings.TrimPrefix(line, "RUN ")
+		case strings.HasPrefix(line, "FROM "):
+			froms = append(froms, line)
+		case strings.HasPrefix(line, "USER "):
+			user = line
+		case strings.HasPrefix(line, "ENTRYPOINT "):
+			entry = line
+		}
+	}
+	if len(froms) != 2 || !strings.HasPrefix(froms[0], "FROM golang:1.26") ||
+		!(strings.Contains(froms[1], "distroless/static") || strings.Contains(froms[1], "scratch")) {
+		t.Errorf("stages %q, want golang:1.26 then distroless/static or scratch", froms)
+	}
+	if u := strings.TrimPrefix(user, "USER "); user == "" || u == "root" || u == "0" || strings.HasPrefix(u, "root:") || strings.HasPrefix(u, "0:") {
+		t.Errorf("USER line %q, want a non-root user", user)
+	}
+	if !strings.HasPrefix(entry, `ENTRYPOINT ["`) {
+		t.Errorf("ENTRYPOINT %q, want the exec form (no shell at run time)", entry)
+	}
+	fields := strings.Fields(run)
+	var env []string
+	for len(fields) > 0 && strings.Contains(fields[0], "=") {
+		env, fields = append(env, fields[0]), fields[1:]
+	}
+	if len(fields) < 2 || fields[0] != "go" || fields[1] != "build" || !strings.Contains(run, "CGO_ENABLED=0") {
+		t.Fatalf("RUN line %q, want CGO_ENABLED=0 go build ...", run)
+	}
+	bin := filepath.Join(t.TempDir(), "ringlimit")
+	for i := range fields {
+		if fields[i] == "-o" && i+1 < len(fields) {
+			fields[i+1] = bin
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	build := exec.CommandContext(ctx, "go", fields[1:]...)
+	build.Dir = filepath.Join("..", "..") // the Dockerfile builds from the repository root
+	build.Env = append(os.Environ(), env...)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", run, err, out)
+	}
+	out, err := exec.CommandContext(ctx, bin, "help").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "ringlimit help") {
+		t.Errorf("%s help: %v\n%s", bin, err, out)
+	}
+}

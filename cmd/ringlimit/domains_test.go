@@ -1,0 +1,127 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestEnvoyDomainsConfig parses the policy file's "domains" section: the
+// generated policies, and errors that name the path and line.
+func TestEnvoyDomainsConfig(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		in      string
+		want    map[string]time.Duration // generated policy -> window
+		limits  map[string]int64
+		wantErr []string
+	}{
+		{
+			name: "both rate_limit forms, nesting, unlimited, shadow",
+			in: `domains:
+  - domain: edge
+    descriptors:
+      - key: remote_address
+        rate_limit: {unit: second, requests_per_unit: 10}
+      - key: path
+        value: /login
+        descriptors:
+          - key: remote_address
+            rate_limit: {window: 1m30s, requests: 5}
+            shadow_mode: true
+      - key: client
+        value: internal
+        rate_limit: {unlimited: true}
+      - key: day
+        rate_limit: {unit: day, requests_per_unit: 1000, unit_multiplier: 7}
+`,
+			want: map[string]time.Duration{
+				"envoy:edge:remote_address":               time.Second,
+				"envoy:edge:path=%2Flogin/remote_address": 90 * time.Second,
+				"envoy:edge:day":                          7 * 24 * time.Hour,
+			},
+			limits: map[string]int64{"envoy:edge:remote_address": 10, "envoy:edge:path=%2Flogin/remote_address": 5, "envoy:edge:day": 1000},
+		},
+		{
+			name: "policies and domains together, JSON",
+			in:   `{"policies": [{"name": "api", "limit": 1, "window": "1s"}], "domains": [{"domain": "d", "descriptors": [{"key": "k", "rate_limit": {"window": "1m", "requests": 3}}]}]}`,
+			want: map[string]time.Duration{"api": time.Second, "envoy:d:k": time.Minute},
+		},
+		{
+			name:    "unknown unit",
+			in:      "domains:\n  - domain: d\n    descriptors:\n      - key: k\n        rate_limit: {unit: month, requests_per_unit: 1}\n",
+			wantErr: []string{`domains[0].descriptors[0].rate_limit at line 5: unit "month": want second, minute, hour or day (for longer windows write window: 720h)`},
+		},
+		{
+			name:    "bad window and missing requests",
+			in:      "domains:\n  - domain: d\n    descriptors:\n      - key: k\n        rate_limit:\n          window: 5x\n",
+			wantErr: []string{`domains[0].descriptors[0].rate_limit at line 6: window "5x" must be a positive Go duration`, "requests is missing"},
+		},
+		{
+			name:    "both forms",
+			in:      "domains:\n  - domain: d\n    descriptors:\n      - key: k\n        rate_limit: {unit: second, requests_per_unit: 1, window: 1s}\n",
+			wantErr: []string{"give either unit and requests_per_unit, or window and requests, not both"},
+		},
+		{
+			name:    "unsupported and unknown fields",
+			in:      "domains:\n  - domain: d\n    descriptors:\n      - key: k\n        detailed_metric: true\n        burst: 3\n        rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: x}]}\n",
+			wantErr: []string{`domains[0].descriptors[0]: field "detailed_metric" at line 5 is not supported by ringlimit`, `domains[0].descriptors[0]: unknown field "burst" at line 6 (want key, value, rate_limit, shadow_mode, descriptors)`, `field "replaces" at line 7 is not supported`},
+		},
+		{
+			name:    "missing key, duplicate sibling, duplicate domain",
+			in:      "domains:\n  - domain: d\n    descriptors:\n      - value: v\n      - key: k\n        value: v\n      - key: k\n        value: v\n  - domain: d\n",
+			wantErr: []string{"domains[0].descriptors[0] at line 4: key is missing", `domains[0].descriptors[2]: key "k" with value "v" given twice (lines 5 and 7)`, `domains[1]: domain "d" given twice (lines 2 and 9)`},
+		},
+		{
+			name:    "wrong kinds",
+			in:      "domains:\n  - domain: d\n    response_headers: yes please\n    descriptors:\n      - key: k\n        rate_limit: {unit: second, requests_per_unit: ten}\n",
+			wantErr: []string{`domains[0]: response_headers must be true or false, got the string "yes please" at line 3`, `requests_per_unit must be a whole number, got the string "ten" at line 6`},
+		},
+		{
+			name:    "reserved policy name",
+			in:      "policies:\n  - name: envoy:x\n    limit: 1\n    window: 1s\n",
+			wantErr: []string{`names starting with "envoy:" are reserved`},
+		},
+		{
+			name:    "domains not a list",
+			in:      "domains: {domain: d}\n",
+			wantErr: []string{`"domains" must be a list of {domain, descriptors, response_headers} entries, got a map at line 1`},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, _, err := parsePolicyFile([]byte(tc.in))
+			if len(tc.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("parsePolicyFile(%q) = %v, want an error containing %q", tc.in, got, tc.wantErr)
+				}
+				for _, w := range tc.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("parsePolicyFile(%q) error\n%v\nlacks %q", tc.in, err, w)
+					}
+				}
+				if strings.Contains(err.Error(), "envoyrls.") || strings.Contains(err.Error(), "!!") {
+					t.Errorf("error leaks Go or YAML internals:\n%v", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("parsePolicyFile(%q): %v", tc.in, err)
+			}
+			if len(got) != len(tc.want) {
+				t.Errorf("got policies %v, want %v", got, tc.want)
+			}
+			for name, w := range tc.want {
+				if got[name].Window != w {
+					t.Errorf("policy %q window %v, want %v (table %v)", name, got[name].Window, w, got)
+				}
+				if l, ok := tc.limits[name]; ok && got[name].Limit != l {
+					t.Errorf("policy %q limit %d, want %d", name, got[name].Limit, l)
+				}
+			}
+			if p := got["envoy:edge:path=%2Flogin/remote_address"]; tc.limits != nil && !p.Shadow {
+				t.Errorf("shadow_mode not carried into the policy: %+v", p)
+			}
+		})
+	}
+}

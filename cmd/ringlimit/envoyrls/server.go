@@ -1,0 +1,345 @@
+package envoyrls
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ringlimit/ringlimit/peer"
+)
+
+// maxDescriptors bounds one request's descriptors (Envoy sends one per
+// matching rate_limits action: a handful).
+const maxDescriptors = 256
+
+// maxMulti is peer.Request.Policies' limit.
+const maxMulti = 16
+
+// Limiter is what the service needs from a node; *peer.Node has it.
+type Limiter interface {
+	Allow(ctx context.Context, req peer.Request) (peer.Decision, error)
+	Peek(ctx context.Context, req peer.Request) (peer.Decision, error)
+	Refund(ctx context.Context, req peer.Request) (peer.Decision, error)
+}
+
+// Server implements RateLimitService on a Limiter with a Table. It is safe
+// for concurrent use and starts no goroutine of its own beyond one per
+// group of descriptors while a call runs.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	l   Limiter
+	t   *Table
+	log *slog.Logger
+}
+
+// New returns a server deciding with l by table t; log may be nil
+// (discard).
+func New(l Limiter, t *Table, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Server{l: l, t: t, log: log}
+}
+
+// Register registers the service on s.
+func (s *Server) Register(r grpc.ServiceRegistrar) {
+	rlsv3.RegisterRateLimitServiceServer(r, s)
+}
+
+// item is one limited descriptor of a request.
+type item struct {
+	idx     int
+	n       *node
+	subject string
+	hits    int64
+}
+
+// ShouldRateLimit decides a request as the package doc describes.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if req.GetDomain() == "" {
+		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	}
+	descs := req.GetDescriptors()
+	if len(descs) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	}
+	if len(descs) > maxDescriptors {
+		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors: at most %d", len(descs), maxDescriptors)
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs))}
+	for i := range resp.Statuses {
+		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	}
+	dt := s.t.domains[req.GetDomain()]
+	if dt == nil {
+		// As envoyproxy/ratelimit: an unknown domain limits nothing.
+		return resp, nil
+	}
+	var refunds, allows []item
+	for i, d := range descs {
+		entries := make([]entryValue, len(d.GetEntries()))
+		for j, e := range d.GetEntries() {
+			entries[j] = entryValue{key: e.GetKey(), value: e.GetValue()}
+		}
+		if len(entries) == 0 {
+			continue
+		}
+		n := dt.match(entries)
+		if n == nil || n.limit == nil {
+			continue // unmatched or unlimited: OK, no limit
+		}
+		hits := uint64(req.GetHitsAddend())
+		if d.GetHitsAddend() != nil {
+			hits = d.GetHitsAddend().GetValue()
+		}
+		it := item{idx: i, n: n, subject: subject(entries), hits: int64(min(max(hits, 1), math.MaxInt64))}
+		if d.GetIsNegativeHits() {
+			refunds = append(refunds, it)
+		} else {
+			allows = append(allows, it)
+		}
+	}
+
+	calls := make([]func() error, 0, len(refunds)+len(allows))
+	for _, it := range refunds {
+		calls = append(calls, func() error { return s.refund(ctx, dt, it, resp.Statuses) })
+	}
+	for _, g := range groups(allows) {
+		calls = append(calls, func() error { return s.allow(ctx, dt, g, resp.Statuses) })
+	}
+	errs := make([]error, len(calls))
+	if len(calls) == 1 {
+		errs[0] = calls[0]()
+	} else {
+		var wg sync.WaitGroup
+		for i, c := range calls {
+			wg.Go(func() { errs[i] = c() })
+		}
+		wg.Wait()
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, s.grpcError(err)
+	}
+	for _, st := range resp.Statuses {
+		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+	}
+	if dt.headers {
+		resp.ResponseHeadersToAdd = headers(resp.Statuses)
+	}
+	return resp, nil
+}
+
+// groups splits items into atomic groups: same subject, cost and shadow
+// mode, distinct policies, at most maxMulti each; in request order.
+func groups(items []item) [][]item {
+	type gk struct {
+		subject string
+		hits    int64
+		shadow  bool
+	}
+	var out [][]item
+	open := map[gk]int{} // the group still accepting items of gk
+	for _, it := range items {
+		k := gk{it.subject, it.hits, it.n.shadow}
+		if gi, ok := open[k]; ok && len(out[gi]) < maxMulti && !hasPolicy(out[gi], it.n.policy) {
+			out[gi] = append(out[gi], it)
+			continue
+		}
+		open[k] = len(out)
+		out = append(out, []item{it})
+	}
+	return out
+}
+
+func hasPolicy(g []item, policy string) bool {
+	for _, it := range g {
+		if it.n.policy == policy {
+			return true
+		}
+	}
+	return false
+}
+
+// allow decides one atomic group and fills its statuses.
+func (s *Server) allow(ctx context.Context, dt *domainTable, g []item, sts []*rlsv3.RateLimitResponse_DescriptorStatus) error {
+	req := peer.Request{Key: peer.Key{Tenant: dt.tenant, Subject: g[0].subject}, Hits: g[0].hits}
+	oversize := false
+	for _, it := range g {
+		oversize = oversize || it.hits > it.n.limit.Requests
+		req.Policies = append(req.Policies, it.n.policy)
+	}
+	if oversize {
+		// A cost above a limit can never fit: the group is refused
+		// without recording; report each key's state as it is.
+		req.Hits = 1
+	}
+	if len(g) == 1 {
+		req.Key.Policy, req.Policies = req.Policies[0], nil
+	}
+	var d peer.Decision
+	var err error
+	if oversize {
+		d, err = s.l.Peek(ctx, req)
+	} else {
+		d, err = s.l.Allow(ctx, req)
+	}
+	if err != nil {
+		return err
+	}
+	for j, it := range g {
+		pd := peer.PolicyDecision{Policy: it.n.policy, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, RetryAfter: d.RetryAfter, ResetAfter: d.ResetAfter}
+		if len(d.Limits) == len(g) {
+			pd = d.Limits[j]
+		}
+		if oversize {
+			pd.Allowed = it.hits <= it.n.limit.Requests
+		}
+		sts[it.idx] = status1(it.n, pd)
+	}
+	return nil
+}
+
+// refund gives back one descriptor's hits and fills its status.
+func (s *Server) refund(ctx context.Context, dt *domainTable, it item, sts []*rlsv3.RateLimitResponse_DescriptorStatus) error {
+	// Giving back more than the limit is giving back everything.
+	hits := min(it.hits, it.n.limit.Requests)
+	d, err := s.l.Refund(ctx, peer.Request{Key: peer.Key{Tenant: dt.tenant, Subject: it.subject, Policy: it.n.policy}, Hits: hits})
+	if err != nil {
+		return err
+	}
+	sts[it.idx] = status1(it.n, peer.PolicyDecision{Policy: it.n.policy, Allowed: true, Limit: d.Limit, Remaining: d.Remaining, ResetAfter: d.ResetAfter})
+	return nil
+}
+
+// status1 is one limited descriptor's status.
+func status1(n *node, pd peer.PolicyDecision) *rlsv3.RateLimitResponse_DescriptorStatus {
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{
+		Code:           rlsv3.RateLimitResponse_OK,
+		CurrentLimit:   CurrentLimit(n.policy, *n.limit),
+		LimitRemaining: uint32(min(max(pd.Remaining, 0), math.MaxUint32)),
+	}
+	reset := pd.ResetAfter
+	if !pd.Allowed && !n.shadow {
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		reset = pd.RetryAfter
+	}
+	st.DurationUntilReset = durationpb.New(max(reset, 0))
+	return st
+}
+
+// CurrentLimit describes l as Envoy's RateLimit: requests_per_unit =
+// Requests, and the window as unit × unit_multiplier with the largest of
+// day, hour, minute and second that divides it exactly (1m30s is SECOND ×
+// 90, 2h is HOUR × 2). A window that is not a whole number of seconds is
+// reported as SECOND × its seconds rounded up (500ms is SECOND × 1):
+// Envoy has no smaller unit. unit_multiplier is omitted when it is 1.
+func CurrentLimit(name string, l Limit) *rlsv3.RateLimitResponse_RateLimit {
+	rl := &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(min(l.Requests, math.MaxUint32))}
+	mult := int64(0)
+	for _, u := range []struct {
+		d    time.Duration
+		unit rlsv3.RateLimitResponse_RateLimit_Unit
+	}{
+		{24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
+		{time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR},
+		{time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+		{time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND},
+	} {
+		if l.Window%u.d == 0 {
+			rl.Unit, mult = u.unit, int64(l.Window/u.d)
+			break
+		}
+	}
+	if mult == 0 {
+		rl.Unit, mult = rlsv3.RateLimitResponse_RateLimit_SECOND, int64((l.Window+time.Second-1)/time.Second)
+	}
+	if mult != 1 {
+		rl.UnitMultiplier = wrapperspb.UInt32(uint32(min(mult, math.MaxUint32)))
+	}
+	return rl
+}
+
+// grpcError maps an error from the node to a gRPC status: Unavailable when
+// the limiter could not decide (Envoy's failure_mode_deny then applies),
+// Canceled or DeadlineExceeded for the caller's context, Internal
+// otherwise (a generated key or policy the node refused: a bug).
+func (s *Server) grpcError(err error) error {
+	switch {
+	case errors.Is(err, peer.ErrUnavailable), errors.Is(err, peer.ErrClosed):
+		s.log.Debug("envoy rls unavailable", "err", err)
+		return status.Error(codes.Unavailable, "ringlimit: rate limiter unavailable: could not get a decision from the key's owner")
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, "ringlimit: request canceled")
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, "ringlimit: deadline exceeded")
+	default:
+		s.log.Error("envoy rls failed", "err", err)
+		return status.Error(codes.Internal, "ringlimit: internal error")
+	}
+}
+
+// headers builds RateLimit-Policy and RateLimit for the limited
+// descriptors, one item each, in request order.
+func headers(sts []*rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
+	var pols, states []string
+	for _, st := range sts {
+		cl := st.GetCurrentLimit()
+		if cl == nil {
+			continue
+		}
+		h := http.Header{}
+		window := unitDuration(cl)
+		d := peer.Decision{Allowed: st.Code == rlsv3.RateLimitResponse_OK, Limit: int64(cl.RequestsPerUnit), Remaining: int64(st.LimitRemaining)}
+		if d.Allowed {
+			d.ResetAfter = st.GetDurationUntilReset().AsDuration()
+		} else {
+			d.RetryAfter = st.GetDurationUntilReset().AsDuration()
+			d.ResetAfter = d.RetryAfter
+		}
+		peer.RateLimitHeaders(h, cl.Name, peer.PolicyConfig{Limit: int64(cl.RequestsPerUnit), Window: window}, d)
+		pols = append(pols, h.Get("RateLimit-Policy"))
+		states = append(states, h.Get("RateLimit"))
+	}
+	if len(pols) == 0 {
+		return nil
+	}
+	return []*corev3.HeaderValue{
+		{Key: "RateLimit-Policy", Value: strings.Join(pols, ", ")},
+		{Key: "RateLimit", Value: strings.Join(states, ", ")},
+	}
+}
+
+// unitDuration is the window a RateLimit describes.
+func unitDuration(cl *rlsv3.RateLimitResponse_RateLimit) time.Duration {
+	var u time.Duration
+	switch cl.Unit {
+	case rlsv3.RateLimitResponse_RateLimit_DAY:
+		u = 24 * time.Hour
+	case rlsv3.RateLimitResponse_RateLimit_HOUR:
+		u = time.Hour
+	case rlsv3.RateLimitResponse_RateLimit_MINUTE:
+		u = time.Minute
+	default:
+		u = time.Second
+	}
+	m := time.Duration(1)
+	if cl.UnitMultiplier != nil {
+		m = time.Duration(cl.UnitMultiplier.GetValue())
+	}
+	return u * m
+}

@@ -1,0 +1,96 @@
+package envoyrls
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ringlimit/ringlimit/peer"
+)
+
+// unavailable is a Limiter that can never decide.
+type unavailable struct{}
+
+func (unavailable) Allow(context.Context, peer.Request) (peer.Decision, error) {
+	return peer.Decision{}, fmt.Errorf("%w: owner gone", peer.ErrUnavailable)
+}
+func (u unavailable) Peek(ctx context.Context, r peer.Request) (peer.Decision, error) {
+	return u.Allow(ctx, r)
+}
+func (u unavailable) Refund(ctx context.Context, r peer.Request) (peer.Decision, error) {
+	return u.Allow(ctx, r)
+}
+
+func TestEnvoyUnavailableIsGRPCUnavailable(t *testing.T) {
+	t.Parallel()
+	tab, err := Compile([]Domain{{Name: "d", Descriptors: []Descriptor{{Key: "k", Limit: &Limit{Requests: 1, Window: time.Second}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(unavailable{}, tab, nil)
+	d := &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}
+	_, err = s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("ShouldRateLimit with an unavailable limiter = %v, want gRPC Unavailable", err)
+	}
+	// Nothing to decide: no call, no error.
+	if _, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "other", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}}); err != nil {
+		t.Errorf("unknown domain with an unavailable limiter = %v, want OK", err)
+	}
+}
+
+func TestEnvoyCurrentLimit(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		window time.Duration
+		unit   rlsv3.RateLimitResponse_RateLimit_Unit
+		mult   uint32 // 0: omitted (1)
+	}{
+		{time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND, 0},
+		{90 * time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND, 90},
+		{time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE, 0},
+		{2 * time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR, 2},
+		{48 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY, 2},
+		{500 * time.Millisecond, rlsv3.RateLimitResponse_RateLimit_SECOND, 0},
+		{1500 * time.Millisecond, rlsv3.RateLimitResponse_RateLimit_SECOND, 2},
+	} {
+		got := CurrentLimit("p", Limit{Requests: 7, Window: tc.window})
+		if got.Unit != tc.unit || got.GetUnitMultiplier().GetValue() != tc.mult || got.RequestsPerUnit != 7 {
+			t.Errorf("CurrentLimit(window %v) = %v, want %v × %d", tc.window, got, tc.unit, tc.mult)
+		}
+	}
+}
+
+func TestEnvoyKeys(t *testing.T) {
+	t.Parallel()
+	// Values are encoded one by one and joined by '|', which KeyPart
+	// never produces: shifting a separator changes the subject.
+	if a, b := subject([]entryValue{{"k", "a|b"}, {"k", "c"}}), subject([]entryValue{{"k", "a"}, {"k", "b|c"}}); a == b {
+		t.Errorf("subjects collide: %q", a)
+	}
+	long := string(make([]byte, 200))
+	if s := subject([]entryValue{{"k", long}, {"k", long}}); len(s) > 128 {
+		t.Errorf("long subject is %d bytes, want at most 128", len(s))
+	}
+	for _, tc := range []struct {
+		domain string
+		path   [][2]string
+		want   string
+	}{
+		{"edge", [][2]string{{"path", "/login"}, {"remote_address", ""}}, "envoy:edge:path=%2Flogin/remote_address"},
+		{"a:b", [][2]string{{"c", ""}}, "envoy:a%3Ab:c"},
+	} {
+		if got := PolicyName(tc.domain, tc.path); got != tc.want {
+			t.Errorf("PolicyName(%q, %v) = %q, want %q", tc.domain, tc.path, got, tc.want)
+		}
+	}
+	if got := PolicyName(string(make([]byte, 300)), nil); len(got) != 128 {
+		t.Errorf("long policy name is %d bytes, want 128", len(got))
+	}
+}
