@@ -516,26 +516,48 @@ func (w *memberlistLog) close() {
 }
 
 // adoptCluster returns the node's cluster id. A node that joined and has
-// none yet adopts the smallest id among the members it sees (they are the
-// cluster it joined) and gossips it. Called by the rebuild goroutine.
+// none yet adopts the id of the cluster it sees (they are the cluster it
+// joined) and gossips it.
+//
+// Two clusters founded separately can meet (a second node started without
+// Join, a DNS lookup that found nobody). They must not simply merge: each
+// holds every partition, which would give every partition two holders. So
+// the smaller cluster (fewer members seen; at equal size, the larger id)
+// gives way: its nodes drop every partition and copy they hold — their
+// keys restart empty on the other side, logged at Error and counted — and
+// join the other cluster, which then moves partitions to them as to any
+// joiner. Members of a cluster that has not given way yet are ignored.
+// Called by the rebuild goroutine.
 func (n *Node) adoptCluster(members map[string][]byte) uint64 {
 	mine := n.clusterID.Load()
-	if mine != 0 {
-		return mine
-	}
+	count := map[uint64]int{}
 	for name, raw := range members {
 		md, err := decodeMeta(raw)
-		if err != nil || name == n.name || md.fingerprint != n.fp || md.cluster == 0 {
+		if err != nil || md.fingerprint != n.fp {
 			continue
 		}
-		if mine == 0 || md.cluster < mine {
-			mine = md.cluster
+		id := md.cluster
+		if name == n.name {
+			id = mine
+		}
+		if id != 0 {
+			count[id]++
 		}
 	}
-	if mine == 0 {
-		return 0
+	best := mine
+	for id, c := range count {
+		if best == 0 || c > count[best] || c == count[best] && id < best {
+			best = id
+		}
 	}
-	n.clusterID.Store(mine)
+	if best == 0 || best == mine {
+		return mine
+	}
+	if mine != 0 {
+		n.giveWay(mine, best, count[mine], count[best])
+	}
+	n.clusterID.Store(best)
+	mine = best
 	n.delegate.setMeta(n.meta(n.closing.Load()))
 	// Best effort: the id also travels with the next gossip of our meta.
 	_ = n.ml.UpdateNode(100 * time.Millisecond)

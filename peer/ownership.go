@@ -885,3 +885,30 @@ func (n *Node) dropStaleReplica(pid int, holder string, epoch uint64) {
 		n.log.Debug("stale partition copy dropped", "partition", pid, "owner", holder, "epoch", epoch)
 	}
 }
+
+// giveWay drops every partition and copy this node holds: its cluster
+// (from) met a larger one (to) and joins it. The dropped keys restart empty
+// on the other side.
+func (n *Node) giveWay(from, to uint64, fromMembers, toMembers int) {
+	parts, keys := 0, 0
+	for i := range n.pt.parts {
+		pt := &n.pt.parts[i]
+		pt.mu.Lock()
+		if (pt.role == roleHolder || pt.role == roleFenced) && pt.store != nil {
+			parts++
+			keys += pt.store.Len()
+		}
+		pt.store = nil
+		pt.rep = replica{}
+		pt.backup = ""
+		pt.needSync = false
+		pt.leaseUntil.Store(0)
+		pt.setRoleLocked(roleNone, "", 0, n.clock())
+		pt.epoch = 0
+		pt.mu.Unlock()
+	}
+	n.metrics.Handoff("lost", "merged", keys)
+	n.log.Error("joined another cluster founded separately: partition state dropped",
+		"cluster", fmt.Sprintf("%016x", from), "members", fromMembers, "joined_cluster", fmt.Sprintf("%016x", to),
+		"joined_members", toMembers, "partitions", parts, "keys", keys)
+}

@@ -417,37 +417,58 @@ func TestOwnershipDoubleFault(t *testing.T) {
 	}
 }
 
-// TestSeparateClustersDoNotMerge starts two nodes without Join (each founds
-// its own cluster and holds every partition), then makes them meet through
-// gossip. They must not merge into one ring — that would give every
-// partition two holders — but ignore each other and say so in readiness.
-// A third node that joins one of them adopts that cluster.
-func TestSeparateClustersDoNotMerge(t *testing.T) {
-	a := &cluster{t: t, base: Config{Policies: map[string]PolicyConfig{"p": {Limit: 3, Window: time.Minute}}}}
+// TestSeparateClustersMerge starts two nodes without Join (each founds its
+// own cluster and holds every partition), then makes them meet through
+// gossip. They must not simply merge — every partition would have two
+// holders — so one cluster gives way: its node drops its partitions (logged
+// at Error) and joins the other, which moves partitions to it. Afterwards
+// every key has one decision point: a limit of 3 admits exactly 3 through
+// both nodes.
+func TestSeparateClustersMerge(t *testing.T) {
+	logs := newHoLogs()
+	base := Config{Logger: slog.New(logs), Policies: map[string]PolicyConfig{"p": {Limit: 3, Window: time.Minute}}}
+	a := &cluster{t: t, base: base}
 	na := a.add("a")
-	b := &cluster{t: t, base: a.base}
+	b := &cluster{t: t, base: base}
 	nb := b.add("b")
+	k := Key{Tenant: "t", Subject: "s", Policy: "p"}
+	for _, nd := range []*Node{na, nb} {
+		if d, err := nd.Allow(context.Background(), Request{Key: k}); err != nil || !d.Allowed {
+			t.Fatalf("before the merge via %s: %+v, %v", nd.Name(), d, err)
+		}
+	}
 	if n, err := nb.Join(context.Background(), []string{na.GossipAddr()}); err != nil || n == 0 {
 		t.Fatalf("gossip join of the second cluster: %d, %v", n, err)
 	}
-	waitFor(t, 10*time.Second, "both to see the other in gossip and report it", func() bool {
-		okA, whyA := na.Ready()
-		okB, whyB := nb.Ready()
-		return na.GossipMembers() == 2 && nb.GossipMembers() == 2 && !okA && !okB && whyA != "" && whyB != ""
-	})
-	if len(na.Members()) != 1 || len(nb.Members()) != 1 {
-		t.Fatalf("rings %v and %v; want each cluster alone", na.Members(), nb.Members())
-	}
-	// A joiner through a adopts a's cluster and settles with a only.
-	a.add("c")
+	a.nodes = append(a.nodes, nb)
 	a.waitMembers(2)
-	if got := na.Members(); len(got) != 2 || got[0] != "a" || got[1] != "c" {
-		t.Fatalf("a's ring %v, want [a c]", got)
+	gaveWay := 0
+	for _, nd := range []*Node{na, nb} {
+		gaveWay += len(logs.find(nd.Name(), "joined another cluster founded separately: partition state dropped"))
 	}
-	k := Key{Tenant: "t", Subject: "s", Policy: "p"}
-	for range 3 {
-		if d, err := na.Allow(context.Background(), Request{Key: k}); err != nil || !d.Allowed || (d.Owner != "a" && d.Owner != "c") {
-			t.Fatalf("via a: %+v, %v", d, err)
+	if gaveWay != 1 {
+		t.Fatalf("%d nodes logged giving way, want exactly 1", gaveWay)
+	}
+	admitted := int64(0)
+	var owners []string
+	for i := range 6 {
+		d, err := a.nodes[i%2].Allow(context.Background(), Request{Key: k})
+		if err != nil {
+			t.Fatalf("after the merge: %v", err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+		owners = append(owners, d.Owner)
+	}
+	// The winner kept its one admission from before; the loser's was
+	// dropped with its state.
+	if admitted != 2 {
+		t.Fatalf("after the merge %d of 6 admitted (owners %v); want 2: the winner's log (1 of 3 used) decides alone", admitted, owners)
+	}
+	for _, o := range owners[1:] {
+		if o != owners[0] {
+			t.Fatalf("decisions came from %v, want one holder", owners)
 		}
 	}
 }
