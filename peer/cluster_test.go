@@ -128,7 +128,7 @@ func (c *cluster) waitMembers(want int) {
 		}
 		return true
 	})
-	waitFor(c.t, 20*time.Second, "every partition to settle on its target", func() bool {
+	waitFor(c.t, 60*time.Second, "every partition to settle on its target", func() bool {
 		for _, nd := range c.live() {
 			if !nd.Settled() {
 				return false
