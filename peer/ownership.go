@@ -734,12 +734,15 @@ func (n *Node) drain(ctx context.Context) error {
 	n.own.mu.Unlock()
 	pause := time.NewTicker(50 * time.Millisecond)
 	defer pause.Stop()
+	start := time.Now()
+	held0, keys0 := n.heldPartitions()
 	for {
 		n.reconcile(ctx)
 		held, keys := n.heldPartitions()
 		if held == 0 && n.replicasHeld() == 0 {
 			// Nothing held, and every holder that used us as its backup
 			// has a copy elsewhere (we refuse leases while closing).
+			n.log.Info("handoff on leave", "partitions", held0, "keys", keys0, "duration", time.Since(start))
 			return nil
 		}
 		if n.view.Load().snap.Has(n.name) {
