@@ -190,6 +190,9 @@ func (n *Node) ownerLoop() {
 // reconcile itself does not block on the network except for heartbeats,
 // which it sends without waiting.
 func (n *Node) reconcile(ctx context.Context) {
+	// Failed members age out of the quorum count without a membership
+	// event: refresh the decision path's copy here too.
+	n.hasQuorum.Store(n.quorum())
 	v := n.view.Load()
 	beats := map[string][]*peerpb.PartitionOp{}
 	var jobs []func(context.Context)
