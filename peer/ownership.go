@@ -429,20 +429,22 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 func (n *Node) transfer(ctx context.Context, pid int, to string) {
 	pt := &n.pt.parts[pid]
 	pt.mu.RLock()
-	epoch, backup, needSync := pt.epoch, pt.backup, pt.needSync
+	epoch, backup := pt.epoch, pt.backup
 	pt.mu.RUnlock()
 	if !n.fence(pid, epoch) {
 		return
 	}
-	if backup != to || needSync {
-		if err := n.copyTo(ctx, pid, to, epoch+1); err != nil {
-			n.unfence(pid)
-			n.warnThrottled("partition transfer: copy failed", "partition", pid, "peer", to, "err", err)
-			return
-		}
-		if backup != "" && backup != to {
-			n.sendOps(backup, []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_RELEASE, Partition: uint32(pid), Epoch: epoch}}, nil)
-		}
+	// Always a fresh complete copy, made while fenced: even when the
+	// target is already the backup, its copy lacks the admissions of
+	// async policies still in flight and every admission of policies with
+	// replication off, and a graceful move must keep them all.
+	if err := n.copyTo(ctx, pid, to, epoch+1); err != nil {
+		n.unfence(pid)
+		n.warnThrottled("partition transfer: copy failed", "partition", pid, "peer", to, "err", err)
+		return
+	}
+	if backup != "" && backup != to {
+		n.sendOps(backup, []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_RELEASE, Partition: uint32(pid), Epoch: epoch}}, nil)
 	}
 	n.promote(ctx, pid, to)
 }

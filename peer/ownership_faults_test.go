@@ -472,3 +472,44 @@ func TestSeparateClustersMerge(t *testing.T) {
 		}
 	}
 }
+
+// TestGracefulMoveKeepsUnreplicated moves partitions by a graceful leave and
+// by a join: keys of policies with replication off or async, whose
+// admissions the backup may not have, must keep every admission.
+func TestGracefulMoveKeepsUnreplicated(t *testing.T) {
+	const limit = 10
+	c := startCluster(t, 2, Config{Policies: map[string]PolicyConfig{
+		"off":   {Limit: limit, Window: time.Hour, Replication: ReplicateOff},
+		"async": {Limit: limit, Window: time.Hour, Replication: ReplicateAsync},
+	}})
+	var keys []Key
+	for _, pol := range []string{"off", "async"} {
+		keys = append(keys, hoKeys("unrep-"+pol, 40, pol)...)
+	}
+	for _, k := range keys {
+		for range 4 {
+			if d, err := c.nodes[0].Allow(context.Background(), Request{Key: k}); err != nil || !d.Allowed {
+				t.Fatalf("fill %v: %+v, %v", k, d, err)
+			}
+		}
+	}
+	check := func(when string, used int64) {
+		t.Helper()
+		for _, k := range keys {
+			d, err := c.live()[0].Peek(context.Background(), Request{Key: k})
+			if err != nil || d.Remaining != limit-used-1 {
+				t.Fatalf("%s: peek %v = %+v, %v; want %d remaining", when, k, d, err, limit-used-1)
+			}
+		}
+	}
+	c.add("n2")
+	c.waitMembers(3)
+	check("after a join", 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := c.nodes[0].Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	c.waitMembers(2)
+	check("after a leave", 4)
+}
