@@ -128,6 +128,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.own.failed = make(map[string]time.Time)
 	n.own.working = make(map[int]bool)
+	n.own.sem = make(chan struct{}, reconcileParallel)
 	n.own.starts = make(map[string]uint64)
 	n.own.restartedAt = make(map[string]int64)
 	n.own.kick = make(chan struct{}, 1)

@@ -45,8 +45,10 @@ type ownState struct {
 	// partition at epoch 1 from the start.
 	kick chan struct{}
 	// working marks partitions with a transfer or copy in progress, so the
-	// reconcile loop does not start a second one.
+	// reconcile loop does not start a second one; sem bounds the steps
+	// running at once.
 	working map[int]bool
+	sem     chan struct{}
 	stopped bool // Close has begun: take nothing new over
 	// starts is each member's last seen process start id, restartedAt
 	// (monotonic ns) when a member last came back as a new process: the old
@@ -246,25 +248,24 @@ func (n *Node) reconcile(ctx context.Context) {
 	for to, ops := range beats {
 		n.sendOps(to, ops, nil)
 	}
-	if len(jobs) == 0 {
-		return
-	}
-	sem := make(chan struct{}, reconcileParallel)
-	var wg sync.WaitGroup
+	// Steps run on their own goroutines (owned by the node, at most
+	// reconcileParallel at once) so that a long copy never holds up the
+	// next round's lease renewals. They run under the node's lifetime, not
+	// the caller's: Close cancels it only after the drain.
 	for _, j := range jobs {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
-		wg.Add(1)
+		n.wg.Add(1)
 		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			j(ctx)
+			defer n.wg.Done()
+			select {
+			case n.own.sem <- struct{}{}:
+			case <-n.ctx.Done():
+				j(nil) // unmark only
+				return
+			}
+			defer func() { <-n.own.sem }()
+			j(n.ctx)
 		}()
 	}
-	wg.Wait()
 }
 
 // reconcileParallel bounds the partition steps running at once.
@@ -281,8 +282,11 @@ func (n *Node) job(pid int, fn func(context.Context)) func(context.Context) {
 			delete(n.own.working, pid)
 			n.own.mu.Unlock()
 		}()
-		ctx, cancel := context.WithTimeout(ctx, n.stepTimeout())
-		defer cancel()
+		if ctx == nil {
+			return // the node stopped before the step could start
+		}
+		// No overall deadline: a copy of a large partition takes as many
+		// messages as it needs; each RPC has its own (rpcTimeout).
 		fn(ctx)
 	}
 }
@@ -293,9 +297,8 @@ func (n *Node) isWorking(pid int) bool {
 	return n.own.working[pid]
 }
 
-// stepTimeout bounds one ownership step (a copy of a whole partition may
-// take several messages).
-func (n *Node) stepTimeout() time.Duration { return max(10*n.cfg.ForwardTimeout, 5*time.Second) }
+// rpcTimeout bounds one ownership RPC (one chunk of a copy, a promote).
+func (n *Node) rpcTimeout() time.Duration { return max(10*n.cfg.ForwardTimeout, 5*time.Second) }
 
 // fence stops decisions for partition pid if this node holds it at epoch,
 // waiting for decisions in progress (they hold the gate in read mode). It
@@ -366,7 +369,9 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_END, Partition: uint32(pid), Epoch: newEpoch})
 		}
 		sent := n.mono()
-		resp, err := c.stub.Replicate(ctx, &peerpb.ReplicateRequest{Sender: n.name, Ops: ops})
+		rctx, cancel := context.WithTimeout(ctx, n.rpcTimeout())
+		resp, err := c.stub.Replicate(rctx, &peerpb.ReplicateRequest{Sender: n.name, Ops: ops})
+		cancel()
 		if err != nil {
 			return fmt.Errorf("%w: copy partition %d to %s: %w", ErrUnavailable, pid, to, withCtxErr(ctx, err))
 		}
@@ -459,7 +464,9 @@ func (n *Node) promote(ctx context.Context, pid int, to string) {
 	c, err := n.peerClient(to)
 	if err == nil {
 		var resp *peerpb.PromoteResponse
-		resp, err = c.stub.Promote(ctx, &peerpb.PromoteRequest{Sender: n.name, Partition: uint32(pid), Epoch: epoch})
+		rctx, cancel := context.WithTimeout(ctx, n.rpcTimeout())
+		resp, err = c.stub.Promote(rctx, &peerpb.PromoteRequest{Sender: n.name, Partition: uint32(pid), Epoch: epoch})
+		cancel()
 		if err == nil && !resp.Ok {
 			if resp.Epoch > epoch && resp.Holder != "" {
 				// Someone already holds it at a newer epoch.
