@@ -42,7 +42,14 @@ var peerKeyCounts = []struct {
 // has moved to its target with its backup copy in place (the steady
 // state), and
 // closes them when b ends.
-func startPeerCluster(b *testing.B, n int, batching bool) []*peer.Node {
+func startPeerCluster(b testing.TB, n int, batching bool) []*peer.Node {
+	b.Helper()
+	return startPeerClusterWith(b, n, func(cfg *peer.Config) { cfg.DisableBatching = !batching })
+}
+
+// startPeerClusterWith is startPeerCluster with edit applied to each node's
+// Config before it starts.
+func startPeerClusterWith(b testing.TB, n int, edit func(*peer.Config)) []*peer.Node {
 	b.Helper()
 	const grace = 20 * time.Millisecond
 	nodes := make([]*peer.Node, 0, n)
@@ -52,9 +59,9 @@ func startPeerCluster(b *testing.B, n int, batching bool) []*peer.Node {
 			Policies: map[string]peer.PolicyConfig{
 				peerPolicy: {Limit: 1 << 50, Window: time.Second, Resolution: 10 * time.Millisecond},
 			},
-			DisableBatching: !batching,
-			GossipProfile:   peer.GossipFast,
+			GossipProfile: peer.GossipFast,
 		}
+		edit(&cfg)
 		if i > 0 {
 			cfg.Join = []string{nodes[0].GossipAddr()}
 		}
