@@ -90,6 +90,13 @@ type opReq struct {
 	// multi holds the policies of a multi-policy request, names their names.
 	multi []*policy
 	names []string
+	// deferWait, set by a receiver deciding a batch, makes decideHere
+	// leave the wait for a synchronous backup to the caller: it returns
+	// the decision with the backup's answer channel in wait, so a batch's
+	// admissions reach the backup together instead of one round trip
+	// each. The decision must not be answered before wait yields nil.
+	deferWait bool
+	wait      chan error
 }
 
 // do validates req for op and routes it.
@@ -386,7 +393,9 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	if rerr != nil && p.cfg.Replication == ReplicateSync {
 		return Decision{}, decided, nil, rerr
 	}
-	if done != nil {
+	if done != nil && r.deferWait {
+		r.wait = done
+	} else if done != nil {
 		// The admission is recorded here; it is answered only once the
 		// backup has it too. If the backup does not confirm, the caller
 		// gets unavailable and the admission stays counted (it can only

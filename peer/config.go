@@ -196,6 +196,11 @@ type Config struct {
 	// DisableBatching sends every forwarded request as its own RPC (for
 	// comparison).
 	DisableBatching bool
+	// DisableStreams sends every batch of forwards and of replication as a
+	// unary RPC instead of on the long-lived stream to the peer (for
+	// comparison, and for peers behind proxies that cut long streams).
+	// Zero (false) means streams.
+	DisableStreams bool
 	// NotOwnerRetries bounds how often a request is retried after a peer
 	// answers "not owner". Zero means 3.
 	NotOwnerRetries int

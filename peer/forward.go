@@ -30,6 +30,8 @@ type client struct {
 	sem   chan struct{} // in-flight batch RPCs
 	quit  chan struct{}
 	once  sync.Once
+	// pipe is the forward stream to the peer; batchLoop owns it.
+	pipe pipeState[peerpb.CheckRequest, peerpb.CheckResponse]
 }
 
 // call is one forwarded request waiting for its batch's answer.
@@ -78,7 +80,7 @@ func (n *Node) client(name, addr string) (*client, error) {
 		sem:   make(chan struct{}, n.cfg.MaxInFlight),
 		quit:  make(chan struct{}),
 	}
-	c.repl = &replicator{c: c, queue: make(chan *replItem, replQueueLen)}
+	c.repl = &replicator{c: c, queue: make(chan *replItem, replQueueLen), sem: make(chan struct{}, n.cfg.MaxInFlight)}
 	n.clients[name] = c
 	n.wg.Add(2)
 	go c.batchLoop()
@@ -115,7 +117,9 @@ func (c *client) stop() { c.once.Do(func() { close(c.quit) }) }
 func (c *client) batchLoop() {
 	defer c.n.wg.Done()
 	defer func() {
-		// Wait for in-flight batches, then fail whatever is still queued.
+		// Break the pipe, which fails the batches waiting on it; wait for
+		// in-flight batches, then fail whatever is still queued.
+		c.pipe.close(fmt.Errorf("%w: connection to %s closed", ErrUnavailable, c.name))
 		for range cap(c.sem) {
 			c.sem <- struct{}{}
 		}
@@ -152,25 +156,63 @@ func (c *client) batchLoop() {
 				break drain
 			}
 		}
+		if p := c.pipe.get(c, c.stub.CheckStream, checkID); p != nil && c.sendPipe(p, batch) {
+			continue
+		}
 		c.n.wg.Add(1)
 		go c.send(batch)
 	}
 }
 
-// send makes one batch RPC and hands each call its decision.
-func (c *client) send(batch []*call) {
-	defer c.n.wg.Done()
-	defer func() { <-c.sem }()
+// checkRequest builds the request for batch.
+func (c *client) checkRequest(batch []*call) *peerpb.CheckRequest {
 	req := &peerpb.CheckRequest{Sender: c.n.name, Items: make([]*peerpb.CheckItem, len(batch))}
 	v := c.n.view.Load()
 	req.RingVersion, req.MembersHash = v.snap.Version(), v.snap.MembersHash()
 	for i, k := range batch {
 		req.Items[i] = &k.item
 	}
+	return req
+}
+
+// sendPipe sends batch on p; the pipe's receiver hands out the decisions
+// and frees the in-flight slot. It reports false, having sent nothing,
+// when the pipe is broken.
+func (c *client) sendPipe(p *pipe[peerpb.CheckRequest, peerpb.CheckResponse], batch []*call) bool {
+	req := c.checkRequest(batch)
+	req.TimeoutNs = int64(c.n.cfg.ForwardTimeout)
+	start := time.Now()
+	err := p.send(req, func(id uint64) { req.Id = id }, func(resp *peerpb.CheckResponse, err error) {
+		if errors.Is(err, errPipeUnimplemented) {
+			// The receiver decided nothing: resend as a unary RPC,
+			// which keeps the in-flight slot.
+			c.n.wg.Add(1)
+			go c.send(batch)
+			return
+		}
+		if err == nil {
+			err = streamErr(resp.GetCode(), resp.GetError())
+		}
+		c.finish(c.n.ctx, batch, resp, err, start)
+		<-c.sem
+	})
+	return err == nil
+}
+
+// send makes one batch RPC and hands each call its decision.
+func (c *client) send(batch []*call) {
+	defer c.n.wg.Done()
+	defer func() { <-c.sem }()
+	req := c.checkRequest(batch)
 	ctx, cancel := context.WithTimeout(c.n.ctx, c.n.cfg.ForwardTimeout)
 	defer cancel()
 	start := time.Now()
 	resp, err := c.stub.Check(ctx, req)
+	c.finish(ctx, batch, resp, err, start)
+}
+
+// finish hands each call of batch its decision from resp, or err.
+func (c *client) finish(ctx context.Context, batch []*call, resp *peerpb.CheckResponse, err error, start time.Time) {
 	if err == nil && len(resp.Decisions) != len(batch) {
 		err = fmt.Errorf("peer: %s answered %d decisions for %d requests", c.name, len(resp.Decisions), len(batch))
 	}

@@ -45,6 +45,11 @@ type replItem struct {
 type replicator struct {
 	c     *client
 	queue chan *replItem
+	// pipe is the replication stream to the backup; replLoop owns it.
+	pipe pipeState[peerpb.ReplicateRequest, peerpb.ReplicateResponse]
+	// sem bounds the requests in flight on the pipe (MaxInFlight); the
+	// stream keeps their order.
+	sem chan struct{}
 }
 
 const replQueueLen = 8192
@@ -140,6 +145,7 @@ func (c *client) replLoop() {
 	defer c.n.wg.Done()
 	r := c.repl
 	defer func() {
+		r.pipe.close(fmt.Errorf("%w: connection to %s closed", ErrUnavailable, c.name))
 		for {
 			select {
 			case it := <-r.queue:
@@ -152,10 +158,18 @@ func (c *client) replLoop() {
 		}
 	}()
 	for {
+		// An in-flight slot first, so that what queues meanwhile leaves in
+		// one batch.
+		select {
+		case r.sem <- struct{}{}:
+		case <-c.quit:
+			return
+		}
 		var first *replItem
 		select {
 		case first = <-r.queue:
 		case <-c.quit:
+			<-r.sem
 			return
 		}
 		batch := []*replItem{first}
@@ -168,8 +182,29 @@ func (c *client) replLoop() {
 				break drain
 			}
 		}
+		if p := r.pipe.get(c, c.stub.ReplicateStream, replicateID); p != nil && c.sendReplPipe(p, batch) {
+			continue
+		}
 		c.sendRepl(batch)
+		<-r.sem
 	}
+}
+
+// sendReplPipe sends batch on p without waiting; the pipe's receiver
+// applies the answer and frees the slot. It reports false, having sent
+// nothing, when the pipe is broken.
+func (c *client) sendReplPipe(p *pipe[peerpb.ReplicateRequest, peerpb.ReplicateResponse], batch []*replItem) bool {
+	req, opOf := c.replRequest(batch)
+	sent := c.n.mono()
+	start := time.Now()
+	err := p.send(req, func(id uint64) { req.Id = id }, func(resp *peerpb.ReplicateResponse, err error) {
+		if err == nil {
+			err = streamErr(resp.GetCode(), resp.GetError())
+		}
+		c.replFinish(c.n.ctx, batch, req, opOf, resp, err, sent, start)
+		<-c.repl.sem
+	})
+	return err == nil
 }
 
 const maxReplBatch = 1024
@@ -177,10 +212,22 @@ const maxReplBatch = 1024
 // sendRepl sends one batch. Admissions for one partition and epoch share
 // one operation.
 func (c *client) sendRepl(batch []*replItem) {
+	req, opOf := c.replRequest(batch)
+	ctx, cancel := context.WithTimeout(c.n.ctx, c.n.cfg.ForwardTimeout)
+	defer cancel()
+	sent := c.n.mono()
+	start := time.Now()
+	resp, err := c.stub.Replicate(ctx, req)
+	c.replFinish(ctx, batch, req, opOf, resp, err, sent, start)
+}
+
+// replRequest builds the request for batch; opOf maps each item to its
+// operation's index.
+func (c *client) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, opOf []int) {
 	n := c.n
 	now := n.clock()
-	req := &peerpb.ReplicateRequest{Sender: n.name}
-	opOf := make([]int, len(batch))
+	req = &peerpb.ReplicateRequest{Sender: n.name}
+	opOf = make([]int, len(batch))
 	admitOp := map[[2]uint64]int{}
 	for i, it := range batch {
 		if it.kind == peerpb.PartitionOp_KIND_ADMIT {
@@ -214,11 +261,13 @@ func (c *client) sendRepl(batch []*replItem) {
 		}
 		req.Ops = append(req.Ops, op)
 	}
-	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
-	defer cancel()
-	sent := n.mono()
-	start := time.Now()
-	resp, err := c.stub.Replicate(ctx, req)
+	return req, opOf
+}
+
+// replFinish applies the answer to a batch (sent at node monotonic time
+// sent) and tells the waiting items.
+func (c *client) replFinish(ctx context.Context, batch []*replItem, req *peerpb.ReplicateRequest, opOf []int, resp *peerpb.ReplicateResponse, err error, sent int64, start time.Time) {
+	n := c.n
 	if err == nil && len(resp.Results) != len(req.Ops) {
 		err = fmt.Errorf("peer: %s answered %d results for %d operations", c.name, len(resp.Results), len(req.Ops))
 	}

@@ -45,25 +45,60 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 		return nil, status.Error(codes.Unavailable, "peer: node starting")
 	}
 	resp := &peerpb.CheckResponse{Decisions: make([]*peerpb.Decision, len(req.GetItems()))}
+	// Every item is decided first and the synchronous backups are waited
+	// for afterwards, so the batch's admissions travel to each backup
+	// together. An item is answered only once its backup has it.
+	var waits []*opReq
 	for i, it := range req.GetItems() {
-		resp.Decisions[i] = n.decideWire(ctx, v, it)
+		var r *opReq
+		resp.Decisions[i], r = n.decideWire(ctx, v, it)
+		if r != nil && r.wait != nil {
+			if waits == nil {
+				waits = make([]*opReq, len(req.GetItems()))
+			}
+			waits[i] = r
+		}
+	}
+	for i, r := range waits {
+		if r == nil {
+			continue
+		}
+		var err error
+		select {
+		case err = <-r.wait:
+		case <-ctx.Done():
+			err = fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
+		}
+		if err != nil {
+			resp.Decisions[i] = wireError(n, v, peerpb.Status_STATUS_UNAVAILABLE, err)
+			continue
+		}
+		n.metrics.Decision(r.p.name, Reason(resp.Decisions[i].Reason), PathRemote)
 	}
 	return resp, nil
 }
 
-func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) *peerpb.Decision {
-	bad := func(st peerpb.Status, err error) *peerpb.Decision {
-		return &peerpb.Decision{Status: st, Error: err.Error(), Owner: n.name, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}
-	}
+// wireError is the wire answer for an item that was not decided.
+func wireError(n *Node, v *view, st peerpb.Status, err error) *peerpb.Decision {
+	return &peerpb.Decision{Status: st, Error: err.Error(), Owner: n.name, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}
+}
+
+// decideWire decides one item as holder. When the decision still waits for
+// a synchronous backup, the returned request's wait is set and the caller
+// must wait for it before answering (and then records the decision's
+// metric); the request is nil when the item was not parsed.
+func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) (*peerpb.Decision, *opReq) {
+	bad := func(st peerpb.Status, err error) *peerpb.Decision { return wireError(n, v, st, err) }
 	pk := it.GetKey()
 	key := Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}
 	r, err := n.parseReq(it.GetOp(), key, it.GetPolicies(), it.GetHits())
 	switch {
 	case errors.Is(err, ErrUnknownPolicy):
-		return bad(peerpb.Status_STATUS_UNKNOWN_POLICY, err)
+		return bad(peerpb.Status_STATUS_UNKNOWN_POLICY, err), nil
 	case err != nil:
-		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err)
+		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err), nil
 	}
+	r.deferWait = true
 	ek := r.ek
 	pid := v.snap.Partition(placement(ek))
 	pt := &n.pt.parts[pid]
@@ -80,11 +115,13 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) *p
 		case decided:
 			if err != nil {
 				if errors.Is(err, ErrInvalidHits) {
-					return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err)
+					return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err), nil
 				}
-				return bad(peerpb.Status_STATUS_UNAVAILABLE, err)
+				return bad(peerpb.Status_STATUS_UNAVAILABLE, err), nil
 			}
-			n.metrics.Decision(r.p.name, d.Reason, PathRemote)
+			if r.wait == nil {
+				n.metrics.Decision(r.p.name, d.Reason, PathRemote)
+			}
 			out := &peerpb.Decision{
 				Status: peerpb.Status_STATUS_OK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
 				RetryAfterNs: int64(d.RetryAfter), ResetAfterNs: int64(d.ResetAfter),
@@ -95,10 +132,10 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) *p
 				out.Limits = append(out.Limits, &peerpb.PolicyDecision{Policy: l.Policy, Allowed: l.Allowed, Limit: l.Limit, Remaining: l.Remaining,
 					RetryAfterNs: int64(l.RetryAfter), ResetAfterNs: int64(l.ResetAfter)})
 			}
-			return out
+			return out, r
 		case waitHere:
 			if err := n.waitPart(ctx, ch, until); err != nil {
-				return bad(peerpb.Status_STATUS_UNAVAILABLE, fmt.Errorf("%w: partition %d is moving", ErrUnavailable, pid))
+				return bad(peerpb.Status_STATUS_UNAVAILABLE, fmt.Errorf("%w: partition %d is moving", ErrUnavailable, pid)), nil
 			}
 			v = n.view.Load()
 			continue
@@ -107,14 +144,14 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) *p
 		r, holder, epoch := pt.role, pt.holder, pt.epoch
 		pt.mu.RUnlock()
 		if (r == roleMoved || r == roleHint) && holder != n.name {
-			return &peerpb.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: holder, HolderEpoch: epoch, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}
+			return &peerpb.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: holder, HolderEpoch: epoch, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}, nil
 		}
 		if t := v.snap.PartitionOwner(pid); t != n.name {
-			return &peerpb.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: t, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}
+			return &peerpb.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: t, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}, nil
 		}
 		// We are the target and hold nothing yet: wait for the transfer.
 		if err := n.waitPart(ctx, ch, until); err != nil {
-			return bad(peerpb.Status_STATUS_UNAVAILABLE, fmt.Errorf("%w: partition %d has no holder here yet", ErrUnavailable, pid))
+			return bad(peerpb.Status_STATUS_UNAVAILABLE, fmt.Errorf("%w: partition %d has no holder here yet", ErrUnavailable, pid)), nil
 		}
 		v = n.view.Load()
 	}
