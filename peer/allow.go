@@ -27,8 +27,9 @@ func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
 	}
 	// A closing node keeps routing while it drains (it holds fewer and
 	// fewer partitions and forwards the rest); only once Close has
-	// stopped it do calls fail.
-	if n.ctx.Err() != nil {
+	// stopped it do calls fail. (An atomic flag: a context's Err takes a
+	// lock every caller would contend on.)
+	if n.stopped.Load() {
 		return Decision{}, ErrClosed
 	}
 	// The key is validated first: a malformed policy part is an invalid
@@ -101,7 +102,7 @@ type opReq struct {
 
 // do validates req for op and routes it.
 func (n *Node) do(ctx context.Context, op peerpb.Op, req Request) (Decision, error) {
-	if n.ctx.Err() != nil {
+	if n.stopped.Load() {
 		return Decision{}, ErrClosed
 	}
 	r, err := n.parseReq(op, req.Key, req.Policies, req.Hits)
@@ -360,8 +361,9 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		pt.mu.RUnlock()
 		return Decision{}, remote, ch, nil
 	}
+	now, mono := n.now()
 	if pt.backup != "" {
-		if n.mono() >= pt.leaseUntil.Load() {
+		if mono >= pt.leaseUntil.Load() {
 			// No lease: the backup may be taking over, or the renewal is
 			// late. Reconcile renews it or moves to a new backup.
 			pt.mu.RUnlock()
@@ -375,7 +377,6 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		n.kickOwnership()
 		return Decision{}, waitHere, ch, nil
 	}
-	now := n.clock()
 	sd, err := pt.store.AllowEncoded(ek, p.sp, hits, now)
 	if err != nil {
 		pt.mu.RUnlock()

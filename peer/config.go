@@ -285,6 +285,8 @@ type Config struct {
 	// TransferChunkBytes bounds one message of a partition copy. Zero means
 	// 1 MiB.
 	TransferChunkBytes int
+
+	clockIsDefault bool // set by withDefaults when Clock was nil
 }
 
 // defaultPolicy is the table a zero Config gets.
@@ -342,6 +344,7 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Clock == nil {
 		c.Clock = time.Now
+		c.clockIsDefault = true
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

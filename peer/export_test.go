@@ -18,6 +18,7 @@ import (
 func (n *Node) KillForTest() {
 	n.closeOnce.Do(func() {
 		n.closing.Store(true)
+		n.stopped.Store(true)
 		n.grpcSrv.Stop()
 		// Shutdown, not Leave: the peers must see a silent member.
 		_ = n.ml.Shutdown()

@@ -38,6 +38,11 @@ type Node struct {
 	fallback *shard.Store
 	hot      *shard.HotKeys
 	started  time.Time // origin of the monotonic clock (mono)
+	// realClock is set when Config.Clock is time.Now: one reading then
+	// serves as both the decision time and the lease clock.
+	realClock bool
+	// stopped is set once Close has stopped the node: calls get ErrClosed.
+	stopped atomic.Bool
 	// hasQuorum caches quorum() for the decision path; the rebuild and
 	// the ownership loop refresh it.
 	hasQuorum atomic.Bool
@@ -122,6 +127,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.own.starts = make(map[string]uint64)
 	n.own.restartedAt = make(map[string]int64)
 	n.own.kick = make(chan struct{}, 1)
+	n.realClock = cfg.clockIsDefault
 	if len(cfg.Join) == 0 {
 		// No one to join: this node starts the cluster and holds every
 		// partition. A node that joins holds nothing until partitions are
@@ -412,6 +418,7 @@ func (n *Node) close(ctx context.Context) error {
 	if err := n.ml.Shutdown(); err != nil {
 		errs = append(errs, fmt.Errorf("peer: shut down gossip: %w", err))
 	}
+	n.stopped.Store(true)
 	n.cancel()
 	stopped := make(chan struct{})
 	go func() { n.grpcSrv.GracefulStop(); close(stopped) }()

@@ -22,6 +22,16 @@ import (
 // clock steps cannot move it.
 func (n *Node) mono() int64 { return int64(time.Since(n.started)) }
 
+// now returns the node clock and the monotonic clock for one decision,
+// reading the system clock once when Config.Clock is the default.
+func (n *Node) now() (time.Time, int64) {
+	if n.realClock {
+		t := time.Now()
+		return t, int64(t.Sub(n.started))
+	}
+	return n.clock(), n.mono()
+}
+
 // holderLease is the part of a granted lease the holder counts on: 9/10,
 // from when it sent the request, so that it ends before the backup's record
 // of it while the clocks' rates differ by less than 10 %.

@@ -243,16 +243,21 @@ func TestOwnershipLargePartition(t *testing.T) {
 	if r, _, _ := target.roleForTest(pid); r != roleHolder {
 		t.Fatalf("the joiner %s does not hold partition %d after settling (%v)", target.Name(), pid, r)
 	}
-	check := func(via *Node, wantOwner string, extra int64) {
+	// The policy replicates asynchronously (to fill quickly), so a crash
+	// may lose the one admission per key still in flight: the check after
+	// the crash allows for it. Everything before the move travelled in
+	// the chunked copy and must be exact.
+	check := func(via *Node, wantOwner string, extra int64, slack int64) {
 		t.Helper()
 		for _, k := range keys[:50] {
 			d, err := via.Allow(context.Background(), Request{Key: k, Hits: 1})
-			if err != nil || d.Owner != wantOwner || d.Remaining != limit-runs-1-extra {
-				t.Fatalf("%v via %s: %+v, %v; want decided by %s with %d remaining", k, via.Name(), d, err, wantOwner, limit-runs-1-extra)
+			want := limit - runs - 1 - extra
+			if err != nil || d.Owner != wantOwner || d.Remaining < want || d.Remaining > want+slack {
+				t.Fatalf("%v via %s: %+v, %v; want decided by %s with %d remaining (+%d)", k, via.Name(), d, err, wantOwner, want, slack)
 			}
 		}
 	}
-	check(c.nodes[1], target.Name(), 0)
+	check(c.nodes[1], target.Name(), 0, 0)
 	backup := target.backupForTest(pid)
 	target.KillForTest()
 	var bnode *Node
@@ -265,7 +270,7 @@ func TestOwnershipLargePartition(t *testing.T) {
 		t.Fatalf("backup %q of partition %d is not a test node", backup, pid)
 	}
 	c.waitMembers(2)
-	check(c.nodes[1], bnode.Name(), 1)
+	check(c.nodes[1], bnode.Name(), 1, 1)
 }
 
 // TestOwnershipCrashAndRestart kills a holder right after admissions (no
