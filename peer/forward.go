@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
@@ -145,6 +146,12 @@ func (c *client) batchLoop() {
 		case <-c.quit:
 			<-c.sem
 			return
+		}
+		if len(c.queue) < c.n.cfg.MaxBatch {
+			// Let callers that are ready to run enqueue first: on a busy
+			// node the batch grows by what they add, and fewer, larger
+			// messages cost far less than the yield.
+			runtime.Gosched()
 		}
 		batch := []*call{first}
 	drain:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/bits"
+	"runtime"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -171,6 +172,10 @@ func (c *client) replLoop() {
 		case <-c.quit:
 			<-r.sem
 			return
+		}
+		if len(r.queue) < maxReplBatch {
+			// As in batchLoop: deciders ready to run add to this batch.
+			runtime.Gosched()
 		}
 		batch := []*replItem{first}
 	drain:
