@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"runtime"
@@ -44,7 +45,7 @@ type call struct {
 }
 
 type callResult struct {
-	d   *peerpb.Decision
+	d   *wireDecision // owned by the batch's answer; read, never kept
 	err error
 }
 
@@ -186,8 +187,14 @@ func (c *client) checkRequest(batch []*call) *peerpb.CheckRequest {
 // and frees the in-flight slot. It reports false, having sent nothing,
 // when the pipe is broken.
 func (c *client) sendPipe(p *pipe[peerpb.CheckRequest, peerpb.CheckResponse], batch []*call) bool {
-	req := c.checkRequest(batch)
-	req.TimeoutNs = int64(c.n.cfg.ForwardTimeout)
+	v := c.n.view.Load()
+	req := &peerpb.CheckRequest{Sender: c.n.name, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash(), TimeoutNs: int64(c.n.cfg.ForwardTimeout)}
+	// About 40 bytes per item with short names.
+	b := binary.AppendUvarint(make([]byte, 0, 8+64*len(batch)), uint64(len(batch)))
+	for _, k := range batch {
+		b = appendItem(b, &k.item)
+	}
+	req.ItemsPacked = b
 	start := time.Now()
 	err := p.send(req, func(id uint64) { req.Id = id }, func(resp *peerpb.CheckResponse, err error) {
 		if errors.Is(err, errPipeUnimplemented) {
@@ -220,8 +227,19 @@ func (c *client) send(batch []*call) {
 
 // finish hands each call of batch its decision from resp, or err.
 func (c *client) finish(ctx context.Context, batch []*call, resp *peerpb.CheckResponse, err error, start time.Time) {
-	if err == nil && len(resp.Decisions) != len(batch) {
-		err = fmt.Errorf("peer: %s answered %d decisions for %d requests", c.name, len(resp.Decisions), len(batch))
+	var out []wireDecision
+	switch {
+	case err != nil:
+	case len(resp.GetDecisionsPacked()) > 0:
+		out = make([]wireDecision, len(batch))
+		err = decodeDecisions(resp.GetDecisionsPacked(), len(batch), c.name, out)
+	case len(resp.GetDecisions()) != len(batch):
+		err = fmt.Errorf("peer: %s answered %d decisions for %d requests", c.name, len(resp.GetDecisions()), len(batch))
+	default:
+		out = make([]wireDecision, len(batch))
+		for i, d := range resp.GetDecisions() {
+			out[i] = decisionFromPB(d)
+		}
 	}
 	c.n.metrics.Batch(c.name, len(batch))
 	if err != nil {
@@ -235,7 +253,7 @@ func (c *client) finish(ctx context.Context, batch []*call, resp *peerpb.CheckRe
 	}
 	c.n.metrics.Forward(c.name, "ok", time.Since(start))
 	for i, k := range batch {
-		k.done <- callResult{d: resp.Decisions[i]}
+		k.done <- callResult{d: &out[i]}
 	}
 }
 
@@ -317,41 +335,38 @@ func (c *client) direct(ctx context.Context, r *opReq) callResult {
 		return callResult{err: fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, c.name, withCtxErr(ctx, err))}
 	}
 	c.n.metrics.Forward(c.name, "ok", time.Since(start))
-	return callResult{d: resp.Decisions[0]}
+	d := decisionFromPB(resp.Decisions[0])
+	return callResult{d: &d}
 }
 
 // fromWire turns an owner's wire decision into a Decision or error.
-func fromWire(d *peerpb.Decision, peer string) (Decision, error) {
-	switch d.GetStatus() {
+func fromWire(d *wireDecision, peer string) (Decision, error) {
+	switch d.status {
 	case peerpb.Status_STATUS_OK:
-		r := Reason(d.GetReason())
+		r := Reason(d.reason)
 		if r < ReasonAdmitted || r > ReasonReset || r == ReasonUnavailable {
-			return Decision{}, fmt.Errorf("%w: %s sent reason %d", ErrUnavailable, peer, d.GetReason())
+			return Decision{}, fmt.Errorf("%w: %s sent reason %d", ErrUnavailable, peer, d.reason)
 		}
 		out := Decision{
-			Allowed: d.GetAllowed(), Limit: d.GetLimit(), Remaining: d.GetRemaining(),
-			RetryAfter: time.Duration(d.GetRetryAfterNs()), ResetAfter: time.Duration(d.GetResetAfterNs()),
-			Reason: r, Owner: d.GetOwner(), RingVersion: d.GetRingVersion(), RefusedBy: d.GetRefusedBy(),
+			Allowed: d.allowed, Limit: d.limit, Remaining: d.remaining,
+			RetryAfter: time.Duration(d.retryAfterNs), ResetAfter: time.Duration(d.resetAfterNs),
+			Reason: r, Owner: d.owner, RingVersion: d.ringVersion, RefusedBy: d.refusedBy,
 		}
-		if ns := d.GetDecidedAtUnixNs(); ns != 0 {
+		if ns := d.decidedAtNs; ns != 0 {
 			out.DecidedAt = time.Unix(0, ns)
 		}
-		if ls := d.GetLimits(); len(ls) > 0 {
-			out.Limits = make([]PolicyDecision, len(ls))
-			for i, l := range ls {
-				out.Limits[i] = PolicyDecision{Policy: l.GetPolicy(), Allowed: l.GetAllowed(), Limit: l.GetLimit(), Remaining: l.GetRemaining(),
-					RetryAfter: time.Duration(l.GetRetryAfterNs()), ResetAfter: time.Duration(l.GetResetAfterNs())}
-			}
+		if len(d.limits) > 0 {
+			out.Limits = d.limits
 		}
 		return out, nil
 	case peerpb.Status_STATUS_NOT_OWNER:
-		return Decision{}, &notOwnerError{owner: d.GetOwner(), epoch: d.GetHolderEpoch()}
+		return Decision{}, &notOwnerError{owner: d.owner, epoch: d.holderEpoch}
 	case peerpb.Status_STATUS_INVALID_ARGUMENT:
-		return Decision{}, fmt.Errorf("%w: %s: %s", ErrInvalidKey, peer, d.GetError())
+		return Decision{}, fmt.Errorf("%w: %s: %s", ErrInvalidKey, peer, d.err)
 	case peerpb.Status_STATUS_UNKNOWN_POLICY:
-		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnknownPolicy, peer, d.GetError())
+		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnknownPolicy, peer, d.err)
 	default:
-		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnavailable, peer, d.GetError())
+		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnavailable, peer, d.err)
 	}
 }
 

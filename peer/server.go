@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -44,17 +45,32 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 		// Peers can see a joining node before its first ring is built.
 		return nil, status.Error(codes.Unavailable, "peer: node starting")
 	}
-	resp := &peerpb.CheckResponse{Decisions: make([]*peerpb.Decision, len(req.GetItems()))}
+	var items []wireItem
+	packed := len(req.GetItemsPacked()) > 0
+	if packed {
+		var err error
+		if items, err = decodeItems(req.GetItemsPacked()); err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+	} else {
+		items = make([]wireItem, len(req.GetItems()))
+		for i, it := range req.GetItems() {
+			pk := it.GetKey()
+			items[i] = wireItem{key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()},
+				hits: it.GetHits(), op: it.GetOp(), policies: it.GetPolicies()}
+		}
+	}
+	out := make([]wireDecision, len(items))
 	// Every item is decided first and the synchronous backups are waited
 	// for afterwards, so the batch's admissions travel to each backup
 	// together. An item is answered only once its backup has it.
 	var waits []*opReq
-	for i, it := range req.GetItems() {
+	for i := range items {
 		var r *opReq
-		resp.Decisions[i], r = n.decideWire(ctx, v, it)
+		out[i], r = n.decideWire(ctx, v, &items[i])
 		if r != nil && r.wait != nil {
 			if waits == nil {
-				waits = make([]*opReq, len(req.GetItems()))
+				waits = make([]*opReq, len(items))
 			}
 			waits[i] = r
 		}
@@ -70,28 +86,40 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 			err = fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
 		}
 		if err != nil {
-			resp.Decisions[i] = wireError(n, v, peerpb.Status_STATUS_UNAVAILABLE, err)
+			out[i] = wireError(n, v, peerpb.Status_STATUS_UNAVAILABLE, err)
 			continue
 		}
-		n.metrics.Decision(r.p.name, Reason(resp.Decisions[i].Reason), PathRemote)
+		n.metrics.Decision(r.p.name, Reason(out[i].reason), PathRemote)
+	}
+	resp := &peerpb.CheckResponse{}
+	if packed {
+		// About 40 bytes per plain decision.
+		b := binary.AppendUvarint(make([]byte, 0, 8+48*len(out)), uint64(len(out)))
+		for i := range out {
+			b = appendDecision(b, &out[i])
+		}
+		resp.DecisionsPacked = b
+		return resp, nil
+	}
+	resp.Decisions = make([]*peerpb.Decision, len(out))
+	for i := range out {
+		resp.Decisions[i] = out[i].toPB()
 	}
 	return resp, nil
 }
 
 // wireError is the wire answer for an item that was not decided.
-func wireError(n *Node, v *view, st peerpb.Status, err error) *peerpb.Decision {
-	return &peerpb.Decision{Status: st, Error: err.Error(), Owner: n.name, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}
+func wireError(n *Node, v *view, st peerpb.Status, err error) wireDecision {
+	return wireDecision{status: st, err: err.Error(), owner: n.name, ringVersion: v.snap.Version(), membersHash: v.snap.MembersHash()}
 }
 
 // decideWire decides one item as holder. When the decision still waits for
 // a synchronous backup, the returned request's wait is set and the caller
 // must wait for it before answering (and then records the decision's
 // metric); the request is nil when the item was not parsed.
-func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) (*peerpb.Decision, *opReq) {
-	bad := func(st peerpb.Status, err error) *peerpb.Decision { return wireError(n, v, st, err) }
-	pk := it.GetKey()
-	key := Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}
-	r, err := n.parseReq(it.GetOp(), key, it.GetPolicies(), it.GetHits())
+func (n *Node) decideWire(ctx context.Context, v *view, it *wireItem) (wireDecision, *opReq) {
+	bad := func(st peerpb.Status, err error) wireDecision { return wireError(n, v, st, err) }
+	r, err := n.parseReq(it.op, it.key, it.policies, it.hits)
 	switch {
 	case errors.Is(err, ErrUnknownPolicy):
 		return bad(peerpb.Status_STATUS_UNKNOWN_POLICY, err), nil
@@ -122,15 +150,11 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) (*
 			if r.wait == nil {
 				n.metrics.Decision(r.p.name, d.Reason, PathRemote)
 			}
-			out := &peerpb.Decision{
-				Status: peerpb.Status_STATUS_OK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
-				RetryAfterNs: int64(d.RetryAfter), ResetAfterNs: int64(d.ResetAfter),
-				Owner: n.name, RingVersion: d.RingVersion, MembersHash: v.snap.MembersHash(), Reason: peerpb.Reason(d.Reason),
-				DecidedAtUnixNs: d.DecidedAt.UnixNano(), RefusedBy: d.RefusedBy,
-			}
-			for _, l := range d.Limits {
-				out.Limits = append(out.Limits, &peerpb.PolicyDecision{Policy: l.Policy, Allowed: l.Allowed, Limit: l.Limit, Remaining: l.Remaining,
-					RetryAfterNs: int64(l.RetryAfter), ResetAfterNs: int64(l.ResetAfter)})
+			out := wireDecision{
+				status: peerpb.Status_STATUS_OK, allowed: d.Allowed, limit: d.Limit, remaining: d.Remaining,
+				retryAfterNs: int64(d.RetryAfter), resetAfterNs: int64(d.ResetAfter),
+				owner: n.name, ringVersion: d.RingVersion, membersHash: v.snap.MembersHash(), reason: peerpb.Reason(d.Reason),
+				decidedAtNs: d.DecidedAt.UnixNano(), refusedBy: d.RefusedBy, limits: d.Limits,
 			}
 			return out, r
 		case waitHere:
@@ -144,10 +168,10 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) (*
 		r, holder, epoch := pt.role, pt.holder, pt.epoch
 		pt.mu.RUnlock()
 		if (r == roleMoved || r == roleHint) && holder != n.name {
-			return &peerpb.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: holder, HolderEpoch: epoch, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}, nil
+			return wireDecision{status: peerpb.Status_STATUS_NOT_OWNER, owner: holder, holderEpoch: epoch, ringVersion: v.snap.Version(), membersHash: v.snap.MembersHash()}, nil
 		}
 		if t := v.snap.PartitionOwner(pid); t != n.name {
-			return &peerpb.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: t, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}, nil
+			return wireDecision{status: peerpb.Status_STATUS_NOT_OWNER, owner: t, ringVersion: v.snap.Version(), membersHash: v.snap.MembersHash()}, nil
 		}
 		// We are the target and hold nothing yet: wait for the transfer.
 		if err := n.waitPart(ctx, ch, until); err != nil {

@@ -671,7 +671,12 @@ type CheckRequest struct {
 	// TimeoutNs, on CheckStream, is how long after receiving the request the
 	// receiver may still decide it, in nanoseconds (the sender gives up then):
 	// the stream's stand-in for Check's gRPC deadline. Zero means no limit.
-	TimeoutNs     int64 `protobuf:"varint,6,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
+	TimeoutNs int64 `protobuf:"varint,6,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
+	// ItemsPacked, on CheckStream, carries the items in the packed batch
+	// layout (peer/batchcodec.go) instead of items; the answer then carries
+	// decisions_packed. A malformed packing fails the batch with
+	// InvalidArgument.
+	ItemsPacked   []byte `protobuf:"bytes,7,opt,name=items_packed,json=itemsPacked,proto3" json:"items_packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -746,6 +751,13 @@ func (x *CheckRequest) GetTimeoutNs() int64 {
 		return x.TimeoutNs
 	}
 	return 0
+}
+
+func (x *CheckRequest) GetItemsPacked() []byte {
+	if x != nil {
+		return x.ItemsPacked
+	}
+	return nil
 }
 
 // Decision answers one CheckItem. Fields from allowed to reset_after_ns and
@@ -949,9 +961,12 @@ type CheckResponse struct {
 	// have failed the whole batch; 0 (OK) when decisions are set.
 	Code int32 `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
 	// Error is the whole-batch failure's message, for logs.
-	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// DecisionsPacked answers a request with items_packed: its decisions in
+	// the packed batch layout, one per item, in order.
+	DecisionsPacked []byte `protobuf:"bytes,5,opt,name=decisions_packed,json=decisionsPacked,proto3" json:"decisions_packed,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CheckResponse) Reset() {
@@ -1010,6 +1025,13 @@ func (x *CheckResponse) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *CheckResponse) GetDecisionsPacked() []byte {
+	if x != nil {
+		return x.DecisionsPacked
+	}
+	return nil
 }
 
 // Run is count units of quota admitted together at one instant.
@@ -2127,7 +2149,7 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x05limit\x18\x03 \x01(\x03R\x05limit\x12\x1c\n" +
 	"\tremaining\x18\x04 \x01(\x03R\tremaining\x12$\n" +
 	"\x0eretry_after_ns\x18\x05 \x01(\x03R\fretryAfterNs\x12$\n" +
-	"\x0ereset_after_ns\x18\x06 \x01(\x03R\fresetAfterNs\"\xca\x01\n" +
+	"\x0ereset_after_ns\x18\x06 \x01(\x03R\fresetAfterNs\"\xed\x01\n" +
 	"\fCheckRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12-\n" +
 	"\x05items\x18\x02 \x03(\v2\x17.ringlimit.v1.CheckItemR\x05items\x12!\n" +
@@ -2135,7 +2157,8 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\fmembers_hash\x18\x04 \x01(\x04R\vmembersHash\x12\x0e\n" +
 	"\x02id\x18\x05 \x01(\x04R\x02id\x12\x1d\n" +
 	"\n" +
-	"timeout_ns\x18\x06 \x01(\x03R\ttimeoutNs\"\x97\x04\n" +
+	"timeout_ns\x18\x06 \x01(\x03R\ttimeoutNs\x12!\n" +
+	"\fitems_packed\x18\a \x01(\fR\vitemsPacked\"\x97\x04\n" +
 	"\bDecision\x12,\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x14.ringlimit.v1.StatusR\x06status\x12\x18\n" +
 	"\aallowed\x18\x02 \x01(\bR\aallowed\x12\x14\n" +
@@ -2153,12 +2176,13 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x12decided_at_unix_ns\x18\r \x01(\x03R\x0fdecidedAtUnixNs\x124\n" +
 	"\x06limits\x18\x0e \x03(\v2\x1c.ringlimit.v1.PolicyDecisionR\x06limits\x12\x1d\n" +
 	"\n" +
-	"refused_by\x18\x0f \x01(\tR\trefusedBy\"\x7f\n" +
+	"refused_by\x18\x0f \x01(\tR\trefusedBy\"\xaa\x01\n" +
 	"\rCheckResponse\x124\n" +
 	"\tdecisions\x18\x01 \x03(\v2\x16.ringlimit.v1.DecisionR\tdecisions\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\x05R\x04code\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"2\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12)\n" +
+	"\x10decisions_packed\x18\x05 \x01(\fR\x0fdecisionsPacked\"2\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06age_ns\x18\x01 \x01(\x03R\x05ageNs\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\"t\n" +
