@@ -29,6 +29,7 @@ import (
 	"unsafe"
 
 	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 var errPacked = errors.New("peer: malformed packed batch")
@@ -306,3 +307,160 @@ func (d *wireDecision) toPB() *peerpb.Decision {
 // unsafeString views b as a string without copying. b must not change
 // while the string is in use: it is a received message's own bytes field.
 func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// Packed admissions (ReplicateRequest.admits_packed): an operation count,
+// then per operation its partition, epoch and entry count, then per entry
+// tenant, subject, policy, algorithm, age_ns, count. The answer
+// (results_packed) is a count, then per operation status, lease_ns,
+// holder, epoch, accepted.
+
+// replOp names one operation of a replication request: its partition and
+// epoch, which its result applies to.
+type replOp struct {
+	part  uint32
+	epoch uint64
+}
+
+// packAdmits packs batch, all of it KIND_ADMIT, with ages made relative to
+// now. It returns the operations in packed order and, per item, its
+// operation's index.
+func packAdmits(batch []*replItem, now time.Time) (b []byte, ops []replOp, opOf []int) {
+	opOf = make([]int, len(batch))
+	index := make(map[replOp]int, len(batch))
+	for i, it := range batch {
+		o := replOp{part: it.part, epoch: it.epoch}
+		j, ok := index[o]
+		if !ok {
+			j = len(ops)
+			index[o] = j
+			ops = append(ops, o)
+		}
+		opOf[i] = j
+	}
+	// Items in operation order, by counting sort: start[j] is where
+	// operation j's items begin in order.
+	start := make([]int, len(ops)+1)
+	for _, j := range opOf {
+		start[j+1]++
+	}
+	for j := range ops {
+		start[j+1] += start[j]
+	}
+	order := make([]int, len(batch))
+	next := append([]int(nil), start[:len(ops)]...)
+	for i, j := range opOf {
+		order[next[j]] = i
+		next[j]++
+	}
+	b = make([]byte, 0, 8+48*len(batch))
+	b = binary.AppendUvarint(b, uint64(len(ops)))
+	for j, o := range ops {
+		b = binary.AppendUvarint(b, uint64(o.part))
+		b = binary.AppendUvarint(b, o.epoch)
+		b = binary.AppendUvarint(b, uint64(start[j+1]-start[j]))
+		for _, i := range order[start[j]:start[j+1]] {
+			it := batch[i]
+			run := it.run
+			if it.alg != shard.TokenBucket {
+				// Ages are relative to now, when the message is built.
+				run.Age += now.Sub(it.at)
+			}
+			b = appendStr(b, it.key.Tenant)
+			b = appendStr(b, it.key.Subject)
+			b = appendStr(b, it.key.Policy)
+			b = binary.AppendUvarint(b, uint64(it.alg))
+			b = binary.AppendVarint(b, int64(run.Age))
+			b = binary.AppendVarint(b, run.Count)
+		}
+	}
+	return b, ops, opOf
+}
+
+// packedAdmit is one decoded admission with its local policy (nil when
+// this node has no such policy, or it uses another algorithm: skipped).
+type packedAdmit struct {
+	st shard.KeyState
+	p  *policy
+}
+
+// applyPackedAdmits applies a packed admissions request from sender and
+// returns the packed answer.
+func (n *Node) applyPackedAdmits(sender string, b []byte, closing, quorum bool) ([]byte, error) {
+	r := &packedReader{s: string(b)} // the request's one string allocation
+	nops := r.count(maxWireBatch, 3)
+	out := binary.AppendUvarint(make([]byte, 0, 8+16*nops), uint64(nops))
+	var runs []shard.Run
+	var ents []packedAdmit
+	for range nops {
+		part, epoch := r.uvarint(), r.uvarint()
+		ne := r.count(len(r.s), 6)
+		if runs == nil {
+			runs = make([]shard.Run, 0, ne)
+		}
+		ents = ents[:0]
+		for range ne {
+			k := Key{Tenant: r.str(), Subject: r.str(), Policy: r.str()}
+			alg := r.uvarint()
+			runs = append(runs, shard.Run{Age: time.Duration(r.varint()), Count: r.varint()})
+			st := shard.KeyState{Key: k, Algorithm: shard.Algorithm(alg), Runs: runs[len(runs)-1 : len(runs) : len(runs)]}
+			var p *policy
+			if alg <= 255 && st.Validate() == nil {
+				if p = n.policies[k.Policy]; p != nil && p.sp.Algorithm != st.Algorithm {
+					p = nil
+				}
+			}
+			ents = append(ents, packedAdmit{st: st, p: p})
+		}
+		if r.err != nil {
+			break
+		}
+		if part > uint64(^uint32(0)) {
+			part = uint64(len(n.pt.parts)) // refused below
+		}
+		keys := func(yield func(shard.KeyState, *policy) bool) {
+			for _, e := range ents {
+				if e.p != nil && !yield(e.st, e.p) {
+					return
+				}
+			}
+		}
+		res := n.applyOpKeys(sender, peerpb.PartitionOp_KIND_ADMIT, uint32(part), epoch, keys, closing, quorum)
+		out = binary.AppendUvarint(out, uint64(res.status))
+		out = binary.AppendVarint(out, res.leaseNs)
+		out = appendStr(out, res.holder)
+		out = binary.AppendUvarint(out, res.epoch)
+		out = binary.AppendUvarint(out, uint64(res.accepted))
+	}
+	if r.err == nil && r.off != len(r.s) {
+		r.err = errPacked
+	}
+	if r.err != nil {
+		return nil, fmt.Errorf("%w at byte %d", r.err, r.off)
+	}
+	return out, nil
+}
+
+// decodeOpResults decodes a packed replication answer of want results.
+func decodeOpResults(b []byte, want int, from string) ([]peerpb.OpResult, error) {
+	r := &packedReader{s: unsafeString(b)}
+	n := r.count(maxWireBatch, 5)
+	if r.err == nil && n != want {
+		return nil, fmt.Errorf("peer: %s answered %d results for %d operations", from, n, want)
+	}
+	out := make([]peerpb.OpResult, n)
+	for i := range out {
+		o := &out[i]
+		o.Status = peerpb.OpStatus(r.uvarint())
+		o.LeaseNs = r.varint()
+		o.Holder = clone(r.str())
+		o.Epoch = r.uvarint()
+		o.Accepted = uint32(r.uvarint())
+	}
+	if r.err == nil && r.off != len(r.s) {
+		r.err = errPacked
+	}
+	if r.err != nil {
+		return nil, fmt.Errorf("%w: from %s at byte %d", r.err, from, r.off)
+	}
+	return out, nil
+}

@@ -1241,7 +1241,14 @@ type ReplicateRequest struct {
 	Sender string         `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
 	Ops    []*PartitionOp `protobuf:"bytes,2,rep,name=ops,proto3" json:"ops,omitempty"`
 	// Id, on ReplicateStream, matches the ReplicateResponse to this request.
-	Id            uint64 `protobuf:"varint,3,opt,name=id,proto3" json:"id,omitempty"`
+	Id uint64 `protobuf:"varint,3,opt,name=id,proto3" json:"id,omitempty"`
+	// AdmitsPacked, on ReplicateStream, carries KIND_ADMIT operations in the
+	// packed layout (peer/batchcodec.go) instead of ops, which is then
+	// empty: operations, each a partition, an epoch and its admissions (one
+	// run per key: tenant, subject, policy, algorithm, age_ns, count). The
+	// answer carries results_packed. A malformed packing fails the request
+	// with InvalidArgument.
+	AdmitsPacked  []byte `protobuf:"bytes,4,opt,name=admits_packed,json=admitsPacked,proto3" json:"admits_packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1295,6 +1302,13 @@ func (x *ReplicateRequest) GetId() uint64 {
 		return x.Id
 	}
 	return 0
+}
+
+func (x *ReplicateRequest) GetAdmitsPacked() []byte {
+	if x != nil {
+		return x.AdmitsPacked
+	}
+	return nil
 }
 
 // OpResult answers one PartitionOp, in order.
@@ -1388,7 +1402,10 @@ type ReplicateResponse struct {
 	// would have failed the whole request; 0 (OK) when results are set.
 	Code int32 `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
 	// Error is the whole-request failure's message, for logs.
-	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// ResultsPacked answers admits_packed: one result per packed operation,
+	// in order (status, lease_ns, holder, epoch, accepted).
+	ResultsPacked []byte `protobuf:"bytes,5,opt,name=results_packed,json=resultsPacked,proto3" json:"results_packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1449,6 +1466,13 @@ func (x *ReplicateResponse) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *ReplicateResponse) GetResultsPacked() []byte {
+	if x != nil {
+		return x.ResultsPacked
+	}
+	return nil
 }
 
 // PromoteRequest hands a partition to its backup.
@@ -2204,22 +2228,24 @@ const file_ringlimit_proto_rawDesc = "" +
 	"KIND_ADMIT\x10\x04\x12\x12\n" +
 	"\x0eKIND_HEARTBEAT\x10\x05\x12\x10\n" +
 	"\fKIND_RELEASE\x10\x06\x12\x10\n" +
-	"\fKIND_REPLACE\x10\a\"g\n" +
+	"\fKIND_REPLACE\x10\a\"\x8c\x01\n" +
 	"\x10ReplicateRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x03ops\x18\x02 \x03(\v2\x19.ringlimit.v1.PartitionOpR\x03ops\x12\x0e\n" +
-	"\x02id\x18\x03 \x01(\x04R\x02id\"\x9f\x01\n" +
+	"\x02id\x18\x03 \x01(\x04R\x02id\x12#\n" +
+	"\radmits_packed\x18\x04 \x01(\fR\fadmitsPacked\"\x9f\x01\n" +
 	"\bOpResult\x12.\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x16.ringlimit.v1.OpStatusR\x06status\x12\x19\n" +
 	"\blease_ns\x18\x02 \x01(\x03R\aleaseNs\x12\x16\n" +
 	"\x06holder\x18\x03 \x01(\tR\x06holder\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x1a\n" +
-	"\baccepted\x18\x05 \x01(\rR\baccepted\"\x7f\n" +
+	"\baccepted\x18\x05 \x01(\rR\baccepted\"\xa6\x01\n" +
 	"\x11ReplicateResponse\x120\n" +
 	"\aresults\x18\x01 \x03(\v2\x16.ringlimit.v1.OpResultR\aresults\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\x05R\x04code\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"\\\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12%\n" +
+	"\x0eresults_packed\x18\x05 \x01(\fR\rresultsPacked\"\\\n" +
 	"\x0ePromoteRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
