@@ -97,7 +97,7 @@ type opReq struct {
 	// admissions reach the backup together instead of one round trip
 	// each. The decision must not be answered before wait yields nil.
 	deferWait bool
-	wait      chan error
+	wait      *replItem // its done yields; then the waiter returns it to the pool
 }
 
 // do validates req for op and routes it.
@@ -105,17 +105,36 @@ func (n *Node) do(ctx context.Context, op peerpb.Op, req Request) (Decision, err
 	if n.stopped.Load() {
 		return Decision{}, ErrClosed
 	}
-	r, err := n.parseReq(op, req.Key, req.Policies, req.Hits)
+	// r stays on this stack. Its key's encoding does not: escape analysis
+	// sees the key's strings leak (to replication, the fallback store)
+	// through r and moves all of r's contents, ek too, to the heap.
+	var r opReq
+	ek, err := n.parseReqInto(&r, op, req.Key, req.Policies, req.Hits, nil)
 	if err != nil {
 		return Decision{}, err
 	}
-	return n.route(ctx, r)
+	r.ek = ek
+	return n.route(ctx, &r)
 }
 
 // parseReq validates a request from a caller or a peer; errors wrap
 // ErrInvalidKey, ErrUnknownPolicy or ErrInvalidHits.
 func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*opReq, error) {
-	r := &opReq{op: op, key: key}
+	r := &opReq{}
+	ek, err := n.parseReqInto(r, op, key, policies, hits, nil)
+	if err != nil {
+		return nil, err
+	}
+	r.ek = ek
+	return r, nil
+}
+
+// parseReqInto is parseReq into r, except that it returns the key's
+// encoding (r.ek) for the caller to set: a single-policy key's is appended
+// to ekBuf, so a caller with room there spares an allocation, and a store
+// through r would make escape analysis move ekBuf to the heap.
+func (n *Node) parseReqInto(r *opReq, op peerpb.Op, key Key, policies []string, hits int64, ekBuf []byte) (ek []byte, err error) {
+	*r = opReq{op: op, key: key}
 	if hits == 0 {
 		hits = 1
 	}
@@ -135,12 +154,12 @@ func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*
 		}
 		for i, name := range policies {
 			k := Key{Tenant: key.Tenant, Subject: key.Subject, Policy: name}
-			ek, ok := k.AppendEncoded(nil)
+			eki, ok := k.AppendEncoded(nil)
 			if !ok {
 				return nil, fmt.Errorf("%w: %w", ErrInvalidKey, k.Validate())
 			}
 			if i == 0 {
-				r.ek = ek
+				ek = eki
 			}
 			for _, prev := range policies[:i] {
 				if prev == name {
@@ -158,13 +177,12 @@ func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*
 		}
 		r.names = policies
 		r.p = r.multi[0]
-		return r, nil
+		return ek, nil
 	}
-	ek, ok := key.AppendEncoded(nil)
+	ek, ok := key.AppendEncoded(ekBuf)
 	if !ok {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidKey, key.Validate())
 	}
-	r.ek = ek
 	r.p = n.policies[key.Policy]
 	if r.p == nil {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, key.Policy)
@@ -172,7 +190,7 @@ func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*
 	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK) && hits > r.p.sp.Limit {
 		return nil, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, r.p.sp.Limit)
 	}
-	return r, nil
+	return ek, nil
 }
 
 // decideStatus says what decideHere did.
@@ -385,24 +403,25 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		}
 		return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	var done chan error
+	var ri *replItem
 	var rerr error
 	if sd.Allowed && pt.backup != "" && p.cfg.Replication != ReplicateOff {
-		done, rerr = n.replicateAdmission(pt.backup, pid, pt.epoch, key, p.sp.Algorithm, admissionRun(p, sd, hits), now, p.cfg.Replication == ReplicateSync)
+		ri, rerr = n.replicateAdmissionItem(pt.backup, pid, pt.epoch, key, p.sp.Algorithm, admissionRun(p, sd, hits), now, p.cfg.Replication == ReplicateSync)
 	}
 	pt.mu.RUnlock()
 	if rerr != nil && p.cfg.Replication == ReplicateSync {
 		return Decision{}, decided, nil, rerr
 	}
-	if done != nil && r.deferWait {
-		r.wait = done
-	} else if done != nil {
+	if ri != nil && r.deferWait {
+		r.wait = ri
+	} else if ri != nil {
 		// The admission is recorded here; it is answered only once the
 		// backup has it too. If the backup does not confirm, the caller
 		// gets unavailable and the admission stays counted (it can only
 		// refuse more).
 		select {
-		case err := <-done:
+		case err := <-ri.done:
+			n.putReplItem(ri)
 			if err != nil {
 				return Decision{}, decided, nil, err
 			}

@@ -376,8 +376,7 @@ func packAdmits(batch []*replItem, now time.Time) (b []byte, ops []replOp, opOf 
 	return b, ops, opOf
 }
 
-// packedAdmit is one decoded admission with its local policy (nil when
-// this node has no such policy, or it uses another algorithm: skipped).
+// packedAdmit is one decoded, valid key state with its local policy.
 type packedAdmit struct {
 	st shard.KeyState
 	p  *policy
@@ -403,13 +402,12 @@ func (n *Node) applyPackedAdmits(sender string, b []byte, closing, quorum bool) 
 			alg := r.uvarint()
 			runs = append(runs, shard.Run{Age: time.Duration(r.varint()), Count: r.varint()})
 			st := shard.KeyState{Key: k, Algorithm: shard.Algorithm(alg), Runs: runs[len(runs)-1 : len(runs) : len(runs)]}
-			var p *policy
-			if alg <= 255 && st.Validate() == nil {
-				if p = n.policies[k.Policy]; p != nil && p.sp.Algorithm != st.Algorithm {
-					p = nil
-				}
+			if alg > 255 || st.Validate() != nil {
+				continue // malformed: skipped, as applyOp skips it
 			}
-			ents = append(ents, packedAdmit{st: st, p: p})
+			if p := n.policies[k.Policy]; p != nil && p.sp.Algorithm == st.Algorithm {
+				ents = append(ents, packedAdmit{st: st, p: p})
+			}
 		}
 		if r.err != nil {
 			break
@@ -417,14 +415,7 @@ func (n *Node) applyPackedAdmits(sender string, b []byte, closing, quorum bool) 
 		if part > uint64(^uint32(0)) {
 			part = uint64(len(n.pt.parts)) // refused below
 		}
-		keys := func(yield func(shard.KeyState, *policy) bool) {
-			for _, e := range ents {
-				if e.p != nil && !yield(e.st, e.p) {
-					return
-				}
-			}
-		}
-		res := n.applyOpKeys(sender, peerpb.PartitionOp_KIND_ADMIT, uint32(part), epoch, keys, closing, quorum)
+		res := n.applyOpKeys(sender, peerpb.PartitionOp_KIND_ADMIT, uint32(part), epoch, ents, closing, quorum)
 		out = binary.AppendUvarint(out, uint64(res.status))
 		out = binary.AppendVarint(out, res.leaseNs)
 		out = appendStr(out, res.holder)

@@ -40,6 +40,26 @@ type replItem struct {
 	key   Key
 	alg   shard.Algorithm
 	done  chan error // nil when nobody waits
+	// ch is the pooled item's channel, kept across reuse: done is ch when
+	// somebody waits.
+	ch chan error
+}
+
+// getReplItem returns a cleared item from the node's pool.
+func (n *Node) getReplItem() *replItem {
+	it := n.replItems.Get().(*replItem)
+	if it.ch == nil {
+		it.ch = make(chan error, 1)
+	}
+	return it
+}
+
+// putReplItem returns it to the pool. Only the item's last user may: the
+// waiter once done has yielded (never one that gave up waiting), or the
+// batcher for an item nobody waits for.
+func (n *Node) putReplItem(it *replItem) {
+	*it = replItem{ch: it.ch}
+	n.replItems.Put(it)
 }
 
 // replicator is the batcher of operations to one backup member.
@@ -77,28 +97,36 @@ func (n *Node) sendOps(to string, ops []*peerpb.PartitionOp, _ chan error) {
 // for backup to. It returns a channel that yields the outcome when wait is
 // set, else nil.
 func (n *Node) replicateAdmission(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (chan error, error) {
+	it, err := n.replicateAdmissionItem(to, pid, epoch, key, alg, run, at, wait)
+	if it == nil {
+		return nil, err
+	}
+	return it.done, nil // the item goes to the garbage collector, not the pool
+}
+
+// replicateAdmissionItem is replicateAdmission with a pooled item: when
+// wait is set it returns the item, whose done yields the outcome; the
+// waiter returns it with putReplItem after done yields.
+func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (*replItem, error) {
 	c, err := n.peerClient(to)
 	if err != nil {
 		return nil, err
 	}
-	it := &replItem{
-		kind:  peerpb.PartitionOp_KIND_ADMIT,
-		part:  uint32(pid),
-		epoch: epoch,
-		at:    at,
-		run:   run,
-		key:   key,
-		alg:   alg,
-	}
+	it := n.getReplItem()
+	it.kind, it.part, it.epoch, it.at, it.run, it.key, it.alg = peerpb.PartitionOp_KIND_ADMIT, uint32(pid), epoch, at, run, key, alg
 	if wait {
-		it.done = make(chan error, 1)
+		it.done = it.ch
 	}
 	select {
 	case c.repl.queue <- it:
 	default:
+		n.putReplItem(it)
 		return nil, fmt.Errorf("%w: replication queue to %s is full", ErrUnavailable, to)
 	}
-	return it.done, nil
+	if !wait {
+		return nil, nil
+	}
+	return it, nil
 }
 
 // replicateState queues key state st (ages relative to at) for backup to
@@ -340,6 +368,8 @@ func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp
 		for _, it := range batch {
 			if it.done != nil {
 				it.done <- err
+			} else {
+				n.putReplItem(it)
 			}
 		}
 		return
@@ -350,6 +380,7 @@ func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp
 	}
 	for i, it := range batch {
 		if it.done == nil {
+			n.putReplItem(it)
 			continue
 		}
 		r := results[opOf[i]]
@@ -425,16 +456,13 @@ func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*pe
 
 // applyOp applies one operation from holder sender to this node's copy.
 func (n *Node) applyOp(sender string, op *peerpb.PartitionOp, closing, quorum bool) *peerpb.OpResult {
-	keys := func(yield func(shard.KeyState, *policy) bool) {
-		for _, w := range op.GetKeys() {
-			st, p, err := n.decodeState(w)
-			if err != nil || p == nil {
-				continue // malformed, or a policy this node does not have
-			}
-			if !yield(st, p) {
-				return
-			}
+	var keys []packedAdmit
+	for _, w := range op.GetKeys() {
+		st, p, err := n.decodeState(w)
+		if err != nil || p == nil {
+			continue // malformed, or a policy this node does not have
 		}
+		keys = append(keys, packedAdmit{st: st, p: p})
 	}
 	r := n.applyOpKeys(sender, op.GetKind(), op.GetPartition(), op.GetEpoch(), keys, closing, quorum)
 	return &peerpb.OpResult{Status: r.status, LeaseNs: r.leaseNs, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
@@ -450,9 +478,9 @@ type opResult struct {
 }
 
 // applyOpKeys applies one operation of kind on partition part at epoch
-// from holder sender; keys yields the key states it carries (already
-// validated, with the local policy of each).
-func (n *Node) applyOpKeys(sender string, kind peerpb.PartitionOp_Kind, part uint32, epoch uint64, keys func(func(shard.KeyState, *policy) bool), closing, quorum bool) opResult {
+// from holder sender; keys are the key states it carries, valid and with
+// the local policy of each.
+func (n *Node) applyOpKeys(sender string, kind peerpb.PartitionOp_Kind, part uint32, epoch uint64, keys []packedAdmit, closing, quorum bool) opResult {
 	pid := int(part)
 	if pid >= len(n.pt.parts) || sender == "" || sender == n.name {
 		return opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
@@ -496,7 +524,8 @@ func (n *Node) applyOpKeys(sender string, kind peerpb.PartitionOp_Kind, part uin
 			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
 		accepted := 0
-		for st, p := range keys {
+		for _, k := range keys {
+			st, p := k.st, k.p
 			if kind == peerpb.PartitionOp_KIND_REPLACE {
 				pt.rep.store.Delete(st.Key)
 				if len(st.Runs) == 0 {

@@ -61,13 +61,22 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 		}
 	}
 	out := make([]wireDecision, len(items))
+	// The batch's requests and their keys' encodings share two
+	// allocations: a key encodes to its parts plus a length byte each.
+	reqs := make([]opReq, len(items))
+	size := 0
+	for i := range items {
+		k := &items[i].key
+		size += 3 + len(k.Tenant) + len(k.Subject) + len(k.Policy)
+	}
+	slab := make([]byte, 0, size)
 	// Every item is decided first and the synchronous backups are waited
 	// for afterwards, so the batch's admissions travel to each backup
 	// together. An item is answered only once its backup has it.
 	var waits []*opReq
 	for i := range items {
 		var r *opReq
-		out[i], r = n.decideWire(ctx, v, &items[i])
+		out[i], r, slab = n.decideWire(ctx, v, &items[i], &reqs[i], slab)
 		if r != nil && r.wait != nil {
 			if waits == nil {
 				waits = make([]*opReq, len(items))
@@ -81,7 +90,8 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 		}
 		var err error
 		select {
-		case err = <-r.wait:
+		case err = <-r.wait.done:
+			n.putReplItem(r.wait)
 		case <-ctx.Done():
 			err = fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
 		}
@@ -117,16 +127,27 @@ func wireError(n *Node, v *view, st peerpb.Status, err error) wireDecision {
 // a synchronous backup, the returned request's wait is set and the caller
 // must wait for it before answering (and then records the decision's
 // metric); the request is nil when the item was not parsed.
-func (n *Node) decideWire(ctx context.Context, v *view, it *wireItem) (wireDecision, *opReq) {
+func (n *Node) decideWire(ctx context.Context, v *view, it *wireItem, r *opReq, slab []byte) (wireDecision, *opReq, []byte) {
 	bad := func(st peerpb.Status, err error) wireDecision { return wireError(n, v, st, err) }
-	r, err := n.parseReq(it.op, it.key, it.policies, it.hits)
+	ek, err := n.parseReqInto(r, it.op, it.key, it.policies, it.hits, slab[len(slab):len(slab)])
 	switch {
 	case errors.Is(err, ErrUnknownPolicy):
-		return bad(peerpb.Status_STATUS_UNKNOWN_POLICY, err), nil
+		return bad(peerpb.Status_STATUS_UNKNOWN_POLICY, err), nil, slab
 	case err != nil:
-		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err), nil
+		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err), nil, slab
 	}
+	if len(it.policies) == 0 && len(ek) <= cap(slab)-len(slab) {
+		slab = slab[:len(slab)+len(ek)] // ek was appended in place
+	}
+	r.ek = ek
 	r.deferWait = true
+	d, r := n.decideWireReq(ctx, v, r)
+	return d, r, slab
+}
+
+// decideWireReq decides the parsed request r (see decideWire).
+func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq) (wireDecision, *opReq) {
+	bad := func(st peerpb.Status, err error) wireDecision { return wireError(n, v, st, err) }
 	ek := r.ek
 	pid := v.snap.Partition(placement(ek))
 	pt := &n.pt.parts[pid]
