@@ -51,6 +51,11 @@ type callResult struct {
 
 const queueLen = 4096
 
+// peerWindow is the flow-control window of peer connections and of the
+// server, per stream and per connection: 1 MiB covers a large batch, and
+// partition copies are chunked well below it.
+const peerWindow = 1 << 20
+
 // client returns the client for member name at addr, creating it (and its
 // batcher goroutine) on first use. A client for an older address of the same
 // name is replaced.
@@ -71,7 +76,11 @@ func (n *Node) client(name, addr string) (*client, error) {
 	if n.cfg.ClientTLS != nil {
 		creds = credentials.NewTLS(n.cfg.ClientTLS)
 	}
-	conn, err := grpc.NewClient(addr, append(n.rpcAuthDialOptions(), grpc.WithTransportCredentials(creds))...)
+	// Fixed flow-control windows turn off gRPC's bandwidth estimation,
+	// which answers data with pings: on a busy pipe of small messages
+	// they were a write and a read in every few.
+	conn, err := grpc.NewClient(addr, append(n.rpcAuthDialOptions(), grpc.WithTransportCredentials(creds),
+		grpc.WithInitialWindowSize(peerWindow), grpc.WithInitialConnWindowSize(peerWindow))...)
 	if err != nil {
 		return nil, fmt.Errorf("peer: client for %s at %s: %w", name, addr, err)
 	}

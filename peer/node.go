@@ -171,6 +171,7 @@ func (n *Node) startRPC() error {
 	}
 	opts = append(opts, n.rpcAuthServerOptions()...)
 	n.rpcLis = lis
+	opts = append(opts, grpc.InitialWindowSize(peerWindow), grpc.InitialConnWindowSize(peerWindow))
 	n.grpcSrv = grpc.NewServer(opts...)
 	peerpb.RegisterLimiterServer(n.grpcSrv, &server{n: n})
 	peerpb.RegisterRateLimiterServer(n.grpcSrv, &publicServer{n: n})
