@@ -3,7 +3,8 @@ package bench
 // TestLoadSideBySide is the issue 9 measurement: every driver below runs in
 // one process, one after another, with the same load shape (64 concurrent
 // callers for a bounded duration, single-decision calls), and the table
-// reports the median of several rounds. It is opt-in (RINGLIMIT_LOAD=1);
+// reports the median of several rounds. It is opt-in (RINGLIMIT_LOAD=1;
+// RINGLIMIT_LOAD_ONLY=<substring> keeps only the matching drivers);
 // the Redis rows also need RINGLIMIT_REDIS=1 and redis-server on PATH:
 //
 //	RINGLIMIT_LOAD=1 RINGLIMIT_REDIS=1 go test -run LoadSideBySide -v -timeout 20m ./bench/
@@ -242,6 +243,10 @@ func TestLoadSideBySide(t *testing.T) {
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
 			drivers := g.setup(t)
+			if only := os.Getenv("RINGLIMIT_LOAD_ONLY"); only != "" {
+				// Profiling one driver: RINGLIMIT_LOAD_ONLY=embedded.
+				drivers = slices.DeleteFunc(drivers, func(d loadDriver) bool { return !strings.Contains(d.name, only) })
+			}
 			results := make([][]loadResult, len(drivers))
 			// Rounds interleave the group's drivers, so a slow spell of
 			// the shared machine hits them alike.
