@@ -3,7 +3,8 @@ package bench
 // TestLoadSideBySide is the issue 9 measurement: every driver below runs in
 // one process, one after another, with the same load shape (64 concurrent
 // callers for a bounded duration, single-decision calls), and the table
-// reports the median of several rounds. It is opt-in (RINGLIMIT_LOAD=1;
+// reports the median of several rounds (Redis rows run within the
+// default mode's rounds, and "x redis" pairs each round with them). It is opt-in (RINGLIMIT_LOAD=1;
 // RINGLIMIT_LOAD_ONLY=<substring> keeps only the matching drivers);
 // the Redis rows also need RINGLIMIT_REDIS=1 and redis-server on PATH:
 //
@@ -231,14 +232,21 @@ func TestLoadSideBySide(t *testing.T) {
 	}
 	d, rounds := loadDuration(t), loadRounds(t)
 	var groups []loadGroup
-	if os.Getenv(redisEnv) == "1" {
-		groups = append(groups, loadGroup{"redis", redisDrivers})
-	}
 	for _, mode := range []peer.Replication{peer.ReplicateSync, peer.ReplicateAsync, peer.ReplicateOff} {
-		groups = append(groups, loadGroup{"repl=" + mode.String(), func(t *testing.T) []loadDriver { return ringlimitDrivers(t, mode) }})
+		groups = append(groups, loadGroup{"repl=" + mode.String(), func(t *testing.T) []loadDriver {
+			var drivers []loadDriver
+			if mode == peer.ReplicateSync && os.Getenv(redisEnv) == "1" {
+				// Redis runs in the default mode's rounds, interleaved
+				// with its rows, so the ratios pair runs made moments
+				// apart on the shared machine.
+				drivers = redisDrivers(t)
+			}
+			return append(drivers, ringlimitDrivers(t, mode)...)
+		}})
 	}
 	var names []string
 	var medians []loadResult
+	var ratios []float64 // median over rounds of ops / redis-lua keys=10000 ops; 0: none
 	var pids []int
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
@@ -257,24 +265,39 @@ func TestLoadSideBySide(t *testing.T) {
 					results[i] = append(results[i], res)
 				}
 			}
+			ref := slices.IndexFunc(drivers, func(d loadDriver) bool { return d.name == "redis-lua keys=10000" })
 			for i, dr := range drivers {
 				names, pids = append(names, dr.name), append(pids, dr.pid)
 				medians = append(medians, median(results[i]))
+				ratio := 0.0
+				if ref >= 0 {
+					rs := make([]float64, rounds)
+					for r := range rounds {
+						rs[r] = results[i][r].ops / results[ref][r].ops
+					}
+					slices.Sort(rs)
+					ratio = rs[rounds/2]
+				}
+				ratios = append(ratios, ratio)
 			}
 		})
 	}
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\nmedian of %d rounds of %v, %d callers, GOMAXPROCS=%d\n", rounds, d, loadCallers, runtime.GOMAXPROCS(0))
-	fmt.Fprintf(&sb, "| %-34s | %10s | %9s | %9s | %9s | %11s |\n", "driver", "ops/s", "p50", "p99", "cpu/op", "srv-cpu/op")
-	fmt.Fprintf(&sb, "|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 36), strings.Repeat("-", 12), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 13))
+	fmt.Fprintf(&sb, "| %-34s | %10s | %9s | %9s | %9s | %11s | %8s |\n", "driver", "ops/s", "p50", "p99", "cpu/op", "srv-cpu/op", "x redis")
+	fmt.Fprintf(&sb, "|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 36), strings.Repeat("-", 12), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 13), strings.Repeat("-", 10))
 	for i, m := range medians {
-		srv := "-"
+		srv, ratio := "-", "-"
 		if pids[i] != 0 {
 			srv = m.srvCPUOp.Round(10 * time.Nanosecond).String()
 		}
-		fmt.Fprintf(&sb, "| %-34s | %10.0f | %9v | %9v | %9v | %11s |\n", names[i], m.ops,
-			m.p50.Round(time.Microsecond), m.p99.Round(time.Microsecond), m.cpuOp.Round(10*time.Nanosecond), srv)
+		if ratios[i] > 0 {
+			ratio = fmt.Sprintf("%.2f", ratios[i])
+		}
+		fmt.Fprintf(&sb, "| %-34s | %10.0f | %9v | %9v | %9v | %11s | %8s |\n", names[i], m.ops,
+			m.p50.Round(time.Microsecond), m.p99.Round(time.Microsecond), m.cpuOp.Round(10*time.Nanosecond), srv, ratio)
 	}
+	sb.WriteString("x redis: median over rounds of ops/s divided by redis-lua keys=10000's in the same round\n")
 	t.Log(sb.String())
 }
 
