@@ -190,7 +190,8 @@ type Config struct {
 	ForwardTimeout time.Duration
 	// MaxBatch is the most requests one forwarded RPC carries. Zero means 256.
 	MaxBatch int
-	// MaxInFlight is how many batch RPCs may be in flight to one peer at
+	// MaxInFlight is how many batches of forwards, and separately of
+	// replication on the peer's stream, may be in flight to one peer at
 	// once. Zero means 4.
 	MaxInFlight int
 	// DisableBatching sends every forwarded request as its own RPC (for
