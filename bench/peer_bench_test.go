@@ -42,7 +42,14 @@ var peerKeyCounts = []struct {
 // has moved to its target with its backup copy in place (the steady
 // state), and
 // closes them when b ends.
-func startPeerCluster(b *testing.B, n int, batching bool) []*peer.Node {
+func startPeerCluster(b testing.TB, n int, batching bool) []*peer.Node {
+	b.Helper()
+	return startPeerClusterWith(b, n, func(cfg *peer.Config) { cfg.DisableBatching = !batching })
+}
+
+// startPeerClusterWith is startPeerCluster with edit applied to each node's
+// Config before it starts.
+func startPeerClusterWith(b testing.TB, n int, edit func(*peer.Config)) []*peer.Node {
 	b.Helper()
 	const grace = 20 * time.Millisecond
 	nodes := make([]*peer.Node, 0, n)
@@ -52,9 +59,9 @@ func startPeerCluster(b *testing.B, n int, batching bool) []*peer.Node {
 			Policies: map[string]peer.PolicyConfig{
 				peerPolicy: {Limit: 1 << 50, Window: time.Second, Resolution: 10 * time.Millisecond},
 			},
-			DisableBatching: !batching,
-			GossipProfile:   peer.GossipFast,
+			GossipProfile: peer.GossipFast,
 		}
+		edit(&cfg)
 		if i > 0 {
 			cfg.Join = []string{nodes[0].GossipAddr()}
 		}
@@ -202,15 +209,21 @@ func BenchmarkNodeAllowForwarded(b *testing.B) {
 			for _, kc := range peerKeyCounts {
 				keys := peerKeys(b, via, kc.distinct, func(owner string) bool { return owner != via.Name() })
 				b.Run("keys="+kc.name, func(b *testing.B) {
-					benchForwarded(b, via, keys)
+					benchForwarded(b, via, keys, 16)
+				})
+				// 64 callers in all, the issue 9 load.
+				b.Run("keys="+kc.name+"/callers=64", func(b *testing.B) {
+					benchForwarded(b, via, keys, max(1, 64/runtime.GOMAXPROCS(0)))
 				})
 			}
 		})
 	}
 }
 
-func benchForwarded(b *testing.B, via *peer.Node, keys []peer.Key) {
-	const parallelism = 16
+// benchForwarded runs Allow from parallelism × GOMAXPROCS goroutines. It
+// also reports cpu-ns/op, the whole process's CPU time (callers, sender
+// and owner nodes) per decision.
+func benchForwarded(b *testing.B, via *peer.Node, keys []peer.Key, parallelism int) {
 	b.ReportAllocs()
 	b.SetParallelism(parallelism)
 	// One latency slice per RunParallel goroutine, allocated before the
@@ -223,6 +236,7 @@ func benchForwarded(b *testing.B, via *peer.Node, keys []peer.Key) {
 	var next atomic.Int64
 	var failed atomic.Pointer[error]
 	b.ResetTimer()
+	cpu0 := processCPU()
 	b.RunParallel(func(pb *testing.PB) {
 		ctx := context.Background()
 		id := int(next.Add(1) - 1)
@@ -250,6 +264,7 @@ func benchForwarded(b *testing.B, via *peer.Node, keys []peer.Key) {
 		}
 	})
 	b.StopTimer()
+	b.ReportMetric(float64((processCPU()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 	if err := failed.Load(); err != nil {
 		b.Fatalf("Allow: %v", *err)
 	}

@@ -122,6 +122,14 @@ func requireRedis(tb testing.TB) {
 // returns the server's address.
 func startRedis(tb testing.TB) string {
 	tb.Helper()
+	addr, _ := startRedisProc(tb)
+	return addr
+}
+
+// startRedisProc is startRedis that also returns the server's process id,
+// so a caller can read its CPU time from /proc.
+func startRedisProc(tb testing.TB) (addr string, pid int) {
+	tb.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		tb.Fatalf("%s=1 but redis-server is not on PATH (apt-get install -y redis-server): %v", redisEnv, err)
@@ -131,10 +139,10 @@ func startRedis(tb testing.TB) string {
 	// redis-server binds it; such a start fails fast and is retried.
 	var last error
 	for attempt := range 3 {
-		addr, retry, err := redisTryStart(tb, bin, dir, attempt)
+		addr, pid, retry, err := redisTryStart(tb, bin, dir, attempt)
 		if err == nil {
 			redisLogVersion(tb, addr)
-			return addr
+			return addr, pid
 		}
 		last = err
 		if !retry {
@@ -142,26 +150,26 @@ func startRedis(tb testing.TB) string {
 		}
 	}
 	tb.Fatalf("start redis-server: %v", last)
-	return ""
+	return "", 0
 }
 
 // redisTryStart makes one start attempt. retry reports whether the failure
 // looks like a lost port race.
-func redisTryStart(tb testing.TB, bin, dir string, attempt int) (addr string, retry bool, err error) {
+func redisTryStart(tb testing.TB, bin, dir string, attempt int) (addr string, pid int, retry bool, err error) {
 	tb.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", false, err
+		return "", 0, false, err
 	}
 	port := lis.Addr().(*net.TCPAddr).Port
 	if err := lis.Close(); err != nil {
-		return "", false, err
+		return "", 0, false, err
 	}
 	addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	logPath := filepath.Join(dir, fmt.Sprintf("redis-%d.log", attempt))
 	logf, err := os.Create(logPath)
 	if err != nil {
-		return "", false, err
+		return "", 0, false, err
 	}
 	cmd := exec.Command(bin,
 		"--bind", "127.0.0.1", "--port", strconv.Itoa(port),
@@ -169,7 +177,7 @@ func redisTryStart(tb testing.TB, bin, dir string, attempt int) (addr string, re
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return "", false, err
+		return "", 0, false, err
 	}
 	exited := make(chan error, 1)
 	go func() {
@@ -188,19 +196,19 @@ func redisTryStart(tb testing.TB, bin, dir string, attempt int) (addr string, re
 	for {
 		if redisPing(addr) == nil {
 			tb.Cleanup(stop)
-			return addr, false, nil
+			return addr, cmd.Process.Pid, false, nil
 		}
 		select {
 		case werr := <-exited:
 			out, _ := os.ReadFile(logPath)
-			return "", bytes.Contains(out, []byte("in use")),
+			return "", 0, bytes.Contains(out, []byte("in use")),
 				fmt.Errorf("redis-server on %s exited before answering PING: %v\n%s", addr, werr, out)
 		case <-tick.C:
 		}
 		if time.Now().After(deadline) {
 			stop()
 			out, _ := os.ReadFile(logPath)
-			return "", false, fmt.Errorf("redis-server on %s did not answer PING within 10 s\n%s", addr, out)
+			return "", 0, false, fmt.Errorf("redis-server on %s did not answer PING within 10 s\n%s", addr, out)
 		}
 	}
 }

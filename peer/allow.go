@@ -50,6 +50,9 @@ func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
 	if hits < 0 || hits > p.sp.Limit {
 		return Decision{}, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, p.sp.Limit)
 	}
+	// ek travels beside r, not in it: r's strings leak (to replication,
+	// the fallback store), and escape analysis would move the buffer ek
+	// points into to the heap with them.
 	r := opReq{key: req.Key, p: p, hits: hits}
 	return n.route(ctx, &r, ek)
 }
@@ -84,12 +87,20 @@ func (n *Node) Reset(ctx context.Context, key Key) (Decision, error) {
 // several policies of one tenant and subject.
 type opReq struct {
 	op   peerpb.Op
-	key  Key // Policy is "" for a multi-policy request
+	key  Key    // Policy is "" for a multi-policy request
+	ek   []byte // the encoded key (of the first policy for multi): placement
 	p    *policy
 	hits int64
 	// multi holds the policies of a multi-policy request, names their names.
 	multi []*policy
 	names []string
+	// deferWait, set by a receiver deciding a batch, makes decideHere
+	// leave the wait for a synchronous backup to the caller: it returns
+	// the decision with the backup's answer channel in wait, so a batch's
+	// admissions reach the backup together instead of one round trip
+	// each. The decision must not be answered before wait yields nil.
+	deferWait bool
+	wait      *replItem // its done yields; then the waiter returns it to the pool
 }
 
 // do validates req for op and routes it.
@@ -97,75 +108,92 @@ func (n *Node) do(ctx context.Context, op peerpb.Op, req Request) (Decision, err
 	if n.stopped.Load() {
 		return Decision{}, ErrClosed
 	}
-	r, ek, err := n.parseReq(op, req.Key, req.Policies, req.Hits)
+	// r stays on this stack. Its key's encoding does not: escape analysis
+	// sees the key's strings leak (to replication, the fallback store)
+	// through r and moves all of r's contents, ek too, to the heap.
+	var r opReq
+	ek, err := n.parseReqInto(&r, op, req.Key, req.Policies, req.Hits, nil)
 	if err != nil {
 		return Decision{}, err
 	}
-	return n.route(ctx, r, ek)
+	r.ek = ek
+	return n.route(ctx, &r, r.ek)
 }
 
-// parseReq validates a request from a caller or a peer and returns it with
-// its key's encoding (the first policy's for several: it places the
-// request); errors wrap ErrInvalidKey, ErrUnknownPolicy or ErrInvalidHits.
-func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*opReq, []byte, error) {
-	r := &opReq{op: op, key: key}
-	var first []byte
+// parseReq validates a request from a caller or a peer; errors wrap
+// ErrInvalidKey, ErrUnknownPolicy or ErrInvalidHits.
+func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*opReq, error) {
+	r := &opReq{}
+	ek, err := n.parseReqInto(r, op, key, policies, hits, nil)
+	if err != nil {
+		return nil, err
+	}
+	r.ek = ek
+	return r, nil
+}
+
+// parseReqInto is parseReq into r, except that it returns the key's
+// encoding (r.ek) for the caller to set: a single-policy key's is appended
+// to ekBuf, so a caller with room there spares an allocation, and a store
+// through r would make escape analysis move ekBuf to the heap.
+func (n *Node) parseReqInto(r *opReq, op peerpb.Op, key Key, policies []string, hits int64, ekBuf []byte) (ek []byte, err error) {
+	*r = opReq{op: op, key: key}
 	if hits == 0 {
 		hits = 1
 	}
 	if hits < 0 {
-		return nil, nil, fmt.Errorf("%w: hits %d must be at least 1", ErrInvalidHits, hits)
+		return nil, fmt.Errorf("%w: hits %d must be at least 1", ErrInvalidHits, hits)
 	}
 	r.hits = hits
 	if len(policies) > 0 {
 		if op != peerpb.Op_OP_CHECK && op != peerpb.Op_OP_PEEK {
-			return nil, nil, fmt.Errorf("%w: several policies are for checks and peeks only", ErrInvalidKey)
+			return nil, fmt.Errorf("%w: several policies are for checks and peeks only", ErrInvalidKey)
 		}
 		if key.Policy != "" {
-			return nil, nil, fmt.Errorf("%w: give the policy or the list of policies, not both", ErrInvalidKey)
+			return nil, fmt.Errorf("%w: give the policy or the list of policies, not both", ErrInvalidKey)
 		}
 		if len(policies) > shard.MaxMulti {
-			return nil, nil, fmt.Errorf("%w: %d policies, at most %d", ErrInvalidKey, len(policies), shard.MaxMulti)
+			return nil, fmt.Errorf("%w: %d policies, at most %d", ErrInvalidKey, len(policies), shard.MaxMulti)
 		}
 		for i, name := range policies {
 			k := Key{Tenant: key.Tenant, Subject: key.Subject, Policy: name}
-			ek, ok := k.AppendEncoded(nil)
+			eki, ok := k.AppendEncoded(nil)
 			if !ok {
-				return nil, nil, fmt.Errorf("%w: %w", ErrInvalidKey, k.Validate())
+				return nil, fmt.Errorf("%w: %w", ErrInvalidKey, k.Validate())
 			}
 			if i == 0 {
-				first = ek
+				ek = eki
 			}
 			for _, prev := range policies[:i] {
 				if prev == name {
-					return nil, nil, fmt.Errorf("%w: policy %q named twice", ErrInvalidKey, name)
+					return nil, fmt.Errorf("%w: policy %q named twice", ErrInvalidKey, name)
 				}
 			}
 			p := n.policies[name]
 			if p == nil {
-				return nil, nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
+				return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
 			}
 			if hits > p.sp.Limit {
-				return nil, nil, fmt.Errorf("%w: hits %d exceed policy %q's limit %d", ErrInvalidHits, hits, name, p.sp.Limit)
+				return nil, fmt.Errorf("%w: hits %d exceed policy %q's limit %d", ErrInvalidHits, hits, name, p.sp.Limit)
 			}
 			r.multi = append(r.multi, p)
 		}
 		r.names = policies
 		r.p = r.multi[0]
-		return r, first, nil
+		return ek, nil
 	}
-	ek, ok := key.AppendEncoded(nil)
+	ek, ok := key.AppendEncoded(ekBuf)
 	if !ok {
-		return nil, nil, fmt.Errorf("%w: %w", ErrInvalidKey, key.Validate())
+		return nil, fmt.Errorf("%w: %w", ErrInvalidKey, key.Validate())
 	}
 	r.p = n.policies[key.Policy]
 	if r.p == nil {
-		return nil, nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, key.Policy)
+		return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, key.Policy)
 	}
 	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK) && hits > r.p.sp.Limit {
-		return nil, nil, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, r.p.sp.Limit)
+		return nil, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, r.p.sp.Limit)
 	}
-	return r, ek, nil
+	return ek, nil
 }
 
 // decideStatus says what decideHere did.
@@ -378,22 +406,25 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		}
 		return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	var done chan error
+	var ri *replItem
 	var rerr error
 	if sd.Allowed && pt.backup != "" && p.cfg.Replication != ReplicateOff {
-		done, rerr = n.replicateAdmission(pt.backup, pid, pt.epoch, key, p.sp.Algorithm, admissionRun(p, sd, hits), now, p.cfg.Replication == ReplicateSync)
+		ri, rerr = n.replicateAdmissionItem(pt.backup, pid, pt.epoch, key, p.sp.Algorithm, admissionRun(p, sd, hits), now, p.cfg.Replication == ReplicateSync)
 	}
 	pt.mu.RUnlock()
 	if rerr != nil && p.cfg.Replication == ReplicateSync {
 		return Decision{}, decided, nil, rerr
 	}
-	if done != nil {
+	if ri != nil && r.deferWait {
+		r.wait = ri
+	} else if ri != nil {
 		// The admission is recorded here; it is answered only once the
 		// backup has it too. If the backup does not confirm, the caller
 		// gets unavailable and the admission stays counted (it can only
 		// refuse more).
 		select {
-		case err := <-done:
+		case err := <-ri.done:
+			n.putReplItem(ri)
 			if err != nil {
 				return Decision{}, decided, nil, err
 			}

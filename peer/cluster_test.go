@@ -158,15 +158,18 @@ func TestClusterExactlyLimit(t *testing.T) {
 	for _, tc := range []struct {
 		nodes, requests int
 		batching        bool
+		unary           bool // DisableStreams: batches as unary RPCs
 	}{
-		{3, 300, true},
-		{3, 300, false},
-		{5, 1000, true},
+		{3, 300, true, false},
+		{3, 300, true, true},
+		{3, 300, false, false},
+		{5, 1000, true, false},
 	} {
-		t.Run(fmt.Sprintf("nodes=%d/requests=%d/batching=%v", tc.nodes, tc.requests, tc.batching), func(t *testing.T) {
+		t.Run(fmt.Sprintf("nodes=%d/requests=%d/batching=%v/streams=%v", tc.nodes, tc.requests, tc.batching, !tc.unary), func(t *testing.T) {
 			base := Config{
 				Policies:        map[string]PolicyConfig{"api": {Limit: 100, Window: time.Minute}},
 				DisableBatching: !tc.batching,
+				DisableStreams:  tc.unary,
 				// This test is about exactness, not deadlines: a loaded
 				// machine must not turn a slow forward into an error.
 				ForwardTimeout: 5 * time.Second,

@@ -191,12 +191,18 @@ type Config struct {
 	ForwardTimeout time.Duration
 	// MaxBatch is the most requests one forwarded RPC carries. Zero means 256.
 	MaxBatch int
-	// MaxInFlight is how many batch RPCs may be in flight to one peer at
+	// MaxInFlight is how many batches of forwards, and separately of
+	// replication on the peer's stream, may be in flight to one peer at
 	// once. Zero means 4.
 	MaxInFlight int
 	// DisableBatching sends every forwarded request as its own RPC (for
 	// comparison).
 	DisableBatching bool
+	// DisableStreams sends every batch of forwards and of replication as a
+	// unary RPC instead of on the long-lived stream to the peer (for
+	// comparison, and for peers behind proxies that cut long streams).
+	// Zero (false) means streams.
+	DisableStreams bool
 	// NotOwnerRetries bounds how often a request is retried after a peer
 	// answers "not owner". Zero means 3.
 	NotOwnerRetries int

@@ -68,6 +68,7 @@ type Node struct {
 	clientsMu sync.Mutex
 	clients   map[string]*client // by member name
 	calls     sync.Pool          // of *call, reused by forwards
+	replItems sync.Pool          // of *replItem, reused by replication
 
 	ctx       context.Context // the node's lifetime; cancelled by Close
 	cancel    context.CancelFunc
@@ -124,6 +125,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.policies[name] = &policy{name: name, cfg: p, sp: p.shard()}
 	}
 	n.calls.New = func() any { return &call{done: make(chan callResult, 1)} }
+	n.replItems.New = func() any { return &replItem{ch: make(chan error, 1)} }
 	n.ops.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.own.failed = make(map[string]time.Time)
@@ -177,6 +179,7 @@ func (n *Node) startRPC() error {
 	}
 	opts = append(opts, n.rpcAuthServerOptions()...)
 	n.rpcLis = lis
+	opts = append(opts, grpc.InitialWindowSize(peerWindow), grpc.InitialConnWindowSize(peerWindow))
 	n.grpcSrv = grpc.NewServer(opts...)
 	peerpb.RegisterLimiterServer(n.grpcSrv, &server{n: n})
 	peerpb.RegisterRateLimiterServer(n.grpcSrv, &publicServer{n: n})

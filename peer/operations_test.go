@@ -253,3 +253,25 @@ func pmKeyOwnedBy2(t *testing.T, nd *Node, policy, owner string, not Key) Key {
 	t.Fatalf("no second key owned by %s", owner)
 	return Key{}
 }
+
+// TestLocalPathAllocs pins the local decision path at zero allocations: a
+// single node (it holds every partition, no backup) deciding one key.
+func TestLocalPathAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	c := startCluster(t, 1, Config{Policies: map[string]PolicyConfig{"p": {Limit: 1 << 40, Window: time.Second}}})
+	nd := c.nodes[0]
+	ctx := context.Background()
+	req := Request{Key: Key{Tenant: "t", Subject: "s", Policy: "p"}}
+	if _, err := nd.Allow(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if a := testing.AllocsPerRun(1000, func() {
+		if _, err := nd.Allow(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}); a != 0 {
+		t.Fatalf("Node.Allow on the local path allocates %.1f times per call, want 0", a)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/bits"
+	"runtime"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -39,12 +40,37 @@ type replItem struct {
 	key   Key
 	alg   shard.Algorithm
 	done  chan error // nil when nobody waits
+	// ch is the pooled item's channel, kept across reuse: done is ch when
+	// somebody waits.
+	ch chan error
+}
+
+// getReplItem returns a cleared item from the node's pool.
+func (n *Node) getReplItem() *replItem {
+	it := n.replItems.Get().(*replItem)
+	if it.ch == nil {
+		it.ch = make(chan error, 1)
+	}
+	return it
+}
+
+// putReplItem returns it to the pool. Only the item's last user may: the
+// waiter once done has yielded (never one that gave up waiting), or the
+// batcher for an item nobody waits for.
+func (n *Node) putReplItem(it *replItem) {
+	*it = replItem{ch: it.ch}
+	n.replItems.Put(it)
 }
 
 // replicator is the batcher of operations to one backup member.
 type replicator struct {
 	c     *client
 	queue chan *replItem
+	// pipe is the replication stream to the backup; replLoop owns it.
+	pipe pipeState[peerpb.ReplicateRequest, peerpb.ReplicateResponse]
+	// sem bounds the requests in flight on the pipe (MaxInFlight); the
+	// stream keeps their order.
+	sem chan struct{}
 }
 
 const replQueueLen = 8192
@@ -71,28 +97,36 @@ func (n *Node) sendOps(to string, ops []*peerpb.PartitionOp, _ chan error) {
 // for backup to. It returns a channel that yields the outcome when wait is
 // set, else nil.
 func (n *Node) replicateAdmission(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (chan error, error) {
+	it, err := n.replicateAdmissionItem(to, pid, epoch, key, alg, run, at, wait)
+	if it == nil {
+		return nil, err
+	}
+	return it.done, nil // the item goes to the garbage collector, not the pool
+}
+
+// replicateAdmissionItem is replicateAdmission with a pooled item: when
+// wait is set it returns the item, whose done yields the outcome; the
+// waiter returns it with putReplItem after done yields.
+func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (*replItem, error) {
 	c, err := n.peerClient(to)
 	if err != nil {
 		return nil, err
 	}
-	it := &replItem{
-		kind:  peerpb.PartitionOp_KIND_ADMIT,
-		part:  uint32(pid),
-		epoch: epoch,
-		at:    at,
-		run:   run,
-		key:   key,
-		alg:   alg,
-	}
+	it := n.getReplItem()
+	it.kind, it.part, it.epoch, it.at, it.run, it.key, it.alg = peerpb.PartitionOp_KIND_ADMIT, uint32(pid), epoch, at, run, key, alg
 	if wait {
-		it.done = make(chan error, 1)
+		it.done = it.ch
 	}
 	select {
 	case c.repl.queue <- it:
 	default:
+		n.putReplItem(it)
 		return nil, fmt.Errorf("%w: replication queue to %s is full", ErrUnavailable, to)
 	}
-	return it.done, nil
+	if !wait {
+		return nil, nil
+	}
+	return it, nil
 }
 
 // replicateState queues key state st (ages relative to at) for backup to
@@ -140,6 +174,7 @@ func (c *client) replLoop() {
 	defer c.n.wg.Done()
 	r := c.repl
 	defer func() {
+		r.pipe.close(fmt.Errorf("%w: connection to %s closed", ErrUnavailable, c.name))
 		for {
 			select {
 			case it := <-r.queue:
@@ -152,11 +187,23 @@ func (c *client) replLoop() {
 		}
 	}()
 	for {
+		// An in-flight slot first, so that what queues meanwhile leaves in
+		// one batch.
+		select {
+		case r.sem <- struct{}{}:
+		case <-c.quit:
+			return
+		}
 		var first *replItem
 		select {
 		case first = <-r.queue:
 		case <-c.quit:
+			<-r.sem
 			return
+		}
+		if len(r.queue) < maxReplBatch {
+			// As in batchLoop: deciders ready to run add to this batch.
+			runtime.Gosched()
 		}
 		batch := []*replItem{first}
 	drain:
@@ -168,8 +215,83 @@ func (c *client) replLoop() {
 				break drain
 			}
 		}
+		if p := r.pipe.get(c, c.stub.ReplicateStream, replicateID); p != nil && c.sendReplPipe(p, batch) {
+			continue
+		}
 		c.sendRepl(batch)
+		<-r.sem
 	}
+}
+
+// sendReplPipe sends batch on p without waiting; the pipe's receiver
+// applies the answer and frees the slot. It reports false, having sent
+// nothing, when the pipe is broken.
+func (c *client) sendReplPipe(p *pipe[peerpb.ReplicateRequest, peerpb.ReplicateResponse], batch []*replItem) bool {
+	var req *peerpb.ReplicateRequest
+	var ops []replOp
+	var opOf []int
+	if allAdmits(batch) {
+		// The common case: admissions only, packed.
+		var b []byte
+		b, ops, opOf = packAdmits(batch, c.n.clock())
+		req = &peerpb.ReplicateRequest{Sender: c.n.name, AdmitsPacked: b}
+	} else {
+		req, opOf = c.replRequest(batch)
+		ops = opsOf(req)
+	}
+	sent := c.n.mono()
+	start := time.Now()
+	err := p.send(req, func(id uint64) { req.Id = id }, func(resp *peerpb.ReplicateResponse, err error) {
+		var results []*peerpb.OpResult
+		if err == nil {
+			err = streamErr(resp.GetCode(), resp.GetError())
+		}
+		if err == nil {
+			results, err = c.replResults(resp, len(ops))
+		}
+		c.replFinish(c.n.ctx, batch, ops, opOf, results, err, sent, start)
+		<-c.repl.sem
+	})
+	return err == nil
+}
+
+// allAdmits reports whether every item of batch is an admission.
+func allAdmits(batch []*replItem) bool {
+	for _, it := range batch {
+		if it.kind != peerpb.PartitionOp_KIND_ADMIT {
+			return false
+		}
+	}
+	return true
+}
+
+// opsOf lists the partitions and epochs of req's operations.
+func opsOf(req *peerpb.ReplicateRequest) []replOp {
+	ops := make([]replOp, len(req.Ops))
+	for j, op := range req.Ops {
+		ops[j] = replOp{part: op.Partition, epoch: op.Epoch}
+	}
+	return ops
+}
+
+// replResults returns the want results of a replication answer, packed or
+// not.
+func (c *client) replResults(resp *peerpb.ReplicateResponse, want int) ([]*peerpb.OpResult, error) {
+	if b := resp.GetResultsPacked(); len(b) > 0 {
+		rs, err := decodeOpResults(b, want, c.name)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]*peerpb.OpResult, len(rs))
+		for i := range rs {
+			out[i] = &rs[i]
+		}
+		return out, nil
+	}
+	if len(resp.GetResults()) != want {
+		return nil, fmt.Errorf("peer: %s answered %d results for %d operations", c.name, len(resp.GetResults()), want)
+	}
+	return resp.GetResults(), nil
 }
 
 const maxReplBatch = 1024
@@ -177,10 +299,27 @@ const maxReplBatch = 1024
 // sendRepl sends one batch. Admissions for one partition and epoch share
 // one operation.
 func (c *client) sendRepl(batch []*replItem) {
+	req, opOf := c.replRequest(batch)
+	ctx, cancel := context.WithTimeout(c.n.ctx, c.n.cfg.ForwardTimeout)
+	defer cancel()
+	sent := c.n.mono()
+	start := time.Now()
+	resp, err := c.stub.Replicate(ctx, req)
+	ops := opsOf(req)
+	var results []*peerpb.OpResult
+	if err == nil {
+		results, err = c.replResults(resp, len(ops))
+	}
+	c.replFinish(ctx, batch, ops, opOf, results, err, sent, start)
+}
+
+// replRequest builds the request for batch; opOf maps each item to its
+// operation's index.
+func (c *client) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, opOf []int) {
 	n := c.n
 	now := n.clock()
-	req := &peerpb.ReplicateRequest{Sender: n.name}
-	opOf := make([]int, len(batch))
+	req = &peerpb.ReplicateRequest{Sender: n.name}
+	opOf = make([]int, len(batch))
 	admitOp := map[[2]uint64]int{}
 	for i, it := range batch {
 		if it.kind == peerpb.PartitionOp_KIND_ADMIT {
@@ -214,35 +353,37 @@ func (c *client) sendRepl(batch []*replItem) {
 		}
 		req.Ops = append(req.Ops, op)
 	}
-	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
-	defer cancel()
-	sent := n.mono()
-	start := time.Now()
-	resp, err := c.stub.Replicate(ctx, req)
-	if err == nil && len(resp.Results) != len(req.Ops) {
-		err = fmt.Errorf("peer: %s answered %d results for %d operations", c.name, len(resp.Results), len(req.Ops))
-	}
+	return req, opOf
+}
+
+// replFinish applies the results of a batch's operations ops (sent at
+// node monotonic time sent) and tells the waiting items; opOf maps each
+// item to its operation.
+func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp, opOf []int, results []*peerpb.OpResult, err error, sent int64, start time.Time) {
+	n := c.n
 	if err != nil {
 		n.metrics.Forward(c.name, "replicate_error", time.Since(start))
-		n.warnThrottled("replication failed", "peer", c.name, "ops", len(req.Ops), "err", err)
+		n.warnThrottled("replication failed", "peer", c.name, "ops", len(ops), "err", err)
 		err = fmt.Errorf("%w: replicate to %s: %w", ErrUnavailable, c.name, withCtxErr(ctx, err))
 		for _, it := range batch {
 			if it.done != nil {
 				it.done <- err
+			} else {
+				n.putReplItem(it)
 			}
 		}
 		return
 	}
 	n.metrics.Forward(c.name, "replicate_ok", time.Since(start))
-	for j, r := range resp.Results {
-		op := req.Ops[j]
-		n.applyOpResult(int(op.Partition), op.Epoch, c.name, r, sent)
+	for j, r := range results {
+		n.applyOpResult(int(ops[j].part), ops[j].epoch, c.name, r, sent)
 	}
 	for i, it := range batch {
 		if it.done == nil {
+			n.putReplItem(it)
 			continue
 		}
-		r := resp.Results[opOf[i]]
+		r := results[opOf[i]]
 		if r.Status == peerpb.OpStatus_OP_STATUS_OK {
 			it.done <- nil
 		} else {
@@ -297,9 +438,16 @@ func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*pe
 	if len(req.GetOps()) > maxWireBatch {
 		return nil, status.Errorf(codes.InvalidArgument, "peer: %d operations exceed %d", len(req.GetOps()), maxWireBatch)
 	}
-	resp := &peerpb.ReplicateResponse{Results: make([]*peerpb.OpResult, len(req.GetOps()))}
 	closing := n.closing.Load()
 	quorum := n.quorum()
+	if len(req.GetAdmitsPacked()) > 0 {
+		b, err := n.applyPackedAdmits(req.GetSender(), req.GetAdmitsPacked(), closing, quorum)
+		if err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		return &peerpb.ReplicateResponse{ResultsPacked: b}, nil
+	}
+	resp := &peerpb.ReplicateResponse{Results: make([]*peerpb.OpResult, len(req.GetOps()))}
 	for i, op := range req.GetOps() {
 		resp.Results[i] = n.applyOp(req.GetSender(), op, closing, quorum)
 	}
@@ -308,56 +456,77 @@ func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*pe
 
 // applyOp applies one operation from holder sender to this node's copy.
 func (n *Node) applyOp(sender string, op *peerpb.PartitionOp, closing, quorum bool) *peerpb.OpResult {
-	pid := int(op.GetPartition())
+	var keys []packedAdmit
+	for _, w := range op.GetKeys() {
+		st, p, err := n.decodeState(w)
+		if err != nil || p == nil {
+			continue // malformed, or a policy this node does not have
+		}
+		keys = append(keys, packedAdmit{st: st, p: p})
+	}
+	r := n.applyOpKeys(sender, op.GetKind(), op.GetPartition(), op.GetEpoch(), keys, closing, quorum)
+	return &peerpb.OpResult{Status: r.status, LeaseNs: r.leaseNs, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
+}
+
+// opResult is the backup's answer to one operation (peerpb.OpResult).
+type opResult struct {
+	status   peerpb.OpStatus
+	leaseNs  int64
+	holder   string
+	epoch    uint64
+	accepted uint32
+}
+
+// applyOpKeys applies one operation of kind on partition part at epoch
+// from holder sender; keys are the key states it carries, valid and with
+// the local policy of each.
+func (n *Node) applyOpKeys(sender string, kind peerpb.PartitionOp_Kind, part uint32, epoch uint64, keys []packedAdmit, closing, quorum bool) opResult {
+	pid := int(part)
 	if pid >= len(n.pt.parts) || sender == "" || sender == n.name {
-		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_REFUSED}
+		return opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
 	}
 	pt := &n.pt.parts[pid]
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
-	epoch := op.GetEpoch()
 	// A newer holder we know of (ourselves included) makes the sender stale.
 	if pt.epoch > epoch && pt.holder != "" && pt.role != roleNone {
-		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_STALE, Holder: pt.holder, Epoch: pt.epoch}
+		return opResult{status: peerpb.OpStatus_OP_STATUS_STALE, holder: pt.holder, epoch: pt.epoch}
 	}
 	if pt.rep.epoch > epoch {
-		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_STALE, Holder: pt.rep.holder, Epoch: pt.rep.epoch}
+		return opResult{status: peerpb.OpStatus_OP_STATUS_STALE, holder: pt.rep.holder, epoch: pt.rep.epoch}
 	}
 	now := n.clock()
-	grant := func() *peerpb.OpResult {
+	grant := func() opResult {
 		if closing || !quorum {
 			// No lease: a closing node will not be there to honour it, and
 			// a node without a majority must not let a holder decide.
-			return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_REFUSED}
+			return opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
 		}
 		pt.rep.leaseEnd = max(pt.rep.leaseEnd, n.mono()+int64(n.cfg.LeaseDuration))
-		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_OK, LeaseNs: int64(n.cfg.LeaseDuration)}
+		return opResult{status: peerpb.OpStatus_OP_STATUS_OK, leaseNs: int64(n.cfg.LeaseDuration)}
 	}
-	switch op.GetKind() {
+	switch kind {
 	case peerpb.PartitionOp_KIND_SYNC_BEGIN:
 		if closing {
-			return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_REFUSED}
+			return opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
 		}
 		// The sender holds the partition at epoch - 1 or earlier; record it.
 		if pt.role != roleHolder && pt.role != roleFenced {
 			pt.learnLocked(sender, epoch-1, now)
 		}
 		pt.rep = replica{holder: sender, epoch: epoch, store: n.newPartStore(), leaseEnd: pt.rep.leaseEnd, made: n.mono()}
-		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_OK}
+		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 	case peerpb.PartitionOp_KIND_SYNC_CHUNK, peerpb.PartitionOp_KIND_ADMIT, peerpb.PartitionOp_KIND_REPLACE:
 		if pt.rep.holder != sender || pt.rep.epoch != epoch || pt.rep.store == nil {
-			return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
+			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
-		if op.GetKind() != peerpb.PartitionOp_KIND_SYNC_CHUNK && !pt.rep.complete {
-			return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
+		if kind != peerpb.PartitionOp_KIND_SYNC_CHUNK && !pt.rep.complete {
+			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
 		accepted := 0
-		for _, w := range op.GetKeys() {
-			st, p, err := n.decodeState(w)
-			if err != nil || p == nil {
-				continue // malformed, or a policy this node does not have
-			}
-			if op.GetKind() == peerpb.PartitionOp_KIND_REPLACE {
+		for _, k := range keys {
+			st, p := k.st, k.p
+			if kind == peerpb.PartitionOp_KIND_REPLACE {
 				pt.rep.store.Delete(st.Key)
 				if len(st.Runs) == 0 {
 					accepted++ // a reset: the key is empty
@@ -368,26 +537,26 @@ func (n *Node) applyOp(sender string, op *peerpb.PartitionOp, closing, quorum bo
 				// The copy cannot hold the key (capacity): it is not a
 				// complete copy any more.
 				pt.rep.complete = false
-				return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, Accepted: uint32(accepted)}
+				return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, accepted: uint32(accepted)}
 			}
 			accepted++
 		}
 		n.metrics.Backup("received", "ok", accepted)
-		if op.GetKind() == peerpb.PartitionOp_KIND_SYNC_CHUNK {
-			return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_OK, Accepted: uint32(accepted)}
+		if kind == peerpb.PartitionOp_KIND_SYNC_CHUNK {
+			return opResult{status: peerpb.OpStatus_OP_STATUS_OK, accepted: uint32(accepted)}
 		}
 		r := grant()
-		r.Accepted = uint32(accepted)
+		r.accepted = uint32(accepted)
 		return r
 	case peerpb.PartitionOp_KIND_SYNC_END:
 		if pt.rep.holder != sender || pt.rep.epoch != epoch || pt.rep.store == nil {
-			return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
+			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
 		pt.rep.complete = true
 		return grant()
 	case peerpb.PartitionOp_KIND_HEARTBEAT:
 		if pt.rep.holder != sender || pt.rep.epoch != epoch || !pt.rep.complete {
-			return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
+			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
 		return grant()
 	case peerpb.PartitionOp_KIND_RELEASE:
@@ -396,9 +565,9 @@ func (n *Node) applyOp(sender string, op *peerpb.PartitionOp, closing, quorum bo
 		} else if pt.rep.holder == "" {
 			pt.releasedBy, pt.releasedEpoch = sender, epoch
 		}
-		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_OK}
+		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 	default:
-		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_REFUSED}
+		return opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
 	}
 }
 

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -44,26 +45,110 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 		// Peers can see a joining node before its first ring is built.
 		return nil, status.Error(codes.Unavailable, "peer: node starting")
 	}
-	resp := &peerpb.CheckResponse{Decisions: make([]*peerpb.Decision, len(req.GetItems()))}
-	for i, it := range req.GetItems() {
-		resp.Decisions[i] = n.decideWire(ctx, v, it)
+	var items []wireItem
+	packed := len(req.GetItemsPacked()) > 0
+	if packed {
+		var err error
+		if items, err = decodeItems(req.GetItemsPacked()); err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+	} else {
+		items = make([]wireItem, len(req.GetItems()))
+		for i, it := range req.GetItems() {
+			pk := it.GetKey()
+			items[i] = wireItem{key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()},
+				hits: it.GetHits(), op: it.GetOp(), policies: it.GetPolicies()}
+		}
+	}
+	out := make([]wireDecision, len(items))
+	// The batch's requests and their keys' encodings share two
+	// allocations: a key encodes to its parts plus a length byte each.
+	reqs := make([]opReq, len(items))
+	size := 0
+	for i := range items {
+		k := &items[i].key
+		size += 3 + len(k.Tenant) + len(k.Subject) + len(k.Policy)
+	}
+	slab := make([]byte, 0, size)
+	// Every item is decided first and the synchronous backups are waited
+	// for afterwards, so the batch's admissions travel to each backup
+	// together. An item is answered only once its backup has it.
+	var waits []*opReq
+	for i := range items {
+		var r *opReq
+		out[i], r, slab = n.decideWire(ctx, v, &items[i], &reqs[i], slab)
+		if r != nil && r.wait != nil {
+			if waits == nil {
+				waits = make([]*opReq, len(items))
+			}
+			waits[i] = r
+		}
+	}
+	for i, r := range waits {
+		if r == nil {
+			continue
+		}
+		var err error
+		select {
+		case err = <-r.wait.done:
+			n.putReplItem(r.wait)
+		case <-ctx.Done():
+			err = fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
+		}
+		if err != nil {
+			out[i] = wireError(n, v, peerpb.Status_STATUS_UNAVAILABLE, err)
+			continue
+		}
+		n.metrics.Decision(r.p.name, Reason(out[i].reason), PathRemote)
+	}
+	resp := &peerpb.CheckResponse{}
+	if packed {
+		// About 40 bytes per plain decision.
+		b := binary.AppendUvarint(make([]byte, 0, 8+48*len(out)), uint64(len(out)))
+		for i := range out {
+			b = appendDecision(b, &out[i])
+		}
+		resp.DecisionsPacked = b
+		return resp, nil
+	}
+	resp.Decisions = make([]*peerpb.Decision, len(out))
+	for i := range out {
+		resp.Decisions[i] = out[i].toPB()
 	}
 	return resp, nil
 }
 
-func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) *peerpb.Decision {
-	bad := func(st peerpb.Status, err error) *peerpb.Decision {
-		return &peerpb.Decision{Status: st, Error: err.Error(), Owner: n.name, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}
-	}
-	pk := it.GetKey()
-	key := Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}
-	r, ek, err := n.parseReq(it.GetOp(), key, it.GetPolicies(), it.GetHits())
+// wireError is the wire answer for an item that was not decided.
+func wireError(n *Node, v *view, st peerpb.Status, err error) wireDecision {
+	return wireDecision{status: st, err: err.Error(), owner: n.name, ringVersion: v.snap.Version(), membersHash: v.snap.MembersHash()}
+}
+
+// decideWire decides one item as holder. When the decision still waits for
+// a synchronous backup, the returned request's wait is set and the caller
+// must wait for it before answering (and then records the decision's
+// metric); the request is nil when the item was not parsed.
+func (n *Node) decideWire(ctx context.Context, v *view, it *wireItem, r *opReq, slab []byte) (wireDecision, *opReq, []byte) {
+	bad := func(st peerpb.Status, err error) wireDecision { return wireError(n, v, st, err) }
+	ek, err := n.parseReqInto(r, it.op, it.key, it.policies, it.hits, slab[len(slab):len(slab)])
 	switch {
 	case errors.Is(err, ErrUnknownPolicy):
-		return bad(peerpb.Status_STATUS_UNKNOWN_POLICY, err)
+		return bad(peerpb.Status_STATUS_UNKNOWN_POLICY, err), nil, slab
 	case err != nil:
-		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err)
+		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err), nil, slab
 	}
+	if len(it.policies) == 0 && len(ek) <= cap(slab)-len(slab) {
+		slab = slab[:len(slab)+len(ek)] // ek was appended in place
+	}
+	r.ek = ek
+	r.deferWait = true
+	d, r := n.decideWireReq(ctx, v, r)
+	return d, r, slab
+}
+
+// decideWireReq decides the parsed request r (see decideWire).
+func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq) (wireDecision, *opReq) {
+	bad := func(st peerpb.Status, err error) wireDecision { return wireError(n, v, st, err) }
+	ek := r.ek
 	pid := v.snap.Partition(placement(ek))
 	pt := &n.pt.parts[pid]
 	// A receiver waits for a partition it holds or is about to hold (a
@@ -74,30 +159,28 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) *p
 		until = dl
 	}
 	for {
-		d, st, ch, err := n.decideHere(ctx, v, pt, pid, r, ek)
+		d, st, ch, err := n.decideHere(ctx, v, pt, pid, r, r.ek)
 		switch st {
 		case decided:
 			if err != nil {
 				if errors.Is(err, ErrInvalidHits) {
-					return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err)
+					return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err), nil
 				}
-				return bad(peerpb.Status_STATUS_UNAVAILABLE, err)
+				return bad(peerpb.Status_STATUS_UNAVAILABLE, err), nil
 			}
-			n.metrics.Decision(r.p.name, d.Reason, PathRemote)
-			out := &peerpb.Decision{
-				Status: peerpb.Status_STATUS_OK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
-				RetryAfterNs: int64(d.RetryAfter), ResetAfterNs: int64(d.ResetAfter),
-				Owner: n.name, RingVersion: d.RingVersion, MembersHash: v.snap.MembersHash(), Reason: peerpb.Reason(d.Reason),
-				DecidedAtUnixNs: d.DecidedAt.UnixNano(), RefusedBy: d.RefusedBy,
+			if r.wait == nil {
+				n.metrics.Decision(r.p.name, d.Reason, PathRemote)
 			}
-			for _, l := range d.Limits {
-				out.Limits = append(out.Limits, &peerpb.PolicyDecision{Policy: l.Policy, Allowed: l.Allowed, Limit: l.Limit, Remaining: l.Remaining,
-					RetryAfterNs: int64(l.RetryAfter), ResetAfterNs: int64(l.ResetAfter)})
+			out := wireDecision{
+				status: peerpb.Status_STATUS_OK, allowed: d.Allowed, limit: d.Limit, remaining: d.Remaining,
+				retryAfterNs: int64(d.RetryAfter), resetAfterNs: int64(d.ResetAfter),
+				owner: n.name, ringVersion: d.RingVersion, membersHash: v.snap.MembersHash(), reason: peerpb.Reason(d.Reason),
+				decidedAtNs: d.DecidedAt.UnixNano(), refusedBy: d.RefusedBy, limits: d.Limits,
 			}
-			return out
+			return out, r
 		case waitHere:
 			if err := n.waitPart(ctx, ch, until); err != nil {
-				return bad(peerpb.Status_STATUS_UNAVAILABLE, fmt.Errorf("%w: partition %d is moving", ErrUnavailable, pid))
+				return bad(peerpb.Status_STATUS_UNAVAILABLE, fmt.Errorf("%w: partition %d is moving", ErrUnavailable, pid)), nil
 			}
 			v = n.view.Load()
 			continue
@@ -106,14 +189,14 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *peerpb.CheckItem) *p
 		r, holder, epoch := pt.role, pt.holder, pt.epoch
 		pt.mu.RUnlock()
 		if (r == roleMoved || r == roleHint) && holder != n.name {
-			return &peerpb.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: holder, HolderEpoch: epoch, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}
+			return wireDecision{status: peerpb.Status_STATUS_NOT_OWNER, owner: holder, holderEpoch: epoch, ringVersion: v.snap.Version(), membersHash: v.snap.MembersHash()}, nil
 		}
 		if t := v.snap.PartitionOwner(pid); t != n.name {
-			return &peerpb.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: t, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}
+			return wireDecision{status: peerpb.Status_STATUS_NOT_OWNER, owner: t, ringVersion: v.snap.Version(), membersHash: v.snap.MembersHash()}, nil
 		}
 		// We are the target and hold nothing yet: wait for the transfer.
 		if err := n.waitPart(ctx, ch, until); err != nil {
-			return bad(peerpb.Status_STATUS_UNAVAILABLE, fmt.Errorf("%w: partition %d has no holder here yet", ErrUnavailable, pid))
+			return bad(peerpb.Status_STATUS_UNAVAILABLE, fmt.Errorf("%w: partition %d has no holder here yet", ErrUnavailable, pid)), nil
 		}
 		v = n.view.Load()
 	}

@@ -213,6 +213,25 @@ func (l *slidingLog) merge(now int64, runs []Run, p Policy) {
 		return
 	}
 	cutoff := satSub(now, int64(p.Window))
+	if len(runs) == 1 {
+		// The backup's common case, one admission newer than the log:
+		// dropping the expired runs and pushing it is what the merge
+		// below computes when nothing needs trimming, without rebuilding
+		// the buffer.
+		ts, n := satSub(now, int64(runs[0].Age)), runs[0].Count
+		skip, gone := l.expired(cutoff)
+		if ts > cutoff && (skip == l.size || l.at(l.size-1).ts <= ts) && n <= p.Limit-(l.count-gone) {
+			l.drop(skip)
+			l.push(ts, n)
+			return
+		}
+	}
+	l.mergeAll(now, runs, p)
+}
+
+// mergeAll is merge's general case.
+func (l *slidingLog) mergeAll(now int64, runs []Run, p Policy) {
+	cutoff := satSub(now, int64(p.Window))
 	all := make([]run, 0, l.size+len(runs))
 	i, j := 0, 0
 	for i < l.size || j < len(runs) {

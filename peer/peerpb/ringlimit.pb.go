@@ -664,7 +664,19 @@ type CheckRequest struct {
 	RingVersion uint64 `protobuf:"varint,3,opt,name=ring_version,json=ringVersion,proto3" json:"ring_version,omitempty"`
 	// MembersHash is the fingerprint of the member list the sender routed the
 	// batch with. Zero means not known.
-	MembersHash   uint64 `protobuf:"varint,4,opt,name=members_hash,json=membersHash,proto3" json:"members_hash,omitempty"`
+	MembersHash uint64 `protobuf:"varint,4,opt,name=members_hash,json=membersHash,proto3" json:"members_hash,omitempty"`
+	// Id, on CheckStream, matches the CheckResponse to this request; unique
+	// among the sender's requests in flight on one stream. Unused by Check.
+	Id uint64 `protobuf:"varint,5,opt,name=id,proto3" json:"id,omitempty"`
+	// TimeoutNs, on CheckStream, is how long after receiving the request the
+	// receiver may still decide it, in nanoseconds (the sender gives up then):
+	// the stream's stand-in for Check's gRPC deadline. Zero means no limit.
+	TimeoutNs int64 `protobuf:"varint,6,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
+	// ItemsPacked, on CheckStream, carries the items in the packed batch
+	// layout (peer/batchcodec.go) instead of items; the answer then carries
+	// decisions_packed. A malformed packing fails the batch with
+	// InvalidArgument.
+	ItemsPacked   []byte `protobuf:"bytes,7,opt,name=items_packed,json=itemsPacked,proto3" json:"items_packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -725,6 +737,27 @@ func (x *CheckRequest) GetMembersHash() uint64 {
 		return x.MembersHash
 	}
 	return 0
+}
+
+func (x *CheckRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *CheckRequest) GetTimeoutNs() int64 {
+	if x != nil {
+		return x.TimeoutNs
+	}
+	return 0
+}
+
+func (x *CheckRequest) GetItemsPacked() []byte {
+	if x != nil {
+		return x.ItemsPacked
+	}
+	return nil
 }
 
 // Decision answers one CheckItem. Fields from allowed to reset_after_ns and
@@ -920,10 +953,20 @@ func (x *Decision) GetRefusedBy() string {
 type CheckResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Decisions has exactly one entry per CheckRequest.items entry, in the
-	// same order.
-	Decisions     []*Decision `protobuf:"bytes,1,rep,name=decisions,proto3" json:"decisions,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// same order (none when code is not 0).
+	Decisions []*Decision `protobuf:"bytes,1,rep,name=decisions,proto3" json:"decisions,omitempty"`
+	// Id is the answered CheckRequest's id (CheckStream only).
+	Id uint64 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	// Code, on CheckStream, is the gRPC status code with which Check would
+	// have failed the whole batch; 0 (OK) when decisions are set.
+	Code int32 `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
+	// Error is the whole-batch failure's message, for logs.
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// DecisionsPacked answers a request with items_packed: its decisions in
+	// the packed batch layout, one per item, in order.
+	DecisionsPacked []byte `protobuf:"bytes,5,opt,name=decisions_packed,json=decisionsPacked,proto3" json:"decisions_packed,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CheckResponse) Reset() {
@@ -959,6 +1002,34 @@ func (*CheckResponse) Descriptor() ([]byte, []int) {
 func (x *CheckResponse) GetDecisions() []*Decision {
 	if x != nil {
 		return x.Decisions
+	}
+	return nil
+}
+
+func (x *CheckResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *CheckResponse) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *CheckResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *CheckResponse) GetDecisionsPacked() []byte {
+	if x != nil {
+		return x.DecisionsPacked
 	}
 	return nil
 }
@@ -1167,8 +1238,17 @@ func (x *PartitionOp) GetKeys() []*KeyState {
 type ReplicateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Sender is the holder's node name.
-	Sender        string         `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
-	Ops           []*PartitionOp `protobuf:"bytes,2,rep,name=ops,proto3" json:"ops,omitempty"`
+	Sender string         `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
+	Ops    []*PartitionOp `protobuf:"bytes,2,rep,name=ops,proto3" json:"ops,omitempty"`
+	// Id, on ReplicateStream, matches the ReplicateResponse to this request.
+	Id uint64 `protobuf:"varint,3,opt,name=id,proto3" json:"id,omitempty"`
+	// AdmitsPacked, on ReplicateStream, carries KIND_ADMIT operations in the
+	// packed layout (peer/batchcodec.go) instead of ops, which is then
+	// empty: operations, each a partition, an epoch and its admissions (one
+	// run per key: tenant, subject, policy, algorithm, age_ns, count). The
+	// answer carries results_packed. A malformed packing fails the request
+	// with InvalidArgument.
+	AdmitsPacked  []byte `protobuf:"bytes,4,opt,name=admits_packed,json=admitsPacked,proto3" json:"admits_packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1213,6 +1293,20 @@ func (x *ReplicateRequest) GetSender() string {
 func (x *ReplicateRequest) GetOps() []*PartitionOp {
 	if x != nil {
 		return x.Ops
+	}
+	return nil
+}
+
+func (x *ReplicateRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ReplicateRequest) GetAdmitsPacked() []byte {
+	if x != nil {
+		return x.AdmitsPacked
 	}
 	return nil
 }
@@ -1300,8 +1394,18 @@ func (x *OpResult) GetAccepted() uint32 {
 
 // ReplicateResponse has exactly one OpResult per PartitionOp, in order.
 type ReplicateResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Results       []*OpResult            `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Results []*OpResult            `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// Id is the answered ReplicateRequest's id (ReplicateStream only).
+	Id uint64 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	// Code, on ReplicateStream, is the gRPC status code with which Replicate
+	// would have failed the whole request; 0 (OK) when results are set.
+	Code int32 `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
+	// Error is the whole-request failure's message, for logs.
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// ResultsPacked answers admits_packed: one result per packed operation,
+	// in order (status, lease_ns, holder, epoch, accepted).
+	ResultsPacked []byte `protobuf:"bytes,5,opt,name=results_packed,json=resultsPacked,proto3" json:"results_packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1339,6 +1443,34 @@ func (*ReplicateResponse) Descriptor() ([]byte, []int) {
 func (x *ReplicateResponse) GetResults() []*OpResult {
 	if x != nil {
 		return x.Results
+	}
+	return nil
+}
+
+func (x *ReplicateResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ReplicateResponse) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *ReplicateResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *ReplicateResponse) GetResultsPacked() []byte {
+	if x != nil {
+		return x.ResultsPacked
 	}
 	return nil
 }
@@ -2041,12 +2173,16 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x05limit\x18\x03 \x01(\x03R\x05limit\x12\x1c\n" +
 	"\tremaining\x18\x04 \x01(\x03R\tremaining\x12$\n" +
 	"\x0eretry_after_ns\x18\x05 \x01(\x03R\fretryAfterNs\x12$\n" +
-	"\x0ereset_after_ns\x18\x06 \x01(\x03R\fresetAfterNs\"\x9b\x01\n" +
+	"\x0ereset_after_ns\x18\x06 \x01(\x03R\fresetAfterNs\"\xed\x01\n" +
 	"\fCheckRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12-\n" +
 	"\x05items\x18\x02 \x03(\v2\x17.ringlimit.v1.CheckItemR\x05items\x12!\n" +
 	"\fring_version\x18\x03 \x01(\x04R\vringVersion\x12!\n" +
-	"\fmembers_hash\x18\x04 \x01(\x04R\vmembersHash\"\x97\x04\n" +
+	"\fmembers_hash\x18\x04 \x01(\x04R\vmembersHash\x12\x0e\n" +
+	"\x02id\x18\x05 \x01(\x04R\x02id\x12\x1d\n" +
+	"\n" +
+	"timeout_ns\x18\x06 \x01(\x03R\ttimeoutNs\x12!\n" +
+	"\fitems_packed\x18\a \x01(\fR\vitemsPacked\"\x97\x04\n" +
 	"\bDecision\x12,\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x14.ringlimit.v1.StatusR\x06status\x12\x18\n" +
 	"\aallowed\x18\x02 \x01(\bR\aallowed\x12\x14\n" +
@@ -2064,9 +2200,13 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x12decided_at_unix_ns\x18\r \x01(\x03R\x0fdecidedAtUnixNs\x124\n" +
 	"\x06limits\x18\x0e \x03(\v2\x1c.ringlimit.v1.PolicyDecisionR\x06limits\x12\x1d\n" +
 	"\n" +
-	"refused_by\x18\x0f \x01(\tR\trefusedBy\"E\n" +
+	"refused_by\x18\x0f \x01(\tR\trefusedBy\"\xaa\x01\n" +
 	"\rCheckResponse\x124\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x16.ringlimit.v1.DecisionR\tdecisions\"2\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x16.ringlimit.v1.DecisionR\tdecisions\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\x05R\x04code\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12)\n" +
+	"\x10decisions_packed\x18\x05 \x01(\fR\x0fdecisionsPacked\"2\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06age_ns\x18\x01 \x01(\x03R\x05ageNs\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\"t\n" +
@@ -2088,18 +2228,24 @@ const file_ringlimit_proto_rawDesc = "" +
 	"KIND_ADMIT\x10\x04\x12\x12\n" +
 	"\x0eKIND_HEARTBEAT\x10\x05\x12\x10\n" +
 	"\fKIND_RELEASE\x10\x06\x12\x10\n" +
-	"\fKIND_REPLACE\x10\a\"W\n" +
+	"\fKIND_REPLACE\x10\a\"\x8c\x01\n" +
 	"\x10ReplicateRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
-	"\x03ops\x18\x02 \x03(\v2\x19.ringlimit.v1.PartitionOpR\x03ops\"\x9f\x01\n" +
+	"\x03ops\x18\x02 \x03(\v2\x19.ringlimit.v1.PartitionOpR\x03ops\x12\x0e\n" +
+	"\x02id\x18\x03 \x01(\x04R\x02id\x12#\n" +
+	"\radmits_packed\x18\x04 \x01(\fR\fadmitsPacked\"\x9f\x01\n" +
 	"\bOpResult\x12.\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x16.ringlimit.v1.OpStatusR\x06status\x12\x19\n" +
 	"\blease_ns\x18\x02 \x01(\x03R\aleaseNs\x12\x16\n" +
 	"\x06holder\x18\x03 \x01(\tR\x06holder\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x1a\n" +
-	"\baccepted\x18\x05 \x01(\rR\baccepted\"E\n" +
+	"\baccepted\x18\x05 \x01(\rR\baccepted\"\xa6\x01\n" +
 	"\x11ReplicateResponse\x120\n" +
-	"\aresults\x18\x01 \x03(\v2\x16.ringlimit.v1.OpResultR\aresults\"\\\n" +
+	"\aresults\x18\x01 \x03(\v2\x16.ringlimit.v1.OpResultR\aresults\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\x05R\x04code\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12%\n" +
+	"\x0eresults_packed\x18\x05 \x01(\fR\rresultsPacked\"\\\n" +
 	"\x0ePromoteRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
@@ -2178,10 +2324,12 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\fOP_STATUS_OK\x10\x01\x12\x13\n" +
 	"\x0fOP_STATUS_STALE\x10\x02\x12\x17\n" +
 	"\x13OP_STATUS_NEED_SYNC\x10\x03\x12\x15\n" +
-	"\x11OP_STATUS_REFUSED\x10\x042\xa3\x02\n" +
+	"\x11OP_STATUS_REFUSED\x10\x042\xc7\x03\n" +
 	"\aLimiter\x12@\n" +
-	"\x05Check\x12\x1a.ringlimit.v1.CheckRequest\x1a\x1b.ringlimit.v1.CheckResponse\x12L\n" +
-	"\tReplicate\x12\x1e.ringlimit.v1.ReplicateRequest\x1a\x1f.ringlimit.v1.ReplicateResponse\x12F\n" +
+	"\x05Check\x12\x1a.ringlimit.v1.CheckRequest\x1a\x1b.ringlimit.v1.CheckResponse\x12J\n" +
+	"\vCheckStream\x12\x1a.ringlimit.v1.CheckRequest\x1a\x1b.ringlimit.v1.CheckResponse(\x010\x01\x12L\n" +
+	"\tReplicate\x12\x1e.ringlimit.v1.ReplicateRequest\x1a\x1f.ringlimit.v1.ReplicateResponse\x12V\n" +
+	"\x0fReplicateStream\x12\x1e.ringlimit.v1.ReplicateRequest\x1a\x1f.ringlimit.v1.ReplicateResponse(\x010\x01\x12F\n" +
 	"\aPromote\x12\x1c.ringlimit.v1.PromoteRequest\x1a\x1d.ringlimit.v1.PromoteResponse\x12@\n" +
 	"\x05Probe\x12\x1a.ringlimit.v1.ProbeRequest\x1a\x1b.ringlimit.v1.ProbeResponse2\xe6\x02\n" +
 	"\vRateLimiter\x12@\n" +
@@ -2258,25 +2406,29 @@ var file_ringlimit_proto_depIdxs = []int32{
 	2,  // 19: ringlimit.v1.AllowResponse.reason:type_name -> ringlimit.v1.Reason
 	7,  // 20: ringlimit.v1.AllowResponse.limits:type_name -> ringlimit.v1.PolicyDecision
 	8,  // 21: ringlimit.v1.Limiter.Check:input_type -> ringlimit.v1.CheckRequest
-	14, // 22: ringlimit.v1.Limiter.Replicate:input_type -> ringlimit.v1.ReplicateRequest
-	17, // 23: ringlimit.v1.Limiter.Promote:input_type -> ringlimit.v1.PromoteRequest
-	19, // 24: ringlimit.v1.Limiter.Probe:input_type -> ringlimit.v1.ProbeRequest
-	22, // 25: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
-	23, // 26: ringlimit.v1.RateLimiter.AllowBatch:input_type -> ringlimit.v1.AllowBatchRequest
-	22, // 27: ringlimit.v1.RateLimiter.Peek:input_type -> ringlimit.v1.AllowRequest
-	22, // 28: ringlimit.v1.RateLimiter.Refund:input_type -> ringlimit.v1.AllowRequest
-	22, // 29: ringlimit.v1.RateLimiter.Reset:input_type -> ringlimit.v1.AllowRequest
-	10, // 30: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
-	16, // 31: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
-	18, // 32: ringlimit.v1.Limiter.Promote:output_type -> ringlimit.v1.PromoteResponse
-	21, // 33: ringlimit.v1.Limiter.Probe:output_type -> ringlimit.v1.ProbeResponse
-	26, // 34: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
-	25, // 35: ringlimit.v1.RateLimiter.AllowBatch:output_type -> ringlimit.v1.AllowBatchResponse
-	26, // 36: ringlimit.v1.RateLimiter.Peek:output_type -> ringlimit.v1.AllowResponse
-	26, // 37: ringlimit.v1.RateLimiter.Refund:output_type -> ringlimit.v1.AllowResponse
-	26, // 38: ringlimit.v1.RateLimiter.Reset:output_type -> ringlimit.v1.AllowResponse
-	30, // [30:39] is the sub-list for method output_type
-	21, // [21:30] is the sub-list for method input_type
+	8,  // 22: ringlimit.v1.Limiter.CheckStream:input_type -> ringlimit.v1.CheckRequest
+	14, // 23: ringlimit.v1.Limiter.Replicate:input_type -> ringlimit.v1.ReplicateRequest
+	14, // 24: ringlimit.v1.Limiter.ReplicateStream:input_type -> ringlimit.v1.ReplicateRequest
+	17, // 25: ringlimit.v1.Limiter.Promote:input_type -> ringlimit.v1.PromoteRequest
+	19, // 26: ringlimit.v1.Limiter.Probe:input_type -> ringlimit.v1.ProbeRequest
+	22, // 27: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
+	23, // 28: ringlimit.v1.RateLimiter.AllowBatch:input_type -> ringlimit.v1.AllowBatchRequest
+	22, // 29: ringlimit.v1.RateLimiter.Peek:input_type -> ringlimit.v1.AllowRequest
+	22, // 30: ringlimit.v1.RateLimiter.Refund:input_type -> ringlimit.v1.AllowRequest
+	22, // 31: ringlimit.v1.RateLimiter.Reset:input_type -> ringlimit.v1.AllowRequest
+	10, // 32: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
+	10, // 33: ringlimit.v1.Limiter.CheckStream:output_type -> ringlimit.v1.CheckResponse
+	16, // 34: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
+	16, // 35: ringlimit.v1.Limiter.ReplicateStream:output_type -> ringlimit.v1.ReplicateResponse
+	18, // 36: ringlimit.v1.Limiter.Promote:output_type -> ringlimit.v1.PromoteResponse
+	21, // 37: ringlimit.v1.Limiter.Probe:output_type -> ringlimit.v1.ProbeResponse
+	26, // 38: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
+	25, // 39: ringlimit.v1.RateLimiter.AllowBatch:output_type -> ringlimit.v1.AllowBatchResponse
+	26, // 40: ringlimit.v1.RateLimiter.Peek:output_type -> ringlimit.v1.AllowResponse
+	26, // 41: ringlimit.v1.RateLimiter.Refund:output_type -> ringlimit.v1.AllowResponse
+	26, // 42: ringlimit.v1.RateLimiter.Reset:output_type -> ringlimit.v1.AllowResponse
+	32, // [32:43] is the sub-list for method output_type
+	21, // [21:32] is the sub-list for method input_type
 	21, // [21:21] is the sub-list for extension type_name
 	21, // [21:21] is the sub-list for extension extendee
 	0,  // [0:21] is the sub-list for field type_name

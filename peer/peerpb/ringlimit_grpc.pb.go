@@ -42,10 +42,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Limiter_Check_FullMethodName     = "/ringlimit.v1.Limiter/Check"
-	Limiter_Replicate_FullMethodName = "/ringlimit.v1.Limiter/Replicate"
-	Limiter_Promote_FullMethodName   = "/ringlimit.v1.Limiter/Promote"
-	Limiter_Probe_FullMethodName     = "/ringlimit.v1.Limiter/Probe"
+	Limiter_Check_FullMethodName           = "/ringlimit.v1.Limiter/Check"
+	Limiter_CheckStream_FullMethodName     = "/ringlimit.v1.Limiter/CheckStream"
+	Limiter_Replicate_FullMethodName       = "/ringlimit.v1.Limiter/Replicate"
+	Limiter_ReplicateStream_FullMethodName = "/ringlimit.v1.Limiter/ReplicateStream"
+	Limiter_Promote_FullMethodName         = "/ringlimit.v1.Limiter/Promote"
+	Limiter_Probe_FullMethodName           = "/ringlimit.v1.Limiter/Probe"
 )
 
 // LimiterClient is the client API for Limiter service.
@@ -62,10 +64,23 @@ type LimiterClient interface {
 	// Decision.status; only whole-batch problems (too many items) are gRPC
 	// errors (InvalidArgument).
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
+	// CheckStream is Check over one long-lived stream per sender: each
+	// CheckRequest carries an id and a timeout_ns, and the receiver answers
+	// every request with a CheckResponse of the same id (in any order, since
+	// batches are decided concurrently). A whole-batch failure is the
+	// response's code and error, never the end of the stream. A sender whose
+	// stream breaks fails the batches still waiting on it and may use Check.
+	CheckStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CheckRequest, CheckResponse], error)
 	// Replicate carries a holder's partition operations to the partition's
 	// backup: full copies in chunks, admissions, heartbeats, releases. Its
 	// answers grant (or refuse) the holder's lease.
 	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
+	// ReplicateStream is Replicate over one long-lived stream per holder:
+	// the receiver applies the requests in the order they arrive and answers
+	// each, in that order, with the request's id. A sender may have several
+	// requests in flight; order within the stream is the order of
+	// application.
+	ReplicateStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReplicateRequest, ReplicateResponse], error)
 	// Promote asks the receiver, the partition's backup with a complete copy
 	// at the sender's epoch, to become the partition's holder at epoch + 1.
 	// The sender has stopped deciding for the partition before it sends.
@@ -93,6 +108,19 @@ func (c *limiterClient) Check(ctx context.Context, in *CheckRequest, opts ...grp
 	return out, nil
 }
 
+func (c *limiterClient) CheckStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CheckRequest, CheckResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Limiter_ServiceDesc.Streams[0], Limiter_CheckStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[CheckRequest, CheckResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Limiter_CheckStreamClient = grpc.BidiStreamingClient[CheckRequest, CheckResponse]
+
 func (c *limiterClient) Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ReplicateResponse)
@@ -102,6 +130,19 @@ func (c *limiterClient) Replicate(ctx context.Context, in *ReplicateRequest, opt
 	}
 	return out, nil
 }
+
+func (c *limiterClient) ReplicateStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReplicateRequest, ReplicateResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Limiter_ServiceDesc.Streams[1], Limiter_ReplicateStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReplicateRequest, ReplicateResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Limiter_ReplicateStreamClient = grpc.BidiStreamingClient[ReplicateRequest, ReplicateResponse]
 
 func (c *limiterClient) Promote(ctx context.Context, in *PromoteRequest, opts ...grpc.CallOption) (*PromoteResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -137,10 +178,23 @@ type LimiterServer interface {
 	// Decision.status; only whole-batch problems (too many items) are gRPC
 	// errors (InvalidArgument).
 	Check(context.Context, *CheckRequest) (*CheckResponse, error)
+	// CheckStream is Check over one long-lived stream per sender: each
+	// CheckRequest carries an id and a timeout_ns, and the receiver answers
+	// every request with a CheckResponse of the same id (in any order, since
+	// batches are decided concurrently). A whole-batch failure is the
+	// response's code and error, never the end of the stream. A sender whose
+	// stream breaks fails the batches still waiting on it and may use Check.
+	CheckStream(grpc.BidiStreamingServer[CheckRequest, CheckResponse]) error
 	// Replicate carries a holder's partition operations to the partition's
 	// backup: full copies in chunks, admissions, heartbeats, releases. Its
 	// answers grant (or refuse) the holder's lease.
 	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
+	// ReplicateStream is Replicate over one long-lived stream per holder:
+	// the receiver applies the requests in the order they arrive and answers
+	// each, in that order, with the request's id. A sender may have several
+	// requests in flight; order within the stream is the order of
+	// application.
+	ReplicateStream(grpc.BidiStreamingServer[ReplicateRequest, ReplicateResponse]) error
 	// Promote asks the receiver, the partition's backup with a complete copy
 	// at the sender's epoch, to become the partition's holder at epoch + 1.
 	// The sender has stopped deciding for the partition before it sends.
@@ -161,8 +215,14 @@ type UnimplementedLimiterServer struct{}
 func (UnimplementedLimiterServer) Check(context.Context, *CheckRequest) (*CheckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Check not implemented")
 }
+func (UnimplementedLimiterServer) CheckStream(grpc.BidiStreamingServer[CheckRequest, CheckResponse]) error {
+	return status.Error(codes.Unimplemented, "method CheckStream not implemented")
+}
 func (UnimplementedLimiterServer) Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Replicate not implemented")
+}
+func (UnimplementedLimiterServer) ReplicateStream(grpc.BidiStreamingServer[ReplicateRequest, ReplicateResponse]) error {
+	return status.Error(codes.Unimplemented, "method ReplicateStream not implemented")
 }
 func (UnimplementedLimiterServer) Promote(context.Context, *PromoteRequest) (*PromoteResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Promote not implemented")
@@ -209,6 +269,13 @@ func _Limiter_Check_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Limiter_CheckStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(LimiterServer).CheckStream(&grpc.GenericServerStream[CheckRequest, CheckResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Limiter_CheckStreamServer = grpc.BidiStreamingServer[CheckRequest, CheckResponse]
+
 func _Limiter_Replicate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ReplicateRequest)
 	if err := dec(in); err != nil {
@@ -226,6 +293,13 @@ func _Limiter_Replicate_Handler(srv interface{}, ctx context.Context, dec func(i
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _Limiter_ReplicateStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(LimiterServer).ReplicateStream(&grpc.GenericServerStream[ReplicateRequest, ReplicateResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Limiter_ReplicateStreamServer = grpc.BidiStreamingServer[ReplicateRequest, ReplicateResponse]
 
 func _Limiter_Promote_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(PromoteRequest)
@@ -287,7 +361,20 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Limiter_Probe_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "CheckStream",
+			Handler:       _Limiter_CheckStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "ReplicateStream",
+			Handler:       _Limiter_ReplicateStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "ringlimit.proto",
 }
 

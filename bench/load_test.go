@@ -1,0 +1,397 @@
+package bench
+
+// TestLoadSideBySide is the issue 9 measurement: every driver below runs in
+// one process, one after another, with the same load shape (64 concurrent
+// callers for a bounded duration, single-decision calls), and the table
+// reports the median of several rounds (Redis rows run within the
+// default mode's rounds, and "x redis" pairs each round with them). It is opt-in (RINGLIMIT_LOAD=1;
+// RINGLIMIT_LOAD_ONLY=<substring> keeps only the matching drivers);
+// the Redis rows also need RINGLIMIT_REDIS=1 and redis-server on PATH:
+//
+//	RINGLIMIT_LOAD=1 RINGLIMIT_REDIS=1 go test -run LoadSideBySide -v -timeout 20m ./bench/
+//
+// Drivers:
+//
+//   - sidecar: a gRPC client (one connection per node) calls
+//     ringlimit.v1.RateLimiter/Allow on the 3 nodes round-robin, so two
+//     calls in three are forwarded once between nodes;
+//   - embedded: Node.Allow in-process, round-robin over the 3 nodes;
+//   - redis-lua: EVALSHA of the exact sliding-log script
+//     (redisScriptExact), one connection per caller.
+//
+// cpu/op is the test process's CPU time (getrusage: user + system) divided
+// by the decisions made; for Redis, srv-cpu/op is redis-server's own CPU
+// time (/proc/<pid>/stat) and cpu/op adds it to the client's. Every
+// ringlimit figure includes the callers, the gRPC client and all three
+// nodes, which share this process.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+)
+
+const (
+	loadEnv     = "RINGLIMIT_LOAD"
+	loadCallers = 64
+	loadLatCap  = 1 << 15 // latency samples kept per caller (newest win)
+)
+
+// loadDuration is how long each driver runs per round:
+// RINGLIMIT_LOAD_DURATION (a Go duration), default 3 s.
+func loadDuration(t *testing.T) time.Duration {
+	if s := os.Getenv("RINGLIMIT_LOAD_DURATION"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			t.Fatalf("RINGLIMIT_LOAD_DURATION=%q must be a positive Go duration such as 3s", s)
+		}
+		return d
+	}
+	return 3 * time.Second
+}
+
+// loadRounds is how many times each driver runs (the median is reported):
+// RINGLIMIT_LOAD_ROUNDS, default 3.
+func loadRounds(t *testing.T) int {
+	if s := os.Getenv("RINGLIMIT_LOAD_ROUNDS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("RINGLIMIT_LOAD_ROUNDS=%q must be a positive integer", s)
+		}
+		return n
+	}
+	return 3
+}
+
+// loadResult is one round of one driver.
+type loadResult struct {
+	ops      float64 // decisions per second
+	p50, p99 time.Duration
+	cpuOp    time.Duration // client process (+ server process) CPU per decision
+	srvCPUOp time.Duration // server process CPU per decision (Redis only)
+}
+
+// loadCall makes decision number i for caller c.
+type loadCall func(c, i int) error
+
+// processCPU is this process's user + system CPU time.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// pidCPU is process pid's user + system CPU time from /proc/<pid>/stat
+// (fields 14 and 15, in clock ticks of 1/100 s, Linux's USER_HZ).
+func pidCPU(pid int) time.Duration {
+	if pid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) may hold spaces; fields after it are
+	// counted from the closing parenthesis.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// runLoad runs call from loadCallers goroutines for d and measures it.
+// srvPID, when not 0, is a server process whose CPU time is added.
+func runLoad(t *testing.T, d time.Duration, srvPID int, call loadCall) loadResult {
+	t.Helper()
+	lat := make([][]time.Duration, loadCallers)
+	for i := range lat {
+		lat[i] = make([]time.Duration, loadLatCap)
+	}
+	filled := make([]int, loadCallers)
+	counts := make([]int64, loadCallers)
+	var stop atomic.Bool
+	var failed atomic.Pointer[error]
+	var wg sync.WaitGroup
+	runtime.GC()
+	cpu0, srv0, t0 := processCPU(), pidCPU(srvPID), time.Now()
+	for c := range loadCallers {
+		wg.Go(func() {
+			rec := lat[c]
+			i, j, n := c*7919, 0, 0
+			for !stop.Load() {
+				start := time.Now()
+				err := call(c, i)
+				el := time.Since(start)
+				if err != nil {
+					failed.CompareAndSwap(nil, &err)
+					return
+				}
+				rec[j] = el
+				if j++; j == len(rec) {
+					j = 0
+				}
+				n++
+				i++
+			}
+			filled[c] = min(n, len(rec))
+			counts[c] = int64(n)
+		})
+	}
+	time.Sleep(d) // the measured interval itself, not a wait for an event
+	stop.Store(true)
+	wg.Wait()
+	elapsed := time.Since(t0)
+	cpu, srv := processCPU()-cpu0, pidCPU(srvPID)-srv0
+	if err := failed.Load(); err != nil {
+		t.Fatalf("decision failed: %v", *err)
+	}
+	var total int64
+	var all []time.Duration
+	for c := range loadCallers {
+		total += counts[c]
+		all = append(all, lat[c][:filled[c]]...)
+	}
+	if total == 0 {
+		t.Fatal("no decisions made")
+	}
+	slices.Sort(all)
+	pct := func(p float64) time.Duration { return all[min(len(all)-1, int(p*float64(len(all))))] }
+	return loadResult{
+		ops: float64(total) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99),
+		cpuOp: (cpu + srv) / time.Duration(total), srvCPUOp: srv / time.Duration(total),
+	}
+}
+
+// median returns the median of rs by each field separately.
+func median(rs []loadResult) loadResult {
+	pick := func(f func(loadResult) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	return loadResult{
+		ops:      pick(func(r loadResult) float64 { return r.ops }),
+		p50:      time.Duration(pick(func(r loadResult) float64 { return float64(r.p50) })),
+		p99:      time.Duration(pick(func(r loadResult) float64 { return float64(r.p99) })),
+		cpuOp:    time.Duration(pick(func(r loadResult) float64 { return float64(r.cpuOp) })),
+		srvCPUOp: time.Duration(pick(func(r loadResult) float64 { return float64(r.srvCPUOp) })),
+	}
+}
+
+// loadKeys returns distinct keys of the bench policy.
+func loadKeys(distinct int) []peer.Key {
+	keys := make([]peer.Key, distinct)
+	for i := range keys {
+		keys[i] = peer.Key{Tenant: "bench", Subject: fmt.Sprintf("user-%08d", i), Policy: peerPolicy}
+	}
+	return keys
+}
+
+// loadDriver is one row of the table.
+type loadDriver struct {
+	name string
+	pid  int // server process to add the CPU time of; 0 for none
+	call loadCall
+}
+
+// loadGroup is drivers sharing one setup (a Redis server or a cluster),
+// run in a subtest so the setup is torn down before the next group.
+type loadGroup struct {
+	name  string
+	setup func(t *testing.T) []loadDriver
+}
+
+func TestLoadSideBySide(t *testing.T) {
+	if os.Getenv(loadEnv) != "1" {
+		t.Skipf("the side-by-side load run is opt-in: set %s=1 (and %s=1 for the Redis rows)", loadEnv, redisEnv)
+	}
+	d, rounds := loadDuration(t), loadRounds(t)
+	var groups []loadGroup
+	for _, mode := range []peer.Replication{peer.ReplicateSync, peer.ReplicateAsync, peer.ReplicateOff} {
+		groups = append(groups, loadGroup{"repl=" + mode.String(), func(t *testing.T) []loadDriver {
+			var drivers []loadDriver
+			if mode == peer.ReplicateSync && os.Getenv(redisEnv) == "1" {
+				// Redis runs in the default mode's rounds, interleaved
+				// with its rows, so the ratios pair runs made moments
+				// apart on the shared machine.
+				drivers = redisDrivers(t)
+			}
+			return append(drivers, ringlimitDrivers(t, mode)...)
+		}})
+	}
+	var names []string
+	var medians []loadResult
+	var ratios []float64 // median over rounds of ops / redis-lua keys=10000 ops; 0: none
+	var pids []int
+	for _, g := range groups {
+		t.Run(g.name, func(t *testing.T) {
+			drivers := g.setup(t)
+			if only := os.Getenv("RINGLIMIT_LOAD_ONLY"); only != "" {
+				// Profiling one driver: RINGLIMIT_LOAD_ONLY=embedded.
+				drivers = slices.DeleteFunc(drivers, func(d loadDriver) bool { return !strings.Contains(d.name, only) })
+			}
+			results := make([][]loadResult, len(drivers))
+			// Rounds interleave the group's drivers, so a slow spell of
+			// the shared machine hits them alike.
+			for r := range rounds {
+				for i, dr := range drivers {
+					res := runLoad(t, d, dr.pid, dr.call)
+					t.Logf("round %d %-34s %9.0f ops/s p50 %8v p99 %8v cpu/op %v", r+1, dr.name, res.ops, res.p50, res.p99, res.cpuOp)
+					results[i] = append(results[i], res)
+				}
+			}
+			ref := slices.IndexFunc(drivers, func(d loadDriver) bool { return d.name == "redis-lua keys=10000" })
+			for i, dr := range drivers {
+				names, pids = append(names, dr.name), append(pids, dr.pid)
+				medians = append(medians, median(results[i]))
+				ratio := 0.0
+				if ref >= 0 {
+					rs := make([]float64, rounds)
+					for r := range rounds {
+						rs[r] = results[i][r].ops / results[ref][r].ops
+					}
+					slices.Sort(rs)
+					ratio = rs[rounds/2]
+				}
+				ratios = append(ratios, ratio)
+			}
+		})
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\nmedian of %d rounds of %v, %d callers, GOMAXPROCS=%d\n", rounds, d, loadCallers, runtime.GOMAXPROCS(0))
+	fmt.Fprintf(&sb, "| %-34s | %10s | %9s | %9s | %9s | %11s | %8s |\n", "driver", "ops/s", "p50", "p99", "cpu/op", "srv-cpu/op", "x redis")
+	fmt.Fprintf(&sb, "|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 36), strings.Repeat("-", 12), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 13), strings.Repeat("-", 10))
+	for i, m := range medians {
+		srv, ratio := "-", "-"
+		if pids[i] != 0 {
+			srv = m.srvCPUOp.Round(10 * time.Nanosecond).String()
+		}
+		if ratios[i] > 0 {
+			ratio = fmt.Sprintf("%.2f", ratios[i])
+		}
+		fmt.Fprintf(&sb, "| %-34s | %10.0f | %9v | %9v | %9v | %11s | %8s |\n", names[i], m.ops,
+			m.p50.Round(time.Microsecond), m.p99.Round(time.Microsecond), m.cpuOp.Round(10*time.Nanosecond), srv, ratio)
+	}
+	sb.WriteString("x redis: median over rounds of ops/s divided by redis-lua keys=10000's in the same round\n")
+	t.Log(sb.String())
+}
+
+// redisDrivers starts Redis and returns the redis-lua rows (1 and 10 000
+// keys). The policy mirrors the ringlimit rows' (2^50 per 1 s: everything
+// is admitted).
+func redisDrivers(t *testing.T) []loadDriver {
+	addr, pid := startRedisProc(t)
+	pool := &respPool{addr: addr}
+	t.Cleanup(pool.close)
+	if err := pool.warm(loadCallers); err != nil {
+		t.Fatal(err)
+	}
+	conns := make([]*respConn, loadCallers)
+	for i := range conns {
+		c, err := pool.get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+	}
+	sha := redisLoad(t, conns[0], redisScriptExact)
+	limit, window := strconv.FormatInt(1<<50, 10), strconv.FormatInt(time.Second.Milliseconds(), 10)
+	var out []loadDriver
+	for _, distinct := range []int{1, 10000} {
+		keys := loadKeys(distinct)
+		logs, seqs := make([]string, distinct), make([]string, distinct)
+		for i, k := range keys {
+			logs[i], seqs[i] = redisKeys(k)
+		}
+		out = append(out, loadDriver{
+			name: fmt.Sprintf("redis-lua keys=%d", distinct), pid: pid,
+			call: func(c, i int) error {
+				s := i % distinct
+				ok, err := redisEval(conns[c], sha, logs[s], seqs[s], limit, window, "")
+				if err == nil && !ok {
+					err = errors.New("redis-lua refused a request under a limit of 2^50")
+				}
+				return err
+			},
+		})
+	}
+	return out
+}
+
+// ringlimitDrivers starts a 3-node cluster whose policy replicates with
+// mode and returns its sidecar and embedded rows.
+func ringlimitDrivers(t *testing.T, mode peer.Replication) []loadDriver {
+	nodes := startPeerClusterWith(t, 3, func(cfg *peer.Config) {
+		p := cfg.Policies[peerPolicy]
+		p.Replication = mode
+		cfg.Policies[peerPolicy] = p
+	})
+	var clients []peerpb.RateLimiterClient
+	for _, nd := range nodes {
+		conn, err := grpc.NewClient(nd.RPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		clients = append(clients, peerpb.NewRateLimiterClient(conn))
+	}
+	var out []loadDriver
+	sidecarKeys := []int{10000}
+	if mode == peer.ReplicateSync {
+		sidecarKeys = []int{1, 10000}
+	}
+	for _, distinct := range sidecarKeys {
+		keys := loadKeys(distinct)
+		wire := make([]*peerpb.AllowRequest, distinct)
+		for i, k := range keys {
+			wire[i] = &peerpb.AllowRequest{Key: &peerpb.Key{Tenant: k.Tenant, Subject: k.Subject, Policy: k.Policy}}
+		}
+		out = append(out, loadDriver{
+			name: fmt.Sprintf("sidecar keys=%d repl=%v", distinct, mode),
+			call: func(c, i int) error {
+				resp, err := clients[i%3].Allow(context.Background(), wire[i%distinct])
+				if err == nil && !resp.GetAllowed() {
+					err = fmt.Errorf("refused: %v", resp)
+				}
+				return err
+			},
+		})
+	}
+	keys := loadKeys(10000)
+	out = append(out, loadDriver{
+		name: fmt.Sprintf("embedded keys=10000 repl=%v", mode),
+		call: func(c, i int) error {
+			d, err := nodes[i%3].Allow(context.Background(), peer.Request{Key: keys[i%len(keys)]})
+			if err == nil && !d.Allowed {
+				err = fmt.Errorf("refused: %+v", d)
+			}
+			return err
+		},
+	})
+	return out
+}

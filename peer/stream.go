@@ -1,0 +1,332 @@
+package peer
+
+// Streams: forwards (CheckStream) and replication (ReplicateStream) to a
+// peer travel on one long-lived bidirectional gRPC stream per peer and
+// kind, a pipe, instead of one unary RPC per batch. A unary RPC costs a
+// stream set-up, headers both ways and a handler goroutine on the
+// receiver; on a pipe a batch is one message each way.
+//
+// The rules:
+//   - The client's loop goroutine (batchLoop, replLoop) owns the pipe: it
+//     alone opens it and sends on it. A pipe's receiver goroutine, owned by
+//     the Node, reads answers and matches them to requests by id.
+//   - Every request sent on a pipe is answered exactly once: by its
+//     answer, or with the error that broke the pipe. A pipe that breaks
+//     (send or receive error, no answer within twice ForwardTimeout, the
+//     client stopping) fails every request still waiting on it, the way a
+//     failed unary RPC fails its batch; the next batch opens a new pipe.
+//   - A pipe is opened only on a connection that is ready, so opening
+//     never blocks the loop; until then, and for a pause after a pipe
+//     could not be opened, batches go as unary RPCs. A receiver without
+//     the stream methods (an older node) answers Unimplemented before it
+//     reads anything: the batch is resent as a unary RPC and the client
+//     keeps to unary RPCs for a long pause.
+//   - What the receiver does not do differs by kind: CheckStream decides
+//     batches concurrently (answers may come in any order), each within
+//     the request's timeout_ns from its receipt (Check's deadline);
+//     ReplicateStream applies requests in arrival order, so operations of
+//     a partition keep the order the holder sent them in, as the one
+//     unary Replicate in flight did.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
+
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+)
+
+// errPipeUnimplemented breaks a pipe to a receiver without stream methods.
+var errPipeUnimplemented = errors.New("peer: receiver has no stream methods")
+
+const (
+	// pipeRetryPause is how long a client sends unary RPCs after a pipe
+	// could not be opened.
+	pipeRetryPause = time.Second
+	// pipeUnimplementedPause is the same after the receiver lacked the
+	// stream methods: it will not gain them before it restarts.
+	pipeUnimplementedPause = time.Minute
+)
+
+// pipe is one long-lived stream to a peer. Safe for one sending goroutine
+// and the pipe's own receiver.
+type pipe[Req, Resp any] struct {
+	n      *Node
+	st     grpc.BidiStreamingClient[Req, Resp]
+	cancel context.CancelFunc
+	idOf   func(*Resp) uint64
+
+	mu      sync.Mutex
+	nextID  uint64
+	pending map[uint64]*pipeWait[Resp]
+	err     error // why the pipe broke; nil while it works
+}
+
+// pipeWait is one request waiting for its answer.
+type pipeWait[Resp any] struct {
+	done  func(*Resp, error)
+	timer *time.Timer
+}
+
+// openPipe opens a stream with open on a context of its own and starts
+// its receiver.
+func openPipe[Req, Resp any](n *Node, open func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error), idOf func(*Resp) uint64) (*pipe[Req, Resp], error) {
+	ctx, cancel := context.WithCancel(n.ctx)
+	st, err := open(ctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	p := &pipe[Req, Resp]{n: n, st: st, cancel: cancel, idOf: idOf, pending: map[uint64]*pipeWait[Resp]{}}
+	n.wg.Add(1)
+	go p.receive()
+	return p, nil
+}
+
+// broken reports whether the pipe has failed.
+func (p *pipe[Req, Resp]) broken() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err != nil
+}
+
+// send sends req with a fresh id (set by setID) and calls done exactly
+// once with the answer or the error that broke the pipe. It returns an
+// error, without calling done, only when the pipe was already broken.
+func (p *pipe[Req, Resp]) send(req *Req, setID func(uint64), done func(*Resp, error)) error {
+	w := &pipeWait[Resp]{done: done}
+	p.mu.Lock()
+	if p.err != nil {
+		p.mu.Unlock()
+		return p.err
+	}
+	p.nextID++
+	id := p.nextID
+	setID(id)
+	// The watchdog frees the waiting batch (and its in-flight slot) if the
+	// receiver never answers; receivers answer within ForwardTimeout.
+	w.timer = time.AfterFunc(2*p.n.cfg.ForwardTimeout, func() {
+		p.fail(fmt.Errorf("peer: no answer on the stream within %v: %w", 2*p.n.cfg.ForwardTimeout, context.DeadlineExceeded))
+	})
+	p.pending[id] = w
+	p.mu.Unlock()
+	if err := p.st.Send(req); err != nil {
+		if errors.Is(err, io.EOF) {
+			// The stream ended; the receiver reports why.
+			_, err = p.st.Recv()
+		}
+		p.fail(err)
+	}
+	return nil
+}
+
+// fail breaks the pipe with err and fails every waiting request.
+func (p *pipe[Req, Resp]) fail(err error) {
+	if status.Code(err) == codes.Unimplemented {
+		err = fmt.Errorf("%w: %w", errPipeUnimplemented, err)
+	}
+	p.mu.Lock()
+	if p.err != nil {
+		p.mu.Unlock()
+		return
+	}
+	p.err = err
+	waiting := p.pending
+	p.pending = nil
+	p.mu.Unlock()
+	p.cancel()
+	for _, w := range waiting {
+		w.timer.Stop()
+		w.done(nil, err)
+	}
+}
+
+// receive matches answers to waiting requests until the stream ends.
+func (p *pipe[Req, Resp]) receive() {
+	defer p.n.wg.Done()
+	for {
+		resp, err := p.st.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errors.New("peer: stream closed by the receiver")
+			}
+			p.fail(err)
+			return
+		}
+		id := p.idOf(resp)
+		p.mu.Lock()
+		w := p.pending[id]
+		delete(p.pending, id)
+		p.mu.Unlock()
+		if w == nil {
+			continue // failed by the watchdog meanwhile; the pipe is broken
+		}
+		w.timer.Stop()
+		w.done(resp, nil)
+	}
+}
+
+// pipeState is a client loop's pipe of one kind and when it may next try
+// to open one.
+type pipeState[Req, Resp any] struct {
+	p     *pipe[Req, Resp]
+	retry time.Time
+}
+
+// get returns a working pipe, opening one if the connection is ready, or
+// nil: then the caller sends a unary RPC.
+func (s *pipeState[Req, Resp]) get(c *client, open func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error), idOf func(*Resp) uint64) *pipe[Req, Resp] {
+	if s.p != nil {
+		s.p.mu.Lock()
+		err := s.p.err
+		s.p.mu.Unlock()
+		if err == nil {
+			return s.p
+		}
+		s.p = nil
+		if errors.Is(err, errPipeUnimplemented) {
+			s.retry = time.Now().Add(pipeUnimplementedPause)
+		}
+	}
+	if c.n.cfg.DisableStreams || time.Now().Before(s.retry) {
+		return nil
+	}
+	if st := c.conn.GetState(); st != connectivity.Ready {
+		c.conn.Connect()
+		return nil
+	}
+	p, err := openPipe(c.n, open, idOf)
+	if err != nil {
+		s.retry = time.Now().Add(pipeRetryPause)
+		return nil
+	}
+	s.p = p
+	return p
+}
+
+// close breaks the pipe, if any, failing what waits on it.
+func (s *pipeState[Req, Resp]) close(err error) {
+	if s.p != nil {
+		s.p.fail(err)
+		s.p = nil
+	}
+}
+
+func checkID(r *peerpb.CheckResponse) uint64         { return r.GetId() }
+func replicateID(r *peerpb.ReplicateResponse) uint64 { return r.GetId() }
+
+// checkStreamWorkers is how many batches of one CheckStream are decided at
+// once: a batch may wait (sync replication, a partition on the move), and
+// the others should not wait behind it. Senders keep MaxInFlight batches
+// in flight (4 by default); more wait for a worker.
+const checkStreamWorkers = 8
+
+// checkTask is a received batch and when its sender gives up on it.
+type checkTask struct {
+	req      *peerpb.CheckRequest
+	deadline time.Time // zero: none
+}
+
+// CheckStream is the receiver's side of a sender's forward pipe: one loop
+// receives, a fixed set of workers decide (through Check, so every rule of
+// Check holds) and answer. The workers end with the stream.
+func (s *server) CheckStream(st peerpb.Limiter_CheckStreamServer) error {
+	ctx := st.Context()
+	tasks := make(chan checkTask, checkStreamWorkers)
+	var sendMu sync.Mutex // a stream takes one Send at a time
+	var wg sync.WaitGroup
+	for range checkStreamWorkers {
+		wg.Go(func() {
+			for t := range tasks {
+				resp := s.checkStreamOne(ctx, t)
+				sendMu.Lock()
+				err := st.Send(resp)
+				sendMu.Unlock()
+				if err != nil {
+					// The stream is gone; Recv fails too and ends the loop.
+					continue
+				}
+			}
+		})
+	}
+	defer func() {
+		close(tasks)
+		wg.Wait()
+	}()
+	for {
+		req, err := st.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		t := checkTask{req: req}
+		if ns := req.GetTimeoutNs(); ns > 0 {
+			t.deadline = time.Now().Add(time.Duration(ns))
+		}
+		select {
+		case tasks <- t:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// checkStreamOne decides one batch of a CheckStream.
+func (s *server) checkStreamOne(ctx context.Context, t checkTask) *peerpb.CheckResponse {
+	if !t.deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, t.deadline)
+		defer cancel()
+	}
+	resp, err := s.Check(ctx, t.req)
+	if err != nil {
+		st := status.Convert(err)
+		return &peerpb.CheckResponse{Id: t.req.GetId(), Code: int32(st.Code()), Error: st.Message()}
+	}
+	resp.Id = t.req.GetId()
+	return resp
+}
+
+// ReplicateStream is the backup's side of a holder's replication pipe:
+// requests are applied one after another in arrival order, through
+// Replicate.
+func (s *server) ReplicateStream(st peerpb.Limiter_ReplicateStreamServer) error {
+	ctx := st.Context()
+	for {
+		req, err := st.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		resp, err := s.Replicate(ctx, req)
+		if err != nil {
+			st := status.Convert(err)
+			resp = &peerpb.ReplicateResponse{Code: int32(st.Code()), Error: st.Message()}
+		}
+		resp.Id = req.GetId()
+		if err := st.Send(resp); err != nil {
+			return err
+		}
+	}
+}
+
+// streamErr turns a whole-batch failure carried in a stream answer into
+// the error the unary RPC would have returned.
+func streamErr(code int32, msg string) error {
+	if code == 0 {
+		return nil
+	}
+	return status.Error(codes.Code(code), msg)
+}
