@@ -39,7 +39,9 @@ func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
 	if !ok {
 		return Decision{}, fmt.Errorf("%w: %w", ErrInvalidKey, req.Key.Validate())
 	}
-	p := n.policies[req.Key.Policy]
+	// The table is read once: this request decides (or forwards) with it
+	// even if SetPolicies swaps it meanwhile.
+	p := n.table.Load().byName[req.Key.Policy]
 	if p == nil {
 		return Decision{}, fmt.Errorf("%w: %q", ErrUnknownPolicy, req.Key.Policy)
 	}
@@ -109,6 +111,7 @@ func (n *Node) do(ctx context.Context, op peerpb.Op, req Request) (Decision, err
 // request); errors wrap ErrInvalidKey, ErrUnknownPolicy or ErrInvalidHits.
 func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*opReq, []byte, error) {
 	r := &opReq{op: op, key: key}
+	tab := n.table.Load() // once per request
 	var first []byte
 	if hits == 0 {
 		hits = 1
@@ -141,7 +144,7 @@ func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*
 					return nil, nil, fmt.Errorf("%w: policy %q named twice", ErrInvalidKey, name)
 				}
 			}
-			p := n.policies[name]
+			p := tab.byName[name]
 			if p == nil {
 				return nil, nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
 			}
@@ -158,7 +161,7 @@ func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*
 	if !ok {
 		return nil, nil, fmt.Errorf("%w: %w", ErrInvalidKey, key.Validate())
 	}
-	r.p = n.policies[key.Policy]
+	r.p = tab.byName[key.Policy]
 	if r.p == nil {
 		return nil, nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, key.Policy)
 	}

@@ -32,8 +32,14 @@ type Node struct {
 	log      *slog.Logger
 	clock    func() time.Time
 	metrics  Metrics
-	policies map[string]*policy
 	fp       uint64
+	// table is the current policy table, loaded once per request (see
+	// policyTable); policyMu serializes SetPolicies.
+	table    atomic.Pointer[policyTable]
+	policyMu sync.Mutex
+	// memberPolicies maps live members to the policy version they gossip
+	// (rebuild goroutine writes, readers copy).
+	memberPolicies atomic.Pointer[map[string]uint64]
 
 	pt       *partTable // every ring partition as this node sees it
 	own      ownState
@@ -109,7 +115,6 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		log:       cfg.Logger.With("node", cfg.Name),
 		clock:     cfg.Clock,
 		metrics:   cfg.Metrics,
-		policies:  make(map[string]*policy, len(cfg.Policies)),
 		fp:        cfg.fingerprint(),
 		pt:        newPartTable(cfg.Ring.PartitionCount),
 		started:   time.Now(),
@@ -120,9 +125,8 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		clients:   make(map[string]*client),
 		closed:    make(chan struct{}),
 	}
-	for name, p := range cfg.Policies {
-		n.policies[name] = &policy{name: name, cfg: p, sp: p.shard()}
-	}
+	n.table.Store(newPolicyTable(cfg.Policies))
+	n.metrics.PolicyTable(n.table.Load().version, true)
 	n.calls.New = func() any { return &call{done: make(chan callResult, 1)} }
 	n.ops.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
@@ -206,7 +210,7 @@ func (n *Node) meta(draining bool) meta {
 	if addr == "" {
 		addr = n.RPCAddr()
 	}
-	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining, start: n.ops.start, cluster: n.clusterID.Load()}
+	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining, start: n.ops.start, cluster: n.clusterID.Load(), policies: n.table.Load().version}
 }
 
 // leaveLinger is how long a leaving node keeps serving redirects after
@@ -261,10 +265,11 @@ func (n *Node) Owner(key Key) (string, error) {
 	return n.view.Load().snap.Owner(placement(ek)), nil
 }
 
-// Policies returns a copy of the node's policy table.
+// Policies returns a copy of the node's current policy table.
 func (n *Node) Policies() map[string]PolicyConfig {
-	out := make(map[string]PolicyConfig, len(n.policies))
-	for k, p := range n.policies {
+	t := n.table.Load()
+	out := make(map[string]PolicyConfig, len(t.byName))
+	for k, p := range t.byName {
 		out[k] = p.cfg
 	}
 	return out

@@ -47,7 +47,7 @@ func (n *Node) decodeState(ks *peerpb.KeyState) (shard.KeyState, *policy, error)
 	if err != nil {
 		return st, nil, err
 	}
-	p := n.policies[st.Key.Policy]
+	p := n.table.Load().byName[st.Key.Policy]
 	if p == nil || p.sp.Algorithm != st.Algorithm {
 		return st, nil, nil
 	}
