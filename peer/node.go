@@ -27,12 +27,12 @@ import (
 // every other key to its owner. It is safe for concurrent use. Create it with
 // New and stop it with Close.
 type Node struct {
-	cfg      Config
-	name     string
-	log      *slog.Logger
-	clock    func() time.Time
-	metrics  Metrics
-	fp       uint64
+	cfg     Config
+	name    string
+	log     *slog.Logger
+	clock   func() time.Time
+	metrics Metrics
+	fp      uint64
 	// table is the current policy table, loaded once per request (see
 	// policyTable); policyMu serializes SetPolicies.
 	table    atomic.Pointer[policyTable]
