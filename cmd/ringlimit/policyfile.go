@@ -33,8 +33,13 @@ const policiesUsage = `Policy file (--policies, YAML or JSON; unknown fields are
 
   The same as JSON: {"policies": [{"name": "api", "limit": 100, "window": "1m"}]}
 
-Every node of a cluster must load the same table: it is fingerprinted in
-gossip, and a member with another table is never used as an owner.
+Each node decides the keys it holds with its own table, so nodes may run
+different tables while a change rolls out (see "Changing policies" in the
+README). serve reloads the file on SIGHUP and when its contents change
+(--policies-poll); a file that does not parse, or a table that is invalid,
+is logged ("policy reload rejected") and counted, and the table in force
+stays. ringlimit_policy_table_version and /debug/ring show the version
+each node runs.
 
 Without --policies the default table is:
   default  100 per 1m      sliding_log   fail_closed
@@ -85,23 +90,33 @@ func loadPolicies(path string) (map[string]peer.PolicyConfig, error) {
 // the file's policies and those generated for its Envoy domains; envoy is
 // nil when the file has no domains.
 func loadPolicyFile(path string) (map[string]peer.PolicyConfig, *envoyrls.Table, error) {
-	f, err := os.Open(path)
+	data, err := readPolicyFile(path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("policy file: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxPolicyFile+1))
-	if err != nil {
-		return nil, nil, fmt.Errorf("policy file %s: %w", path, err)
-	}
-	if len(data) > maxPolicyFile {
-		return nil, nil, fmt.Errorf("policy file %s: larger than %d bytes", path, maxPolicyFile)
+		return nil, nil, err
 	}
 	pols, envoy, err := parsePolicyFile(data)
 	if err != nil {
 		return nil, nil, fmt.Errorf("policy file %s: %w", path, err)
 	}
 	return pols, envoy, nil
+}
+
+// readPolicyFile reads the policy file at path, at most maxPolicyFile
+// bytes.
+func readPolicyFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy file: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxPolicyFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("policy file %s: %w", path, err)
+	}
+	if len(data) > maxPolicyFile {
+		return nil, fmt.Errorf("policy file %s: larger than %d bytes", path, maxPolicyFile)
+	}
+	return data, nil
 }
 
 // parsePolicies parses a policy table from YAML or JSON (JSON is read as
