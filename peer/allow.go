@@ -45,11 +45,12 @@ func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
 	if p == nil {
 		return Decision{}, fmt.Errorf("%w: %q", ErrUnknownPolicy, req.Key.Policy)
 	}
+	p = p.forKey(req.Key.Tenant, req.Key.Subject)
 	hits := req.Hits
 	if hits == 0 {
 		hits = 1
 	}
-	if hits < 0 || hits > p.sp.Limit {
+	if hits < 0 || hits > p.sp.Limit && !p.unlimited {
 		return Decision{}, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, p.sp.Limit)
 	}
 	r := opReq{key: req.Key, p: p, hits: hits}
@@ -148,7 +149,8 @@ func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*
 			if p == nil {
 				return nil, nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
 			}
-			if hits > p.sp.Limit {
+			p = p.forKey(key.Tenant, key.Subject)
+			if hits > p.sp.Limit && !p.unlimited {
 				return nil, nil, fmt.Errorf("%w: hits %d exceed policy %q's limit %d", ErrInvalidHits, hits, name, p.sp.Limit)
 			}
 			r.multi = append(r.multi, p)
@@ -165,7 +167,8 @@ func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*
 	if r.p == nil {
 		return nil, nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, key.Policy)
 	}
-	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK) && hits > r.p.sp.Limit {
+	r.p = r.p.forKey(key.Tenant, key.Subject)
+	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK) && hits > r.p.sp.Limit && !r.p.unlimited {
 		return nil, nil, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, r.p.sp.Limit)
 	}
 	return r, ek, nil
@@ -373,6 +376,11 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		n.kickOwnership()
 		return Decision{}, waitHere, ch, nil
 	}
+	if p.unlimited {
+		// The holder's table exempts the key: nothing to count or copy.
+		pt.mu.RUnlock()
+		return unlimitedDecision(n.name, v, now), decided, nil, nil
+	}
 	sd, err := pt.store.AllowEncoded(ek, p.sp, hits, now)
 	if err != nil {
 		pt.mu.RUnlock()
@@ -431,12 +439,19 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 
 const hotSample = 8
 
+// unlimitedDecision is the holder's answer for a key an Unlimited override
+// covers.
+func unlimitedDecision(owner string, v *view, now time.Time) Decision {
+	return Decision{Allowed: true, Reason: ReasonUnlimited, Owner: owner, RingVersion: v.snap.Version(), DecidedAt: now}
+}
+
 // unavailable applies the failure policy to a request the holder could
 // not decide: a check takes its policy's OnUnavailable (for several
 // policies, fail closed if any of them does, else the first's); peeks,
 // refunds and resets are never answered without their holder.
 func (n *Node) unavailable(r *opReq, cause error) (Decision, error) {
 	if r.op != peerpb.Op_OP_CHECK {
+		// Never answered without the holder, even for an unlimited key.
 		return n.onUnavailable(&policy{name: r.p.name, sp: r.p.sp}, r.key, r.hits, cause)
 	}
 	p := r.p
@@ -467,6 +482,12 @@ func (n *Node) onUnavailable(p *policy, key Key, hits int64, cause error) (Decis
 		return Decision{}, cause
 	}
 	v := n.view.Load()
+	if p.unlimited {
+		// This node's table exempts the key; the holder's would most
+		// likely too. Admitting is what the exemption asks for.
+		n.metrics.Decision(p.name, ReasonUnlimited, PathLocal)
+		return Decision{Allowed: true, Reason: ReasonUnlimited, Owner: n.name, RingVersion: v.snap.Version()}, nil
+	}
 	switch p.cfg.OnUnavailable {
 	case FailOpen:
 		n.warnThrottled("owner unavailable: failing open", "policy", p.name, "err", cause)

@@ -110,6 +110,30 @@ type PolicyConfig struct {
 	// admissions to the partition's backup before a crash can lose them.
 	// Zero means ReplicateSync.
 	Replication Replication
+	// Overrides give exact tenants, or (tenant, subject) pairs, another
+	// limit than Limit, or none. A (tenant, subject) override wins over a
+	// tenant's. Everything else (window, algorithm, failure policy,
+	// replication) is the policy's. They are part of the table and of its
+	// version; the holder applies its own. Nil means none.
+	Overrides []Override
+}
+
+// Override is one exception in a policy: the keys of Tenant (and, when
+// Subject is set, of that subject only) are limited by Limit instead of
+// the policy's, or not at all when Unlimited. An unlimited key is admitted
+// without being recorded (Reason ReasonUnlimited, Limit 0).
+type Override struct {
+	// Tenant is the key's tenant, exactly. Required.
+	Tenant string
+	// Subject is the key's subject, exactly; "" means every subject of
+	// Tenant.
+	Subject string
+	// Limit replaces the policy's limit. Must be positive unless
+	// Unlimited.
+	Limit int64
+	// Unlimited admits every request of these keys without counting.
+	// Limit must then be zero.
+	Unlimited bool
 }
 
 // Replication is how a policy's admissions reach the partition's backup.

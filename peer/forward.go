@@ -276,7 +276,7 @@ func fromWire(d *peerpb.Decision, peer string) (Decision, error) {
 	switch d.GetStatus() {
 	case peerpb.Status_STATUS_OK:
 		r := Reason(d.GetReason())
-		if r < ReasonAdmitted || r > ReasonReset || r == ReasonUnavailable {
+		if r < ReasonAdmitted || r > ReasonUnlimited || r == ReasonUnavailable {
 			return Decision{}, fmt.Errorf("%w: %s sent reason %d", ErrUnavailable, peer, d.GetReason())
 		}
 		out := Decision{

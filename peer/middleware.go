@@ -287,9 +287,18 @@ func policyField(policy string, pc PolicyConfig, limit int64) string {
 // headers and the body agree. A failed-open decision carries no
 // knowledge of the key's state, so RateLimit is omitted. For reasons other
 // than admitted and over_limit, RateLimit-Reason names the reason
-// (failed_open, fallback or shadow). Existing values of these fields are
+// (failed_open, fallback or shadow). The quota is the decision's Limit,
+// which is an override's when one covers the key; a key an unlimited
+// override covers gets only "RateLimit-Reason: unlimited". Existing values of these fields are
 // replaced; Retry-After is left alone on an admitted decision.
 func RateLimitHeaders(h http.Header, policy string, pc PolicyConfig, d Decision) {
+	if d.Reason == ReasonUnlimited {
+		// No quota applies to the key: nothing to advertise.
+		h.Del("RateLimit-Policy")
+		h.Del("RateLimit")
+		h.Set("RateLimit-Reason", d.Reason.String())
+		return
+	}
 	name := sfString(policy)
 	limit := d.Limit
 	if limit == 0 {

@@ -89,11 +89,44 @@ type Node struct {
 	ops opsState // restarts, duplicate names, readiness, reconnects, peer auth
 }
 
-// policy is a table entry with its shard form precomputed.
+// policy is a table entry with its shard form precomputed, or the
+// effective entry of an override (cfg.Limit and sp.Limit are then the
+// override's, and over is nil).
 type policy struct {
 	name string
 	cfg  PolicyConfig
 	sp   shard.Policy
+	// unlimited marks an Unlimited override: admitted without a decision
+	// (sp is the policy's, for refunds and resets).
+	unlimited bool
+	// over holds the policy's overrides by tenant; nil without any.
+	over map[string]*tenantOverrides
+}
+
+// tenantOverrides are one tenant's overrides of a policy.
+type tenantOverrides struct {
+	all      *policy            // every subject of the tenant, or nil
+	subjects map[string]*policy // by exact subject, or nil
+}
+
+// forKey returns the entry that applies to the key of tenant and subject:
+// an override's, else p. Two map lookups with string keys: it neither
+// locks nor allocates.
+func (p *policy) forKey(tenant, subject string) *policy {
+	if p.over == nil {
+		return p
+	}
+	to := p.over[tenant]
+	if to == nil {
+		return p
+	}
+	if q := to.subjects[subject]; q != nil {
+		return q
+	}
+	if to.all != nil {
+		return to.all
+	}
+	return p
 }
 
 // New starts a node: it binds the gRPC listener and gossip, joins

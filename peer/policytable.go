@@ -51,9 +51,45 @@ type policyTable struct {
 func newPolicyTable(pols map[string]PolicyConfig) *policyTable {
 	t := &policyTable{version: policyVersion(pols), byName: make(map[string]*policy, len(pols))}
 	for name, p := range pols {
-		t.byName[name] = &policy{name: name, cfg: p, sp: p.shard()}
+		t.byName[name] = newPolicy(name, p)
 	}
 	return t
+}
+
+// newPolicy builds a table entry with its overrides resolved.
+func newPolicy(name string, pc PolicyConfig) *policy {
+	p := &policy{name: name, cfg: pc, sp: pc.shard()}
+	if len(pc.Overrides) == 0 {
+		return p
+	}
+	p.over = make(map[string]*tenantOverrides)
+	for _, o := range pc.Overrides {
+		ocfg := pc
+		ocfg.Overrides = nil
+		q := &policy{name: name, unlimited: o.Unlimited}
+		if !o.Unlimited {
+			ocfg.Limit = o.Limit
+			if pc.FallbackLimit > 0 {
+				// Keep the fallback's share of the limit.
+				ocfg.FallbackLimit = max(1, int64(float64(pc.FallbackLimit)*float64(o.Limit)/float64(pc.Limit)))
+			}
+		}
+		q.cfg, q.sp = ocfg, ocfg.shard()
+		to := p.over[o.Tenant]
+		if to == nil {
+			to = &tenantOverrides{}
+			p.over[o.Tenant] = to
+		}
+		if o.Subject == "" {
+			to.all = q
+			continue
+		}
+		if to.subjects == nil {
+			to.subjects = make(map[string]*policy)
+		}
+		to.subjects[o.Subject] = q
+	}
+	return p
 }
 
 // policyVersion hashes what changes a holder's decision, so that two tables
@@ -85,6 +121,18 @@ func policyVersion(pols map[string]PolicyConfig) uint64 {
 			}
 		}
 		fmt.Fprintf(h, "%q=%d/%d/%d/%d/%t;", n, p.Limit, p.Window, p.Algorithm, res, p.Shadow)
+		// Overrides in a canonical order: the same set in any order is
+		// the same table.
+		ov := append([]Override(nil), p.Overrides...)
+		sort.Slice(ov, func(i, j int) bool {
+			if ov[i].Tenant != ov[j].Tenant {
+				return ov[i].Tenant < ov[j].Tenant
+			}
+			return ov[i].Subject < ov[j].Subject
+		})
+		for _, o := range ov {
+			fmt.Fprintf(h, "o%q/%q=%d/%t;", o.Tenant, o.Subject, o.Limit, o.Unlimited)
+		}
 	}
 	v := h.Sum64() & (1<<53 - 1)
 	if v == 0 {
@@ -118,6 +166,33 @@ func validatePolicies(pols map[string]PolicyConfig) []error {
 		}
 		if p.FallbackLimit < 0 {
 			bad("policy %q: fallback limit %d must not be negative", name, p.FallbackLimit)
+		}
+		type ts struct{ tenant, subject string }
+		seen := make(map[ts]bool, len(p.Overrides))
+		for i, o := range p.Overrides {
+			where := fmt.Sprintf("policy %q override %d (tenant %q, subject %q)", name, i, o.Tenant, o.Subject)
+			if (shard.Key{Tenant: o.Tenant, Subject: "s", Policy: "p"}).Validate() != nil {
+				bad("%s: tenant must be 1 to %d bytes of visible ASCII", where, shard.MaxKeyPartLen)
+			}
+			if o.Subject != "" && (shard.Key{Tenant: "t", Subject: o.Subject, Policy: "p"}).Validate() != nil {
+				bad("%s: subject must be empty (every subject) or 1 to %d bytes of visible ASCII", where, shard.MaxKeyPartLen)
+			}
+			switch {
+			case o.Unlimited && o.Limit != 0:
+				bad("%s: give a limit or unlimited, not both", where)
+			case !o.Unlimited && o.Limit <= 0:
+				bad("%s: limit %d must be positive (or set unlimited)", where, o.Limit)
+			case !o.Unlimited:
+				op := p
+				op.Limit = o.Limit
+				if err := op.shard().Validate(); err != nil {
+					bad("%s: %v", where, err)
+				}
+			}
+			if seen[ts{o.Tenant, o.Subject}] {
+				bad("%s: given twice", where)
+			}
+			seen[ts{o.Tenant, o.Subject}] = true
 		}
 	}
 	return errs

@@ -198,3 +198,117 @@ func TestPolicyRolling(t *testing.T) {
 		t.Fatalf("holders seen %v, want both", seen)
 	}
 }
+
+// TestOverrides checks which entry each key gets, the limit decisions
+// report, the unlimited exemption, validation, and that overrides are part
+// of the version.
+func TestOverrides(t *testing.T) {
+	api := PolicyConfig{Limit: 2, Window: time.Minute, Overrides: []Override{
+		{Tenant: "bigco", Limit: 4},
+		{Tenant: "bigco", Subject: "vip", Limit: 6},
+		{Tenant: "acme", Subject: "internal", Unlimited: true},
+	}}
+	c := startCluster(t, 1, Config{Policies: map[string]PolicyConfig{"api": api, "other": {Limit: 1, Window: time.Minute}}})
+	n := c.nodes[0]
+	ctx := context.Background()
+	cases := []struct {
+		name            string
+		tenant, subject string
+		admits          int   // admissions before the first refusal (-1: never refused)
+		limit           int64 // every decision's Limit
+		reason          Reason
+	}{
+		{"no override", "acme", "alice", 2, 2, ReasonAdmitted},
+		{"tenant override", "bigco", "bob", 4, 4, ReasonAdmitted},
+		{"subject override wins", "bigco", "vip", 6, 6, ReasonAdmitted},
+		{"unlimited subject", "acme", "internal", -1, 0, ReasonUnlimited},
+		{"other tenant's subject name", "other", "internal", 2, 2, ReasonAdmitted},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			key := Key{Tenant: tc.tenant, Subject: tc.subject, Policy: "api"}
+			for i := range 8 {
+				d, err := n.Allow(ctx, Request{Key: key})
+				if err != nil {
+					t.Fatalf("Allow #%d (%v) = %v", i, key, err)
+				}
+				wantAllowed := tc.admits < 0 || i < tc.admits
+				if d.Allowed != wantAllowed || d.Limit != tc.limit {
+					t.Fatalf("Allow #%d (%v) = %+v; want allowed=%v limit=%d", i, key, d, wantAllowed, tc.limit)
+				}
+				if wantAllowed && d.Reason != tc.reason {
+					t.Fatalf("Allow #%d (%v) reason %v, want %v", i, key, d.Reason, tc.reason)
+				}
+			}
+		})
+	}
+	// Hits are checked against the key's own limit.
+	if _, err := n.Allow(ctx, Request{Key: Key{Tenant: "bigco", Subject: "new", Policy: "api"}, Hits: 4}); err != nil {
+		t.Errorf("hits 4 under bigco's limit 4: %v", err)
+	}
+	if _, err := n.Allow(ctx, Request{Key: Key{Tenant: "acme", Subject: "new", Policy: "api"}, Hits: 4}); !errors.Is(err, ErrInvalidHits) {
+		t.Errorf("hits 4 above the policy's limit 2: %v, want ErrInvalidHits", err)
+	}
+	// A multi-policy check: the exempt policy takes no part.
+	d, err := n.Allow(ctx, Request{Key: Key{Tenant: "acme", Subject: "internal"}, Policies: []string{"api", "other"}})
+	if err != nil || !d.Allowed || d.Limit != 1 || len(d.Limits) != 2 || d.Limits[0].Limit != 0 || !d.Limits[0].Allowed {
+		t.Fatalf("multi check with an unlimited policy = %+v, %v; want admitted by other (limit 1), api exempt", d, err)
+	}
+	d, err = n.Allow(ctx, Request{Key: Key{Tenant: "acme", Subject: "internal"}, Policies: []string{"api", "other"}})
+	if err != nil || d.Allowed || d.RefusedBy != "other" {
+		t.Fatalf("second multi check = %+v, %v; want refused by other", d, err)
+	}
+
+	// Overrides are part of the version, in any order.
+	v := n.PolicyVersion()
+	rev := api
+	rev.Overrides = []Override{api.Overrides[2], api.Overrides[0], api.Overrides[1]}
+	if got := policyVersion(map[string]PolicyConfig{"api": rev, "other": {Limit: 1, Window: time.Minute}}); got != v {
+		t.Errorf("reordered overrides changed the version: %d vs %d", got, v)
+	}
+	less := api
+	less.Overrides = api.Overrides[:2]
+	if got := policyVersion(map[string]PolicyConfig{"api": less, "other": {Limit: 1, Window: time.Minute}}); got == v {
+		t.Error("dropping an override kept the version")
+	}
+
+	for _, tc := range []struct {
+		name string
+		o    Override
+		want string
+	}{
+		{"no tenant", Override{Limit: 1}, "tenant must be"},
+		{"bad subject", Override{Tenant: "t", Subject: "a b", Limit: 1}, "subject must be"},
+		{"no limit", Override{Tenant: "t"}, "must be positive"},
+		{"both", Override{Tenant: "t", Limit: 3, Unlimited: true}, "not both"},
+	} {
+		p := PolicyConfig{Limit: 2, Window: time.Minute, Overrides: []Override{tc.o}}
+		if err := n.SetPolicies(map[string]PolicyConfig{"api": p}); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: SetPolicies = %v; want ErrInvalidConfig containing %q", tc.name, err, tc.want)
+		}
+	}
+	dup := PolicyConfig{Limit: 2, Window: time.Minute, Overrides: []Override{{Tenant: "t", Limit: 1}, {Tenant: "t", Limit: 2}}}
+	if err := n.SetPolicies(map[string]PolicyConfig{"api": dup}); err == nil || !strings.Contains(err.Error(), "given twice") {
+		t.Errorf("duplicate override: %v, want given twice", err)
+	}
+	if n.PolicyVersion() != v {
+		t.Error("a refused table changed the version")
+	}
+}
+
+// TestOverrideLookupAllocs checks that resolving an override allocates
+// nothing on the decision path.
+func TestOverrideLookupAllocs(t *testing.T) {
+	p := newPolicy("api", PolicyConfig{Limit: 2, Window: time.Minute, Overrides: []Override{
+		{Tenant: "bigco", Limit: 4}, {Tenant: "bigco", Subject: "vip", Limit: 6},
+	}})
+	var sink *policy
+	if a := testing.AllocsPerRun(100, func() {
+		sink = p.forKey("bigco", "vip")
+		sink = p.forKey("bigco", "x")
+		sink = p.forKey("acme", "x")
+	}); a != 0 {
+		t.Fatalf("forKey allocates %.1f times, want 0", a)
+	}
+	_ = sink
+}
