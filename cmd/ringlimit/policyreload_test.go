@@ -271,3 +271,64 @@ func TestReloadRolling(t *testing.T) {
 		}
 	}
 }
+
+// TestOverrideServe checks overrides through serve's HTTP API: the
+// effective limit in the body and in RateLimit-Policy, an unlimited
+// subject, and an override added by a reload.
+func TestOverrideServe(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	const base = `policies:
+  - name: api
+    limit: 2
+    window: 1m
+    overrides:
+      - {tenant: bigco, limit: 5}
+      - {tenant: acme, subject: internal, unlimited: true}
+`
+	file := writeFile(t, dir, "p.yaml", base)
+	p := startServe(t, "over", nil, "--policies", file, "--policies-poll", "100ms")
+	check := "http://" + p.httpAddr + "/v1/check"
+	body := func(tenant, subject string) string {
+		return fmt.Sprintf(`{"tenant":%q,"subject":%q,"policy":"api"}`, tenant, subject)
+	}
+	for _, tc := range []struct {
+		name, tenant, subject string
+		admits                int
+		limit                 float64
+		policyHeader          string
+	}{
+		{"policy limit", "acme", "alice", 2, 2, `"api";q=2;w=60`},
+		{"tenant override", "bigco", "bob", 5, 5, `"api";q=5;w=60`},
+		{"unlimited", "acme", "internal", 8, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range 8 {
+				r := doHTTP(t, "POST", check, body(tc.tenant, tc.subject))
+				want := 200
+				if i >= tc.admits {
+					want = 429
+				}
+				if r.status != want || r.body["limit"] != tc.limit || r.header.Get("RateLimit-Policy") != tc.policyHeader {
+					t.Fatalf("check #%d: %d %s RateLimit-Policy %q; want %d, limit %v, RateLimit-Policy %q",
+						i, r.status, r.raw, r.header.Get("RateLimit-Policy"), want, tc.limit, tc.policyHeader)
+				}
+				if tc.limit == 0 && (r.body["reason"] != "unlimited" || r.header.Get("RateLimit-Reason") != "unlimited") {
+					t.Fatalf("unlimited check #%d: %s, RateLimit-Reason %q", i, r.raw, r.header.Get("RateLimit-Reason"))
+				}
+			}
+		})
+	}
+	// A reload adds an override for alice: her log (2 admissions) now
+	// counts against 3.
+	replaceFile(t, dir, "p.yaml", base+"      - {tenant: acme, subject: alice, limit: 3}\n")
+	waitFor(t, 10*time.Second, "the reload", func() bool {
+		return strings.Contains(p.logText(), `"msg":"policy table reloaded"`)
+	})
+	if r := doHTTP(t, "POST", check, body("acme", "alice")); r.status != 200 || r.body["limit"] != 3.0 || r.body["remaining"] != 0.0 {
+		t.Fatalf("alice after her override: %d %s; want admitted, limit 3, remaining 0", r.status, r.raw)
+	}
+	if r := doHTTP(t, "POST", check, body("acme", "alice")); r.status != 429 {
+		t.Fatalf("alice's 4th: %d %s; want 429", r.status, r.raw)
+	}
+}

@@ -745,6 +745,11 @@ func (a *httpAPI) multiHeaders(h http.Header, names []string, d peer.Decision) {
 		}
 	}
 	for _, l := range d.Limits {
+		if l.Limit == 0 {
+			// An unlimited override exempts the key from this policy:
+			// no quota to advertise.
+			continue
+		}
 		tmp := http.Header{}
 		peer.RateLimitHeaders(tmp, l.Policy, a.policy(l.Policy), peer.Decision{
 			Allowed: l.Allowed, Limit: l.Limit, Remaining: l.Remaining, RetryAfter: l.RetryAfter, ResetAfter: l.ResetAfter, Reason: d.Reason})
@@ -754,7 +759,11 @@ func (a *httpAPI) multiHeaders(h http.Header, names []string, d peer.Decision) {
 			retry = tmp.Get("Retry-After")
 		}
 	}
-	h.Set("RateLimit-Policy", strings.Join(pols, ", "))
+	if len(pols) > 0 {
+		h.Set("RateLimit-Policy", strings.Join(pols, ", "))
+	} else {
+		h.Del("RateLimit-Policy")
+	}
 	if len(states) > 0 {
 		h.Set("RateLimit", strings.Join(states, ", "))
 	} else {
