@@ -152,12 +152,13 @@ func TestPolicyReadLockFree(t *testing.T) {
 
 // TestPolicyRolling runs two members with different tables: neither
 // ignores the other, each gossips its version, and each key is decided
-// with its holder's table.
+// with its holder's table, overrides included (n1's table has one for
+// tenant "t" that n0's lacks).
 func TestPolicyRolling(t *testing.T) {
 	old := map[string]PolicyConfig{"p": {Limit: 3, Window: time.Minute}}
 	c := startCluster(t, 2, Config{Policies: old})
 	n0, n1 := c.nodes[0], c.nodes[1]
-	if err := n1.SetPolicies(map[string]PolicyConfig{"p": {Limit: 7, Window: time.Minute}}); err != nil {
+	if err := n1.SetPolicies(map[string]PolicyConfig{"p": {Limit: 7, Window: time.Minute, Overrides: []Override{{Tenant: "t", Limit: 9}}}}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -178,7 +179,7 @@ func TestPolicyRolling(t *testing.T) {
 			t.Fatalf("%s not ready with a rolling table change: %s", nd.Name(), reason)
 		}
 	}
-	want := map[string]int64{"n0": 3, "n1": 7}
+	want := map[string]int64{"n0": 3, "n1": 9}
 	seen := map[string]bool{}
 	ctx := context.Background()
 	for i := 0; i < 64 && len(seen) < 2; i++ {
