@@ -173,6 +173,34 @@ func ParseReplication(s string) (Replication, error) {
 	return 0, fmt.Errorf("%w: unknown replication %q (want sync, async or off)", ErrInvalidConfig, s)
 }
 
+// For returns the entry that applies to the keys of tenant and subject:
+// p with the limit of the override that covers them (a (tenant, subject)
+// override before a tenant's), or p itself; Limit is 0 for an Unlimited
+// override. Overrides is nil in the result. It scans the overrides: for
+// error and unavailability answers, not for the decision path (which uses
+// the node's prepared table).
+func (p PolicyConfig) For(tenant, subject string) PolicyConfig {
+	var hit *Override
+	for i := range p.Overrides {
+		o := &p.Overrides[i]
+		if o.Tenant != tenant {
+			continue
+		}
+		if o.Subject == subject {
+			hit = o
+			break
+		}
+		if o.Subject == "" {
+			hit = o
+		}
+	}
+	p.Overrides = nil
+	if hit != nil {
+		p.Limit = hit.Limit
+	}
+	return p
+}
+
 func (p PolicyConfig) shard() shard.Policy {
 	return shard.Policy{Limit: p.Limit, Window: p.Window, Algorithm: p.Algorithm, Resolution: p.Resolution}
 }

@@ -211,9 +211,10 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, key Key, err e
 	// quota applies. The policy is unknown only if the node closed before
 	// looking it up.
 	pc, known := m.policy(key.Policy)
+	pc = pc.For(key.Tenant, key.Subject)
 	unavailable := status == http.StatusServiceUnavailable
 	switch {
-	case unavailable && known:
+	case unavailable && known && pc.Limit > 0:
 		UnavailableHeaders(w.Header(), key.Policy, pc)
 	case unavailable:
 		w.Header().Set("Retry-After", strconv.FormatInt(RetryAfterSeconds(UnavailableRetryAfter), 10))

@@ -313,3 +313,22 @@ func TestOverrideLookupAllocs(t *testing.T) {
 	}
 	_ = sink
 }
+
+// TestPolicyConfigFor checks the exported override resolution used by
+// error and unavailability answers.
+func TestPolicyConfigFor(t *testing.T) {
+	pc := PolicyConfig{Limit: 2, Window: time.Minute, Overrides: []Override{
+		{Tenant: "bigco", Subject: "vip", Limit: 6}, {Tenant: "bigco", Limit: 4}, {Tenant: "acme", Subject: "internal", Unlimited: true},
+	}}
+	for _, tc := range []struct {
+		tenant, subject string
+		want            int64
+	}{
+		{"bigco", "vip", 6}, {"bigco", "x", 4}, {"acme", "internal", 0}, {"acme", "x", 2}, {"other", "vip", 2},
+	} {
+		got := pc.For(tc.tenant, tc.subject)
+		if got.Limit != tc.want || got.Overrides != nil || got.Window != pc.Window {
+			t.Errorf("For(%q, %q) = %+v; want limit %d, no overrides, the policy's window", tc.tenant, tc.subject, got, tc.want)
+		}
+	}
+}

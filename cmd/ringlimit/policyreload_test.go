@@ -319,6 +319,11 @@ func TestOverrideServe(t *testing.T) {
 			}
 		})
 	}
+	// Hits are bounded by the key's own limit, and the error says which.
+	r := doHTTP(t, "POST", check, `{"tenant":"bigco","subject":"new","policy":"api","hits":6}`)
+	if e, _ := r.body["error"].(string); r.status != 400 || !strings.Contains(e, "limit 5") {
+		t.Fatalf("hits 6 for bigco: %d %s; want 400 naming the limit 5", r.status, r.raw)
+	}
 	// A reload adds an override for alice: her log (2 admissions) now
 	// counts against 3.
 	replaceFile(t, dir, "p.yaml", base+"      - {tenant: acme, subject: alice, limit: 3}\n")

@@ -813,12 +813,12 @@ func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
 	case errors.Is(err, peer.ErrInvalidHits):
 		if len(names) > 1 {
 			for _, name := range names {
-				if lim := a.policy(name).Limit; b.Hits > lim {
+				if lim := a.policy(name).For(b.Tenant, b.Subject).Limit; b.Hits > lim && lim > 0 {
 					return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("invalid hits %d: above policy %q's limit %d; a multi-policy check must fit every policy", b.Hits, name, lim)}
 				}
 			}
 		}
-		return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("invalid hits %d: must be between 1 and the policy's limit %d (0 means 1)", b.Hits, a.policy(names[0]).Limit)}
+		return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("invalid hits %d: must be between 1 and the policy's limit %d (0 means 1)", b.Hits, a.policy(names[0]).For(b.Tenant, b.Subject).Limit)}
 	case errors.Is(err, peer.ErrUnavailable), errors.Is(err, peer.ErrClosed):
 		// Unavailable is never 429: the limiter could not decide. The
 		// cause (addresses, refused connections) stays in the node's own
@@ -836,8 +836,9 @@ func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
 		var pols []string
 		for _, name := range names {
 			pc, known := a.pols.Policy(name)
-			if !known {
-				continue
+			pc = pc.For(b.Tenant, b.Subject)
+			if !known || pc.Limit == 0 {
+				continue // unknown, or exempt by an unlimited override
 			}
 			tmp := http.Header{}
 			peer.UnavailableHeaders(tmp, name, pc)
