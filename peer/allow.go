@@ -39,15 +39,18 @@ func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
 	if !ok {
 		return Decision{}, fmt.Errorf("%w: %w", ErrInvalidKey, req.Key.Validate())
 	}
-	p := n.policies[req.Key.Policy]
+	// The table is read once: this request decides (or forwards) with it
+	// even if SetPolicies swaps it meanwhile.
+	p := n.table.Load().byName[req.Key.Policy]
 	if p == nil {
 		return Decision{}, fmt.Errorf("%w: %q", ErrUnknownPolicy, req.Key.Policy)
 	}
+	p = p.forKey(req.Key.Tenant, req.Key.Subject)
 	hits := req.Hits
 	if hits == 0 {
 		hits = 1
 	}
-	if hits < 0 || hits > p.sp.Limit {
+	if hits < 0 || hits > p.sp.Limit && !p.unlimited {
 		return Decision{}, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, p.sp.Limit)
 	}
 	// ek travels beside r, not in it: r's strings leak (to replication,
@@ -138,6 +141,7 @@ func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*
 // through r would make escape analysis move ekBuf to the heap.
 func (n *Node) parseReqInto(r *opReq, op peerpb.Op, key Key, policies []string, hits int64, ekBuf []byte) (ek []byte, err error) {
 	*r = opReq{op: op, key: key}
+	tab := n.table.Load() // once per request
 	if hits == 0 {
 		hits = 1
 	}
@@ -169,11 +173,12 @@ func (n *Node) parseReqInto(r *opReq, op peerpb.Op, key Key, policies []string, 
 					return nil, fmt.Errorf("%w: policy %q named twice", ErrInvalidKey, name)
 				}
 			}
-			p := n.policies[name]
+			p := tab.byName[name]
 			if p == nil {
 				return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
 			}
-			if hits > p.sp.Limit {
+			p = p.forKey(key.Tenant, key.Subject)
+			if hits > p.sp.Limit && !p.unlimited {
 				return nil, fmt.Errorf("%w: hits %d exceed policy %q's limit %d", ErrInvalidHits, hits, name, p.sp.Limit)
 			}
 			r.multi = append(r.multi, p)
@@ -186,11 +191,12 @@ func (n *Node) parseReqInto(r *opReq, op peerpb.Op, key Key, policies []string, 
 	if !ok {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidKey, key.Validate())
 	}
-	r.p = n.policies[key.Policy]
+	r.p = tab.byName[key.Policy]
 	if r.p == nil {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, key.Policy)
 	}
-	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK) && hits > r.p.sp.Limit {
+	r.p = r.p.forKey(key.Tenant, key.Subject)
+	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK) && hits > r.p.sp.Limit && !r.p.unlimited {
 		return nil, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, r.p.sp.Limit)
 	}
 	return ek, nil
@@ -398,6 +404,11 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		n.kickOwnership()
 		return Decision{}, waitHere, ch, nil
 	}
+	if p.unlimited {
+		// The holder's table exempts the key: nothing to count or copy.
+		pt.mu.RUnlock()
+		return unlimitedDecision(n.name, v, now), decided, nil, nil
+	}
 	sd, err := pt.store.AllowEncoded(ek, p.sp, hits, now)
 	if err != nil {
 		pt.mu.RUnlock()
@@ -459,12 +470,19 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 
 const hotSample = 8
 
+// unlimitedDecision is the holder's answer for a key an Unlimited override
+// covers.
+func unlimitedDecision(owner string, v *view, now time.Time) Decision {
+	return Decision{Allowed: true, Reason: ReasonUnlimited, Owner: owner, RingVersion: v.snap.Version(), DecidedAt: now}
+}
+
 // unavailable applies the failure policy to a request the holder could
 // not decide: a check takes its policy's OnUnavailable (for several
 // policies, fail closed if any of them does, else the first's); peeks,
 // refunds and resets are never answered without their holder.
 func (n *Node) unavailable(r *opReq, cause error) (Decision, error) {
 	if r.op != peerpb.Op_OP_CHECK {
+		// Never answered without the holder, even for an unlimited key.
 		return n.onUnavailable(&policy{name: r.p.name, sp: r.p.sp}, r.key, r.hits, cause)
 	}
 	p := r.p
@@ -495,6 +513,12 @@ func (n *Node) onUnavailable(p *policy, key Key, hits int64, cause error) (Decis
 		return Decision{}, cause
 	}
 	v := n.view.Load()
+	if p.unlimited {
+		// This node's table exempts the key; the holder's would most
+		// likely too. Admitting is what the exemption asks for.
+		n.metrics.Decision(p.name, ReasonUnlimited, PathLocal)
+		return Decision{Allowed: true, Reason: ReasonUnlimited, Owner: n.name, RingVersion: v.snap.Version()}, nil
+	}
 	switch p.cfg.OnUnavailable {
 	case FailOpen:
 		n.warnThrottled("owner unavailable: failing open", "policy", p.name, "err", cause)

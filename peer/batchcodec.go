@@ -386,6 +386,7 @@ type packedAdmit struct {
 // returns the packed answer.
 func (n *Node) applyPackedAdmits(sender string, b []byte, closing, quorum bool) ([]byte, error) {
 	r := &packedReader{s: string(b)} // the request's one string allocation
+	tab := n.table.Load()            // once per request
 	nops := r.count(maxWireBatch, 3)
 	out := binary.AppendUvarint(make([]byte, 0, 8+16*nops), uint64(nops))
 	var runs []shard.Run
@@ -405,7 +406,7 @@ func (n *Node) applyPackedAdmits(sender string, b []byte, closing, quorum bool) 
 			if alg > 255 || st.Validate() != nil {
 				continue // malformed: skipped, as applyOp skips it
 			}
-			if p := n.policies[k.Policy]; p != nil && p.sp.Algorithm == st.Algorithm {
+			if p := tab.byName[k.Policy]; p != nil && p.sp.Algorithm == st.Algorithm {
 				ents = append(ents, packedAdmit{st: st, p: p})
 			}
 		}

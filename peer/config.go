@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sort"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -111,6 +110,30 @@ type PolicyConfig struct {
 	// admissions to the partition's backup before a crash can lose them.
 	// Zero means ReplicateSync.
 	Replication Replication
+	// Overrides give exact tenants, or (tenant, subject) pairs, another
+	// limit than Limit, or none. A (tenant, subject) override wins over a
+	// tenant's. Everything else (window, algorithm, failure policy,
+	// replication) is the policy's. They are part of the table and of its
+	// version; the holder applies its own. Nil means none.
+	Overrides []Override
+}
+
+// Override is one exception in a policy: the keys of Tenant (and, when
+// Subject is set, of that subject only) are limited by Limit instead of
+// the policy's, or not at all when Unlimited. An unlimited key is admitted
+// without being recorded (Reason ReasonUnlimited, Limit 0).
+type Override struct {
+	// Tenant is the key's tenant, exactly. Required.
+	Tenant string
+	// Subject is the key's subject, exactly; "" means every subject of
+	// Tenant.
+	Subject string
+	// Limit replaces the policy's limit. Must be positive unless
+	// Unlimited.
+	Limit int64
+	// Unlimited admits every request of these keys without counting.
+	// Limit must then be zero.
+	Unlimited bool
 }
 
 // Replication is how a policy's admissions reach the partition's backup.
@@ -150,6 +173,34 @@ func ParseReplication(s string) (Replication, error) {
 	return 0, fmt.Errorf("%w: unknown replication %q (want sync, async or off)", ErrInvalidConfig, s)
 }
 
+// For returns the entry that applies to the keys of tenant and subject:
+// p with the limit of the override that covers them (a (tenant, subject)
+// override before a tenant's), or p itself; Limit is 0 for an Unlimited
+// override. Overrides is nil in the result. It scans the overrides: for
+// error and unavailability answers, not for the decision path (which uses
+// the node's prepared table).
+func (p PolicyConfig) For(tenant, subject string) PolicyConfig {
+	var hit *Override
+	for i := range p.Overrides {
+		o := &p.Overrides[i]
+		if o.Tenant != tenant {
+			continue
+		}
+		if o.Subject == subject {
+			hit = o
+			break
+		}
+		if o.Subject == "" {
+			hit = o
+		}
+	}
+	p.Overrides = nil
+	if hit != nil {
+		p.Limit = hit.Limit
+	}
+	return p
+}
+
 func (p PolicyConfig) shard() shard.Policy {
 	return shard.Policy{Limit: p.Limit, Window: p.Window, Algorithm: p.Algorithm, Resolution: p.Resolution}
 }
@@ -180,7 +231,9 @@ type Config struct {
 	// Join lists gossip addresses of existing members. Zero means start a
 	// new cluster.
 	Join []string
-	// Policies is the server-side policy table, by policy name. Zero means
+	// Policies is the server-side policy table, by policy name: the node's
+	// initial table (Node.SetPolicies replaces it). Members may run
+	// different tables; each holder decides with its own. Zero means
 	// {"default": 100 per minute, sliding log, fail closed}.
 	Policies map[string]PolicyConfig
 	// Ring holds the placement parameters; zero fields take ring's defaults.
@@ -408,23 +461,7 @@ func (c Config) validate() error {
 			bad("%s %q: %v", a.name, a.v, err)
 		}
 	}
-	for name, p := range c.Policies {
-		if err := (shard.Key{Tenant: "t", Subject: "s", Policy: name}).Validate(); err != nil {
-			bad("policy name %q: must be 1 to %d bytes of visible ASCII", name, shard.MaxKeyPartLen)
-		}
-		if err := p.shard().Validate(); err != nil {
-			bad("policy %q: %v", name, err)
-		}
-		if p.OnUnavailable > Fallback {
-			bad("policy %q: unknown on_unavailable %d", name, p.OnUnavailable)
-		}
-		if p.Replication > ReplicateOff {
-			bad("policy %q: unknown replication %d", name, p.Replication)
-		}
-		if p.FallbackLimit < 0 {
-			bad("policy %q: fallback limit %d must not be negative", name, p.FallbackLimit)
-		}
-	}
+	errs = append(errs, validatePolicies(c.Policies)...)
 	if err := c.Ring.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidConfig, err))
 	}
@@ -472,43 +509,17 @@ func (c Config) validate() error {
 	return errors.Join(errs...)
 }
 
-// fingerprint identifies the cluster-wide contract: ring placement and the
-// policy table. Members gossip it; a member with another fingerprint is
-// never used as an owner.
-//
-// It covers exactly what changes an owner's decision, so that two tables
-// that decide alike agree and two that do not differ:
-//   - name, Limit, Window and Algorithm;
-//   - Resolution, normalized (zero is shard.DefaultResolution) and only for
-//     the sliding log, the one algorithm that reads it: 0 and an explicit
-//     1ms are the same table;
-//   - Shadow: a shadow-mode owner admits every request, so a ring where
-//     some members shadow a policy and others do not enforces it by chance.
-//
-// It leaves out OnUnavailable and FallbackLimit: they are applied by the
-// node that cannot reach the owner, never by the owner, so members may
-// differ in them without any owner deciding differently.
+// fingerprint identifies the cluster-wide placement contract: the ring
+// parameters and how keys map to partitions. Members gossip it; a member
+// with another fingerprint is never used as an owner. The policy table is
+// not part of it: each holder decides with its own table, and its version
+// is gossiped separately (see policyTable), so a rolling policy change
+// never splits the ring.
 func (c Config) fingerprint() uint64 {
 	h := xxhash.New()
 	// Placement hashes (tenant, subject) to a partition and ownership moves
 	// by partition with epochs: both are part of the contract.
 	fmt.Fprintf(h, "ring=%d;placement=%s;", c.Ring.Fingerprint(), placementScheme)
-	names := make([]string, 0, len(c.Policies))
-	for n := range c.Policies {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		p := c.Policies[n]
-		res := time.Duration(0)
-		if p.Algorithm == shard.SlidingLog {
-			res = p.Resolution
-			if res == 0 {
-				res = shard.DefaultResolution
-			}
-		}
-		fmt.Fprintf(h, "%q=%d/%d/%d/%d/%t;", n, p.Limit, p.Window, p.Algorithm, res, p.Shadow)
-	}
 	return h.Sum64()
 }
 

@@ -64,12 +64,15 @@ const (
 	ReasonRefunded
 	// ReasonReset: the holder cleared the key.
 	ReasonReset
+	// ReasonUnlimited: an Unlimited override covers the key; admitted
+	// without counting (Limit and Remaining are 0).
+	ReasonUnlimited
 )
 
-var reasonNames = [...]string{"", "admitted", "over_limit", "shadow", "failed_open", "fallback", "unavailable", "peek", "refunded", "reset"}
+var reasonNames = [...]string{"", "admitted", "over_limit", "shadow", "failed_open", "fallback", "unavailable", "peek", "refunded", "reset", "unlimited"}
 
 // String returns the reason's stable name: admitted, over_limit, shadow,
-// failed_open, fallback, unavailable, peek, refunded or reset.
+// failed_open, fallback, unavailable, peek, refunded, reset or unlimited.
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) && r != 0 {
 		return reasonNames[r]

@@ -83,7 +83,7 @@ type AdmissionRun struct {
 	Count int64
 }
 
-// Fingerprint returns the placement and policy fingerprint n gossips.
+// Fingerprint returns the placement fingerprint n gossips.
 func (n *Node) Fingerprint() uint64 { return n.fp }
 
 // GossipMembers returns how many members n's memberlist knows, whatever

@@ -379,18 +379,19 @@ func (w *logWatch) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
-// TestInputFingerprintMismatch joins a node whose policy table differs. It
-// gossips with the cluster, but each side logs the mismatch and leaves the
-// other out of its ring, so it never owns a key of the cluster's.
+// TestInputFingerprintMismatch joins a node whose placement (ring
+// parameters) differs. It gossips with the cluster, but each side logs the
+// mismatch and leaves the other out of its ring, so it never owns a key of
+// the cluster's. (Another policy table is no mismatch: TestPolicyRolling.)
 func TestInputFingerprintMismatch(t *testing.T) {
-	const msg = "member ignored: placement or policy fingerprint differs"
+	const msg = "member ignored: placement fingerprint differs"
 	watches := []*logWatch{newLogWatch(msg), newLogWatch(msg)}
 	c := startClusterWith(t, 2, Config{
 		Policies: map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}},
 	}, func(i int, cfg *Config) { cfg.Logger = slog.New(watches[i]) })
 	oddWatch := newLogWatch(msg)
 	odd := c.addWith("odd", func(cfg *Config) {
-		cfg.Policies = map[string]PolicyConfig{"p": {Limit: 500, Window: time.Minute}}
+		cfg.Ring.PartitionCount = 97
 		cfg.Logger = slog.New(oddWatch)
 	})
 	waits := []struct {

@@ -47,16 +47,23 @@ type meta struct {
 	// yet, and from older members. Two clusters founded separately never
 	// merge: each ignores the other's members (see rebuild).
 	cluster uint64
+	// policies is the version of the member's policy table (policyVersion);
+	// zero from members older than version 5. It is reported, never
+	// compared: each holder decides with its own table.
+	policies uint64
 }
 
-// metaVersion 4 is: version, flags, fingerprint, start id, cluster id,
-// rpc address (8-byte big-endian numbers). Versions 3 (without the cluster
-// id) and 2 (without start and cluster ids) are still decoded, so a rolling
-// upgrade can read older members.
-const metaVersion = 4
+// metaVersion 5 is: version, flags, fingerprint (placement only), start
+// id, cluster id, policy table version, rpc address (8-byte big-endian
+// numbers). Versions 4 (without the policy version), 3 (without the
+// cluster id either) and 2 (without start and cluster ids) are still
+// decoded, so a rolling upgrade can read older members; their fingerprint
+// also covered the policy table, so they match only members of their own
+// version.
+const metaVersion = 5
 
 func (m meta) encode() []byte {
-	b := make([]byte, 0, 26+len(m.rpcAddr))
+	b := make([]byte, 0, 34+len(m.rpcAddr))
 	b = append(b, metaVersion)
 	var flags byte
 	if m.draining {
@@ -66,13 +73,16 @@ func (m meta) encode() []byte {
 	b = binary.BigEndian.AppendUint64(b, m.fingerprint)
 	b = binary.BigEndian.AppendUint64(b, m.start)
 	b = binary.BigEndian.AppendUint64(b, m.cluster)
+	b = binary.BigEndian.AppendUint64(b, m.policies)
 	return append(b, m.rpcAddr...)
 }
 
 func decodeMeta(b []byte) (meta, error) {
-	addrAt := 26
+	addrAt := 34
 	switch {
-	case len(b) >= 26 && b[0] == metaVersion:
+	case len(b) >= 34 && b[0] == metaVersion:
+	case len(b) >= 26 && b[0] == 4:
+		addrAt = 26
 	case len(b) >= 18 && b[0] == 3:
 		addrAt = 18
 	case len(b) >= 10 && b[0] == 2:
@@ -84,8 +94,11 @@ func decodeMeta(b []byte) (meta, error) {
 	if addrAt >= 18 {
 		m.start = binary.BigEndian.Uint64(b[10:18])
 	}
-	if addrAt == 26 {
+	if addrAt >= 26 {
 		m.cluster = binary.BigEndian.Uint64(b[18:26])
+	}
+	if addrAt >= 34 {
+		m.policies = binary.BigEndian.Uint64(b[26:34])
 	}
 	if _, _, err := net.SplitHostPort(m.rpcAddr); err != nil {
 		return meta{}, fmt.Errorf("peer: member metadata rpc address: %w", err)
@@ -336,6 +349,7 @@ func (n *Node) rebuild() {
 	draining := n.closing.Load()
 	mine := n.adoptCluster(members)
 	starts := make(map[string]uint64, len(members))
+	pvs := make(map[string]uint64, len(members))
 	for name, raw := range members {
 		md, err := decodeMeta(raw)
 		switch {
@@ -345,8 +359,8 @@ func (n *Node) rebuild() {
 			}
 			continue
 		case md.fingerprint != n.fp:
-			if n.ignore(name, "placement or policy fingerprint differs") {
-				n.log.Warn("member ignored: placement or policy fingerprint differs", "peer", name,
+			if n.ignore(name, "placement fingerprint differs") {
+				n.log.Warn("member ignored: placement fingerprint differs", "peer", name,
 					"fingerprint", fmt.Sprintf("%016x", md.fingerprint), "want", fmt.Sprintf("%016x", n.fp))
 			}
 			continue
@@ -359,11 +373,13 @@ func (n *Node) rebuild() {
 		}
 		alive[name] = md.rpcAddr
 		starts[name] = md.start
+		pvs[name] = md.policies
 		if md.draining || name == n.name && draining {
 			continue // never a target
 		}
 		names = append(names, name)
 	}
+	n.notePolicyVersions(pvs)
 	n.noteRestarts(evs, starts)
 	n.noteIncarnations(starts)
 	ignored := n.commitIgnored()

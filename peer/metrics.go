@@ -62,6 +62,10 @@ type Metrics interface {
 	// ready, else one of ReadyReasonClosing, ReadyReasonAlone or
 	// ReadyReasonIgnored. Called from New and the rebuild goroutine.
 	Ready(ready bool, reason string)
+	// PolicyTable reports the outcome of installing a policy table (New's,
+	// and each Node.SetPolicies): ok with the new table's version, or not
+	// ok (the table was refused) with the version still in force.
+	PolicyTable(version uint64, ok bool)
 }
 
 type nopMetrics struct{}
@@ -77,3 +81,4 @@ func (nopMetrics) Backup(string, string, int)            {}
 func (nopMetrics) HotKeys([]HotKey)                      {}
 func (nopMetrics) PeerRPCOpen(bool)                      {}
 func (nopMetrics) Ready(bool, string)                    {}
+func (nopMetrics) PolicyTable(uint64, bool)              {}

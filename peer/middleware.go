@@ -40,6 +40,12 @@ type Limiter interface {
 	Policies() map[string]PolicyConfig
 }
 
+// policyLooker is a Limiter whose table can change (as *Node's, by
+// SetPolicies): the middleware looks each request's policy up in it.
+type policyLooker interface {
+	Policy(name string) (PolicyConfig, bool)
+}
+
 // MiddlewareConfig configures Middleware.
 type MiddlewareConfig struct {
 	// Limiter decides; usually the embedded *Node. Required.
@@ -93,8 +99,9 @@ type MiddlewareConfig struct {
 // handler answers every request through OnError with an error wrapping
 // ErrInvalidConfig (500 by default) rather than panicking.
 //
-// The policy table is read once, here; the returned handler is safe for
-// concurrent use.
+// The policy is looked up per request when the Limiter has a Policy(name)
+// method (as *Node has: its table can be replaced), else the table is read
+// once, here. The returned handler is safe for concurrent use.
 func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
 	m := &middleware{cfg: cfg, next: next, log: cfg.Logger}
 	if m.log == nil {
@@ -114,14 +121,19 @@ func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
 		m.cfgErr = fmt.Errorf("%w: middleware without %s", ErrInvalidConfig, strings.Join(missing, ", "))
 		return m
 	}
-	m.policies = cfg.Limiter.Policies()
+	if pl, ok := cfg.Limiter.(policyLooker); ok {
+		m.lookup = pl
+	} else {
+		m.policies = cfg.Limiter.Policies()
+	}
 	return m
 }
 
 type middleware struct {
 	cfg      MiddlewareConfig
 	next     http.Handler
-	policies map[string]PolicyConfig // read once: the table is fixed for a node's life
+	lookup   policyLooker            // per request, when the limiter has one
+	policies map[string]PolicyConfig // else read once
 	log      *slog.Logger
 	cfgErr   error
 }
@@ -151,7 +163,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.fail(w, r, key, err)
 		return
 	}
-	pc := m.policies[key.Policy]
+	pc, _ := m.policy(key.Policy)
 	RateLimitHeaders(w.Header(), key.Policy, pc, d)
 	if d.Allowed {
 		m.next.ServeHTTP(w, r)
@@ -164,6 +176,15 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Limit:             d.Limit,
 		RetryAfterSeconds: resetSeconds(pc, d),
 	})
+}
+
+// policy returns the limiter's current entry for name.
+func (m *middleware) policy(name string) (PolicyConfig, bool) {
+	if m.lookup != nil {
+		return m.lookup.Policy(name)
+	}
+	pc, ok := m.policies[name]
+	return pc, ok
 }
 
 // fail logs err and answers it through OnError, or with the middleware's own
@@ -189,10 +210,11 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, key Key, err e
 	// A 503 tells the client what a 429 would: when to retry and which
 	// quota applies. The policy is unknown only if the node closed before
 	// looking it up.
-	pc, known := m.policies[key.Policy]
+	pc, known := m.policy(key.Policy)
+	pc = pc.For(key.Tenant, key.Subject)
 	unavailable := status == http.StatusServiceUnavailable
 	switch {
-	case unavailable && known:
+	case unavailable && known && pc.Limit > 0:
 		UnavailableHeaders(w.Header(), key.Policy, pc)
 	case unavailable:
 		w.Header().Set("Retry-After", strconv.FormatInt(RetryAfterSeconds(UnavailableRetryAfter), 10))
@@ -266,9 +288,18 @@ func policyField(policy string, pc PolicyConfig, limit int64) string {
 // headers and the body agree. A failed-open decision carries no
 // knowledge of the key's state, so RateLimit is omitted. For reasons other
 // than admitted and over_limit, RateLimit-Reason names the reason
-// (failed_open, fallback or shadow). Existing values of these fields are
+// (failed_open, fallback or shadow). The quota is the decision's Limit,
+// which is an override's when one covers the key; a key an unlimited
+// override covers gets only "RateLimit-Reason: unlimited". Existing values of these fields are
 // replaced; Retry-After is left alone on an admitted decision.
 func RateLimitHeaders(h http.Header, policy string, pc PolicyConfig, d Decision) {
+	if d.Reason == ReasonUnlimited {
+		// No quota applies to the key: nothing to advertise.
+		h.Del("RateLimit-Policy")
+		h.Del("RateLimit")
+		h.Set("RateLimit-Reason", d.Reason.String())
+		return
+	}
 	name := sfString(policy)
 	limit := d.Limit
 	if limit == 0 {

@@ -27,13 +27,19 @@ import (
 // every other key to its owner. It is safe for concurrent use. Create it with
 // New and stop it with Close.
 type Node struct {
-	cfg      Config
-	name     string
-	log      *slog.Logger
-	clock    func() time.Time
-	metrics  Metrics
-	policies map[string]*policy
-	fp       uint64
+	cfg     Config
+	name    string
+	log     *slog.Logger
+	clock   func() time.Time
+	metrics Metrics
+	fp      uint64
+	// table is the current policy table, loaded once per request (see
+	// policyTable); policyMu serializes SetPolicies.
+	table    atomic.Pointer[policyTable]
+	policyMu sync.Mutex
+	// memberPolicies maps live members to the policy version they gossip
+	// (rebuild goroutine writes, readers copy).
+	memberPolicies atomic.Pointer[map[string]uint64]
 
 	pt       *partTable // every ring partition as this node sees it
 	own      ownState
@@ -84,11 +90,44 @@ type Node struct {
 	ops opsState // restarts, duplicate names, readiness, reconnects, peer auth
 }
 
-// policy is a table entry with its shard form precomputed.
+// policy is a table entry with its shard form precomputed, or the
+// effective entry of an override (cfg.Limit and sp.Limit are then the
+// override's, and over is nil).
 type policy struct {
 	name string
 	cfg  PolicyConfig
 	sp   shard.Policy
+	// unlimited marks an Unlimited override: admitted without a decision
+	// (sp is the policy's, for refunds and resets).
+	unlimited bool
+	// over holds the policy's overrides by tenant; nil without any.
+	over map[string]*tenantOverrides
+}
+
+// tenantOverrides are one tenant's overrides of a policy.
+type tenantOverrides struct {
+	all      *policy            // every subject of the tenant, or nil
+	subjects map[string]*policy // by exact subject, or nil
+}
+
+// forKey returns the entry that applies to the key of tenant and subject:
+// an override's, else p. Two map lookups with string keys: it neither
+// locks nor allocates.
+func (p *policy) forKey(tenant, subject string) *policy {
+	if p.over == nil {
+		return p
+	}
+	to := p.over[tenant]
+	if to == nil {
+		return p
+	}
+	if q := to.subjects[subject]; q != nil {
+		return q
+	}
+	if to.all != nil {
+		return to.all
+	}
+	return p
 }
 
 // New starts a node: it binds the gRPC listener and gossip, joins
@@ -110,7 +149,6 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		log:       cfg.Logger.With("node", cfg.Name),
 		clock:     cfg.Clock,
 		metrics:   cfg.Metrics,
-		policies:  make(map[string]*policy, len(cfg.Policies)),
 		fp:        cfg.fingerprint(),
 		pt:        newPartTable(cfg.Ring.PartitionCount),
 		started:   time.Now(),
@@ -121,9 +159,8 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		clients:   make(map[string]*client),
 		closed:    make(chan struct{}),
 	}
-	for name, p := range cfg.Policies {
-		n.policies[name] = &policy{name: name, cfg: p, sp: p.shard()}
-	}
+	n.table.Store(newPolicyTable(cfg.Policies))
+	n.metrics.PolicyTable(n.table.Load().version, true)
 	n.calls.New = func() any { return &call{done: make(chan callResult, 1)} }
 	n.replItems.New = func() any { return &replItem{ch: make(chan error, 1)} }
 	n.ops.init()
@@ -210,7 +247,7 @@ func (n *Node) meta(draining bool) meta {
 	if addr == "" {
 		addr = n.RPCAddr()
 	}
-	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining, start: n.ops.start, cluster: n.clusterID.Load()}
+	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining, start: n.ops.start, cluster: n.clusterID.Load(), policies: n.table.Load().version}
 }
 
 // leaveLinger is how long a leaving node keeps serving redirects after
@@ -265,10 +302,11 @@ func (n *Node) Owner(key Key) (string, error) {
 	return n.view.Load().snap.Owner(placement(ek)), nil
 }
 
-// Policies returns a copy of the node's policy table.
+// Policies returns a copy of the node's current policy table.
 func (n *Node) Policies() map[string]PolicyConfig {
-	out := make(map[string]PolicyConfig, len(n.policies))
-	for k, p := range n.policies {
+	t := n.table.Load()
+	out := make(map[string]PolicyConfig, len(t.byName))
+	for k, p := range t.byName {
 		out[k] = p.cfg
 	}
 	return out

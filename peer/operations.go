@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/peerpb"
@@ -58,6 +59,8 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 	switch {
 	case r.multi != nil:
 		d, waits, err = n.decideMultiLocked(pt, pid, r, now, d)
+	case r.op == peerpb.Op_OP_PEEK && r.p.unlimited:
+		d = unlimitedDecision(n.name, v, now)
 	case r.op == peerpb.Op_OP_PEEK:
 		var sd shard.Decision
 		sd, err = pt.store.Peek(r.key, r.p.sp, r.hits, now)
@@ -113,8 +116,21 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 	d.Limits = make([]PolicyDecision, len(r.multi))
 	var out [shard.MaxMulti]shard.Decision
 	refused := -1
+	// Policies an Unlimited override exempts take no part: they admit,
+	// record nothing, and are never the top-level answer unless all are.
+	counted := 0
+	for i, p := range r.multi {
+		if p.unlimited {
+			out[i] = shard.Decision{Allowed: true, Remaining: math.MaxInt64}
+		} else {
+			counted++
+		}
+	}
 	if r.op == peerpb.Op_OP_PEEK {
 		for i, p := range r.multi {
+			if p.unlimited {
+				continue
+			}
 			k := Key{Tenant: r.key.Tenant, Subject: r.key.Subject, Policy: p.name}
 			sd, err := pt.store.Peek(k, p.sp, r.hits, now)
 			if err != nil {
@@ -125,23 +141,40 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 				refused = i
 			}
 		}
-	} else {
-		items := make([]shard.MultiItem, len(r.multi))
+	} else if counted > 0 {
+		items := make([]shard.MultiItem, 0, counted)
+		idx := make([]int, 0, counted) // items[j] is r.multi[idx[j]]
 		for i, p := range r.multi {
-			items[i] = shard.MultiItem{Policy: p.name, P: p.sp, Hits: r.hits}
+			if !p.unlimited {
+				items = append(items, shard.MultiItem{Policy: p.name, P: p.sp, Hits: r.hits})
+				idx = append(idx, i)
+			}
 		}
-		var err error
-		refused, err = pt.store.AllowMulti(r.key.Tenant, r.key.Subject, items, now, out[:len(items)])
+		var res [shard.MaxMulti]shard.Decision
+		j, err := pt.store.AllowMulti(r.key.Tenant, r.key.Subject, items, now, res[:len(items)])
 		if err != nil {
 			if errors.Is(err, shard.ErrInvalidMulti) {
 				return d, nil, fmt.Errorf("%w: %w", ErrInvalidKey, err)
 			}
 			return d, nil, err
 		}
+		for k, i := range idx {
+			out[i] = res[k]
+		}
+		if j >= 0 {
+			refused = idx[j]
+		}
 	}
 	top := 0
 	for i, p := range r.multi {
 		sd := out[i]
+		if p.unlimited {
+			d.Limits[i] = PolicyDecision{Policy: p.name, Allowed: true}
+			if sd.Remaining < out[top].Remaining {
+				top = i
+			}
+			continue
+		}
 		if refused >= 0 && sd.Allowed && r.op != peerpb.Op_OP_PEEK {
 			// Nothing was recorded: report the state as it is, not as
 			// it would be had this policy alone admitted.
@@ -159,6 +192,9 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 	d = fillDecision(d, out[top], ReasonAdmitted)
 	d.Allowed = refused < 0
 	switch {
+	case counted == 0:
+		d.Allowed, d.Limit, d.Remaining, d.RetryAfter, d.ResetAfter, d.Reason = true, 0, 0, 0, 0, ReasonUnlimited
+		return d, nil, nil
 	case r.op == peerpb.Op_OP_PEEK:
 		d.Reason = ReasonPeek
 		return d, nil, nil
@@ -178,7 +214,7 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 		return d, nil, nil
 	}
 	for i, p := range r.multi {
-		if p.cfg.Replication == ReplicateOff {
+		if p.cfg.Replication == ReplicateOff || p.unlimited {
 			continue
 		}
 		k := Key{Tenant: r.key.Tenant, Subject: r.key.Subject, Policy: p.name}

@@ -14,13 +14,11 @@ import (
 // request names known policies, valid key parts and hits within every
 // named policy's limit (for checks and peeks).
 func FuzzParseRequest(f *testing.F) {
-	n := &Node{policies: map[string]*policy{}}
-	for name, pc := range map[string]PolicyConfig{
+	n := &Node{}
+	n.table.Store(newPolicyTable(map[string]PolicyConfig{
 		"a": {Limit: 5, Window: 1e9},
 		"b": {Limit: 1 << 62, Window: 1e9},
-	} {
-		n.policies[name] = &policy{name: name, cfg: pc, sp: pc.shard()}
-	}
+	}))
 	f.Add(int32(0), "t", "s", "a", "", int64(0))
 	f.Add(int32(0), "t", "s", "", "a,b", int64(5))
 	f.Add(int32(1), "t", "s", "b", "", int64(-1))
@@ -49,7 +47,7 @@ func FuzzParseRequest(f *testing.F) {
 			names = []string{pol}
 		}
 		for _, name := range names {
-			p := n.policies[name]
+			p := n.table.Load().byName[name]
 			if p == nil {
 				t.Fatalf("accepted unknown policy %q", name)
 			}

@@ -33,6 +33,8 @@ import (
 //	ringlimit_peer_rpc_open                            gauge, 1 if peer RPCs are unauthenticated
 //	ringlimit_ready                                    gauge, 1 if ready (Node.Ready)
 //	ringlimit_unready_reason{reason}                   gauge, 1 for the current reason
+//	ringlimit_policy_table_version                     gauge, the table in force (Node.PolicyVersion)
+//	ringlimit_policy_reloads_total{result}             counter, ok or rejected
 //
 // Label cardinality is bounded: policy comes from the server's table, reason
 // and path are enums, peer is a member name (series for a peer that left stay
@@ -61,6 +63,8 @@ type PrometheusMetrics struct {
 	peerRPCOpen prometheus.Gauge
 	ready       prometheus.Gauge
 	unready     *prometheus.GaugeVec
+	policyVer   prometheus.Gauge
+	reloads     *prometheus.CounterVec
 
 	// Caches of resolved children, so the decision path does a lock-free
 	// map lookup instead of hashing label values inside the vector.
@@ -152,6 +156,14 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 			Name: "ringlimit_unready_reason",
 			Help: "1 for the reason this node is not ready (closing, alone, ignored_members), 0 for the others.",
 		}, []string{"reason"}),
+		policyVer: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ringlimit_policy_table_version",
+			Help: "Version (a 53-bit hash of what changes a decision) of the policy table this node decides with.",
+		}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringlimit_policy_reloads_total",
+			Help: "Policy tables offered to this node (at start and by reloads), by result (ok, rejected).",
+		}, []string{"result"}),
 		hot: &hotKeyCollector{desc: prometheus.NewDesc(
 			"ringlimit_hot_key_rate",
 			"Time-decayed hit rate, in hits per second, of the heaviest keys this node owns (at most Config.HotKeys series).",
@@ -171,7 +183,7 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 		m.decisions, m.forwards, m.forwardDur, m.batchSize,
 		m.ringVersion, m.members, m.keys, m.bytes,
 		m.evicted, m.handoff, m.backup, m.hot, m.peerRPCOpen,
-		m.ready, m.unready,
+		m.ready, m.unready, m.policyVer, m.reloads,
 	}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
@@ -339,5 +351,16 @@ func (m *PrometheusMetrics) Ready(ready bool, reason string) {
 	m.ready.Set(b2f(ready))
 	for _, r := range []string{ReadyReasonClosing, ReadyReasonAlone, ReadyReasonIgnored} {
 		m.unready.WithLabelValues(r).Set(b2f(r == reason))
+	}
+}
+
+// PolicyTable implements Metrics.
+func (m *PrometheusMetrics) PolicyTable(version uint64, ok bool) {
+	// The version is 53 bits (policyVersion), so the float is exact.
+	m.policyVer.Set(float64(version))
+	if ok {
+		m.reloads.WithLabelValues("ok").Inc()
+	} else {
+		m.reloads.WithLabelValues("rejected").Inc()
 	}
 }

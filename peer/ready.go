@@ -13,7 +13,7 @@ import (
 // A node is ready when it is part of the cluster it was configured for:
 // not closing, not alone while it was given seeds to join (never joined,
 // or cut off since), and not ignoring live gossip members (a member with
-// another placement or policy fingerprint, or unreadable metadata, gossips
+// another placement fingerprint, or unreadable metadata, gossips
 // with us but is left out of our ring, so the two sides disagree about
 // owners). The gRPC health service (service "") and Metrics.Ready follow
 // it; cmd/ringlimit's /readyz reports it.
@@ -63,7 +63,7 @@ func (n *Node) commitIgnored() map[string]string {
 // Ready reports whether the node is part of the cluster, and if not, why
 // (the reason is empty when ready). It is not ready while closing, while
 // it was given Join seeds but knows no other live member, or while it
-// ignores live gossip members (another placement or policy fingerprint,
+// ignores live gossip members (another placement fingerprint,
 // unreadable metadata). Safe for concurrent use.
 func (n *Node) Ready() (bool, string) {
 	ok, reason, _ := n.readiness()

@@ -36,7 +36,7 @@ func healthStatus(t *testing.T, nd *Node) healthpb.HealthCheckResponse_ServingSt
 	return r.GetStatus()
 }
 
-// TestReadyIgnoredMember joins a member with another policy table: gossip
+// TestReadyIgnoredMember joins a member with another placement: gossip
 // knows it but the ring leaves it out, so the cluster's nodes are not ready
 // (with the member named in the reason, NOT_SERVING health and the metric)
 // until it leaves. The membership log calls it ignored, not joined.
@@ -55,7 +55,7 @@ func TestReadyIgnoredMember(t *testing.T) {
 	}
 	notReady := tap.on("readiness changed", func(a map[string]string) bool { return a["ready"] == "false" })
 	ignoredEv := tap.on("gossip membership", func(a map[string]string) bool { return a["member"] == "odd" })
-	odd := c.addWith("odd", func(cfg *Config) { cfg.Policies = map[string]PolicyConfig{"p": {Limit: 500, Window: time.Minute}} })
+	odd := c.addWith("odd", func(cfg *Config) { cfg.Ring.PartitionCount = 97 })
 	waitLog(t, notReady, 10*time.Second, "n0 to become not ready")
 	if ev := waitLog(t, ignoredEv, time.Second, "n0's membership line about odd"); ev["event"] != "ignored" {
 		t.Errorf("membership line about odd has event=%s, want ignored", ev["event"])

@@ -47,9 +47,12 @@ func (n *Node) decodeState(ks *peerpb.KeyState) (shard.KeyState, *policy, error)
 	if err != nil {
 		return st, nil, err
 	}
-	p := n.policies[st.Key.Policy]
+	p := n.table.Load().byName[st.Key.Policy]
 	if p == nil || p.sp.Algorithm != st.Algorithm {
 		return st, nil, nil
 	}
+	// The key's own limit (an override's), so an import keeps what the
+	// holder kept.
+	p = p.forKey(st.Key.Tenant, st.Key.Subject)
 	return st, p, nil
 }

@@ -44,7 +44,7 @@ beyond loopback.
 `
 
 // demoPolicies is the demo's policy table. The child node loads the same
-// table from a file, so that its fingerprint matches.
+// table from a file, so that every holder decides alike.
 func demoPolicies() map[string]peer.PolicyConfig {
 	return map[string]peer.PolicyConfig{
 		"api":   {Limit: 100, Window: time.Minute},

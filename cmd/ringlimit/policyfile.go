@@ -30,11 +30,19 @@ const policiesUsage = `Policy file (--policies, YAML or JSON; unknown fields are
       resolution: 1ms         # sliding_log timestamp granularity; default 1ms
       shadow: false           # decide and report, but admit everything
       replication: sync       # sync (default) | async | off: copy admissions to the backup
+      overrides:              # exceptions for exact tenants or (tenant, subject) pairs
+        - {tenant: bigco, limit: 10000}                      # every subject of bigco
+        - {tenant: acme, subject: internal, unlimited: true} # never limited
 
   The same as JSON: {"policies": [{"name": "api", "limit": 100, "window": "1m"}]}
 
-Every node of a cluster must load the same table: it is fingerprinted in
-gossip, and a member with another table is never used as an owner.
+Each node decides the keys it holds with its own table, so nodes may run
+different tables while a change rolls out (see "Changing policies" in the
+README). serve reloads the file on SIGHUP and when its contents change
+(--policies-poll); a file that does not parse, or a table that is invalid,
+is logged ("policy reload rejected") and counted, and the table in force
+stays. ringlimit_policy_table_version and /debug/ring show the version
+each node runs.
 
 Without --policies the default table is:
   default  100 per 1m      sliding_log   fail_closed
@@ -60,15 +68,24 @@ type policyFile struct {
 // policyEntry is one policy as written in the file. Durations and enums are
 // strings so that errors can name the bad text.
 type policyEntry struct {
-	Name          string `yaml:"name"`
-	Limit         int64  `yaml:"limit"`
-	Window        string `yaml:"window"`
-	Algorithm     string `yaml:"algorithm,omitempty"`
-	OnUnavailable string `yaml:"on_unavailable,omitempty"`
-	FallbackLimit int64  `yaml:"fallback_limit,omitempty"`
-	Resolution    string `yaml:"resolution,omitempty"`
-	Shadow        bool   `yaml:"shadow,omitempty"`
-	Replication   string `yaml:"replication,omitempty"`
+	Name          string          `yaml:"name"`
+	Limit         int64           `yaml:"limit"`
+	Window        string          `yaml:"window"`
+	Algorithm     string          `yaml:"algorithm,omitempty"`
+	OnUnavailable string          `yaml:"on_unavailable,omitempty"`
+	FallbackLimit int64           `yaml:"fallback_limit,omitempty"`
+	Resolution    string          `yaml:"resolution,omitempty"`
+	Shadow        bool            `yaml:"shadow,omitempty"`
+	Replication   string          `yaml:"replication,omitempty"`
+	Overrides     []overrideEntry `yaml:"overrides,omitempty"`
+}
+
+// overrideEntry is one override as written in the file.
+type overrideEntry struct {
+	Tenant    string `yaml:"tenant"`
+	Subject   string `yaml:"subject,omitempty"`
+	Limit     int64  `yaml:"limit,omitempty"`
+	Unlimited bool   `yaml:"unlimited,omitempty"`
 }
 
 // maxPolicyFile bounds how much of a policy file is read.
@@ -85,23 +102,33 @@ func loadPolicies(path string) (map[string]peer.PolicyConfig, error) {
 // the file's policies and those generated for its Envoy domains; envoy is
 // nil when the file has no domains.
 func loadPolicyFile(path string) (map[string]peer.PolicyConfig, *envoyrls.Table, error) {
-	f, err := os.Open(path)
+	data, err := readPolicyFile(path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("policy file: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxPolicyFile+1))
-	if err != nil {
-		return nil, nil, fmt.Errorf("policy file %s: %w", path, err)
-	}
-	if len(data) > maxPolicyFile {
-		return nil, nil, fmt.Errorf("policy file %s: larger than %d bytes", path, maxPolicyFile)
+		return nil, nil, err
 	}
 	pols, envoy, err := parsePolicyFile(data)
 	if err != nil {
 		return nil, nil, fmt.Errorf("policy file %s: %w", path, err)
 	}
 	return pols, envoy, nil
+}
+
+// readPolicyFile reads the policy file at path, at most maxPolicyFile
+// bytes.
+func readPolicyFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy file: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxPolicyFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("policy file %s: %w", path, err)
+	}
+	if len(data) > maxPolicyFile {
+		return nil, fmt.Errorf("policy file %s: larger than %d bytes", path, maxPolicyFile)
+	}
+	return data, nil
 }
 
 // parsePolicies parses a policy table from YAML or JSON (JSON is read as
@@ -200,6 +227,31 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 				pc.Replication = r
 			}
 		}
+		type ts struct{ tenant, subject string }
+		seen := map[ts]bool{}
+		for j, o := range e.Overrides {
+			where := fmt.Sprintf("overrides[%d] (tenant %q, subject %q)", j, o.Tenant, o.Subject)
+			switch {
+			case o.Tenant == "":
+				bad("%s: tenant is missing", where)
+			case (shard.Key{Tenant: o.Tenant, Subject: "s", Policy: "p"}).Validate() != nil:
+				bad("%s: tenant must be 1 to %d bytes of visible ASCII", where, shard.MaxKeyPartLen)
+			}
+			if o.Subject != "" && (shard.Key{Tenant: "t", Subject: o.Subject, Policy: "p"}).Validate() != nil {
+				bad("%s: subject must be 1 to %d bytes of visible ASCII (leave it out for every subject)", where, shard.MaxKeyPartLen)
+			}
+			switch {
+			case o.Unlimited && o.Limit != 0:
+				bad("%s: give limit or unlimited: true, not both", where)
+			case !o.Unlimited && o.Limit <= 0:
+				bad("%s: limit %d must be positive (or write unlimited: true)", where, o.Limit)
+			}
+			if seen[ts{o.Tenant, o.Subject}] {
+				bad("%s: given twice", where)
+			}
+			seen[ts{o.Tenant, o.Subject}] = true
+			pc.Overrides = append(pc.Overrides, peer.Override{Tenant: o.Tenant, Subject: o.Subject, Limit: o.Limit, Unlimited: o.Unlimited})
+		}
 		if strings.HasPrefix(e.Name, envoyrls.PolicyPrefix) {
 			bad("names starting with %q are reserved for the policies generated from \"domains\"", envoyrls.PolicyPrefix)
 		}
@@ -219,7 +271,10 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 }
 
 // policyFields lists an entry's fields in the order the docs give them.
-const policyFields = "name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow, replication"
+const policyFields = "name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow, replication, overrides"
+
+// overrideFields lists an override's fields.
+const overrideFields = "tenant, subject, limit, unlimited"
 
 // policyEntries reads the entries of a policy file's document node without
 // the YAML library's struct decoding, whose errors name Go types
@@ -305,6 +360,21 @@ func policyEntryOf(i int, n *yaml.Node) (e policyEntry, errs []error) {
 			if v.Kind != yaml.ScalarNode || v.Decode(&e.Shadow) != nil {
 				bad("shadow must be true or false, got %s at line %d", kindOf(v), v.Line)
 			}
+		case "overrides":
+			if v.ShortTag() == "!!null" {
+				break
+			}
+			if v.Kind != yaml.SequenceNode {
+				bad("overrides must be a list of {%s} entries, got %s at line %d", overrideFields, kindOf(v), v.Line)
+				break
+			}
+			for j, item := range v.Content {
+				o, oerrs := overrideEntryOf(resolve(item))
+				for _, err := range oerrs {
+					bad("overrides[%d]: %v", j, err)
+				}
+				e.Overrides = append(e.Overrides, o)
+			}
 		default:
 			bad("unknown field %q at line %d (want %s)", k.Value, k.Line, policyFields)
 		}
@@ -319,6 +389,43 @@ func policyEntryOf(i int, n *yaml.Node) (e policyEntry, errs []error) {
 		}
 	}
 	return e, errs
+}
+
+// overrideEntryOf reads one entry of a policy's overrides list.
+func overrideEntryOf(n *yaml.Node) (o overrideEntry, errs []error) {
+	if n.Kind != yaml.MappingNode {
+		return o, []error{fmt.Errorf("must be a map of {%s}, got %s at line %d", overrideFields, kindOf(n), n.Line)}
+	}
+	seen := map[string]int{}
+	for j := 0; j+1 < len(n.Content); j += 2 {
+		k, v := n.Content[j], resolve(n.Content[j+1])
+		if line, dup := seen[k.Value]; dup {
+			errs = append(errs, fmt.Errorf("field %q given twice (lines %d and %d)", k.Value, line, k.Line))
+			continue
+		}
+		seen[k.Value] = k.Line
+		switch k.Value {
+		case "tenant", "subject":
+			if v.Kind != yaml.ScalarNode || v.ShortTag() == "!!null" {
+				errs = append(errs, fmt.Errorf("%s must be a string, got %s at line %d", k.Value, kindOf(v), v.Line))
+			} else if k.Value == "tenant" {
+				o.Tenant = v.Value
+			} else {
+				o.Subject = v.Value
+			}
+		case "limit":
+			if v.Kind != yaml.ScalarNode || v.Decode(&o.Limit) != nil {
+				errs = append(errs, fmt.Errorf("limit must be a whole number, got %s at line %d", kindOf(v), v.Line))
+			}
+		case "unlimited":
+			if v.Kind != yaml.ScalarNode || v.Decode(&o.Unlimited) != nil {
+				errs = append(errs, fmt.Errorf("unlimited must be true or false, got %s at line %d", kindOf(v), v.Line))
+			}
+		default:
+			errs = append(errs, fmt.Errorf("unknown field %q at line %d (want %s)", k.Value, k.Line, overrideFields))
+		}
+	}
+	return o, errs
 }
 
 // resolve follows a YAML alias to the node it names.
@@ -372,6 +479,9 @@ func formatPolicies(pols map[string]peer.PolicyConfig) ([]byte, error) {
 		}
 		if p.Resolution != 0 {
 			e.Resolution = p.Resolution.String()
+		}
+		for _, o := range p.Overrides {
+			e.Overrides = append(e.Overrides, overrideEntry{Tenant: o.Tenant, Subject: o.Subject, Limit: o.Limit, Unlimited: o.Unlimited})
 		}
 		pf.Policies = append(pf.Policies, e)
 	}

@@ -53,9 +53,69 @@ policies:
 			want: map[string]peer.PolicyConfig{"api": {Limit: 100, Window: time.Minute}},
 		},
 		{
+			name: "overrides",
+			in: `
+policies:
+  - name: api
+    limit: 100
+    window: 1m
+    overrides:
+      - {tenant: bigco, limit: 10000}
+      - tenant: acme
+        subject: internal
+        unlimited: true
+`,
+			want: map[string]peer.PolicyConfig{"api": {Limit: 100, Window: time.Minute, Overrides: []peer.Override{
+				{Tenant: "bigco", Limit: 10000}, {Tenant: "acme", Subject: "internal", Unlimited: true},
+			}}},
+		},
+		{
+			name: "bad overrides",
+			in: `
+policies:
+  - name: api
+    limit: 100
+    window: 1m
+    overrides:
+      - {tenant: bigco, limit: 0}
+      - {subject: x, limit: 5}
+      - {tenant: acme, limit: 5, unlimited: true}
+      - {tenant: bigco, limit: 7}
+      - {tenant: "a b", limit: 1}
+`,
+			wantErr: []string{
+				`overrides[0] (tenant "bigco", subject ""): limit 0 must be positive (or write unlimited: true)`,
+				`overrides[1] (tenant "", subject "x"): tenant is missing`,
+				`overrides[2] (tenant "acme", subject ""): give limit or unlimited: true, not both`,
+				`overrides[3] (tenant "bigco", subject ""): given twice`,
+				`overrides[4] (tenant "a b", subject ""): tenant must be 1 to 128 bytes of visible ASCII`,
+			},
+		},
+		{
+			name: "overrides of the wrong shape",
+			in: `
+policies:
+  - name: api
+    limit: 100
+    window: 1m
+    overrides:
+      - {tenant: bigco, limit: 1, burst: 2}
+      - 5
+  - name: other
+    limit: 1
+    window: 1m
+    overrides: {tenant: x}
+`,
+			wantErr: []string{
+				`policies[0]: overrides[0]: unknown field "burst" at line 7 (want tenant, subject, limit, unlimited)`,
+				`policies[0]: overrides[1]: must be a map of {tenant, subject, limit, unlimited}, got the number 5 at line 8`,
+				`policies[1]: overrides must be a list of {tenant, subject, limit, unlimited} entries, got a map at line 12`,
+			},
+		},
+		{
 			name:    "unknown field in an entry",
 			in:      "policies:\n  - name: api\n    limit: 1\n    window: 1s\n    burst: 5\n",
-			wantErr: []string{`policies[0]: unknown field "burst" at line 5 (want name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow, replication)`},
+			wantErr: []string{`policies[0]: unknown field "burst" at line 5 (want name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow, replication, overrides)`},
 		},
 		{
 			name:    "unknown top-level field",
@@ -99,7 +159,7 @@ policies:
 		{
 			name:    "policies is a map, not a list",
 			in:      "policies:\n  api:\n    limit: 1\n    window: 1s\n",
-			wantErr: []string{`"policies" must be a list of {name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow, replication} entries, got a map at line 2`},
+			wantErr: []string{`"policies" must be a list of {name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow, replication, overrides} entries, got a map at line 2`},
 		},
 		{
 			name:    "an entry is not a map",
@@ -159,7 +219,8 @@ func TestFormatPoliciesRoundTrip(t *testing.T) {
 		{"demo", demoPolicies()},
 		{"default", defaultPolicies()},
 		{"every field", map[string]peer.PolicyConfig{
-			"x": {Limit: 7, Window: 1500 * time.Millisecond, Algorithm: peer.FixedWindow, Resolution: 5 * time.Millisecond, OnUnavailable: peer.Fallback, FallbackLimit: 3, Shadow: true, Replication: peer.ReplicateAsync},
+			"x": {Limit: 7, Window: 1500 * time.Millisecond, Algorithm: peer.FixedWindow, Resolution: 5 * time.Millisecond, OnUnavailable: peer.Fallback, FallbackLimit: 3, Shadow: true, Replication: peer.ReplicateAsync,
+				Overrides: []peer.Override{{Tenant: "t", Limit: 9}, {Tenant: "t", Subject: "s", Unlimited: true}}},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -15,9 +15,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"sort"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,7 +55,11 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         again every --join-refresh, joining new members
   --join-refresh D      how often dns+ and dnssrv+ names are re-resolved;
                         0 disables (default 30s)
-  --policies PATH       policy table file, YAML or JSON (see below)
+  --policies PATH       policy table file, YAML or JSON (see below); reloaded
+                        on SIGHUP and when its contents change
+  --policies-poll D     how often the policy file is re-read for changes;
+                        0 disables polling (SIGHUP still reloads)
+                        (default 5s)
   --gossip-key PATH     gossip encryption key file: 16, 24 or 32 raw bytes, or
                         their base64
   --tls-cert PATH       PEM certificate for mutual TLS on gRPC (peers and the
@@ -120,10 +126,11 @@ duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
   GET  /healthz       200 while the process runs
   GET  /readyz        200 while part of the cluster; 503 with {"status",
                       "reason"} while draining, alone although --join was
-                      given, or ignoring live members (another policy table
-                      or placement)
+                      given, or ignoring live members (another placement:
+                      ring parameters; another policy table is fine)
   GET  /metrics       Prometheus metrics (ringlimit_*, go_*, process_*)
-  GET  /debug/ring    members, ring version, partitions owned by this node
+  GET  /debug/ring    members, ring version, partitions owned by this node,
+                      policy table version of this node and of each member
   GET  /debug/hotkeys the heaviest keys this node owns (tenant and subject
                       are shown: keep /debug and /metrics private)
 
@@ -136,7 +143,7 @@ type serveFlags struct {
 	logFormat, logLevel                                             string
 	adminTokenFile                                                  string
 	gossipAdvertise, grpcAdvertise                                  string
-	drainTimeout, joinTimeout, joinRefresh                          time.Duration
+	drainTimeout, joinTimeout, joinRefresh, policiesPoll            time.Duration
 	gossipProfile                                                   peer.GossipProfile
 	// Hidden, for the demo's child node and tests: exitOnStdinEOF stops
 	// the node when its parent closes stdin (or dies), so a child never
@@ -165,6 +172,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "")
 	fs.DurationVar(&f.joinTimeout, "join-timeout", 30*time.Second, "")
 	fs.DurationVar(&f.joinRefresh, "join-refresh", 30*time.Second, "")
+	fs.DurationVar(&f.policiesPoll, "policies-poll", 5*time.Second, "")
 	fs.StringVar(&f.logFormat, "log-format", "text", "")
 	fs.StringVar(&f.logLevel, "log-level", "info", "")
 	fs.StringVar(&f.adminTokenFile, "admin-token-file", "", "")
@@ -187,6 +195,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	}
 	if f.joinRefresh < 0 {
 		return f, usageError("serve: --join-refresh must not be negative (0 disables)")
+	}
+	if f.policiesPoll < 0 {
+		return f, usageError("serve: --policies-poll must not be negative (0 disables)")
 	}
 	if _, err := parseJoin(f.join); err != nil {
 		return f, usageError("serve: " + err.Error())
@@ -270,17 +281,26 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// "domains" in the policy file every domain is unknown and answered
 	// OK, as envoyproxy/ratelimit answers an unknown domain.
 	envoy, _ := envoyrls.Compile(nil)
+	var policyData []byte // the file's contents in force
 	if f.policies != "" {
 		var fileEnvoy *envoyrls.Table
-		if cfg.Policies, fileEnvoy, err = loadPolicyFile(f.policies); err != nil {
+		if policyData, err = readPolicyFile(f.policies); err == nil {
+			cfg.Policies, fileEnvoy, err = parsePolicyFile(policyData)
+			if err != nil {
+				err = fmt.Errorf("policy file %s: %w", f.policies, err)
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
 		if fileEnvoy != nil {
 			envoy = fileEnvoy
 		}
 	}
+	envoySrv := new(*envoyrls.Server)
 	cfg.RegisterServices = func(s grpc.ServiceRegistrar, n *peer.Node) {
-		envoyrls.New(n, envoy, log).Register(s)
+		*envoySrv = envoyrls.New(n, envoy, log)
+		(*envoySrv).Register(s)
 	}
 	if f.gossipKey != "" {
 		if cfg.GossipKey, err = loadGossipKey(f.gossipKey); err != nil {
@@ -344,7 +364,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("serve: start node: %w", err)
 	}
 
-	api := &httpAPI{node: node, policies: node.Policies(), reg: reg, log: log, adminToken: adminToken}
+	api := &httpAPI{node: node, pols: node, reg: reg, log: log, adminToken: adminToken}
 	var httpSrv *http.Server
 	httpErr := make(chan error, 1)
 	httpAddr := ""
@@ -361,7 +381,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		go func() { httpErr <- httpSrv.Serve(httpLis) }()
 	}
 	log.Info("serving", "node", node.Name(), "http_addr", httpAddr, "grpc_addr", node.RPCAddr(),
-		"gossip_addr", node.GossipAddr(), "members", len(node.Members()), "policies", len(api.policies))
+		"gossip_addr", node.GossipAddr(), "members", len(node.Members()), "policies", len(node.Policies()),
+		"policy_version", node.PolicyVersion())
 
 	stdinClosed := make(chan struct{})
 	if f.exitOnStdinEOF {
@@ -398,6 +419,22 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		close(refreshDone)
 	}
 
+	// The policy reload goroutine is runServe's too: stopped and waited
+	// for with the DNS refresh.
+	reloadDone := make(chan struct{})
+	if f.policies != "" {
+		r := &policyReloader{path: f.policies, node: node, envoy: *envoySrv, metrics: cfg.Metrics, log: log, data: policyData}
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		go func() {
+			defer close(reloadDone)
+			defer signal.Stop(hup)
+			r.run(refreshCtx, hup, f.policiesPoll)
+		}()
+	} else {
+		close(reloadDone)
+	}
+
 	var runErr error
 	select {
 	case <-ctx.Done():
@@ -411,6 +448,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	api.draining.Store(true)
 	stopRefresh()
 	<-refreshDone
+	<-reloadDone
 
 	// Shutdown must not inherit ctx: it is already cancelled by the signal.
 	drainCtx, cancelDrain := context.WithTimeout(context.WithoutCancel(ctx), f.drainTimeout)
@@ -512,13 +550,25 @@ const maxCheckBody = 64 << 10
 
 // httpAPI serves the HTTP endpoints of one node.
 type httpAPI struct {
-	node     *peer.Node
-	policies map[string]peer.PolicyConfig // the node's table; fixed for its life
+	node *peer.Node
+	// pols is the node's policy table (the node itself in serve): looked
+	// up per request, since a reload may replace it at any time.
+	pols interface {
+		Policy(name string) (peer.PolicyConfig, bool)
+		Policies() map[string]peer.PolicyConfig
+	}
 	reg      *prometheus.Registry
 	log      *slog.Logger
 	draining atomic.Bool
 	// adminToken guards /v1/reset; nil disables the endpoint (404).
 	adminToken []byte
+}
+
+// policy returns the node's current entry for name (zero if unknown): the
+// table can be reloaded at any time, so it is looked up per request.
+func (a *httpAPI) policy(name string) peer.PolicyConfig {
+	pc, _ := a.pols.Policy(name)
+	return pc
 }
 
 func (a *httpAPI) routes() http.Handler {
@@ -669,7 +719,7 @@ func (a *httpAPI) rateLimitHeaders(h http.Header, o op, b checkBody, d peer.Deci
 		d.Allowed = true
 	}
 	if len(b.Policies) == 0 {
-		peer.RateLimitHeaders(h, b.Policy, a.policies[b.Policy], d)
+		peer.RateLimitHeaders(h, b.Policy, a.policy(b.Policy), d)
 	} else {
 		a.multiHeaders(h, b.Policies, d)
 	}
@@ -687,7 +737,7 @@ func (a *httpAPI) multiHeaders(h http.Header, names []string, d peer.Decision) {
 		// configured quotas only.
 		for _, name := range names {
 			tmp := http.Header{}
-			peer.UnavailableHeaders(tmp, name, a.policies[name])
+			peer.UnavailableHeaders(tmp, name, a.policy(name))
 			pols = append(pols, tmp.Get("RateLimit-Policy"))
 		}
 		if !d.Allowed {
@@ -695,8 +745,13 @@ func (a *httpAPI) multiHeaders(h http.Header, names []string, d peer.Decision) {
 		}
 	}
 	for _, l := range d.Limits {
+		if l.Limit == 0 {
+			// An unlimited override exempts the key from this policy:
+			// no quota to advertise.
+			continue
+		}
 		tmp := http.Header{}
-		peer.RateLimitHeaders(tmp, l.Policy, a.policies[l.Policy], peer.Decision{
+		peer.RateLimitHeaders(tmp, l.Policy, a.policy(l.Policy), peer.Decision{
 			Allowed: l.Allowed, Limit: l.Limit, Remaining: l.Remaining, RetryAfter: l.RetryAfter, ResetAfter: l.ResetAfter, Reason: d.Reason})
 		pols = append(pols, tmp.Get("RateLimit-Policy"))
 		states = append(states, tmp.Get("RateLimit"))
@@ -704,7 +759,11 @@ func (a *httpAPI) multiHeaders(h http.Header, names []string, d peer.Decision) {
 			retry = tmp.Get("Retry-After")
 		}
 	}
-	h.Set("RateLimit-Policy", strings.Join(pols, ", "))
+	if len(pols) > 0 {
+		h.Set("RateLimit-Policy", strings.Join(pols, ", "))
+	} else {
+		h.Del("RateLimit-Policy")
+	}
 	if len(states) > 0 {
 		h.Set("RateLimit", strings.Join(states, ", "))
 	} else {
@@ -745,21 +804,21 @@ func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
 	case errors.Is(err, peer.ErrUnknownPolicy):
 		unknown := names[0]
 		for _, name := range names {
-			if _, ok := a.policies[name]; !ok {
+			if _, ok := a.pols.Policy(name); !ok {
 				unknown = name
 				break
 			}
 		}
-		return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("unknown policy %q: this node's policies are %s", unknown, policyNames(a.policies))}
+		return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("unknown policy %q: this node's policies are %s", unknown, policyNames(a.pols.Policies()))}
 	case errors.Is(err, peer.ErrInvalidHits):
 		if len(names) > 1 {
 			for _, name := range names {
-				if lim := a.policies[name].Limit; b.Hits > lim {
+				if lim := a.policy(name).For(b.Tenant, b.Subject).Limit; b.Hits > lim && lim > 0 {
 					return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("invalid hits %d: above policy %q's limit %d; a multi-policy check must fit every policy", b.Hits, name, lim)}
 				}
 			}
 		}
-		return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("invalid hits %d: must be between 1 and the policy's limit %d (0 means 1)", b.Hits, a.policies[names[0]].Limit)}
+		return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("invalid hits %d: must be between 1 and the policy's limit %d (0 means 1)", b.Hits, a.policy(names[0]).For(b.Tenant, b.Subject).Limit)}
 	case errors.Is(err, peer.ErrUnavailable), errors.Is(err, peer.ErrClosed):
 		// Unavailable is never 429: the limiter could not decide. The
 		// cause (addresses, refused connections) stays in the node's own
@@ -776,9 +835,10 @@ func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
 			RetryAfterMs: peer.UnavailableRetryAfter.Milliseconds()}
 		var pols []string
 		for _, name := range names {
-			pc, known := a.policies[name]
-			if !known {
-				continue
+			pc, known := a.pols.Policy(name)
+			pc = pc.For(b.Tenant, b.Subject)
+			if !known || pc.Limit == 0 {
+				continue // unknown, or exempt by an unlimited override
 			}
 			tmp := http.Header{}
 			peer.UnavailableHeaders(tmp, name, pc)
@@ -838,6 +898,11 @@ type ringInfo struct {
 	Members         []string `json:"members"`
 	PartitionsOwned int      `json:"partitions_owned"`
 	Partitions      int      `json:"partitions"`
+	// PolicyVersion is the version of this node's policy table;
+	// MemberPolicyVersions the one each live member gossips (0: an older
+	// member that does not say). They differ during a rolling change.
+	PolicyVersion        uint64            `json:"policy_version"`
+	MemberPolicyVersions map[string]uint64 `json:"member_policy_versions"`
 }
 
 func (a *httpAPI) debugRing(w http.ResponseWriter, _ *http.Request) {
@@ -848,6 +913,9 @@ func (a *httpAPI) debugRing(w http.ResponseWriter, _ *http.Request) {
 		Members:         r.Members,
 		Partitions:      r.Partitions,
 		PartitionsOwned: r.PartitionsOwned,
+
+		PolicyVersion:        a.node.PolicyVersion(),
+		MemberPolicyVersions: a.node.MemberPolicyVersions(),
 	})
 }
 

@@ -416,25 +416,30 @@ func TestServeTwoNodes(t *testing.T) {
 	}
 }
 
-// TestServeReadyzIgnoredMember joins a node with another policy table:
-// both leave the other out of their ring, and /readyz says so with 503 and
-// the reason.
-func TestServeReadyzIgnoredMember(t *testing.T) {
+// TestServeReadyzOtherTable joins a node with another policy table: that
+// is a rolling change, not a mismatch, so both stay in each other's ring,
+// stay ready, and /debug/ring shows each member's table version.
+// (Placement mismatches are covered by peer's TestReadyIgnoredMember.)
+func TestServeReadyzOtherTable(t *testing.T) {
 	t.Parallel()
 	pols := writeFile(t, t.TempDir(), "policies.yaml", testPolicies)
 	a := startServe(t, "ready-a", nil, "--policies", pols)
-	if r := doHTTP(t, "GET", "http://"+a.httpAddr+"/readyz", ""); r.status != 200 {
-		t.Fatalf("/readyz alone without --join: %d %s, want 200", r.status, r.raw)
-	}
-	startServe(t, "ready-b", nil, "--join", a.gossipAddr) // default policies
-	var last httpResult
-	waitFor(t, 15*time.Second, "a's /readyz to report the ignored member", func() bool {
-		last = doHTTP(t, "GET", "http://"+a.httpAddr+"/readyz", "")
-		return last.status == 503
+	b := startServe(t, "ready-b", nil, "--join", a.gossipAddr) // default policies
+	var ring httpResult
+	waitFor(t, 15*time.Second, "a's /debug/ring to list both members and their table versions", func() bool {
+		ring = doHTTP(t, "GET", "http://"+a.httpAddr+"/debug/ring", "")
+		vs, _ := ring.body["member_policy_versions"].(map[string]any)
+		members, _ := ring.body["members"].([]any)
+		return len(members) == 2 && vs["ready-b"] != nil && vs["ready-b"] != 0.0
 	})
-	reason, _ := last.body["reason"].(string)
-	if last.body["status"] != "not ready" || !strings.Contains(reason, "ready-b") || !strings.Contains(reason, "fingerprint") {
-		t.Fatalf("/readyz = %d %s; want not ready naming ready-b and the fingerprint", last.status, last.raw)
+	vs := ring.body["member_policy_versions"].(map[string]any)
+	if vs["ready-a"] == vs["ready-b"] || vs["ready-a"] != ring.body["policy_version"] {
+		t.Fatalf("/debug/ring = %s; want distinct versions for distinct tables, ready-a's its own", ring.raw)
+	}
+	for _, p := range []*serveProc{a, b} {
+		if r := doHTTP(t, "GET", "http://"+p.httpAddr+"/readyz", ""); r.status != 200 {
+			t.Fatalf("%s /readyz = %d %s; want 200 (another table is no reason to ignore a member)", p.name, r.status, r.raw)
+		}
 	}
 }
 
@@ -712,12 +717,22 @@ func TestLoadGossipKey(t *testing.T) {
 	}
 }
 
+// staticPolicies is a fixed policy table for httpAPI tests without a node.
+type staticPolicies map[string]peer.PolicyConfig
+
+func (s staticPolicies) Policy(name string) (peer.PolicyConfig, bool) {
+	pc, ok := s[name]
+	return pc, ok
+}
+
+func (s staticPolicies) Policies() map[string]peer.PolicyConfig { return s }
+
 // TestServeAllowErrors checks how serve answers each error Node.Allow can
 // return: bad input in the client's terms with no package prefixes, and a
 // 503 that carries what a 429 carries and claims a timeout only after one.
 func TestServeAllowErrors(t *testing.T) {
 	t.Parallel()
-	api := &httpAPI{policies: map[string]peer.PolicyConfig{
+	api := &httpAPI{pols: staticPolicies{
 		"api": {Limit: 3, Window: time.Minute}, "shared": {Limit: 10, Window: time.Minute},
 	}, log: slog.New(slog.DiscardHandler)}
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}

@@ -206,20 +206,24 @@ const (
 	Reason_REASON_REFUNDED Reason = 8
 	// REASON_RESET: the holder cleared the key (OP_RESET).
 	Reason_REASON_RESET Reason = 9
+	// REASON_UNLIMITED: an unlimited override of the holder's policy covers
+	// the key; admitted without counting (limit and remaining are 0).
+	Reason_REASON_UNLIMITED Reason = 10
 )
 
 // Enum value maps for Reason.
 var (
 	Reason_name = map[int32]string{
-		0: "REASON_UNSPECIFIED",
-		1: "REASON_ADMITTED",
-		2: "REASON_OVER_LIMIT",
-		3: "REASON_SHADOW",
-		4: "REASON_FAILED_OPEN",
-		5: "REASON_FALLBACK",
-		7: "REASON_PEEK",
-		8: "REASON_REFUNDED",
-		9: "REASON_RESET",
+		0:  "REASON_UNSPECIFIED",
+		1:  "REASON_ADMITTED",
+		2:  "REASON_OVER_LIMIT",
+		3:  "REASON_SHADOW",
+		4:  "REASON_FAILED_OPEN",
+		5:  "REASON_FALLBACK",
+		7:  "REASON_PEEK",
+		8:  "REASON_REFUNDED",
+		9:  "REASON_RESET",
+		10: "REASON_UNLIMITED",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED": 0,
@@ -231,6 +235,7 @@ var (
 		"REASON_PEEK":        7,
 		"REASON_REFUNDED":    8,
 		"REASON_RESET":       9,
+		"REASON_UNLIMITED":   10,
 	}
 )
 
@@ -2308,7 +2313,7 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x10STATUS_NOT_OWNER\x10\x02\x12\x1b\n" +
 	"\x17STATUS_INVALID_ARGUMENT\x10\x03\x12\x19\n" +
 	"\x15STATUS_UNKNOWN_POLICY\x10\x04\x12\x16\n" +
-	"\x12STATUS_UNAVAILABLE\x10\x05*\xc4\x01\n" +
+	"\x12STATUS_UNAVAILABLE\x10\x05*\xda\x01\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fREASON_ADMITTED\x10\x01\x12\x15\n" +
@@ -2318,7 +2323,9 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x0fREASON_FALLBACK\x10\x05\x12\x0f\n" +
 	"\vREASON_PEEK\x10\a\x12\x13\n" +
 	"\x0fREASON_REFUNDED\x10\b\x12\x10\n" +
-	"\fREASON_RESET\x10\t*|\n" +
+	"\fREASON_RESET\x10\t\x12\x14\n" +
+	"\x10REASON_UNLIMITED\x10\n" +
+	"*|\n" +
 	"\bOpStatus\x12\x19\n" +
 	"\x15OP_STATUS_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fOP_STATUS_OK\x10\x01\x12\x13\n" +

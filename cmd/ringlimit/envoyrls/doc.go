@@ -14,7 +14,8 @@
 // ratelimit). Compile turns the tree into a Table: each descriptor with a
 // Limit becomes a ringlimit policy named by PolicyName
 // ("envoy:<domain>:<key>[=<value>]/..."), which serve adds to the node's
-// policy table, so it is fingerprinted and gossiped like any other. A
+// policy table, so it is versioned, gossiped and reloaded like any other
+// (Server.SetTable swaps the compiled domains with it). A
 // Limit is a count per rolling window: ringlimit decides rolling windows
 // exactly (sliding_log, fail_closed), not fixed calendar units.
 //
@@ -65,8 +66,8 @@
 //
 // Not supported: replaces, detailed_metric, value_to_metric, share_threshold,
 // wildcard values ("foo*"), quota mode and the response's quota field, the
-// descriptor's limit override (RateLimitDescriptor.limit: the policy table
-// is fingerprinted cluster-wide and cannot change per request; the
+// descriptor's limit override (RateLimitDescriptor.limit: each holder
+// decides with its server-side table, which cannot change per request; the
 // configured limit applies), request_headers_to_add, dynamic metadata, and
 // units month and year (use a window such as 720h).
 package envoyrls

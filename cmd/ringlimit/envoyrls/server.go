@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -41,7 +42,7 @@ type Limiter interface {
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	l   Limiter
-	t   *Table
+	t   atomic.Pointer[Table] // replaced whole by SetTable
 	log *slog.Logger
 }
 
@@ -51,8 +52,14 @@ func New(l Limiter, t *Table, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{l: l, t: t, log: log}
+	s := &Server{l: l, log: log}
+	s.t.Store(t)
+	return s
 }
+
+// SetTable replaces the table for every call that starts afterwards (a
+// policy reload); calls in progress finish with the old one.
+func (s *Server) SetTable(t *Table) { s.t.Store(t) }
 
 // Register registers the service on s.
 func (s *Server) Register(r grpc.ServiceRegistrar) {
@@ -83,7 +90,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	for i := range resp.Statuses {
 		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 	}
-	dt := s.t.domains[req.GetDomain()]
+	dt := s.t.Load().domains[req.GetDomain()]
 	if dt == nil {
 		// As envoyproxy/ratelimit: an unknown domain limits nothing.
 		return resp, nil
