@@ -128,14 +128,26 @@ func (c *cluster) waitMembers(want int) {
 		}
 		return true
 	})
-	waitFor(c.t, 60*time.Second, "every partition to settle on its target", func() bool {
+	deadline := time.Now().Add(60 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		settled := true
 		for _, nd := range c.live() {
-			if !nd.Settled() {
-				return false
-			}
+			settled = settled && nd.Settled()
 		}
-		return true
-	})
+		if settled {
+			return
+		}
+		if time.Now().After(deadline) {
+			var why []string
+			for _, nd := range c.live() {
+				why = append(why, nd.unsettledForTest())
+			}
+			c.t.Fatalf("timed out after 60s waiting for every partition to settle on its target:\n%s", strings.Join(why, "\n"))
+		}
+		<-tick.C
+	}
 }
 
 // waitFor polls cond until it holds or the deadline passes, then fails
@@ -220,4 +232,3 @@ func TestClusterExactlyLimit(t *testing.T) {
 	}
 }
 
-var _ = strings.Contains

@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"strings"
 	"context"
 	"fmt"
 	"reflect"
@@ -176,4 +177,31 @@ func (n *Node) backupForTest(pid int) string {
 func sameDecision(a, b Decision) bool {
 	a.DecidedAt, b.DecidedAt = time.Time{}, time.Time{}
 	return reflect.DeepEqual(a, b)
+}
+
+// unsettledForTest describes the partitions that keep n from being
+// settled, for failure messages.
+func (n *Node) unsettledForTest() string {
+	v := n.view.Load()
+	var b strings.Builder
+	shown := 0
+	for i := range n.pt.parts {
+		pt := &n.pt.parts[i]
+		pt.mu.RLock()
+		r, backup, needSync, epoch := pt.role, pt.backup, pt.needSync, pt.epoch
+		lease := pt.leaseUntil.Load() - n.mono()
+		rep := pt.rep
+		pt.mu.RUnlock()
+		target := v.snap.PartitionOwner(i)
+		mine := r == roleHolder || r == roleFenced
+		if (target == n.name) == mine && r != roleFenced && (!mine || !needSync && backup == n.desiredBackup(v, i)) {
+			continue
+		}
+		if shown++; shown > 6 {
+			continue
+		}
+		fmt.Fprintf(&b, " [p%d role=%v epoch=%d target=%s backup=%s want=%s needSync=%v lease=%v working=%v rep=%s@%d]",
+			i, r, epoch, target, backup, n.desiredBackup(v, i), needSync, time.Duration(lease), n.isWorking(i), rep.holder, rep.epoch)
+	}
+	return fmt.Sprintf("%s: %d unsettled%s", n.name, shown, b.String())
 }
