@@ -231,4 +231,3 @@ func TestClusterExactlyLimit(t *testing.T) {
 		})
 	}
 }
-

@@ -1,10 +1,10 @@
 package peer
 
 import (
-	"strings"
 	"context"
 	"fmt"
 	"reflect"
+	"strings"
 	"time"
 
 	"github.com/ringlimit/ringlimit/ring"

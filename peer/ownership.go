@@ -571,6 +571,7 @@ func (n *Node) takeOver(ctx context.Context, pid int) {
 	if newest.epoch > rep.epoch {
 		// Our copy is stale: someone moved on.
 		pt.rep = replica{}
+		pt.next = replica{}
 		pt.learnLocked(newest.holder, newest.epoch, n.clock())
 		return
 	}
@@ -579,6 +580,7 @@ func (n *Node) takeOver(ctx context.Context, pid int) {
 		pt.store = n.newPartStore()
 	}
 	pt.rep = replica{}
+	pt.next = replica{}
 	pt.backup = ""
 	pt.needSync = false
 	pt.leaseUntil.Store(0)
@@ -897,6 +899,7 @@ func (n *Node) dropStaleReplica(pid int, holder string, epoch uint64) {
 	defer pt.mu.Unlock()
 	if pt.rep.holder == holder && pt.rep.epoch == epoch {
 		pt.rep = replica{}
+		pt.next = replica{}
 		n.log.Debug("stale partition copy dropped", "partition", pid, "owner", holder, "epoch", epoch)
 	}
 }
@@ -915,6 +918,7 @@ func (n *Node) giveWay(from, to uint64, fromMembers, toMembers int) {
 		}
 		pt.store = nil
 		pt.rep = replica{}
+		pt.next = replica{}
 		pt.backup = ""
 		pt.needSync = false
 		pt.leaseUntil.Store(0)

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -512,4 +513,70 @@ func TestGracefulMoveKeepsUnreplicated(t *testing.T) {
 	}
 	c.waitMembers(2)
 	check("after a leave", 4)
+}
+
+// TestBackupAtCapacity gives a partition's backup room for fewer keys than
+// its holder holds. The backup refuses what it cannot keep, so the holder
+// never counts those admissions as copied: with synchronous replication
+// they are answered unavailable (fail closed), never admitted; and after
+// the holder is killed the backup continues with every admission that was
+// acknowledged.
+func TestBackupAtCapacity(t *testing.T) {
+	const limit = 5
+	c := startClusterWith(t, 3, Config{
+		Gossip:   hoCrashGossip,
+		Policies: map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
+	}, func(i int, cfg *Config) {
+		if i == 1 {
+			cfg.Store.MaxKeys = 1 // 64 keys per partition copy
+		}
+	})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	var keys []Key
+	pid := -1
+	for i := 0; len(keys) < 100 && i < 1<<20; i++ {
+		k := Key{Tenant: "cap", Subject: fmt.Sprintf("s%06d", i), Policy: "p"}
+		p := n0.partIDForTest(k)
+		if pid < 0 {
+			if o, _ := n0.Owner(k); o != n0.Name() || n0.backupForTest(p) != n1.Name() {
+				continue
+			}
+			pid = p
+		}
+		if p == pid {
+			keys = append(keys, k)
+		}
+	}
+	var acked []Key
+	refused := 0
+	for _, k := range keys {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		d, err := n0.Allow(ctx, Request{Key: k})
+		cancel()
+		switch {
+		case err == nil && d.Allowed:
+			acked = append(acked, k)
+		case errors.Is(err, ErrUnavailable):
+			refused++
+		default:
+			t.Fatalf("Allow(%v) = %+v, %v; want admitted or unavailable", k, d, err)
+		}
+	}
+	if refused == 0 || len(acked) > 64 {
+		t.Fatalf("%d admitted and %d unavailable for %d keys of one partition; want the backup's cap (64) to stop acknowledgements", len(acked), refused, len(keys))
+	}
+	n0.KillForTest()
+	c.waitMembers(2)
+	for _, k := range acked {
+		var d Decision
+		waitFor(t, 15*time.Second, fmt.Sprintf("a decision for %v after the takeover", k), func() bool {
+			var err error
+			d, err = n1.Peek(context.Background(), Request{Key: k})
+			return err == nil
+		})
+		if d.Remaining != limit-2 {
+			t.Fatalf("acknowledged key %v after the takeover: %+v; want its admission kept (%d remaining after this peek)", k, d, limit-2)
+		}
+	}
+	t.Logf("%d admissions acknowledged (all kept after the crash), %d answered unavailable at the backup's cap", len(acked), refused)
 }

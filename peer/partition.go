@@ -123,8 +123,11 @@ type part struct {
 	// node, for the orphan grace).
 	since time.Time
 
-	// Replica side: our copy of another holder's partition.
-	rep replica
+	// Replica side: our copy of another holder's partition, and the next
+	// copy while one is being made (it replaces rep only when complete, so
+	// a copy that fails half-way never costs the complete one).
+	rep  replica
+	next replica
 	// released records the newest RELEASE received without a matching
 	// copy (it can overtake the promote answer that installs the copy):
 	// a copy from that holder at that epoch or older is not installed.

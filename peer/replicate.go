@@ -514,13 +514,28 @@ func (n *Node) applyOpKeys(sender string, kind peerpb.PartitionOp_Kind, part uin
 		if pt.role != roleHolder && pt.role != roleFenced {
 			pt.learnLocked(sender, epoch-1, now)
 		}
-		pt.rep = replica{holder: sender, epoch: epoch, store: n.newPartStore(), leaseEnd: pt.rep.leaseEnd, made: n.mono()}
+		// The new copy is built beside the complete one we may have; it
+		// replaces it only at SYNC_END.
+		pt.next = replica{holder: sender, epoch: epoch, store: n.newPartStore(), made: n.mono()}
 		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
-	case peerpb.PartitionOp_KIND_SYNC_CHUNK, peerpb.PartitionOp_KIND_ADMIT, peerpb.PartitionOp_KIND_REPLACE:
-		if pt.rep.holder != sender || pt.rep.epoch != epoch || pt.rep.store == nil {
+	case peerpb.PartitionOp_KIND_SYNC_CHUNK:
+		if pt.next.holder != sender || pt.next.epoch != epoch || pt.next.store == nil {
 			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
-		if kind != peerpb.PartitionOp_KIND_SYNC_CHUNK && !pt.rep.complete {
+		accepted := 0
+		for _, k := range keys {
+			if err := pt.next.store.Import(k.st, k.p.sp, now); err != nil {
+				// This node cannot hold the copy (capacity): give it up;
+				// the complete copy we had, if any, stays.
+				pt.next = replica{}
+				return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, accepted: uint32(accepted)}
+			}
+			accepted++
+		}
+		n.metrics.Backup("received", "ok", accepted)
+		return opResult{status: peerpb.OpStatus_OP_STATUS_OK, accepted: uint32(accepted)}
+	case peerpb.PartitionOp_KIND_ADMIT, peerpb.PartitionOp_KIND_REPLACE:
+		if pt.rep.holder != sender || pt.rep.epoch != epoch || pt.rep.store == nil || !pt.rep.complete {
 			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
 		accepted := 0
@@ -534,25 +549,27 @@ func (n *Node) applyOpKeys(sender string, kind peerpb.PartitionOp_Kind, part uin
 				}
 			}
 			if err := pt.rep.store.Import(st, p.sp, now); err != nil {
-				// The copy cannot hold the key (capacity): it is not a
-				// complete copy any more.
-				pt.rep.complete = false
+				// The copy cannot hold the key (capacity). The operation
+				// fails, so the holder does not acknowledge what it
+				// carried; the copy still holds every admission that was
+				// acknowledged, so it stays complete for a takeover.
 				return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, accepted: uint32(accepted)}
 			}
 			accepted++
 		}
 		n.metrics.Backup("received", "ok", accepted)
-		if kind == peerpb.PartitionOp_KIND_SYNC_CHUNK {
-			return opResult{status: peerpb.OpStatus_OP_STATUS_OK, accepted: uint32(accepted)}
-		}
 		r := grant()
 		r.accepted = uint32(accepted)
 		return r
 	case peerpb.PartitionOp_KIND_SYNC_END:
-		if pt.rep.holder != sender || pt.rep.epoch != epoch || pt.rep.store == nil {
+		if pt.next.holder != sender || pt.next.epoch != epoch || pt.next.store == nil {
 			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
+		lease := pt.rep.leaseEnd // a lease granted stays granted
+		pt.rep = pt.next
 		pt.rep.complete = true
+		pt.rep.leaseEnd = lease
+		pt.next = replica{}
 		return grant()
 	case peerpb.PartitionOp_KIND_HEARTBEAT:
 		if pt.rep.holder != sender || pt.rep.epoch != epoch || !pt.rep.complete {
@@ -560,8 +577,12 @@ func (n *Node) applyOpKeys(sender string, kind peerpb.PartitionOp_Kind, part uin
 		}
 		return grant()
 	case peerpb.PartitionOp_KIND_RELEASE:
+		if pt.next.holder == sender && pt.next.epoch <= epoch {
+			pt.next = replica{}
+		}
 		if pt.rep.holder == sender && pt.rep.epoch <= epoch {
 			pt.rep = replica{}
+			pt.next = replica{}
 		} else if pt.rep.holder == "" {
 			pt.releasedBy, pt.releasedEpoch = sender, epoch
 		}
@@ -609,6 +630,7 @@ func (s *server) Promote(_ context.Context, req *peerpb.PromoteRequest) (*peerpb
 	// the sender's record of it begins (when it receives the answer).
 	pt.store = pt.rep.store
 	pt.rep = replica{}
+	pt.next = replica{}
 	pt.backup = req.GetSender()
 	pt.needSync = false
 	pt.leaseUntil.Store(n.mono() + holderLease(n.cfg.LeaseDuration))
