@@ -248,6 +248,8 @@ func (n *Node) reconcile(ctx context.Context) {
 	for to, ops := range beats {
 		n.sendOps(to, ops, nil)
 	}
+	// Settling changes readiness without a membership event.
+	n.updateReady()
 	// Steps run on their own goroutines (owned by the node, at most
 	// reconcileParallel at once) so that a long copy never holds up the
 	// next round's lease renewals. They run under the node's lifetime, not

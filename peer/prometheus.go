@@ -349,7 +349,7 @@ func b2f(b bool) float64 {
 // Ready implements Metrics.
 func (m *PrometheusMetrics) Ready(ready bool, reason string) {
 	m.ready.Set(b2f(ready))
-	for _, r := range []string{ReadyReasonClosing, ReadyReasonAlone, ReadyReasonIgnored} {
+	for _, r := range []string{ReadyReasonClosing, ReadyReasonAlone, ReadyReasonIgnored, ReadyReasonMoving} {
 		m.unready.WithLabelValues(r).Set(b2f(r == reason))
 	}
 }

@@ -23,6 +23,7 @@ const (
 	ReadyReasonClosing = "closing"
 	ReadyReasonAlone   = "alone"
 	ReadyReasonIgnored = "ignored_members"
+	ReadyReasonMoving  = "partitions_moving"
 )
 
 // readyState is the node's readiness bookkeeping.
@@ -62,9 +63,10 @@ func (n *Node) commitIgnored() map[string]string {
 
 // Ready reports whether the node is part of the cluster, and if not, why
 // (the reason is empty when ready). It is not ready while closing, while
-// it was given Join seeds but knows no other live member, or while it
+// it was given Join seeds but knows no other live member, while it
 // ignores live gossip members (another placement fingerprint,
-// unreadable metadata). Safe for concurrent use.
+// unreadable metadata, another cluster), or while partitions are still
+// moving to or from it (Settled). Safe for concurrent use.
 func (n *Node) Ready() (bool, string) {
 	ok, reason, _ := n.readiness()
 	return ok, reason
@@ -86,6 +88,9 @@ func (n *Node) readiness() (ok bool, reason, code string) {
 	}
 	if len(n.cfg.Join) > 0 && n.ml.NumMembers() <= 1 {
 		return false, fmt.Sprintf("alone: no live member reached through the seeds %v", n.cfg.Join), ReadyReasonAlone
+	}
+	if !n.Settled() {
+		return false, "partitions moving: this node does not yet hold exactly the partitions its ring gives it, each with its backup copy", ReadyReasonMoving
 	}
 	return true, "", ""
 }

@@ -50,9 +50,10 @@ func TestReadyIgnoredMember(t *testing.T) {
 		}
 	})
 	n0 := c.nodes[0]
-	if ok, reason := n0.Ready(); !ok || healthStatus(t, n0) != healthpb.HealthCheckResponse_SERVING {
-		t.Fatalf("n0 in a healthy cluster: Ready = %v, %q; want ready and SERVING", ok, reason)
-	}
+	waitFor(t, 10*time.Second, "n0 in a healthy, settled cluster to be ready and SERVING", func() bool {
+		ok, _ := n0.Ready()
+		return ok && healthStatus(t, n0) == healthpb.HealthCheckResponse_SERVING
+	})
 	notReady := tap.on("readiness changed", func(a map[string]string) bool { return a["ready"] == "false" })
 	ignoredEv := tap.on("gossip membership", func(a map[string]string) bool { return a["member"] == "odd" })
 	odd := c.addWith("odd", func(cfg *Config) { cfg.Ring.PartitionCount = 97 })
@@ -77,7 +78,11 @@ func TestReadyIgnoredMember(t *testing.T) {
 	}
 	var got []string
 	for len(m.ch) > 0 {
-		got = append(got, <-m.ch)
+		r := <-m.ch
+		if r == ReadyReasonMoving || len(got) > 0 && got[len(got)-1] == r {
+			continue // partitions moving while the cluster forms: not this test's subject
+		}
+		got = append(got, r)
 	}
 	if strings.Join(got, ",") != "ready,ignored_members,ready" {
 		t.Fatalf("Metrics.Ready reports = %v, want ready, ignored_members, ready", got)

@@ -204,7 +204,17 @@ func TestReconnectAloneNotReady(t *testing.T) {
 	for _, nd := range c.nodes {
 		waitView(t, nd, 15*time.Second, nd.Name()+" to see 2 members after the link came back", func() bool { return len(nd.Members()) == 2 })
 	}
-	if ok, reason := n1.Ready(); !ok {
-		t.Fatalf("n1 rejoined: Ready = false, %q", reason)
+	// Ready once its partitions are back (they move as on any join).
+	deadline := time.Now().Add(15 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if ok, _ := n1.Ready(); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("n1 not ready 15 s after the rejoin: %s; %s", c.nodes[0].unsettledForTest(), n1.unsettledForTest())
+		}
+		<-tick.C
 	}
 }

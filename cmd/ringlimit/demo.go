@@ -379,7 +379,7 @@ func (d *demo) gracefulLeave(ctx context.Context, stay []*peer.Node, leaver *pee
 	cancel()
 	closeDur := time.Since(t0)
 	if err := waitUntil(ctx, 10*time.Second, "the remaining nodes to see 2 members", func() bool {
-		return len(stay[0].Members()) == 2 && len(stay[1].Members()) == 2
+		return len(stay[0].Members()) == 2 && len(stay[1].Members()) == 2 && stay[0].Settled() && stay[1].Settled()
 	}); err != nil {
 		return err
 	}
@@ -657,9 +657,9 @@ func startCluster(ctx context.Context, names []string, base peer.Config) ([]*pee
 		}
 		nodes = append(nodes, nd)
 	}
-	err := waitUntil(ctx, 15*time.Second, fmt.Sprintf("every node to see %d members", len(names)), func() bool {
+	err := waitUntil(ctx, 30*time.Second, fmt.Sprintf("every node to see %d members and hold its partitions", len(names)), func() bool {
 		for _, nd := range nodes {
-			if len(nd.Members()) != len(names) {
+			if len(nd.Members()) != len(names) || !nd.Settled() {
 				return false
 			}
 		}
