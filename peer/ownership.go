@@ -232,13 +232,12 @@ func (n *Node) reconcile(ctx context.Context) {
 			// A transfer whose promote failed: settle it.
 			jobs = append(jobs, n.job(i, func(ctx context.Context) { n.settleFenced(ctx, i) }))
 		default:
+			// A copy is never dropped for silence alone: a holder starved
+			// of CPU renews late, and its copy is all a crash would leave.
+			// A copy that is stale because its holder moved on is found
+			// out by the probe before any takeover.
 			gone := !n.alive(rep.holder) || n.restartedSince(rep.holder, rep.made)
-			if rep.complete && !gone && nowMono > rep.leaseEnd+2*int64(n.cfg.LeaseDuration) {
-				// The holder lives but has not renewed with us for two
-				// leases: we are no longer its backup (its release was
-				// lost). The copy is stale; drop it.
-				n.dropStaleReplica(i, rep.holder, rep.epoch)
-			} else if rep.complete && gone && nowMono > rep.leaseEnd {
+			if rep.complete && gone && nowMono > rep.leaseEnd {
 				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.takeOver(ctx, i) }))
 			} else if v.snap.PartitionOwner(i) == n.name && n.orphanSuspect(v, pt) {
 				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.claimOrphan(ctx, i) }))
@@ -598,7 +597,9 @@ func (n *Node) orphanSuspect(v *view, pt *part) bool {
 	pt.mu.RLock()
 	holder, since := pt.holder, pt.since
 	pt.mu.RUnlock()
-	if holder != "" && n.alive(holder) {
+	// A holder that came back as a new process since we learned of it holds
+	// nothing: that counts as gone.
+	if holder != "" && n.alive(holder) && !n.restartedSince(holder, int64(since.Sub(n.started))) {
 		return false
 	}
 	ref := since
@@ -752,13 +753,20 @@ func (n *Node) drain(ctx context.Context) error {
 	defer pause.Stop()
 	start := time.Now()
 	held0, keys0 := n.heldPartitions()
+	var emptySince time.Time
 	for {
 		n.reconcile(ctx)
 		held, keys := n.heldPartitions()
-		if held == 0 && n.replicasHeld() == 0 {
-			// Nothing held, and every holder that used us as its backup
-			// has a copy elsewhere (we refuse leases while closing).
-			n.log.Info("handoff on leave", "partitions", held0, "keys", keys0, "duration", time.Since(start))
+		if held == 0 && emptySince.IsZero() {
+			emptySince = time.Now()
+		}
+		// Nothing held, and every holder that used us as its backup has a
+		// copy elsewhere (we refuse leases while closing) — or two leases
+		// have passed since we held nothing: a holder still listing us has
+		// lost our release or is moving slowly; its lease from us has
+		// ended and it makes a new copy elsewhere.
+		if held == 0 && (n.replicasHeld() == 0 || time.Since(emptySince) > 2*n.cfg.LeaseDuration) {
+			n.log.Info("handoff on leave", "partitions", held0, "keys", keys0, "duration", time.Since(start), "copies_left", n.replicasHeld())
 			return nil
 		}
 		if n.view.Load().snap.Has(n.name) {
@@ -893,18 +901,6 @@ func (n *Node) logReplicasHeld() {
 	}
 }
 
-// dropStaleReplica drops partition pid's copy if it is still holder's at
-// epoch.
-func (n *Node) dropStaleReplica(pid int, holder string, epoch uint64) {
-	pt := &n.pt.parts[pid]
-	pt.mu.Lock()
-	defer pt.mu.Unlock()
-	if pt.rep.holder == holder && pt.rep.epoch == epoch {
-		pt.rep = replica{}
-		pt.next = replica{}
-		n.log.Debug("stale partition copy dropped", "partition", pid, "owner", holder, "epoch", epoch)
-	}
-}
 
 // giveWay drops every partition and copy this node holds: its cluster
 // (from) met a larger one (to) and joins it. The dropped keys restart empty
