@@ -901,7 +901,6 @@ func (n *Node) logReplicasHeld() {
 	}
 }
 
-
 // giveWay drops every partition and copy this node holds: its cluster
 // (from) met a larger one (to) and joins it. The dropped keys restart empty
 // on the other side.
