@@ -250,6 +250,10 @@ func (n *Node) meta(draining bool) meta {
 	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining, start: n.ops.start, cluster: n.clusterID.Load(), policies: n.table.Load().version}
 }
 
+// closeGrace is how long Close waits for the node's goroutines before the
+// caller's deadline counts (their RPCs have just been cut short).
+const closeGrace = 2 * time.Second
+
 // leaveLinger is how long a leaving node keeps serving redirects after
 // announcing its leave; a few gossip rounds at LAN timings.
 const leaveLinger = 200 * time.Millisecond
@@ -490,7 +494,24 @@ func (n *Node) close(ctx context.Context) error {
 		<-stopped
 	}
 	n.stopClients()
-	n.wg.Wait()
+	// Every goroutine the node started stops on n.ctx; wait for them, but
+	// never forever: a goroutine stuck past the deadline (plus a grace for
+	// RPCs cut short just now) is a bug to report, not a reason to hang the
+	// caller's shutdown.
+	waited := make(chan struct{})
+	go func() { n.wg.Wait(); close(waited) }()
+	grace := time.NewTimer(closeGrace)
+	defer grace.Stop()
+	select {
+	case <-waited:
+	case <-grace.C:
+		select {
+		case <-waited:
+		case <-ctx.Done():
+			n.log.Error("node goroutines did not stop by the close deadline")
+			errs = append(errs, fmt.Errorf("peer: goroutines still running at the close deadline: %w", ctx.Err()))
+		}
+	}
 	n.gossipLog.close()
 	n.log.Info("node closed")
 	return errors.Join(errs...)
