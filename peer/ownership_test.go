@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -353,6 +355,10 @@ func hoMembership(t *testing.T, c *cluster, load *hoLoad, rounds, workers int, p
 			err := nd.Close(ctx)
 			cancel()
 			if err != nil {
+				if d := os.Getenv("RINGLIMIT_STACKS"); d != "" {
+					buf := make([]byte, 8<<20)
+					_ = os.WriteFile(d, buf[:runtime.Stack(buf, true)], 0o644)
+				}
 				t.Fatalf("round %d: graceful Close of %s: %v", r, nd.Name(), err)
 			}
 			t.Logf("round %d: %s left in %v", r, nd.Name(), time.Since(start).Round(time.Millisecond))

@@ -120,8 +120,10 @@ func (p *pipe[Req, Resp]) send(req *Req, setID func(uint64), done func(*Resp, er
 	p.mu.Unlock()
 	if err := p.st.Send(req); err != nil {
 		if errors.Is(err, io.EOF) {
-			// The stream ended; the receiver reports why.
-			_, err = p.st.Recv()
+			// The stream ended. Only the receiver goroutine may call Recv
+			// (a stream allows one receiver at a time), so say that much;
+			// the receiver's own error follows in its log if it differs.
+			err = errors.New("peer: stream closed by the receiver")
 		}
 		p.fail(err)
 	}
