@@ -159,7 +159,9 @@ func runLoad(t *testing.T, d time.Duration, srvPID int, call loadCall) loadResul
 			counts[c] = int64(n)
 		})
 	}
-	time.Sleep(d) // the measured interval itself, not a wait for an event
+	// The measured interval: the workers run until the timer fires.
+	interval := time.NewTimer(d)
+	<-interval.C
 	stop.Store(true)
 	wg.Wait()
 	elapsed := time.Since(t0)

@@ -221,18 +221,25 @@ func (n *Node) route(ctx context.Context, r *opReq, ek []byte) (Decision, error)
 	var cause error
 	redirect := ""
 	redirects := 0
-	waitUntil := time.Now().Add(n.cfg.ForwardTimeout)
+	// The routing deadline is read from the clock only once a request
+	// cannot be decided at once: the local path reads the clock once, in
+	// decideHere.
+	var waitUntil time.Time
 	waited := time.Duration(0)
 	for {
 		v = n.view.Load()
 		d, st, ch, err := n.decideHere(ctx, v, pt, pid, r, ek)
-		switch st {
-		case decided:
+		if st == decided {
 			if err != nil {
 				return n.unavailable(r, err)
 			}
 			n.metrics.Decision(r.p.name, d.Reason, PathLocal)
 			return d, nil
+		}
+		if waitUntil.IsZero() {
+			waitUntil = time.Now().Add(n.cfg.ForwardTimeout)
+		}
+		switch st {
 		case waitHere:
 			if err := n.waitPart(ctx, ch, waitUntil); err != nil {
 				return n.unavailable(r, fmt.Errorf("%w: partition %d is moving: %w", ErrUnavailable, pid, err))

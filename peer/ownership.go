@@ -181,7 +181,7 @@ func (n *Node) ownerLoop() {
 		case <-t.C:
 		case <-n.own.kick:
 		}
-		n.reconcile(n.ctx)
+		n.reconcile()
 	}
 }
 
@@ -191,7 +191,7 @@ func (n *Node) ownerLoop() {
 // goroutines (one per partition at a time, bounded by reconcileParallel);
 // reconcile itself does not block on the network except for heartbeats,
 // which it sends without waiting.
-func (n *Node) reconcile(ctx context.Context) {
+func (n *Node) reconcile() {
 	// Failed members age out of the quorum count without a membership
 	// event: refresh the decision path's copy here too.
 	n.hasQuorum.Store(n.quorum())
@@ -245,7 +245,7 @@ func (n *Node) reconcile(ctx context.Context) {
 		}
 	}
 	for to, ops := range beats {
-		n.sendOps(to, ops, nil)
+		n.sendOps(to, ops)
 	}
 	// Settling changes readiness without a membership event.
 	n.updateReady()
@@ -345,7 +345,7 @@ func (n *Node) establishBackup(ctx context.Context, pid int, to string) {
 		return
 	}
 	if old != "" && old != to {
-		n.sendOps(old, []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_RELEASE, Partition: uint32(pid), Epoch: epoch}}, nil)
+		n.release(old, pid, epoch)
 	}
 }
 
@@ -450,7 +450,7 @@ func (n *Node) transfer(ctx context.Context, pid int, to string) {
 		return
 	}
 	if backup != "" && backup != to {
-		n.sendOps(backup, []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_RELEASE, Partition: uint32(pid), Epoch: epoch}}, nil)
+		n.release(backup, pid, epoch)
 	}
 	n.promote(ctx, pid, to)
 }
@@ -755,7 +755,7 @@ func (n *Node) drain(ctx context.Context) error {
 	held0, keys0 := n.heldPartitions()
 	var emptySince time.Time
 	for {
-		n.reconcile(ctx)
+		n.reconcile()
 		held, keys := n.heldPartitions()
 		if held == 0 && emptySince.IsZero() {
 			emptySince = time.Now()
@@ -883,7 +883,7 @@ func (n *Node) dropBackup(pid int, epoch uint64, backup string) {
 	pt.backup = ""
 	pt.needSync = false
 	pt.mu.Unlock()
-	n.sendOps(backup, []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_RELEASE, Partition: uint32(pid), Epoch: epoch}}, nil)
+	n.release(backup, pid, epoch)
 }
 
 // logReplicasHeld logs, at Debug, the copies a draining node still keeps.

@@ -77,7 +77,7 @@ const replQueueLen = 8192
 
 // sendOps queues ops to member to without waiting for them; results are
 // applied to the partitions when they arrive.
-func (n *Node) sendOps(to string, ops []*peerpb.PartitionOp, _ chan error) {
+func (n *Node) sendOps(to string, ops []*peerpb.PartitionOp) {
 	c, err := n.peerClient(to)
 	if err != nil {
 		return
@@ -91,6 +91,13 @@ func (n *Node) sendOps(to string, ops []*peerpb.PartitionOp, _ chan error) {
 			return
 		}
 	}
+}
+
+// release tells member to, our former backup of partition pid at epoch,
+// to drop its copy (best effort: a lost release leaves a copy that a probe
+// finds stale before any takeover).
+func (n *Node) release(to string, pid int, epoch uint64) {
+	n.sendOps(to, []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_RELEASE, Partition: uint32(pid), Epoch: epoch}})
 }
 
 // replicateAdmission queues one admission of key in partition pid at epoch
