@@ -17,13 +17,49 @@ import (
 // variants (slowDetect, hoGossip, hoCrashGossip) start from.
 func fastGossip(mc *memberlist.Config) { GossipFast.Apply(mc) }
 
-// testLogger returns a logger writing to the test log when RINGLIMIT_TEST_LOG
-// is set, and a discarding one otherwise.
+// testLogger returns a logger for a test's nodes. With RINGLIMIT_TEST_LOG
+// set it writes every line (debug level) to stderr. Otherwise it keeps the
+// test's last recorderLines lines (info level and up, from every node of
+// the test) in memory and writes them to the test log only if the test
+// fails, so a failure seen once in CI comes with its history.
 func testLogger(t testing.TB) *slog.Logger {
-	if os.Getenv("RINGLIMIT_TEST_LOG") == "" {
-		return slog.New(slog.DiscardHandler)
+	if os.Getenv("RINGLIMIT_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	r, loaded := recorders.LoadOrStore(t, &recorder{})
+	rec := r.(*recorder)
+	if !loaded {
+		t.Cleanup(func() {
+			recorders.Delete(t)
+			if t.Failed() {
+				rec.mu.Lock()
+				t.Logf("last %d log lines of the test's nodes:\n%s", len(rec.lines), strings.Join(rec.lines, ""))
+				rec.mu.Unlock()
+			}
+		})
+	}
+	return slog.New(slog.NewTextHandler(rec, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+// recorderLines bounds what a recorder keeps.
+const recorderLines = 400
+
+var recorders sync.Map // testing.TB -> *recorder
+
+// recorder keeps the last recorderLines lines written to it.
+type recorder struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.lines) == recorderLines {
+		r.lines = append(r.lines[:0], r.lines[1:]...)
+	}
+	r.lines = append(r.lines, string(p))
+	return len(p), nil
 }
 
 type cluster struct {
@@ -141,8 +177,17 @@ func (c *cluster) waitMembers(want int) {
 		}
 		if time.Now().After(deadline) {
 			var why []string
+			seen := map[int]bool{}
 			for _, nd := range c.live() {
 				why = append(why, nd.unsettledForTest())
+				for _, pid := range nd.unsettledPids() {
+					if !seen[pid] && len(seen) < 4 {
+						seen[pid] = true
+						for _, o := range c.live() {
+							why = append(why, "  "+o.partForTest(pid))
+						}
+					}
+				}
 			}
 			c.t.Fatalf("timed out after 60s waiting for every partition to settle on its target:\n%s", strings.Join(why, "\n"))
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"sort"
 	"strings"
 	"time"
 
@@ -188,7 +189,7 @@ func (n *Node) unsettledForTest() string {
 	for i := range n.pt.parts {
 		pt := &n.pt.parts[i]
 		pt.mu.RLock()
-		r, backup, needSync, epoch := pt.role, pt.backup, pt.needSync, pt.epoch
+		r, backup, needSync, epoch, holder := pt.role, pt.backup, pt.needSync, pt.epoch, pt.holder
 		lease := pt.leaseUntil.Load() - n.mono()
 		rep := pt.rep
 		pt.mu.RUnlock()
@@ -200,8 +201,41 @@ func (n *Node) unsettledForTest() string {
 		if shown++; shown > 6 {
 			continue
 		}
-		fmt.Fprintf(&b, " [p%d role=%v epoch=%d target=%s backup=%s want=%s needSync=%v lease=%v working=%v rep=%s@%d]",
-			i, r, epoch, target, backup, n.desiredBackup(v, i), needSync, time.Duration(lease), n.isWorking(i), rep.holder, rep.epoch)
+		fmt.Fprintf(&b, " [p%d role=%v holder=%s epoch=%d target=%s backup=%s want=%s needSync=%v lease=%v working=%v rep=%s@%d]",
+			i, r, holder, epoch, target, backup, n.desiredBackup(v, i), needSync, time.Duration(lease), n.isWorking(i), rep.holder, rep.epoch)
 	}
-	return fmt.Sprintf("%s: %d unsettled%s", n.name, shown, b.String())
+	members := make([]string, 0, len(v.alive))
+	for m := range v.alive {
+		members = append(members, m)
+	}
+	sort.Strings(members)
+	return fmt.Sprintf("%s (sees %v): %d unsettled%s", n.name, members, shown, b.String())
+}
+
+// partForTest describes partition pid as n knows it, for failure messages.
+func (n *Node) partForTest(pid int) string {
+	v := n.view.Load()
+	pt := &n.pt.parts[pid]
+	pt.mu.RLock()
+	defer pt.mu.RUnlock()
+	return fmt.Sprintf("%s: p%d role=%v holder=%s epoch=%d target=%s backup=%s needSync=%v rep=%s@%d complete=%v next=%s@%d",
+		n.name, pid, pt.role, pt.holder, pt.epoch, v.snap.PartitionOwner(pid), pt.backup, pt.needSync,
+		pt.rep.holder, pt.rep.epoch, pt.rep.complete, pt.next.holder, pt.next.epoch)
+}
+
+// unsettledPids lists the partitions that keep n from being settled.
+func (n *Node) unsettledPids() []int {
+	v := n.view.Load()
+	var out []int
+	for i := range n.pt.parts {
+		pt := &n.pt.parts[i]
+		pt.mu.RLock()
+		r, backup, needSync := pt.role, pt.backup, pt.needSync
+		pt.mu.RUnlock()
+		mine := r == roleHolder || r == roleFenced
+		if (v.snap.PartitionOwner(i) == n.name) != mine || r == roleFenced || mine && (needSync || backup != n.desiredBackup(v, i)) {
+			out = append(out, i)
+		}
+	}
+	return out
 }
