@@ -239,3 +239,26 @@ func (n *Node) unsettledPids() []int {
 	}
 	return out
 }
+
+// believeMovedForTest makes n, the holder of partition pid, forget it and
+// believe holder holds it at epoch: a stale record, as if learned from a
+// process that has since gone. The partition's state is dropped.
+func (n *Node) believeMovedForTest(pid int, holder string, epoch uint64) {
+	pt := &n.pt.parts[pid]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	pt.store = nil
+	pt.backup = ""
+	pt.leaseUntil.Store(0)
+	pt.setRoleLocked(roleMoved, holder, epoch, n.clock())
+}
+
+
+// dropCopyForTest makes n forget its copy of partition pid.
+func (n *Node) dropCopyForTest(pid int) {
+	pt := &n.pt.parts[pid]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	pt.rep = replica{}
+	pt.next = replica{}
+}

@@ -593,20 +593,27 @@ func (n *Node) takeOver(ctx context.Context, pid int) {
 // orphanSuspect reports whether partition pt, whose target this node is,
 // may have no holder at all: the node knows no live holder, and has known
 // none for longer than two leases plus failure detection could explain.
+// A holder the node believes in that is alive but has not moved the
+// partition here for that long is asked too (at most once a grace): a
+// belief can outlive its truth (a record learned from a process that has
+// since gone), and nothing else would ever correct it.
 func (n *Node) orphanSuspect(v *view, pt *part) bool {
 	pt.mu.RLock()
-	holder, since := pt.holder, pt.since
+	holder, since, probed := pt.holder, pt.since, pt.probedAt
 	pt.mu.RUnlock()
-	// A holder that came back as a new process since we learned of it holds
-	// nothing: that counts as gone.
-	if holder != "" && n.alive(holder) && !n.restartedSince(holder, int64(since.Sub(n.started))) {
-		return false
-	}
 	ref := since
 	if v.since.After(ref) {
 		ref = v.since
 	}
-	return time.Since(ref) > n.orphanGrace()
+	if time.Since(ref) <= n.orphanGrace() {
+		return false
+	}
+	// A holder that came back as a new process since we learned of it holds
+	// nothing: that counts as gone.
+	if holder != "" && n.alive(holder) && !n.restartedSince(holder, int64(since.Sub(n.started))) {
+		return probed == 0 || n.mono()-probed > int64(n.orphanGrace())
+	}
+	return true
 }
 
 // orphanGrace is how long a target waits, after it last saw a holder or a
@@ -620,14 +627,25 @@ func (n *Node) claimOrphan(ctx context.Context, pid int) {
 	if !n.quorum() {
 		return
 	}
+	pt := &n.pt.parts[pid]
+	pt.mu.Lock()
+	pt.probedAt = n.mono()
+	pt.mu.Unlock()
 	newest, ok := n.probe(ctx, pid)
+	if ok && !newest.held && newest.myCopy != "" {
+		// Nobody holds the partition, but a member keeps a complete copy
+		// of our own holding: a record that made us let go was wrong, and
+		// the copy's keeper waits for us, alive, to act. Promote it, as at
+		// the end of a transfer; it moves the partition on to its target.
+		n.promoteCopy(ctx, pid, newest.myCopy, newest.myCopyEpoch)
+		return
+	}
 	if !ok || newest.active {
 		if ok && newest.holder != "" {
 			n.learn(pid, newest.holder, newest.epoch)
 		}
 		return
 	}
-	pt := &n.pt.parts[pid]
 	pt.mu.Lock()
 	if pt.role == roleHolder || pt.role == roleFenced || pt.rep.complete {
 		pt.mu.Unlock()
@@ -649,6 +667,13 @@ type probeResult struct {
 	// active is set when some live member holds the partition, is moving
 	// it, or keeps a complete copy (it will take it over).
 	active bool
+	// held is set when some live member holds the partition or is moving
+	// it.
+	held bool
+	// myCopy is the member keeping the newest complete copy of this
+	// node's own holding (at myCopyEpoch), "" if none.
+	myCopy      string
+	myCopyEpoch uint64
 }
 
 // probe asks every other live member about partition pid. ok is false if
@@ -688,15 +713,43 @@ func (n *Node) probe(ctx context.Context, pid int) (probeResult, bool) {
 			}
 			switch role(in.Role) {
 			case roleHolder, roleFenced:
-				res.active = true
+				res.active, res.held = true, true
 			}
 			if in.ReplicaEpoch > 0 {
 				res.active = true
+				if in.ReplicaHolder == n.name && in.ReplicaEpoch > res.myCopyEpoch {
+					res.myCopy, res.myCopyEpoch = m, in.ReplicaEpoch
+				}
 			}
 		}()
 	}
 	wg.Wait()
 	return res, ok
+}
+
+// promoteCopy asks member to, which keeps a complete copy of this node's
+// holding of partition pid at epoch, to hold the partition at epoch + 1.
+// This node does not hold the partition (nobody does): it only hands its
+// old holding over to the copy, as a transfer's last step would.
+func (n *Node) promoteCopy(ctx context.Context, pid int, to string, epoch uint64) {
+	c, err := n.peerClient(to)
+	if err != nil {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, n.rpcTimeout())
+	resp, err := c.stub.Promote(rctx, &peerpb.PromoteRequest{Sender: n.name, Partition: uint32(pid), Epoch: epoch})
+	cancel()
+	switch {
+	case err != nil:
+		n.warnThrottled("partition restore: promote failed", "partition", pid, "peer", to, "err", err)
+	case resp.Ok:
+		n.learn(pid, to, resp.Epoch)
+		n.log.Warn("partition had no holder: its backup copy was promoted", "partition", pid, "peer", to, "epoch", resp.Epoch)
+	case resp.Epoch > epoch+1 && resp.Holder != "":
+		n.learn(pid, resp.Holder, resp.Epoch)
+	default:
+		n.warnThrottled("partition restore refused", "partition", pid, "peer", to, "err", resp.Error)
+	}
 }
 
 // learn records a newer holder of pid.

@@ -580,3 +580,70 @@ func TestBackupAtCapacity(t *testing.T) {
 	}
 	t.Logf("%d admissions acknowledged (all kept after the crash), %d answered unavailable at the backup's cap", len(acked), refused)
 }
+
+// TestOwnershipStaleBeliefCorrected gives a partition's target a record
+// that a live member holds the partition when that member does not: a
+// belief that can outlive its truth, and that nothing else would correct
+// (the member it names never moves the partition back). The target must
+// find out by asking every member after the orphan grace. If the member
+// keeps a complete copy of the target's old holding (it was the backup),
+// the copy is promoted and nothing is lost; if nobody keeps one, the
+// partition restarts empty at a newer epoch, logged and counted as lost.
+func TestOwnershipStaleBeliefCorrected(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the orphan grace")
+	}
+	for _, copyKept := range []bool{true, false} {
+		t.Run(fmt.Sprintf("copy-kept=%v", copyKept), func(t *testing.T) {
+			const limit = 5
+			logs := newHoLogs()
+			metrics := newHoMetrics()
+			c := startClusterWith(t, 2, Config{
+				Gossip:        hoGossip,
+				LeaseDuration: 500 * time.Millisecond,
+				Policies:      map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
+			}, func(i int, cfg *Config) {
+				cfg.Logger = slog.New(logs)
+				cfg.Metrics = metrics
+			})
+			n0, n1 := c.nodes[0], c.nodes[1]
+			key := pmKeyOwnedBy(t, n0, "p", "n0")
+			pid := n0.partIDForTest(key)
+			for range 2 {
+				if d, err := n1.Allow(context.Background(), Request{Key: key}); err != nil || !d.Allowed {
+					t.Fatalf("fill: %+v, %v", d, err)
+				}
+			}
+			if b := n0.backupForTest(pid); b != n1.Name() {
+				t.Fatalf("p%d's backup is %q, want n1", pid, b)
+			}
+			if !copyKept {
+				n1.dropCopyForTest(pid)
+			}
+			_, _, epoch := n0.roleForTest(pid)
+			n0.believeMovedForTest(pid, n1.Name(), epoch+1)
+			waitFor(t, 20*time.Second, "n0 to hold again the partition it wrongly believed n1 held", func() bool {
+				r, _, e := n0.roleForTest(pid)
+				return r == roleHolder && e > epoch+1
+			})
+			want := int64(limit - 3) // two before, one now
+			if !copyKept {
+				want = limit - 1
+			}
+			d, err := n1.Allow(context.Background(), Request{Key: key})
+			if err != nil || !d.Allowed || d.Owner != n0.Name() || d.Remaining != want {
+				t.Fatalf("Allow via n1 after the correction = %+v, %v; want an admission by n0 with %d remaining", d, err, want)
+			}
+			restored := logs.find(n0.Name(), "partition had no holder: its backup copy was promoted")
+			lost := logs.find(n0.Name(), "partition state lost: holder and backup both failed; restarted empty")
+			if copyKept && (len(restored) == 0 || len(lost) != 0 || metrics.handoffCount("lost/orphaned") != 0) {
+				t.Fatalf("with the copy kept: %d restored, %d lost log lines, %d counted lost; want 1+, 0, 0",
+					len(restored), len(lost), metrics.handoffCount("lost/orphaned"))
+			}
+			if !copyKept && (len(lost) == 0 || metrics.handoffCount("lost/orphaned") != 1) {
+				t.Fatalf("without a copy: %d lost log lines, %d counted lost; want 1+, 1", len(lost), metrics.handoffCount("lost/orphaned"))
+			}
+			c.waitMembers(2)
+		})
+	}
+}

@@ -122,6 +122,9 @@ type part struct {
 	// since is when the current holder knowledge was set (wall clock of the
 	// node, for the orphan grace).
 	since time.Time
+	// probedAt is when this node, the partition's target, last asked every
+	// member whether anyone holds it (node monotonic ns; 0: never).
+	probedAt int64
 
 	// Replica side: our copy of another holder's partition, and the next
 	// copy while one is being made (it replaces rep only when complete, so
