@@ -253,7 +253,6 @@ func (n *Node) believeMovedForTest(pid int, holder string, epoch uint64) {
 	pt.setRoleLocked(roleMoved, holder, epoch, n.clock())
 }
 
-
 // dropCopyForTest makes n forget its copy of partition pid.
 func (n *Node) dropCopyForTest(pid int) {
 	pt := &n.pt.parts[pid]
