@@ -19,6 +19,12 @@ var pmT0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 // optionally with its own offset. The test (or its workers) advance it.
 type sharedClock struct{ ns atomic.Int64 }
 
+// pmForwardTimeout bounds forwards in the promise tests. They check
+// exactness, not latency: on a loaded 2-core machine a forward can stall
+// past the 500 ms default, and an unavailable answer there is a timing
+// artefact, not a broken promise.
+const pmForwardTimeout = 10 * time.Second
+
 // Now returns the shared time.
 func (c *sharedClock) Now() time.Time { return pmT0.Add(time.Duration(c.ns.Load())) }
 
@@ -143,8 +149,9 @@ func TestPromiseRounds(t *testing.T) {
 	)
 	clk := &sharedClock{}
 	c := startCluster(t, 3, Config{
-		Policies: map[string]PolicyConfig{"p": {Limit: limit, Window: window}},
-		Clock:    clk.Now,
+		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: window}},
+		Clock:          clk.Now,
+		ForwardTimeout: pmForwardTimeout,
 	})
 	keys := pmKeys(nkeys, "p")
 	owners := pmOwners(t, c, keys)
@@ -277,8 +284,9 @@ func TestPromiseFreeRunning(t *testing.T) {
 	c := startCluster(t, 3, Config{
 		// Resolution 1 µs keeps recorded times equal to decision times
 		// (steps are whole microseconds), which the refusal check needs.
-		Policies: map[string]PolicyConfig{"p": {Limit: limit, Window: window, Resolution: time.Microsecond}},
-		Clock:    clk.Now,
+		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: window, Resolution: time.Microsecond}},
+		Clock:          clk.Now,
+		ForwardTimeout: pmForwardTimeout,
 	})
 	keys := pmKeys(nkeys, "p")
 	owners := pmOwners(t, c, keys)
@@ -415,7 +423,8 @@ func TestPromiseOwnerClock(t *testing.T) {
 	clk := &sharedClock{}
 	offsets := []time.Duration{0, time.Hour, -time.Hour}
 	c := startClusterWith(t, 3, Config{
-		Policies: map[string]PolicyConfig{"p": {Limit: limit, Window: window}},
+		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: window}},
+		ForwardTimeout: pmForwardTimeout,
 	}, func(i int, cfg *Config) { cfg.Clock = clk.WithOffset(offsets[i]) })
 
 	offsetOf := map[*Node]time.Duration{}
@@ -470,8 +479,9 @@ func TestPromiseShadow(t *testing.T) {
 	)
 	clk := &sharedClock{}
 	c := startCluster(t, 2, Config{
-		Policies: map[string]PolicyConfig{"shadow": {Limit: limit, Window: window, Shadow: true}},
-		Clock:    clk.Now,
+		Policies:       map[string]PolicyConfig{"shadow": {Limit: limit, Window: window, Shadow: true}},
+		Clock:          clk.Now,
+		ForwardTimeout: pmForwardTimeout,
 	})
 	via := c.nodes[0]
 	for _, owner := range c.nodes {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -589,51 +588,7 @@ func newTestNet(t *testing.T, ip, prefix string, nodes int) *testNet {
 // cleanup; `ip netns exec` execs the binary, so the process is serve itself.
 func startNetnsServe(t *testing.T, ip, ns, exe, name string, args []string) *serveProc {
 	t.Helper()
-	p := &serveProc{name: name, cmd: exec.Command(ip, append([]string{"netns", "exec", ns, exe}, args...)...), exited: make(chan struct{})}
-	p.cmd.Env = childEnv(os.Environ())
-	stderr, err := p.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	serving := make(chan map[string]any, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.log.Write(sc.Bytes())
-			p.log.WriteByte('\n')
-			p.mu.Unlock()
-			var rec map[string]any
-			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == "serving" {
-				serving <- rec
-			}
-		}
-		_ = p.cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		_ = p.stdin.Close()
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-		if t.Failed() {
-			t.Logf("log of %s:\n%s", name, p.logText())
-		}
-	})
-	select {
-	case rec := <-serving:
-		p.httpAddr, _ = rec["http_addr"].(string)
-		p.grpcAddr, _ = rec["grpc_addr"].(string)
-		p.gossipAddr, _ = rec["gossip_addr"].(string)
-	case <-p.exited:
-		t.Fatalf("%s exited before serving (%v):\n%s", name, p.cmd.ProcessState, p.logText())
-	case <-time.After(20 * time.Second):
-		t.Fatalf("%s did not log \"serving\" within 20s:\n%s", name, p.logText())
-	}
-	return p
+	cmd := exec.Command(ip, append([]string{"netns", "exec", ns, exe}, args...)...)
+	cmd.Env = childEnv(os.Environ())
+	return launchServe(t, name, cmd)
 }

@@ -85,8 +85,24 @@ func startServe(t *testing.T, name string, env []string, extra ...string) *serve
 	args := append([]string{"serve", "--name", name,
 		"--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--log-format", "json", "--gossip-profile", "fast", "--drain-timeout", "5s", "--exit-on-stdin-eof"}, extra...)
-	p := &serveProc{name: name, cmd: exec.Command(exe, args...), exited: make(chan struct{})}
-	p.cmd.Env = append(childEnv(os.Environ()), env...)
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(childEnv(os.Environ()), env...)
+	p := launchServe(t, name, cmd)
+	for _, a := range []string{p.httpAddr, p.grpcAddr, p.gossipAddr} {
+		if host, _, err := net.SplitHostPort(a); err != nil || host != "127.0.0.1" {
+			t.Fatalf("%s: serving line has address %q, want 127.0.0.1:port", name, a)
+		}
+	}
+	return p
+}
+
+// launchServe starts cmd (a serve command line, its environment set) with
+// its stdin held open (--exit-on-stdin-eof), records its log, and waits
+// for its "serving" line. The process is killed at cleanup if still
+// running, and its log is shown if the test failed.
+func launchServe(t *testing.T, name string, cmd *exec.Cmd) *serveProc {
+	t.Helper()
+	p := &serveProc{name: name, cmd: cmd, exited: make(chan struct{})}
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -134,11 +150,6 @@ func startServe(t *testing.T, name string, env []string, extra ...string) *serve
 		t.Fatalf("%s exited before serving (%v):\n%s", name, p.cmd.ProcessState, p.logText())
 	case <-time.After(20 * time.Second):
 		t.Fatalf("%s did not log \"serving\" within 20s:\n%s", name, p.logText())
-	}
-	for _, a := range []string{p.httpAddr, p.grpcAddr, p.gossipAddr} {
-		if host, _, err := net.SplitHostPort(a); err != nil || host != "127.0.0.1" {
-			t.Fatalf("%s: serving line has address %q, want 127.0.0.1:port", name, a)
-		}
 	}
 	return p
 }
