@@ -53,9 +53,12 @@ func TestLeaseOperations(t *testing.T) {
 	}
 	rateKey := Key{Tenant: key.Tenant, Subject: key.Subject, Policy: "rate"}
 	for name, call := range map[string]func() error{
-		"Allow on conc":   func() error { _, err := n0.Allow(ctx, Request{Key: key}); return err },
-		"Refund on conc":  func() error { _, err := n0.Refund(ctx, Request{Key: key}); return err },
-		"multi with conc": func() error { _, err := n0.Allow(ctx, Request{Key: Key{Tenant: key.Tenant, Subject: key.Subject}, Policies: []string{"rate", "conc"}}); return err },
+		"Allow on conc":  func() error { _, err := n0.Allow(ctx, Request{Key: key}); return err },
+		"Refund on conc": func() error { _, err := n0.Refund(ctx, Request{Key: key}); return err },
+		"multi with conc": func() error {
+			_, err := n0.Allow(ctx, Request{Key: Key{Tenant: key.Tenant, Subject: key.Subject}, Policies: []string{"rate", "conc"}})
+			return err
+		},
 		"Acquire on rate": func() error { _, err := n0.Acquire(ctx, Request{Key: rateKey}); return err },
 		"Release on rate": func() error { _, err := n0.Release(ctx, rateKey, 1); return err },
 	} {
