@@ -45,6 +45,9 @@ func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
 	if p == nil {
 		return Decision{}, fmt.Errorf("%w: %q", ErrUnknownPolicy, req.Key.Policy)
 	}
+	if p.sp.Algorithm == shard.Concurrency {
+		return Decision{}, errNeedsLease(p.name)
+	}
 	p = p.forKey(req.Key.Tenant, req.Key.Subject)
 	hits := req.Hits
 	if hits == 0 {
@@ -104,6 +107,10 @@ type opReq struct {
 	// each. The decision must not be answered before wait yields nil.
 	deferWait bool
 	wait      *replItem // its done yields; then the waiter returns it to the pool
+	// lease is the lease id of OP_RELEASE, and of OP_ACQUIRE once granted
+	// (lease.go).
+	lease    uint64
+	leaseTTL time.Duration // the holder's TTL of a granted lease
 }
 
 // do validates req for op and routes it.
@@ -177,6 +184,9 @@ func (n *Node) parseReqInto(r *opReq, op peerpb.Op, key Key, policies []string, 
 			if p == nil {
 				return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
 			}
+			if p.sp.Algorithm == shard.Concurrency {
+				return nil, errNeedsLease(name)
+			}
 			p = p.forKey(key.Tenant, key.Subject)
 			if hits > p.sp.Limit && !p.unlimited {
 				return nil, fmt.Errorf("%w: hits %d exceed policy %q's limit %d", ErrInvalidHits, hits, name, p.sp.Limit)
@@ -195,8 +205,11 @@ func (n *Node) parseReqInto(r *opReq, op peerpb.Op, key Key, policies []string, 
 	if r.p == nil {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, key.Policy)
 	}
+	if err := checkLeaseOp(op, r.p); err != nil {
+		return nil, err
+	}
 	r.p = r.p.forKey(key.Tenant, key.Subject)
-	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK) && hits > r.p.sp.Limit && !r.p.unlimited {
+	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK || op == peerpb.Op_OP_ACQUIRE) && hits > r.p.sp.Limit && !r.p.unlimited {
 		return nil, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, r.p.sp.Limit)
 	}
 	return ek, nil
@@ -488,6 +501,9 @@ func unlimitedDecision(owner string, v *view, now time.Time) Decision {
 // policies, fail closed if any of them does, else the first's); peeks,
 // refunds and resets are never answered without their holder.
 func (n *Node) unavailable(r *opReq, cause error) (Decision, error) {
+	if r.op == peerpb.Op_OP_ACQUIRE {
+		return n.acquireUnavailable(r, cause)
+	}
 	if r.op != peerpb.Op_OP_CHECK {
 		// Never answered without the holder, even for an unlimited key.
 		return n.onUnavailable(&policy{name: r.p.name, sp: r.p.sp}, r.key, r.hits, cause)
@@ -516,7 +532,7 @@ func (n *Node) onUnavailable(p *policy, key Key, hits int64, cause error) (Decis
 	if errors.Is(cause, ErrClosed) {
 		return Decision{}, ErrClosed
 	}
-	if errors.Is(cause, ErrInvalidKey) || errors.Is(cause, ErrInvalidHits) || errors.Is(cause, ErrUnknownPolicy) {
+	if errors.Is(cause, ErrInvalidKey) || errors.Is(cause, ErrInvalidHits) || errors.Is(cause, ErrUnknownPolicy) || errors.Is(cause, ErrWrongAlgorithm) {
 		return Decision{}, cause
 	}
 	v := n.view.Load()

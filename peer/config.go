@@ -41,6 +41,9 @@ const (
 	SlidingLog  = shard.SlidingLog
 	TokenBucket = shard.TokenBucket
 	FixedWindow = shard.FixedWindow
+	// Concurrency caps the requests in progress: Node.Acquire and
+	// Node.Release (Limit leases held at once, Window the lease TTL).
+	Concurrency = shard.Concurrency
 )
 
 // OnUnavailable says what a node does when a key's owner cannot be reached in
@@ -87,9 +90,11 @@ func ParseOnUnavailable(s string) (OnUnavailable, error) {
 // PolicyConfig is one entry of the server-side policy table. The owner's
 // table decides: a request only names the policy.
 type PolicyConfig struct {
-	// Limit is the number of units per Window. Must be positive.
+	// Limit is the number of units per Window (for Concurrency, the units
+	// held at once). Must be positive.
 	Limit int64
-	// Window is the rolling window. Must be positive.
+	// Window is the rolling window (for Concurrency, the lease TTL: a lease
+	// not released expires Window after it was taken). Must be positive.
 	Window time.Duration
 	// Algorithm is the limiting algorithm. Zero means SlidingLog.
 	Algorithm Algorithm

@@ -67,12 +67,16 @@ const (
 	// ReasonUnlimited: an Unlimited override covers the key; admitted
 	// without counting (Limit and Remaining are 0).
 	ReasonUnlimited
+	// ReasonReleased: the holder ended a lease (Node.Release); Allowed
+	// reports whether a live lease was ended, Remaining is the new state.
+	ReasonReleased
 )
 
-var reasonNames = [...]string{"", "admitted", "over_limit", "shadow", "failed_open", "fallback", "unavailable", "peek", "refunded", "reset", "unlimited"}
+var reasonNames = [...]string{"", "admitted", "over_limit", "shadow", "failed_open", "fallback", "unavailable", "peek", "refunded", "reset", "unlimited", "released"}
 
 // String returns the reason's stable name: admitted, over_limit, shadow,
-// failed_open, fallback, unavailable, peek, refunded, reset or unlimited.
+// failed_open, fallback, unavailable, peek, refunded, reset, unlimited or
+// released.
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) && r != 0 {
 		return reasonNames[r]

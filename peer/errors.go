@@ -22,6 +22,11 @@ var (
 	// ErrInvalidHits is returned when hits is negative or exceeds the
 	// policy's limit (it could never be admitted).
 	ErrInvalidHits = errors.New("peer: invalid hits")
+	// ErrWrongAlgorithm is returned when an operation does not apply to the
+	// policy's algorithm: Allow, a multi-policy check or Refund on a
+	// concurrency policy (use Acquire and Release), or Acquire or Release
+	// on any other policy.
+	ErrWrongAlgorithm = errors.New("peer: operation does not apply to the policy")
 	// ErrDuplicateName is returned by New when another live member already
 	// uses the node's name.
 	ErrDuplicateName = errors.New("peer: duplicate member name")

@@ -99,6 +99,12 @@ type MiddlewareConfig struct {
 // handler answers every request through OnError with an error wrapping
 // ErrInvalidConfig (500 by default) rather than panicking.
 //
+// For a concurrency policy (Algorithm Concurrency) the middleware takes a
+// lease instead (the Limiter must then implement Leaser, as *Node does):
+// admitted, next serves the request and the lease is released when next
+// returns or panics; at the limit, 429 with {"error":"concurrency limit
+// exceeded",...}; errors as above.
+//
 // The policy is looked up per request when the Limiter has a Policy(name)
 // method (as *Node has: its table can be replaced), else the table is read
 // once, here. The returned handler is safe for concurrent use.
@@ -158,6 +164,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if m.cfg.Hits != nil {
 		req.Hits = m.cfg.Hits(r)
 	}
+	if pc, ok := m.policy(key.Policy); ok && pc.Algorithm == Concurrency {
+		m.serveLeased(w, r, req, pc)
+		return
+	}
 	d, err := m.cfg.Limiter.Allow(r.Context(), req)
 	if err != nil {
 		m.fail(w, r, key, err)
@@ -176,6 +186,51 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Limit:             d.Limit,
 		RetryAfterSeconds: resetSeconds(pc, d),
 	})
+}
+
+// Leaser is what Middleware needs from a limiter for a concurrency
+// policy. *Node implements it.
+type Leaser interface {
+	// Acquire takes a lease, as Node.Acquire.
+	Acquire(ctx context.Context, req Request) (Lease, error)
+	// Release ends a lease, as Node.Release.
+	Release(ctx context.Context, key Key, id uint64) (Decision, error)
+}
+
+// serveLeased serves a request of a concurrency policy: it takes a lease
+// before next and releases it when next returns, also when next panics
+// (the release runs in a deferred call, before net/http's recovery). The
+// release does not use the request's context, which ends with the
+// request: a cancelled release would keep the lease until its TTL.
+func (m *middleware) serveLeased(w http.ResponseWriter, r *http.Request, req Request, pc PolicyConfig) {
+	key := req.Key
+	lz, ok := m.cfg.Limiter.(Leaser)
+	if !ok {
+		m.fail(w, r, key, fmt.Errorf("%w: policy %q is a concurrency policy and the limiter has no Acquire", ErrWrongAlgorithm, key.Policy))
+		return
+	}
+	l, err := lz.Acquire(r.Context(), req)
+	if err != nil {
+		m.fail(w, r, key, err)
+		return
+	}
+	RateLimitHeaders(w.Header(), key.Policy, pc, l.Decision)
+	if !l.Allowed {
+		writeJSON(w, http.StatusTooManyRequests, errorBody{
+			Error:             "concurrency limit exceeded",
+			Policy:            key.Policy,
+			Reason:            l.Reason.String(),
+			Limit:             l.Limit,
+			RetryAfterSeconds: resetSeconds(pc, l.Decision),
+		})
+		return
+	}
+	defer func() {
+		if _, err := lz.Release(context.WithoutCancel(r.Context()), key, l.ID); err != nil {
+			m.log.DebugContext(r.Context(), "lease release failed; it expires after its ttl", "policy", key.Policy, "err", err)
+		}
+	}()
+	m.next.ServeHTTP(w, r)
 }
 
 // policy returns the limiter's current entry for name.

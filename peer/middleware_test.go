@@ -463,3 +463,69 @@ func TestMiddlewareLogs(t *testing.T) {
 		})
 	}
 }
+
+// TestMiddlewareConcurrency: a concurrency policy takes a lease before the
+// handler and releases it when the handler returns, or panics; a request
+// over the cap is 429 and never reaches the handler.
+func TestMiddlewareConcurrency(t *testing.T) {
+	clk := newMWClock()
+	nd := startMWNode(t, peer.Config{Name: "mw", Clock: clk.Now, Policies: map[string]peer.PolicyConfig{
+		"inflight": {Limit: 2, Window: time.Minute, Algorithm: peer.Concurrency},
+	}})
+	key := peer.Key{Tenant: "t", Subject: "s", Policy: "inflight"}
+	entered := make(chan struct{})
+	proceed := make(chan struct{})
+	h := peer.Middleware(peer.MiddlewareConfig{
+		Limiter: nd,
+		Key:     func(*http.Request) (peer.Key, bool) { return key, true },
+	}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/panic" {
+			panic(http.ErrAbortHandler)
+		}
+		entered <- struct{}{}
+		<-proceed
+	}))
+	serve := func(path string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		func() {
+			defer func() { _ = recover() }()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		}()
+		return rec
+	}
+	free := func() int64 {
+		t.Helper()
+		d, err := nd.Peek(context.Background(), peer.Request{Key: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed {
+			return d.Remaining
+		}
+		return d.Remaining + 1 // what would be left after one more
+	}
+	done := make(chan *httptest.ResponseRecorder, 2)
+	for range 2 {
+		go func() { done <- serve("/") }()
+		<-entered
+	}
+	if got := free(); got != 0 {
+		t.Fatalf("two requests in progress: %d units free, want 0", got)
+	}
+	if rec := serve("/"); rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "concurrency limit exceeded") {
+		t.Fatalf("third concurrent request: %d %s, want 429", rec.Code, rec.Body)
+	}
+	close(proceed)
+	for range 2 {
+		if rec := <-done; rec.Code != http.StatusOK {
+			t.Fatalf("admitted request: %d %s", rec.Code, rec.Body)
+		}
+	}
+	if got := free(); got != 2 {
+		t.Fatalf("after the handlers returned: %d units free, want 2 (leases released)", got)
+	}
+	serve("/panic")
+	if got := free(); got != 2 {
+		t.Fatalf("after a panicking handler: %d units free, want 2 (lease released)", got)
+	}
+}

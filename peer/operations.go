@@ -21,7 +21,8 @@ import (
 // decideOther decides r (not a single-policy check) if this node holds
 // partition pid and may decide; the statuses are decideHere's.
 func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *opReq) (Decision, decideStatus, <-chan struct{}, error) {
-	exclusive := r.op == peerpb.Op_OP_REFUND || r.op == peerpb.Op_OP_RESET
+	// Lease operations replicate the key's whole state too (lease.go).
+	exclusive := r.op == peerpb.Op_OP_REFUND || r.op == peerpb.Op_OP_RESET || r.op == peerpb.Op_OP_ACQUIRE || r.op == peerpb.Op_OP_RELEASE
 	lock, unlock := pt.mu.RLock, pt.mu.RUnlock
 	if exclusive {
 		lock, unlock = pt.mu.Lock, pt.mu.Unlock
@@ -72,6 +73,8 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		if err == nil {
 			waits, err = n.replicateStateLocked(pt, pid, r, now)
 		}
+	case r.op == peerpb.Op_OP_ACQUIRE || r.op == peerpb.Op_OP_RELEASE:
+		d, waits, err = n.decideLeaseLocked(pt, pid, r, now, d)
 	case r.op == peerpb.Op_OP_RESET:
 		pt.store.Delete(r.key)
 		d = Decision{Allowed: true, Limit: r.p.sp.Limit, Remaining: r.p.sp.Limit, Reason: ReasonReset, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: now}
@@ -84,7 +87,10 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		if errors.Is(err, shard.ErrInvalidHits) {
 			return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrInvalidHits, err)
 		}
-		if errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidHits) {
+		if errors.Is(err, shard.ErrWrongAlgorithm) {
+			return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrWrongAlgorithm, err)
+		}
+		if errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidHits) || errors.Is(err, ErrWrongAlgorithm) {
 			return Decision{}, decided, nil, err
 		}
 		return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)

@@ -163,7 +163,7 @@ func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq) (wireDecisi
 		switch st {
 		case decided:
 			if err != nil {
-				if errors.Is(err, ErrInvalidHits) {
+				if errors.Is(err, ErrInvalidHits) || errors.Is(err, ErrWrongAlgorithm) {
 					return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err), nil
 				}
 				return bad(peerpb.Status_STATUS_UNAVAILABLE, err), nil
@@ -227,6 +227,28 @@ func (s *publicServer) Refund(ctx context.Context, req *peerpb.AllowRequest) (*p
 // TLS wherever clients must not reset quotas.
 func (s *publicServer) Reset(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	return s.do(ctx, peerpb.Op_OP_RESET, req)
+}
+
+// Acquire takes a lease of a concurrency policy.
+func (s *publicServer) Acquire(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+	pk := req.GetKey()
+	l, err := s.n.Acquire(ctx, Request{Key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, Hits: req.GetHits(), Policies: req.GetPolicies()})
+	if err != nil {
+		return nil, ToStatus(err)
+	}
+	out := DecisionToWire(l.Decision)
+	out.LeaseId, out.LeaseTtlNs = l.ID, int64(l.TTL)
+	return out, nil
+}
+
+// Release ends a lease of a concurrency policy.
+func (s *publicServer) Release(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+	pk := req.GetKey()
+	d, err := s.n.Release(ctx, Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, req.GetLeaseId())
+	if err != nil {
+		return nil, ToStatus(err)
+	}
+	return DecisionToWire(d), nil
 }
 
 // MaxBatch is the most requests one AllowBatch call (or HTTP /v1/checks

@@ -18,6 +18,7 @@ var statusTable = []struct {
 	{ErrInvalidKey, codes.InvalidArgument},
 	{ErrInvalidHits, codes.InvalidArgument},
 	{ErrUnknownPolicy, codes.NotFound},
+	{ErrWrongAlgorithm, codes.InvalidArgument},
 	{ErrClosed, codes.Unavailable},
 	{ErrUnavailable, codes.Unavailable},
 	{errNotOwner, codes.FailedPrecondition},

@@ -16,7 +16,7 @@ func stateToWire(st shard.KeyState) *peerpb.KeyState {
 		Runs:      make([]*peerpb.Run, len(st.Runs)),
 	}
 	for i, r := range st.Runs {
-		out.Runs[i] = &peerpb.Run{AgeNs: int64(r.Age), Count: r.Count}
+		out.Runs[i] = &peerpb.Run{AgeNs: int64(r.Age), Count: r.Count, LeaseId: r.ID}
 	}
 	return out
 }
@@ -33,7 +33,7 @@ func stateFromWire(ks *peerpb.KeyState) (shard.KeyState, error) {
 		Runs:      make([]shard.Run, len(ks.GetRuns())),
 	}
 	for i, r := range ks.GetRuns() {
-		st.Runs[i] = shard.Run{Age: time.Duration(r.GetAgeNs()), Count: r.GetCount()}
+		st.Runs[i] = shard.Run{Age: time.Duration(r.GetAgeNs()), Count: r.GetCount(), ID: r.GetLeaseId()}
 	}
 	return st, st.Validate()
 }

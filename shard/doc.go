@@ -16,7 +16,10 @@
 // promise while bounding a key's log to min(L, W/Resolution) runs.
 //
 // TokenBucket (GCRA) and FixedWindow are separate, named policies with
-// different promises, documented on their constants.
+// different promises, documented on their constants. Concurrency is not a
+// rate at all: it caps the units held at once by leases (Store.Acquire and
+// Store.Release), each expiring after the policy's Window unless released
+// first; Allow refuses it.
 //
 // # Time
 //

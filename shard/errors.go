@@ -21,6 +21,14 @@ var (
 	// ErrInvalidMulti is returned by Store.AllowMulti for no policies, more
 	// than MaxMulti, a policy named twice or an out slice too short.
 	ErrInvalidMulti = errors.New("shard: invalid multi-policy request")
+	// ErrWrongAlgorithm is returned when an operation does not apply to
+	// the policy's algorithm: Allow, AllowMulti or Refund on a Concurrency
+	// policy (use Acquire and Release), or Acquire or Release on any other.
+	ErrWrongAlgorithm = errors.New("shard: operation does not apply to the policy's algorithm")
+	// ErrInvalidLease is returned by Store.Acquire for a lease id of zero
+	// or one the key already holds; nothing changes, and the caller may
+	// retry with another id.
+	ErrInvalidLease = errors.New("shard: invalid lease id")
 	// ErrInvalidState is returned by Store.Import for a malformed key state.
 	ErrInvalidState = errors.New("shard: invalid key state")
 )

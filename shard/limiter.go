@@ -25,7 +25,8 @@ func NewLimiter(p Policy) (*Limiter, error) {
 
 // Allow decides whether hits units may be admitted at now and records them if
 // so. Over limit is Allowed == false with a nil error. Errors (time moved
-// backwards, invalid hits) change nothing.
+// backwards, invalid hits, a Concurrency policy: ErrWrongAlgorithm) change
+// nothing. Limiter has no leases; a concurrency limit is held by a Store.
 func (l *Limiter) Allow(now time.Time, hits int64) (Decision, error) {
 	t := now.UnixNano()
 	if t < l.last {
@@ -33,6 +34,9 @@ func (l *Limiter) Allow(now time.Time, hits int64) (Decision, error) {
 	}
 	if err := checkHits(&l.policy, hits); err != nil {
 		return Decision{}, err
+	}
+	if l.policy.Algorithm == Concurrency {
+		return Decision{}, errNeedsLease()
 	}
 	l.last = t
 	return l.lim.allow(t, l.policy, hits), nil
@@ -61,6 +65,9 @@ func (l *Limiter) Refund(now time.Time, hits int64) (Decision, error) {
 	}
 	if hits <= 0 {
 		return Decision{}, checkHits(&l.policy, hits)
+	}
+	if l.policy.Algorithm == Concurrency {
+		return Decision{}, errNeedsLease()
 	}
 	l.last = t
 	return l.lim.refund(t, l.policy, hits), nil

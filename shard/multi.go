@@ -32,8 +32,8 @@ type MultiItem struct {
 //
 // reqs must hold 1 to MaxMulti items with distinct policy names; each key,
 // policy and hits is checked as in Allow. Any error (ErrInvalidMulti,
-// ErrInvalidKey, ErrInvalidPolicy, ErrInvalidHits, ErrCapacity) changes
-// nothing. Each key's now is clamped as in Allow.
+// ErrInvalidKey, ErrInvalidPolicy, ErrInvalidHits, ErrWrongAlgorithm for a
+// Concurrency policy, ErrCapacity) changes nothing. Each key's now is clamped as in Allow.
 func (s *Store) AllowMulti(tenant, subject string, reqs []MultiItem, now time.Time, out []Decision) (refused int, err error) {
 	if err := checkMulti(tenant, subject, reqs, out); err != nil {
 		return -1, err
@@ -127,6 +127,9 @@ func checkMulti(tenant, subject string, reqs []MultiItem, out []Decision) error 
 		}
 		if r.Hits <= 0 || r.Hits > r.P.Limit {
 			return fmt.Errorf("%w (policy %q)", checkHits(&r.P, r.Hits), r.Policy)
+		}
+		if r.P.Algorithm == Concurrency {
+			return fmt.Errorf("%w (policy %q)", errNeedsLease(), r.Policy)
 		}
 		for j := range i {
 			if reqs[j].Policy == r.Policy {

@@ -47,7 +47,7 @@ func runMultiSequence(t *testing.T, seed uint64, rng *rand.Rand, store *Store, s
 	pols := make([]*multiPolicy, 1+rng.IntN(4))
 	minW := int64(MaxWindow)
 	for i := range pols {
-		p := randomPolicy(rng, Algorithm(rng.IntN(int(numAlgorithms))))
+		p := randomPolicy(rng, Algorithm(rng.IntN(int(Concurrency)))) // concurrency has its own model (concurrency_test.go)
 		pols[i] = &multiPolicy{name: fmt.Sprintf("p%d", i), p: p, model: newRefModel(p), last: minTime}
 		minW = min(minW, int64(p.Window))
 	}

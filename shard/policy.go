@@ -28,13 +28,22 @@ const (
 	// imported from another node (Store.Import) keeps its boundaries until
 	// it ends, so a handoff between offset clocks never resets it early.
 	FixedWindow
+	// Concurrency caps work in progress, not a rate: at most Limit units
+	// held at any moment by leases. Store.Acquire takes a lease of hits
+	// units; Store.Release ends it; a lease not released expires Window
+	// after it was taken (the lease TTL), so a crashed client cannot keep
+	// capacity. A lease exactly Window old has expired, as an admission
+	// exactly Window old has in the sliding log. Allow, AllowMulti and
+	// Refund refuse a Concurrency policy with ErrWrongAlgorithm: an
+	// admission that cannot be released would be a lease nobody ends.
+	Concurrency
 	numAlgorithms
 )
 
-var algorithmNames = [numAlgorithms]string{"sliding_log", "token_bucket", "fixed_window"}
+var algorithmNames = [numAlgorithms]string{"sliding_log", "token_bucket", "fixed_window", "concurrency"}
 
-// String returns the algorithm's stable name: sliding_log, token_bucket or
-// fixed_window.
+// String returns the algorithm's stable name: sliding_log, token_bucket,
+// fixed_window or concurrency.
 func (a Algorithm) String() string {
 	if a < numAlgorithms {
 		return algorithmNames[a]
@@ -53,7 +62,7 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 			return Algorithm(i), nil
 		}
 	}
-	return 0, fmt.Errorf("%w: unknown algorithm %q (want sliding_log, token_bucket or fixed_window)", ErrInvalidPolicy, s)
+	return 0, fmt.Errorf("%w: unknown algorithm %q (want sliding_log, token_bucket, fixed_window or concurrency)", ErrInvalidPolicy, s)
 }
 
 // DefaultResolution is the timestamp resolution used when
@@ -80,10 +89,11 @@ const year = 36525 * 24 * time.Hour / 100
 // Policy is one named limit: how many units (Limit) per Window, under which
 // Algorithm.
 type Policy struct {
-	// Limit is the number of units admitted per window. Must be positive.
+	// Limit is the number of units admitted per window (for Concurrency,
+	// the units held at once). Must be positive.
 	Limit int64
-	// Window is the rolling interval. Must be positive and at most
-	// MaxWindow (100 years).
+	// Window is the rolling interval (for Concurrency, the lease TTL). Must
+	// be positive and at most MaxWindow (100 years).
 	Window time.Duration
 	// Algorithm is the limiting algorithm. Zero means SlidingLog.
 	Algorithm Algorithm
@@ -193,6 +203,8 @@ type limiter interface {
 
 func newLimiter(a Algorithm) limiter {
 	switch a {
+	case Concurrency:
+		return &leases{}
 	case TokenBucket:
 		return &gcra{}
 	case FixedWindow:

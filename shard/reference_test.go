@@ -553,7 +553,7 @@ func decodeFuzzPolicy(data []byte) (Policy, []byte, bool) {
 	p := Policy{
 		Limit:      1 + int64(data[0]%50),
 		Window:     fuzzWindows[data[1]%8],
-		Algorithm:  Algorithm((data[1] >> 3) % uint8(numAlgorithms)),
+		Algorithm:  Algorithm((data[1] >> 3) % uint8(Concurrency)), // the rate algorithms; concurrency_test.go models leases
 		Resolution: fuzzResolutions[data[2]%4],
 	}
 	if p.Resolution > p.Window {

@@ -9,10 +9,16 @@ import (
 // export's now. Age may be negative by less than one resolution step (times
 // are rounded up). For TokenBucket the single run's Age is now minus the
 // theoretical arrival time and Count is zero; for FixedWindow it is the age of
-// the window start and the window's count.
+// the window start and the window's count. For Concurrency each run is one
+// live lease: ID is its id, Count its units, and Age is now minus its
+// expiry (negative: the lease has −Age left to live), so a receiver that
+// rebases it keeps the lease at least as long as the sender would have.
 type Run struct {
 	Age   time.Duration
 	Count int64
+	// ID is the lease id (Concurrency only; zero for every other
+	// algorithm).
+	ID uint64
 }
 
 // KeyState is one key's state as a plain value, for handoff between nodes.
@@ -35,12 +41,15 @@ func (s KeyState) Validate() error {
 	if s.Algorithm >= numAlgorithms {
 		return fmt.Errorf("%w: unknown algorithm %d", ErrInvalidState, s.Algorithm)
 	}
-	if s.Algorithm != SlidingLog && len(s.Runs) > 1 {
+	if s.Algorithm != SlidingLog && s.Algorithm != Concurrency && len(s.Runs) > 1 {
 		return fmt.Errorf("%w: %v state has %d runs, want at most 1", ErrInvalidState, s.Algorithm, len(s.Runs))
 	}
 	for i, r := range s.Runs {
-		if r.Count < 0 || (s.Algorithm == SlidingLog && r.Count == 0) {
+		if r.Count < 0 || ((s.Algorithm == SlidingLog || s.Algorithm == Concurrency) && r.Count == 0) {
 			return fmt.Errorf("%w: run %d has count %d", ErrInvalidState, i, r.Count)
+		}
+		if (s.Algorithm == Concurrency) != (r.ID != 0) {
+			return fmt.Errorf("%w: run %d has lease id %d under %v", ErrInvalidState, i, r.ID, s.Algorithm)
 		}
 		if i > 0 && r.Age > s.Runs[i-1].Age {
 			return fmt.Errorf("%w: run %d is older than run %d", ErrInvalidState, i, i-1)

@@ -121,8 +121,9 @@ func placementLen(ek []byte) int {
 // records them if so. now is clamped per key so a key's time never
 // decreases (the owner's clock is the authority; a step back is treated as
 // no time passing). Over limit is Allowed == false with a nil error. Invalid
-// key, policy or hits, or ErrCapacity for a new key, return an error and
-// change nothing. It does not allocate for an existing key.
+// key, policy or hits, a Concurrency policy (ErrWrongAlgorithm: use
+// Acquire), or ErrCapacity for a new key, return an error and change
+// nothing. It does not allocate for an existing key.
 func (s *Store) Allow(key Key, p Policy, hits int64, now time.Time) (Decision, error) {
 	var buf [MaxEncodedKeyLen]byte
 	ek, ok := key.AppendEncoded(buf[:0])
@@ -143,6 +144,9 @@ func (s *Store) AllowEncoded(ek []byte, p Policy, hits int64, now time.Time) (De
 	}
 	if hits <= 0 || hits > p.Limit {
 		return Decision{}, checkHits(&p, hits)
+	}
+	if p.Algorithm == Concurrency {
+		return Decision{}, errNeedsLease()
 	}
 	t := now.UnixNano()
 	st := s.stripeFor(ek)
@@ -445,6 +449,9 @@ func peekFresh(now int64, p Policy, hits int64) Decision {
 	case FixedWindow:
 		var f fixedWindow
 		return f.peek(now, p, hits)
+	case Concurrency:
+		var c leases
+		return c.peek(now, p, hits)
 	default:
 		var l slidingLog
 		return l.peek(now, p, hits)
@@ -464,7 +471,8 @@ func peekFresh(now int64, p Policy, hits int64) Decision {
 // in Allow, RetryAfter is zero. A key not held (or held under another
 // algorithm, which Allow would reset) has nothing to give back and is not
 // created. hits must be at least 1 (ErrInvalidHits) and may exceed the
-// limit. Errors change nothing. It does not allocate.
+// limit. A Concurrency policy is ErrWrongAlgorithm (use Release). Errors
+// change nothing. It does not allocate.
 func (s *Store) Refund(key Key, p Policy, hits int64, now time.Time) (Decision, error) {
 	var buf [MaxEncodedKeyLen]byte
 	ek, ok := key.AppendEncoded(buf[:0])
@@ -476,6 +484,9 @@ func (s *Store) Refund(key Key, p Policy, hits int64, now time.Time) (Decision, 
 	}
 	if hits <= 0 {
 		return Decision{}, checkHits(&p, hits)
+	}
+	if p.Algorithm == Concurrency {
+		return Decision{}, errNeedsLease()
 	}
 	t := now.UnixNano()
 	st := s.stripeFor(ek)

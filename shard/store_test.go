@@ -576,7 +576,7 @@ func TestImportMerge(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, _ := receiver.Export(key, t0.Add(5*time.Second+offset))
-	wantRuns := []Run{{4 * time.Second, 2}, {3 * time.Second, 1}, {time.Second, 2}}
+	wantRuns := []Run{{Age: 4 * time.Second, Count: 2}, {Age: 3 * time.Second, Count: 1}, {Age: time.Second, Count: 2}}
 	if !slices.Equal(got.Runs, wantRuns) {
 		t.Fatalf("merged runs %v, want %v", got.Runs, wantRuns)
 	}
@@ -666,7 +666,7 @@ func TestImportMergeBucketAndWindow(t *testing.T) {
 func TestImportInvalid(t *testing.T) {
 	p := Policy{Limit: 5, Window: 10 * time.Second}
 	key := testKey(1)
-	good := KeyState{Key: key, Runs: []Run{{3 * time.Second, 2}, {time.Second, 1}}}
+	good := KeyState{Key: key, Runs: []Run{{Age: 3 * time.Second, Count: 2}, {Age: time.Second, Count: 1}}}
 	cases := []struct {
 		name   string
 		ks     KeyState
@@ -675,13 +675,13 @@ func TestImportInvalid(t *testing.T) {
 	}{
 		{"empty tenant", KeyState{Key: Key{Subject: "s", Policy: "p"}, Runs: good.Runs}, p, ErrInvalidState},
 		{"space in subject", KeyState{Key: Key{Tenant: "t", Subject: "a b", Policy: "p"}, Runs: good.Runs}, p, ErrInvalidState},
-		{"unsorted runs", KeyState{Key: key, Runs: []Run{{time.Second, 1}, {3 * time.Second, 1}}}, p, ErrInvalidState},
-		{"zero count", KeyState{Key: key, Runs: []Run{{3 * time.Second, 1}, {time.Second, 0}}}, p, ErrInvalidState},
-		{"negative count", KeyState{Key: key, Runs: []Run{{3 * time.Second, -1}}}, p, ErrInvalidState},
+		{"unsorted runs", KeyState{Key: key, Runs: []Run{{Age: time.Second, Count: 1}, {Age: 3 * time.Second, Count: 1}}}, p, ErrInvalidState},
+		{"zero count", KeyState{Key: key, Runs: []Run{{Age: 3 * time.Second, Count: 1}, {Age: time.Second, Count: 0}}}, p, ErrInvalidState},
+		{"negative count", KeyState{Key: key, Runs: []Run{{Age: 3 * time.Second, Count: -1}}}, p, ErrInvalidState},
 		{"unknown algorithm", KeyState{Key: key, Algorithm: 9, Runs: good.Runs}, p, ErrInvalidState},
-		{"algorithm differs from policy", KeyState{Key: key, Algorithm: TokenBucket, Runs: []Run{{0, 0}}}, p, ErrInvalidState},
-		{"token bucket with two runs", KeyState{Key: key, Algorithm: TokenBucket, Runs: []Run{{2, 0}, {1, 0}}}, Policy{Limit: 5, Window: time.Second, Algorithm: TokenBucket}, ErrInvalidState},
-		{"fixed window negative count", KeyState{Key: key, Algorithm: FixedWindow, Runs: []Run{{2, -3}}}, Policy{Limit: 5, Window: time.Second, Algorithm: FixedWindow}, ErrInvalidState},
+		{"algorithm differs from policy", KeyState{Key: key, Algorithm: TokenBucket, Runs: []Run{{Age: 0, Count: 0}}}, p, ErrInvalidState},
+		{"token bucket with two runs", KeyState{Key: key, Algorithm: TokenBucket, Runs: []Run{{Age: 2, Count: 0}, {Age: 1, Count: 0}}}, Policy{Limit: 5, Window: time.Second, Algorithm: TokenBucket}, ErrInvalidState},
+		{"fixed window negative count", KeyState{Key: key, Algorithm: FixedWindow, Runs: []Run{{Age: 2, Count: -3}}}, Policy{Limit: 5, Window: time.Second, Algorithm: FixedWindow}, ErrInvalidState},
 		{"invalid policy", good, Policy{Limit: 0, Window: time.Second}, ErrInvalidPolicy},
 	}
 	for _, tc := range cases {

@@ -20,6 +20,9 @@ type checkBody struct {
 	Policies []string `json:"policies,omitempty"`
 	// Hits is the request's cost; 1 when the body has no "hits".
 	Hits int64 `json:"hits"`
+	// LeaseID is the lease to end (/v1/release), a decimal string: ids are
+	// 64-bit, beyond a JSON number's exact range in many clients.
+	LeaseID string `json:"lease_id,omitempty"`
 }
 
 // decodeCheck reads exactly one JSON object from r as a check body, more
@@ -67,8 +70,10 @@ func decodeCheck(r io.Reader) (checkBody, error) {
 		case "hits":
 			hasHits = true
 			b.Hits, err = hitsValue(dec)
+		case "lease_id":
+			b.LeaseID, err = stringValue(dec, name)
 		default:
-			err = fmt.Errorf("unknown field %q (fields are tenant, subject, policy or policies, and hits, in lower case)", name)
+			err = fmt.Errorf("unknown field %q (fields are tenant, subject, policy or policies, hits and lease_id, in lower case)", name)
 		}
 		if err != nil {
 			return checkBody{}, err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -21,14 +22,16 @@ import (
 type op uint8
 
 const (
-	opCheck  op = iota // consume quota (Node.Allow)
-	opPeek             // what a check would decide; consumes nothing
-	opRefund           // give units back, newest first
-	opReset            // clear the key (operator action)
+	opCheck   op = iota // consume quota (Node.Allow)
+	opPeek              // what a check would decide; consumes nothing
+	opRefund            // give units back, newest first
+	opReset             // clear the key (operator action)
+	opAcquire           // take a lease of a concurrency policy
+	opRelease           // end a lease
 )
 
 func (o op) String() string {
-	return [...]string{"check", "peek", "refund", "reset"}[o]
+	return [...]string{"check", "peek", "refund", "reset", "acquire", "release"}[o]
 }
 
 // problem says, in the client's terms, why body b cannot be operation o,
@@ -42,9 +45,25 @@ func (o op) problem(b checkBody) string {
 		return fmt.Sprintf("bad JSON body: %d policies, at most %d", len(b.Policies), shard.MaxMulti)
 	case o == opReset && b.Hits != 1:
 		return `bad JSON body: /v1/reset takes no "hits"`
+	case b.Policies != nil && (o == opAcquire || o == opRelease):
+		return fmt.Sprintf(`bad JSON body: /v1/%s takes one "policy", not "policies"`, o)
+	case o == opRelease && b.Hits != 1:
+		return `bad JSON body: /v1/release takes no "hits": a lease gives back what it took`
+	case o == opRelease && b.LeaseID == "":
+		return `bad JSON body: /v1/release needs "lease_id", the string /v1/acquire answered`
+	case o != opRelease && b.LeaseID != "":
+		return fmt.Sprintf(`bad JSON body: /v1/%s takes no "lease_id"`, o)
+	}
+	if o == opRelease {
+		if _, err := strconv.ParseUint(b.LeaseID, 10, 64); err != nil {
+			return fmt.Sprintf(`bad JSON body: lease_id %q must be the decimal string /v1/acquire answered`, b.LeaseID)
+		}
 	}
 	return ""
 }
+
+func (a *httpAPI) acquire(w http.ResponseWriter, r *http.Request) { a.serveOp(w, r, opAcquire) }
+func (a *httpAPI) release(w http.ResponseWriter, r *http.Request) { a.serveOp(w, r, opRelease) }
 
 func (a *httpAPI) peek(w http.ResponseWriter, r *http.Request)   { a.serveOp(w, r, opPeek) }
 func (a *httpAPI) refund(w http.ResponseWriter, r *http.Request) { a.serveOp(w, r, opRefund) }

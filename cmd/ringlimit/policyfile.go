@@ -24,7 +24,9 @@ const policiesUsage = `Policy file (--policies, YAML or JSON; unknown fields are
     - name: api               # the name requests use; 1-128 visible ASCII bytes
       limit: 100              # units per window, > 0
       window: 1m              # Go duration, > 0
-      algorithm: sliding_log  # sliding_log (default) | token_bucket | fixed_window
+      algorithm: sliding_log  # sliding_log (default) | token_bucket | fixed_window | concurrency
+                              # concurrency: at most limit leases held at once
+                              # (/v1/acquire, /v1/release); window is the lease TTL
       on_unavailable: fail_closed  # fail_closed (default) | fail_open | fallback
       fallback_limit: 0       # fallback's local limit; 0 = limit / members
       resolution: 1ms         # sliding_log timestamp granularity; default 1ms
@@ -206,7 +208,7 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 			}
 		}
 		if a, err := shard.ParseAlgorithm(e.Algorithm); err != nil {
-			bad("algorithm %q: want sliding_log, token_bucket or fixed_window", e.Algorithm)
+			bad("algorithm %q: want sliding_log, token_bucket, fixed_window or concurrency", e.Algorithm)
 		} else {
 			pc.Algorithm = a
 		}

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -119,6 +120,13 @@ duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
                       hits (default 1) of the key's admissions in the
                       window, newest first, never below empty; 200 with the
                       key's new state, reason "refunded"
+  POST /v1/acquire    {"tenant","subject","policy","hits"} takes a lease of
+                      a concurrency policy -> a /v1/check body plus
+                      "lease_id" (a decimal string) and "lease_ttl_ms"; 200
+                      granted, 429 at the cap, 503 unavailable
+  POST /v1/release    {"tenant","subject","policy","lease_id"} ends the
+                      lease; 200 with reason "released", "allowed" false
+                      when the id was unknown or already expired
   POST /v1/reset      {"tenant","subject","policy"} clears the key; needs
                       Authorization: Bearer <--admin-token-file's token>
                       (401 without it, 404 when serve has no token); 200
@@ -578,6 +586,8 @@ func (a *httpAPI) routes() http.Handler {
 	mux.HandleFunc("POST /v1/peek", a.peek)
 	mux.HandleFunc("POST /v1/refund", a.refund)
 	mux.HandleFunc("POST /v1/reset", a.reset)
+	mux.HandleFunc("POST /v1/acquire", a.acquire)
+	mux.HandleFunc("POST /v1/release", a.release)
 	mux.HandleFunc("GET /healthz", a.healthz)
 	mux.HandleFunc("GET /readyz", a.readyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
@@ -605,7 +615,13 @@ type checkResponse struct {
 	DecidedAtUnixNs int64           `json:"decided_at_unix_ns,omitempty"`
 	RefusedBy       string          `json:"refused_by,omitempty"`
 	Limits          []limitResponse `json:"limits,omitempty"`
-	Error           string          `json:"error,omitempty"`
+	// LeaseID (/v1/acquire, when allowed) is the lease to pass to
+	// /v1/release, as a decimal string (64-bit ids exceed a JSON number's
+	// exact range); LeaseTTLMs is how long after decided_at_unix_ns it
+	// expires unless released.
+	LeaseID    string `json:"lease_id,omitempty"`
+	LeaseTTLMs int64  `json:"lease_ttl_ms,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 // limitResponse is one policy's part of a multi-policy decision.
@@ -682,7 +698,14 @@ func (a *httpAPI) do(ctx context.Context, h http.Header, o op, b checkBody) (int
 	req := peer.Request{Key: peer.Key{Tenant: b.Tenant, Subject: b.Subject, Policy: b.Policy}, Hits: b.Hits, Policies: b.Policies}
 	var d peer.Decision
 	var err error
+	var lease peer.Lease
 	switch o {
+	case opAcquire:
+		lease, err = a.node.Acquire(ctx, req)
+		d = lease.Decision
+	case opRelease:
+		id, _ := strconv.ParseUint(b.LeaseID, 10, 64) // checked by problem
+		d, err = a.node.Release(ctx, req.Key, id)
 	case opPeek:
 		d, err = a.node.Peek(ctx, req)
 	case opRefund:
@@ -696,10 +719,14 @@ func (a *httpAPI) do(ctx context.Context, h http.Header, o op, b checkBody) (int
 		return a.allowError(h, b, err)
 	}
 	a.rateLimitHeaders(h, o, b, d)
-	if o == opCheck && !d.Allowed {
-		return http.StatusTooManyRequests, responseFrom(d)
+	resp := responseFrom(d)
+	if lease.ID != 0 {
+		resp.LeaseID, resp.LeaseTTLMs = strconv.FormatUint(lease.ID, 10), ceilMillis(lease.TTL)
 	}
-	return http.StatusOK, responseFrom(d)
+	if (o == opCheck || o == opAcquire) && !d.Allowed {
+		return http.StatusTooManyRequests, resp
+	}
+	return http.StatusOK, resp
 }
 
 // rateLimitHeaders sets the RateLimit header fields for decision d on b's
@@ -713,7 +740,7 @@ func (a *httpAPI) do(ctx context.Context, h http.Header, o op, b checkBody) (int
 // refund and reset answers describe the key's state and never carry
 // Retry-After (they are not refusals).
 func (a *httpAPI) rateLimitHeaders(h http.Header, o op, b checkBody, d peer.Decision) {
-	if o == opRefund || o == opReset {
+	if o == opRefund || o == opReset || o == opRelease {
 		// Allowed reports whether anything was given back, not a refusal:
 		// describe the state as an admitted decision would.
 		d.Allowed = true
@@ -723,7 +750,7 @@ func (a *httpAPI) rateLimitHeaders(h http.Header, o op, b checkBody, d peer.Deci
 	} else {
 		a.multiHeaders(h, b.Policies, d)
 	}
-	if o != opCheck {
+	if o != opCheck && o != opAcquire {
 		h.Del("Retry-After")
 	}
 }
@@ -801,6 +828,12 @@ func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
 		}
 		msg += fmt.Sprintf("; tenant, subject and policy must each be 1 to %d bytes of visible ASCII", shard.MaxKeyPartLen)
 		return http.StatusBadRequest, errorResponse{Error: msg}
+	case errors.Is(err, peer.ErrWrongAlgorithm):
+		a := a.policy(names[0]).Algorithm
+		if a == peer.Concurrency {
+			return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("policy %q is a concurrency policy: use /v1/acquire and /v1/release", names[0])}
+		}
+		return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("policy %q is %v: /v1/acquire and /v1/release need a concurrency policy", names[0], a)}
 	case errors.Is(err, peer.ErrUnknownPolicy):
 		unknown := names[0]
 		for _, name := range names {

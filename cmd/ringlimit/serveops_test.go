@@ -47,6 +47,10 @@ const opsPolicies = `policies:
   - name: l2
     limit: 8
     window: 10s
+  - name: conc
+    limit: 2
+    window: 1h
+    algorithm: concurrency
 `
 
 const opsToken = "s3cret-admin-token"
@@ -154,6 +158,37 @@ func TestServeOperations(t *testing.T) {
 		for _, k := range []string{"limits", "refused_by"} {
 			if _, ok := raw[k]; ok {
 				t.Errorf("single-policy body has %q: %s", k, r.raw)
+			}
+		}
+	})
+
+	t.Run("acquire and release a concurrency lease", func(t *testing.T) {
+		body := keyBody("leaser", "conc", 0)
+		r1 := mustPost(t, a, "/v1/acquire", body)
+		want(t, "acquire 1", r1, 200, map[string]any{"allowed": true, "remaining": 1.0, "reason": "admitted", "lease_ttl_ms": 3600000.0})
+		id, _ := r1.body["lease_id"].(string)
+		if id == "" {
+			t.Fatalf("acquire answered no lease_id: %s", r1.raw)
+		}
+		want(t, "acquire 2", mustPost(t, b, "/v1/acquire", body), 200, map[string]any{"allowed": true, "remaining": 0.0})
+		r3 := mustPost(t, b, "/v1/acquire", body)
+		want(t, "acquire 3", r3, 429, map[string]any{"allowed": false, "reason": "over_limit"})
+		if _, ok := r3.body["lease_id"]; ok || r3.header.Get("Retry-After") == "" {
+			t.Errorf("refused acquire: lease_id %v, Retry-After %q; want none and a wait: %s", r3.body["lease_id"], r3.header.Get("Retry-After"), r3.raw)
+		}
+		rel := fmt.Sprintf(`{"tenant":"acme","subject":"leaser","policy":"conc","lease_id":%q}`, id)
+		want(t, "release", mustPost(t, b, "/v1/release", rel), 200, map[string]any{"allowed": true, "reason": "released", "remaining": 1.0})
+		want(t, "release again", mustPost(t, a, "/v1/release", rel), 200, map[string]any{"allowed": false, "reason": "released", "remaining": 1.0})
+		want(t, "acquire after release", mustPost(t, a, "/v1/acquire", body), 200, map[string]any{"allowed": true, "remaining": 0.0})
+		for _, tc := range []struct{ path, body, wantIn string }{
+			{"/v1/check", body, "use /v1/acquire"},
+			{"/v1/acquire", keyBody("leaser", "small", 0), "need a concurrency policy"},
+			{"/v1/release", body, "/v1/release needs"},
+			{"/v1/release", `{"tenant":"acme","subject":"leaser","policy":"conc","lease_id":"x"}`, "decimal string"},
+		} {
+			r := mustPost(t, a, tc.path, tc.body)
+			if r.status != 400 || !strings.Contains(r.raw, tc.wantIn) {
+				t.Errorf("%s %s: %d %s, want 400 mentioning %q", tc.path, tc.body, r.status, r.raw, tc.wantIn)
 			}
 		}
 	})

@@ -57,6 +57,11 @@ const (
 	Op_OP_REFUND Op = 2
 	// OP_RESET clears the key's state.
 	Op_OP_RESET Op = 3
+	// OP_ACQUIRE takes a lease of hits units of a concurrency policy; the
+	// holder chooses the lease id.
+	Op_OP_ACQUIRE Op = 4
+	// OP_RELEASE ends a lease of a concurrency policy (LeaseRequest.lease_id).
+	Op_OP_RELEASE Op = 5
 )
 
 // Enum value maps for Op.
@@ -66,12 +71,16 @@ var (
 		1: "OP_PEEK",
 		2: "OP_REFUND",
 		3: "OP_RESET",
+		4: "OP_ACQUIRE",
+		5: "OP_RELEASE",
 	}
 	Op_value = map[string]int32{
-		"OP_CHECK":  0,
-		"OP_PEEK":   1,
-		"OP_REFUND": 2,
-		"OP_RESET":  3,
+		"OP_CHECK":   0,
+		"OP_PEEK":    1,
+		"OP_REFUND":  2,
+		"OP_RESET":   3,
+		"OP_ACQUIRE": 4,
+		"OP_RELEASE": 5,
 	}
 )
 
@@ -209,6 +218,9 @@ const (
 	// REASON_UNLIMITED: an unlimited override of the holder's policy covers
 	// the key; admitted without counting (limit and remaining are 0).
 	Reason_REASON_UNLIMITED Reason = 10
+	// REASON_RELEASED: the holder ended a lease (OP_RELEASE); allowed says
+	// whether a live lease was ended, remaining is the new state.
+	Reason_REASON_RELEASED Reason = 11
 )
 
 // Enum value maps for Reason.
@@ -224,6 +236,7 @@ var (
 		8:  "REASON_REFUNDED",
 		9:  "REASON_RESET",
 		10: "REASON_UNLIMITED",
+		11: "REASON_RELEASED",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED": 0,
@@ -236,6 +249,7 @@ var (
 		"REASON_REFUNDED":    8,
 		"REASON_RESET":       9,
 		"REASON_UNLIMITED":   10,
+		"REASON_RELEASED":    11,
 	}
 )
 
@@ -1049,7 +1063,12 @@ type Run struct {
 	AgeNs int64 `protobuf:"varint,1,opt,name=age_ns,json=ageNs,proto3" json:"age_ns,omitempty"`
 	// Count is the number of units of quota admitted at that instant; always
 	// positive. Runs with equal ages stay distinct admissions.
-	Count         int64 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	Count int64 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// LeaseId, for a concurrency policy, makes the run one live lease: count
+	// units held under this id until -age_ns after the sender's clock at
+	// sending (age_ns is then negative or zero). Zero for every other
+	// algorithm.
+	LeaseId       uint64 `protobuf:"varint,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1094,6 +1113,13 @@ func (x *Run) GetAgeNs() int64 {
 func (x *Run) GetCount() int64 {
 	if x != nil {
 		return x.Count
+	}
+	return 0
+}
+
+func (x *Run) GetLeaseId() uint64 {
+	if x != nil {
+		return x.LeaseId
 	}
 	return 0
 }
@@ -1616,6 +1642,136 @@ func (x *PromoteResponse) GetError() string {
 	return ""
 }
 
+// LeaseRequest is one lease operation the sender believes the receiver
+// holds the key of.
+type LeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sender is the node name of the sender.
+	Sender string `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
+	// Item is the operation: key, hits (OP_ACQUIRE) and op.
+	Item *CheckItem `protobuf:"bytes,2,opt,name=item,proto3" json:"item,omitempty"`
+	// LeaseId is the lease to end (OP_RELEASE).
+	LeaseId       uint64 `protobuf:"varint,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseRequest) Reset() {
+	*x = LeaseRequest{}
+	mi := &file_ringlimit_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseRequest) ProtoMessage() {}
+
+func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
+func (*LeaseRequest) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *LeaseRequest) GetSender() string {
+	if x != nil {
+		return x.Sender
+	}
+	return ""
+}
+
+func (x *LeaseRequest) GetItem() *CheckItem {
+	if x != nil {
+		return x.Item
+	}
+	return nil
+}
+
+func (x *LeaseRequest) GetLeaseId() uint64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+// LeaseResponse answers a LeaseRequest.
+type LeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Decision is the verdict, as for a Check item.
+	Decision *Decision `protobuf:"bytes,1,opt,name=decision,proto3" json:"decision,omitempty"`
+	// LeaseId is the lease taken (OP_ACQUIRE, when allowed); zero otherwise.
+	LeaseId uint64 `protobuf:"varint,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// LeaseTtlNs is the lease's time to live from decided_at_unix_ns, in
+	// nanoseconds, on the holder's clock.
+	LeaseTtlNs    int64 `protobuf:"varint,3,opt,name=lease_ttl_ns,json=leaseTtlNs,proto3" json:"lease_ttl_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseResponse) Reset() {
+	*x = LeaseResponse{}
+	mi := &file_ringlimit_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseResponse) ProtoMessage() {}
+
+func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
+func (*LeaseResponse) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *LeaseResponse) GetDecision() *Decision {
+	if x != nil {
+		return x.Decision
+	}
+	return nil
+}
+
+func (x *LeaseResponse) GetLeaseId() uint64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetLeaseTtlNs() int64 {
+	if x != nil {
+		return x.LeaseTtlNs
+	}
+	return 0
+}
+
 // ProbeRequest names partitions to ask about.
 type ProbeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1627,7 +1783,7 @@ type ProbeRequest struct {
 
 func (x *ProbeRequest) Reset() {
 	*x = ProbeRequest{}
-	mi := &file_ringlimit_proto_msgTypes[14]
+	mi := &file_ringlimit_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1795,7 @@ func (x *ProbeRequest) String() string {
 func (*ProbeRequest) ProtoMessage() {}
 
 func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[14]
+	mi := &file_ringlimit_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1808,7 @@ func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeRequest.ProtoReflect.Descriptor instead.
 func (*ProbeRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{14}
+	return file_ringlimit_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ProbeRequest) GetSender() string {
@@ -1689,7 +1845,7 @@ type PartitionInfo struct {
 
 func (x *PartitionInfo) Reset() {
 	*x = PartitionInfo{}
-	mi := &file_ringlimit_proto_msgTypes[15]
+	mi := &file_ringlimit_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1701,7 +1857,7 @@ func (x *PartitionInfo) String() string {
 func (*PartitionInfo) ProtoMessage() {}
 
 func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[15]
+	mi := &file_ringlimit_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1714,7 +1870,7 @@ func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionInfo.ProtoReflect.Descriptor instead.
 func (*PartitionInfo) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{15}
+	return file_ringlimit_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PartitionInfo) GetPartition() uint32 {
@@ -1769,7 +1925,7 @@ type ProbeResponse struct {
 
 func (x *ProbeResponse) Reset() {
 	*x = ProbeResponse{}
-	mi := &file_ringlimit_proto_msgTypes[16]
+	mi := &file_ringlimit_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1781,7 +1937,7 @@ func (x *ProbeResponse) String() string {
 func (*ProbeResponse) ProtoMessage() {}
 
 func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[16]
+	mi := &file_ringlimit_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1794,7 +1950,7 @@ func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeResponse.ProtoReflect.Descriptor instead.
 func (*ProbeResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{16}
+	return file_ringlimit_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ProbeResponse) GetPartitions() []*PartitionInfo {
@@ -1812,14 +1968,16 @@ type AllowRequest struct {
 	// hits is the request's cost in units; 0 means 1.
 	Hits int64 `protobuf:"varint,2,opt,name=hits,proto3" json:"hits,omitempty"`
 	// policies, instead of key.policy, names several policies decided as one.
-	Policies      []string `protobuf:"bytes,3,rep,name=policies,proto3" json:"policies,omitempty"`
+	Policies []string `protobuf:"bytes,3,rep,name=policies,proto3" json:"policies,omitempty"`
+	// lease_id is the lease to end (Release only).
+	LeaseId       uint64 `protobuf:"varint,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AllowRequest) Reset() {
 	*x = AllowRequest{}
-	mi := &file_ringlimit_proto_msgTypes[17]
+	mi := &file_ringlimit_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1831,7 +1989,7 @@ func (x *AllowRequest) String() string {
 func (*AllowRequest) ProtoMessage() {}
 
 func (x *AllowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[17]
+	mi := &file_ringlimit_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1844,7 +2002,7 @@ func (x *AllowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowRequest.ProtoReflect.Descriptor instead.
 func (*AllowRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{17}
+	return file_ringlimit_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AllowRequest) GetKey() *Key {
@@ -1868,6 +2026,13 @@ func (x *AllowRequest) GetPolicies() []string {
 	return nil
 }
 
+func (x *AllowRequest) GetLeaseId() uint64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
 // AllowBatchRequest carries independent requests.
 type AllowBatchRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1878,7 +2043,7 @@ type AllowBatchRequest struct {
 
 func (x *AllowBatchRequest) Reset() {
 	*x = AllowBatchRequest{}
-	mi := &file_ringlimit_proto_msgTypes[18]
+	mi := &file_ringlimit_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1890,7 +2055,7 @@ func (x *AllowBatchRequest) String() string {
 func (*AllowBatchRequest) ProtoMessage() {}
 
 func (x *AllowBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[18]
+	mi := &file_ringlimit_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1903,7 +2068,7 @@ func (x *AllowBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowBatchRequest.ProtoReflect.Descriptor instead.
 func (*AllowBatchRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{18}
+	return file_ringlimit_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AllowBatchRequest) GetRequests() []*AllowRequest {
@@ -1927,7 +2092,7 @@ type AllowBatchResult struct {
 
 func (x *AllowBatchResult) Reset() {
 	*x = AllowBatchResult{}
-	mi := &file_ringlimit_proto_msgTypes[19]
+	mi := &file_ringlimit_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1939,7 +2104,7 @@ func (x *AllowBatchResult) String() string {
 func (*AllowBatchResult) ProtoMessage() {}
 
 func (x *AllowBatchResult) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[19]
+	mi := &file_ringlimit_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1952,7 +2117,7 @@ func (x *AllowBatchResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowBatchResult.ProtoReflect.Descriptor instead.
 func (*AllowBatchResult) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{19}
+	return file_ringlimit_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AllowBatchResult) GetResponse() *AllowResponse {
@@ -1986,7 +2151,7 @@ type AllowBatchResponse struct {
 
 func (x *AllowBatchResponse) Reset() {
 	*x = AllowBatchResponse{}
-	mi := &file_ringlimit_proto_msgTypes[20]
+	mi := &file_ringlimit_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1998,7 +2163,7 @@ func (x *AllowBatchResponse) String() string {
 func (*AllowBatchResponse) ProtoMessage() {}
 
 func (x *AllowBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[20]
+	mi := &file_ringlimit_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2011,7 +2176,7 @@ func (x *AllowBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowBatchResponse.ProtoReflect.Descriptor instead.
 func (*AllowBatchResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{20}
+	return file_ringlimit_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AllowBatchResponse) GetResults() []*AllowBatchResult {
@@ -2045,14 +2210,20 @@ type AllowResponse struct {
 	// limits has one entry per policy of a multi-policy request.
 	Limits []*PolicyDecision `protobuf:"bytes,10,rep,name=limits,proto3" json:"limits,omitempty"`
 	// refused_by names the first policy that refused.
-	RefusedBy     string `protobuf:"bytes,11,opt,name=refused_by,json=refusedBy,proto3" json:"refused_by,omitempty"`
+	RefusedBy string `protobuf:"bytes,11,opt,name=refused_by,json=refusedBy,proto3" json:"refused_by,omitempty"`
+	// lease_id is the lease taken (Acquire, when allowed): pass it to
+	// Release. Zero otherwise.
+	LeaseId uint64 `protobuf:"varint,12,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// lease_ttl_ns is how long after decided_at_unix_ns (on the deciding
+	// node's clock) the lease expires unless released.
+	LeaseTtlNs    int64 `protobuf:"varint,13,opt,name=lease_ttl_ns,json=leaseTtlNs,proto3" json:"lease_ttl_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AllowResponse) Reset() {
 	*x = AllowResponse{}
-	mi := &file_ringlimit_proto_msgTypes[21]
+	mi := &file_ringlimit_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2064,7 +2235,7 @@ func (x *AllowResponse) String() string {
 func (*AllowResponse) ProtoMessage() {}
 
 func (x *AllowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[21]
+	mi := &file_ringlimit_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2077,7 +2248,7 @@ func (x *AllowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowResponse.ProtoReflect.Descriptor instead.
 func (*AllowResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{21}
+	return file_ringlimit_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AllowResponse) GetAllowed() bool {
@@ -2157,6 +2328,20 @@ func (x *AllowResponse) GetRefusedBy() string {
 	return ""
 }
 
+func (x *AllowResponse) GetLeaseId() uint64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *AllowResponse) GetLeaseTtlNs() int64 {
+	if x != nil {
+		return x.LeaseTtlNs
+	}
+	return 0
+}
+
 var File_ringlimit_proto protoreflect.FileDescriptor
 
 const file_ringlimit_proto_rawDesc = "" +
@@ -2211,10 +2396,11 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\x05R\x04code\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12)\n" +
-	"\x10decisions_packed\x18\x05 \x01(\fR\x0fdecisionsPacked\"2\n" +
+	"\x10decisions_packed\x18\x05 \x01(\fR\x0fdecisionsPacked\"M\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06age_ns\x18\x01 \x01(\x03R\x05ageNs\x12\x14\n" +
-	"\x05count\x18\x02 \x01(\x03R\x05count\"t\n" +
+	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x19\n" +
+	"\blease_id\x18\x03 \x01(\x04R\aleaseId\"t\n" +
 	"\bKeyState\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.ringlimit.v1.KeyR\x03key\x12\x1c\n" +
 	"\talgorithm\x18\x02 \x01(\x05R\talgorithm\x12%\n" +
@@ -2259,7 +2445,16 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x16\n" +
 	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"F\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"n\n" +
+	"\fLeaseRequest\x12\x16\n" +
+	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
+	"\x04item\x18\x02 \x01(\v2\x17.ringlimit.v1.CheckItemR\x04item\x12\x19\n" +
+	"\blease_id\x18\x03 \x01(\x04R\aleaseId\"\x80\x01\n" +
+	"\rLeaseResponse\x122\n" +
+	"\bdecision\x18\x01 \x01(\v2\x16.ringlimit.v1.DecisionR\bdecision\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\x04R\aleaseId\x12 \n" +
+	"\flease_ttl_ns\x18\x03 \x01(\x03R\n" +
+	"leaseTtlNs\"F\n" +
 	"\fProbeRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12\x1e\n" +
 	"\n" +
@@ -2275,11 +2470,12 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\rProbeResponse\x12;\n" +
 	"\n" +
 	"partitions\x18\x01 \x03(\v2\x1b.ringlimit.v1.PartitionInfoR\n" +
-	"partitions\"c\n" +
+	"partitions\"~\n" +
 	"\fAllowRequest\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.ringlimit.v1.KeyR\x03key\x12\x12\n" +
 	"\x04hits\x18\x02 \x01(\x03R\x04hits\x12\x1a\n" +
-	"\bpolicies\x18\x03 \x03(\tR\bpolicies\"K\n" +
+	"\bpolicies\x18\x03 \x03(\tR\bpolicies\x12\x19\n" +
+	"\blease_id\x18\x04 \x01(\x04R\aleaseId\"K\n" +
 	"\x11AllowBatchRequest\x126\n" +
 	"\brequests\x18\x01 \x03(\v2\x1a.ringlimit.v1.AllowRequestR\brequests\"u\n" +
 	"\x10AllowBatchResult\x127\n" +
@@ -2287,7 +2483,7 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"N\n" +
 	"\x12AllowBatchResponse\x128\n" +
-	"\aresults\x18\x01 \x03(\v2\x1e.ringlimit.v1.AllowBatchResultR\aresults\"\x92\x03\n" +
+	"\aresults\x18\x01 \x03(\v2\x1e.ringlimit.v1.AllowBatchResultR\aresults\"\xcf\x03\n" +
 	"\rAllowResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -2301,19 +2497,26 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x06limits\x18\n" +
 	" \x03(\v2\x1c.ringlimit.v1.PolicyDecisionR\x06limits\x12\x1d\n" +
 	"\n" +
-	"refused_by\x18\v \x01(\tR\trefusedBy*<\n" +
+	"refused_by\x18\v \x01(\tR\trefusedBy\x12\x19\n" +
+	"\blease_id\x18\f \x01(\x04R\aleaseId\x12 \n" +
+	"\flease_ttl_ns\x18\r \x01(\x03R\n" +
+	"leaseTtlNs*\\\n" +
 	"\x02Op\x12\f\n" +
 	"\bOP_CHECK\x10\x00\x12\v\n" +
 	"\aOP_PEEK\x10\x01\x12\r\n" +
 	"\tOP_REFUND\x10\x02\x12\f\n" +
-	"\bOP_RESET\x10\x03*\x95\x01\n" +
+	"\bOP_RESET\x10\x03\x12\x0e\n" +
+	"\n" +
+	"OP_ACQUIRE\x10\x04\x12\x0e\n" +
+	"\n" +
+	"OP_RELEASE\x10\x05*\x95\x01\n" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tSTATUS_OK\x10\x01\x12\x14\n" +
 	"\x10STATUS_NOT_OWNER\x10\x02\x12\x1b\n" +
 	"\x17STATUS_INVALID_ARGUMENT\x10\x03\x12\x19\n" +
 	"\x15STATUS_UNKNOWN_POLICY\x10\x04\x12\x16\n" +
-	"\x12STATUS_UNAVAILABLE\x10\x05*\xda\x01\n" +
+	"\x12STATUS_UNAVAILABLE\x10\x05*\xef\x01\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fREASON_ADMITTED\x10\x01\x12\x15\n" +
@@ -2325,27 +2528,31 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x0fREASON_REFUNDED\x10\b\x12\x10\n" +
 	"\fREASON_RESET\x10\t\x12\x14\n" +
 	"\x10REASON_UNLIMITED\x10\n" +
-	"*|\n" +
+	"\x12\x13\n" +
+	"\x0fREASON_RELEASED\x10\v*|\n" +
 	"\bOpStatus\x12\x19\n" +
 	"\x15OP_STATUS_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fOP_STATUS_OK\x10\x01\x12\x13\n" +
 	"\x0fOP_STATUS_STALE\x10\x02\x12\x17\n" +
 	"\x13OP_STATUS_NEED_SYNC\x10\x03\x12\x15\n" +
-	"\x11OP_STATUS_REFUSED\x10\x042\xc7\x03\n" +
+	"\x11OP_STATUS_REFUSED\x10\x042\x89\x04\n" +
 	"\aLimiter\x12@\n" +
 	"\x05Check\x12\x1a.ringlimit.v1.CheckRequest\x1a\x1b.ringlimit.v1.CheckResponse\x12J\n" +
 	"\vCheckStream\x12\x1a.ringlimit.v1.CheckRequest\x1a\x1b.ringlimit.v1.CheckResponse(\x010\x01\x12L\n" +
 	"\tReplicate\x12\x1e.ringlimit.v1.ReplicateRequest\x1a\x1f.ringlimit.v1.ReplicateResponse\x12V\n" +
 	"\x0fReplicateStream\x12\x1e.ringlimit.v1.ReplicateRequest\x1a\x1f.ringlimit.v1.ReplicateResponse(\x010\x01\x12F\n" +
 	"\aPromote\x12\x1c.ringlimit.v1.PromoteRequest\x1a\x1d.ringlimit.v1.PromoteResponse\x12@\n" +
-	"\x05Probe\x12\x1a.ringlimit.v1.ProbeRequest\x1a\x1b.ringlimit.v1.ProbeResponse2\xe6\x02\n" +
+	"\x05Probe\x12\x1a.ringlimit.v1.ProbeRequest\x1a\x1b.ringlimit.v1.ProbeResponse\x12@\n" +
+	"\x05Lease\x12\x1a.ringlimit.v1.LeaseRequest\x1a\x1b.ringlimit.v1.LeaseResponse2\xee\x03\n" +
 	"\vRateLimiter\x12@\n" +
 	"\x05Allow\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12O\n" +
 	"\n" +
 	"AllowBatch\x12\x1f.ringlimit.v1.AllowBatchRequest\x1a .ringlimit.v1.AllowBatchResponse\x12?\n" +
 	"\x04Peek\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12A\n" +
 	"\x06Refund\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12@\n" +
-	"\x05Reset\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponseB,Z*github.com/ringlimit/ringlimit/peer/peerpbb\x06proto3"
+	"\x05Reset\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12B\n" +
+	"\aAcquire\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12B\n" +
+	"\aRelease\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponseB,Z*github.com/ringlimit/ringlimit/peer/peerpbb\x06proto3"
 
 var (
 	file_ringlimit_proto_rawDescOnce sync.Once
@@ -2360,7 +2567,7 @@ func file_ringlimit_proto_rawDescGZIP() []byte {
 }
 
 var file_ringlimit_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_ringlimit_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_ringlimit_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_ringlimit_proto_goTypes = []any{
 	(Op)(0),                    // 0: ringlimit.v1.Op
 	(Status)(0),                // 1: ringlimit.v1.Status
@@ -2381,14 +2588,16 @@ var file_ringlimit_proto_goTypes = []any{
 	(*ReplicateResponse)(nil),  // 16: ringlimit.v1.ReplicateResponse
 	(*PromoteRequest)(nil),     // 17: ringlimit.v1.PromoteRequest
 	(*PromoteResponse)(nil),    // 18: ringlimit.v1.PromoteResponse
-	(*ProbeRequest)(nil),       // 19: ringlimit.v1.ProbeRequest
-	(*PartitionInfo)(nil),      // 20: ringlimit.v1.PartitionInfo
-	(*ProbeResponse)(nil),      // 21: ringlimit.v1.ProbeResponse
-	(*AllowRequest)(nil),       // 22: ringlimit.v1.AllowRequest
-	(*AllowBatchRequest)(nil),  // 23: ringlimit.v1.AllowBatchRequest
-	(*AllowBatchResult)(nil),   // 24: ringlimit.v1.AllowBatchResult
-	(*AllowBatchResponse)(nil), // 25: ringlimit.v1.AllowBatchResponse
-	(*AllowResponse)(nil),      // 26: ringlimit.v1.AllowResponse
+	(*LeaseRequest)(nil),       // 19: ringlimit.v1.LeaseRequest
+	(*LeaseResponse)(nil),      // 20: ringlimit.v1.LeaseResponse
+	(*ProbeRequest)(nil),       // 21: ringlimit.v1.ProbeRequest
+	(*PartitionInfo)(nil),      // 22: ringlimit.v1.PartitionInfo
+	(*ProbeResponse)(nil),      // 23: ringlimit.v1.ProbeResponse
+	(*AllowRequest)(nil),       // 24: ringlimit.v1.AllowRequest
+	(*AllowBatchRequest)(nil),  // 25: ringlimit.v1.AllowBatchRequest
+	(*AllowBatchResult)(nil),   // 26: ringlimit.v1.AllowBatchResult
+	(*AllowBatchResponse)(nil), // 27: ringlimit.v1.AllowBatchResponse
+	(*AllowResponse)(nil),      // 28: ringlimit.v1.AllowResponse
 }
 var file_ringlimit_proto_depIdxs = []int32{
 	5,  // 0: ringlimit.v1.CheckItem.key:type_name -> ringlimit.v1.Key
@@ -2405,40 +2614,48 @@ var file_ringlimit_proto_depIdxs = []int32{
 	13, // 11: ringlimit.v1.ReplicateRequest.ops:type_name -> ringlimit.v1.PartitionOp
 	3,  // 12: ringlimit.v1.OpResult.status:type_name -> ringlimit.v1.OpStatus
 	15, // 13: ringlimit.v1.ReplicateResponse.results:type_name -> ringlimit.v1.OpResult
-	20, // 14: ringlimit.v1.ProbeResponse.partitions:type_name -> ringlimit.v1.PartitionInfo
-	5,  // 15: ringlimit.v1.AllowRequest.key:type_name -> ringlimit.v1.Key
-	22, // 16: ringlimit.v1.AllowBatchRequest.requests:type_name -> ringlimit.v1.AllowRequest
-	26, // 17: ringlimit.v1.AllowBatchResult.response:type_name -> ringlimit.v1.AllowResponse
-	24, // 18: ringlimit.v1.AllowBatchResponse.results:type_name -> ringlimit.v1.AllowBatchResult
-	2,  // 19: ringlimit.v1.AllowResponse.reason:type_name -> ringlimit.v1.Reason
-	7,  // 20: ringlimit.v1.AllowResponse.limits:type_name -> ringlimit.v1.PolicyDecision
-	8,  // 21: ringlimit.v1.Limiter.Check:input_type -> ringlimit.v1.CheckRequest
-	8,  // 22: ringlimit.v1.Limiter.CheckStream:input_type -> ringlimit.v1.CheckRequest
-	14, // 23: ringlimit.v1.Limiter.Replicate:input_type -> ringlimit.v1.ReplicateRequest
-	14, // 24: ringlimit.v1.Limiter.ReplicateStream:input_type -> ringlimit.v1.ReplicateRequest
-	17, // 25: ringlimit.v1.Limiter.Promote:input_type -> ringlimit.v1.PromoteRequest
-	19, // 26: ringlimit.v1.Limiter.Probe:input_type -> ringlimit.v1.ProbeRequest
-	22, // 27: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
-	23, // 28: ringlimit.v1.RateLimiter.AllowBatch:input_type -> ringlimit.v1.AllowBatchRequest
-	22, // 29: ringlimit.v1.RateLimiter.Peek:input_type -> ringlimit.v1.AllowRequest
-	22, // 30: ringlimit.v1.RateLimiter.Refund:input_type -> ringlimit.v1.AllowRequest
-	22, // 31: ringlimit.v1.RateLimiter.Reset:input_type -> ringlimit.v1.AllowRequest
-	10, // 32: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
-	10, // 33: ringlimit.v1.Limiter.CheckStream:output_type -> ringlimit.v1.CheckResponse
-	16, // 34: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
-	16, // 35: ringlimit.v1.Limiter.ReplicateStream:output_type -> ringlimit.v1.ReplicateResponse
-	18, // 36: ringlimit.v1.Limiter.Promote:output_type -> ringlimit.v1.PromoteResponse
-	21, // 37: ringlimit.v1.Limiter.Probe:output_type -> ringlimit.v1.ProbeResponse
-	26, // 38: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
-	25, // 39: ringlimit.v1.RateLimiter.AllowBatch:output_type -> ringlimit.v1.AllowBatchResponse
-	26, // 40: ringlimit.v1.RateLimiter.Peek:output_type -> ringlimit.v1.AllowResponse
-	26, // 41: ringlimit.v1.RateLimiter.Refund:output_type -> ringlimit.v1.AllowResponse
-	26, // 42: ringlimit.v1.RateLimiter.Reset:output_type -> ringlimit.v1.AllowResponse
-	32, // [32:43] is the sub-list for method output_type
-	21, // [21:32] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	6,  // 14: ringlimit.v1.LeaseRequest.item:type_name -> ringlimit.v1.CheckItem
+	9,  // 15: ringlimit.v1.LeaseResponse.decision:type_name -> ringlimit.v1.Decision
+	22, // 16: ringlimit.v1.ProbeResponse.partitions:type_name -> ringlimit.v1.PartitionInfo
+	5,  // 17: ringlimit.v1.AllowRequest.key:type_name -> ringlimit.v1.Key
+	24, // 18: ringlimit.v1.AllowBatchRequest.requests:type_name -> ringlimit.v1.AllowRequest
+	28, // 19: ringlimit.v1.AllowBatchResult.response:type_name -> ringlimit.v1.AllowResponse
+	26, // 20: ringlimit.v1.AllowBatchResponse.results:type_name -> ringlimit.v1.AllowBatchResult
+	2,  // 21: ringlimit.v1.AllowResponse.reason:type_name -> ringlimit.v1.Reason
+	7,  // 22: ringlimit.v1.AllowResponse.limits:type_name -> ringlimit.v1.PolicyDecision
+	8,  // 23: ringlimit.v1.Limiter.Check:input_type -> ringlimit.v1.CheckRequest
+	8,  // 24: ringlimit.v1.Limiter.CheckStream:input_type -> ringlimit.v1.CheckRequest
+	14, // 25: ringlimit.v1.Limiter.Replicate:input_type -> ringlimit.v1.ReplicateRequest
+	14, // 26: ringlimit.v1.Limiter.ReplicateStream:input_type -> ringlimit.v1.ReplicateRequest
+	17, // 27: ringlimit.v1.Limiter.Promote:input_type -> ringlimit.v1.PromoteRequest
+	21, // 28: ringlimit.v1.Limiter.Probe:input_type -> ringlimit.v1.ProbeRequest
+	19, // 29: ringlimit.v1.Limiter.Lease:input_type -> ringlimit.v1.LeaseRequest
+	24, // 30: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
+	25, // 31: ringlimit.v1.RateLimiter.AllowBatch:input_type -> ringlimit.v1.AllowBatchRequest
+	24, // 32: ringlimit.v1.RateLimiter.Peek:input_type -> ringlimit.v1.AllowRequest
+	24, // 33: ringlimit.v1.RateLimiter.Refund:input_type -> ringlimit.v1.AllowRequest
+	24, // 34: ringlimit.v1.RateLimiter.Reset:input_type -> ringlimit.v1.AllowRequest
+	24, // 35: ringlimit.v1.RateLimiter.Acquire:input_type -> ringlimit.v1.AllowRequest
+	24, // 36: ringlimit.v1.RateLimiter.Release:input_type -> ringlimit.v1.AllowRequest
+	10, // 37: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
+	10, // 38: ringlimit.v1.Limiter.CheckStream:output_type -> ringlimit.v1.CheckResponse
+	16, // 39: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
+	16, // 40: ringlimit.v1.Limiter.ReplicateStream:output_type -> ringlimit.v1.ReplicateResponse
+	18, // 41: ringlimit.v1.Limiter.Promote:output_type -> ringlimit.v1.PromoteResponse
+	23, // 42: ringlimit.v1.Limiter.Probe:output_type -> ringlimit.v1.ProbeResponse
+	20, // 43: ringlimit.v1.Limiter.Lease:output_type -> ringlimit.v1.LeaseResponse
+	28, // 44: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
+	27, // 45: ringlimit.v1.RateLimiter.AllowBatch:output_type -> ringlimit.v1.AllowBatchResponse
+	28, // 46: ringlimit.v1.RateLimiter.Peek:output_type -> ringlimit.v1.AllowResponse
+	28, // 47: ringlimit.v1.RateLimiter.Refund:output_type -> ringlimit.v1.AllowResponse
+	28, // 48: ringlimit.v1.RateLimiter.Reset:output_type -> ringlimit.v1.AllowResponse
+	28, // 49: ringlimit.v1.RateLimiter.Acquire:output_type -> ringlimit.v1.AllowResponse
+	28, // 50: ringlimit.v1.RateLimiter.Release:output_type -> ringlimit.v1.AllowResponse
+	37, // [37:51] is the sub-list for method output_type
+	23, // [23:37] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_ringlimit_proto_init() }
@@ -2452,7 +2669,7 @@ func file_ringlimit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringlimit_proto_rawDesc), len(file_ringlimit_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

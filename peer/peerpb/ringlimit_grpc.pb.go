@@ -48,6 +48,7 @@ const (
 	Limiter_ReplicateStream_FullMethodName = "/ringlimit.v1.Limiter/ReplicateStream"
 	Limiter_Promote_FullMethodName         = "/ringlimit.v1.Limiter/Promote"
 	Limiter_Probe_FullMethodName           = "/ringlimit.v1.Limiter/Probe"
+	Limiter_Lease_FullMethodName           = "/ringlimit.v1.Limiter/Lease"
 )
 
 // LimiterClient is the client API for Limiter service.
@@ -88,6 +89,11 @@ type LimiterClient interface {
 	// Probe asks what the receiver knows of some partitions: whether it holds
 	// them, keeps a copy, or knows who holds them, with epochs. Read-only.
 	Probe(ctx context.Context, in *ProbeRequest, opts ...grpc.CallOption) (*ProbeResponse, error)
+	// Lease asks this node, as holder, to take or end one lease of a
+	// concurrency policy (item.op OP_ACQUIRE or OP_RELEASE). It is answered
+	// like one Check item; the packed batch layout has no lease fields, so
+	// lease operations travel one per call.
+	Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
 }
 
 type limiterClient struct {
@@ -164,6 +170,16 @@ func (c *limiterClient) Probe(ctx context.Context, in *ProbeRequest, opts ...grp
 	return out, nil
 }
 
+func (c *limiterClient) Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaseResponse)
+	err := c.cc.Invoke(ctx, Limiter_Lease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LimiterServer is the server API for Limiter service.
 // All implementations must embed UnimplementedLimiterServer
 // for forward compatibility.
@@ -202,6 +218,11 @@ type LimiterServer interface {
 	// Probe asks what the receiver knows of some partitions: whether it holds
 	// them, keeps a copy, or knows who holds them, with epochs. Read-only.
 	Probe(context.Context, *ProbeRequest) (*ProbeResponse, error)
+	// Lease asks this node, as holder, to take or end one lease of a
+	// concurrency policy (item.op OP_ACQUIRE or OP_RELEASE). It is answered
+	// like one Check item; the packed batch layout has no lease fields, so
+	// lease operations travel one per call.
+	Lease(context.Context, *LeaseRequest) (*LeaseResponse, error)
 	mustEmbedUnimplementedLimiterServer()
 }
 
@@ -229,6 +250,9 @@ func (UnimplementedLimiterServer) Promote(context.Context, *PromoteRequest) (*Pr
 }
 func (UnimplementedLimiterServer) Probe(context.Context, *ProbeRequest) (*ProbeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Probe not implemented")
+}
+func (UnimplementedLimiterServer) Lease(context.Context, *LeaseRequest) (*LeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Lease not implemented")
 }
 func (UnimplementedLimiterServer) mustEmbedUnimplementedLimiterServer() {}
 func (UnimplementedLimiterServer) testEmbeddedByValue()                 {}
@@ -337,6 +361,24 @@ func _Limiter_Probe_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Limiter_Lease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LimiterServer).Lease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Limiter_Lease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LimiterServer).Lease(ctx, req.(*LeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Limiter_ServiceDesc is the grpc.ServiceDesc for Limiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -359,6 +401,10 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Probe",
 			Handler:    _Limiter_Probe_Handler,
+		},
+		{
+			MethodName: "Lease",
+			Handler:    _Limiter_Lease_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
@@ -384,6 +430,8 @@ const (
 	RateLimiter_Peek_FullMethodName       = "/ringlimit.v1.RateLimiter/Peek"
 	RateLimiter_Refund_FullMethodName     = "/ringlimit.v1.RateLimiter/Refund"
 	RateLimiter_Reset_FullMethodName      = "/ringlimit.v1.RateLimiter/Reset"
+	RateLimiter_Acquire_FullMethodName    = "/ringlimit.v1.RateLimiter/Acquire"
+	RateLimiter_Release_FullMethodName    = "/ringlimit.v1.RateLimiter/Release"
 )
 
 // RateLimiterClient is the client API for RateLimiter service.
@@ -409,6 +457,12 @@ type RateLimiterClient interface {
 	Refund(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error)
 	// Reset clears a key (an operator action: guard the port with mutual TLS).
 	Reset(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error)
+	// Acquire takes a lease of hits units of a concurrency policy; the
+	// response carries lease_id and lease_ttl_ns when allowed.
+	Acquire(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error)
+	// Release ends the lease lease_id of key; allowed reports whether a live
+	// lease was ended (an unknown or expired id is not an error).
+	Release(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error)
 }
 
 type rateLimiterClient struct {
@@ -469,6 +523,26 @@ func (c *rateLimiterClient) Reset(ctx context.Context, in *AllowRequest, opts ..
 	return out, nil
 }
 
+func (c *rateLimiterClient) Acquire(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AllowResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Acquire_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Release(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AllowResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RateLimiterServer is the server API for RateLimiter service.
 // All implementations must embed UnimplementedRateLimiterServer
 // for forward compatibility.
@@ -492,6 +566,12 @@ type RateLimiterServer interface {
 	Refund(context.Context, *AllowRequest) (*AllowResponse, error)
 	// Reset clears a key (an operator action: guard the port with mutual TLS).
 	Reset(context.Context, *AllowRequest) (*AllowResponse, error)
+	// Acquire takes a lease of hits units of a concurrency policy; the
+	// response carries lease_id and lease_ttl_ns when allowed.
+	Acquire(context.Context, *AllowRequest) (*AllowResponse, error)
+	// Release ends the lease lease_id of key; allowed reports whether a live
+	// lease was ended (an unknown or expired id is not an error).
+	Release(context.Context, *AllowRequest) (*AllowResponse, error)
 	mustEmbedUnimplementedRateLimiterServer()
 }
 
@@ -516,6 +596,12 @@ func (UnimplementedRateLimiterServer) Refund(context.Context, *AllowRequest) (*A
 }
 func (UnimplementedRateLimiterServer) Reset(context.Context, *AllowRequest) (*AllowResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Reset not implemented")
+}
+func (UnimplementedRateLimiterServer) Acquire(context.Context, *AllowRequest) (*AllowResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Acquire not implemented")
+}
+func (UnimplementedRateLimiterServer) Release(context.Context, *AllowRequest) (*AllowResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
 }
 func (UnimplementedRateLimiterServer) mustEmbedUnimplementedRateLimiterServer() {}
 func (UnimplementedRateLimiterServer) testEmbeddedByValue()                     {}
@@ -628,6 +714,42 @@ func _RateLimiter_Reset_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimiter_Acquire_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AllowRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Acquire(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Acquire_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Acquire(ctx, req.(*AllowRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AllowRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Release(ctx, req.(*AllowRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RateLimiter_ServiceDesc is the grpc.ServiceDesc for RateLimiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -654,6 +776,14 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Reset",
 			Handler:    _RateLimiter_Reset_Handler,
+		},
+		{
+			MethodName: "Acquire",
+			Handler:    _RateLimiter_Acquire_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _RateLimiter_Release_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
