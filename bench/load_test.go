@@ -15,6 +15,9 @@ package bench
 //   - sidecar: a gRPC client (one connection per node) calls
 //     ringlimit.v1.RateLimiter/Allow on the 3 nodes round-robin, so two
 //     calls in three are forwarded once between nodes;
+//   - sidecar-routed: peer.Client (Placement + AllowStream): each key
+//     goes straight to its partition's holder on one stream per node,
+//     the requests of concurrent callers gathered into shared messages;
 //   - embedded: Node.Allow in-process, round-robin over the 3 nodes;
 //   - redis-lua: EVALSHA of the exact sliding-log script
 //     (redisScriptExact), one connection per caller.
@@ -385,6 +388,27 @@ func ringlimitDrivers(t *testing.T, mode peer.Replication) []loadDriver {
 		})
 	}
 	keys := loadKeys(10000)
+	addrs := make([]string, len(nodes))
+	for i, nd := range nodes {
+		addrs[i] = nd.RPCAddr()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	routed, err := peer.Dial(ctx, peer.ClientConfig{Addrs: addrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { routed.Close() })
+	out = append(out, loadDriver{
+		name: fmt.Sprintf("sidecar-routed keys=10000 repl=%v", mode),
+		call: func(c, i int) error {
+			d, err := routed.Allow(context.Background(), peer.Request{Key: keys[i%len(keys)]})
+			if err == nil && !d.Allowed {
+				err = fmt.Errorf("refused: %+v", d)
+			}
+			return err
+		},
+	})
 	out = append(out, loadDriver{
 		name: fmt.Sprintf("embedded keys=10000 repl=%v", mode),
 		call: func(c, i int) error {
