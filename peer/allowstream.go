@@ -13,12 +13,12 @@ package peer
 //   - The stream's receiver decides the items its node holds at once, on
 //     its own goroutine, with no hand-off. Admissions that wait for a
 //     synchronous backup are answered together once the backup has them
-//     (the batch's admissions travel to the backup in one message), by
-//     one goroutine per received message; an item that must be forwarded
-//     or must wait for its partition gets a goroutine of its own, so it
-//     holds up nothing else.
-//   - Sends are serialised by one mutex, and none happens after the
-//     handler returns: the handler marks the stream done under that mutex.
+//     (the batch's admissions travel to the backup in one message); an
+//     item that must be forwarded or must wait for its partition gets a
+//     goroutine of its own, so it holds up nothing else.
+//   - One goroutine per stream sends: it gathers the answers ready
+//     (admissions once their backup has them) into one message. The
+//     handler waits for it, so nothing is sent after the handler returns.
 //   - The stream ends when the client closes its side, the client goes
 //     away, or the node stops (Unavailable): the handler then waits for its
 //     goroutines, which end with the stream's context or the node's.
@@ -41,11 +41,25 @@ type allowStream struct {
 	n   *Node
 	st  peerpb.RateLimiter_AllowStreamServer
 	ctx context.Context
+	// jobs carries answers to the stream's sender (answer); quit, closed
+	// by the handler, tells everyone the stream is over.
+	jobs chan streamJob
+	quit chan struct{}
 
-	mu   sync.Mutex // serialises Send; guards done and wg.Add
-	done bool       // the handler is returning: no more Sends or goroutines
+	mu   sync.Mutex // guards done and wg.Add
+	done bool       // the handler is returning: no more goroutines
 	wg   sync.WaitGroup
 }
+
+// streamJob is answers for the sender: ready ones, and admissions to
+// answer once their synchronous backup has them.
+type streamJob struct {
+	ready, waiting []*streamReq
+}
+
+// streamJobs bounds the jobs waiting for the sender; a full queue holds
+// the receiver back, and so the client.
+const streamJobs = 64
 
 // AllowStream decides a stream of single requests (see the rules above).
 func (s *publicServer) AllowStream(st peerpb.RateLimiter_AllowStreamServer) error {
@@ -53,7 +67,7 @@ func (s *publicServer) AllowStream(st peerpb.RateLimiter_AllowStreamServer) erro
 	if n.stopped.Load() {
 		return status.Error(codes.Unavailable, ErrClosed.Error())
 	}
-	as := &allowStream{n: n, st: st, ctx: st.Context()}
+	as := &allowStream{n: n, st: st, ctx: st.Context(), jobs: make(chan streamJob, streamJobs), quit: make(chan struct{})}
 	recvDone := make(chan error, 1)
 	// The receiver runs beside the handler so that a stopping node ends
 	// the stream while Recv blocks; it ends once the handler returns (the
@@ -64,6 +78,11 @@ func (s *publicServer) AllowStream(st peerpb.RateLimiter_AllowStreamServer) erro
 		defer n.wg.Done()
 		recvDone <- as.receive()
 	}()
+	answered := make(chan struct{})
+	go func() {
+		defer close(answered)
+		as.answer()
+	}()
 	var err error
 	select {
 	case err = <-recvDone:
@@ -73,7 +92,12 @@ func (s *publicServer) AllowStream(st peerpb.RateLimiter_AllowStreamServer) erro
 	as.mu.Lock()
 	as.done = true
 	as.mu.Unlock()
+	// Routed requests end with the stream's context or the node's; their
+	// answers reach the sender before quit (after a clean end of the
+	// client's side) or are dropped.
 	as.wg.Wait()
+	close(as.quit)
+	<-answered
 	return err
 }
 
@@ -117,7 +141,7 @@ func (as *allowStream) decide(items []*peerpb.AllowStreamItem) {
 		size += 3 + len(k.GetTenant()) + len(k.GetSubject()) + len(k.GetPolicy())
 	}
 	slab := make([]byte, 0, size)
-	var ready, waiting []*streamReq
+	var job streamJob
 	for i, it := range items {
 		sr := &reqs[i]
 		sr.res.Id = it.GetId()
@@ -125,14 +149,14 @@ func (as *allowStream) decide(items []*peerpb.AllowStreamItem) {
 		pk := req.GetKey()
 		key := Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}
 		if n.stopped.Load() {
-			sr.fail(ErrClosed)
-			ready = append(ready, sr)
+			sr.set(ErrClosed)
+			job.ready = append(job.ready, sr)
 			continue
 		}
 		ek, err := n.parseReqInto(&sr.r, peerpb.Op_OP_CHECK, key, req.GetPolicies(), req.GetHits(), slab[len(slab):len(slab)])
 		if err != nil {
-			sr.fail(err)
-			ready = append(ready, sr)
+			sr.set(err)
+			job.ready = append(job.ready, sr)
 			continue
 		}
 		if len(req.GetPolicies()) == 0 && len(ek) <= cap(slab)-len(slab) {
@@ -144,16 +168,22 @@ func (as *allowStream) decide(items []*peerpb.AllowStreamItem) {
 			continue
 		}
 		if sr.r.wait != nil {
-			waiting = append(waiting, sr)
+			job.waiting = append(job.waiting, sr)
 		} else {
-			ready = append(ready, sr)
+			job.ready = append(job.ready, sr)
 		}
 	}
-	if len(ready) > 0 {
-		as.send(ready)
+	as.push(job)
+}
+
+// push hands job to the sender; dropped once the stream is over.
+func (as *allowStream) push(job streamJob) {
+	if len(job.ready) == 0 && len(job.waiting) == 0 {
+		return
 	}
-	if len(waiting) > 0 {
-		as.spawn(func() { as.awaitBackup(waiting) })
+	select {
+	case as.jobs <- job:
+	case <-as.quit:
 	}
 }
 
@@ -184,16 +214,56 @@ func (as *allowStream) tryHere(sr *streamReq) bool {
 	return true
 }
 
-// awaitBackup answers admissions once their backup has them.
-func (as *allowStream) awaitBackup(waiting []*streamReq) {
+// answer is the stream's one sender: it takes the jobs waiting, waits for
+// their admissions' backups (in order: one backup's answers come in the
+// order it was sent), and sends all their answers in one message, until
+// quit. The jobs still queued at quit are sent too (nothing answers them
+// otherwise, and the handler has not returned yet).
+func (as *allowStream) answer() {
+	var srs []*streamReq
+	for {
+		srs = srs[:0]
+		select {
+		case job := <-as.jobs:
+			srs = as.collect(srs, job)
+		case <-as.quit:
+			for {
+				select {
+				case job := <-as.jobs:
+					srs = as.collect(srs, job)
+				default:
+					as.send(srs)
+					return
+				}
+			}
+		}
+	gather:
+		for len(srs) < MaxBatch {
+			select {
+			case job := <-as.jobs:
+				srs = as.collect(srs, job)
+			default:
+				break gather
+			}
+		}
+		as.send(srs)
+	}
+}
+
+// collect appends job's answers to srs, once its admissions' backup has
+// them.
+func (as *allowStream) collect(srs []*streamReq, job streamJob) []*streamReq {
 	n := as.n
-	for _, sr := range waiting {
+	srs = append(srs, job.ready...)
+	for _, sr := range job.waiting {
 		var err error
 		select {
 		case err = <-sr.r.wait.done:
 			n.putReplItem(sr.r.wait)
 		case <-as.ctx.Done():
 			err = errors.Join(ErrUnavailable, as.ctx.Err())
+		case <-n.ctx.Done():
+			err = ErrClosed
 		}
 		sr.r.wait = nil
 		if err != nil {
@@ -205,22 +275,26 @@ func (as *allowStream) awaitBackup(waiting []*streamReq) {
 		}
 		sr.set(err)
 	}
-	as.send(waiting)
+	return append(srs, job.waiting...)
 }
 
 // goRoute decides sr by routing it (forward, or wait for its partition) on
 // a goroutine of its own.
 func (as *allowStream) goRoute(sr *streamReq) {
-	as.spawn(func() {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	if as.done {
+		return // the stream is over: no answer can be sent
+	}
+	as.wg.Add(1)
+	go func() {
+		defer as.wg.Done()
 		d, err := as.n.route(as.ctx, &sr.r, sr.r.ek)
 		sr.d = d
 		sr.set(err)
-		as.send([]*streamReq{sr})
-	})
+		as.push(streamJob{ready: []*streamReq{sr}})
+	}()
 }
-
-// fail sets sr's result to err.
-func (sr *streamReq) fail(err error) { sr.set(err) }
 
 // set fills sr's result from its decision, or from err.
 func (sr *streamReq) set(err error) {
@@ -232,39 +306,21 @@ func (sr *streamReq) set(err error) {
 	sr.res.Response = DecisionToWire(sr.d)
 }
 
-// spawn runs f on a goroutine the handler waits for; nothing once the
-// handler is returning (the stream is over: no answer can be sent).
-func (as *allowStream) spawn(f func()) {
-	as.mu.Lock()
-	defer as.mu.Unlock()
-	if as.done {
-		return
-	}
-	as.wg.Add(1)
-	go func() {
-		defer as.wg.Done()
-		f()
-	}()
-}
-
 // send sends the results of srs in one message. A failed Send is not
 // reported: the stream is gone, and Recv ends the handler.
 func (as *allowStream) send(srs []*streamReq) {
+	if len(srs) == 0 {
+		return
+	}
 	resp := &peerpb.AllowStreamResponse{Results: make([]*peerpb.AllowStreamResult, len(srs))}
 	for i, sr := range srs {
 		resp.Results[i] = &sr.res
-	}
-	as.mu.Lock()
-	defer as.mu.Unlock()
-	if as.done {
-		return
 	}
 	_ = as.st.Send(resp)
 }
 
 // Placement returns this node's placement table: the live members, and for
-// every partition the holder this node knows of (itself, or the holder it
-// would forward to), else the ring's target. A client that sends each key
+// every partition this node if it holds it, else the ring's target. A client that sends each key
 // to that member saves the forward hop; a table out of date costs only the
 // hop (the receiver forwards), never a second decision point.
 func (s *publicServer) Placement(ctx context.Context, _ *peerpb.PlacementRequest) (*peerpb.PlacementResponse, error) {
@@ -293,19 +349,19 @@ func (s *publicServer) Placement(ctx context.Context, _ *peerpb.PlacementRequest
 		resp.Members[i] = &peerpb.PlacementMember{Name: name, Addr: v.alive[name]}
 	}
 	for pid := range resp.Holders {
+		// This node knows for sure only that it holds a partition; its
+		// records of other holders age (a partition it handed on may have
+		// moved again), while the ring's target is where every partition
+		// settles.
 		pt := &n.pt.parts[pid]
 		pt.mu.RLock()
-		r, holder := pt.role, pt.holder
+		r := pt.role
 		pt.mu.RUnlock()
+		holder := v.snap.PartitionOwner(pid)
 		if r == roleHolder || r == roleFenced {
 			holder = n.name
-		} else if r != roleMoved && r != roleHint {
-			holder = ""
 		}
 		i, ok := index[holder]
-		if !ok {
-			i, ok = index[v.snap.PartitionOwner(pid)]
-		}
 		if !ok {
 			return nil, status.Errorf(codes.Unavailable, "peer: partition %d has no live member to go to", pid)
 		}

@@ -442,6 +442,16 @@ func (m *memberConn) sendLoop() {
 		case <-m.c.ctx.Done():
 			return
 		}
+		// A slot first, then whatever queued meanwhile: while the slots
+		// are taken, requests gather for the next message.
+		st := m.stream()
+		if st != nil && !st.acquire(m.quit) {
+			// Broke while full, or stopping: the next stream takes them.
+			st = nil
+			if st = m.stream(); st != nil && !st.acquire(m.quit) {
+				st = nil
+			}
+		}
 	gather:
 		for len(batch) < MaxBatch {
 			select {
@@ -451,7 +461,6 @@ func (m *memberConn) sendLoop() {
 				break gather
 			}
 		}
-		st := m.stream()
 		if st == nil {
 			for _, k := range batch {
 				k.done <- clientResult{}
@@ -499,7 +508,8 @@ func (m *memberConn) stream() *clientStream {
 		cancel()
 		return nil
 	}
-	s := &clientStream{st: o.st, cancel: cancel, pending: map[uint64]*clientCall{}}
+	s := &clientStream{st: o.st, cancel: cancel, pending: map[uint64]pendingCall{},
+		slots: make(chan struct{}, streamInFlight), broke: make(chan struct{})}
 	s.wg.Add(1)
 	go s.receive()
 	m.st = s
@@ -513,11 +523,33 @@ type clientStream struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // receive
 
+	// slots holds one token per message in flight (answers still due),
+	// at most streamInFlight: while they are all taken, requests queue
+	// and leave together in the next message. broke is closed by fail.
+	slots chan struct{}
+	broke chan struct{}
+
 	mu      sync.Mutex
 	nextID  uint64
-	pending map[uint64]*clientCall
+	pending map[uint64]pendingCall
 	err     error // why the stream broke; nil while it works
 }
+
+// pendingCall is a sent call and the message it went in.
+type pendingCall struct {
+	k   *clientCall
+	msg *sentMsg
+}
+
+// sentMsg counts a message's answers still due; its slot is freed at 0.
+type sentMsg struct{ due int }
+
+// streamInFlight is how many messages a client keeps in flight on one
+// stream. Few enough that concurrent callers' requests gather into shared
+// messages (one write and one read each way, instead of one per request),
+// enough that a message waiting for a synchronous backup does not stall
+// the stream.
+const streamInFlight = 2
 
 func (s *clientStream) broken() error {
 	s.mu.Lock()
@@ -525,8 +557,21 @@ func (s *clientStream) broken() error {
 	return s.err
 }
 
-// send writes batch as one message. Every call is answered exactly once:
-// by its result or by the error that broke the stream.
+// acquire takes a slot for a message; false when the stream broke first
+// or the member is being stopped.
+func (s *clientStream) acquire(quit <-chan struct{}) bool {
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	case <-s.broke:
+	case <-quit:
+	}
+	return false
+}
+
+// send writes batch as one message, in a slot taken by acquire. Every call
+// is answered exactly once: by its result or by the error that broke the
+// stream.
 func (s *clientStream) send(batch []*clientCall) {
 	// One allocation per field kind for the whole message; the calls'
 	// requests are read here, before they are registered, so a call
@@ -536,6 +581,7 @@ func (s *clientStream) send(batch []*clientCall) {
 	reqs := make([]peerpb.AllowRequest, n)
 	keys := make([]peerpb.Key, n)
 	msg := &peerpb.AllowStreamRequest{Items: make([]*peerpb.AllowStreamItem, n)}
+	sm := &sentMsg{due: n}
 	s.mu.Lock()
 	if s.err != nil {
 		s.mu.Unlock()
@@ -552,7 +598,7 @@ func (s *clientStream) send(batch []*clientCall) {
 		reqs[i].Key, reqs[i].Hits, reqs[i].Policies = &keys[i], r.Hits, r.Policies
 		items[i].Id, items[i].Request = k.id, &reqs[i]
 		msg.Items[i] = &items[i]
-		s.pending[k.id] = k
+		s.pending[k.id] = pendingCall{k: k, msg: sm}
 	}
 	s.mu.Unlock()
 	if err := s.st.Send(msg); err != nil {
@@ -570,10 +616,11 @@ func (s *clientStream) fail(err error) {
 	s.err = err
 	waiting := s.pending
 	s.pending = nil
+	close(s.broke)
 	s.mu.Unlock()
 	s.cancel()
-	for _, k := range waiting {
-		k.done <- clientResult{sent: true, err: err}
+	for _, p := range waiting {
+		p.k.done <- clientResult{sent: true, err: err}
 	}
 }
 
@@ -591,12 +638,20 @@ func (s *clientStream) receive() {
 		}
 		for _, res := range resp.GetResults() {
 			s.mu.Lock()
-			k := s.pending[res.GetId()]
+			p, ok := s.pending[res.GetId()]
 			delete(s.pending, res.GetId())
-			s.mu.Unlock()
-			if k != nil {
-				k.done <- clientResult{res: res, sent: true}
+			free := ok && p.msg.due == 1
+			if ok {
+				p.msg.due--
 			}
+			s.mu.Unlock()
+			if !ok {
+				continue
+			}
+			if free {
+				<-s.slots
+			}
+			p.k.done <- clientResult{res: res, sent: true}
 		}
 	}
 }

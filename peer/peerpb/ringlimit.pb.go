@@ -2495,8 +2495,9 @@ type PlacementResponse struct {
 	// members are the live members, sorted by name.
 	Members []*PlacementMember `protobuf:"bytes,5,rep,name=members,proto3" json:"members,omitempty"`
 	// holders has partition_count entries: for partition p, the index in
-	// members of the member that holds it as the answering node knows
-	// (itself, or the holder it forwards to), else the ring's target for p.
+	// members of the answering node if it holds p, else of the ring's
+	// target for p (where p settles; while p moves, the member there
+	// forwards or waits for the transfer).
 	Holders       []uint32 `protobuf:"varint,6,rep,packed,name=holders,proto3" json:"holders,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
