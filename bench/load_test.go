@@ -5,7 +5,8 @@ package bench
 // callers for a bounded duration, single-decision calls), and the table
 // reports the median of several rounds (Redis rows run within the
 // default mode's rounds, and "x redis" pairs each round with them). It is opt-in (RINGLIMIT_LOAD=1;
-// RINGLIMIT_LOAD_ONLY=<substring> keeps only the matching drivers);
+// RINGLIMIT_LOAD_ONLY=<substring>[,<substring>...] keeps only the
+// drivers matching one of them);
 // the Redis rows also need RINGLIMIT_REDIS=1 and redis-server on PATH:
 //
 //	RINGLIMIT_LOAD=1 RINGLIMIT_REDIS=1 go test -run LoadSideBySide -v -timeout 20m ./bench/
@@ -257,8 +258,11 @@ func TestLoadSideBySide(t *testing.T) {
 		t.Run(g.name, func(t *testing.T) {
 			drivers := g.setup(t)
 			if only := os.Getenv("RINGLIMIT_LOAD_ONLY"); only != "" {
-				// Profiling one driver: RINGLIMIT_LOAD_ONLY=embedded.
-				drivers = slices.DeleteFunc(drivers, func(d loadDriver) bool { return !strings.Contains(d.name, only) })
+				// Profiling one driver: RINGLIMIT_LOAD_ONLY=embedded; a
+				// comma-separated list keeps the drivers matching any.
+				drivers = slices.DeleteFunc(drivers, func(d loadDriver) bool {
+					return !slices.ContainsFunc(strings.Split(only, ","), func(o string) bool { return strings.Contains(d.name, o) })
+				})
 			}
 			results := make([][]loadResult, len(drivers))
 			// Rounds interleave the group's drivers, so a slow spell of

@@ -549,7 +549,7 @@ type sentMsg struct{ due int }
 // messages (one write and one read each way, instead of one per request),
 // enough that a message waiting for a synchronous backup does not stall
 // the stream.
-const streamInFlight = 2
+const streamInFlight = 1
 
 func (s *clientStream) broken() error {
 	s.mu.Lock()
