@@ -83,6 +83,11 @@ func TestPlacementRPC(t *testing.T) {
 			t.Fatalf("member %d = %v; want sorted names with their gRPC addresses %v", i, m, addrs)
 		}
 	}
+	// README's worked example.
+	if ex := (Key{Tenant: "acme", Subject: "alice", Policy: "q"}); xxhash.Sum64([]byte("\x04acme\x05alice")) != 0x7ee608d8b0db7a84 ||
+		placementPartition(ex, 271) != 42 || resp.GetPartitionCount() == 271 && c.nodes[0].partIDForTest(ex) != 42 {
+		t.Fatalf("README's example: acme/alice is no longer partition 42 of 271 with XXH64 0x7ee608d8b0db7a84")
+	}
 	for i := range 500 {
 		k := Key{Tenant: "t", Subject: fmt.Sprintf("user-%d", i), Policy: "q"}
 		pid := placementPartition(k, int(resp.GetPartitionCount()))
