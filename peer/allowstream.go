@@ -120,9 +120,10 @@ func (as *allowStream) receive() error {
 
 // streamReq is one item being decided: its request and its result.
 type streamReq struct {
-	r   opReq
-	res peerpb.AllowStreamResult
-	d   Decision
+	r    opReq
+	res  peerpb.AllowStreamResult
+	resp peerpb.AllowResponse // res.Response when decided: one allocation less
+	d    Decision
 }
 
 // decide decides the items of one message: the ones this node can decide
@@ -303,7 +304,18 @@ func (sr *streamReq) set(err error) {
 		sr.res.Code, sr.res.Error = int32(st.Code()), st.Message()
 		return
 	}
-	sr.res.Response = DecisionToWire(sr.d)
+	if sr.d.Limits != nil {
+		sr.res.Response = DecisionToWire(sr.d)
+		return
+	}
+	d, out := &sr.d, &sr.resp
+	out.Allowed, out.Limit, out.Remaining = d.Allowed, d.Limit, d.Remaining
+	out.RetryAfterNs, out.ResetAfterNs = int64(d.RetryAfter), int64(d.ResetAfter)
+	out.Reason, out.Owner, out.RingVersion = peerpb.Reason(d.Reason), d.Owner, d.RingVersion
+	if !d.DecidedAt.IsZero() {
+		out.DecidedAtUnixNs = d.DecidedAt.UnixNano()
+	}
+	sr.res.Response = out
 }
 
 // send sends the results of srs in one message. A failed Send is not

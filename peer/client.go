@@ -353,7 +353,7 @@ type memberConn struct {
 
 // clientCall is one request waiting for its answer.
 type clientCall struct {
-	req  *Request
+	req  Request
 	id   uint64
 	done chan clientResult
 }
@@ -372,7 +372,7 @@ func (m *memberConn) stop() { m.once.Do(func() { close(m.quit) }) }
 // is gone or its stream cannot be opened): it may go elsewhere.
 func (m *memberConn) allow(ctx context.Context, req Request) (d Decision, sent bool, err error) {
 	k := m.c.calls.Get().(*clientCall)
-	k.req = &req
+	k.req = req
 	select {
 	case m.queue <- k:
 	case <-m.stopped:
@@ -395,7 +395,7 @@ func (m *memberConn) allow(ctx context.Context, req Request) (d Decision, sent b
 		// The answer will land in k.done later: k is not reused.
 		return Decision{}, true, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
 	}
-	k.req = nil
+	k.req = Request{}
 	m.c.calls.Put(k)
 	if r.err != nil {
 		return Decision{}, r.sent, r.err
@@ -593,7 +593,7 @@ func (s *clientStream) send(batch []*clientCall) {
 	for i, k := range batch {
 		s.nextID++
 		k.id = s.nextID
-		r := k.req
+		r := &k.req
 		keys[i].Tenant, keys[i].Subject, keys[i].Policy = r.Key.Tenant, r.Key.Subject, r.Key.Policy
 		reqs[i].Key, reqs[i].Hits, reqs[i].Policies = &keys[i], r.Hits, r.Policies
 		items[i].Id, items[i].Request = k.id, &reqs[i]
