@@ -270,7 +270,7 @@ func TestLoadSideBySide(t *testing.T) {
 			for r := range rounds {
 				for i, dr := range drivers {
 					res := runLoad(t, d, dr.pid, dr.call)
-					t.Logf("round %d %-34s %9.0f ops/s p50 %8v p99 %8v cpu/op %v", r+1, dr.name, res.ops, res.p50, res.p99, res.cpuOp)
+					t.Logf("round %d %-36s %9.0f ops/s p50 %8v p99 %8v cpu/op %v", r+1, dr.name, res.ops, res.p50, res.p99, res.cpuOp)
 					results[i] = append(results[i], res)
 				}
 			}
@@ -293,8 +293,8 @@ func TestLoadSideBySide(t *testing.T) {
 	}
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\nmedian of %d rounds of %v, %d callers, GOMAXPROCS=%d\n", rounds, d, loadCallers, runtime.GOMAXPROCS(0))
-	fmt.Fprintf(&sb, "| %-34s | %10s | %9s | %9s | %9s | %11s | %8s |\n", "driver", "ops/s", "p50", "p99", "cpu/op", "srv-cpu/op", "x redis")
-	fmt.Fprintf(&sb, "|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 36), strings.Repeat("-", 12), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 13), strings.Repeat("-", 10))
+	fmt.Fprintf(&sb, "| %-36s | %10s | %9s | %9s | %9s | %11s | %8s |\n", "driver", "ops/s", "p50", "p99", "cpu/op", "srv-cpu/op", "x redis")
+	fmt.Fprintf(&sb, "|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 38), strings.Repeat("-", 12), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 13), strings.Repeat("-", 10))
 	for i, m := range medians {
 		srv, ratio := "-", "-"
 		if pids[i] != 0 {
@@ -303,7 +303,7 @@ func TestLoadSideBySide(t *testing.T) {
 		if ratios[i] > 0 {
 			ratio = fmt.Sprintf("%.2f", ratios[i])
 		}
-		fmt.Fprintf(&sb, "| %-34s | %10.0f | %9v | %9v | %9v | %11s | %8s |\n", names[i], m.ops,
+		fmt.Fprintf(&sb, "| %-36s | %10.0f | %9v | %9v | %9v | %11s | %8s |\n", names[i], m.ops,
 			m.p50.Round(time.Microsecond), m.p99.Round(time.Microsecond), m.cpuOp.Round(10*time.Nanosecond), srv, ratio)
 	}
 	sb.WriteString("x redis: median over rounds of ops/s divided by redis-lua keys=10000's in the same round\n")

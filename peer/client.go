@@ -39,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -452,6 +453,10 @@ func (m *memberConn) sendLoop() {
 				st = nil
 			}
 		}
+		// The answer that freed the slot woke its callers; most ask again
+		// at once. Letting them run first puts their requests in this
+		// message instead of the next, a round trip later.
+		runtime.Gosched()
 	gather:
 		for len(batch) < MaxBatch {
 			select {
@@ -545,10 +550,11 @@ type pendingCall struct {
 type sentMsg struct{ due int }
 
 // streamInFlight is how many messages a client keeps in flight on one
-// stream. Few enough that concurrent callers' requests gather into shared
-// messages (one write and one read each way, instead of one per request),
-// enough that a message waiting for a synchronous backup does not stall
-// the stream.
+// stream. While one is out, the requests of concurrent callers gather
+// into the next: one write and one read each way per message instead of
+// per request. Measured with the side-by-side load test (64 callers,
+// synchronous replication): 2 in flight gave the same throughput and
+// latency for more CPU per decision.
 const streamInFlight = 1
 
 func (s *clientStream) broken() error {
