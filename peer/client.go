@@ -51,6 +51,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 // ClientConfig configures Dial. The zero value of every field but Addrs
@@ -85,7 +86,7 @@ type Client struct {
 	table   atomic.Pointer[clientTable]
 	refresh chan struct{} // a table read is wanted (buffered: requests coalesce)
 
-	mu      sync.Mutex
+	mu      sync.RWMutex
 	members map[string]*memberConn // by address
 	closed  bool
 
@@ -174,7 +175,7 @@ func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
 	if len(req.Policies) > 0 && k.Policy == "" {
 		k.Policy = req.Policies[0] // placement ignores the policy; validate the rest
 	}
-	var buf [MaxKeyLen]byte
+	var buf [shard.MaxEncodedKeyLen]byte
 	pb, ok := k.AppendPlacement(buf[:0])
 	if !ok {
 		return Decision{}, fmt.Errorf("%w: %w", ErrInvalidKey, k.Validate())
@@ -201,10 +202,6 @@ func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
 	}
 	return Decision{}, fmt.Errorf("%w: no member could take the request", ErrUnavailable)
 }
-
-// MaxKeyLen bounds a key's encoding: three parts of at most 255 bytes and
-// a length byte each.
-const MaxKeyLen = 3 * 256
 
 // Placement returns the client's current table as (partition → holder
 // name) and the ring version of the member that answered it, for
@@ -319,6 +316,15 @@ func tableFromWire(resp *peerpb.PlacementResponse) (*clientTable, error) {
 
 // member returns the connection to the member at addr, creating it.
 func (c *Client) member(addr string) (*memberConn, error) {
+	c.mu.RLock()
+	m, closed := c.members[addr], c.closed
+	c.mu.RUnlock()
+	if m != nil {
+		return m, nil
+	}
+	if closed {
+		return nil, ErrClosed
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -331,7 +337,7 @@ func (c *Client) member(addr string) (*memberConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peer: client for %s: %w", addr, err)
 	}
-	m := &memberConn{c: c, addr: addr, conn: conn, stub: peerpb.NewRateLimiterClient(conn),
+	m = &memberConn{c: c, addr: addr, conn: conn, stub: peerpb.NewRateLimiterClient(conn),
 		queue: make(chan *clientCall, queueLen), quit: make(chan struct{}), stopped: make(chan struct{})}
 	c.members[addr] = m
 	c.wg.Add(1)
