@@ -67,6 +67,10 @@ func (s *publicServer) AllowStream(st peerpb.RateLimiter_AllowStreamServer) erro
 	if n.stopped.Load() {
 		return status.Error(codes.Unavailable, ErrClosed.Error())
 	}
+	if n.view.Load() == nil {
+		// Clients can reach a joining node before its first ring is built.
+		return status.Error(codes.Unavailable, "peer: node starting")
+	}
 	as := &allowStream{n: n, st: st, ctx: st.Context(), jobs: make(chan streamJob, streamJobs), quit: make(chan struct{})}
 	recvDone := make(chan error, 1)
 	// The receiver runs beside the handler so that a stopping node ends
