@@ -5,7 +5,8 @@ package bench
 // callers for a bounded duration, single-decision calls), and the table
 // reports the median of several rounds (Redis rows run within the
 // default mode's rounds, and "x redis" pairs each round with them). It is opt-in (RINGLIMIT_LOAD=1;
-// RINGLIMIT_LOAD_ONLY=<substring> keeps only the matching drivers);
+// RINGLIMIT_LOAD_ONLY=<substring>[,<substring>...] keeps only the
+// drivers matching one of them);
 // the Redis rows also need RINGLIMIT_REDIS=1 and redis-server on PATH:
 //
 //	RINGLIMIT_LOAD=1 RINGLIMIT_REDIS=1 go test -run LoadSideBySide -v -timeout 20m ./bench/
@@ -15,6 +16,9 @@ package bench
 //   - sidecar: a gRPC client (one connection per node) calls
 //     ringlimit.v1.RateLimiter/Allow on the 3 nodes round-robin, so two
 //     calls in three are forwarded once between nodes;
+//   - sidecar-routed: peer.Client (Placement + AllowStream): each key
+//     goes straight to its partition's holder on one stream per node,
+//     the requests of concurrent callers gathered into shared messages;
 //   - embedded: Node.Allow in-process, round-robin over the 3 nodes;
 //   - redis-lua: EVALSHA of the exact sliding-log script
 //     (redisScriptExact), one connection per caller.
@@ -254,8 +258,11 @@ func TestLoadSideBySide(t *testing.T) {
 		t.Run(g.name, func(t *testing.T) {
 			drivers := g.setup(t)
 			if only := os.Getenv("RINGLIMIT_LOAD_ONLY"); only != "" {
-				// Profiling one driver: RINGLIMIT_LOAD_ONLY=embedded.
-				drivers = slices.DeleteFunc(drivers, func(d loadDriver) bool { return !strings.Contains(d.name, only) })
+				// Profiling one driver: RINGLIMIT_LOAD_ONLY=embedded; a
+				// comma-separated list keeps the drivers matching any.
+				drivers = slices.DeleteFunc(drivers, func(d loadDriver) bool {
+					return !slices.ContainsFunc(strings.Split(only, ","), func(o string) bool { return strings.Contains(d.name, o) })
+				})
 			}
 			results := make([][]loadResult, len(drivers))
 			// Rounds interleave the group's drivers, so a slow spell of
@@ -263,7 +270,7 @@ func TestLoadSideBySide(t *testing.T) {
 			for r := range rounds {
 				for i, dr := range drivers {
 					res := runLoad(t, d, dr.pid, dr.call)
-					t.Logf("round %d %-34s %9.0f ops/s p50 %8v p99 %8v cpu/op %v", r+1, dr.name, res.ops, res.p50, res.p99, res.cpuOp)
+					t.Logf("round %d %-36s %9.0f ops/s p50 %8v p99 %8v cpu/op %v", r+1, dr.name, res.ops, res.p50, res.p99, res.cpuOp)
 					results[i] = append(results[i], res)
 				}
 			}
@@ -286,8 +293,8 @@ func TestLoadSideBySide(t *testing.T) {
 	}
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\nmedian of %d rounds of %v, %d callers, GOMAXPROCS=%d\n", rounds, d, loadCallers, runtime.GOMAXPROCS(0))
-	fmt.Fprintf(&sb, "| %-34s | %10s | %9s | %9s | %9s | %11s | %8s |\n", "driver", "ops/s", "p50", "p99", "cpu/op", "srv-cpu/op", "x redis")
-	fmt.Fprintf(&sb, "|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 36), strings.Repeat("-", 12), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 13), strings.Repeat("-", 10))
+	fmt.Fprintf(&sb, "| %-36s | %10s | %9s | %9s | %9s | %11s | %8s |\n", "driver", "ops/s", "p50", "p99", "cpu/op", "srv-cpu/op", "x redis")
+	fmt.Fprintf(&sb, "|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 38), strings.Repeat("-", 12), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 13), strings.Repeat("-", 10))
 	for i, m := range medians {
 		srv, ratio := "-", "-"
 		if pids[i] != 0 {
@@ -296,7 +303,7 @@ func TestLoadSideBySide(t *testing.T) {
 		if ratios[i] > 0 {
 			ratio = fmt.Sprintf("%.2f", ratios[i])
 		}
-		fmt.Fprintf(&sb, "| %-34s | %10.0f | %9v | %9v | %9v | %11s | %8s |\n", names[i], m.ops,
+		fmt.Fprintf(&sb, "| %-36s | %10.0f | %9v | %9v | %9v | %11s | %8s |\n", names[i], m.ops,
 			m.p50.Round(time.Microsecond), m.p99.Round(time.Microsecond), m.cpuOp.Round(10*time.Nanosecond), srv, ratio)
 	}
 	sb.WriteString("x redis: median over rounds of ops/s divided by redis-lua keys=10000's in the same round\n")
@@ -385,6 +392,27 @@ func ringlimitDrivers(t *testing.T, mode peer.Replication) []loadDriver {
 		})
 	}
 	keys := loadKeys(10000)
+	addrs := make([]string, len(nodes))
+	for i, nd := range nodes {
+		addrs[i] = nd.RPCAddr()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	routed, err := peer.Dial(ctx, peer.ClientConfig{Addrs: addrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { routed.Close() })
+	out = append(out, loadDriver{
+		name: fmt.Sprintf("sidecar-routed keys=10000 repl=%v", mode),
+		call: func(c, i int) error {
+			d, err := routed.Allow(context.Background(), peer.Request{Key: keys[i%len(keys)]})
+			if err == nil && !d.Allowed {
+				err = fmt.Errorf("refused: %+v", d)
+			}
+			return err
+		},
+	})
 	out = append(out, loadDriver{
 		name: fmt.Sprintf("embedded keys=10000 repl=%v", mode),
 		call: func(c, i int) error {

@@ -7,7 +7,10 @@
 // key's (tenant, subject) in a partition of a consistent hash ring (package
 // ring), decides for the partitions it holds on their local stores (package
 // shard) and forwards every other key to its partition's holder over gRPC,
-// coalescing concurrent forwards to one peer into batched RPCs.
+// coalescing concurrent forwards to one peer into batched RPCs. A process
+// that does not embed a Node uses Client (Dial): it reads where keys live
+// (the Placement RPC) and sends each key to its holder on one stream per
+// node (AllowStream); the holder still decides.
 //
 // What it guarantees:
 //

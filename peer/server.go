@@ -284,6 +284,10 @@ func (s *publicServer) AllowBatch(ctx context.Context, req *peerpb.AllowBatchReq
 }
 
 func (s *publicServer) do(ctx context.Context, op peerpb.Op, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+	if s.n.view.Load() == nil {
+		// Clients can reach a joining node before its first ring is built.
+		return nil, status.Error(codes.Unavailable, "peer: node starting")
+	}
 	pk := req.GetKey()
 	d, err := s.n.do(ctx, op, Request{Key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, Hits: req.GetHits(), Policies: req.GetPolicies()})
 	if err != nil {

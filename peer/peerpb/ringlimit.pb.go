@@ -2342,6 +2342,424 @@ func (x *AllowResponse) GetLeaseTtlNs() int64 {
 	return 0
 }
 
+// AllowStreamItem is one request on AllowStream.
+type AllowStreamItem struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is the client's correlation id, echoed in the item's result; the
+	// server does not interpret it (unique among the stream's requests
+	// waiting for an answer).
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// request is decided as by RateLimiter.Allow.
+	Request       *AllowRequest `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllowStreamItem) Reset() {
+	*x = AllowStreamItem{}
+	mi := &file_ringlimit_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllowStreamItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllowStreamItem) ProtoMessage() {}
+
+func (x *AllowStreamItem) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllowStreamItem.ProtoReflect.Descriptor instead.
+func (*AllowStreamItem) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *AllowStreamItem) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *AllowStreamItem) GetRequest() *AllowRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+// AllowStreamRequest carries 1 to 1000 items; a client may send each alone
+// or gather the items waiting to be sent into one message.
+type AllowStreamRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Items         []*AllowStreamItem     `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllowStreamRequest) Reset() {
+	*x = AllowStreamRequest{}
+	mi := &file_ringlimit_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllowStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllowStreamRequest) ProtoMessage() {}
+
+func (x *AllowStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllowStreamRequest.ProtoReflect.Descriptor instead.
+func (*AllowStreamRequest) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *AllowStreamRequest) GetItems() []*AllowStreamItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+// AllowStreamResult answers one AllowStreamItem.
+type AllowStreamResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is the answered item's id.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// response is the decision, when code is 0.
+	Response *AllowResponse `protobuf:"bytes,2,opt,name=response,proto3" json:"response,omitempty"`
+	// code is the gRPC status code Allow would have failed the item with
+	// (InvalidArgument, NotFound, Unavailable); 0 (OK) when response is set.
+	Code int32 `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
+	// error is the failure's message, for logs.
+	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllowStreamResult) Reset() {
+	*x = AllowStreamResult{}
+	mi := &file_ringlimit_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllowStreamResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllowStreamResult) ProtoMessage() {}
+
+func (x *AllowStreamResult) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllowStreamResult.ProtoReflect.Descriptor instead.
+func (*AllowStreamResult) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *AllowStreamResult) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *AllowStreamResult) GetResponse() *AllowResponse {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
+func (x *AllowStreamResult) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *AllowStreamResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// AllowStreamResponse carries one or more results.
+type AllowStreamResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*AllowStreamResult   `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllowStreamResponse) Reset() {
+	*x = AllowStreamResponse{}
+	mi := &file_ringlimit_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllowStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllowStreamResponse) ProtoMessage() {}
+
+func (x *AllowStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllowStreamResponse.ProtoReflect.Descriptor instead.
+func (*AllowStreamResponse) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *AllowStreamResponse) GetResults() []*AllowStreamResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// PlacementRequest asks for the answering node's placement table.
+type PlacementRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlacementRequest) Reset() {
+	*x = PlacementRequest{}
+	mi := &file_ringlimit_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlacementRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlacementRequest) ProtoMessage() {}
+
+func (x *PlacementRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlacementRequest.ProtoReflect.Descriptor instead.
+func (*PlacementRequest) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{28}
+}
+
+// PlacementMember is one live member.
+type PlacementMember struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the member's node name (AllowResponse.owner names it).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// addr is the member's advertised gRPC address (host:port), which
+	// serves this RateLimiter service.
+	Addr          string `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlacementMember) Reset() {
+	*x = PlacementMember{}
+	mi := &file_ringlimit_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlacementMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlacementMember) ProtoMessage() {}
+
+func (x *PlacementMember) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlacementMember.ProtoReflect.Descriptor instead.
+func (*PlacementMember) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *PlacementMember) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PlacementMember) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+// PlacementResponse is where keys live, as the answering node knows it.
+//
+// A key's partition: p = xxhash64(placement bytes) mod partition_count,
+// where xxhash64 is XXH64 with seed 0 and the placement bytes are the
+// key's tenant and subject, each as one length byte followed by its bytes
+// (the policy plays no part: every policy of a subject has one holder).
+// The partition's holder is members[holders[p]].
+type PlacementResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node is the answering node's name.
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// ring_version is the answering node's ring snapshot version: it grows
+	// at every membership change that node sees (not comparable across
+	// nodes).
+	RingVersion uint64 `protobuf:"varint,2,opt,name=ring_version,json=ringVersion,proto3" json:"ring_version,omitempty"`
+	// members_hash is the fingerprint of the member list of the ring
+	// (equal on nodes that agree on the members).
+	MembersHash uint64 `protobuf:"varint,3,opt,name=members_hash,json=membersHash,proto3" json:"members_hash,omitempty"`
+	// partition_count is the ring's partition count.
+	PartitionCount uint32 `protobuf:"varint,4,opt,name=partition_count,json=partitionCount,proto3" json:"partition_count,omitempty"`
+	// members are the live members, sorted by name.
+	Members []*PlacementMember `protobuf:"bytes,5,rep,name=members,proto3" json:"members,omitempty"`
+	// holders has partition_count entries: for partition p, the index in
+	// members of the answering node if it holds p, else of the ring's
+	// target for p (where p settles; while p moves, the member there
+	// forwards or waits for the transfer).
+	Holders       []uint32 `protobuf:"varint,6,rep,packed,name=holders,proto3" json:"holders,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlacementResponse) Reset() {
+	*x = PlacementResponse{}
+	mi := &file_ringlimit_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlacementResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlacementResponse) ProtoMessage() {}
+
+func (x *PlacementResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlacementResponse.ProtoReflect.Descriptor instead.
+func (*PlacementResponse) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *PlacementResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *PlacementResponse) GetRingVersion() uint64 {
+	if x != nil {
+		return x.RingVersion
+	}
+	return 0
+}
+
+func (x *PlacementResponse) GetMembersHash() uint64 {
+	if x != nil {
+		return x.MembersHash
+	}
+	return 0
+}
+
+func (x *PlacementResponse) GetPartitionCount() uint32 {
+	if x != nil {
+		return x.PartitionCount
+	}
+	return 0
+}
+
+func (x *PlacementResponse) GetMembers() []*PlacementMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *PlacementResponse) GetHolders() []uint32 {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
 var File_ringlimit_proto protoreflect.FileDescriptor
 
 const file_ringlimit_proto_rawDesc = "" +
@@ -2500,7 +2918,30 @@ const file_ringlimit_proto_rawDesc = "" +
 	"refused_by\x18\v \x01(\tR\trefusedBy\x12\x19\n" +
 	"\blease_id\x18\f \x01(\x04R\aleaseId\x12 \n" +
 	"\flease_ttl_ns\x18\r \x01(\x03R\n" +
-	"leaseTtlNs*\\\n" +
+	"leaseTtlNs\"W\n" +
+	"\x0fAllowStreamItem\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x124\n" +
+	"\arequest\x18\x02 \x01(\v2\x1a.ringlimit.v1.AllowRequestR\arequest\"I\n" +
+	"\x12AllowStreamRequest\x123\n" +
+	"\x05items\x18\x01 \x03(\v2\x1d.ringlimit.v1.AllowStreamItemR\x05items\"\x86\x01\n" +
+	"\x11AllowStreamResult\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x127\n" +
+	"\bresponse\x18\x02 \x01(\v2\x1b.ringlimit.v1.AllowResponseR\bresponse\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\x05R\x04code\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"P\n" +
+	"\x13AllowStreamResponse\x129\n" +
+	"\aresults\x18\x01 \x03(\v2\x1f.ringlimit.v1.AllowStreamResultR\aresults\"\x12\n" +
+	"\x10PlacementRequest\"9\n" +
+	"\x0fPlacementMember\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xe9\x01\n" +
+	"\x11PlacementResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12!\n" +
+	"\fring_version\x18\x02 \x01(\x04R\vringVersion\x12!\n" +
+	"\fmembers_hash\x18\x03 \x01(\x04R\vmembersHash\x12'\n" +
+	"\x0fpartition_count\x18\x04 \x01(\rR\x0epartitionCount\x127\n" +
+	"\amembers\x18\x05 \x03(\v2\x1d.ringlimit.v1.PlacementMemberR\amembers\x12\x18\n" +
+	"\aholders\x18\x06 \x03(\rR\aholders*\\\n" +
 	"\x02Op\x12\f\n" +
 	"\bOP_CHECK\x10\x00\x12\v\n" +
 	"\aOP_PEEK\x10\x01\x12\r\n" +
@@ -2543,7 +2984,7 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x0fReplicateStream\x12\x1e.ringlimit.v1.ReplicateRequest\x1a\x1f.ringlimit.v1.ReplicateResponse(\x010\x01\x12F\n" +
 	"\aPromote\x12\x1c.ringlimit.v1.PromoteRequest\x1a\x1d.ringlimit.v1.PromoteResponse\x12@\n" +
 	"\x05Probe\x12\x1a.ringlimit.v1.ProbeRequest\x1a\x1b.ringlimit.v1.ProbeResponse\x12@\n" +
-	"\x05Lease\x12\x1a.ringlimit.v1.LeaseRequest\x1a\x1b.ringlimit.v1.LeaseResponse2\xee\x03\n" +
+	"\x05Lease\x12\x1a.ringlimit.v1.LeaseRequest\x1a\x1b.ringlimit.v1.LeaseResponse2\x94\x05\n" +
 	"\vRateLimiter\x12@\n" +
 	"\x05Allow\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12O\n" +
 	"\n" +
@@ -2552,7 +2993,9 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x06Refund\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12@\n" +
 	"\x05Reset\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12B\n" +
 	"\aAcquire\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12B\n" +
-	"\aRelease\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponseB,Z*github.com/ringlimit/ringlimit/peer/peerpbb\x06proto3"
+	"\aRelease\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12V\n" +
+	"\vAllowStream\x12 .ringlimit.v1.AllowStreamRequest\x1a!.ringlimit.v1.AllowStreamResponse(\x010\x01\x12L\n" +
+	"\tPlacement\x12\x1e.ringlimit.v1.PlacementRequest\x1a\x1f.ringlimit.v1.PlacementResponseB,Z*github.com/ringlimit/ringlimit/peer/peerpbb\x06proto3"
 
 var (
 	file_ringlimit_proto_rawDescOnce sync.Once
@@ -2567,37 +3010,44 @@ func file_ringlimit_proto_rawDescGZIP() []byte {
 }
 
 var file_ringlimit_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_ringlimit_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_ringlimit_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_ringlimit_proto_goTypes = []any{
-	(Op)(0),                    // 0: ringlimit.v1.Op
-	(Status)(0),                // 1: ringlimit.v1.Status
-	(Reason)(0),                // 2: ringlimit.v1.Reason
-	(OpStatus)(0),              // 3: ringlimit.v1.OpStatus
-	(PartitionOp_Kind)(0),      // 4: ringlimit.v1.PartitionOp.Kind
-	(*Key)(nil),                // 5: ringlimit.v1.Key
-	(*CheckItem)(nil),          // 6: ringlimit.v1.CheckItem
-	(*PolicyDecision)(nil),     // 7: ringlimit.v1.PolicyDecision
-	(*CheckRequest)(nil),       // 8: ringlimit.v1.CheckRequest
-	(*Decision)(nil),           // 9: ringlimit.v1.Decision
-	(*CheckResponse)(nil),      // 10: ringlimit.v1.CheckResponse
-	(*Run)(nil),                // 11: ringlimit.v1.Run
-	(*KeyState)(nil),           // 12: ringlimit.v1.KeyState
-	(*PartitionOp)(nil),        // 13: ringlimit.v1.PartitionOp
-	(*ReplicateRequest)(nil),   // 14: ringlimit.v1.ReplicateRequest
-	(*OpResult)(nil),           // 15: ringlimit.v1.OpResult
-	(*ReplicateResponse)(nil),  // 16: ringlimit.v1.ReplicateResponse
-	(*PromoteRequest)(nil),     // 17: ringlimit.v1.PromoteRequest
-	(*PromoteResponse)(nil),    // 18: ringlimit.v1.PromoteResponse
-	(*LeaseRequest)(nil),       // 19: ringlimit.v1.LeaseRequest
-	(*LeaseResponse)(nil),      // 20: ringlimit.v1.LeaseResponse
-	(*ProbeRequest)(nil),       // 21: ringlimit.v1.ProbeRequest
-	(*PartitionInfo)(nil),      // 22: ringlimit.v1.PartitionInfo
-	(*ProbeResponse)(nil),      // 23: ringlimit.v1.ProbeResponse
-	(*AllowRequest)(nil),       // 24: ringlimit.v1.AllowRequest
-	(*AllowBatchRequest)(nil),  // 25: ringlimit.v1.AllowBatchRequest
-	(*AllowBatchResult)(nil),   // 26: ringlimit.v1.AllowBatchResult
-	(*AllowBatchResponse)(nil), // 27: ringlimit.v1.AllowBatchResponse
-	(*AllowResponse)(nil),      // 28: ringlimit.v1.AllowResponse
+	(Op)(0),                     // 0: ringlimit.v1.Op
+	(Status)(0),                 // 1: ringlimit.v1.Status
+	(Reason)(0),                 // 2: ringlimit.v1.Reason
+	(OpStatus)(0),               // 3: ringlimit.v1.OpStatus
+	(PartitionOp_Kind)(0),       // 4: ringlimit.v1.PartitionOp.Kind
+	(*Key)(nil),                 // 5: ringlimit.v1.Key
+	(*CheckItem)(nil),           // 6: ringlimit.v1.CheckItem
+	(*PolicyDecision)(nil),      // 7: ringlimit.v1.PolicyDecision
+	(*CheckRequest)(nil),        // 8: ringlimit.v1.CheckRequest
+	(*Decision)(nil),            // 9: ringlimit.v1.Decision
+	(*CheckResponse)(nil),       // 10: ringlimit.v1.CheckResponse
+	(*Run)(nil),                 // 11: ringlimit.v1.Run
+	(*KeyState)(nil),            // 12: ringlimit.v1.KeyState
+	(*PartitionOp)(nil),         // 13: ringlimit.v1.PartitionOp
+	(*ReplicateRequest)(nil),    // 14: ringlimit.v1.ReplicateRequest
+	(*OpResult)(nil),            // 15: ringlimit.v1.OpResult
+	(*ReplicateResponse)(nil),   // 16: ringlimit.v1.ReplicateResponse
+	(*PromoteRequest)(nil),      // 17: ringlimit.v1.PromoteRequest
+	(*PromoteResponse)(nil),     // 18: ringlimit.v1.PromoteResponse
+	(*LeaseRequest)(nil),        // 19: ringlimit.v1.LeaseRequest
+	(*LeaseResponse)(nil),       // 20: ringlimit.v1.LeaseResponse
+	(*ProbeRequest)(nil),        // 21: ringlimit.v1.ProbeRequest
+	(*PartitionInfo)(nil),       // 22: ringlimit.v1.PartitionInfo
+	(*ProbeResponse)(nil),       // 23: ringlimit.v1.ProbeResponse
+	(*AllowRequest)(nil),        // 24: ringlimit.v1.AllowRequest
+	(*AllowBatchRequest)(nil),   // 25: ringlimit.v1.AllowBatchRequest
+	(*AllowBatchResult)(nil),    // 26: ringlimit.v1.AllowBatchResult
+	(*AllowBatchResponse)(nil),  // 27: ringlimit.v1.AllowBatchResponse
+	(*AllowResponse)(nil),       // 28: ringlimit.v1.AllowResponse
+	(*AllowStreamItem)(nil),     // 29: ringlimit.v1.AllowStreamItem
+	(*AllowStreamRequest)(nil),  // 30: ringlimit.v1.AllowStreamRequest
+	(*AllowStreamResult)(nil),   // 31: ringlimit.v1.AllowStreamResult
+	(*AllowStreamResponse)(nil), // 32: ringlimit.v1.AllowStreamResponse
+	(*PlacementRequest)(nil),    // 33: ringlimit.v1.PlacementRequest
+	(*PlacementMember)(nil),     // 34: ringlimit.v1.PlacementMember
+	(*PlacementResponse)(nil),   // 35: ringlimit.v1.PlacementResponse
 }
 var file_ringlimit_proto_depIdxs = []int32{
 	5,  // 0: ringlimit.v1.CheckItem.key:type_name -> ringlimit.v1.Key
@@ -2623,39 +3073,48 @@ var file_ringlimit_proto_depIdxs = []int32{
 	26, // 20: ringlimit.v1.AllowBatchResponse.results:type_name -> ringlimit.v1.AllowBatchResult
 	2,  // 21: ringlimit.v1.AllowResponse.reason:type_name -> ringlimit.v1.Reason
 	7,  // 22: ringlimit.v1.AllowResponse.limits:type_name -> ringlimit.v1.PolicyDecision
-	8,  // 23: ringlimit.v1.Limiter.Check:input_type -> ringlimit.v1.CheckRequest
-	8,  // 24: ringlimit.v1.Limiter.CheckStream:input_type -> ringlimit.v1.CheckRequest
-	14, // 25: ringlimit.v1.Limiter.Replicate:input_type -> ringlimit.v1.ReplicateRequest
-	14, // 26: ringlimit.v1.Limiter.ReplicateStream:input_type -> ringlimit.v1.ReplicateRequest
-	17, // 27: ringlimit.v1.Limiter.Promote:input_type -> ringlimit.v1.PromoteRequest
-	21, // 28: ringlimit.v1.Limiter.Probe:input_type -> ringlimit.v1.ProbeRequest
-	19, // 29: ringlimit.v1.Limiter.Lease:input_type -> ringlimit.v1.LeaseRequest
-	24, // 30: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
-	25, // 31: ringlimit.v1.RateLimiter.AllowBatch:input_type -> ringlimit.v1.AllowBatchRequest
-	24, // 32: ringlimit.v1.RateLimiter.Peek:input_type -> ringlimit.v1.AllowRequest
-	24, // 33: ringlimit.v1.RateLimiter.Refund:input_type -> ringlimit.v1.AllowRequest
-	24, // 34: ringlimit.v1.RateLimiter.Reset:input_type -> ringlimit.v1.AllowRequest
-	24, // 35: ringlimit.v1.RateLimiter.Acquire:input_type -> ringlimit.v1.AllowRequest
-	24, // 36: ringlimit.v1.RateLimiter.Release:input_type -> ringlimit.v1.AllowRequest
-	10, // 37: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
-	10, // 38: ringlimit.v1.Limiter.CheckStream:output_type -> ringlimit.v1.CheckResponse
-	16, // 39: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
-	16, // 40: ringlimit.v1.Limiter.ReplicateStream:output_type -> ringlimit.v1.ReplicateResponse
-	18, // 41: ringlimit.v1.Limiter.Promote:output_type -> ringlimit.v1.PromoteResponse
-	23, // 42: ringlimit.v1.Limiter.Probe:output_type -> ringlimit.v1.ProbeResponse
-	20, // 43: ringlimit.v1.Limiter.Lease:output_type -> ringlimit.v1.LeaseResponse
-	28, // 44: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
-	27, // 45: ringlimit.v1.RateLimiter.AllowBatch:output_type -> ringlimit.v1.AllowBatchResponse
-	28, // 46: ringlimit.v1.RateLimiter.Peek:output_type -> ringlimit.v1.AllowResponse
-	28, // 47: ringlimit.v1.RateLimiter.Refund:output_type -> ringlimit.v1.AllowResponse
-	28, // 48: ringlimit.v1.RateLimiter.Reset:output_type -> ringlimit.v1.AllowResponse
-	28, // 49: ringlimit.v1.RateLimiter.Acquire:output_type -> ringlimit.v1.AllowResponse
-	28, // 50: ringlimit.v1.RateLimiter.Release:output_type -> ringlimit.v1.AllowResponse
-	37, // [37:51] is the sub-list for method output_type
-	23, // [23:37] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	24, // 23: ringlimit.v1.AllowStreamItem.request:type_name -> ringlimit.v1.AllowRequest
+	29, // 24: ringlimit.v1.AllowStreamRequest.items:type_name -> ringlimit.v1.AllowStreamItem
+	28, // 25: ringlimit.v1.AllowStreamResult.response:type_name -> ringlimit.v1.AllowResponse
+	31, // 26: ringlimit.v1.AllowStreamResponse.results:type_name -> ringlimit.v1.AllowStreamResult
+	34, // 27: ringlimit.v1.PlacementResponse.members:type_name -> ringlimit.v1.PlacementMember
+	8,  // 28: ringlimit.v1.Limiter.Check:input_type -> ringlimit.v1.CheckRequest
+	8,  // 29: ringlimit.v1.Limiter.CheckStream:input_type -> ringlimit.v1.CheckRequest
+	14, // 30: ringlimit.v1.Limiter.Replicate:input_type -> ringlimit.v1.ReplicateRequest
+	14, // 31: ringlimit.v1.Limiter.ReplicateStream:input_type -> ringlimit.v1.ReplicateRequest
+	17, // 32: ringlimit.v1.Limiter.Promote:input_type -> ringlimit.v1.PromoteRequest
+	21, // 33: ringlimit.v1.Limiter.Probe:input_type -> ringlimit.v1.ProbeRequest
+	19, // 34: ringlimit.v1.Limiter.Lease:input_type -> ringlimit.v1.LeaseRequest
+	24, // 35: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
+	25, // 36: ringlimit.v1.RateLimiter.AllowBatch:input_type -> ringlimit.v1.AllowBatchRequest
+	24, // 37: ringlimit.v1.RateLimiter.Peek:input_type -> ringlimit.v1.AllowRequest
+	24, // 38: ringlimit.v1.RateLimiter.Refund:input_type -> ringlimit.v1.AllowRequest
+	24, // 39: ringlimit.v1.RateLimiter.Reset:input_type -> ringlimit.v1.AllowRequest
+	24, // 40: ringlimit.v1.RateLimiter.Acquire:input_type -> ringlimit.v1.AllowRequest
+	24, // 41: ringlimit.v1.RateLimiter.Release:input_type -> ringlimit.v1.AllowRequest
+	30, // 42: ringlimit.v1.RateLimiter.AllowStream:input_type -> ringlimit.v1.AllowStreamRequest
+	33, // 43: ringlimit.v1.RateLimiter.Placement:input_type -> ringlimit.v1.PlacementRequest
+	10, // 44: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
+	10, // 45: ringlimit.v1.Limiter.CheckStream:output_type -> ringlimit.v1.CheckResponse
+	16, // 46: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
+	16, // 47: ringlimit.v1.Limiter.ReplicateStream:output_type -> ringlimit.v1.ReplicateResponse
+	18, // 48: ringlimit.v1.Limiter.Promote:output_type -> ringlimit.v1.PromoteResponse
+	23, // 49: ringlimit.v1.Limiter.Probe:output_type -> ringlimit.v1.ProbeResponse
+	20, // 50: ringlimit.v1.Limiter.Lease:output_type -> ringlimit.v1.LeaseResponse
+	28, // 51: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
+	27, // 52: ringlimit.v1.RateLimiter.AllowBatch:output_type -> ringlimit.v1.AllowBatchResponse
+	28, // 53: ringlimit.v1.RateLimiter.Peek:output_type -> ringlimit.v1.AllowResponse
+	28, // 54: ringlimit.v1.RateLimiter.Refund:output_type -> ringlimit.v1.AllowResponse
+	28, // 55: ringlimit.v1.RateLimiter.Reset:output_type -> ringlimit.v1.AllowResponse
+	28, // 56: ringlimit.v1.RateLimiter.Acquire:output_type -> ringlimit.v1.AllowResponse
+	28, // 57: ringlimit.v1.RateLimiter.Release:output_type -> ringlimit.v1.AllowResponse
+	32, // 58: ringlimit.v1.RateLimiter.AllowStream:output_type -> ringlimit.v1.AllowStreamResponse
+	35, // 59: ringlimit.v1.RateLimiter.Placement:output_type -> ringlimit.v1.PlacementResponse
+	44, // [44:60] is the sub-list for method output_type
+	28, // [28:44] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_ringlimit_proto_init() }
@@ -2669,7 +3128,7 @@ func file_ringlimit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringlimit_proto_rawDesc), len(file_ringlimit_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   24,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

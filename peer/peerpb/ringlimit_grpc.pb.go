@@ -425,13 +425,15 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	RateLimiter_Allow_FullMethodName      = "/ringlimit.v1.RateLimiter/Allow"
-	RateLimiter_AllowBatch_FullMethodName = "/ringlimit.v1.RateLimiter/AllowBatch"
-	RateLimiter_Peek_FullMethodName       = "/ringlimit.v1.RateLimiter/Peek"
-	RateLimiter_Refund_FullMethodName     = "/ringlimit.v1.RateLimiter/Refund"
-	RateLimiter_Reset_FullMethodName      = "/ringlimit.v1.RateLimiter/Reset"
-	RateLimiter_Acquire_FullMethodName    = "/ringlimit.v1.RateLimiter/Acquire"
-	RateLimiter_Release_FullMethodName    = "/ringlimit.v1.RateLimiter/Release"
+	RateLimiter_Allow_FullMethodName       = "/ringlimit.v1.RateLimiter/Allow"
+	RateLimiter_AllowBatch_FullMethodName  = "/ringlimit.v1.RateLimiter/AllowBatch"
+	RateLimiter_Peek_FullMethodName        = "/ringlimit.v1.RateLimiter/Peek"
+	RateLimiter_Refund_FullMethodName      = "/ringlimit.v1.RateLimiter/Refund"
+	RateLimiter_Reset_FullMethodName       = "/ringlimit.v1.RateLimiter/Reset"
+	RateLimiter_Acquire_FullMethodName     = "/ringlimit.v1.RateLimiter/Acquire"
+	RateLimiter_Release_FullMethodName     = "/ringlimit.v1.RateLimiter/Release"
+	RateLimiter_AllowStream_FullMethodName = "/ringlimit.v1.RateLimiter/AllowStream"
+	RateLimiter_Placement_FullMethodName   = "/ringlimit.v1.RateLimiter/Placement"
 )
 
 // RateLimiterClient is the client API for RateLimiter service.
@@ -463,6 +465,17 @@ type RateLimiterClient interface {
 	// Release ends the lease lease_id of key; allowed reports whether a live
 	// lease was ended (an unknown or expired id is not an error).
 	Release(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error)
+	// AllowStream decides OP_CHECK requests on one long-lived stream: each
+	// item carries a client-chosen id, and its result comes back with the
+	// same id, in any order, possibly several results in one message. Items
+	// are decided as they arrive, like Allow (a node that does not hold the
+	// key's partition forwards it). One bad item fails alone. The stream
+	// ends when the client closes its side (after its last answer) or the
+	// node stops.
+	AllowStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AllowStreamRequest, AllowStreamResponse], error)
+	// Placement returns where keys live as the answering node knows it, so
+	// a client can send each key straight to its partition's holder.
+	Placement(ctx context.Context, in *PlacementRequest, opts ...grpc.CallOption) (*PlacementResponse, error)
 }
 
 type rateLimiterClient struct {
@@ -543,6 +556,29 @@ func (c *rateLimiterClient) Release(ctx context.Context, in *AllowRequest, opts 
 	return out, nil
 }
 
+func (c *rateLimiterClient) AllowStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AllowStreamRequest, AllowStreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &RateLimiter_ServiceDesc.Streams[0], RateLimiter_AllowStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[AllowStreamRequest, AllowStreamResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RateLimiter_AllowStreamClient = grpc.BidiStreamingClient[AllowStreamRequest, AllowStreamResponse]
+
+func (c *rateLimiterClient) Placement(ctx context.Context, in *PlacementRequest, opts ...grpc.CallOption) (*PlacementResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PlacementResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Placement_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RateLimiterServer is the server API for RateLimiter service.
 // All implementations must embed UnimplementedRateLimiterServer
 // for forward compatibility.
@@ -572,6 +608,17 @@ type RateLimiterServer interface {
 	// Release ends the lease lease_id of key; allowed reports whether a live
 	// lease was ended (an unknown or expired id is not an error).
 	Release(context.Context, *AllowRequest) (*AllowResponse, error)
+	// AllowStream decides OP_CHECK requests on one long-lived stream: each
+	// item carries a client-chosen id, and its result comes back with the
+	// same id, in any order, possibly several results in one message. Items
+	// are decided as they arrive, like Allow (a node that does not hold the
+	// key's partition forwards it). One bad item fails alone. The stream
+	// ends when the client closes its side (after its last answer) or the
+	// node stops.
+	AllowStream(grpc.BidiStreamingServer[AllowStreamRequest, AllowStreamResponse]) error
+	// Placement returns where keys live as the answering node knows it, so
+	// a client can send each key straight to its partition's holder.
+	Placement(context.Context, *PlacementRequest) (*PlacementResponse, error)
 	mustEmbedUnimplementedRateLimiterServer()
 }
 
@@ -602,6 +649,12 @@ func (UnimplementedRateLimiterServer) Acquire(context.Context, *AllowRequest) (*
 }
 func (UnimplementedRateLimiterServer) Release(context.Context, *AllowRequest) (*AllowResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedRateLimiterServer) AllowStream(grpc.BidiStreamingServer[AllowStreamRequest, AllowStreamResponse]) error {
+	return status.Error(codes.Unimplemented, "method AllowStream not implemented")
+}
+func (UnimplementedRateLimiterServer) Placement(context.Context, *PlacementRequest) (*PlacementResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Placement not implemented")
 }
 func (UnimplementedRateLimiterServer) mustEmbedUnimplementedRateLimiterServer() {}
 func (UnimplementedRateLimiterServer) testEmbeddedByValue()                     {}
@@ -750,6 +803,31 @@ func _RateLimiter_Release_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimiter_AllowStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(RateLimiterServer).AllowStream(&grpc.GenericServerStream[AllowStreamRequest, AllowStreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RateLimiter_AllowStreamServer = grpc.BidiStreamingServer[AllowStreamRequest, AllowStreamResponse]
+
+func _RateLimiter_Placement_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PlacementRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Placement(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Placement_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Placement(ctx, req.(*PlacementRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RateLimiter_ServiceDesc is the grpc.ServiceDesc for RateLimiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -785,7 +863,18 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Release",
 			Handler:    _RateLimiter_Release_Handler,
 		},
+		{
+			MethodName: "Placement",
+			Handler:    _RateLimiter_Placement_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "AllowStream",
+			Handler:       _RateLimiter_AllowStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "ringlimit.proto",
 }

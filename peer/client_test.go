@@ -1,0 +1,381 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+)
+
+var clientPolicies = map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}, "q": {Limit: 1000, Window: time.Minute}}
+
+func dialForTest(t *testing.T, nodes ...*Node) *Client {
+	t.Helper()
+	var addrs []string
+	for _, nd := range nodes {
+		addrs = append(addrs, nd.RPCAddr())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cl, err := Dial(ctx, ClientConfig{Addrs: addrs, RefreshInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("Dial(%v): %v", addrs, err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// holderForTest returns the name of the live node that holds key's
+// partition and may decide for it, or "".
+func holderForTest(c *cluster, key Key) string {
+	for _, nd := range c.live() {
+		if nd.decisionPointForTest(key) {
+			return nd.Name()
+		}
+	}
+	return ""
+}
+
+// placementPartition computes a key's partition as README documents it,
+// without the ring package: XXH64 of the length-prefixed tenant and
+// subject, modulo the partition count.
+func placementPartition(key Key, count int) int {
+	b := []byte{byte(len(key.Tenant))}
+	b = append(b, key.Tenant...)
+	b = append(b, byte(len(key.Subject)))
+	b = append(b, key.Subject...)
+	return int(xxhash.Sum64(b) % uint64(count))
+}
+
+// TestPlacementRPC checks the Placement table against the nodes: the
+// documented key → partition mapping matches every node's, and each
+// partition's holder is the node that holds it.
+func TestPlacementRPC(t *testing.T) {
+	c := startCluster(t, 3, Config{Policies: clientPolicies})
+	conn, err := grpc.NewClient(c.nodes[1].RPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	resp, err := peerpb.NewRateLimiterClient(conn).Placement(context.Background(), &peerpb.PlacementRequest{})
+	if err != nil {
+		t.Fatalf("Placement: %v", err)
+	}
+	if resp.GetNode() != c.nodes[1].Name() || len(resp.GetMembers()) != 3 || int(resp.GetPartitionCount()) != len(resp.GetHolders()) {
+		t.Fatalf("Placement = node %q, %d members, %d partitions, %d holders", resp.GetNode(), len(resp.GetMembers()), resp.GetPartitionCount(), len(resp.GetHolders()))
+	}
+	addrs := map[string]string{}
+	for _, nd := range c.nodes {
+		addrs[nd.Name()] = nd.RPCAddr()
+	}
+	for i, m := range resp.GetMembers() {
+		if addrs[m.GetName()] != m.GetAddr() || i > 0 && resp.GetMembers()[i-1].GetName() >= m.GetName() {
+			t.Fatalf("member %d = %v; want sorted names with their gRPC addresses %v", i, m, addrs)
+		}
+	}
+	// README's worked example.
+	if ex := (Key{Tenant: "acme", Subject: "alice", Policy: "q"}); xxhash.Sum64([]byte("\x04acme\x05alice")) != 0x7ee608d8b0db7a84 ||
+		placementPartition(ex, 271) != 42 || resp.GetPartitionCount() == 271 && c.nodes[0].partIDForTest(ex) != 42 {
+		t.Fatalf("README's example: acme/alice is no longer partition 42 of 271 with XXH64 0x7ee608d8b0db7a84")
+	}
+	for i := range 500 {
+		k := Key{Tenant: "t", Subject: fmt.Sprintf("user-%d", i), Policy: "q"}
+		pid := placementPartition(k, int(resp.GetPartitionCount()))
+		if got := c.nodes[0].partIDForTest(k); got != pid {
+			t.Fatalf("key %v: documented partition %d, node's %d", k, pid, got)
+		}
+		if want, got := holderForTest(c, k), resp.GetMembers()[resp.GetHolders()[pid]].GetName(); got != want {
+			t.Fatalf("key %v (partition %d): table names %s, holder is %s", k, pid, got, want)
+		}
+	}
+}
+
+// TestClientRoutesToHolder checks that the client sends each key to its
+// holder (the holder decides, no forward) and that the limit holds
+// exactly through it.
+func TestClientRoutesToHolder(t *testing.T) {
+	c := startCluster(t, 3, Config{Policies: clientPolicies})
+	cl := dialForTest(t, c.nodes[2])
+	ctx := context.Background()
+	for i := range 300 {
+		k := Key{Tenant: "t", Subject: fmt.Sprintf("user-%d", i), Policy: "q"}
+		d, err := cl.Allow(ctx, Request{Key: k})
+		if err != nil || !d.Allowed {
+			t.Fatalf("Allow(%v) = %+v, %v", k, d, err)
+		}
+		if want := holderForTest(c, k); d.Owner != want {
+			t.Fatalf("Allow(%v) decided by %s, holder is %s", k, d.Owner, want)
+		}
+	}
+	// 40 concurrent requests for one key of limit 5: exactly 5 admitted.
+	k := Key{Tenant: "t", Subject: "hot", Policy: "p"}
+	var admitted atomic.Int32
+	var wg sync.WaitGroup
+	for range 40 {
+		wg.Go(func() {
+			d, err := cl.Allow(ctx, Request{Key: k})
+			if err != nil {
+				t.Errorf("Allow(%v): %v", k, err)
+				return
+			}
+			if d.Allowed {
+				admitted.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if got := admitted.Load(); got != 5 {
+		t.Fatalf("admitted %d of 40 under a limit of 5", got)
+	}
+	d, err := cl.Allow(ctx, Request{Key: k})
+	if err != nil || d.Allowed || d.Reason != ReasonOverLimit || d.RetryAfter <= 0 {
+		t.Fatalf("Allow over the limit = %+v, %v; want over_limit with a RetryAfter", d, err)
+	}
+}
+
+// TestClientMembershipChange checks that the client follows a join and a
+// graceful leave: it re-reads the table, routes to the new holders, and
+// its stream to the leaving node ends without breaking later calls. The
+// limit holds across both changes.
+func TestClientMembershipChange(t *testing.T) {
+	c := startCluster(t, 2, Config{Policies: clientPolicies})
+	cl := dialForTest(t, c.nodes[0])
+	ctx := context.Background()
+	keys := make([]Key, 40)
+	for i := range keys {
+		keys[i] = Key{Tenant: "t", Subject: fmt.Sprintf("user-%d", i), Policy: "p"}
+	}
+	admitted := make([]int, len(keys))
+	// allowAll calls Allow once per key; calls that meet a change may be
+	// unavailable, never wrong.
+	allowAll := func(checkOwner bool) {
+		t.Helper()
+		for i, k := range keys {
+			d, err := cl.Allow(ctx, Request{Key: k})
+			if err != nil {
+				if checkOwner || !errors.Is(err, ErrUnavailable) {
+					t.Fatalf("Allow(%v): %v", k, err)
+				}
+				continue
+			}
+			if d.Allowed {
+				admitted[i]++
+			}
+			if want := holderForTest(c, k); checkOwner && d.Owner != want {
+				t.Fatalf("Allow(%v) decided by %s, holder is %s", k, d.Owner, want)
+			}
+		}
+	}
+	allowAll(true)
+	// routed waits until the client's table names every key's holder.
+	routed := func(what string) {
+		t.Helper()
+		waitFor(t, 10*time.Second, what, func() bool {
+			holders, _ := cl.Placement()
+			for _, k := range keys {
+				if holders[placementPartition(k, len(holders))] != holderForTest(c, k) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	joiner := c.add("n2")
+	allowAll(false)
+	c.waitMembers(3)
+	routed("the client's table to follow the join")
+	allowAll(true)
+	moved := 0
+	for _, k := range keys {
+		if holderForTest(c, k) == joiner.Name() {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatal("the joiner took none of the keys; pick more keys")
+	}
+	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := c.nodes[0].Close(closeCtx); err != nil { // the node the client dialed
+		t.Fatalf("Close %s: %v", c.nodes[0].Name(), err)
+	}
+	c.waitMembers(2)
+	routed("the client's table to follow the leave")
+	allowAll(true)
+	for i, n := range admitted {
+		if n > 5 {
+			t.Fatalf("key %v admitted %d times under a limit of 5", keys[i], n)
+		}
+		if n < 3 {
+			t.Fatalf("key %v admitted %d times in 3 settled rounds", keys[i], n)
+		}
+	}
+}
+
+// TestClientNodeStopped checks that a node stopping ends the client's
+// stream to it (Unavailable, not a hang), and that the client re-reads
+// the table and decides the node's keys at their new holder.
+func TestClientNodeStopped(t *testing.T) {
+	c := startCluster(t, 3, Config{Policies: clientPolicies})
+	cl := dialForTest(t, c.nodes...)
+	ctx := context.Background()
+	victim := c.nodes[1]
+	var k Key
+	for i := 0; ; i++ {
+		k = Key{Tenant: "t", Subject: fmt.Sprintf("user-%d", i), Policy: "q"}
+		if holderForTest(c, k) == victim.Name() {
+			break
+		}
+	}
+	if d, err := cl.Allow(ctx, Request{Key: k}); err != nil || d.Owner != victim.Name() {
+		t.Fatalf("Allow(%v) = %+v, %v; want a decision by %s", k, d, err, victim.Name())
+	}
+	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := victim.Close(closeCtx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	c.waitMembers(2)
+	waitFor(t, 10*time.Second, "a decision by the key's new holder", func() bool {
+		d, err := cl.Allow(ctx, Request{Key: k})
+		return err == nil && d.Owner == holderForTest(c, k) && d.Owner != victim.Name()
+	})
+}
+
+// TestClientBadInput checks the client's errors: invalid input fails
+// before anything is sent, with the sentinel to branch on.
+func TestClientBadInput(t *testing.T) {
+	c := startCluster(t, 1, Config{Policies: clientPolicies})
+	cl := dialForTest(t, c.nodes[0])
+	ctx := context.Background()
+	for _, tc := range []struct {
+		req  Request
+		want error
+	}{
+		{Request{Key: Key{Tenant: "", Subject: "s", Policy: "p"}}, ErrInvalidKey},
+		{Request{Key: Key{Tenant: "t", Subject: "a b", Policy: "p"}}, ErrInvalidKey},
+		{Request{Key: Key{Tenant: "t", Subject: "s", Policy: "p"}, Hits: -1}, ErrInvalidHits},
+		{Request{Key: Key{Tenant: "t", Subject: "s", Policy: "p"}, Hits: 6}, ErrInvalidKey}, // the server's InvalidArgument
+		{Request{Key: Key{Tenant: "t", Subject: "s", Policy: "nope"}}, ErrUnknownPolicy},
+	} {
+		if d, err := cl.Allow(ctx, tc.req); !errors.Is(err, tc.want) || d.Allowed {
+			t.Errorf("Allow(%+v) = %+v, %v; want an error wrapping %v", tc.req, d, err, tc.want)
+		}
+	}
+	if _, err := Dial(ctx, ClientConfig{}); err == nil {
+		t.Error("Dial without addresses succeeded")
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := Dial(short, ClientConfig{Addrs: []string{freeAddr(t)}}); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Dial to a closed port = %v; want an error wrapping ErrUnavailable", err)
+	}
+}
+
+// TestClientClose checks that Close ends calls in flight (none hangs) and
+// later calls return ErrClosed; the package's leak check sees that its
+// goroutines are gone.
+func TestClientClose(t *testing.T) {
+	c := startCluster(t, 2, Config{Policies: clientPolicies})
+	cl := dialForTest(t, c.nodes...)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := range 16 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := Key{Tenant: "t", Subject: fmt.Sprintf("w%d-%d", w, i%50), Policy: "q"}
+				if _, err := cl.Allow(ctx, Request{Key: k}); err != nil {
+					if !errors.Is(err, ErrClosed) && !errors.Is(err, ErrUnavailable) {
+						t.Errorf("Allow during Close: %v", err)
+					}
+					return
+				}
+			}
+		})
+	}
+	waitFor(t, 5*time.Second, "calls to run", func() bool {
+		d, err := cl.Allow(ctx, Request{Key: Key{Tenant: "t", Subject: "probe", Policy: "q"}})
+		return err == nil && d.Allowed
+	})
+	cl.Close()
+	close(stop)
+	wg.Wait()
+	if _, err := cl.Allow(ctx, Request{Key: Key{Tenant: "t", Subject: "s", Policy: "q"}}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Allow after Close = %v; want ErrClosed", err)
+	}
+}
+
+// TestAllowStreamWire drives AllowStream directly, as a client in another
+// language would: several items in one message, answered by id, a bad
+// item failing alone and a key held elsewhere forwarded.
+func TestAllowStreamWire(t *testing.T) {
+	c := startCluster(t, 2, Config{Policies: clientPolicies})
+	nd := c.nodes[0]
+	remote := pmKeyOwnedBy(t, nd, "q", c.nodes[1].Name())
+	local := pmKeyOwnedBy(t, nd, "q", nd.Name())
+	conn, err := grpc.NewClient(nd.RPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := peerpb.NewRateLimiterClient(conn).AllowStream(ctx)
+	if err != nil {
+		t.Fatalf("AllowStream: %v", err)
+	}
+	wk := func(k Key) *peerpb.Key { return &peerpb.Key{Tenant: k.Tenant, Subject: k.Subject, Policy: k.Policy} }
+	err = st.Send(&peerpb.AllowStreamRequest{Items: []*peerpb.AllowStreamItem{
+		{Id: 7, Request: &peerpb.AllowRequest{Key: wk(local)}},
+		{Id: 8, Request: &peerpb.AllowRequest{Key: wk(remote), Hits: 3}},
+		{Id: 9, Request: &peerpb.AllowRequest{Key: &peerpb.Key{Tenant: "t", Subject: "s", Policy: "nope"}}},
+		{Id: 10, Request: &peerpb.AllowRequest{Key: &peerpb.Key{Tenant: "", Subject: "s", Policy: "q"}}},
+	}})
+	if err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	if err := st.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[uint64]*peerpb.AllowStreamResult{}
+	for {
+		resp, err := st.Recv()
+		if err != nil {
+			break // io.EOF once every item is answered
+		}
+		for _, r := range resp.GetResults() {
+			if got[r.GetId()] != nil {
+				t.Fatalf("id %d answered twice", r.GetId())
+			}
+			got[r.GetId()] = r
+		}
+	}
+	if r := got[7]; r.GetCode() != 0 || !r.GetResponse().GetAllowed() || r.GetResponse().GetOwner() != nd.Name() {
+		t.Errorf("local item = %v; want admitted by %s", r, nd.Name())
+	}
+	if r := got[8]; r.GetCode() != 0 || r.GetResponse().GetRemaining() != 997 || r.GetResponse().GetOwner() != c.nodes[1].Name() {
+		t.Errorf("remote item = %v; want admitted by %s with 997 remaining", r, c.nodes[1].Name())
+	}
+	if r := got[9]; codes.Code(r.GetCode()) != codes.NotFound {
+		t.Errorf("unknown policy item = %v; want NotFound", r)
+	}
+	if r := got[10]; codes.Code(r.GetCode()) != codes.InvalidArgument {
+		t.Errorf("invalid key item = %v; want InvalidArgument", r)
+	}
+}
