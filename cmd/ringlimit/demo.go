@@ -37,6 +37,8 @@ what ringlimit promises, with real decisions:
   5. crash: the owner is SIGKILLed; requests are "unavailable", never "over limit",
      until the ring converges and decisions resume
   6. hot keys: each owner reports its heaviest keys
+  7. concurrency cap: leases never exceed the cap; a lease never released
+     comes back after its TTL
 
 Tables go to stdout, the nodes' logs (gossip membership) to stderr. Exits 1 if
 any promise it shows does not hold. Takes a few seconds; needs no network
@@ -50,6 +52,9 @@ func demoPolicies() map[string]peer.PolicyConfig {
 		"api":   {Limit: 100, Window: time.Minute},
 		"login": {Limit: 5, Window: time.Minute},
 		"feed":  {Limit: 1_000_000, Window: time.Minute, Algorithm: peer.TokenBucket},
+		// At most 3 jobs in progress per subject; a lease not released
+		// expires after demoLeaseTTL.
+		"jobs": {Limit: 3, Window: demoLeaseTTL, Algorithm: peer.Concurrency},
 	}
 }
 
@@ -243,7 +248,10 @@ func (d *demo) cluster(ctx context.Context) error {
 	if err := d.crash(ctx, live, filepath.Join(dir, "policies.yaml")); err != nil {
 		return err
 	}
-	return d.hotKeys(ctx, live)
+	if err := d.hotKeys(ctx, live); err != nil {
+		return err
+	}
+	return d.concurrencyCap(ctx, live)
 }
 
 // demoPolicyFile writes the demo's table to a temporary policy file and
@@ -604,6 +612,71 @@ func (d *demo) hotKeys(ctx context.Context, live []*peer.Node) error {
 	_ = tw.Flush()
 	d.promise(topOK, "the hottest key %s is #1 at its owner %s", hottest, hottestOwner)
 	d.promise(ownedOK, "each node reports only keys it owns (one key is one decision point)")
+	return nil
+}
+
+// demoLeaseTTL is the lease TTL of the demo's concurrency policy.
+const demoLeaseTTL = 400 * time.Millisecond
+
+// concurrencyCap is step 7: leases of a concurrency policy, taken through
+// every node, never exceed the cap; a release frees its unit at once, and
+// a lease never released comes back after its TTL.
+func (d *demo) concurrencyCap(ctx context.Context, live []*peer.Node) error {
+	const limit = 3
+	d.heading("7. A concurrency cap: at most %d jobs in progress per subject, leases with a %v TTL", limit, demoLeaseTTL)
+	key := peer.Key{Tenant: "acme", Subject: "batch-runner", Policy: "jobs"}
+	owner, _ := live[0].Owner(key)
+	tw := d.table()
+	fmt.Fprintf(tw, "  via\tacquire\tlease\tremaining\tdecided by\n")
+	var leases []peer.Lease
+	refused := 0
+	for i := range limit + 2 {
+		via := live[i%len(live)]
+		l, err := via.Acquire(ctx, peer.Request{Key: key})
+		if err != nil {
+			return fmt.Errorf("acquire: %w", err)
+		}
+		verdict, id := "granted", fmt.Sprintf("%016x", l.ID)
+		if !l.Allowed {
+			verdict, id = "refused ("+l.Reason.String()+")", "-"
+			refused++
+		} else {
+			leases = append(leases, l)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%s\n", via.Name(), verdict, id, l.Remaining, l.Owner)
+	}
+	_ = tw.Flush()
+	d.promise(len(leases) == limit && refused == 2, "%d leases granted through %d nodes, the next %d refused: never more than %d held (decided by %s)", len(leases), len(live), refused, limit, owner)
+	if len(leases) == 0 {
+		return nil
+	}
+	rel, err := live[1%len(live)].Release(ctx, key, leases[0].ID)
+	if err != nil {
+		return fmt.Errorf("release: %w", err)
+	}
+	again, err := live[0].Acquire(ctx, peer.Request{Key: key})
+	if err != nil {
+		return fmt.Errorf("acquire after release: %w", err)
+	}
+	d.promise(rel.Allowed && again.Allowed && again.Remaining == 0, "a release frees its unit at once: the next acquire is granted (0 remaining)")
+	// Nobody releases the leases now held: their units come back when the
+	// TTL has passed on the holder's clock.
+	fmt.Fprintf(d.out, "  %d leases are never released; waiting for their TTL (%v)...\n", limit, demoLeaseTTL)
+	start := time.Now()
+	var back peer.Lease
+	err = waitUntil(ctx, 5*time.Second, "leaked leases to expire", func() bool {
+		l, err := live[0].Acquire(ctx, peer.Request{Key: key})
+		if err == nil && l.Allowed {
+			back = l
+			return true
+		}
+		return false
+	})
+	if err != nil {
+		return err
+	}
+	waited := time.Since(start)
+	d.promise(waited >= demoLeaseTTL/2 && back.Remaining == limit-1, "leases never released came back after their TTL (granted again after %v, %d remaining)", waited.Round(10*time.Millisecond), back.Remaining)
 	return nil
 }
 

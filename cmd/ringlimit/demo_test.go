@@ -52,7 +52,10 @@ func TestDemo(t *testing.T) {
 		"✓ decisions resume on the backup after failure detection and the lease",
 		"✓ the crash lost nothing: 2 admitted after it (want 2), then over limit",
 		"✓ the hottest key shop/item-00/feed is #1 at its owner",
-		"all 16 promises held",
+		"✓ 3 leases granted through 2 nodes, the next 2 refused: never more than 3 held",
+		"✓ a release frees its unit at once: the next acquire is granted (0 remaining)",
+		"✓ leases never released came back after their TTL",
+		"all 19 promises held",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q\nstdout:\n%s", want, out.String())
