@@ -161,7 +161,32 @@ func TestReloadRolling(t *testing.T) {
 			}
 		}()
 	}
-	pause := func() { <-time.After(700 * time.Millisecond) } // load runs meanwhile
+	// applied waits until the load has run across p's change: 100 more
+	// answers, and, if p decides for any of the keys, an answer p decided
+	// under the new limit of 10. Conditions, not a fixed time.
+	applied := func(p *serveProc) {
+		t.Helper()
+		mu.Lock()
+		from := len(answers)
+		holds := false
+		for _, a := range answers {
+			holds = holds || a.owner == p.name
+		}
+		mu.Unlock()
+		waitFor(t, 20*time.Second, fmt.Sprintf("the load to run across %s's change", p.name), func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(answers) < from+100 {
+				return false
+			}
+			for _, a := range answers[from:] {
+				if !holds || a.owner == p.name && a.limit == 10 {
+					return true
+				}
+			}
+			return false
+		})
+	}
 	reloaded := func(p *serveProc, n int) {
 		t.Helper()
 		waitFor(t, 10*time.Second, fmt.Sprintf("%s to log its reload #%d", p.name, n), func() bool {
@@ -183,22 +208,33 @@ func TestReloadRolling(t *testing.T) {
 		t.Fatal(err)
 	}
 	reloaded(n0, 1)
-	pause()
+	applied(n0)
 	replaceFile(t, dir, "p1.yaml", rollPolicies(10))
 	if err := n1.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	reloaded(n1, 1)
-	pause()
+	applied(n1)
 	configMapDir(t, filepath.Join(dir, "cm"), rollPolicies(10), 2) // the poll finds it
 	reloaded(n2, 1)
-	pause()
+	applied(n2)
 	// A bad file is rejected: logged, counted, the table stays.
 	replaceFile(t, dir, "p0.yaml", "policies:\n  - name: roll\n    limit: -1\n    window: 1s\n")
 	waitFor(t, 10*time.Second, "roll-0 to reject the bad file", func() bool {
 		return strings.Contains(n0.logText(), `"msg":"policy reload rejected: the previous table stays"`)
 	})
-	pause()
+	// The load runs on until keys are admitted under the new table (a
+	// window after the change, their old admissions have expired).
+	waitFor(t, 20*time.Second, "an admission under the new limit", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, a := range answers {
+			if a.status == 200 && a.limit == 10 {
+				return true
+			}
+		}
+		return false
+	})
 	stop.Store(true)
 	wg.Wait()
 
