@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -30,9 +31,10 @@ import (
 
 const checkUsage = `Usage: ringlimit check --addr HOST:PORT --tenant T --subject S --policy P [flags]
 
-Asks a running node for one decision (or a peek, refund or reset), through
-the gRPC RateLimiter API (the node's --grpc-addr) or, with --http, through
-the HTTP API (--http-addr: POST /v1/check, /v1/peek, /v1/refund, /v1/reset).
+Asks a running node for one decision (or a peek, refund, reset, or a lease
+of a concurrency policy), through the gRPC RateLimiter API (the node's
+--grpc-addr) or, with --http, through the HTTP API (--http-addr: POST
+/v1/check, /v1/peek, /v1/refund, /v1/reset, /v1/acquire, /v1/release).
 
 Flags:
   --addr H:P          node address (gRPC by default, HTTP with --http)
@@ -50,6 +52,11 @@ Flags:
   --reset             clear the key (an operator action). Over HTTP it needs
                       --admin-token-file (the token serve was started with);
                       over gRPC the node's port is the guard (mutual TLS)
+  --acquire           take a lease of --hits units of a concurrency policy;
+                      prints its lease_id (a decimal number) and TTL
+  --release ID        end lease ID of a concurrency policy (a lease the
+                      node no longer knows changes nothing: exit 0,
+                      "nothing to release")
   --admin-token-file PATH  bearer token for --reset over --http (also read
                       from RINGLIMIT_ADMIN_TOKEN_FILE)
   --json              print the answer as JSON (the HTTP API's body)
@@ -60,8 +67,9 @@ Flags:
   --tls-server-name N name to verify in the node's certificate
 
 Exit codes: 0 allowed (including failed_open, fallback, shadow; for --peek:
-would be allowed; --refund and --reset: done), 2 refused (over limit; for
---peek: would be refused), 3 unavailable (the node answered that the limiter
+would be allowed; --refund, --reset and --release: done; --acquire:
+granted), 2 refused (over limit; for --peek: would be refused; for
+--acquire: at the cap), 3 unavailable (the node answered that the limiter
 could not decide), 4 unreachable (no connection to --addr at all: wrong
 address or port, node not running, name not found), 1 any other error (bad
 flags, invalid key, unknown policy, wrong admin token, TLS set-up).
@@ -76,6 +84,7 @@ type checkFlags struct {
 	timeout                       time.Duration
 	op                            op
 	adminTokenFile                string
+	leaseID                       uint64 // --release
 }
 
 // parseCheckFlags parses check's flags. Asked for help (-h among them), it
@@ -97,6 +106,8 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 	peek := fs.Bool("peek", false, "")
 	refund := fs.Int64("refund", 0, "")
 	reset := fs.Bool("reset", false, "")
+	acquire := fs.Bool("acquire", false, "")
+	release := fs.String("release", "", "")
 	fs.StringVar(&f.adminTokenFile, "admin-token-file", "", "")
 	fs.BoolVar(&f.useHTTP, "http", false, "")
 	fs.BoolVar(&f.asJSON, "json", false, "")
@@ -117,7 +128,7 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 	}
 	f.policies = splitList(*policies)
 	ops := 0
-	for _, on := range []bool{*peek, given["refund"], *reset} {
+	for _, on := range []bool{*peek, given["refund"], *reset, *acquire, given["release"]} {
 		if on {
 			ops++
 		}
@@ -129,6 +140,10 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 		f.op, f.hits = opRefund, *refund
 	case *reset:
 		f.op = opReset
+	case *acquire:
+		f.op = opAcquire
+	case given["release"]:
+		f.op = opRelease
 	}
 	switch {
 	case fs.NArg() > 0:
@@ -142,7 +157,11 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 	case f.timeout <= 0:
 		return f, usageError("check: --timeout must be positive")
 	case ops > 1:
-		return f, usageError("check: --peek, --refund and --reset go alone: give one of them")
+		return f, usageError("check: --peek, --refund, --reset, --acquire and --release go alone: give one of them")
+	case given["release"] && given["hits"]:
+		return f, usageError("check: --release takes no --hits: a lease gives back what it took")
+	case (f.op == opAcquire || f.op == opRelease) && len(f.policies) > 0:
+		return f, usageError(fmt.Sprintf("check: --%s works on one --policy, not --policies", f.op))
 	case given["refund"] && given["hits"]:
 		return f, usageError("check: --refund N takes the units to give back; leave out --hits")
 	case given["refund"] && *refund < 1:
@@ -155,6 +174,13 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 		return f, usageError("check: --admin-token-file is for --reset with --http (a gRPC reset is guarded by the node's mutual TLS)")
 	case *reset && f.useHTTP && f.adminTokenFile == "":
 		return f, usageError("check: --reset over --http needs --admin-token-file (or RINGLIMIT_ADMIN_TOKEN_FILE)")
+	}
+	if f.op == opRelease {
+		id, err := strconv.ParseUint(*release, 10, 64)
+		if err != nil || id == 0 {
+			return f, usageError(fmt.Sprintf("check: --release %q: give the lease_id --acquire printed (a decimal number)", *release))
+		}
+		f.leaseID = id
 	}
 	// Checked here, where it can be said once in the flags' terms, rather
 	// than by the node, whose error stacks the peer and shard prefixes.
@@ -212,7 +238,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	switch {
 	case err != nil:
 		return &exitError{code: code}
-	case !resp.Allowed && (f.op == opCheck || f.op == opPeek):
+	case !resp.Allowed && (f.op == opCheck || f.op == opPeek || f.op == opAcquire):
 		return &exitError{code: exitRefused}
 	}
 	return nil
@@ -236,6 +262,14 @@ func printDecision(w io.Writer, o op, r checkResponse) {
 		verdict = "NOTHING TO REFUND (no admissions in the window)"
 	case o == opReset:
 		verdict = "RESET (the key starts empty)"
+	case o == opAcquire && r.Allowed:
+		verdict = "GRANTED (a lease: pass its lease_id to --release)"
+	case o == opAcquire:
+		verdict = "REFUSED (at the cap: every unit is held by a live lease)"
+	case o == opRelease && r.Allowed:
+		verdict = "RELEASED"
+	case o == opRelease:
+		verdict = "NOTHING TO RELEASE (unknown, already released or expired lease)"
 	case !r.Allowed:
 		verdict = "REFUSED (over limit)"
 	}
@@ -256,6 +290,10 @@ func printDecision(w io.Writer, o op, r checkResponse) {
 	fmt.Fprintf(tw, "owner\t%s\n", r.Owner)
 	if r.DecidedAtUnixNs != 0 {
 		fmt.Fprintf(tw, "decided_at\t%s\n", time.Unix(0, r.DecidedAtUnixNs).UTC().Format(time.RFC3339Nano))
+	}
+	if r.LeaseID != "" {
+		fmt.Fprintf(tw, "lease_id\t%s\n", r.LeaseID)
+		fmt.Fprintf(tw, "lease_ttl\t%v\n", time.Duration(r.LeaseTTLMs)*time.Millisecond)
 	}
 	_ = tw.Flush()
 	if len(r.Limits) > 0 {
@@ -296,15 +334,20 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 		call = client.Refund
 	case opReset:
 		call = client.Reset
+	case opAcquire:
+		call = client.Acquire
+	case opRelease:
+		call = client.Release
 	}
 	req := &peerpb.AllowRequest{
 		Key:      &peerpb.Key{Tenant: f.tenant, Subject: f.subject, Policy: f.policy},
 		Hits:     f.hits,
 		Policies: f.policies,
 	}
-	if f.op == opReset {
+	if f.op == opReset || f.op == opRelease {
 		req.Hits = 0
 	}
+	req.LeaseId = f.leaseID
 	r, err := call(ctx, req)
 	if err != nil {
 		if dialErr := dials.neverConnected(); dialErr != nil {
@@ -326,7 +369,12 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 		}
 		return checkResponse{}, peer.FromStatus(err)
 	}
-	return responseFrom(decisionFromWire(r)), nil
+	out := responseFrom(decisionFromWire(r))
+	if f.op == opAcquire && r.GetAllowed() && r.GetLeaseId() != 0 {
+		out.LeaseID = strconv.FormatUint(r.GetLeaseId(), 10)
+		out.LeaseTTLMs = ceilMillis(time.Duration(r.GetLeaseTtlNs()))
+	}
+	return out, nil
 }
 
 // decisionFromWire converts a RateLimiter answer to a Decision.
@@ -432,9 +480,13 @@ func checkHTTP(ctx context.Context, f checkFlags) (checkResponse, error) {
 		}
 	}
 	body, _ := json.Marshal(cb)
-	if f.op == opReset {
+	switch f.op {
+	case opReset:
 		// /v1/reset takes no hits.
 		body, _ = json.Marshal(map[string]string{"tenant": f.tenant, "subject": f.subject, "policy": f.policy})
+	case opRelease:
+		body, _ = json.Marshal(map[string]string{"tenant": f.tenant, "subject": f.subject, "policy": f.policy,
+			"lease_id": strconv.FormatUint(f.leaseID, 10)})
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+f.addr+"/v1/"+f.op.String(), bytes.NewReader(body))
 	if err != nil {

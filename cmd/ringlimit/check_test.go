@@ -108,3 +108,74 @@ func TestCheck(t *testing.T) {
 		}
 	})
 }
+
+// TestCheckLeases takes and ends leases of a concurrency policy with
+// check --acquire and --release, over gRPC and HTTP, and checks the exit
+// codes: 0 granted or done, 2 at the cap, 1 bad flags or the wrong kind of
+// policy.
+func TestCheckLeases(t *testing.T) {
+	t.Parallel()
+	pols := writeFile(t, t.TempDir(), "policies.yaml", `policies:
+  - name: jobs
+    algorithm: concurrency
+    limit: 2
+    window: 1m
+  - name: api
+    limit: 5
+    window: 1m
+`)
+	p := startServe(t, "lease", nil, "--policies", pols)
+	key := []string{"--tenant", "acme", "--subject", "worker", "--policy", "jobs"}
+	grpcArgs := append([]string{"--addr", p.grpcAddr}, key...)
+	httpArgs := append([]string{"--addr", p.httpAddr, "--http"}, key...)
+	check := func(args ...string) (int, string, string) {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), append([]string{"check"}, args...), &out, &errOut)
+		return exitCode(err, &errOut), out.String(), out.String() + errOut.String()
+	}
+	leaseOf := func(args ...string) string {
+		t.Helper()
+		code, out, all := check(append(args, "--acquire", "--json")...)
+		var got struct {
+			Allowed bool   `json:"allowed"`
+			LeaseID string `json:"lease_id"`
+			TTL     int64  `json:"lease_ttl_ms"`
+		}
+		if err := json.Unmarshal([]byte(out), &got); err != nil || code != 0 || !got.Allowed || got.LeaseID == "" || got.TTL != 60000 {
+			t.Fatalf("check %q --acquire: exit %d, %+v, %v\n%s", args, code, got, err, all)
+		}
+		return got.LeaseID
+	}
+	first := leaseOf(grpcArgs...)
+	leaseOf(httpArgs...)
+	if code, _, all := check(grpcArgs...); code != 1 || !strings.Contains(all, "the node rejected the request") {
+		t.Errorf("a plain check of a concurrency policy: exit %d, want 1\n%s", code, all)
+	}
+	if code, _, all := check(append(grpcArgs, "--acquire")...); code != 2 || !strings.Contains(all, "REFUSED (at the cap") {
+		t.Errorf("a third lease of 2: exit %d, want 2\n%s", code, all)
+	}
+	if code, _, all := check(append(httpArgs, "--release", first)...); code != 0 || !strings.Contains(all, "RELEASED") {
+		t.Errorf("--release %s over HTTP: exit %d, want 0\n%s", first, code, all)
+	}
+	if code, _, all := check(append(grpcArgs, "--release", first)...); code != 0 || !strings.Contains(all, "NOTHING TO RELEASE") {
+		t.Errorf("--release %s again: exit %d, want 0 and nothing to release\n%s", first, code, all)
+	}
+	if code, _, all := check(append(grpcArgs, "--acquire")...); code != 0 || !strings.Contains(all, "GRANTED") || !strings.Contains(all, "lease_id") {
+		t.Errorf("--acquire after a release: exit %d, want 0\n%s", code, all)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{append(grpcArgs, "--release", "abc"), `--release "abc": give the lease_id --acquire printed`},
+		{append(grpcArgs, "--release", first, "--hits", "2"), "--release takes no --hits"},
+		{append(grpcArgs, "--acquire", "--peek"), "go alone"},
+		{[]string{"--addr", p.grpcAddr, "--tenant", "acme", "--subject", "worker", "--policies", "jobs,api", "--acquire"}, "--acquire works on one --policy"},
+		{[]string{"--addr", p.httpAddr, "--http", "--tenant", "acme", "--subject", "worker", "--policy", "api", "--acquire"}, "HTTP 400"},
+	} {
+		if code, _, all := check(tc.args...); code != 1 || !strings.Contains(all, tc.want) {
+			t.Errorf("check %q: exit %d, want 1 and %q\n%s", tc.args, code, tc.want, all)
+		}
+	}
+}
