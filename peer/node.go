@@ -170,6 +170,8 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.own.sem = make(chan struct{}, reconcileParallel)
 	n.own.starts = make(map[string]uint64)
 	n.own.restartedAt = make(map[string]int64)
+	n.own.unreachable = make(map[string]int64)
+	n.own.checking = make(map[string]bool)
 	n.own.kick = make(chan struct{}, 1)
 	n.realClock = cfg.clockIsDefault
 	if len(cfg.Join) == 0 {

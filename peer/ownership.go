@@ -56,6 +56,88 @@ type ownState struct {
 	// over once its lease has expired.
 	starts      map[string]uint64
 	restartedAt map[string]int64
+	// unreachable marks members whose gRPC port does not answer although
+	// gossip lists them (a "ghost": a blocked port, a wedged server), node
+	// monotonic ns when first seen so. A holder whose ring-chosen backup is
+	// marked keeps its copies on another member instead; a mark older
+	// than unreachableHold is checked again, and cleared when the member
+	// answers.
+	unreachable map[string]int64
+	checking    map[string]bool // reachability checks in flight
+}
+
+// unreachableHold is how long after being marked unreachable a member is
+// checked again (and, once it answers, used again as the ring chooses).
+func (n *Node) unreachableHold() int64 { return int64(10 * n.cfg.LeaseDuration) }
+
+// markUnreachable records (or renews) that member's gRPC port did not
+// answer.
+func (n *Node) markUnreachable(member string) {
+	n.own.mu.Lock()
+	defer n.own.mu.Unlock()
+	_, known := n.own.unreachable[member]
+	if known || len(n.own.unreachable) < maxEvents {
+		n.own.unreachable[member] = n.mono()
+	}
+	if !known {
+		n.log.Warn("member unreachable over gRPC although gossip lists it: partitions it backs up get another backup", "peer", member)
+	}
+}
+
+// checkReachable asks member, on a goroutine of its own, for an empty
+// probe; no answer within ForwardTimeout marks it unreachable, an answer
+// clears the mark. One check per member at a time.
+func (n *Node) checkReachable(member string) {
+	n.own.mu.Lock()
+	if n.own.checking[member] || n.own.stopped {
+		n.own.mu.Unlock()
+		return
+	}
+	n.own.checking[member] = true
+	n.own.mu.Unlock()
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		defer func() {
+			n.own.mu.Lock()
+			delete(n.own.checking, member)
+			n.own.mu.Unlock()
+		}()
+		c, err := n.peerClient(member)
+		if err == nil {
+			ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
+			_, err = c.stub.Probe(ctx, &peerpb.ProbeRequest{Sender: n.name})
+			cancel()
+		}
+		switch {
+		case n.ctx.Err() != nil:
+		case err != nil:
+			n.markUnreachable(member)
+			n.kickOwnership()
+		default:
+			n.clearUnreachable(member)
+		}
+	}()
+}
+
+// clearUnreachable records that member answered.
+func (n *Node) clearUnreachable(member string) {
+	n.own.mu.Lock()
+	defer n.own.mu.Unlock()
+	delete(n.own.unreachable, member)
+}
+
+// isUnreachable reports whether member is marked unreachable. A mark
+// older than unreachableHold starts a new check (an empty probe, which
+// fences nothing) and stays until the member answers it.
+func (n *Node) isUnreachable(member string) bool {
+	n.own.mu.Lock()
+	at, ok := n.own.unreachable[member]
+	n.own.mu.Unlock()
+	if ok && n.mono()-at > n.unreachableHold() {
+		n.checkReachable(member)
+	}
+	return ok
 }
 
 // noteIncarnations records members that restarted (a new start id under a
@@ -159,13 +241,29 @@ func (n *Node) alive(member string) bool {
 // desiredBackup is the member that should keep the copy of partition pid
 // held by this node: the target while this node is not the target (so a
 // transfer finds its copy in place), else the ring's owner without this
-// node; "" when there is no other member.
+// node; "" when there is no other member. If the ring's backup is marked
+// unreachable, another ring member that is not is chosen (spread by
+// partition): who keeps the copy matters only to the holder, since a
+// takeover goes to whoever keeps the newest complete copy.
 func (n *Node) desiredBackup(v *view, pid int) string {
 	t := v.snap.PartitionOwner(pid)
 	if t != "" && t != n.name {
 		return t
 	}
-	return v.snap.PartitionBackup(pid)
+	b := v.snap.PartitionBackup(pid)
+	if b == "" || !n.isUnreachable(b) {
+		return b
+	}
+	var others []string
+	for _, m := range v.snap.Members() {
+		if m != n.name && m != b && !n.isUnreachable(m) {
+			others = append(others, m)
+		}
+	}
+	if len(others) == 0 {
+		return b
+	}
+	return others[pid%len(others)]
 }
 
 // ownerLoop runs reconcile on every ring change, every LeaseDuration/4
@@ -222,6 +320,12 @@ func (n *Node) reconcile() {
 				// others are leaving): let the old backup go.
 				n.dropBackup(i, epoch, backup)
 			case backup != "":
+				// A backup that has not renewed the lease for a whole
+				// lease's length does not answer (gossip may still list
+				// it): mark it, so the next round copies to another member.
+				if nowMono-pt.leaseUntil.Load() > int64(n.cfg.LeaseDuration) {
+					n.checkReachable(backup)
+				}
 				// Renew the lease at a quarter of its length; admissions
 				// renew it too, so an idle partition costs one op here.
 				if pt.leaseUntil.Load()-nowMono < holderLease(n.cfg.LeaseDuration)*3/4 {
@@ -344,6 +448,7 @@ func (n *Node) establishBackup(ctx context.Context, pid int, to string) {
 		n.warnThrottled("partition copy failed", "partition", pid, "peer", to, "err", err)
 		return
 	}
+	n.clearUnreachable(to)
 	if old != "" && old != to {
 		n.release(old, pid, epoch)
 	}
