@@ -237,15 +237,9 @@ func (s *Store) Acquire(key Key, p Policy, hits int64, id uint64, now time.Time)
 	st := s.stripeFor(ek)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	e := st.m[string(ek)]
-	if e == nil {
-		var err error
-		if e, err = s.insertLocked(st, ek, p.Algorithm, t); err != nil {
-			return Decision{}, err
-		}
-	}
-	if e.alg != p.Algorithm {
-		s.resetLocked(e, p.Algorithm)
+	e, err := s.entryLocked(st, ek, p.Algorithm, t)
+	if err != nil {
+		return Decision{}, err
 	}
 	c := e.lim.(*leases)
 	if c.find(max(e.last, t), id) >= 0 {

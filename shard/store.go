@@ -151,18 +151,10 @@ func (s *Store) AllowEncoded(ek []byte, p Policy, hits int64, now time.Time) (De
 	t := now.UnixNano()
 	st := s.stripeFor(ek)
 	st.mu.Lock()
-	e := st.m[string(ek)]
-	if e == nil {
-		var err error
-		if e, err = s.insertLocked(st, ek, p.Algorithm, t); err != nil {
-			st.mu.Unlock()
-			return Decision{}, err
-		}
-	}
-	if e.alg != p.Algorithm {
-		// The policy table changed the key's algorithm: the old state means
-		// nothing to the new one.
-		s.resetLocked(e, p.Algorithm)
+	e, err := s.entryLocked(st, ek, p.Algorithm, t)
+	if err != nil {
+		st.mu.Unlock()
+		return Decision{}, err
 	}
 	e.last = max(e.last, t)
 	e.window = p.Window
@@ -175,6 +167,21 @@ func (s *Store) AllowEncoded(ek []byte, p Policy, hits int64, now time.Time) (De
 }
 
 // insertLocked adds a fresh entry to st, whose lock is held. At capacity it
+// entryLocked returns ek's entry in st (whose lock the caller holds),
+// inserted (at time t) if the key is new. A key kept under another
+// algorithm starts fresh under alg: the policy table changed the key's
+// algorithm, and the old state means nothing to the new one.
+func (s *Store) entryLocked(st *stripe, ek []byte, alg Algorithm, t int64) (*entry, error) {
+	e := st.m[string(ek)]
+	if e == nil {
+		return s.insertLocked(st, ek, alg, t)
+	}
+	if e.alg != alg {
+		s.resetLocked(e, alg)
+	}
+	return e, nil
+}
+
 // first reclaims st's idle entries.
 func (s *Store) insertLocked(st *stripe, ek []byte, a Algorithm, now int64) (*entry, error) {
 	if err := s.reserveLocked(st, 1, now, true); err != nil {
@@ -329,14 +336,9 @@ func (s *Store) Import(ks KeyState, p Policy, now time.Time) error {
 	st := s.stripeFor(ek)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	e := st.m[string(ek)]
-	if e == nil {
-		var err error
-		if e, err = s.insertLocked(st, ek, ks.Algorithm, t); err != nil {
-			return err
-		}
-	} else if e.alg != ks.Algorithm {
-		s.resetLocked(e, ks.Algorithm)
+	e, err := s.entryLocked(st, ek, ks.Algorithm, t)
+	if err != nil {
+		return err
 	}
 	e.last = max(e.last, t)
 	e.lim.merge(e.last, ks.Runs, p)
