@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -30,8 +31,12 @@ type client struct {
 	queue chan *call
 	repl  *replicator   // partition operations to this peer as backup
 	sem   chan struct{} // in-flight batch RPCs
-	quit  chan struct{}
-	once  sync.Once
+	// inFlight counts the batches sent and not yet answered; each answer
+	// nudges answered, which batchLoop waits on while it gathers.
+	inFlight atomic.Int32
+	answered chan struct{}
+	quit     chan struct{}
+	once     sync.Once
 	// pipe is the forward stream to the peer; batchLoop owns it.
 	pipe pipeState[peerpb.CheckRequest, peerpb.CheckResponse]
 }
@@ -86,10 +91,11 @@ func (n *Node) client(name, addr string) (*client, error) {
 	}
 	c := &client{
 		n: n, name: name, addr: addr, conn: conn,
-		stub:  peerpb.NewLimiterClient(conn),
-		queue: make(chan *call, queueLen),
-		sem:   make(chan struct{}, n.cfg.MaxInFlight),
-		quit:  make(chan struct{}),
+		stub:     peerpb.NewLimiterClient(conn),
+		queue:    make(chan *call, queueLen),
+		sem:      make(chan struct{}, n.cfg.MaxInFlight),
+		answered: make(chan struct{}, 1),
+		quit:     make(chan struct{}),
 	}
 	c.repl = &replicator{c: c, queue: make(chan *replItem, replQueueLen), sem: make(chan struct{}, n.cfg.MaxInFlight)}
 	n.clients[name] = c
@@ -122,10 +128,25 @@ func (n *Node) dropClients(addrs map[string]string) {
 
 func (c *client) stop() { c.once.Do(func() { close(c.quit) }) }
 
+// pipeGather is how long a batch waits for the batch in flight before it
+// uses another in-flight slot.
+const pipeGather = 5 * time.Millisecond
+
 // batchLoop takes an in-flight slot, then everything queued (up to
 // MaxBatch), and sends it as one RPC. No fixed delay is added: while RPCs are
 // in flight, requests queue up and leave together in the next batch.
+//
+// While a batch is in flight, the next one gathers: it leaves when the
+// answer comes (which wakes callers that mostly ask again at once, into
+// this batch), or after pipeGather. Fewer, larger messages cost far less
+// per request (a write and a read each way, and on the owner a
+// replication message and its answer), and the answer takes no longer
+// to come; the further slots are for a batch that is slow to answer
+// (a partition on the move), which should not hold the others up for
+// long.
 func (c *client) batchLoop() {
+	gather := time.NewTimer(pipeGather)
+	gather.Stop()
 	defer c.n.wg.Done()
 	defer func() {
 		// Break the pipe, which fails the batches waiting on it; wait for
@@ -157,6 +178,20 @@ func (c *client) batchLoop() {
 			<-c.sem
 			return
 		}
+		if c.inFlight.Load() > 0 && len(c.queue) < c.n.cfg.MaxBatch-1 {
+			gather.Reset(pipeGather)
+		wait:
+			for c.inFlight.Load() > 0 {
+				select {
+				case <-c.answered:
+				case <-gather.C:
+					break wait
+				case <-c.quit:
+					break wait // the batch fails with the others below
+				}
+			}
+			gather.Stop()
+		}
 		if len(c.queue) < c.n.cfg.MaxBatch {
 			// Let callers that are ready to run enqueue first: on a busy
 			// node the batch grows by what they add, and fewer, larger
@@ -173,12 +208,24 @@ func (c *client) batchLoop() {
 				break drain
 			}
 		}
+		c.inFlight.Add(1) // until done, on every path below
 		if p := c.pipe.get(c, c.stub.CheckStream, checkID); p != nil && c.sendPipe(p, batch) {
 			continue
 		}
 		c.n.wg.Add(1)
 		go c.send(batch)
 	}
+}
+
+// done ends a batch's flight: it frees the batch's in-flight slot and
+// tells a gathering batchLoop.
+func (c *client) done() {
+	c.inFlight.Add(-1)
+	select {
+	case c.answered <- struct{}{}:
+	default:
+	}
+	<-c.sem
 }
 
 // checkRequest builds the request for batch.
@@ -217,7 +264,7 @@ func (c *client) sendPipe(p *pipe[peerpb.CheckRequest, peerpb.CheckResponse], ba
 			err = streamErr(resp.GetCode(), resp.GetError())
 		}
 		c.finish(c.n.ctx, batch, resp, err, start)
-		<-c.sem
+		c.done()
 	})
 	return err == nil
 }
@@ -225,7 +272,7 @@ func (c *client) sendPipe(p *pipe[peerpb.CheckRequest, peerpb.CheckResponse], ba
 // send makes one batch RPC and hands each call its decision.
 func (c *client) send(batch []*call) {
 	defer c.n.wg.Done()
-	defer func() { <-c.sem }()
+	defer c.done()
 	req := c.checkRequest(batch)
 	ctx, cancel := context.WithTimeout(c.n.ctx, c.n.cfg.ForwardTimeout)
 	defer cancel()
