@@ -192,9 +192,11 @@ func TestOwnershipLargePartition(t *testing.T) {
 	const limit, runs = 1 << 20, 400
 	clk := &hoClock{}
 	c := startCluster(t, 2, Config{
-		Clock:    clk.Now,
-		Gossip:   hoCrashGossip,
-		Policies: map[string]PolicyConfig{"big": {Limit: limit, Window: time.Hour, Replication: ReplicateAsync}},
+		Clock:  clk.Now,
+		Gossip: hoCrashGossip,
+		// Moving 10 MiB loads the machine: forwards get time.
+		ForwardTimeout: 5 * time.Second,
+		Policies:       map[string]PolicyConfig{"big": {Limit: limit, Window: time.Hour, Replication: ReplicateAsync}},
 	})
 	n0 := c.nodes[0]
 	// Keys of one partition, held by n0: one subject, many tenants would

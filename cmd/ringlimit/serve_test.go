@@ -385,6 +385,11 @@ func TestServeTwoNodes(t *testing.T) {
 			m, _ := r.body["members"].([]any)
 			return len(m) == 2
 		})
+		// Ready: every partition is on its target with its backup, so no
+		// request waits for a transfer (a 503 on a loaded machine).
+		waitFor(t, 30*time.Second, p.name+" to be ready", func() bool {
+			return doHTTP(t, "GET", "http://"+p.httpAddr+"/readyz", "").status == 200
+		})
 	}
 	// Two clients, one per node, at the same time.
 	const perNode = 15
