@@ -49,7 +49,17 @@ type allowStream struct {
 	mu   sync.Mutex // guards done and wg.Add
 	done bool       // the handler is returning: no more goroutines
 	wg   sync.WaitGroup
+	// routing holds a slot per item being routed on a goroutine of its
+	// own: at most maxStreamRouted at once, then the receiver waits (and
+	// flow control holds the client back).
+	routing chan struct{}
 }
+
+// maxStreamRouted bounds the items of one stream routed at once (each on
+// a goroutine until its holder answers or ForwardTimeout passes): a client
+// that sends faster than holders answer is held back instead of growing
+// the node's goroutines without bound.
+const maxStreamRouted = 2 * MaxBatch
 
 // streamJob is answers for the sender: ready ones, and admissions to
 // answer once their synchronous backup has them.
@@ -71,7 +81,8 @@ func (s *publicServer) AllowStream(st peerpb.RateLimiter_AllowStreamServer) erro
 		// Clients can reach a joining node before its first ring is built.
 		return status.Error(codes.Unavailable, "peer: node starting")
 	}
-	as := &allowStream{n: n, st: st, ctx: st.Context(), jobs: make(chan streamJob, streamJobs), quit: make(chan struct{})}
+	as := &allowStream{n: n, st: st, ctx: st.Context(), jobs: make(chan streamJob, streamJobs), quit: make(chan struct{}),
+		routing: make(chan struct{}, maxStreamRouted)}
 	recvDone := make(chan error, 1)
 	// The receiver runs beside the handler so that a stopping node ends
 	// the stream while Recv blocks; it ends once the handler returns (the
@@ -286,14 +297,23 @@ func (as *allowStream) collect(srs []*streamReq, job streamJob) []*streamReq {
 // goRoute decides sr by routing it (forward, or wait for its partition) on
 // a goroutine of its own.
 func (as *allowStream) goRoute(sr *streamReq) {
+	select {
+	case as.routing <- struct{}{}:
+	case <-as.ctx.Done():
+		return // the stream is over: no answer can be sent
+	case <-as.n.ctx.Done():
+		return
+	}
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	if as.done {
+		<-as.routing
 		return // the stream is over: no answer can be sent
 	}
 	as.wg.Add(1)
 	go func() {
 		defer as.wg.Done()
+		defer func() { <-as.routing }()
 		d, err := as.n.route(as.ctx, &sr.r, sr.r.ek)
 		sr.d = d
 		sr.set(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -378,4 +379,84 @@ func TestAllowStreamWire(t *testing.T) {
 	if r := got[10]; codes.Code(r.GetCode()) != codes.InvalidArgument {
 		t.Errorf("invalid key item = %v; want InvalidArgument", r)
 	}
+}
+
+// TestAllowStreamRoutedBound sends a stream twice as many items for a
+// holder that never answers as a stream may route at once: the node must
+// hold the client back (at most maxStreamRouted goroutines for them), and
+// still answer every item, unavailable, once ForwardTimeout has passed.
+func TestAllowStreamRoutedBound(t *testing.T) {
+	const forwardTimeout = time.Second
+	c := startCluster(t, 2, Config{Policies: clientPolicies, ForwardTimeout: forwardTimeout})
+	nd, silent := c.nodes[0], c.nodes[1]
+	remote := pmKeyOwnedBy(t, nd, "q", silent.Name())
+	silent.setCheckHookForTest(func(ctx context.Context) { <-ctx.Done() })
+	conn, err := grpc.NewClient(nd.RPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := peerpb.NewRateLimiterClient(conn).AllowStream(ctx)
+	if err != nil {
+		t.Fatalf("AllowStream: %v", err)
+	}
+	base := runtime.NumGoroutine()
+	var peak atomic.Int64
+	sampled := make(chan struct{})
+	stopSampling := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if g := int64(runtime.NumGoroutine()); g > peak.Load() {
+				peak.Store(g)
+			}
+			select {
+			case <-stopSampling:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	const messages = 2 * maxStreamRouted / MaxBatch
+	wk := &peerpb.Key{Tenant: remote.Tenant, Subject: remote.Subject, Policy: remote.Policy}
+	sendErr := make(chan error, 1)
+	go func() {
+		for m := range messages {
+			items := make([]*peerpb.AllowStreamItem, MaxBatch)
+			for i := range items {
+				items[i] = &peerpb.AllowStreamItem{Id: uint64(m*MaxBatch + i), Request: &peerpb.AllowRequest{Key: wk}}
+			}
+			if err := st.Send(&peerpb.AllowStreamRequest{Items: items}); err != nil {
+				sendErr <- err
+				return
+			}
+		}
+		sendErr <- st.CloseSend()
+	}()
+	answered := 0
+	for answered < messages*MaxBatch {
+		resp, err := st.Recv()
+		if err != nil {
+			t.Fatalf("Recv after %d answers: %v", answered, err)
+		}
+		for _, r := range resp.GetResults() {
+			if codes.Code(r.GetCode()) != codes.Unavailable {
+				t.Fatalf("item %d = %v; want unavailable (its holder never answers)", r.GetId(), r)
+			}
+			answered++
+		}
+	}
+	close(stopSampling)
+	<-sampled
+	if err := <-sendErr; err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	if grew := peak.Load() - int64(base); grew > maxStreamRouted+500 {
+		t.Fatalf("goroutines grew by %d while routing %d items; want at most about %d (the stream's bound)", grew, messages*MaxBatch, maxStreamRouted)
+	}
+	t.Logf("%d items answered; goroutines grew by at most %d (bound %d)", answered, peak.Load()-int64(base), maxStreamRouted)
 }
