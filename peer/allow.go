@@ -32,34 +32,15 @@ func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
 	if n.stopped.Load() {
 		return Decision{}, ErrClosed
 	}
-	// The key is validated first: a malformed policy part is an invalid
-	// key, not an unknown policy.
+	// ek is appended to buf and travels beside r, not in it: r's strings
+	// leak (to replication, the fallback store), and escape analysis would
+	// move the buffer ek points into to the heap with them.
 	var buf [shard.MaxEncodedKeyLen]byte
-	ek, ok := req.Key.AppendEncoded(buf[:0])
-	if !ok {
-		return Decision{}, fmt.Errorf("%w: %w", ErrInvalidKey, req.Key.Validate())
+	var r opReq
+	ek, err := n.parseReqInto(&r, peerpb.Op_OP_CHECK, req.Key, nil, req.Hits, buf[:0])
+	if err != nil {
+		return Decision{}, err
 	}
-	// The table is read once: this request decides (or forwards) with it
-	// even if SetPolicies swaps it meanwhile.
-	p := n.table.Load().byName[req.Key.Policy]
-	if p == nil {
-		return Decision{}, fmt.Errorf("%w: %q", ErrUnknownPolicy, req.Key.Policy)
-	}
-	if p.sp.Algorithm == shard.Concurrency {
-		return Decision{}, errNeedsLease(p.name)
-	}
-	p = p.forKey(req.Key.Tenant, req.Key.Subject)
-	hits := req.Hits
-	if hits == 0 {
-		hits = 1
-	}
-	if hits < 0 || hits > p.sp.Limit && !p.unlimited {
-		return Decision{}, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, p.sp.Limit)
-	}
-	// ek travels beside r, not in it: r's strings leak (to replication,
-	// the fallback store), and escape analysis would move the buffer ek
-	// points into to the heap with them.
-	r := opReq{key: req.Key, p: p, hits: hits}
 	return n.route(ctx, &r, ek)
 }
 
