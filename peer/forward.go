@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -31,9 +30,9 @@ type client struct {
 	queue chan *call
 	repl  *replicator   // partition operations to this peer as backup
 	sem   chan struct{} // in-flight batch RPCs
-	// inFlight counts the batches sent and not yet answered; each answer
-	// nudges answered, which batchLoop waits on while it gathers.
-	inFlight atomic.Int32
+	// answered is nudged by every answer to a batch; batchLoop waits on
+	// it while it gathers (the batches in flight are the taken slots of
+	// sem other than the one it holds).
 	answered chan struct{}
 	quit     chan struct{}
 	once     sync.Once
@@ -178,10 +177,10 @@ func (c *client) batchLoop() {
 			<-c.sem
 			return
 		}
-		if c.inFlight.Load() > 0 && len(c.queue) < c.n.cfg.MaxBatch-1 {
+		if len(c.sem) > 1 && len(c.queue) < c.n.cfg.MaxBatch-1 {
 			gather.Reset(pipeGather)
 		wait:
-			for c.inFlight.Load() > 0 {
+			for len(c.sem) > 1 {
 				select {
 				case <-c.answered:
 				case <-gather.C:
@@ -208,7 +207,6 @@ func (c *client) batchLoop() {
 				break drain
 			}
 		}
-		c.inFlight.Add(1) // until done, on every path below
 		if p := c.pipe.get(c, c.stub.CheckStream, checkID); p != nil && c.sendPipe(p, batch) {
 			continue
 		}
@@ -220,12 +218,11 @@ func (c *client) batchLoop() {
 // done ends a batch's flight: it frees the batch's in-flight slot and
 // tells a gathering batchLoop.
 func (c *client) done() {
-	c.inFlight.Add(-1)
+	<-c.sem
 	select {
 	case c.answered <- struct{}{}:
 	default:
 	}
-	<-c.sem
 }
 
 // checkRequest builds the request for batch.
