@@ -325,29 +325,52 @@ type replOp struct {
 // now. It returns the operations in packed order and, per item, its
 // operation's index.
 func packAdmits(batch []*replItem, now time.Time) (b []byte, ops []replOp, opOf []int) {
-	opOf = make([]int, len(batch))
-	index := make(map[replOp]int, len(batch))
+	// One allocation for the four index slices: opOf (kept by the
+	// caller until the answer), then scratch for the counting sort.
+	ints := make([]int, 4*len(batch)+2)
+	opOf, ints = ints[:len(batch):len(batch)], ints[len(batch):]
+	ops = make([]replOp, 0, len(batch))
+	// A batch spans few partitions as a rule: a linear search finds an
+	// operation faster than a map costs to build, up to a few dozen.
+	var index map[replOp]int
+	if len(batch) > 32 {
+		index = make(map[replOp]int, len(batch))
+	}
 	for i, it := range batch {
 		o := replOp{part: it.part, epoch: it.epoch}
-		j, ok := index[o]
-		if !ok {
+		j := -1
+		if index != nil {
+			if k, ok := index[o]; ok {
+				j = k
+			}
+		} else {
+			for k := range ops {
+				if ops[k] == o {
+					j = k
+					break
+				}
+			}
+		}
+		if j < 0 {
 			j = len(ops)
-			index[o] = j
+			if index != nil {
+				index[o] = j
+			}
 			ops = append(ops, o)
 		}
 		opOf[i] = j
 	}
 	// Items in operation order, by counting sort: start[j] is where
 	// operation j's items begin in order.
-	start := make([]int, len(ops)+1)
+	start, ints := ints[:len(ops)+1], ints[len(ops)+1:]
 	for _, j := range opOf {
 		start[j+1]++
 	}
 	for j := range ops {
 		start[j+1] += start[j]
 	}
-	order := make([]int, len(batch))
-	next := append([]int(nil), start[:len(ops)]...)
+	order, next := ints[:len(batch)], ints[len(batch):len(batch)+len(ops)]
+	copy(next, start[:len(ops)])
 	for i, j := range opOf {
 		order[next[j]] = i
 		next[j]++
@@ -394,9 +417,12 @@ func (n *Node) applyPackedAdmits(sender string, b []byte, closing, quorum bool) 
 	for range nops {
 		part, epoch := r.uvarint(), r.uvarint()
 		ne := r.count(len(r.s), 6)
-		if runs == nil {
+		// Import copies the runs it merges: one slice serves every
+		// operation.
+		if cap(runs) < ne {
 			runs = make([]shard.Run, 0, ne)
 		}
+		runs = runs[:0]
 		ents = ents[:0]
 		for range ne {
 			k := Key{Tenant: r.str(), Subject: r.str(), Policy: r.str()}

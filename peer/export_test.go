@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
@@ -261,3 +262,16 @@ func (n *Node) dropCopyForTest(pid int) {
 	pt.rep = replica{}
 	pt.next = replica{}
 }
+
+// setStreamDropForTest makes n's CheckStream receiver swallow the requests
+// f returns true for (nil: none): they are never answered, as if lost.
+func (n *Node) setStreamDropForTest(f func(*peerpb.CheckRequest) bool) {
+	if f == nil {
+		n.streamDrop.Store(nil)
+		return
+	}
+	n.streamDrop.Store(&f)
+}
+
+// pipeBreaksForTest is how many of n's streams to peers have broken.
+func (n *Node) pipeBreaksForTest() int64 { return n.pipeBreaks.Load() }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
 // ghostDelegate publishes a ghost member's metadata.
@@ -461,5 +462,90 @@ func TestFailureStaleView(t *testing.T) {
 			}
 			t.Logf("%d keys, %d disagreeing; %d of %d requests decided", len(keys), disagree, decided, requests)
 		})
+	}
+}
+
+// TestPipeLostAnswer loses a forwarded batch on its stream (the holder
+// receives it and never answers). The caller gets unavailable after
+// ForwardTimeout. The batch's in-flight slot, the only one, is freed by
+// the pipe's watchdog once it has waited twice ForwardTimeout, which
+// breaks the pipe; the next batch opens a new one and is decided. Without
+// the watchdog every later forward to that holder would wait forever.
+// Requests queued behind the lost batch whose callers gave up are not sent
+// when the slot frees: they would be counted with nobody told.
+func TestPipeLostAnswer(t *testing.T) {
+	const forwardTimeout = 500 * time.Millisecond
+	c := startClusterWith(t, 2, Config{
+		ForwardTimeout: forwardTimeout,
+		MaxInFlight:    1,
+		Policies:       map[string]PolicyConfig{"p": {Limit: 1000, Window: time.Minute}},
+	}, nil)
+	via, holder := c.nodes[0], c.nodes[1]
+	key := pmKeyOwnedBy(t, via, "p", holder.Name())
+	ctx := context.Background()
+	var dropping atomic.Bool
+	var dropped atomic.Int64
+	var droppedAt atomic.Int64
+	holder.setStreamDropForTest(func(*peerpb.CheckRequest) bool {
+		if !dropping.Load() {
+			return false
+		}
+		if dropped.Add(1) == 1 {
+			droppedAt.Store(time.Now().UnixNano())
+		}
+		return true
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	admitted := 0
+	dropping.Store(true)
+	breaks := via.pipeBreaksForTest()
+	// Until a batch has gone on the stream and been lost (the first may
+	// go as a unary RPC while the connection comes up).
+	for dropped.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no batch went on the stream within 20 s")
+		}
+		d, err := via.Allow(ctx, Request{Key: key})
+		switch {
+		case err == nil && d.Allowed:
+			admitted++ // went as a unary RPC
+		case err != nil && !errors.Is(err, ErrUnavailable):
+			t.Fatalf("Allow: %v; want a decision or unavailable", err)
+		}
+	}
+	dropping.Store(false)
+	// Three callers queue behind the lost batch and give up (their own
+	// deadline, well before the watchdog may break the stream).
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, forwardTimeout/10)
+			defer cancel()
+			if _, err := via.Allow(ctx, Request{Key: key}); !errors.Is(err, ErrUnavailable) {
+				t.Errorf("Allow queued behind the lost batch: %v; want unavailable", err)
+			}
+		})
+	}
+	wg.Wait()
+	waitFor(t, 20*time.Second, "the stream with the lost batch to break (else its slot is held for good)", func() bool {
+		return via.pipeBreaksForTest() > breaks
+	})
+	if waited := time.Duration(time.Now().UnixNano() - droppedAt.Load()); waited < 2*forwardTimeout {
+		t.Fatalf("the stream broke %v after the loss; it must wait 2×ForwardTimeout (%v)", waited, 2*forwardTimeout)
+	}
+	d, err := via.Allow(ctx, Request{Key: key})
+	if err != nil || !d.Allowed || d.Owner != holder.Name() {
+		t.Fatalf("Allow after the stream broke = %+v, %v; want admitted by %s", d, err, holder.Name())
+	}
+	admitted++
+	// Every admission answered is counted at the holder; neither the lost
+	// batch nor the abandoned callers' requests were decided. A peek's
+	// Remaining is what would remain after its one unit.
+	d, err = holder.Peek(ctx, Request{Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used := d.Limit - d.Remaining - 1; used != int64(admitted) {
+		t.Fatalf("holder counts %d admissions; %d were answered admitted (nothing else may be counted)", used, admitted)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -46,6 +47,11 @@ type call struct {
 	key   peerpb.Key
 	done  chan callResult
 	timer *time.Timer // ForwardTimeout for the waiting caller; reused with the call
+	// abandoned is set by a caller that gave up while the call was
+	// queued: a batch not yet sent leaves it out, so a request whose
+	// caller was told "unavailable" is not decided (and counted) later.
+	// An abandoned call never returns to the pool.
+	abandoned atomic.Bool
 }
 
 type callResult struct {
@@ -197,15 +203,24 @@ func (c *client) batchLoop() {
 			// messages cost far less than the yield.
 			runtime.Gosched()
 		}
-		batch := []*call{first}
+		batch := make([]*call, 0, min(c.n.cfg.MaxBatch, 1+len(c.queue)))
+		if !first.abandoned.Load() {
+			batch = append(batch, first)
+		}
 	drain:
 		for len(batch) < c.n.cfg.MaxBatch {
 			select {
 			case k := <-c.queue:
-				batch = append(batch, k)
+				if !k.abandoned.Load() {
+					batch = append(batch, k)
+				}
 			default:
 				break drain
 			}
+		}
+		if len(batch) == 0 {
+			c.done() // every caller gave up: nothing to decide
+			continue
 		}
 		if p := c.pipe.get(c, c.stub.CheckStream, checkID); p != nil && c.sendPipe(p, batch) {
 			continue
@@ -359,9 +374,11 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (De
 		case <-ctx.Done():
 			// The batch still holds k and will answer into its buffered
 			// channel; k is left to the garbage collector, not the pool.
+			k.abandoned.Store(true)
 			k.timer.Stop()
 			return Decision{}, fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, owner, ctx.Err())
 		case <-k.timer.C:
+			k.abandoned.Store(true)
 			return Decision{}, fmt.Errorf("%w: forward to %s: no answer within %v: %w", ErrUnavailable, owner, n.cfg.ForwardTimeout, context.DeadlineExceeded)
 		}
 	}

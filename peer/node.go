@@ -86,6 +86,11 @@ type Node struct {
 	lastWarn  atomic.Int64 // unix ns of the last throttled warning
 	// checkHook, when set (tests only), runs at the start of every Check.
 	checkHook atomic.Pointer[func(context.Context)]
+	// streamDrop, when set (tests only), makes CheckStream swallow every
+	// request it returns true for: received, never answered.
+	streamDrop atomic.Pointer[func(*peerpb.CheckRequest) bool]
+	// pipeBreaks counts streams to peers that broke (tests wait on it).
+	pipeBreaks atomic.Int64
 
 	ops opsState // restarts, duplicate names, readiness, reconnects, peer auth
 }

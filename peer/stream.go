@@ -66,14 +66,19 @@ type pipe[Req, Resp any] struct {
 
 	mu      sync.Mutex
 	nextID  uint64
-	pending map[uint64]*pipeWait[Resp]
+	pending map[uint64]pipeWait[Resp]
 	err     error // why the pipe broke; nil while it works
+	// watchdog breaks the pipe when a request has waited longer than
+	// twice ForwardTimeout (receivers answer within ForwardTimeout). One
+	// timer per pipe, not one per message: it looks every
+	// ForwardTimeout/2, so a lost answer is noticed within 2.5×.
+	watchdog *time.Timer
 }
 
 // pipeWait is one request waiting for its answer.
 type pipeWait[Resp any] struct {
-	done  func(*Resp, error)
-	timer *time.Timer
+	done func(*Resp, error)
+	sent time.Time
 }
 
 // openPipe opens a stream with open on a context of its own and starts
@@ -85,10 +90,44 @@ func openPipe[Req, Resp any](n *Node, open func(context.Context, ...grpc.CallOpt
 		cancel()
 		return nil, err
 	}
-	p := &pipe[Req, Resp]{n: n, st: st, cancel: cancel, idOf: idOf, pending: map[uint64]*pipeWait[Resp]{}}
+	p := &pipe[Req, Resp]{n: n, st: st, cancel: cancel, idOf: idOf, pending: map[uint64]pipeWait[Resp]{}}
+	p.mu.Lock()
+	p.watchdog = time.AfterFunc(p.watchEvery(), p.watch)
+	p.mu.Unlock()
 	n.wg.Add(1)
 	go p.receive()
 	return p, nil
+}
+
+// watchEvery is the watchdog's period.
+func (p *pipe[Req, Resp]) watchEvery() time.Duration {
+	return max(time.Millisecond, p.n.cfg.ForwardTimeout/2)
+}
+
+// watch is the watchdog's tick: it breaks the pipe if a request has
+// waited more than twice ForwardTimeout, else looks again later.
+func (p *pipe[Req, Resp]) watch() {
+	limit := 2 * p.n.cfg.ForwardTimeout
+	p.mu.Lock()
+	if p.err != nil {
+		p.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	late := false
+	for _, w := range p.pending {
+		if now.Sub(w.sent) > limit {
+			late = true
+			break
+		}
+	}
+	if !late {
+		p.watchdog.Reset(p.watchEvery())
+	}
+	p.mu.Unlock()
+	if late {
+		p.fail(fmt.Errorf("peer: no answer on the stream within %v: %w", limit, context.DeadlineExceeded))
+	}
 }
 
 // broken reports whether the pipe has failed.
@@ -102,7 +141,7 @@ func (p *pipe[Req, Resp]) broken() bool {
 // once with the answer or the error that broke the pipe. It returns an
 // error, without calling done, only when the pipe was already broken.
 func (p *pipe[Req, Resp]) send(req *Req, setID func(uint64), done func(*Resp, error)) error {
-	w := &pipeWait[Resp]{done: done}
+	sent := time.Now()
 	p.mu.Lock()
 	if p.err != nil {
 		p.mu.Unlock()
@@ -112,11 +151,8 @@ func (p *pipe[Req, Resp]) send(req *Req, setID func(uint64), done func(*Resp, er
 	id := p.nextID
 	setID(id)
 	// The watchdog frees the waiting batch (and its in-flight slot) if the
-	// receiver never answers; receivers answer within ForwardTimeout.
-	w.timer = time.AfterFunc(2*p.n.cfg.ForwardTimeout, func() {
-		p.fail(fmt.Errorf("peer: no answer on the stream within %v: %w", 2*p.n.cfg.ForwardTimeout, context.DeadlineExceeded))
-	})
-	p.pending[id] = w
+	// receiver never answers.
+	p.pending[id] = pipeWait[Resp]{done: done, sent: sent}
 	p.mu.Unlock()
 	if err := p.st.Send(req); err != nil {
 		if errors.Is(err, io.EOF) {
@@ -141,12 +177,13 @@ func (p *pipe[Req, Resp]) fail(err error) {
 		return
 	}
 	p.err = err
+	p.n.pipeBreaks.Add(1)
 	waiting := p.pending
 	p.pending = nil
+	p.watchdog.Stop()
 	p.mu.Unlock()
 	p.cancel()
 	for _, w := range waiting {
-		w.timer.Stop()
 		w.done(nil, err)
 	}
 }
@@ -165,13 +202,12 @@ func (p *pipe[Req, Resp]) receive() {
 		}
 		id := p.idOf(resp)
 		p.mu.Lock()
-		w := p.pending[id]
+		w, ok := p.pending[id]
 		delete(p.pending, id)
 		p.mu.Unlock()
-		if w == nil {
+		if !ok {
 			continue // failed by the watchdog meanwhile; the pipe is broken
 		}
-		w.timer.Stop()
 		w.done(resp, nil)
 	}
 }
@@ -270,6 +306,9 @@ func (s *server) CheckStream(st peerpb.Limiter_CheckStreamServer) error {
 				return nil
 			}
 			return err
+		}
+		if drop := s.n.streamDrop.Load(); drop != nil && (*drop)(req) {
+			continue
 		}
 		t := checkTask{req: req}
 		if ns := req.GetTimeoutNs(); ns > 0 {
