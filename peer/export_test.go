@@ -3,6 +3,7 @@ package peer
 import (
 	"context"
 	"fmt"
+	"net"
 	"reflect"
 	"sort"
 	"strings"
@@ -146,6 +147,18 @@ func (n *Node) roleForTest(pid int) (role, string, uint64) {
 // stopRPCForTest stops n's gRPC server at once and leaves gossip running:
 // peers still see n as a member, but every RPC to it fails.
 func (n *Node) stopRPCForTest() { n.grpcSrv.Stop() }
+
+// restartRPCForTest serves n's gRPC services again, on the address of the
+// server stopRPCForTest stopped (gossip still lists it), as if a wedged
+// port came back.
+func (n *Node) restartRPCForTest() error {
+	lis, err := net.Listen("tcp", n.RPCAddr())
+	if err != nil {
+		return err
+	}
+	n.serveRPC(lis)
+	return nil
+}
 
 // setCheckHookForTest makes n's Check handler call f before deciding (for
 // example to hang until the caller gives up).

@@ -217,32 +217,39 @@ func (n *Node) startRPC() error {
 	if err != nil {
 		return fmt.Errorf("peer: listen rpc %s: %w", n.cfg.RPCAddr, err)
 	}
+	n.rpcLis = lis
+	n.health = health.NewServer()
+	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	n.serveRPC(lis)
+	return nil
+}
+
+// serveRPC makes the node's gRPC server (its services and n.health) and
+// serves lis on a goroutine the node owns.
+func (n *Node) serveRPC(lis net.Listener) {
 	var opts []grpc.ServerOption
 	if n.cfg.ServerTLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.ServerTLS)))
 	}
 	opts = append(opts, n.rpcAuthServerOptions()...)
-	n.rpcLis = lis
 	opts = append(opts, grpc.InitialWindowSize(peerWindow), grpc.InitialConnWindowSize(peerWindow))
-	n.grpcSrv = grpc.NewServer(opts...)
-	peerpb.RegisterLimiterServer(n.grpcSrv, &server{n: n})
-	peerpb.RegisterRateLimiterServer(n.grpcSrv, &publicServer{n: n})
-	n.health = health.NewServer()
-	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	healthpb.RegisterHealthServer(n.grpcSrv, n.health)
+	srv := grpc.NewServer(opts...)
+	peerpb.RegisterLimiterServer(srv, &server{n: n})
+	peerpb.RegisterRateLimiterServer(srv, &publicServer{n: n})
+	healthpb.RegisterHealthServer(srv, n.health)
 	if n.cfg.RegisterServices != nil {
-		n.cfg.RegisterServices(n.grpcSrv, n)
+		n.cfg.RegisterServices(srv, n)
 	}
+	n.grpcSrv = srv
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
 		// Serve returns when the server stops; any other error leaves the
 		// node unable to serve peers, which gossip will soon reflect.
-		if err := n.grpcSrv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			n.log.Error("rpc server stopped", "err", err)
 		}
 	}()
-	return nil
 }
 
 // Name returns the node's member name.

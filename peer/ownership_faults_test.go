@@ -655,7 +655,9 @@ func TestOwnershipStaleBeliefCorrected(t *testing.T) {
 // server). The holder cannot renew its lease there, so synchronous
 // admissions stall; it must find out that the backup does not answer,
 // copy the partition to another member, and decide again, with the
-// count kept.
+// count kept. Then the ghost's port comes back: the holder checks it
+// again, moves the copy back to the ring's backup, and that copy is
+// complete — killing the holder afterwards loses no admission.
 func TestOwnershipGhostBackup(t *testing.T) {
 	const limit = 100
 	c := startCluster(t, 3, Config{
@@ -704,4 +706,38 @@ func TestOwnershipGhostBackup(t *testing.T) {
 		t.Fatalf("p%d's backup is %q after the ghost, want %s", pid, b, n2.Name())
 	}
 	t.Logf("decisions resumed %v after n1's gRPC server stopped", time.Since(start).Round(time.Millisecond))
+
+	// The ghost recovers. Within about 10 leases (the re-check) plus the
+	// connection's reconnect backoff, n1 keeps p's copy again.
+	if err := n1.restartRPCForTest(); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	waitFor(t, 60*time.Second, "n1 to be p's backup again once its port answers", func() bool {
+		return n0.backupForTest(pid) == n1.Name()
+	})
+	t.Logf("n1 backs p%d up again %v after its port came back", pid, time.Since(start).Round(time.Millisecond))
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		d, err := n0.Allow(ctx, Request{Key: key})
+		cancel()
+		if err != nil || !d.Allowed {
+			t.Fatalf("with n1 the backup again: %+v, %v", d, err)
+		}
+		admitted++
+	}
+	// n1's copy must hold every admission, those made while n2 kept the
+	// copy included: n0 crashes, n1 (or n2, from n1's copy) takes over.
+	n0.KillForTest()
+	waitFor(t, 30*time.Second, "the survivors to decide p's key after n0's crash", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		var err error
+		d, err = n1.Allow(ctx, Request{Key: key})
+		return err == nil
+	})
+	admitted++
+	if !d.Allowed || d.Remaining > int64(limit-admitted) {
+		t.Fatalf("first decision after n0's crash = %+v; want admitted with at most %d remaining (no admission lost)", d, limit-admitted)
+	}
 }
