@@ -23,7 +23,6 @@ import (
 //	go test ./bench -run '^$' -bench 'Handoff|AllowBackup' -benchtime 3x   (leave)
 //	RINGLIMIT_BENCH_BIG=1 go test ./bench -run '^$' -bench HandoffLeave/keys=1e6 -benchtime 1x -timeout 30m
 
-
 // hoBenchPolicy admits up to 1e15 per hour at 10 ms resolution: decisions
 // are admissions (which is what the backup streams), and a key's log holds
 // at most one run per 10 ms.
