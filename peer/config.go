@@ -141,6 +141,39 @@ type Override struct {
 	Unlimited bool
 }
 
+// Validate checks the override's own fields and reports every problem,
+// joined with errors.Join, one error per problem, so that a caller can
+// unwrap them (Unwrap() []error) and put where the override stands in
+// front of each. It returns nil for a usable override. The problems are:
+// "tenant is missing" when Tenant is empty; "tenant must be ..." when it is
+// not a valid key part (1 to shard.MaxKeyPartLen bytes of visible ASCII);
+// "subject must be ..." when Subject is neither empty nor a valid key
+// part; "not both" when Unlimited comes with a non-zero Limit; and "must
+// be positive" when a limited override has no positive Limit. The errors
+// wrap nothing: SetPolicies wraps them in ErrInvalidConfig. Validate does
+// not check the override against its policy (whether the policy is valid
+// with the override's limit, or whether another override has the same
+// tenant and subject); SetPolicies does.
+func (o Override) Validate() error {
+	var errs []error
+	switch {
+	case o.Tenant == "":
+		errs = append(errs, errors.New("tenant is missing"))
+	case (shard.Key{Tenant: o.Tenant, Subject: "s", Policy: "p"}).Validate() != nil:
+		errs = append(errs, fmt.Errorf("tenant must be 1 to %d bytes of visible ASCII", shard.MaxKeyPartLen))
+	}
+	if o.Subject != "" && (shard.Key{Tenant: "t", Subject: o.Subject, Policy: "p"}).Validate() != nil {
+		errs = append(errs, fmt.Errorf("subject must be empty (every subject) or 1 to %d bytes of visible ASCII", shard.MaxKeyPartLen))
+	}
+	switch {
+	case o.Unlimited && o.Limit != 0:
+		errs = append(errs, errors.New("give a limit or unlimited, not both"))
+	case !o.Unlimited && o.Limit <= 0:
+		errs = append(errs, fmt.Errorf("limit %d must be positive (or set unlimited)", o.Limit))
+	}
+	return errors.Join(errs...)
+}
+
 // Replication is how a policy's admissions reach the partition's backup.
 type Replication uint8
 

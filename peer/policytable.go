@@ -171,18 +171,12 @@ func validatePolicies(pols map[string]PolicyConfig) []error {
 		seen := make(map[ts]bool, len(p.Overrides))
 		for i, o := range p.Overrides {
 			where := fmt.Sprintf("policy %q override %d (tenant %q, subject %q)", name, i, o.Tenant, o.Subject)
-			if (shard.Key{Tenant: o.Tenant, Subject: "s", Policy: "p"}).Validate() != nil {
-				bad("%s: tenant must be 1 to %d bytes of visible ASCII", where, shard.MaxKeyPartLen)
+			if err := o.Validate(); err != nil {
+				for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+					bad("%s: %v", where, e)
+				}
 			}
-			if o.Subject != "" && (shard.Key{Tenant: "t", Subject: o.Subject, Policy: "p"}).Validate() != nil {
-				bad("%s: subject must be empty (every subject) or 1 to %d bytes of visible ASCII", where, shard.MaxKeyPartLen)
-			}
-			switch {
-			case o.Unlimited && o.Limit != 0:
-				bad("%s: give a limit or unlimited, not both", where)
-			case !o.Unlimited && o.Limit <= 0:
-				bad("%s: limit %d must be positive (or set unlimited)", where, o.Limit)
-			case !o.Unlimited:
+			if !o.Unlimited && o.Limit > 0 {
 				op := p
 				op.Limit = o.Limit
 				if err := op.shard().Validate(); err != nil {

@@ -278,7 +278,8 @@ func TestOverrides(t *testing.T) {
 		o    Override
 		want string
 	}{
-		{"no tenant", Override{Limit: 1}, "tenant must be"},
+		{"no tenant", Override{Limit: 1}, "tenant is missing"},
+		{"bad tenant", Override{Tenant: "a b", Limit: 1}, "tenant must be"},
 		{"bad subject", Override{Tenant: "t", Subject: "a b", Limit: 1}, "subject must be"},
 		{"no limit", Override{Tenant: "t"}, "must be positive"},
 		{"both", Override{Tenant: "t", Limit: 3, Unlimited: true}, "not both"},

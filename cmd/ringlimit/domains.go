@@ -66,19 +66,10 @@ func parseDomains(list *yaml.Node) (*envoyrls.Table, []error) {
 	if list.Kind != yaml.SequenceNode {
 		return nil, []error{fmt.Errorf("\"domains\" must be a list of {%s} entries, got %s at line %d", domainFields, kindOf(list), list.Line)}
 	}
-	var errs []error
 	var domains []envoyrls.Domain
 	seen := map[string]int{}
-	for i, item := range list.Content {
-		where := fmt.Sprintf("domains[%d]", i)
-		item = resolve(item)
-		if item.Kind != yaml.MappingNode {
-			errs = append(errs, fmt.Errorf("%s must be a map of {%s}, got %s at line %d", where, domainFields, kindOf(item), item.Line))
-			continue
-		}
+	errs := mapItems("domains", list, domainFields, func(where string, item *yaml.Node, fields []field) (errs []error) {
 		var d envoyrls.Domain
-		fields, ferrs := fieldsOf(where, item, domainFields)
-		errs = append(errs, ferrs...)
 		for _, f := range fields {
 			switch f.k.Value {
 			case "domain":
@@ -102,7 +93,8 @@ func parseDomains(list *yaml.Node) (*envoyrls.Table, []error) {
 			seen[d.Name] = item.Line
 			domains = append(domains, d)
 		}
-	}
+		return errs
+	})
 	if len(errs) > 0 {
 		return nil, errs
 	}
@@ -121,19 +113,10 @@ func parseDescriptors(where string, list *yaml.Node) ([]envoyrls.Descriptor, []e
 	if list.Kind != yaml.SequenceNode {
 		return nil, []error{fmt.Errorf("%s must be a list of {%s} entries, got %s at line %d", where, descriptorFields, kindOf(list), list.Line)}
 	}
-	var errs []error
 	var out []envoyrls.Descriptor
 	seen := map[[2]string]int{}
-	for i, item := range list.Content {
-		w := fmt.Sprintf("%s[%d]", where, i)
-		item = resolve(item)
-		if item.Kind != yaml.MappingNode {
-			errs = append(errs, fmt.Errorf("%s must be a map of {%s}, got %s at line %d", w, descriptorFields, kindOf(item), item.Line))
-			continue
-		}
+	errs := mapItems(where, list, descriptorFields, func(w string, item *yaml.Node, fields []field) (errs []error) {
 		var d envoyrls.Descriptor
-		fields, ferrs := fieldsOf(w, item, descriptorFields)
-		errs = append(errs, ferrs...)
 		for _, f := range fields {
 			switch f.k.Value {
 			case "key":
@@ -164,7 +147,8 @@ func parseDescriptors(where string, list *yaml.Node) ([]envoyrls.Descriptor, []e
 			seen[k] = item.Line
 			out = append(out, d)
 		}
-	}
+		return errs
+	})
 	return out, errs
 }
 
@@ -263,6 +247,27 @@ func parseRateLimit(where string, n *yaml.Node) (*envoyrls.Limit, bool, []error)
 
 // field is one key and value of a YAML map.
 type field struct{ k, v *yaml.Node }
+
+// mapItems reads the sequence list at where item by item: an item that is
+// not a map is reported; for a map, fieldsOf's problems are reported and
+// each is called with the item's path (where[i]), the item and its
+// fields. It returns the problems in the order of the items, each item's
+// own (from each) after those of its fields.
+func mapItems(where string, list *yaml.Node, want string, each func(where string, item *yaml.Node, fields []field) []error) []error {
+	var errs []error
+	for i, item := range list.Content {
+		w := fmt.Sprintf("%s[%d]", where, i)
+		item = resolve(item)
+		if item.Kind != yaml.MappingNode {
+			errs = append(errs, fmt.Errorf("%s must be a map of {%s}, got %s at line %d", w, want, kindOf(item), item.Line))
+			continue
+		}
+		fields, ferrs := fieldsOf(w, item, want)
+		errs = append(errs, ferrs...)
+		errs = append(errs, each(w, item, fields)...)
+	}
+	return errs
+}
 
 // fieldsOf lists a map's fields, reporting repeated ones and the
 // envoyproxy/ratelimit fields ringlimit does not support (both left out).

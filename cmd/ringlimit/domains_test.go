@@ -84,6 +84,11 @@ func TestEnvoyDomainsConfig(t *testing.T) {
 			wantErr: []string{`names starting with "envoy:" are reserved`},
 		},
 		{
+			name:    "items not maps",
+			in:      "domains:\n  - d\n  - domain: e\n    descriptors:\n      - k\n",
+			wantErr: []string{`domains[0] must be a map of {domain, descriptors, response_headers}, got the string "d" at line 2`, `domains[1].descriptors[0] must be a map of {key, value, rate_limit, shadow_mode, descriptors}, got the string "k" at line 5`},
+		},
+		{
 			name:    "domains not a list",
 			in:      "domains: {domain: d}\n",
 			wantErr: []string{`"domains" must be a list of {domain, descriptors, response_headers} entries, got a map at line 1`},

@@ -507,23 +507,27 @@ func TestProcKillOwner(t *testing.T) {
 	}
 }
 
-// loadLog collects outcomes from many goroutines.
-type loadLog struct {
-	mu   sync.Mutex
-	outs []outcome
+// syncList collects values added from many goroutines.
+type syncList[T any] struct {
+	mu    sync.Mutex
+	items []T
 }
 
-func (l *loadLog) add(o outcome) {
+func (l *syncList[T]) add(v T) {
 	l.mu.Lock()
-	l.outs = append(l.outs, o)
+	l.items = append(l.items, v)
 	l.mu.Unlock()
 }
 
-func (l *loadLog) all() []outcome {
+// all returns a copy of the values, in the order they were added.
+func (l *syncList[T]) all() []T {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]outcome(nil), l.outs...)
+	return append([]T(nil), l.items...)
 }
+
+// loadLog collects outcomes from many goroutines.
+type loadLog struct{ syncList[outcome] }
 
 // client sends checks through p every interval, cycling through subjects,
 // until stop is closed or it has sent max requests.

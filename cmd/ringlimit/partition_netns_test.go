@@ -196,7 +196,7 @@ func TestPartitionNetns(t *testing.T) {
 	end := time.Now()
 
 	// Report.
-	rs := rec.all()
+	rs := rec.sorted()
 	t.Logf("%d requests from %v; cut at +%v, healed at +%v, end at +%v", len(rs), start.Format(time.TimeOnly),
 		tCut.Sub(start).Round(time.Millisecond), tHeal.Sub(start).Round(time.Millisecond), end.Sub(start).Round(time.Millisecond))
 	phases := []struct {
@@ -324,22 +324,11 @@ func (r request) outcome() string {
 }
 
 // recorder collects requests from every client goroutine.
-type recorder struct {
-	mu sync.Mutex
-	rs []request
-}
+type recorder struct{ syncList[request] }
 
-func (rc *recorder) add(r request) {
-	rc.mu.Lock()
-	rc.rs = append(rc.rs, r)
-	rc.mu.Unlock()
-}
-
-// all returns the requests sorted by send time.
-func (rc *recorder) all() []request {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	out := append([]request(nil), rc.rs...)
+// sorted returns the requests sorted by send time.
+func (rc *recorder) sorted() []request {
+	out := rc.all()
 	sort.Slice(out, func(i, j int) bool { return out[i].sent.Before(out[j].sent) })
 	return out
 }

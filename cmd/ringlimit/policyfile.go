@@ -233,26 +233,17 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 		seen := map[ts]bool{}
 		for j, o := range e.Overrides {
 			where := fmt.Sprintf("overrides[%d] (tenant %q, subject %q)", j, o.Tenant, o.Subject)
-			switch {
-			case o.Tenant == "":
-				bad("%s: tenant is missing", where)
-			case (shard.Key{Tenant: o.Tenant, Subject: "s", Policy: "p"}).Validate() != nil:
-				bad("%s: tenant must be 1 to %d bytes of visible ASCII", where, shard.MaxKeyPartLen)
-			}
-			if o.Subject != "" && (shard.Key{Tenant: "t", Subject: o.Subject, Policy: "p"}).Validate() != nil {
-				bad("%s: subject must be 1 to %d bytes of visible ASCII (leave it out for every subject)", where, shard.MaxKeyPartLen)
-			}
-			switch {
-			case o.Unlimited && o.Limit != 0:
-				bad("%s: give limit or unlimited: true, not both", where)
-			case !o.Unlimited && o.Limit <= 0:
-				bad("%s: limit %d must be positive (or write unlimited: true)", where, o.Limit)
+			ov := peer.Override{Tenant: o.Tenant, Subject: o.Subject, Limit: o.Limit, Unlimited: o.Unlimited}
+			if err := ov.Validate(); err != nil {
+				for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+					bad("%s: %v", where, e)
+				}
 			}
 			if seen[ts{o.Tenant, o.Subject}] {
 				bad("%s: given twice", where)
 			}
 			seen[ts{o.Tenant, o.Subject}] = true
-			pc.Overrides = append(pc.Overrides, peer.Override{Tenant: o.Tenant, Subject: o.Subject, Limit: o.Limit, Unlimited: o.Unlimited})
+			pc.Overrides = append(pc.Overrides, ov)
 		}
 		if strings.HasPrefix(e.Name, envoyrls.PolicyPrefix) {
 			bad("names starting with %q are reserved for the policies generated from \"domains\"", envoyrls.PolicyPrefix)

@@ -82,13 +82,19 @@ policies:
       - {tenant: acme, limit: 5, unlimited: true}
       - {tenant: bigco, limit: 7}
       - {tenant: "a b", limit: 1}
+      - {subject: "x y"}
 `,
 			wantErr: []string{
-				`overrides[0] (tenant "bigco", subject ""): limit 0 must be positive (or write unlimited: true)`,
+				`overrides[0] (tenant "bigco", subject ""): limit 0 must be positive (or set unlimited)`,
 				`overrides[1] (tenant "", subject "x"): tenant is missing`,
-				`overrides[2] (tenant "acme", subject ""): give limit or unlimited: true, not both`,
+				`overrides[2] (tenant "acme", subject ""): give a limit or unlimited, not both`,
 				`overrides[3] (tenant "bigco", subject ""): given twice`,
 				`overrides[4] (tenant "a b", subject ""): tenant must be 1 to 128 bytes of visible ASCII`,
+				// Every problem of one override is reported, each with
+				// where the override stands.
+				`overrides[5] (tenant "", subject "x y"): tenant is missing`,
+				`overrides[5] (tenant "", subject "x y"): subject must be empty (every subject) or 1 to 128 bytes of visible ASCII`,
+				`overrides[5] (tenant "", subject "x y"): limit 0 must be positive (or set unlimited)`,
 			},
 		},
 		{
