@@ -21,7 +21,11 @@ package bench
 //     the requests of concurrent callers gathered into shared messages;
 //   - embedded: Node.Allow in-process, round-robin over the 3 nodes;
 //   - redis-lua: EVALSHA of the exact sliding-log script
-//     (redisScriptExact), one connection per caller.
+//     (redisScriptExact), one connection per caller;
+//   - sidecar-routed procs (opt-in, RINGLIMIT_LOAD_PROCS=1): peer.Client
+//     as sidecar-routed, against three `ringlimit serve` processes built
+//     from this tree (their CPU time is srv-cpu/op), as a client in
+//     another process would meet them.
 //
 // cpu/op is the test process's CPU time (getrusage: user + system) divided
 // by the decisions made; for Redis, srv-cpu/op is redis-server's own CPU
@@ -103,6 +107,15 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// pidsCPU is the sum of pidCPU over pids.
+func pidsCPU(pids []int) time.Duration {
+	var sum time.Duration
+	for _, pid := range pids {
+		sum += pidCPU(pid)
+	}
+	return sum
+}
+
 // pidCPU is process pid's user + system CPU time from /proc/<pid>/stat
 // (fields 14 and 15, in clock ticks of 1/100 s, Linux's USER_HZ).
 func pidCPU(pid int) time.Duration {
@@ -126,8 +139,8 @@ func pidCPU(pid int) time.Duration {
 }
 
 // runLoad runs call from loadCallers goroutines for d and measures it.
-// srvPID, when not 0, is a server process whose CPU time is added.
-func runLoad(t *testing.T, d time.Duration, srvPID int, call loadCall) loadResult {
+// srvPIDs are server processes whose CPU time is added.
+func runLoad(t *testing.T, d time.Duration, srvPIDs []int, call loadCall) loadResult {
 	t.Helper()
 	lat := make([][]time.Duration, loadCallers)
 	for i := range lat {
@@ -139,7 +152,7 @@ func runLoad(t *testing.T, d time.Duration, srvPID int, call loadCall) loadResul
 	var failed atomic.Pointer[error]
 	var wg sync.WaitGroup
 	runtime.GC()
-	cpu0, srv0, t0 := processCPU(), pidCPU(srvPID), time.Now()
+	cpu0, srv0, t0 := processCPU(), pidsCPU(srvPIDs), time.Now()
 	for c := range loadCallers {
 		wg.Go(func() {
 			rec := lat[c]
@@ -169,7 +182,7 @@ func runLoad(t *testing.T, d time.Duration, srvPID int, call loadCall) loadResul
 	stop.Store(true)
 	wg.Wait()
 	elapsed := time.Since(t0)
-	cpu, srv := processCPU()-cpu0, pidCPU(srvPID)-srv0
+	cpu, srv := processCPU()-cpu0, pidsCPU(srvPIDs)-srv0
 	if err := failed.Load(); err != nil {
 		t.Fatalf("decision failed: %v", *err)
 	}
@@ -221,7 +234,7 @@ func loadKeys(distinct int) []peer.Key {
 // loadDriver is one row of the table.
 type loadDriver struct {
 	name string
-	pid  int // server process to add the CPU time of; 0 for none
+	pids []int // server processes to add the CPU time of; none for none
 	call loadCall
 }
 
@@ -247,13 +260,17 @@ func TestLoadSideBySide(t *testing.T) {
 				// apart on the shared machine.
 				drivers = redisDrivers(t)
 			}
-			return append(drivers, ringlimitDrivers(t, mode)...)
+			drivers = append(drivers, ringlimitDrivers(t, mode)...)
+			if mode == peer.ReplicateSync && os.Getenv(loadProcsEnv) == "1" {
+				drivers = append(drivers, serveProcDrivers(t)...)
+			}
+			return drivers
 		}})
 	}
 	var names []string
 	var medians []loadResult
 	var ratios []float64 // median over rounds of ops / redis-lua keys=10000 ops; 0: none
-	var pids []int
+	var pids [][]int
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
 			drivers := g.setup(t)
@@ -269,14 +286,14 @@ func TestLoadSideBySide(t *testing.T) {
 			// the shared machine hits them alike.
 			for r := range rounds {
 				for i, dr := range drivers {
-					res := runLoad(t, d, dr.pid, dr.call)
+					res := runLoad(t, d, dr.pids, dr.call)
 					t.Logf("round %d %-36s %9.0f ops/s p50 %8v p99 %8v cpu/op %v", r+1, dr.name, res.ops, res.p50, res.p99, res.cpuOp)
 					results[i] = append(results[i], res)
 				}
 			}
 			ref := slices.IndexFunc(drivers, func(d loadDriver) bool { return d.name == "redis-lua keys=10000" })
 			for i, dr := range drivers {
-				names, pids = append(names, dr.name), append(pids, dr.pid)
+				names, pids = append(names, dr.name), append(pids, dr.pids)
 				medians = append(medians, median(results[i]))
 				ratio := 0.0
 				if ref >= 0 {
@@ -297,7 +314,7 @@ func TestLoadSideBySide(t *testing.T) {
 	fmt.Fprintf(&sb, "|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 38), strings.Repeat("-", 12), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 13), strings.Repeat("-", 10))
 	for i, m := range medians {
 		srv, ratio := "-", "-"
-		if pids[i] != 0 {
+		if len(pids[i]) > 0 {
 			srv = m.srvCPUOp.Round(10 * time.Nanosecond).String()
 		}
 		if ratios[i] > 0 {
@@ -338,7 +355,7 @@ func redisDrivers(t *testing.T) []loadDriver {
 			logs[i], seqs[i] = redisKeys(k)
 		}
 		out = append(out, loadDriver{
-			name: fmt.Sprintf("redis-lua keys=%d", distinct), pid: pid,
+			name: fmt.Sprintf("redis-lua keys=%d", distinct), pids: []int{pid},
 			call: func(c, i int) error {
 				s := i % distinct
 				ok, err := redisEval(conns[c], sha, logs[s], seqs[s], limit, window, "")
