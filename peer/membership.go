@@ -28,6 +28,10 @@ type view struct {
 	// address.
 	alive map[string]string
 	since time.Time // node clock when this member set was installed
+	// stopping is set when every live member, this node included, is
+	// leaving: the whole cluster is stopping and nobody will take a
+	// partition over. snap is then the last ring that had a member.
+	stopping bool
 }
 
 // meta is what a node gossips about itself.
@@ -390,8 +394,9 @@ func (n *Node) rebuild() {
 	}
 	old := n.view.Load()
 	now := time.Now()
+	stopping := len(names) == 0
 	n.viewMu.Lock()
-	changed := old == nil || !sameMembers(old, names, alive)
+	changed := old == nil || old.stopping != stopping || !sameAlive(old, alive) || !stopping && !sameTargets(old, names)
 	v := old
 	if changed {
 		snap := old.snapOrNil()
@@ -407,7 +412,7 @@ func (n *Node) rebuild() {
 			}
 			n.version++
 		}
-		v = &view{snap: snap, alive: alive, since: now}
+		v = &view{snap: snap, alive: alive, since: now, stopping: stopping}
 		n.view.Store(v)
 		close(n.viewCh)
 		n.viewCh = make(chan struct{})
@@ -456,14 +461,24 @@ func (v *view) snapOrNil() *ring.Snapshot {
 	return v.snap
 }
 
-func sameMembers(v *view, names []string, alive map[string]string) bool {
-	if v.snap.Len() != len(names) || len(v.alive) != len(alive) {
+// sameTargets reports whether v's ring has exactly the members names.
+func sameTargets(v *view, names []string) bool {
+	if v.snap.Len() != len(names) {
 		return false
 	}
 	for _, name := range names {
 		if !v.snap.Has(name) {
 			return false
 		}
+	}
+	return true
+}
+
+// sameAlive reports whether v lists exactly the live members of alive, at
+// the same addresses.
+func sameAlive(v *view, alive map[string]string) bool {
+	if len(v.alive) != len(alive) {
+		return false
 	}
 	for name, addr := range alive {
 		if v.alive[name] != addr {

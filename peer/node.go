@@ -477,13 +477,23 @@ func (n *Node) close(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	leaveTimeout := time.Second
+	if n.view.Load().stopping {
+		// Every member is leaving: the broadcast is a courtesy to
+		// members that are going too.
+		leaveTimeout = 200 * time.Millisecond
+	}
 	if dl, ok := ctx.Deadline(); ok {
 		leaveTimeout = max(min(time.Until(dl), leaveTimeout), 10*time.Millisecond)
 	}
 	if err := n.ml.Leave(leaveTimeout); err != nil {
-		errs = append(errs, fmt.Errorf("peer: leave gossip: %w", err))
+		if n.view.Load().stopping {
+			// Every member is leaving: nobody is left to hear it.
+			n.log.Debug("leave not broadcast: every member is leaving", "err", err)
+		} else {
+			errs = append(errs, fmt.Errorf("peer: leave gossip: %w", err))
+		}
 	}
-	if n.view.Load().snap.Len() > 1 {
+	if v := n.view.Load(); v.snap.Len() > 1 && !v.stopping {
 		// Peers learn of the leave by gossip, a little later. Until then
 		// they still forward to us; keep answering (with "not owner, ask
 		// <new holder>") for a moment rather than refuse their connections.

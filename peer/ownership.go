@@ -927,9 +927,11 @@ func (n *Node) drain(ctx context.Context) error {
 			n.log.Info("handoff on leave", "partitions", held0, "keys", keys0, "duration", time.Since(start), "copies_left", n.replicasHeld())
 			return nil
 		}
-		if n.view.Load().snap.Has(n.name) {
+		if v := n.view.Load(); v.snap.Has(n.name) || v.stopping {
 			// Our ring still names us (excludeSelf found no other member
-			// that is not leaving): the whole cluster is stopping.
+			// that is not leaving), or every live member is leaving:
+			// the whole cluster is stopping, and nobody would take the
+			// partitions over.
 			n.log.Info("last member leaving: partitions end with the cluster", "partitions", held, "keys", keys)
 			return nil
 		}
