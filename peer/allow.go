@@ -390,7 +390,8 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		return Decision{}, remote, ch, nil
 	}
 	now, mono := n.now()
-	if pt.backup != "" {
+	leased := pt.backup != ""
+	if leased {
 		if mono >= pt.leaseUntil.Load() {
 			// No lease: the backup may be taking over, or the renewal is
 			// late. Reconcile renews it or moves to a new backup.
@@ -410,6 +411,9 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		pt.mu.RUnlock()
 		return unlimitedDecision(n.name, v, now), decided, nil, nil
 	}
+	if h := n.decideHook.Load(); h != nil {
+		(*h)() // tests: a pause between the lease check and the decision
+	}
 	sd, err := pt.store.AllowEncoded(ek, p.sp, hits, now)
 	if err != nil {
 		pt.mu.RUnlock()
@@ -426,6 +430,9 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	pt.mu.RUnlock()
 	if rerr != nil && p.cfg.Replication == ReplicateSync {
 		return Decision{}, decided, nil, rerr
+	}
+	if sd.Allowed && leased && p.cfg.Replication != ReplicateSync && n.leaseEnded(pt) {
+		return Decision{}, decided, nil, errLeaseEnded
 	}
 	if ri != nil && r.deferWait {
 		r.wait = ri
@@ -470,6 +477,19 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 }
 
 const hotSample = 8
+
+// errLeaseEnded answers an admission whose partition lease ended while it
+// was being decided.
+var errLeaseEnded = fmt.Errorf("%w: the partition's lease ended during the decision", ErrUnavailable)
+
+// leaseEnded reports, after a decision, whether the lease it was made under
+// has ended since its check. A process paused between the check and the
+// decision (a GC pause, SIGSTOP, a VM stall) may wake after its backup has
+// taken over: a synchronous copy is then refused by the backup, which
+// fences the admission; an asynchronous one or none is not, so the answer
+// must not confirm it. The admission stays recorded here, where it can only
+// refuse more.
+func (n *Node) leaseEnded(pt *part) bool { return n.mono() >= pt.leaseUntil.Load() }
 
 // unlimitedDecision is the holder's answer for a key an Unlimited override
 // covers.

@@ -288,3 +288,7 @@ func (n *Node) setStreamDropForTest(f func(*peerpb.CheckRequest) bool) {
 
 // pipeBreaksForTest is how many of n's streams to peers have broken.
 func (n *Node) pipeBreaksForTest() int64 { return n.pipeBreaks.Load() }
+
+// setDecideHookForTest makes n call f in every local decision, between its
+// lease check and the decision itself.
+func (n *Node) setDecideHookForTest(f func()) { n.decideHook.Store(&f) }

@@ -89,6 +89,9 @@ type Node struct {
 	// streamDrop, when set (tests only), makes CheckStream swallow every
 	// request it returns true for: received, never answered.
 	streamDrop atomic.Pointer[func(*peerpb.CheckRequest) bool]
+	// decideHook, when set (tests only), runs in decideHere between the
+	// lease check and the decision.
+	decideHook atomic.Pointer[func()]
 	// pipeBreaks counts streams to peers that broke (tests wait on it).
 	pipeBreaks atomic.Int64
 

@@ -42,7 +42,8 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 	for _, q := range r.multi {
 		sync = sync || q.cfg.Replication == ReplicateSync
 	}
-	if pt.backup != "" {
+	leased := pt.backup != ""
+	if leased {
 		if n.mono() >= pt.leaseUntil.Load() {
 			unlock()
 			n.kickOwnership()
@@ -52,6 +53,9 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		unlock()
 		n.kickOwnership()
 		return Decision{}, waitHere, ch, nil
+	}
+	if h := n.decideHook.Load(); h != nil {
+		(*h)() // tests: a pause between the lease check and the decision
 	}
 	now := n.clock()
 	d := Decision{Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: now}
@@ -83,6 +87,10 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		err = fmt.Errorf("%w: unknown operation %v", ErrInvalidKey, r.op)
 	}
 	unlock()
+	if err == nil && d.Allowed && leased && !sync && (r.op == peerpb.Op_OP_CHECK || r.op == peerpb.Op_OP_ACQUIRE) && n.leaseEnded(pt) {
+		// As in decideHere: not confirmed without a fencing copy.
+		err = errLeaseEnded
+	}
 	if err != nil {
 		if errors.Is(err, shard.ErrInvalidHits) {
 			return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrInvalidHits, err)
@@ -90,7 +98,7 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		if errors.Is(err, shard.ErrWrongAlgorithm) {
 			return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrWrongAlgorithm, err)
 		}
-		if errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidHits) || errors.Is(err, ErrWrongAlgorithm) {
+		if errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidHits) || errors.Is(err, ErrWrongAlgorithm) || errors.Is(err, ErrUnavailable) {
 			return Decision{}, decided, nil, err
 		}
 		return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)

@@ -741,3 +741,104 @@ func TestOwnershipGhostBackup(t *testing.T) {
 		t.Fatalf("first decision after n0's crash = %+v; want admitted with at most %d remaining (no admission lost)", d, limit-admitted)
 	}
 }
+
+// TestPauseMidDecision pauses a holder between its lease check and the
+// decision (a GC pause or SIGSTOP at the worst moment) and crashes it
+// meanwhile, so its backup takes the partition over and admits the whole
+// limit. When the paused decision resumes, it must not be confirmed: under
+// sync the backup, now the holder, refuses its copy; under async and off
+// nothing fences it, so the old holder checks its lease again after
+// deciding. Either way the caller gets unavailable and no window holds
+// more than the limit.
+func TestPauseMidDecision(t *testing.T) {
+	type op struct {
+		name string
+		alg  Algorithm
+		// do makes one admission (or lease) on nd.
+		do func(ctx context.Context, nd *Node, key Key) (Decision, error)
+	}
+	allow := op{"allow", SlidingLog, func(ctx context.Context, nd *Node, key Key) (Decision, error) {
+		return nd.Allow(ctx, Request{Key: key})
+	}}
+	acquire := op{"acquire", Concurrency, func(ctx context.Context, nd *Node, key Key) (Decision, error) {
+		l, err := nd.Acquire(ctx, Request{Key: key})
+		return l.Decision, err
+	}}
+	for _, tc := range []struct {
+		mode Replication
+		op   op
+	}{{ReplicateSync, allow}, {ReplicateAsync, allow}, {ReplicateOff, allow}, {ReplicateAsync, acquire}} {
+		mode := tc.mode
+		t.Run(mode.String()+"/"+tc.op.name, func(t *testing.T) {
+			const limit = 5
+			c := startCluster(t, 3, Config{
+				Gossip:         hoCrashGossip,
+				LeaseDuration:  500 * time.Millisecond,
+				ForwardTimeout: time.Second,
+				Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: mode, Algorithm: tc.op.alg}},
+			})
+			n0, n1 := c.nodes[0], c.nodes[1]
+			var key Key
+			found := false
+			for _, k := range hoKeys("pause", 2000, "p") {
+				if o, _ := n0.Owner(k); o == n0.Name() && n0.backupForTest(n0.partIDForTest(k)) == n1.Name() {
+					key, found = k, true
+					break
+				}
+			}
+			if !found {
+				t.Fatal("no key held by n0 with n1 as its backup")
+			}
+			entered, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			n0.setDecideHookForTest(func() {
+				once.Do(func() {
+					close(entered)
+					<-release
+				})
+			})
+			type result struct {
+				d   Decision
+				err error
+			}
+			paused := make(chan result, 1)
+			go func() {
+				d, err := tc.op.do(context.Background(), n0, key)
+				paused <- result{d, err}
+			}()
+			<-entered
+			// The crash: n0's ports and gossip go, the paused goroutine
+			// stays (KillForTest then waits for n0's goroutines, some of
+			// which wait for the paused decision's partition).
+			killed := make(chan struct{})
+			go func() { n0.KillForTest(); close(killed) }()
+			admitted := 0
+			waitFor(t, 30*time.Second, "n1 to take the partition over and decide", func() bool {
+				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+				defer cancel()
+				d, err := tc.op.do(ctx, n1, key)
+				if err == nil && d.Allowed {
+					admitted++
+				}
+				return err == nil
+			})
+			for range 2 * limit {
+				if d, err := tc.op.do(context.Background(), n1, key); err == nil && d.Allowed {
+					admitted++
+				}
+			}
+			if admitted != limit {
+				t.Fatalf("the new holder admitted %d; want %d (the paused decision was never confirmed, so nothing was copied)", admitted, limit)
+			}
+			close(release)
+			r := <-paused
+			if r.err == nil && r.d.Allowed {
+				t.Fatalf("the paused decision was confirmed after the takeover (%+v): %d admitted in one window of limit %d", r.d, admitted+1, limit)
+			}
+			if !errors.Is(r.err, ErrUnavailable) && !errors.Is(r.err, ErrClosed) {
+				t.Fatalf("the paused decision = %+v, %v; want unavailable", r.d, r.err)
+			}
+			<-killed
+		})
+	}
+}
