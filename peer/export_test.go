@@ -292,3 +292,8 @@ func (n *Node) pipeBreaksForTest() int64 { return n.pipeBreaks.Load() }
 // setDecideHookForTest makes n call f in every local decision, between its
 // lease check and the decision itself.
 func (n *Node) setDecideHookForTest(f func()) { n.decideHook.Store(&f) }
+
+// setPromoteLostForTest makes n lose the answer of every promote it
+// carries out for a partition f returns true for (the sender sees an error
+// although n now holds the partition).
+func (n *Node) setPromoteLostForTest(f func(pid int) bool) { n.promoteLost.Store(&f) }

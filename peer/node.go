@@ -92,6 +92,9 @@ type Node struct {
 	// decideHook, when set (tests only), runs in decideHere between the
 	// lease check and the decision.
 	decideHook atomic.Pointer[func()]
+	// promoteLost, when set (tests only), makes Promote lose the answer of
+	// a promote it carried out when it returns true for the partition.
+	promoteLost atomic.Pointer[func(pid int) bool]
 	// pipeBreaks counts streams to peers that broke (tests wait on it).
 	pipeBreaks atomic.Int64
 

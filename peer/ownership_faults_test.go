@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ringlimit/ringlimit/ring"
 )
 
 // Ownership fault tests: concurrent membership changes, large partitions,
@@ -840,5 +843,69 @@ func TestPauseMidDecision(t *testing.T) {
 			}
 			<-killed
 		})
+	}
+}
+
+// TestPromoteAnswerLost loses the answer to a transfer's Promote: the
+// target holds the partition at the new epoch, the old holder hears only
+// an error. The old holder must stay fenced (never decide again) until it
+// learns the outcome — it asks the target again, which answers the repeat —
+// and the key's count must come through exactly: no reset, no second
+// decision point.
+func TestPromoteAnswerLost(t *testing.T) {
+	const limit = 20
+	c := startCluster(t, 3, Config{
+		LeaseDuration: 500 * time.Millisecond,
+		Policies:      map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
+	})
+	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
+	after, err := ring.New(n0.cfg.Ring, []string{n0.Name(), n1.Name()}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var key Key
+	pid := -1
+	for _, k := range hoKeys("promote", 4000, "p") {
+		p := n0.partIDForTest(k)
+		if o, _ := n0.Owner(k); o == n2.Name() && after.PartitionOwner(p) == n1.Name() {
+			key, pid = k, p
+			break
+		}
+	}
+	if pid < 0 {
+		t.Fatal("no key held by n2 that moves to n1 when n2 leaves")
+	}
+	admitted := 0
+	for range 8 {
+		if d, err := n0.Allow(context.Background(), Request{Key: key}); err != nil || !d.Allowed {
+			t.Fatalf("before: %+v, %v", d, err)
+		}
+		admitted++
+	}
+	var lost atomic.Int64
+	n1.setPromoteLostForTest(func(p int) bool { return p == pid && lost.Add(1) == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := n2.Close(ctx); err != nil {
+		t.Fatalf("n2's Close: %v", err)
+	}
+	if lost.Load() < 2 {
+		t.Fatalf("promotes of p%d seen by n1: %d; want the lost one and the repeat that settled it", pid, lost.Load())
+	}
+	for i := range 2 * limit {
+		via := c.nodes[i%2]
+		d, err := via.Allow(context.Background(), Request{Key: key})
+		if err != nil {
+			t.Fatalf("after the move, via %s: %v", via.Name(), err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+		if d.Owner != n1.Name() {
+			t.Fatalf("decided by %q; want n1, the partition's holder after the move", d.Owner)
+		}
+	}
+	if admitted != limit {
+		t.Fatalf("%d admitted in one window of limit %d across the lost promote answer", admitted, limit)
 	}
 }

@@ -604,7 +604,17 @@ func (n *Node) applyOpKeys(sender string, kind peerpb.PartitionOp_Kind, part uin
 // node's backup at once when it still has the very same state and is the
 // ring's choice; otherwise reconcile makes a new copy before the
 // partition decides for synchronous policies.
-func (s *server) Promote(_ context.Context, req *peerpb.PromoteRequest) (*peerpb.PromoteResponse, error) {
+func (s *server) Promote(ctx context.Context, req *peerpb.PromoteRequest) (*peerpb.PromoteResponse, error) {
+	resp, err := s.promote(req)
+	if h := s.n.promoteLost.Load(); h != nil && err == nil && (*h)(int(req.GetPartition())) {
+		// Tests: the promote took effect, its answer is lost.
+		return nil, status.Error(codes.Unavailable, "peer: answer lost (test)")
+	}
+	return resp, err
+}
+
+// promote is Promote's decision.
+func (s *server) promote(req *peerpb.PromoteRequest) (*peerpb.PromoteResponse, error) {
 	n := s.n
 	pid := int(req.GetPartition())
 	if pid >= len(n.pt.parts) {
