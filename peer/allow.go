@@ -414,7 +414,13 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	if h := n.decideHook.Load(); h != nil {
 		(*h)() // tests: a pause between the lease check and the decision
 	}
-	sd, err := pt.store.AllowEncoded(ek, p.sp, hits, now)
+	sd, at, err := pt.store.AllowEncodedAt(ek, p.sp, hits, now)
+	if err == nil && at != now.UnixNano() {
+		// The key's clock was ahead of ours (a decision that read the
+		// clock after us took the key's lock before us): the admission is
+		// recorded at the key's time, so report and copy that time.
+		now = time.Unix(0, at)
+	}
 	if err != nil {
 		pt.mu.RUnlock()
 		if errors.Is(err, shard.ErrInvalidHits) {

@@ -793,12 +793,12 @@ func TestPauseMidDecision(t *testing.T) {
 				t.Fatal("no key held by n0 with n1 as its backup")
 			}
 			entered, release := make(chan struct{}), make(chan struct{})
-			var once sync.Once
+			var calls atomic.Int64
 			n0.setDecideHookForTest(func() {
-				once.Do(func() {
+				if calls.Add(1) == 1 { // only the first decision pauses
 					close(entered)
 					<-release
-				})
+				}
 			})
 			type result struct {
 				d   Decision

@@ -528,3 +528,47 @@ func TestPromiseShadow(t *testing.T) {
 		})
 	}
 }
+
+// TestDecidedAtIsTheRecordedTime makes two decisions on one key read the
+// clock in one order and take the key's lock in the other: the later
+// reading is recorded first, and the key's clock never goes back, so the
+// earlier reading's admission is recorded at the later time. Its
+// DecidedAt must say so: the time it was recorded at, never a time before
+// the decision it follows.
+func TestDecidedAtIsTheRecordedTime(t *testing.T) {
+	clk := &hoClock{}
+	c := startCluster(t, 1, Config{Clock: clk.Now, Policies: map[string]PolicyConfig{"p": {Limit: 10, Window: time.Minute, Resolution: time.Nanosecond}}})
+	nd := c.nodes[0]
+	key := Key{Tenant: "t", Subject: "s", Policy: "p"}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int64
+	nd.setDecideHookForTest(func() {
+		if calls.Add(1) == 1 { // only the first decision waits
+			close(entered)
+			<-release
+		}
+	})
+	first := make(chan Decision, 1)
+	go func() {
+		d, err := nd.Allow(context.Background(), Request{Key: key})
+		if err != nil {
+			t.Errorf("first Allow: %v", err)
+		}
+		first <- d
+	}()
+	<-entered // the first decision has read the clock and waits
+	clk.Advance(time.Second)
+	second, err := nd.Allow(context.Background(), Request{Key: key})
+	if err != nil || !second.Allowed {
+		t.Fatalf("second Allow = %+v, %v", second, err)
+	}
+	close(release)
+	d := <-first
+	if !d.Allowed {
+		t.Fatalf("first Allow = %+v; want admitted", d)
+	}
+	if d.DecidedAt.Before(second.DecidedAt) {
+		t.Fatalf("first decision reports %v, before the second's %v, which it was recorded after (at the key's clock, %v)",
+			d.DecidedAt, second.DecidedAt, second.DecidedAt)
+	}
+}

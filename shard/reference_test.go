@@ -311,7 +311,9 @@ func (h *modelHarness) do(now, hits int64) error {
 	peekL, perrL := h.lim.Peek(at, hits)
 	peekS, perrS := h.store.Peek(h.key, h.p, hits, at)
 	gotL, errL := h.lim.Allow(at, hits)
-	gotS, errS := h.store.Allow(h.key, h.p, hits, at)
+	var buf [MaxEncodedKeyLen]byte
+	ek, _ := h.key.AppendEncoded(buf[:0])
+	gotS, atS, errS := h.store.AllowEncodedAt(ek, h.p, hits, at)
 	if (perrL == nil) != (errL == nil) || (errL == nil && peekL != gotL) {
 		return fmt.Errorf("limiter at %d hits %d: Peek %+v, %v; Allow %+v, %v", now, hits, peekL, perrL, gotL, errL)
 	}
@@ -343,6 +345,9 @@ func (h *modelHarness) do(now, hits int64) error {
 	h.storeLast = max(h.storeLast, now)
 	if want := h.storeModel.decide(h.storeLast, hits); gotS != want {
 		return fmt.Errorf("store decision at %d (clamped %d) hits %d:\n got %+v\nwant %+v", now, h.storeLast, hits, gotS, want)
+	}
+	if atS != h.storeLast {
+		return fmt.Errorf("store decision at %d: decided at %d, want the key's clamped clock %d", now, atS, h.storeLast)
 	}
 	return nil
 }

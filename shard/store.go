@@ -139,14 +139,23 @@ func (s *Store) Allow(key Key, p Policy, hits int64, now time.Time) (Decision, e
 // rejected with ErrInvalidKey when it would be inserted. It does not retain
 // ek.
 func (s *Store) AllowEncoded(ek []byte, p Policy, hits int64, now time.Time) (Decision, error) {
+	d, _, err := s.AllowEncodedAt(ek, p, hits, now)
+	return d, err
+}
+
+// AllowEncodedAt is AllowEncoded that also returns the key's clock, in Unix
+// nanoseconds, that it decided at: now, or the key's later clock when now
+// was behind it (the per-key clamp). An admission is recorded at that
+// time, so a caller that reports or copies the admission's time uses it.
+func (s *Store) AllowEncodedAt(ek []byte, p Policy, hits int64, now time.Time) (Decision, int64, error) {
 	if !p.valid() {
-		return Decision{}, p.Validate()
+		return Decision{}, 0, p.Validate()
 	}
 	if hits <= 0 || hits > p.Limit {
-		return Decision{}, checkHits(&p, hits)
+		return Decision{}, 0, checkHits(&p, hits)
 	}
 	if p.Algorithm == Concurrency {
-		return Decision{}, errNeedsLease()
+		return Decision{}, 0, errNeedsLease()
 	}
 	t := now.UnixNano()
 	st := s.stripeFor(ek)
@@ -154,16 +163,17 @@ func (s *Store) AllowEncoded(ek []byte, p Policy, hits int64, now time.Time) (De
 	e, err := s.entryLocked(st, ek, p.Algorithm, t)
 	if err != nil {
 		st.mu.Unlock()
-		return Decision{}, err
+		return Decision{}, 0, err
 	}
 	e.last = max(e.last, t)
 	e.window = p.Window
-	d := e.lim.allow(e.last, p, hits)
+	at := e.last
+	d := e.lim.allow(at, p, hits)
 	if e.alg == SlidingLog {
 		s.accountLocked(e)
 	}
 	st.mu.Unlock()
-	return d, nil
+	return d, at, nil
 }
 
 // insertLocked adds a fresh entry to st, whose lock is held. At capacity it
