@@ -429,6 +429,27 @@ func (n *Node) unfence(pid int) {
 	}
 }
 
+// copyFailed logs a failed copy of partition pid to member to: at Debug
+// while copies of the partition have been failing for less than a lease,
+// then at Warn (throttled). A member that has just joined refuses copies
+// until it has built its first view of the cluster, and reconcile tries
+// again at once: that is not worth a warning; a copy that keeps failing is.
+func (n *Node) copyFailed(pid int, msg, to string, err error) {
+	pt := &n.pt.parts[pid]
+	now := n.mono()
+	pt.mu.Lock()
+	if pt.copyFailingSince == 0 {
+		pt.copyFailingSince = now
+	}
+	failing := time.Duration(now - pt.copyFailingSince)
+	pt.mu.Unlock()
+	if failing < n.cfg.LeaseDuration {
+		n.log.Debug(msg, "partition", pid, "peer", to, "err", err)
+		return
+	}
+	n.warnThrottled(msg, "partition", pid, "peer", to, "err", err, "failing_for", failing)
+}
+
 // establishBackup gives partition pid a complete copy on member to, at a
 // new epoch, and makes it the partition's backup. The partition is fenced
 // while the copy is made, so the copy is exactly the holder's state; the
@@ -445,7 +466,7 @@ func (n *Node) establishBackup(ctx context.Context, pid int, to string) {
 	defer n.unfence(pid)
 	n.log.Debug("partition backup moving", "partition", pid, "peer", to, "from", old)
 	if err := n.copyTo(ctx, pid, to, epoch+1); err != nil {
-		n.warnThrottled("partition copy failed", "partition", pid, "peer", to, "err", err)
+		n.copyFailed(pid, "partition copy failed", to, err)
 		return
 	}
 	n.clearUnreachable(to)
@@ -498,6 +519,7 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 				pt.needSync = false
 				pt.leaseUntil.Store(sent + min(resp.Results[len(ops)-1].LeaseNs, int64(n.cfg.LeaseDuration))/10*9)
 			}
+			pt.copyFailingSince = 0
 			pt.mu.Unlock()
 			n.metrics.Backup("sent", "ok", 1)
 		}
@@ -551,7 +573,7 @@ func (n *Node) transfer(ctx context.Context, pid int, to string) {
 	// replication off, and a graceful move must keep them all.
 	if err := n.copyTo(ctx, pid, to, epoch+1); err != nil {
 		n.unfence(pid)
-		n.warnThrottled("partition transfer: copy failed", "partition", pid, "peer", to, "err", err)
+		n.copyFailed(pid, "partition transfer: copy failed", to, err)
 		return
 	}
 	if backup != "" && backup != to {

@@ -125,6 +125,9 @@ type part struct {
 	// probedAt is when this node, the partition's target, last asked every
 	// member whether anyone holds it (node monotonic ns; 0: never).
 	probedAt int64
+	// copyFailingSince is when copies of the partition to another member
+	// began to fail (node monotonic ns; 0: the last copy succeeded).
+	copyFailingSince int64
 
 	// Replica side: our copy of another holder's partition, and the next
 	// copy while one is being made (it replaces rep only when complete, so
