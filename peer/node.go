@@ -182,6 +182,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.own.starts = make(map[string]uint64)
 	n.own.restartedAt = make(map[string]int64)
 	n.own.unreachable = make(map[string]int64)
+	n.own.tookOver = make(map[string]takeoverTally)
 	n.own.checking = make(map[string]bool)
 	n.own.kick = make(chan struct{}, 1)
 	n.realClock = cfg.clockIsDefault

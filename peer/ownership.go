@@ -64,7 +64,14 @@ type ownState struct {
 	// answers.
 	unreachable map[string]int64
 	checking    map[string]bool // reachability checks in flight
+	// tookOver tallies, per failed holder, the partitions (and keys) taken
+	// over since reconcile last logged them: one warning per failed holder
+	// and round rather than one per partition.
+	tookOver map[string]takeoverTally
 }
+
+// takeoverTally is partitions and keys taken over from one holder.
+type takeoverTally struct{ partitions, keys int }
 
 // unreachableHold is how long after being marked unreachable a member is
 // checked again (and, once it answers, used again as the ring chooses).
@@ -290,6 +297,7 @@ func (n *Node) ownerLoop() {
 // reconcile itself does not block on the network except for heartbeats,
 // which it sends without waiting.
 func (n *Node) reconcile() {
+	n.logTakeovers()
 	// Failed members age out of the quorum count without a membership
 	// event: refresh the decision path's copy here too.
 	n.hasQuorum.Store(n.quorum())
@@ -370,6 +378,23 @@ func (n *Node) reconcile() {
 			defer func() { <-n.own.sem }()
 			j(n.ctx)
 		}()
+	}
+}
+
+// logTakeovers warns once per failed holder whose partitions were taken
+// over since the last call, with their number (each partition also has an
+// Info line).
+func (n *Node) logTakeovers() {
+	n.own.mu.Lock()
+	if len(n.own.tookOver) == 0 {
+		n.own.mu.Unlock()
+		return
+	}
+	tally := n.own.tookOver
+	n.own.tookOver = make(map[string]takeoverTally)
+	n.own.mu.Unlock()
+	for holder, t := range tally {
+		n.log.Warn("partitions taken over from failed holder", "peer", holder, "partitions", t.partitions, "keys", t.keys)
 	}
 }
 
@@ -713,8 +738,15 @@ func (n *Node) takeOver(ctx context.Context, pid int) {
 	pt.needSync = false
 	pt.leaseUntil.Store(0)
 	pt.setRoleLocked(roleHolder, n.name, rep.epoch+1, n.clock())
-	n.metrics.Handoff("takeover", "ok", pt.store.Len())
-	n.log.Warn("partition taken over from failed holder", "partition", pid, "peer", rep.holder, "epoch", rep.epoch+1, "keys", pt.store.Len())
+	keys := pt.store.Len()
+	n.metrics.Handoff("takeover", "ok", keys)
+	n.log.Info("partition taken over from failed holder", "partition", pid, "peer", rep.holder, "epoch", rep.epoch+1, "keys", keys)
+	n.own.mu.Lock()
+	t := n.own.tookOver[rep.holder]
+	t.partitions++
+	t.keys += keys
+	n.own.tookOver[rep.holder] = t
+	n.own.mu.Unlock()
 }
 
 // orphanSuspect reports whether partition pt, whose target this node is,

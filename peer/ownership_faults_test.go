@@ -909,3 +909,42 @@ func TestPromoteAnswerLost(t *testing.T) {
 		t.Fatalf("%d admitted in one window of limit %d across the lost promote answer", admitted, limit)
 	}
 }
+
+// TestTakeoverWarnsOncePerHolder crashes a member: its survivors take its
+// partitions over, each logged at Info, and warn once per failed holder
+// and reconcile round with the count, not once per partition (a crash in a
+// 3-node cluster used to print about 90 warnings).
+func TestTakeoverWarnsOncePerHolder(t *testing.T) {
+	logs := newHoLogs()
+	c := startClusterWith(t, 3, Config{
+		Gossip:        hoCrashGossip,
+		LeaseDuration: 500 * time.Millisecond,
+		Policies:      map[string]PolicyConfig{"p": {Limit: 100, Window: time.Hour}},
+	}, func(i int, cfg *Config) { cfg.Logger = slog.New(logs) })
+	victim := c.nodes[2]
+	held, _ := victim.heldPartitions()
+	victim.KillForTest()
+	count := func() (infos, warned, warnings int) {
+		for _, nd := range c.nodes[:2] {
+			for _, r := range logs.find(nd.Name(), "partition taken over from failed holder") {
+				if r.attrs["peer"].String() == victim.Name() {
+					infos++
+				}
+			}
+			for _, r := range logs.find(nd.Name(), "partitions taken over from failed holder") {
+				if r.attrs["peer"].String() == victim.Name() && r.level == slog.LevelWarn {
+					warnings++
+					warned += int(r.attrs["partitions"].Int64())
+				}
+			}
+		}
+		return infos, warned, warnings
+	}
+	waitFor(t, 30*time.Second, "every partition of the crashed member to be taken over and warned about", func() bool {
+		infos, warned, _ := count()
+		return infos == held && warned == held
+	})
+	if _, _, warnings := count(); warnings > held/4 {
+		t.Fatalf("%d warnings for %d partitions taken over; want about one per survivor and round", warnings, held)
+	}
+}
