@@ -13,8 +13,6 @@ import (
 	"runtime"
 	"testing"
 	"time"
-
-	"github.com/ringlimit/ringlimit/peer"
 )
 
 // loadProcsEnv adds the side-by-side row against `ringlimit serve`
@@ -68,25 +66,7 @@ func serveProcDrivers(t *testing.T) []loadDriver {
 	for i, p := range procs {
 		addrs[i], pids[i] = p.grpc, p.cmd.Process.Pid
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	routed, err := peer.Dial(ctx, peer.ClientConfig{Addrs: addrs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { routed.Close() })
-	keys := loadKeys(10000)
-	return []loadDriver{{
-		name: "sidecar-routed procs keys=10000",
-		pids: pids,
-		call: func(c, i int) error {
-			d, err := routed.Allow(context.Background(), peer.Request{Key: keys[i%len(keys)]})
-			if err == nil && !d.Allowed {
-				err = fmt.Errorf("refused: %+v", d)
-			}
-			return err
-		},
-	}}
+	return []loadDriver{routedDriver(t, "sidecar-routed procs keys=10000", addrs, pids)}
 }
 
 // startServeProc starts `bin serve` as node name (joining join unless

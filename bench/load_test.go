@@ -413,23 +413,7 @@ func ringlimitDrivers(t *testing.T, mode peer.Replication) []loadDriver {
 	for i, nd := range nodes {
 		addrs[i] = nd.RPCAddr()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	routed, err := peer.Dial(ctx, peer.ClientConfig{Addrs: addrs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { routed.Close() })
-	out = append(out, loadDriver{
-		name: fmt.Sprintf("sidecar-routed keys=10000 repl=%v", mode),
-		call: func(c, i int) error {
-			d, err := routed.Allow(context.Background(), peer.Request{Key: keys[i%len(keys)]})
-			if err == nil && !d.Allowed {
-				err = fmt.Errorf("refused: %+v", d)
-			}
-			return err
-		},
-	})
+	out = append(out, routedDriver(t, fmt.Sprintf("sidecar-routed keys=10000 repl=%v", mode), addrs, nil))
 	out = append(out, loadDriver{
 		name: fmt.Sprintf("embedded keys=10000 repl=%v", mode),
 		call: func(c, i int) error {
@@ -441,4 +425,29 @@ func ringlimitDrivers(t *testing.T, mode peer.Replication) []loadDriver {
 		},
 	})
 	return out
+}
+
+// routedDriver is the row of peer.Client (Placement + AllowStream) against
+// the nodes at addrs, 10 000 keys; pids are server processes to count the
+// CPU of. The client closes when t ends.
+func routedDriver(t *testing.T, name string, addrs []string, pids []int) loadDriver {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	routed, err := peer.Dial(ctx, peer.ClientConfig{Addrs: addrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { routed.Close() })
+	keys := loadKeys(10000)
+	return loadDriver{
+		name: name,
+		pids: pids,
+		call: func(c, i int) error {
+			d, err := routed.Allow(context.Background(), peer.Request{Key: keys[i%len(keys)]})
+			if err == nil && !d.Allowed {
+				err = fmt.Errorf("refused: %+v", d)
+			}
+			return err
+		},
+	}
 }
