@@ -297,3 +297,7 @@ func (n *Node) setDecideHookForTest(f func()) { n.decideHook.Store(&f) }
 // carries out for a partition f returns true for (the sender sees an error
 // although n now holds the partition).
 func (n *Node) setPromoteLostForTest(f func(pid int) bool) { n.promoteLost.Store(&f) }
+
+// setReplDropForTest makes n's ReplicateStream receiver swallow the
+// requests f returns true for: neither applied nor answered, as if lost.
+func (n *Node) setReplDropForTest(f func(*peerpb.ReplicateRequest) bool) { n.replDrop.Store(&f) }

@@ -549,3 +549,89 @@ func TestPipeLostAnswer(t *testing.T) {
 		t.Fatalf("holder counts %d admissions; %d were answered admitted (nothing else may be counted)", used, admitted)
 	}
 }
+
+// TestReplicationMessageLost loses a holder's replication message on its
+// way to the backup (received, never applied or answered). The admission
+// waiting for it is not confirmed (unavailable, once the stream's watchdog
+// gives up on it); admissions resume on a new stream; and when the holder
+// then crashes, the backup that takes over knows every admission that was
+// confirmed: the confirmed ones plus the backup's own never exceed the
+// limit.
+func TestReplicationMessageLost(t *testing.T) {
+	const limit = 10
+	const forwardTimeout = 300 * time.Millisecond
+	c := startCluster(t, 3, Config{
+		Gossip:         hoCrashGossip,
+		LeaseDuration:  500 * time.Millisecond,
+		ForwardTimeout: forwardTimeout,
+		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
+	})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	var key Key
+	found := false
+	for _, k := range hoKeys("repl-lost", 2000, "p") {
+		if o, _ := n0.Owner(k); o == n0.Name() && n0.backupForTest(n0.partIDForTest(k)) == n1.Name() {
+			key, found = k, true
+			break
+		}
+	}
+	if !found {
+		t.Fatal("no key held by n0 with n1 as its backup")
+	}
+	confirmed := 0
+	for range 3 {
+		if d, err := n0.Allow(context.Background(), Request{Key: key}); err != nil || !d.Allowed {
+			t.Fatalf("before: %+v, %v", d, err)
+		}
+		confirmed++
+	}
+	// Lose the next message that carries admissions (heartbeats carry
+	// none and keep flowing).
+	var dropping atomic.Bool
+	var dropped atomic.Int64
+	dropping.Store(true)
+	n1.setReplDropForTest(func(req *peerpb.ReplicateRequest) bool {
+		if dropping.Load() && len(req.GetAdmitsPacked()) > 0 && dropped.Add(1) == 1 {
+			dropping.Store(false)
+			return true
+		}
+		return false
+	})
+	d, err := n0.Allow(context.Background(), Request{Key: key})
+	if err == nil {
+		t.Fatalf("the admission whose copy was lost was confirmed: %+v", d)
+	}
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("the admission whose copy was lost: %v; want unavailable", err)
+	}
+	if dropped.Load() != 1 {
+		t.Fatalf("%d replication messages lost; want 1", dropped.Load())
+	}
+	waitFor(t, 20*time.Second, "n0 to confirm admissions again", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*forwardTimeout)
+		defer cancel()
+		d, err := n0.Allow(ctx, Request{Key: key})
+		if err == nil && d.Allowed {
+			confirmed++
+		}
+		return err == nil
+	})
+	n0.KillForTest()
+	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		d, err := n1.Allow(ctx, Request{Key: key})
+		if err == nil && d.Allowed {
+			confirmed++
+		}
+		return err == nil
+	})
+	for range 2 * limit {
+		if d, err := n1.Allow(context.Background(), Request{Key: key}); err == nil && d.Allowed {
+			confirmed++
+		}
+	}
+	if confirmed > limit {
+		t.Fatalf("%d admissions confirmed in one window of limit %d across a lost replication message and a crash", confirmed, limit)
+	}
+}

@@ -89,6 +89,9 @@ type Node struct {
 	// streamDrop, when set (tests only), makes CheckStream swallow every
 	// request it returns true for: received, never answered.
 	streamDrop atomic.Pointer[func(*peerpb.CheckRequest) bool]
+	// replDrop is streamDrop for ReplicateStream: the request is neither
+	// applied nor answered.
+	replDrop atomic.Pointer[func(*peerpb.ReplicateRequest) bool]
 	// decideHook, when set (tests only), runs in decideHere between the
 	// lease check and the decision.
 	decideHook atomic.Pointer[func()]

@@ -351,6 +351,9 @@ func (s *server) ReplicateStream(st peerpb.Limiter_ReplicateStreamServer) error 
 			}
 			return err
 		}
+		if drop := s.n.replDrop.Load(); drop != nil && (*drop)(req) {
+			continue
+		}
 		resp, err := s.Replicate(ctx, req)
 		if err != nil {
 			st := status.Convert(err)
