@@ -567,17 +567,7 @@ func TestReplicationMessageLost(t *testing.T) {
 		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
 	})
 	n0, n1 := c.nodes[0], c.nodes[1]
-	var key Key
-	found := false
-	for _, k := range hoKeys("repl-lost", 2000, "p") {
-		if o, _ := n0.Owner(k); o == n0.Name() && n0.backupForTest(n0.partIDForTest(k)) == n1.Name() {
-			key, found = k, true
-			break
-		}
-	}
-	if !found {
-		t.Fatal("no key held by n0 with n1 as its backup")
-	}
+	key, _ := keyHeldWithBackup(t, n0, n1, "repl-lost", "p")
 	confirmed := 0
 	for range 3 {
 		if d, err := n0.Allow(context.Background(), Request{Key: key}); err != nil || !d.Allowed {

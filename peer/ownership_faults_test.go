@@ -19,6 +19,40 @@ import (
 // the rolling-window checker that no window ever holds more than L, and
 // with wide keys (a limit never reached) that no key was reset.
 
+// keyHeldWithBackup returns a key of policy (subjects from prefix) that
+// holder holds with backup as the partition's backup, and its partition.
+func keyHeldWithBackup(t *testing.T, holder, backup *Node, prefix, policy string) (Key, int) {
+	t.Helper()
+	for _, k := range hoKeys(prefix, 2000, policy) {
+		pid := holder.partIDForTest(k)
+		if o, _ := holder.Owner(k); o == holder.Name() && holder.backupForTest(pid) == backup.Name() {
+			return k, pid
+		}
+	}
+	t.Fatalf("no key held by %s with %s as its backup", holder.Name(), backup.Name())
+	return Key{}, -1
+}
+
+// pauseFirstDecision makes nd's first local decision from now on wait,
+// after its lease check, until release is called (at the latest when t
+// ends, so a failing test does not hang its cleanup); entered is closed
+// when it waits. Later decisions pass (a sync.Once would make them wait
+// too).
+func pauseFirstDecision(t *testing.T, nd *Node) (entered <-chan struct{}, release func()) {
+	in, out := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int64
+	nd.setDecideHookForTest(func() {
+		if calls.Add(1) == 1 {
+			close(in)
+			<-out
+		}
+	})
+	var once sync.Once
+	release = func() { once.Do(func() { close(out) }) }
+	t.Cleanup(release)
+	return in, release
+}
+
 // addConcurrently starts the named nodes at the same time, joined through
 // a live node, and adds them to c once all have started.
 func (c *cluster) addConcurrently(names ...string) []*Node {
@@ -670,17 +704,7 @@ func TestOwnershipGhostBackup(t *testing.T) {
 		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
 	})
 	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
-	var key Key
-	pid := -1
-	for _, k := range hoKeys("ghost", 2000, "p") {
-		if o, _ := n0.Owner(k); o == n0.Name() && n0.backupForTest(n0.partIDForTest(k)) == n1.Name() {
-			key, pid = k, n0.partIDForTest(k)
-			break
-		}
-	}
-	if pid < 0 {
-		t.Fatal("no key held by n0 with n1 as its backup")
-	}
+	key, pid := keyHeldWithBackup(t, n0, n1, "ghost", "p")
 	admitted := 0
 	for range 3 {
 		if d, err := n0.Allow(context.Background(), Request{Key: key}); err != nil || !d.Allowed {
@@ -781,25 +805,8 @@ func TestPauseMidDecision(t *testing.T) {
 				Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: mode, Algorithm: tc.op.alg}},
 			})
 			n0, n1 := c.nodes[0], c.nodes[1]
-			var key Key
-			found := false
-			for _, k := range hoKeys("pause", 2000, "p") {
-				if o, _ := n0.Owner(k); o == n0.Name() && n0.backupForTest(n0.partIDForTest(k)) == n1.Name() {
-					key, found = k, true
-					break
-				}
-			}
-			if !found {
-				t.Fatal("no key held by n0 with n1 as its backup")
-			}
-			entered, release := make(chan struct{}), make(chan struct{})
-			var calls atomic.Int64
-			n0.setDecideHookForTest(func() {
-				if calls.Add(1) == 1 { // only the first decision pauses
-					close(entered)
-					<-release
-				}
-			})
+			key, _ := keyHeldWithBackup(t, n0, n1, "pause", "p")
+			entered, release := pauseFirstDecision(t, n0)
 			type result struct {
 				d   Decision
 				err error
@@ -833,7 +840,7 @@ func TestPauseMidDecision(t *testing.T) {
 			if admitted != limit {
 				t.Fatalf("the new holder admitted %d; want %d (the paused decision was never confirmed, so nothing was copied)", admitted, limit)
 			}
-			close(release)
+			release()
 			r := <-paused
 			if r.err == nil && r.d.Allowed {
 				t.Fatalf("the paused decision was confirmed after the takeover (%+v): %d admitted in one window of limit %d", r.d, admitted+1, limit)

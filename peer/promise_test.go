@@ -540,14 +540,7 @@ func TestDecidedAtIsTheRecordedTime(t *testing.T) {
 	c := startCluster(t, 1, Config{Clock: clk.Now, Policies: map[string]PolicyConfig{"p": {Limit: 10, Window: time.Minute, Resolution: time.Nanosecond}}})
 	nd := c.nodes[0]
 	key := Key{Tenant: "t", Subject: "s", Policy: "p"}
-	entered, release := make(chan struct{}), make(chan struct{})
-	var calls atomic.Int64
-	nd.setDecideHookForTest(func() {
-		if calls.Add(1) == 1 { // only the first decision waits
-			close(entered)
-			<-release
-		}
-	})
+	entered, release := pauseFirstDecision(t, nd)
 	first := make(chan Decision, 1)
 	go func() {
 		d, err := nd.Allow(context.Background(), Request{Key: key})
@@ -562,7 +555,7 @@ func TestDecidedAtIsTheRecordedTime(t *testing.T) {
 	if err != nil || !second.Allowed {
 		t.Fatalf("second Allow = %+v, %v", second, err)
 	}
-	close(release)
+	release()
 	d := <-first
 	if !d.Allowed {
 		t.Fatalf("first Allow = %+v; want admitted", d)
