@@ -488,13 +488,14 @@ const hotSample = 8
 // was being decided.
 var errLeaseEnded = fmt.Errorf("%w: the partition's lease ended during the decision", ErrUnavailable)
 
-// leaseEnded reports, after a decision, whether the lease it was made under
-// has ended since its check. A process paused between the check and the
-// decision (a GC pause, SIGSTOP, a VM stall) may wake after its backup has
-// taken over: a synchronous copy is then refused by the backup, which
-// fences the admission; an asynchronous one or none is not, so the answer
-// must not confirm it. The admission stays recorded here, where it can only
-// refuse more.
+// leaseEnded reports whether partition pt's lease has ended, now. It is
+// checked before a decision and, for admissions no backup fences, again
+// after: a process paused between the check and the decision (a GC pause,
+// SIGSTOP, a VM stall) may wake after its backup has taken over. A
+// synchronous copy is then refused by the backup, which fences the
+// admission; an asynchronous one or none is not, so the answer must not
+// confirm it. The admission stays recorded here, where it can only refuse
+// more.
 func (n *Node) leaseEnded(pt *part) bool { return n.mono() >= pt.leaseUntil.Load() }
 
 // unlimitedDecision is the holder's answer for a key an Unlimited override

@@ -44,7 +44,7 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 	}
 	leased := pt.backup != ""
 	if leased {
-		if n.mono() >= pt.leaseUntil.Load() {
+		if n.leaseEnded(pt) {
 			unlock()
 			n.kickOwnership()
 			return Decision{}, waitHere, ch, nil

@@ -220,11 +220,8 @@ func (c *leases) bytes() int64 { return int64(cap(c.l)) * leaseBytes }
 // change nothing.
 func (s *Store) Acquire(key Key, p Policy, hits int64, id uint64, now time.Time) (Decision, error) {
 	var buf [MaxEncodedKeyLen]byte
-	ek, ok := key.AppendEncoded(buf[:0])
-	if !ok {
-		return Decision{}, key.Validate()
-	}
-	if err := checkLease(&p); err != nil {
+	ek, err := leaseKey(key, &p, buf[:0])
+	if err != nil {
 		return Decision{}, err
 	}
 	if hits <= 0 || hits > p.Limit {
@@ -261,11 +258,8 @@ func (s *Store) Acquire(key Key, p Policy, hits int64, id uint64, now time.Time)
 // another algorithm (ErrWrongAlgorithm), return an error.
 func (s *Store) Release(key Key, p Policy, id uint64, now time.Time) (Decision, error) {
 	var buf [MaxEncodedKeyLen]byte
-	ek, ok := key.AppendEncoded(buf[:0])
-	if !ok {
-		return Decision{}, key.Validate()
-	}
-	if err := checkLease(&p); err != nil {
+	ek, err := leaseKey(key, &p, buf[:0])
+	if err != nil {
 		return Decision{}, err
 	}
 	t := now.UnixNano()
@@ -281,6 +275,16 @@ func (s *Store) Release(key Key, p Policy, id uint64, now time.Time) (Decision, 
 	d := e.lim.(*leases).release(e.last, p, id)
 	s.accountLocked(e)
 	return d, nil
+}
+
+// leaseKey validates key and p for Acquire and Release and appends key's
+// encoding to buf.
+func leaseKey(key Key, p *Policy, buf []byte) ([]byte, error) {
+	ek, ok := key.AppendEncoded(buf)
+	if !ok {
+		return nil, key.Validate()
+	}
+	return ek, checkLease(p)
 }
 
 // checkLease validates a policy for Acquire and Release.
