@@ -165,7 +165,14 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 			}
 		}
 		var res [shard.MaxMulti]shard.Decision
-		j, err := pt.store.AllowMulti(r.key.Tenant, r.key.Subject, items, now, res[:len(items)])
+		j, at, err := pt.store.AllowMultiAt(r.key.Tenant, r.key.Subject, items, now, res[:len(items)])
+		if err == nil && at != now.UnixNano() {
+			// A key's clock was ahead of ours: the decision, and every
+			// admission of it, is recorded at that time (as in
+			// decideHere), so report and copy that time.
+			now = time.Unix(0, at)
+			d.DecidedAt = now
+		}
 		if err != nil {
 			if errors.Is(err, shard.ErrInvalidMulti) {
 				return d, nil, fmt.Errorf("%w: %w", ErrInvalidKey, err)

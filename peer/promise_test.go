@@ -565,3 +565,54 @@ func TestDecidedAtIsTheRecordedTime(t *testing.T) {
 			d.DecidedAt, second.DecidedAt, second.DecidedAt)
 	}
 }
+
+// TestMultiDecidedAtIsTheRecordedTime is TestDecidedAtIsTheRecordedTime
+// for a multi-policy check: one policy's key has a clock ahead of the
+// node's (the node clock stepped back after it decided), so the atomic
+// decision is taken, recorded and copied to the backup at that key's time,
+// for every policy, and DecidedAt says so. Copied at the node's earlier
+// time, the backup's record of the other policy would expire before the
+// holder's, so a takeover could admit it early.
+func TestMultiDecidedAtIsTheRecordedTime(t *testing.T) {
+	clk := &hoClock{}
+	c := startCluster(t, 2, Config{Clock: clk.Now, Gossip: hoGossip, Policies: map[string]PolicyConfig{
+		"a": {Limit: 10, Window: time.Minute, Resolution: time.Nanosecond},
+		"b": {Limit: 10, Window: time.Minute, Resolution: time.Nanosecond},
+	}})
+	holder, backup := c.nodes[0], c.nodes[1]
+	ka, _ := keyHeldWithBackup(t, holder, backup, "multi-at", "a")
+	kb := Key{Tenant: ka.Tenant, Subject: ka.Subject, Policy: "b"}
+	ctx := context.Background()
+	clk.Advance(time.Second)
+	ahead := clk.Now()
+	if d, err := holder.Allow(ctx, Request{Key: ka}); err != nil || !d.Allowed || !d.DecidedAt.Equal(ahead) {
+		t.Fatalf("Allow a = %+v, %v; want admitted at %v", d, err, ahead)
+	}
+	clk.ns.Add(-int64(time.Second)) // the node clock steps back
+	d, err := holder.Allow(ctx, Request{Key: Key{Tenant: ka.Tenant, Subject: ka.Subject}, Policies: []string{"a", "b"}})
+	if err != nil || !d.Allowed {
+		t.Fatalf("multi Allow = %+v, %v; want admitted", d, err)
+	}
+	if !d.DecidedAt.Equal(ahead) {
+		t.Fatalf("multi decision reports %v; want %v, the time it was recorded at (a's clock)", d.DecidedAt, ahead)
+	}
+	clk.Advance(2 * time.Second)
+	now := clk.Now()
+	for _, k := range []Key{ka, kb} {
+		runs, ok := holder.ExportForTest(k)
+		if !ok || !runs[len(runs)-1].At.Equal(ahead) {
+			t.Fatalf("holder's log of %s: %v; want the last admission at %v", k.Policy, runs, ahead)
+		}
+	}
+	pt := backup.partOfForTest(kb)
+	pt.mu.RLock()
+	copyStore := pt.rep.store
+	pt.mu.RUnlock()
+	if copyStore == nil {
+		t.Fatalf("%s has no copy of %s's partition", backup.Name(), holder.Name())
+	}
+	st, ok := copyStore.Export(kb, now)
+	if !ok || len(st.Runs) != 1 || !now.Add(-st.Runs[0].Age).Equal(ahead) {
+		t.Fatalf("backup's copy of b: %+v (ok %v); want one admission at %v", st, ok, ahead)
+	}
+}

@@ -33,10 +33,23 @@ type MultiItem struct {
 // reqs must hold 1 to MaxMulti items with distinct policy names; each key,
 // policy and hits is checked as in Allow. Any error (ErrInvalidMulti,
 // ErrInvalidKey, ErrInvalidPolicy, ErrInvalidHits, ErrWrongAlgorithm for a
-// Concurrency policy, ErrCapacity) changes nothing. Each key's now is clamped as in Allow.
+// Concurrency policy, ErrCapacity) changes nothing. The decision's time is
+// now clamped to the latest clock of its keys (see AllowMultiAt).
 func (s *Store) AllowMulti(tenant, subject string, reqs []MultiItem, now time.Time, out []Decision) (refused int, err error) {
+	refused, _, err = s.AllowMultiAt(tenant, subject, reqs, now, out)
+	return refused, err
+}
+
+// AllowMultiAt is AllowMulti that also returns the decision's time in Unix
+// nanoseconds: now, or the latest clock among the keys if one is ahead of
+// now (a decision that read the clock later took the lock first). The whole
+// decision is taken, and every admission recorded, at that one time, as
+// Allow records at the key's clamped time: never earlier than a decision
+// already recorded on any of the keys.
+func (s *Store) AllowMultiAt(tenant, subject string, reqs []MultiItem, now time.Time, out []Decision) (refused int, at int64, err error) {
+	t := now.UnixNano()
 	if err := checkMulti(tenant, subject, reqs, out); err != nil {
-		return -1, err
+		return -1, t, err
 	}
 	var buf [MaxEncodedKeyLen]byte
 	pre := appendPlacement(buf[:0], tenant, subject)
@@ -45,7 +58,6 @@ func (s *Store) AllowMulti(tenant, subject string, reqs []MultiItem, now time.Ti
 		ek := append(pre, byte(len(policy)))
 		return append(ek, policy...)
 	}
-	t := now.UnixNano()
 	st := s.stripeForPlacement(pre)
 	var ents [MaxMulti]*entry
 	st.mu.Lock()
@@ -53,18 +65,22 @@ func (s *Store) AllowMulti(tenant, subject string, reqs []MultiItem, now time.Ti
 	refused = -1
 	missing := int64(0)
 	for i := range reqs {
-		r := &reqs[i]
-		ents[i] = st.m[string(key(r.Policy))]
+		ents[i] = st.m[string(key(reqs[i].Policy))]
 		if ents[i] == nil {
 			missing++
+		} else {
+			t = max(t, ents[i].last)
 		}
+	}
+	for i := range reqs {
+		r := &reqs[i]
 		out[i] = s.peekLocked(ents[i], r.P, r.Hits, t)
 		if !out[i].Allowed && refused < 0 {
 			refused = i
 		}
 	}
 	if refused >= 0 {
-		return refused, nil
+		return refused, t, nil
 	}
 	if missing > 0 {
 		// Reserve every new key before creating any, so that ErrCapacity
@@ -80,14 +96,14 @@ func (s *Store) AllowMulti(tenant, subject string, reqs []MultiItem, now time.Ti
 				}
 			}
 			if err := s.reserveLocked(st, missing, t, false); err != nil {
-				return -1, err
+				return -1, t, err
 			}
 		}
 		for i := range reqs {
 			if ents[i] == nil {
 				// Valid parts (checkMulti) always decode.
 				if ents[i], err = s.newEntryLocked(st, key(reqs[i].Policy), reqs[i].P.Algorithm); err != nil {
-					return -1, err
+					return -1, t, err
 				}
 			}
 		}
@@ -97,15 +113,15 @@ func (s *Store) AllowMulti(tenant, subject string, reqs []MultiItem, now time.Ti
 		if e.alg != r.P.Algorithm {
 			s.resetLocked(e, r.P.Algorithm)
 		}
-		e.last = max(e.last, t)
+		e.last = t // t is at least every key's clock
 		e.window = r.P.Window
 		// The same state at the same time as the peek above: admitted.
-		out[i] = e.lim.allow(e.last, r.P, r.Hits)
+		out[i] = e.lim.allow(t, r.P, r.Hits)
 		if e.alg == SlidingLog {
 			s.accountLocked(e)
 		}
 	}
-	return -1, nil
+	return -1, t, nil
 }
 
 // checkMulti validates an AllowMulti call without allocating unless it

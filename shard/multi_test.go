@@ -87,17 +87,22 @@ func runMultiSequence(t *testing.T, seed uint64, rng *rand.Rand, store *Store, s
 			items := make([]MultiItem, len(perm))
 			want := make([]Decision, len(perm))
 			wantRefused := -1
+			// One decision, at one time: the latest clock of its keys.
+			wantAt := at
+			for _, i := range perm {
+				wantAt = max(wantAt, pols[i].last)
+			}
 			for k, i := range perm {
 				mp := pols[i]
 				items[k] = MultiItem{Policy: mp.name, P: mp.p, Hits: randomHits(rng, mp.p.Limit)}
-				want[k] = mp.model.clone().decide(max(mp.last, at), items[k].Hits)
+				want[k] = mp.model.clone().decide(wantAt, items[k].Hits)
 				if !want[k].Allowed && wantRefused < 0 {
 					wantRefused = k
 				}
 			}
-			refused, err := store.AllowMulti("t", subject, items, tm, out)
-			if err != nil || refused != wantRefused {
-				fail("AllowMulti(%+v) at %d = %d, %v; want %d", items, at, refused, err, wantRefused)
+			refused, gotAt, err := store.AllowMultiAt("t", subject, items, tm, out)
+			if err != nil || refused != wantRefused || gotAt != wantAt {
+				fail("AllowMultiAt(%+v) at %d = %d, %d, %v; want %d, %d", items, at, refused, gotAt, err, wantRefused, wantAt)
 			}
 			for k := range items {
 				if out[k] != want[k] {
@@ -107,8 +112,8 @@ func runMultiSequence(t *testing.T, seed uint64, rng *rand.Rand, store *Store, s
 			if wantRefused < 0 {
 				for k, i := range perm {
 					mp := pols[i]
-					mp.last = max(mp.last, at)
-					mp.model.decide(mp.last, items[k].Hits)
+					mp.last = wantAt
+					mp.model.decide(wantAt, items[k].Hits)
 				}
 			}
 		case r < 15:
