@@ -319,6 +319,17 @@ func (s *Store) export(key Key, now time.Time, remove bool) (KeyState, bool) {
 	}
 	t := max(now.UnixNano(), e.last)
 	ks := KeyState{Key: e.key, Algorithm: e.alg, Runs: e.lim.export(t)}
+	if shift := t - now.UnixNano(); shift > 0 {
+		// The key's clock is ahead of now (a decision that read the clock
+		// later took the lock first, or the clock stepped back): the
+		// state is read at the key's time, but its ages must be relative
+		// to now, the time the caller sends them with. Relative to the
+		// key's time, a receiver would place every admission shift
+		// earlier and let it expire that much early.
+		for i := range ks.Runs {
+			ks.Runs[i].Age = time.Duration(satSub(int64(ks.Runs[i].Age), shift))
+		}
+	}
 	if remove {
 		s.removeLocked(st, e)
 	}

@@ -444,7 +444,10 @@ type historyStep struct {
 
 // TestExportImportRoundTrip exports a key at the sender's now and imports
 // it on a receiver whose clock is offset: the receiver then decides exactly
-// as the sender would have, had the key stayed.
+// as the sender would have, had the key stayed. With behind > 0 the export
+// reads a clock behind the key's (a clock stepped back): ages must still be
+// relative to that reading, or the receiver's admissions would expire
+// early by behind.
 func TestExportImportRoundTrip(t *testing.T) {
 	history := []historyStep{
 		{1000 * ms, 2}, {3000*ms + 500*time.Microsecond, 1}, {3000*ms + 500*time.Microsecond, 1},
@@ -468,13 +471,14 @@ func TestExportImportRoundTrip(t *testing.T) {
 		{Limit: 5, Window: 60 * time.Second, Algorithm: FixedWindow},
 	}
 	for _, p := range policies {
-		for _, offset := range []time.Duration{0, 5 * time.Second, -5 * time.Second} {
+		for _, c := range []struct{ offset, behind time.Duration }{{0, 0}, {5 * time.Second, 0}, {-5 * time.Second, 0}, {0, 2 * time.Second}, {5 * time.Second, 2 * time.Second}} {
+			offset, behind := c.offset, c.behind
 			if res := p.resolution(); offset%time.Duration(res) != 0 {
 				// The receiver rounds on its own grid: exactness needs an
 				// offset that is a whole number of resolution steps.
 				offset -= offset % time.Duration(res)
 			}
-			t.Run(fmt.Sprintf("alg=%v/res=%v/offset=%v", p.Algorithm, p.Resolution, offset), func(t *testing.T) {
+			t.Run(fmt.Sprintf("alg=%v/res=%v/offset=%v/behind=%v", p.Algorithm, p.Resolution, offset, behind), func(t *testing.T) {
 				key := testKey(7)
 				sender, receiver := mustStore(t, Config{}), mustStore(t, Config{})
 				for _, h := range history {
@@ -482,14 +486,14 @@ func TestExportImportRoundTrip(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				ks, ok := sender.Export(key, t0.Add(exportAt))
+				ks, ok := sender.Export(key, t0.Add(exportAt-behind))
 				if !ok {
 					t.Fatal("Export: key not held")
 				}
 				if err := ks.Validate(); err != nil {
 					t.Fatalf("exported state invalid: %v", err)
 				}
-				if err := receiver.Import(ks, p, t0.Add(exportAt+offset)); err != nil {
+				if err := receiver.Import(ks, p, t0.Add(exportAt-behind+offset)); err != nil {
 					t.Fatalf("Import: %v", err)
 				}
 				for i, st := range script {
