@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"runtime"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -204,16 +207,20 @@ func BenchmarkNodeAllowForwarded(b *testing.B) {
 			name = "batching=off"
 		}
 		b.Run(name, func(b *testing.B) {
-			nodes := startPeerCluster(b, 3, batching)
+			msgs := &msgCounter{}
+			nodes := startPeerClusterWith(b, 3, func(cfg *peer.Config) {
+				cfg.DisableBatching = !batching
+				cfg.Metrics = msgs
+			})
 			via := nodes[0]
 			for _, kc := range peerKeyCounts {
 				keys := peerKeys(b, via, kc.distinct, func(owner string) bool { return owner != via.Name() })
 				b.Run("keys="+kc.name, func(b *testing.B) {
-					benchForwarded(b, via, keys, 16)
+					benchForwarded(b, via, keys, 16, msgs)
 				})
 				// 64 callers in all, the issue 9 load.
 				b.Run("keys="+kc.name+"/callers=64", func(b *testing.B) {
-					benchForwarded(b, via, keys, max(1, 64/runtime.GOMAXPROCS(0)))
+					benchForwarded(b, via, keys, max(1, 64/runtime.GOMAXPROCS(0)), msgs)
 				})
 			}
 		})
@@ -221,8 +228,12 @@ func BenchmarkNodeAllowForwarded(b *testing.B) {
 }
 
 // benchForwarded runs Allow from parallelism × GOMAXPROCS goroutines on
-// keys another node holds, with runTimed's figures.
-func benchForwarded(b *testing.B, via *peer.Node, keys []peer.Key, parallelism int) {
+// keys another node holds, with runTimed's figures and the messages
+// between nodes: fwd-items/msg (requests per forwarded batch) and
+// msgs/op (forwarded batches and replication messages, each answered by
+// one message, per decision).
+func benchForwarded(b *testing.B, via *peer.Node, keys []peer.Key, parallelism int, msgs *msgCounter) {
+	batches, items, repl := msgs.batches.Load(), msgs.items.Load(), msgs.repl.Load()
 	runTimed(b, parallelism, func(ctx context.Context, i int) error {
 		d, err := via.Allow(ctx, peer.Request{Key: keys[i&(peerKeySlots-1)]})
 		if err == nil && (!d.Allowed || d.Owner == via.Name()) {
@@ -230,6 +241,91 @@ func benchForwarded(b *testing.B, via *peer.Node, keys []peer.Key, parallelism i
 		}
 		return err
 	})
+	batches, items, repl = msgs.batches.Load()-batches, msgs.items.Load()-items, msgs.repl.Load()-repl
+	if batches > 0 {
+		b.ReportMetric(float64(items)/float64(batches), "fwd-items/msg")
+	}
+	b.ReportMetric(float64(batches+repl)/float64(b.N), "msgs/op")
+}
+
+// msgCounter is a peer.Metrics that counts the messages nodes send each
+// other: forwarded batches (Batch) with their requests, and replication
+// messages (Forward with a replicate outcome). Everything else is ignored.
+type msgCounter struct {
+	batches, items, repl atomic.Int64
+}
+
+func (m *msgCounter) Batch(_ string, size int) {
+	m.batches.Add(1)
+	m.items.Add(int64(size))
+}
+
+func (m *msgCounter) Forward(_ string, outcome string, _ time.Duration) {
+	if strings.HasPrefix(outcome, "replicate_") {
+		m.repl.Add(1)
+	}
+}
+
+func (*msgCounter) Decision(string, peer.Reason, peer.Path) {}
+func (*msgCounter) Ring(uint64, int)                        {}
+func (*msgCounter) Keys(int, int64)                         {}
+func (*msgCounter) Evicted(int)                             {}
+func (*msgCounter) Handoff(string, string, int)             {}
+func (*msgCounter) Backup(string, string, int)              {}
+func (*msgCounter) HotKeys([]peer.HotKey)                   {}
+func (*msgCounter) PeerRPCOpen(bool)                        {}
+func (*msgCounter) Ready(bool, string)                      {}
+func (*msgCounter) PolicyTable(uint64, bool)                {}
+
+// BenchmarkLoopbackRoundTrip is the floor under every message between
+// nodes on this machine: one 512-byte message and its answer over a
+// loopback TCP connection, with no framing, codec or batching, one round
+// trip at a time. cpu-ns/op is the process's CPU per round trip (both
+// ends, the kernel's share included).
+func BenchmarkLoopbackRoundTrip(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 512)
+		for {
+			if _, err := io.ReadFull(c, buf); err != nil {
+				return
+			}
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, 512)
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := processCPU()
+	for b.Loop() {
+		if _, err := c.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64((processCPU()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+	b.StopTimer()
+	c.Close()
+	<-done
 }
 
 // runTimed runs op from parallelism × GOMAXPROCS goroutines, each with
