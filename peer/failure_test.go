@@ -625,3 +625,186 @@ func TestReplicationMessageLost(t *testing.T) {
 		t.Fatalf("%d admissions confirmed in one window of limit %d across a lost replication message and a crash", confirmed, limit)
 	}
 }
+
+// TestPolicyUnknownToBackupNotConfirmed adds a policy to the holder's table
+// before its backup's (a policy change rolling out). The backup cannot
+// record admissions of a policy it does not have, so a synchronous
+// admission must not be confirmed until it does: before, the backup
+// answered OK having skipped the admission, the holder confirmed it, and a
+// crash then left the backup, once it learned the policy, with a full
+// quota on top of what had been admitted.
+func TestPolicyUnknownToBackupNotConfirmed(t *testing.T) {
+	const limit = 5
+	base := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}}
+	both := map[string]PolicyConfig{"p": base["p"], "q": {Limit: limit, Window: time.Hour}}
+	c := startCluster(t, 3, Config{
+		Gossip:        hoCrashGossip,
+		LeaseDuration: 500 * time.Millisecond,
+		Policies:      base,
+	})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	kp, _ := keyHeldWithBackup(t, n0, n1, "roll", "p")
+	kq := Key{Tenant: kp.Tenant, Subject: kp.Subject, Policy: "q"} // the same partition
+	if err := n0.SetPolicies(both); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if d, err := n0.Allow(ctx, Request{Key: kq}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("admission of a policy the backup does not have: %+v, %v; want unavailable (not recorded by the backup)", d, err)
+	}
+	// Policies the backup has are confirmed meanwhile.
+	if d, err := n0.Allow(ctx, Request{Key: kp}); err != nil || !d.Allowed {
+		t.Fatalf("admission of a policy both have: %+v, %v", d, err)
+	}
+	for _, nd := range c.nodes[1:] {
+		if err := nd.SetPolicies(both); err != nil {
+			t.Fatal(err)
+		}
+	}
+	confirmed := 0
+	for range 2 {
+		if d, err := n0.Allow(ctx, Request{Key: kq}); err != nil || !d.Allowed {
+			t.Fatalf("admission once the backup has the policy: %+v, %v", d, err)
+		}
+		confirmed++
+	}
+	n0.KillForTest()
+	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		d, err := n1.Allow(ctx, Request{Key: kq})
+		if err == nil && d.Allowed {
+			confirmed++
+		}
+		return err == nil
+	})
+	for range 2 * limit {
+		if d, err := n1.Allow(ctx, Request{Key: kq}); err == nil && d.Allowed {
+			confirmed++
+		}
+	}
+	if confirmed != limit {
+		t.Fatalf("%d admissions of q confirmed in one window of limit %d across the roll and a crash; want exactly %d", confirmed, limit, limit)
+	}
+}
+
+// TestCopyWithPolicyUnknownToReceiver makes the holder copy a partition
+// (its backup lost its copy) to a member whose table lacks a policy the
+// partition has keys of. The receiver skips those keys, so the copy is not
+// complete and must not become the backup: before, it did, and a crash of
+// the holder then restarted those keys empty on the new holder.
+func TestCopyWithPolicyUnknownToReceiver(t *testing.T) {
+	const limit = 5
+	both := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}, "q": {Limit: limit, Window: time.Hour}}
+	onlyP := map[string]PolicyConfig{"p": both["p"]}
+	c := startCluster(t, 3, Config{
+		Gossip:         hoCrashGossip,
+		LeaseDuration:  500 * time.Millisecond,
+		ForwardTimeout: 300 * time.Millisecond,
+		Policies:       both,
+	})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	kp, pid := keyHeldWithBackup(t, n0, n1, "copy-roll", "p")
+	kq := Key{Tenant: kp.Tenant, Subject: kp.Subject, Policy: "q"}
+	ctx := context.Background()
+	confirmed := 0
+	for range 2 {
+		if d, err := n0.Allow(ctx, Request{Key: kq}); err != nil || !d.Allowed {
+			t.Fatalf("admission: %+v, %v", d, err)
+		}
+		confirmed++
+	}
+	// n1 loses q from its table and its copy of the partition: the holder
+	// must copy the partition again, q's key included.
+	if err := n1.SetPolicies(onlyP); err != nil {
+		t.Fatal(err)
+	}
+	n1.dropCopyForTest(pid)
+	pt0 := &n0.pt.parts[pid]
+	waitFor(t, 20*time.Second, "a copy of the partition to n1 to fail", func() bool {
+		pt0.mu.RLock()
+		defer pt0.mu.RUnlock()
+		return pt0.copyFailingSince != 0
+	})
+	pt := &n1.pt.parts[pid]
+	pt.mu.RLock()
+	installed := pt.rep.complete && pt.rep.holder == n0.Name()
+	pt.mu.RUnlock()
+	if installed {
+		t.Fatal("n1 installed a copy without q's key as complete")
+	}
+	if err := n1.SetPolicies(both); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "a complete copy on n1", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := n0.Allow(ctx, Request{Key: kp})
+		return err == nil && n0.backupForTest(pid) == n1.Name()
+	})
+	pt.mu.RLock()
+	copyStore := pt.rep.store
+	pt.mu.RUnlock()
+	if copyStore == nil {
+		t.Fatal("n1 has no copy")
+	}
+	if st, ok := copyStore.Export(kq, n1.clock()); !ok || len(st.Runs) == 0 {
+		t.Fatalf("n1's new copy lacks q's key (%+v, %v): the copy skipped it", st, ok)
+	}
+	n0.KillForTest()
+	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		d, err := n1.Allow(ctx, Request{Key: kq})
+		if err == nil && d.Allowed {
+			confirmed++
+		}
+		return err == nil
+	})
+	for range 2 * limit {
+		if d, err := n1.Allow(ctx, Request{Key: kq}); err == nil && d.Allowed {
+			confirmed++
+		}
+	}
+	if confirmed != limit {
+		t.Fatalf("%d admissions of q confirmed in one window of limit %d across the copy and a crash; want exactly %d", confirmed, limit, limit)
+	}
+}
+
+// TestCopySkipsRemovedPolicy removes a policy from every table while the
+// holder still keeps state of its keys. That state decides nothing any
+// more, and no receiver would record it: copies leave it out, so a new
+// copy of the partition still completes (before, including it would have
+// kept the partition without a backup until the state expired).
+func TestCopySkipsRemovedPolicy(t *testing.T) {
+	both := map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}, "q": {Limit: 5, Window: time.Hour}}
+	onlyP := map[string]PolicyConfig{"p": both["p"]}
+	c := startCluster(t, 3, Config{
+		Gossip:         hoCrashGossip,
+		LeaseDuration:  500 * time.Millisecond,
+		ForwardTimeout: 300 * time.Millisecond,
+		Policies:       both,
+	})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	kp, pid := keyHeldWithBackup(t, n0, n1, "removed", "p")
+	kq := Key{Tenant: kp.Tenant, Subject: kp.Subject, Policy: "q"}
+	ctx := context.Background()
+	if d, err := n0.Allow(ctx, Request{Key: kq}); err != nil || !d.Allowed {
+		t.Fatalf("admission: %+v, %v", d, err)
+	}
+	for _, nd := range c.nodes {
+		if err := nd.SetPolicies(onlyP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n1.dropCopyForTest(pid)
+	pt := &n1.pt.parts[pid]
+	waitFor(t, 20*time.Second, "a new complete copy on n1", func() bool {
+		pt.mu.RLock()
+		defer pt.mu.RUnlock()
+		return pt.rep.complete && pt.rep.holder == n0.Name()
+	})
+	if d, err := n0.Allow(ctx, Request{Key: kp}); err != nil || !d.Allowed {
+		t.Fatalf("admission after the new copy: %+v, %v", d, err)
+	}
+}

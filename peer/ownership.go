@@ -535,6 +535,15 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 				n.applyOpResult(pid, ops[i].Epoch, to, r, sent)
 				return fmt.Errorf("%w: %s refused partition %d copy: %v", ErrUnavailable, to, pid, r.Status)
 			}
+			if sent := len(ops[i].Keys); ops[i].Kind == peerpb.PartitionOp_KIND_SYNC_CHUNK && int(r.Accepted) < sent {
+				// The receiver skipped keys of a policy its table does not
+				// have, or has with another algorithm (a policy change
+				// rolling out). A copy without them is not complete: as
+				// backup or new holder it would start them empty. The
+				// copy is retried until the tables agree.
+				return fmt.Errorf("%w: %s recorded %d of %d keys of partition %d's copy (a policy it does not have, or has with another algorithm)",
+					ErrUnavailable, to, r.Accepted, sent, pid)
+			}
 		}
 		if last {
 			pt.mu.Lock()
@@ -552,10 +561,17 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 		return nil
 	}
 	var ferr error
+	tab := n.table.Load()
 	if st != nil {
 		st.Range(func(k Key) bool {
 			ks, ok := st.Export(k, now)
 			if !ok {
+				return true
+			}
+			if p := tab.byName[k.Policy]; p == nil || p.sp.Algorithm != ks.Algorithm {
+				// State this node no longer decides with: its policy was
+				// removed, or changed algorithm (the key starts fresh at
+				// its next decision). A receiver would skip it too.
 				return true
 			}
 			w := stateToWire(ks)

@@ -385,18 +385,43 @@ func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp
 	for j, r := range results {
 		n.applyOpResult(int(ops[j].part), ops[j].epoch, c.name, r, sent)
 	}
+	keyed := keyedPerOp(batch, opOf, len(ops))
 	for i, it := range batch {
 		if it.done == nil {
 			n.putReplItem(it)
 			continue
 		}
-		r := results[opOf[i]]
-		if r.Status == peerpb.OpStatus_OP_STATUS_OK {
-			it.done <- nil
-		} else {
+		j := opOf[i]
+		r := results[j]
+		switch {
+		case r.Status != peerpb.OpStatus_OP_STATUS_OK:
 			it.done <- fmt.Errorf("%w: backup %s answered %v for partition %d", ErrUnavailable, c.name, r.Status, it.part)
+		case r.Accepted < keyed[j]:
+			// The backup skipped some of the operation's keys: a policy
+			// its table does not have, or has with another algorithm (a
+			// policy change rolling out). Which ones is not said, so none
+			// of the operation's admissions is confirmed: each stays
+			// counted here, where it can only refuse more, and its caller
+			// is told unavailable, not admitted without a copy.
+			it.done <- fmt.Errorf("%w: backup %s recorded %d of %d keys of partition %d (a policy it does not have, or has with another algorithm)",
+				ErrUnavailable, c.name, r.Accepted, keyed[j], it.part)
+		default:
+			it.done <- nil
 		}
 	}
+}
+
+// keyedPerOp counts, per operation of a replication message, the key
+// states it carries (one per admission or replacement); a backup that
+// records all of them accepts as many.
+func keyedPerOp(batch []*replItem, opOf []int, nops int) []uint32 {
+	keyed := make([]uint32, nops)
+	for i, it := range batch {
+		if it.kind == peerpb.PartitionOp_KIND_ADMIT || it.state != nil {
+			keyed[opOf[i]]++
+		}
+	}
+	return keyed
 }
 
 // applyOpResult applies a backup's answer to an operation of partition
@@ -471,8 +496,30 @@ func (n *Node) applyOp(sender string, op *peerpb.PartitionOp, closing, quorum bo
 		}
 		keys = append(keys, packedAdmit{st: st, p: p})
 	}
+	if op.GetKind() == peerpb.PartitionOp_KIND_SYNC_CHUNK && len(keys) < len(op.GetKeys()) {
+		// A copy without some of the holder's keys (a policy this node
+		// does not have, or has with another algorithm: a policy change
+		// rolling out) is not complete: as backup, or as the next holder,
+		// it would start them empty. Give it up; the holder copies again.
+		n.dropNextCopy(sender, op.GetPartition(), op.GetEpoch())
+		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
+	}
 	r := n.applyOpKeys(sender, op.GetKind(), op.GetPartition(), op.GetEpoch(), keys, closing, quorum)
 	return &peerpb.OpResult{Status: r.status, LeaseNs: r.leaseNs, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
+}
+
+// dropNextCopy gives up the copy of partition part that sender is making
+// at epoch, if it is the one in progress here.
+func (n *Node) dropNextCopy(sender string, part uint32, epoch uint64) {
+	if int(part) >= len(n.pt.parts) {
+		return
+	}
+	pt := &n.pt.parts[part]
+	pt.mu.Lock()
+	if pt.next.holder == sender && pt.next.epoch == epoch {
+		pt.next = replica{}
+	}
+	pt.mu.Unlock()
 }
 
 // opResult is the backup's answer to one operation (peerpb.OpResult).
