@@ -301,3 +301,13 @@ func (n *Node) setPromoteLostForTest(f func(pid int) bool) { n.promoteLost.Store
 // setReplDropForTest makes n's ReplicateStream receiver swallow the
 // requests f returns true for: neither applied nor answered, as if lost.
 func (n *Node) setReplDropForTest(f func(*peerpb.ReplicateRequest) bool) { n.replDrop.Store(&f) }
+
+// setCopyFaultForTest makes n consult f before each request of a partition
+// copy it sends (nil: none).
+func (n *Node) setCopyFaultForTest(f func(pid int, to string, last bool) copyFault) {
+	if f == nil {
+		n.copyFault.Store(nil)
+		return
+	}
+	n.copyFault.Store(&f)
+}

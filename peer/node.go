@@ -98,6 +98,10 @@ type Node struct {
 	// promoteLost, when set (tests only), makes Promote lose the answer of
 	// a promote it carried out when it returns true for the partition.
 	promoteLost atomic.Pointer[func(pid int) bool]
+	// copyFault, when set (tests only), is asked before each request of a
+	// partition copy this node sends (last: the request that completes
+	// it): send it and lose the answer, or fail it unsent.
+	copyFault atomic.Pointer[func(pid int, to string, last bool) copyFault]
 	// pipeBreaks counts streams to peers that broke (tests wait on it).
 	pipeBreaks atomic.Int64
 

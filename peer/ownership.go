@@ -490,7 +490,7 @@ func (n *Node) establishBackup(ctx context.Context, pid int, to string) {
 	}
 	defer n.unfence(pid)
 	n.log.Debug("partition backup moving", "partition", pid, "peer", to, "from", old)
-	if err := n.copyTo(ctx, pid, to, epoch+1); err != nil {
+	if err := n.copyTo(ctx, pid, to, n.copyEpoch(pid)); err != nil {
 		n.copyFailed(pid, "partition copy failed", to, err)
 		return
 	}
@@ -514,21 +514,41 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 		return err
 	}
 	now := n.clock()
-	ops := []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_SYNC_BEGIN, Partition: uint32(pid), Epoch: newEpoch}}
+	pt.mu.RLock()
+	holderEpoch := pt.epoch
+	pt.mu.RUnlock()
+	ops := []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_SYNC_BEGIN, Partition: uint32(pid), Epoch: newEpoch, HolderEpoch: holderEpoch}}
 	size := 0
 	flush := func(last bool) error {
 		if last {
 			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_END, Partition: uint32(pid), Epoch: newEpoch})
 		}
 		sent := n.mono()
-		rctx, cancel := context.WithTimeout(ctx, n.rpcTimeout())
-		resp, err := c.stub.Replicate(rctx, &peerpb.ReplicateRequest{Sender: n.name, Ops: ops})
-		cancel()
-		if err != nil {
-			return fmt.Errorf("%w: copy partition %d to %s: %w", ErrUnavailable, pid, to, withCtxErr(ctx, err))
+		fault := copySend
+		if h := n.copyFault.Load(); h != nil {
+			fault = (*h)(pid, to, last)
 		}
-		if len(resp.Results) != len(ops) {
-			return fmt.Errorf("%w: %s answered %d results for %d operations", ErrUnavailable, to, len(resp.Results), len(ops))
+		var resp *peerpb.ReplicateResponse
+		err := errCopyUnsent
+		if fault != copyUnsent {
+			rctx, cancel := context.WithTimeout(ctx, n.rpcTimeout())
+			resp, err = c.stub.Replicate(rctx, &peerpb.ReplicateRequest{Sender: n.name, Ops: ops})
+			cancel()
+			if err == nil && fault == copyAnswerLost {
+				err = errCopyAnswerLost
+			}
+		}
+		if errors.Is(err, errCopyUnsent) {
+			return fmt.Errorf("%w: copy partition %d to %s: %w", ErrUnavailable, pid, to, err)
+		}
+		if err == nil && len(resp.Results) != len(ops) {
+			err = fmt.Errorf("%s answered %d results for %d operations", to, len(resp.Results), len(ops))
+		}
+		if err != nil {
+			if last {
+				n.copyUncertain(pid, to)
+			}
+			return fmt.Errorf("%w: copy partition %d to %s: %w", ErrUnavailable, pid, to, withCtxErr(ctx, err))
 		}
 		for i, r := range resp.Results {
 			if r.Status != peerpb.OpStatus_OP_STATUS_OK {
@@ -596,6 +616,48 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 	return flush(true)
 }
 
+// copyFault is what a test makes of one request of a partition copy.
+type copyFault uint8
+
+const (
+	copySend       copyFault = iota // as usual
+	copyAnswerLost                  // sent and applied; the answer is lost
+	copyUnsent                      // never sent
+)
+
+var (
+	errCopyAnswerLost = errors.New("peer: copy answer lost (test)")
+	errCopyUnsent     = errors.New("peer: copy request not sent (test)")
+)
+
+// copyEpoch returns the epoch for a new copy of partition pid, which this
+// node holds: above its holding and above every copy it has begun before,
+// and records it.
+func (n *Node) copyEpoch(pid int) uint64 {
+	pt := &n.pt.parts[pid]
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	pt.copiedEpoch = max(pt.epoch, pt.copiedEpoch) + 1
+	return pt.copiedEpoch
+}
+
+// copyUncertain records that the last request of a copy of partition pid
+// to member to, the one that completes it, got no answer: to may now keep
+// a complete copy, newer than the backup's. Until a new copy succeeds, to
+// counts as the backup and the partition has no lease, so nothing is
+// decided that to's copy would lack; the next copy has a newer epoch, so
+// it supersedes to's copy wherever it lands.
+func (n *Node) copyUncertain(pid int, to string) {
+	pt := &n.pt.parts[pid]
+	pt.mu.Lock()
+	if pt.role == roleHolder || pt.role == roleFenced {
+		pt.backup = to
+		pt.needSync = true
+		pt.leaseUntil.Store(0)
+	}
+	pt.mu.Unlock()
+}
+
 // transfer moves partition pid to its target: a complete copy on the
 // target first (it becomes the backup), then, fenced, Promote. After the
 // target accepts, this node keeps a forwarding record. If the promote's
@@ -612,7 +674,7 @@ func (n *Node) transfer(ctx context.Context, pid int, to string) {
 	// target is already the backup, its copy lacks the admissions of
 	// async policies still in flight and every admission of policies with
 	// replication off, and a graceful move must keep them all.
-	if err := n.copyTo(ctx, pid, to, epoch+1); err != nil {
+	if err := n.copyTo(ctx, pid, to, n.copyEpoch(pid)); err != nil {
 		n.unfence(pid)
 		n.copyFailed(pid, "partition transfer: copy failed", to, err)
 		return

@@ -955,3 +955,206 @@ func TestTakeoverWarnsOncePerHolder(t *testing.T) {
 		t.Fatalf("%d warnings for %d partitions taken over; want about one per survivor and round", warnings, held)
 	}
 }
+
+// TestCopyAnswerLost loses the answer to the request that completes a
+// partition's copy to a new backup (a member that just joined): the copy
+// is complete there, with a newer epoch than the old backup's, but the
+// holder does not know it. Before, the holder went on confirming
+// admissions through its old backup; when it crashed, the new backup's
+// older state won the takeover (newer epoch) and those admissions were
+// lost. Now the holder decides nothing until a new copy, at a newer epoch
+// still, has succeeded: whichever copy wins has every confirmed
+// admission.
+func TestCopyAnswerLost(t *testing.T) {
+	const limit = 5
+	c := startCluster(t, 3, Config{
+		Gossip:         hoCrashGossip,
+		LeaseDuration:  500 * time.Millisecond,
+		ForwardTimeout: 300 * time.Millisecond,
+		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
+	})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	// A key n0 holds with n1 as backup, whose backup becomes the joiner
+	// n3 while n0 stays its holder.
+	withN3 := n0.ringWithForTest("n3")
+	var key Key
+	pid := -1
+	for _, k := range hoKeys("copy-lost", 4000, "p") {
+		p := n0.partIDForTest(k)
+		if o, _ := n0.Owner(k); o == n0.Name() && n0.backupForTest(p) == n1.Name() &&
+			withN3.PartitionOwner(p) == n0.Name() && withN3.PartitionBackup(p) == "n3" {
+			key, pid = k, p
+			break
+		}
+	}
+	if pid < 0 {
+		t.Fatal("no partition whose backup moves from n1 to the joiner")
+	}
+	ctx := context.Background()
+	confirmed := 0
+	for range 2 {
+		if d, err := n0.Allow(ctx, Request{Key: key}); err != nil || !d.Allowed {
+			t.Fatalf("admission: %+v, %v", d, err)
+		}
+		confirmed++
+	}
+	// The first copy of pid to n3 arrives whole, its answer is lost;
+	// later ones are never sent.
+	var lost atomic.Int64
+	n0.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
+		if p != pid || to != "n3" {
+			return copySend
+		}
+		if last && lost.Add(1) == 1 {
+			return copyAnswerLost
+		}
+		if lost.Load() == 0 {
+			return copySend
+		}
+		return copyUnsent
+	})
+	c.add("n3")
+	waitFor(t, 20*time.Second, "the copy to n3 whose answer is lost", func() bool { return lost.Load() > 0 })
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		d, err := n0.Allow(ctx, Request{Key: key})
+		cancel()
+		if err == nil && d.Allowed {
+			confirmed++
+		}
+	}
+	n0.KillForTest()
+	var n3 *Node
+	for _, nd := range c.nodes {
+		if nd.Name() == "n3" {
+			n3 = nd
+		}
+	}
+	survivors := []*Node{n1, c.nodes[2], n3}
+	waitFor(t, 30*time.Second, "a survivor to decide the key", func() bool {
+		for _, nd := range survivors {
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			d, err := nd.Allow(ctx, Request{Key: key})
+			cancel()
+			if err == nil && d.Allowed {
+				confirmed++
+			}
+			if err == nil {
+				return true
+			}
+		}
+		return false
+	})
+	for range 2 * limit {
+		if d, err := n1.Allow(ctx, Request{Key: key}); err == nil && d.Allowed {
+			confirmed++
+		}
+	}
+	if confirmed > limit {
+		t.Fatalf("%d admissions confirmed in one window of limit %d across a lost copy answer and a crash", confirmed, limit)
+	}
+}
+
+// TestCopyEpochNotReused loses the answer to a copy's last request, as
+// TestCopyAnswerLost does, and then the holder makes its copy on another
+// member (the first became unreachable). That copy must have a newer
+// epoch than the first, which may be complete on its receiver: with the
+// same epoch, the older copy could win the takeover after a crash of the
+// holder (its lease ran out long before) and lose every admission
+// confirmed through the newer one.
+func TestCopyEpochNotReused(t *testing.T) {
+	const limit = 6
+	c := startCluster(t, 3, Config{
+		Gossip:         hoCrashGossip,
+		LeaseDuration:  500 * time.Millisecond,
+		ForwardTimeout: 300 * time.Millisecond,
+		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
+	})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	withN3 := n0.ringWithForTest("n3")
+	var key Key
+	pid := -1
+	for _, k := range hoKeys("epoch-reuse", 4000, "p") {
+		p := n0.partIDForTest(k)
+		if o, _ := n0.Owner(k); o == n0.Name() && n0.backupForTest(p) == n1.Name() &&
+			withN3.PartitionOwner(p) == n0.Name() && withN3.PartitionBackup(p) == "n3" {
+			key, pid = k, p
+			break
+		}
+	}
+	if pid < 0 {
+		t.Fatal("no partition whose backup moves from n1 to the joiner")
+	}
+	ctx := context.Background()
+	confirmed := 0
+	for range 2 {
+		if d, err := n0.Allow(ctx, Request{Key: key}); err != nil || !d.Allowed {
+			t.Fatalf("admission: %+v, %v", d, err)
+		}
+		confirmed++
+	}
+	var lost atomic.Int64
+	n0.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
+		if p != pid || to != "n3" {
+			return copySend
+		}
+		if last && lost.Add(1) == 1 {
+			n0.markUnreachable("n3") // the next copy goes elsewhere
+			return copyAnswerLost
+		}
+		if lost.Load() == 0 {
+			return copySend
+		}
+		// Should the mark have lapsed (it is rechecked after ten
+		// leases), n3 is still unreachable for copies.
+		n0.markUnreachable("n3")
+		return copyUnsent
+	})
+	c.add("n3")
+	waitFor(t, 20*time.Second, "the copy to n3 whose answer is lost", func() bool { return lost.Load() > 0 })
+	waitFor(t, 20*time.Second, "n0 to decide again with another backup", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		d, err := n0.Allow(ctx, Request{Key: key})
+		if err == nil && d.Allowed {
+			confirmed++
+		}
+		return err == nil
+	})
+	if b := n0.backupForTest(pid); b == "n3" || b == "" {
+		t.Fatalf("n0's backup of partition %d is %q; want a member other than n3", pid, b)
+	}
+	if d, err := n0.Allow(ctx, Request{Key: key}); err != nil || !d.Allowed {
+		t.Fatalf("admission with the new backup: %+v, %v", d, err)
+	}
+	confirmed++
+	n0.KillForTest()
+	var survivors []*Node
+	for _, nd := range c.nodes {
+		if nd != n0 {
+			survivors = append(survivors, nd)
+		}
+	}
+	waitFor(t, 30*time.Second, "a survivor to decide the key", func() bool {
+		for _, nd := range survivors {
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			d, err := nd.Allow(ctx, Request{Key: key})
+			cancel()
+			if err == nil && d.Allowed {
+				confirmed++
+			}
+			if err == nil {
+				return true
+			}
+		}
+		return false
+	})
+	for range 2 * limit {
+		if d, err := n1.Allow(ctx, Request{Key: key}); err == nil && d.Allowed {
+			confirmed++
+		}
+	}
+	if confirmed != limit {
+		t.Fatalf("%d admissions confirmed in one window of limit %d across a lost copy answer, a copy elsewhere and a crash; want exactly %d", confirmed, limit, limit)
+	}
+}

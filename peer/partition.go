@@ -35,7 +35,13 @@ import (
 //     target while the holder is not the target, else the ring's owner
 //     without the holder), synchronously for ReplicateSync policies
 //     (replicate.go). A backup keeps one copy per partition, replaced only
-//     by a full copy at a newer or equal epoch.
+//     by a full copy at a newer or equal epoch. A holder begins every copy
+//     at an epoch above every copy it began before (copyEpoch): the answer
+//     to a copy's last request can be lost with the copy complete on its
+//     receiver, and two members must never keep complete copies at one
+//     epoch. After such an unknown outcome the holder has no lease until a
+//     new copy succeeds (copyUncertain), so the lost copy never lacks a
+//     confirmed admission while it is the newest.
 //   - Lease. The holder decides only while it holds a lease from its
 //     backup. Every answer of the backup to a complete copy, an admission
 //     or a heartbeat grants LeaseDuration from when the backup received
@@ -128,6 +134,11 @@ type part struct {
 	// copyFailingSince is when copies of the partition to another member
 	// began to fail (node monotonic ns; 0: the last copy succeeded).
 	copyFailingSince int64
+	// copiedEpoch is the newest epoch this node has begun a copy of the
+	// partition at. A copy's epoch is never reused: a copy whose answer
+	// was lost may be complete on its receiver, and a second copy at the
+	// same epoch elsewhere would leave two members with equal claims.
+	copiedEpoch uint64
 
 	// Replica side: our copy of another holder's partition, and the next
 	// copy while one is being made (it replaces rep only when complete, so

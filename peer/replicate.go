@@ -437,7 +437,10 @@ func (n *Node) applyOpResult(pid int, epoch uint64, from string, r *peerpb.OpRes
 			return
 		}
 		pt.mu.RLock()
-		if pt.epoch == epoch && pt.backup == from {
+		// No lease from a backup whose copy must be made again (it lost
+		// ours, or a copy's outcome is unknown): an answer still in flight
+		// from before must not extend it.
+		if pt.epoch == epoch && pt.backup == from && !pt.needSync {
 			until := sent + min(r.LeaseNs, int64(n.cfg.LeaseDuration))/10*9
 			for {
 				cur := pt.leaseUntil.Load()
@@ -504,7 +507,7 @@ func (n *Node) applyOp(sender string, op *peerpb.PartitionOp, closing, quorum bo
 		n.dropNextCopy(sender, op.GetPartition(), op.GetEpoch())
 		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 	}
-	r := n.applyOpKeys(sender, op.GetKind(), op.GetPartition(), op.GetEpoch(), keys, closing, quorum)
+	r := n.applyOpKeys(sender, op.GetKind(), op.GetPartition(), op.GetEpoch(), op.GetHolderEpoch(), keys, closing, quorum)
 	return &peerpb.OpResult{Status: r.status, LeaseNs: r.leaseNs, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
 }
 
@@ -533,8 +536,9 @@ type opResult struct {
 
 // applyOpKeys applies one operation of kind on partition part at epoch
 // from holder sender; keys are the key states it carries, valid and with
-// the local policy of each.
-func (n *Node) applyOpKeys(sender string, kind peerpb.PartitionOp_Kind, part uint32, epoch uint64, keys []packedAdmit, closing, quorum bool) opResult {
+// the local policy of each. holderEpoch is SYNC_BEGIN's HolderEpoch (0:
+// unknown).
+func (n *Node) applyOpKeys(sender string, kind peerpb.PartitionOp_Kind, part uint32, epoch, holderEpoch uint64, keys []packedAdmit, closing, quorum bool) opResult {
 	pid := int(part)
 	if pid >= len(n.pt.parts) || sender == "" || sender == n.name {
 		return opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
@@ -564,9 +568,16 @@ func (n *Node) applyOpKeys(sender string, kind peerpb.PartitionOp_Kind, part uin
 		if closing {
 			return opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
 		}
-		// The sender holds the partition at epoch - 1 or earlier; record it.
+		// The sender holds the partition at holderEpoch (an older sender:
+		// epoch - 1); record it. Never more: a copy's epoch can be
+		// several above its holder's, and a record of a holding newer
+		// than the real one would make a backup with a good copy think
+		// it stale.
+		if holderEpoch == 0 || holderEpoch >= epoch {
+			holderEpoch = epoch - 1
+		}
 		if pt.role != roleHolder && pt.role != roleFenced {
-			pt.learnLocked(sender, epoch-1, now)
+			pt.learnLocked(sender, holderEpoch, now)
 		}
 		// The new copy is built beside the complete one we may have; it
 		// replaces it only at SYNC_END.

@@ -1202,7 +1202,12 @@ type PartitionOp struct {
 	// Keys are the key states the operation carries (SYNC_CHUNK, ADMIT,
 	// REPLACE); ages are relative to the sender's clock when it built the
 	// message.
-	Keys          []*KeyState `protobuf:"bytes,4,rep,name=keys,proto3" json:"keys,omitempty"`
+	Keys []*KeyState `protobuf:"bytes,4,rep,name=keys,proto3" json:"keys,omitempty"`
+	// HolderEpoch, on SYNC_BEGIN, is the epoch the sender holds the
+	// partition at. The copy's epoch (epoch) is larger, but not always by
+	// one: a holder never reuses the epoch of a copy whose outcome it does
+	// not know. Zero (an older sender) means epoch − 1.
+	HolderEpoch   uint64 `protobuf:"varint,5,opt,name=holder_epoch,json=holderEpoch,proto3" json:"holder_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1263,6 +1268,13 @@ func (x *PartitionOp) GetKeys() []*KeyState {
 		return x.Keys
 	}
 	return nil
+}
+
+func (x *PartitionOp) GetHolderEpoch() uint64 {
+	if x != nil {
+		return x.HolderEpoch
+	}
+	return 0
 }
 
 // ReplicateRequest is a batch of partition operations to one backup.
@@ -2822,12 +2834,13 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\bKeyState\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.ringlimit.v1.KeyR\x03key\x12\x1c\n" +
 	"\talgorithm\x18\x02 \x01(\x05R\talgorithm\x12%\n" +
-	"\x04runs\x18\x03 \x03(\v2\x11.ringlimit.v1.RunR\x04runs\"\xc5\x02\n" +
+	"\x04runs\x18\x03 \x03(\v2\x11.ringlimit.v1.RunR\x04runs\"\xe8\x02\n" +
 	"\vPartitionOp\x122\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1e.ringlimit.v1.PartitionOp.KindR\x04kind\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12*\n" +
-	"\x04keys\x18\x04 \x03(\v2\x16.ringlimit.v1.KeyStateR\x04keys\"\xa1\x01\n" +
+	"\x04keys\x18\x04 \x03(\v2\x16.ringlimit.v1.KeyStateR\x04keys\x12!\n" +
+	"\fholder_epoch\x18\x05 \x01(\x04R\vholderEpoch\"\xa1\x01\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fKIND_SYNC_BEGIN\x10\x01\x12\x13\n" +
