@@ -319,6 +319,10 @@ func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), l
 type replOp struct {
 	part  uint32
 	epoch uint64
+	// keys is how many key states the operation carries; a backup that
+	// records them all answers as many accepted. Set once the operations
+	// are grouped (a replOp is a map key while they are).
+	keys uint32
 }
 
 // packAdmits packs batch, all of it KIND_ADMIT, with ages made relative to
@@ -374,6 +378,9 @@ func packAdmits(batch []*replItem, now time.Time) (b []byte, ops []replOp, opOf 
 	for i, j := range opOf {
 		order[next[j]] = i
 		next[j]++
+	}
+	for j := range ops {
+		ops[j].keys = uint32(start[j+1] - start[j])
 	}
 	b = make([]byte, 0, 8+48*len(batch))
 	b = binary.AppendUvarint(b, uint64(len(ops)))

@@ -276,7 +276,7 @@ func allAdmits(batch []*replItem) bool {
 func opsOf(req *peerpb.ReplicateRequest) []replOp {
 	ops := make([]replOp, len(req.Ops))
 	for j, op := range req.Ops {
-		ops[j] = replOp{part: op.Partition, epoch: op.Epoch}
+		ops[j] = replOp{part: op.Partition, epoch: op.Epoch, keys: uint32(len(op.Keys))}
 	}
 	return ops
 }
@@ -385,7 +385,6 @@ func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp
 	for j, r := range results {
 		n.applyOpResult(int(ops[j].part), ops[j].epoch, c.name, r, sent)
 	}
-	keyed := keyedPerOp(batch, opOf, len(ops))
 	for i, it := range batch {
 		if it.done == nil {
 			n.putReplItem(it)
@@ -396,7 +395,7 @@ func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp
 		switch {
 		case r.Status != peerpb.OpStatus_OP_STATUS_OK:
 			it.done <- fmt.Errorf("%w: backup %s answered %v for partition %d", ErrUnavailable, c.name, r.Status, it.part)
-		case r.Accepted < keyed[j]:
+		case r.Accepted < ops[j].keys:
 			// The backup skipped some of the operation's keys: a policy
 			// its table does not have, or has with another algorithm (a
 			// policy change rolling out). Which ones is not said, so none
@@ -404,24 +403,11 @@ func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp
 			// counted here, where it can only refuse more, and its caller
 			// is told unavailable, not admitted without a copy.
 			it.done <- fmt.Errorf("%w: backup %s recorded %d of %d keys of partition %d (a policy it does not have, or has with another algorithm)",
-				ErrUnavailable, c.name, r.Accepted, keyed[j], it.part)
+				ErrUnavailable, c.name, r.Accepted, ops[j].keys, it.part)
 		default:
 			it.done <- nil
 		}
 	}
-}
-
-// keyedPerOp counts, per operation of a replication message, the key
-// states it carries (one per admission or replacement); a backup that
-// records all of them accepts as many.
-func keyedPerOp(batch []*replItem, opOf []int, nops int) []uint32 {
-	keyed := make([]uint32, nops)
-	for i, it := range batch {
-		if it.kind == peerpb.PartitionOp_KIND_ADMIT || it.state != nil {
-			keyed[opOf[i]]++
-		}
-	}
-	return keyed
 }
 
 // applyOpResult applies a backup's answer to an operation of partition
