@@ -13,6 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+
 	"github.com/ringlimit/ringlimit/peer"
 )
 
@@ -276,6 +280,71 @@ func (*msgCounter) HotKeys([]peer.HotKey)                   {}
 func (*msgCounter) PeerRPCOpen(bool)                        {}
 func (*msgCounter) Ready(bool, string)                      {}
 func (*msgCounter) PolicyTable(uint64, bool)                {}
+
+// BenchmarkGRPCStreamRoundTrip is BenchmarkLoopbackRoundTrip through a
+// gRPC bidirectional stream (grpc-go's own test service, a 512-byte
+// payload each way), as the peers' streams use it: what gRPC's framing,
+// flow control and goroutine hand-offs add to each message and answer.
+func BenchmarkGRPCStreamRoundTrip(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(srv, echoService{})
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(ln)
+	}()
+	defer func() {
+		srv.Stop()
+		<-served
+	}()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := testgrpc.NewTestServiceClient(conn).FullDuplexCall(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := &testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: make([]byte, 512)}}
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := processCPU()
+	for b.Loop() {
+		if err := st.Send(req); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64((processCPU()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+	b.StopTimer()
+	_ = st.CloseSend()
+}
+
+// echoService answers each FullDuplexCall message with its payload.
+type echoService struct {
+	testgrpc.UnimplementedTestServiceServer
+}
+
+func (echoService) FullDuplexCall(st testgrpc.TestService_FullDuplexCallServer) error {
+	for {
+		req, err := st.Recv()
+		if err != nil {
+			return nil
+		}
+		if err := st.Send(&testgrpc.StreamingOutputCallResponse{Payload: req.GetPayload()}); err != nil {
+			return err
+		}
+	}
+}
 
 // BenchmarkLoopbackRoundTrip is the floor under every message between
 // nodes on this machine: one 512-byte message and its answer over a
