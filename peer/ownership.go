@@ -8,6 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -492,6 +495,9 @@ func (n *Node) establishBackup(ctx context.Context, pid int, to string) {
 	n.log.Debug("partition backup moving", "partition", pid, "peer", to, "from", old)
 	if err := n.copyTo(ctx, pid, to, n.copyEpoch(pid)); err != nil {
 		n.copyFailed(pid, "partition copy failed", to, err)
+		if errors.Is(err, errCopyUncertain) {
+			n.afterUncertainCopy(ctx, pid, to)
+		}
 		return
 	}
 	n.clearUnreachable(to)
@@ -530,6 +536,12 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 		}
 		var resp *peerpb.ReplicateResponse
 		err := errCopyUnsent
+		if st, ok := connReady(ctx, c.conn, n.cfg.ForwardTimeout); !ok {
+			// Nothing is sent on a connection that is not up: the copy
+			// fails with a known outcome (a member whose port never
+			// answers does not leave the holder guessing).
+			return fmt.Errorf("%w: copy partition %d to %s: connection %v", ErrUnavailable, pid, to, st)
+		}
 		if fault != copyUnsent {
 			rctx, cancel := context.WithTimeout(ctx, n.rpcTimeout())
 			resp, err = c.stub.Replicate(rctx, &peerpb.ReplicateRequest{Sender: n.name, Ops: ops})
@@ -546,7 +558,9 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 		}
 		if err != nil {
 			if last {
-				n.copyUncertain(pid, to)
+				// The request that completes the copy may have been
+				// applied: the outcome is unknown.
+				err = fmt.Errorf("%w: %w", errCopyUncertain, err)
 			}
 			return fmt.Errorf("%w: copy partition %d to %s: %w", ErrUnavailable, pid, to, withCtxErr(ctx, err))
 		}
@@ -616,6 +630,27 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 	return flush(true)
 }
 
+// connReady reports whether conn is up, connecting it if idle and waiting
+// at most d while it connects. A connection that failed is not waited for.
+func connReady(ctx context.Context, conn *grpc.ClientConn, d time.Duration) (connectivity.State, bool) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	for {
+		st := conn.GetState()
+		switch st {
+		case connectivity.Ready:
+			return st, true
+		case connectivity.Idle:
+			conn.Connect()
+		case connectivity.TransientFailure, connectivity.Shutdown:
+			return st, false
+		}
+		if !conn.WaitForStateChange(ctx, st) {
+			return st, false
+		}
+	}
+}
+
 // copyFault is what a test makes of one request of a partition copy.
 type copyFault uint8
 
@@ -628,6 +663,9 @@ const (
 var (
 	errCopyAnswerLost = errors.New("peer: copy answer lost (test)")
 	errCopyUnsent     = errors.New("peer: copy request not sent (test)")
+	// errCopyUncertain marks a copy whose completing request got no
+	// answer: the receiver may keep it complete.
+	errCopyUncertain = errors.New("peer: outcome unknown")
 )
 
 // copyEpoch returns the epoch for a new copy of partition pid, which this
@@ -639,6 +677,30 @@ func (n *Node) copyEpoch(pid int) uint64 {
 	defer pt.mu.Unlock()
 	pt.copiedEpoch = max(pt.epoch, pt.copiedEpoch) + 1
 	return pt.copiedEpoch
+}
+
+// afterUncertainCopy handles a copy of partition pid (fenced) to member to
+// whose completing request got no answer: to may keep a complete copy at a
+// newer epoch than the backup's, which would win a takeover. The current
+// backup, if another member, gets a new copy at a newer epoch still, at
+// once, and the partition goes on with it; else (no backup, or it is to,
+// or that copy fails too) copyUncertain.
+func (n *Node) afterUncertainCopy(ctx context.Context, pid int, to string) {
+	pt := &n.pt.parts[pid]
+	pt.mu.RLock()
+	backup := pt.backup
+	pt.mu.RUnlock()
+	if backup != "" && backup != to && n.alive(backup) {
+		err := n.copyTo(ctx, pid, backup, n.copyEpoch(pid))
+		if err == nil {
+			n.log.Info("partition copy's outcome unknown: copied again to the backup at a newer epoch", "partition", pid, "peer", to, "backup", backup)
+			return
+		}
+		if errors.Is(err, errCopyUncertain) {
+			to = backup // the newest copy that may exist
+		}
+	}
+	n.copyUncertain(pid, to)
 }
 
 // copyUncertain records that the last request of a copy of partition pid
@@ -675,6 +737,9 @@ func (n *Node) transfer(ctx context.Context, pid int, to string) {
 	// async policies still in flight and every admission of policies with
 	// replication off, and a graceful move must keep them all.
 	if err := n.copyTo(ctx, pid, to, n.copyEpoch(pid)); err != nil {
+		if errors.Is(err, errCopyUncertain) {
+			n.afterUncertainCopy(ctx, pid, to)
+		}
 		n.unfence(pid)
 		n.copyFailed(pid, "partition transfer: copy failed", to, err)
 		return

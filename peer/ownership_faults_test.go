@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
@@ -962,9 +963,9 @@ func TestTakeoverWarnsOncePerHolder(t *testing.T) {
 // holder does not know it. Before, the holder went on confirming
 // admissions through its old backup; when it crashed, the new backup's
 // older state won the takeover (newer epoch) and those admissions were
-// lost. Now the holder decides nothing until a new copy, at a newer epoch
-// still, has succeeded: whichever copy wins has every confirmed
-// admission.
+// lost. Now the holder copies the partition again to its old backup, at a
+// newer epoch still, and goes on deciding with it: the newest copy has
+// every confirmed admission.
 func TestCopyAnswerLost(t *testing.T) {
 	const limit = 5
 	c := startCluster(t, 3, Config{
@@ -1015,14 +1016,20 @@ func TestCopyAnswerLost(t *testing.T) {
 	})
 	c.add("n3")
 	waitFor(t, 20*time.Second, "the copy to n3 whose answer is lost", func() bool { return lost.Load() > 0 })
-	for range 2 {
+	// The holder stays available: its old backup has a newer copy.
+	waitFor(t, 10*time.Second, "n0 to decide again", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
 		d, err := n0.Allow(ctx, Request{Key: key})
-		cancel()
 		if err == nil && d.Allowed {
 			confirmed++
 		}
+		return err == nil
+	})
+	if d, err := n0.Allow(ctx, Request{Key: key}); err != nil || !d.Allowed {
+		t.Fatalf("admission after the lost answer: %+v, %v", d, err)
 	}
+	confirmed++
 	n0.KillForTest()
 	var n3 *Node
 	for _, nd := range c.nodes {
@@ -1156,5 +1163,32 @@ func TestCopyEpochNotReused(t *testing.T) {
 	}
 	if confirmed != limit {
 		t.Fatalf("%d admissions confirmed in one window of limit %d across a lost copy answer, a copy elsewhere and a crash; want exactly %d", confirmed, limit, limit)
+	}
+}
+
+// TestStaleAnswerNamingOurselves hands the holder a backup's STALE answer
+// that names the holder itself at a newer epoch: the backup keeps a copy
+// of our own holding, from a copy whose answer was lost. That is no other
+// holder: the node must keep its partition (and make a new copy), not
+// record itself as moved away and drop the partition's state.
+func TestStaleAnswerNamingOurselves(t *testing.T) {
+	c := startCluster(t, 1, Config{Policies: map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}}})
+	nd := c.nodes[0]
+	key := Key{Tenant: "t", Subject: "stale-self", Policy: "p"}
+	if d, err := nd.Allow(context.Background(), Request{Key: key}); err != nil || !d.Allowed {
+		t.Fatalf("Allow: %+v, %v", d, err)
+	}
+	pid := nd.partIDForTest(key)
+	r, _, epoch := nd.roleForTest(pid)
+	if r != roleHolder {
+		t.Fatalf("role %v; want holder", r)
+	}
+	nd.applyOpResult(pid, epoch, "n-other", &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_STALE, Holder: nd.Name(), Epoch: epoch + 1}, 0)
+	if r, holder, e := nd.roleForTest(pid); r != roleHolder || e != epoch {
+		t.Fatalf("after a STALE answer naming ourselves: role %v, holder %q, epoch %d; want still holder at %d", r, holder, e, epoch)
+	}
+	d, err := nd.Allow(context.Background(), Request{Key: key})
+	if err != nil || !d.Allowed || d.Remaining != 3 {
+		t.Fatalf("Allow after: %+v, %v; want admitted with 3 remaining (the state kept)", d, err)
 	}
 }

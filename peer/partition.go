@@ -39,9 +39,10 @@ import (
 //     at an epoch above every copy it began before (copyEpoch): the answer
 //     to a copy's last request can be lost with the copy complete on its
 //     receiver, and two members must never keep complete copies at one
-//     epoch. After such an unknown outcome the holder has no lease until a
-//     new copy succeeds (copyUncertain), so the lost copy never lacks a
-//     confirmed admission while it is the newest.
+//     epoch. After such an unknown outcome the holder copies again to its
+//     backup at a newer epoch (afterUncertainCopy), or else has no lease
+//     until a new copy succeeds (copyUncertain), so the lost copy never
+//     lacks a confirmed admission while it is the newest.
 //   - Lease. The holder decides only while it holds a lease from its
 //     backup. Every answer of the backup to a complete copy, an admission
 //     or a heartbeat grants LeaseDuration from when the backup received

@@ -438,6 +438,18 @@ func (n *Node) applyOpResult(pid int, epoch uint64, from string, r *peerpb.OpRes
 		pt.mu.RUnlock()
 	case peerpb.OpStatus_OP_STATUS_STALE:
 		pt.mu.Lock()
+		if r.Holder == n.name {
+			// The backup keeps a copy of our own holding at a newer
+			// epoch: a copy whose answer we lost. Nobody else holds the
+			// partition; a new copy, at a newer epoch still, settles it.
+			if pt.epoch == epoch && pt.backup == from {
+				pt.needSync = true
+				pt.leaseUntil.Store(0)
+			}
+			pt.mu.Unlock()
+			n.kickOwnership()
+			return
+		}
 		if pt.epoch <= epoch && r.Epoch > epoch {
 			pt.learnLocked(r.Holder, r.Epoch, n.clock())
 			n.log.Warn("partition lost to a newer holder", "partition", pid, "owner", r.Holder, "epoch", r.Epoch)
