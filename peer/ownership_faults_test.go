@@ -1192,3 +1192,29 @@ func TestStaleAnswerNamingOurselves(t *testing.T) {
 		t.Fatalf("Allow after: %+v, %v; want admitted with 3 remaining (the state kept)", d, err)
 	}
 }
+
+// TestCopyFromStaleHolderRefused sends a holder a copy of its own
+// partition from another member that claims to hold it at the same epoch
+// (a holder that paused while this node took the partition over, then
+// wants a backup). A holder must refuse it as stale: as the sender's
+// backup it would grant the sender a lease, and two members would decide.
+func TestCopyFromStaleHolderRefused(t *testing.T) {
+	c := startCluster(t, 1, Config{Policies: map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}}})
+	nd := c.nodes[0]
+	key := Key{Tenant: "t", Subject: "stale-copy", Policy: "p"}
+	pid := nd.partIDForTest(key)
+	r, _, epoch := nd.roleForTest(pid)
+	if r != roleHolder {
+		t.Fatalf("role %v; want holder", r)
+	}
+	for _, holderEpoch := range []uint64{epoch, epoch - 1, 0} {
+		res := nd.applyOpKeys("n-paused", peerpb.PartitionOp_KIND_SYNC_BEGIN, uint32(pid), epoch+1, holderEpoch, nil, false, true)
+		if res.status != peerpb.OpStatus_OP_STATUS_STALE || res.holder != nd.Name() || res.epoch != epoch {
+			t.Fatalf("copy at epoch %d from a sender holding at %d: %+v; want STALE naming %s at %d", epoch+1, holderEpoch, res, nd.Name(), epoch)
+		}
+	}
+	// A sender that holds at a newer epoch than this node's is not stale.
+	if res := nd.applyOpKeys("n-newer", peerpb.PartitionOp_KIND_SYNC_BEGIN, uint32(pid), epoch+2, epoch+1, nil, false, true); res.status != peerpb.OpStatus_OP_STATUS_OK {
+		t.Fatalf("copy from a sender holding at %d: %+v; want OK", epoch+1, res)
+	}
+}

@@ -548,6 +548,22 @@ func (n *Node) applyOpKeys(sender string, kind peerpb.PartitionOp_Kind, part uin
 	if pt.epoch > epoch && pt.holder != "" && pt.role != roleNone {
 		return opResult{status: peerpb.OpStatus_OP_STATUS_STALE, holder: pt.holder, epoch: pt.epoch}
 	}
+	if kind == peerpb.PartitionOp_KIND_SYNC_BEGIN && pt.holder != "" && pt.holder != sender && pt.role != roleNone {
+		// A copy comes from a holder at holderEpoch (epoch - 1 from an
+		// older sender), below the copy's epoch. Another holder we know
+		// of at a newer epoch, or this node holding at that epoch or
+		// newer, means the sender no longer holds the partition (it was
+		// taken over while it paused, say): its copy must not make this
+		// node its backup, whose lease would let it decide again.
+		h := holderEpoch
+		if h == 0 || h >= epoch {
+			h = epoch - 1
+		}
+		holding := pt.role == roleHolder || pt.role == roleFenced
+		if pt.epoch > h || holding && pt.epoch == h {
+			return opResult{status: peerpb.OpStatus_OP_STATUS_STALE, holder: pt.holder, epoch: pt.epoch}
+		}
+	}
 	if pt.rep.epoch > epoch {
 		return opResult{status: peerpb.OpStatus_OP_STATUS_STALE, holder: pt.rep.holder, epoch: pt.rep.epoch}
 	}
