@@ -488,6 +488,9 @@ func (n *Node) establishBackup(ctx context.Context, pid int, to string) {
 	pt.mu.RLock()
 	epoch, old := pt.epoch, pt.backup
 	pt.mu.RUnlock()
+	if !n.reachableForCopy(ctx, pid, to) {
+		return
+	}
 	if !n.fence(pid, epoch) {
 		return
 	}
@@ -630,6 +633,23 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 	return flush(true)
 }
 
+// reachableForCopy reports whether partition pid's copy to member to can
+// start: its connection is up. Checked before the partition is fenced, so
+// a member whose port does not answer (a new target or backup) does not
+// fence the partition round after round for nothing.
+func (n *Node) reachableForCopy(ctx context.Context, pid int, to string) bool {
+	c, err := n.peerClient(to)
+	if err != nil {
+		n.copyFailed(pid, "partition copy failed", to, err)
+		return false
+	}
+	if st, ok := connReady(ctx, c.conn, n.cfg.ForwardTimeout); !ok {
+		n.copyFailed(pid, "partition copy failed", to, fmt.Errorf("%w: connection to %s %v", ErrUnavailable, to, st))
+		return false
+	}
+	return true
+}
+
 // connReady reports whether conn is up, connecting it if idle and waiting
 // at most d while it connects. A connection that failed is not waited for.
 func connReady(ctx context.Context, conn *grpc.ClientConn, d time.Duration) (connectivity.State, bool) {
@@ -729,6 +749,9 @@ func (n *Node) transfer(ctx context.Context, pid int, to string) {
 	pt.mu.RLock()
 	epoch, backup := pt.epoch, pt.backup
 	pt.mu.RUnlock()
+	if !n.reachableForCopy(ctx, pid, to) {
+		return
+	}
 	if !n.fence(pid, epoch) {
 		return
 	}
