@@ -606,21 +606,7 @@ func TestReplicationMessageLost(t *testing.T) {
 		}
 		return err == nil
 	})
-	n0.KillForTest()
-	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		defer cancel()
-		d, err := n1.Allow(ctx, Request{Key: key})
-		if err == nil && d.Allowed {
-			confirmed++
-		}
-		return err == nil
-	})
-	for range 2 * limit {
-		if d, err := n1.Allow(context.Background(), Request{Key: key}); err == nil && d.Allowed {
-			confirmed++
-		}
-	}
+	confirmed += admittedAfterCrash(t, n0, []*Node{n1}, key, limit)
 	if confirmed > limit {
 		t.Fatalf("%d admissions confirmed in one window of limit %d across a lost replication message and a crash", confirmed, limit)
 	}
@@ -637,11 +623,7 @@ func TestPolicyUnknownToBackupNotConfirmed(t *testing.T) {
 	const limit = 5
 	base := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}}
 	both := map[string]PolicyConfig{"p": base["p"], "q": {Limit: limit, Window: time.Hour}}
-	c := startCluster(t, 3, Config{
-		Gossip:        hoCrashGossip,
-		LeaseDuration: 500 * time.Millisecond,
-		Policies:      base,
-	})
+	c := startCrashCluster(t, base)
 	n0, n1 := c.nodes[0], c.nodes[1]
 	kp, _ := keyHeldWithBackup(t, n0, n1, "roll", "p")
 	kq := Key{Tenant: kp.Tenant, Subject: kp.Subject, Policy: "q"} // the same partition
@@ -668,21 +650,7 @@ func TestPolicyUnknownToBackupNotConfirmed(t *testing.T) {
 		}
 		confirmed++
 	}
-	n0.KillForTest()
-	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		defer cancel()
-		d, err := n1.Allow(ctx, Request{Key: kq})
-		if err == nil && d.Allowed {
-			confirmed++
-		}
-		return err == nil
-	})
-	for range 2 * limit {
-		if d, err := n1.Allow(ctx, Request{Key: kq}); err == nil && d.Allowed {
-			confirmed++
-		}
-	}
+	confirmed += admittedAfterCrash(t, n0, []*Node{n1}, kq, limit)
 	if confirmed != limit {
 		t.Fatalf("%d admissions of q confirmed in one window of limit %d across the roll and a crash; want exactly %d", confirmed, limit, limit)
 	}
@@ -697,23 +665,11 @@ func TestCopyWithPolicyUnknownToReceiver(t *testing.T) {
 	const limit = 5
 	both := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}, "q": {Limit: limit, Window: time.Hour}}
 	onlyP := map[string]PolicyConfig{"p": both["p"]}
-	c := startCluster(t, 3, Config{
-		Gossip:         hoCrashGossip,
-		LeaseDuration:  500 * time.Millisecond,
-		ForwardTimeout: 300 * time.Millisecond,
-		Policies:       both,
-	})
+	c := startCrashCluster(t, both)
 	n0, n1 := c.nodes[0], c.nodes[1]
 	kp, pid := keyHeldWithBackup(t, n0, n1, "copy-roll", "p")
 	kq := Key{Tenant: kp.Tenant, Subject: kp.Subject, Policy: "q"}
-	ctx := context.Background()
-	confirmed := 0
-	for range 2 {
-		if d, err := n0.Allow(ctx, Request{Key: kq}); err != nil || !d.Allowed {
-			t.Fatalf("admission: %+v, %v", d, err)
-		}
-		confirmed++
-	}
+	confirmed := admitN(t, n0, kq, 2)
 	// n1 loses q from its table and its copy of the partition: the holder
 	// must copy the partition again, q's key included.
 	if err := n1.SetPolicies(onlyP); err != nil {
@@ -751,21 +707,7 @@ func TestCopyWithPolicyUnknownToReceiver(t *testing.T) {
 	if st, ok := copyStore.Export(kq, n1.clock()); !ok || len(st.Runs) == 0 {
 		t.Fatalf("n1's new copy lacks q's key (%+v, %v): the copy skipped it", st, ok)
 	}
-	n0.KillForTest()
-	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		defer cancel()
-		d, err := n1.Allow(ctx, Request{Key: kq})
-		if err == nil && d.Allowed {
-			confirmed++
-		}
-		return err == nil
-	})
-	for range 2 * limit {
-		if d, err := n1.Allow(ctx, Request{Key: kq}); err == nil && d.Allowed {
-			confirmed++
-		}
-	}
+	confirmed += admittedAfterCrash(t, n0, []*Node{n1}, kq, limit)
 	if confirmed != limit {
 		t.Fatalf("%d admissions of q confirmed in one window of limit %d across the copy and a crash; want exactly %d", confirmed, limit, limit)
 	}
@@ -779,12 +721,7 @@ func TestCopyWithPolicyUnknownToReceiver(t *testing.T) {
 func TestCopySkipsRemovedPolicy(t *testing.T) {
 	both := map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}, "q": {Limit: 5, Window: time.Hour}}
 	onlyP := map[string]PolicyConfig{"p": both["p"]}
-	c := startCluster(t, 3, Config{
-		Gossip:         hoCrashGossip,
-		LeaseDuration:  500 * time.Millisecond,
-		ForwardTimeout: 300 * time.Millisecond,
-		Policies:       both,
-	})
+	c := startCrashCluster(t, both)
 	n0, n1 := c.nodes[0], c.nodes[1]
 	kp, pid := keyHeldWithBackup(t, n0, n1, "removed", "p")
 	kq := Key{Tenant: kp.Tenant, Subject: kp.Subject, Policy: "q"}

@@ -34,6 +34,80 @@ func keyHeldWithBackup(t *testing.T, holder, backup *Node, prefix, policy string
 	return Key{}, -1
 }
 
+// admittedAfterCrash kills holder, waits until one of survivors decides
+// key (a takeover), then asks that one 2×limit times more, and returns how
+// many of those requests were admitted: with the admissions confirmed
+// before the crash, the window's total.
+func admittedAfterCrash(t *testing.T, holder *Node, survivors []*Node, key Key, limit int) int {
+	t.Helper()
+	holder.KillForTest()
+	admitted := 0
+	var by *Node
+	waitFor(t, 30*time.Second, "a survivor to take the partition over", func() bool {
+		for _, nd := range survivors {
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			d, err := nd.Allow(ctx, Request{Key: key})
+			cancel()
+			if err == nil && d.Allowed {
+				admitted++
+			}
+			if err == nil {
+				by = nd
+				return true
+			}
+		}
+		return false
+	})
+	for range 2 * limit {
+		if d, err := by.Allow(context.Background(), Request{Key: key}); err == nil && d.Allowed {
+			admitted++
+		}
+	}
+	return admitted
+}
+
+// startCrashCluster starts the three-node cluster of the crash tests:
+// fast failure detection, half-second leases, forwards that give up after
+// 300 ms, and the policies pols.
+func startCrashCluster(t *testing.T, pols map[string]PolicyConfig) *cluster {
+	t.Helper()
+	return startCluster(t, 3, Config{
+		Gossip:         hoCrashGossip,
+		LeaseDuration:  500 * time.Millisecond,
+		ForwardTimeout: 300 * time.Millisecond,
+		Policies:       pols,
+	})
+}
+
+// admitN makes n admissions of key through nd, failing the test if any is
+// not admitted, and returns n.
+func admitN(t *testing.T, nd *Node, key Key, n int) int {
+	t.Helper()
+	for range n {
+		if d, err := nd.Allow(context.Background(), Request{Key: key}); err != nil || !d.Allowed {
+			t.Fatalf("admission of %s through %s: %+v, %v", key.Policy, nd.Name(), d, err)
+		}
+	}
+	return n
+}
+
+// keyWhoseBackupMovesToJoiner returns a key of policy (subjects from
+// prefix) that holder holds with backup as backup, in a partition whose
+// backup becomes joiner, holder staying its holder, once joiner joins.
+func keyWhoseBackupMovesToJoiner(t *testing.T, holder, backup *Node, joiner, prefix, policy string) (Key, int) {
+	t.Helper()
+	with := holder.ringWithForTest(joiner)
+	for _, k := range hoKeys(prefix, 4000, policy) {
+		p := holder.partIDForTest(k)
+		if o, _ := holder.Owner(k); o == holder.Name() && holder.backupForTest(p) == backup.Name() &&
+			with.PartitionOwner(p) == holder.Name() && with.PartitionBackup(p) == joiner {
+			return k, p
+		}
+	}
+	t.Fatalf("no partition whose backup moves from %s to the joiner %s", backup.Name(), joiner)
+	return Key{}, -1
+}
+
 // pauseFirstDecision makes nd's first local decision from now on wait,
 // after its lease check, until release is called (at the latest when t
 // ends, so a failing test does not hang its cleanup); entered is closed
@@ -963,206 +1037,69 @@ func TestTakeoverWarnsOncePerHolder(t *testing.T) {
 // holder does not know it. Before, the holder went on confirming
 // admissions through its old backup; when it crashed, the new backup's
 // older state won the takeover (newer epoch) and those admissions were
-// lost. Now the holder copies the partition again to its old backup, at a
-// newer epoch still, and goes on deciding with it: the newest copy has
-// every confirmed admission.
+// lost (7 admitted in a window of 5). Now the holder copies the partition
+// again to its old backup, at a newer epoch still, and goes on deciding
+// with it. With "elsewhere", the joiner is also unreachable afterwards, so
+// the next copies go to other members: they must not reuse the lost copy's
+// epoch, or the older copy could win the takeover after the crash (its
+// lease ran out long before) and lose every admission confirmed through
+// the newer one (8 of 6 before).
 func TestCopyAnswerLost(t *testing.T) {
-	const limit = 5
-	c := startCluster(t, 3, Config{
-		Gossip:         hoCrashGossip,
-		LeaseDuration:  500 * time.Millisecond,
-		ForwardTimeout: 300 * time.Millisecond,
-		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
-	})
-	n0, n1 := c.nodes[0], c.nodes[1]
-	// A key n0 holds with n1 as backup, whose backup becomes the joiner
-	// n3 while n0 stays its holder.
-	withN3 := n0.ringWithForTest("n3")
-	var key Key
-	pid := -1
-	for _, k := range hoKeys("copy-lost", 4000, "p") {
-		p := n0.partIDForTest(k)
-		if o, _ := n0.Owner(k); o == n0.Name() && n0.backupForTest(p) == n1.Name() &&
-			withN3.PartitionOwner(p) == n0.Name() && withN3.PartitionBackup(p) == "n3" {
-			key, pid = k, p
-			break
-		}
-	}
-	if pid < 0 {
-		t.Fatal("no partition whose backup moves from n1 to the joiner")
-	}
-	ctx := context.Background()
-	confirmed := 0
-	for range 2 {
-		if d, err := n0.Allow(ctx, Request{Key: key}); err != nil || !d.Allowed {
-			t.Fatalf("admission: %+v, %v", d, err)
-		}
-		confirmed++
-	}
-	// The first copy of pid to n3 arrives whole, its answer is lost;
-	// later ones are never sent.
-	var lost atomic.Int64
-	n0.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
-		if p != pid || to != "n3" {
-			return copySend
-		}
-		if last && lost.Add(1) == 1 {
-			return copyAnswerLost
-		}
-		if lost.Load() == 0 {
-			return copySend
-		}
-		return copyUnsent
-	})
-	c.add("n3")
-	waitFor(t, 20*time.Second, "the copy to n3 whose answer is lost", func() bool { return lost.Load() > 0 })
-	// The holder stays available: its old backup has a newer copy.
-	waitFor(t, 10*time.Second, "n0 to decide again", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		d, err := n0.Allow(ctx, Request{Key: key})
-		if err == nil && d.Allowed {
-			confirmed++
-		}
-		return err == nil
-	})
-	if d, err := n0.Allow(ctx, Request{Key: key}); err != nil || !d.Allowed {
-		t.Fatalf("admission after the lost answer: %+v, %v", d, err)
-	}
-	confirmed++
-	n0.KillForTest()
-	var n3 *Node
-	for _, nd := range c.nodes {
-		if nd.Name() == "n3" {
-			n3 = nd
-		}
-	}
-	survivors := []*Node{n1, c.nodes[2], n3}
-	waitFor(t, 30*time.Second, "a survivor to decide the key", func() bool {
-		for _, nd := range survivors {
-			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-			d, err := nd.Allow(ctx, Request{Key: key})
-			cancel()
-			if err == nil && d.Allowed {
-				confirmed++
+	for _, tc := range []struct {
+		name      string
+		elsewhere bool
+		limit     int
+	}{{"same-backup", false, 5}, {"elsewhere", true, 6}} {
+		t.Run(tc.name, func(t *testing.T) {
+			limit := tc.limit
+			c := startCrashCluster(t, map[string]PolicyConfig{"p": {Limit: int64(limit), Window: time.Hour}})
+			n0, n1 := c.nodes[0], c.nodes[1]
+			key, pid := keyWhoseBackupMovesToJoiner(t, n0, n1, "n3", "copy-lost-"+tc.name, "p")
+			confirmed := admitN(t, n0, key, 2)
+			// The first copy of pid to n3 arrives whole, its answer is
+			// lost; later ones are never sent.
+			var lost atomic.Int64
+			n0.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
+				if p != pid || to != "n3" {
+					return copySend
+				}
+				if last && lost.Add(1) == 1 {
+					if tc.elsewhere {
+						n0.markUnreachable("n3")
+					}
+					return copyAnswerLost
+				}
+				if lost.Load() == 0 {
+					return copySend
+				}
+				if tc.elsewhere {
+					// Should the mark have lapsed (it is rechecked after
+					// ten leases), n3 is still unreachable for copies.
+					n0.markUnreachable("n3")
+				}
+				return copyUnsent
+			})
+			c.add("n3")
+			waitFor(t, 20*time.Second, "the copy to n3 whose answer is lost", func() bool { return lost.Load() > 0 })
+			// The holder stays available, with a copy newer than n3's.
+			waitFor(t, 10*time.Second, "n0 to decide again", func() bool {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				d, err := n0.Allow(ctx, Request{Key: key})
+				if err == nil && d.Allowed {
+					confirmed++
+				}
+				return err == nil
+			})
+			if b := n0.backupForTest(pid); b == "n3" || b == "" {
+				t.Fatalf("n0's backup of partition %d is %q; want a member other than n3", pid, b)
 			}
-			if err == nil {
-				return true
+			confirmed += admitN(t, n0, key, 1)
+			confirmed += admittedAfterCrash(t, n0, c.nodes[1:], key, limit)
+			if confirmed != limit {
+				t.Fatalf("%d admissions confirmed in one window of limit %d across a lost copy answer and a crash; want exactly %d", confirmed, limit, limit)
 			}
-		}
-		return false
-	})
-	for range 2 * limit {
-		if d, err := n1.Allow(ctx, Request{Key: key}); err == nil && d.Allowed {
-			confirmed++
-		}
-	}
-	if confirmed > limit {
-		t.Fatalf("%d admissions confirmed in one window of limit %d across a lost copy answer and a crash", confirmed, limit)
-	}
-}
-
-// TestCopyEpochNotReused loses the answer to a copy's last request, as
-// TestCopyAnswerLost does, and then the holder makes its copy on another
-// member (the first became unreachable). That copy must have a newer
-// epoch than the first, which may be complete on its receiver: with the
-// same epoch, the older copy could win the takeover after a crash of the
-// holder (its lease ran out long before) and lose every admission
-// confirmed through the newer one.
-func TestCopyEpochNotReused(t *testing.T) {
-	const limit = 6
-	c := startCluster(t, 3, Config{
-		Gossip:         hoCrashGossip,
-		LeaseDuration:  500 * time.Millisecond,
-		ForwardTimeout: 300 * time.Millisecond,
-		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
-	})
-	n0, n1 := c.nodes[0], c.nodes[1]
-	withN3 := n0.ringWithForTest("n3")
-	var key Key
-	pid := -1
-	for _, k := range hoKeys("epoch-reuse", 4000, "p") {
-		p := n0.partIDForTest(k)
-		if o, _ := n0.Owner(k); o == n0.Name() && n0.backupForTest(p) == n1.Name() &&
-			withN3.PartitionOwner(p) == n0.Name() && withN3.PartitionBackup(p) == "n3" {
-			key, pid = k, p
-			break
-		}
-	}
-	if pid < 0 {
-		t.Fatal("no partition whose backup moves from n1 to the joiner")
-	}
-	ctx := context.Background()
-	confirmed := 0
-	for range 2 {
-		if d, err := n0.Allow(ctx, Request{Key: key}); err != nil || !d.Allowed {
-			t.Fatalf("admission: %+v, %v", d, err)
-		}
-		confirmed++
-	}
-	var lost atomic.Int64
-	n0.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
-		if p != pid || to != "n3" {
-			return copySend
-		}
-		if last && lost.Add(1) == 1 {
-			n0.markUnreachable("n3") // the next copy goes elsewhere
-			return copyAnswerLost
-		}
-		if lost.Load() == 0 {
-			return copySend
-		}
-		// Should the mark have lapsed (it is rechecked after ten
-		// leases), n3 is still unreachable for copies.
-		n0.markUnreachable("n3")
-		return copyUnsent
-	})
-	c.add("n3")
-	waitFor(t, 20*time.Second, "the copy to n3 whose answer is lost", func() bool { return lost.Load() > 0 })
-	waitFor(t, 20*time.Second, "n0 to decide again with another backup", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		d, err := n0.Allow(ctx, Request{Key: key})
-		if err == nil && d.Allowed {
-			confirmed++
-		}
-		return err == nil
-	})
-	if b := n0.backupForTest(pid); b == "n3" || b == "" {
-		t.Fatalf("n0's backup of partition %d is %q; want a member other than n3", pid, b)
-	}
-	if d, err := n0.Allow(ctx, Request{Key: key}); err != nil || !d.Allowed {
-		t.Fatalf("admission with the new backup: %+v, %v", d, err)
-	}
-	confirmed++
-	n0.KillForTest()
-	var survivors []*Node
-	for _, nd := range c.nodes {
-		if nd != n0 {
-			survivors = append(survivors, nd)
-		}
-	}
-	waitFor(t, 30*time.Second, "a survivor to decide the key", func() bool {
-		for _, nd := range survivors {
-			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-			d, err := nd.Allow(ctx, Request{Key: key})
-			cancel()
-			if err == nil && d.Allowed {
-				confirmed++
-			}
-			if err == nil {
-				return true
-			}
-		}
-		return false
-	})
-	for range 2 * limit {
-		if d, err := n1.Allow(ctx, Request{Key: key}); err == nil && d.Allowed {
-			confirmed++
-		}
-	}
-	if confirmed != limit {
-		t.Fatalf("%d admissions confirmed in one window of limit %d across a lost copy answer, a copy elsewhere and a crash; want exactly %d", confirmed, limit, limit)
+		})
 	}
 }
 
