@@ -532,6 +532,12 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 		if last {
 			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_END, Partition: uint32(pid), Epoch: newEpoch})
 		}
+		if st, ok := connReady(ctx, c.conn, n.cfg.ForwardTimeout); !ok {
+			// Nothing is sent on a connection that is not up: the copy
+			// fails with a known outcome (a member whose port never
+			// answers does not leave the holder guessing).
+			return fmt.Errorf("%w: copy partition %d to %s: connection %v", ErrUnavailable, pid, to, st)
+		}
 		sent := n.mono()
 		fault := copySend
 		if h := n.copyFault.Load(); h != nil {
@@ -539,12 +545,6 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 		}
 		var resp *peerpb.ReplicateResponse
 		err := errCopyUnsent
-		if st, ok := connReady(ctx, c.conn, n.cfg.ForwardTimeout); !ok {
-			// Nothing is sent on a connection that is not up: the copy
-			// fails with a known outcome (a member whose port never
-			// answers does not leave the holder guessing).
-			return fmt.Errorf("%w: copy partition %d to %s: connection %v", ErrUnavailable, pid, to, st)
-		}
 		if fault != copyUnsent {
 			rctx, cancel := context.WithTimeout(ctx, n.rpcTimeout())
 			resp, err = c.stub.Replicate(rctx, &peerpb.ReplicateRequest{Sender: n.name, Ops: ops})
