@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"google.golang.org/grpc/connectivity"
+
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -266,6 +268,14 @@ func (n *Node) route(ctx context.Context, r *opReq, ek []byte) (Decision, error)
 		}
 		var no *notOwnerError
 		if !errors.As(err, &no) {
+			if redirects < n.cfg.NotOwnerRetries && n.portDead(target) {
+				// Gossip lists the target but its port refuses
+				// connections (a firewall, a wrong advertised address):
+				// mark it, and route as if it were not the target.
+				n.markUnreachable(target)
+				redirects++
+				continue
+			}
 			return n.unavailable(r, err)
 		}
 		cause = err
@@ -300,13 +310,26 @@ func (n *Node) routeTarget(v *view, pt *part, pid int, waited time.Duration) str
 		}
 	}
 	t := v.snap.PartitionOwner(pid)
-	if t != n.name {
+	if t != n.name && !n.isUnreachable(t) {
 		return t
 	}
-	if waited >= 2*notOwnerPause {
-		return v.snap.PartitionBackup(pid)
+	if t != n.name || waited >= 2*notOwnerPause {
+		// The ring's next owner: it holds the partition, or knows who
+		// does, when the target does not answer or has not received it.
+		if b := v.snap.PartitionBackup(pid); b != n.name {
+			return b
+		}
+		return t
 	}
 	return ""
+}
+
+// portDead reports whether member's connection has failed (its port
+// refuses connections or does not answer), not merely whether one call
+// failed.
+func (n *Node) portDead(member string) bool {
+	c, err := n.peerClient(member)
+	return err == nil && c.conn.GetState() == connectivity.TransientFailure
 }
 
 // waitPart waits for ch (a partition change), a short pause, or the

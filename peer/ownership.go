@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -66,7 +67,10 @@ type ownState struct {
 	// than unreachableHold is checked again, and cleared when the member
 	// answers.
 	unreachable map[string]int64
-	checking    map[string]bool // reachability checks in flight
+	// marked is len(unreachable), readable without mu: the request path
+	// asks about unreachable members only when there are any.
+	marked   atomic.Int32
+	checking map[string]bool // reachability checks in flight
 	// tookOver tallies, per failed holder, the partitions (and keys) taken
 	// over since reconcile last logged them: one warning per failed holder
 	// and round rather than one per partition.
@@ -88,6 +92,7 @@ func (n *Node) markUnreachable(member string) {
 	_, known := n.own.unreachable[member]
 	if known || len(n.own.unreachable) < maxEvents {
 		n.own.unreachable[member] = n.mono()
+		n.own.marked.Store(int32(len(n.own.unreachable)))
 	}
 	if !known {
 		n.log.Warn("member unreachable over gRPC although gossip lists it: partitions it backs up get another backup", "peer", member)
@@ -135,12 +140,16 @@ func (n *Node) clearUnreachable(member string) {
 	n.own.mu.Lock()
 	defer n.own.mu.Unlock()
 	delete(n.own.unreachable, member)
+	n.own.marked.Store(int32(len(n.own.unreachable)))
 }
 
 // isUnreachable reports whether member is marked unreachable. A mark
 // older than unreachableHold starts a new check (an empty probe, which
 // fences nothing) and stays until the member answers it.
 func (n *Node) isUnreachable(member string) bool {
+	if n.own.marked.Load() == 0 {
+		return false
+	}
 	n.own.mu.Lock()
 	at, ok := n.own.unreachable[member]
 	n.own.mu.Unlock()
@@ -257,23 +266,37 @@ func (n *Node) alive(member string) bool {
 // takeover goes to whoever keeps the newest complete copy.
 func (n *Node) desiredBackup(v *view, pid int) string {
 	t := v.snap.PartitionOwner(pid)
-	if t != "" && t != n.name {
+	if t != "" && t != n.name && !n.isUnreachable(t) {
 		return t
 	}
+	// This node is the target, or keeps the partition because the target
+	// does not answer: the ring's backup, unless it is this node or does
+	// not answer either.
 	b := v.snap.PartitionBackup(pid)
-	if b == "" || !n.isUnreachable(b) {
+	if b == "" || b != n.name && !n.isUnreachable(b) {
 		return b
 	}
 	var others []string
 	for _, m := range v.snap.Members() {
-		if m != n.name && m != b && !n.isUnreachable(m) {
+		if m != n.name && m != b && m != t && !n.isUnreachable(m) {
 			others = append(others, m)
 		}
 	}
 	if len(others) == 0 {
+		if b == n.name {
+			return ""
+		}
 		return b
 	}
 	return others[pid%len(others)]
+}
+
+// keepsAsTarget reports whether this node should treat itself as partition
+// pid's target: it is, or the ring's target is a member whose port does
+// not answer (it keeps the partition rather than move it nowhere).
+func (n *Node) keepsAsTarget(v *view, pid int) bool {
+	t := v.snap.PartitionOwner(pid)
+	return t == n.name || t != "" && n.isUnreachable(t)
 }
 
 // ownerLoop runs reconcile on every ring change, every LeaseDuration/4
@@ -322,7 +345,7 @@ func (n *Node) reconcile() {
 			target := v.snap.PartitionOwner(i)
 			want := n.desiredBackup(v, i)
 			switch {
-			case target != "" && target != n.name && n.alive(target):
+			case target != "" && target != n.name && n.alive(target) && !n.isUnreachable(target):
 				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.transfer(ctx, i, target) }))
 			case want != "" && (want != backup || needSync):
 				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.establishBackup(ctx, i, want) }))
@@ -645,6 +668,13 @@ func (n *Node) reachableForCopy(ctx context.Context, pid int, to string) bool {
 	}
 	if st, ok := connReady(ctx, c.conn, n.cfg.ForwardTimeout); !ok {
 		n.copyFailed(pid, "partition copy failed", to, fmt.Errorf("%w: connection to %s %v", ErrUnavailable, to, st))
+		if st == connectivity.TransientFailure && n.ctx.Err() == nil {
+			// Gossip lists it, its port does not answer: neither a
+			// target nor a backup while the mark lasts (it is probed
+			// again every ten leases).
+			n.markUnreachable(to)
+			n.kickOwnership()
+		}
 		return false
 	}
 	return true
@@ -1223,9 +1253,11 @@ func (n *Node) Settled() bool {
 		pt.mu.RLock()
 		r, backup, needSync := pt.role, pt.backup, pt.needSync
 		pt.mu.RUnlock()
-		target := v.snap.PartitionOwner(i)
 		mine := r == roleHolder || r == roleFenced
-		if (target == n.name) != mine || r == roleFenced {
+		if r == roleFenced {
+			return false
+		}
+		if target := v.snap.PartitionOwner(i); (target == n.name) != mine && !(mine && n.keepsAsTarget(v, i)) {
 			return false
 		}
 		if mine && (needSync || backup != n.desiredBackup(v, i)) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1153,5 +1154,67 @@ func TestCopyFromStaleHolderRefused(t *testing.T) {
 	// A sender that holds at a newer epoch than this node's is not stale.
 	if res := nd.applyOpKeys("n-newer", peerpb.PartitionOp_KIND_SYNC_BEGIN, uint32(pid), epoch+2, epoch+1, nil, false, true); res.status != peerpb.OpStatus_OP_STATUS_OK {
 		t.Fatalf("copy from a sender holding at %d: %+v; want OK", epoch+1, res)
+	}
+}
+
+// TestGhostJoiner joins a member whose advertised gRPC address refuses
+// connections (a firewall, a wrong advertised address) while gossip works.
+// Before, the partitions the ring gave it could not move there: their
+// holders fenced them for each failed attempt, their readiness stayed
+// "partitions moving", and nodes that knew no holder routed requests to
+// it, so those keys were unavailable until the member was gone. Now the
+// holders mark it unreachable and keep those partitions (with another
+// backup), stay ready, and requests route around it.
+func TestGhostJoiner(t *testing.T) {
+	c := startCrashCluster(t, map[string]PolicyConfig{"p": {Limit: 1 << 40, Window: time.Hour}})
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := dead.Addr().String()
+	dead.Close()
+	c.addWith("n3", func(cfg *Config) { cfg.RPCAdvertiseAddr = deadAddr })
+	good := c.nodes[:3]
+	waitFor(t, 15*time.Second, "every node to see 4 members", func() bool {
+		for _, nd := range good {
+			if len(nd.Members()) != 4 {
+				return false
+			}
+		}
+		return true
+	})
+	keys := hoKeys("ghost-joiner", 300, "p")
+	round := func() error {
+		for i, k := range keys {
+			nd := good[i%3]
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			_, err := nd.Allow(ctx, Request{Key: k})
+			cancel()
+			if err != nil {
+				return fmt.Errorf("key %s via %s: %w", k.Subject, nd.Name(), err)
+			}
+		}
+		return nil
+	}
+	var last error
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("last check: %v", last)
+		}
+	})
+	waitFor(t, 20*time.Second, "the three good nodes ready, deciding every key", func() bool {
+		for _, nd := range good {
+			if ok, _ := nd.Ready(); !ok {
+				last = fmt.Errorf("%s not ready", nd.Name())
+				return false
+			}
+		}
+		last = round()
+		return last == nil
+	})
+	for i := range 3 {
+		if err := round(); err != nil {
+			t.Fatalf("round %d after the first good one: %v", i+1, err)
+		}
 	}
 }
