@@ -172,6 +172,10 @@ func (n *Node) noteIncarnations(starts map[string]uint64) {
 		prev, ok := n.own.starts[name]
 		if ok && prev != s {
 			n.own.restartedAt[name] = n.mono()
+			// A new process: whatever its old one's port did says
+			// nothing about this one.
+			delete(n.own.unreachable, name)
+			n.own.marked.Store(int32(len(n.own.unreachable)))
 		}
 		if ok || len(n.own.starts) < maxEvents {
 			n.own.starts[name] = s

@@ -1218,3 +1218,23 @@ func TestGhostJoiner(t *testing.T) {
 		}
 	}
 }
+
+// TestRestartClearsUnreachable: a member marked unreachable (its port
+// refused connections) that comes back as a new process is usable at
+// once, not after the mark's next probe ten leases later.
+func TestRestartClearsUnreachable(t *testing.T) {
+	nd := startCluster(t, 1, Config{}).nodes[0]
+	nd.noteIncarnations(map[string]uint64{"x": 1})
+	nd.markUnreachable("x")
+	if !nd.isUnreachable("x") {
+		t.Fatal("x not marked")
+	}
+	nd.noteIncarnations(map[string]uint64{"x": 1}) // the same process
+	if !nd.isUnreachable("x") {
+		t.Fatal("the mark went without a restart")
+	}
+	nd.noteIncarnations(map[string]uint64{"x": 2}) // a new process
+	if nd.isUnreachable("x") {
+		t.Fatal("a restarted member is still marked unreachable")
+	}
+}
