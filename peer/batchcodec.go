@@ -449,7 +449,7 @@ func (n *Node) applyPackedAdmits(sender string, b []byte, closing, quorum bool) 
 		if part > uint64(^uint32(0)) {
 			part = uint64(len(n.pt.parts)) // refused below
 		}
-		res := n.applyOpKeys(sender, peerpb.PartitionOp_KIND_ADMIT, uint32(part), epoch, 0, ents, closing, quorum)
+		res := n.applyOpKeys(sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne}, ents, closing, quorum)
 		out = binary.AppendUvarint(out, uint64(res.status))
 		out = binary.AppendVarint(out, res.leaseNs)
 		out = appendStr(out, res.holder)

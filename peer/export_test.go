@@ -11,6 +11,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 // KillForTest simulates a crash of n: the gRPC server stops at once (open
@@ -310,4 +311,16 @@ func (n *Node) setCopyFaultForTest(f func(pid int, to string, last bool) copyFau
 		return
 	}
 	n.copyFault.Store(&f)
+}
+
+// copyForTest returns n's complete copy of partition pid kept for holder,
+// or nil when n keeps none.
+func (n *Node) copyForTest(pid int, holder string) *shard.Store {
+	pt := &n.pt.parts[pid]
+	pt.mu.RLock()
+	defer pt.mu.RUnlock()
+	if !pt.rep.complete || pt.rep.holder != holder {
+		return nil
+	}
+	return pt.rep.store
 }

@@ -559,22 +559,11 @@ func TestPipeLostAnswer(t *testing.T) {
 // limit.
 func TestReplicationMessageLost(t *testing.T) {
 	const limit = 10
-	const forwardTimeout = 300 * time.Millisecond
-	c := startCluster(t, 3, Config{
-		Gossip:         hoCrashGossip,
-		LeaseDuration:  500 * time.Millisecond,
-		ForwardTimeout: forwardTimeout,
-		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
-	})
+	const forwardTimeout = crashForwardTimeout
+	c := startCrashCluster(t, map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}})
 	n0, n1 := c.nodes[0], c.nodes[1]
 	key, _ := keyHeldWithBackup(t, n0, n1, "repl-lost", "p")
-	confirmed := 0
-	for range 3 {
-		if d, err := n0.Allow(context.Background(), Request{Key: key}); err != nil || !d.Allowed {
-			t.Fatalf("before: %+v, %v", d, err)
-		}
-		confirmed++
-	}
+	confirmed := admitN(t, n0, key, 3)
 	// Lose the next message that carries admissions (heartbeats carry
 	// none and keep flowing).
 	var dropping atomic.Bool
@@ -682,11 +671,7 @@ func TestCopyWithPolicyUnknownToReceiver(t *testing.T) {
 		defer pt0.mu.RUnlock()
 		return pt0.copyFailingSince != 0
 	})
-	pt := &n1.pt.parts[pid]
-	pt.mu.RLock()
-	installed := pt.rep.complete && pt.rep.holder == n0.Name()
-	pt.mu.RUnlock()
-	if installed {
+	if n1.copyForTest(pid, n0.Name()) != nil {
 		t.Fatal("n1 installed a copy without q's key as complete")
 	}
 	if err := n1.SetPolicies(both); err != nil {
@@ -698,11 +683,9 @@ func TestCopyWithPolicyUnknownToReceiver(t *testing.T) {
 		_, err := n0.Allow(ctx, Request{Key: kp})
 		return err == nil && n0.backupForTest(pid) == n1.Name()
 	})
-	pt.mu.RLock()
-	copyStore := pt.rep.store
-	pt.mu.RUnlock()
+	copyStore := n1.copyForTest(pid, n0.Name())
 	if copyStore == nil {
-		t.Fatal("n1 has no copy")
+		t.Fatal("n1 has no complete copy")
 	}
 	if st, ok := copyStore.Export(kq, n1.clock()); !ok || len(st.Runs) == 0 {
 		t.Fatalf("n1's new copy lacks q's key (%+v, %v): the copy skipped it", st, ok)
@@ -725,23 +708,13 @@ func TestCopySkipsRemovedPolicy(t *testing.T) {
 	n0, n1 := c.nodes[0], c.nodes[1]
 	kp, pid := keyHeldWithBackup(t, n0, n1, "removed", "p")
 	kq := Key{Tenant: kp.Tenant, Subject: kp.Subject, Policy: "q"}
-	ctx := context.Background()
-	if d, err := n0.Allow(ctx, Request{Key: kq}); err != nil || !d.Allowed {
-		t.Fatalf("admission: %+v, %v", d, err)
-	}
+	admitN(t, n0, kq, 1)
 	for _, nd := range c.nodes {
 		if err := nd.SetPolicies(onlyP); err != nil {
 			t.Fatal(err)
 		}
 	}
 	n1.dropCopyForTest(pid)
-	pt := &n1.pt.parts[pid]
-	waitFor(t, 20*time.Second, "a new complete copy on n1", func() bool {
-		pt.mu.RLock()
-		defer pt.mu.RUnlock()
-		return pt.rep.complete && pt.rep.holder == n0.Name()
-	})
-	if d, err := n0.Allow(ctx, Request{Key: kp}); err != nil || !d.Allowed {
-		t.Fatalf("admission after the new copy: %+v, %v", d, err)
-	}
+	waitFor(t, 20*time.Second, "a new complete copy on n1", func() bool { return n1.copyForTest(pid, n0.Name()) != nil })
+	admitN(t, n0, kp, 1)
 }

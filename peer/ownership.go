@@ -570,18 +570,14 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 		if h := n.copyFault.Load(); h != nil {
 			fault = (*h)(pid, to, last)
 		}
-		var resp *peerpb.ReplicateResponse
-		err := errCopyUnsent
-		if fault != copyUnsent {
-			rctx, cancel := context.WithTimeout(ctx, n.rpcTimeout())
-			resp, err = c.stub.Replicate(rctx, &peerpb.ReplicateRequest{Sender: n.name, Ops: ops})
-			cancel()
-			if err == nil && fault == copyAnswerLost {
-				err = errCopyAnswerLost
-			}
+		if fault == copyUnsent {
+			return fmt.Errorf("%w: copy partition %d to %s: %w", ErrUnavailable, pid, to, errCopyUnsent)
 		}
-		if errors.Is(err, errCopyUnsent) {
-			return fmt.Errorf("%w: copy partition %d to %s: %w", ErrUnavailable, pid, to, err)
+		rctx, cancel := context.WithTimeout(ctx, n.rpcTimeout())
+		resp, err := c.stub.Replicate(rctx, &peerpb.ReplicateRequest{Sender: n.name, Ops: ops})
+		cancel()
+		if err == nil && fault == copyAnswerLost {
+			err = errCopyAnswerLost
 		}
 		if err == nil && len(resp.Results) != len(ops) {
 			err = fmt.Errorf("%s answered %d results for %d operations", to, len(resp.Results), len(ops))

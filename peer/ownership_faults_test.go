@@ -67,15 +67,18 @@ func admittedAfterCrash(t *testing.T, holder *Node, survivors []*Node, key Key, 
 	return admitted
 }
 
+// crashForwardTimeout is the ForwardTimeout of startCrashCluster's nodes.
+const crashForwardTimeout = 300 * time.Millisecond
+
 // startCrashCluster starts the three-node cluster of the crash tests:
 // fast failure detection, half-second leases, forwards that give up after
-// 300 ms, and the policies pols.
+// crashForwardTimeout, and the policies pols.
 func startCrashCluster(t *testing.T, pols map[string]PolicyConfig) *cluster {
 	t.Helper()
 	return startCluster(t, 3, Config{
 		Gossip:         hoCrashGossip,
 		LeaseDuration:  500 * time.Millisecond,
-		ForwardTimeout: 300 * time.Millisecond,
+		ForwardTimeout: crashForwardTimeout,
 		Policies:       pols,
 	})
 }
@@ -958,13 +961,7 @@ func TestPromoteAnswerLost(t *testing.T) {
 	if pid < 0 {
 		t.Fatal("no key held by n2 that moves to n1 when n2 leaves")
 	}
-	admitted := 0
-	for range 8 {
-		if d, err := n0.Allow(context.Background(), Request{Key: key}); err != nil || !d.Allowed {
-			t.Fatalf("before: %+v, %v", d, err)
-		}
-		admitted++
-	}
+	admitted := admitN(t, n0, key, 8)
 	var lost atomic.Int64
 	n1.setPromoteLostForTest(func(p int) bool { return p == pid && lost.Add(1) == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -1146,13 +1143,13 @@ func TestCopyFromStaleHolderRefused(t *testing.T) {
 		t.Fatalf("role %v; want holder", r)
 	}
 	for _, holderEpoch := range []uint64{epoch, epoch - 1, 0} {
-		res := nd.applyOpKeys("n-paused", peerpb.PartitionOp_KIND_SYNC_BEGIN, uint32(pid), epoch+1, holderEpoch, nil, false, true)
+		res := nd.applyOpKeys("n-paused", opHead{kind: peerpb.PartitionOp_KIND_SYNC_BEGIN, part: uint32(pid), epoch: epoch + 1, holderEpoch: holderEpoch}, nil, false, true)
 		if res.status != peerpb.OpStatus_OP_STATUS_STALE || res.holder != nd.Name() || res.epoch != epoch {
 			t.Fatalf("copy at epoch %d from a sender holding at %d: %+v; want STALE naming %s at %d", epoch+1, holderEpoch, res, nd.Name(), epoch)
 		}
 	}
 	// A sender that holds at a newer epoch than this node's is not stale.
-	if res := nd.applyOpKeys("n-newer", peerpb.PartitionOp_KIND_SYNC_BEGIN, uint32(pid), epoch+2, epoch+1, nil, false, true); res.status != peerpb.OpStatus_OP_STATUS_OK {
+	if res := nd.applyOpKeys("n-newer", opHead{kind: peerpb.PartitionOp_KIND_SYNC_BEGIN, part: uint32(pid), epoch: epoch + 2, holderEpoch: epoch + 1}, nil, false, true); res.status != peerpb.OpStatus_OP_STATUS_OK {
 		t.Fatalf("copy from a sender holding at %d: %+v; want OK", epoch+1, res)
 	}
 }
@@ -1236,5 +1233,29 @@ func TestRestartClearsUnreachable(t *testing.T) {
 	nd.noteIncarnations(map[string]uint64{"x": 2}) // a new process
 	if nd.isUnreachable("x") {
 		t.Fatal("a restarted member is still marked unreachable")
+	}
+}
+
+// TestNoLeaseAfterUncertainCopy: after a copy whose outcome is unknown and
+// could not be superseded at once (copyUncertain), the holder has no lease,
+// and an answer still in flight from its backup (sent before, granting a
+// lease) must not give it one back: until a new copy succeeds, the
+// receiver of the lost copy may keep state newer than anything confirmed.
+func TestNoLeaseAfterUncertainCopy(t *testing.T) {
+	nd := startCluster(t, 1, Config{Policies: map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}}}).nodes[0]
+	key := Key{Tenant: "t", Subject: "uncertain", Policy: "p"}
+	pid := nd.partIDForTest(key)
+	_, _, epoch := nd.roleForTest(pid)
+	nd.copyUncertain(pid, "n-lost")
+	pt := &nd.pt.parts[pid]
+	pt.mu.RLock()
+	backup, needSync := pt.backup, pt.needSync
+	pt.mu.RUnlock()
+	if backup != "n-lost" || !needSync || pt.leaseUntil.Load() != 0 {
+		t.Fatalf("after copyUncertain: backup %q, needSync %v, lease %d; want n-lost, true, 0", backup, needSync, pt.leaseUntil.Load())
+	}
+	nd.applyOpResult(pid, epoch, "n-lost", &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_OK, LeaseNs: int64(time.Minute)}, nd.mono())
+	if l := pt.leaseUntil.Load(); l != 0 {
+		t.Fatalf("an OK answer renewed the lease to %d while the partition needs a new copy", l)
 	}
 }

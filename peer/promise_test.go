@@ -604,10 +604,7 @@ func TestMultiDecidedAtIsTheRecordedTime(t *testing.T) {
 			t.Fatalf("holder's log of %s: %v; want the last admission at %v", k.Policy, runs, ahead)
 		}
 	}
-	pt := backup.partOfForTest(kb)
-	pt.mu.RLock()
-	copyStore := pt.rep.store
-	pt.mu.RUnlock()
+	copyStore := backup.copyForTest(holder.partIDForTest(kb), holder.Name())
 	if copyStore == nil {
 		t.Fatalf("%s has no copy of %s's partition", backup.Name(), holder.Name())
 	}

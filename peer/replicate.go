@@ -497,30 +497,9 @@ func (n *Node) applyOp(sender string, op *peerpb.PartitionOp, closing, quorum bo
 		}
 		keys = append(keys, packedAdmit{st: st, p: p})
 	}
-	if op.GetKind() == peerpb.PartitionOp_KIND_SYNC_CHUNK && len(keys) < len(op.GetKeys()) {
-		// A copy without some of the holder's keys (a policy this node
-		// does not have, or has with another algorithm: a policy change
-		// rolling out) is not complete: as backup, or as the next holder,
-		// it would start them empty. Give it up; the holder copies again.
-		n.dropNextCopy(sender, op.GetPartition(), op.GetEpoch())
-		return &peerpb.OpResult{Status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
-	}
-	r := n.applyOpKeys(sender, op.GetKind(), op.GetPartition(), op.GetEpoch(), op.GetHolderEpoch(), keys, closing, quorum)
+	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys())}
+	r := n.applyOpKeys(sender, h, keys, closing, quorum)
 	return &peerpb.OpResult{Status: r.status, LeaseNs: r.leaseNs, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
-}
-
-// dropNextCopy gives up the copy of partition part that sender is making
-// at epoch, if it is the one in progress here.
-func (n *Node) dropNextCopy(sender string, part uint32, epoch uint64) {
-	if int(part) >= len(n.pt.parts) {
-		return
-	}
-	pt := &n.pt.parts[part]
-	pt.mu.Lock()
-	if pt.next.holder == sender && pt.next.epoch == epoch {
-		pt.next = replica{}
-	}
-	pt.mu.Unlock()
 }
 
 // opResult is the backup's answer to one operation (peerpb.OpResult).
@@ -532,11 +511,21 @@ type opResult struct {
 	accepted uint32
 }
 
-// applyOpKeys applies one operation of kind on partition part at epoch
-// from holder sender; keys are the key states it carries, valid and with
-// the local policy of each. holderEpoch is SYNC_BEGIN's HolderEpoch (0:
-// unknown).
-func (n *Node) applyOpKeys(sender string, kind peerpb.PartitionOp_Kind, part uint32, epoch, holderEpoch uint64, keys []packedAdmit, closing, quorum bool) opResult {
+// opHead is an operation from a holder without its keys.
+type opHead struct {
+	kind        peerpb.PartitionOp_Kind
+	part        uint32
+	epoch       uint64
+	holderEpoch uint64 // SYNC_BEGIN's HolderEpoch; 0: unknown
+	carried     int    // key states the operation carried, valid or not
+}
+
+// applyOpKeys applies operation h from holder sender; keys are the key
+// states it carries that are valid here, each with its local policy (a
+// key of a policy this node does not have, or has with another algorithm,
+// is not among them).
+func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing, quorum bool) opResult {
+	kind, part, epoch, holderEpoch := h.kind, h.part, h.epoch, h.holderEpoch
 	pid := int(part)
 	if pid >= len(n.pt.parts) || sender == "" || sender == n.name {
 		return opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
@@ -599,6 +588,14 @@ func (n *Node) applyOpKeys(sender string, kind peerpb.PartitionOp_Kind, part uin
 		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 	case peerpb.PartitionOp_KIND_SYNC_CHUNK:
 		if pt.next.holder != sender || pt.next.epoch != epoch || pt.next.store == nil {
+			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
+		}
+		if len(keys) < h.carried {
+			// Keys this node cannot record (a policy change rolling out):
+			// a copy without them is not complete, and as backup, or as
+			// the next holder, it would start them empty. Give it up; the
+			// holder copies again.
+			pt.next = replica{}
 			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
 		accepted := 0
