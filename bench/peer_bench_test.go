@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -214,6 +215,7 @@ func BenchmarkNodeAllowForwarded(b *testing.B) {
 			msgs := &msgCounter{}
 			nodes := startPeerClusterWith(b, 3, func(cfg *peer.Config) {
 				cfg.DisableBatching = !batching
+				cfg.DisableFramedPipes = os.Getenv("RINGLIMIT_BENCH_GRPC_PIPES") != ""
 				cfg.Metrics = msgs
 			})
 			via := nodes[0]

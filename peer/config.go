@@ -296,6 +296,15 @@ type Config struct {
 	// comparison, and for peers behind proxies that cut long streams).
 	// Zero (false) means streams.
 	DisableStreams bool
+	// DisableFramedPipes keeps those streams on gRPC instead of on a
+	// framed TCP connection of their own to the peer's gRPC port (for
+	// comparison, and for peers behind proxies that pass only HTTP/2;
+	// without it a peer that refuses a framed pipe gets a gRPC stream
+	// anyway, after one try). Zero (false) means framed pipes.
+	DisableFramedPipes bool
+	// noFramedServer (tests only) serves gRPC alone on the port, as a
+	// node from before framed pipes did.
+	noFramedServer bool
 	// NotOwnerRetries bounds how often a request is retried after a peer
 	// answers "not owner". Zero means 3.
 	NotOwnerRetries int

@@ -222,7 +222,7 @@ func (c *client) batchLoop() {
 			c.done() // every caller gave up: nothing to decide
 			continue
 		}
-		if p := c.pipe.get(c, c.stub.CheckStream, checkID); p != nil && c.sendPipe(p, batch) {
+		if p := c.pipe.get(c, framedCheck, c.stub.CheckStream, checkID); p != nil && c.sendPipe(p, batch) {
 			continue
 		}
 		c.n.wg.Add(1)

@@ -67,7 +67,7 @@ type Node struct {
 	ml        *memberlist.Memberlist
 	delegate  *delegate
 	gossipLog *memberlistLog
-	grpcSrv   *grpc.Server
+	grpcSrv   *rpcServer
 	health    *health.Server
 	rpcLis    net.Listener
 
@@ -104,6 +104,10 @@ type Node struct {
 	copyFault atomic.Pointer[func(pid int, to string, last bool) copyFault]
 	// pipeBreaks counts streams to peers that broke (tests wait on it).
 	pipeBreaks atomic.Int64
+	// framedOpened counts framed pipes opened to peers; framedServed,
+	// by kind, those peers opened to this node (tests read them).
+	framedOpened atomic.Int64
+	framedServed [3]atomic.Int64
 
 	ops opsState // restarts, duplicate names, readiness, reconnects, peer auth
 }
@@ -254,13 +258,18 @@ func (n *Node) serveRPC(lis net.Listener) {
 	if n.cfg.RegisterServices != nil {
 		n.cfg.RegisterServices(srv, n)
 	}
-	n.grpcSrv = srv
+	fs := newFramedServer(n)
+	n.grpcSrv = &rpcServer{grpc: srv, framed: fs}
+	var sl net.Listener = lis
+	if !n.cfg.noFramedServer {
+		sl = newSniffListener(n, lis, fs)
+	}
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
 		// Serve returns when the server stops; any other error leaves the
 		// node unable to serve peers, which gossip will soon reflect.
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := srv.Serve(sl); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			n.log.Error("rpc server stopped", "err", err)
 		}
 	}()

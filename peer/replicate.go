@@ -222,7 +222,7 @@ func (c *client) replLoop() {
 				break drain
 			}
 		}
-		if p := r.pipe.get(c, c.stub.ReplicateStream, replicateID); p != nil && c.sendReplPipe(p, batch) {
+		if p := r.pipe.get(c, framedReplicate, c.stub.ReplicateStream, replicateID); p != nil && c.sendReplPipe(p, batch) {
 			continue
 		}
 		c.sendRepl(batch)

@@ -217,11 +217,17 @@ func (p *pipe[Req, Resp]) receive() {
 type pipeState[Req, Resp any] struct {
 	p     *pipe[Req, Resp]
 	retry time.Time
+	// A framed pipe (framed.go) is dialled on a goroutine of its own: dial
+	// gets its outcome while it runs, dialCancel cuts it short.
+	dial        chan framedResult
+	dialCancel  context.CancelFunc
+	framedRetry time.Time // no framed pipe before then
 }
 
 // get returns a working pipe, opening one if the connection is ready, or
-// nil: then the caller sends a unary RPC.
-func (s *pipeState[Req, Resp]) get(c *client, open func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error), idOf func(*Resp) uint64) *pipe[Req, Resp] {
+// nil: then the caller sends a unary RPC. It prefers a framed pipe of
+// kind, and uses a gRPC stream when the peer does not take one.
+func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error), idOf func(*Resp) uint64) *pipe[Req, Resp] {
 	if s.p != nil {
 		s.p.mu.Lock()
 		err := s.p.err
@@ -241,6 +247,38 @@ func (s *pipeState[Req, Resp]) get(c *client, open func(context.Context, ...grpc
 		c.conn.Connect()
 		return nil
 	}
+	if !c.n.cfg.DisableFramedPipes && !time.Now().Before(s.framedRetry) {
+		if s.dial == nil {
+			s.startDial(c, kind)
+			return nil
+		}
+		var res framedResult
+		select {
+		case res = <-s.dial:
+		default:
+			return nil // still dialling: unary RPCs meanwhile
+		}
+		s.dial = nil
+		s.dialCancel()
+		if res.err == nil {
+			p, err := openPipe(c.n, framedOpen[Req, Resp](res.fc), idOf)
+			if err == nil {
+				c.n.framedOpened.Add(1)
+				s.p = p
+				return p
+			}
+			res.fc.c.Close()
+			res.err = err
+		}
+		pause := pipeRetryPause
+		if errors.Is(res.err, errFramedRefused) {
+			// An older node, or a proxy that passes only HTTP/2: a gRPC
+			// stream works, and will until the peer is replaced.
+			pause = pipeUnimplementedPause
+			c.n.log.Info("peer takes no framed pipe; using a gRPC stream", "peer", c.name, "err", res.err)
+		}
+		s.framedRetry = time.Now().Add(pause)
+	}
 	p, err := openPipe(c.n, open, idOf)
 	if err != nil {
 		s.retry = time.Now().Add(pipeRetryPause)
@@ -250,11 +288,33 @@ func (s *pipeState[Req, Resp]) get(c *client, open func(context.Context, ...grpc
 	return p
 }
 
-// close breaks the pipe, if any, failing what waits on it.
+// startDial dials a framed pipe of kind to c's peer on a goroutine the
+// node owns.
+func (s *pipeState[Req, Resp]) startDial(c *client, kind byte) {
+	ctx, cancel := context.WithCancel(c.n.ctx)
+	ch := make(chan framedResult, 1)
+	s.dial, s.dialCancel = ch, cancel
+	c.n.wg.Add(1)
+	go func() {
+		defer c.n.wg.Done()
+		fc, err := dialFramed(ctx, c.addr, kind, c.n.ops.auth.token, c.n.cfg.ClientTLS)
+		ch <- framedResult{fc: fc, err: err}
+	}()
+}
+
+// close breaks the pipe, if any, failing what waits on it, and ends a
+// dial in progress.
 func (s *pipeState[Req, Resp]) close(err error) {
 	if s.p != nil {
 		s.p.fail(err)
 		s.p = nil
+	}
+	if s.dial != nil {
+		s.dialCancel()
+		if res := <-s.dial; res.fc != nil {
+			res.fc.c.Close()
+		}
+		s.dial = nil
 	}
 }
 

@@ -1,0 +1,294 @@
+package peer
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"math/big"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+)
+
+// admitFromAll sends Allow for key from every node of c, calls times in
+// all from 4 goroutines per node, and returns how many were admitted.
+func admitFromAll(t *testing.T, c *cluster, key Key, calls int) int {
+	t.Helper()
+	var mu sync.Mutex
+	admitted := 0
+	var wg sync.WaitGroup
+	per := calls / (4 * len(c.nodes))
+	for _, nd := range c.nodes {
+		for range 4 {
+			wg.Go(func() {
+				for range per {
+					d, err := nd.Allow(context.Background(), Request{Key: key})
+					if err != nil {
+						t.Errorf("Allow via %s: %v", nd.Name(), err)
+						return
+					}
+					if d.Allowed {
+						mu.Lock()
+						admitted++
+						mu.Unlock()
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return admitted
+}
+
+// TestFramedPipesCarryForwards runs a 3-node cluster under sync
+// replication: forwards and replication travel on framed pipes (each
+// holder serves both kinds), and the key's owner still admits exactly its
+// limit of the calls made through every node at once.
+func TestFramedPipesCarryForwards(t *testing.T) {
+	pols := map[string]PolicyConfig{"p": {Limit: 50, Window: time.Minute}}
+	c := startCluster(t, 3, Config{Policies: pols, ForwardTimeout: 5 * time.Second})
+	key := pmKeyOwnedBy(t, c.nodes[0], "p", "n1")
+	if got := admitFromAll(t, c, key, 240); got != 50 {
+		t.Fatalf("admitted %d of 240 calls through 3 nodes, want exactly the limit 50", got)
+	}
+	n1 := c.nodes[1]
+	if got := n1.framedServed[framedCheck].Load(); got == 0 {
+		t.Errorf("the owner served %d framed forward pipes, want at least 1", got)
+	}
+	var repl int64
+	for _, nd := range c.nodes {
+		repl += nd.framedServed[framedReplicate].Load()
+	}
+	if repl == 0 {
+		t.Errorf("no member served a framed replication pipe (sync replication sends every admission)")
+	}
+	if got := c.nodes[0].framedOpened.Load() + c.nodes[2].framedOpened.Load(); got == 0 {
+		t.Errorf("the forwarding members opened no framed pipe")
+	}
+}
+
+// TestFramedFallsBackToGRPCStream gives the owner a server without framed
+// pipes (a node from before them): its peers' dials are refused, they say
+// so once and forward on gRPC streams, and the limit holds.
+func TestFramedFallsBackToGRPCStream(t *testing.T) {
+	pols := map[string]PolicyConfig{"p": {Limit: 40, Window: time.Minute}}
+	tap, log := newLogTap(t)
+	refused := tap.on("peer takes no framed pipe; using a gRPC stream", func(a map[string]string) bool { return a["peer"] == "n1" })
+	c := startClusterWith(t, 2, Config{Policies: pols, ForwardTimeout: 5 * time.Second}, func(i int, cfg *Config) {
+		if i == 0 {
+			cfg.Logger = log
+		} else {
+			cfg.noFramedServer = true
+		}
+	})
+	key := pmKeyOwnedBy(t, c.nodes[0], "p", "n1")
+	if got := admitFromAll(t, c, key, 160); got != 40 {
+		t.Fatalf("admitted %d of 160, want exactly the limit 40", got)
+	}
+	waitLog(t, refused, 10*time.Second, "n0 to note that n1 takes no framed pipe")
+	if got := c.nodes[1].framedServed[framedCheck].Load(); got != 0 {
+		t.Fatalf("a server without framed pipes served %d", got)
+	}
+	// Later batches go on a gRPC stream, not as unary RPCs: the pipe
+	// stays open across calls, so breaking it is seen.
+	breaks := c.nodes[0].pipeBreaksForTest()
+	c.nodes[1].stopRPCForTest()
+	waitFor(t, 10*time.Second, "n0's gRPC stream to n1 to break", func() bool {
+		return c.nodes[0].pipeBreaksForTest() > breaks
+	})
+	if err := c.nodes[1].restartRPCForTest(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFramedAuth dials framed pipes to a node of a cluster with a peer
+// secret: without the token, with a wrong one, or of an unknown kind the
+// hello is refused with the status a peer RPC would get and nothing is
+// decided; with the token a batch is decided.
+func TestFramedAuth(t *testing.T) {
+	pols := map[string]PolicyConfig{"p": {Limit: 3, Window: time.Minute}}
+	c := startCluster(t, 2, Config{Policies: pols, PeerSecret: []byte("s3cret")})
+	n1 := c.nodes[1]
+	token := n1.ops.auth.token
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		name  string
+		token string
+		kind  byte
+		want  codes.Code
+	}{
+		{"no token", "", framedCheck, codes.Unauthenticated},
+		{"wrong token", "00ff", framedCheck, codes.PermissionDenied},
+		{"wrong token, replication", "00ff", framedReplicate, codes.PermissionDenied},
+		{"unknown kind", token, 9, codes.Unimplemented},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fc, err := dialFramed(ctx, n1.RPCAddr(), tc.kind, tc.token, nil)
+			if err == nil {
+				fc.c.Close()
+				t.Fatalf("framed dial accepted")
+			}
+			if !errors.Is(err, errFramedRefused) || status.Code(err) != tc.want {
+				t.Fatalf("framed dial = %v, want refused with %v", err, tc.want)
+			}
+		})
+	}
+	key := pmKeyOwnedBy(t, c.nodes[0], "p", "n1")
+	if _, ok := n1.ExportForTest(key); ok {
+		t.Fatalf("n1 holds the key after refused dials")
+	}
+	fc, err := dialFramed(ctx, n1.RPCAddr(), framedCheck, token, nil)
+	if err != nil {
+		t.Fatalf("framed dial with the token: %v", err)
+	}
+	defer fc.c.Close()
+	st := &framedStream[peerpb.CheckResponse, peerpb.CheckRequest]{fc: fc, ctx: ctx}
+	b := appendItem(nil, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}, Hits: 2})
+	if err := st.Send(&peerpb.CheckRequest{Sender: "n0", Id: 7, ItemsPacked: append([]byte{1}, b...)}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.Recv()
+	if err != nil || resp.GetId() != 7 || resp.GetCode() != 0 {
+		t.Fatalf("answer on the framed pipe = %v, %v; want id 7, no error", resp, err)
+	}
+	if runs, _ := n1.ExportForTest(key); len(runs) != 1 || runs[0].Count != 2 {
+		t.Fatalf("n1's log after the framed batch = %v, want one run of 2", runs)
+	}
+}
+
+// TestFramedMutualTLS runs two nodes that require verified client
+// certificates: forwards go on framed pipes over TLS, while a framed dial
+// without a certificate, or without TLS, is refused.
+func TestFramedMutualTLS(t *testing.T) {
+	serverCfg, clientCfg, noCert := testMutualTLS(t)
+	pols := map[string]PolicyConfig{"p": {Limit: 20, Window: time.Minute}}
+	c := startCluster(t, 2, Config{Policies: pols, ServerTLS: serverCfg, ClientTLS: clientCfg, ForwardTimeout: 5 * time.Second})
+	key := pmKeyOwnedBy(t, c.nodes[0], "p", "n1")
+	if got := admitFromAll(t, c, key, 80); got != 20 {
+		t.Fatalf("admitted %d of 80, want exactly the limit 20", got)
+	}
+	if got := c.nodes[1].framedServed[framedCheck].Load(); got == 0 {
+		t.Fatalf("no framed forward pipe over mutual TLS")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		name string
+		cfg  *tls.Config
+	}{
+		{"TLS without a client certificate", noCert},
+		{"plaintext", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fc, err := dialFramed(ctx, c.nodes[1].RPCAddr(), framedCheck, "", tc.cfg)
+			if err == nil {
+				fc.c.Close()
+				t.Fatalf("framed dial accepted")
+			}
+			if !errors.Is(err, errFramedRefused) {
+				t.Fatalf("framed dial = %v, want refused", err)
+			}
+		})
+	}
+}
+
+// testMutualTLS makes a CA and one certificate for 127.0.0.1 (server and
+// client), and returns the server's config (client certificates required
+// and verified), a client's, and a client's without a certificate.
+func testMutualTLS(t *testing.T) (server, client, noCert *tls.Config) {
+	t.Helper()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	must(err)
+	now := time.Now()
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "framed test CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	must(err)
+	ca, err := x509.ParseCertificate(caDER)
+	must(err)
+	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	must(err)
+	leafTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "node"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &leafKey.PublicKey, caKey)
+	must(err)
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	cert := tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: leafKey}
+	server = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert}
+	client = &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool}
+	noCert = &tls.Config{RootCAs: pool}
+	return server, client, noCert
+}
+
+// TestSniffDoesNotBlock opens connections to a node's port that send
+// nothing, or half of the magic: gRPC calls on new connections are
+// served meanwhile, and Close ends the stalled connections at once
+// instead of waiting for their setup timeout.
+func TestSniffDoesNotBlock(t *testing.T) {
+	pols := map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}}
+	c := startCluster(t, 1, Config{Policies: pols})
+	nd := c.nodes[0]
+	var stalled []net.Conn
+	for _, head := range []string{"", framedMagic[:4], framedMagic} {
+		conn, err := net.Dial("tcp", nd.RPCAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if _, err := conn.Write([]byte(head)); err != nil {
+			t.Fatal(err)
+		}
+		stalled = append(stalled, conn)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	conn := dialTest(t, nd.RPCAddr())
+	if _, err := peerpb.NewRateLimiterClient(conn).Allow(ctx, &peerpb.AllowRequest{Key: &peerpb.Key{Tenant: "t", Subject: "s", Policy: "p"}}); err != nil {
+		t.Fatalf("gRPC Allow while 3 connections stall: %v", err)
+	}
+	start := time.Now()
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	if err := nd.Close(cctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if d := time.Since(start); d >= framedSetupTimeout {
+		t.Fatalf("Close took %v with stalled connections, want well under the %v setup timeout", d, framedSetupTimeout)
+	}
+	for i, conn := range stalled {
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		var b [64]byte
+		if _, err := conn.Read(b[:]); err == nil {
+			t.Errorf("stalled connection %d still open after Close", i)
+		} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Errorf("stalled connection %d not closed by Close", i)
+		}
+	}
+}
