@@ -417,6 +417,9 @@ func runTimed(b *testing.B, parallelism int, op func(ctx context.Context, i int)
 	var next atomic.Int64
 	var failed atomic.Pointer[error]
 	b.ResetTimer()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	mallocs0 := ms.Mallocs
 	cpu0 := processCPU()
 	b.RunParallel(func(pb *testing.PB) {
 		ctx := context.Background()
@@ -443,6 +446,10 @@ func runTimed(b *testing.B, parallelism int, op func(ctx context.Context, i int)
 	})
 	b.StopTimer()
 	b.ReportMetric(float64((processCPU()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+	// allocs/op with two decimals: the built-in figure is rounded down to
+	// an integer, too coarse for an amortised cost near 1.
+	runtime.ReadMemStats(&ms)
+	b.ReportMetric(float64(ms.Mallocs-mallocs0)/float64(b.N), "mallocs/op")
 	if err := failed.Load(); err != nil {
 		b.Fatalf("%v", *err)
 	}

@@ -25,6 +25,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -412,6 +413,24 @@ type packedAdmit struct {
 	p  *policy
 }
 
+// admitScratch is applyPackedAdmits's scratch.
+type admitScratch struct {
+	runs []shard.Run
+	ents []packedAdmit
+}
+
+var admitScratchPool = sync.Pool{New: func() any { return new(admitScratch) }}
+
+// put drops the keys and policies sc points to and pools it, unless it
+// grew large.
+func (sc *admitScratch) put() {
+	if cap(sc.ents) > maxReplBatch || cap(sc.runs) > maxReplBatch {
+		return
+	}
+	clear(sc.ents[:cap(sc.ents)])
+	admitScratchPool.Put(sc)
+}
+
 // applyPackedAdmits applies a packed admissions request from sender and
 // returns the packed answer.
 func (n *Node) applyPackedAdmits(sender string, b []byte, closing, quorum bool) ([]byte, error) {
@@ -419,8 +438,12 @@ func (n *Node) applyPackedAdmits(sender string, b []byte, closing, quorum bool) 
 	tab := n.table.Load()            // once per request
 	nops := r.count(maxWireBatch, 3)
 	out := binary.AppendUvarint(make([]byte, 0, 8+16*nops), uint64(nops))
-	var runs []shard.Run
-	var ents []packedAdmit
+	// Scratch shared by the operations, and reused by later requests:
+	// applyOpKeys keeps neither (Import copies the runs it merges).
+	sc := admitScratchPool.Get().(*admitScratch)
+	defer sc.put()
+	runs, ents := sc.runs[:0], sc.ents[:0]
+	defer func() { sc.runs, sc.ents = runs, ents }()
 	for range nops {
 		part, epoch := r.uvarint(), r.uvarint()
 		ne := r.count(len(r.s), 6)
@@ -428,6 +451,9 @@ func (n *Node) applyPackedAdmits(sender string, b []byte, closing, quorum bool) 
 		// operation.
 		if cap(runs) < ne {
 			runs = make([]shard.Run, 0, ne)
+		}
+		if cap(ents) < ne {
+			ents = make([]packedAdmit, 0, ne)
 		}
 		runs = runs[:0]
 		ents = ents[:0]

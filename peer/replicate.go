@@ -212,7 +212,9 @@ func (c *client) replLoop() {
 			// As in batchLoop: deciders ready to run add to this batch.
 			runtime.Gosched()
 		}
-		batch := []*replItem{first}
+		// Sized for what has queued: appending would grow it several times.
+		batch := make([]*replItem, 1, min(maxReplBatch, 1+len(r.queue)))
+		batch[0] = first
 	drain:
 		for len(batch) < maxReplBatch {
 			select {

@@ -60,10 +60,10 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 				hits: it.GetHits(), op: it.GetOp(), policies: it.GetPolicies()}
 		}
 	}
-	out := make([]wireDecision, len(items))
-	// The batch's requests and their keys' encodings share two
-	// allocations: a key encodes to its parts plus a length byte each.
-	reqs := make([]opReq, len(items))
+	// The batch's decisions, requests and waits share one allocation, and
+	// its keys' encodings a second: a key encodes to its parts plus a
+	// length byte each.
+	slots := make([]checkSlot, len(items))
 	size := 0
 	for i := range items {
 		k := &items[i].key
@@ -73,18 +73,15 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 	// Every item is decided first and the synchronous backups are waited
 	// for afterwards, so the batch's admissions travel to each backup
 	// together. An item is answered only once its backup has it.
-	var waits []*opReq
 	for i := range items {
-		var r *opReq
-		out[i], r, slab = n.decideWire(ctx, v, &items[i], &reqs[i], slab)
-		if r != nil && r.wait != nil {
-			if waits == nil {
-				waits = make([]*opReq, len(items))
-			}
-			waits[i] = r
+		sl := &slots[i]
+		sl.out, sl.wait, slab = n.decideWire(ctx, v, &items[i], &sl.req, slab)
+		if sl.wait != nil && sl.wait.wait == nil {
+			sl.wait = nil
 		}
 	}
-	for i, r := range waits {
+	for i := range slots {
+		r := slots[i].wait
 		if r == nil {
 			continue
 		}
@@ -96,26 +93,34 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 			err = fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
 		}
 		if err != nil {
-			out[i] = wireError(n, v, peerpb.Status_STATUS_UNAVAILABLE, err)
+			slots[i].out = wireError(n, v, peerpb.Status_STATUS_UNAVAILABLE, err)
 			continue
 		}
-		n.metrics.Decision(r.p.name, Reason(out[i].reason), PathRemote)
+		n.metrics.Decision(r.p.name, Reason(slots[i].out.reason), PathRemote)
 	}
 	resp := &peerpb.CheckResponse{}
 	if packed {
 		// About 40 bytes per plain decision.
-		b := binary.AppendUvarint(make([]byte, 0, 8+48*len(out)), uint64(len(out)))
-		for i := range out {
-			b = appendDecision(b, &out[i])
+		b := binary.AppendUvarint(make([]byte, 0, 8+48*len(slots)), uint64(len(slots)))
+		for i := range slots {
+			b = appendDecision(b, &slots[i].out)
 		}
 		resp.DecisionsPacked = b
 		return resp, nil
 	}
-	resp.Decisions = make([]*peerpb.Decision, len(out))
-	for i := range out {
-		resp.Decisions[i] = out[i].toPB()
+	resp.Decisions = make([]*peerpb.Decision, len(slots))
+	for i := range slots {
+		resp.Decisions[i] = slots[i].out.toPB()
 	}
 	return resp, nil
+}
+
+// checkSlot is one item of a Check batch: its decision, its request, and
+// the request again while the decision waits for a synchronous backup.
+type checkSlot struct {
+	out  wireDecision
+	req  opReq
+	wait *opReq
 }
 
 // wireError is the wire answer for an item that was not decided.
