@@ -102,9 +102,9 @@ func expiresIn(ts, w, now int64) time.Duration { return time.Duration(satAdd(sat
 
 // decide returns the decision allow would make at now and how many of the
 // oldest runs have expired, changing nothing. The log never holds more than
-// Limit units (allow checks before it records, merge trims), so Limit −
-// count cannot overflow and count + hits is never computed: with limits
-// above 2^62 it would wrap and admit.
+// keepUnits(p) units (allow checks before it records, merge trims), so
+// Limit − count cannot overflow and count + hits is never computed: with
+// limits above 2^62 it would wrap and admit.
 func (l *slidingLog) decide(now int64, p Policy, hits int64) (Decision, int) {
 	w := int64(p.Window)
 	skip, gone := l.expired(satSub(now, w))
@@ -201,13 +201,17 @@ func (l *slidingLog) export(now int64) []Run {
 // merge folds imported runs into the log: two timestamp-ordered sequences,
 // equal timestamps adding up, expired runs dropped. Both sides' admissions
 // stay counted, which can only refuse more, never admit more. The result is
-// then trimmed to the newest runs holding Limit units (the oldest of them
-// cut down to what completes Limit). That changes no decision: while those
-// newer runs are live every request is refused, whatever older runs hold;
-// RetryAfter is where freed >= count + hits − L, and removing d older units
-// lowers both sides by d; ResetAfter depends on the newest run only. It
-// keeps the log's invariant count <= Limit, so no sum of counts can wrap
-// however many states are imported.
+// then trimmed to the newest runs holding keepUnits(p) units (the oldest of
+// them cut down to what completes it). Trimming changes no decision under
+// this policy or a lower limit: while those newer runs are live every
+// request is refused, whatever older runs hold; RetryAfter is where freed
+// >= count + hits − L, and removing d older units lowers both sides by d;
+// ResetAfter depends on the newest run only. It does not trim to Limit:
+// the sender may have counted under a higher limit (a policy change
+// rolling out, the receiver still on the old table), and a log trimmed to
+// the old limit would let the new one admit those units again. The bound
+// keeps every sum of counts from wrapping however many states are
+// imported.
 func (l *slidingLog) merge(now int64, runs []Run, p Policy) {
 	if len(runs) == 0 {
 		return
@@ -220,7 +224,7 @@ func (l *slidingLog) merge(now int64, runs []Run, p Policy) {
 		// the buffer.
 		ts, n := satSub(now, int64(runs[0].Age)), runs[0].Count
 		skip, gone := l.expired(cutoff)
-		if ts > cutoff && (skip == l.size || l.at(l.size-1).ts <= ts) && n <= p.Limit-(l.count-gone) {
+		if ts > cutoff && (skip == l.size || l.at(l.size-1).ts <= ts) && n <= keepUnits(p)-(l.count-gone) {
 			l.drop(skip)
 			l.push(ts, n)
 			return
@@ -228,6 +232,15 @@ func (l *slidingLog) merge(now int64, runs []Run, p Policy) {
 	}
 	l.mergeAll(now, runs, p)
 }
+
+// mergeKeep bounds the units an imported state keeps beyond its policy's
+// Limit: far above any real count, low enough that Limit − count and the
+// sums decide computes never wrap.
+const mergeKeep = 1 << 62
+
+// keepUnits is how many units merge keeps under p: every unit a sender
+// counted (up to mergeKeep), or Limit when that is larger.
+func keepUnits(p Policy) int64 { return max(p.Limit, mergeKeep) }
 
 // mergeAll is merge's general case.
 func (l *slidingLog) mergeAll(now int64, runs []Run, p Policy) {
@@ -250,10 +263,11 @@ func (l *slidingLog) mergeAll(now int64, runs []Run, p Policy) {
 		}
 	}
 	var units int64
+	keep := keepUnits(p)
 	k := len(all)
-	for k > 0 && units < p.Limit {
+	for k > 0 && units < keep {
 		k--
-		all[k].n = min(all[k].n, p.Limit-units)
+		all[k].n = min(all[k].n, keep-units)
 		units += all[k].n
 	}
 	l.buf, l.head, l.size, l.count = nil, 0, 0, 0
@@ -436,7 +450,8 @@ func (f *fixedWindow) decide(now int64, p Policy, hits int64) (d Decision, start
 		start, count = satSub(now, ((now%w)+w)%w), 0
 	}
 	d = Decision{Limit: p.Limit}
-	// count <= Limit (merge clamps), so Limit − count cannot overflow.
+	// count <= keepUnits(p) (merge clamps), so Limit − count cannot
+	// overflow.
 	if hits <= p.Limit-count {
 		count += hits
 		d.Allowed = true
@@ -496,17 +511,19 @@ func (f *fixedWindow) merge(now int64, runs []Run, p Policy) {
 	for _, r := range runs {
 		start := satSub(now, int64(r.Age))
 		// A count above Limit refuses exactly what Limit refuses until the
-		// window ends; clamping keeps Limit − count from overflowing.
+		// window ends. It is kept, not clamped to Limit (the sender may
+		// have counted under a higher limit, see slidingLog.merge);
+		// clamping to keepUnits keeps Limit − count from overflowing.
 		switch {
 		case r.Count == 0 || satSub(now, start) >= w:
 			// That window has already ended: nothing left to count.
 		case f.count == 0 || satSub(now, f.start) >= w:
-			f.start, f.count = start, min(r.Count, p.Limit)
+			f.start, f.count = start, min(r.Count, keepUnits(p))
 		default:
 			// Both windows are current: keep both counts until the later
 			// one ends, which can only refuse more.
 			f.start = max(f.start, start)
-			f.count = min(satAdd(f.count, r.Count), p.Limit)
+			f.count = min(satAdd(f.count, r.Count), keepUnits(p))
 		}
 	}
 }

@@ -1139,3 +1139,55 @@ func TestParseAlgorithm(t *testing.T) {
 		t.Fatalf("Algorithm(7).String() = %q", got)
 	}
 }
+
+// TestImportKeepsUnitsAboveLimit: a receiver whose policy has a lower
+// limit than the sender's (a policy change rolling out) keeps every unit
+// the sender counted, whether they come as one state or one admission at
+// a time (replication). Once the receiver's limit is raised to the
+// sender's, it admits only what the sender had left; trimmed to its old
+// limit it would admit the difference again.
+func TestImportKeepsUnitsAboveLimit(t *testing.T) {
+	key := Key{Tenant: "t", Subject: "s", Policy: "p"}
+	for _, alg := range []Algorithm{SlidingLog, FixedWindow} {
+		for _, oneByOne := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/one-by-one=%v", alg, oneByOne), func(t *testing.T) {
+				oldP := Policy{Limit: 5, Window: time.Minute, Algorithm: alg}
+				newP := Policy{Limit: 10, Window: time.Minute, Algorithm: alg}
+				sender := mustStore(t, Config{})
+				receiver := mustStore(t, Config{})
+				for i := range 8 {
+					at := t0.Add(time.Duration(i) * time.Second)
+					d, err := sender.Allow(key, newP, 1, at)
+					if err != nil || !d.Allowed {
+						t.Fatalf("sender admission %d: %+v, %v", i+1, d, err)
+					}
+					if oneByOne {
+						ks := KeyState{Key: key, Algorithm: alg, Runs: []Run{{Age: 0, Count: 1}}}
+						if err := receiver.Import(ks, oldP, at); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				now := t0.Add(10 * time.Second)
+				if !oneByOne {
+					ks, _ := sender.Export(key, now)
+					if err := receiver.Import(ks, oldP, now); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if d, _ := receiver.Peek(key, oldP, 1, now); d.Allowed || d.Remaining != 0 {
+					t.Fatalf("under its old limit 5 with 8 units: %+v, want refused", d)
+				}
+				admitted := 0
+				for range 10 {
+					if d, _ := receiver.Allow(key, newP, 1, now); d.Allowed {
+						admitted++
+					}
+				}
+				if admitted != 2 {
+					t.Fatalf("under the new limit 10 with the sender's 8 units the receiver admitted %d, want 2", admitted)
+				}
+			})
+		}
+	}
+}
