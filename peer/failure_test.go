@@ -718,3 +718,31 @@ func TestCopySkipsRemovedPolicy(t *testing.T) {
 	waitFor(t, 20*time.Second, "a new complete copy on n1", func() bool { return n1.copyForTest(pid, n0.Name()) != nil })
 	admitN(t, n0, kp, 1)
 }
+
+// TestLimitRaisedOnHolderFirst rolls out a higher limit that reaches the
+// holder before its backup, admits beyond the old limit, crashes the
+// holder, and then gives the survivors the new table: the backup kept
+// every admission, so the window holds exactly the new limit. Before,
+// the backup kept only its old limit's worth and admitted the difference
+// again.
+func TestLimitRaisedOnHolderFirst(t *testing.T) {
+	const oldLimit, newLimit = 4, 8
+	oldT := map[string]PolicyConfig{"p": {Limit: oldLimit, Window: time.Hour}}
+	newT := map[string]PolicyConfig{"p": {Limit: newLimit, Window: time.Hour}}
+	c := startCrashCluster(t, oldT)
+	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
+	key, _ := keyHeldWithBackup(t, n0, n1, "raise", "p")
+	if err := n0.SetPolicies(newT); err != nil {
+		t.Fatal(err)
+	}
+	admitted := admitN(t, n0, key, 6)
+	for _, nd := range []*Node{n1, n2} {
+		if err := nd.SetPolicies(newT); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admitted += admittedAfterCrash(t, n0, []*Node{n1, n2}, key, newLimit)
+	if admitted != newLimit {
+		t.Fatalf("%d admissions in one window of limit %d across the roll and a crash; want exactly %d", admitted, newLimit, newLimit)
+	}
+}
