@@ -6,8 +6,10 @@
 // A Node keeps membership with hashicorp/memberlist gossip, places each
 // key's (tenant, subject) in a partition of a consistent hash ring (package
 // ring), decides for the partitions it holds on their local stores (package
-// shard) and forwards every other key to its partition's holder over gRPC,
-// coalescing concurrent forwards to one peer into batched RPCs. A process
+// shard) and forwards every other key to its partition's holder,
+// coalescing concurrent forwards to one peer into batches on one
+// long-lived pipe to it (a framed TCP connection to the peer's gRPC port,
+// or a gRPC stream when the peer takes none). A process
 // that does not embed a Node uses Client (Dial): it reads where keys live
 // (the Placement RPC) and sends each key to its holder on one stream per
 // node (AllowStream); the holder still decides.

@@ -1,8 +1,10 @@
 package peer
 
 // Streams: forwards (CheckStream) and replication (ReplicateStream) to a
-// peer travel on one long-lived bidirectional gRPC stream per peer and
-// kind, a pipe, instead of one unary RPC per batch. A unary RPC costs a
+// peer travel on one long-lived bidirectional stream per peer and kind, a
+// pipe, instead of one unary RPC per batch. A pipe is a framed pipe
+// (framed.go) when the peer takes one, else a gRPC stream; both carry the
+// same messages to the same handlers. A unary RPC costs a
 // stream set-up, headers both ways and a handler goroutine on the
 // receiver; on a pipe a batch is one message each way.
 //
