@@ -305,6 +305,9 @@ type Config struct {
 	// noFramedServer (tests only) serves gRPC alone on the port, as a
 	// node from before framed pipes did.
 	noFramedServer bool
+	// refuseFramed (tests only) starts the node refusing framed pipes
+	// as Unavailable (Node.refuseFramed).
+	refuseFramed bool
 	// NotOwnerRetries bounds how often a request is retried after a peer
 	// answers "not owner". Zero means 3.
 	NotOwnerRetries int

@@ -324,3 +324,22 @@ func (n *Node) copyForTest(pid int, holder string) *shard.Store {
 	}
 	return pt.rep.store
 }
+
+// pipeForTest names the kind of n's forward pipe to member: "framed",
+// "grpc", or "" without one.
+func (n *Node) pipeForTest(member string) string {
+	n.clientsMu.Lock()
+	c := n.clients[member]
+	n.clientsMu.Unlock()
+	if c == nil {
+		return ""
+	}
+	switch c.pipe.kind.Load() {
+	case 2:
+		return "framed"
+	case 1:
+		return "grpc"
+	default:
+		return ""
+	}
+}

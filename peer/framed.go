@@ -324,6 +324,10 @@ func (fs *framedServer) serve(c net.Conn) {
 		_ = fc.writeRaw(append([]byte{byte(st.Code())}, st.Message()...))
 		return
 	}
+	if fs.n.refuseFramed.Load() {
+		_ = fc.writeRaw(append([]byte{byte(codes.Unavailable)}, "framed pipes refused for now"...))
+		return
+	}
 	if kind != framedCheck && kind != framedReplicate {
 		_ = fc.writeRaw(append([]byte{byte(codes.Unimplemented)}, fmt.Sprintf("unknown framed pipe kind %d", kind)...))
 		return

@@ -292,3 +292,70 @@ func TestSniffDoesNotBlock(t *testing.T) {
 		}
 	}
 }
+
+// TestFramedReplacesGRPCStream starts the owner refusing framed pipes (as
+// Unavailable, a passing condition): its peer forwards on a gRPC stream.
+// Once framed pipes are taken, the peer moves to one while calls keep
+// coming: no call fails in the switch, and every admission answered is
+// counted once by the owner.
+func TestFramedReplacesGRPCStream(t *testing.T) {
+	pols := map[string]PolicyConfig{"p": {Limit: 1 << 30, Window: time.Hour}}
+	c := startClusterWith(t, 2, Config{Policies: pols, ForwardTimeout: 5 * time.Second}, func(i int, cfg *Config) {
+		cfg.refuseFramed = i == 1
+	})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	key := pmKeyOwnedBy(t, n0, "p", "n1")
+	admitted := 0
+	call := func() {
+		t.Helper()
+		d, err := n0.Allow(context.Background(), Request{Key: key})
+		if err != nil || !d.Allowed {
+			t.Fatalf("forwarded Allow: %+v, %v", d, err)
+		}
+		admitted++
+	}
+	waitFor(t, 10*time.Second, "n0 to forward on a pipe to n1", func() bool {
+		call()
+		return n0.pipeForTest(n1.Name()) != ""
+	})
+	if got := n0.pipeForTest(n1.Name()); got != "grpc" {
+		t.Fatalf("n0's pipe to n1 while n1 refuses framed pipes: %q, want grpc", got)
+	}
+	breaks := n0.pipeBreaksForTest()
+	n1.refuseFramed.Store(false)
+	// Several callers at once, so requests are in flight on the stream
+	// when the framed pipe takes over.
+	var mu sync.Mutex
+	waitFor(t, 10*time.Second, "n0 to move to a framed pipe to n1", func() bool {
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				d, err := n0.Allow(context.Background(), Request{Key: key})
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil || !d.Allowed {
+					t.Errorf("forwarded Allow in the switch: %+v, %v", d, err)
+					return
+				}
+				admitted++
+			})
+		}
+		wg.Wait()
+		return n0.pipeForTest(n1.Name()) == "framed"
+	})
+	call()
+	if got := n1.framedServed[framedCheck].Load(); got == 0 {
+		t.Fatalf("n1 served no framed forward pipe after the switch")
+	}
+	if b := n0.pipeBreaksForTest(); b != breaks {
+		t.Errorf("the switch broke %d pipes, want none (the stream is retired, not broken)", b-breaks)
+	}
+	runs, _ := n1.ExportForTest(key)
+	var held int64
+	for _, r := range runs {
+		held += r.Count
+	}
+	if held != int64(admitted) {
+		t.Fatalf("owner holds %d admissions, %d were answered", held, admitted)
+	}
+}

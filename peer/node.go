@@ -108,6 +108,8 @@ type Node struct {
 	// by kind, those peers opened to this node (tests read them).
 	framedOpened atomic.Int64
 	framedServed [3]atomic.Int64
+	// refuseFramed (tests only) refuses framed pipes as Unavailable.
+	refuseFramed atomic.Bool
 
 	ops opsState // restarts, duplicate names, readiness, reconnects, peer auth
 }
@@ -261,6 +263,7 @@ func (n *Node) serveRPC(lis net.Listener) {
 	fs := newFramedServer(n)
 	n.grpcSrv = &rpcServer{grpc: srv, framed: fs}
 	var sl net.Listener = lis
+	n.refuseFramed.Store(n.cfg.refuseFramed)
 	if !n.cfg.noFramedServer {
 		sl = newSniffListener(n, lis, fs)
 	}

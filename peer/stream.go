@@ -36,6 +36,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -48,6 +49,10 @@ import (
 
 // errPipeUnimplemented breaks a pipe to a receiver without stream methods.
 var errPipeUnimplemented = errors.New("peer: receiver has no stream methods")
+
+// errPipeRetired ends a gRPC stream pipe replaced by a framed pipe once
+// its last request is answered.
+var errPipeRetired = errors.New("peer: stream replaced by a framed pipe")
 
 const (
 	// pipeRetryPause is how long a client sends unary RPCs after a pipe
@@ -65,11 +70,15 @@ type pipe[Req, Resp any] struct {
 	st     grpc.BidiStreamingClient[Req, Resp]
 	cancel context.CancelFunc
 	idOf   func(*Resp) uint64
+	framed bool // a framed pipe (framed.go), not a gRPC stream
 
 	mu      sync.Mutex
 	nextID  uint64
 	pending map[uint64]pipeWait[Resp]
 	err     error // why the pipe broke; nil while it works
+	// retired: nothing more is sent; the pipe ends once the requests it
+	// carries are answered.
+	retired bool
 	// watchdog breaks the pipe when a request has waited longer than
 	// twice ForwardTimeout (receivers answer within ForwardTimeout). One
 	// timer per pipe, not one per message: it looks every
@@ -211,7 +220,30 @@ func (p *pipe[Req, Resp]) receive() {
 			continue // failed by the watchdog meanwhile; the pipe is broken
 		}
 		w.done(resp, nil)
+		p.endIfRetired()
 	}
+}
+
+// retire stops the pipe's use: it ends once every request sent on it is
+// answered (at once if none waits). Its sender sends nothing more on it.
+func (p *pipe[Req, Resp]) retire() {
+	p.mu.Lock()
+	p.retired = true
+	p.mu.Unlock()
+	p.endIfRetired()
+}
+
+// endIfRetired ends a retired pipe that has no request waiting.
+func (p *pipe[Req, Resp]) endIfRetired() {
+	p.mu.Lock()
+	if !p.retired || p.err != nil || len(p.pending) > 0 {
+		p.mu.Unlock()
+		return
+	}
+	p.err = errPipeRetired
+	p.watchdog.Stop()
+	p.mu.Unlock()
+	p.cancel()
 }
 
 // pipeState is a client loop's pipe of one kind and when it may next try
@@ -224,6 +256,22 @@ type pipeState[Req, Resp any] struct {
 	dial        chan framedResult
 	dialCancel  context.CancelFunc
 	framedRetry time.Time // no framed pipe before then
+	// kind mirrors p for other goroutines (tests): 0 none, 1 a gRPC
+	// stream, 2 a framed pipe.
+	kind atomic.Int32
+}
+
+// set makes p the pipe in use (nil: none).
+func (s *pipeState[Req, Resp]) set(p *pipe[Req, Resp]) {
+	s.p = p
+	switch {
+	case p == nil:
+		s.kind.Store(0)
+	case p.framed:
+		s.kind.Store(2)
+	default:
+		s.kind.Store(1)
+	}
 }
 
 // get returns a working pipe, opening one if the connection is ready, or
@@ -235,9 +283,19 @@ func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Conte
 		err := s.p.err
 		s.p.mu.Unlock()
 		if err == nil {
+			if !s.p.framed {
+				// A gRPC stream is in use because a framed pipe could not
+				// be had: try one again after the pause, and move to it
+				// when it opens (the stream ends once its requests are
+				// answered).
+				if p := s.framedPipe(c, kind, idOf); p != nil {
+					s.p.retire()
+					s.set(p)
+				}
+			}
 			return s.p
 		}
-		s.p = nil
+		s.set(nil)
 		if errors.Is(err, errPipeUnimplemented) {
 			s.retry = time.Now().Add(pipeUnimplementedPause)
 		}
@@ -250,44 +308,62 @@ func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Conte
 		return nil
 	}
 	if !c.n.cfg.DisableFramedPipes && !time.Now().Before(s.framedRetry) {
-		if s.dial == nil {
-			s.startDial(c, kind)
-			return nil
+		if p := s.framedPipe(c, kind, idOf); p != nil {
+			s.set(p)
+			return p
 		}
-		var res framedResult
-		select {
-		case res = <-s.dial:
-		default:
+		if s.dial != nil {
 			return nil // still dialling: unary RPCs meanwhile
 		}
-		s.dial = nil
-		s.dialCancel()
-		if res.err == nil {
-			p, err := openPipe(c.n, framedOpen[Req, Resp](res.fc), idOf)
-			if err == nil {
-				c.n.framedOpened.Add(1)
-				s.p = p
-				return p
-			}
-			res.fc.c.Close()
-			res.err = err
-		}
-		pause := pipeRetryPause
-		if errors.Is(res.err, errFramedRefused) {
-			// An older node, or a proxy that passes only HTTP/2: a gRPC
-			// stream works, and will until the peer is replaced.
-			pause = pipeUnimplementedPause
-			c.n.log.Info("peer takes no framed pipe; using a gRPC stream", "peer", c.name, "err", res.err)
-		}
-		s.framedRetry = time.Now().Add(pause)
 	}
 	p, err := openPipe(c.n, open, idOf)
 	if err != nil {
 		s.retry = time.Now().Add(pipeRetryPause)
 		return nil
 	}
-	s.p = p
+	s.set(p)
 	return p
+}
+
+// framedPipe returns a framed pipe of kind when one has just opened: it
+// starts a dial if none is under way and framed pipes may be tried, and
+// takes a finished dial's outcome (a failed one sets the pause before the
+// next try). It never blocks, and returns nil while dialling.
+func (s *pipeState[Req, Resp]) framedPipe(c *client, kind byte, idOf func(*Resp) uint64) *pipe[Req, Resp] {
+	if c.n.cfg.DisableFramedPipes || time.Now().Before(s.framedRetry) || c.conn.GetState() != connectivity.Ready {
+		return nil
+	}
+	if s.dial == nil {
+		s.startDial(c, kind)
+		return nil
+	}
+	var res framedResult
+	select {
+	case res = <-s.dial:
+	default:
+		return nil
+	}
+	s.dial = nil
+	s.dialCancel()
+	if res.err == nil {
+		p, err := openPipe(c.n, framedOpen[Req, Resp](res.fc), idOf)
+		if err == nil {
+			p.framed = true
+			c.n.framedOpened.Add(1)
+			return p
+		}
+		res.fc.c.Close()
+		res.err = err
+	}
+	pause := pipeRetryPause
+	if errors.Is(res.err, errFramedRefused) && status.Code(res.err) != codes.Unavailable {
+		// An older node, or a proxy that passes only HTTP/2: a gRPC
+		// stream works, and will until the peer is replaced.
+		pause = pipeUnimplementedPause
+		c.n.log.Info("peer takes no framed pipe; using a gRPC stream", "peer", c.name, "err", res.err)
+	}
+	s.framedRetry = time.Now().Add(pause)
+	return nil
 }
 
 // startDial dials a framed pipe of kind to c's peer on a goroutine the
@@ -309,7 +385,7 @@ func (s *pipeState[Req, Resp]) startDial(c *client, kind byte) {
 func (s *pipeState[Req, Resp]) close(err error) {
 	if s.p != nil {
 		s.p.fail(err)
-		s.p = nil
+		s.set(nil)
 	}
 	if s.dial != nil {
 		s.dialCancel()
