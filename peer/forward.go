@@ -256,29 +256,47 @@ func (c *client) checkRequest(batch []*call) *peerpb.CheckRequest {
 // when the pipe is broken.
 func (c *client) sendPipe(p *pipe[peerpb.CheckRequest, peerpb.CheckResponse], batch []*call) bool {
 	v := c.n.view.Load()
-	req := &peerpb.CheckRequest{Sender: c.n.name, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash(), TimeoutNs: int64(c.n.cfg.ForwardTimeout)}
+	f := &fwdSend{c: c, batch: batch}
+	req := &f.req
+	req.Sender, req.RingVersion, req.MembersHash, req.TimeoutNs = c.n.name, v.snap.Version(), v.snap.MembersHash(), int64(c.n.cfg.ForwardTimeout)
 	// About 40 bytes per item with short names.
 	b := binary.AppendUvarint(make([]byte, 0, 8+64*len(batch)), uint64(len(batch)))
 	for _, k := range batch {
 		b = appendItem(b, &k.item)
 	}
 	req.ItemsPacked = b
-	start := time.Now()
-	err := p.send(req, func(id uint64) { req.Id = id }, func(resp *peerpb.CheckResponse, err error) {
-		if errors.Is(err, errPipeUnimplemented) {
-			// The receiver decided nothing: resend as a unary RPC,
-			// which keeps the in-flight slot.
-			c.n.wg.Add(1)
-			go c.send(batch)
-			return
-		}
-		if err == nil {
-			err = streamErr(resp.GetCode(), resp.GetError())
-		}
-		c.finish(c.n.ctx, batch, resp, err, start)
-		c.done()
-	})
-	return err == nil
+	f.start = time.Now()
+	return p.send(f) == nil
+}
+
+// fwdSend is a batch of forwards sent on a pipe, in one allocation.
+type fwdSend struct {
+	c     *client
+	req   peerpb.CheckRequest
+	batch []*call
+	start time.Time
+}
+
+func (f *fwdSend) msg(id uint64) *peerpb.CheckRequest {
+	f.req.Id = id
+	return &f.req
+}
+
+// done hands out the decisions and frees the in-flight slot.
+func (f *fwdSend) done(resp *peerpb.CheckResponse, err error) {
+	c := f.c
+	if errors.Is(err, errPipeUnimplemented) {
+		// The receiver decided nothing: resend as a unary RPC, which
+		// keeps the in-flight slot.
+		c.n.wg.Add(1)
+		go c.send(f.batch)
+		return
+	}
+	if err == nil {
+		err = streamErr(resp.GetCode(), resp.GetError())
+	}
+	c.finish(c.n.ctx, f.batch, resp, err, f.start)
+	c.done()
 }
 
 // send makes one batch RPC and hands each call its decision.

@@ -236,32 +236,52 @@ func (c *client) replLoop() {
 // applies the answer and frees the slot. It reports false, having sent
 // nothing, when the pipe is broken.
 func (c *client) sendReplPipe(p *pipe[peerpb.ReplicateRequest, peerpb.ReplicateResponse], batch []*replItem) bool {
-	var req *peerpb.ReplicateRequest
-	var ops []replOp
-	var opOf []int
+	r := &replSend{c: c, batch: batch}
 	if allAdmits(batch) {
 		// The common case: admissions only, packed.
 		var b []byte
-		b, ops, opOf = packAdmits(batch, c.n.clock())
-		req = &peerpb.ReplicateRequest{Sender: c.n.name, AdmitsPacked: b}
+		b, r.ops, r.opOf = packAdmits(batch, c.n.clock())
+		r.packed.Sender, r.packed.AdmitsPacked = c.n.name, b
+		r.req = &r.packed
 	} else {
-		req, opOf = c.replRequest(batch)
-		ops = opsOf(req)
+		r.req, r.opOf = c.replRequest(batch)
+		r.ops = opsOf(r.req)
 	}
-	sent := c.n.mono()
-	start := time.Now()
-	err := p.send(req, func(id uint64) { req.Id = id }, func(resp *peerpb.ReplicateResponse, err error) {
-		var results []*peerpb.OpResult
-		if err == nil {
-			err = streamErr(resp.GetCode(), resp.GetError())
-		}
-		if err == nil {
-			results, err = c.replResults(resp, len(ops))
-		}
-		c.replFinish(c.n.ctx, batch, ops, opOf, results, err, sent, start)
-		<-c.repl.sem
-	})
-	return err == nil
+	r.sent = c.n.mono()
+	r.start = time.Now()
+	return p.send(r) == nil
+}
+
+// replSend is a replication message sent on a pipe, in one allocation
+// (with the packed request inside it).
+type replSend struct {
+	c      *client
+	req    *peerpb.ReplicateRequest // &packed, or built by replRequest
+	packed peerpb.ReplicateRequest
+	batch  []*replItem
+	ops    []replOp
+	opOf   []int
+	sent   int64
+	start  time.Time
+}
+
+func (r *replSend) msg(id uint64) *peerpb.ReplicateRequest {
+	r.req.Id = id
+	return r.req
+}
+
+// done applies the answer and frees the in-flight slot.
+func (r *replSend) done(resp *peerpb.ReplicateResponse, err error) {
+	c := r.c
+	var results []*peerpb.OpResult
+	if err == nil {
+		err = streamErr(resp.GetCode(), resp.GetError())
+	}
+	if err == nil {
+		results, err = c.replResults(resp, len(r.ops))
+	}
+	c.replFinish(c.n.ctx, r.batch, r.ops, r.opOf, results, err, r.sent, r.start)
+	<-c.repl.sem
 }
 
 // allAdmits reports whether every item of batch is an admission.

@@ -74,7 +74,7 @@ type pipe[Req, Resp any] struct {
 
 	mu      sync.Mutex
 	nextID  uint64
-	pending map[uint64]pipeWait[Resp]
+	pending map[uint64]pipeWait[Req, Resp]
 	err     error // why the pipe broke; nil while it works
 	// retired: nothing more is sent; the pipe ends once the requests it
 	// carries are answered.
@@ -86,9 +86,17 @@ type pipe[Req, Resp any] struct {
 	watchdog *time.Timer
 }
 
+// pipeReq is a request sent on a pipe: the message to send, given the id
+// the pipe chose for it, and what to do with its answer. (An interface
+// holding the sender's own pointer: sending allocates no closure.)
+type pipeReq[Req, Resp any] interface {
+	msg(id uint64) *Req
+	done(*Resp, error)
+}
+
 // pipeWait is one request waiting for its answer.
-type pipeWait[Resp any] struct {
-	done func(*Resp, error)
+type pipeWait[Req, Resp any] struct {
+	r    pipeReq[Req, Resp]
 	sent time.Time
 }
 
@@ -101,7 +109,7 @@ func openPipe[Req, Resp any](n *Node, open func(context.Context, ...grpc.CallOpt
 		cancel()
 		return nil, err
 	}
-	p := &pipe[Req, Resp]{n: n, st: st, cancel: cancel, idOf: idOf, pending: map[uint64]pipeWait[Resp]{}}
+	p := &pipe[Req, Resp]{n: n, st: st, cancel: cancel, idOf: idOf, pending: map[uint64]pipeWait[Req, Resp]{}}
 	p.mu.Lock()
 	p.watchdog = time.AfterFunc(p.watchEvery(), p.watch)
 	p.mu.Unlock()
@@ -148,10 +156,10 @@ func (p *pipe[Req, Resp]) broken() bool {
 	return p.err != nil
 }
 
-// send sends req with a fresh id (set by setID) and calls done exactly
-// once with the answer or the error that broke the pipe. It returns an
-// error, without calling done, only when the pipe was already broken.
-func (p *pipe[Req, Resp]) send(req *Req, setID func(uint64), done func(*Resp, error)) error {
+// send sends r's message with a fresh id and calls r.done exactly once
+// with the answer or the error that broke the pipe. It returns an error,
+// without calling done, only when the pipe was already broken.
+func (p *pipe[Req, Resp]) send(r pipeReq[Req, Resp]) error {
 	sent := time.Now()
 	p.mu.Lock()
 	if p.err != nil {
@@ -160,10 +168,10 @@ func (p *pipe[Req, Resp]) send(req *Req, setID func(uint64), done func(*Resp, er
 	}
 	p.nextID++
 	id := p.nextID
-	setID(id)
+	req := r.msg(id)
 	// The watchdog frees the waiting batch (and its in-flight slot) if the
 	// receiver never answers.
-	p.pending[id] = pipeWait[Resp]{done: done, sent: sent}
+	p.pending[id] = pipeWait[Req, Resp]{r: r, sent: sent}
 	p.mu.Unlock()
 	if err := p.st.Send(req); err != nil {
 		if errors.Is(err, io.EOF) {
@@ -195,7 +203,7 @@ func (p *pipe[Req, Resp]) fail(err error) {
 	p.mu.Unlock()
 	p.cancel()
 	for _, w := range waiting {
-		w.done(nil, err)
+		w.r.done(nil, err)
 	}
 }
 
@@ -219,7 +227,7 @@ func (p *pipe[Req, Resp]) receive() {
 		if !ok {
 			continue // failed by the watchdog meanwhile; the pipe is broken
 		}
-		w.done(resp, nil)
+		w.r.done(resp, nil)
 		p.endIfRetired()
 	}
 }
