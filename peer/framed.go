@@ -171,10 +171,23 @@ func (f *framedConn) readMsg(m proto.Message) error {
 type framedStream[In, Out any] struct {
 	fc  *framedConn
 	ctx context.Context
+	// reuse, on a pipe's side, makes Recv decode every answer into one
+	// message: the pipe's receiver is done with an answer before it reads
+	// the next, and decoding never writes into what an earlier answer's
+	// fields (strings, byte slices, sub-messages) still point to. A
+	// handler's requests go to workers, so its side gets fresh ones.
+	reuse bool
+	last  *In
 }
 
 func (s *framedStream[In, Out]) Recv() (*In, error) {
-	m := new(In)
+	m := s.last
+	if m == nil || !s.reuse {
+		m = new(In)
+		s.last = m
+	} else {
+		proto.Reset(any(m).(proto.Message))
+	}
 	if err := s.fc.readMsg(any(m).(proto.Message)); err != nil {
 		return nil, err
 	}
@@ -577,6 +590,6 @@ func dialFramed(ctx context.Context, addr string, kind byte, token string, tlsCf
 func framedOpen[Req, Resp any](fc *framedConn) func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error) {
 	return func(ctx context.Context, _ ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error) {
 		context.AfterFunc(ctx, func() { fc.c.Close() })
-		return &framedStream[Resp, Req]{fc: fc, ctx: ctx}, nil
+		return &framedStream[Resp, Req]{fc: fc, ctx: ctx, reuse: true}, nil
 	}
 }
