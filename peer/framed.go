@@ -171,11 +171,12 @@ func (f *framedConn) readMsg(m proto.Message) error {
 type framedStream[In, Out any] struct {
 	fc  *framedConn
 	ctx context.Context
-	// reuse, on a pipe's side, makes Recv decode every answer into one
-	// message: the pipe's receiver is done with an answer before it reads
-	// the next, and decoding never writes into what an earlier answer's
-	// fields (strings, byte slices, sub-messages) still point to. A
-	// handler's requests go to workers, so its side gets fresh ones.
+	// reuse makes Recv decode every message into one: for a reader done
+	// with a message before it reads the next (a pipe's receiver, the
+	// replication handler). Decoding never writes into what an earlier
+	// message's fields (strings, byte slices, sub-messages) still point
+	// to; only the message itself is reused. CheckStream's requests go to
+	// workers, so it gets fresh ones.
 	reuse bool
 	last  *In
 }
@@ -356,7 +357,9 @@ func (fs *framedServer) serve(c net.Conn) {
 	case framedCheck:
 		err = fs.srv.CheckStream(&framedStream[peerpb.CheckRequest, peerpb.CheckResponse]{fc: fc, ctx: ctx})
 	case framedReplicate:
-		err = fs.srv.ReplicateStream(&framedStream[peerpb.ReplicateRequest, peerpb.ReplicateResponse]{fc: fc, ctx: ctx})
+		// ReplicateStream applies each request before it reads the next
+		// and keeps none: its requests can share one message.
+		err = fs.srv.ReplicateStream(&framedStream[peerpb.ReplicateRequest, peerpb.ReplicateResponse]{fc: fc, ctx: ctx, reuse: true})
 	}
 	if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, context.Canceled) {
 		fs.n.log.Debug("framed pipe ended", "remote", c.RemoteAddr().String(), "err", err)
