@@ -179,6 +179,11 @@ type framedStream[In, Out any] struct {
 	// workers, so it gets fresh ones.
 	reuse bool
 	last  *In
+	// cancel, on a handler's side, ends ctx when the connection breaks
+	// (as gRPC ends a stream's context): work for a sender that is gone
+	// stops. A clean end (the sender closing its side, a graceful stop)
+	// leaves ctx alone, so what was read is still answered.
+	cancel context.CancelFunc
 }
 
 func (s *framedStream[In, Out]) Recv() (*In, error) {
@@ -190,6 +195,9 @@ func (s *framedStream[In, Out]) Recv() (*In, error) {
 		proto.Reset(any(m).(proto.Message))
 	}
 	if err := s.fc.readMsg(any(m).(proto.Message)); err != nil {
+		if s.cancel != nil && !errors.Is(err, io.EOF) {
+			s.cancel()
+		}
 		return nil, err
 	}
 	return m, nil
@@ -355,11 +363,11 @@ func (fs *framedServer) serve(c net.Conn) {
 	defer cancel()
 	switch kind {
 	case framedCheck:
-		err = fs.srv.CheckStream(&framedStream[peerpb.CheckRequest, peerpb.CheckResponse]{fc: fc, ctx: ctx})
+		err = fs.srv.CheckStream(&framedStream[peerpb.CheckRequest, peerpb.CheckResponse]{fc: fc, ctx: ctx, cancel: cancel})
 	case framedReplicate:
 		// ReplicateStream applies each request before it reads the next
 		// and keeps none: its requests can share one message.
-		err = fs.srv.ReplicateStream(&framedStream[peerpb.ReplicateRequest, peerpb.ReplicateResponse]{fc: fc, ctx: ctx, reuse: true})
+		err = fs.srv.ReplicateStream(&framedStream[peerpb.ReplicateRequest, peerpb.ReplicateResponse]{fc: fc, ctx: ctx, reuse: true, cancel: cancel})
 	}
 	if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, context.Canceled) {
 		fs.n.log.Debug("framed pipe ended", "remote", c.RemoteAddr().String(), "err", err)

@@ -359,3 +359,43 @@ func TestFramedReplacesGRPCStream(t *testing.T) {
 		t.Fatalf("owner holds %d admissions, %d were answered", held, admitted)
 	}
 }
+
+// TestFramedHandlerEndsWithConnection breaks a framed pipe's connection
+// (a reset, as from a crashed sender) while its batch is being decided:
+// the batch's context ends at once, as a gRPC stream's does, not at the
+// batch's deadline 30 s later.
+func TestFramedHandlerEndsWithConnection(t *testing.T) {
+	pols := map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}}
+	c := startCluster(t, 1, Config{Policies: pols, ForwardTimeout: 30 * time.Second})
+	nd := c.nodes[0]
+	entered, returned := make(chan struct{}), make(chan struct{})
+	nd.setCheckHookForTest(func(ctx context.Context) {
+		close(entered)
+		<-ctx.Done()
+		close(returned)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fc, err := dialFramed(ctx, nd.RPCAddr(), framedCheck, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &framedStream[peerpb.CheckResponse, peerpb.CheckRequest]{fc: fc, ctx: ctx}
+	b := appendItem(nil, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: "t", Subject: "s", Policy: "p"}, Hits: 1})
+	if err := st.Send(&peerpb.CheckRequest{Sender: "other", Id: 1, TimeoutNs: int64(30 * time.Second), ItemsPacked: append([]byte{1}, b...)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the batch never reached Check")
+	}
+	tc := fc.c.(*net.TCPConn)
+	_ = tc.SetLinger(0) // Close sends a reset
+	tc.Close()
+	select {
+	case <-returned:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the batch's context did not end within 5 s of the connection's reset (its deadline is 30 s away)")
+	}
+}
