@@ -421,10 +421,11 @@ func (l *sniffListener) acceptLoop() {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				// Out of descriptors and the like: wait a little, as
-				// net/http and gRPC do.
+			var tmp interface{ Temporary() bool }
+			if errors.As(err, &tmp) && tmp.Temporary() {
+				// Out of descriptors (EMFILE) and the like: wait a
+				// little and accept again, as net/http and gRPC do; the
+				// error is gone once connections close.
 				pause = min(max(2*pause, 5*time.Millisecond), time.Second)
 				t := time.NewTimer(pause)
 				select {

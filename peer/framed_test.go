@@ -399,3 +399,70 @@ func TestFramedHandlerEndsWithConnection(t *testing.T) {
 		t.Fatal("the batch's context did not end within 5 s of the connection's reset (its deadline is 30 s away)")
 	}
 }
+
+// flakyListener fails its first fails Accepts with a temporary error, as
+// accept does when the process is out of file descriptors.
+type flakyListener struct {
+	net.Listener
+	mu    sync.Mutex
+	fails int
+}
+
+type temporaryErr struct{}
+
+func (temporaryErr) Error() string   { return "accept: too many open files" }
+func (temporaryErr) Temporary() bool { return true }
+func (temporaryErr) Timeout() bool   { return false }
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	fail := l.fails > 0
+	l.fails--
+	l.mu.Unlock()
+	if fail {
+		return nil, temporaryErr{}
+	}
+	return l.Listener.Accept()
+}
+
+// TestSniffListenerRetriesTemporaryErrors: a temporary accept error (out
+// of file descriptors) makes the listener wait and accept again, as gRPC's
+// own accept loop does, instead of stopping the node's RPC server.
+func TestSniffListenerRetriesTemporaryErrors(t *testing.T) {
+	n := &Node{}
+	fs := newFramedServer(n)
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newSniffListener(n, &flakyListener{Listener: raw, fails: 3}, fs)
+	defer func() {
+		l.Close()
+		fs.stop(false)
+		n.wg.Wait()
+	}()
+	conn, err := net.Dial("tcp", raw.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if c != nil {
+			c.Close()
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("Accept after 3 temporary errors: %v, want the connection", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Accept did not return the connection within 5 s")
+	}
+}
