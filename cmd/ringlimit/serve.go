@@ -70,6 +70,11 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
   --drain-timeout D     how long shutdown may take to hand off keys (default 10s)
   --join-timeout D      how long start-up keeps retrying the --join seeds
                         (default 30s)
+  --peer-pipes M        how nodes carry forwards and replication to each
+                        other: framed (default: a framed TCP connection to
+                        the peer's gRPC port, a gRPC stream when the peer
+                        takes none), grpc (gRPC streams, for proxies that
+                        pass only HTTP/2) or unary (a gRPC call per batch)
   --gossip-profile P    gossip timings: lan (default; a killed member is
                         declared failed in ~6 s), fast (one data centre
                         with low latency, ~1.2 s) or wan (~45 s); every
@@ -149,6 +154,7 @@ type serveFlags struct {
 	name, gossipAddr, grpcAddr, httpAddr, join, policies, gossipKey string
 	tlsCert, tlsKey, tlsCA, tlsServerName                           string
 	logFormat, logLevel                                             string
+	peerPipes                                                       string
 	adminTokenFile                                                  string
 	gossipAdvertise, grpcAdvertise                                  string
 	drainTimeout, joinTimeout, joinRefresh, policiesPoll            time.Duration
@@ -184,6 +190,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "")
 	fs.StringVar(&f.logLevel, "log-level", "info", "")
 	fs.StringVar(&f.adminTokenFile, "admin-token-file", "", "")
+	fs.StringVar(&f.peerPipes, "peer-pipes", "framed", "")
 	profile := fs.String("gossip-profile", string(peer.GossipLAN), "")
 	fs.BoolVar(&f.exitOnStdinEOF, "exit-on-stdin-eof", false, "")
 	if err := fs.Parse(args); err != nil {
@@ -210,11 +217,29 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	if _, err := parseJoin(f.join); err != nil {
 		return f, usageError("serve: " + err.Error())
 	}
+	if err := setPeerPipes(f.peerPipes, &peer.Config{}); err != nil {
+		return f, usageError("serve: " + err.Error())
+	}
 	var err error
 	if f.gossipProfile, err = peer.ParseGossipProfile(*profile); err != nil {
 		return f, usageError(fmt.Sprintf("serve: gossip profile %q: want lan, fast or wan", *profile))
 	}
 	return f, nil
+}
+
+// setPeerPipes sets cfg's peer transport from --peer-pipes.
+func setPeerPipes(mode string, cfg *peer.Config) error {
+	switch mode {
+	case "framed":
+		cfg.DisableFramedPipes, cfg.DisableStreams = false, false
+	case "grpc":
+		cfg.DisableFramedPipes, cfg.DisableStreams = true, false
+	case "unary":
+		cfg.DisableFramedPipes, cfg.DisableStreams = true, true
+	default:
+		return fmt.Errorf("peer pipes %q: want framed, grpc or unary", mode)
+	}
+	return nil
 }
 
 // applyEnv sets every flag not given on the command line from the
@@ -285,6 +310,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		GossipProfile:       f.gossipProfile,
 		JoinTimeout:         f.joinTimeout,
 	}
+	_ = setPeerPipes(f.peerPipes, &cfg) // checked by parseServeFlags
 	// Envoy's RateLimitService is always served, on the gRPC port; without
 	// "domains" in the policy file every domain is unknown and answered
 	// OK, as envoyproxy/ratelimit answers an unknown domain.

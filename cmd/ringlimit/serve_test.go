@@ -516,7 +516,9 @@ func TestServeUnavailable(t *testing.T) {
 
 // TestServeMutualTLS runs two nodes with mutual TLS on gRPC and an
 // encrypted gossip key, forwards between them, and checks that a client
-// without a certificate is refused.
+// without a certificate is refused. One node uses gRPC streams to its
+// peer (--peer-pipes grpc), the other framed pipes over TLS: both kinds
+// meet in one cluster.
 func TestServeMutualTLS(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -524,7 +526,7 @@ func TestServeMutualTLS(t *testing.T) {
 	gossipKey := writeFile(t, dir, "gossip.key", base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32))+"\n")
 	flags := []string{"--tls-ca", ca, "--tls-cert", cert, "--tls-key", key, "--gossip-key", gossipKey}
 	a := startServe(t, "tls-a", nil, flags...)
-	b := startServe(t, "tls-b", nil, append(flags, "--join", a.gossipAddr)...)
+	b := startServe(t, "tls-b", nil, append(flags, "--join", a.gossipAddr, "--peer-pipes", "grpc")...)
 	waitFor(t, 15*time.Second, "both nodes to see 2 members", func() bool {
 		for _, p := range []*serveProc{a, b} {
 			r := doHTTP(t, "GET", "http://"+p.httpAddr+"/readyz", "")
@@ -647,6 +649,7 @@ func TestServeConfigErrors(t *testing.T) {
 		{"half of TLS", []string{"--tls-cert", "x.pem"}, "go together"},
 		{"bad gossip key", []string{"--gossip-key", shortKey}, "want 16, 24 or 32"},
 		{"bad gossip profile", []string{"--gossip-profile", "moon"}, "gossip profile"},
+		{"bad peer pipes", []string{"--peer-pipes", "smoke"}, `peer pipes "smoke": want framed, grpc or unary`},
 		{"stray argument", []string{"now"}, `unexpected argument "now"`},
 		{"bad address", []string{"--gossip-addr", "nowhere", "--grpc-addr", "127.0.0.1:0", "--http-addr", ""}, "gossip address"},
 	} {
@@ -859,5 +862,23 @@ func TestServeJoinTimeout(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "join failed, retrying") || !strings.Contains(stderr.String(), "attempt=2") {
 		t.Fatalf("serve log lacks the retried join attempts:\n%s", stderr.String())
+	}
+}
+
+// TestSetPeerPipes pins what --peer-pipes sets in the node's Config.
+func TestSetPeerPipes(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		mode                string
+		noFramed, noStreams bool
+	}{
+		{"framed", false, false},
+		{"grpc", true, false},
+		{"unary", true, true},
+	} {
+		cfg := peer.Config{DisableFramedPipes: !tc.noFramed, DisableStreams: !tc.noStreams}
+		if err := setPeerPipes(tc.mode, &cfg); err != nil || cfg.DisableFramedPipes != tc.noFramed || cfg.DisableStreams != tc.noStreams {
+			t.Errorf("--peer-pipes %s: DisableFramedPipes %v, DisableStreams %v, err %v; want %v, %v", tc.mode, cfg.DisableFramedPipes, cfg.DisableStreams, err, tc.noFramed, tc.noStreams)
+		}
 	}
 }
