@@ -74,6 +74,9 @@ const (
 	framedSetupTimeout = 5 * time.Second
 	// framedKeepBuf is the largest frame buffer kept between frames.
 	framedKeepBuf = 256 << 10
+	// framedMaxHello bounds the hello and its answer: a kind and a token,
+	// or a status and its message.
+	framedMaxHello = 4 << 10
 )
 
 // errFramedRefused means the server did not take the framed pipe: it
@@ -126,15 +129,16 @@ func (f *framedConn) writeRaw(payload []byte) error {
 	return err
 }
 
-// readFrame reads one frame; the bytes are valid until the next read.
-// A connection that ends between frames returns io.EOF.
-func (f *framedConn) readFrame() ([]byte, error) {
+// readFrame reads one frame of at most limit bytes; the bytes are valid
+// until the next read. A connection that ends between frames returns
+// io.EOF.
+func (f *framedConn) readFrame(limit uint32) ([]byte, error) {
 	if _, err := io.ReadFull(f.r, f.hdr[:]); err != nil {
 		return nil, err
 	}
 	n := binary.BigEndian.Uint32(f.hdr[:])
-	if n > framedMaxFrame {
-		return nil, fmt.Errorf("peer: frame of %d bytes exceeds %d", n, framedMaxFrame)
+	if n > limit {
+		return nil, fmt.Errorf("peer: frame of %d bytes exceeds %d", n, limit)
 	}
 	if int(n) > cap(f.rbuf) {
 		f.rbuf = make([]byte, n)
@@ -154,7 +158,7 @@ func (f *framedConn) readFrame() ([]byte, error) {
 
 // readMsg reads one frame into m (which copies what it keeps).
 func (f *framedConn) readMsg(m proto.Message) error {
-	b, err := f.readFrame()
+	b, err := f.readFrame(framedMaxFrame)
 	if err != nil {
 		return err
 	}
@@ -335,7 +339,9 @@ func (fs *framedServer) serve(c net.Conn) {
 		conn = tc
 	}
 	fc := newFramedConn(conn)
-	hello, err := fc.readFrame()
+	// Before the hello is accepted the sender is a stranger: it gets no
+	// buffer larger than a hello needs.
+	hello, err := fc.readFrame(framedMaxHello)
 	if err != nil || len(hello) < 1 {
 		fs.n.log.Debug("framed pipe: no hello", "remote", c.RemoteAddr().String(), "err", err)
 		return
@@ -581,7 +587,7 @@ func dialFramed(ctx context.Context, addr string, kind byte, token string, tlsCf
 	if err := fc.writeRaw(append([]byte{kind}, token...)); err != nil {
 		return fail(err)
 	}
-	ans, err := fc.readFrame()
+	ans, err := fc.readFrame(framedMaxHello)
 	switch {
 	case err != nil:
 		// A server without framed pipes closes the connection.

@@ -466,3 +466,30 @@ func TestSniffListenerRetriesTemporaryErrors(t *testing.T) {
 		t.Fatal("Accept did not return the connection within 5 s")
 	}
 }
+
+// TestFramedHelloBounded: before its hello is accepted a connection is a
+// stranger's; a hello frame that claims more than a hello needs (here
+// 16 MiB) closes the connection at once, instead of reserving the buffer
+// and waiting out the setup timeout.
+func TestFramedHelloBounded(t *testing.T) {
+	pols := map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}}
+	c := startCluster(t, 1, Config{Policies: pols, PeerSecret: []byte("s3cret")})
+	conn, err := net.Dial("tcp", c.nodes[0].RPCAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	msg := append([]byte(framedMagic), 0x01, 0x00, 0x00, 0x00) // a 16 MiB hello
+	if _, err := conn.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(framedSetupTimeout / 2))
+	var b [16]byte
+	_, err = conn.Read(b[:])
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("the connection stayed open %v after an oversized hello", framedSetupTimeout/2)
+	}
+	if err == nil {
+		t.Fatalf("the server answered an oversized hello instead of closing")
+	}
+}
