@@ -97,21 +97,35 @@ func (a peerAuth) check(ctx context.Context, method string) error {
 	if !strings.HasPrefix(method, peerService) || a.open() {
 		return nil
 	}
+	verified := false
 	if a.mtls {
 		if p, ok := grpcpeer.FromContext(ctx); ok {
 			if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 {
-				return nil
+				verified = true
 			}
 		}
+	}
+	token := ""
+	if got := metadata.ValueFromIncomingContext(ctx, peerTokenKey); len(got) > 0 {
+		token = got[0]
+	}
+	return a.admit(verified, token)
+}
+
+// admit decides for a peer call or a framed pipe's hello: verified says
+// its TLS handshake verified a client certificate, token is the peer
+// token it sent ("" for none).
+func (a peerAuth) admit(verified bool, token string) error {
+	if a.open() || (a.mtls && verified) {
+		return nil
 	}
 	if a.token == "" {
 		return status.Error(codes.Unauthenticated, "peer RPCs need a verified client certificate")
 	}
-	got := metadata.ValueFromIncomingContext(ctx, peerTokenKey)
-	if len(got) == 0 {
+	if token == "" {
 		return status.Error(codes.Unauthenticated, "peer RPCs need the cluster's peer token")
 	}
-	if !hmac.Equal([]byte(got[0]), []byte(a.token)) {
+	if !hmac.Equal([]byte(token), []byte(a.token)) {
 		return status.Error(codes.PermissionDenied, "wrong peer token: the caller's PeerSecret (or GossipKey) differs")
 	}
 	return nil

@@ -36,7 +36,6 @@ package peer
 import (
 	"bufio"
 	"context"
-	"crypto/hmac"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -347,7 +346,7 @@ func (fs *framedServer) serve(c net.Conn) {
 		return
 	}
 	kind, token := hello[0], string(hello[1:])
-	if err := fs.n.ops.auth.checkFramed(verified, token); err != nil {
+	if err := fs.n.ops.auth.admit(verified, token); err != nil {
 		st := status.Convert(err)
 		_ = fc.writeRaw(append([]byte{byte(st.Code())}, st.Message()...))
 		return
@@ -378,24 +377,6 @@ func (fs *framedServer) serve(c net.Conn) {
 	if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, context.Canceled) {
 		fs.n.log.Debug("framed pipe ended", "remote", c.RemoteAddr().String(), "err", err)
 	}
-}
-
-// checkFramed is check (auth.go) for a framed pipe's hello: verified
-// says the TLS handshake verified a client certificate.
-func (a peerAuth) checkFramed(verified bool, token string) error {
-	if a.open() || (a.mtls && verified) {
-		return nil
-	}
-	if a.token == "" {
-		return status.Error(codes.Unauthenticated, "peer RPCs need a verified client certificate")
-	}
-	if token == "" {
-		return status.Error(codes.Unauthenticated, "peer RPCs need the cluster's peer token")
-	}
-	if !hmac.Equal([]byte(token), []byte(a.token)) {
-		return status.Error(codes.PermissionDenied, "wrong peer token: the caller's PeerSecret (or GossipKey) differs")
-	}
-	return nil
 }
 
 // sniffListener is the listener the gRPC server serves: it passes on the
