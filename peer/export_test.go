@@ -327,14 +327,23 @@ func (n *Node) copyForTest(pid int, holder string) *shard.Store {
 
 // pipeForTest names the kind of n's forward pipe to member: "framed",
 // "grpc", or "" without one.
-func (n *Node) pipeForTest(member string) string {
+func (n *Node) pipeForTest(member string) string { return n.pipeKindForTest(member, false) }
+
+// replPipeForTest is pipeForTest for n's replication pipe to member.
+func (n *Node) replPipeForTest(member string) string { return n.pipeKindForTest(member, true) }
+
+func (n *Node) pipeKindForTest(member string, repl bool) string {
 	n.clientsMu.Lock()
 	c := n.clients[member]
 	n.clientsMu.Unlock()
 	if c == nil {
 		return ""
 	}
-	switch c.pipe.kind.Load() {
+	k := c.pipe.kind.Load()
+	if repl {
+		k = c.repl.pipe.kind.Load()
+	}
+	switch k {
 	case 2:
 		return "framed"
 	case 1:

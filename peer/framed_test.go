@@ -297,7 +297,8 @@ func TestSniffDoesNotBlock(t *testing.T) {
 // Unavailable, a passing condition): its peer forwards on a gRPC stream.
 // Once framed pipes are taken, the peer moves to one while calls keep
 // coming: no call fails in the switch, and every admission answered is
-// counted once by the owner.
+// counted once by the owner. The peer's replication to the owner stays on
+// its gRPC stream: two live pipes would not keep its order.
 func TestFramedReplacesGRPCStream(t *testing.T) {
 	pols := map[string]PolicyConfig{"p": {Limit: 1 << 30, Window: time.Hour}}
 	c := startClusterWith(t, 2, Config{Policies: pols, ForwardTimeout: 5 * time.Second}, func(i int, cfg *Config) {
@@ -305,6 +306,13 @@ func TestFramedReplacesGRPCStream(t *testing.T) {
 	})
 	n0, n1 := c.nodes[0], c.nodes[1]
 	key := pmKeyOwnedBy(t, n0, "p", "n1")
+	own := pmKeyOwnedBy(t, n0, "p", "n0") // n0 holds it, n1 keeps its copy
+	admitOwn := func() {
+		t.Helper()
+		if d, err := n0.Allow(context.Background(), Request{Key: own}); err != nil || !d.Allowed {
+			t.Fatalf("local Allow on n0: %+v, %v", d, err)
+		}
+	}
 	admitted := 0
 	call := func() {
 		t.Helper()
@@ -320,6 +328,13 @@ func TestFramedReplacesGRPCStream(t *testing.T) {
 	})
 	if got := n0.pipeForTest(n1.Name()); got != "grpc" {
 		t.Fatalf("n0's pipe to n1 while n1 refuses framed pipes: %q, want grpc", got)
+	}
+	waitFor(t, 10*time.Second, "n0 to replicate to n1 on a pipe", func() bool {
+		admitOwn()
+		return n0.replPipeForTest(n1.Name()) != ""
+	})
+	if got := n0.replPipeForTest(n1.Name()); got != "grpc" {
+		t.Fatalf("n0's replication pipe to n1 while n1 refuses framed pipes: %q, want grpc", got)
 	}
 	breaks := n0.pipeBreaksForTest()
 	n1.refuseFramed.Store(false)
@@ -344,6 +359,12 @@ func TestFramedReplacesGRPCStream(t *testing.T) {
 		return n0.pipeForTest(n1.Name()) == "framed"
 	})
 	call()
+	for range 3 {
+		admitOwn()
+	}
+	if got := n0.replPipeForTest(n1.Name()); got != "grpc" {
+		t.Errorf("n0's replication pipe to n1 after the forward pipe moved: %q, want grpc (kept until it breaks)", got)
+	}
 	if got := n1.framedServed[framedCheck].Load(); got == 0 {
 		t.Fatalf("n1 served no framed forward pipe after the switch")
 	}

@@ -291,11 +291,14 @@ func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Conte
 		err := s.p.err
 		s.p.mu.Unlock()
 		if err == nil {
-			if !s.p.framed {
+			if !s.p.framed && kind == framedCheck {
 				// A gRPC stream is in use because a framed pipe could not
 				// be had: try one again after the pause, and move to it
 				// when it opens (the stream ends once its requests are
-				// answered).
+				// answered). Forwards only: batches are independent, while
+				// replication must reach the backup in the order it was
+				// sent, which two live pipes would not keep; its stream
+				// stays until it breaks.
 				if p := s.framedPipe(c, kind, idOf); p != nil {
 					s.p.retire()
 					s.set(p)
