@@ -433,7 +433,7 @@ func (sc *admitScratch) put() {
 
 // applyPackedAdmits applies a packed admissions request from sender and
 // returns the packed answer.
-func (n *Node) applyPackedAdmits(sender string, b []byte, closing, quorum bool) ([]byte, error) {
+func (n *Node) applyPackedAdmits(sender string, seq uint64, b []byte, closing, quorum bool) ([]byte, error) {
 	r := &packedReader{s: string(b)} // the request's one string allocation
 	tab := n.table.Load()            // once per request
 	nops := r.count(maxWireBatch, 3)
@@ -475,7 +475,7 @@ func (n *Node) applyPackedAdmits(sender string, b []byte, closing, quorum bool) 
 		if part > uint64(^uint32(0)) {
 			part = uint64(len(n.pt.parts)) // refused below
 		}
-		res := n.applyOpKeys(sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne}, ents, closing, quorum)
+		res := n.applyOpKeys(sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne, seq: seq}, ents, closing, quorum)
 		out = binary.AppendUvarint(out, uint64(res.status))
 		out = binary.AppendVarint(out, res.leaseNs)
 		out = appendStr(out, res.holder)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 // ghostDelegate publishes a ghost member's metadata.
@@ -744,5 +745,67 @@ func TestLimitRaisedOnHolderFirst(t *testing.T) {
 	admitted += admittedAfterCrash(t, n0, []*Node{n1, n2}, key, newLimit)
 	if admitted != newLimit {
 		t.Fatalf("%d admissions in one window of limit %d across the roll and a crash; want exactly %d", admitted, newLimit, newLimit)
+	}
+}
+
+// TestLateReplicationNotApplied delivers a replication message to a
+// backup after a newer one, as a message from a connection its holder
+// gave up on can arrive: a REPLACE (a reset) older than an admission the
+// backup already applied must not remove it. Before messages were
+// numbered it did, and a holder crash then lost the admission.
+func TestLateReplicationNotApplied(t *testing.T) {
+	pols := map[string]PolicyConfig{"p": {Limit: 10, Window: time.Hour}}
+	c := startCrashCluster(t, pols)
+	n0, n1 := c.nodes[0], c.nodes[1]
+	key, pid := keyHeldWithBackup(t, n0, n1, "late", "p")
+	admitN(t, n0, key, 1)
+	pt := &n1.pt.parts[pid]
+	pt.mu.RLock()
+	epoch, seq := pt.rep.epoch, pt.rep.seq
+	pt.mu.RUnlock()
+	if seq == 0 {
+		t.Fatalf("the backup's copy has no message number after an admission")
+	}
+	// Far ahead of n0's own numbers, so its traffic does not interleave.
+	base := seq + 1<<40
+	srv := &server{n: n1}
+	state := func(count int64) *peerpb.KeyState {
+		st := shard.KeyState{Key: key, Algorithm: shard.SlidingLog}
+		if count > 0 {
+			st.Runs = []shard.Run{{Age: 0, Count: count}}
+		}
+		return stateToWire(st)
+	}
+	send := func(seq uint64, kind peerpb.PartitionOp_Kind, count int64) peerpb.OpStatus {
+		t.Helper()
+		resp, err := srv.Replicate(context.Background(), &peerpb.ReplicateRequest{Sender: n0.Name(), Seq: seq, Ops: []*peerpb.PartitionOp{{
+			Kind: kind, Partition: uint32(pid), Epoch: epoch, Keys: []*peerpb.KeyState{state(count)},
+		}}})
+		if err != nil || len(resp.GetResults()) != 1 {
+			t.Fatalf("Replicate: %v, %v", resp, err)
+		}
+		return resp.GetResults()[0].GetStatus()
+	}
+	units := func() int64 {
+		st, _ := n1.copyForTest(pid, n0.Name()).Export(key, n1.clock())
+		var u int64
+		for _, r := range st.Runs {
+			u += r.Count
+		}
+		return u
+	}
+	if st := send(base+2, peerpb.PartitionOp_KIND_ADMIT, 3); st != peerpb.OpStatus_OP_STATUS_OK {
+		t.Fatalf("the newer admission: %v", st)
+	}
+	if got := units(); got != 4 {
+		t.Fatalf("the copy holds %d units after the newer admission, want 4", got)
+	}
+	send(base+1, peerpb.PartitionOp_KIND_REPLACE, 0) // the late reset
+	if got := units(); got != 4 {
+		t.Fatalf("a late REPLACE changed the copy to %d units, want 4 (it is older than the admission applied)", got)
+	}
+	// In order, a REPLACE applies.
+	if st := send(base+3, peerpb.PartitionOp_KIND_REPLACE, 1); st != peerpb.OpStatus_OP_STATUS_OK || units() != 1 {
+		t.Fatalf("an in-order REPLACE: %v, %d units; want OK and 1", st, units())
 	}
 }

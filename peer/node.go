@@ -104,6 +104,8 @@ type Node struct {
 	copyFault atomic.Pointer[func(pid int, to string, last bool) copyFault]
 	// pipeBreaks counts streams to peers that broke (tests wait on it).
 	pipeBreaks atomic.Int64
+	// replSeq numbers replication messages (ReplicateRequest.Seq).
+	replSeq atomic.Uint64
 	// framedOpened counts framed pipes opened to peers; framedServed,
 	// by kind, those peers opened to this node (tests read them).
 	framedOpened atomic.Int64

@@ -155,8 +155,12 @@ type part struct {
 
 // replica is the copy of a partition this node keeps as its backup.
 type replica struct {
-	holder   string
-	epoch    uint64
+	holder string
+	epoch  uint64
+	// seq is the newest replication message (ReplicateRequest.Seq) from
+	// holder whose ADMIT or REPLACE this copy applied; older ones are not
+	// applied (they arrived late).
+	seq      uint64
 	complete bool // a full copy arrived (SYNC_END)
 	store    *shard.Store
 	// leaseEnd is when the lease this node granted ends, node monotonic ns.

@@ -247,6 +247,9 @@ func (c *client) sendReplPipe(p *pipe[peerpb.ReplicateRequest, peerpb.ReplicateR
 		r.req, r.opOf = c.replRequest(batch)
 		r.ops = opsOf(r.req)
 	}
+	// Numbered here, in the loop that sends them one after another: the
+	// backup applies none older than one it has applied.
+	r.req.Seq = c.n.replSeq.Add(1)
 	r.sent = c.n.mono()
 	r.start = time.Now()
 	return p.send(r) == nil
@@ -329,6 +332,7 @@ const maxReplBatch = 1024
 // one operation.
 func (c *client) sendRepl(batch []*replItem) {
 	req, opOf := c.replRequest(batch)
+	req.Seq = c.n.replSeq.Add(1)
 	ctx, cancel := context.WithTimeout(c.n.ctx, c.n.cfg.ForwardTimeout)
 	defer cancel()
 	sent := c.n.mono()
@@ -496,7 +500,7 @@ func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*pe
 	closing := n.closing.Load()
 	quorum := n.quorum()
 	if len(req.GetAdmitsPacked()) > 0 {
-		b, err := n.applyPackedAdmits(req.GetSender(), req.GetAdmitsPacked(), closing, quorum)
+		b, err := n.applyPackedAdmits(req.GetSender(), req.GetSeq(), req.GetAdmitsPacked(), closing, quorum)
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
@@ -504,13 +508,13 @@ func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*pe
 	}
 	resp := &peerpb.ReplicateResponse{Results: make([]*peerpb.OpResult, len(req.GetOps()))}
 	for i, op := range req.GetOps() {
-		resp.Results[i] = n.applyOp(req.GetSender(), op, closing, quorum)
+		resp.Results[i] = n.applyOp(req.GetSender(), req.GetSeq(), op, closing, quorum)
 	}
 	return resp, nil
 }
 
 // applyOp applies one operation from holder sender to this node's copy.
-func (n *Node) applyOp(sender string, op *peerpb.PartitionOp, closing, quorum bool) *peerpb.OpResult {
+func (n *Node) applyOp(sender string, seq uint64, op *peerpb.PartitionOp, closing, quorum bool) *peerpb.OpResult {
 	var keys []packedAdmit
 	for _, w := range op.GetKeys() {
 		st, p, err := n.decodeState(w)
@@ -519,7 +523,7 @@ func (n *Node) applyOp(sender string, op *peerpb.PartitionOp, closing, quorum bo
 		}
 		keys = append(keys, packedAdmit{st: st, p: p})
 	}
-	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys())}
+	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: seq}
 	r := n.applyOpKeys(sender, h, keys, closing, quorum)
 	return &peerpb.OpResult{Status: r.status, LeaseNs: r.leaseNs, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
 }
@@ -540,6 +544,7 @@ type opHead struct {
 	epoch       uint64
 	holderEpoch uint64 // SYNC_BEGIN's HolderEpoch; 0: unknown
 	carried     int    // key states the operation carried, valid or not
+	seq         uint64 // its message's ReplicateRequest.Seq; 0: not numbered
 }
 
 // applyOpKeys applies operation h from holder sender; keys are the key
@@ -635,6 +640,17 @@ func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing,
 	case peerpb.PartitionOp_KIND_ADMIT, peerpb.PartitionOp_KIND_REPLACE:
 		if pt.rep.holder != sender || pt.rep.epoch != epoch || pt.rep.store == nil || !pt.rep.complete {
 			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
+		}
+		if h.seq != 0 {
+			if h.seq < pt.rep.seq {
+				// A message older than one already applied, delivered
+				// late (its sender gave up on it, and was told nothing it
+				// carried is recorded here): applying it now could undo
+				// later operations (a REPLACE removing later admissions).
+				// Nobody waits for this answer.
+				return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
+			}
+			pt.rep.seq = h.seq
 		}
 		accepted := 0
 		for _, k := range keys {

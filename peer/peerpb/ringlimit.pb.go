@@ -1291,7 +1291,14 @@ type ReplicateRequest struct {
 	// run per key: tenant, subject, policy, algorithm, age_ns, count). The
 	// answer carries results_packed. A malformed packing fails the request
 	// with InvalidArgument.
-	AdmitsPacked  []byte `protobuf:"bytes,4,opt,name=admits_packed,json=admitsPacked,proto3" json:"admits_packed,omitempty"`
+	AdmitsPacked []byte `protobuf:"bytes,4,opt,name=admits_packed,json=admitsPacked,proto3" json:"admits_packed,omitempty"`
+	// Seq numbers the sender's replication messages in the order it sends
+	// them (1, 2, ...; 0: not numbered, from an older node). A backup does
+	// not apply an ADMIT or REPLACE of a partition from a message older than
+	// one it has applied to that partition's copy: a message delivered late
+	// (from a connection the sender gave up on) must not overtake later ones;
+	// a late REPLACE would remove admissions made after it.
+	Seq           uint64 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1352,6 +1359,13 @@ func (x *ReplicateRequest) GetAdmitsPacked() []byte {
 		return x.AdmitsPacked
 	}
 	return nil
+}
+
+func (x *ReplicateRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
 }
 
 // OpResult answers one PartitionOp, in order.
@@ -2850,12 +2864,13 @@ const file_ringlimit_proto_rawDesc = "" +
 	"KIND_ADMIT\x10\x04\x12\x12\n" +
 	"\x0eKIND_HEARTBEAT\x10\x05\x12\x10\n" +
 	"\fKIND_RELEASE\x10\x06\x12\x10\n" +
-	"\fKIND_REPLACE\x10\a\"\x8c\x01\n" +
+	"\fKIND_REPLACE\x10\a\"\x9e\x01\n" +
 	"\x10ReplicateRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x03ops\x18\x02 \x03(\v2\x19.ringlimit.v1.PartitionOpR\x03ops\x12\x0e\n" +
 	"\x02id\x18\x03 \x01(\x04R\x02id\x12#\n" +
-	"\radmits_packed\x18\x04 \x01(\fR\fadmitsPacked\"\x9f\x01\n" +
+	"\radmits_packed\x18\x04 \x01(\fR\fadmitsPacked\x12\x10\n" +
+	"\x03seq\x18\x05 \x01(\x04R\x03seq\"\x9f\x01\n" +
 	"\bOpResult\x12.\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x16.ringlimit.v1.OpStatusR\x06status\x12\x19\n" +
 	"\blease_ns\x18\x02 \x01(\x03R\aleaseNs\x12\x16\n" +
