@@ -595,14 +595,14 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 				n.applyOpResult(pid, ops[i].Epoch, to, r, sent)
 				return fmt.Errorf("%w: %s refused partition %d copy: %v", ErrUnavailable, to, pid, r.Status)
 			}
-			if sent := len(ops[i].Keys); ops[i].Kind == peerpb.PartitionOp_KIND_SYNC_CHUNK && int(r.Accepted) < sent {
+			if carried := len(ops[i].Keys); ops[i].Kind == peerpb.PartitionOp_KIND_SYNC_CHUNK && int(r.Accepted) < carried {
 				// The receiver skipped keys of a policy its table does not
 				// have, or has with another algorithm (a policy change
 				// rolling out). A copy without them is not complete: as
 				// backup or new holder it would start them empty. The
 				// copy is retried until the tables agree.
 				return fmt.Errorf("%w: %s recorded %d of %d keys of partition %d's copy (a policy it does not have, or has with another algorithm)",
-					ErrUnavailable, to, r.Accepted, sent, pid)
+					ErrUnavailable, to, r.Accepted, carried, pid)
 			}
 		}
 		if last {

@@ -553,6 +553,11 @@ type opHead struct {
 // is not among them).
 func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing, quorum bool) opResult {
 	kind, part, epoch, holderEpoch := h.kind, h.part, h.epoch, h.holderEpoch
+	if holderEpoch == 0 || holderEpoch >= epoch {
+		// A copy's sender holds the partition at holderEpoch, below the
+		// copy's epoch; an older sender does not say (epoch - 1).
+		holderEpoch = epoch - 1
+	}
 	pid := int(part)
 	if pid >= len(n.pt.parts) || sender == "" || sender == n.name {
 		return opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
@@ -565,18 +570,13 @@ func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing,
 		return opResult{status: peerpb.OpStatus_OP_STATUS_STALE, holder: pt.holder, epoch: pt.epoch}
 	}
 	if kind == peerpb.PartitionOp_KIND_SYNC_BEGIN && pt.holder != "" && pt.holder != sender && pt.role != roleNone {
-		// A copy comes from a holder at holderEpoch (epoch - 1 from an
-		// older sender), below the copy's epoch. Another holder we know
-		// of at a newer epoch, or this node holding at that epoch or
-		// newer, means the sender no longer holds the partition (it was
-		// taken over while it paused, say): its copy must not make this
-		// node its backup, whose lease would let it decide again.
-		h := holderEpoch
-		if h == 0 || h >= epoch {
-			h = epoch - 1
-		}
+		// Another holder we know of at a newer epoch than the sender's
+		// holding, or this node holding at that epoch or newer, means the
+		// sender no longer holds the partition (it was taken over while
+		// it paused, say): its copy must not make this node its backup,
+		// whose lease would let it decide again.
 		holding := pt.role == roleHolder || pt.role == roleFenced
-		if pt.epoch > h || holding && pt.epoch == h {
+		if pt.epoch > holderEpoch || holding && pt.epoch == holderEpoch {
 			return opResult{status: peerpb.OpStatus_OP_STATUS_STALE, holder: pt.holder, epoch: pt.epoch}
 		}
 	}
@@ -598,14 +598,10 @@ func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing,
 		if closing {
 			return opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
 		}
-		// The sender holds the partition at holderEpoch (an older sender:
-		// epoch - 1); record it. Never more: a copy's epoch can be
-		// several above its holder's, and a record of a holding newer
-		// than the real one would make a backup with a good copy think
-		// it stale.
-		if holderEpoch == 0 || holderEpoch >= epoch {
-			holderEpoch = epoch - 1
-		}
+		// The sender holds the partition at holderEpoch; record it. Never
+		// more: a copy's epoch can be several above its holder's, and a
+		// record of a holding newer than the real one would make a backup
+		// with a good copy think it stale.
 		if pt.role != roleHolder && pt.role != roleFenced {
 			pt.learnLocked(sender, holderEpoch, now)
 		}

@@ -75,9 +75,10 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 	// together. An item is answered only once its backup has it.
 	for i := range items {
 		sl := &slots[i]
-		sl.out, sl.wait, slab = n.decideWire(ctx, v, &items[i], &sl.req, slab)
-		if sl.wait != nil && sl.wait.wait == nil {
-			sl.wait = nil
+		var r *opReq
+		sl.out, r, slab = n.decideWire(ctx, v, &items[i], &sl.req, slab)
+		if r != nil && r.wait != nil {
+			sl.wait = r
 		}
 	}
 	for i := range slots {
