@@ -809,3 +809,23 @@ func TestLateReplicationNotApplied(t *testing.T) {
 		t.Fatalf("an in-order REPLACE: %v, %d units; want OK and 1", st, units())
 	}
 }
+
+// TestCopyAtEpochZeroRefused: a copy's epoch is above its holder's, so a
+// SYNC_BEGIN at epoch 0 is malformed; it is refused and changes nothing
+// (before, the receiver worked out the holder's epoch as 0 − 1, wrapped).
+func TestCopyAtEpochZeroRefused(t *testing.T) {
+	pols := map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}}
+	c := startCluster(t, 2, Config{Policies: pols})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	const pid = 7
+	role, holder, epoch := n1.roleForTest(pid)
+	resp, err := (&server{n: n1}).Replicate(context.Background(), &peerpb.ReplicateRequest{Sender: n0.Name(), Ops: []*peerpb.PartitionOp{{
+		Kind: peerpb.PartitionOp_KIND_SYNC_BEGIN, Partition: pid, Epoch: 0,
+	}}})
+	if err != nil || len(resp.GetResults()) != 1 || resp.GetResults()[0].GetStatus() != peerpb.OpStatus_OP_STATUS_REFUSED {
+		t.Fatalf("SYNC_BEGIN at epoch 0: %v, %v; want REFUSED", resp, err)
+	}
+	if r, h, e := n1.roleForTest(pid); r != role || h != holder || e != epoch {
+		t.Fatalf("partition %d changed from %v/%s/%d to %v/%s/%d", pid, role, holder, epoch, r, h, e)
+	}
+}

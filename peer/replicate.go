@@ -559,7 +559,9 @@ func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing,
 		holderEpoch = epoch - 1
 	}
 	pid := int(part)
-	if pid >= len(n.pt.parts) || sender == "" || sender == n.name {
+	if pid >= len(n.pt.parts) || sender == "" || sender == n.name || kind == peerpb.PartitionOp_KIND_SYNC_BEGIN && epoch == 0 {
+		// (A copy's epoch is above its holder's, so never 0: one at 0 is
+		// malformed, and its holder epoch would wrap.)
 		return opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
 	}
 	pt := &n.pt.parts[pid]
