@@ -884,7 +884,7 @@ func TestPauseMidDecision(t *testing.T) {
 				Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: mode, Algorithm: tc.op.alg}},
 			})
 			n0, n1 := c.nodes[0], c.nodes[1]
-			key, _ := keyHeldWithBackup(t, n0, n1, "pause", "p")
+			key, pid := keyHeldWithBackup(t, n0, n1, "pause", "p")
 			entered, release := pauseFirstDecision(t, n0)
 			type result struct {
 				d   Decision
@@ -901,8 +901,15 @@ func TestPauseMidDecision(t *testing.T) {
 			// which wait for the paused decision's partition).
 			killed := make(chan struct{})
 			go func() { n0.KillForTest(); close(killed) }()
+			// Ask n1 only once it holds the partition: a call made before
+			// would be forwarded to n0, which may still decide it while
+			// its server stops (a decision of n0's, not the new holder's).
+			waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
+				r, _, _ := n1.roleForTest(pid)
+				return r == roleHolder
+			})
 			admitted := 0
-			waitFor(t, 30*time.Second, "n1 to take the partition over and decide", func() bool {
+			waitFor(t, 30*time.Second, "n1 to decide", func() bool {
 				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 				defer cancel()
 				d, err := tc.op.do(ctx, n1, key)
