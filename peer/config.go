@@ -308,6 +308,9 @@ type Config struct {
 	// refuseFramed (tests only) starts the node refusing framed pipes
 	// as Unavailable (Node.refuseFramed).
 	refuseFramed bool
+	// framedWriteTimeout (tests only) bounds a write on a framed pipe;
+	// zero means framedWriteTimeout's default (Node.framedWriteTimeout).
+	framedWriteTimeout time.Duration
 	// NotOwnerRetries bounds how often a request is retried after a peer
 	// answers "not owner". Zero means 3.
 	NotOwnerRetries int

@@ -352,3 +352,12 @@ func (n *Node) pipeKindForTest(member string, repl bool) string {
 		return ""
 	}
 }
+
+// framedConnsForTest counts the connections n's framed server is sniffing
+// or serving.
+func (n *Node) framedConnsForTest() int {
+	fs := n.grpcSrv.framed
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return len(fs.conns)
+}

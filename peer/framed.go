@@ -89,6 +89,12 @@ type framedConn struct {
 	hdr  [4]byte
 	rbuf []byte
 
+	// wtimeout bounds each write (zero: none): a peer that stops reading
+	// (paused, or cut off without a reset) does not hold the writer, and
+	// the writers queued behind it, for ever; the connection is closed
+	// instead, which ends both sides' readers.
+	wtimeout time.Duration
+
 	wmu  sync.Mutex
 	wbuf []byte
 }
@@ -110,11 +116,18 @@ func (f *framedConn) writeMsg(m proto.Message) error {
 		return fmt.Errorf("peer: frame of %d bytes exceeds %d", len(b)-4, framedMaxFrame)
 	}
 	binary.BigEndian.PutUint32(b, uint32(len(b)-4))
+	if f.wtimeout > 0 {
+		_ = f.c.SetWriteDeadline(time.Now().Add(f.wtimeout))
+	}
 	_, err = f.c.Write(b)
 	if cap(b) <= framedKeepBuf {
 		f.wbuf = b
 	} else {
 		f.wbuf = nil
+	}
+	if err != nil {
+		// A frame may be half written: nothing more can follow it.
+		_ = f.c.Close()
 	}
 	return err
 }
@@ -364,6 +377,7 @@ func (fs *framedServer) serve(c net.Conn) {
 	}
 	fs.n.framedServed[kind].Add(1)
 	_ = c.SetDeadline(time.Time{})
+	fc.wtimeout = fs.n.framedWriteTimeout()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	switch kind {
@@ -519,6 +533,18 @@ func (s *rpcServer) GracefulStop() {
 	go func() { s.framed.stop(true); close(done) }()
 	s.grpc.GracefulStop()
 	<-done
+}
+
+// framedWriteTimeout bounds each write on a framed pipe: 10 s, or four
+// forward timeouts if that is longer. A write blocks only while the peer
+// reads nothing (its buffers are full); by then its callers have long
+// given up, and the connection is closed rather than left to TCP's
+// retransmission timeout (minutes).
+func (n *Node) framedWriteTimeout() time.Duration {
+	if d := n.cfg.framedWriteTimeout; d > 0 {
+		return d
+	}
+	return max(10*time.Second, 4*n.cfg.ForwardTimeout)
 }
 
 // framedResult is the outcome of a framed pipe's dial.

@@ -8,7 +8,9 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/big"
 	"net"
 	"sync"
@@ -512,5 +514,54 @@ func TestFramedHelloBounded(t *testing.T) {
 	}
 	if err == nil {
 		t.Fatalf("the server answered an oversized hello instead of closing")
+	}
+}
+
+// TestFramedWriteTimeout: a sender that keeps sending batches but stops
+// reading their answers (paused, or cut off without a reset) fills the
+// connection's buffers. The receiver's write then blocks; after the write
+// timeout the receiver closes the connection and its handler ends, instead
+// of holding its workers until TCP gives up (minutes) or the node closes.
+func TestFramedWriteTimeout(t *testing.T) {
+	pols := map[string]PolicyConfig{"p": {Limit: 1 << 40, Window: time.Minute}}
+	c := startCluster(t, 1, Config{Policies: pols, framedWriteTimeout: 300 * time.Millisecond})
+	nd := c.nodes[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	fc, err := dialFramed(ctx, nd.RPCAddr(), framedCheck, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fc.c.Close()
+	_ = fc.c.(*net.TCPConn).SetReadBuffer(4 << 10)
+	if got := nd.framedConnsForTest(); got != 1 {
+		t.Fatalf("framed connections served = %d, want 1", got)
+	}
+	// Batches of 500 admissions, each answered with some kilobytes; never
+	// read. The sender stops at the first failed send (the receiver has
+	// closed), or after 4000 batches.
+	var items []byte
+	for i := range 500 {
+		items = appendItem(items, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: "t", Subject: fmt.Sprintf("s%d", i), Policy: "p"}, Hits: 1})
+	}
+	packed := append(binary.AppendUvarint(nil, 500), items...)
+	st := &framedStream[peerpb.CheckResponse, peerpb.CheckRequest]{fc: fc, ctx: ctx}
+	sent := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { sent <- n }()
+		_ = fc.c.SetWriteDeadline(time.Now().Add(15 * time.Second))
+		for ; n < 4000; n++ {
+			if err := st.Send(&peerpb.CheckRequest{Sender: "other", Id: uint64(n + 1), TimeoutNs: int64(time.Minute), ItemsPacked: packed}); err != nil {
+				return
+			}
+		}
+	}()
+	waitFor(t, 10*time.Second, "the receiver to end the pipe whose sender reads nothing (write timeout 300 ms)", func() bool {
+		return nd.framedConnsForTest() == 0
+	})
+	fc.c.Close()
+	if n := <-sent; n == 4000 {
+		t.Fatalf("all 4000 batches were sent: the answers never filled the connection")
 	}
 }

@@ -387,6 +387,9 @@ func (s *pipeState[Req, Resp]) startDial(c *client, kind byte) {
 	go func() {
 		defer c.n.wg.Done()
 		fc, err := dialFramed(ctx, c.addr, kind, c.n.ops.auth.token, c.n.cfg.ClientTLS)
+		if fc != nil {
+			fc.wtimeout = c.n.framedWriteTimeout()
+		}
 		ch <- framedResult{fc: fc, err: err}
 	}()
 }
