@@ -10,10 +10,12 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -465,4 +467,53 @@ func runTimed(b *testing.B, parallelism int, op func(ctx context.Context, i int)
 	b.ReportMetric(pct(0.50), "p50-ns")
 	b.ReportMetric(pct(0.99), "p99-ns")
 	reportOpsPerSec(b)
+}
+
+// floorSink keeps the floor benchmarks' results alive.
+var floorSink atomic.Int64
+
+// BenchmarkLocalFloor is the floor under the local decision path on this
+// machine: the steps every decision takes at least once, each alone, with
+// nothing else in the loop. A decision reads the clock (wall and
+// monotonic: the admission's time and the lease check), hashes the key's
+// placement, looks the key up in a map under a lock, and then decides.
+func BenchmarkLocalFloor(b *testing.B) {
+	b.Run("step=clock", func(b *testing.B) {
+		b.ReportAllocs()
+		var s int64
+		for b.Loop() {
+			s += time.Now().UnixNano()
+		}
+		floorSink.Add(s)
+	})
+	b.Run("step=monotonic-clock", func(b *testing.B) {
+		b.ReportAllocs()
+		t0 := time.Now()
+		var s int64
+		for b.Loop() {
+			s += int64(time.Since(t0))
+		}
+		floorSink.Add(s)
+	})
+	key := []byte("\x05bench\x0duser-00000042\x03api")
+	b.Run("step=hash", func(b *testing.B) {
+		b.ReportAllocs()
+		var s uint64
+		for b.Loop() {
+			s += xxhash.Sum64(key)
+		}
+		floorSink.Add(int64(s))
+	})
+	b.Run("step=map-lookup-locked", func(b *testing.B) {
+		b.ReportAllocs()
+		m := map[string]int64{string(key): 1}
+		var mu sync.Mutex
+		var s int64
+		for b.Loop() {
+			mu.Lock()
+			s += m[string(key)]
+			mu.Unlock()
+		}
+		floorSink.Add(s)
+	})
 }
