@@ -25,6 +25,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -407,10 +408,11 @@ func packAdmits(batch []*replItem, now time.Time) (b []byte, ops []replOp, opOf 
 	return b, ops, opOf
 }
 
-// packedAdmit is one decoded, valid key state with its local policy.
+// packedAdmit is one decoded, valid key state with the policy it is
+// imported under (importPolicy).
 type packedAdmit struct {
 	st shard.KeyState
-	p  *policy
+	sp shard.Policy
 }
 
 // admitScratch is applyPackedAdmits's scratch.
@@ -431,9 +433,9 @@ func (sc *admitScratch) put() {
 	admitScratchPool.Put(sc)
 }
 
-// applyPackedAdmits applies a packed admissions request from sender and
-// returns the packed answer.
-func (n *Node) applyPackedAdmits(sender string, seq uint64, b []byte, closing, quorum bool) ([]byte, error) {
+// applyPackedAdmits applies a packed admissions request from sender (sw:
+// the sender's windows, if it sent them) and returns the packed answer.
+func (n *Node) applyPackedAdmits(sender string, seq uint64, sw []senderWindow, b []byte, closing, quorum bool) ([]byte, error) {
 	r := &packedReader{s: string(b)} // the request's one string allocation
 	tab := n.table.Load()            // once per request
 	nops := r.count(maxWireBatch, 3)
@@ -466,7 +468,7 @@ func (n *Node) applyPackedAdmits(sender string, seq uint64, b []byte, closing, q
 				continue // malformed: skipped, as applyOp skips it
 			}
 			if p := tab.byName[k.Policy]; p != nil && p.sp.Algorithm == st.Algorithm {
-				ents = append(ents, packedAdmit{st: st, p: p})
+				ents = append(ents, packedAdmit{st: st, sp: importPolicy(p, sw)})
 			}
 		}
 		if r.err != nil {
@@ -514,4 +516,87 @@ func decodeOpResults(b []byte, want int, from string) ([]peerpb.OpResult, error)
 		return nil, fmt.Errorf("%w: from %s at byte %d", r.err, from, r.off)
 	}
 	return out, nil
+}
+
+// Windows: ReplicateRequest.windows_packed, the sender's window of each
+// policy its keys name, sent while the tables may differ (a change rolling
+// out): a count, then per policy its name and window (ns, uvarint).
+
+// senderWindow is one policy's window in the sender's table.
+type senderWindow struct {
+	policy string
+	window time.Duration
+}
+
+// packWindows returns the windows_packed field for the policies names
+// yields (each once), as tab has them; nil when tab has none of them.
+func packWindows(tab *policyTable, names func(yield func(string) bool)) []byte {
+	var seen []string
+	var body []byte
+	for name := range names {
+		if slices.Contains(seen, name) {
+			continue
+		}
+		seen = append(seen, name)
+		if p := tab.byName[name]; p != nil {
+			body = appendStr(body, name)
+			body = binary.AppendUvarint(body, uint64(p.sp.Window))
+		}
+	}
+	if body == nil {
+		return nil
+	}
+	count := 0
+	for _, name := range seen {
+		if tab.byName[name] != nil {
+			count++
+		}
+	}
+	return append(binary.AppendUvarint(make([]byte, 0, 2+len(body)), uint64(count)), body...)
+}
+
+// decodeWindows decodes a windows_packed field; nil for an empty one. A
+// window outside (0, MaxWindow] is malformed.
+func decodeWindows(b []byte) ([]senderWindow, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	r := &packedReader{s: string(b)}
+	n := r.count(maxWireBatch, 2)
+	out := make([]senderWindow, 0, n)
+	for range n {
+		name, w := r.str(), r.uvarint()
+		if r.err == nil && (w == 0 || w > uint64(shard.MaxWindow)) {
+			r.err = errPacked
+		}
+		out = append(out, senderWindow{policy: name, window: time.Duration(w)})
+	}
+	if r.err == nil && r.off != len(r.s) {
+		r.err = errPacked
+	}
+	if r.err != nil {
+		return nil, fmt.Errorf("%w in windows at byte %d", r.err, r.off)
+	}
+	return out, nil
+}
+
+// importPolicy is the policy a copied key state of p is imported under:
+// p's, except that a sliding_log or fixed_window key keeps its admissions
+// for the sender's window when that is longer (sw). A raised window that
+// reaches the holder before this node would otherwise lose, here, the
+// admissions older than this node's window; on a takeover the new window
+// would then count from less than the old holder counted. A shorter
+// sender window changes nothing: keeping more only refuses more, and a
+// decision counts only its own window.
+func importPolicy(p *policy, sw []senderWindow) shard.Policy {
+	sp := p.sp
+	if sp.Algorithm != shard.SlidingLog && sp.Algorithm != shard.FixedWindow {
+		return sp
+	}
+	for _, w := range sw {
+		if w.policy == p.name && w.window > sp.Window {
+			sp.Window = w.window
+		}
+	}
+	return sp
 }

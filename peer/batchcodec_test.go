@@ -1,12 +1,17 @@
 package peer
 
 import (
+	"context"
 	"encoding/binary"
 	"reflect"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 // TestBatchCodecRoundTrip packs items and decisions and reads them back
@@ -64,5 +69,98 @@ func TestBatchCodecRoundTrip(t *testing.T) {
 		if err := decodeDecisions(b[:n], len(decs), "n1", make([]wireDecision, len(decs))); err == nil {
 			t.Errorf("decodeDecisions of the first %d of %d bytes succeeded", n, len(b))
 		}
+	}
+}
+
+// TestWindowsCodec packs a sender's windows and reads them back; every
+// truncation, a zero window, one beyond shard.MaxWindow and trailing
+// bytes are rejected. importPolicy takes the longer window, for
+// sliding_log and fixed_window only, and only of the same policy.
+func TestWindowsCodec(t *testing.T) {
+	tab := newPolicyTable(map[string]PolicyConfig{
+		"a": {Limit: 5, Window: time.Hour},
+		"b": {Limit: 5, Window: time.Second},
+	})
+	names := func(ns ...string) func(func(string) bool) {
+		return func(yield func(string) bool) {
+			for _, n := range ns {
+				if !yield(n) {
+					return
+				}
+			}
+		}
+	}
+	b := packWindows(tab, names("a", "missing", "b", "a"))
+	got, err := decodeWindows(b)
+	want := []senderWindow{{"a", time.Hour}, {"b", time.Second}}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("decodeWindows = %v, %v; want %v", got, err, want)
+	}
+	if b := packWindows(tab, names("missing")); b != nil {
+		t.Errorf("packWindows of unknown policies = %x, want nil", b)
+	}
+	for n := 1; n < len(b); n++ {
+		if _, err := decodeWindows(b[:n]); err == nil {
+			t.Errorf("decodeWindows of the first %d of %d bytes succeeded", n, len(b))
+		}
+	}
+	bad := map[string][]byte{
+		"zero window":     binary.AppendUvarint(appendStr([]byte{1}, "a"), 0),
+		"beyond maximum":  binary.AppendUvarint(appendStr([]byte{1}, "a"), uint64(shard.MaxWindow)+1),
+		"trailing bytes":  append(binary.AppendUvarint(appendStr([]byte{1}, "a"), 5), 0),
+		"count too large": binary.AppendUvarint(appendStr([]byte{3}, "a"), 5),
+	}
+	for name, b := range bad {
+		if _, err := decodeWindows(b); err == nil {
+			t.Errorf("%s: decodeWindows succeeded", name)
+		}
+	}
+
+	sw := []senderWindow{{"p", time.Hour}, {"q", 2 * time.Hour}}
+	for _, tc := range []struct {
+		alg  Algorithm
+		own  time.Duration
+		want time.Duration
+	}{
+		{SlidingLog, time.Minute, time.Hour},
+		{FixedWindow, time.Minute, time.Hour},
+		{SlidingLog, 3 * time.Hour, 3 * time.Hour}, // shorter: keeps its own
+		{TokenBucket, time.Minute, time.Minute},    // a rate, not a retention
+	} {
+		p := newPolicy("p", PolicyConfig{Limit: 5, Window: tc.own, Algorithm: tc.alg})
+		if got := importPolicy(p, sw).Window; got != tc.want {
+			t.Errorf("%v with own window %v: import window %v, want %v", tc.alg, tc.own, got, tc.want)
+		}
+	}
+}
+
+// TestReplicateMalformedWindowsRefused: a replication request whose
+// windows are malformed is refused as a whole and changes nothing.
+func TestReplicateMalformedWindowsRefused(t *testing.T) {
+	pols := map[string]PolicyConfig{"p": {Limit: 10, Window: time.Hour}}
+	c := startCrashCluster(t, pols)
+	n0, n1 := c.nodes[0], c.nodes[1]
+	key, pid := keyHeldWithBackup(t, n0, n1, "mw", "p")
+	admitN(t, n0, key, 1)
+	pt := &n1.pt.parts[pid]
+	pt.mu.RLock()
+	epoch := pt.rep.epoch
+	pt.mu.RUnlock()
+	st := stateToWire(shard.KeyState{Key: key, Algorithm: shard.SlidingLog, Runs: []shard.Run{{Count: 5}}})
+	srv := &server{n: n1}
+	_, err := srv.Replicate(context.Background(), &peerpb.ReplicateRequest{
+		Sender: n0.Name(), Seq: 1 << 50, WindowsPacked: []byte{1, 1, 'p', 0},
+		Ops: []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_ADMIT, Partition: uint32(pid), Epoch: epoch, Keys: []*peerpb.KeyState{st}}},
+	})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("Replicate with a zero window = %v, want InvalidArgument", err)
+	}
+	got, _ := n1.copyForTest(pid, n0.Name()).Export(key, n1.clock())
+	var units int64
+	for _, r := range got.Runs {
+		units += r.Count
+	}
+	if units != 1 {
+		t.Fatalf("the copy holds %d units after a refused request, want 1", units)
 	}
 }

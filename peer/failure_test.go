@@ -748,6 +748,47 @@ func TestLimitRaisedOnHolderFirst(t *testing.T) {
 	}
 }
 
+// TestWindowRaisedOnHolderFirst: a raised window reaches a key's holder
+// before its backup. The holder keeps the key's admissions for the new,
+// longer window and copies each to the backup, which, on the old table,
+// cut the copy to its own shorter window at the next admission it
+// received. After a holder crash, with the new table everywhere, the key
+// then admitted again what the longer window still counted: 6 admissions
+// in a window of limit 4. Replication messages now carry the holder's
+// windows while the tables differ, and the backup keeps the longer one.
+func TestWindowRaisedOnHolderFirst(t *testing.T) {
+	const limit = 4
+	oldT := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Minute}}
+	newT := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}}
+	clk := &hoClock{}
+	c := startCluster(t, 3, Config{
+		Clock:          clk.Now,
+		Gossip:         hoCrashGossip,
+		LeaseDuration:  500 * time.Millisecond,
+		ForwardTimeout: crashForwardTimeout,
+		Policies:       oldT,
+	})
+	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
+	key, _ := keyHeldWithBackup(t, n0, n1, "wraise", "p")
+	if err := n0.SetPolicies(newT); err != nil {
+		t.Fatal(err)
+	}
+	admitted := admitN(t, n0, key, 2)
+	// Past the old window, inside the new one: the next admission's copy
+	// is merged into the backup's log, which used to drop the first two.
+	clk.Advance(2 * time.Minute)
+	admitted += admitN(t, n0, key, 1)
+	for _, nd := range []*Node{n1, n2} {
+		if err := nd.SetPolicies(newT); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admitted += admittedAfterCrash(t, n0, []*Node{n1, n2}, key, limit)
+	if admitted != limit {
+		t.Fatalf("%d admissions in one window of limit %d across the roll and a crash; want exactly %d", admitted, limit, limit)
+	}
+}
+
 // TestLateReplicationNotApplied delivers a replication message to a
 // backup after a newer one, as a message from a connection its holder
 // gave up on can arrive: a REPLACE (a reset) older than an admission the

@@ -250,6 +250,7 @@ func (c *client) sendReplPipe(p *pipe[peerpb.ReplicateRequest, peerpb.ReplicateR
 	// Numbered here, in the loop that sends them one after another: the
 	// backup applies none older than one it has applied.
 	r.req.Seq = c.n.replSeq.Add(1)
+	r.req.WindowsPacked = c.n.windowsFor(c.name, batchPolicies(batch))
 	r.sent = c.n.mono()
 	r.start = time.Now()
 	return p.send(r) == nil
@@ -285,6 +286,48 @@ func (r *replSend) done(resp *peerpb.ReplicateResponse, err error) {
 	}
 	c.replFinish(c.n.ctx, r.batch, r.ops, r.opOf, results, err, r.sent, r.start)
 	<-c.repl.sem
+}
+
+// windowsFor returns the windows_packed field of a replication message to
+// member naming the policies names yields: this node's windows for them
+// while member's policy table may differ from this node's (it gossips
+// another version, or none yet), else nil.
+func (n *Node) windowsFor(member string, names func(yield func(string) bool)) []byte {
+	tab := n.table.Load()
+	if m := n.memberPolicies.Load(); m != nil {
+		if v, ok := (*m)[member]; ok && v == tab.version {
+			return nil
+		}
+	}
+	return packWindows(tab, names)
+}
+
+// batchPolicies yields the policy of each key batch carries.
+func batchPolicies(batch []*replItem) func(yield func(string) bool) {
+	return func(yield func(string) bool) {
+		for _, it := range batch {
+			name := it.key.Policy
+			if it.state != nil {
+				name = it.state.Key.Policy
+			}
+			if name != "" && !yield(name) {
+				return
+			}
+		}
+	}
+}
+
+// opsPolicies yields the policy of each key ops carry.
+func opsPolicies(ops []*peerpb.PartitionOp) func(yield func(string) bool) {
+	return func(yield func(string) bool) {
+		for _, op := range ops {
+			for _, k := range op.GetKeys() {
+				if !yield(k.GetKey().GetPolicy()) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // allAdmits reports whether every item of batch is an admission.
@@ -333,6 +376,7 @@ const maxReplBatch = 1024
 func (c *client) sendRepl(batch []*replItem) {
 	req, opOf := c.replRequest(batch)
 	req.Seq = c.n.replSeq.Add(1)
+	req.WindowsPacked = c.n.windowsFor(c.name, batchPolicies(batch))
 	ctx, cancel := context.WithTimeout(c.n.ctx, c.n.cfg.ForwardTimeout)
 	defer cancel()
 	sent := c.n.mono()
@@ -499,8 +543,12 @@ func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*pe
 	}
 	closing := n.closing.Load()
 	quorum := n.quorum()
+	sw, err := decodeWindows(req.GetWindowsPacked())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
 	if len(req.GetAdmitsPacked()) > 0 {
-		b, err := n.applyPackedAdmits(req.GetSender(), req.GetSeq(), req.GetAdmitsPacked(), closing, quorum)
+		b, err := n.applyPackedAdmits(req.GetSender(), req.GetSeq(), sw, req.GetAdmitsPacked(), closing, quorum)
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
@@ -508,20 +556,21 @@ func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*pe
 	}
 	resp := &peerpb.ReplicateResponse{Results: make([]*peerpb.OpResult, len(req.GetOps()))}
 	for i, op := range req.GetOps() {
-		resp.Results[i] = n.applyOp(req.GetSender(), req.GetSeq(), op, closing, quorum)
+		resp.Results[i] = n.applyOp(req.GetSender(), req.GetSeq(), sw, op, closing, quorum)
 	}
 	return resp, nil
 }
 
-// applyOp applies one operation from holder sender to this node's copy.
-func (n *Node) applyOp(sender string, seq uint64, op *peerpb.PartitionOp, closing, quorum bool) *peerpb.OpResult {
+// applyOp applies one operation from holder sender to this node's copy;
+// sw are the sender's windows, if it sent them.
+func (n *Node) applyOp(sender string, seq uint64, sw []senderWindow, op *peerpb.PartitionOp, closing, quorum bool) *peerpb.OpResult {
 	var keys []packedAdmit
 	for _, w := range op.GetKeys() {
 		st, p, err := n.decodeState(w)
 		if err != nil || p == nil {
 			continue // malformed, or a policy this node does not have
 		}
-		keys = append(keys, packedAdmit{st: st, p: p})
+		keys = append(keys, packedAdmit{st: st, sp: importPolicy(p, sw)})
 	}
 	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: seq}
 	r := n.applyOpKeys(sender, h, keys, closing, quorum)
@@ -625,7 +674,7 @@ func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing,
 		}
 		accepted := 0
 		for _, k := range keys {
-			if err := pt.next.store.Import(k.st, k.p.sp, now); err != nil {
+			if err := pt.next.store.Import(k.st, k.sp, now); err != nil {
 				// This node cannot hold the copy (capacity): give it up;
 				// the complete copy we had, if any, stays.
 				pt.next = replica{}
@@ -652,7 +701,7 @@ func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing,
 		}
 		accepted := 0
 		for _, k := range keys {
-			st, p := k.st, k.p
+			st, sp := k.st, k.sp
 			if kind == peerpb.PartitionOp_KIND_REPLACE {
 				pt.rep.store.Delete(st.Key)
 				if len(st.Runs) == 0 {
@@ -660,7 +709,7 @@ func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing,
 					continue
 				}
 			}
-			if err := pt.rep.store.Import(st, p.sp, now); err != nil {
+			if err := pt.rep.store.Import(st, sp, now); err != nil {
 				// The copy cannot hold the key (capacity). The operation
 				// fails, so the holder does not acknowledge what it
 				// carried; the copy still holds every admission that was

@@ -1298,7 +1298,17 @@ type ReplicateRequest struct {
 	// one it has applied to that partition's copy: a message delivered late
 	// (from a connection the sender gave up on) must not overtake later ones;
 	// a late REPLACE would remove admissions made after it.
-	Seq           uint64 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
+	Seq uint64 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
+	// WindowsPacked gives the sender's window of the policies its keys name,
+	// when the sender's policy table may differ from the receiver's (a
+	// change rolling out): a count, then that many (policy name, window in
+	// ns) pairs, in the packed layout (peer/batchcodec.go). A receiver keeps
+	// the copied admissions of a sliding_log or fixed_window key for the
+	// longer of its own window and the sender's, so a raised window that
+	// reaches the holder first is not cut to the backup's older, shorter
+	// one. Empty when the sender believes the tables agree; a receiver that
+	// ignores it (an older node) keeps its own window.
+	WindowsPacked []byte `protobuf:"bytes,6,opt,name=windows_packed,json=windowsPacked,proto3" json:"windows_packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1366,6 +1376,13 @@ func (x *ReplicateRequest) GetSeq() uint64 {
 		return x.Seq
 	}
 	return 0
+}
+
+func (x *ReplicateRequest) GetWindowsPacked() []byte {
+	if x != nil {
+		return x.WindowsPacked
+	}
+	return nil
 }
 
 // OpResult answers one PartitionOp, in order.
@@ -2864,13 +2881,14 @@ const file_ringlimit_proto_rawDesc = "" +
 	"KIND_ADMIT\x10\x04\x12\x12\n" +
 	"\x0eKIND_HEARTBEAT\x10\x05\x12\x10\n" +
 	"\fKIND_RELEASE\x10\x06\x12\x10\n" +
-	"\fKIND_REPLACE\x10\a\"\x9e\x01\n" +
+	"\fKIND_REPLACE\x10\a\"\xc5\x01\n" +
 	"\x10ReplicateRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x03ops\x18\x02 \x03(\v2\x19.ringlimit.v1.PartitionOpR\x03ops\x12\x0e\n" +
 	"\x02id\x18\x03 \x01(\x04R\x02id\x12#\n" +
 	"\radmits_packed\x18\x04 \x01(\fR\fadmitsPacked\x12\x10\n" +
-	"\x03seq\x18\x05 \x01(\x04R\x03seq\"\x9f\x01\n" +
+	"\x03seq\x18\x05 \x01(\x04R\x03seq\x12%\n" +
+	"\x0ewindows_packed\x18\x06 \x01(\fR\rwindowsPacked\"\x9f\x01\n" +
 	"\bOpResult\x12.\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x16.ringlimit.v1.OpStatusR\x06status\x12\x19\n" +
 	"\blease_ns\x18\x02 \x01(\x03R\aleaseNs\x12\x16\n" +
