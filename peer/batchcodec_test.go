@@ -1,14 +1,10 @@
 package peer
 
 import (
-	"context"
 	"encoding/binary"
 	"reflect"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
@@ -131,36 +127,5 @@ func TestWindowsCodec(t *testing.T) {
 		if got := importPolicy(p, sw).Window; got != tc.want {
 			t.Errorf("%v with own window %v: import window %v, want %v", tc.alg, tc.own, got, tc.want)
 		}
-	}
-}
-
-// TestReplicateMalformedWindowsRefused: a replication request whose
-// windows are malformed is refused as a whole and changes nothing.
-func TestReplicateMalformedWindowsRefused(t *testing.T) {
-	pols := map[string]PolicyConfig{"p": {Limit: 10, Window: time.Hour}}
-	c := startCrashCluster(t, pols)
-	n0, n1 := c.nodes[0], c.nodes[1]
-	key, pid := keyHeldWithBackup(t, n0, n1, "mw", "p")
-	admitN(t, n0, key, 1)
-	pt := &n1.pt.parts[pid]
-	pt.mu.RLock()
-	epoch := pt.rep.epoch
-	pt.mu.RUnlock()
-	st := stateToWire(shard.KeyState{Key: key, Algorithm: shard.SlidingLog, Runs: []shard.Run{{Count: 5}}})
-	srv := &server{n: n1}
-	_, err := srv.Replicate(context.Background(), &peerpb.ReplicateRequest{
-		Sender: n0.Name(), Seq: 1 << 50, WindowsPacked: []byte{1, 1, 'p', 0},
-		Ops: []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_ADMIT, Partition: uint32(pid), Epoch: epoch, Keys: []*peerpb.KeyState{st}}},
-	})
-	if status.Code(err) != codes.InvalidArgument {
-		t.Fatalf("Replicate with a zero window = %v, want InvalidArgument", err)
-	}
-	got, _ := n1.copyForTest(pid, n0.Name()).Export(key, n1.clock())
-	var units int64
-	for _, r := range got.Runs {
-		units += r.Count
-	}
-	if units != 1 {
-		t.Fatalf("the copy holds %d units after a refused request, want 1", units)
 	}
 }

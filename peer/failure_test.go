@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -737,14 +740,22 @@ func TestLimitRaisedOnHolderFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	admitted := admitN(t, n0, key, 6)
-	for _, nd := range []*Node{n1, n2} {
-		if err := nd.SetPolicies(newT); err != nil {
+	finishRollAndCrash(t, newT, n0, []*Node{n1, n2}, key, newLimit, admitted)
+}
+
+// finishRollAndCrash gives survivors the table tab, kills holder, and
+// fails the test unless the admissions of key in its window (admitted
+// before, and after the takeover) come to exactly limit.
+func finishRollAndCrash(t *testing.T, tab map[string]PolicyConfig, holder *Node, survivors []*Node, key Key, limit, admitted int) {
+	t.Helper()
+	for _, nd := range survivors {
+		if err := nd.SetPolicies(tab); err != nil {
 			t.Fatal(err)
 		}
 	}
-	admitted += admittedAfterCrash(t, n0, []*Node{n1, n2}, key, newLimit)
-	if admitted != newLimit {
-		t.Fatalf("%d admissions in one window of limit %d across the roll and a crash; want exactly %d", admitted, newLimit, newLimit)
+	admitted += admittedAfterCrash(t, holder, survivors, key, limit)
+	if admitted != limit {
+		t.Fatalf("%d admissions in one window of limit %d across the roll and a crash; want exactly %d", admitted, limit, limit)
 	}
 }
 
@@ -778,15 +789,7 @@ func TestWindowRaisedOnHolderFirst(t *testing.T) {
 	// is merged into the backup's log, which used to drop the first two.
 	clk.Advance(2 * time.Minute)
 	admitted += admitN(t, n0, key, 1)
-	for _, nd := range []*Node{n1, n2} {
-		if err := nd.SetPolicies(newT); err != nil {
-			t.Fatal(err)
-		}
-	}
-	admitted += admittedAfterCrash(t, n0, []*Node{n1, n2}, key, limit)
-	if admitted != limit {
-		t.Fatalf("%d admissions in one window of limit %d across the roll and a crash; want exactly %d", admitted, limit, limit)
-	}
+	finishRollAndCrash(t, newT, n0, []*Node{n1, n2}, key, limit, admitted)
 }
 
 // TestLateReplicationNotApplied delivers a replication message to a
@@ -795,15 +798,7 @@ func TestWindowRaisedOnHolderFirst(t *testing.T) {
 // backup already applied must not remove it. Before messages were
 // numbered it did, and a holder crash then lost the admission.
 func TestLateReplicationNotApplied(t *testing.T) {
-	pols := map[string]PolicyConfig{"p": {Limit: 10, Window: time.Hour}}
-	c := startCrashCluster(t, pols)
-	n0, n1 := c.nodes[0], c.nodes[1]
-	key, pid := keyHeldWithBackup(t, n0, n1, "late", "p")
-	admitN(t, n0, key, 1)
-	pt := &n1.pt.parts[pid]
-	pt.mu.RLock()
-	epoch, seq := pt.rep.epoch, pt.rep.seq
-	pt.mu.RUnlock()
+	n0, n1, key, pid, epoch, seq := copiedKey(t, "late")
 	if seq == 0 {
 		t.Fatalf("the backup's copy has no message number after an admission")
 	}
@@ -827,14 +822,7 @@ func TestLateReplicationNotApplied(t *testing.T) {
 		}
 		return resp.GetResults()[0].GetStatus()
 	}
-	units := func() int64 {
-		st, _ := n1.copyForTest(pid, n0.Name()).Export(key, n1.clock())
-		var u int64
-		for _, r := range st.Runs {
-			u += r.Count
-		}
-		return u
-	}
+	units := func() int64 { return copyUnits(n1, n0, pid, key) }
 	if st := send(base+2, peerpb.PartitionOp_KIND_ADMIT, 3); st != peerpb.OpStatus_OP_STATUS_OK {
 		t.Fatalf("the newer admission: %v", st)
 	}
@@ -848,6 +836,52 @@ func TestLateReplicationNotApplied(t *testing.T) {
 	// In order, a REPLACE applies.
 	if st := send(base+3, peerpb.PartitionOp_KIND_REPLACE, 1); st != peerpb.OpStatus_OP_STATUS_OK || units() != 1 {
 		t.Fatalf("an in-order REPLACE: %v, %d units; want OK and 1", st, units())
+	}
+}
+
+// copiedKey starts the crash tests' cluster with one policy "p" (limit 10
+// an hour), admits once a key (subjects from prefix) that n0 holds with n1
+// as backup, and returns n0, n1, the key, its partition, and the epoch and
+// last message number of n1's copy.
+func copiedKey(t *testing.T, prefix string) (n0, n1 *Node, key Key, pid int, epoch, seq uint64) {
+	t.Helper()
+	c := startCrashCluster(t, map[string]PolicyConfig{"p": {Limit: 10, Window: time.Hour}})
+	n0, n1 = c.nodes[0], c.nodes[1]
+	key, pid = keyHeldWithBackup(t, n0, n1, prefix, "p")
+	admitN(t, n0, key, 1)
+	pt := &n1.pt.parts[pid]
+	pt.mu.RLock()
+	epoch, seq = pt.rep.epoch, pt.rep.seq
+	pt.mu.RUnlock()
+	return n0, n1, key, pid, epoch, seq
+}
+
+// copyUnits counts the units backup's copy of holder's partition pid
+// holds for key.
+func copyUnits(backup, holder *Node, pid int, key Key) int64 {
+	st, _ := backup.copyForTest(pid, holder.Name()).Export(key, backup.clock())
+	var u int64
+	for _, r := range st.Runs {
+		u += r.Count
+	}
+	return u
+}
+
+// TestReplicateMalformedWindowsRefused: a replication request whose
+// windows are malformed is refused as a whole and changes nothing.
+func TestReplicateMalformedWindowsRefused(t *testing.T) {
+	n0, n1, key, pid, epoch, _ := copiedKey(t, "mw")
+	st := stateToWire(shard.KeyState{Key: key, Algorithm: shard.SlidingLog, Runs: []shard.Run{{Count: 5}}})
+	srv := &server{n: n1}
+	_, err := srv.Replicate(context.Background(), &peerpb.ReplicateRequest{
+		Sender: n0.Name(), Seq: 1 << 50, WindowsPacked: []byte{1, 1, 'p', 0},
+		Ops: []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_ADMIT, Partition: uint32(pid), Epoch: epoch, Keys: []*peerpb.KeyState{st}}},
+	})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("Replicate with a zero window = %v, want InvalidArgument", err)
+	}
+	if units := copyUnits(n1, n0, pid, key); units != 1 {
+		t.Fatalf("the copy holds %d units after a refused request, want 1", units)
 	}
 }
 
