@@ -526,7 +526,7 @@ func TestFramedWriteTimeout(t *testing.T) {
 	pols := map[string]PolicyConfig{"p": {Limit: 1 << 40, Window: time.Minute}}
 	c := startCluster(t, 1, Config{Policies: pols, framedWriteTimeout: 300 * time.Millisecond})
 	nd := c.nodes[0]
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 	fc, err := dialFramed(ctx, nd.RPCAddr(), framedCheck, "", nil)
 	if err != nil {
@@ -550,14 +550,14 @@ func TestFramedWriteTimeout(t *testing.T) {
 	go func() {
 		n := 0
 		defer func() { sent <- n }()
-		_ = fc.c.SetWriteDeadline(time.Now().Add(15 * time.Second))
+		_ = fc.c.SetWriteDeadline(time.Now().Add(30 * time.Second))
 		for ; n < 4000; n++ {
 			if err := st.Send(&peerpb.CheckRequest{Sender: "other", Id: uint64(n + 1), TimeoutNs: int64(time.Minute), ItemsPacked: packed}); err != nil {
 				return
 			}
 		}
 	}()
-	waitFor(t, 10*time.Second, "the receiver to end the pipe whose sender reads nothing (write timeout 300 ms)", func() bool {
+	waitFor(t, 25*time.Second, "the receiver to end the pipe whose sender reads nothing (write timeout 300 ms)", func() bool {
 		return nd.framedConnsForTest() == 0
 	})
 	fc.c.Close()
