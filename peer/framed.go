@@ -305,10 +305,12 @@ func (fs *framedServer) begin(c net.Conn) bool {
 	return true
 }
 
-func (fs *framedServer) untrack(c net.Conn) {
+// untrack forgets c and reports whether the server is still running.
+func (fs *framedServer) untrack(c net.Conn) bool {
 	fs.mu.Lock()
+	defer fs.mu.Unlock()
 	delete(fs.conns, c)
-	fs.mu.Unlock()
+	return !fs.stopped
 }
 
 // stop ends every framed pipe: at once (connections closed), or, when
@@ -465,7 +467,14 @@ func (l *sniffListener) sniff(c net.Conn) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
-	l.fs.untrack(c)
+	if !l.fs.untrack(c) {
+		// The server is stopping, and its stop may be what cut the read
+		// short (a graceful stop shuts every tracked connection's
+		// reading): handed to gRPC, which may still be accepting, the
+		// connection would get gRPC's greeting instead of its end.
+		c.Close()
+		return
+	}
 	pc := &prefixConn{Conn: c, head: append([]byte(nil), head[:k]...)}
 	select {
 	case l.conns <- pc:

@@ -295,6 +295,42 @@ func TestSniffDoesNotBlock(t *testing.T) {
 	}
 }
 
+// TestSniffStopClosesStalled: a graceful stop shuts the reading of the
+// connections still being sniffed. The framed side stops beside gRPC, which
+// may still be accepting; a stalled connection whose read the stop cut
+// short is closed, not handed to gRPC (which would greet it with its
+// settings). Seen once in CI as TestSniffDoesNotBlock reading data from a
+// stalled connection after Close.
+func TestSniffStopClosesStalled(t *testing.T) {
+	pols := map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}}
+	c := startCluster(t, 1, Config{Policies: pols})
+	nd := c.nodes[0]
+	var stalled []net.Conn
+	for _, head := range []string{"", framedMagic[:4]} {
+		conn, err := net.Dial("tcp", nd.RPCAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if _, err := conn.Write([]byte(head)); err != nil {
+			t.Fatal(err)
+		}
+		stalled = append(stalled, conn)
+	}
+	waitFor(t, 5*time.Second, "the node to sniff both connections", func() bool { return nd.framedConnsForTest() == 2 })
+	nd.grpcSrv.framed.stop(true) // gRPC keeps accepting
+	for i, conn := range stalled {
+		_ = conn.SetReadDeadline(time.Now().Add(4 * time.Second))
+		var b [64]byte
+		k, err := conn.Read(b[:])
+		if err == nil {
+			t.Errorf("stalled connection %d read %d bytes (%q) after the framed stop, want its end", i, k, b[:k])
+		} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Errorf("stalled connection %d not closed by the framed stop", i)
+		}
+	}
+}
+
 // TestFramedReplacesGRPCStream starts the owner refusing framed pipes (as
 // Unavailable, a passing condition): its peer forwards on a gRPC stream.
 // Once framed pipes are taken, the peer moves to one while calls keep
