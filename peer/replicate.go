@@ -143,16 +143,19 @@ func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyStat
 	if err != nil {
 		return nil, err
 	}
-	it := &replItem{kind: peerpb.PartitionOp_KIND_REPLACE, part: uint32(pid), epoch: epoch, at: at, state: &st}
+	var done chan error
 	if wait {
-		it.done = make(chan error, 1)
+		done = make(chan error, 1)
 	}
+	it := &replItem{kind: peerpb.PartitionOp_KIND_REPLACE, part: uint32(pid), epoch: epoch, at: at, state: &st, done: done}
 	select {
 	case c.repl.queue <- it:
+		// Queued, the item is the batcher's: one nobody waits for goes
+		// to the pool once sent, so it is not read here again.
 	default:
 		return nil, fmt.Errorf("%w: replication queue to %s is full", ErrUnavailable, to)
 	}
-	return it.done, nil
+	return done, nil
 }
 
 // admissionRun is the admission just decided, as a run to add to the
