@@ -25,6 +25,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"iter"
 	"slices"
 	"sync"
 	"time"
@@ -530,7 +531,7 @@ type senderWindow struct {
 
 // packWindows returns the windows_packed field for the policies names
 // yields (each once), as tab has them; nil when tab has none of them.
-func packWindows(tab *policyTable, names func(yield func(string) bool)) []byte {
+func packWindows(tab *policyTable, names iter.Seq[string]) []byte {
 	var seen []string
 	var body []byte
 	for name := range names {

@@ -3,6 +3,7 @@ package peer
 import (
 	"context"
 	"fmt"
+	"iter"
 	"math/bits"
 	"runtime"
 	"time"
@@ -295,7 +296,7 @@ func (r *replSend) done(resp *peerpb.ReplicateResponse, err error) {
 // member naming the policies names yields: this node's windows for them
 // while member's policy table may differ from this node's (it gossips
 // another version, or none yet), else nil.
-func (n *Node) windowsFor(member string, names func(yield func(string) bool)) []byte {
+func (n *Node) windowsFor(member string, names iter.Seq[string]) []byte {
 	tab := n.table.Load()
 	if m := n.memberPolicies.Load(); m != nil {
 		if v, ok := (*m)[member]; ok && v == tab.version {
@@ -306,7 +307,7 @@ func (n *Node) windowsFor(member string, names func(yield func(string) bool)) []
 }
 
 // batchPolicies yields the policy of each key batch carries.
-func batchPolicies(batch []*replItem) func(yield func(string) bool) {
+func batchPolicies(batch []*replItem) iter.Seq[string] {
 	return func(yield func(string) bool) {
 		for _, it := range batch {
 			name := it.key.Policy
@@ -321,7 +322,7 @@ func batchPolicies(batch []*replItem) func(yield func(string) bool) {
 }
 
 // opsPolicies yields the policy of each key ops carry.
-func opsPolicies(ops []*peerpb.PartitionOp) func(yield func(string) bool) {
+func opsPolicies(ops []*peerpb.PartitionOp) iter.Seq[string] {
 	return func(yield func(string) bool) {
 		for _, op := range ops {
 			for _, k := range op.GetKeys() {
