@@ -532,28 +532,21 @@ type senderWindow struct {
 // packWindows returns the windows_packed field for the policies names
 // yields (each once), as tab has them; nil when tab has none of them.
 func packWindows(tab *policyTable, names iter.Seq[string]) []byte {
-	var seen []string
+	var seen []string // the names tab has, in body's order
 	var body []byte
 	for name := range names {
-		if slices.Contains(seen, name) {
+		p := tab.byName[name]
+		if p == nil || slices.Contains(seen, name) {
 			continue
 		}
 		seen = append(seen, name)
-		if p := tab.byName[name]; p != nil {
-			body = appendStr(body, name)
-			body = binary.AppendUvarint(body, uint64(p.sp.Window))
-		}
+		body = appendStr(body, name)
+		body = binary.AppendUvarint(body, uint64(p.sp.Window))
 	}
 	if body == nil {
 		return nil
 	}
-	count := 0
-	for _, name := range seen {
-		if tab.byName[name] != nil {
-			count++
-		}
-	}
-	return append(binary.AppendUvarint(make([]byte, 0, 2+len(body)), uint64(count)), body...)
+	return append(binary.AppendUvarint(make([]byte, 0, 2+len(body)), uint64(len(seen))), body...)
 }
 
 // decodeWindows decodes a windows_packed field; nil for an empty one. A

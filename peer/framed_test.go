@@ -257,18 +257,7 @@ func TestSniffDoesNotBlock(t *testing.T) {
 	pols := map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}}
 	c := startCluster(t, 1, Config{Policies: pols})
 	nd := c.nodes[0]
-	var stalled []net.Conn
-	for _, head := range []string{"", framedMagic[:4], framedMagic} {
-		conn, err := net.Dial("tcp", nd.RPCAddr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		if _, err := conn.Write([]byte(head)); err != nil {
-			t.Fatal(err)
-		}
-		stalled = append(stalled, conn)
-	}
+	stalled := dialStalled(t, nd.RPCAddr(), "", framedMagic[:4], framedMagic)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	conn := dialTest(t, nd.RPCAddr())
@@ -284,13 +273,40 @@ func TestSniffDoesNotBlock(t *testing.T) {
 	if d := time.Since(start); d >= framedSetupTimeout {
 		t.Fatalf("Close took %v with stalled connections, want well under the %v setup timeout", d, framedSetupTimeout)
 	}
-	for i, conn := range stalled {
-		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	checkEnded(t, stalled, "Close")
+}
+
+// dialStalled opens a connection to addr for each head, writes head and
+// nothing more; the connections close with the test.
+func dialStalled(t *testing.T, addr string, heads ...string) []net.Conn {
+	t.Helper()
+	var conns []net.Conn
+	for _, head := range heads {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		if _, err := conn.Write([]byte(head)); err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, conn)
+	}
+	return conns
+}
+
+// checkEnded fails the test unless each of conns reads its end (not data,
+// not a timeout) within 4 s of after.
+func checkEnded(t *testing.T, conns []net.Conn, after string) {
+	t.Helper()
+	for i, conn := range conns {
+		_ = conn.SetReadDeadline(time.Now().Add(4 * time.Second))
 		var b [64]byte
-		if _, err := conn.Read(b[:]); err == nil {
-			t.Errorf("stalled connection %d still open after Close", i)
+		k, err := conn.Read(b[:])
+		if err == nil {
+			t.Errorf("stalled connection %d read %d bytes (%q) after %s, want its end", i, k, b[:k], after)
 		} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
-			t.Errorf("stalled connection %d not closed by Close", i)
+			t.Errorf("stalled connection %d not closed by %s", i, after)
 		}
 	}
 }
@@ -305,30 +321,10 @@ func TestSniffStopClosesStalled(t *testing.T) {
 	pols := map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}}
 	c := startCluster(t, 1, Config{Policies: pols})
 	nd := c.nodes[0]
-	var stalled []net.Conn
-	for _, head := range []string{"", framedMagic[:4]} {
-		conn, err := net.Dial("tcp", nd.RPCAddr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		if _, err := conn.Write([]byte(head)); err != nil {
-			t.Fatal(err)
-		}
-		stalled = append(stalled, conn)
-	}
+	stalled := dialStalled(t, nd.RPCAddr(), "", framedMagic[:4])
 	waitFor(t, 5*time.Second, "the node to sniff both connections", func() bool { return nd.framedConnsForTest() == 2 })
 	nd.grpcSrv.framed.stop(true) // gRPC keeps accepting
-	for i, conn := range stalled {
-		_ = conn.SetReadDeadline(time.Now().Add(4 * time.Second))
-		var b [64]byte
-		k, err := conn.Read(b[:])
-		if err == nil {
-			t.Errorf("stalled connection %d read %d bytes (%q) after the framed stop, want its end", i, k, b[:k])
-		} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
-			t.Errorf("stalled connection %d not closed by the framed stop", i)
-		}
-	}
+	checkEnded(t, stalled, "the framed stop")
 }
 
 // TestFramedReplacesGRPCStream starts the owner refusing framed pipes (as

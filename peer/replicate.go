@@ -251,10 +251,7 @@ func (c *client) sendReplPipe(p *pipe[peerpb.ReplicateRequest, peerpb.ReplicateR
 		r.req, r.opOf = c.replRequest(batch)
 		r.ops = opsOf(r.req)
 	}
-	// Numbered here, in the loop that sends them one after another: the
-	// backup applies none older than one it has applied.
-	r.req.Seq = c.n.replSeq.Add(1)
-	r.req.WindowsPacked = c.n.windowsFor(c.name, batchPolicies(batch))
+	c.stamp(r.req, batch)
 	r.sent = c.n.mono()
 	r.start = time.Now()
 	return p.send(r) == nil
@@ -290,6 +287,15 @@ func (r *replSend) done(resp *peerpb.ReplicateResponse, err error) {
 	}
 	c.replFinish(c.n.ctx, r.batch, r.ops, r.opOf, results, err, r.sent, r.start)
 	<-c.repl.sem
+}
+
+// stamp readies req, the replication message of batch, for sending: its
+// number, given here, in the loop that sends them one after another (the
+// backup applies none older than one it has applied), and this node's
+// windows while the backup's policy table may differ.
+func (c *client) stamp(req *peerpb.ReplicateRequest, batch []*replItem) {
+	req.Seq = c.n.replSeq.Add(1)
+	req.WindowsPacked = c.n.windowsFor(c.name, batchPolicies(batch))
 }
 
 // windowsFor returns the windows_packed field of a replication message to
@@ -379,8 +385,7 @@ const maxReplBatch = 1024
 // one operation.
 func (c *client) sendRepl(batch []*replItem) {
 	req, opOf := c.replRequest(batch)
-	req.Seq = c.n.replSeq.Add(1)
-	req.WindowsPacked = c.n.windowsFor(c.name, batchPolicies(batch))
+	c.stamp(req, batch)
 	ctx, cancel := context.WithTimeout(c.n.ctx, c.n.cfg.ForwardTimeout)
 	defer cancel()
 	sent := c.n.mono()

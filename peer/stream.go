@@ -318,14 +318,14 @@ func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Conte
 		c.conn.Connect()
 		return nil
 	}
-	if !c.n.cfg.DisableFramedPipes && !time.Now().Before(s.framedRetry) {
-		if p := s.framedPipe(c, kind, idOf); p != nil {
-			s.set(p)
-			return p
-		}
-		if s.dial != nil {
-			return nil // still dialling: unary RPCs meanwhile
-		}
+	// framedPipe checks whether framed pipes may be tried now; while they
+	// may not, no dial is under way and a gRPC stream opens.
+	if p := s.framedPipe(c, kind, idOf); p != nil {
+		s.set(p)
+		return p
+	}
+	if s.dial != nil {
+		return nil // still dialling: unary RPCs meanwhile
 	}
 	p, err := openPipe(c.n, open, idOf)
 	if err != nil {
