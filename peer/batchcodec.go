@@ -191,16 +191,19 @@ func (r *packedReader) count(limit, min int) int {
 	return int(n)
 }
 
-// decodeItems decodes a packed request batch.
-func decodeItems(b []byte) ([]wireItem, error) {
-	r := &packedReader{s: string(b)} // the batch's one string allocation
+// decodeItems decodes a packed request batch into dst's memory.
+func decodeItems(dst []wireItem, b []byte) ([]wireItem, error) {
+	// The keys are substrings of b: a request's bytes are its own (decoding
+	// copies them out of the frame) and nothing writes them afterwards.
+	r := &packedReader{s: unsafeString(b)}
 	n := r.count(maxWireBatch, 6)
 	if r.err != nil {
 		return nil, fmt.Errorf("%w: item count", errPacked)
 	}
-	items := make([]wireItem, n)
+	items := slices.Grow(dst[:0], n)[:n]
 	for i := range items {
 		it := &items[i]
+		*it = wireItem{}
 		it.key = Key{Tenant: r.str(), Subject: r.str(), Policy: r.str()}
 		it.hits = r.varint()
 		it.op = peerpb.Op(r.uvarint())
@@ -328,15 +331,28 @@ type replOp struct {
 	keys uint32
 }
 
+// packScratch is packAdmits's memory, reused by later batches: what it
+// returns is valid until then.
+type packScratch struct {
+	ints []int
+	ops  []replOp
+	buf  []byte
+}
+
 // packAdmits packs batch, all of it KIND_ADMIT, with ages made relative to
-// now. It returns the operations in packed order and, per item, its
-// operation's index.
-func packAdmits(batch []*replItem, now time.Time) (b []byte, ops []replOp, opOf []int) {
-	// One allocation for the four index slices: opOf (kept by the
-	// caller until the answer), then scratch for the counting sort.
-	ints := make([]int, 4*len(batch)+2)
+// now, into sc. It returns the operations in packed order and, per item,
+// its operation's index.
+func packAdmits(sc *packScratch, batch []*replItem, now time.Time) (b []byte, ops []replOp, opOf []int) {
+	// One slice for the four index slices: opOf (kept by the caller until
+	// the answer), then scratch for the counting sort.
+	need := 4*len(batch) + 2
+	if cap(sc.ints) < need {
+		sc.ints = make([]int, need)
+	}
+	ints := sc.ints[:need]
+	clear(ints)
 	opOf, ints = ints[:len(batch):len(batch)], ints[len(batch):]
-	ops = make([]replOp, 0, len(batch))
+	ops = sc.ops[:0]
 	// A batch spans few partitions as a rule: a linear search finds an
 	// operation faster than a map costs to build, up to a few dozen.
 	var index map[replOp]int
@@ -385,7 +401,10 @@ func packAdmits(batch []*replItem, now time.Time) (b []byte, ops []replOp, opOf 
 	for j := range ops {
 		ops[j].keys = uint32(start[j+1] - start[j])
 	}
-	b = make([]byte, 0, 8+48*len(batch))
+	b = sc.buf[:0]
+	if cap(b) < 8+48*len(batch) {
+		b = make([]byte, 0, 8+48*len(batch))
+	}
 	b = binary.AppendUvarint(b, uint64(len(ops)))
 	for j, o := range ops {
 		b = binary.AppendUvarint(b, uint64(o.part))
@@ -406,6 +425,10 @@ func packAdmits(batch []*replItem, now time.Time) (b []byte, ops []replOp, opOf 
 			b = binary.AppendVarint(b, run.Count)
 		}
 	}
+	if cap(b) <= framedKeepBuf {
+		sc.buf = b
+	}
+	sc.ops = ops
 	return b, ops, opOf
 }
 
@@ -436,11 +459,11 @@ func (sc *admitScratch) put() {
 
 // applyPackedAdmits applies a packed admissions request from sender (sw:
 // the sender's windows, if it sent them) and returns the packed answer.
-func (n *Node) applyPackedAdmits(sender string, seq uint64, sw []senderWindow, b []byte, closing, quorum bool) ([]byte, error) {
-	r := &packedReader{s: string(b)} // the request's one string allocation
-	tab := n.table.Load()            // once per request
+func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw []senderWindow, b []byte, closing, quorum bool) ([]byte, error) {
+	r := &packedReader{s: unsafeString(b)} // see decodeItems
+	tab := n.table.Load()                  // once per request
 	nops := r.count(maxWireBatch, 3)
-	out := binary.AppendUvarint(make([]byte, 0, 8+16*nops), uint64(nops))
+	out = binary.AppendUvarint(slices.Grow(out[:0], 8+16*nops), uint64(nops))
 	// Scratch shared by the operations, and reused by later requests:
 	// applyOpKeys keeps neither (Import copies the runs it merges).
 	sc := admitScratchPool.Get().(*admitScratch)
@@ -494,16 +517,18 @@ func (n *Node) applyPackedAdmits(sender string, seq uint64, sw []senderWindow, b
 	return out, nil
 }
 
-// decodeOpResults decodes a packed replication answer of want results.
-func decodeOpResults(b []byte, want int, from string) ([]peerpb.OpResult, error) {
+// decodeOpResults decodes a packed replication answer of want results,
+// appended to dst.
+func decodeOpResults(dst []peerpb.OpResult, b []byte, want int, from string) ([]peerpb.OpResult, error) {
 	r := &packedReader{s: unsafeString(b)}
 	n := r.count(maxWireBatch, 5)
 	if r.err == nil && n != want {
 		return nil, fmt.Errorf("peer: %s answered %d results for %d operations", from, n, want)
 	}
-	out := make([]peerpb.OpResult, n)
+	out := slices.Grow(dst[:0], n)[:n]
 	for i := range out {
 		o := &out[i]
+		o.Reset()
 		o.Status = peerpb.OpStatus(r.uvarint())
 		o.LeaseNs = r.varint()
 		o.Holder = clone(r.str())

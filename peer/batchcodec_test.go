@@ -22,7 +22,7 @@ func TestBatchCodecRoundTrip(t *testing.T) {
 	for _, it := range items {
 		b = appendItem(b, it)
 	}
-	got, err := decodeItems(b)
+	got, err := decodeItems(nil, b)
 	if err != nil {
 		t.Fatalf("decodeItems: %v", err)
 	}
@@ -33,7 +33,7 @@ func TestBatchCodecRoundTrip(t *testing.T) {
 		}
 	}
 	for n := range len(b) {
-		if _, err := decodeItems(b[:n]); err == nil {
+		if _, err := decodeItems(nil, b[:n]); err == nil {
 			t.Errorf("decodeItems of the first %d of %d bytes succeeded", n, len(b))
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,7 +56,7 @@ type call struct {
 }
 
 type callResult struct {
-	d   *wireDecision // owned by the batch's answer; read, never kept
+	d   wireDecision
 	err error
 }
 
@@ -203,7 +204,9 @@ func (c *client) batchLoop() {
 			// messages cost far less than the yield.
 			runtime.Gosched()
 		}
-		batch := make([]*call, 0, min(c.n.cfg.MaxBatch, 1+len(c.queue)))
+		// The batch, its packing and its answer use a pooled fwdSend.
+		f := getFwdSend(c)
+		batch := f.batch[:0]
 		if !first.abandoned.Load() {
 			batch = append(batch, first)
 		}
@@ -218,13 +221,17 @@ func (c *client) batchLoop() {
 				break drain
 			}
 		}
+		f.batch = batch
 		if len(batch) == 0 {
+			f.release()
 			c.done() // every caller gave up: nothing to decide
 			continue
 		}
-		if p := c.pipe.get(c, framedCheck, c.stub.CheckStream, checkID); p != nil && c.sendPipe(p, batch) {
+		if p := c.pipe.get(c, framedCheck, c.stub.CheckStream, checkID); p != nil && c.sendPipe(p, f) {
 			continue
 		}
+		f.batch = nil // the unary call's now
+		f.release()
 		c.n.wg.Add(1)
 		go c.send(batch)
 	}
@@ -251,30 +258,74 @@ func (c *client) checkRequest(batch []*call) *peerpb.CheckRequest {
 	return req
 }
 
-// sendPipe sends batch on p; the pipe's receiver hands out the decisions
-// and frees the in-flight slot. It reports false, having sent nothing,
-// when the pipe is broken.
-func (c *client) sendPipe(p *pipe[peerpb.CheckRequest, peerpb.CheckResponse], batch []*call) bool {
+// sendPipe sends f's batch on p; the pipe's receiver hands out the
+// decisions and frees the in-flight slot. It reports false, having sent
+// nothing, when the pipe is broken; f is then still the caller's.
+func (c *client) sendPipe(p *pipe[peerpb.CheckRequest, peerpb.CheckResponse], f *fwdSend) bool {
 	v := c.n.view.Load()
-	f := &fwdSend{c: c, batch: batch}
 	req := &f.req
 	req.Sender, req.RingVersion, req.MembersHash, req.TimeoutNs = c.n.name, v.snap.Version(), v.snap.MembersHash(), int64(c.n.cfg.ForwardTimeout)
 	// About 40 bytes per item with short names.
-	b := binary.AppendUvarint(make([]byte, 0, 8+64*len(batch)), uint64(len(batch)))
-	for _, k := range batch {
+	b := binary.AppendUvarint(slices.Grow(f.buf[:0], 8+64*len(f.batch)), uint64(len(f.batch)))
+	for _, k := range f.batch {
 		b = appendItem(b, &k.item)
 	}
 	req.ItemsPacked = b
+	if cap(b) <= framedKeepBuf {
+		f.buf = b
+	}
 	f.start = time.Now()
-	return p.send(f) == nil
+	// Two users from here: this sender until send returns (it may still be
+	// encoding the message when the answer, or the pipe's failure, comes),
+	// and the answer.
+	f.refs.Store(2)
+	if p.send(f) != nil {
+		f.refs.Store(1) // never sent: done will not be called
+		return false
+	}
+	f.release()
+	return true
 }
 
-// fwdSend is a batch of forwards sent on a pipe, in one allocation.
+// fwdSend is a batch of forwards sent on a pipe, in one allocation, with
+// the memory its packing and its answer use. It is pooled (fwdSendPool)
+// once its sender and its answer are both done with it.
 type fwdSend struct {
 	c     *client
 	req   peerpb.CheckRequest
 	batch []*call
+	buf   []byte
+	out   []wireDecision
 	start time.Time
+	// refs counts the fwdSend's users while it is on a pipe.
+	refs atomic.Int32
+}
+
+var fwdSendPool = sync.Pool{New: func() any { return new(fwdSend) }}
+
+// getFwdSend returns a pooled fwdSend for c's batcher (one user).
+func getFwdSend(c *client) *fwdSend {
+	f := fwdSendPool.Get().(*fwdSend)
+	f.c = c
+	f.refs.Store(1)
+	return f
+}
+
+// release drops a user; the last one pools f, without what it points to,
+// unless it grew large.
+func (f *fwdSend) release() {
+	if f.refs.Add(-1) != 0 {
+		return
+	}
+	if cap(f.batch) > maxWireBatch/4 || cap(f.out) > maxWireBatch/4 {
+		return
+	}
+	clear(f.batch[:cap(f.batch)])
+	clear(f.out[:cap(f.out)])
+	f.batch, f.out = f.batch[:0], f.out[:0]
+	f.c = nil
+	f.req.Reset()
+	fwdSendPool.Put(f)
 }
 
 func (f *fwdSend) msg(id uint64) *peerpb.CheckRequest {
@@ -287,15 +338,19 @@ func (f *fwdSend) done(resp *peerpb.CheckResponse, err error) {
 	c := f.c
 	if errors.Is(err, errPipeUnimplemented) {
 		// The receiver decided nothing: resend as a unary RPC, which
-		// keeps the in-flight slot.
+		// keeps the in-flight slot (and takes the batch).
+		batch := f.batch
+		f.batch = nil
+		f.release()
 		c.n.wg.Add(1)
-		go c.send(f.batch)
+		go c.send(batch)
 		return
 	}
 	if err == nil {
 		err = streamErr(resp.GetCode(), resp.GetError())
 	}
-	c.finish(c.n.ctx, f.batch, resp, err, f.start)
+	f.out = c.finish(c.n.ctx, f.batch, resp, err, f.start, f.out)
+	f.release()
 	c.done()
 }
 
@@ -308,21 +363,20 @@ func (c *client) send(batch []*call) {
 	defer cancel()
 	start := time.Now()
 	resp, err := c.stub.Check(ctx, req)
-	c.finish(ctx, batch, resp, err, start)
+	c.finish(ctx, batch, resp, err, start, nil)
 }
 
-// finish hands each call of batch its decision from resp, or err.
-func (c *client) finish(ctx context.Context, batch []*call, resp *peerpb.CheckResponse, err error, start time.Time) {
-	var out []wireDecision
+// finish hands each call of batch its decision from resp, or err. The
+// decisions are decoded into out's memory, which it returns for reuse.
+func (c *client) finish(ctx context.Context, batch []*call, resp *peerpb.CheckResponse, err error, start time.Time, out []wireDecision) []wireDecision {
+	out = slices.Grow(out[:0], len(batch))[:len(batch)]
 	switch {
 	case err != nil:
 	case len(resp.GetDecisionsPacked()) > 0:
-		out = make([]wireDecision, len(batch))
 		err = decodeDecisions(resp.GetDecisionsPacked(), len(batch), c.name, out)
 	case len(resp.GetDecisions()) != len(batch):
 		err = fmt.Errorf("peer: %s answered %d decisions for %d requests", c.name, len(resp.GetDecisions()), len(batch))
 	default:
-		out = make([]wireDecision, len(batch))
 		for i, d := range resp.GetDecisions() {
 			out[i] = decisionFromPB(d)
 		}
@@ -335,12 +389,13 @@ func (c *client) finish(ctx context.Context, batch []*call, resp *peerpb.CheckRe
 		for _, k := range batch {
 			k.done <- callResult{err: err}
 		}
-		return
+		return out
 	}
 	c.n.metrics.Forward(c.name, "ok", time.Since(start))
 	for i, k := range batch {
-		k.done <- callResult{d: &out[i]}
+		k.done <- callResult{d: out[i]}
 	}
+	return out
 }
 
 // forward asks owner to decide. It returns the owner's decision, a
@@ -403,7 +458,7 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (De
 	if res.err != nil {
 		return Decision{}, res.err
 	}
-	return fromWire(res.d, owner)
+	return fromWire(&res.d, owner)
 }
 
 // direct sends one request as its own RPC (batching disabled).
@@ -427,7 +482,7 @@ func (c *client) direct(ctx context.Context, r *opReq) callResult {
 	}
 	c.n.metrics.Forward(c.name, "ok", time.Since(start))
 	d := decisionFromPB(resp.Decisions[0])
-	return callResult{d: &d}
+	return callResult{d: d}
 }
 
 // fromWire turns an owner's wire decision into a Decision or error.

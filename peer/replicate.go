@@ -6,6 +6,8 @@ import (
 	"iter"
 	"math/bits"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -216,9 +218,9 @@ func (c *client) replLoop() {
 			// As in batchLoop: deciders ready to run add to this batch.
 			runtime.Gosched()
 		}
-		// Sized for what has queued: appending would grow it several times.
-		batch := make([]*replItem, 1, min(maxReplBatch, 1+len(r.queue)))
-		batch[0] = first
+		// The batch, its packing and its answer use a pooled replSend.
+		rs := getReplSend(c)
+		batch := append(rs.batch[:0], first)
 	drain:
 		for len(batch) < maxReplBatch {
 			select {
@@ -228,37 +230,51 @@ func (c *client) replLoop() {
 				break drain
 			}
 		}
-		if p := r.pipe.get(c, framedReplicate, c.stub.ReplicateStream, replicateID); p != nil && c.sendReplPipe(p, batch) {
+		rs.batch = batch
+		if p := r.pipe.get(c, framedReplicate, c.stub.ReplicateStream, replicateID); p != nil && c.sendReplPipe(p, rs) {
 			continue
 		}
 		c.sendRepl(batch)
+		rs.release()
 		<-r.sem
 	}
 }
 
-// sendReplPipe sends batch on p without waiting; the pipe's receiver
+// sendReplPipe sends rs's batch on p without waiting; the pipe's receiver
 // applies the answer and frees the slot. It reports false, having sent
-// nothing, when the pipe is broken.
-func (c *client) sendReplPipe(p *pipe[peerpb.ReplicateRequest, peerpb.ReplicateResponse], batch []*replItem) bool {
-	r := &replSend{c: c, batch: batch}
+// nothing, when the pipe is broken; rs is then still the caller's.
+func (c *client) sendReplPipe(p *pipe[peerpb.ReplicateRequest, peerpb.ReplicateResponse], rs *replSend) bool {
+	batch := rs.batch
 	if allAdmits(batch) {
 		// The common case: admissions only, packed.
 		var b []byte
-		b, r.ops, r.opOf = packAdmits(batch, c.n.clock())
-		r.packed.Sender, r.packed.AdmitsPacked = c.n.name, b
-		r.req = &r.packed
+		b, rs.ops, rs.opOf = packAdmits(&rs.pack, batch, c.n.clock())
+		rs.packed.Sender, rs.packed.AdmitsPacked = c.n.name, b
+		rs.req = &rs.packed
 	} else {
-		r.req, r.opOf = c.replRequest(batch)
-		r.ops = opsOf(r.req)
+		rs.req, rs.opOf = c.replRequest(batch)
+		rs.ops = opsOf(rs.req)
 	}
-	c.stamp(r.req, batch)
-	r.sent = c.n.mono()
-	r.start = time.Now()
-	return p.send(r) == nil
+	c.stamp(rs.req, batch)
+	rs.sent = c.n.mono()
+	rs.start = time.Now()
+	// Two users from here: this sender until send returns (it may still be
+	// encoding the message when the answer, or the pipe's failure, comes),
+	// and the answer.
+	rs.refs.Store(2)
+	if p.send(rs) != nil {
+		rs.refs.Store(1) // never sent: done will not be called
+		return false
+	}
+	rs.release()
+	return true
 }
 
 // replSend is a replication message sent on a pipe, in one allocation
-// (with the packed request inside it).
+// (with the packed request inside it), and the scratch its batch, packing
+// and answer use. It is pooled (replSendPool) once its sender and its
+// answer are both done with it: a batch of admissions allocates nothing
+// of its own.
 type replSend struct {
 	c      *client
 	req    *peerpb.ReplicateRequest // &packed, or built by replRequest
@@ -268,24 +284,56 @@ type replSend struct {
 	opOf   []int
 	sent   int64
 	start  time.Time
+	pack   packScratch
+	res    resultScratch
+	// refs counts the replSend's users while it is on a pipe.
+	refs atomic.Int32
 }
 
-func (r *replSend) msg(id uint64) *peerpb.ReplicateRequest {
-	r.req.Id = id
-	return r.req
+var replSendPool = sync.Pool{New: func() any { return new(replSend) }}
+
+// getReplSend returns a pooled replSend for c's batcher (one user).
+func getReplSend(c *client) *replSend {
+	rs := replSendPool.Get().(*replSend)
+	rs.c = c
+	rs.refs.Store(1)
+	return rs
+}
+
+// release drops a user; the last one pools rs, without what it points
+// to, unless it grew large.
+func (rs *replSend) release() {
+	if rs.refs.Add(-1) != 0 {
+		return
+	}
+	if cap(rs.batch) > maxReplBatch/4 {
+		return
+	}
+	clear(rs.batch[:cap(rs.batch)])
+	rs.batch = rs.batch[:0]
+	rs.res.clear()
+	rs.c, rs.req, rs.ops, rs.opOf = nil, nil, nil, nil
+	rs.packed.Reset()
+	replSendPool.Put(rs)
+}
+
+func (rs *replSend) msg(id uint64) *peerpb.ReplicateRequest {
+	rs.req.Id = id
+	return rs.req
 }
 
 // done applies the answer and frees the in-flight slot.
-func (r *replSend) done(resp *peerpb.ReplicateResponse, err error) {
-	c := r.c
+func (rs *replSend) done(resp *peerpb.ReplicateResponse, err error) {
+	c := rs.c
 	var results []*peerpb.OpResult
 	if err == nil {
 		err = streamErr(resp.GetCode(), resp.GetError())
 	}
 	if err == nil {
-		results, err = c.replResults(resp, len(r.ops))
+		results, err = c.replResults(resp, len(rs.ops), &rs.res)
 	}
-	c.replFinish(c.n.ctx, r.batch, r.ops, r.opOf, results, err, r.sent, r.start)
+	c.replFinish(c.n.ctx, rs.batch, rs.ops, rs.opOf, results, err, rs.sent, rs.start)
+	rs.release()
 	<-c.repl.sem
 }
 
@@ -360,23 +408,43 @@ func opsOf(req *peerpb.ReplicateRequest) []replOp {
 }
 
 // replResults returns the want results of a replication answer, packed or
-// not.
-func (c *client) replResults(resp *peerpb.ReplicateResponse, want int) ([]*peerpb.OpResult, error) {
+// not. A packed answer is decoded into sc when it is not nil (the results
+// are then valid until sc is reused).
+func (c *client) replResults(resp *peerpb.ReplicateResponse, want int, sc *resultScratch) ([]*peerpb.OpResult, error) {
 	if b := resp.GetResultsPacked(); len(b) > 0 {
-		rs, err := decodeOpResults(b, want, c.name)
+		if sc == nil {
+			sc = new(resultScratch)
+		}
+		rs, err := decodeOpResults(sc.rs[:0], b, want, c.name)
 		if err != nil {
 			return nil, err
 		}
-		out := make([]*peerpb.OpResult, len(rs))
+		out := sc.ptrs[:0]
 		for i := range rs {
-			out[i] = &rs[i]
+			out = append(out, &rs[i])
 		}
+		sc.rs, sc.ptrs = rs, out
 		return out, nil
 	}
 	if len(resp.GetResults()) != want {
 		return nil, fmt.Errorf("peer: %s answered %d results for %d operations", c.name, len(resp.GetResults()), want)
 	}
 	return resp.GetResults(), nil
+}
+
+// resultScratch holds a packed replication answer's decoded results.
+type resultScratch struct {
+	rs   []peerpb.OpResult
+	ptrs []*peerpb.OpResult
+}
+
+// clear drops what the results point to.
+func (sc *resultScratch) clear() {
+	clear(sc.ptrs[:cap(sc.ptrs)])
+	for i := range sc.rs {
+		sc.rs[i].Holder = ""
+	}
+	sc.rs, sc.ptrs = sc.rs[:0], sc.ptrs[:0]
 }
 
 const maxReplBatch = 1024
@@ -394,7 +462,7 @@ func (c *client) sendRepl(batch []*replItem) {
 	ops := opsOf(req)
 	var results []*peerpb.OpResult
 	if err == nil {
-		results, err = c.replResults(resp, len(ops))
+		results, err = c.replResults(resp, len(ops), nil)
 	}
 	c.replFinish(ctx, batch, ops, opOf, results, err, sent, start)
 }
@@ -546,6 +614,18 @@ func (n *Node) applyOpResult(pid int, epoch uint64, from string, r *peerpb.OpRes
 
 // Replicate is the backup's side of replication.
 func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*peerpb.ReplicateResponse, error) {
+	return s.replicate(req, nil)
+}
+
+// replScratch is a ReplicateStream's memory for its answers: the answer
+// replicate returns lives in it, and it is reused once that is sent.
+type replScratch struct {
+	out  []byte
+	resp peerpb.ReplicateResponse
+}
+
+// replicate is Replicate, answering in sc's memory when sc is not nil.
+func (s *server) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peerpb.ReplicateResponse, error) {
 	n := s.n
 	if len(req.GetOps()) > maxWireBatch {
 		return nil, status.Errorf(codes.InvalidArgument, "peer: %d operations exceed %d", len(req.GetOps()), maxWireBatch)
@@ -557,11 +637,19 @@ func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*pe
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	if len(req.GetAdmitsPacked()) > 0 {
-		b, err := n.applyPackedAdmits(req.GetSender(), req.GetSeq(), sw, req.GetAdmitsPacked(), closing, quorum)
+		if sc == nil {
+			sc = new(replScratch)
+		}
+		b, err := n.applyPackedAdmits(sc.out[:0], req.GetSender(), req.GetSeq(), sw, req.GetAdmitsPacked(), closing, quorum)
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
-		return &peerpb.ReplicateResponse{ResultsPacked: b}, nil
+		if cap(b) <= framedKeepBuf {
+			sc.out = b
+		}
+		sc.resp.Reset()
+		sc.resp.ResultsPacked = b
+		return &sc.resp, nil
 	}
 	resp := &peerpb.ReplicateResponse{Results: make([]*peerpb.OpResult, len(req.GetOps()))}
 	for i, op := range req.GetOps() {

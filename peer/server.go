@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -25,6 +26,34 @@ type server struct {
 // member it believes holds the key, so the sender retries there or after
 // refreshing its ring.
 func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.CheckResponse, error) {
+	return s.check(ctx, req, nil)
+}
+
+// checkScratch is a CheckStream worker's memory for the batches it
+// decides: the answer check returns lives in it, and it is reused once
+// that answer is sent.
+type checkScratch struct {
+	items []wireItem
+	slots []checkSlot
+	slab  []byte
+	out   []byte
+	resp  peerpb.CheckResponse
+}
+
+// reset drops what the last batch's items and decisions point to (its
+// request's memory), unless the scratch grew large, when it lets it all go.
+func (sc *checkScratch) reset() {
+	if cap(sc.items) > maxWireBatch/4 || cap(sc.out) > framedKeepBuf {
+		*sc = checkScratch{}
+		return
+	}
+	clear(sc.items[:cap(sc.items)])
+	clear(sc.slots[:cap(sc.slots)])
+	sc.resp.Reset()
+}
+
+// check is Check, in sc's memory when sc is not nil.
+func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkScratch) (*peerpb.CheckResponse, error) {
 	n := s.n
 	if len(req.GetItems()) > maxWireBatch {
 		return nil, status.Errorf(codes.InvalidArgument, "peer: batch of %d requests exceeds %d", len(req.GetItems()), maxWireBatch)
@@ -45,13 +74,17 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 		// Peers can see a joining node before its first ring is built.
 		return nil, status.Error(codes.Unavailable, "peer: node starting")
 	}
+	if sc == nil {
+		sc = new(checkScratch)
+	}
 	var items []wireItem
 	packed := len(req.GetItemsPacked()) > 0
 	if packed {
 		var err error
-		if items, err = decodeItems(req.GetItemsPacked()); err != nil {
+		if items, err = decodeItems(sc.items[:0], req.GetItemsPacked()); err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
+		sc.items = items
 	} else {
 		items = make([]wireItem, len(req.GetItems()))
 		for i, it := range req.GetItems() {
@@ -63,13 +96,16 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 	// The batch's decisions, requests and waits share one allocation, and
 	// its keys' encodings a second: a key encodes to its parts plus a
 	// length byte each.
-	slots := make([]checkSlot, len(items))
+	slots := slices.Grow(sc.slots[:0], len(items))[:len(items)]
+	clear(slots)
+	sc.slots = slots
 	size := 0
 	for i := range items {
 		k := &items[i].key
 		size += 3 + len(k.Tenant) + len(k.Subject) + len(k.Policy)
 	}
-	slab := make([]byte, 0, size)
+	slab := slices.Grow(sc.slab[:0], size)
+	sc.slab = slab
 	// Every item is decided first and the synchronous backups are waited
 	// for afterwards, so the batch's admissions travel to each backup
 	// together. An item is answered only once its backup has it.
@@ -99,14 +135,14 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 		}
 		n.metrics.Decision(r.p.name, Reason(slots[i].out.reason), PathRemote)
 	}
-	resp := &peerpb.CheckResponse{}
+	resp := &sc.resp
 	if packed {
 		// About 40 bytes per plain decision.
-		b := binary.AppendUvarint(make([]byte, 0, 8+48*len(slots)), uint64(len(slots)))
+		b := binary.AppendUvarint(slices.Grow(sc.out[:0], 8+48*len(slots)), uint64(len(slots)))
 		for i := range slots {
 			b = appendDecision(b, &slots[i].out)
 		}
-		resp.DecisionsPacked = b
+		resp.DecisionsPacked, sc.out = b, b
 		return resp, nil
 	}
 	resp.Decisions = make([]*peerpb.Decision, len(slots))

@@ -435,11 +435,15 @@ func (s *server) CheckStream(st peerpb.Limiter_CheckStreamServer) error {
 	var wg sync.WaitGroup
 	for range checkStreamWorkers {
 		wg.Go(func() {
+			// The worker's batches share its memory: an answer is
+			// encoded by Send before the next batch is decided.
+			var sc checkScratch
 			for t := range tasks {
-				resp := s.checkStreamOne(ctx, t)
+				resp := s.checkStreamOne(ctx, t, &sc)
 				sendMu.Lock()
 				err := st.Send(resp)
 				sendMu.Unlock()
+				sc.reset()
 				if err != nil {
 					// The stream is gone; Recv fails too and ends the loop.
 					continue
@@ -475,13 +479,13 @@ func (s *server) CheckStream(st peerpb.Limiter_CheckStreamServer) error {
 }
 
 // checkStreamOne decides one batch of a CheckStream.
-func (s *server) checkStreamOne(ctx context.Context, t checkTask) *peerpb.CheckResponse {
+func (s *server) checkStreamOne(ctx context.Context, t checkTask, sc *checkScratch) *peerpb.CheckResponse {
 	if !t.deadline.IsZero() {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, t.deadline)
 		defer cancel()
 	}
-	resp, err := s.Check(ctx, t.req)
+	resp, err := s.check(ctx, t.req, sc)
 	if err != nil {
 		st := status.Convert(err)
 		return &peerpb.CheckResponse{Id: t.req.GetId(), Code: int32(st.Code()), Error: st.Message()}
@@ -494,7 +498,9 @@ func (s *server) checkStreamOne(ctx context.Context, t checkTask) *peerpb.CheckR
 // requests are applied one after another in arrival order, through
 // Replicate.
 func (s *server) ReplicateStream(st peerpb.Limiter_ReplicateStreamServer) error {
-	ctx := st.Context()
+	// Answers share sc's memory: each is encoded by Send before the next
+	// request is applied.
+	var sc replScratch
 	for {
 		req, err := st.Recv()
 		if err != nil {
@@ -506,7 +512,7 @@ func (s *server) ReplicateStream(st peerpb.Limiter_ReplicateStreamServer) error 
 		if drop := s.n.replDrop.Load(); drop != nil && (*drop)(req) {
 			continue
 		}
-		resp, err := s.Replicate(ctx, req)
+		resp, err := s.replicate(req, &sc)
 		if err != nil {
 			st := status.Convert(err)
 			resp = &peerpb.ReplicateResponse{Code: int32(st.Code()), Error: st.Message()}
