@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"bytes"
 	"cmp"
 	"math"
 	"slices"
@@ -45,7 +46,12 @@ type HotKey struct {
 // hotSlot is one tracked key. Its storage index is stable while the key is
 // tracked; pos is its position in the min-heap.
 type hotSlot struct {
+	// key is the tracked key, a string over buf: a key that takes over
+	// the slot is copied into buf when it fits, so a tracker full of
+	// short-lived keys does not allocate for each (buf is written only
+	// while key is out of the index, and Top copies the keys it returns).
 	key string
+	buf []byte
 	err float64 // forward-decay scaled Space-Saving error
 	pos int
 }
@@ -88,7 +94,8 @@ type hotNode struct {
 // time given to Record is treated as that latest time.
 //
 // HotKeys is safe for concurrent use; one mutex guards it. Record is
-// O(log capacity) and does not allocate for a key that is already tracked.
+// O(log capacity) and does not allocate once the tracker is full and its
+// slots have room for the keys that take them over.
 // The zero value is not usable; call NewHotKeys.
 type HotKeys struct {
 	mu       sync.Mutex
@@ -137,8 +144,9 @@ func (h *HotKeys) Record(key string, hits int64, now time.Time) {
 }
 
 // RecordBytes is Record for a key held in a byte slice (such as a stack
-// buffer). It does not allocate for a key already tracked; the tracker copies
-// the bytes when it starts tracking a key and never retains key.
+// buffer). The tracker copies the bytes when it starts tracking a key and
+// never retains key; it allocates only while it fills, or for a key longer
+// than the slot it takes over has held.
 func (h *HotKeys) RecordBytes(key []byte, hits int64, now time.Time) {
 	if hits <= 0 {
 		return
@@ -157,10 +165,11 @@ func (h *HotKeys) RecordBytes(key []byte, hits int64, now time.Time) {
 	if len(h.slots) < h.capacity {
 		i := len(h.slots)
 		// Clone so the tracker never pins a caller's larger buffer (or a
-		// string built over mutable bytes); this is the one allocation per
-		// newly tracked key.
-		k := string(key)
-		h.slots = append(h.slots, hotSlot{key: k, pos: len(h.heap)})
+		// string built over mutable bytes); the slot keeps the copy for
+		// the keys that take it over later.
+		buf := bytes.Clone(key)
+		k := unsafe.String(unsafe.SliceData(buf), len(buf))
+		h.slots = append(h.slots, hotSlot{key: k, buf: buf, pos: len(h.heap)})
 		h.heap = append(h.heap, hotNode{count: w, slot: i})
 		h.index[k] = i
 		h.upLocked(len(h.heap) - 1)
@@ -173,7 +182,11 @@ func (h *HotKeys) RecordBytes(key []byte, hits int64, now time.Time) {
 	i := root.slot
 	s := &h.slots[i]
 	delete(h.index, s.key)
-	k := string(key)
+	if cap(s.buf) < len(key) {
+		s.buf = make([]byte, 0, len(key))
+	}
+	s.buf = append(s.buf[:0], key...)
+	k := unsafe.String(unsafe.SliceData(s.buf), len(s.buf))
 	s.key = k
 	s.err = root.count
 	root.count += w
@@ -242,7 +255,7 @@ func (h *HotKeys) Top(k int, now time.Time) []HotKey {
 	out := make([]HotKey, n)
 	for i, nd := range h.heap {
 		s := &h.slots[nd.slot]
-		out[i] = HotKey{Key: s.key, Count: nd.count, Error: s.err}
+		out[i] = HotKey{Key: strings.Clone(s.key), Count: nd.count, Error: s.err}
 	}
 	h.mu.Unlock()
 

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -621,6 +623,66 @@ func TestHotKeysRecordAllocs(t *testing.T) {
 	}
 }
 
+// TestHotKeysEvictionReusesMemory records a stream of keys the tracker
+// cannot hold (each takes over the minimum's slot): once the slots have
+// room for the keys it allocates nothing, and the keys Top returned
+// earlier, and the keys tracked now, are unchanged by the slots' reuse.
+func TestHotKeysEvictionReusesMemory(t *testing.T) {
+	h := NewHotKeys(4, time.Second)
+	keys := make([][]byte, 64)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "tenant/subject-%04d/policy", i)
+	}
+	for _, k := range keys {
+		h.RecordBytes(k, 1, hkT0)
+	}
+	before := h.Top(4, hkT0)
+	saved := make([]string, len(before))
+	for i, hk := range before {
+		saved[i] = strings.Clone(hk.Key)
+	}
+	i := 0
+	allocs := testing.AllocsPerRun(1000, func() {
+		h.RecordBytes(keys[i%len(keys)], 1, hkT0)
+		i++
+	})
+	if allocs != 0 {
+		t.Errorf("Record of an untracked key into a full tracker: %v allocs/op; want 0", allocs)
+	}
+	for i, hk := range before {
+		if hk.Key != saved[i] {
+			t.Fatalf("a key Top returned changed from %q to %q when its slot was reused", saved[i], hk.Key)
+		}
+	}
+	// Every tracked key is intact (one of the keys recorded), and is
+	// found again (a lookup, not a takeover) when recorded once more.
+	valid := map[string]bool{}
+	for _, k := range keys {
+		valid[string(k)] = true
+	}
+	top := h.Top(4, hkT0)
+	for _, hk := range top {
+		if !valid[hk.Key] {
+			t.Fatalf("Top returned %q, which was never recorded", hk.Key)
+		}
+	}
+	want := keySet(top)
+	for k := range want {
+		h.RecordBytes([]byte(k), 1, hkT0)
+	}
+	if again := h.Top(4, hkT0); !reflect.DeepEqual(keySet(again), want) {
+		t.Fatalf("after recording the tracked keys again Top = %v, want %v", again, want)
+	}
+}
+
+func keySet(hks []HotKey) map[string]bool {
+	m := map[string]bool{}
+	for _, hk := range hks {
+		m[hk.Key] = true
+	}
+	return m
+}
+
 func BenchmarkHotKeysRecord(b *testing.B) {
 	const poolSize = 1024 // power of two
 	pool := make([]string, poolSize)
@@ -629,7 +691,8 @@ func BenchmarkHotKeysRecord(b *testing.B) {
 	}
 	for _, capacity := range []int{1024, 64} {
 		// capacity=1024 keeps every pool key tracked (the zero-allocation
-		// path); capacity=64 evicts on almost every call (one key clone each).
+		// path); capacity=64 evicts on almost every call (the key is copied into
+		// the slot it takes over).
 		b.Run(fmt.Sprintf("capacity=%d/mode=serial", capacity), func(b *testing.B) {
 			b.ReportAllocs()
 			h := NewHotKeys(capacity, 10*time.Second)
