@@ -438,8 +438,10 @@ func (s *server) CheckStream(st peerpb.Limiter_CheckStreamServer) error {
 			// The worker's batches share its memory: an answer is
 			// encoded by Send before the next batch is decided.
 			var sc checkScratch
+			bc := newBatchCtx(ctx)
+			defer bc.close()
 			for t := range tasks {
-				resp := s.checkStreamOne(ctx, t, &sc)
+				resp := s.checkStreamOne(ctx, t, &sc, bc)
 				sendMu.Lock()
 				err := st.Send(resp)
 				sendMu.Unlock()
@@ -479,11 +481,11 @@ func (s *server) CheckStream(st peerpb.Limiter_CheckStreamServer) error {
 }
 
 // checkStreamOne decides one batch of a CheckStream.
-func (s *server) checkStreamOne(ctx context.Context, t checkTask, sc *checkScratch) *peerpb.CheckResponse {
+func (s *server) checkStreamOne(ctx context.Context, t checkTask, sc *checkScratch, bc *batchCtx) *peerpb.CheckResponse {
 	if !t.deadline.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, t.deadline)
-		defer cancel()
+		bc.begin(t.deadline)
+		defer bc.finish()
+		ctx = bc
 	}
 	resp, err := s.check(ctx, t.req, sc)
 	if err != nil {
