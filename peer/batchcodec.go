@@ -458,8 +458,8 @@ func (sc *admitScratch) put() {
 }
 
 // applyPackedAdmits applies a packed admissions request from sender (sw:
-// the sender's windows, if it sent them) and returns the packed answer.
-func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw []senderWindow, b []byte, closing, quorum bool) ([]byte, error) {
+// what it tells of its policy table) and returns the packed answer.
+func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw senderTable, b []byte, closing, quorum bool) ([]byte, error) {
 	r := &packedReader{s: unsafeString(b)} // see decodeItems
 	tab := n.table.Load()                  // once per request
 	nops := r.count(maxWireBatch, 3)
@@ -599,20 +599,37 @@ func decodeWindows(b []byte) ([]senderWindow, error) {
 	return out, nil
 }
 
+// senderTable is what a replication message tells of its sender's policy
+// table.
+type senderTable struct {
+	windows []senderWindow // its windows, when it sent them
+	// unknown: its table differs from this node's, and it sent no windows
+	// (its gossiped view of this node is behind).
+	unknown bool
+}
+
 // importPolicy is the policy a copied key state of p is imported under:
 // p's, except that a sliding_log or fixed_window key keeps its admissions
-// for the sender's window when that is longer (sw). A raised window that
-// reaches the holder before this node would otherwise lose, here, the
-// admissions older than this node's window; on a takeover the new window
-// would then count from less than the old holder counted. A shorter
-// sender window changes nothing: keeping more only refuses more, and a
-// decision counts only its own window.
-func importPolicy(p *policy, sw []senderWindow) shard.Policy {
+// for the sender's window when that is longer (st.windows). A raised
+// window that reaches the holder before this node would otherwise lose,
+// here, the admissions older than this node's window; on a takeover the
+// new window would then count from less than the old holder counted. A
+// shorter sender window changes nothing: keeping more only refuses more,
+// and a decision counts only its own window. When the sender's window is
+// unknown (st.unknown) such a key keeps every admission it is sent
+// (shard.MaxWindow) until a later message says more: a fixed_window count
+// may then add up windows that have ended, which refuses more, never
+// admits more.
+func importPolicy(p *policy, st senderTable) shard.Policy {
 	sp := p.sp
 	if sp.Algorithm != shard.SlidingLog && sp.Algorithm != shard.FixedWindow {
 		return sp
 	}
-	for _, w := range sw {
+	if st.unknown {
+		sp.Window = shard.MaxWindow
+		return sp
+	}
+	for _, w := range st.windows {
 		if w.policy == p.name && w.window > sp.Window {
 			sp.Window = w.window
 		}

@@ -124,8 +124,17 @@ func TestWindowsCodec(t *testing.T) {
 		{TokenBucket, time.Minute, time.Minute},    // a rate, not a retention
 	} {
 		p := newPolicy("p", PolicyConfig{Limit: 5, Window: tc.own, Algorithm: tc.alg})
-		if got := importPolicy(p, sw).Window; got != tc.want {
+		if got := importPolicy(p, senderTable{windows: sw}).Window; got != tc.want {
 			t.Errorf("%v with own window %v: import window %v, want %v", tc.alg, tc.own, got, tc.want)
+		}
+		// A sender whose table differs and whose windows are unknown:
+		// sliding_log and fixed_window keep everything they are sent.
+		want := shard.MaxWindow
+		if tc.alg == TokenBucket {
+			want = tc.own
+		}
+		if got := importPolicy(p, senderTable{unknown: true}).Window; got != want {
+			t.Errorf("%v with own window %v, sender's unknown: import window %v, want %v", tc.alg, tc.own, got, want)
 		}
 	}
 }

@@ -792,6 +792,75 @@ func TestWindowRaisedOnHolderFirst(t *testing.T) {
 	finishRollAndCrash(t, newT, n0, []*Node{n1, n2}, key, limit, admitted)
 }
 
+// TestWindowRolledBackOnBackupFirst: a key's backup rolls its policy
+// table back to a shorter window while its holder's gossiped view of it
+// is still the newer table, so the holder's next replication message
+// carries no windows. The backup used to cut its copy to its own,
+// shorter window: after a roll forward again and a holder crash, the key
+// would have admitted again what the longer window still counted.
+// Messages now carry the sender's policy version, and a backup whose
+// version differs, told no windows, keeps every copied admission.
+func TestWindowRolledBackOnBackupFirst(t *testing.T) {
+	oldT := map[string]PolicyConfig{"p": {Limit: 4, Window: time.Minute}}
+	newT := map[string]PolicyConfig{"p": {Limit: 4, Window: time.Hour}}
+	clk := &hoClock{}
+	c := startCluster(t, 3, Config{
+		Clock:          clk.Now,
+		Gossip:         hoCrashGossip,
+		LeaseDuration:  500 * time.Millisecond,
+		ForwardTimeout: crashForwardTimeout,
+		Policies:       newT,
+	})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	key, pid := keyHeldWithBackup(t, n0, n1, "wback", "p")
+	// The holder stamps its messages with its policy version.
+	stamped := make(chan uint64, 64)
+	n1.setReplDropForTest(func(req *peerpb.ReplicateRequest) bool {
+		if req.GetSender() == n0.Name() {
+			select {
+			case stamped <- req.GetPolicyVersion():
+			default:
+			}
+		}
+		return false
+	})
+	admitN(t, n0, key, 2)
+	select {
+	case v := <-stamped:
+		if v != n0.PolicyVersion() {
+			t.Fatalf("the holder's replication message carries policy version %d, want its own %d", v, n0.PolicyVersion())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no replication message from the holder reached the backup")
+	}
+	n1.setReplDropForTest(func(*peerpb.ReplicateRequest) bool { return false })
+	if got := copyUnits(n1, n0, pid, key); got != 2 {
+		t.Fatalf("the backup's copy holds %d units, want 2", got)
+	}
+	if err := n1.SetPolicies(oldT); err != nil {
+		t.Fatal(err)
+	}
+	// Past the old window, inside the new one. The holder's next
+	// admission, as the holder sends it while it still believes the
+	// backup on its own table: its version, no windows.
+	clk.Advance(2 * time.Minute)
+	pt := &n1.pt.parts[pid]
+	pt.mu.RLock()
+	epoch := pt.rep.epoch
+	pt.mu.RUnlock()
+	st := stateToWire(shard.KeyState{Key: key, Algorithm: shard.SlidingLog, Runs: []shard.Run{{Count: 1}}})
+	resp, err := (&server{n: n1}).Replicate(context.Background(), &peerpb.ReplicateRequest{
+		Sender: n0.Name(), Seq: 1 << 50, PolicyVersion: n0.PolicyVersion(),
+		Ops: []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_ADMIT, Partition: uint32(pid), Epoch: epoch, Keys: []*peerpb.KeyState{st}}},
+	})
+	if err != nil || len(resp.GetResults()) != 1 || resp.GetResults()[0].GetStatus() != peerpb.OpStatus_OP_STATUS_OK {
+		t.Fatalf("Replicate: %v, %v", resp, err)
+	}
+	if got := copyUnits(n1, n0, pid, key); got != 3 {
+		t.Fatalf("the backup's copy holds %d units after an admission 2 min after the first two, want 3 (the holder's window is an hour)", got)
+	}
+}
+
 // TestLateReplicationNotApplied delivers a replication message to a
 // backup after a newer one, as a message from a connection its holder
 // gave up on can arrive: a REPLACE (a reset) older than an admission the

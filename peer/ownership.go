@@ -574,7 +574,9 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 			return fmt.Errorf("%w: copy partition %d to %s: %w", ErrUnavailable, pid, to, errCopyUnsent)
 		}
 		rctx, cancel := context.WithTimeout(ctx, n.rpcTimeout())
-		resp, err := c.stub.Replicate(rctx, &peerpb.ReplicateRequest{Sender: n.name, Ops: ops, WindowsPacked: n.windowsFor(to, opsPolicies(ops))})
+		req := &peerpb.ReplicateRequest{Sender: n.name, Ops: ops}
+		n.stampPolicies(req, to, opsPolicies(ops))
+		resp, err := c.stub.Replicate(rctx, req)
 		cancel()
 		if err == nil && fault == copyAnswerLost {
 			err = errCopyAnswerLost

@@ -340,18 +340,25 @@ func (rs *replSend) done(resp *peerpb.ReplicateResponse, err error) {
 // stamp readies req, the replication message of batch, for sending: its
 // number, given here, in the loop that sends them one after another (the
 // backup applies none older than one it has applied), and this node's
-// windows while the backup's policy table may differ.
+// policy version and, while the backup's policy table may differ, windows.
 func (c *client) stamp(req *peerpb.ReplicateRequest, batch []*replItem) {
 	req.Seq = c.n.replSeq.Add(1)
-	req.WindowsPacked = c.n.windowsFor(c.name, batchPolicies(batch))
+	c.n.stampPolicies(req, c.name, batchPolicies(batch))
+}
+
+// stampPolicies sets req's policy version and windows (see windowsFor)
+// from one reading of the table.
+func (n *Node) stampPolicies(req *peerpb.ReplicateRequest, member string, names iter.Seq[string]) {
+	tab := n.table.Load()
+	req.PolicyVersion = tab.version
+	req.WindowsPacked = n.windowsFor(tab, member, names)
 }
 
 // windowsFor returns the windows_packed field of a replication message to
-// member naming the policies names yields: this node's windows for them
-// while member's policy table may differ from this node's (it gossips
-// another version, or none yet), else nil.
-func (n *Node) windowsFor(member string, names iter.Seq[string]) []byte {
-	tab := n.table.Load()
+// member naming the policies names yields: this node's windows (table tab)
+// for them while member's policy table may differ from this node's (it
+// gossips another version, or none yet), else nil.
+func (n *Node) windowsFor(tab *policyTable, member string, names iter.Seq[string]) []byte {
 	if m := n.memberPolicies.Load(); m != nil {
 		if v, ok := (*m)[member]; ok && v == tab.version {
 			return nil
@@ -632,9 +639,13 @@ func (s *server) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peer
 	}
 	closing := n.closing.Load()
 	quorum := n.quorum()
-	sw, err := decodeWindows(req.GetWindowsPacked())
+	ws, err := decodeWindows(req.GetWindowsPacked())
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	sw := senderTable{windows: ws}
+	if v := req.GetPolicyVersion(); len(ws) == 0 && v != 0 && v != n.PolicyVersion() {
+		sw.unknown = true
 	}
 	if len(req.GetAdmitsPacked()) > 0 {
 		if sc == nil {
@@ -659,8 +670,8 @@ func (s *server) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peer
 }
 
 // applyOp applies one operation from holder sender to this node's copy;
-// sw are the sender's windows, if it sent them.
-func (n *Node) applyOp(sender string, seq uint64, sw []senderWindow, op *peerpb.PartitionOp, closing, quorum bool) *peerpb.OpResult {
+// sw is what the sender tells of its policy table.
+func (n *Node) applyOp(sender string, seq uint64, sw senderTable, op *peerpb.PartitionOp, closing, quorum bool) *peerpb.OpResult {
 	var keys []packedAdmit
 	for _, w := range op.GetKeys() {
 		st, p, err := n.decodeState(w)

@@ -1309,6 +1309,13 @@ type ReplicateRequest struct {
 	// one. Empty when the sender believes the tables agree; a receiver that
 	// ignores it (an older node) keeps its own window.
 	WindowsPacked []byte `protobuf:"bytes,6,opt,name=windows_packed,json=windowsPacked,proto3" json:"windows_packed,omitempty"`
+	// PolicyVersion is the sender's policy table version (Node.PolicyVersion;
+	// 0 from an older node). A receiver whose own version differs while
+	// windows_packed is empty (the sender's gossiped view of it is behind: it
+	// has just changed tables, or rolled one back) cannot know the sender's
+	// windows: it keeps every copied admission of a sliding_log or
+	// fixed_window key rather than cut the copy to its own window.
+	PolicyVersion uint64 `protobuf:"varint,7,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1383,6 +1390,13 @@ func (x *ReplicateRequest) GetWindowsPacked() []byte {
 		return x.WindowsPacked
 	}
 	return nil
+}
+
+func (x *ReplicateRequest) GetPolicyVersion() uint64 {
+	if x != nil {
+		return x.PolicyVersion
+	}
+	return 0
 }
 
 // OpResult answers one PartitionOp, in order.
@@ -2881,14 +2895,15 @@ const file_ringlimit_proto_rawDesc = "" +
 	"KIND_ADMIT\x10\x04\x12\x12\n" +
 	"\x0eKIND_HEARTBEAT\x10\x05\x12\x10\n" +
 	"\fKIND_RELEASE\x10\x06\x12\x10\n" +
-	"\fKIND_REPLACE\x10\a\"\xc5\x01\n" +
+	"\fKIND_REPLACE\x10\a\"\xec\x01\n" +
 	"\x10ReplicateRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x03ops\x18\x02 \x03(\v2\x19.ringlimit.v1.PartitionOpR\x03ops\x12\x0e\n" +
 	"\x02id\x18\x03 \x01(\x04R\x02id\x12#\n" +
 	"\radmits_packed\x18\x04 \x01(\fR\fadmitsPacked\x12\x10\n" +
 	"\x03seq\x18\x05 \x01(\x04R\x03seq\x12%\n" +
-	"\x0ewindows_packed\x18\x06 \x01(\fR\rwindowsPacked\"\x9f\x01\n" +
+	"\x0ewindows_packed\x18\x06 \x01(\fR\rwindowsPacked\x12%\n" +
+	"\x0epolicy_version\x18\a \x01(\x04R\rpolicyVersion\"\x9f\x01\n" +
 	"\bOpResult\x12.\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x16.ringlimit.v1.OpStatusR\x06status\x12\x19\n" +
 	"\blease_ns\x18\x02 \x01(\x03R\aleaseNs\x12\x16\n" +
