@@ -515,7 +515,7 @@ func (n *Node) establishBackup(ctx context.Context, pid int, to string) {
 	pt.mu.RLock()
 	epoch, old := pt.epoch, pt.backup
 	pt.mu.RUnlock()
-	if !n.reachableForCopy(ctx, pid, to) {
+	if !n.reachableForCopy(ctx, pid, to) || !n.stillHolder(ctx, pid, epoch, old, to) {
 		return
 	}
 	if !n.fence(pid, epoch) {
@@ -534,6 +534,35 @@ func (n *Node) establishBackup(ctx context.Context, pid int, to string) {
 	if old != "" && old != to {
 		n.release(old, pid, epoch)
 	}
+}
+
+// stillHolder reports whether this node, holding partition pid at epoch
+// with backup old, may copy it to member to. While its lease lasts, or
+// when to is the backup that granted it, yes: that backup cannot have
+// taken the partition over (it refuses a copy once it has). After the
+// lease ended with another member as the receiver, the backup may have
+// taken the partition over meanwhile (this node paused, or was cut off),
+// and a member that has not heard of it would take the copy and grant a
+// lease: two members would decide, the paused one from its old state. So
+// every live member that answers gRPC is asked first (one marked
+// unreachable, such as a crashed backup gossip still lists, cannot tell);
+// a newer holding, or a complete copy of one, known anywhere makes this
+// node learn it instead.
+func (n *Node) stillHolder(ctx context.Context, pid int, epoch uint64, old, to string) bool {
+	pt := &n.pt.parts[pid]
+	if old == "" || old == to || n.mono() < pt.leaseUntil.Load() {
+		return true
+	}
+	newest, ok := n.probeSkip(ctx, pid, n.isUnreachable)
+	if !ok {
+		return false
+	}
+	if newest.otherEpoch > epoch {
+		n.learn(pid, newest.other, newest.otherEpoch)
+		n.log.Warn("partition lost to a newer holder while this node's lease had ended", "partition", pid, "owner", newest.other, "epoch", newest.otherEpoch)
+		return false
+	}
+	return true
 }
 
 // copyTo streams partition pid (fenced by the caller) to member to as a
@@ -781,7 +810,7 @@ func (n *Node) transfer(ctx context.Context, pid int, to string) {
 	pt.mu.RLock()
 	epoch, backup := pt.epoch, pt.backup
 	pt.mu.RUnlock()
-	if !n.reachableForCopy(ctx, pid, to) {
+	if !n.reachableForCopy(ctx, pid, to) || !n.stillHolder(ctx, pid, epoch, backup, to) {
 		return
 	}
 	if !n.fence(pid, epoch) {
@@ -809,9 +838,10 @@ func (n *Node) transfer(ctx context.Context, pid int, to string) {
 // pid over; the partition is fenced.
 func (n *Node) promote(ctx context.Context, pid int, to string) {
 	pt := &n.pt.parts[pid]
-	pt.mu.RLock()
+	pt.mu.Lock()
 	epoch := pt.epoch
-	pt.mu.RUnlock()
+	pt.promotedAt = n.mono()
+	pt.mu.Unlock()
 	c, err := n.peerClient(to)
 	if err == nil {
 		var resp *peerpb.PromoteResponse
@@ -861,18 +891,33 @@ func (n *Node) promote(ctx context.Context, pid int, to string) {
 }
 
 // settleFenced resolves a fenced partition whose promote failed: ask the
-// target again while it lives; once it is gone, ask every member whether
-// anyone holds the partition at a newer epoch, and if nobody does, take it
-// back (our copy is complete: the target could not decide before it
-// established its own backup for synchronous policies).
+// target again while it lives; once it is gone, wait out the lease the
+// promote may have given it, then ask every member whether anyone holds
+// the partition at a newer epoch, and if nobody does, take it back (our
+// copy is complete: the target could not decide before it established its
+// own backup for synchronous policies).
+//
+// A promote whose answer was lost may have taken effect: the target then
+// held the partition at epoch + 1, deciding under a lease that counts from
+// when it applied the promote, and may have made this node its backup
+// since (a copy at a newer epoch, kept in rep). A target gossip calls
+// failed may still run (cut off, or its failure detected faster than its
+// lease ends): so this node takes nothing back before that lease has
+// ended on its own clock (as a backup waits out the lease it granted),
+// continues from its copy of the target's holding if it has one (the
+// takeover path), and otherwise takes the partition back above every
+// epoch the target may hold it at, so the target's messages are stale.
 func (n *Node) settleFenced(ctx context.Context, pid int) {
 	pt := &n.pt.parts[pid]
 	pt.mu.RLock()
-	epoch, backup := pt.epoch, pt.backup
+	epoch, backup, promotedAt := pt.epoch, pt.backup, pt.promotedAt
 	pt.mu.RUnlock()
 	if backup != "" && n.alive(backup) {
 		n.promote(ctx, pid, backup)
 		return
+	}
+	if promotedAt != 0 && n.mono()-promotedAt <= int64(n.cfg.LeaseDuration) {
+		return // the target may still decide under the promote's lease
 	}
 	if !n.quorum() {
 		return
@@ -886,12 +931,25 @@ func (n *Node) settleFenced(ctx context.Context, pid int) {
 		return
 	}
 	pt.mu.Lock()
-	if pt.role == roleFenced && pt.epoch == epoch {
-		pt.backup = ""
-		pt.needSync = false
-		pt.epoch = max(epoch, newest.epoch) + 1
-		pt.setRoleLocked(roleHolder, n.name, pt.epoch, n.clock())
+	if pt.role != roleFenced || pt.epoch != epoch {
+		pt.mu.Unlock()
+		return
 	}
+	if pt.rep.complete && pt.rep.epoch > epoch {
+		// The promote took effect and the target made us its backup: it
+		// holds the partition. Our copy of its holding is what a takeover
+		// continues from, once the lease we granted it has ended.
+		holder, repEpoch := pt.rep.holder, pt.rep.epoch
+		pt.learnLocked(holder, repEpoch, n.clock())
+		pt.mu.Unlock()
+		n.log.Warn("partition transfer settled: the target holds the partition with this node as its backup", "partition", pid, "peer", holder, "epoch", repEpoch)
+		return
+	}
+	pt.backup = ""
+	pt.needSync = false
+	// Above epoch + 1 (the promote's) and any copy begun towards us.
+	pt.epoch = max(epoch+1, newest.epoch, pt.rep.epoch, pt.next.epoch) + 1
+	pt.setRoleLocked(roleHolder, n.name, pt.epoch, n.clock())
 	pt.mu.Unlock()
 	n.log.Warn("partition transfer abandoned: target gone, partition kept", "partition", pid, "peer", backup)
 }
@@ -1031,18 +1089,28 @@ type probeResult struct {
 	// node's own holding (at myCopyEpoch), "" if none.
 	myCopy      string
 	myCopyEpoch uint64
+	// other is the member with the newest holding of the partition, or
+	// the newest complete copy of one, that is not this node's (at
+	// otherEpoch), "" if none.
+	other      string
+	otherEpoch uint64
 }
 
 // probe asks every other live member about partition pid. ok is false if
 // any of them did not answer: the caller must not act on partial news.
 func (n *Node) probe(ctx context.Context, pid int) (probeResult, bool) {
+	return n.probeSkip(ctx, pid, nil)
+}
+
+// probeSkip is probe without the members skip reports true for.
+func (n *Node) probeSkip(ctx context.Context, pid int, skip func(string) bool) (probeResult, bool) {
 	v := n.view.Load()
 	var mu sync.Mutex
 	var res probeResult
 	ok := true
 	var wg sync.WaitGroup
 	for m := range v.alive {
-		if m == n.name {
+		if m == n.name || skip != nil && skip(m) {
 			continue
 		}
 		wg.Add(1)
@@ -1067,6 +1135,12 @@ func (n *Node) probe(ctx context.Context, pid int) (probeResult, bool) {
 			}
 			if in.ReplicaEpoch > res.epoch {
 				res.holder, res.epoch = in.ReplicaHolder, in.ReplicaEpoch
+			}
+			if in.Epoch > res.otherEpoch && in.Holder != "" && in.Holder != n.name {
+				res.other, res.otherEpoch = in.Holder, in.Epoch
+			}
+			if in.ReplicaEpoch > res.otherEpoch && in.ReplicaHolder != n.name {
+				res.other, res.otherEpoch = in.ReplicaHolder, in.ReplicaEpoch
 			}
 			switch role(in.Role) {
 			case roleHolder, roleFenced:

@@ -140,6 +140,12 @@ type part struct {
 	// was lost may be complete on its receiver, and a second copy at the
 	// same epoch elsewhere would leave two members with equal claims.
 	copiedEpoch uint64
+	// promotedAt is when this node last sent a Promote of the partition
+	// (node monotonic ns; 0: never). A promote whose answer is lost may
+	// have taken effect: its receiver then decides under a lease counted
+	// from when it applied it, which ends before promotedAt plus
+	// LeaseDuration on this node's clock.
+	promotedAt int64
 
 	// Replica side: our copy of another holder's partition, and the next
 	// copy while one is being made (it replaces rep only when complete, so

@@ -1,0 +1,317 @@
+package peer
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/ringlimit/ringlimit/ring"
+)
+
+// Attacks on the ownership protocol: sequences of faults under which the
+// cluster used to admit more than the limit in one window, or let two
+// members decide for one partition at once.
+
+// attackGossip is the fast profile with a long maximum suspicion: as with
+// memberlist's LAN defaults (suspicion 4 to 24 probe intervals), a member
+// cut off from the others waits the longest (nobody confirms its
+// suspicions), while the members on the other side confirm each other's
+// and declare it failed at the shortest.
+func attackGossip(mc *memberlist.Config) {
+	fastGossip(mc)
+	mc.SuspicionMaxTimeoutMult = 50
+}
+
+// TestAttackPromoteAnswerLostThenCut: a partition moves to a member that
+// joined (n2); n2 applies the Promote, so it holds the partition with a
+// lease that counts from the promote, but its answer is lost and its
+// gossip link goes silent at that moment. The old holder n0 stays fenced,
+// sees n2 fail (long before n2's lease ends), and used to take the
+// partition back at once (at the very epoch n2 holds it at) from its fenced
+// state, while n2, whose view still lists everybody, went on deciding under
+// its lease (async), or under leases granted by n0 itself for a copy n2
+// made there while n0 was fenced (sync). Both decided: 8 (async) or 7
+// (sync) admissions confirmed in one window of 5.
+func TestAttackPromoteAnswerLostThenCut(t *testing.T) {
+	for _, mode := range []Replication{ReplicateAsync, ReplicateSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			const limit = 5
+			const lease = 5 * time.Second
+			var cut atomic.Bool
+			c := startClusterWith(t, 2, Config{
+				LeaseDuration: lease,
+				Policies:      map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: mode}},
+			}, func(_ int, cfg *Config) { cfg.Gossip = attackGossip })
+			n0, n1 := c.nodes[0], c.nodes[1]
+			ring3 := n0.ringWithForTest("n2")
+			var key Key
+			pid := -1
+			for _, k := range hoKeys("promote-cut", 4000, "p") {
+				p := n0.partIDForTest(k)
+				if o, _ := n0.Owner(k); o == n0.Name() && ring3.PartitionOwner(p) == "n2" && ring3.PartitionBackup(p) == n0.Name() {
+					key, pid = k, p
+					break
+				}
+			}
+			if pid < 0 {
+				t.Fatal("no key held by n0 that moves to n2 (with n0 as its backup) when n2 joins")
+			}
+			confirmed := admitN(t, n0, key, 2)
+			// The move waits until n2's hooks are in place.
+			var ready atomic.Bool
+			n0.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
+				if p == pid && to == "n2" && !ready.Load() {
+					return copyUnsent
+				}
+				return copySend
+			})
+			n2 := c.addWith("n2", func(cfg *Config) {
+				cutGossip := withCutTransport(t, &cut)
+				cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
+			})
+			var promotedAt atomic.Int64
+			n2.setPromoteLostForTest(func(p int) bool {
+				if p != pid {
+					return false
+				}
+				// n2's link fails as it answers: the answer, and every
+				// later one, is lost; its gossip goes silent.
+				promotedAt.CompareAndSwap(0, time.Now().UnixNano())
+				cut.Store(true)
+				return true
+			})
+			ready.Store(true)
+			n0.kickOwnership()
+			waitFor(t, 20*time.Second, "n2 to hold the partition", func() bool {
+				r, _, _ := n2.roleForTest(pid)
+				return r == roleHolder
+			})
+			// Ask both sides until well past any lease n2 was given by the
+			// promote, or until the limit is exceeded.
+			end := time.Unix(0, promotedAt.Load()).Add(2*lease + 2*time.Second)
+			by := map[string]int{n0.Name(): 2}
+			tick := time.NewTicker(20 * time.Millisecond)
+			defer tick.Stop()
+			for time.Now().Before(end) && confirmed <= limit {
+				for _, nd := range []*Node{n2, n0, n1} {
+					ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+					d, err := nd.Allow(ctx, Request{Key: key})
+					cancel()
+					if err == nil && d.Allowed {
+						confirmed++
+						by[d.Owner]++
+					}
+				}
+				<-tick.C
+			}
+			if confirmed > limit {
+				t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v); n0: %s; n2: %s",
+					confirmed, limit, by, n0.partForTest(pid), n2.partForTest(pid))
+			}
+			t.Logf("%d confirmed (by decider: %v); %s; %s", confirmed, by, n0.partForTest(pid), n2.partForTest(pid))
+		})
+	}
+}
+
+// TestAttackPromoteAnswerLostIsolated is TestAttackPromoteAnswerLostThenCut
+// with nothing of n2's getting through to n0 but the promote itself (its
+// copies are lost too, so n0 never becomes its backup), for a policy that
+// replicates nothing: n2 decides only under the lease the promote gave it.
+// n0 used to take the partition back as soon as gossip declared n2 failed,
+// long before that lease ended, so both decided at once. Now n0 waits the
+// lease out: every admission of n2's comes before any of n0's.
+func TestAttackPromoteAnswerLostIsolated(t *testing.T) {
+	const lease = 5 * time.Second
+	var cut atomic.Bool
+	c := startClusterWith(t, 2, Config{
+		LeaseDuration: lease,
+		Policies:      map[string]PolicyConfig{"p": {Limit: 1 << 20, Window: time.Hour, Replication: ReplicateOff}},
+	}, func(_ int, cfg *Config) { cfg.Gossip = attackGossip })
+	n0 := c.nodes[0]
+	ring3 := n0.ringWithForTest("n2")
+	var key Key
+	pid := -1
+	for _, k := range hoKeys("promote-isolated", 4000, "p") {
+		p := n0.partIDForTest(k)
+		if o, _ := n0.Owner(k); o == n0.Name() && ring3.PartitionOwner(p) == "n2" && ring3.PartitionBackup(p) == n0.Name() {
+			key, pid = k, p
+			break
+		}
+	}
+	if pid < 0 {
+		t.Fatal("no key held by n0 that moves to n2 (with n0 as its backup) when n2 joins")
+	}
+	admitN(t, n0, key, 2)
+	var ready atomic.Bool
+	n0.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
+		if p == pid && to == "n2" && !ready.Load() {
+			return copyUnsent
+		}
+		return copySend
+	})
+	n2 := c.addWith("n2", func(cfg *Config) {
+		cutGossip := withCutTransport(t, &cut)
+		cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
+	})
+	var promotedAt atomic.Int64
+	n2.setPromoteLostForTest(func(p int) bool {
+		if p != pid {
+			return false
+		}
+		promotedAt.CompareAndSwap(0, time.Now().UnixNano())
+		cut.Store(true)
+		return true
+	})
+	n2.setCopyFaultForTest(func(p int, _ string, _ bool) copyFault {
+		if p == pid && cut.Load() {
+			return copyUnsent
+		}
+		return copySend
+	})
+	ready.Store(true)
+	n0.kickOwnership()
+	waitFor(t, 20*time.Second, "n2 to hold the partition", func() bool {
+		r, _, _ := n2.roleForTest(pid)
+		return r == roleHolder
+	})
+	end := time.Unix(0, promotedAt.Load()).Add(2*lease + 2*time.Second)
+	by := map[string]int{}
+	var n0First time.Time
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for time.Now().Before(end) {
+		for _, nd := range []*Node{n2, n0} {
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			d, err := nd.Allow(ctx, Request{Key: key})
+			cancel()
+			if err != nil || !d.Allowed {
+				continue
+			}
+			by[d.Owner]++
+			switch {
+			case d.Owner == n0.Name() && n0First.IsZero():
+				n0First = time.Now()
+			case d.Owner == n2.Name() && !n0First.IsZero():
+				t.Fatalf("n2 admitted %v after n0 took the partition back (%v ago): two decision points at once (admissions by decider: %v); n0: %s; n2: %s",
+					time.Since(time.Unix(0, promotedAt.Load())).Round(time.Millisecond), time.Since(n0First).Round(time.Millisecond), by, n0.partForTest(pid), n2.partForTest(pid))
+			}
+		}
+		<-tick.C
+	}
+	if n0First.IsZero() {
+		t.Fatalf("n0 never took the partition back (admissions by decider: %v); n0: %s", by, n0.partForTest(pid))
+	}
+	t.Logf("admissions by decider: %v; n0 took over %v after the promote", by, n0First.Sub(time.Unix(0, promotedAt.Load())).Round(time.Millisecond))
+}
+
+// TestAttackPausedHolderNewBackup stalls a holder (n0) on one partition,
+// with its gossip cut, long enough for its backup (n1) to take the
+// partition over, confirm the rest of the limit and crash. When n0 resumes
+// its lease has ended and its backup does not answer, so it copies the
+// partition, as it stood before the stall, to another member of its
+// (stale) ring that has never heard of the takeover, and takes a lease
+// from it. n0 then decides again from its old state, while n1's admissions
+// live on in its own backup's copy.
+func TestAttackPausedHolderNewBackup(t *testing.T) {
+	const limit = 5
+	const lease = 5 * time.Second
+	var cut atomic.Bool
+	c := startClusterWith(t, 5, Config{
+		LeaseDuration: lease,
+		Policies:      map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
+	}, func(i int, cfg *Config) {
+		cfg.Gossip = attackGossip
+		if i == 0 {
+			cutGossip := withCutTransport(t, &cut)
+			cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
+		}
+	})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	without0, err := ring.New(n0.cfg.Ring, []string{"n1", "n2", "n3", "n4"}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	others := []string{"n2", "n3", "n4"} // n0's ring without n0 and n1
+	var key Key
+	pid := -1
+	var pick string
+	for _, k := range hoKeys("paused-new-backup", 8000, "p") {
+		p := n0.partIDForTest(k)
+		if o, _ := n0.Owner(k); o != "n0" || n0.backupForTest(p) != "n1" {
+			continue
+		}
+		// n1 keeps what it takes over; n0, its backup n1 unreachable,
+		// picks a member other than n1's backup.
+		if without0.PartitionOwner(p) == "n1" && others[p%3] != without0.PartitionBackup(p) {
+			key, pid, pick = k, p, others[p%3]
+			break
+		}
+	}
+	if pid < 0 {
+		t.Fatal("no partition fitting the scenario")
+	}
+	confirmed := admitN(t, n0, key, 2)
+	// The stall: n0's gossip goes silent and nothing of n0's touches the
+	// partition (its gate is held) until it resumes.
+	pt := &n0.pt.parts[pid]
+	cut.Store(true)
+	pt.mu.Lock()
+	var resume sync.Once
+	wake := func() { resume.Do(pt.mu.Unlock) }
+	t.Cleanup(wake)
+	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
+		r, _, _ := n1.roleForTest(pid)
+		return r == roleHolder
+	})
+	waitFor(t, 20*time.Second, "n1 to decide", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		d, err := n1.Allow(ctx, Request{Key: key})
+		if err == nil && d.Allowed {
+			confirmed++
+		}
+		return err == nil
+	})
+	for confirmed < limit {
+		confirmed += admitN(t, n1, key, 1)
+	}
+	n1.KillForTest()
+	wake()
+	by := map[string]int{"n0": 2, "n1": limit - 2}
+	end := time.Now().Add(3 * lease)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	live := []*Node{n0, c.nodes[2], c.nodes[3], c.nodes[4]}
+	// The application on n0 first (asking the others spreads news of the
+	// takeover through their redirects), then everyone.
+	ask := live[:1]
+	for time.Now().Before(end) && confirmed <= limit {
+		if time.Now().After(end.Add(-2 * lease)) {
+			ask = live
+		}
+		for _, nd := range ask {
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			d, err := nd.Allow(ctx, Request{Key: key})
+			cancel()
+			if err == nil && d.Allowed {
+				confirmed++
+				by[d.Owner]++
+			}
+		}
+		<-tick.C
+	}
+	var parts []string
+	for _, nd := range live {
+		parts = append(parts, nd.partForTest(pid))
+	}
+	if confirmed > limit {
+		t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v; n0's new backup %s):\n%s",
+			confirmed, limit, by, pick, strings.Join(parts, "\n"))
+	}
+	t.Logf("confirmed %d (by decider: %v):\n%s", confirmed, by, strings.Join(parts, "\n"))
+}
