@@ -623,7 +623,18 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 		}
 		for i, r := range resp.Results {
 			if r.Status != peerpb.OpStatus_OP_STATUS_OK {
-				n.applyOpResult(pid, ops[i].Epoch, to, r, sent)
+				e := ops[i].Epoch
+				if r.Status == peerpb.OpStatus_OP_STATUS_STALE && r.Holder != n.name {
+					// A copy refused as stale names the newer holding the
+					// receiver knows of. Compare it with the epoch this
+					// node holds the partition at, not the copy's: the copy
+					// epoch is above ours and, after a few refusals, above
+					// the newer holder's too, and a stale holder would then
+					// never learn it, retrying its copy at ever higher
+					// epochs.
+					e = holderEpoch
+				}
+				n.applyOpResult(pid, e, to, r, sent)
 				return fmt.Errorf("%w: %s refused partition %d copy: %v", ErrUnavailable, to, pid, r.Status)
 			}
 			if carried := len(ops[i].Keys); ops[i].Kind == peerpb.PartitionOp_KIND_SYNC_CHUNK && int(r.Accepted) < carried {

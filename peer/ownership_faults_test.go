@@ -1266,3 +1266,27 @@ func TestNoLeaseAfterUncertainCopy(t *testing.T) {
 		t.Fatalf("an OK answer renewed the lease to %d while the partition needs a new copy", l)
 	}
 }
+
+// TestStaleCopyRefusalTeachesHolder: a holder whose copy is refused as
+// stale, by a member that knows of a newer holding, learns that holding.
+// The refusal used to be compared with the copy's epoch (above the
+// holder's own, and after a few refusals above the newer holder's too), so
+// a stale holder retried its copy at ever higher epochs and never learned:
+// here, n1 knows of a holder at the epoch just above n0's, which equals
+// n0's first copy epoch.
+func TestStaleCopyRefusalTeachesHolder(t *testing.T) {
+	c := startCluster(t, 2, Config{Policies: map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}}})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	key, pid := keyHeldWithBackup(t, n0, n1, "stale-refusal", "p")
+	admitN(t, n0, key, 1)
+	_, _, epoch := n0.roleForTest(pid)
+	// n1 hears of a takeover by n-new (a member n0 does not know of).
+	pt := &n1.pt.parts[pid]
+	pt.mu.Lock()
+	pt.learnLocked("n-new", epoch+1, n1.clock())
+	pt.mu.Unlock()
+	n0.establishBackup(context.Background(), pid, n1.Name())
+	if r, holder, e := n0.roleForTest(pid); r != roleMoved || holder != "n-new" || e != epoch+1 {
+		t.Fatalf("after a copy refused as stale n0 is %v of %q at epoch %d; want moved to n-new at %d", r, holder, e, epoch+1)
+	}
+}
