@@ -38,10 +38,12 @@ func attackGossip(mc *memberlist.Config) {
 // made there while n0 was fenced (sync). Both decided: 8 (async) or 7
 // (sync) admissions confirmed in one window of 5.
 func TestAttackPromoteAnswerLostThenCut(t *testing.T) {
+	t.Parallel() // mostly waiting out leases, as are the other attacks
 	for _, mode := range []Replication{ReplicateAsync, ReplicateSync} {
 		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
 			const limit = 5
-			const lease = 5 * time.Second
+			const lease = 3 * time.Second
 			var cut atomic.Bool
 			c := startClusterWith(t, 2, Config{
 				LeaseDuration: lease,
@@ -126,7 +128,8 @@ func TestAttackPromoteAnswerLostThenCut(t *testing.T) {
 // long before that lease ended, so both decided at once. Now n0 waits the
 // lease out: every admission of n2's comes before any of n0's.
 func TestAttackPromoteAnswerLostIsolated(t *testing.T) {
-	const lease = 5 * time.Second
+	t.Parallel()
+	const lease = 3 * time.Second
 	var cut atomic.Bool
 	c := startClusterWith(t, 2, Config{
 		LeaseDuration: lease,
@@ -218,8 +221,9 @@ func TestAttackPromoteAnswerLostIsolated(t *testing.T) {
 // from it. n0 then decides again from its old state, while n1's admissions
 // live on in its own backup's copy.
 func TestAttackPausedHolderNewBackup(t *testing.T) {
+	t.Parallel()
 	const limit = 5
-	const lease = 5 * time.Second
+	const lease = 3 * time.Second
 	var cut atomic.Bool
 	c := startClusterWith(t, 5, Config{
 		LeaseDuration: lease,
