@@ -43,66 +43,18 @@ func TestAttackPromoteAnswerLostThenCut(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			const limit = 5
-			const lease = 3 * time.Second
-			var cut atomic.Bool
-			c := startClusterWith(t, 2, Config{
-				LeaseDuration: lease,
-				Policies:      map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: mode}},
-			}, func(_ int, cfg *Config) { cfg.Gossip = attackGossip })
-			n0, n1 := c.nodes[0], c.nodes[1]
-			ring3 := n0.ringWithForTest("n2")
-			var key Key
-			pid := -1
-			for _, k := range hoKeys("promote-cut", 4000, "p") {
-				p := n0.partIDForTest(k)
-				if o, _ := n0.Owner(k); o == n0.Name() && ring3.PartitionOwner(p) == "n2" && ring3.PartitionBackup(p) == n0.Name() {
-					key, pid = k, p
-					break
-				}
-			}
-			if pid < 0 {
-				t.Fatal("no key held by n0 that moves to n2 (with n0 as its backup) when n2 joins")
-			}
-			confirmed := admitN(t, n0, key, 2)
-			// The move waits until n2's hooks are in place.
-			var ready atomic.Bool
-			n0.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
-				if p == pid && to == "n2" && !ready.Load() {
-					return copyUnsent
-				}
-				return copySend
-			})
-			n2 := c.addWith("n2", func(cfg *Config) {
-				cutGossip := withCutTransport(t, &cut)
-				cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
-			})
-			var promotedAt atomic.Int64
-			n2.setPromoteLostForTest(func(p int) bool {
-				if p != pid {
-					return false
-				}
-				// n2's link fails as it answers: the answer, and every
-				// later one, is lost; its gossip goes silent.
-				promotedAt.CompareAndSwap(0, time.Now().UnixNano())
-				cut.Store(true)
-				return true
-			})
-			ready.Store(true)
-			n0.kickOwnership()
-			waitFor(t, 20*time.Second, "n2 to hold the partition", func() bool {
-				r, _, _ := n2.roleForTest(pid)
-				return r == roleHolder
-			})
+			pc := startPromoteCut(t, PolicyConfig{Limit: limit, Window: time.Hour, Replication: mode}, "promote-cut", false)
+			n0, n1, n2 := pc.n0, pc.n1, pc.n2
+			confirmed := 2
 			// Ask both sides until well past any lease n2 was given by the
 			// promote, or until the limit is exceeded.
-			end := time.Unix(0, promotedAt.Load()).Add(2*lease + 2*time.Second)
 			by := map[string]int{n0.Name(): 2}
 			tick := time.NewTicker(20 * time.Millisecond)
 			defer tick.Stop()
-			for time.Now().Before(end) && confirmed <= limit {
+			for time.Now().Before(pc.end) && confirmed <= limit {
 				for _, nd := range []*Node{n2, n0, n1} {
 					ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-					d, err := nd.Allow(ctx, Request{Key: key})
+					d, err := nd.Allow(ctx, Request{Key: pc.key})
 					cancel()
 					if err == nil && d.Allowed {
 						confirmed++
@@ -113,9 +65,9 @@ func TestAttackPromoteAnswerLostThenCut(t *testing.T) {
 			}
 			if confirmed > limit {
 				t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v); n0: %s; n2: %s",
-					confirmed, limit, by, n0.partForTest(pid), n2.partForTest(pid))
+					confirmed, limit, by, n0.partForTest(pc.pid), n2.partForTest(pc.pid))
 			}
-			t.Logf("%d confirmed (by decider: %v); %s; %s", confirmed, by, n0.partForTest(pid), n2.partForTest(pid))
+			t.Logf("%d confirmed (by decider: %v); %s; %s", confirmed, by, n0.partForTest(pc.pid), n2.partForTest(pc.pid))
 		})
 	}
 }
@@ -129,68 +81,16 @@ func TestAttackPromoteAnswerLostThenCut(t *testing.T) {
 // lease out: every admission of n2's comes before any of n0's.
 func TestAttackPromoteAnswerLostIsolated(t *testing.T) {
 	t.Parallel()
-	const lease = 3 * time.Second
-	var cut atomic.Bool
-	c := startClusterWith(t, 2, Config{
-		LeaseDuration: lease,
-		Policies:      map[string]PolicyConfig{"p": {Limit: 1 << 20, Window: time.Hour, Replication: ReplicateOff}},
-	}, func(_ int, cfg *Config) { cfg.Gossip = attackGossip })
-	n0 := c.nodes[0]
-	ring3 := n0.ringWithForTest("n2")
-	var key Key
-	pid := -1
-	for _, k := range hoKeys("promote-isolated", 4000, "p") {
-		p := n0.partIDForTest(k)
-		if o, _ := n0.Owner(k); o == n0.Name() && ring3.PartitionOwner(p) == "n2" && ring3.PartitionBackup(p) == n0.Name() {
-			key, pid = k, p
-			break
-		}
-	}
-	if pid < 0 {
-		t.Fatal("no key held by n0 that moves to n2 (with n0 as its backup) when n2 joins")
-	}
-	admitN(t, n0, key, 2)
-	var ready atomic.Bool
-	n0.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
-		if p == pid && to == "n2" && !ready.Load() {
-			return copyUnsent
-		}
-		return copySend
-	})
-	n2 := c.addWith("n2", func(cfg *Config) {
-		cutGossip := withCutTransport(t, &cut)
-		cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
-	})
-	var promotedAt atomic.Int64
-	n2.setPromoteLostForTest(func(p int) bool {
-		if p != pid {
-			return false
-		}
-		promotedAt.CompareAndSwap(0, time.Now().UnixNano())
-		cut.Store(true)
-		return true
-	})
-	n2.setCopyFaultForTest(func(p int, _ string, _ bool) copyFault {
-		if p == pid && cut.Load() {
-			return copyUnsent
-		}
-		return copySend
-	})
-	ready.Store(true)
-	n0.kickOwnership()
-	waitFor(t, 20*time.Second, "n2 to hold the partition", func() bool {
-		r, _, _ := n2.roleForTest(pid)
-		return r == roleHolder
-	})
-	end := time.Unix(0, promotedAt.Load()).Add(2*lease + 2*time.Second)
+	pc := startPromoteCut(t, PolicyConfig{Limit: 1 << 20, Window: time.Hour, Replication: ReplicateOff}, "promote-isolated", true)
+	n0, n2 := pc.n0, pc.n2
 	by := map[string]int{}
 	var n0First time.Time
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
-	for time.Now().Before(end) {
+	for time.Now().Before(pc.end) {
 		for _, nd := range []*Node{n2, n0} {
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-			d, err := nd.Allow(ctx, Request{Key: key})
+			d, err := nd.Allow(ctx, Request{Key: pc.key})
 			cancel()
 			if err != nil || !d.Allowed {
 				continue
@@ -200,16 +100,97 @@ func TestAttackPromoteAnswerLostIsolated(t *testing.T) {
 			case d.Owner == n0.Name() && n0First.IsZero():
 				n0First = time.Now()
 			case d.Owner == n2.Name() && !n0First.IsZero():
-				t.Fatalf("n2 admitted %v after n0 took the partition back (%v ago): two decision points at once (admissions by decider: %v); n0: %s; n2: %s",
-					time.Since(time.Unix(0, promotedAt.Load())).Round(time.Millisecond), time.Since(n0First).Round(time.Millisecond), by, n0.partForTest(pid), n2.partForTest(pid))
+				t.Fatalf("n2 admitted %v after the promote, after n0 took the partition back (%v ago): two decision points at once (admissions by decider: %v); n0: %s; n2: %s",
+					time.Since(pc.promotedAt).Round(time.Millisecond), time.Since(n0First).Round(time.Millisecond), by, n0.partForTest(pc.pid), n2.partForTest(pc.pid))
 			}
 		}
 		<-tick.C
 	}
 	if n0First.IsZero() {
-		t.Fatalf("n0 never took the partition back (admissions by decider: %v); n0: %s", by, n0.partForTest(pid))
+		t.Fatalf("n0 never took the partition back (admissions by decider: %v); n0: %s", by, n0.partForTest(pc.pid))
 	}
-	t.Logf("admissions by decider: %v; n0 took over %v after the promote", by, n0First.Sub(time.Unix(0, promotedAt.Load())).Round(time.Millisecond))
+	t.Logf("admissions by decider: %v; n0 took over %v after the promote", by, n0First.Sub(pc.promotedAt).Round(time.Millisecond))
+}
+
+// promoteCut is the scene of the promote attacks: n0 held a key (two
+// admissions made) whose partition moved to the joiner n2; n2 applied the
+// Promote, but its answer was lost and its gossip went silent at that
+// moment.
+type promoteCut struct {
+	n0, n1, n2 *Node
+	key        Key
+	pid        int
+	promotedAt time.Time
+	end        time.Time // well past any lease the promote gave n2
+}
+
+// attackLease is the attacks' LeaseDuration: longer than the majority
+// side's failure detection (attackGossip), as with memberlist's LAN
+// profile and a lease raised to 10 s.
+const attackLease = 3 * time.Second
+
+// startPromoteCut sets the scene for policy "p" (subjects from prefix).
+// isolated also loses every copy n2 sends after the cut, so n0 never
+// becomes its backup.
+func startPromoteCut(t *testing.T, pol PolicyConfig, prefix string, isolated bool) *promoteCut {
+	t.Helper()
+	var cut atomic.Bool
+	c := startClusterWith(t, 2, Config{LeaseDuration: attackLease, Policies: map[string]PolicyConfig{"p": pol}},
+		func(_ int, cfg *Config) { cfg.Gossip = attackGossip })
+	pc := &promoteCut{n0: c.nodes[0], n1: c.nodes[1], pid: -1}
+	n0 := pc.n0
+	ring3 := n0.ringWithForTest("n2")
+	for _, k := range hoKeys(prefix, 4000, "p") {
+		p := n0.partIDForTest(k)
+		if o, _ := n0.Owner(k); o == n0.Name() && ring3.PartitionOwner(p) == "n2" && ring3.PartitionBackup(p) == n0.Name() {
+			pc.key, pc.pid = k, p
+			break
+		}
+	}
+	if pc.pid < 0 {
+		t.Fatal("no key held by n0 that moves to n2 (with n0 as its backup) when n2 joins")
+	}
+	admitN(t, n0, pc.key, 2)
+	// The move waits until n2's hooks are in place.
+	var ready atomic.Bool
+	n0.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
+		if p == pc.pid && to == "n2" && !ready.Load() {
+			return copyUnsent
+		}
+		return copySend
+	})
+	pc.n2 = c.addWith("n2", func(cfg *Config) {
+		cutGossip := withCutTransport(t, &cut)
+		cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
+	})
+	var promotedAt atomic.Int64
+	pc.n2.setPromoteLostForTest(func(p int) bool {
+		if p != pc.pid {
+			return false
+		}
+		// n2's link fails as it answers: the answer, and every later
+		// one, is lost; its gossip goes silent.
+		promotedAt.CompareAndSwap(0, time.Now().UnixNano())
+		cut.Store(true)
+		return true
+	})
+	if isolated {
+		pc.n2.setCopyFaultForTest(func(p int, _ string, _ bool) copyFault {
+			if p == pc.pid && cut.Load() {
+				return copyUnsent
+			}
+			return copySend
+		})
+	}
+	ready.Store(true)
+	n0.kickOwnership()
+	waitFor(t, 20*time.Second, "n2 to hold the partition", func() bool {
+		r, _, _ := pc.n2.roleForTest(pc.pid)
+		return r == roleHolder
+	})
+	pc.promotedAt = time.Unix(0, promotedAt.Load())
+	pc.end = pc.promotedAt.Add(2*attackLease + 2*time.Second)
+	return pc
 }
 
 // TestAttackPausedHolderNewBackup stalls a holder (n0) on one partition,
@@ -223,7 +204,7 @@ func TestAttackPromoteAnswerLostIsolated(t *testing.T) {
 func TestAttackPausedHolderNewBackup(t *testing.T) {
 	t.Parallel()
 	const limit = 5
-	const lease = 3 * time.Second
+	const lease = attackLease
 	var cut atomic.Bool
 	c := startClusterWith(t, 5, Config{
 		LeaseDuration: lease,

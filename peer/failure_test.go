@@ -772,13 +772,7 @@ func TestWindowRaisedOnHolderFirst(t *testing.T) {
 	oldT := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Minute}}
 	newT := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}}
 	clk := &hoClock{}
-	c := startCluster(t, 3, Config{
-		Clock:          clk.Now,
-		Gossip:         hoCrashGossip,
-		LeaseDuration:  500 * time.Millisecond,
-		ForwardTimeout: crashForwardTimeout,
-		Policies:       oldT,
-	})
+	c := startClockedCrashCluster(t, clk, oldT)
 	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
 	key, _ := keyHeldWithBackup(t, n0, n1, "wraise", "p")
 	if err := n0.SetPolicies(newT); err != nil {
@@ -804,13 +798,7 @@ func TestWindowRolledBackOnBackupFirst(t *testing.T) {
 	oldT := map[string]PolicyConfig{"p": {Limit: 4, Window: time.Minute}}
 	newT := map[string]PolicyConfig{"p": {Limit: 4, Window: time.Hour}}
 	clk := &hoClock{}
-	c := startCluster(t, 3, Config{
-		Clock:          clk.Now,
-		Gossip:         hoCrashGossip,
-		LeaseDuration:  500 * time.Millisecond,
-		ForwardTimeout: crashForwardTimeout,
-		Policies:       newT,
-	})
+	c := startClockedCrashCluster(t, clk, newT)
 	n0, n1 := c.nodes[0], c.nodes[1]
 	key, pid := keyHeldWithBackup(t, n0, n1, "wback", "p")
 	// The holder stamps its messages with its policy version.
@@ -859,6 +847,18 @@ func TestWindowRolledBackOnBackupFirst(t *testing.T) {
 	if got := copyUnits(n1, n0, pid, key); got != 3 {
 		t.Fatalf("the backup's copy holds %d units after an admission 2 min after the first two, want 3 (the holder's window is an hour)", got)
 	}
+}
+
+// startClockedCrashCluster is startCrashCluster on clk's time.
+func startClockedCrashCluster(t *testing.T, clk *hoClock, pols map[string]PolicyConfig) *cluster {
+	t.Helper()
+	return startCluster(t, 3, Config{
+		Clock:          clk.Now,
+		Gossip:         hoCrashGossip,
+		LeaseDuration:  500 * time.Millisecond,
+		ForwardTimeout: crashForwardTimeout,
+		Policies:       pols,
+	})
 }
 
 // TestLateReplicationNotApplied delivers a replication message to a

@@ -275,15 +275,29 @@ func (c *client) sendPipe(p *pipe[peerpb.CheckRequest, peerpb.CheckResponse], f 
 		f.buf = b
 	}
 	f.start = time.Now()
-	// Two users from here: this sender until send returns (it may still be
-	// encoding the message when the answer, or the pipe's failure, comes),
-	// and the answer.
-	f.refs.Store(2)
-	if p.send(f) != nil {
-		f.refs.Store(1) // never sent: done will not be called
+	return sendPooled(p, f)
+}
+
+// pooledMsg is a pipe request that is pooled once its users are done with
+// it: release drops one, and refs counts them.
+type pooledMsg[Req, Resp any] interface {
+	pipeReq[Req, Resp]
+	refCount() *atomic.Int32
+	release()
+}
+
+// sendPooled sends m, which its caller alone uses, on p. From the send on
+// it has two users: the sender until send returns (it may still be
+// encoding the message when the answer, or the pipe's failure, comes), and
+// the answer. It reports false when the pipe was broken: nothing was sent,
+// and m is still the caller's alone.
+func sendPooled[Req, Resp any](p *pipe[Req, Resp], m pooledMsg[Req, Resp]) bool {
+	m.refCount().Store(2)
+	if p.send(m) != nil {
+		m.refCount().Store(1) // done will not be called
 		return false
 	}
-	f.release()
+	m.release()
 	return true
 }
 
@@ -310,6 +324,8 @@ func getFwdSend(c *client) *fwdSend {
 	f.refs.Store(1)
 	return f
 }
+
+func (f *fwdSend) refCount() *atomic.Int32 { return &f.refs }
 
 // release drops a user; the last one pools f, without what it points to,
 // unless it grew large.

@@ -258,16 +258,7 @@ func (c *client) sendReplPipe(p *pipe[peerpb.ReplicateRequest, peerpb.ReplicateR
 	c.stamp(rs.req, batch)
 	rs.sent = c.n.mono()
 	rs.start = time.Now()
-	// Two users from here: this sender until send returns (it may still be
-	// encoding the message when the answer, or the pipe's failure, comes),
-	// and the answer.
-	rs.refs.Store(2)
-	if p.send(rs) != nil {
-		rs.refs.Store(1) // never sent: done will not be called
-		return false
-	}
-	rs.release()
-	return true
+	return sendPooled(p, rs)
 }
 
 // replSend is a replication message sent on a pipe, in one allocation
@@ -299,6 +290,8 @@ func getReplSend(c *client) *replSend {
 	rs.refs.Store(1)
 	return rs
 }
+
+func (rs *replSend) refCount() *atomic.Int32 { return &rs.refs }
 
 // release drops a user; the last one pools rs, without what it points
 // to, unless it grew large.
