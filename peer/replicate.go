@@ -449,8 +449,8 @@ func (sc *resultScratch) clear() {
 
 const maxReplBatch = 1024
 
-// sendRepl sends one batch. Admissions for one partition and epoch share
-// one operation.
+// sendRepl sends one batch. Consecutive admissions for one partition and
+// epoch, with no operation but admissions between them, share one operation.
 func (c *client) sendRepl(batch []*replItem) {
 	req, opOf := c.replRequest(batch)
 	c.stamp(req, batch)
@@ -493,6 +493,11 @@ func (c *client) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, o
 			opOf[i] = j
 			continue
 		}
+		// Admissions queued after this operation must be applied after
+		// it: a REPLACE (a refund, a reset, a lease) sets the key's whole
+		// state as it was when queued, and would erase an admission of
+		// the key decided later but grouped into an earlier operation.
+		clear(admitOp)
 		opOf[i] = len(req.Ops)
 		op := &peerpb.PartitionOp{Kind: it.kind, Partition: it.part, Epoch: it.epoch}
 		if it.state != nil {
