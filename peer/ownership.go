@@ -580,7 +580,7 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 	}
 	now := n.clock()
 	pt.mu.RLock()
-	holderEpoch := pt.epoch
+	holderEpoch, old := pt.epoch, pt.backup
 	pt.mu.RUnlock()
 	ops := []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_SYNC_BEGIN, Partition: uint32(pid), Epoch: newEpoch, HolderEpoch: holderEpoch}}
 	size := 0
@@ -648,6 +648,16 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 			}
 		}
 		if last {
+			if old != "" && old != to && n.mono() >= pt.leaseUntil.Load() {
+				// The lease from the old backup ended before this copy was
+				// known complete: the old backup may have taken the
+				// partition over meanwhile (this node stalled after
+				// stillHolder, or the copy was slow), and to, having heard
+				// of nothing, has just granted a lease on our old state.
+				if err := n.confirmHolding(ctx, pid, holderEpoch, to, newEpoch); err != nil {
+					return err
+				}
+			}
 			pt.mu.Lock()
 			if pt.role == roleFenced || pt.role == roleHolder {
 				pt.epoch = newEpoch
@@ -696,6 +706,29 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 		return ferr
 	}
 	return flush(true)
+}
+
+// confirmHolding asks every live member that answers gRPC (as stillHolder
+// does) whether anyone holds partition pid, which this node held at epoch
+// and has just copied to member to at newEpoch, at a newer epoch. Only when
+// nobody does may the copy's lease be used. Otherwise the copy is released
+// (it holds a stale state and equals the newer holding's epoch, so a
+// takeover from it would not know it stale) and an error returned: the
+// newer holder is learned, or, when some member did not answer, the
+// partition stays with its old backup, whose lease has ended, until a copy
+// can be confirmed.
+func (n *Node) confirmHolding(ctx context.Context, pid int, epoch uint64, to string, newEpoch uint64) error {
+	newest, ok := n.probeSkip(ctx, pid, n.isUnreachable)
+	if ok && newest.otherEpoch <= epoch {
+		return nil
+	}
+	n.release(to, pid, newEpoch)
+	if !ok {
+		return fmt.Errorf("%w: copy partition %d to %s: the lease ended during the copy and not every member answered whether the partition was taken over", ErrUnavailable, pid, to)
+	}
+	n.learn(pid, newest.other, newest.otherEpoch)
+	n.log.Warn("partition lost to a newer holder while this node copied it", "partition", pid, "owner", newest.other, "epoch", newest.otherEpoch, "peer", to)
+	return fmt.Errorf("%w: copy partition %d to %s: %s holds it at epoch %d", ErrUnavailable, pid, to, newest.other, newest.otherEpoch)
 }
 
 // reachableForCopy reports whether partition pid's copy to member to can
