@@ -544,16 +544,18 @@ func (n *Node) establishBackup(ctx context.Context, pid int, to string) {
 // taken the partition over meanwhile (this node paused, or was cut off),
 // and a member that has not heard of it would take the copy and grant a
 // lease: two members would decide, the paused one from its old state. So
-// every live member that answers gRPC is asked first (one marked
-// unreachable, such as a crashed backup gossip still lists, cannot tell);
-// a newer holding, or a complete copy of one, known anywhere makes this
-// node learn it instead.
+// every live member is asked first (one marked unreachable too, since
+// the mark may be old and that member may be the old backup itself, which
+// tells nobody else of its takeover before its own first copy; only the
+// silence of a marked one, such as a crashed backup gossip still lists,
+// is borne); a newer holding, or a complete copy of one, known anywhere
+// makes this node learn it instead.
 func (n *Node) stillHolder(ctx context.Context, pid int, epoch uint64, old, to string) bool {
 	pt := &n.pt.parts[pid]
 	if old == "" || old == to || n.mono() < pt.leaseUntil.Load() {
 		return true
 	}
-	newest, ok := n.probeSkip(ctx, pid, n.isUnreachable)
+	newest, ok := n.probeQuiet(ctx, pid, n.isUnreachable)
 	if !ok {
 		return false
 	}
@@ -708,8 +710,7 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 	return flush(true)
 }
 
-// confirmHolding asks every live member that answers gRPC (as stillHolder
-// does) whether anyone holds partition pid, which this node held at epoch
+// confirmHolding asks every live member (as stillHolder does) whether anyone holds partition pid, which this node held at epoch
 // and has just copied to member to at newEpoch, at a newer epoch. Only when
 // nobody does may the copy's lease be used. Otherwise the copy is released
 // (it holds a stale state and equals the newer holding's epoch, so a
@@ -718,7 +719,7 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 // partition stays with its old backup, whose lease has ended, until a copy
 // can be confirmed.
 func (n *Node) confirmHolding(ctx context.Context, pid int, epoch uint64, to string, newEpoch uint64) error {
-	newest, ok := n.probeSkip(ctx, pid, n.isUnreachable)
+	newest, ok := n.probeQuiet(ctx, pid, n.isUnreachable)
 	if ok && newest.otherEpoch <= epoch {
 		return nil
 	}
@@ -1000,7 +1001,8 @@ func (n *Node) settleFenced(ctx context.Context, pid int) {
 
 // takeOver makes this node, the backup of a failed holder, the holder of
 // partition pid at the copy's epoch + 1, once the lease has expired, the
-// node sees a majority, and no live member knows a newer epoch.
+// node sees a majority, no live member knows a newer epoch, and no live
+// member holds the partition at the copy's epoch.
 func (n *Node) takeOver(ctx context.Context, pid int) {
 	n.own.mu.Lock()
 	stopped := n.own.stopped
@@ -1021,11 +1023,20 @@ func (n *Node) takeOver(ctx context.Context, pid int) {
 	if !pt.rep.complete || pt.rep.epoch != rep.epoch || pt.role == roleHolder || pt.role == roleFenced {
 		return
 	}
-	if newest.epoch > rep.epoch {
-		// Our copy is stale: someone moved on.
+	if newest.epoch > rep.epoch || newest.heldBy != "" && newest.heldBy != rep.holder && newest.heldEpoch >= rep.epoch {
+		// Our copy is stale: someone moved on. A live member holding the
+		// partition at our copy's very epoch counts too: epochs of a
+		// takeover and of a copy begun by a holder that stalled can be
+		// equal (a copy whose release was lost after its holder found it
+		// taken over), and a tie must never go to the copy of a holder
+		// that is gone, while the other decides.
+		holder, epoch := newest.holder, newest.epoch
+		if epoch <= rep.epoch {
+			holder, epoch = newest.heldBy, newest.heldEpoch
+		}
 		pt.rep = replica{}
 		pt.next = replica{}
-		pt.learnLocked(newest.holder, newest.epoch, n.clock())
+		pt.learnLocked(holder, epoch, n.clock())
 		return
 	}
 	pt.store = rep.store
@@ -1138,23 +1149,31 @@ type probeResult struct {
 	// otherEpoch), "" if none.
 	other      string
 	otherEpoch uint64
+	// heldBy is the member holding (or moving) the partition at the
+	// newest epoch (heldEpoch) among those that answered, "" if none.
+	heldBy    string
+	heldEpoch uint64
 }
 
 // probe asks every other live member about partition pid. ok is false if
 // any of them did not answer: the caller must not act on partial news.
 func (n *Node) probe(ctx context.Context, pid int) (probeResult, bool) {
-	return n.probeSkip(ctx, pid, nil)
+	return n.probeQuiet(ctx, pid, nil)
 }
 
-// probeSkip is probe without the members skip reports true for.
-func (n *Node) probeSkip(ctx context.Context, pid int, skip func(string) bool) (probeResult, bool) {
+// probeQuiet is probe where the members quiet reports true for are asked
+// too, but their silence does not make ok false. A member marked
+// unreachable is asked all the same: the mark may be old, and it may be
+// the very member whose news matters (a backup that took the partition
+// over while its holder stalled, and has told nobody else yet).
+func (n *Node) probeQuiet(ctx context.Context, pid int, quiet func(string) bool) (probeResult, bool) {
 	v := n.view.Load()
 	var mu sync.Mutex
 	var res probeResult
 	ok := true
 	var wg sync.WaitGroup
 	for m := range v.alive {
-		if m == n.name || skip != nil && skip(m) {
+		if m == n.name {
 			continue
 		}
 		wg.Add(1)
@@ -1170,7 +1189,9 @@ func (n *Node) probeSkip(ctx context.Context, pid int, skip func(string) bool) (
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil || len(resp.Partitions) != 1 {
-				ok = false
+				if quiet == nil || !quiet(m) {
+					ok = false
+				}
 				return
 			}
 			in := resp.Partitions[0]
@@ -1189,6 +1210,9 @@ func (n *Node) probeSkip(ctx context.Context, pid int, skip func(string) bool) (
 			switch role(in.Role) {
 			case roleHolder, roleFenced:
 				res.active, res.held = true, true
+				if in.Epoch > res.heldEpoch {
+					res.heldBy, res.heldEpoch = m, in.Epoch
+				}
 			}
 			if in.ReplicaEpoch > 0 {
 				res.active = true
