@@ -710,8 +710,9 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 	return flush(true)
 }
 
-// confirmHolding asks every live member (as stillHolder does) whether anyone holds partition pid, which this node held at epoch
-// and has just copied to member to at newEpoch, at a newer epoch. Only when
+// confirmHolding asks every live member (as stillHolder does) whether
+// anyone holds partition pid, which this node held at epoch and has just
+// copied to member to at newEpoch, at a newer epoch. Only when
 // nobody does may the copy's lease be used. Otherwise the copy is released
 // (it holds a stale state and equals the newer holding's epoch, so a
 // takeover from it would not know it stale) and an error returned: the
