@@ -56,7 +56,24 @@ import (
 //     failed in the backup's view, the lease it granted has expired on its
 //     own clock, and it sees a majority of the cluster (quorum, below).
 //     It continues from its copy at epoch + 1: a crash loses nothing that
-//     was replicated synchronously.
+//     was replicated synchronously. It yields instead to a newer epoch
+//     anywhere, and to a live member holding the partition at its copy's
+//     epoch: a tie never goes to the copy of a holder that is gone.
+//   - A holder whose lease has ended may have been taken over while it
+//     paused or was cut off. Before it copies the partition to a member
+//     other than the backup that granted the lease, and again when such a
+//     copy completes, it asks every live member (stillHolder,
+//     confirmHolding; a member marked unreachable is asked too, only its
+//     silence is borne), and learns a newer holding rather than take a
+//     lease from a member that has not heard of it. A copy refused as
+//     stale teaches it the newer holding too.
+//   - A transfer whose Promote got no answer may have taken effect: the
+//     old holder stays fenced while the target lives, then waits out the
+//     lease the Promote gave the target before it takes the partition
+//     back, above every epoch the target may hold it at (settleFenced).
+//   - Replication keeps each backup's copy in the holder's order: within
+//     a message, admissions queued after a refund, reset or lease state
+//     (a whole-state replace) are applied after it.
 //   - Quorum. A node counts the live members and those that failed (not
 //     left) less than FailedMemberTimeout ago; it grants leases, takes
 //     over and claims orphans only while it sees a strict majority. One
