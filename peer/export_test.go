@@ -294,6 +294,10 @@ func (n *Node) pipeBreaksForTest() int64 { return n.pipeBreaks.Load() }
 // lease check and the decision itself.
 func (n *Node) setDecideHookForTest(f func()) { n.decideHook.Store(&f) }
 
+// setTakeoverHookForTest makes n call f in every takeover, between its
+// probe of the other members and its commit.
+func (n *Node) setTakeoverHookForTest(f func(pid int)) { n.takeoverHook.Store(&f) }
+
 // setPromoteLostForTest makes n lose the answer of every promote it
 // carries out for a partition f returns true for (the sender sees an error
 // although n now holds the partition).

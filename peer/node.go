@@ -95,6 +95,9 @@ type Node struct {
 	// decideHook, when set (tests only), runs in decideHere between the
 	// lease check and the decision.
 	decideHook atomic.Pointer[func()]
+	// takeoverHook, when set (tests only), runs in takeOver between its
+	// probe and its commit, with the partition.
+	takeoverHook atomic.Pointer[func(pid int)]
 	// promoteLost, when set (tests only), makes Promote lose the answer of
 	// a promote it carried out when it returns true for the partition.
 	promoteLost atomic.Pointer[func(pid int) bool]

@@ -1002,8 +1002,10 @@ func (n *Node) settleFenced(ctx context.Context, pid int) {
 
 // takeOver makes this node, the backup of a failed holder, the holder of
 // partition pid at the copy's epoch + 1, once the lease has expired, the
-// node sees a majority, no live member knows a newer epoch, and no live
-// member holds the partition at the copy's epoch.
+// node sees a majority, no live member knows a newer epoch, no live
+// member holds the partition at the copy's epoch, and the holder has
+// neither probed this node nor renewed its lease between the takeover's
+// probe and its commit.
 func (n *Node) takeOver(ctx context.Context, pid int) {
 	n.own.mu.Lock()
 	stopped := n.own.stopped
@@ -1014,14 +1016,28 @@ func (n *Node) takeOver(ctx context.Context, pid int) {
 	pt := &n.pt.parts[pid]
 	pt.mu.RLock()
 	rep := pt.rep
+	probes := pt.holderProbes.Load()
 	pt.mu.RUnlock()
 	newest, ok := n.probe(ctx, pid)
 	if !ok {
 		return
 	}
+	if h := n.takeoverHook.Load(); h != nil {
+		(*h)(pid)
+	}
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
 	if !pt.rep.complete || pt.rep.epoch != rep.epoch || pt.role == roleHolder || pt.role == roleFenced {
+		return
+	}
+	if pt.holderProbes.Load() != probes || n.mono() <= pt.rep.leaseEnd {
+		// Between our probe and now, the copy's holder probed us, and we
+		// answered that we keep only its copy: it may have confirmed a
+		// new copy's lease on that (confirmHolding, stillHolder) and
+		// decide. Or we granted it a lease again (a heartbeat or an
+		// admission arrived). Either way it is alive: no takeover now;
+		// reconcile tries again, and the next probe finds its new copy.
+		n.log.Info("partition takeover given up: its holder reached this node during the takeover", "partition", pid, "peer", rep.holder, "epoch", rep.epoch)
 		return
 	}
 	if newest.epoch > rep.epoch || newest.heldBy != "" && newest.heldBy != rep.holder && newest.heldEpoch >= rep.epoch {

@@ -169,6 +169,13 @@ type part struct {
 	// a copy that fails half-way never costs the complete one).
 	rep  replica
 	next replica
+	// holderProbes counts the probes of the partition from the holder of
+	// our complete copy (rep.holder), taken under mu (in read mode: the
+	// count is atomic). A takeover reads it before its own probe and gives
+	// up if it moved before its commit: that holder is alive and may have
+	// just been told we keep only its copy, so it would use a new copy's
+	// lease (confirmHolding, stillHolder) while we took over.
+	holderProbes atomic.Uint64
 	// released records the newest RELEASE received without a matching
 	// copy (it can overtake the promote answer that installs the copy):
 	// a copy from that holder at that epoch or older is not installed.

@@ -933,6 +933,11 @@ func (s *server) Probe(_ context.Context, req *peerpb.ProbeRequest) (*peerpb.Pro
 		info := &peerpb.PartitionInfo{Partition: pid, Role: uint32(pt.role), Holder: pt.holder, Epoch: pt.epoch}
 		if pt.rep.complete {
 			info.ReplicaEpoch, info.ReplicaHolder = pt.rep.epoch, pt.rep.holder
+			if req.GetSender() == pt.rep.holder {
+				// The copy's holder acts on this answer: a takeover under
+				// way must not commit after it (takeOver).
+				pt.holderProbes.Add(1)
+			}
 		}
 		pt.mu.RUnlock()
 		resp.Partitions[i] = info

@@ -1,0 +1,83 @@
+package peer
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+)
+
+// A fourth round of attacks on the ownership protocol: the moments between
+// a step's look at the cluster and its commit.
+
+// TestAttack4ProbeDuringTakeover: TestAttack2StallMidCopy's scene, with n1
+// held between its takeover's probe and its commit. n0 resumes, completes
+// its copy to pick and, its lease from n1 having ended, asks every member
+// whether anyone took the partition over (confirmHolding): n1, not yet
+// committed, answers that it keeps a copy of n0's holding, so n0 uses its
+// copy's lease and decides; n1 then commits and decides too (n0's release
+// of n1's copy, which would have stopped it, is lost).
+func TestAttack4ProbeDuringTakeover(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []Replication{ReplicateAsync, ReplicateSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			const limit = 5
+			s := startStallScene(t, PolicyConfig{Limit: limit, Window: time.Hour, Replication: mode}, "probe-during-takeover-"+mode.String())
+			n0, n1 := s.n0, s.n1
+			confirmed := admitN(t, n0, s.key, 2)
+			probed, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			free := func() { once.Do(func() { close(release) }) }
+			t.Cleanup(free)
+			var held atomic.Bool
+			n1.setTakeoverHookForTest(func(p int) {
+				if p == s.pid && held.CompareAndSwap(false, true) {
+					close(probed)
+					<-release
+				}
+			})
+			// n0's release of n1's copy, sent once its copy to pick is
+			// confirmed, is lost (else it makes n1's commit find no copy).
+			n1.setReplDropForTest(func(req *peerpb.ReplicateRequest) bool {
+				if req.GetSender() != "n0" {
+					return false
+				}
+				for _, op := range req.GetOps() {
+					if op.GetKind() != peerpb.PartitionOp_KIND_RELEASE || int(op.GetPartition()) != s.pid {
+						return false
+					}
+				}
+				return len(req.GetOps()) > 0
+			})
+			n0.markUnreachable("n1")
+			n0.kickOwnership()
+			select {
+			case <-s.entered:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("n0 never copied the partition to %s: %s", s.pick, n0.partForTest(s.pid))
+			}
+			select {
+			case <-probed:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("n1 never began a takeover:\n%s", s.parts())
+			}
+			s.wake()
+			// n0's copy completes and is confirmed (or not) while n1 waits
+			// between its probe and its commit.
+			within(5*time.Second, func() bool {
+				r, _, _ := n0.roleForTest(s.pid)
+				return r == roleHolder && n0.backupForTest(s.pid) == s.pick || r == roleMoved || r == roleHint
+			})
+			free()
+			by := map[string]int{"n0": 2}
+			countAdmissions(s.c, s.key, 2*n0.cfg.LeaseDuration, limit, &confirmed, by)
+			if confirmed > limit {
+				t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v; n0's new backup %s):\n%s", confirmed, limit, by, s.pick, s.parts())
+			}
+			t.Logf("confirmed %d (by decider: %v):\n%s", confirmed, by, s.parts())
+		})
+	}
+}
