@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
+
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
@@ -78,6 +80,83 @@ func TestAttack4ProbeDuringTakeover(t *testing.T) {
 				t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v; n0's new backup %s):\n%s", confirmed, limit, by, s.pick, s.parts())
 			}
 			t.Logf("confirmed %d (by decider: %v):\n%s", confirmed, by, s.parts())
+		})
+	}
+}
+
+// TestAttack4PromoteDelayed: a partition moves from n0 to the joiner n2,
+// whose gossip goes silent as the Promote reaches it, and the Promote is
+// held up before n2 applies it. n0's promote times out; it stays fenced,
+// sees n2 fail, waits out LeaseDuration from when it sent the promote and
+// takes the partition back. Then n2 applies the Promote and decides under
+// the lease it counts from then, until its first message to n0 comes back
+// stale: both decide.
+func TestAttack4PromoteDelayed(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []Replication{ReplicateOff, ReplicateAsync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			const limit = 5
+			var cut atomic.Bool
+			c := startClusterWith(t, 2, Config{LeaseDuration: attackLease, Policies: map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: mode}}},
+				func(_ int, cfg *Config) { cfg.Gossip = attackGossip })
+			n0 := c.nodes[0]
+			ring3 := n0.ringWithForTest("n2")
+			pid := -1
+			var key Key
+			for _, k := range hoKeys("promote-delayed-"+mode.String(), 4000, "p") {
+				p := n0.partIDForTest(k)
+				if o, _ := n0.Owner(k); o == n0.Name() && ring3.PartitionOwner(p) == "n2" && ring3.PartitionBackup(p) == n0.Name() {
+					key, pid = k, p
+					break
+				}
+			}
+			if pid < 0 {
+				t.Fatal("no key held by n0 that moves to n2 when n2 joins")
+			}
+			confirmed := admitN(t, n0, key, 2)
+			var ready atomic.Bool
+			n0.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
+				if p == pid && to == "n2" && !ready.Load() {
+					return copyUnsent
+				}
+				return copySend
+			})
+			n2 := c.addWith("n2", func(cfg *Config) {
+				cutGossip := withCutTransport(t, &cut)
+				cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
+			})
+			entered, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			free := func() { once.Do(func() { close(release) }) }
+			t.Cleanup(free)
+			var held atomic.Bool
+			n2.setPromoteHookForTest(func(p int) {
+				if p == pid && held.CompareAndSwap(false, true) {
+					cut.Store(true)
+					close(entered)
+					<-release
+				}
+			})
+			ready.Store(true)
+			n0.kickOwnership()
+			select {
+			case <-entered:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("n0 never promoted n2: %s", n0.partForTest(pid))
+			}
+			_, _, fenced := n0.roleForTest(pid)
+			waitFor(t, 20*time.Second, "n0 to take the partition back", func() bool {
+				r, _, e := n0.roleForTest(pid)
+				return r == roleHolder && e > fenced
+			})
+			free()
+			by := map[string]int{"n0": 2}
+			countAdmissions(c, key, attackLease, limit, &confirmed, by) // past the 9/10 lease n2 would count
+			if confirmed > limit {
+				t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v):\n%s\n%s", confirmed, limit, by, n0.partForTest(pid), n2.partForTest(pid))
+			}
+			t.Logf("confirmed %d (by decider: %v):\n%s\n%s", confirmed, by, n0.partForTest(pid), n2.partForTest(pid))
 		})
 	}
 }

@@ -121,7 +121,7 @@ type promoteCut struct {
 	key        Key
 	pid        int
 	promotedAt time.Time
-	end        time.Time // well past any lease the promote gave n2
+	end        time.Time // well past any lease the promote gave n2, and its timeout
 }
 
 // attackLease is the attacks' LeaseDuration: longer than the majority
@@ -189,7 +189,7 @@ func startPromoteCut(t *testing.T, pol PolicyConfig, prefix string, isolated boo
 		return r == roleHolder
 	})
 	pc.promotedAt = time.Unix(0, promotedAt.Load())
-	pc.end = pc.promotedAt.Add(2*attackLease + 2*time.Second)
+	pc.end = pc.promotedAt.Add(pc.n0.rpcTimeout() + 2*attackLease + 2*time.Second)
 	return pc
 }
 

@@ -298,6 +298,10 @@ func (n *Node) setDecideHookForTest(f func()) { n.decideHook.Store(&f) }
 // probe of the other members and its commit.
 func (n *Node) setTakeoverHookForTest(f func(pid int)) { n.takeoverHook.Store(&f) }
 
+// setPromoteHookForTest makes n call f at the start of every Promote it
+// receives, before anything is checked.
+func (n *Node) setPromoteHookForTest(f func(pid int)) { n.promoteHook.Store(&f) }
+
 // setPromoteLostForTest makes n lose the answer of every promote it
 // carries out for a partition f returns true for (the sender sees an error
 // although n now holds the partition).

@@ -98,6 +98,9 @@ type Node struct {
 	// takeoverHook, when set (tests only), runs in takeOver between its
 	// probe and its commit, with the partition.
 	takeoverHook atomic.Pointer[func(pid int)]
+	// promoteHook, when set (tests only), runs at the start of every
+	// Promote, with the partition: a promote delayed on its way.
+	promoteHook atomic.Pointer[func(pid int)]
 	// promoteLost, when set (tests only), makes Promote lose the answer of
 	// a promote it carried out when it returns true for the partition.
 	promoteLost atomic.Pointer[func(pid int) bool]

@@ -948,8 +948,11 @@ func (n *Node) promote(ctx context.Context, pid int, to string) {
 // when it applied the promote, and may have made this node its backup
 // since (a copy at a newer epoch, kept in rep). A target gossip calls
 // failed may still run (cut off, or its failure detected faster than its
-// lease ends): so this node takes nothing back before that lease has
-// ended on its own clock (as a backup waits out the lease it granted),
+// lease ends), and a promote delayed before the target applies it takes
+// effect until its deadline (the target refuses it after): so this node
+// takes nothing back before the promote's timeout and that lease have
+// passed on its own clock since it sent the promote (as a backup waits out
+// the lease it granted),
 // continues from its copy of the target's holding if it has one (the
 // takeover path), and otherwise takes the partition back above every
 // epoch the target may hold it at, so the target's messages are stale.
@@ -962,8 +965,11 @@ func (n *Node) settleFenced(ctx context.Context, pid int) {
 		n.promote(ctx, pid, backup)
 		return
 	}
-	if promotedAt != 0 && n.mono()-promotedAt <= int64(n.cfg.LeaseDuration) {
-		return // the target may still decide under the promote's lease
+	if promotedAt != 0 && n.mono()-promotedAt <= int64(n.rpcTimeout()+n.cfg.LeaseDuration) {
+		// The target may still decide under the promote's lease: it
+		// applies a promote until the request's deadline (rpcTimeout
+		// after we sent it) and counts its lease from then.
+		return
 	}
 	if !n.quorum() {
 		return

@@ -160,8 +160,11 @@ type part struct {
 	// promotedAt is when this node last sent a Promote of the partition
 	// (node monotonic ns; 0: never). A promote whose answer is lost may
 	// have taken effect: its receiver then decides under a lease counted
-	// from when it applied it, which ends before promotedAt plus
-	// LeaseDuration on this node's clock.
+	// from when it applied it, no later than the request's deadline, so
+	// the lease ends before promotedAt plus the promote's timeout
+	// (rpcTimeout) plus LeaseDuration on this node's clock (for a request
+	// read by the target's gRPC server without delay: its deadline is
+	// relative, counted from when the server reads it).
 	promotedAt int64
 
 	// Replica side: our copy of another holder's partition, and the next

@@ -865,7 +865,10 @@ func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing,
 // ring's choice; otherwise reconcile makes a new copy before the
 // partition decides for synchronous policies.
 func (s *server) Promote(ctx context.Context, req *peerpb.PromoteRequest) (*peerpb.PromoteResponse, error) {
-	resp, err := s.promote(req)
+	if h := s.n.promoteHook.Load(); h != nil {
+		(*h)(int(req.GetPartition()))
+	}
+	resp, err := s.promote(ctx, req)
 	if h := s.n.promoteLost.Load(); h != nil && err == nil && (*h)(int(req.GetPartition())) {
 		// Tests: the promote took effect, its answer is lost.
 		return nil, status.Error(codes.Unavailable, "peer: answer lost (test)")
@@ -874,7 +877,7 @@ func (s *server) Promote(ctx context.Context, req *peerpb.PromoteRequest) (*peer
 }
 
 // promote is Promote's decision.
-func (s *server) promote(req *peerpb.PromoteRequest) (*peerpb.PromoteResponse, error) {
+func (s *server) promote(ctx context.Context, req *peerpb.PromoteRequest) (*peerpb.PromoteResponse, error) {
 	n := s.n
 	pid := int(req.GetPartition())
 	if pid >= len(n.pt.parts) {
@@ -899,6 +902,13 @@ func (s *server) promote(req *peerpb.PromoteRequest) (*peerpb.PromoteResponse, e
 	}
 	if !pt.rep.complete || pt.rep.holder != req.GetSender() || pt.rep.epoch != epoch {
 		return &peerpb.PromoteResponse{Holder: pt.holder, Epoch: pt.epoch, Error: "no complete copy at this epoch"}, nil
+	}
+	if err := ctx.Err(); err != nil {
+		// The sender has given up on this promote (its deadline passed,
+		// or it went away): it may take the partition back once
+		// the promote's timeout and a lease have passed since it sent it
+		// (settleFenced), and a lease counted from now could outlast that.
+		return nil, status.FromContextError(err).Err()
 	}
 	// The sender keeps the very same state (it fenced the partition before
 	// the copy) and turns it into its copy of ours when it reads this
