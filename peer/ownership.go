@@ -951,11 +951,11 @@ func (n *Node) promote(ctx context.Context, pid int, to string) {
 // lease ends), and a promote delayed before the target applies it takes
 // effect until its deadline (the target refuses it after): so this node
 // takes nothing back before the promote's timeout and that lease have
-// passed on its own clock since it sent the promote (as a backup waits out
-// the lease it granted),
-// continues from its copy of the target's holding if it has one (the
-// takeover path), and otherwise takes the partition back above every
-// epoch the target may hold it at, so the target's messages are stale.
+// passed on its own clock since it sent the promote (as a backup waits
+// out the lease it granted), continues from its copy of the target's
+// holding if it has one (the takeover path), and otherwise takes the
+// partition back above every epoch the target may hold it at, so the
+// target's messages are stale.
 func (n *Node) settleFenced(ctx context.Context, pid int) {
 	pt := &n.pt.parts[pid]
 	pt.mu.RLock()

@@ -69,8 +69,12 @@ import (
 //     stale teaches it the newer holding too.
 //   - A transfer whose Promote got no answer may have taken effect: the
 //     old holder stays fenced while the target lives, then waits out the
-//     lease the Promote gave the target before it takes the partition
-//     back, above every epoch the target may hold it at (settleFenced).
+//     Promote's timeout (the target refuses one whose deadline has
+//     passed) and the lease it gave the target before it takes the
+//     partition back, above every epoch the target may hold it at
+//     (settleFenced). A takeover gives up if the old holder probed the
+//     taking-over member, or renewed its lease, between the takeover's
+//     probe and its commit.
 //   - Replication keeps each backup's copy in the holder's order: within
 //     a message, admissions queued after a refund, reset or lease state
 //     (a whole-state replace) are applied after it.
