@@ -2,16 +2,11 @@ package peer
 
 import (
 	"context"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/memberlist"
-
 	"github.com/ringlimit/ringlimit/peer/peerpb"
-	"github.com/ringlimit/ringlimit/ring"
 )
 
 // A second round of attacks on the ownership protocol, on the operations
@@ -203,105 +198,16 @@ func TestAttack2RefundReorderedInBatch(t *testing.T) {
 func TestAttack2StallMidCopy(t *testing.T) {
 	t.Parallel()
 	const limit = 5
-	const lease = 3 * time.Second
-	var cut atomic.Bool
-	c := startClusterWith(t, 5, Config{
-		LeaseDuration: lease,
-		Policies:      map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
-	}, func(i int, cfg *Config) {
-		cfg.Gossip = attackGossip
-		if i == 0 {
-			cutGossip := withCutTransport(t, &cut)
-			cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
-		}
-	})
-	n0, n1 := c.nodes[0], c.nodes[1]
-	without0, err := ring.New(n0.cfg.Ring, []string{"n1", "n2", "n3", "n4"}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	others := []string{"n2", "n3", "n4"} // n0's ring without n0 and n1
-	var key Key
-	pid := -1
-	var pick string
-	for _, k := range hoKeys("stall-mid-copy", 8000, "p") {
-		p := n0.partIDForTest(k)
-		if o, _ := n0.Owner(k); o != "n0" || n0.backupForTest(p) != "n1" {
-			continue
-		}
-		// n1 keeps what it takes over, with a backup other than pick.
-		if without0.PartitionOwner(p) == "n1" && others[p%3] != without0.PartitionBackup(p) {
-			key, pid, pick = k, p, others[p%3]
-			break
-		}
-	}
-	if pid < 0 {
-		t.Fatal("no partition fitting the scenario")
-	}
-	confirmed := admitN(t, n0, key, 2)
-	entered, resume := make(chan struct{}), make(chan struct{})
-	var stalled atomic.Bool
-	var once sync.Once
-	wake := func() { once.Do(func() { close(resume) }) }
-	t.Cleanup(wake)
-	n0.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
-		if p == pid && to == pick && last && stalled.CompareAndSwap(false, true) {
-			// The stall: n0's gossip goes silent, and the copy waits.
-			cut.Store(true)
-			close(entered)
-			<-resume
-			cut.Store(false)
-		}
-		return copySend
-	})
-	// A probe of n1 failed: n0 copies the partition elsewhere.
-	n0.markUnreachable("n1")
-	n0.kickOwnership()
-	select {
-	case <-entered:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("n0 never copied the partition to %s: %s", pick, n0.partForTest(pid))
-	}
-	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
-		r, _, _ := n1.roleForTest(pid)
-		return r == roleHolder
-	})
-	waitFor(t, 20*time.Second, "n1 to decide", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		d, err := n1.Allow(ctx, Request{Key: key})
-		if err == nil && d.Allowed {
-			confirmed++
-		}
-		return err == nil
-	})
-	for confirmed < limit {
-		confirmed += admitN(t, n1, key, 1)
-	}
-	wake()
+	s := startStallScene(t, PolicyConfig{Limit: limit, Window: time.Hour}, "stall-mid-copy")
+	confirmed := admitN(t, s.n0, s.key, 2)
+	// A probe of n1 failed: n0 copies the partition elsewhere, and stalls.
+	s.stall(t)
+	s.fillAtN1(t, &confirmed, limit)
+	s.wake()
 	by := map[string]int{"n0": 2, "n1": limit - 2}
-	end := time.Now().Add(2 * lease)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	live := c.nodes
-	for time.Now().Before(end) && confirmed <= limit {
-		for _, nd := range live {
-			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-			d, err := nd.Allow(ctx, Request{Key: key})
-			cancel()
-			if err == nil && d.Allowed {
-				confirmed++
-				by[d.Owner]++
-			}
-		}
-		<-tick.C
-	}
-	var parts []string
-	for _, nd := range live {
-		parts = append(parts, nd.partForTest(pid))
-	}
+	countAdmissions(s.c, s.key, 2*attackLease, limit, &confirmed, by)
 	if confirmed > limit {
-		t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v; n0's new backup %s):\n%s", confirmed, limit, by, pick, strings.Join(parts, "\n"))
+		t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v; n0's new backup %s):\n%s", confirmed, limit, by, s.pick, s.parts())
 	}
-	t.Logf("confirmed %d (by decider: %v):\n%s", confirmed, by, strings.Join(parts, "\n"))
+	t.Logf("confirmed %d (by decider: %v):\n%s", confirmed, by, s.parts())
 }

@@ -29,25 +29,49 @@ type stallScene struct {
 	key     Key
 	pid     int
 	pick    string
+	cut     *atomic.Bool // n0's gossip link is cut while set
 	entered chan struct{}
 	wake    func()
 }
 
 func startStallScene(t *testing.T, pc PolicyConfig, prefix string) *stallScene {
 	t.Helper()
-	const lease = 3 * time.Second
-	var cut atomic.Bool
+	s := startFiveNodeScene(t, pc, prefix)
+	resume := make(chan struct{})
+	var once sync.Once
+	s.wake = func() { once.Do(func() { close(resume) }) }
+	t.Cleanup(s.wake)
+	var stalled atomic.Bool
+	s.n0.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
+		if p == s.pid && to == s.pick && last && stalled.CompareAndSwap(false, true) {
+			s.cut.Store(true)
+			close(s.entered)
+			<-resume
+			s.cut.Store(false)
+		}
+		return copySend
+	})
+	return s
+}
+
+// startFiveNodeScene starts the stall attacks' 5 members (n0's gossip can
+// be cut) with policy "p" and finds their key (subjects from prefix): n0
+// holds it with n1 as backup; without n0, n1 holds it, with a backup
+// other than pick, the member n0 copies to once n1 is unreachable.
+func startFiveNodeScene(t *testing.T, pc PolicyConfig, prefix string) *stallScene {
+	t.Helper()
+	cut := new(atomic.Bool)
 	c := startClusterWith(t, 5, Config{
-		LeaseDuration: lease,
+		LeaseDuration: attackLease,
 		Policies:      map[string]PolicyConfig{"p": pc},
 	}, func(i int, cfg *Config) {
 		cfg.Gossip = attackGossip
 		if i == 0 {
-			cutGossip := withCutTransport(t, &cut)
+			cutGossip := withCutTransport(t, cut)
 			cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
 		}
 	})
-	s := &stallScene{c: c, n0: c.nodes[0], n1: c.nodes[1], pid: -1, entered: make(chan struct{})}
+	s := &stallScene{c: c, n0: c.nodes[0], n1: c.nodes[1], pid: -1, cut: cut, entered: make(chan struct{})}
 	without0, err := ring.New(s.n0.cfg.Ring, []string{"n1", "n2", "n3", "n4"}, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -67,21 +91,25 @@ func startStallScene(t *testing.T, pc PolicyConfig, prefix string) *stallScene {
 	if s.pid < 0 {
 		t.Fatal("no partition fitting the scenario")
 	}
-	resume := make(chan struct{})
-	var once sync.Once
-	s.wake = func() { once.Do(func() { close(resume) }) }
-	t.Cleanup(s.wake)
-	var stalled atomic.Bool
-	s.n0.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
-		if p == s.pid && to == s.pick && last && stalled.CompareAndSwap(false, true) {
-			cut.Store(true)
-			close(s.entered)
-			<-resume
-			cut.Store(false)
-		}
-		return copySend
-	})
 	return s
+}
+
+// fillAtN1 waits until n1 decides the key (its takeover done) and admits
+// through it until confirmed reaches limit.
+func (s *stallScene) fillAtN1(t *testing.T, confirmed *int, limit int) {
+	t.Helper()
+	waitFor(t, 20*time.Second, "n1 to decide", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		d, err := s.n1.Allow(ctx, Request{Key: s.key})
+		if err == nil && d.Allowed {
+			*confirmed++
+		}
+		return err == nil
+	})
+	for *confirmed < limit {
+		*confirmed += admitN(t, s.n1, s.key, 1)
+	}
 }
 
 // stall makes n0 copy the partition to pick and waits until it has

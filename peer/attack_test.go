@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
-
-	"github.com/ringlimit/ringlimit/ring"
 )
 
 // Attacks on the ownership protocol: sequences of faults under which the
@@ -205,46 +203,13 @@ func TestAttackPausedHolderNewBackup(t *testing.T) {
 	t.Parallel()
 	const limit = 5
 	const lease = attackLease
-	var cut atomic.Bool
-	c := startClusterWith(t, 5, Config{
-		LeaseDuration: lease,
-		Policies:      map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
-	}, func(i int, cfg *Config) {
-		cfg.Gossip = attackGossip
-		if i == 0 {
-			cutGossip := withCutTransport(t, &cut)
-			cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
-		}
-	})
-	n0, n1 := c.nodes[0], c.nodes[1]
-	without0, err := ring.New(n0.cfg.Ring, []string{"n1", "n2", "n3", "n4"}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	others := []string{"n2", "n3", "n4"} // n0's ring without n0 and n1
-	var key Key
-	pid := -1
-	var pick string
-	for _, k := range hoKeys("paused-new-backup", 8000, "p") {
-		p := n0.partIDForTest(k)
-		if o, _ := n0.Owner(k); o != "n0" || n0.backupForTest(p) != "n1" {
-			continue
-		}
-		// n1 keeps what it takes over; n0, its backup n1 unreachable,
-		// picks a member other than n1's backup.
-		if without0.PartitionOwner(p) == "n1" && others[p%3] != without0.PartitionBackup(p) {
-			key, pid, pick = k, p, others[p%3]
-			break
-		}
-	}
-	if pid < 0 {
-		t.Fatal("no partition fitting the scenario")
-	}
+	s := startFiveNodeScene(t, PolicyConfig{Limit: limit, Window: time.Hour}, "paused-new-backup")
+	c, n0, n1, key, pid, pick := s.c, s.n0, s.n1, s.key, s.pid, s.pick
 	confirmed := admitN(t, n0, key, 2)
 	// The stall: n0's gossip goes silent and nothing of n0's touches the
 	// partition (its gate is held) until it resumes.
 	pt := &n0.pt.parts[pid]
-	cut.Store(true)
+	s.cut.Store(true)
 	pt.mu.Lock()
 	var resume sync.Once
 	wake := func() { resume.Do(pt.mu.Unlock) }
@@ -253,18 +218,7 @@ func TestAttackPausedHolderNewBackup(t *testing.T) {
 		r, _, _ := n1.roleForTest(pid)
 		return r == roleHolder
 	})
-	waitFor(t, 20*time.Second, "n1 to decide", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		d, err := n1.Allow(ctx, Request{Key: key})
-		if err == nil && d.Allowed {
-			confirmed++
-		}
-		return err == nil
-	})
-	for confirmed < limit {
-		confirmed += admitN(t, n1, key, 1)
-	}
+	s.fillAtN1(t, &confirmed, limit)
 	n1.KillForTest()
 	wake()
 	by := map[string]int{"n0": 2, "n1": limit - 2}

@@ -25,12 +25,20 @@ import (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if code == 0 {
-		deadline := time.Now().Add(leakGrace)
+		deadline := time.NewTimer(leakGrace)
+		tick := time.NewTicker(50 * time.Millisecond)
 		err := goleak.Find()
-		for err != nil && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
-			err = goleak.Find()
+	wait:
+		for err != nil {
+			select {
+			case <-tick.C:
+				err = goleak.Find()
+			case <-deadline.C:
+				break wait
+			}
 		}
+		tick.Stop()
+		deadline.Stop()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
 			code = 1
