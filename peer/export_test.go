@@ -369,3 +369,18 @@ func (n *Node) framedConnsForTest() int {
 	defer fs.mu.Unlock()
 	return len(fs.conns)
 }
+
+// setGatherForTest sets how long n's batches wait for the message in
+// flight on their pipe before taking another slot.
+func (n *Node) setGatherForTest(d time.Duration) { n.gather.Store(int64(d)) }
+
+// replQueuedForTest is how many replication items wait in n's queue to
+// member to (0 without a client for it).
+func (n *Node) replQueuedForTest(to string) int {
+	n.clientsMu.Lock()
+	defer n.clientsMu.Unlock()
+	if c := n.clients[to]; c != nil {
+		return len(c.repl.queue)
+	}
+	return 0
+}

@@ -103,7 +103,7 @@ func (n *Node) client(name, addr string) (*client, error) {
 		answered: make(chan struct{}, 1),
 		quit:     make(chan struct{}),
 	}
-	c.repl = &replicator{c: c, queue: make(chan *replItem, replQueueLen), sem: make(chan struct{}, n.cfg.MaxInFlight)}
+	c.repl = &replicator{c: c, queue: make(chan *replItem, replQueueLen), sem: make(chan struct{}, n.cfg.MaxInFlight), answered: make(chan struct{}, 1)}
 	n.clients[name] = c
 	n.wg.Add(2)
 	go c.batchLoop()
@@ -185,7 +185,7 @@ func (c *client) batchLoop() {
 			return
 		}
 		if len(c.sem) > 1 && len(c.queue) < c.n.cfg.MaxBatch-1 {
-			gather.Reset(pipeGather)
+			gather.Reset(time.Duration(c.n.gather.Load()))
 		wait:
 			for len(c.sem) > 1 {
 				select {

@@ -92,6 +92,10 @@ type Node struct {
 	// replDrop is streamDrop for ReplicateStream: the request is neither
 	// applied nor answered.
 	replDrop atomic.Pointer[func(*peerpb.ReplicateRequest) bool]
+	// gather is how long a batch of forwards or of replication waits for
+	// the message in flight on its pipe before it takes another slot:
+	// pipeGather (tests lengthen it to make the gathering certain).
+	gather atomic.Int64
 	// decideHook, when set (tests only), runs in decideHere between the
 	// lease check and the decision.
 	decideHook atomic.Pointer[func()]
@@ -200,6 +204,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.own.failed = make(map[string]time.Time)
 	n.own.working = make(map[int]bool)
 	n.own.sem = make(chan struct{}, reconcileParallel)
+	n.gather.Store(int64(pipeGather))
 	n.own.starts = make(map[string]uint64)
 	n.own.restartedAt = make(map[string]int64)
 	n.own.unreachable = make(map[string]int64)

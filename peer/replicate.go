@@ -69,6 +69,9 @@ func (n *Node) putReplItem(it *replItem) {
 type replicator struct {
 	c     *client
 	queue chan *replItem
+	// answered is nudged by every answer on the pipe; replLoop waits on
+	// it while it gathers, as batchLoop does.
+	answered chan struct{}
 	// pipe is the replication stream to the backup; replLoop owns it.
 	pipe pipeState[peerpb.ReplicateRequest, peerpb.ReplicateResponse]
 	// sem bounds the requests in flight on the pipe (MaxInFlight); the
@@ -199,6 +202,8 @@ func (c *client) replLoop() {
 			}
 		}
 	}()
+	gather := time.NewTimer(pipeGather)
+	gather.Stop()
 	for {
 		// An in-flight slot first, so that what queues meanwhile leaves in
 		// one batch.
@@ -213,6 +218,23 @@ func (c *client) replLoop() {
 		case <-c.quit:
 			<-r.sem
 			return
+		}
+		if len(r.sem) > 1 && len(r.queue) < maxReplBatch-1 {
+			// As in batchLoop: while a message is out, what queues waits
+			// for its answer (or pipeGather) and leaves with it in one
+			// message, instead of one small message each.
+			gather.Reset(time.Duration(c.n.gather.Load()))
+		wait:
+			for len(r.sem) > 1 {
+				select {
+				case <-r.answered:
+				case <-gather.C:
+					break wait
+				case <-c.quit:
+					break wait
+				}
+			}
+			gather.Stop()
 		}
 		if len(r.queue) < maxReplBatch {
 			// As in batchLoop: deciders ready to run add to this batch.
@@ -328,6 +350,10 @@ func (rs *replSend) done(resp *peerpb.ReplicateResponse, err error) {
 	c.replFinish(c.n.ctx, rs.batch, rs.ops, rs.opOf, results, err, rs.sent, rs.start)
 	rs.release()
 	<-c.repl.sem
+	select {
+	case c.repl.answered <- struct{}{}:
+	default:
+	}
 }
 
 // stamp readies req, the replication message of batch, for sending: its
