@@ -529,8 +529,10 @@ func unlimitedDecision(owner string, v *view, now time.Time) Decision {
 
 // unavailable applies the failure policy to a request the holder could
 // not decide: a check takes its policy's OnUnavailable (for several
-// policies, fail closed if any of them does, else the first's); peeks,
-// refunds and resets are never answered without their holder.
+// policies, those of the policies the key is limited by: fail closed if
+// any of them does, else the first's; admitted as unlimited only when it
+// is unlimited in all); peeks, refunds and resets are never answered
+// without their holder.
 func (n *Node) unavailable(r *opReq, cause error) (Decision, error) {
 	if r.op == peerpb.Op_OP_ACQUIRE {
 		return n.acquireUnavailable(r, cause)
@@ -540,7 +542,17 @@ func (n *Node) unavailable(r *opReq, cause error) (Decision, error) {
 		return n.onUnavailable(&policy{name: r.p.name, sp: r.p.sp}, r.key, r.hits, cause)
 	}
 	p := r.p
+	limited := false
 	for _, q := range r.multi {
+		// A policy the key is unlimited in would admit without a
+		// decision (onUnavailable): it must not stand for a limited one,
+		// whose own failure policy holds.
+		if q.unlimited {
+			continue
+		}
+		if !limited {
+			p, limited = q, true
+		}
 		if q.cfg.OnUnavailable == FailClosed {
 			p = q
 			break
