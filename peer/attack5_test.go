@@ -11,6 +11,83 @@ import (
 // than a single-policy check (several policies at once, leases, refunds)
 // across takeovers and moves.
 
+// TestAttack5MultiPauseUnlimitedSync: a check of two policies of one
+// subject, "a" (sync, but unlimited for this tenant by an override) and
+// "b" (async or off, limit 5), pauses on its holder n0 between the lease
+// check and the decision, and n0 crashes meanwhile. Its backup n1 takes
+// the partition over and admits b's whole limit. The paused check then
+// resumes and admits on b. Nothing fences it: a, the only synchronous
+// policy, is not copied (an unlimited key records nothing), and b's copy
+// is not waited for. It used to be confirmed anyway, the lease not being
+// checked again because one of the policies was synchronous: 6
+// admissions of b in one window of 5.
+func TestAttack5MultiPauseUnlimitedSync(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []Replication{ReplicateAsync, ReplicateOff} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			const limit = 5
+			tenant := "ho-multi-unlimited-" + mode.String()
+			c := startCluster(t, 3, Config{
+				Gossip:         hoCrashGossip,
+				LeaseDuration:  500 * time.Millisecond,
+				ForwardTimeout: time.Second,
+				Policies: map[string]PolicyConfig{
+					"a": {Limit: limit, Window: time.Hour, Replication: ReplicateSync, Overrides: []Override{{Tenant: tenant, Unlimited: true}}},
+					"b": {Limit: limit, Window: time.Hour, Replication: mode},
+				},
+			})
+			n0, n1 := c.nodes[0], c.nodes[1]
+			key, pid := keyHeldWithBackup(t, n0, n1, "multi-unlimited-"+mode.String(), "b")
+			multi := Request{Key: Key{Tenant: key.Tenant, Subject: key.Subject}, Policies: []string{"a", "b"}}
+			entered, release := pauseFirstDecision(t, n0)
+			type result struct {
+				d   Decision
+				err error
+			}
+			paused := make(chan result, 1)
+			go func() {
+				d, err := n0.Allow(context.Background(), multi)
+				paused <- result{d, err}
+			}()
+			<-entered
+			killed := make(chan struct{})
+			go func() { n0.KillForTest(); close(killed) }()
+			waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
+				r, _, _ := n1.roleForTest(pid)
+				return r == roleHolder
+			})
+			admitted := 0
+			waitFor(t, 30*time.Second, "n1 to decide", func() bool {
+				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+				defer cancel()
+				d, err := n1.Allow(ctx, multi)
+				if err == nil && d.Allowed {
+					admitted++
+				}
+				return err == nil
+			})
+			for range 2 * limit {
+				if d, err := n1.Allow(context.Background(), multi); err == nil && d.Allowed {
+					admitted++
+				}
+			}
+			if admitted != limit {
+				t.Fatalf("the new holder admitted %d; want %d", admitted, limit)
+			}
+			release()
+			r := <-paused
+			if r.err == nil && r.d.Allowed {
+				t.Fatalf("the paused check was confirmed after the takeover (%+v): %d admissions of b in one window of limit %d", r.d, admitted+1, limit)
+			}
+			if !errors.Is(r.err, ErrUnavailable) && !errors.Is(r.err, ErrClosed) {
+				t.Fatalf("the paused check = %+v, %v; want unavailable", r.d, r.err)
+			}
+			<-killed
+		})
+	}
+}
+
 // TestAttack5MultiUnavailableUnlimited: the holder n0 of a subject's
 // partition stops answering checks (a wedged server: every forward times
 // out). A check of policies "a" (unlimited for this tenant by an

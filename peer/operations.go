@@ -42,6 +42,15 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 	for _, q := range r.multi {
 		sync = sync || q.cfg.Replication == ReplicateSync
 	}
+	// fenced: an admission of this request is copied synchronously, so a
+	// backup that has taken over refuses it and the answer is not
+	// confirmed. A synchronous policy the key is unlimited in records and
+	// copies nothing: it fences nothing, and the other policies'
+	// admissions need the lease checked again after the decision.
+	fenced := r.p.cfg.Replication == ReplicateSync && !r.p.unlimited
+	for _, q := range r.multi {
+		fenced = fenced || q.cfg.Replication == ReplicateSync && !q.unlimited
+	}
 	leased := pt.backup != ""
 	if leased {
 		if n.leaseEnded(pt) {
@@ -87,7 +96,7 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		err = fmt.Errorf("%w: unknown operation %v", ErrInvalidKey, r.op)
 	}
 	unlock()
-	if err == nil && d.Allowed && leased && !sync && (r.op == peerpb.Op_OP_CHECK || r.op == peerpb.Op_OP_ACQUIRE) && n.leaseEnded(pt) {
+	if err == nil && d.Allowed && leased && !fenced && (r.op == peerpb.Op_OP_CHECK || r.op == peerpb.Op_OP_ACQUIRE) && n.leaseEnded(pt) {
 		// As in decideHere: not confirmed without a fencing copy.
 		err = errLeaseEnded
 	}
