@@ -130,3 +130,49 @@ func TestAttack5MultiUnavailableUnlimited(t *testing.T) {
 		}
 	}
 }
+
+// TestAttack5HolderCrashDuringBackupLeave: n1, the backup of a partition
+// n0 holds, leaves gracefully (Close) just as n0 crashes, before n0 could
+// copy the partition to another member. n1 keeps the only copy. A closing
+// node used to take nothing over: it left with the copy, and the
+// partition's target restarted it empty once it found nobody held it, so
+// the key admitted its whole limit again in the same window (10 in a
+// window of 5). The leaving node must take the partition over from its
+// copy and hand it on with the rest of its drain.
+func TestAttack5HolderCrashDuringBackupLeave(t *testing.T) {
+	t.Parallel()
+	const limit = 5
+	c := startCluster(t, 4, Config{
+		Gossip:         hoCrashGossip,
+		LeaseDuration:  500 * time.Millisecond,
+		ForwardTimeout: time.Second,
+		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
+	})
+	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
+	key, _ := keyHeldWithBackup(t, n0, n1, "crash-during-leave", "p")
+	admitted := admitN(t, n0, key, limit)
+	n0.KillForTest()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n1.Close(ctx); err != nil {
+		t.Logf("n1's close: %v", err)
+	}
+	after := 0
+	waitFor(t, 40*time.Second, "a survivor to decide the key", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		d, err := n2.Allow(ctx, Request{Key: key})
+		if err == nil && d.Allowed {
+			after++
+		}
+		return err == nil
+	})
+	for range 2 * limit {
+		if d, err := n2.Allow(context.Background(), Request{Key: key}); err == nil && d.Allowed {
+			after++
+		}
+	}
+	if admitted+after > limit {
+		t.Fatalf("%d admissions in one window of limit %d (%d confirmed by n0 before it crashed, %d after): the partition restarted empty", admitted+after, limit, admitted, after)
+	}
+}

@@ -53,7 +53,7 @@ type ownState struct {
 	// running at once.
 	working map[int]bool
 	sem     chan struct{}
-	stopped bool // Close has begun: take nothing new over
+	stopped bool // the drain of Close has ended: take nothing new over
 	// starts is each member's last seen process start id, restartedAt
 	// (monotonic ns) when a member last came back as a new process: the old
 	// process is gone, whatever gossip says, so its partitions may be taken
@@ -1321,9 +1321,15 @@ func (n *Node) found() {
 // node is already draining (not a target anywhere). It retries until ctx
 // ends and reports the partitions (and keys) it could not move.
 func (n *Node) drain(ctx context.Context) error {
-	n.own.mu.Lock()
-	n.own.stopped = true
-	n.own.mu.Unlock()
+	// Takeovers go on while the node drains: a holder that fails now,
+	// before it has copied its partition to another member, leaves this
+	// node the only copy, which is taken over and handed on with the
+	// rest. Once the drain ends the node takes nothing new over.
+	defer func() {
+		n.own.mu.Lock()
+		n.own.stopped = true
+		n.own.mu.Unlock()
+	}()
 	pause := time.NewTicker(50 * time.Millisecond)
 	defer pause.Stop()
 	start := time.Now()
@@ -1339,8 +1345,13 @@ func (n *Node) drain(ctx context.Context) error {
 		// copy elsewhere (we refuse leases while closing) — or two leases
 		// have passed since we held nothing: a holder still listing us has
 		// lost our release or is moving slowly; its lease from us has
-		// ended and it makes a new copy elsewhere.
-		if held == 0 && (n.replicasHeld() == 0 || time.Since(emptySince) > 2*n.cfg.LeaseDuration) {
+		// ended and it makes a new copy elsewhere. A copy of a holder
+		// that has gone is the partition's only state: it is waited for
+		// (reconcile takes it over once the lease we granted has ended,
+		// and the next rounds hand it on) while this node sees a
+		// majority, without which nobody takes anything over.
+		if held == 0 && (n.replicasHeld() == 0 || time.Since(emptySince) > 2*n.cfg.LeaseDuration) &&
+			(n.copiesOfGoneHolders() == 0 || !n.quorum()) {
 			n.log.Info("handoff on leave", "partitions", held0, "keys", keys0, "duration", time.Since(start), "copies_left", n.replicasHeld())
 			return nil
 		}
@@ -1435,8 +1446,7 @@ func (n *Node) Settled() bool {
 }
 
 // replicasHeld counts the partitions this node keeps a complete copy of
-// for a live holder (a copy of a holder that has gone protects nothing a
-// draining node could act on: it takes nothing over).
+// for a live holder (copiesOfGoneHolders counts the others).
 func (n *Node) replicasHeld() int {
 	c := 0
 	for i := range n.pt.parts {
@@ -1446,6 +1456,23 @@ func (n *Node) replicasHeld() int {
 			c++
 		}
 		pt.mu.RUnlock()
+	}
+	return c
+}
+
+// copiesOfGoneHolders counts the partitions this node keeps a complete
+// copy of for a holder that has gone (failed, or come back as a new
+// process): reconcile takes them over once the lease granted has ended.
+func (n *Node) copiesOfGoneHolders() int {
+	c := 0
+	for i := range n.pt.parts {
+		pt := &n.pt.parts[i]
+		pt.mu.RLock()
+		rep, r := pt.rep, pt.role
+		pt.mu.RUnlock()
+		if rep.complete && r != roleHolder && r != roleFenced && (!n.alive(rep.holder) || n.restartedSince(rep.holder, rep.made)) {
+			c++
+		}
 	}
 	return c
 }
