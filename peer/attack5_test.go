@@ -3,6 +3,7 @@ package peer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -174,5 +175,73 @@ func TestAttack5HolderCrashDuringBackupLeave(t *testing.T) {
 	}
 	if admitted+after > limit {
 		t.Fatalf("%d admissions in one window of limit %d (%d confirmed by n0 before it crashed, %d after): the partition restarted empty", admitted+after, limit, admitted, after)
+	}
+}
+
+// TestAttack5TakeoverClockSkew: the holder n0 and its backup n1 run on
+// clocks 5 s apart (either way). n0 admits the whole limit (sync) and
+// crashes; n1 takes the partition over from its copy. For each algorithm,
+// n1 must refuse until the first moment n0 itself would have admitted
+// again (shared time): the copy is rebased on n1's clock, so neither
+// offset makes the state expire early. (A window that ends later by the
+// replication delay only refuses more; the shared clock is frozen here,
+// so the bound is exact.)
+func TestAttack5TakeoverClockSkew(t *testing.T) {
+	t.Parallel()
+	const limit, window = 5, time.Minute
+	for _, alg := range []Algorithm{SlidingLog, TokenBucket, FixedWindow} {
+		for _, off := range []time.Duration{5 * time.Second, -5 * time.Second} {
+			t.Run(fmt.Sprintf("%v/holder_%+v", alg, off), func(t *testing.T) {
+				t.Parallel()
+				clk := &hoClock{}
+				// Start 7 s into a minute, so the fixed window's boundary
+				// on n0's clock is not where n1's is.
+				clk.Advance(7 * time.Second)
+				offsets := []time.Duration{off, -off, 0}
+				c := startClusterWith(t, 3, Config{
+					Gossip:         hoCrashGossip,
+					LeaseDuration:  500 * time.Millisecond,
+					ForwardTimeout: time.Second,
+					Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: window, Algorithm: alg}},
+				}, func(i int, cfg *Config) { cfg.Clock = clk.WithOffset(offsets[i]) })
+				n0, n1 := c.nodes[0], c.nodes[1]
+				key, pid := keyHeldWithBackup(t, n0, n1, fmt.Sprintf("skew-takeover-%v-%v", alg, off), "p")
+				admitN(t, n0, key, limit)
+				t0 := clk.Now() // shared time of the admissions
+				// The first shared time at which n0 would admit again.
+				var free time.Time
+				switch alg {
+				case SlidingLog:
+					free = t0.Add(window)
+				case TokenBucket:
+					free = t0.Add(window / limit)
+				case FixedWindow:
+					at := t0.Add(off) // n0's clock
+					free = at.Truncate(window).Add(window).Add(-off)
+				}
+				n0.KillForTest()
+				waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
+					r, _, _ := n1.roleForTest(pid)
+					return r == roleHolder
+				})
+				clk.Advance(free.Add(-time.Millisecond).Sub(clk.Now()))
+				for i := range 2 * limit {
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					d, err := n1.Allow(ctx, Request{Key: key})
+					cancel()
+					if err != nil {
+						t.Fatalf("check %d on n1 after the takeover: %v", i, err)
+					}
+					if d.Allowed {
+						t.Fatalf("n1 admitted %v after the admissions (shared time), before n0 would have (%v): %+v",
+							clk.Now().Sub(t0), free.Sub(t0), d)
+					}
+				}
+				clk.Advance(time.Millisecond)
+				if d, err := n1.Allow(context.Background(), Request{Key: key}); err != nil || !d.Allowed {
+					t.Logf("at %v n1 still refuses (%+v, %v): its copy ends later than n0's state would", free.Sub(t0), d, err)
+				}
+			})
+		}
 	}
 }
