@@ -4,8 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/ringlimit/ringlimit/ring"
 )
 
 // A fifth round of attacks on the ownership protocol: operations other
@@ -244,4 +250,116 @@ func TestAttack5TakeoverClockSkew(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestAttack5LeaveStallsMidCopyToBackup: n0 leaves (Close) and moves its
+// partition to the target, n1, which is also its backup, with a copy of
+// two messages (the partition has two keys, one per message). It stalls
+// between them, its gossip silent: SYNC_BEGIN has reached n1, SYNC_END
+// has not. n1 sees n0 fail, waits out the lease, takes the partition over
+// from its complete copy (async: it decides without a backup at once) and
+// admits the rest of the limit; its own copies to a new backup, which
+// would raise its epoch above the copy's, fail meanwhile. n0 then resumes
+// and completes its copy: n1 holds the partition at the copy's very
+// epoch, so only the copy's own state can stop n1 from installing it,
+// granting n0 a lease (n0 copies to the backup that granted its lease and
+// asks nobody else) and, on n0's promote, adopting n0's state of before
+// the stall. It does: a takeover drops the copy in progress, and SYNC_END
+// finds none. Found safe; no more than the limit is confirmed.
+func TestAttack5LeaveStallsMidCopyToBackup(t *testing.T) {
+	t.Parallel()
+	const limit = 5
+	cut := new(atomic.Bool)
+	c := startClusterWith(t, 3, Config{
+		LeaseDuration:      time.Second,
+		TransferChunkBytes: 1, // one key per message
+		Policies:           map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateAsync}},
+	}, func(i int, cfg *Config) {
+		cfg.Gossip = attackGossip
+		if i == 0 {
+			cutGossip := withCutTransport(t, cut)
+			cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
+		}
+	})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	without0, err := ring.New(n0.cfg.Ring, []string{"n1", "n2"}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := -1
+	var key, other Key
+	for _, k := range hoKeys("leave-stall", 8000, "p") {
+		p := n0.partIDForTest(k)
+		switch {
+		case pid < 0:
+			if o, _ := n0.Owner(k); o == "n0" && n0.backupForTest(p) == "n1" && without0.PartitionOwner(p) == "n1" {
+				key, pid = k, p
+			}
+		case p == pid:
+			other = k
+		}
+		if other.Subject != "" {
+			break
+		}
+	}
+	if other.Subject == "" {
+		t.Fatal("no partition fitting the scenario")
+	}
+	confirmed := admitN(t, n0, key, 2)
+	admitN(t, n0, other, 1)
+	entered, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	wake := func() { once.Do(func() { close(resume) }) }
+	t.Cleanup(wake)
+	var stalled atomic.Bool
+	n0.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
+		if p == pid && to == "n1" && last && stalled.CompareAndSwap(false, true) {
+			cut.Store(true)
+			close(entered)
+			<-resume
+			cut.Store(false)
+		}
+		return copySend
+	})
+	// n1's first copies of its holding (to n2) fail until n0's copy has
+	// completed: a copy at a newer epoch would make n0's stale.
+	var n1Copies atomic.Bool
+	n1.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
+		if p == pid && !n1Copies.Load() {
+			return copyUnsent
+		}
+		return copySend
+	})
+	closed := make(chan struct{})
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		_ = n0.Close(ctx)
+		close(closed)
+	}()
+	t.Cleanup(func() { wake(); <-closed })
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("n0 never copied the partition to n1: %s", n0.partForTest(pid))
+	}
+	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
+		r, _, _ := n1.roleForTest(pid)
+		return r == roleHolder
+	})
+	s := &stallScene{c: c, n0: n0, n1: n1, key: key, pid: pid}
+	s.fillAtN1(t, &confirmed, limit)
+	wake()
+	within(5*time.Second, func() bool {
+		r, _, _ := n0.roleForTest(pid)
+		return r != roleHolder && r != roleFenced
+	})
+	t.Logf("after n0 resumed: %s\n%s", n0.partForTest(pid), s.parts())
+	n1Copies.Store(true)
+	by := map[string]int{"n0": 2, "n1": limit - 2}
+	countAdmissions(c, key, 2*time.Second, limit, &confirmed, by)
+	if confirmed > limit {
+		t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v):\n%s", confirmed, limit, by, s.parts())
+	}
+	t.Logf("confirmed %d (by decider: %v):\n%s", confirmed, by, s.parts())
 }
