@@ -11,7 +11,9 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 // A fifth round of attacks on the ownership protocol: operations other
@@ -362,4 +364,111 @@ func TestAttack5LeaveStallsMidCopyToBackup(t *testing.T) {
 		t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v):\n%s", confirmed, limit, by, s.parts())
 	}
 	t.Logf("confirmed %d (by decider: %v):\n%s", confirmed, by, s.parts())
+}
+
+// TestAttack5CutOffHolderDropsBackup: n0, holding a partition (async)
+// with n1 as its backup, is cut off from every member (gossip, and its
+// replication to them). Alone in its view, it used to let its backup go
+// (no other member could keep a copy) — the release was lost — and then
+// held the partition with no backup at all, a holding that asks for no
+// lease. The majority meanwhile took the partition over from n1's copy
+// and confirmed the rest of the limit. Once the cut heals, n0 has a
+// majority again and, having no backup, decided from its state of before
+// the cut until it learned of the takeover (its copies to a new backup,
+// which would have taught it, fail here for a while, as they do while a
+// connection sits in its reconnect backoff): 8 admissions in a window of
+// 5.
+func TestAttack5CutOffHolderDropsBackup(t *testing.T) {
+	t.Parallel()
+	const limit = 5
+	cut := new(atomic.Bool)
+	c := startClusterWith(t, 3, Config{
+		// Long enough that n0 sees the others fail (and can no longer
+		// reach them) before n1 takes over.
+		LeaseDuration: 2 * time.Second,
+		Policies:      map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateAsync}},
+	}, func(i int, cfg *Config) {
+		cfg.Gossip = attackGossip
+		if i == 0 {
+			cutGossip := withCutTransport(t, cut)
+			cfg.Gossip = func(mc *memberlist.Config) {
+				cutGossip(mc)
+				// hoCrashGossip's timings: cut off, n0 soon sees the
+				// others fail too.
+				mc.ProbeTimeout, mc.IndirectChecks, mc.SuspicionMult, mc.SuspicionMaxTimeoutMult = 80*time.Millisecond, 2, 5, 2
+			}
+		}
+	})
+	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
+	key, pid := keyHeldWithBackup(t, n0, n1, "cut-off-drops-backup", "p")
+	confirmed := admitN(t, n0, key, 2)
+	// Both admissions reach n1's copy before the cut (async: a cut can
+	// lose those in flight, as a crash can).
+	waitFor(t, 10*time.Second, "n1's copy to have both admissions", func() bool {
+		st := n1.copyForTest(pid, "n0")
+		if st == nil {
+			return false
+		}
+		d, err := st.Peek(key, shard.Policy{Limit: limit, Window: time.Hour}, 1, time.Now())
+		return err == nil && d.Remaining == limit-3
+	})
+	fromN0 := func(req *peerpb.ReplicateRequest) bool { return req.GetSender() == "n0" }
+	var copies atomic.Bool // n0's copies of the partition get through
+	n0.setCopyFaultForTest(func(p int, _ string, _ bool) copyFault {
+		if p == pid && !copies.Load() {
+			return copyUnsent
+		}
+		return copySend
+	})
+	t.Cleanup(func() { copies.Store(true) })
+	cut.Store(true)
+	n1.setReplDropForTest(fromN0)
+	n2.setReplDropForTest(fromN0)
+	holder := func() *Node {
+		for _, nd := range []*Node{n1, n2} {
+			if r, _, _ := nd.roleForTest(pid); r == roleHolder {
+				return nd
+			}
+		}
+		return nil
+	}
+	waitFor(t, 30*time.Second, "the majority to take the partition over", func() bool { return holder() != nil })
+	waitFor(t, 30*time.Second, "n0 to see itself alone", func() bool { return !n0.quorum() })
+	by := map[string]int{"n0": 2}
+	waitFor(t, 20*time.Second, "the new holder to decide", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		d, err := holder().Allow(ctx, Request{Key: key})
+		if err == nil && d.Allowed {
+			confirmed++
+			by[d.Owner]++
+		}
+		return err == nil
+	})
+	for confirmed < limit {
+		confirmed += admitN(t, holder(), key, 1)
+		by[holder().Name()]++
+	}
+	t.Logf("before the heal: %s (n0's backup %q)", n0.partForTest(pid), n0.backupForTest(pid))
+	cut.Store(false)
+	none := func(*peerpb.ReplicateRequest) bool { return false }
+	n1.setReplDropForTest(none)
+	n2.setReplDropForTest(none)
+	waitFor(t, 30*time.Second, "n0 to see a majority again", n0.quorum)
+	end := time.Now().Add(3 * time.Second)
+	for time.Now().Before(end) && confirmed <= limit {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		d, err := n0.Allow(ctx, Request{Key: key})
+		cancel()
+		if err == nil && d.Allowed {
+			confirmed++
+			by[d.Owner]++
+		}
+	}
+	copies.Store(true)
+	if confirmed > limit {
+		t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v):\n%s\n%s\n%s", confirmed, limit, by,
+			n0.partForTest(pid), n1.partForTest(pid), n2.partForTest(pid))
+	}
+	t.Logf("confirmed %d (by decider: %v)", confirmed, by)
 }

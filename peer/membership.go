@@ -392,6 +392,18 @@ func (n *Node) rebuild() {
 		// the last ring; the node is shutting down.
 		return
 	}
+	// Members that failed count against the quorum from the moment the
+	// view without them is published, not a moment later: a node that
+	// loses its last peers would otherwise see itself, for that moment,
+	// as a majority of one (and drop a backup, say, that the others are
+	// about to take over from).
+	var gone []string
+	for _, e := range evs {
+		if e.kind == "failed" {
+			gone = append(gone, e.name)
+		}
+	}
+	n.noteMembership(gone, nil)
 	old := n.view.Load()
 	now := time.Now()
 	stopping := len(names) == 0
@@ -423,7 +435,7 @@ func (n *Node) rebuild() {
 	if len(evs) == 0 && changed && old == nil {
 		evs = []event{{kind: "joined", name: n.name}}
 	}
-	var failed, back []string
+	var back []string
 	for _, e := range evs {
 		if _, ok := ignored[e.name]; ok && (e.kind == "joined" || e.kind == "updated") {
 			// Gossip knows it, the ring does not: not a join.
@@ -431,17 +443,14 @@ func (n *Node) rebuild() {
 		}
 		n.log.Info("gossip membership", "event", e.kind, "member", e.name, "member_addr", e.addr,
 			"ring_version", v.snap.Version(), "members", v.snap.Len(), "partitions_owned", owned)
-		switch e.kind {
-		case "failed":
-			failed = append(failed, e.name)
-		case "joined", "updated":
+		if e.kind == "joined" || e.kind == "updated" {
 			back = append(back, e.name)
 		}
 	}
 	if dropped > 0 {
 		n.log.Warn("gossip membership events dropped", "dropped", dropped)
 	}
-	n.noteMembership(failed, back)
+	n.noteMembership(nil, back)
 	n.hasQuorum.Store(n.quorum())
 	if !changed {
 		return

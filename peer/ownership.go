@@ -353,9 +353,14 @@ func (n *Node) reconcile() {
 				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.transfer(ctx, i, target) }))
 			case want != "" && (want != backup || needSync):
 				jobs = append(jobs, n.job(i, func(ctx context.Context) { n.establishBackup(ctx, i, want) }))
-			case want == "" && backup != "":
+			case want == "" && backup != "" && n.quorum():
 				// No other member may keep a copy (we are alone, the
-				// others are leaving): let the old backup go.
+				// others are leaving): let the old backup go. Not without
+				// a majority: alone because the others failed, this node
+				// may be the one cut off, while they, a majority, take its
+				// partitions over from the backup's copy. Without a backup
+				// the holding would need no lease, and the node would
+				// decide from its old state once the cut heals.
 				n.dropBackup(i, epoch, backup)
 			case backup != "":
 				// A backup that has not renewed the lease for a whole
