@@ -472,3 +472,140 @@ func TestAttack5CutOffHolderDropsBackup(t *testing.T) {
 	}
 	t.Logf("confirmed %d (by decider: %v)", confirmed, by)
 }
+
+// TestAttack5BackupRestartedForgetsTakeover: n0, holding a partition
+// (async) with n1 as its backup, is cut off from every member (as a
+// paused process would be). n1 takes the partition over from its copy,
+// then restarts: Close hands the partition on to X, which confirms the
+// rest of the limit, and a new process joins under the name n1. X's moves
+// of the partition to n1 (its new target) and back to n0 fail for a
+// while, so the new n1 hears nothing of it. The cut heals. n0 still holds
+// the partition at its old epoch with n1 as its backup; the new n1 has no
+// copy, so n0 copies the partition to it again. A holder whose lease has
+// ended asks every member whether the partition was taken over before it
+// copies to anyone but the backup that granted the lease — that backup,
+// it reasoned, would refuse the copy had it taken over. The new n1
+// remembers nothing of the old one's takeover: it took the copy and
+// granted a lease, and n0 decided from its state of before the cut while
+// X held the partition: 8 admissions in a window of 5.
+func TestAttack5BackupRestartedForgetsTakeover(t *testing.T) {
+	t.Parallel()
+	const limit = 5
+	cut := new(atomic.Bool)
+	c := startClusterWith(t, 4, Config{
+		LeaseDuration: 2 * time.Second,
+		Policies:      map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateAsync}},
+	}, func(i int, cfg *Config) {
+		cfg.Gossip = attackGossip
+		if i == 0 {
+			cutGossip := withCutTransport(t, cut)
+			cfg.Gossip = func(mc *memberlist.Config) {
+				cutGossip(mc)
+				mc.ProbeTimeout, mc.IndirectChecks, mc.SuspicionMult, mc.SuspicionMaxTimeoutMult = 80*time.Millisecond, 2, 5, 2
+			}
+		}
+	})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	key, pid := keyHeldWithBackup(t, n0, n1, "backup-restarted", "p")
+	last2, err := ring.New(n0.cfg.Ring, []string{"n2", "n3"}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := last2.PartitionOwner(pid)
+	var holder *Node
+	for _, nd := range c.nodes {
+		if nd.Name() == x {
+			holder = nd
+		}
+	}
+	confirmed := admitN(t, n0, key, 2)
+	waitFor(t, 10*time.Second, "n1's copy to have both admissions", func() bool {
+		st := n1.copyForTest(pid, "n0")
+		if st == nil {
+			return false
+		}
+		d, err := st.Peek(key, shard.Policy{Limit: limit, Window: time.Hour}, 1, time.Now())
+		return err == nil && d.Remaining == limit-3
+	})
+	fromN0 := func(req *peerpb.ReplicateRequest) bool { return req.GetSender() == "n0" }
+	// Cut off, n0 reaches nobody: no replication, no copy. Once the cut
+	// heals, its copies reach n1 only (the others' connections still sit
+	// in their reconnect backoff, say).
+	n0.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
+		if p == pid && (cut.Load() || to != "n1") {
+			return copyUnsent
+		}
+		return copySend
+	})
+	cut.Store(true)
+	for _, nd := range c.nodes[1:] {
+		nd.setReplDropForTest(fromN0)
+	}
+	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
+		r, _, _ := n1.roleForTest(pid)
+		return r == roleHolder
+	})
+	waitFor(t, 30*time.Second, "n0 to see itself alone", func() bool { return !n0.quorum() })
+	// n2's and n3's copies of the partition to n0 and n1 fail.
+	for _, nd := range c.nodes[2:] {
+		nd.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
+			if p == pid && (to == "n0" || to == "n1") {
+				return copyUnsent
+			}
+			return copySend
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	err = n1.Close(ctx)
+	cancel()
+	if err != nil {
+		t.Fatalf("n1's close: %v", err)
+	}
+	waitFor(t, 20*time.Second, x+" to hold the partition", func() bool {
+		r, _, _ := holder.roleForTest(pid)
+		return r == roleHolder
+	})
+	by := map[string]int{"n0": 2}
+	waitFor(t, 20*time.Second, x+" to decide", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		d, err := holder.Allow(ctx, Request{Key: key})
+		if err == nil && d.Allowed {
+			confirmed++
+			by[d.Owner]++
+		}
+		return err == nil
+	})
+	for confirmed < limit {
+		confirmed += admitN(t, holder, key, 1)
+		by[x]++
+	}
+	// The new n1 joins through a member that is not cut off.
+	nodes := c.nodes
+	c.nodes = []*Node{holder}
+	n1b := c.add("n1")
+	c.nodes = append(nodes, n1b)
+	waitFor(t, 20*time.Second, "the new n1 to be a member", func() bool { return holder.alive("n1") })
+	t.Logf("before the heal: %s", n0.partForTest(pid))
+	cut.Store(false)
+	none := func(*peerpb.ReplicateRequest) bool { return false }
+	for _, nd := range nodes[2:] {
+		nd.setReplDropForTest(none)
+	}
+	waitFor(t, 30*time.Second, "n0 to see a majority again", n0.quorum)
+	end := time.Now().Add(4 * time.Second)
+	for time.Now().Before(end) && confirmed <= limit {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		d, err := n0.Allow(ctx, Request{Key: key})
+		cancel()
+		if err == nil && d.Allowed {
+			confirmed++
+			by[d.Owner]++
+		}
+	}
+	if confirmed > limit {
+		t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v):\n%s\n%s\n%s", confirmed, limit, by,
+			n0.partForTest(pid), holder.partForTest(pid), n1b.partForTest(pid))
+	}
+	t.Logf("confirmed %d (by decider: %v):\n%s\n%s\n%s", confirmed, by, n0.partForTest(pid), holder.partForTest(pid), n1b.partForTest(pid))
+}

@@ -544,7 +544,10 @@ func (n *Node) establishBackup(ctx context.Context, pid int, to string) {
 // stillHolder reports whether this node, holding partition pid at epoch
 // with backup old, may copy it to member to. While its lease lasts, or
 // when to is the backup that granted it, yes: that backup cannot have
-// taken the partition over (it refuses a copy once it has). After the
+// taken the partition over (it refuses a copy once it has) — unless it
+// has restarted since its last grant: the new process remembers nothing
+// of a takeover the old one made (and of where it handed the partition
+// on), and takes the copy like any member that has not heard. After the
 // lease ended with another member as the receiver, the backup may have
 // taken the partition over meanwhile (this node paused, or was cut off),
 // and a member that has not heard of it would take the copy and grant a
@@ -557,7 +560,10 @@ func (n *Node) establishBackup(ctx context.Context, pid int, to string) {
 // makes this node learn it instead.
 func (n *Node) stillHolder(ctx context.Context, pid int, epoch uint64, old, to string) bool {
 	pt := &n.pt.parts[pid]
-	if old == "" || old == to || n.mono() < pt.leaseUntil.Load() {
+	leaseUntil := pt.leaseUntil.Load()
+	// The last grant's request was sent holderLease before the lease's end.
+	sameGranter := old == to && !n.restartedSince(to, leaseUntil-holderLease(n.cfg.LeaseDuration))
+	if old == "" || sameGranter || n.mono() < leaseUntil {
 		return true
 	}
 	newest, ok := n.probeQuiet(ctx, pid, n.isUnreachable)
