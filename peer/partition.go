@@ -58,14 +58,19 @@ import (
 //     It continues from its copy at epoch + 1: a crash loses nothing that
 //     was replicated synchronously. It yields instead to a newer epoch
 //     anywhere, and to a live member holding the partition at its copy's
-//     epoch: a tie never goes to the copy of a holder that is gone.
+//     epoch: a tie never goes to the copy of a holder that is gone. A
+//     member that is leaving takes over too (its copy may be the only
+//     one) and hands the partition on with the rest of its drain, which
+//     waits for such takeovers while it sees a majority.
 //   - A holder whose lease has ended may have been taken over while it
 //     paused or was cut off. Before it copies the partition to a member
 //     other than the backup that granted the lease, and again when such a
 //     copy completes, it asks every live member (stillHolder,
 //     confirmHolding; a member marked unreachable is asked too, only its
 //     silence is borne), and learns a newer holding rather than take a
-//     lease from a member that has not heard of it. A copy refused as
+//     lease from a member that has not heard of it. It asks before a copy
+//     to that backup too once the backup has restarted since its last
+//     grant: the new process remembers no takeover. A copy refused as
 //     stale teaches it the newer holding too.
 //   - A transfer whose Promote got no answer may have taken effect: the
 //     old holder stays fenced while the target lives, then waits out the
@@ -83,7 +88,11 @@ import (
 //     over and claims orphans only while it sees a strict majority. One
 //     node cut off from the others therefore stays passive, and when a
 //     holder's backup failed, the holder keeps deciding only on the
-//     majority side.
+//     majority side. A holder that sees no other member lets its backup
+//     go only while it sees a majority (the others left): cut off, it
+//     keeps it, so it still needs the lease it can no longer renew, and
+//     does not decide from its old state once the cut heals. A member
+//     that failed counts as failed from the first view without it.
 //   - Two faults at once (holder and backup both failed) lose the
 //     partition's state: the partition's target finds, by asking every
 //     live member (Probe), that nobody holds it or has a copy, and
