@@ -1491,6 +1491,14 @@ func (n *Node) copiesOfGoneHolders() int {
 // dropBackup releases partition pid's backup when no member can keep a
 // copy: the holder decides alone from now on (with quorum).
 func (n *Node) dropBackup(pid int, epoch uint64, backup string) {
+	// The caller decided on a view that may be old by now: a rebuild that
+	// brings the others back publishes its view, then stops counting them
+	// as failed, and an old view without them beside the new count would
+	// be a majority of one. So again on the current view: the majority
+	// first, then (on a view at least as new) no member for the copy.
+	if !n.quorum() || n.desiredBackup(n.view.Load(), pid) != "" {
+		return
+	}
 	pt := &n.pt.parts[pid]
 	pt.mu.Lock()
 	if pt.role != roleHolder || pt.epoch != epoch || pt.backup != backup {
