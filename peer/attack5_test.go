@@ -530,9 +530,12 @@ func TestAttack5BackupRestartedForgetsTakeover(t *testing.T) {
 	fromN0 := func(req *peerpb.ReplicateRequest) bool { return req.GetSender() == "n0" }
 	// Cut off, n0 reaches nobody: no replication, no copy. Once the cut
 	// heals, its copies reach n1 only (the others' connections still sit
-	// in their reconnect backoff, say).
+	// in their reconnect backoff, say), and only once n0 reaches every
+	// member again (a member n0 marked unreachable while cut off, and
+	// that does not answer yet, would be excused from its questions).
+	var healed atomic.Bool
 	n0.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
-		if p == pid && (cut.Load() || to != "n1") {
+		if p == pid && (!healed.Load() || to != "n1") {
 			return copyUnsent
 		}
 		return copySend
@@ -593,6 +596,13 @@ func TestAttack5BackupRestartedForgetsTakeover(t *testing.T) {
 		nd.setReplDropForTest(none)
 	}
 	waitFor(t, 30*time.Second, "n0 to see a majority again", n0.quorum)
+	waitFor(t, 30*time.Second, "every member to answer n0", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, ok := n0.probe(ctx, pid)
+		return ok
+	})
+	healed.Store(true)
 	end := time.Now().Add(4 * time.Second)
 	for time.Now().Before(end) && confirmed <= limit {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
