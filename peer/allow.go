@@ -212,7 +212,9 @@ const (
 // state, then decide here, forward, or wait for a transfer.
 func (n *Node) route(ctx context.Context, r *opReq, ek []byte) (Decision, error) {
 	v := n.view.Load()
-	pid := v.snap.Partition(placement(ek))
+	// One hash places the key on the ring and picks its shard stripe.
+	pk := shard.Place(ek)
+	pid := v.snap.PartitionOfHash(pk.Hash())
 	pt := &n.pt.parts[pid]
 	var cause error
 	redirect := ""
@@ -224,7 +226,7 @@ func (n *Node) route(ctx context.Context, r *opReq, ek []byte) (Decision, error)
 	waited := time.Duration(0)
 	for {
 		v = n.view.Load()
-		d, st, ch, err := n.decideHere(ctx, v, pt, pid, r, ek)
+		d, st, ch, err := n.decideHere(ctx, v, pt, pid, r, pk)
 		if st == decided {
 			if err != nil {
 				return n.unavailable(r, err)
@@ -395,8 +397,9 @@ func (e *notOwnerError) Unwrap() error { return errNotOwner }
 // (lease, backup): a Decision, or an error for the caller. waitHere means
 // the node holds the partition but cannot decide yet (fenced for a move, a
 // lease or a backup copy on its way): ch is closed at the next change.
-// remote means another node holds it.
-func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *opReq, ek []byte) (Decision, decideStatus, <-chan struct{}, error) {
+// remote means another node holds it. pk is r's key placed (its
+// partition is pid).
+func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *opReq, pk shard.Placed) (Decision, decideStatus, <-chan struct{}, error) {
 	if r.op != peerpb.Op_OP_CHECK || r.multi != nil {
 		return n.decideOther(ctx, v, pt, pid, r)
 	}
@@ -437,7 +440,7 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	if h := n.decideHook.Load(); h != nil {
 		(*h)() // tests: a pause between the lease check and the decision
 	}
-	sd, at, err := pt.store.AllowEncodedAt(ek, p.sp, hits, now)
+	sd, at, err := pt.store.AllowPlacedAt(pk, p.sp, hits, now)
 	if err == nil && at != now.UnixNano() {
 		// The key's clock was ahead of ours (a decision that read the
 		// clock after us took the key's lock before us): the admission is
@@ -500,7 +503,7 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	// Hot keys are sampled: one decision in hotSample records hotSample
 	// times the hits, which keeps the tracker's lock off most decisions.
 	if rand.Uint32()%hotSample == 0 {
-		n.hot.RecordBytes(ek, hits*hotSample, now)
+		n.hot.RecordBytes(pk.Encoded(), hits*hotSample, now)
 	}
 	return d, decided, nil, nil
 }

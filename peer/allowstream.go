@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 // allowStream is one AllowStream call on the server.
@@ -210,9 +211,10 @@ func (as *allowStream) push(job streamJob) {
 func (as *allowStream) tryHere(sr *streamReq) bool {
 	n := as.n
 	v := n.view.Load()
-	pid := v.snap.Partition(placement(sr.r.ek))
+	pk := shard.Place(sr.r.ek)
+	pid := v.snap.PartitionOfHash(pk.Hash())
 	sr.r.deferWait = true
-	d, st, _, err := n.decideHere(as.ctx, v, &n.pt.parts[pid], pid, &sr.r, sr.r.ek)
+	d, st, _, err := n.decideHere(as.ctx, v, &n.pt.parts[pid], pid, &sr.r, pk)
 	sr.r.deferWait = false
 	if st != decided {
 		return false

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 // server answers peers: it decides, as owner, the requests they forward.
@@ -190,8 +191,8 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *wireItem, r *opReq, 
 // decideWireReq decides the parsed request r (see decideWire).
 func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq) (wireDecision, *opReq) {
 	bad := func(st peerpb.Status, err error) wireDecision { return wireError(n, v, st, err) }
-	ek := r.ek
-	pid := v.snap.Partition(placement(ek))
+	pk := shard.Place(r.ek)
+	pid := v.snap.PartitionOfHash(pk.Hash())
 	pt := &n.pt.parts[pid]
 	// A receiver waits for a partition it holds or is about to hold (a
 	// move in progress), within the sender's deadline and at most half a
@@ -201,7 +202,7 @@ func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq) (wireDecisi
 		until = dl
 	}
 	for {
-		d, st, ch, err := n.decideHere(ctx, v, pt, pid, r, r.ek)
+		d, st, ch, err := n.decideHere(ctx, v, pt, pid, r, pk)
 		switch st {
 		case decided:
 			if err != nil {

@@ -305,6 +305,16 @@ func (s *Snapshot) Partition(key []byte) int {
 	return int(xxhash.Sum64(key) % uint64(len(s.owner)))
 }
 
+// PartitionOfHash is Partition for a key whose xxhash64 is h, for a caller
+// that hashed the key already (shard.Placed.Hash): Partition(key) ==
+// PartitionOfHash(xxhash64(key)). It returns -1 on the zero Snapshot.
+func (s *Snapshot) PartitionOfHash(h uint64) int {
+	if len(s.owner) == 0 {
+		return -1
+	}
+	return int(h % uint64(len(s.owner)))
+}
+
 // Owner returns the member that owns key: the same member the ring library's
 // LocateKey returns for this member list and Config. It takes no lock and
 // does not allocate. key is not retained.

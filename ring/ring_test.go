@@ -322,6 +322,9 @@ func TestOwnerMatchesLibrary(t *testing.T) {
 				if got, want := s.Partition(k), lib.FindPartitionID(k); got != want {
 					t.Fatalf("Partition(%q) = %d, library FindPartitionID = %d", k, got, want)
 				}
+				if got, want := s.PartitionOfHash(xxhash.Sum64(k)), lib.FindPartitionID(k); got != want {
+					t.Fatalf("PartitionOfHash(xxhash(%q)) = %d, library FindPartitionID = %d", k, got, want)
+				}
 			}
 		})
 	}
@@ -591,7 +594,7 @@ func TestAccessors(t *testing.T) {
 func TestZeroSnapshot(t *testing.T) {
 	var s Snapshot
 	k := []byte("key")
-	if s.Owner(k) != "" || s.Backup(k) != "" || s.Partition(k) != -1 || s.Len() != 0 || s.Has("a") ||
+	if s.Owner(k) != "" || s.Backup(k) != "" || s.Partition(k) != -1 || s.PartitionOfHash(1) != -1 || s.Len() != 0 || s.Has("a") ||
 		s.PartitionsOwned("a") != 0 || len(s.Members()) != 0 {
 		t.Fatalf("zero Snapshot lookups: owner %q backup %q partition %d len %d", s.Owner(k), s.Backup(k), s.Partition(k), s.Len())
 	}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 func TestAllowEncoded(t *testing.T) {
@@ -43,4 +45,43 @@ func TestAllowEncoded(t *testing.T) {
 			t.Fatalf("third admission at limit 2 allowed: %+v", d)
 		}
 	})
+}
+
+// TestAllowPlaced checks that a placed key shares its state with the
+// encoded and plain forms (the same stripe and entry), that Place hashes
+// exactly the placement prefix, and that the malformed encodings
+// AllowEncoded rejects are rejected placed too.
+func TestAllowPlaced(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	p := Policy{Limit: 3, Window: time.Minute}
+	k := Key{Tenant: "t", Subject: "s", Policy: "p"}
+	ek, _ := k.AppendEncoded(nil)
+	pre, _ := k.AppendPlacement(nil)
+	pk := Place(ek)
+	if got, want := pk.Hash(), xxhash.Sum64(pre); got != want {
+		t.Fatalf("Place(%q).Hash() = %#x, want xxhash of the placement %q = %#x", ek, got, pre, want)
+	}
+	s, _ := NewStore(Config{Stripes: 4})
+	if st := &s.stripes[pk.Hash()&s.mask]; st != s.stripeFor(ek) {
+		t.Fatalf("placed key's stripe differs from stripeFor(%q)", ek)
+	}
+	for i, allow := range []func() (Decision, error){
+		func() (Decision, error) { d, _, err := s.AllowPlacedAt(pk, p, 1, t0); return d, err },
+		func() (Decision, error) { return s.AllowEncoded(ek, p, 1, t0) },
+		func() (Decision, error) { return s.Allow(k, p, 1, t0) },
+	} {
+		d, err := allow()
+		if err != nil || !d.Allowed || d.Remaining != p.Limit-int64(i)-1 {
+			t.Fatalf("admission %d = %+v, %v; want admitted with %d remaining", i+1, d, err, p.Limit-int64(i)-1)
+		}
+	}
+	if d, _, err := s.AllowPlacedAt(pk, p, 1, t0); err != nil || d.Allowed {
+		t.Fatalf("fourth admission at limit 3 = %+v, %v; want refused", d, err)
+	}
+	for _, enc := range [][]byte{ek[:len(ek)-1], {0, 1, 's', 1, 'p'}, {1, '\n', 1, 's', 1, 'p'}, {}} {
+		s, _ := NewStore(Config{})
+		if _, _, err := s.AllowPlacedAt(Place(enc), p, 1, t0); !errors.Is(err, ErrInvalidKey) {
+			t.Fatalf("AllowPlacedAt(%q) error = %v, want ErrInvalidKey", enc, err)
+		}
+	}
 }

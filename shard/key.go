@@ -1,6 +1,10 @@
 package shard
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/cespare/xxhash/v2"
+)
 
 // MaxKeyPartLen is the maximum length in bytes of each of a key's parts.
 const MaxKeyPartLen = 128
@@ -83,6 +87,31 @@ func (k Key) AppendPlacement(dst []byte) ([]byte, bool) {
 	}
 	return appendPlacement(dst, k.Tenant, k.Subject), true
 }
+
+// Placed is a key's canonical encoding (Key.AppendEncoded) together with
+// the xxhash64 of its (tenant, subject) prefix (Key.AppendPlacement). That
+// one hash both chooses the Store's lock stripe and places the key on the
+// ring (ring.Snapshot.PartitionOfHash), so a caller that does both hashes
+// the key once. Build it with Place; the hash is computed here, never
+// supplied by a caller, so a Placed can never name the wrong stripe.
+type Placed struct {
+	ek   []byte
+	hash uint64
+}
+
+// Place returns ek with its placement hash. It does not copy ek: the Placed
+// shares its memory, and the caller keeps it unchanged while the Placed is
+// in use. It does not allocate.
+func Place(ek []byte) Placed {
+	return Placed{ek: ek, hash: xxhash.Sum64(ek[:placementLen(ek)])}
+}
+
+// Encoded returns the key's canonical encoding (shared, not copied).
+func (pk Placed) Encoded() []byte { return pk.ek }
+
+// Hash returns xxhash64 of the key's (tenant, subject) encoding: what ring
+// placement hashes.
+func (pk Placed) Hash() uint64 { return pk.hash }
 
 // appendPlacement appends the encoding of two validated parts.
 func appendPlacement(dst []byte, tenant, subject string) []byte {

@@ -157,8 +157,29 @@ func (s *Store) AllowEncodedAt(ek []byte, p Policy, hits int64, now time.Time) (
 	if p.Algorithm == Concurrency {
 		return Decision{}, 0, errNeedsLease()
 	}
+	return s.allowAt(s.stripeFor(ek), ek, p, hits, now)
+}
+
+// AllowPlacedAt is AllowEncodedAt for a key whose placement hash is already
+// known (Place): the decision path hashes each key once, for its ring
+// partition and its lock stripe alike.
+func (s *Store) AllowPlacedAt(pk Placed, p Policy, hits int64, now time.Time) (Decision, int64, error) {
+	if !p.valid() {
+		return Decision{}, 0, p.Validate()
+	}
+	if hits <= 0 || hits > p.Limit {
+		return Decision{}, 0, checkHits(&p, hits)
+	}
+	if p.Algorithm == Concurrency {
+		return Decision{}, 0, errNeedsLease()
+	}
+	return s.allowAt(&s.stripes[pk.hash&s.mask], pk.ek, p, hits, now)
+}
+
+// allowAt is AllowEncodedAt's decision on ek's stripe st, after the
+// policy and hits have been checked.
+func (s *Store) allowAt(st *stripe, ek []byte, p Policy, hits int64, now time.Time) (Decision, int64, error) {
 	t := now.UnixNano()
-	st := s.stripeFor(ek)
 	st.mu.Lock()
 	e, err := s.entryLocked(st, ek, p.Algorithm, t)
 	if err != nil {
