@@ -43,10 +43,9 @@ type stripe struct {
 }
 
 // entry is one key's state. ek is the key's canonical encoding (the map
-// key); key's parts share its memory.
+// key); key's parts share its memory. The fields a decision touches come
+// first, next to the limiter state allocated with the entry (newEntry).
 type entry struct {
-	key  Key
-	ek   string
 	last int64 // latest now seen, for the per-key clock clamp
 	alg  Algorithm
 	lim  limiter
@@ -54,6 +53,39 @@ type entry struct {
 	// long the state matters (for reclamation).
 	window time.Duration
 	size   int64 // bytes accounted for this entry
+	key    Key
+	ek     string
+}
+
+// entryWith is an entry allocated together with its first limiter's state.
+// With many keys a decision usually finds both out of the cache; side by
+// side they cost one trip to memory (the next line is fetched with the
+// first) where two separate allocations cost two dependent ones.
+type entryWith[L any] struct {
+	e entry
+	l L
+}
+
+// newEntry returns an entry under a, its limiter's state beside it.
+func newEntry(a Algorithm) *entry {
+	switch a {
+	case Concurrency:
+		b := &entryWith[leases]{}
+		b.e.lim = &b.l
+		return &b.e
+	case TokenBucket:
+		b := &entryWith[gcra]{}
+		b.e.lim = &b.l
+		return &b.e
+	case FixedWindow:
+		b := &entryWith[fixedWindow]{}
+		b.e.lim = &b.l
+		return &b.e
+	default:
+		b := &entryWith[slidingLog]{}
+		b.e.lim = &b.l
+		return &b.e
+	}
 }
 
 // Fixed per-key costs used by Bytes: the map slot (string header, pointer,
@@ -247,7 +279,8 @@ func (s *Store) newEntryLocked(st *stripe, ek []byte, a Algorithm) (*entry, erro
 		s.keys.Add(-1)
 		return nil, err
 	}
-	e := &entry{key: dk, ek: k, last: minTime, alg: a, lim: newLimiter(a)}
+	e := newEntry(a)
+	e.key, e.ek, e.last, e.alg = dk, k, minTime, a
 	st.m[k] = e
 	s.accountLocked(e)
 	return e, nil
