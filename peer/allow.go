@@ -43,7 +43,9 @@ func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	return n.route(ctx, &r, ek)
+	var d Decision
+	err = n.routeInto(ctx, &r, ek, &d)
+	return d, err
 }
 
 // Peek answers what Allow would decide now for req, recording nothing: the
@@ -130,7 +132,10 @@ func (n *Node) parseReq(op peerpb.Op, key Key, policies []string, hits int64) (*
 // to ekBuf, so a caller with room there spares an allocation, and a store
 // through r would make escape analysis move ekBuf to the heap.
 func (n *Node) parseReqInto(r *opReq, op peerpb.Op, key Key, policies []string, hits int64, ekBuf []byte) (ek []byte, err error) {
-	*r = opReq{op: op, key: key}
+	// Cleared, then set field by field: a composite literal is built
+	// aside and copied in, and the copy stalls on the byte just written.
+	*r = opReq{}
+	r.op, r.key = op, key
 	tab := n.table.Load() // once per request
 	if hits == 0 {
 		hits = 1
@@ -211,6 +216,15 @@ const (
 // forwarding. The path goes down, never back: look up the partition's
 // state, then decide here, forward, or wait for a transfer.
 func (n *Node) route(ctx context.Context, r *opReq, ek []byte) (Decision, error) {
+	var d Decision
+	err := n.routeInto(ctx, r, ek, &d)
+	return d, err
+}
+
+// routeInto is route with the decision written to *d (left as it was when
+// the error is not nil): the decision is built once, in the caller's
+// memory, rather than copied up through every return on the way.
+func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) error {
 	v := n.view.Load()
 	// One hash places the key on the ring and picks its shard stripe.
 	pk := shard.Place(ek)
@@ -226,13 +240,14 @@ func (n *Node) route(ctx context.Context, r *opReq, ek []byte) (Decision, error)
 	waited := time.Duration(0)
 	for {
 		v = n.view.Load()
-		d, st, ch, err := n.decideHere(ctx, v, pt, pid, r, pk)
+		st, ch, err := n.decideHere(ctx, v, pt, pid, r, pk, d)
 		if st == decided {
 			if err != nil {
-				return n.unavailable(r, err)
+				*d, err = n.unavailable(r, err)
+				return err
 			}
 			n.metrics.Decision(r.p.name, d.Reason, PathLocal)
-			return d, nil
+			return nil
 		}
 		if waitUntil.IsZero() {
 			waitUntil = time.Now().Add(n.cfg.ForwardTimeout)
@@ -240,7 +255,8 @@ func (n *Node) route(ctx context.Context, r *opReq, ek []byte) (Decision, error)
 		switch st {
 		case waitHere:
 			if err := n.waitPart(ctx, ch, waitUntil); err != nil {
-				return n.unavailable(r, fmt.Errorf("%w: partition %d is moving: %w", ErrUnavailable, pid, err))
+				*d, err = n.unavailable(r, fmt.Errorf("%w: partition %d is moving: %w", ErrUnavailable, pid, err))
+				return err
 			}
 			continue
 		}
@@ -258,15 +274,17 @@ func (n *Node) route(ctx context.Context, r *opReq, ek []byte) (Decision, error)
 				until = t
 			}
 			if err := n.waitPart(ctx, ch, until); err != nil && time.Now().After(waitUntil) {
-				return n.unavailable(r, fmt.Errorf("%w: partition %d has no holder yet: %w", ErrUnavailable, pid, err))
+				*d, err = n.unavailable(r, fmt.Errorf("%w: partition %d has no holder yet: %w", ErrUnavailable, pid, err))
+				return err
 			}
 			waited += time.Since(t0)
 			continue
 		}
-		d, err = n.forward(ctx, v, target, r)
+		fd, err := n.forward(ctx, v, target, r)
 		if err == nil {
+			*d = fd
 			n.metrics.Decision(r.p.name, d.Reason, PathForwarded)
-			return d, nil
+			return nil
 		}
 		var no *notOwnerError
 		if !errors.As(err, &no) {
@@ -278,12 +296,14 @@ func (n *Node) route(ctx context.Context, r *opReq, ek []byte) (Decision, error)
 				redirects++
 				continue
 			}
-			return n.unavailable(r, err)
+			*d, err = n.unavailable(r, err)
+			return err
 		}
 		cause = err
 		redirects++
 		if redirects > n.cfg.NotOwnerRetries || time.Now().After(waitUntil) {
-			return n.unavailable(r, cause)
+			*d, err = n.unavailable(r, cause)
+			return err
 		}
 		switch {
 		case no.epoch > 0:
@@ -292,7 +312,8 @@ func (n *Node) route(ctx context.Context, r *opReq, ek []byte) (Decision, error)
 			redirect = no.owner
 		default:
 			if err := n.awaitView(ctx, v); err != nil {
-				return n.unavailable(r, errors.Join(cause, err))
+				*d, err = n.unavailable(r, errors.Join(cause, err))
+				return err
 			}
 		}
 	}
@@ -394,14 +415,18 @@ func (e *notOwnerError) Error() string {
 func (e *notOwnerError) Unwrap() error { return errNotOwner }
 
 // decideHere decides on this node if it holds partition pid and may decide
-// (lease, backup): a Decision, or an error for the caller. waitHere means
-// the node holds the partition but cannot decide yet (fenced for a move, a
-// lease or a backup copy on its way): ch is closed at the next change.
-// remote means another node holds it. pk is r's key placed (its
-// partition is pid).
-func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *opReq, pk shard.Placed) (Decision, decideStatus, <-chan struct{}, error) {
+// (lease, backup): a Decision in *d, or an error for the caller. waitHere
+// means the node holds the partition but cannot decide yet (fenced for a
+// move, a lease or a backup copy on its way): ch is closed at the next
+// change. remote means another node holds it. pk is r's key placed (its
+// partition is pid). *d is written only for a decision.
+func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *opReq, pk shard.Placed, d *Decision) (decideStatus, <-chan struct{}, error) {
 	if r.op != peerpb.Op_OP_CHECK || r.multi != nil {
-		return n.decideOther(ctx, v, pt, pid, r)
+		od, st, ch, err := n.decideOther(ctx, v, pt, pid, r)
+		if st == decided && err == nil {
+			*d = od
+		}
+		return st, ch, err
 	}
 	key, p, hits := r.key, r.p, r.hits
 	pt.mu.RLock()
@@ -409,11 +434,11 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	switch pt.role {
 	case roleFenced:
 		pt.mu.RUnlock()
-		return Decision{}, waitHere, ch, nil
+		return waitHere, ch, nil
 	case roleHolder:
 	default:
 		pt.mu.RUnlock()
-		return Decision{}, remote, ch, nil
+		return remote, ch, nil
 	}
 	now, mono := n.now()
 	leased := pt.backup != ""
@@ -423,24 +448,26 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 			// late. Reconcile renews it or moves to a new backup.
 			pt.mu.RUnlock()
 			n.kickOwnership()
-			return Decision{}, waitHere, ch, nil
+			return waitHere, ch, nil
 		}
 	} else if !n.hasQuorum.Load() || p.cfg.Replication == ReplicateSync && n.desiredBackup(v, pid) != "" {
 		// A synchronous policy needs a backup with the partition's copy
 		// before it answers; reconcile is making one.
 		pt.mu.RUnlock()
 		n.kickOwnership()
-		return Decision{}, waitHere, ch, nil
+		return waitHere, ch, nil
 	}
 	if p.unlimited {
 		// The holder's table exempts the key: nothing to count or copy.
 		pt.mu.RUnlock()
-		return unlimitedDecision(n.name, v, now), decided, nil, nil
+		*d = unlimitedDecision(n.name, v, now)
+		return decided, nil, nil
 	}
 	if h := n.decideHook.Load(); h != nil {
 		(*h)() // tests: a pause between the lease check and the decision
 	}
-	sd, at, err := pt.store.AllowPlacedAt(pk, p.sp, hits, now)
+	var sd shard.Decision
+	at, err := pt.store.AllowPlaced(pk, p.sp, hits, now, &sd)
 	if err == nil && at != now.UnixNano() {
 		// The key's clock was ahead of ours (a decision that read the
 		// clock after us took the key's lock before us): the admission is
@@ -450,9 +477,9 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	if err != nil {
 		pt.mu.RUnlock()
 		if errors.Is(err, shard.ErrInvalidHits) {
-			return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrInvalidHits, err)
+			return decided, nil, fmt.Errorf("%w: %w", ErrInvalidHits, err)
 		}
-		return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return decided, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	var ri *replItem
 	var rerr error
@@ -461,10 +488,10 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	}
 	pt.mu.RUnlock()
 	if rerr != nil && p.cfg.Replication == ReplicateSync {
-		return Decision{}, decided, nil, rerr
+		return decided, nil, rerr
 	}
 	if sd.Allowed && leased && p.cfg.Replication != ReplicateSync && n.leaseEnded(pt) {
-		return Decision{}, decided, nil, errLeaseEnded
+		return decided, nil, errLeaseEnded
 	}
 	if ri != nil && r.deferWait {
 		r.wait = ri
@@ -477,35 +504,32 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		case err := <-ri.done:
 			n.putReplItem(ri)
 			if err != nil {
-				return Decision{}, decided, nil, err
+				return decided, nil, err
 			}
 		case <-ctx.Done():
-			return Decision{}, decided, nil, fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
+			return decided, nil, fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
 		}
 	}
-	d := Decision{
-		Allowed:     sd.Allowed,
-		Limit:       sd.Limit,
-		Remaining:   sd.Remaining,
-		RetryAfter:  sd.RetryAfter,
-		ResetAfter:  sd.ResetAfter,
-		Reason:      ReasonAdmitted,
-		Owner:       n.name,
-		RingVersion: v.snap.Version(),
-		DecidedAt:   now,
-	}
-	if !sd.Allowed {
-		d.Reason = ReasonOverLimit
+	reason := ReasonAdmitted
+	allowed := sd.Allowed
+	if !allowed {
+		reason = ReasonOverLimit
 		if p.cfg.Shadow {
-			d.Allowed, d.Reason = true, ReasonShadow
+			allowed, reason = true, ReasonShadow
 		}
 	}
+	// Field by field: a composite literal is built aside and then copied
+	// in, and the copy stalls on the bytes just written.
+	d.Allowed, d.Limit, d.Remaining = allowed, sd.Limit, sd.Remaining
+	d.RetryAfter, d.ResetAfter, d.Reason = sd.RetryAfter, sd.ResetAfter, reason
+	d.Owner, d.RingVersion, d.DecidedAt = n.name, v.snap.Version(), now
+	d.Limits, d.RefusedBy = nil, ""
 	// Hot keys are sampled: one decision in hotSample records hotSample
 	// times the hits, which keeps the tracker's lock off most decisions.
 	if rand.Uint32()%hotSample == 0 {
 		n.hot.RecordBytes(pk.Encoded(), hits*hotSample, now)
 	}
-	return d, decided, nil, nil
+	return decided, nil, nil
 }
 
 const hotSample = 8

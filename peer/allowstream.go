@@ -214,7 +214,8 @@ func (as *allowStream) tryHere(sr *streamReq) bool {
 	pk := shard.Place(sr.r.ek)
 	pid := v.snap.PartitionOfHash(pk.Hash())
 	sr.r.deferWait = true
-	d, st, _, err := n.decideHere(as.ctx, v, &n.pt.parts[pid], pid, &sr.r, pk)
+	var d Decision
+	st, _, err := n.decideHere(as.ctx, v, &n.pt.parts[pid], pid, &sr.r, pk, &d)
 	sr.r.deferWait = false
 	if st != decided {
 		return false

@@ -202,7 +202,8 @@ func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq) (wireDecisi
 		until = dl
 	}
 	for {
-		d, st, ch, err := n.decideHere(ctx, v, pt, pid, r, pk)
+		var d Decision
+		st, ch, err := n.decideHere(ctx, v, pt, pid, r, pk, &d)
 		switch st {
 		case decided:
 			if err != nil {

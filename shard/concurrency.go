@@ -144,10 +144,9 @@ func (c *leases) state(now int64, p Policy) Decision {
 
 // allow is never reached: Store and Limiter refuse Allow on a Concurrency
 // policy before they get here. It refuses, recording nothing.
-func (c *leases) allow(now int64, p Policy, hits int64) Decision {
-	d := c.peek(now, p, hits)
+func (c *leases) allow(now int64, p Policy, hits int64, d *Decision) {
+	*d = c.peek(now, p, hits)
 	d.Allowed = false
-	return d
 }
 
 func (c *leases) peek(now int64, p Policy, hits int64) Decision {

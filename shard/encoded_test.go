@@ -66,7 +66,7 @@ func TestAllowPlaced(t *testing.T) {
 		t.Fatalf("placed key's stripe differs from stripeFor(%q)", ek)
 	}
 	for i, allow := range []func() (Decision, error){
-		func() (Decision, error) { d, _, err := s.AllowPlacedAt(pk, p, 1, t0); return d, err },
+		func() (Decision, error) { var d Decision; _, err := s.AllowPlaced(pk, p, 1, t0, &d); return d, err },
 		func() (Decision, error) { return s.AllowEncoded(ek, p, 1, t0) },
 		func() (Decision, error) { return s.Allow(k, p, 1, t0) },
 	} {
@@ -75,13 +75,15 @@ func TestAllowPlaced(t *testing.T) {
 			t.Fatalf("admission %d = %+v, %v; want admitted with %d remaining", i+1, d, err, p.Limit-int64(i)-1)
 		}
 	}
-	if d, _, err := s.AllowPlacedAt(pk, p, 1, t0); err != nil || d.Allowed {
-		t.Fatalf("fourth admission at limit 3 = %+v, %v; want refused", d, err)
+	var d Decision
+	if at, err := s.AllowPlaced(pk, p, 1, t0, &d); err != nil || d.Allowed || at != t0.UnixNano() {
+		t.Fatalf("fourth admission at limit 3 = %+v at %d, %v; want refused at %d", d, at, err, t0.UnixNano())
 	}
 	for _, enc := range [][]byte{ek[:len(ek)-1], {0, 1, 's', 1, 'p'}, {1, '\n', 1, 's', 1, 'p'}, {}} {
 		s, _ := NewStore(Config{})
-		if _, _, err := s.AllowPlacedAt(Place(enc), p, 1, t0); !errors.Is(err, ErrInvalidKey) {
-			t.Fatalf("AllowPlacedAt(%q) error = %v, want ErrInvalidKey", enc, err)
+		var d Decision
+		if _, err := s.AllowPlaced(Place(enc), p, 1, t0, &d); !errors.Is(err, ErrInvalidKey) || d != (Decision{}) {
+			t.Fatalf("AllowPlaced(%q) = %+v, %v; want ErrInvalidKey and the decision untouched", enc, d, err)
 		}
 	}
 }

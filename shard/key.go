@@ -90,10 +90,11 @@ func (k Key) AppendPlacement(dst []byte) ([]byte, bool) {
 
 // Placed is a key's canonical encoding (Key.AppendEncoded) together with
 // the xxhash64 of its (tenant, subject) prefix (Key.AppendPlacement). That
-// one hash both chooses the Store's lock stripe and places the key on the
-// ring (ring.Snapshot.PartitionOfHash), so a caller that does both hashes
-// the key once. Build it with Place; the hash is computed here, never
-// supplied by a caller, so a Placed can never name the wrong stripe.
+// one hash both chooses the Store's lock stripe (Store.AllowPlaced) and
+// places the key on the ring (ring.Snapshot.PartitionOfHash), so a caller
+// that does both hashes the key once. Build it with Place; the hash is
+// computed here, never supplied by a caller, so a Placed can never name
+// the wrong stripe.
 type Placed struct {
 	ek   []byte
 	hash uint64

@@ -39,7 +39,9 @@ func (l *Limiter) Allow(now time.Time, hits int64) (Decision, error) {
 		return Decision{}, errNeedsLease()
 	}
 	l.last = t
-	return l.lim.allow(t, l.policy, hits), nil
+	var d Decision
+	allowLimiter(l.lim, t, l.policy, hits, &d)
+	return d, nil
 }
 
 // Peek returns the decision Allow would make at now, recording nothing and

@@ -100,16 +100,16 @@ func roundUp(t, res int64) int64 {
 // ts + w − now, saturated.
 func expiresIn(ts, w, now int64) time.Duration { return time.Duration(satAdd(satSub(ts, now), w)) }
 
-// decide returns the decision allow would make at now and how many of the
-// oldest runs have expired, changing nothing. The log never holds more than
+// decide writes the decision allow would make at now to *d and returns how
+// many of the oldest runs have expired, changing nothing. The log never holds more than
 // keepUnits(p) units (allow checks before it records, merge trims), so
 // Limit − count cannot overflow and count + hits is never computed: with
 // limits above 2^62 it would wrap and admit.
-func (l *slidingLog) decide(now int64, p Policy, hits int64) (Decision, int) {
+func (l *slidingLog) decide(now int64, p Policy, hits int64, d *Decision) int {
 	w := int64(p.Window)
 	skip, gone := l.expired(satSub(now, w))
 	count := l.count - gone
-	d := Decision{Limit: p.Limit}
+	*d = Decision{Limit: p.Limit}
 	if hits <= p.Limit-count {
 		// push joins the last run if it is not older than now's slot.
 		last := roundUp(now, p.resolution())
@@ -119,7 +119,7 @@ func (l *slidingLog) decide(now int64, p Policy, hits int64) (Decision, int) {
 		d.Allowed = true
 		d.Remaining = p.Limit - count - hits
 		d.ResetAfter = expiresIn(last, w, now)
-		return d, skip
+		return skip
 	}
 	d.Remaining = max(p.Limit-count, 0)
 	// The request fits once the oldest runs holding need = count + hits − L
@@ -137,20 +137,20 @@ func (l *slidingLog) decide(now int64, p Policy, hits int64) (Decision, int) {
 	}
 	// Refused means count > L − hits >= 0, so a live run exists.
 	d.ResetAfter = expiresIn(l.at(l.size-1).ts, w, now)
-	return d, skip
+	return skip
 }
 
-func (l *slidingLog) allow(now int64, p Policy, hits int64) Decision {
-	d, skip := l.decide(now, p, hits)
+func (l *slidingLog) allow(now int64, p Policy, hits int64, d *Decision) {
+	skip := l.decide(now, p, hits, d)
 	l.drop(skip)
 	if d.Allowed {
 		l.push(roundUp(now, p.resolution()), hits)
 	}
-	return d
 }
 
 func (l *slidingLog) peek(now int64, p Policy, hits int64) Decision {
-	d, _ := l.decide(now, p, hits)
+	var d Decision
+	l.decide(now, p, hits, &d)
 	return d
 }
 
@@ -321,9 +321,9 @@ func (g *gcra) at(now int64, p Policy) (debt, frac int64) {
 	return debt - elapsed, frac
 }
 
-// decide returns the decision allow would make at now and, if it admits,
-// the new debt, changing nothing.
-func (g *gcra) decide(now int64, p Policy, hits int64) (d Decision, newDebt, newFrac int64) {
+// decide writes the decision allow would make at now to *d and returns,
+// if it admits, the new debt, changing nothing.
+func (g *gcra) decide(now int64, p Policy, hits int64, d *Decision) (newDebt, newFrac int64) {
 	w := int64(p.Window)
 	debt, frac := g.at(now, p)
 	// newDebt = debt + (hits·W + frac)/L, exactly, as whole ns plus
@@ -332,30 +332,30 @@ func (g *gcra) decide(now int64, p Policy, hits int64) (d Decision, newDebt, new
 	lo, carry := bits.Add64(lo, uint64(frac), 0)
 	q, r := bits.Div64(hi+carry, lo, uint64(p.Limit))
 	newDebt, newFrac = satAdd(debt, int64(q)), int64(r)
-	d = Decision{Limit: p.Limit}
+	*d = Decision{Limit: p.Limit}
 	// Admit iff the new arrival time minus W is not after now.
 	if over := ceilDebt(newDebt, newFrac) - w; over > 0 {
 		d.RetryAfter = time.Duration(over)
 		d.Remaining = remainingGCRA(debt, frac, p)
 		d.ResetAfter = time.Duration(ceilDebt(debt, frac))
-		return d, 0, 0
+		return 0, 0
 	}
 	d.Allowed = true
 	d.Remaining = remainingGCRA(newDebt, newFrac, p)
 	d.ResetAfter = time.Duration(ceilDebt(newDebt, newFrac))
-	return d, newDebt, newFrac
+	return newDebt, newFrac
 }
 
-func (g *gcra) allow(now int64, p Policy, hits int64) Decision {
-	d, debt, frac := g.decide(now, p, hits)
+func (g *gcra) allow(now int64, p Policy, hits int64, d *Decision) {
+	debt, frac := g.decide(now, p, hits, d)
 	if d.Allowed {
 		g.base, g.debt, g.frac, g.den = now, debt, frac, p.Limit
 	}
-	return d
 }
 
 func (g *gcra) peek(now int64, p Policy, hits int64) Decision {
-	d, _, _ := g.decide(now, p, hits)
+	var d Decision
+	g.decide(now, p, hits, &d)
 	return d
 }
 
@@ -437,9 +437,9 @@ type fixedWindow struct {
 	start, count int64
 }
 
-// decide returns the decision allow would make at now and, if it admits,
-// the window's new start and count, changing nothing.
-func (f *fixedWindow) decide(now int64, p Policy, hits int64) (d Decision, start, count int64) {
+// decide writes the decision allow would make at now to *d and returns,
+// if it admits, the window's new start and count, changing nothing.
+func (f *fixedWindow) decide(now int64, p Policy, hits int64, d *Decision) (start, count int64) {
 	w := int64(p.Window)
 	start, count = f.start, f.count
 	if count == 0 || satSub(now, start) >= w {
@@ -449,7 +449,7 @@ func (f *fixedWindow) decide(now int64, p Policy, hits int64) (d Decision, start
 		// resets a quota early. now%w + w < 2·MaxWindow fits.
 		start, count = satSub(now, ((now%w)+w)%w), 0
 	}
-	d = Decision{Limit: p.Limit}
+	*d = Decision{Limit: p.Limit}
 	// count <= keepUnits(p) (merge clamps), so Limit − count cannot
 	// overflow.
 	if hits <= p.Limit-count {
@@ -462,19 +462,19 @@ func (f *fixedWindow) decide(now int64, p Policy, hits int64) (d Decision, start
 	if count > 0 {
 		d.ResetAfter = expiresIn(start, w, now)
 	}
-	return d, start, count
+	return start, count
 }
 
-func (f *fixedWindow) allow(now int64, p Policy, hits int64) Decision {
-	d, start, count := f.decide(now, p, hits)
+func (f *fixedWindow) allow(now int64, p Policy, hits int64, d *Decision) {
+	start, count := f.decide(now, p, hits, d)
 	if d.Allowed {
 		f.start, f.count = start, count
 	}
-	return d
 }
 
 func (f *fixedWindow) peek(now int64, p Policy, hits int64) Decision {
-	d, _, _ := f.decide(now, p, hits)
+	var d Decision
+	f.decide(now, p, hits, &d)
 	return d
 }
 

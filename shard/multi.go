@@ -116,7 +116,7 @@ func (s *Store) AllowMultiAt(tenant, subject string, reqs []MultiItem, now time.
 		e.last = t // t is at least every key's clock
 		e.window = r.P.Window
 		// The same state at the same time as the peek above: admitted.
-		out[i] = e.lim.allow(t, r.P, r.Hits)
+		allowLimiter(e.lim, t, r.P, r.Hits, &out[i])
 		if e.alg == SlidingLog {
 			s.accountLocked(e)
 		}

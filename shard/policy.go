@@ -179,10 +179,10 @@ type Decision struct {
 }
 
 // limiter is one key's state under one algorithm. Implementations assume the
-// caller validated the policy and hits and serialises calls.
+// caller validated the policy and hits and serialises calls. Each also has
+// allow(now int64, p Policy, hits int64, d *Decision), called through
+// allowLimiter rather than this interface (see there).
 type limiter interface {
-	// allow makes the decision at now (ns) and records on admission.
-	allow(now int64, p Policy, hits int64) Decision
 	// idleAt returns the time (ns) from which the state is equivalent to a
 	// fresh one and may be reclaimed.
 	idleAt(window int64) int64
@@ -199,6 +199,27 @@ type limiter interface {
 	refund(now int64, p Policy, hits int64) Decision
 	// bytes is the memory the state holds beyond its fixed struct.
 	bytes() int64
+}
+
+// allowLimiter makes lim's decision at now (ns) into *d and records it on
+// admission. The decision is written through d rather than returned: a
+// Decision has too many fields for registers, so each return copies it
+// through the stack. allow is called on the concrete type, not through
+// limiter, because a pointer passed to an interface method escapes and d
+// would be allocated on every decision.
+func allowLimiter(lim limiter, now int64, p Policy, hits int64, d *Decision) {
+	switch l := lim.(type) {
+	case *slidingLog:
+		l.allow(now, p, hits, d)
+	case *gcra:
+		l.allow(now, p, hits, d)
+	case *fixedWindow:
+		l.allow(now, p, hits, d)
+	case *leases:
+		l.allow(now, p, hits, d)
+	default:
+		panic(fmt.Sprintf("shard: unknown limiter %T", lim))
+	}
 }
 
 func newLimiter(a Algorithm) limiter {

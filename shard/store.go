@@ -179,54 +179,63 @@ func (s *Store) AllowEncoded(ek []byte, p Policy, hits int64, now time.Time) (De
 // nanoseconds, that it decided at: now, or the key's later clock when now
 // was behind it (the per-key clamp). An admission is recorded at that
 // time, so a caller that reports or copies the admission's time uses it.
-func (s *Store) AllowEncodedAt(ek []byte, p Policy, hits int64, now time.Time) (Decision, int64, error) {
-	if !p.valid() {
-		return Decision{}, 0, p.Validate()
+func (s *Store) AllowEncodedAt(ek []byte, p Policy, hits int64, now time.Time) (d Decision, at int64, err error) {
+	if err := checkAllow(&p, hits); err != nil {
+		return Decision{}, 0, err
 	}
-	if hits <= 0 || hits > p.Limit {
-		return Decision{}, 0, checkHits(&p, hits)
-	}
-	if p.Algorithm == Concurrency {
-		return Decision{}, 0, errNeedsLease()
-	}
-	return s.allowAt(s.stripeFor(ek), ek, p, hits, now)
+	at, err = s.allowAt(s.stripeFor(ek), ek, p, hits, now, &d)
+	return d, at, err
 }
 
-// AllowPlacedAt is AllowEncodedAt for a key whose placement hash is already
+// AllowPlaced is AllowEncodedAt for a key whose placement hash is already
 // known (Place): the decision path hashes each key once, for its ring
-// partition and its lock stripe alike.
-func (s *Store) AllowPlacedAt(pk Placed, p Policy, hits int64, now time.Time) (Decision, int64, error) {
-	if !p.valid() {
-		return Decision{}, 0, p.Validate()
+// partition and its lock stripe alike. The decision is written to *d,
+// which is left alone on error: a caller on a hot path keeps it where it
+// is used rather than copying it out of a return (see allowAt).
+func (s *Store) AllowPlaced(pk Placed, p Policy, hits int64, now time.Time, d *Decision) (at int64, err error) {
+	if err := checkAllow(&p, hits); err != nil {
+		return 0, err
 	}
-	if hits <= 0 || hits > p.Limit {
-		return Decision{}, 0, checkHits(&p, hits)
-	}
-	if p.Algorithm == Concurrency {
-		return Decision{}, 0, errNeedsLease()
-	}
-	return s.allowAt(&s.stripes[pk.hash&s.mask], pk.ek, p, hits, now)
+	return s.allowAt(&s.stripes[pk.hash&s.mask], pk.ek, p, hits, now, d)
 }
 
-// allowAt is AllowEncodedAt's decision on ek's stripe st, after the
-// policy and hits have been checked.
-func (s *Store) allowAt(st *stripe, ek []byte, p Policy, hits int64, now time.Time) (Decision, int64, error) {
+// checkAllow returns the error Allow reports for p and hits, or nil.
+func checkAllow(p *Policy, hits int64) error {
+	if !p.valid() {
+		return p.Validate()
+	}
+	if hits <= 0 || hits > p.Limit {
+		return checkHits(p, hits)
+	}
+	if p.Algorithm == Concurrency {
+		return errNeedsLease()
+	}
+	return nil
+}
+
+// allowAt is AllowEncodedAt's decision on ek's stripe st, after checkAllow:
+// it writes the decision to *d (left alone on error) and returns the key's
+// clock it decided at. The decision is written in place, not returned: a
+// Decision is copied through the stack at every return (it has too many
+// fields for registers), and the copy right after its Allowed byte was
+// written stalls the load that copies it.
+func (s *Store) allowAt(st *stripe, ek []byte, p Policy, hits int64, now time.Time, d *Decision) (int64, error) {
 	t := now.UnixNano()
 	st.mu.Lock()
 	e, err := s.entryLocked(st, ek, p.Algorithm, t)
 	if err != nil {
 		st.mu.Unlock()
-		return Decision{}, 0, err
+		return 0, err
 	}
 	e.last = max(e.last, t)
 	e.window = p.Window
 	at := e.last
-	d := e.lim.allow(at, p, hits)
+	allowLimiter(e.lim, at, p, hits, d)
 	if e.alg == SlidingLog {
 		s.accountLocked(e)
 	}
 	st.mu.Unlock()
-	return d, at, nil
+	return at, nil
 }
 
 // insertLocked adds a fresh entry to st, whose lock is held. At capacity it
