@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"google.golang.org/grpc/connectivity"
@@ -526,13 +525,28 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	d.Limits, d.RefusedBy = nil, ""
 	// Hot keys are sampled: one decision in hotSample records hotSample
 	// times the hits, which keeps the tracker's lock off most decisions.
-	if rand.Uint32()%hotSample == 0 {
+	if hotSampled(mono, pk.Hash()) {
 		n.hot.RecordBytes(pk.Encoded(), hits*hotSample, now)
 	}
 	return decided, nil, nil
 }
 
-const hotSample = 8
+const hotSample = 1 << hotSampleBits
+
+const hotSampleBits = 3
+
+// hotSampled draws whether a decision is one of the 1 in hotSample whose
+// hits the hot-key tracker records. It scrambles the decision's monotonic
+// clock reading and its key's placement hash with a multiplicative
+// (Fibonacci) hash and keeps the top bits: successive readings spread
+// evenly over the outcomes, and different keys decided at the same reading
+// get different ones. A random number cost as much as the rest of the
+// sampling. On a clock coarser than the decisions (some platforms tick
+// every millisecond or more) one key's decisions within a tick share their
+// outcome: the estimate stays unbiased, only noisier.
+func hotSampled(mono int64, placementHash uint64) bool {
+	return (uint64(mono)^placementHash)*0x9e3779b97f4a7c15>>(64-hotSampleBits) == 0
+}
 
 // errLeaseEnded answers an admission whose partition lease ended while it
 // was being decided.
