@@ -101,25 +101,28 @@ func roundUp(t, res int64) int64 {
 func expiresIn(ts, w, now int64) time.Duration { return time.Duration(satAdd(satSub(ts, now), w)) }
 
 // decide writes the decision allow would make at now to *d and returns how
-// many of the oldest runs have expired, changing nothing. The log never holds more than
-// keepUnits(p) units (allow checks before it records, merge trims), so
-// Limit − count cannot overflow and count + hits is never computed: with
-// limits above 2^62 it would wrap and admit.
-func (l *slidingLog) decide(now int64, p Policy, hits int64, d *Decision) int {
+// many of the oldest runs have expired and, when it admits, now's slot
+// (now rounded up to the resolution, where allow records the admission:
+// computed once, as it takes a division), changing nothing. The log never
+// holds more than keepUnits(p) units (allow checks before it records,
+// merge trims), so Limit − count cannot overflow and count + hits is never
+// computed: with limits above 2^62 it would wrap and admit.
+func (l *slidingLog) decide(now int64, p Policy, hits int64, d *Decision) (skip int, slot int64) {
 	w := int64(p.Window)
 	skip, gone := l.expired(satSub(now, w))
 	count := l.count - gone
 	*d = Decision{Limit: p.Limit}
 	if hits <= p.Limit-count {
 		// push joins the last run if it is not older than now's slot.
-		last := roundUp(now, p.resolution())
+		slot = roundUp(now, p.resolution())
+		last := slot
 		if skip < l.size {
 			last = max(last, l.at(l.size-1).ts)
 		}
 		d.Allowed = true
 		d.Remaining = p.Limit - count - hits
 		d.ResetAfter = expiresIn(last, w, now)
-		return skip
+		return skip, slot
 	}
 	d.Remaining = max(p.Limit-count, 0)
 	// The request fits once the oldest runs holding need = count + hits − L
@@ -137,14 +140,14 @@ func (l *slidingLog) decide(now int64, p Policy, hits int64, d *Decision) int {
 	}
 	// Refused means count > L − hits >= 0, so a live run exists.
 	d.ResetAfter = expiresIn(l.at(l.size-1).ts, w, now)
-	return skip
+	return skip, 0
 }
 
 func (l *slidingLog) allow(now int64, p Policy, hits int64, d *Decision) {
-	skip := l.decide(now, p, hits, d)
+	skip, slot := l.decide(now, p, hits, d)
 	l.drop(skip)
 	if d.Allowed {
-		l.push(roundUp(now, p.resolution()), hits)
+		l.push(slot, hits)
 	}
 }
 
