@@ -220,9 +220,10 @@ func (n *Node) route(ctx context.Context, r *opReq, ek []byte) (Decision, error)
 	return d, err
 }
 
-// routeInto is route with the decision written to *d (left as it was when
-// the error is not nil): the decision is built once, in the caller's
-// memory, rather than copied up through every return on the way.
+// routeInto is route with its Decision written to *d: the decision is
+// built once, in the caller's memory, rather than copied up through every
+// return on the way (a Decision is too large for registers, and each copy
+// costs more than building it).
 func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) error {
 	v := n.view.Load()
 	// One hash places the key on the ring and picks its shard stripe.
