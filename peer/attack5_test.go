@@ -569,7 +569,11 @@ func TestAttack5BackupRestartedForgetsTakeover(t *testing.T) {
 		return r == roleHolder
 	})
 	by := map[string]int{"n0": 2}
-	waitFor(t, 20*time.Second, x+" to decide", func() bool {
+	// x needs a backup first: the copies to n0 and n1 fail, so until
+	// gossip declares the cut-off n0 failed (which takes longer on a
+	// loaded machine: its refutations keep the suspicion alive) the
+	// partition waits.
+	waitFor(t, 60*time.Second, x+" to decide", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		d, err := holder.Allow(ctx, Request{Key: key})
