@@ -49,50 +49,9 @@ func TestAttack5MultiPauseUnlimitedSync(t *testing.T) {
 			n0, n1 := c.nodes[0], c.nodes[1]
 			key, pid := keyHeldWithBackup(t, n0, n1, "multi-unlimited-"+mode.String(), "b")
 			multi := Request{Key: Key{Tenant: key.Tenant, Subject: key.Subject}, Policies: []string{"a", "b"}}
-			entered, release := pauseFirstDecision(t, n0)
-			type result struct {
-				d   Decision
-				err error
-			}
-			paused := make(chan result, 1)
-			go func() {
-				d, err := n0.Allow(context.Background(), multi)
-				paused <- result{d, err}
-			}()
-			<-entered
-			killed := make(chan struct{})
-			go func() { n0.KillForTest(); close(killed) }()
-			waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
-				r, _, _ := n1.roleForTest(pid)
-				return r == roleHolder
+			pausedDecisionAfterTakeover(t, n0, n1, pid, limit, func(ctx context.Context, nd *Node) (Decision, error) {
+				return nd.Allow(ctx, multi)
 			})
-			admitted := 0
-			waitFor(t, 30*time.Second, "n1 to decide", func() bool {
-				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-				defer cancel()
-				d, err := n1.Allow(ctx, multi)
-				if err == nil && d.Allowed {
-					admitted++
-				}
-				return err == nil
-			})
-			for range 2 * limit {
-				if d, err := n1.Allow(context.Background(), multi); err == nil && d.Allowed {
-					admitted++
-				}
-			}
-			if admitted != limit {
-				t.Fatalf("the new holder admitted %d; want %d", admitted, limit)
-			}
-			release()
-			r := <-paused
-			if r.err == nil && r.d.Allowed {
-				t.Fatalf("the paused check was confirmed after the takeover (%+v): %d admissions of b in one window of limit %d", r.d, admitted+1, limit)
-			}
-			if !errors.Is(r.err, ErrUnavailable) && !errors.Is(r.err, ErrClosed) {
-				t.Fatalf("the paused check = %+v, %v; want unavailable", r.d, r.err)
-			}
-			<-killed
 		})
 	}
 }
@@ -382,23 +341,7 @@ func TestAttack5CutOffHolderDropsBackup(t *testing.T) {
 	t.Parallel()
 	const limit = 5
 	cut := new(atomic.Bool)
-	c := startClusterWith(t, 3, Config{
-		// Long enough that n0 sees the others fail (and can no longer
-		// reach them) before n1 takes over.
-		LeaseDuration: 2 * time.Second,
-		Policies:      map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateAsync}},
-	}, func(i int, cfg *Config) {
-		cfg.Gossip = attackGossip
-		if i == 0 {
-			cutGossip := withCutTransport(t, cut)
-			cfg.Gossip = func(mc *memberlist.Config) {
-				cutGossip(mc)
-				// hoCrashGossip's timings: cut off, n0 soon sees the
-				// others fail too.
-				mc.ProbeTimeout, mc.IndirectChecks, mc.SuspicionMult, mc.SuspicionMaxTimeoutMult = 80*time.Millisecond, 2, 5, 2
-			}
-		}
-	})
+	c := startCutN0Cluster(t, 3, limit, cut)
 	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
 	key, pid := keyHeldWithBackup(t, n0, n1, "cut-off-drops-backup", "p")
 	confirmed := admitN(t, n0, key, 2)
@@ -492,19 +435,7 @@ func TestAttack5BackupRestartedForgetsTakeover(t *testing.T) {
 	t.Parallel()
 	const limit = 5
 	cut := new(atomic.Bool)
-	c := startClusterWith(t, 4, Config{
-		LeaseDuration: 2 * time.Second,
-		Policies:      map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateAsync}},
-	}, func(i int, cfg *Config) {
-		cfg.Gossip = attackGossip
-		if i == 0 {
-			cutGossip := withCutTransport(t, cut)
-			cfg.Gossip = func(mc *memberlist.Config) {
-				cutGossip(mc)
-				mc.ProbeTimeout, mc.IndirectChecks, mc.SuspicionMult, mc.SuspicionMaxTimeoutMult = 80*time.Millisecond, 2, 5, 2
-			}
-		}
-	})
+	c := startCutN0Cluster(t, 4, limit, cut)
 	n0, n1 := c.nodes[0], c.nodes[1]
 	key, pid := keyHeldWithBackup(t, n0, n1, "backup-restarted", "p")
 	last2, err := ring.New(n0.cfg.Ring, []string{"n2", "n3"}, 1)
@@ -622,4 +553,26 @@ func TestAttack5BackupRestartedForgetsTakeover(t *testing.T) {
 			n0.partForTest(pid), holder.partForTest(pid), n1b.partForTest(pid))
 	}
 	t.Logf("confirmed %d (by decider: %v):\n%s\n%s\n%s", confirmed, by, n0.partForTest(pid), holder.partForTest(pid), n1b.partForTest(pid))
+}
+
+// startCutN0Cluster starts n nodes with one policy "p" (limit, an hour's
+// window, async) and a 2 s lease, long enough that a cut-off n0 sees the
+// others fail (and can no longer reach them) before its backup takes
+// over. n0's gossip is cut while cut is set, with hoCrashGossip's
+// timings: cut off, n0 soon sees the others fail too.
+func startCutN0Cluster(t *testing.T, n, limit int, cut *atomic.Bool) *cluster {
+	t.Helper()
+	return startClusterWith(t, n, Config{
+		LeaseDuration: 2 * time.Second,
+		Policies:      map[string]PolicyConfig{"p": {Limit: int64(limit), Window: time.Hour, Replication: ReplicateAsync}},
+	}, func(i int, cfg *Config) {
+		cfg.Gossip = attackGossip
+		if i == 0 {
+			cutGossip := withCutTransport(t, cut)
+			cfg.Gossip = func(mc *memberlist.Config) {
+				cutGossip(mc)
+				mc.ProbeTimeout, mc.IndirectChecks, mc.SuspicionMult, mc.SuspicionMaxTimeoutMult = 80*time.Millisecond, 2, 5, 2
+			}
+		}
+	})
 }

@@ -885,56 +885,9 @@ func TestPauseMidDecision(t *testing.T) {
 			})
 			n0, n1 := c.nodes[0], c.nodes[1]
 			key, pid := keyHeldWithBackup(t, n0, n1, "pause", "p")
-			entered, release := pauseFirstDecision(t, n0)
-			type result struct {
-				d   Decision
-				err error
-			}
-			paused := make(chan result, 1)
-			go func() {
-				d, err := tc.op.do(context.Background(), n0, key)
-				paused <- result{d, err}
-			}()
-			<-entered
-			// The crash: n0's ports and gossip go, the paused goroutine
-			// stays (KillForTest then waits for n0's goroutines, some of
-			// which wait for the paused decision's partition).
-			killed := make(chan struct{})
-			go func() { n0.KillForTest(); close(killed) }()
-			// Ask n1 only once it holds the partition: a call made before
-			// would be forwarded to n0, which may still decide it while
-			// its server stops (a decision of n0's, not the new holder's).
-			waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
-				r, _, _ := n1.roleForTest(pid)
-				return r == roleHolder
+			pausedDecisionAfterTakeover(t, n0, n1, pid, limit, func(ctx context.Context, nd *Node) (Decision, error) {
+				return tc.op.do(ctx, nd, key)
 			})
-			admitted := 0
-			waitFor(t, 30*time.Second, "n1 to decide", func() bool {
-				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-				defer cancel()
-				d, err := tc.op.do(ctx, n1, key)
-				if err == nil && d.Allowed {
-					admitted++
-				}
-				return err == nil
-			})
-			for range 2 * limit {
-				if d, err := tc.op.do(context.Background(), n1, key); err == nil && d.Allowed {
-					admitted++
-				}
-			}
-			if admitted != limit {
-				t.Fatalf("the new holder admitted %d; want %d (the paused decision was never confirmed, so nothing was copied)", admitted, limit)
-			}
-			release()
-			r := <-paused
-			if r.err == nil && r.d.Allowed {
-				t.Fatalf("the paused decision was confirmed after the takeover (%+v): %d admitted in one window of limit %d", r.d, admitted+1, limit)
-			}
-			if !errors.Is(r.err, ErrUnavailable) && !errors.Is(r.err, ErrClosed) {
-				t.Fatalf("the paused decision = %+v, %v; want unavailable", r.d, r.err)
-			}
-			<-killed
 		})
 	}
 }
@@ -1289,4 +1242,64 @@ func TestStaleCopyRefusalTeachesHolder(t *testing.T) {
 	if r, holder, e := n0.roleForTest(pid); r != roleMoved || holder != "n-new" || e != epoch+1 {
 		t.Fatalf("after a copy refused as stale n0 is %v of %q at epoch %d; want moved to n-new at %d", r, holder, e, epoch+1)
 	}
+}
+
+// pausedDecisionAfterTakeover pauses holder n0's next local decision (do
+// on n0) between its lease check and the decision, crashes n0 meanwhile,
+// waits until its backup n1 holds partition pid and has admitted limit
+// more through do, then lets the paused decision resume: it must not be
+// confirmed (the caller gets unavailable), so no window holds more than
+// limit.
+func pausedDecisionAfterTakeover(t *testing.T, n0, n1 *Node, pid, limit int, do func(ctx context.Context, nd *Node) (Decision, error)) {
+	t.Helper()
+	entered, release := pauseFirstDecision(t, n0)
+	type result struct {
+		d   Decision
+		err error
+	}
+	paused := make(chan result, 1)
+	go func() {
+		d, err := do(context.Background(), n0)
+		paused <- result{d, err}
+	}()
+	<-entered
+	// The crash: n0's ports and gossip go, the paused goroutine stays
+	// (KillForTest then waits for n0's goroutines, some of which wait for
+	// the paused decision's partition).
+	killed := make(chan struct{})
+	go func() { n0.KillForTest(); close(killed) }()
+	// Ask n1 only once it holds the partition: a call made before would be
+	// forwarded to n0, which may still decide it while its server stops (a
+	// decision of n0's, not the new holder's).
+	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
+		r, _, _ := n1.roleForTest(pid)
+		return r == roleHolder
+	})
+	admitted := 0
+	waitFor(t, 30*time.Second, "n1 to decide", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		d, err := do(ctx, n1)
+		if err == nil && d.Allowed {
+			admitted++
+		}
+		return err == nil
+	})
+	for range 2 * limit {
+		if d, err := do(context.Background(), n1); err == nil && d.Allowed {
+			admitted++
+		}
+	}
+	if admitted != limit {
+		t.Fatalf("the new holder admitted %d; want %d (the paused decision was never confirmed, so nothing was copied)", admitted, limit)
+	}
+	release()
+	r := <-paused
+	if r.err == nil && r.d.Allowed {
+		t.Fatalf("the paused decision was confirmed after the takeover (%+v): %d admitted in one window of limit %d", r.d, admitted+1, limit)
+	}
+	if !errors.Is(r.err, ErrUnavailable) && !errors.Is(r.err, ErrClosed) {
+		t.Fatalf("the paused decision = %+v, %v; want unavailable", r.d, r.err)
+	}
+	<-killed
 }
