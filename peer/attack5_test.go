@@ -347,14 +347,7 @@ func TestAttack5CutOffHolderDropsBackup(t *testing.T) {
 	confirmed := admitN(t, n0, key, 2)
 	// Both admissions reach n1's copy before the cut (async: a cut can
 	// lose those in flight, as a crash can).
-	waitFor(t, 10*time.Second, "n1's copy to have both admissions", func() bool {
-		st := n1.copyForTest(pid, "n0")
-		if st == nil {
-			return false
-		}
-		d, err := st.Peek(key, shard.Policy{Limit: limit, Window: time.Hour}, 1, time.Now())
-		return err == nil && d.Remaining == limit-3
-	})
+	waitCopyHolds(t, n1, "n0", pid, key, limit, 2)
 	fromN0 := func(req *peerpb.ReplicateRequest) bool { return req.GetSender() == "n0" }
 	var copies atomic.Bool // n0's copies of the partition get through
 	n0.setCopyFaultForTest(func(p int, _ string, _ bool) copyFault {
@@ -450,14 +443,7 @@ func TestAttack5BackupRestartedForgetsTakeover(t *testing.T) {
 		}
 	}
 	confirmed := admitN(t, n0, key, 2)
-	waitFor(t, 10*time.Second, "n1's copy to have both admissions", func() bool {
-		st := n1.copyForTest(pid, "n0")
-		if st == nil {
-			return false
-		}
-		d, err := st.Peek(key, shard.Policy{Limit: limit, Window: time.Hour}, 1, time.Now())
-		return err == nil && d.Remaining == limit-3
-	})
+	waitCopyHolds(t, n1, "n0", pid, key, limit, 2)
 	fromN0 := func(req *peerpb.ReplicateRequest) bool { return req.GetSender() == "n0" }
 	// Cut off, n0 reaches nobody: no replication, no copy. Once the cut
 	// heals, its copies reach n1 only (the others' connections still sit
@@ -574,5 +560,19 @@ func startCutN0Cluster(t *testing.T, n, limit int, cut *atomic.Bool) *cluster {
 				mc.ProbeTimeout, mc.IndirectChecks, mc.SuspicionMult, mc.SuspicionMaxTimeoutMult = 80*time.Millisecond, 2, 5, 2
 			}
 		}
+	})
+}
+
+// waitCopyHolds waits until backup's copy of holder's partition pid holds
+// admitted units of key (policy limit, an hour's window).
+func waitCopyHolds(t *testing.T, backup *Node, holder string, pid int, key Key, limit, admitted int) {
+	t.Helper()
+	waitFor(t, 10*time.Second, backup.Name()+"'s copy to have the admissions", func() bool {
+		st := backup.copyForTest(pid, holder)
+		if st == nil {
+			return false
+		}
+		d, err := st.Peek(key, shard.Policy{Limit: int64(limit), Window: time.Hour}, 1, time.Now())
+		return err == nil && d.Remaining == int64(limit-admitted-1)
 	})
 }
