@@ -284,9 +284,9 @@ type Config struct {
 	MaxBatch int
 	// MaxInFlight is how many batches of forwards, and separately of
 	// replication on the peer's stream, may be in flight to one peer at
-	// once. Zero means 4. Forwards gather into one batch while another is
-	// out and use a further slot only when that one is slow to answer
-	// (5 ms).
+	// once. Zero means 4. Forwards, and replication, gather into one
+	// message while another is out and use a further slot only when that
+	// one is slow to answer (5 ms).
 	MaxInFlight int
 	// DisableBatching sends every forwarded request as its own RPC (for
 	// comparison).
