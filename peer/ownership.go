@@ -1354,14 +1354,17 @@ func (n *Node) drain(ctx context.Context) error {
 		}
 		// Nothing held, and every holder that used us as its backup has a
 		// copy elsewhere (we refuse leases while closing) — or two leases
-		// have passed since we held nothing: a holder still listing us has
-		// lost our release or is moving slowly; its lease from us has
-		// ended and it makes a new copy elsewhere. A copy of a holder
-		// that has gone is the partition's only state: it is waited for
+		// have passed since we held nothing and each holder still listing
+		// us answers that it has moved on (its release to us was lost).
+		// Not on time alone: a holder gossip still lists may have crashed
+		// before it copied elsewhere, and failure detection can take
+		// longer than two leases (the LAN profile's 5.8 s against the
+		// default lease's 4 s); our copy is then its partition's only
+		// state. A copy of a holder that has gone is waited for
 		// (reconcile takes it over once the lease we granted has ended,
 		// and the next rounds hand it on) while this node sees a
 		// majority, without which nobody takes anything over.
-		if held == 0 && (n.replicasHeld() == 0 || time.Since(emptySince) > 2*n.cfg.LeaseDuration) &&
+		if held == 0 && (n.replicasHeld() == 0 || time.Since(emptySince) > 2*n.cfg.LeaseDuration && n.holdersMovedOn(ctx)) &&
 			(n.copiesOfGoneHolders() == 0 || !n.quorum()) {
 			n.log.Info("handoff on leave", "partitions", held0, "keys", keys0, "duration", time.Since(start), "copies_left", n.replicasHeld())
 			return nil
@@ -1469,6 +1472,54 @@ func (n *Node) replicasHeld() int {
 		pt.mu.RUnlock()
 	}
 	return c
+}
+
+// holdersMovedOn reports whether every live holder this node, leaving,
+// keeps a complete copy for has moved on from it: asked (Probe), the
+// holder holds the partition at a newer epoch than the copy (a copy
+// elsewhere replaced it), or no longer holds it. A holder that does not
+// answer may have crashed before gossip says so, with the copy here the
+// only state of its partition: it has not moved on, and the copy waits
+// for its failure to be seen (and taken over) or for the drain's
+// deadline. A holder whose ring has no other member to copy to cannot
+// move on; its answer is enough (alone, it decides without a backup).
+func (n *Node) holdersMovedOn(ctx context.Context) bool {
+	v := n.view.Load()
+	pids := map[string][]uint32{}
+	epochs := map[uint32]uint64{}
+	for i := range n.pt.parts {
+		pt := &n.pt.parts[i]
+		pt.mu.RLock()
+		rep := pt.rep
+		pt.mu.RUnlock()
+		if rep.complete && n.alive(rep.holder) {
+			pids[rep.holder] = append(pids[rep.holder], uint32(i))
+			epochs[uint32(i)] = rep.epoch
+		}
+	}
+	for holder, ps := range pids {
+		c, err := n.peerClient(holder)
+		if err != nil {
+			return false
+		}
+		cctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
+		resp, err := c.stub.Probe(cctx, &peerpb.ProbeRequest{Sender: n.name, Partitions: ps})
+		cancel()
+		if err != nil || len(resp.Partitions) != len(ps) {
+			return false
+		}
+		others := false
+		for _, m := range v.snap.Members() {
+			others = others || m != holder
+		}
+		for _, in := range resp.Partitions {
+			r := role(in.Role)
+			if others && (r == roleHolder || r == roleFenced) && in.Holder == holder && in.Epoch <= epochs[in.Partition] {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // copiesOfGoneHolders counts the partitions this node keeps a complete

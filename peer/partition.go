@@ -61,7 +61,10 @@ import (
 //     epoch: a tie never goes to the copy of a holder that is gone. A
 //     member that is leaving takes over too (its copy may be the only
 //     one) and hands the partition on with the rest of its drain, which
-//     waits for such takeovers while it sees a majority.
+//     waits for such takeovers while it sees a majority. It keeps the copy
+//     of a holder gossip still lists until that holder answers that it has
+//     moved on: one that crashed before copying elsewhere may be declared
+//     failed only after two leases.
 //   - A holder whose lease has ended may have been taken over while it
 //     paused or was cut off. Before it copies the partition to a member
 //     other than the backup that granted the lease, and again when such a
