@@ -2,16 +2,21 @@ package peer
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/ringlimit/ringlimit/ring"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
-// A sixth round of attacks on the ownership protocol: a rule the fifth
+// A sixth round of attacks on the ownership protocol: rules the fifth
 // round added (a leaving member keeps the copies of holders that have
-// gone, takes them over and hands them on) under failure detection slower
-// than two leases.
+// gone; a holder asks around before copying to a restarted backup) under
+// failure detection slower than two leases, and a restart the holder has
+// not heard of.
 
 // slowDetectGossip is the fast profile with a suspicion of 12 probe
 // intervals: a killed member is declared failed after about 2.8 s, more
@@ -101,4 +106,141 @@ func TestAttack6BackupLeavesBeforeHolderCrashSeen(t *testing.T) {
 		t.Fatalf("%d admissions in one window of limit %d (%d confirmed by n0, synchronously, before it crashed; %d after): n1 left with the only copy %v",
 			admitted+after, limit, admitted, after, parts)
 	}
+}
+
+// TestAttack6RestartUnseenByCutHolder: n0, holding a partition (async)
+// with n1 as its backup, is cut off: its gossip hears nothing and it
+// reaches nobody (as a paused process would). Cut off, n0's own suspicion
+// runs longest: its view keeps every member, as they were. n1 sees n0
+// fail, takes the partition over from its copy, confirms the rest of the
+// limit and copies its holding to a backup of its own. Then n1 crashes
+// and a new process starts under its name on the same addresses; the
+// others' copies to it fail for a while, so it hears nothing of the
+// partition. n0's requests get through again, but its gossip has not
+// told it of the restart: to n0, n1 was the backup that granted its last
+// lease, which would refuse a copy had it taken the partition over, so n0
+// asked nobody before copying to it. The new process took the copy and
+// granted a lease, and n0 decided again from its state of before the cut:
+// 6 admissions confirmed in a window of 5 (the test stops at the first one
+// too many).
+func TestAttack6RestartUnseenByCutHolder(t *testing.T) {
+	t.Parallel()
+	const limit = 5
+	cut := new(atomic.Bool)
+	c := startClusterWith(t, 4, Config{
+		LeaseDuration:  attackLease,
+		ForwardTimeout: time.Second,
+		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateAsync}},
+	}, func(i int, cfg *Config) {
+		cfg.Gossip = attackGossip
+		if i == 0 {
+			cutGossip := withCutTransport(t, cut)
+			cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
+		}
+	})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	// A partition n1 keeps once it takes it over (its target without n0).
+	without0, err := ring.New(n0.cfg.Ring, []string{"n1", "n2", "n3"}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := -1
+	var key Key
+	for _, k := range hoKeys("restart-unseen", 4000, "p") {
+		p := n0.partIDForTest(k)
+		if o, _ := n0.Owner(k); o == "n0" && n0.backupForTest(p) == "n1" && without0.PartitionOwner(p) == "n1" {
+			key, pid = k, p
+			break
+		}
+	}
+	if pid < 0 {
+		t.Fatal("no partition fitting the scenario")
+	}
+	pol := shard.Policy{Limit: limit, Window: time.Hour}
+	confirmed := admitN(t, n0, key, 2)
+	waitFor(t, 10*time.Second, "n1's copy to have both admissions", func() bool {
+		st := n1.copyForTest(pid, "n0")
+		if st == nil {
+			return false
+		}
+		d, err := st.Peek(key, pol, 1, time.Now())
+		return err == nil && d.Remaining == limit-3
+	})
+	// The new n1 hears nothing of the partition from n2 or n3.
+	for _, nd := range c.nodes[2:] {
+		nd.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
+			if p == pid && to == "n1" {
+				return copyUnsent
+			}
+			return copySend
+		})
+	}
+	// Cut off: n0's gossip hears nothing, and its view, kept as it was,
+	// gives it no address to send anything to.
+	members := []string{"n0", "n1", "n2", "n3"}
+	addrs := map[string]string{}
+	for _, nd := range c.nodes {
+		addrs[nd.Name()] = nd.RPCAddr()
+	}
+	cut.Store(true)
+	if _, err := n0.SetViewForTest(members, map[string]string{"n0": addrs["n0"]}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
+		n1.kickOwnership()
+		r, _, _ := n1.roleForTest(pid)
+		return r == roleHolder
+	})
+	by := map[string]int{"n0": 2}
+	for confirmed < limit {
+		confirmed += admitN(t, n1, key, 1)
+		by["n1"]++
+	}
+	var y *Node
+	waitFor(t, 10*time.Second, "n1's backup to have every admission", func() bool {
+		n1.kickOwnership()
+		b := n1.backupForTest(pid)
+		for _, nd := range c.nodes[2:] {
+			if nd.Name() != b {
+				continue
+			}
+			if st := nd.copyForTest(pid, "n1"); st != nil {
+				if d, err := st.Peek(key, pol, 1, time.Now()); err == nil && !d.Allowed {
+					y = nd
+					return true
+				}
+			}
+		}
+		return false
+	})
+	gossipAddr, rpcAddr := n1.GossipAddr(), n1.RPCAddr()
+	n1.KillForTest()
+	nodes := c.nodes
+	c.nodes = []*Node{y} // joined through a member that is not cut off
+	n1b := c.addWith("n1", func(cfg *Config) {
+		cfg.GossipAddr, cfg.RPCAddr, cfg.Gossip = gossipAddr, rpcAddr, attackGossip
+	})
+	c.nodes = append(nodes, n1b)
+	// n0's requests get through again (n1's address is the new process's);
+	// its gossip, still cut, has told it of no restart.
+	marked := n0.isUnreachable("n1")
+	if _, err := n0.SetViewForTest(members, addrs); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("n1 restarted; n0 had marked it unreachable: %v; %s", marked, n0.partForTest(pid))
+	end := time.Now().Add(2 * attackLease)
+	for time.Now().Before(end) && confirmed <= limit {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		d, err := n0.Allow(ctx, Request{Key: key})
+		cancel()
+		if err == nil && d.Allowed {
+			confirmed++
+			by[d.Owner]++
+		}
+	}
+	if confirmed > limit {
+		t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v):\n%s\n%s\n%s", confirmed, limit, by,
+			n0.partForTest(pid), y.partForTest(pid), n1b.partForTest(pid))
+	}
+	t.Logf("confirmed %d (by decider: %v):\n%s\n%s\n%s", confirmed, by, n0.partForTest(pid), y.partForTest(pid), n1b.partForTest(pid))
 }

@@ -542,28 +542,27 @@ func (n *Node) establishBackup(ctx context.Context, pid int, to string) {
 }
 
 // stillHolder reports whether this node, holding partition pid at epoch
-// with backup old, may copy it to member to. While its lease lasts, or
-// when to is the backup that granted it, yes: that backup cannot have
-// taken the partition over (it refuses a copy once it has) — unless it
-// has restarted since its last grant: the new process remembers nothing
-// of a takeover the old one made (and of where it handed the partition
-// on), and takes the copy like any member that has not heard. After the
-// lease ended with another member as the receiver, the backup may have
-// taken the partition over meanwhile (this node paused, or was cut off),
-// and a member that has not heard of it would take the copy and grant a
-// lease: two members would decide, the paused one from its old state. So
-// every live member is asked first (one marked unreachable too, since
-// the mark may be old and that member may be the old backup itself, which
-// tells nobody else of its takeover before its own first copy; only the
-// silence of a marked one, such as a crashed backup gossip still lists,
-// is borne); a newer holding, or a complete copy of one, known anywhere
-// makes this node learn it instead.
+// with backup old, may copy it to member to. While its lease lasts, yes:
+// the backup that granted it cannot have taken the partition over. After
+// the lease ended, the backup may have taken the partition over meanwhile
+// (this node paused, or was cut off), and a member that has not heard of
+// it would take the copy and grant a lease: two members would decide, the
+// paused one from its old state. That holds for a copy to the backup
+// itself too: it refuses a copy once it has taken over, but only as the
+// process that did; one restarted since has forgotten the takeover (and
+// where it handed the partition on) and takes the copy like any member
+// that has not heard, and this node cannot count on having seen the
+// restart (gossip reaches a node that paused or was cut off later than
+// its own requests reach the backup's address). So every live member is
+// asked first (one marked unreachable too, since the mark may be old and
+// that member may be the old backup itself, which tells nobody else of
+// its takeover before its own first copy; only the silence of a marked
+// one, such as a crashed backup gossip still lists, is borne); a newer
+// holding, or a complete copy of one, known anywhere makes this node
+// learn it instead.
 func (n *Node) stillHolder(ctx context.Context, pid int, epoch uint64, old, to string) bool {
 	pt := &n.pt.parts[pid]
-	leaseUntil := pt.leaseUntil.Load()
-	// The last grant's request was sent holderLease before the lease's end.
-	sameGranter := old == to && !n.restartedSince(to, leaseUntil-holderLease(n.cfg.LeaseDuration))
-	if old == "" || sameGranter || n.mono() < leaseUntil {
+	if old == "" || n.mono() < pt.leaseUntil.Load() {
 		return true
 	}
 	newest, ok := n.probeQuiet(ctx, pid, n.isUnreachable)

@@ -72,9 +72,10 @@ import (
 //     confirmHolding; a member marked unreachable is asked too, only its
 //     silence is borne), and learns a newer holding rather than take a
 //     lease from a member that has not heard of it. It asks before a copy
-//     to that backup too once the backup has restarted since its last
-//     grant: the new process remembers no takeover. A copy refused as
-//     stale teaches it the newer holding too.
+//     to that backup too: a backup restarted since its last grant
+//     remembers no takeover, and a holder that paused or was cut off may
+//     not have heard of the restart yet. A copy refused as stale teaches
+//     it the newer holding too.
 //   - A transfer whose Promote got no answer may have taken effect: the
 //     old holder stays fenced while the target lives, then waits out the
 //     Promote's timeout (the target refuses one whose deadline has
