@@ -62,7 +62,12 @@ func (n *Node) Peek(ctx context.Context, req Request) (Decision, error) {
 // whether anything was given back). For token_bucket it moves the bucket
 // back by that many units' worth, never past full; for fixed_window it
 // lowers the current window's count, never below zero. Decided by the
-// key's holder and replicated like an admission.
+// key's holder and replicated like an admission, but answered as done
+// once the holder has decided it, even if its backup does not confirm it
+// (a backup without it only refuses more after a takeover): a caller
+// that asks again after an error must not give a unit back twice. Only
+// an answer lost on its way back (a forward that timed out) leaves a
+// refund's outcome unknown.
 func (n *Node) Refund(ctx context.Context, req Request) (Decision, error) {
 	return n.do(ctx, peerpb.Op_OP_REFUND, req)
 }

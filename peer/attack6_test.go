@@ -15,8 +15,8 @@ import (
 // A sixth round of attacks on the ownership protocol: rules the fifth
 // round added (a leaving member keeps the copies of holders that have
 // gone; a holder asks around before copying to a restarted backup) under
-// failure detection slower than two leases, and a restart the holder has
-// not heard of.
+// failure detection slower than two leases, a restart the holder has not
+// heard of, and a refund its backup does not confirm.
 
 // slowDetectGossip is the fast profile with a suspicion of 12 probe
 // intervals: a killed member is declared failed after about 2.8 s, more
@@ -243,4 +243,59 @@ func TestAttack6RestartUnseenByCutHolder(t *testing.T) {
 			n0.partForTest(pid), y.partForTest(pid), n1b.partForTest(pid))
 	}
 	t.Logf("confirmed %d (by decider: %v):\n%s\n%s\n%s", confirmed, by, n0.partForTest(pid), y.partForTest(pid), n1b.partForTest(pid))
+}
+
+// TestAttack6RefundUnconfirmedRetried: n0 holds a key (sync, limit 5)
+// with n1 as its backup and has admitted the whole limit. n1 loses its
+// copy (a restart, say: it answers NEED_SYNC until n0 copies again). A
+// refund of one unit is decided at n0, whose copy to n1 is refused, and
+// the caller used to be told unavailable — although the refund had taken
+// effect at n0. A call answered unavailable is retried (nothing was
+// decided for it, as far as its caller can tell); the retry, once n0 had
+// copied the partition to n1 again, gave back a second unit: two
+// admissions then fit where one refunded unit left room for one (6 net
+// admissions in a window of 5).
+func TestAttack6RefundUnconfirmedRetried(t *testing.T) {
+	t.Parallel()
+	const limit = 5
+	c := startCluster(t, 2, Config{
+		LeaseDuration:  attackLease,
+		ForwardTimeout: time.Second,
+		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateSync}},
+	})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	key, pid := keyHeldWithBackup(t, n0, n1, "refund-unconfirmed", "p")
+	net := admitN(t, n0, key, limit)
+	n1.dropCopyForTest(pid)
+	calls := 0
+	waitFor(t, 20*time.Second, "the refund to be answered", func() bool {
+		calls++
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		d, err := n0.Refund(ctx, Request{Key: key})
+		if err != nil {
+			t.Logf("refund call %d: %v", calls, err)
+			return false
+		}
+		if d.Allowed {
+			net--
+		}
+		return true
+	})
+	admitted := 0
+	waitFor(t, 20*time.Second, "the key to refuse", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		d, err := n0.Allow(ctx, Request{Key: key})
+		if err == nil && d.Allowed {
+			admitted++
+		}
+		return err == nil && !d.Allowed
+	})
+	net += admitted
+	if net > limit {
+		t.Fatalf("%d net admissions (admitted minus refunded) in one window of limit %d: one unit refunded (in %d calls), %d admitted after it",
+			net, limit, calls, admitted)
+	}
+	t.Logf("one unit refunded in %d calls, %d admitted after it", calls, admitted)
 }

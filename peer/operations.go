@@ -112,13 +112,24 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		}
 		return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
+	// A refund or reset has taken effect here once decided, whatever the
+	// backup answers: it is waited for so that, as a rule, a crash of this
+	// node right after the answer does not lose it, but a backup that
+	// does not confirm it does not make it unavailable. Its caller would
+	// take that to mean nothing was done and ask again, and a refund done
+	// twice gives back units that were never admitted. A backup lacking
+	// it only refuses more after a takeover.
+	frees := r.op == peerpb.Op_OP_REFUND || r.op == peerpb.Op_OP_RESET
 	for _, w := range waits {
 		select {
 		case err := <-w:
-			if err != nil {
+			if err != nil && !frees {
 				return Decision{}, decided, nil, err
 			}
 		case <-ctx.Done():
+			if frees {
+				return d, decided, nil, nil
+			}
 			return Decision{}, decided, nil, fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
 		}
 	}
@@ -275,9 +286,9 @@ func (n *Node) replicateStateLocked(pt *part, pid int, r *opReq, now time.Time) 
 	}
 	w, err := n.replicateState(pt.backup, pid, pt.epoch, st, now, r.p.cfg.Replication == ReplicateSync)
 	if err != nil {
-		if r.p.cfg.Replication == ReplicateSync {
-			return nil, err
-		}
+		// Not queued (the queue is full): the change stands here all the
+		// same (see decideOther); the backup's copy keeps the state of
+		// before it, which only refuses more after a takeover.
 		return nil, nil
 	}
 	if w == nil {
