@@ -1476,7 +1476,8 @@ func (n *Node) replicasHeld() int {
 // holdersMovedOn reports whether every live holder this node, leaving,
 // keeps a complete copy for has moved on from it: asked (Probe), the
 // holder holds the partition at a newer epoch than the copy (a copy
-// elsewhere replaced it), or no longer holds it. A holder that does not
+// elsewhere replaced it), or knows of a holding at a newer epoch (it
+// handed the partition on). A holder that does not
 // answer may have crashed before gossip says so, with the copy here the
 // only state of its partition: it has not moved on, and the copy waits
 // for its failure to be seen (and taken over) or for the drain's
@@ -1512,8 +1513,14 @@ func (n *Node) holdersMovedOn(ctx context.Context) bool {
 			others = others || m != holder
 		}
 		for _, in := range resp.Partitions {
-			r := role(in.Role)
-			if others && (r == roleHolder || r == roleFenced) && in.Holder == holder && in.Epoch <= epochs[in.Partition] {
+			// Moved on only to a newer epoch: a holder that copied
+			// elsewhere holds at one, one that handed the partition on
+			// forwards to one. An answer that knows nothing newer than
+			// our copy — no holding at all included — is not enough: it
+			// may come from a new process under the holder's name (a
+			// crash and a restart our gossip has not told us of), which
+			// knows nothing of the partition whose only state is here.
+			if others && in.Epoch <= epochs[in.Partition] {
 				return false
 			}
 		}

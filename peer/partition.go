@@ -63,8 +63,9 @@ import (
 //     one) and hands the partition on with the rest of its drain, which
 //     waits for such takeovers while it sees a majority. It keeps the copy
 //     of a holder gossip still lists until that holder answers that it has
-//     moved on: one that crashed before copying elsewhere may be declared
-//     failed only after two leases.
+//     moved on, to an epoch newer than the copy's: one that crashed before
+//     copying elsewhere may be declared failed only after two leases, and
+//     one restarted since knows nothing of the partition.
 //   - A holder whose lease has ended may have been taken over while it
 //     paused or was cut off. Before it copies the partition to a member
 //     other than the backup that granted the lease, and again when such a
