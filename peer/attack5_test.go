@@ -391,16 +391,7 @@ func TestAttack5CutOffHolderDropsBackup(t *testing.T) {
 	n1.setReplDropForTest(none)
 	n2.setReplDropForTest(none)
 	waitFor(t, 30*time.Second, "n0 to see a majority again", n0.quorum)
-	end := time.Now().Add(3 * time.Second)
-	for time.Now().Before(end) && confirmed <= limit {
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		d, err := n0.Allow(ctx, Request{Key: key})
-		cancel()
-		if err == nil && d.Allowed {
-			confirmed++
-			by[d.Owner]++
-		}
-	}
+	askUntil(n0, key, time.Now().Add(3*time.Second), limit, &confirmed, by)
 	copies.Store(true)
 	if confirmed > limit {
 		t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v):\n%s\n%s\n%s", confirmed, limit, by,
@@ -524,16 +515,7 @@ func TestAttack5BackupRestartedForgetsTakeover(t *testing.T) {
 		return ok
 	})
 	healed.Store(true)
-	end := time.Now().Add(4 * time.Second)
-	for time.Now().Before(end) && confirmed <= limit {
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		d, err := n0.Allow(ctx, Request{Key: key})
-		cancel()
-		if err == nil && d.Allowed {
-			confirmed++
-			by[d.Owner]++
-		}
-	}
+	askUntil(n0, key, time.Now().Add(4*time.Second), limit, &confirmed, by)
 	if confirmed > limit {
 		t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v):\n%s\n%s\n%s", confirmed, limit, by,
 			n0.partForTest(pid), holder.partForTest(pid), n1b.partForTest(pid))

@@ -76,28 +76,7 @@ func TestAttack6BackupLeavesBeforeHolderCrashSeen(t *testing.T) {
 		t.Fatal("n1's close did not return")
 	}
 	survivors := c.live()
-	after := 0
-	var by *Node
-	waitFor(t, 40*time.Second, "a survivor to decide the key", func() bool {
-		for _, nd := range survivors {
-			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-			d, err := nd.Allow(ctx, Request{Key: key})
-			cancel()
-			if err == nil && d.Allowed {
-				after++
-			}
-			if err == nil {
-				by = nd
-				return true
-			}
-		}
-		return false
-	})
-	for range 2 * limit {
-		if d, err := by.Allow(context.Background(), Request{Key: key}); err == nil && d.Allowed {
-			after++
-		}
-	}
+	after, _ := survivorAdmits(t, survivors, key, limit, 40*time.Second)
 	if admitted+after > limit {
 		var parts []string
 		for _, nd := range survivors {
@@ -228,16 +207,7 @@ func TestAttack6RestartUnseenByCutHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("n1 restarted; n0 had marked it unreachable: %v; %s", marked, n0.partForTest(pid))
-	end := time.Now().Add(2 * attackLease)
-	for time.Now().Before(end) && confirmed <= limit {
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		d, err := n0.Allow(ctx, Request{Key: key})
-		cancel()
-		if err == nil && d.Allowed {
-			confirmed++
-			by[d.Owner]++
-		}
-	}
+	askUntil(n0, key, time.Now().Add(2*attackLease), limit, &confirmed, by)
 	if confirmed > limit {
 		t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v):\n%s\n%s\n%s", confirmed, limit, by,
 			n0.partForTest(pid), y.partForTest(pid), n1b.partForTest(pid))

@@ -42,9 +42,18 @@ func keyHeldWithBackup(t *testing.T, holder, backup *Node, prefix, policy string
 func admittedAfterCrash(t *testing.T, holder *Node, survivors []*Node, key Key, limit int) int {
 	t.Helper()
 	holder.KillForTest()
+	admitted, _ := survivorAdmits(t, survivors, key, limit, 30*time.Second)
+	return admitted
+}
+
+// survivorAdmits waits up to within until one of survivors decides key,
+// then asks that one 2×limit times more, and returns how many of those
+// requests were admitted and which survivor decided.
+func survivorAdmits(t *testing.T, survivors []*Node, key Key, limit int, within time.Duration) (int, *Node) {
+	t.Helper()
 	admitted := 0
 	var by *Node
-	waitFor(t, 30*time.Second, "a survivor to take the partition over", func() bool {
+	waitFor(t, within, "a survivor to decide the key", func() bool {
 		for _, nd := range survivors {
 			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 			d, err := nd.Allow(ctx, Request{Key: key})
@@ -64,7 +73,22 @@ func admittedAfterCrash(t *testing.T, holder *Node, survivors []*Node, key Key, 
 			admitted++
 		}
 	}
-	return admitted
+	return admitted, by
+}
+
+// askUntil asks nd to admit key until the deadline passes or more than
+// limit admissions are confirmed, counting each admission in *confirmed
+// and, by the deciding member, in by.
+func askUntil(nd *Node, key Key, until time.Time, limit int, confirmed *int, by map[string]int) {
+	for time.Now().Before(until) && *confirmed <= limit {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		d, err := nd.Allow(ctx, Request{Key: key})
+		cancel()
+		if err == nil && d.Allowed {
+			*confirmed++
+			by[d.Owner]++
+		}
+	}
 }
 
 // crashForwardTimeout is the ForwardTimeout of startCrashCluster's nodes.
