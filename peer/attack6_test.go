@@ -50,22 +50,7 @@ func TestAttack6BackupLeavesBeforeHolderCrashSeen(t *testing.T) {
 	n0, n1 := c.nodes[0], c.nodes[1]
 	key, pid := keyHeldWithBackup(t, n0, n1, "leave-before-crash-seen", "p")
 	admitted := admitN(t, n0, key, limit)
-	n0.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
-		if p == pid && to != "n1" {
-			return copyUnsent
-		}
-		return copySend
-	})
-	closed := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
-		defer cancel()
-		closed <- n1.Close(ctx)
-	}()
-	waitFor(t, 20*time.Second, "n1 to hand on what it holds", func() bool {
-		held, _ := n1.heldPartitions()
-		return held == 0
-	})
+	closed := leaveWithTheOnlyCopy(t, n0, n1, pid)
 	n0.KillForTest()
 	select {
 	case err := <-closed:
@@ -268,4 +253,30 @@ func TestAttack6RefundUnconfirmedRetried(t *testing.T) {
 			net, limit, calls, admitted)
 	}
 	t.Logf("one unit refunded in %d calls, %d admitted after it", calls, admitted)
+}
+
+// leaveWithTheOnlyCopy makes backup n1 of holder n0's partition pid the
+// only member n0 can copy pid to, starts n1's graceful leave (Close, its
+// result on the returned channel) and waits until n1 has handed on what it
+// holds: from then on n1 keeps, besides the copies of other holders, the
+// only copy of pid's state.
+func leaveWithTheOnlyCopy(t *testing.T, n0, n1 *Node, pid int) <-chan error {
+	t.Helper()
+	n0.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
+		if p == pid && to != n1.Name() {
+			return copyUnsent
+		}
+		return copySend
+	})
+	closed := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+		defer cancel()
+		closed <- n1.Close(ctx)
+	}()
+	waitFor(t, 20*time.Second, n1.Name()+" to hand on what it holds", func() bool {
+		held, _ := n1.heldPartitions()
+		return held == 0
+	})
+	return closed
 }

@@ -1,7 +1,6 @@
 package peer
 
 import (
-	"context"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -41,22 +40,7 @@ func TestAttack7LeaverTrustsRestartedHolder(t *testing.T) {
 	n0, n1 := c.nodes[0], c.nodes[1]
 	key, pid := keyHeldWithBackup(t, n0, n1, "leaver-restarted-holder", "p")
 	admitted := admitN(t, n0, key, limit)
-	n0.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
-		if p == pid && to != "n1" {
-			return copyUnsent
-		}
-		return copySend
-	})
-	closed := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
-		defer cancel()
-		closed <- n1.Close(ctx)
-	}()
-	waitFor(t, 20*time.Second, "n1 to hand on what it holds", func() bool {
-		held, _ := n1.heldPartitions()
-		return held == 0
-	})
+	closed := leaveWithTheOnlyCopy(t, n0, n1, pid)
 	// n1's gossip hears nothing for a while: it learns of no restart.
 	cut.Store(true)
 	gossipAddr, rpcAddr := n0.GossipAddr(), n0.RPCAddr()
