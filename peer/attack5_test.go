@@ -243,23 +243,11 @@ func TestAttack5LeaveStallsMidCopyToBackup(t *testing.T) {
 		}
 	})
 	n0, n1 := c.nodes[0], c.nodes[1]
-	without0, err := ring.New(n0.cfg.Ring, []string{"n1", "n2"}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid := -1
-	var key, other Key
-	for _, k := range hoKeys("leave-stall", 8000, "p") {
-		p := n0.partIDForTest(k)
-		switch {
-		case pid < 0:
-			if o, _ := n0.Owner(k); o == "n0" && n0.backupForTest(p) == "n1" && without0.PartitionOwner(p) == "n1" {
-				key, pid = k, p
-			}
-		case p == pid:
+	key, pid := keyKeptByBackupAfter(t, n0, n1, []string{"n1", "n2"}, "leave-stall")
+	var other Key
+	for _, k := range hoKeys("leave-stall-other", 8000, "p") {
+		if n0.partIDForTest(k) == pid {
 			other = k
-		}
-		if other.Subject != "" {
 			break
 		}
 	}
@@ -557,4 +545,24 @@ func waitCopyHolds(t *testing.T, backup *Node, holder string, pid int, key Key, 
 		d, err := st.Peek(key, shard.Policy{Limit: int64(limit), Window: time.Hour}, 1, time.Now())
 		return err == nil && d.Remaining == int64(limit-admitted-1)
 	})
+}
+
+// keyKeptByBackupAfter returns a key of policy "p" (subjects from prefix)
+// that holder holds with backup as its backup, in a partition whose ring
+// target among survivors (the members left once holder is gone) is backup:
+// a partition backup keeps once it takes it over.
+func keyKeptByBackupAfter(t *testing.T, holder, backup *Node, survivors []string, prefix string) (Key, int) {
+	t.Helper()
+	after, err := ring.New(holder.cfg.Ring, survivors, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range hoKeys(prefix, 4000, "p") {
+		p := holder.partIDForTest(k)
+		if o, _ := holder.Owner(k); o == holder.Name() && holder.backupForTest(p) == backup.Name() && after.PartitionOwner(p) == backup.Name() {
+			return k, p
+		}
+	}
+	t.Fatal("no partition fitting the scenario")
+	return Key{}, -1
 }

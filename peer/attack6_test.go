@@ -8,7 +8,6 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
-	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
@@ -103,33 +102,10 @@ func TestAttack6RestartUnseenByCutHolder(t *testing.T) {
 		}
 	})
 	n0, n1 := c.nodes[0], c.nodes[1]
-	// A partition n1 keeps once it takes it over (its target without n0).
-	without0, err := ring.New(n0.cfg.Ring, []string{"n1", "n2", "n3"}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid := -1
-	var key Key
-	for _, k := range hoKeys("restart-unseen", 4000, "p") {
-		p := n0.partIDForTest(k)
-		if o, _ := n0.Owner(k); o == "n0" && n0.backupForTest(p) == "n1" && without0.PartitionOwner(p) == "n1" {
-			key, pid = k, p
-			break
-		}
-	}
-	if pid < 0 {
-		t.Fatal("no partition fitting the scenario")
-	}
+	key, pid := keyKeptByBackupAfter(t, n0, n1, []string{"n1", "n2", "n3"}, "restart-unseen")
 	pol := shard.Policy{Limit: limit, Window: time.Hour}
 	confirmed := admitN(t, n0, key, 2)
-	waitFor(t, 10*time.Second, "n1's copy to have both admissions", func() bool {
-		st := n1.copyForTest(pid, "n0")
-		if st == nil {
-			return false
-		}
-		d, err := st.Peek(key, pol, 1, time.Now())
-		return err == nil && d.Remaining == limit-3
-	})
+	waitCopyHolds(t, n1, "n0", pid, key, limit, 2)
 	// The new n1 hears nothing of the partition from n2 or n3.
 	for _, nd := range c.nodes[2:] {
 		nd.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
