@@ -67,16 +67,15 @@ import (
 //     copying elsewhere may be declared failed only after two leases, and
 //     one restarted since knows nothing of the partition.
 //   - A holder whose lease has ended may have been taken over while it
-//     paused or was cut off. Before it copies the partition to a member
-//     other than the backup that granted the lease, and again when such a
-//     copy completes, it asks every live member (stillHolder,
-//     confirmHolding; a member marked unreachable is asked too, only its
-//     silence is borne), and learns a newer holding rather than take a
-//     lease from a member that has not heard of it. It asks before a copy
-//     to that backup too: a backup restarted since its last grant
-//     remembers no takeover, and a holder that paused or was cut off may
-//     not have heard of the restart yet. A copy refused as stale teaches
-//     it the newer holding too.
+//     paused or was cut off. Before it copies the partition to any member
+//     (the backup that granted the lease too: one restarted since its last
+//     grant remembers no takeover, and a holder that paused or was cut
+//     off may not have heard of the restart), and again when such a copy
+//     completes, it asks every live member (stillHolder, confirmHolding; a
+//     member marked unreachable is asked too, only its silence is borne),
+//     and learns a newer holding rather than take a lease from a member
+//     that has not heard of it. A copy refused as stale teaches it the
+//     newer holding too.
 //   - A transfer whose Promote got no answer may have taken effect: the
 //     old holder stays fenced while the target lives, then waits out the
 //     Promote's timeout (the target refuses one whose deadline has
