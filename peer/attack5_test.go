@@ -231,17 +231,11 @@ func TestAttack5LeaveStallsMidCopyToBackup(t *testing.T) {
 	t.Parallel()
 	const limit = 5
 	cut := new(atomic.Bool)
-	c := startClusterWith(t, 3, Config{
+	c := startCutCluster(t, 3, 0, cut, Config{
 		LeaseDuration:      time.Second,
 		TransferChunkBytes: 1, // one key per message
 		Policies:           map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateAsync}},
-	}, func(i int, cfg *Config) {
-		cfg.Gossip = attackGossip
-		if i == 0 {
-			cutGossip := withCutTransport(t, cut)
-			cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
-		}
-	})
+	}, attackGossip, func(mc *memberlist.Config) { mc.SuspicionMaxTimeoutMult = 50 })
 	n0, n1 := c.nodes[0], c.nodes[1]
 	key, pid := keyKeptByBackupAfter(t, n0, n1, []string{"n1", "n2"}, "leave-stall")
 	var other Key
@@ -518,16 +512,26 @@ func TestAttack5BackupRestartedForgetsTakeover(t *testing.T) {
 // timings: cut off, n0 soon sees the others fail too.
 func startCutN0Cluster(t *testing.T, n, limit int, cut *atomic.Bool) *cluster {
 	t.Helper()
-	return startClusterWith(t, n, Config{
+	return startCutCluster(t, n, 0, cut, Config{
 		LeaseDuration: 2 * time.Second,
 		Policies:      map[string]PolicyConfig{"p": {Limit: int64(limit), Window: time.Hour, Replication: ReplicateAsync}},
-	}, func(i int, cfg *Config) {
-		cfg.Gossip = attackGossip
-		if i == 0 {
+	}, attackGossip, func(mc *memberlist.Config) {
+		mc.ProbeTimeout, mc.IndirectChecks, mc.SuspicionMult, mc.SuspicionMaxTimeoutMult = 80*time.Millisecond, 2, 5, 2
+	})
+}
+
+// startCutCluster starts n nodes from base with the gossip settings
+// gossip, except node cutIdx: it gets withCutTransport's (fast timings, a
+// transport cut while cut is set), then tweak.
+func startCutCluster(t *testing.T, n, cutIdx int, cut *atomic.Bool, base Config, gossip, tweak func(*memberlist.Config)) *cluster {
+	t.Helper()
+	return startClusterWith(t, n, base, func(i int, cfg *Config) {
+		cfg.Gossip = gossip
+		if i == cutIdx {
 			cutGossip := withCutTransport(t, cut)
 			cfg.Gossip = func(mc *memberlist.Config) {
 				cutGossip(mc)
-				mc.ProbeTimeout, mc.IndirectChecks, mc.SuspicionMult, mc.SuspicionMaxTimeoutMult = 80*time.Millisecond, 2, 5, 2
+				tweak(mc)
 			}
 		}
 	})

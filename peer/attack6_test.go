@@ -90,17 +90,11 @@ func TestAttack6RestartUnseenByCutHolder(t *testing.T) {
 	t.Parallel()
 	const limit = 5
 	cut := new(atomic.Bool)
-	c := startClusterWith(t, 4, Config{
+	c := startCutCluster(t, 4, 0, cut, Config{
 		LeaseDuration:  attackLease,
 		ForwardTimeout: time.Second,
 		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateAsync}},
-	}, func(i int, cfg *Config) {
-		cfg.Gossip = attackGossip
-		if i == 0 {
-			cutGossip := withCutTransport(t, cut)
-			cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
-		}
-	})
+	}, attackGossip, func(mc *memberlist.Config) { mc.SuspicionMaxTimeoutMult = 50 })
 	n0, n1 := c.nodes[0], c.nodes[1]
 	key, pid := keyKeptByBackupAfter(t, n0, n1, []string{"n1", "n2", "n3"}, "restart-unseen")
 	pol := shard.Policy{Limit: limit, Window: time.Hour}

@@ -26,17 +26,11 @@ func TestAttack7LeaverTrustsRestartedHolder(t *testing.T) {
 	t.Parallel()
 	const limit = 5
 	cut := new(atomic.Bool)
-	c := startClusterWith(t, 4, Config{
+	c := startCutCluster(t, 4, 1, cut, Config{
 		LeaseDuration:  500 * time.Millisecond,
 		ForwardTimeout: time.Second,
 		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateSync}},
-	}, func(i int, cfg *Config) {
-		cfg.Gossip = slowDetectGossip
-		if i == 1 {
-			cutGossip := withCutTransport(t, cut)
-			cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMult = 12 }
-		}
-	})
+	}, slowDetectGossip, func(mc *memberlist.Config) { mc.SuspicionMult = 12 })
 	n0, n1 := c.nodes[0], c.nodes[1]
 	key, pid := keyHeldWithBackup(t, n0, n1, "leaver-restarted-holder", "p")
 	admitted := admitN(t, n0, key, limit)
