@@ -26,18 +26,22 @@ var statusTable = []struct {
 
 // ToStatus converts an error from Allow into a gRPC status error carrying
 // the matching code (Unavailable, InvalidArgument, NotFound) and the
-// message. Unknown errors become codes.Internal.
+// message. The sentinel decides the code even when the error also wraps a
+// gRPC status: a forward that timed out is ErrUnavailable wrapping the
+// transport's DeadlineExceeded, and its caller must see Unavailable. An
+// error that wraps no sentinel but is a status (an interceptor's
+// Unauthenticated) keeps its code; any other error becomes codes.Internal.
 func ToStatus(err error) error {
 	if err == nil {
 		return nil
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
 	}
 	for _, e := range statusTable {
 		if errors.Is(err, e.err) {
 			return status.Error(e.code, err.Error())
 		}
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
 	}
 	return status.Error(codes.Internal, err.Error())
 }
