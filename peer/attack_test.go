@@ -20,9 +20,22 @@ import (
 // cut off from the others waits the longest (nobody confirms its
 // suspicions), while the members on the other side confirm each other's
 // and declare it failed at the shortest.
+//
+// News of a failure must then reach every member of the majority: a
+// member that misses every dead message waits out its own maximum
+// suspicion (50 × 600 ms = 30 s with 5 members), as push/pull turns the
+// others' "dead" into its own unconfirmed suspicion. memberlist sends a
+// broadcast RetransmitMult × ceil(log10(N+1)) times in all, one send per
+// gossip target, and a recently dead member is a target too: with the
+// fast profile's 2 and 5 members, two sends among four targets, so a
+// given member missed all three broadcasters' news one time in eight
+// (TestAttack2StallMidCopy: n1 still suspecting n0 30 s after the others
+// declared it failed). With 6, a broadcaster reaches every target in its
+// first two gossip rounds.
 func attackGossip(mc *memberlist.Config) {
 	fastGossip(mc)
 	mc.SuspicionMaxTimeoutMult = 50
+	mc.RetransmitMult = 6
 }
 
 // TestAttackPromoteAnswerLostThenCut: a partition moves to a member that
