@@ -73,7 +73,10 @@ func (n *Node) Refund(ctx context.Context, req Request) (Decision, error) {
 }
 
 // Reset clears key's state at its holder (an operator action) and
-// replicates the reset: the key starts empty. Reason is ReasonReset.
+// replicates the reset: the key starts empty. Reason is ReasonReset. Like
+// a refund, a reset whose forward got no answer is not sent to another
+// member (a second reset, decided later, would clear what was admitted in
+// between): the error wraps ErrUnavailable and the outcome is unknown.
 func (n *Node) Reset(ctx context.Context, key Key) (Decision, error) {
 	return n.do(ctx, peerpb.Op_OP_RESET, Request{Key: key})
 }
@@ -293,7 +296,7 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 		}
 		var no *notOwnerError
 		if !errors.As(err, &no) {
-			if redirects < n.cfg.NotOwnerRetries && n.portDead(target) {
+			if redirects < n.cfg.NotOwnerRetries && resendable(r.op) && n.portDead(target) {
 				// Gossip lists the target but its port refuses
 				// connections (a firewall, a wrong advertised address):
 				// mark it, and route as if it were not the target.
@@ -352,10 +355,26 @@ func (n *Node) routeTarget(v *view, pt *part, pid int, waited time.Duration) str
 	return ""
 }
 
+// resendable reports whether op may go to another member after a forward
+// whose outcome is unknown: the target may have decided it, copied it to
+// its backup and died before answering, and the backup, once it takes
+// over, would decide it again. An admission or an acquire decided twice
+// only counts twice (the limiter refuses more, never less), and a peek or
+// a release by lease ID changes nothing the second time; a refund would
+// give its units back twice, and a reset would clear what was admitted in
+// between. Those fail as unavailable instead, their outcome unknown, as
+// Refund's doc says.
+func resendable(op peerpb.Op) bool {
+	return op != peerpb.Op_OP_REFUND && op != peerpb.Op_OP_RESET
+}
+
 // portDead reports whether member's connection has failed (its port
 // refuses connections or does not answer), not merely whether one call
 // failed.
 func (n *Node) portDead(member string) bool {
+	if h := n.portDeadHook.Load(); h != nil {
+		return (*h)(member)
+	}
 	c, err := n.peerClient(member)
 	return err == nil && c.conn.GetState() == connectivity.TransientFailure
 }

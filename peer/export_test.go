@@ -161,6 +161,16 @@ func (n *Node) restartRPCForTest() error {
 	return nil
 }
 
+// setPortDeadForTest makes n's routing take f's answer for whether a
+// member's port is dead (nil: ask the connection).
+func (n *Node) setPortDeadForTest(f func(member string) bool) {
+	if f == nil {
+		n.portDeadHook.Store(nil)
+		return
+	}
+	n.portDeadHook.Store(&f)
+}
+
 // setCheckHookForTest makes n's Check handler call f before deciding (for
 // example to hang until the caller gives up).
 func (n *Node) setCheckHookForTest(f func(ctx context.Context)) { n.checkHook.Store(&f) }

@@ -84,6 +84,9 @@ type Node struct {
 	closeErr  error
 	closed    chan struct{}
 	lastWarn  atomic.Int64 // unix ns of the last throttled warning
+	// portDeadHook, when set (tests only), answers portDead: gRPC reports
+	// a connection its peer closed as idle or failed depending on timing.
+	portDeadHook atomic.Pointer[func(member string) bool]
 	// checkHook, when set (tests only), runs at the start of every Check.
 	checkHook atomic.Pointer[func(context.Context)]
 	// streamDrop, when set (tests only), makes CheckStream swallow every

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -238,6 +239,65 @@ func TestRefundReplicated(t *testing.T) {
 	}
 	if d, err := c.nodes[0].Peek(ctx, Request{Key: k2}); err != nil || d.Remaining != 4 {
 		t.Fatalf("after the crash, peek of the reset key: %+v, %v; want a full limit", d, err)
+	}
+}
+
+// TestRefundNotResentAfterUnknownOutcome: a forwarded refund or reset
+// whose answer never comes, from a holder whose port then looks dead, may
+// have been decided there and copied to the backup, which would decide it
+// again after a takeover (two units given back for one). The node must not
+// send it to another member: it answers unavailable after one forward. An
+// admission in the same scene is sent on, which shows the scene reaches
+// the resend.
+func TestRefundNotResentAfterUnknownOutcome(t *testing.T) {
+	c := startCluster(t, 3, Config{
+		ForwardTimeout: 200 * time.Millisecond,
+		Policies:       map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}},
+	})
+	via, holder, other := c.nodes[0], c.nodes[1], c.nodes[2]
+	k := pmKeyOwnedBy(t, via, "p", holder.Name())
+	if got := admitN(t, via, k, 5); got != 5 {
+		t.Fatalf("fill: %d of 5 admitted", got)
+	}
+	// Every forward that reaches a member is counted there, before it is
+	// decided: the holder's never answer.
+	var received atomic.Int64
+	release := make(chan struct{})
+	defer close(release)
+	holder.setCheckHookForTest(func(ctx context.Context) {
+		received.Add(1)
+		select {
+		case <-ctx.Done():
+		case <-release:
+		}
+	})
+	other.setCheckHookForTest(func(context.Context) { received.Add(1) })
+	via.setPortDeadForTest(func(m string) bool { return m == holder.Name() })
+	for _, tc := range []struct {
+		name     string
+		call     func(ctx context.Context) (Decision, error)
+		resendOK bool
+	}{
+		{"refund", func(ctx context.Context) (Decision, error) { return via.Refund(ctx, Request{Key: k}) }, false},
+		{"reset", func(ctx context.Context) (Decision, error) { return via.Reset(ctx, k) }, false},
+		{"admission", func(ctx context.Context) (Decision, error) { return via.Allow(ctx, Request{Key: k}) }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := received.Load()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			d, err := tc.call(ctx)
+			got := received.Load() - before
+			if !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("%s = %+v, %v; want an error wrapping ErrUnavailable (the holder never answers)", tc.name, d, err)
+			}
+			if tc.resendOK && got < 2 {
+				t.Fatalf("%s reached members %d time(s); want it sent on after the dead port (the scene must reach the resend)", tc.name, got)
+			}
+			if !tc.resendOK && got != 1 {
+				t.Fatalf("%s reached members %d times; want exactly once (an outcome unknown must not be decided a second time elsewhere)", tc.name, got)
+			}
+		})
 	}
 }
 
