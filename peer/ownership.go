@@ -1414,13 +1414,15 @@ func (n *Node) heldPartitions() (parts, keys int) {
 var errNoPeer = errors.New("peer: member not in view")
 
 // excludeSelf rebuilds the node's ring without itself (it is draining, so
-// it is nobody's target) and waits, briefly, for the new view.
+// it is nobody's target) and waits, briefly, for the new view. When every
+// member is leaving (this one the last), the rebuild keeps the ring and
+// marks the view stopping: that view ends the wait too.
 func (n *Node) excludeSelf(ctx context.Context) {
 	ch := n.viewChanged()
 	n.nudge()
 	t := time.NewTimer(200 * time.Millisecond)
 	defer t.Stop()
-	for n.view.Load().snap.Has(n.name) {
+	for v := n.view.Load(); v.snap.Has(n.name) && !v.stopping; v = n.view.Load() {
 		select {
 		case <-ch:
 			ch = n.viewChanged()
