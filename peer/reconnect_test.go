@@ -119,9 +119,16 @@ func (c *cutTransport) DialAddressTimeout(a memberlist.Address, timeout time.Dur
 
 func (c *cutTransport) StreamCh() <-chan net.Conn { return c.streams }
 
+// Shutdown shuts the inner transport down first, while the forwarders
+// still drain it: its listeners hand every packet and stream over on
+// unbuffered channels, and Shutdown waits for them. Stopping the
+// forwarders first left a listener that had just read a packet blocked
+// on its send, and the node's Close hung for good (two attack tests at
+// once, 6 minutes into their cleanup). memberlist reads our channels
+// until its transport has shut down.
 func (c *cutTransport) Shutdown() error {
-	close(c.done)
 	err := c.inner.Shutdown()
+	close(c.done)
 	c.wg.Wait()
 	return err
 }
