@@ -296,13 +296,17 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 		}
 		var no *notOwnerError
 		if !errors.As(err, &no) {
-			if redirects < n.cfg.NotOwnerRetries && resendable(r.op) && n.portDead(target) {
+			if redirects < n.cfg.NotOwnerRetries && n.portDead(target) {
 				// Gossip lists the target but its port refuses
 				// connections (a firewall, a wrong advertised address):
-				// mark it, and route as if it were not the target.
+				// mark it, and route as if it were not the target. A
+				// refund or a reset is not sent again (resendable); the
+				// mark still spares the requests after it.
 				n.markUnreachable(target)
-				redirects++
-				continue
+				if resendable(r.op) {
+					redirects++
+					continue
+				}
 			}
 			*d, err = n.unavailable(r, err)
 			return err

@@ -283,6 +283,7 @@ func TestRefundNotResentAfterUnknownOutcome(t *testing.T) {
 		{"admission", func(ctx context.Context) (Decision, error) { return via.Allow(ctx, Request{Key: k}) }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			via.clearUnreachable(holder.Name()) // each case from the same start
 			before := received.Load()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -296,6 +297,9 @@ func TestRefundNotResentAfterUnknownOutcome(t *testing.T) {
 			}
 			if !tc.resendOK && got != 1 {
 				t.Fatalf("%s reached members %d times; want exactly once (an outcome unknown must not be decided a second time elsewhere)", tc.name, got)
+			}
+			if !via.isUnreachable(holder.Name()) {
+				t.Fatalf("after %s, %s has not marked the holder with the dead port unreachable", tc.name, via.Name())
 			}
 		})
 	}
