@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
 // TestMultiPolicyAtomic decides two policies of one subject as one, through
@@ -316,6 +318,29 @@ func pmKeyOwnedBy2(t *testing.T, nd *Node, policy, owner string, not Key) Key {
 	}
 	t.Fatalf("no second key owned by %s", owner)
 	return Key{}
+}
+
+// TestPublicAllowAllocs: the public API's unary Allow, decided on this
+// node, allocates only its response (it went through the general path,
+// which moves the key's encoding to the heap: 2 allocations).
+func TestPublicAllowAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	c := startCluster(t, 1, Config{Policies: map[string]PolicyConfig{"p": {Limit: 1 << 40, Window: time.Second}}})
+	s := &publicServer{n: c.nodes[0]}
+	ctx := context.Background()
+	req := &peerpb.AllowRequest{Key: &peerpb.Key{Tenant: "t", Subject: "s", Policy: "p"}}
+	if resp, err := s.Allow(ctx, req); err != nil || !resp.GetAllowed() {
+		t.Fatalf("Allow = %v, %v", resp, err)
+	}
+	if a := testing.AllocsPerRun(1000, func() {
+		if _, err := s.Allow(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}); a > 1 {
+		t.Fatalf("a unary Allow decided here allocates %.1f times, want 1 (its response)", a)
+	}
 }
 
 // TestLocalPathAllocs pins the local decision path at zero allocations: a
