@@ -30,8 +30,9 @@ import (
 // fast profile's 2 and 5 members, two sends among four targets, so a
 // given member missed all three broadcasters' news one time in eight
 // (TestAttack2StallMidCopy: n1 still suspecting n0 30 s after the others
-// declared it failed). With 6, a broadcaster reaches every target in its
-// first two gossip rounds.
+// declared it failed). With 6, a broadcaster sends in two gossip rounds
+// of three targets each: a given member misses one broadcaster's news one
+// time in 16, and all three's one time in 4096.
 func attackGossip(mc *memberlist.Config) {
 	fastGossip(mc)
 	mc.SuspicionMaxTimeoutMult = 50
