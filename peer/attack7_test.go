@@ -58,14 +58,7 @@ func TestAttack7LeaverTrustsRestartedHolder(t *testing.T) {
 	}
 	cut.Store(false)
 	if !left {
-		select {
-		case err := <-closed:
-			if err != nil {
-				t.Logf("n1's close: %v", err)
-			}
-		case <-time.After(45 * time.Second):
-			t.Fatal("n1's close did not return")
-		}
+		awaitLeave(t, closed)
 	}
 	var survivors []*Node
 	for _, nd := range c.live() {

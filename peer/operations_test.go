@@ -343,6 +343,25 @@ func TestPublicAllowAllocs(t *testing.T) {
 	}
 }
 
+// BenchmarkPublicAllowLocal measures the public API's unary Allow handler
+// deciding on this node (no gRPC transport): what a sidecar client's call
+// costs the node past the transport.
+func BenchmarkPublicAllowLocal(b *testing.B) {
+	c := startCluster(b, 1, Config{Policies: map[string]PolicyConfig{"p": {Limit: 1 << 50, Window: time.Second}}})
+	s := &publicServer{n: c.nodes[0]}
+	ctx := context.Background()
+	req := &peerpb.AllowRequest{Key: &peerpb.Key{Tenant: "t", Subject: "s", Policy: "p"}}
+	b.ReportAllocs()
+	var resp *peerpb.AllowResponse
+	for b.Loop() {
+		var err error
+		if resp, err = s.Allow(ctx, req); err != nil || !resp.GetAllowed() {
+			b.Fatalf("Allow = %v, %v", resp, err)
+		}
+	}
+	_ = resp
+}
+
 // TestLocalPathAllocs pins the local decision path at zero allocations: a
 // single node (it holds every partition, no backup) deciding one key.
 func TestLocalPathAllocs(t *testing.T) {

@@ -1464,15 +1464,27 @@ func (n *Node) Settled() bool {
 // for a live holder (copiesOfGoneHolders counts the others).
 func (n *Node) replicasHeld() int {
 	c := 0
+	n.eachCopy(func(_ int, rep replica, _ role) {
+		if n.alive(rep.holder) {
+			c++
+		}
+	})
+	return c
+}
+
+// eachCopy calls fn for every partition this node keeps a complete copy
+// of, with the copy and the partition's role, read under the partition's
+// lock; fn runs without it.
+func (n *Node) eachCopy(fn func(pid int, rep replica, r role)) {
 	for i := range n.pt.parts {
 		pt := &n.pt.parts[i]
 		pt.mu.RLock()
-		if pt.rep.complete && n.alive(pt.rep.holder) {
-			c++
-		}
+		rep, r := pt.rep, pt.role
 		pt.mu.RUnlock()
+		if rep.complete {
+			fn(i, rep, r)
+		}
 	}
-	return c
 }
 
 // holdersMovedOn reports whether every live holder this node, leaving,
@@ -1489,16 +1501,12 @@ func (n *Node) holdersMovedOn(ctx context.Context) bool {
 	v := n.view.Load()
 	pids := map[string][]uint32{}
 	epochs := map[uint32]uint64{}
-	for i := range n.pt.parts {
-		pt := &n.pt.parts[i]
-		pt.mu.RLock()
-		rep := pt.rep
-		pt.mu.RUnlock()
-		if rep.complete && n.alive(rep.holder) {
-			pids[rep.holder] = append(pids[rep.holder], uint32(i))
-			epochs[uint32(i)] = rep.epoch
+	n.eachCopy(func(pid int, rep replica, _ role) {
+		if n.alive(rep.holder) {
+			pids[rep.holder] = append(pids[rep.holder], uint32(pid))
+			epochs[uint32(pid)] = rep.epoch
 		}
-	}
+	})
 	for holder, ps := range pids {
 		c, err := n.peerClient(holder)
 		if err != nil {
@@ -1535,15 +1543,11 @@ func (n *Node) holdersMovedOn(ctx context.Context) bool {
 // process): reconcile takes them over once the lease granted has ended.
 func (n *Node) copiesOfGoneHolders() int {
 	c := 0
-	for i := range n.pt.parts {
-		pt := &n.pt.parts[i]
-		pt.mu.RLock()
-		rep, r := pt.rep, pt.role
-		pt.mu.RUnlock()
-		if rep.complete && r != roleHolder && r != roleFenced && (!n.alive(rep.holder) || n.restartedSince(rep.holder, rep.made)) {
+	n.eachCopy(func(_ int, rep replica, r role) {
+		if r != roleHolder && r != roleFenced && (!n.alive(rep.holder) || n.restartedSince(rep.holder, rep.made)) {
 			c++
 		}
-	}
+	})
 	return c
 }
 
@@ -1575,14 +1579,9 @@ func (n *Node) logReplicasHeld() {
 	if !n.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
-	for i := range n.pt.parts {
-		pt := &n.pt.parts[i]
-		pt.mu.RLock()
-		if pt.rep.complete {
-			n.log.Debug("draining: copy still held", "partition", i, "owner", pt.rep.holder, "epoch", pt.rep.epoch, "holder_alive", n.alive(pt.rep.holder))
-		}
-		pt.mu.RUnlock()
-	}
+	n.eachCopy(func(pid int, rep replica, _ role) {
+		n.log.Debug("draining: copy still held", "partition", pid, "owner", rep.holder, "epoch", rep.epoch, "holder_alive", n.alive(rep.holder))
+	})
 }
 
 // giveWay drops every partition and copy this node holds: its cluster

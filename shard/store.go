@@ -132,8 +132,12 @@ func (s *Store) stripeFor(ek []byte) *stripe {
 
 // stripeForPlacement returns the stripe of an encoded (tenant, subject).
 func (s *Store) stripeForPlacement(pre []byte) *stripe {
-	return &s.stripes[xxhash.Sum64(pre)&s.mask]
+	return s.stripeOfHash(xxhash.Sum64(pre))
 }
+
+// stripeOfHash returns the stripe of the (tenant, subject) whose xxhash64
+// is h: the one rule that maps a key to its lock.
+func (s *Store) stripeOfHash(h uint64) *stripe { return &s.stripes[h&s.mask] }
 
 // placementLen returns the length of ek's (tenant, subject) prefix, or
 // len(ek) if ek is too short to hold one (such an encoding matches no held
@@ -196,7 +200,7 @@ func (s *Store) AllowPlaced(pk Placed, p Policy, hits int64, now time.Time, d *D
 	if err := checkAllow(&p, hits); err != nil {
 		return 0, err
 	}
-	return s.allowAt(&s.stripes[pk.hash&s.mask], pk.ek, p, hits, now, d)
+	return s.allowAt(s.stripeOfHash(pk.hash), pk.ek, p, hits, now, d)
 }
 
 // checkAllow returns the error Allow reports for p and hits, or nil.
