@@ -168,12 +168,14 @@ func countAdmissions(c *cluster, key Key, d time.Duration, limit int, confirmed 
 	}
 }
 
-func (s *stallScene) parts() string {
+func (s *stallScene) parts() string { return partsOf(s.c.live(), s.pid) }
+
+// partsOf describes partition pid on each of nodes, a line each: what a
+// failed attack prints.
+func partsOf(nodes []*Node, pid int) string {
 	var parts []string
-	for _, nd := range s.c.nodes {
-		if !nd.closing.Load() {
-			parts = append(parts, nd.partForTest(s.pid))
-		}
+	for _, nd := range nodes {
+		parts = append(parts, nd.partForTest(pid))
 	}
 	return strings.Join(parts, "\n")
 }

@@ -55,12 +55,8 @@ func TestAttack6BackupLeavesBeforeHolderCrashSeen(t *testing.T) {
 	survivors := c.live()
 	after, _ := survivorAdmits(t, survivors, key, limit, 40*time.Second)
 	if admitted+after > limit {
-		var parts []string
-		for _, nd := range survivors {
-			parts = append(parts, nd.partForTest(pid))
-		}
-		t.Fatalf("%d admissions in one window of limit %d (%d confirmed by n0, synchronously, before it crashed; %d after): n1 left with the only copy %v",
-			admitted+after, limit, admitted, after, parts)
+		t.Fatalf("%d admissions in one window of limit %d (%d confirmed by n0, synchronously, before it crashed; %d after): n1 left with the only copy:\n%s",
+			admitted+after, limit, admitted, after, partsOf(survivors, pid))
 	}
 }
 

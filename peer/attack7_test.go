@@ -68,11 +68,7 @@ func TestAttack7LeaverTrustsRestartedHolder(t *testing.T) {
 	}
 	after, _ := survivorAdmits(t, survivors, key, limit, 40*time.Second)
 	if admitted+after > limit {
-		var parts []string
-		for _, nd := range survivors {
-			parts = append(parts, nd.partForTest(pid))
-		}
-		t.Fatalf("%d admissions in one window of limit %d (%d confirmed by n0, synchronously, before it crashed; %d after; n1 left before the restart reached it: %v): %v",
-			admitted+after, limit, admitted, after, left, parts)
+		t.Fatalf("%d admissions in one window of limit %d (%d confirmed by n0, synchronously, before it crashed; %d after; n1 left before the restart reached it: %v):\n%s",
+			admitted+after, limit, admitted, after, left, partsOf(survivors, pid))
 	}
 }

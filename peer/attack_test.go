@@ -2,7 +2,6 @@ package peer
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -258,13 +257,10 @@ func TestAttackPausedHolderNewBackup(t *testing.T) {
 		}
 		<-tick.C
 	}
-	var parts []string
-	for _, nd := range live {
-		parts = append(parts, nd.partForTest(pid))
-	}
+	parts := partsOf(live, pid)
 	if confirmed > limit {
 		t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v; n0's new backup %s):\n%s",
-			confirmed, limit, by, pick, strings.Join(parts, "\n"))
+			confirmed, limit, by, pick, parts)
 	}
-	t.Logf("confirmed %d (by decider: %v):\n%s", confirmed, by, strings.Join(parts, "\n"))
+	t.Logf("confirmed %d (by decider: %v):\n%s", confirmed, by, parts)
 }
