@@ -331,6 +331,23 @@ func (n *Node) setCopyFaultForTest(f func(pid int, to string, last bool) copyFau
 	n.copyFault.Store(&f)
 }
 
+// fillForTest merges ks into n's own store of partition pid, which n
+// holds, as admissions decided at now under policy: a quick way to build a
+// large state (no replication; the test checks copies made after it).
+func (n *Node) fillForTest(pid int, ks shard.KeyState, policy string, now time.Time) error {
+	p := n.table.Load().byName[policy]
+	if p == nil {
+		return fmt.Errorf("no policy %q", policy)
+	}
+	pt := &n.pt.parts[pid]
+	pt.mu.RLock()
+	defer pt.mu.RUnlock()
+	if pt.role != roleHolder {
+		return fmt.Errorf("partition %d is not held here (%v)", pid, pt.role)
+	}
+	return pt.store.Import(ks, p.sp, now)
+}
+
 // copyForTest returns n's complete copy of partition pid kept for holder,
 // or nil when n keeps none.
 func (n *Node) copyForTest(pid int, holder string) *shard.Store {
