@@ -958,8 +958,9 @@ func (n *Node) promote(ctx context.Context, pid int, to string) {
 // when it applied the promote, and may have made this node its backup
 // since (a copy at a newer epoch, kept in rep). A target gossip calls
 // failed may still run (cut off, or its failure detected faster than its
-// lease ends), and a promote delayed before the target applies it takes
-// effect until its deadline (the target refuses it after): so this node
+// lease ends), and a promote delayed before the target applies it gives
+// it a lease only within 9/10 of the promote's timeout of the copy's
+// completion, on the target's clock (server.promote): so this node
 // takes nothing back before the promote's timeout and that lease have
 // passed on its own clock since it sent the promote (as a backup waits
 // out the lease it granted), continues from its copy of the target's
@@ -977,8 +978,9 @@ func (n *Node) settleFenced(ctx context.Context, pid int) {
 	}
 	if promotedAt != 0 && n.mono()-promotedAt <= int64(n.rpcTimeout()+n.cfg.LeaseDuration) {
 		// The target may still decide under the promote's lease: it
-		// applies a promote until the request's deadline (rpcTimeout
-		// after we sent it) and counts its lease from then.
+		// takes one only within 9/10 of rpcTimeout of the copy's
+		// completion (before we sent the promote) and counts it from
+		// then.
 		return
 	}
 	if !n.quorum() {

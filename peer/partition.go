@@ -78,10 +78,15 @@ import (
 //     newer holding too.
 //   - A transfer whose Promote got no answer may have taken effect: the
 //     old holder stays fenced while the target lives, then waits out the
-//     Promote's timeout (the target refuses one whose deadline has
-//     passed) and the lease it gave the target before it takes the
-//     partition back, above every epoch the target may hold it at
-//     (settleFenced). A takeover gives up if the old holder probed the
+//     Promote's timeout and the lease it gave the target before it takes
+//     the partition back, above every epoch the target may hold it at
+//     (settleFenced). The target takes a lease from a Promote only when
+//     it arrives within 9/10 of its timeout of the copy's completion on
+//     the target's own clock (the sender sent it after that), so a
+//     Promote held in the network, whose gRPC deadline would count from
+//     when the target's server reads it, leaves the target holding with
+//     no lease until its backup, the old holder, grants one or answers
+//     stale (server.promote). A takeover gives up if the old holder probed the
 //     taking-over member, or renewed its lease, between the takeover's
 //     probe and its commit.
 //   - Replication keeps each backup's copy in the holder's order: within
@@ -177,11 +182,11 @@ type part struct {
 	// promotedAt is when this node last sent a Promote of the partition
 	// (node monotonic ns; 0: never). A promote whose answer is lost may
 	// have taken effect: its receiver then decides under a lease counted
-	// from when it applied it, no later than the request's deadline, so
-	// the lease ends before promotedAt plus the promote's timeout
-	// (rpcTimeout) plus LeaseDuration on this node's clock (for a request
-	// read by the target's gRPC server without delay: its deadline is
-	// relative, counted from when the server reads it).
+	// from when it applied it, which it takes only within 9/10 of the
+	// promote's timeout of the copy's completion on its clock, so the
+	// lease ends before promotedAt plus the promote's timeout
+	// (rpcTimeout) plus LeaseDuration on this node's clock, however long
+	// the request was held on its way.
 	promotedAt int64
 
 	// Replica side: our copy of another holder's partition, and the next
@@ -218,6 +223,10 @@ type replica struct {
 	// made is when the copy was begun (node monotonic ns): a restart of the
 	// holder after it means the process that made it is gone.
 	made int64
+	// completed is when the copy's last request completed it here (node
+	// monotonic ns; 0: not completed by a copy): a promote of it was sent
+	// after that, which bounds the promote's age on this node's clock.
+	completed int64
 }
 
 // setRoleLocked changes the partition's role and wakes its waiters. Called

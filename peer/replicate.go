@@ -859,9 +859,16 @@ func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing,
 			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
 		lease := pt.rep.leaseEnd // a lease granted stays granted
+		completed := n.mono()
+		if pt.rep.complete && pt.rep.holder == sender && pt.rep.epoch == epoch {
+			// The same copy again (a duplicate): a promote of it is no
+			// younger than the first completion (promote).
+			completed = pt.rep.completed
+		}
 		pt.rep = pt.next
 		pt.rep.complete = true
 		pt.rep.leaseEnd = lease
+		pt.rep.completed = completed
 		pt.next = replica{}
 		return grant()
 	case peerpb.PartitionOp_KIND_HEARTBEAT:
@@ -941,12 +948,41 @@ func (s *server) promote(ctx context.Context, req *peerpb.PromoteRequest) (*peer
 	// answer: it is our backup from the start, so a crash of this node
 	// right after the move loses nothing. Our lease counts from now, before
 	// the sender's record of it begins (when it receives the answer).
+	//
+	// Unless the promote may be late. Its deadline does not tell: gRPC
+	// sends it as a timeout that our server counts from when it reads the
+	// request, so a promote held in the network (or in the socket of a
+	// paused process) arrives with its whole timeout ahead of it, perhaps
+	// after the sender gave up, waited out that timeout and a lease, and
+	// took the partition back (settleFenced); a lease from now would let
+	// both decide. Our own clock bounds its age instead: the sender sent
+	// it after our answer to the copy's last request, which completed the
+	// copy here, so it is no older than the copy. A promote that arrives
+	// within 9/10 of its timeout of the copy's completion, on our clock,
+	// is on time: our lease then ends within 9/10 of the timeout plus the
+	// lease from the copy's completion, before the sender's wait ends
+	// (counted in full on its clock from later), while the clocks' rates
+	// differ by less than 10 % (offsets do not matter). A later one still
+	// makes us the holder (the sender may be waiting for its answer yet,
+	// or be a member handing a copy of its old holding over, which waits
+	// for nothing: promoteCopy), but without a lease: we decide only once
+	// our backup, the sender, grants one (or a new backup does, after the
+	// checks of a holder whose lease has ended). A sender that took the
+	// partition back answers stale and we learn its holding.
+	lease := int64(0)
+	budget := n.rpcTimeout()
+	if dl, ok := ctx.Deadline(); ok {
+		budget = min(budget, time.Until(dl))
+	}
+	if now := n.mono(); pt.rep.completed != 0 && now-pt.rep.completed <= holderLease(budget) {
+		lease = now + holderLease(n.cfg.LeaseDuration)
+	}
 	pt.store = pt.rep.store
 	pt.rep = replica{}
 	pt.next = replica{}
 	pt.backup = req.GetSender()
 	pt.needSync = false
-	pt.leaseUntil.Store(n.mono() + holderLease(n.cfg.LeaseDuration))
+	pt.leaseUntil.Store(lease)
 	pt.setRoleLocked(roleHolder, n.name, epoch+1, n.clock())
 	n.metrics.Handoff("received", "ok", pt.store.Len())
 	n.kickOwnership()
