@@ -60,9 +60,16 @@ func startStallScene(t *testing.T, pc PolicyConfig, prefix string) *stallScene {
 // other than pick, the member n0 copies to once n1 is unreachable.
 func startFiveNodeScene(t *testing.T, pc PolicyConfig, prefix string) *stallScene {
 	t.Helper()
+	return startFiveNodeSceneWhere(t, pc, prefix, attackLease, nil)
+}
+
+// startFiveNodeSceneWhere is startFiveNodeScene with leases of lease, for
+// a partition that also fits (nil: any), given pick.
+func startFiveNodeSceneWhere(t *testing.T, pc PolicyConfig, prefix string, lease time.Duration, fits func(pid int, pick string) bool) *stallScene {
+	t.Helper()
 	cut := new(atomic.Bool)
 	c := startClusterWith(t, 5, Config{
-		LeaseDuration: attackLease,
+		LeaseDuration: lease,
 		Policies:      map[string]PolicyConfig{"p": pc},
 	}, func(i int, cfg *Config) {
 		cfg.Gossip = attackGossip
@@ -83,7 +90,7 @@ func startFiveNodeScene(t *testing.T, pc PolicyConfig, prefix string) *stallScen
 			continue
 		}
 		// n1 keeps what it takes over, with a backup other than pick.
-		if without0.PartitionOwner(p) == "n1" && others[p%3] != without0.PartitionBackup(p) {
+		if without0.PartitionOwner(p) == "n1" && others[p%3] != without0.PartitionBackup(p) && (fits == nil || fits(p, others[p%3])) {
 			s.key, s.pid, s.pick = k, p, others[p%3]
 			break
 		}

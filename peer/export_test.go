@@ -348,6 +348,28 @@ func (n *Node) fillForTest(pid int, ks shard.KeyState, policy string, now time.T
 	return pt.store.Import(ks, p.sp, now)
 }
 
+// setReleaseLostForTest makes n lose every RELEASE of a partition copy
+// it sends that f returns true for (nil: none).
+func (n *Node) setReleaseLostForTest(f func(pid int, to string) bool) {
+	if f == nil {
+		n.releaseLost.Store(nil)
+		return
+	}
+	n.releaseLost.Store(&f)
+}
+
+// replicaForTest returns n's complete copy of partition pid: whose holding
+// it copies and at which epoch ("", 0 when n keeps none).
+func (n *Node) replicaForTest(pid int) (holder string, epoch uint64) {
+	pt := &n.pt.parts[pid]
+	pt.mu.RLock()
+	defer pt.mu.RUnlock()
+	if !pt.rep.complete {
+		return "", 0
+	}
+	return pt.rep.holder, pt.rep.epoch
+}
+
 // copyForTest returns n's complete copy of partition pid kept for holder,
 // or nil when n keeps none.
 func (n *Node) copyForTest(pid int, holder string) *shard.Store {

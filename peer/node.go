@@ -115,6 +115,9 @@ type Node struct {
 	// partition copy this node sends (last: the request that completes
 	// it): send it and lose the answer, or fail it unsent.
 	copyFault atomic.Pointer[func(pid int, to string, last bool) copyFault]
+	// releaseLost, when set (tests only), makes release drop a RELEASE it
+	// returns true for: never sent, as if lost on the way.
+	releaseLost atomic.Pointer[func(pid int, to string) bool]
 	// pipeBreaks counts streams to peers that broke (tests wait on it).
 	pipeBreaks atomic.Int64
 	// replSeq numbers replication messages (ReplicateRequest.Seq).

@@ -103,6 +103,9 @@ func (n *Node) sendOps(to string, ops []*peerpb.PartitionOp) {
 // to drop its copy (best effort: a lost release leaves a copy that a probe
 // finds stale before any takeover).
 func (n *Node) release(to string, pid int, epoch uint64) {
+	if h := n.releaseLost.Load(); h != nil && (*h)(pid, to) {
+		return
+	}
 	n.sendOps(to, []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_RELEASE, Partition: uint32(pid), Epoch: epoch}})
 }
 
