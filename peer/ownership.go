@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -934,7 +935,7 @@ func (n *Node) promote(ctx context.Context, pid int, to string) {
 		// lease the new holder counts on starts now on our clock (after it
 		// started on the new holder's).
 		if pt.releasedBy != to || pt.releasedEpoch < epoch+1 {
-			pt.rep = replica{holder: to, epoch: epoch + 1, complete: pt.store != nil, store: pt.store, leaseEnd: n.mono() + int64(n.cfg.LeaseDuration), made: n.mono()}
+			pt.rep = replica{holder: to, epoch: epoch + 1, holderEpoch: epoch + 1, complete: pt.store != nil, store: pt.store, leaseEnd: n.mono() + int64(n.cfg.LeaseDuration), made: n.mono()}
 		}
 		pt.store = nil
 		pt.backup = ""
@@ -1021,9 +1022,10 @@ func (n *Node) settleFenced(ctx context.Context, pid int) {
 // takeOver makes this node, the backup of a failed holder, the holder of
 // partition pid at the copy's epoch + 1, once the lease has expired, the
 // node sees a majority, no live member knows a newer epoch, no live
-// member holds the partition at the copy's epoch, and the holder has
-// neither probed this node nor renewed its lease between the takeover's
-// probe and its commit.
+// member holds the partition at the copy's epoch, no other member keeps a
+// complete copy at the copy's epoch that comes first (copyClaim.above),
+// and the holder has neither probed this node nor renewed its lease
+// between the takeover's probe and its commit.
 func (n *Node) takeOver(ctx context.Context, pid int) {
 	n.own.mu.Lock()
 	stopped := n.own.stopped
@@ -1072,6 +1074,21 @@ func (n *Node) takeOver(ctx context.Context, pid int) {
 		pt.rep = replica{}
 		pt.next = replica{}
 		pt.learnLocked(holder, epoch, n.clock())
+		return
+	}
+	mine := copyClaim{keeper: n.name, holder: rep.holder, epoch: rep.epoch, holderEpoch: rep.holderEpoch}
+	if top := newest.topCopy; top.keeper != "" && top.epoch == rep.epoch && top.above(mine) {
+		// Another member keeps a complete copy at our copy's very epoch,
+		// of another holding (or one we cannot order against ours): a
+		// holder that stalled mid-copy completed its copy after it had
+		// been taken over, and the release of that copy was lost; both
+		// holders are gone. Each of the two copies' keepers would take
+		// over at epoch + 1 and decide. Only the first copy in copyClaim
+		// order is taken over (the newer holding's): we keep ours, unused,
+		// until the next probe finds the other keeper's holding, at a
+		// newer epoch, and drops it (or finds that copy gone).
+		n.log.Info("partition takeover deferred: another member keeps a copy at the same epoch that comes first", "partition", pid, "peer", rep.holder, "epoch", rep.epoch,
+			"holder_epoch", rep.holderEpoch, "other", top.keeper, "other_holder", top.holder, "other_holder_epoch", top.holderEpoch)
 		return
 	}
 	pt.store = rep.store
@@ -1188,6 +1205,45 @@ type probeResult struct {
 	// newest epoch (heldEpoch) among those that answered, "" if none.
 	heldBy    string
 	heldEpoch uint64
+	// topCopy is the first, in copyClaim order, of the complete copies the
+	// members that answered keep (keeper "" if none).
+	topCopy copyClaim
+}
+
+// copyClaim is a complete copy of a partition that keeper keeps: of
+// holder's holding, made at epoch while holder held it at holderEpoch (0:
+// not known, from a member of an older version).
+type copyClaim struct {
+	keeper, holder     string
+	epoch, holderEpoch uint64
+}
+
+// above reports whether copy c comes before copy o: the newer epoch; at
+// one epoch, the newer holding it was made from (an unknown one first, so
+// that a member that cannot order copies never makes its own copy win
+// over another's it cannot see into: an older member would take its copy
+// over whatever this one does), then the larger holder's name, then the
+// larger keeper's name. It is a strict total order on copies of distinct
+// keepers, so of two members that probe each other and see each other's
+// copy, exactly one finds its own first.
+func (c copyClaim) above(o copyClaim) bool {
+	if c.epoch != o.epoch {
+		return c.epoch > o.epoch
+	}
+	ch, oh := c.holderEpoch, o.holderEpoch
+	if ch == 0 {
+		ch = math.MaxUint64
+	}
+	if oh == 0 {
+		oh = math.MaxUint64
+	}
+	if ch != oh {
+		return ch > oh
+	}
+	if c.holder != o.holder {
+		return c.holder > o.holder
+	}
+	return c.keeper > o.keeper
 }
 
 // probe asks every other live member about partition pid. ok is false if
@@ -1251,6 +1307,10 @@ func (n *Node) probeQuiet(ctx context.Context, pid int, quiet func(string) bool)
 			}
 			if in.ReplicaEpoch > 0 {
 				res.active = true
+				claim := copyClaim{keeper: m, holder: in.ReplicaHolder, epoch: in.ReplicaEpoch, holderEpoch: in.ReplicaHolderEpoch}
+				if res.topCopy.keeper == "" || claim.above(res.topCopy) {
+					res.topCopy = claim
+				}
 				if in.ReplicaHolder == n.name && in.ReplicaEpoch > res.myCopyEpoch {
 					res.myCopy, res.myCopyEpoch = m, in.ReplicaEpoch
 				}

@@ -58,7 +58,15 @@ import (
 //     It continues from its copy at epoch + 1: a crash loses nothing that
 //     was replicated synchronously. It yields instead to a newer epoch
 //     anywhere, and to a live member holding the partition at its copy's
-//     epoch: a tie never goes to the copy of a holder that is gone. A
+//     epoch: a tie never goes to the copy of a holder that is gone. Two
+//     complete copies at one epoch from different holdings, both holders
+//     gone (a holder that stalled mid-copy completed it after it was
+//     taken over, and the copy's release was lost), are ordered by the
+//     epoch each holder held the partition at when it began its copy,
+//     kept with the copy and told by Probe, then by names: only the
+//     keeper of the first takes over; the other waits (copyClaim). A
+//     member that does not tell that epoch (an older version) comes
+//     first, so this one never takes over beside it. A
 //     member that is leaving takes over too (its copy may be the only
 //     one) and hands the partition on with the rest of its drain, which
 //     waits for such takeovers while it sees a majority. It keeps the copy
@@ -212,6 +220,13 @@ type part struct {
 type replica struct {
 	holder string
 	epoch  uint64
+	// holderEpoch is the epoch holder held the partition at when the copy
+	// was begun: below epoch for a copy holder sent (SYNC_BEGIN's
+	// HolderEpoch), equal to it for the copy an old holder keeps of the
+	// member it promoted. Two complete copies at one epoch, of different
+	// holdings, are ordered by it (copyClaim.above), so that only one is
+	// taken over.
+	holderEpoch uint64
 	// seq is the newest replication message (ReplicateRequest.Seq) from
 	// holder whose ADMIT or REPLACE this copy applied; older ones are not
 	// applied (they arrived late).

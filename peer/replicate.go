@@ -793,7 +793,7 @@ func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing,
 		}
 		// The new copy is built beside the complete one we may have; it
 		// replaces it only at SYNC_END.
-		pt.next = replica{holder: sender, epoch: epoch, store: n.newPartStore(), made: n.mono()}
+		pt.next = replica{holder: sender, epoch: epoch, holderEpoch: holderEpoch, store: n.newPartStore(), made: n.mono()}
 		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 	case peerpb.PartitionOp_KIND_SYNC_CHUNK:
 		if pt.next.holder != sender || pt.next.epoch != epoch || pt.next.store == nil {
@@ -1007,7 +1007,7 @@ func (s *server) Probe(_ context.Context, req *peerpb.ProbeRequest) (*peerpb.Pro
 		pt.mu.RLock()
 		info := &peerpb.PartitionInfo{Partition: pid, Role: uint32(pt.role), Holder: pt.holder, Epoch: pt.epoch}
 		if pt.rep.complete {
-			info.ReplicaEpoch, info.ReplicaHolder = pt.rep.epoch, pt.rep.holder
+			info.ReplicaEpoch, info.ReplicaHolder, info.ReplicaHolderEpoch = pt.rep.epoch, pt.rep.holder, pt.rep.holderEpoch
 			if req.GetSender() == pt.rep.holder {
 				// The copy's holder acts on this answer: a takeover under
 				// way must not commit after it (takeOver).

@@ -1896,8 +1896,16 @@ type PartitionInfo struct {
 	// none; ReplicaHolder is whose copy it is.
 	ReplicaEpoch  uint64 `protobuf:"varint,5,opt,name=replica_epoch,json=replicaEpoch,proto3" json:"replica_epoch,omitempty"`
 	ReplicaHolder string `protobuf:"bytes,6,opt,name=replica_holder,json=replicaHolder,proto3" json:"replica_holder,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// ReplicaHolderEpoch is the epoch ReplicaHolder held the partition at
+	// when the copy was begun (the SYNC_BEGIN's holder_epoch; equal to
+	// replica_epoch for the copy an old holder keeps of the member it
+	// promoted). Two complete copies at one replica_epoch are ordered by it,
+	// then by replica_holder, then by the keeper's name, so that only one of
+	// them is taken over. Zero (an older node) means not known, and orders
+	// above every known value.
+	ReplicaHolderEpoch uint64 `protobuf:"varint,7,opt,name=replica_holder_epoch,json=replicaHolderEpoch,proto3" json:"replica_holder_epoch,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *PartitionInfo) Reset() {
@@ -1970,6 +1978,13 @@ func (x *PartitionInfo) GetReplicaHolder() string {
 		return x.ReplicaHolder
 	}
 	return ""
+}
+
+func (x *PartitionInfo) GetReplicaHolderEpoch() uint64 {
+	if x != nil {
+		return x.ReplicaHolderEpoch
+	}
+	return 0
 }
 
 // ProbeResponse answers a ProbeRequest, one entry per partition, in order.
@@ -2938,14 +2953,15 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x02 \x03(\rR\n" +
-	"partitions\"\xbb\x01\n" +
+	"partitions\"\xed\x01\n" +
 	"\rPartitionInfo\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\rR\x04role\x12\x16\n" +
 	"\x06holder\x18\x03 \x01(\tR\x06holder\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12#\n" +
 	"\rreplica_epoch\x18\x05 \x01(\x04R\freplicaEpoch\x12%\n" +
-	"\x0ereplica_holder\x18\x06 \x01(\tR\rreplicaHolder\"L\n" +
+	"\x0ereplica_holder\x18\x06 \x01(\tR\rreplicaHolder\x120\n" +
+	"\x14replica_holder_epoch\x18\a \x01(\x04R\x12replicaHolderEpoch\"L\n" +
 	"\rProbeResponse\x12;\n" +
 	"\n" +
 	"partitions\x18\x01 \x03(\v2\x1b.ringlimit.v1.PartitionInfoR\n" +

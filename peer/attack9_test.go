@@ -1,0 +1,185 @@
+package peer
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/ring"
+)
+
+// A ninth round of attacks on the ownership protocol: two complete
+// copies of one partition at the same epoch, made by different holders.
+
+// TestAttack9SameEpochCopiesBothHoldersGone: n0 holds a partition (sync)
+// at epoch e with n1 as its backup, and has confirmed 2 admissions. It
+// marks n1 unreachable and copies the partition to pick instead; the
+// first attempt fails unsent (a known outcome, but its epoch e+1 is spent),
+// the second, at e+2, stalls before its only request with n0's gossip
+// cut. n1 sees n0 fail, waits out the lease, takes over at e+1, copies its
+// holding to its own backup b1 at e+2 and confirms the rest of the limit.
+// n0 resumes: pick, which has heard of no takeover, completes n0's copy at
+// e+2; n0 finds n1's holding (confirmHolding) and gives way, but the
+// RELEASE of pick's copy is lost. Then n0 and n1 are both gone: pick keeps
+// a complete copy of n0's old state at e+2, b1 one of n1's at e+2, and
+// neither yielded to the other (no live member holds the partition, no
+// epoch is newer), so both took over at e+3 and both decided: 8
+// admissions in a window of 5, pick from n0's 2 (with pick kept from
+// handing its holding on to b1 by a moment without b1's port). Now the
+// copies are ordered by the epoch their holders held the partition at (e
+// for n0's, e+1 for n1's): pick defers, b1 alone takes over.
+//
+// The two takeovers are made to meet between their probes and commits
+// (setTakeoverHookForTest), as when both keepers see the holders fail at
+// once; one after the other, the second already yields to the first's
+// newer epoch.
+func TestAttack9SameEpochCopiesBothHoldersGone(t *testing.T) {
+	t.Parallel()
+	const limit = 5
+	rc := ring.Config{}.WithDefaults()
+	without0, err := ring.New(rc, []string{"n1", "n2", "n3", "n4"}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	without01, err := ring.New(rc, []string{"n2", "n3", "n4"}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without n0 and n1, n1's backup is the partition's target, and pick
+	// the backup it wants.
+	s := startFiveNodeSceneWhere(t, PolicyConfig{Limit: limit, Window: time.Hour}, "same-epoch-copies", time.Second, func(p int, pick string) bool {
+		return without01.PartitionOwner(p) == without0.PartitionBackup(p) && without01.PartitionBackup(p) == pick
+	})
+	n0, n1, pid, pick := s.n0, s.n1, s.pid, s.pick
+	byName := map[string]*Node{}
+	for _, nd := range s.c.nodes {
+		byName[nd.Name()] = nd
+	}
+	b1, pickNode := byName[without0.PartitionBackup(pid)], byName[pick]
+	resume := make(chan struct{})
+	var once sync.Once
+	wake := func() { once.Do(func() { close(resume) }) }
+	t.Cleanup(wake)
+	stalled := make(chan struct{})
+	var calls atomic.Int32
+	n0.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
+		if p != pid || to != pick || !last {
+			return copySend
+		}
+		switch calls.Add(1) {
+		case 1:
+			return copyUnsent // the copy's epoch is spent all the same
+		case 2:
+			// The stall; n0's gossip stays cut after it, so the others
+			// keep it failed.
+			s.cut.Store(true)
+			close(stalled)
+			<-resume
+		}
+		return copySend
+	})
+	n0.setReleaseLostForTest(func(p int, to string) bool { return p == pid && to == pick })
+	confirmed := admitN(t, n0, s.key, 2)
+	n0.markUnreachable("n1")
+	n0.kickOwnership()
+	select {
+	case <-stalled:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("n0 never stalled copying the partition to %s: %s", pick, n0.partForTest(pid))
+	}
+	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
+		r, _, _ := n1.roleForTest(pid)
+		return r == roleHolder
+	})
+	s.fillAtN1(t, &confirmed, limit)
+	var epoch uint64
+	waitFor(t, 10*time.Second, b1.Name()+" to keep a complete copy of n1's holding", func() bool {
+		var h string
+		h, epoch = b1.replicaForTest(pid)
+		return h == "n1"
+	})
+	// The two takeovers meet between their probes and their commits: each
+	// waits there (once) for the other, as when both see the holders fail
+	// at the same moment.
+	var met sync.WaitGroup
+	met.Add(2)
+	meet := func(nd *Node) {
+		var first atomic.Bool
+		nd.setTakeoverHookForTest(func(p int) {
+			if p != pid || !first.CompareAndSwap(false, true) {
+				return
+			}
+			met.Done()
+			done := make(chan struct{})
+			go func() { met.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+			}
+		})
+	}
+	meet(pickNode)
+	meet(b1)
+	wake()
+	waitFor(t, 10*time.Second, "n0 to give the partition up", func() bool {
+		r, _, _ := n0.roleForTest(pid)
+		return r != roleHolder && r != roleFenced
+	})
+	if h, e := pickNode.replicaForTest(pid); h != "n0" || e != epoch {
+		t.Fatalf("scene not reached: %s keeps %s@%d, %s keeps n1@%d:\n%s", pick, h, e, b1.Name(), epoch, s.parts())
+	}
+	// Without n0 and n1, b1 is the partition's target, and pick would
+	// hand what it takes over on to b1 (refused: b1 holds it at the same
+	// epoch). pick cannot reach b1's port for a moment, as n0 could not
+	// reach n1's: it keeps the partition, with another backup.
+	pickNode.markUnreachable(b1.Name())
+	n0.KillForTest()
+	n1.KillForTest()
+	survivors := s.c.live()
+	waitFor(t, 30*time.Second, "a survivor to take the partition over", func() bool {
+		for _, nd := range survivors {
+			if nd.decisionPointForTest(s.key) {
+				return true
+			}
+		}
+		return false
+	})
+	by := map[string]int{"n0": 2, "n1": limit - 2}
+	countAdmissions(s.c, s.key, time.Second, limit, &confirmed, by)
+	var deciders []string
+	for _, nd := range survivors {
+		if nd.decisionPointForTest(s.key) {
+			deciders = append(deciders, nd.Name())
+		}
+	}
+	if confirmed > limit || len(deciders) > 1 {
+		t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v); deciding now: %v (copies at epoch %d on %s from n0, on %s from n1):\n%s",
+			confirmed, limit, by, deciders, epoch, pick, b1.Name(), s.parts())
+	}
+	t.Logf("confirmed %d (by decider: %v); deciding: %v:\n%s", confirmed, by, deciders, s.parts())
+}
+
+// TestCopyClaimOrder: copies at one epoch are ordered by the holding they
+// were made from, an unknown one (an older member's answer) first, then by
+// holder and keeper; every pair of distinct copies is ordered one way only.
+func TestCopyClaimOrder(t *testing.T) {
+	cases := []struct {
+		name string
+		a, b copyClaim
+	}{
+		{"newer epoch", copyClaim{"k1", "h1", 5, 1}, copyClaim{"k2", "h2", 4, 3}},
+		{"newer holding", copyClaim{"k1", "n1", 5, 4}, copyClaim{"k2", "n0", 5, 3}},
+		{"unknown holding", copyClaim{"k1", "n0", 5, 0}, copyClaim{"k2", "n1", 5, 4}},
+		{"holder name", copyClaim{"k1", "n1", 5, 4}, copyClaim{"k2", "n0", 5, 4}},
+		{"keeper name", copyClaim{"k2", "n0", 5, 4}, copyClaim{"k1", "n0", 5, 4}},
+		{"both unknown", copyClaim{"k1", "n1", 5, 0}, copyClaim{"k2", "n0", 5, 0}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if !tc.a.above(tc.b) || tc.b.above(tc.a) {
+				t.Fatalf("%+v above %+v: %v; reverse: %v; want true, false", tc.a, tc.b, tc.a.above(tc.b), tc.b.above(tc.a))
+			}
+		})
+	}
+}
