@@ -1831,9 +1831,16 @@ func (x *LeaseResponse) GetLeaseTtlNs() int64 {
 
 // ProbeRequest names partitions to ask about.
 type ProbeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sender        string                 `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
-	Partitions    []uint32               `protobuf:"varint,2,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Sender     string                 `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
+	Partitions []uint32               `protobuf:"varint,2,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	// Relay, when set to another member's name, asks the receiver to pass
+	// the probe on to that member (with the same sender, and no relay) and
+	// return its answer, or fail if it gets none: a sender that cannot reach
+	// the member itself learns what it knows all the same. Older nodes
+	// ignore it and answer from their own state (their answer then has no
+	// answered_by).
+	Relay         string `protobuf:"bytes,3,opt,name=relay,proto3" json:"relay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1880,6 +1887,13 @@ func (x *ProbeRequest) GetPartitions() []uint32 {
 		return x.Partitions
 	}
 	return nil
+}
+
+func (x *ProbeRequest) GetRelay() string {
+	if x != nil {
+		return x.Relay
+	}
+	return ""
 }
 
 // PartitionInfo is what a node knows of one partition.
@@ -1989,8 +2003,11 @@ func (x *PartitionInfo) GetReplicaHolderEpoch() uint64 {
 
 // ProbeResponse answers a ProbeRequest, one entry per partition, in order.
 type ProbeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Partitions    []*PartitionInfo       `protobuf:"bytes,1,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Partitions []*PartitionInfo       `protobuf:"bytes,1,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	// AnsweredBy is the member whose state the answer tells: the receiver,
+	// or the member it relayed the probe to. Empty from older nodes.
+	AnsweredBy    string `protobuf:"bytes,2,opt,name=answered_by,json=answeredBy,proto3" json:"answered_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2030,6 +2047,13 @@ func (x *ProbeResponse) GetPartitions() []*PartitionInfo {
 		return x.Partitions
 	}
 	return nil
+}
+
+func (x *ProbeResponse) GetAnsweredBy() string {
+	if x != nil {
+		return x.AnsweredBy
+	}
+	return ""
 }
 
 // AllowRequest is one request for a decision.
@@ -2948,12 +2972,13 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\bdecision\x18\x01 \x01(\v2\x16.ringlimit.v1.DecisionR\bdecision\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x04R\aleaseId\x12 \n" +
 	"\flease_ttl_ns\x18\x03 \x01(\x03R\n" +
-	"leaseTtlNs\"F\n" +
+	"leaseTtlNs\"\\\n" +
 	"\fProbeRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x02 \x03(\rR\n" +
-	"partitions\"\xed\x01\n" +
+	"partitions\x12\x14\n" +
+	"\x05relay\x18\x03 \x01(\tR\x05relay\"\xed\x01\n" +
 	"\rPartitionInfo\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\rR\x04role\x12\x16\n" +
@@ -2961,11 +2986,13 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12#\n" +
 	"\rreplica_epoch\x18\x05 \x01(\x04R\freplicaEpoch\x12%\n" +
 	"\x0ereplica_holder\x18\x06 \x01(\tR\rreplicaHolder\x120\n" +
-	"\x14replica_holder_epoch\x18\a \x01(\x04R\x12replicaHolderEpoch\"L\n" +
+	"\x14replica_holder_epoch\x18\a \x01(\x04R\x12replicaHolderEpoch\"m\n" +
 	"\rProbeResponse\x12;\n" +
 	"\n" +
 	"partitions\x18\x01 \x03(\v2\x1b.ringlimit.v1.PartitionInfoR\n" +
-	"partitions\"~\n" +
+	"partitions\x12\x1f\n" +
+	"\vanswered_by\x18\x02 \x01(\tR\n" +
+	"answeredBy\"~\n" +
 	"\fAllowRequest\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.ringlimit.v1.KeyR\x03key\x12\x12\n" +
 	"\x04hits\x18\x02 \x01(\x03R\x04hits\x12\x1a\n" +
