@@ -37,6 +37,14 @@ type stallScene struct {
 func startStallScene(t *testing.T, pc PolicyConfig, prefix string) *stallScene {
 	t.Helper()
 	s := startFiveNodeScene(t, pc, prefix)
+	s.stallCopy(t, nil)
+	return s
+}
+
+// stallCopy makes n0 stall, its gossip silent, just before the last
+// request of its first copy of the partition to pick; onStall (if not nil)
+// runs as it stalls.
+func (s *stallScene) stallCopy(t *testing.T, onStall func()) {
 	resume := make(chan struct{})
 	var once sync.Once
 	s.wake = func() { once.Do(func() { close(resume) }) }
@@ -45,13 +53,15 @@ func startStallScene(t *testing.T, pc PolicyConfig, prefix string) *stallScene {
 	s.n0.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
 		if p == s.pid && to == s.pick && last && stalled.CompareAndSwap(false, true) {
 			s.cut.Store(true)
+			if onStall != nil {
+				onStall()
+			}
 			close(s.entered)
 			<-resume
 			s.cut.Store(false)
 		}
 		return copySend
 	})
-	return s
 }
 
 // startFiveNodeScene starts the stall attacks' 5 members (n0's gossip can
@@ -60,12 +70,13 @@ func startStallScene(t *testing.T, pc PolicyConfig, prefix string) *stallScene {
 // other than pick, the member n0 copies to once n1 is unreachable.
 func startFiveNodeScene(t *testing.T, pc PolicyConfig, prefix string) *stallScene {
 	t.Helper()
-	return startFiveNodeSceneWhere(t, pc, prefix, attackLease, nil)
+	return startFiveNodeSceneWhere(t, pc, prefix, attackLease, nil, nil)
 }
 
 // startFiveNodeSceneWhere is startFiveNodeScene with leases of lease, for
-// a partition that also fits (nil: any), given pick.
-func startFiveNodeSceneWhere(t *testing.T, pc PolicyConfig, prefix string, lease time.Duration, fits func(pid int, pick string) bool) *stallScene {
+// a partition that also fits (nil: any), given pick, and edit0 (if not
+// nil) applied to n0's memberlist config after the rest.
+func startFiveNodeSceneWhere(t *testing.T, pc PolicyConfig, prefix string, lease time.Duration, fits func(pid int, pick string) bool, edit0 func(*memberlist.Config)) *stallScene {
 	t.Helper()
 	cut := new(atomic.Bool)
 	c := startClusterWith(t, 5, Config{
@@ -75,7 +86,13 @@ func startFiveNodeSceneWhere(t *testing.T, pc PolicyConfig, prefix string, lease
 		cfg.Gossip = attackGossip
 		if i == 0 {
 			cutGossip := withCutTransport(t, cut)
-			cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
+			cfg.Gossip = func(mc *memberlist.Config) {
+				cutGossip(mc)
+				mc.SuspicionMaxTimeoutMult = 50
+				if edit0 != nil {
+					edit0(mc)
+				}
+			}
 		}
 	})
 	s := &stallScene{c: c, n0: c.nodes[0], n1: c.nodes[1], pid: -1, cut: cut, entered: make(chan struct{})}

@@ -50,7 +50,7 @@ func TestAttack9SameEpochCopiesBothHoldersGone(t *testing.T) {
 	// the backup it wants.
 	s := startFiveNodeSceneWhere(t, PolicyConfig{Limit: limit, Window: time.Hour}, "same-epoch-copies", time.Second, func(p int, pick string) bool {
 		return without01.PartitionOwner(p) == without0.PartitionBackup(p) && without01.PartitionBackup(p) == pick
-	})
+	}, nil)
 	n0, n1, pid, pick := s.n0, s.n1, s.pid, s.pick
 	byName := map[string]*Node{}
 	for _, nd := range s.c.nodes {

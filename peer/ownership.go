@@ -557,10 +557,12 @@ func (n *Node) establishBackup(ctx context.Context, pid int, to string) {
 // its own requests reach the backup's address). So every live member is
 // asked first (one marked unreachable too, since the mark may be old and
 // that member may be the old backup itself, which tells nobody else of
-// its takeover before its own first copy; only the silence of a marked
-// one, such as a crashed backup gossip still lists, is borne); a newer
-// holding, or a complete copy of one, known anywhere makes this node
-// learn it instead.
+// its takeover before its own first copy; a marked one that is silent is
+// asked again through the members that answered, since its port may be
+// unreachable from this node only; only the silence of one that no relay
+// reaches either, such as a crashed backup gossip still lists, is borne);
+// a newer holding, or a complete copy of one, known anywhere makes this
+// node learn it instead.
 func (n *Node) stillHolder(ctx context.Context, pid int, epoch uint64, old, to string) bool {
 	pt := &n.pt.parts[pid]
 	if old == "" || n.mono() < pt.leaseUntil.Load() {
@@ -1256,12 +1258,71 @@ func (n *Node) probe(ctx context.Context, pid int) (probeResult, bool) {
 // too, but their silence does not make ok false. A member marked
 // unreachable is asked all the same: the mark may be old, and it may be
 // the very member whose news matters (a backup that took the partition
-// over while its holder stalled, and has told nobody else yet).
+// over while its holder stalled, and has told nobody else yet). One that
+// does not answer is asked again through every member that did (a relayed
+// probe, with this node as its sender): its port may be unreachable from
+// this node only, while it decides. Its silence is borne only when no
+// relay reaches it either (a crashed backup gossip still lists, a wedged
+// port).
 func (n *Node) probeQuiet(ctx context.Context, pid int, quiet func(string) bool) (probeResult, bool) {
 	v := n.view.Load()
 	var mu sync.Mutex
 	var res probeResult
 	ok := true
+	var silent, answered []string
+	// merge adds member m's answer to res; called with mu held.
+	merge := func(m string, in *peerpb.PartitionInfo) {
+		if in.Epoch > res.epoch && in.Holder != "" {
+			res.holder, res.epoch = in.Holder, in.Epoch
+		}
+		if in.ReplicaEpoch > res.epoch {
+			res.holder, res.epoch = in.ReplicaHolder, in.ReplicaEpoch
+		}
+		if in.Epoch > res.otherEpoch && in.Holder != "" && in.Holder != n.name {
+			res.other, res.otherEpoch = in.Holder, in.Epoch
+		}
+		if in.ReplicaEpoch > res.otherEpoch && in.ReplicaHolder != n.name {
+			res.other, res.otherEpoch = in.ReplicaHolder, in.ReplicaEpoch
+		}
+		switch role(in.Role) {
+		case roleHolder, roleFenced:
+			res.active, res.held = true, true
+			if in.Epoch > res.heldEpoch {
+				res.heldBy, res.heldEpoch = m, in.Epoch
+			}
+		}
+		if in.ReplicaEpoch > 0 {
+			res.active = true
+			claim := copyClaim{keeper: m, holder: in.ReplicaHolder, epoch: in.ReplicaEpoch, holderEpoch: in.ReplicaHolderEpoch}
+			if res.topCopy.keeper == "" || claim.above(res.topCopy) {
+				res.topCopy = claim
+			}
+			if in.ReplicaHolder == n.name && in.ReplicaEpoch > res.myCopyEpoch {
+				res.myCopy, res.myCopyEpoch = m, in.ReplicaEpoch
+			}
+		}
+	}
+	// ask sends the probe of pid to via (for m: via itself, or a relay)
+	// and returns m's answer, nil if none.
+	ask := func(via, m string) *peerpb.PartitionInfo {
+		c, err := n.peerClient(via)
+		if err != nil {
+			return nil
+		}
+		req := &peerpb.ProbeRequest{Sender: n.name, Partitions: []uint32{uint32(pid)}}
+		timeout := n.cfg.ForwardTimeout
+		if via != m {
+			req.Relay = m
+			timeout *= 2 // two hops
+		}
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		resp, err := c.stub.Probe(cctx, req)
+		cancel()
+		if err != nil || len(resp.Partitions) != 1 || via != m && resp.AnsweredBy != m {
+			return nil
+		}
+		return resp.Partitions[0]
+	}
 	var wg sync.WaitGroup
 	for m := range v.alive {
 		if m == n.name {
@@ -1270,52 +1331,37 @@ func (n *Node) probeQuiet(ctx context.Context, pid int, quiet func(string) bool)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := n.peerClient(m)
-			var resp *peerpb.ProbeResponse
-			if err == nil {
-				cctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
-				resp, err = c.stub.Probe(cctx, &peerpb.ProbeRequest{Sender: n.name, Partitions: []uint32{uint32(pid)}})
-				cancel()
-			}
+			in := ask(m, m)
 			mu.Lock()
 			defer mu.Unlock()
-			if err != nil || len(resp.Partitions) != 1 {
+			if in == nil {
 				if quiet == nil || !quiet(m) {
 					ok = false
+				} else {
+					silent = append(silent, m)
 				}
 				return
 			}
-			in := resp.Partitions[0]
-			if in.Epoch > res.epoch && in.Holder != "" {
-				res.holder, res.epoch = in.Holder, in.Epoch
-			}
-			if in.ReplicaEpoch > res.epoch {
-				res.holder, res.epoch = in.ReplicaHolder, in.ReplicaEpoch
-			}
-			if in.Epoch > res.otherEpoch && in.Holder != "" && in.Holder != n.name {
-				res.other, res.otherEpoch = in.Holder, in.Epoch
-			}
-			if in.ReplicaEpoch > res.otherEpoch && in.ReplicaHolder != n.name {
-				res.other, res.otherEpoch = in.ReplicaHolder, in.ReplicaEpoch
-			}
-			switch role(in.Role) {
-			case roleHolder, roleFenced:
-				res.active, res.held = true, true
-				if in.Epoch > res.heldEpoch {
-					res.heldBy, res.heldEpoch = m, in.Epoch
-				}
-			}
-			if in.ReplicaEpoch > 0 {
-				res.active = true
-				claim := copyClaim{keeper: m, holder: in.ReplicaHolder, epoch: in.ReplicaEpoch, holderEpoch: in.ReplicaHolderEpoch}
-				if res.topCopy.keeper == "" || claim.above(res.topCopy) {
-					res.topCopy = claim
-				}
-				if in.ReplicaHolder == n.name && in.ReplicaEpoch > res.myCopyEpoch {
-					res.myCopy, res.myCopyEpoch = m, in.ReplicaEpoch
-				}
-			}
+			answered = append(answered, m)
+			merge(m, in)
 		}()
+	}
+	wg.Wait()
+	if !ok {
+		return res, false
+	}
+	for _, m := range silent {
+		for _, via := range answered {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if in := ask(via, m); in != nil {
+					mu.Lock()
+					merge(m, in)
+					mu.Unlock()
+				}
+			}()
+		}
 	}
 	wg.Wait()
 	return res, ok

@@ -80,10 +80,12 @@ import (
 //     grant remembers no takeover, and a holder that paused or was cut
 //     off may not have heard of the restart), and again when such a copy
 //     completes, it asks every live member (stillHolder, confirmHolding; a
-//     member marked unreachable is asked too, only its silence is borne),
-//     and learns a newer holding rather than take a lease from a member
-//     that has not heard of it. A copy refused as stale teaches it the
-//     newer holding too.
+//     member marked unreachable is asked too, and, silent, again through
+//     every member that answered, since its port may be unreachable from
+//     this node only while it decides; only the silence of one no relay
+//     reaches either is borne), and learns a newer holding rather than
+//     take a lease from a member that has not heard of it. A copy refused
+//     as stale teaches it the newer holding too.
 //   - A transfer whose Promote got no answer may have taken effect: the
 //     old holder stays fenced while the target lives, then waits out the
 //     Promote's timeout and the lease it gave the target before it takes

@@ -992,13 +992,32 @@ func (s *server) promote(ctx context.Context, req *peerpb.PromoteRequest) (*peer
 	return &peerpb.PromoteResponse{Ok: true, Holder: n.name, Epoch: epoch + 1}, nil
 }
 
-// Probe tells what this node knows of the partitions asked about.
-func (s *server) Probe(_ context.Context, req *peerpb.ProbeRequest) (*peerpb.ProbeResponse, error) {
+// Probe tells what this node knows of the partitions asked about, or,
+// asked to relay it, what the member named in the request knows: it passes
+// the probe on with the same sender (so the member counts a probe of its
+// copy's holder, as if asked directly) and returns that member's answer
+// (probeQuiet).
+func (s *server) Probe(ctx context.Context, req *peerpb.ProbeRequest) (*peerpb.ProbeResponse, error) {
 	n := s.n
 	if len(req.GetPartitions()) > len(n.pt.parts) {
 		return nil, status.Errorf(codes.InvalidArgument, "peer: %d partitions asked, ring has %d", len(req.GetPartitions()), len(n.pt.parts))
 	}
-	resp := &peerpb.ProbeResponse{Partitions: make([]*peerpb.PartitionInfo, len(req.GetPartitions()))}
+	if to := req.GetRelay(); to != "" && to != n.name {
+		c, err := n.peerClient(to)
+		if err != nil {
+			return nil, status.Error(codes.Unavailable, err.Error())
+		}
+		// Bounded by the sender's deadline, which gRPC carries here.
+		resp, err := c.stub.Probe(ctx, &peerpb.ProbeRequest{Sender: req.GetSender(), Partitions: req.GetPartitions()})
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "peer: relay probe to %s: %v", to, err)
+		}
+		if resp.GetAnsweredBy() != to {
+			return nil, status.Errorf(codes.Unavailable, "peer: relay probe to %s answered by %q", to, resp.GetAnsweredBy())
+		}
+		return resp, nil
+	}
+	resp := &peerpb.ProbeResponse{Partitions: make([]*peerpb.PartitionInfo, len(req.GetPartitions())), AnsweredBy: n.name}
 	for i, pid := range req.GetPartitions() {
 		if int(pid) >= len(n.pt.parts) {
 			return nil, status.Errorf(codes.InvalidArgument, "peer: partition %d out of range", pid)
