@@ -1,7 +1,6 @@
 package peer
 
 import (
-	"context"
 	"io"
 	"net"
 	"sync"
@@ -56,20 +55,7 @@ func TestAttack10TakeoverUnreachableFromHolder(t *testing.T) {
 			by := map[string]int{}
 			if mode != ReplicateSync {
 				// n1 holds without a backup: it decides at once.
-				waitFor(t, 10*time.Second, "n1 to decide", func() bool {
-					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-					defer cancel()
-					d, err := n1.Allow(ctx, Request{Key: s.key})
-					if err == nil && d.Allowed {
-						confirmed++
-						by["n1"]++
-					}
-					return err == nil
-				})
-				for confirmed < limit {
-					confirmed += admitN(t, n1, s.key, 1)
-					by["n1"]++
-				}
+				confirmed = s.fillOnN1(t, confirmed, limit, by)
 			}
 			s.wake()
 			// n0's copy completes; then n1's copies go out.
@@ -121,9 +107,7 @@ func (r *rpcAddrRewrite) NotifyUpdate(n *memberlist.Node) { r.inner.NotifyUpdate
 type cutProxy struct {
 	lis    net.Listener
 	target atomic.Value // string
-	isCut  atomic.Bool
-	mu     sync.Mutex
-	conns  []net.Conn
+	conns  connSet
 	wg     sync.WaitGroup
 }
 
@@ -156,27 +140,10 @@ func (p *cutProxy) via(target string) string {
 
 // cut closes every connection through the proxy, and from now on every new
 // one.
-func (p *cutProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.isCut.Store(true)
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.conns = nil
-}
+func (p *cutProxy) cut() { p.conns.closeAll() }
 
 // track records c to be closed by cut, or closes it if the proxy is cut.
-func (p *cutProxy) track(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.isCut.Load() {
-		_ = c.Close()
-		return false
-	}
-	p.conns = append(p.conns, c)
-	return true
-}
+func (p *cutProxy) track(c net.Conn) bool { return p.conns.track(c) }
 
 func (p *cutProxy) serve() {
 	defer p.wg.Done()

@@ -235,20 +235,7 @@ func TestAttack3CopyBeforeTakeoverKnown(t *testing.T) {
 			by := map[string]int{"n0": 2}
 			if mode == ReplicateAsync {
 				// n1 holds without a backup: it decides at once.
-				waitFor(t, 10*time.Second, "n1 to decide", func() bool {
-					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-					defer cancel()
-					d, err := n1.Allow(ctx, Request{Key: s.key})
-					if err == nil && d.Allowed {
-						confirmed++
-						by["n1"]++
-					}
-					return err == nil
-				})
-				for confirmed < limit {
-					confirmed += admitN(t, n1, s.key, 1)
-					by["n1"]++
-				}
+				confirmed = s.fillOnN1(t, confirmed, limit, by)
 			}
 			s.wake()
 			// n0's copy completes; then n1's copies go out.
@@ -295,4 +282,27 @@ func TestAttack3TakeoverTieGoesToLiveHolder(t *testing.T) {
 	if n2.copyForTest(pid, "n-gone") != nil {
 		t.Fatal("n2 kept its stale copy")
 	}
+}
+
+// fillOnN1 waits for n1, which took the partition over, to decide the
+// scene's key, then admits it there until confirmed (the admissions
+// confirmed so far) reaches limit, counting n1's in by; it returns the new
+// confirmed count.
+func (s *stallScene) fillOnN1(t *testing.T, confirmed, limit int, by map[string]int) int {
+	t.Helper()
+	waitFor(t, 10*time.Second, "n1 to decide", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		d, err := s.n1.Allow(ctx, Request{Key: s.key})
+		if err == nil && d.Allowed {
+			confirmed++
+			by["n1"]++
+		}
+		return err == nil
+	})
+	for confirmed < limit {
+		confirmed += admitN(t, s.n1, s.key, 1)
+		by["n1"]++
+	}
+	return confirmed
 }

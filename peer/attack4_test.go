@@ -97,31 +97,8 @@ func TestAttack4PromoteDelayed(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			const limit = 5
-			var cut atomic.Bool
-			c := startClusterWith(t, 2, Config{LeaseDuration: attackLease, Policies: map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: mode}}},
-				func(_ int, cfg *Config) { cfg.Gossip = attackGossip })
-			n0 := c.nodes[0]
-			ring3 := n0.ringWithForTest("n2")
-			pid := -1
-			var key Key
-			for _, k := range hoKeys("promote-delayed-"+mode.String(), 4000, "p") {
-				p := n0.partIDForTest(k)
-				if o, _ := n0.Owner(k); o == n0.Name() && ring3.PartitionOwner(p) == "n2" && ring3.PartitionBackup(p) == n0.Name() {
-					key, pid = k, p
-					break
-				}
-			}
-			if pid < 0 {
-				t.Fatal("no key held by n0 that moves to n2 when n2 joins")
-			}
-			confirmed := admitN(t, n0, key, 2)
-			var ready atomic.Bool
-			n0.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
-				if p == pid && to == "n2" && !ready.Load() {
-					return copyUnsent
-				}
-				return copySend
-			})
+			var cut, ready atomic.Bool
+			c, n0, key, pid, confirmed := promoteScene(t, mode, limit, attackLease, "promote-delayed-", &ready)
 			n2 := c.addWith("n2", func(cfg *Config) {
 				cutGossip := withCutTransport(t, &cut)
 				cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
@@ -159,4 +136,36 @@ func TestAttack4PromoteDelayed(t *testing.T) {
 			t.Logf("confirmed %d (by decider: %v):\n%s\n%s", confirmed, by, n0.partForTest(pid), n2.partForTest(pid))
 		})
 	}
+}
+
+// promoteScene starts the Promote attacks' two members (attack gossip,
+// leases of lease, policy "p" of limit under mode) and picks a key n0
+// holds whose partition moves to n2 when n2 joins, with n0 as its backup;
+// it confirms 2 admissions of it on n0. n0's copies of the partition to n2
+// fail unsent until ready is set, so the move waits for the test.
+func promoteScene(t *testing.T, mode Replication, limit int64, lease time.Duration, prefix string, ready *atomic.Bool) (c *cluster, n0 *Node, key Key, pid int, confirmed int) {
+	t.Helper()
+	c = startClusterWith(t, 2, Config{LeaseDuration: lease, Policies: map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: mode}}},
+		func(_ int, cfg *Config) { cfg.Gossip = attackGossip })
+	n0 = c.nodes[0]
+	ring3 := n0.ringWithForTest("n2")
+	pid = -1
+	for _, k := range hoKeys(prefix+mode.String(), 4000, "p") {
+		p := n0.partIDForTest(k)
+		if o, _ := n0.Owner(k); o == n0.Name() && ring3.PartitionOwner(p) == "n2" && ring3.PartitionBackup(p) == n0.Name() {
+			key, pid = k, p
+			break
+		}
+	}
+	if pid < 0 {
+		t.Fatal("no key held by n0 that moves to n2 when n2 joins")
+	}
+	confirmed = admitN(t, n0, key, 2)
+	n0.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
+		if p == pid && to == "n2" && !ready.Load() {
+			return copyUnsent
+		}
+		return copySend
+	})
+	return c, n0, key, pid, confirmed
 }

@@ -42,31 +42,8 @@ func TestAttack8PromoteDelayedInNetwork(t *testing.T) {
 			t.Parallel()
 			const limit = 5
 			const lease = time.Second
-			var cut atomic.Bool
-			c := startClusterWith(t, 2, Config{LeaseDuration: lease, Policies: map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: mode}}},
-				func(_ int, cfg *Config) { cfg.Gossip = attackGossip })
-			n0 := c.nodes[0]
-			ring3 := n0.ringWithForTest("n2")
-			pid := -1
-			var key Key
-			for _, k := range hoKeys("promote-in-network-"+mode.String(), 4000, "p") {
-				p := n0.partIDForTest(k)
-				if o, _ := n0.Owner(k); o == n0.Name() && ring3.PartitionOwner(p) == "n2" && ring3.PartitionBackup(p) == n0.Name() {
-					key, pid = k, p
-					break
-				}
-			}
-			if pid < 0 {
-				t.Fatal("no key held by n0 that moves to n2 when n2 joins")
-			}
-			confirmed := admitN(t, n0, key, 2)
-			var ready atomic.Bool
-			n0.setCopyFaultForTest(func(p int, to string, _ bool) copyFault {
-				if p == pid && to == "n2" && !ready.Load() {
-					return copyUnsent
-				}
-				return copySend
-			})
+			var cut, ready atomic.Bool
+			c, n0, key, pid, confirmed := promoteScene(t, mode, limit, lease, "promote-in-network-", &ready)
 			// n2's gossip goes silent as its Promote is held.
 			px := newPromoteHold(t, pid, func() { cut.Store(true) })
 			n2 := c.addWith("n2", func(cfg *Config) {
@@ -131,9 +108,39 @@ type promoteHold struct {
 	taken     atomic.Bool
 	freeOnce  sync.Once
 	done      chan struct{}
-	mu        sync.Mutex
-	conns     []net.Conn
+	conns     connSet
 	wg        sync.WaitGroup
+}
+
+// connSet is the connections a test proxy made, to close them all at once;
+// once closed, it closes every connection it is given.
+type connSet struct {
+	mu     sync.Mutex
+	conns  []net.Conn
+	closed bool
+}
+
+// track records c, or closes it and reports false once the set is closed.
+func (s *connSet) track(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		_ = c.Close()
+		return false
+	}
+	s.conns = append(s.conns, c)
+	return true
+}
+
+// closeAll closes every connection recorded, and every later one.
+func (s *connSet) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for _, c := range s.conns {
+		_ = c.Close()
+	}
+	s.conns = nil
 }
 
 // newPromoteHold starts the proxy on 127.0.0.1; onHold runs as the Promote
@@ -150,11 +157,7 @@ func newPromoteHold(t *testing.T, pid int, onHold func()) *promoteHold {
 	t.Cleanup(func() {
 		close(p.done)
 		lis.Close()
-		p.mu.Lock()
-		for _, c := range p.conns {
-			c.Close()
-		}
-		p.mu.Unlock()
+		p.conns.closeAll()
 		p.wg.Wait()
 	})
 	p.wg.Add(1)
@@ -169,18 +172,7 @@ func (p *promoteHold) setTarget(addr string) { p.target <- addr }
 func (p *promoteHold) free() { p.freeOnce.Do(func() { close(p.release) }) }
 
 // track records c to be closed at cleanup; false when cleanup has begun.
-func (p *promoteHold) track(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	select {
-	case <-p.done:
-		c.Close()
-		return false
-	default:
-	}
-	p.conns = append(p.conns, c)
-	return true
-}
+func (p *promoteHold) track(c net.Conn) bool { return p.conns.track(c) }
 
 func (p *promoteHold) accept() {
 	defer p.wg.Done()
