@@ -43,14 +43,7 @@ func TestAttack10TakeoverUnreachableFromHolder(t *testing.T) {
 				t.Fatalf("n0 reaches n1 at %s, want the proxy %s", got, want)
 			}
 			confirmed := 0
-			var hold atomic.Bool
-			hold.Store(true)
-			n1.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
-				if p == s.pid && hold.Load() {
-					return copyUnsent
-				}
-				return copySend
-			})
+			hold := s.holdN1Copies()
 			s.stall(t)
 			by := map[string]int{}
 			if mode != ReplicateSync {
@@ -64,7 +57,7 @@ func TestAttack10TakeoverUnreachableFromHolder(t *testing.T) {
 				return r == roleHolder && n0.backupForTest(s.pid) == s.pick || r == roleMoved || r == roleHint
 			})
 			t.Logf("after n0's copy: %s", n0.partForTest(s.pid))
-			hold.Store(false)
+			hold.Store(false) // n1's copies go out
 			n1.kickOwnership()
 			countAdmissions(s.c, s.key, 3*lease, limit, &confirmed, by)
 			if confirmed > limit {

@@ -223,14 +223,7 @@ func TestAttack3CopyBeforeTakeoverKnown(t *testing.T) {
 			s := startStallScene(t, PolicyConfig{Limit: limit, Window: time.Hour, Replication: mode}, "copy-before-takeover-"+mode.String())
 			n0, n1 := s.n0, s.n1
 			confirmed := admitN(t, n0, s.key, 2)
-			var hold atomic.Bool
-			hold.Store(true)
-			n1.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
-				if p == s.pid && hold.Load() {
-					return copyUnsent
-				}
-				return copySend
-			})
+			hold := s.holdN1Copies()
 			s.stall(t)
 			by := map[string]int{"n0": 2}
 			if mode == ReplicateAsync {
@@ -243,7 +236,7 @@ func TestAttack3CopyBeforeTakeoverKnown(t *testing.T) {
 				r, _, _ := n0.roleForTest(s.pid)
 				return r == roleHolder && n0.backupForTest(s.pid) == s.pick || r == roleMoved || r == roleHint
 			})
-			hold.Store(false)
+			hold.Store(false) // n1's copies go out
 			n1.kickOwnership()
 			countAdmissions(s.c, s.key, 2*n0.cfg.LeaseDuration, limit, &confirmed, by)
 			if confirmed > limit {
@@ -305,4 +298,20 @@ func (s *stallScene) fillOnN1(t *testing.T, confirmed, limit int, by map[string]
 		by["n1"]++
 	}
 	return confirmed
+}
+
+// holdN1Copies makes n1's copies of the scene's partition fail unsent
+// while the flag it returns is set (it starts set): n1, once it has taken
+// the partition over, tells nobody of it through a copy until the test
+// clears it.
+func (s *stallScene) holdN1Copies() *atomic.Bool {
+	hold := new(atomic.Bool)
+	hold.Store(true)
+	s.n1.setCopyFaultForTest(func(p int, _ string, _ bool) copyFault {
+		if p == s.pid && hold.Load() {
+			return copyUnsent
+		}
+		return copySend
+	})
+	return hold
 }

@@ -117,16 +117,7 @@ func TestAttack4PromoteDelayed(t *testing.T) {
 			})
 			ready.Store(true)
 			n0.kickOwnership()
-			select {
-			case <-entered:
-			case <-time.After(20 * time.Second):
-				t.Fatalf("n0 never promoted n2: %s", n0.partForTest(pid))
-			}
-			_, _, fenced := n0.roleForTest(pid)
-			waitFor(t, 20*time.Second, "n0 to take the partition back", func() bool {
-				r, _, e := n0.roleForTest(pid)
-				return r == roleHolder && e > fenced
-			})
+			awaitTakeBack(t, n0, pid, entered)
 			free()
 			by := map[string]int{"n0": 2}
 			countAdmissions(c, key, attackLease, limit, &confirmed, by) // past the 9/10 lease n2 would count
@@ -168,4 +159,22 @@ func promoteScene(t *testing.T, mode Replication, limit int64, lease time.Durati
 		return copySend
 	})
 	return c, n0, key, pid, confirmed
+}
+
+// awaitTakeBack waits for n0's Promote of partition pid to be held
+// (promoted closed), then for n0, fenced, to take the partition back at a
+// newer epoch; it returns the epoch n0 was fenced at.
+func awaitTakeBack(t *testing.T, n0 *Node, pid int, promoted <-chan struct{}) (fenced uint64) {
+	t.Helper()
+	select {
+	case <-promoted:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("n0 never sent n2 the Promote: %s", n0.partForTest(pid))
+	}
+	_, _, fenced = n0.roleForTest(pid)
+	waitFor(t, 20*time.Second, "n0 to take the partition back", func() bool {
+		r, _, e := n0.roleForTest(pid)
+		return r == roleHolder && e > fenced
+	})
+	return fenced
 }

@@ -56,16 +56,7 @@ func TestAttack8PromoteDelayedInNetwork(t *testing.T) {
 			px.setTarget(n2.RPCAddr())
 			ready.Store(true)
 			n0.kickOwnership()
-			select {
-			case <-px.held:
-			case <-time.After(20 * time.Second):
-				t.Fatalf("n0 never sent n2 the Promote: %s", n0.partForTest(pid))
-			}
-			_, _, fenced := n0.roleForTest(pid)
-			waitFor(t, 20*time.Second, "n0 to take the partition back", func() bool {
-				r, _, e := n0.roleForTest(pid)
-				return r == roleHolder && e > fenced
-			})
+			fenced := awaitTakeBack(t, n0, pid, px.held)
 			px.free()
 			select {
 			case <-px.delivered:

@@ -333,17 +333,7 @@ func (s *publicServer) do(ctx context.Context, op peerpb.Op, req *peerpb.AllowRe
 		return nil, status.Error(codes.Unavailable, "peer: node starting")
 	}
 	pk := req.GetKey()
-	r := Request{Key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, Hits: req.GetHits(), Policies: req.GetPolicies()}
-	var d Decision
-	var err error
-	if op == peerpb.Op_OP_CHECK {
-		// Allow's single-policy path keeps the key's encoding on the
-		// stack: the response is then a unary check's one allocation
-		// here (TestPublicAllowAllocs).
-		d, err = s.n.Allow(ctx, r)
-	} else {
-		d, err = s.n.do(ctx, op, r)
-	}
+	d, err := s.n.do(ctx, op, Request{Key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, Hits: req.GetHits(), Policies: req.GetPolicies()})
 	if err != nil {
 		return nil, ToStatus(err)
 	}
