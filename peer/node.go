@@ -46,9 +46,10 @@ type Node struct {
 	fallback *shard.Store
 	hot      *shard.HotKeys
 	started  time.Time // origin of the monotonic clock (mono)
-	// realClock is set when Config.Clock is time.Now: one reading then
-	// serves as both the decision time and the lease clock.
-	realClock bool
+	// wall is the default clock (clock.go), set when Config.Clock is
+	// nil: one reading then serves as both the decision time and the
+	// lease clock.
+	wall *wallClock
 	// stopped is set once Close has stopped the node: calls get ErrClosed.
 	stopped atomic.Bool
 	// clusterID names the cluster this node belongs to (see meta.cluster).
@@ -217,7 +218,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.own.tookOver = make(map[string]takeoverTally)
 	n.own.checking = make(map[string]bool)
 	n.own.kick = make(chan struct{}, 1)
-	n.realClock = cfg.clockIsDefault
+	if cfg.clockIsDefault {
+		n.wall = newWallClock(n.started)
+		n.clock = n.wall.now
+	}
 	if len(cfg.Join) == 0 {
 		// No one to join: this node starts the cluster and holds every
 		// partition. A node that joins holds nothing until partitions are

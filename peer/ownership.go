@@ -30,9 +30,8 @@ func (n *Node) mono() int64 { return int64(time.Since(n.started)) }
 // now returns the node clock and the monotonic clock for one decision,
 // reading the system clock once when Config.Clock is the default.
 func (n *Node) now() (time.Time, int64) {
-	if n.realClock {
-		t := time.Now()
-		return t, int64(t.Sub(n.started))
+	if n.wall != nil {
+		return n.wall.read()
 	}
 	return n.clock(), n.mono()
 }
