@@ -145,6 +145,13 @@ const attackLease = 3 * time.Second
 // becomes its backup.
 func startPromoteCut(t *testing.T, pol PolicyConfig, prefix string, isolated bool) *promoteCut {
 	t.Helper()
+	return startPromoteCutLease(t, pol, prefix, isolated, 0)
+}
+
+// startPromoteCutLease is startPromoteCut with n2's LeaseDuration set to
+// n2Lease (0: attackLease, the others').
+func startPromoteCutLease(t *testing.T, pol PolicyConfig, prefix string, isolated bool, n2Lease time.Duration) *promoteCut {
+	t.Helper()
 	var cut atomic.Bool
 	c := startClusterWith(t, 2, Config{LeaseDuration: attackLease, Policies: map[string]PolicyConfig{"p": pol}},
 		func(_ int, cfg *Config) { cfg.Gossip = attackGossip })
@@ -171,6 +178,9 @@ func startPromoteCut(t *testing.T, pol PolicyConfig, prefix string, isolated boo
 		return copySend
 	})
 	pc.n2 = c.addWith("n2", func(cfg *Config) {
+		if n2Lease > 0 {
+			cfg.LeaseDuration = n2Lease
+		}
 		cutGossip := withCutTransport(t, &cut)
 		cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
 	})
@@ -200,7 +210,7 @@ func startPromoteCut(t *testing.T, pol PolicyConfig, prefix string, isolated boo
 		return r == roleHolder
 	})
 	pc.promotedAt = time.Unix(0, promotedAt.Load())
-	pc.end = pc.promotedAt.Add(pc.n0.rpcTimeout() + 2*attackLease + 2*time.Second)
+	pc.end = pc.promotedAt.Add(max(pc.n0.rpcTimeout()+2*attackLease, n2Lease) + 2*time.Second)
 	return pc
 }
 

@@ -904,7 +904,7 @@ func (n *Node) promote(ctx context.Context, pid int, to string) {
 	if err == nil {
 		var resp *peerpb.PromoteResponse
 		rctx, cancel := context.WithTimeout(ctx, n.rpcTimeout())
-		resp, err = c.stub.Promote(rctx, &peerpb.PromoteRequest{Sender: n.name, Partition: uint32(pid), Epoch: epoch})
+		resp, err = c.stub.Promote(rctx, &peerpb.PromoteRequest{Sender: n.name, Partition: uint32(pid), Epoch: epoch, LeaseNs: int64(n.cfg.LeaseDuration)})
 		cancel()
 		if err == nil && !resp.Ok {
 			if resp.Epoch > epoch && resp.Holder != "" {
@@ -1376,7 +1376,7 @@ func (n *Node) promoteCopy(ctx context.Context, pid int, to string, epoch uint64
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, n.rpcTimeout())
-	resp, err := c.stub.Promote(rctx, &peerpb.PromoteRequest{Sender: n.name, Partition: uint32(pid), Epoch: epoch})
+	resp, err := c.stub.Promote(rctx, &peerpb.PromoteRequest{Sender: n.name, Partition: uint32(pid), Epoch: epoch, LeaseNs: int64(n.cfg.LeaseDuration)})
 	cancel()
 	switch {
 	case err != nil:

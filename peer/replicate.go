@@ -978,7 +978,7 @@ func (s *server) promote(ctx context.Context, req *peerpb.PromoteRequest) (*peer
 		budget = min(budget, time.Until(dl))
 	}
 	if now := n.mono(); pt.rep.completed != 0 && now-pt.rep.completed <= holderLease(budget) {
-		lease = now + holderLease(n.cfg.LeaseDuration)
+		lease = now + holderLease(promoteLease(n.cfg.LeaseDuration, req.GetLeaseNs()))
 	}
 	pt.store = pt.rep.store
 	pt.rep = replica{}
@@ -990,6 +990,19 @@ func (s *server) promote(ctx context.Context, req *peerpb.PromoteRequest) (*peer
 	n.metrics.Handoff("received", "ok", pt.store.Len())
 	n.kickOwnership()
 	return &peerpb.PromoteResponse{Ok: true, Holder: n.name, Epoch: epoch + 1}, nil
+}
+
+// promoteLease is the lease a promoted holder counts on: its own
+// LeaseDuration, or the sender's (senderNs) when shorter. The sender, our
+// backup from its answer on, records a lease of its own length from when
+// it reads the answer (which it may take back once that ends and we seem
+// gone); a longer lease of ours would outlast its record, and both would
+// decide. An older sender sends no length (0): ours, as before.
+func promoteLease(own time.Duration, senderNs int64) time.Duration {
+	if senderNs > 0 && senderNs < int64(own) {
+		return time.Duration(senderNs)
+	}
+	return own
 }
 
 // Probe tells what this node knows of the partitions asked about, or,

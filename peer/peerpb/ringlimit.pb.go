@@ -1570,7 +1570,12 @@ type PromoteRequest struct {
 	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
 	// Epoch is the sender's holder epoch; the receiver becomes holder at
 	// epoch + 1 if its complete copy is at epoch from the sender.
-	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// LeaseNs is the sender's LeaseDuration: the sender, the receiver's
+	// backup from the answer on, records a lease of that length, so the
+	// receiver counts on no longer a lease than that (nor than its own).
+	// Zero (an older sender): the receiver's own.
+	LeaseNs       int64 `protobuf:"varint,4,opt,name=lease_ns,json=leaseNs,proto3" json:"lease_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1622,6 +1627,13 @@ func (x *PromoteRequest) GetPartition() uint32 {
 func (x *PromoteRequest) GetEpoch() uint64 {
 	if x != nil {
 		return x.Epoch
+	}
+	return 0
+}
+
+func (x *PromoteRequest) GetLeaseNs() int64 {
+	if x != nil {
+		return x.LeaseNs
 	}
 	return 0
 }
@@ -2954,11 +2966,12 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\x05R\x04code\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12%\n" +
-	"\x0eresults_packed\x18\x05 \x01(\fR\rresultsPacked\"\\\n" +
+	"\x0eresults_packed\x18\x05 \x01(\fR\rresultsPacked\"w\n" +
 	"\x0ePromoteRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"e\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x19\n" +
+	"\blease_ns\x18\x04 \x01(\x03R\aleaseNs\"e\n" +
 	"\x0fPromoteResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x16\n" +
 	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x14\n" +
