@@ -401,6 +401,52 @@ func BenchmarkLoopbackRoundTrip(b *testing.B) {
 	<-done
 }
 
+// BenchmarkHandoffFloor is the floor under what a forwarded decision does
+// on the sender besides its messages, at issue 9's 64 callers: the caller
+// queues its request for a loop goroutine and parks until its answer
+// comes; one goroutine takes what has queued, in batches, and wakes each
+// caller with its answer, as a pipe's receiver does. No network, codec or
+// decision: cpu-ns/op is the process's CPU per handed-off request.
+func BenchmarkHandoffFloor(b *testing.B) {
+	type req struct{ done chan int }
+	queue := make(chan *req, 1024)
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		batch := make([]*req, 0, 256)
+		for {
+			select {
+			case r := <-queue:
+				batch = append(batch[:0], r)
+			case <-quit:
+				return
+			}
+		drain:
+			for len(batch) < cap(batch) {
+				select {
+				case r := <-queue:
+					batch = append(batch, r)
+				default:
+					break drain
+				}
+			}
+			for i, r := range batch {
+				r.done <- i
+			}
+		}
+	})
+	pool := sync.Pool{New: func() any { return &req{done: make(chan int, 1)} }}
+	runTimed(b, max(1, 64/runtime.GOMAXPROCS(0)), func(context.Context, int) error {
+		r := pool.Get().(*req)
+		queue <- r
+		<-r.done
+		pool.Put(r)
+		return nil
+	})
+	close(quit)
+	wg.Wait()
+}
+
 // runTimed runs op from parallelism × GOMAXPROCS goroutines, each with
 // its own i (starting at a different place), and stops at op's first
 // error. Besides ops/s it reports each call's latency (p50-ns, p99-ns)
