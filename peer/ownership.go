@@ -1061,13 +1061,19 @@ func (n *Node) takeOver(ctx context.Context, pid int) {
 		n.log.Info("partition takeover given up: its holder reached this node during the takeover", "partition", pid, "peer", rep.holder, "epoch", rep.epoch)
 		return
 	}
-	if newest.epoch > rep.epoch || newest.heldBy != "" && newest.heldBy != rep.holder && newest.heldEpoch >= rep.epoch {
+	if newest.epoch > rep.epoch || newest.heldBy != "" && newest.heldBy != rep.holder && (newest.heldEpoch >= rep.epoch || rep.holderEpoch != 0 && newest.heldEpoch > rep.holderEpoch) {
 		// Our copy is stale: someone moved on. A live member holding the
 		// partition at our copy's very epoch counts too: epochs of a
 		// takeover and of a copy begun by a holder that stalled can be
 		// equal (a copy whose release was lost after its holder found it
 		// taken over), and a tie must never go to the copy of a holder
-		// that is gone, while the other decides.
+		// that is gone, while the other decides. So does a live member
+		// holding it above the epoch our copy's holder held it at when
+		// the copy began, even below the copy's own epoch: a copy's epoch
+		// runs ahead of its holder's (attempts that failed spend epochs),
+		// and a member that took the partition over from that holder (at
+		// holder epoch + 1) may decide at it, with no copy of its own
+		// made yet.
 		holder, epoch := newest.holder, newest.epoch
 		if epoch <= rep.epoch {
 			holder, epoch = newest.heldBy, newest.heldEpoch
