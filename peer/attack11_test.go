@@ -1,7 +1,6 @@
 package peer
 
 import (
-	"context"
 	"testing"
 	"time"
 )
@@ -21,31 +20,7 @@ func TestAttack11PromoteTargetLongerLease(t *testing.T) {
 	t.Parallel()
 	pc := startPromoteCutLease(t, PolicyConfig{Limit: 1 << 20, Window: time.Hour, Replication: ReplicateOff}, "promote-long-lease", true, 4*attackLease)
 	n0, n2 := pc.n0, pc.n2
-	by := map[string]int{}
-	var n0First, n2Last time.Time
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for time.Now().Before(pc.end) {
-		for _, nd := range []*Node{n2, n0} {
-			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-			d, err := nd.Allow(ctx, Request{Key: pc.key})
-			cancel()
-			if err != nil || !d.Allowed {
-				continue
-			}
-			by[d.Owner]++
-			switch {
-			case d.Owner == n0.Name() && n0First.IsZero():
-				n0First = time.Now()
-			case d.Owner == n2.Name() && !n0First.IsZero():
-				t.Fatalf("n2 admitted %v after the promote, %v after n0 took the partition back: two decision points at once (admissions by decider: %v); n0: %s; n2: %s",
-					time.Since(pc.promotedAt).Round(time.Millisecond), time.Since(n0First).Round(time.Millisecond), by, n0.partForTest(pc.pid), n2.partForTest(pc.pid))
-			case d.Owner == n2.Name():
-				n2Last = time.Now()
-			}
-		}
-		<-tick.C
-	}
+	by, n0First, n2Last := watchTakeBack(t, pc)
 	if n0First.IsZero() || by[n2.Name()] == 0 {
 		t.Fatalf("want n2 to decide under the promote's lease, then n0 to take the partition back (admissions by decider: %v); n0: %s", by, n0.partForTest(pc.pid))
 	}

@@ -33,34 +33,10 @@ func TestAttack12CopyOfOldHoldingBesideLiveHolder(t *testing.T) {
 			pickNode = nd
 		}
 	}
-	resume, hold1 := make(chan struct{}), make(chan struct{})
-	var once, once1 sync.Once
-	wake := func() { once.Do(func() { close(resume) }) }
+	hold1 := make(chan struct{})
+	var once1 sync.Once
 	free1 := func() { once1.Do(func() { close(hold1) }) }
-	t.Cleanup(wake)
 	t.Cleanup(free1)
-	stalled := make(chan struct{})
-	calls := 0
-	var mu sync.Mutex
-	n0.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
-		if p != pid || to != pick || !last {
-			return copySend
-		}
-		mu.Lock()
-		calls++
-		c := calls
-		mu.Unlock()
-		switch c {
-		case 1:
-			return copyUnsent // the copy's epoch is spent all the same
-		case 2:
-			s.cut.Store(true) // and stays cut: the others keep n0 failed
-			close(stalled)
-			<-resume
-		}
-		return copySend
-	})
-	n0.setReleaseLostForTest(func(p int, to string) bool { return p == pid && to == pick })
 	// n1's copy of its holding to a backup stalls before its first
 	// request, so n1 keeps holding at the takeover's epoch.
 	n1.setCopyFaultForTest(func(p int, _ string, _ bool) copyFault {
@@ -69,19 +45,7 @@ func TestAttack12CopyOfOldHoldingBesideLiveHolder(t *testing.T) {
 		}
 		return copySend
 	})
-	confirmed := admitN(t, n0, s.key, 2)
-	n0.markUnreachable("n1")
-	n0.kickOwnership()
-	select {
-	case <-stalled:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("n0 never stalled copying the partition to %s: %s", pick, n0.partForTest(pid))
-	}
-	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
-		r, _, _ := n1.roleForTest(pid)
-		return r == roleHolder
-	})
-	s.fillAtN1(t, &confirmed, limit)
+	confirmed, wake := s.spendStallAndFill(t, limit)
 	wake()
 	waitFor(t, 10*time.Second, "n0 to give the partition up", func() bool {
 		r, _, _ := n0.roleForTest(pid)

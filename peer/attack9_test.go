@@ -57,42 +57,7 @@ func TestAttack9SameEpochCopiesBothHoldersGone(t *testing.T) {
 		byName[nd.Name()] = nd
 	}
 	b1, pickNode := byName[without0.PartitionBackup(pid)], byName[pick]
-	resume := make(chan struct{})
-	var once sync.Once
-	wake := func() { once.Do(func() { close(resume) }) }
-	t.Cleanup(wake)
-	stalled := make(chan struct{})
-	var calls atomic.Int32
-	n0.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
-		if p != pid || to != pick || !last {
-			return copySend
-		}
-		switch calls.Add(1) {
-		case 1:
-			return copyUnsent // the copy's epoch is spent all the same
-		case 2:
-			// The stall; n0's gossip stays cut after it, so the others
-			// keep it failed.
-			s.cut.Store(true)
-			close(stalled)
-			<-resume
-		}
-		return copySend
-	})
-	n0.setReleaseLostForTest(func(p int, to string) bool { return p == pid && to == pick })
-	confirmed := admitN(t, n0, s.key, 2)
-	n0.markUnreachable("n1")
-	n0.kickOwnership()
-	select {
-	case <-stalled:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("n0 never stalled copying the partition to %s: %s", pick, n0.partForTest(pid))
-	}
-	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
-		r, _, _ := n1.roleForTest(pid)
-		return r == roleHolder
-	})
-	s.fillAtN1(t, &confirmed, limit)
+	confirmed, wake := s.spendStallAndFill(t, limit)
 	var epoch uint64
 	waitFor(t, 10*time.Second, b1.Name()+" to keep a complete copy of n1's holding", func() bool {
 		var h string
@@ -158,6 +123,53 @@ func TestAttack9SameEpochCopiesBothHoldersGone(t *testing.T) {
 			confirmed, limit, by, deciders, epoch, pick, b1.Name(), s.parts())
 	}
 	t.Logf("confirmed %d (by decider: %v); deciding: %v:\n%s", confirmed, by, deciders, s.parts())
+}
+
+// spendStallAndFill plays the first half of the same-epoch attacks: n0's
+// first copy of the partition to pick fails unsent (its epoch spent all
+// the same), the second stalls before its only request with n0's gossip
+// cut (and kept cut, so the others keep n0 failed), and the RELEASE of
+// pick's copy will be lost. With n0's 2 admissions confirmed and n1
+// marked unreachable by n0, it waits for the stall and n1's takeover and
+// fills the limit at n1. wake resumes n0.
+func (s *stallScene) spendStallAndFill(t *testing.T, limit int) (confirmed int, wake func()) {
+	t.Helper()
+	n0, n1, pid, pick := s.n0, s.n1, s.pid, s.pick
+	resume := make(chan struct{})
+	var once sync.Once
+	wake = func() { once.Do(func() { close(resume) }) }
+	t.Cleanup(wake)
+	stalled := make(chan struct{})
+	var calls atomic.Int32
+	n0.setCopyFaultForTest(func(p int, to string, last bool) copyFault {
+		if p != pid || to != pick || !last {
+			return copySend
+		}
+		switch calls.Add(1) {
+		case 1:
+			return copyUnsent
+		case 2:
+			s.cut.Store(true)
+			close(stalled)
+			<-resume
+		}
+		return copySend
+	})
+	n0.setReleaseLostForTest(func(p int, to string) bool { return p == pid && to == pick })
+	confirmed = admitN(t, n0, s.key, 2)
+	n0.markUnreachable("n1")
+	n0.kickOwnership()
+	select {
+	case <-stalled:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("n0 never stalled copying the partition to %s: %s", pick, n0.partForTest(pid))
+	}
+	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
+		r, _, _ := n1.roleForTest(pid)
+		return r == roleHolder
+	})
+	s.fillAtN1(t, &confirmed, limit)
+	return confirmed, wake
 }
 
 // TestCopyClaimOrder: copies at one epoch are ordered by the holding they

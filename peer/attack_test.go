@@ -93,9 +93,22 @@ func TestAttackPromoteAnswerLostThenCut(t *testing.T) {
 func TestAttackPromoteAnswerLostIsolated(t *testing.T) {
 	t.Parallel()
 	pc := startPromoteCut(t, PolicyConfig{Limit: 1 << 20, Window: time.Hour, Replication: ReplicateOff}, "promote-isolated", true)
+	n0 := pc.n0
+	by, n0First, _ := watchTakeBack(t, pc)
+	if n0First.IsZero() {
+		t.Fatalf("n0 never took the partition back (admissions by decider: %v); n0: %s", by, n0.partForTest(pc.pid))
+	}
+	t.Logf("admissions by decider: %v; n0 took over %v after the promote", by, n0First.Sub(pc.promotedAt).Round(time.Millisecond))
+}
+
+// watchTakeBack asks n2 and n0 for pc.key every 20 ms until pc.end. It
+// fails the test if n2 admits after n0 has (two decision points at once),
+// and returns the admissions by decider, when n0 first admitted and when
+// n2 last did.
+func watchTakeBack(t *testing.T, pc *promoteCut) (by map[string]int, n0First, n2Last time.Time) {
+	t.Helper()
 	n0, n2 := pc.n0, pc.n2
-	by := map[string]int{}
-	var n0First time.Time
+	by = map[string]int{}
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for time.Now().Before(pc.end) {
@@ -111,16 +124,15 @@ func TestAttackPromoteAnswerLostIsolated(t *testing.T) {
 			case d.Owner == n0.Name() && n0First.IsZero():
 				n0First = time.Now()
 			case d.Owner == n2.Name() && !n0First.IsZero():
-				t.Fatalf("n2 admitted %v after the promote, after n0 took the partition back (%v ago): two decision points at once (admissions by decider: %v); n0: %s; n2: %s",
+				t.Fatalf("n2 admitted %v after the promote, %v after n0 took the partition back: two decision points at once (admissions by decider: %v); n0: %s; n2: %s",
 					time.Since(pc.promotedAt).Round(time.Millisecond), time.Since(n0First).Round(time.Millisecond), by, n0.partForTest(pc.pid), n2.partForTest(pc.pid))
+			case d.Owner == n2.Name():
+				n2Last = time.Now()
 			}
 		}
 		<-tick.C
 	}
-	if n0First.IsZero() {
-		t.Fatalf("n0 never took the partition back (admissions by decider: %v); n0: %s", by, n0.partForTest(pc.pid))
-	}
-	t.Logf("admissions by decider: %v; n0 took over %v after the promote", by, n0First.Sub(pc.promotedAt).Round(time.Millisecond))
+	return by, n0First, n2Last
 }
 
 // promoteCut is the scene of the promote attacks: n0 held a key (two
