@@ -1,10 +1,6 @@
 package peer
 
 import (
-	"io"
-	"net"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,44 +24,40 @@ import (
 // and async, 7 of 5 sync). Now n0 asks n1 again through the members that
 // answered, and learns n1's holding.
 func TestAttack10TakeoverUnreachableFromHolder(t *testing.T) {
-	t.Parallel()
-	for _, mode := range []Replication{ReplicateOff, ReplicateAsync, ReplicateSync} {
-		t.Run(mode.String(), func(t *testing.T) {
-			t.Parallel()
-			const limit = 5
-			const lease = time.Second
-			px := newCutProxy(t)
-			s := startFiveNodeSceneWhere(t, PolicyConfig{Limit: limit, Window: time.Hour, Replication: mode}, "unreachable-from-holder-"+mode.String(), lease, nil,
-				func(mc *memberlist.Config) { mc.Events = &rpcAddrRewrite{inner: mc.Events, member: "n1", to: px.via} })
-			s.stallCopy(t, px.cut)
-			n0, n1 := s.n0, s.n1
-			if got, want := n0.view.Load().alive["n1"], px.addr(); got != want {
-				t.Fatalf("n0 reaches n1 at %s, want the proxy %s", got, want)
-			}
-			confirmed := 0
-			hold := s.holdN1Copies()
-			s.stall(t)
-			by := map[string]int{}
-			if mode != ReplicateSync {
-				// n1 holds without a backup: it decides at once.
-				confirmed = s.fillOnN1(t, confirmed, limit, by)
-			}
-			s.wake()
-			// n0's copy completes; then n1's copies go out.
-			within(5*time.Second, func() bool {
-				r, _, _ := n0.roleForTest(s.pid)
-				return r == roleHolder && n0.backupForTest(s.pid) == s.pick || r == roleMoved || r == roleHint
-			})
-			t.Logf("after n0's copy: %s", n0.partForTest(s.pid))
-			hold.Store(false) // n1's copies go out
-			n1.kickOwnership()
-			countAdmissions(s.c, s.key, 3*lease, limit, &confirmed, by)
-			if confirmed > limit {
-				t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v; n0's new backup %s):\n%s", confirmed, limit, by, s.pick, s.parts())
-			}
-			t.Logf("confirmed %d (by decider: %v):\n%s", confirmed, by, s.parts())
+	inEveryMode(t, func(t *testing.T, mode Replication) {
+		const limit = 5
+		const lease = time.Second
+		px := newTestProxy(t, nil)
+		s := startFiveNodeSceneWhere(t, PolicyConfig{Limit: limit, Window: time.Hour, Replication: mode}, "unreachable-from-holder-"+mode.String(), lease, nil,
+			func(mc *memberlist.Config) { mc.Events = &rpcAddrRewrite{inner: mc.Events, member: "n1", to: px.via} })
+		s.stallCopy(t, px.cut)
+		n0, n1 := s.n0, s.n1
+		if got, want := n0.view.Load().alive["n1"], px.addr(); got != want {
+			t.Fatalf("n0 reaches n1 at %s, want the proxy %s", got, want)
+		}
+		confirmed := 0
+		hold := s.holdN1Copies()
+		s.stall(t)
+		by := map[string]int{}
+		if mode != ReplicateSync {
+			// n1 holds without a backup: it decides at once.
+			confirmed = s.fillOnN1(t, confirmed, limit, by)
+		}
+		s.wake()
+		// n0's copy completes; then n1's copies go out.
+		within(5*time.Second, func() bool {
+			r, _, _ := n0.roleForTest(s.pid)
+			return r == roleHolder && n0.backupForTest(s.pid) == s.pick || r == roleMoved || r == roleHint
 		})
-	}
+		t.Logf("after n0's copy: %s", n0.partForTest(s.pid))
+		hold.Store(false) // n1's copies go out
+		n1.kickOwnership()
+		countAdmissions(s.c, s.key, 3*lease, limit, &confirmed, by)
+		if confirmed > limit {
+			t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v; n0's new backup %s):\n%s", confirmed, limit, by, s.pick, s.parts())
+		}
+		t.Logf("confirmed %d (by decider: %v):\n%s", confirmed, by, s.parts())
+	})
 }
 
 // rpcAddrRewrite hands its node's membership the gRPC address to(addr)
@@ -93,78 +85,3 @@ func (r *rpcAddrRewrite) rewrite(n *memberlist.Node) *memberlist.Node {
 func (r *rpcAddrRewrite) NotifyJoin(n *memberlist.Node)   { r.inner.NotifyJoin(r.rewrite(n)) }
 func (r *rpcAddrRewrite) NotifyLeave(n *memberlist.Node)  { r.inner.NotifyLeave(r.rewrite(n)) }
 func (r *rpcAddrRewrite) NotifyUpdate(n *memberlist.Node) { r.inner.NotifyUpdate(r.rewrite(n)) }
-
-// cutProxy is a TCP proxy on 127.0.0.1 in front of one gRPC port. Once
-// cut, it closes every connection through it and every new one at once:
-// the port is unreachable through the proxy, and only through it.
-type cutProxy struct {
-	lis    net.Listener
-	target atomic.Value // string
-	conns  connSet
-	wg     sync.WaitGroup
-}
-
-func newCutProxy(t *testing.T) *cutProxy {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("proxy listen: %v", err)
-	}
-	p := &cutProxy{lis: lis}
-	p.target.Store("")
-	t.Cleanup(func() {
-		_ = lis.Close()
-		p.cut()
-		p.wg.Wait()
-	})
-	p.wg.Add(1)
-	go p.serve()
-	return p
-}
-
-func (p *cutProxy) addr() string { return p.lis.Addr().String() }
-
-// via records target as the address behind the proxy and returns the
-// proxy's.
-func (p *cutProxy) via(target string) string {
-	p.target.Store(target)
-	return p.addr()
-}
-
-// cut closes every connection through the proxy, and from now on every new
-// one.
-func (p *cutProxy) cut() { p.conns.closeAll() }
-
-// track records c to be closed by cut, or closes it if the proxy is cut.
-func (p *cutProxy) track(c net.Conn) bool { return p.conns.track(c) }
-
-func (p *cutProxy) serve() {
-	defer p.wg.Done()
-	for {
-		in, err := p.lis.Accept()
-		if err != nil {
-			return
-		}
-		if !p.track(in) {
-			continue
-		}
-		out, err := net.DialTimeout("tcp", p.target.Load().(string), time.Second)
-		if err != nil {
-			_ = in.Close()
-			continue
-		}
-		if !p.track(out) {
-			_ = in.Close()
-			continue
-		}
-		p.wg.Add(2)
-		pipe := func(dst, src net.Conn) {
-			defer p.wg.Done()
-			_, _ = io.Copy(dst, src)
-			_ = dst.Close()
-			_ = src.Close()
-		}
-		go pipe(out, in)
-		go pipe(in, out)
-	}
-}

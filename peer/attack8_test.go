@@ -36,48 +36,44 @@ import (
 // beside n0. Synchronous policies were safe: n0, n2's backup, refuses
 // n2's copies as stale, so nothing n2 decides is confirmed.
 func TestAttack8PromoteDelayedInNetwork(t *testing.T) {
-	t.Parallel()
-	for _, mode := range []Replication{ReplicateOff, ReplicateAsync, ReplicateSync} {
-		t.Run(mode.String(), func(t *testing.T) {
-			t.Parallel()
-			const limit = 5
-			const lease = time.Second
-			var cut, ready atomic.Bool
-			c, n0, key, pid, confirmed := promoteScene(t, mode, limit, lease, "promote-in-network-", &ready)
-			// n2's gossip goes silent as its Promote is held.
-			px := newPromoteHold(t, pid, func() { cut.Store(true) })
-			n2 := c.addWith("n2", func(cfg *Config) {
-				cfg.RPCAdvertiseAddr = px.addr()
-				cutGossip := withCutTransport(t, &cut)
-				cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
-			})
-			// A cut-off member's graceful leave waits out its drain: crash it.
-			t.Cleanup(n2.KillForTest)
-			px.setTarget(n2.RPCAddr())
-			ready.Store(true)
-			n0.kickOwnership()
-			fenced := awaitTakeBack(t, n0, pid, px.held)
-			px.free()
-			select {
-			case <-px.delivered:
-			case <-time.After(5 * time.Second):
-				t.Fatal("the held Promote was never delivered to n2's server")
-			}
-			by := map[string]int{"n0": 2}
-			countAdmissions(c, key, lease*3/2, limit, &confirmed, by) // past the 9/10 lease n2 would count
-			if confirmed > limit {
-				t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v):\n%s\n%s", confirmed, limit, by, n0.partForTest(pid), n2.partForTest(pid))
-			}
-			// The scene happened: n2 applied the late Promote (only a
-			// holder becomes a forwarding record) and learned of n0's
-			// newer holding.
-			waitFor(t, 5*time.Second, "n2 to apply the late Promote and learn n0's holding", func() bool {
-				r, h, e := n2.roleForTest(pid)
-				return r == roleMoved && h == "n0" && e > fenced+1
-			})
-			t.Logf("confirmed %d (by decider: %v):\n%s\n%s", confirmed, by, n0.partForTest(pid), n2.partForTest(pid))
+	inEveryMode(t, func(t *testing.T, mode Replication) {
+		const limit = 5
+		const lease = time.Second
+		var cut, ready atomic.Bool
+		c, n0, key, pid, confirmed := promoteScene(t, mode, limit, lease, "promote-in-network-", &ready)
+		// n2's gossip goes silent as its Promote is held.
+		px := newPromoteHold(t, pid, func() { cut.Store(true) })
+		n2 := c.addWith("n2", func(cfg *Config) {
+			cfg.RPCAdvertiseAddr = px.addr()
+			cutGossip := withCutTransport(t, &cut)
+			cfg.Gossip = func(mc *memberlist.Config) { cutGossip(mc); mc.SuspicionMaxTimeoutMult = 50 }
 		})
-	}
+		// A cut-off member's graceful leave waits out its drain: crash it.
+		t.Cleanup(n2.KillForTest)
+		px.setTarget(n2.RPCAddr())
+		ready.Store(true)
+		n0.kickOwnership()
+		fenced := awaitTakeBack(t, n0, pid, px.held)
+		px.free()
+		select {
+		case <-px.delivered:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the held Promote was never delivered to n2's server")
+		}
+		by := map[string]int{"n0": 2}
+		countAdmissions(c, key, lease*3/2, limit, &confirmed, by) // past the 9/10 lease n2 would count
+		if confirmed > limit {
+			t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v):\n%s\n%s", confirmed, limit, by, n0.partForTest(pid), n2.partForTest(pid))
+		}
+		// The scene happened: n2 applied the late Promote (only a
+		// holder becomes a forwarding record) and learned of n0's
+		// newer holding.
+		waitFor(t, 5*time.Second, "n2 to apply the late Promote and learn n0's holding", func() bool {
+			r, h, e := n2.roleForTest(pid)
+			return r == roleMoved && h == "n0" && e > fenced+1
+		})
+		t.Logf("confirmed %d (by decider: %v):\n%s\n%s", confirmed, by, n0.partForTest(pid), n2.partForTest(pid))
+	})
 }
 
 // promoteHold is a TCP proxy in front of a node's gRPC port that holds, in
@@ -87,51 +83,16 @@ func TestAttack8PromoteDelayedInNetwork(t *testing.T) {
 // everything after it; the connection stays open on the server's side).
 // Framed pipes and every other request pass unchanged.
 type promoteHold struct {
+	*testProxy
 	t       *testing.T
-	lis     net.Listener
 	pid     int
 	onHold  func()
-	target  chan string
 	held    chan struct{} // closed when the Promote is held
 	release chan struct{} // closed by free
 	// delivered is closed once the held bytes are written to the server.
 	delivered chan struct{}
 	taken     atomic.Bool
 	freeOnce  sync.Once
-	done      chan struct{}
-	conns     connSet
-	wg        sync.WaitGroup
-}
-
-// connSet is the connections a test proxy made, to close them all at once;
-// once closed, it closes every connection it is given.
-type connSet struct {
-	mu     sync.Mutex
-	conns  []net.Conn
-	closed bool
-}
-
-// track records c, or closes it and reports false once the set is closed.
-func (s *connSet) track(c net.Conn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		_ = c.Close()
-		return false
-	}
-	s.conns = append(s.conns, c)
-	return true
-}
-
-// closeAll closes every connection recorded, and every later one.
-func (s *connSet) closeAll() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	for _, c := range s.conns {
-		_ = c.Close()
-	}
-	s.conns = nil
 }
 
 // newPromoteHold starts the proxy on 127.0.0.1; onHold runs as the Promote
@@ -139,71 +100,13 @@ func (s *connSet) closeAll() {
 // proxy, which it advertises).
 func newPromoteHold(t *testing.T, pid int, onHold func()) *promoteHold {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("proxy listen: %v", err)
-	}
-	p := &promoteHold{t: t, lis: lis, pid: pid, onHold: onHold, target: make(chan string, 1),
-		held: make(chan struct{}), release: make(chan struct{}), delivered: make(chan struct{}), done: make(chan struct{})}
-	t.Cleanup(func() {
-		close(p.done)
-		lis.Close()
-		p.conns.closeAll()
-		p.wg.Wait()
-	})
-	p.wg.Add(1)
-	go p.accept()
+	p := &promoteHold{t: t, pid: pid, onHold: onHold,
+		held: make(chan struct{}), release: make(chan struct{}), delivered: make(chan struct{})}
+	p.testProxy = newTestProxy(t, p.forward)
 	return p
 }
 
-func (p *promoteHold) addr() string { return p.lis.Addr().String() }
-
-func (p *promoteHold) setTarget(addr string) { p.target <- addr }
-
 func (p *promoteHold) free() { p.freeOnce.Do(func() { close(p.release) }) }
-
-// track records c to be closed at cleanup; false when cleanup has begun.
-func (p *promoteHold) track(c net.Conn) bool { return p.conns.track(c) }
-
-func (p *promoteHold) accept() {
-	defer p.wg.Done()
-	var target string
-	select {
-	case target = <-p.target:
-	case <-p.done:
-		return
-	}
-	for {
-		cc, err := p.lis.Accept()
-		if err != nil {
-			return
-		}
-		if !p.track(cc) {
-			return
-		}
-		sc, err := net.Dial("tcp", target)
-		if err != nil {
-			cc.Close()
-			continue
-		}
-		if !p.track(sc) {
-			return
-		}
-		p.wg.Add(2)
-		go func() {
-			defer p.wg.Done()
-			_, _ = io.Copy(cc, sc)
-			cc.Close()
-		}()
-		go func() {
-			defer p.wg.Done()
-			if p.forward(sc, cc) {
-				// The connection ended by itself: pass that on.
-				sc.Close()
-			}
-		}()
-	}
-}
 
 // forward copies the client's bytes from cc to sc, holding the Promote of
 // pid. It reports whether the connection ended by itself (false: the

@@ -38,6 +38,17 @@ func attackGossip(mc *memberlist.Config) {
 	mc.RetransmitMult = 6
 }
 
+// inEveryMode runs attack in parallel subtests, one per replication mode.
+func inEveryMode(t *testing.T, attack func(t *testing.T, mode Replication)) {
+	t.Parallel()
+	for _, mode := range []Replication{ReplicateOff, ReplicateAsync, ReplicateSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			attack(t, mode)
+		})
+	}
+}
+
 // TestAttackPromoteAnswerLostThenCut: a partition moves to a member that
 // joined (n2); n2 applies the Promote, so it holds the partition with a
 // lease that counts from the promote, but its answer is lost and its
