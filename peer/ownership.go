@@ -904,7 +904,7 @@ func (n *Node) promote(ctx context.Context, pid int, to string) {
 	if err == nil {
 		var resp *peerpb.PromoteResponse
 		rctx, cancel := context.WithTimeout(ctx, n.rpcTimeout())
-		resp, err = c.stub.Promote(rctx, &peerpb.PromoteRequest{Sender: n.name, Partition: uint32(pid), Epoch: epoch, LeaseNs: int64(n.cfg.LeaseDuration)})
+		resp, err = c.stub.Promote(rctx, n.promoteRequest(pid, epoch))
 		cancel()
 		if err == nil && !resp.Ok {
 			if resp.Epoch > epoch && resp.Holder != "" {
@@ -1023,7 +1023,8 @@ func (n *Node) settleFenced(ctx context.Context, pid int) {
 // takeOver makes this node, the backup of a failed holder, the holder of
 // partition pid at the copy's epoch + 1, once the lease has expired, the
 // node sees a majority, no live member knows a newer epoch, no live
-// member holds the partition at the copy's epoch, no other member keeps a
+// member holds the partition at the copy's epoch or above the epoch the
+// copy's holder held it at when the copy began, no other member keeps a
 // complete copy at the copy's epoch that comes first (copyClaim.above),
 // and the holder has neither probed this node nor renewed its lease
 // between the takeover's probe and its commit.
@@ -1372,6 +1373,13 @@ func (n *Node) probeQuiet(ctx context.Context, pid int, quiet func(string) bool)
 	return res, ok
 }
 
+// promoteRequest asks a copy's keeper to hold partition pid from our
+// holding at epoch on, telling it our lease length (server.promote takes
+// the shorter of it and its own).
+func (n *Node) promoteRequest(pid int, epoch uint64) *peerpb.PromoteRequest {
+	return &peerpb.PromoteRequest{Sender: n.name, Partition: uint32(pid), Epoch: epoch, LeaseNs: int64(n.cfg.LeaseDuration)}
+}
+
 // promoteCopy asks member to, which keeps a complete copy of this node's
 // holding of partition pid at epoch, to hold the partition at epoch + 1.
 // This node does not hold the partition (nobody does): it only hands its
@@ -1382,7 +1390,7 @@ func (n *Node) promoteCopy(ctx context.Context, pid int, to string, epoch uint64
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, n.rpcTimeout())
-	resp, err := c.stub.Promote(rctx, &peerpb.PromoteRequest{Sender: n.name, Partition: uint32(pid), Epoch: epoch, LeaseNs: int64(n.cfg.LeaseDuration)})
+	resp, err := c.stub.Promote(rctx, n.promoteRequest(pid, epoch))
 	cancel()
 	switch {
 	case err != nil:

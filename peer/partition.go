@@ -57,8 +57,11 @@ import (
 //     own clock, and it sees a majority of the cluster (quorum, below).
 //     It continues from its copy at epoch + 1: a crash loses nothing that
 //     was replicated synchronously. It yields instead to a newer epoch
-//     anywhere, and to a live member holding the partition at its copy's
-//     epoch: a tie never goes to the copy of a holder that is gone. Two
+//     anywhere, to a live member holding the partition at its copy's
+//     epoch (a tie never goes to the copy of a holder that is gone), and
+//     to one holding it above the epoch the copy's holder held it at when
+//     the copy began (a copy's epoch runs ahead of its holder's, and a
+//     member that took over from that holder may decide below it). Two
 //     complete copies at one epoch from different holdings, both holders
 //     gone (a holder that stalled mid-copy completed it after it was
 //     taken over, and the copy's release was lost), are ordered by the
@@ -96,7 +99,10 @@ import (
 //     Promote held in the network, whose gRPC deadline would count from
 //     when the target's server reads it, leaves the target holding with
 //     no lease until its backup, the old holder, grants one or answers
-//     stale (server.promote). A takeover gives up if the old holder probed the
+//     stale (server.promote). Its lease is the shorter of its own
+//     LeaseDuration and the sender's, which the Promote carries: the
+//     sender records a lease of its own length (members may differ while
+//     a change rolls out). A takeover gives up if the old holder probed the
 //     taking-over member, or renewed its lease, between the takeover's
 //     probe and its commit.
 //   - Replication keeps each backup's copy in the holder's order: within
