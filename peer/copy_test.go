@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -9,10 +10,42 @@ import (
 	"github.com/ringlimit/ringlimit/ring"
 )
 
-// A ninth round of attacks on the ownership protocol: two complete
-// copies of one partition at the same epoch, made by different holders.
+// Which copy of a partition a takeover may start from: a copy at the very
+// epoch a live member holds the partition at, two complete copies at one
+// epoch made by different holders, and a copy of an old holding beside a
+// live holder. Copies are ordered by copyClaim (ownership.go).
 
-// TestAttack9SameEpochCopiesBothHoldersGone: n0 holds a partition (sync)
+// TestTakeoverTieGoesToLiveHolder: a member (n2) keeps a complete
+// copy of a holder that is gone, at the very epoch at which a live member
+// (n0) holds the partition — as when a holder that stalled copied its
+// partition at the epoch its backup had taken it over at, found that out,
+// and its release of the copy was lost. A takeover compared epochs only
+// ("strictly newer is stale"), so n2 took the partition over from the
+// gone holder's state while n0 went on deciding: two decision points.
+func TestTakeoverTieGoesToLiveHolder(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t, 3, Config{Policies: map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}}})
+	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
+	key, pid := keyHeldWithBackup(t, n0, n1, "takeover-tie", "p")
+	admitN(t, n0, key, 1)
+	_, _, epoch := n0.roleForTest(pid)
+	pt := &n2.pt.parts[pid]
+	pt.mu.Lock()
+	pt.rep = replica{holder: "n-gone", epoch: epoch, complete: true, store: n2.newPartStore(), made: n2.mono()}
+	pt.mu.Unlock()
+	n2.takeOver(context.Background(), pid)
+	if r, holder, e := n2.roleForTest(pid); r == roleHolder || r == roleFenced {
+		t.Fatalf("n2 took the partition over at epoch %d from a gone holder's copy at %d while n0 holds it at %d (%v %s)", e, epoch, epoch, r, holder)
+	}
+	if r, _, e := n0.roleForTest(pid); r != roleHolder || e != epoch {
+		t.Fatalf("n0: %v at epoch %d; want holder at %d", r, e, epoch)
+	}
+	if n2.copyForTest(pid, "n-gone") != nil {
+		t.Fatal("n2 kept its stale copy")
+	}
+}
+
+// TestSameEpochCopiesBothHoldersGone: n0 holds a partition (sync)
 // at epoch e with n1 as its backup, and has confirmed 2 admissions. It
 // marks n1 unreachable and copies the partition to pick instead; the
 // first attempt fails unsent (a known outcome, but its epoch e+1 is spent),
@@ -34,7 +67,7 @@ import (
 // (setTakeoverHookForTest), as when both keepers see the holders fail at
 // once; one after the other, the second already yields to the first's
 // newer epoch.
-func TestAttack9SameEpochCopiesBothHoldersGone(t *testing.T) {
+func TestSameEpochCopiesBothHoldersGone(t *testing.T) {
 	t.Parallel()
 	const limit = 5
 	rc := ring.Config{}.WithDefaults()
@@ -170,6 +203,68 @@ func (s *stallScene) spendStallAndFill(t *testing.T, limit int) (confirmed int, 
 	})
 	s.fillAtN1(t, &confirmed, limit)
 	return confirmed, wake
+}
+
+// TestCopyOfOldHoldingBesideLiveHolder: TestSameEpochCopiesBothHoldersGone's scene with
+// one holder left alive. n0 holds a partition at epoch e with n1 as its
+// backup (async). It marks n1 unreachable and copies to pick; the first
+// attempt fails unsent (epoch e+1 spent), the second, at e+2, stalls
+// before its only request with n0's gossip cut. n1 takes over at e+1 and
+// decides (async needs no backup to decide), but its own copy to a backup
+// stalls, so it stays at e+1. n0 resumes: pick completes n0's copy at
+// e+2, n0 gives way, the RELEASE of pick's copy is lost, and n0 dies.
+// pick keeps a complete copy at e+2 of n0's holding at e, while n1 lives
+// on, holding at e+1. pick's takeover asked every member; n1 answered
+// that it holds the partition at e+1, below the copy's epoch, so pick
+// took over at e+3 from n0's old state and handed it on to n1, the
+// ring's target, replacing n1's own admissions: 8 in a window of 5. Now
+// a copy is stale when a live member holds the partition above the epoch
+// the copy's holder held it at (e). (Under sync n1 would not decide
+// before its copy is done; off copies no admission to count.)
+func TestCopyOfOldHoldingBesideLiveHolder(t *testing.T) {
+	t.Parallel()
+	const limit = 5
+	s := startFiveNodeSceneWhere(t, PolicyConfig{Limit: limit, Window: time.Hour, Replication: ReplicateAsync}, "copy-old-holding", time.Second, nil, nil)
+	n0, n1, pid, pick := s.n0, s.n1, s.pid, s.pick
+	var pickNode *Node
+	for _, nd := range s.c.nodes {
+		if nd.Name() == pick {
+			pickNode = nd
+		}
+	}
+	hold1 := make(chan struct{})
+	var once1 sync.Once
+	free1 := func() { once1.Do(func() { close(hold1) }) }
+	t.Cleanup(free1)
+	// n1's copy of its holding to a backup stalls before its first
+	// request, so n1 keeps holding at the takeover's epoch.
+	n1.setCopyFaultForTest(func(p int, _ string, _ bool) copyFault {
+		if p == pid {
+			<-hold1
+		}
+		return copySend
+	})
+	confirmed, wake := s.spendStallAndFill(t, limit)
+	wake()
+	waitFor(t, 10*time.Second, "n0 to give the partition up", func() bool {
+		r, _, _ := n0.roleForTest(pid)
+		return r != roleHolder && r != roleFenced
+	})
+	h, e := pickNode.replicaForTest(pid)
+	_, _, e1 := n1.roleForTest(pid)
+	if h != "n0" || e <= e1 {
+		t.Fatalf("scene not reached: %s keeps %s@%d, n1 holds at %d:\n%s", pick, h, e, e1, s.parts())
+	}
+	n0.KillForTest()
+	by := map[string]int{"n0": 2, "n1": limit - 2}
+	// pick sees n0 fail and waits out the lease n0 had from it: give it
+	// that and more, asking all along.
+	countAdmissions(s.c, s.key, 15*time.Second, limit, &confirmed, by)
+	if confirmed > limit || pickNode.decisionPointForTest(s.key) {
+		t.Fatalf("%d admissions confirmed in one window of limit %d (by decider: %v); %s decides: %v (it kept n0's copy at %d, n1 holds at %d):\n%s",
+			confirmed, limit, by, pick, pickNode.decisionPointForTest(s.key), e, e1, s.parts())
+	}
+	t.Logf("confirmed %d (by decider: %v):\n%s", confirmed, by, s.parts())
 }
 
 // TestCopyClaimOrder: copies at one epoch are ordered by the holding they
