@@ -14,7 +14,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -69,10 +68,15 @@ Flags:
 Exit codes: 0 allowed (including failed_open, fallback, shadow; for --peek:
 would be allowed; --refund, --reset and --release: done; --acquire:
 granted), 2 refused (over limit; for --peek: would be refused; for
---acquire: at the cap), 3 unavailable (the node answered that the limiter
-could not decide), 4 unreachable (no connection to --addr at all: wrong
-address or port, node not running, name not found), 1 any other error (bad
-flags, invalid key, unknown policy, wrong admin token, TLS set-up).
+--acquire: at the cap), 3 unavailable (the node answered, in the API's own
+protocol, that the limiter could not decide), 4 unreachable (no usable
+connection to --addr: wrong address or port, node not running, name not
+found, the HTTP port without --http or the gRPC port with it, a TLS
+mismatch: plaintext against TLS or the reverse, a node certificate that is
+not trusted or does not name the address (--tls-server-name), no client
+certificate where the node requires one; the error says which), 1 any other
+error (bad flags, invalid key, unknown policy, wrong admin token, unreadable
+TLS files).
 `
 
 type checkFlags struct {
@@ -197,9 +201,10 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 	return f, nil
 }
 
-// errUnreachable is wrapped by check's errors when no connection to the
-// node could be made at all (exit code 4), as opposed to a node that
-// answered "unavailable" (exit code 3).
+// errUnreachable is wrapped by check's errors when no usable connection to
+// the node could be made (exit code 4): none at all, or one to a port that
+// speaks another protocol, or a TLS set-up that does not match the node's
+// — as opposed to a node that answered "unavailable" (exit code 3).
 var errUnreachable = errors.New("could not reach the node")
 
 // reasonUnreachable labels errUnreachable in check's output.
@@ -249,7 +254,7 @@ func printDecision(w io.Writer, o op, r checkResponse) {
 	verdict := "ALLOWED"
 	switch {
 	case r.Reason == reasonUnreachable:
-		verdict = "UNREACHABLE (no connection to the node: check --addr and that the node runs)"
+		verdict = "UNREACHABLE (no usable connection to the node: check --addr, --http, --tls-* and that the node runs)"
 	case r.Reason == peer.ReasonUnavailable.String():
 		verdict = "UNAVAILABLE (the limiter could not decide; not over limit)"
 	case o == opPeek && r.Allowed:
@@ -308,8 +313,9 @@ func printDecision(w io.Writer, o op, r checkResponse) {
 	}
 }
 
-// checkGRPC calls RateLimiter.Allow. A failure to connect at all wraps
-// errUnreachable; other unavailability comes back through peer.FromStatus
+// checkGRPC calls RateLimiter.Allow. A failure to connect at all, or a
+// connection on which the node never spoke gRPC (the wrong port, a TLS
+// mismatch: see dialRecord), wraps errUnreachable; other unavailability comes back through peer.FromStatus
 // and wraps peer.ErrUnavailable; a rejected request says why, once.
 func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 	creds, err := f.tls.creds()
@@ -319,7 +325,7 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 	var dials dialRecord
 	// passthrough: the dialer below resolves the name itself, so a name
 	// that does not resolve is a dial failure like a refused port.
-	conn, err := grpc.NewClient("passthrough:///"+f.addr, grpc.WithTransportCredentials(creds),
+	conn, err := grpc.NewClient("passthrough:///"+f.addr, grpc.WithTransportCredentials(sniffCreds{creds, &dials}),
 		grpc.WithContextDialer(dials.dial))
 	if err != nil {
 		return checkResponse{}, fmt.Errorf("dial %s: %w", f.addr, err)
@@ -352,6 +358,9 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 	if err != nil {
 		if dialErr := dials.neverConnected(); dialErr != nil {
 			return checkResponse{}, fmt.Errorf("%w at %s: %w", errUnreachable, f.addr, dialErr)
+		}
+		if p := dials.grpcSetupProblem(f.tls.ca != "", f.tls.cert != ""); p != nil {
+			return checkResponse{}, fmt.Errorf("%w at %s in gRPC: %w", errUnreachable, f.addr, p)
 		}
 		switch st, _ := status.FromError(err); st.Code() {
 		case codes.NotFound:
@@ -393,39 +402,6 @@ func decisionFromWire(r *peerpb.AllowResponse) peer.Decision {
 			Remaining: l.GetRemaining(), RetryAfter: time.Duration(l.GetRetryAfterNs()), ResetAfter: time.Duration(l.GetResetAfterNs())})
 	}
 	return d
-}
-
-// dialRecord remembers whether any TCP connection to the node was made, and
-// the last dial error, so that "could not connect at all" can be told from
-// "connected, then the node said unavailable" without reading error texts.
-// Safe for concurrent use: gRPC dials on its own goroutines.
-type dialRecord struct {
-	mu        sync.Mutex
-	connected bool
-	lastErr   error
-}
-
-func (d *dialRecord) dial(ctx context.Context, addr string) (net.Conn, error) {
-	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if err != nil {
-		d.lastErr = err
-	} else {
-		d.connected = true
-	}
-	return c, err
-}
-
-// neverConnected returns the last dial error if no dial succeeded, and nil
-// otherwise (or if no dial was tried).
-func (d *dialRecord) neverConnected() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.connected {
-		return nil
-	}
-	return d.lastErr
 }
 
 // clientTLSFlags are the TLS flags of the commands that dial a node (check
@@ -496,13 +472,17 @@ func checkHTTP(ctx context.Context, f checkFlags) (checkResponse, error) {
 	if token != nil {
 		req.Header.Set("Authorization", "Bearer "+string(token))
 	}
-	resp, err := (&http.Client{}).Do(req)
+	var dials dialRecord
+	resp, err := (&http.Client{Transport: &http.Transport{DialContext: dials.dialSniffed}}).Do(req)
 	var opErr *net.OpError
 	switch {
 	case errors.As(err, &opErr) && opErr.Op == "dial":
 		// Refused, no route, name not found, or the deadline passed while
 		// connecting: nothing answered.
 		return checkResponse{}, fmt.Errorf("%w at %s: %w", errUnreachable, f.addr, opErr)
+	case err != nil && dials.httpSetupProblem() != nil:
+		// Connected, but the port speaks another protocol.
+		return checkResponse{}, fmt.Errorf("%w at %s in HTTP: %w", errUnreachable, f.addr, dials.httpSetupProblem())
 	case err != nil:
 		return checkResponse{}, fmt.Errorf("%w: %w", peer.ErrUnavailable, err)
 	}

@@ -9,6 +9,12 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
 // TestCheck runs the check command in-process against a serve process, over
@@ -177,5 +183,78 @@ func TestCheckLeases(t *testing.T) {
 		if code, _, all := check(tc.args...); code != 1 || !strings.Contains(all, tc.want) {
 			t.Errorf("check %q: exit %d, want 1 and %q\n%s", tc.args, code, tc.want, all)
 		}
+	}
+}
+
+// unavailableLimiter answers every RateLimiter call with Unavailable: a node
+// that spoke gRPC and said it could not decide.
+type unavailableLimiter struct {
+	peerpb.UnimplementedRateLimiterServer
+}
+
+func (unavailableLimiter) Allow(context.Context, *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+	return nil, status.Error(codes.Unavailable, "peer: limiter unavailable: no owner")
+}
+
+// TestCheckSetupMistakes points check at the wrong port, the wrong
+// protocol and the wrong TLS set-up, and checks that each is exit 4
+// (unreachable: no usable connection) with a hint naming the flag to fix,
+// while a node that answered "unavailable" in gRPC is still exit 3.
+func TestCheckSetupMistakes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	pols := writeFile(t, dir, "policies.yaml", testPolicies)
+	plain := startServe(t, "setup-plain", nil, "--policies", pols)
+	// A certificate with a DNS SAN only: dialing 127.0.0.1 needs
+	// --tls-server-name.
+	ca, cert, key := writeTestPKIFor(t, dir, nil, []string{"ringlimit.internal"})
+	otherCA, _, _ := writeTestPKI(t, t.TempDir())
+	tlsNode := startServe(t, "setup-tls", nil, "--policies", pols,
+		"--tls-ca", ca, "--tls-cert", cert, "--tls-key", key, "--tls-server-name", "ringlimit.internal")
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	peerpb.RegisterRateLimiterServer(srv, unavailableLimiter{})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+
+	key3 := []string{"--tenant", "acme", "--subject", "dave", "--policy", "api", "--timeout", "5s"}
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantOut  string
+	}{
+		{"grpc at the HTTP port", []string{"--addr", plain.httpAddr}, exitUnreachable, "this looks like the node's HTTP port (--http-addr): add --http"},
+		{"http at the gRPC port", []string{"--addr", plain.grpcAddr, "--http"}, exitUnreachable, "this looks like the node's gRPC port (--grpc-addr): leave out --http"},
+		{"http at the TLS gRPC port", []string{"--addr", tlsNode.grpcAddr, "--http"}, exitUnreachable, "is --addr its --http-addr?"},
+		{"plaintext at a TLS port", []string{"--addr", tlsNode.grpcAddr}, exitUnreachable, "if it serves mutual TLS, give --tls-ca, --tls-cert and --tls-key"},
+		{"TLS at a plaintext gRPC port", []string{"--addr", plain.grpcAddr, "--tls-ca", ca}, exitUnreachable, "if it serves plaintext gRPC, leave out --tls-*"},
+		{"TLS at the HTTP port", []string{"--addr", plain.httpAddr, "--tls-ca", ca}, exitUnreachable, "add --http"},
+		{"certificate without an IP SAN", []string{"--addr", tlsNode.grpcAddr, "--tls-ca", ca, "--tls-cert", cert, "--tls-key", key},
+			exitUnreachable, "give --tls-server-name with a name from its SANs"},
+		{"untrusted node certificate", []string{"--addr", tlsNode.grpcAddr, "--tls-ca", otherCA, "--tls-server-name", "ringlimit.internal"},
+			exitUnreachable, "--tls-ca does not trust the node's certificate"},
+		{"no client certificate", []string{"--addr", tlsNode.grpcAddr, "--tls-ca", ca, "--tls-server-name", "ringlimit.internal"},
+			exitUnreachable, "it wants a client certificate its CA signed: give --tls-cert and --tls-key"},
+		{"mutual TLS set up right", []string{"--addr", tlsNode.grpcAddr, "--tls-ca", ca, "--tls-cert", cert, "--tls-key", key, "--tls-server-name", "ringlimit.internal"},
+			exitOK, "ALLOWED"},
+		{"the node answered unavailable", []string{"--addr", lis.Addr().String()}, exitUnavailable, "UNAVAILABLE (the limiter could not decide"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			args := append(append([]string{"check"}, tc.args...), key3...)
+			code := exitCode(run(context.Background(), args, &out, &errOut), &errOut)
+			all := out.String() + errOut.String()
+			if code != tc.wantCode || !strings.Contains(all, tc.wantOut) {
+				t.Errorf("check %q: exit %d, want %d and %q in:\n%s", tc.args, code, tc.wantCode, tc.wantOut, all)
+			}
+			if code == exitUnreachable && !strings.Contains(all, "UNREACHABLE") {
+				t.Errorf("check %q: exit 4 without UNREACHABLE:\n%s", tc.args, all)
+			}
+		})
 	}
 }

@@ -34,8 +34,9 @@ Exit codes:
   1  error (bad flags, bad input, a failed demo promise, ...)
   2  check: refused, over limit
   3  check: unavailable (the node answered: the limiter could not decide)
-  4  check: unreachable (could not connect to the node at all: wrong address
-     or port, node down, name not found)
+  4  check: unreachable (no usable connection to the node: wrong address or
+     port, node down, name not found, the other API's port (--http), a TLS
+     mismatch (--tls-*); the error says which)
 
 Every serve flag can also be set in the environment as RINGLIMIT_<FLAG>, with
 dashes as underscores, uppercase (--gossip-addr -> RINGLIMIT_GOSSIP_ADDR).

@@ -572,8 +572,10 @@ func TestServeMutualTLS(t *testing.T) {
 		want int
 	}{
 		{"with client certificate", []string{"--tls-ca", ca, "--tls-cert", cert, "--tls-key", key}, exitOK},
-		{"without client certificate", []string{"--tls-ca", ca}, exitUnavailable},
-		{"plaintext", nil, exitUnavailable},
+		// Set-up mistakes: the node never answered in gRPC (exit 4, not
+		// 3, which is the node's own "could not decide").
+		{"without client certificate", []string{"--tls-ca", ca}, exitUnreachable},
+		{"plaintext", nil, exitUnreachable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"check", "--addr", a.grpcAddr, "--tenant", "t", "--subject", "s", "--policy", "default", "--timeout", "3s"}, tc.args...)
@@ -588,6 +590,13 @@ func TestServeMutualTLS(t *testing.T) {
 // writeTestPKI writes a CA and one certificate for 127.0.0.1, usable as
 // both server and client, and returns the three PEM paths.
 func writeTestPKI(t *testing.T, dir string) (caPath, certPath, keyPath string) {
+	t.Helper()
+	return writeTestPKIFor(t, dir, []net.IP{net.ParseIP("127.0.0.1")}, nil)
+}
+
+// writeTestPKIFor is writeTestPKI with the leaf's SANs given: ips and
+// dnsNames.
+func writeTestPKIFor(t *testing.T, dir string, ips []net.IP, dnsNames []string) (caPath, certPath, keyPath string) {
 	t.Helper()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -614,7 +623,7 @@ func writeTestPKI(t *testing.T, dir string) (caPath, certPath, keyPath string) {
 	leafTmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "ringlimit node"},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		IPAddresses: ips, DNSNames: dnsNames,
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
