@@ -855,11 +855,19 @@ func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
 		msg += fmt.Sprintf("; tenant, subject and policy must each be 1 to %d bytes of visible ASCII", shard.MaxKeyPartLen)
 		return http.StatusBadRequest, errorResponse{Error: msg}
 	case errors.Is(err, peer.ErrWrongAlgorithm):
-		a := a.policy(names[0]).Algorithm
-		if a == peer.Concurrency {
-			return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("policy %q is a concurrency policy: use /v1/acquire and /v1/release", names[0])}
+		// A check that names a concurrency policy (among others or alone)
+		// is the concurrency policy's mistake; an acquire or release names
+		// one policy, of another kind.
+		for _, name := range names {
+			if a.policy(name).Algorithm != peer.Concurrency {
+				continue
+			}
+			if len(names) > 1 {
+				return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("policy %q is a concurrency policy: it cannot be part of a multi-policy check; take its lease with /v1/acquire (end it with /v1/release) and check the other policies without it", name)}
+			}
+			return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("policy %q is a concurrency policy: use /v1/acquire and /v1/release", name)}
 		}
-		return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("policy %q is %v: /v1/acquire and /v1/release need a concurrency policy", names[0], a)}
+		return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("policy %q is %v: /v1/acquire and /v1/release need a concurrency policy", names[0], a.policy(names[0]).Algorithm)}
 	case errors.Is(err, peer.ErrUnknownPolicy):
 		unknown := names[0]
 		for _, name := range names {

@@ -768,6 +768,7 @@ func TestServeAllowErrors(t *testing.T) {
 	t.Parallel()
 	api := &httpAPI{pols: staticPolicies{
 		"api": {Limit: 3, Window: time.Minute}, "shared": {Limit: 10, Window: time.Minute},
+		"inflight": {Algorithm: peer.Concurrency, Limit: 2, Window: time.Minute},
 	}, log: slog.New(slog.DiscardHandler)}
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 	good := peer.Key{Tenant: "a", Subject: "b", Policy: "api"}
@@ -803,7 +804,7 @@ func TestServeAllowErrors(t *testing.T) {
 			err:     fmt.Errorf("%w: %w", peer.ErrInvalidKey, peer.Key{Tenant: "a", Subject: "josé", Policy: "api"}.Validate()),
 			errPart: "invalid key: subject has byte 0xc3 at 3 outside visible ASCII; tenant, subject and policy must each be 1 to 128 bytes", errNotIn: "invalid key: shard"},
 		{name: "unknown policy", key: peer.Key{Tenant: "a", Subject: "b", Policy: "nope"}, status: 400,
-			err: fmt.Errorf("%w: %q", peer.ErrUnknownPolicy, "nope"), errPart: `unknown policy "nope": this node's policies are api, shared`},
+			err: fmt.Errorf("%w: %q", peer.ErrUnknownPolicy, "nope"), errPart: `unknown policy "nope": this node's policies are api, inflight, shared`},
 		{name: "invalid hits", key: good, hits: 4, status: 400,
 			err: fmt.Errorf("%w: hits 4 must be between 1 and the limit 3", peer.ErrInvalidHits), errPart: "invalid hits 4: must be between 1 and the policy's limit 3"},
 		{name: "anything else", key: good, err: errors.New("boom"), status: 500, errPart: "internal error", errNotIn: "boom"},
@@ -812,9 +813,16 @@ func TestServeAllowErrors(t *testing.T) {
 			headers: map[string]string{"Retry-After": "1", "RateLimit-Policy": `"api";q=3;w=60, "shared";q=10;w=60`, "RateLimit-Reason": "unavailable", "RateLimit": ""},
 			body:    map[string]any{"retry_after_ms": 1000.0, "reason": "unavailable"}, errPart: "could not get a decision"},
 		{name: "multi unknown policy", key: peer.Key{Tenant: "a", Subject: "b"}, policies: []string{"api", "nope"}, status: 400,
-			err: fmt.Errorf("%w: %q", peer.ErrUnknownPolicy, "nope"), errPart: `unknown policy "nope": this node's policies are api, shared`},
+			err: fmt.Errorf("%w: %q", peer.ErrUnknownPolicy, "nope"), errPart: `unknown policy "nope": this node's policies are api, inflight, shared`},
 		{name: "multi invalid hits", key: peer.Key{Tenant: "a", Subject: "b"}, policies: []string{"shared", "api"}, hits: 5, status: 400,
 			err: fmt.Errorf("%w: hits 5 exceed policy %q's limit 3", peer.ErrInvalidHits, "api"), errPart: `invalid hits 5: above policy "api"'s limit 3; a multi-policy check must fit every policy`},
+		{name: "multi with a concurrency policy", key: peer.Key{Tenant: "a", Subject: "b"}, policies: []string{"api", "inflight"}, status: 400,
+			err:     fmt.Errorf("%w: policy %q is a concurrency policy", peer.ErrWrongAlgorithm, "inflight"),
+			errPart: `policy "inflight" is a concurrency policy: it cannot be part of a multi-policy check; take its lease with /v1/acquire`},
+		{name: "check of a concurrency policy", key: peer.Key{Tenant: "a", Subject: "b", Policy: "inflight"}, status: 400,
+			err: fmt.Errorf("%w: policy %q is a concurrency policy", peer.ErrWrongAlgorithm, "inflight"), errPart: `policy "inflight" is a concurrency policy: use /v1/acquire and /v1/release`},
+		{name: "acquire of a sliding log", key: good, status: 400,
+			err: fmt.Errorf("%w: policy %q is sliding_log", peer.ErrWrongAlgorithm, "api"), errPart: `policy "api" is sliding_log: /v1/acquire and /v1/release need a concurrency policy`},
 		{name: "multi invalid key", key: peer.Key{Tenant: "a", Subject: "b"}, policies: []string{"api", "sh ared"}, status: 400,
 			err: fmt.Errorf("%w: bad", peer.ErrInvalidKey), errPart: "invalid key: policy has byte 0x20 at 2 outside visible ASCII;"},
 	} {
