@@ -72,13 +72,19 @@ type ownState struct {
 	marked   atomic.Int32
 	checking map[string]bool // reachability checks in flight
 	// tookOver tallies, per failed holder, the partitions (and keys) taken
-	// over since reconcile last logged them: one warning per failed holder
-	// and round rather than one per partition.
+	// over and not yet logged: one warning per failed holder once its
+	// takeovers have gone quiet, rather than one per partition.
 	tookOver map[string]takeoverTally
 }
 
-// takeoverTally is partitions and keys taken over from one holder.
-type takeoverTally struct{ partitions, keys int }
+// takeoverTally is partitions and keys taken over from one holder, for its
+// summary line: first and last are when the first and the latest were
+// taken over, and wait the longest time from the end of the lease this
+// node had granted to the takeover (node monotonic ns).
+type takeoverTally struct {
+	partitions, keys  int
+	first, last, wait int64
+}
 
 // unreachableHold is how long after being marked unreachable a member is
 // checked again (and, once it answers, used again as the ring chooses).
@@ -417,19 +423,28 @@ func (n *Node) reconcile() {
 }
 
 // logTakeovers warns once per failed holder whose partitions were taken
-// over since the last call, with their number (each partition also has an
-// Info line).
+// over, once no more of them have been for a lease (a crash's takeovers
+// spread over several reconcile rounds): how many partitions and keys,
+// over how long, and how long after the lease ended at most. Each
+// partition also has a Debug line.
 func (n *Node) logTakeovers() {
 	n.own.mu.Lock()
 	if len(n.own.tookOver) == 0 {
 		n.own.mu.Unlock()
 		return
 	}
-	tally := n.own.tookOver
-	n.own.tookOver = make(map[string]takeoverTally)
+	now := n.mono()
+	quiet := make(map[string]takeoverTally)
+	for holder, t := range n.own.tookOver {
+		if now-t.last >= int64(n.cfg.LeaseDuration) {
+			quiet[holder] = t
+			delete(n.own.tookOver, holder)
+		}
+	}
 	n.own.mu.Unlock()
-	for holder, t := range tally {
-		n.log.Warn("partitions taken over from failed holder", "peer", holder, "partitions", t.partitions, "keys", t.keys)
+	for holder, t := range quiet {
+		n.log.Warn("partitions taken over from failed holder", "peer", holder, "partitions", t.partitions, "keys", t.keys,
+			"took", time.Duration(t.last-t.first), "after_lease_end", time.Duration(t.wait))
 	}
 }
 
@@ -1111,11 +1126,19 @@ func (n *Node) takeOver(ctx context.Context, pid int) {
 	pt.setRoleLocked(roleHolder, n.name, rep.epoch+1, n.clock())
 	keys := pt.store.Len()
 	n.metrics.Handoff("takeover", "ok", keys)
-	n.log.Info("partition taken over from failed holder", "partition", pid, "peer", rep.holder, "epoch", rep.epoch+1, "keys", keys)
+	n.log.Debug("partition taken over from failed holder", "partition", pid, "peer", rep.holder, "epoch", rep.epoch+1, "keys", keys)
+	now := n.mono()
 	n.own.mu.Lock()
 	t := n.own.tookOver[rep.holder]
 	t.partitions++
 	t.keys += keys
+	if t.first == 0 {
+		t.first = now
+	}
+	t.last = now
+	if rep.leaseEnd != 0 {
+		t.wait = max(t.wait, now-rep.leaseEnd)
+	}
 	n.own.tookOver[rep.holder] = t
 	n.own.mu.Unlock()
 }
