@@ -318,6 +318,7 @@ func (n *Node) ownerLoop() {
 	for {
 		select {
 		case <-n.ctx.Done():
+			n.logTakeovers(true) // the summaries not yet due
 			return
 		case <-t.C:
 		case <-n.own.kick:
@@ -333,7 +334,7 @@ func (n *Node) ownerLoop() {
 // reconcile itself does not block on the network except for heartbeats,
 // which it sends without waiting.
 func (n *Node) reconcile() {
-	n.logTakeovers()
+	n.logTakeovers(false)
 	// Failed members age out of the quorum count without a membership
 	// event: refresh the decision path's copy here too.
 	n.hasQuorum.Store(n.quorum())
@@ -426,8 +427,9 @@ func (n *Node) reconcile() {
 // over, once no more of them have been for a lease (a crash's takeovers
 // spread over several reconcile rounds): how many partitions and keys,
 // over how long, and how long after the lease ended at most. Each
-// partition also has a Debug line.
-func (n *Node) logTakeovers() {
+// partition also has a Debug line. With all, every tally is logged now (the
+// node is closing).
+func (n *Node) logTakeovers(all bool) {
 	n.own.mu.Lock()
 	if len(n.own.tookOver) == 0 {
 		n.own.mu.Unlock()
@@ -436,7 +438,7 @@ func (n *Node) logTakeovers() {
 	now := n.mono()
 	quiet := make(map[string]takeoverTally)
 	for holder, t := range n.own.tookOver {
-		if now-t.last >= int64(n.cfg.LeaseDuration) {
+		if all || now-t.last >= int64(n.cfg.LeaseDuration) {
 			quiet[holder] = t
 			delete(n.own.tookOver, holder)
 		}
