@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -24,7 +26,7 @@ import (
 	"github.com/ringlimit/ringlimit/shard"
 )
 
-const demoUsage = `Usage: ringlimit demo
+const demoUsage = `Usage: ringlimit demo [-v] [--log-level L]
 
 Starts a 3-node ringlimit cluster on 127.0.0.1 inside this process, plus one
 node as a child process (this same binary running "serve"), and walks through
@@ -40,9 +42,15 @@ what ringlimit promises, with real decisions:
   7. concurrency cap: leases never exceed the cap; a lease never released
      comes back after its TTL
 
-Tables go to stdout, the nodes' logs (gossip membership) to stderr. Exits 1 if
-any promise it shows does not hold. Takes a few seconds; needs no network
-beyond loopback.
+Tables go to stdout, the nodes' logs to stderr: by default only their
+warnings and errors (a crash's forward failures and takeover summaries), so
+the walkthrough reads cleanly on a terminal. Exits 1 if any promise it shows
+does not hold. Takes a few seconds; needs no network beyond loopback.
+
+Flags:
+  -v                  also log the nodes' lifecycle (gossip membership,
+                      readiness, handoffs): --log-level info
+  --log-level L       debug, info, warn or error (default warn)
 `
 
 // demoPolicies is the demo's policy table. The child node loads the same
@@ -62,9 +70,13 @@ func demoPolicies() map[string]peer.PolicyConfig {
 type demo struct {
 	out    io.Writer
 	log    *slog.Logger
+	level  slog.Level // of log, and of the child's lines passed on
 	stderr io.Writer
-	held   []string
-	failed []string
+	// gossipKey encrypts the cluster's gossip and authenticates its peer
+	// RPCs (the child reads it from gossip.key beside the policy file).
+	gossipKey []byte
+	held      []string
+	failed    []string
 }
 
 // promise records and prints one checked promise.
@@ -94,6 +106,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, demoUsage) }
+	verbose := fs.Bool("v", false, "")
+	levelName := fs.String("log-level", "warn", "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -103,12 +117,21 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if fs.NArg() > 0 {
 		return usageError(fmt.Sprintf("demo: unexpected argument %q", fs.Arg(0)))
 	}
-	log, err := newLogger(stderr, "text", slog.LevelInfo, true)
+	level, err := parseLevel(*levelName)
+	if err != nil {
+		return usageError("demo: " + err.Error())
+	}
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "log-level" })
+	if *verbose && !given {
+		level = slog.LevelInfo
+	}
+	log, err := newLogger(stderr, "text", level, true)
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	d := &demo{out: stdout, log: log, stderr: stderr}
+	d := &demo{out: stdout, log: log, level: level, stderr: stderr}
 	fmt.Fprintln(stdout, "ringlimit demo: at most L admissions in any rolling window (t − W, t], cluster-wide")
 
 	d.boundaryBurst()
@@ -229,7 +252,10 @@ func (d *demo) cluster(ctx context.Context) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	base := peer.Config{Policies: pols, GossipProfile: peer.GossipFast, Logger: d.log, ForwardTimeout: 2 * time.Second}
+	if d.gossipKey, err = writeDemoGossipKey(dir); err != nil {
+		return err
+	}
+	base := peer.Config{Policies: pols, GossipProfile: peer.GossipFast, Logger: d.log, ForwardTimeout: 2 * time.Second, GossipKey: d.gossipKey}
 	fmt.Fprintln(d.out, "\nstarting a 3-node cluster on 127.0.0.1 (gossip and gRPC on ephemeral ports)...")
 	nodes, err := startCluster(ctx, []string{"n1", "n2", "n3"}, base)
 	if err != nil {
@@ -275,6 +301,21 @@ func demoPolicyFile() (map[string]peer.PolicyConfig, string, error) {
 		return nil, "", fmt.Errorf("policy file: %w", err)
 	}
 	return pols, dir, nil
+}
+
+// writeDemoGossipKey writes a random 32-byte gossip key, base64, to
+// dir/gossip.key (the child's --gossip-key) and returns it: the demo's
+// cluster gossips encrypted and authenticates its peer RPCs, as a real
+// one should.
+func writeDemoGossipKey(dir string) ([]byte, error) {
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "gossip.key"), []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("gossip key: %w", err)
+	}
+	return key, nil
 }
 
 // oneDecisionPoint is step 3.
@@ -803,6 +844,9 @@ func startChild(ctx context.Context, d *demo, name, join, policyPath string) (*c
 	cmd := exec.Command(exe, "serve", "--name", name,
 		"--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--join", join, "--policies", policyPath, "--log-format", "json",
+		"--gossip-key", filepath.Join(filepath.Dir(policyPath), "gossip.key"),
+		// Info at least: the demo reads the "serving" line.
+		"--log-level", strings.ToLower(min(d.level, slog.LevelInfo).String()),
 		"--gossip-profile", "fast", "--exit-on-stdin-eof", "--drain-timeout", "2s")
 	cmd.Env = childEnv(os.Environ())
 	stdin, err := cmd.StdinPipe()
@@ -818,7 +862,7 @@ func startChild(ctx context.Context, d *demo, name, join, policyPath string) (*c
 	}
 	c := &childNode{cmd: cmd, stdin: stdin, done: make(chan struct{})}
 	serving := make(chan [2]string, 1)
-	go c.readLog(stderr, name, d.stderr, serving)
+	go c.readLog(stderr, name, d.stderr, d.level, serving)
 	t := time.NewTimer(15 * time.Second)
 	defer t.Stop()
 	select {
@@ -861,8 +905,9 @@ func (c *childNode) members(ctx context.Context) int {
 }
 
 // readLog reads the child's JSON log: it reports the gRPC address from the
-// "serving" line and passes warnings and errors on, prefixed with the name.
-func (c *childNode) readLog(r io.Reader, name string, w io.Writer, serving chan<- [2]string) {
+// "serving" line and passes lines at level or above on, prefixed with the
+// name.
+func (c *childNode) readLog(r io.Reader, name string, w io.Writer, level slog.Level, serving chan<- [2]string) {
 	defer close(c.done)
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -877,13 +922,14 @@ func (c *childNode) readLog(r io.Reader, name string, w io.Writer, serving chan<
 			fmt.Fprintf(w, "[child %s] %s\n", name, sc.Bytes())
 			continue
 		}
-		switch {
-		case rec.Msg == "serving":
+		if rec.Msg == "serving" {
 			select {
 			case serving <- [2]string{rec.GRPCAddr, rec.HTTPAddr}:
 			default:
 			}
-		case rec.Level == "WARN" || rec.Level == "ERROR":
+		}
+		var l slog.Level
+		if l.UnmarshalText([]byte(rec.Level)) != nil || l >= level {
 			fmt.Fprintf(w, "[child %s] %s\n", name, sc.Bytes())
 		}
 	}
