@@ -451,7 +451,7 @@ func (n *Node) rebuild() {
 		n.log.Warn("gossip membership events dropped", "dropped", dropped)
 	}
 	n.noteMembership(nil, back)
-	n.hasQuorum.Store(n.quorum())
+	n.storeQuorum()
 	if !changed {
 		return
 	}

@@ -55,8 +55,10 @@ type Node struct {
 	// clusterID names the cluster this node belongs to (see meta.cluster).
 	clusterID atomic.Uint64
 	// hasQuorum caches quorum() for the decision path; the rebuild and
-	// the ownership loop refresh it.
+	// the ownership loop refresh it (storeQuorum).
 	hasQuorum atomic.Bool
+	// quorumWatch is what storeQuorum last logged about the majority.
+	quorumWatch quorumWatch
 
 	view      atomic.Pointer[view]
 	viewMu    sync.Mutex    // guards viewCh and version

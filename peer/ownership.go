@@ -337,7 +337,7 @@ func (n *Node) reconcile() {
 	n.logTakeovers(false)
 	// Failed members age out of the quorum count without a membership
 	// event: refresh the decision path's copy here too.
-	n.hasQuorum.Store(n.quorum())
+	n.storeQuorum()
 	v := n.view.Load()
 	beats := map[string][]*peerpb.PartitionOp{}
 	var jobs []func(context.Context)

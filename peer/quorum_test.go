@@ -1,0 +1,52 @@
+package peer
+
+import (
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestQuorumLossWarns runs the two-member cluster of issue 27: both
+// members warn when the cluster becomes two, naming the member whose loss
+// stops decisions; that member is killed, and the survivor, which used to
+// say only "readiness changed", warns that it has no majority, for how
+// many partitions, and until when at the latest; once the failed member
+// ages out (FailedMemberTimeout) it says decisions resume.
+func TestQuorumLossWarns(t *testing.T) {
+	const failedTimeout = 3 * time.Second
+	tap, log := newLogTap(t)
+	two := tap.on("cluster of two members: losing the lower-named one stops every decision (no majority without it); run three or more",
+		func(a map[string]string) bool { return a["node"] == "n1" })
+	c := startClusterWith(t, 2, Config{
+		Gossip:              hoCrashGossip,
+		LeaseDuration:       500 * time.Millisecond,
+		FailedMemberTimeout: failedTimeout,
+		Policies:            map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}},
+	}, func(i int, cfg *Config) { cfg.Logger = log })
+	if a := waitLog(t, two, 10*time.Second, "n1's warning about a two-member cluster"); a["stops_if_lost"] != "n0" || a["members"] != "2" {
+		t.Errorf("two-member warning %v: want stops_if_lost=n0 members=2", a)
+	}
+	survivor := c.nodes[1]
+	waitFor(t, 10*time.Second, "n1 to hold partitions with n0 as backup", func() bool {
+		held, _ := survivor.heldPartitions()
+		return held > 0 && survivor.Settled()
+	})
+	lost := tap.on("no majority of members: partitions without a live backup stop deciding until failed members return or age out",
+		func(a map[string]string) bool { return a["node"] == "n1" })
+	back := tap.on("majority of members regained: decisions resume", func(a map[string]string) bool { return a["node"] == "n1" })
+	killed := time.Now()
+	c.nodes[0].KillForTest()
+	a := waitLog(t, lost, 15*time.Second, "n1's warning that it has no majority")
+	held, _ := survivor.heldPartitions()
+	if n, err := strconv.Atoi(a["partitions"]); err != nil || n == 0 || n > held {
+		t.Errorf("no-majority warning %v: partitions %q, want 1 to the %d n1 holds", a, a["partitions"], held)
+	}
+	if a["members_alive"] != "1" || a["members_failed"] != "1" || a["failed"] != "[n0]" {
+		t.Errorf("no-majority warning %v: want members_alive=1 members_failed=1 failed=[n0]", a)
+	}
+	until, err := time.Parse(time.RFC3339, a["until"])
+	if err != nil || until.Before(killed.Add(failedTimeout).Truncate(time.Second)) || until.After(time.Now().Add(failedTimeout+time.Second)) {
+		t.Errorf("no-majority warning until %q (%v): want about %v after the kill at %v", a["until"], err, failedTimeout, killed.UTC())
+	}
+	waitLog(t, back, failedTimeout+10*time.Second, "n1 to say decisions resume once n0 aged out")
+}
