@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -144,5 +145,58 @@ func TestAuthOpenWarns(t *testing.T) {
 				t.Fatalf("Limiter/Check without a token = %v; open = %v, want %v", err, open, tc.open)
 			}
 		})
+	}
+}
+
+// TestAuthorizeReset checks that Config.AuthorizeReset guards the public
+// RateLimiter.Reset (it used to answer anyone who reached the port): a
+// refused call resets nothing and gets the hook's status, or
+// PermissionDenied for a plain error; the other public calls and the
+// in-process Node.Reset are not asked.
+func TestAuthorizeReset(t *testing.T) {
+	pols := map[string]PolicyConfig{"p": {Limit: 3, Window: time.Minute}}
+	c := startCluster(t, 1, Config{Policies: pols, AuthorizeReset: func(ctx context.Context) error {
+		switch v := metadata.ValueFromIncomingContext(ctx, "authorization"); {
+		case len(v) == 1 && v[0] == "Bearer right":
+			return nil
+		case len(v) == 0:
+			return status.Error(codes.Unauthenticated, "reset needs a token")
+		}
+		return errors.New("wrong token")
+	}})
+	n := c.nodes[0]
+	rl := peerpb.NewRateLimiterClient(dialTest(t, n.RPCAddr()))
+	key := &peerpb.Key{Tenant: "t", Subject: "s", Policy: "p"}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for range 3 {
+		if r, err := rl.Allow(ctx, &peerpb.AllowRequest{Key: key}); err != nil || !r.GetAllowed() {
+			t.Fatalf("Allow = %v, %v; want admitted (Allow is not guarded)", r, err)
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		token string
+		want  codes.Code
+	}{
+		{"no token", "", codes.Unauthenticated},
+		{"wrong token", "Bearer wrong", codes.PermissionDenied},
+	} {
+		cctx := ctx
+		if tc.token != "" {
+			cctx = metadata.AppendToOutgoingContext(ctx, "authorization", tc.token)
+		}
+		if _, err := rl.Reset(cctx, &peerpb.AllowRequest{Key: key}); status.Code(err) != tc.want {
+			t.Fatalf("Reset with %s = %v, want %v", tc.name, err, tc.want)
+		}
+		if r, err := rl.Peek(ctx, &peerpb.AllowRequest{Key: key}); err != nil || r.GetRemaining() != 0 {
+			t.Fatalf("Peek after a refused Reset (%s) = %v, %v; want 0 remaining (nothing reset)", tc.name, r, err)
+		}
+	}
+	if r, err := rl.Reset(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer right"), &peerpb.AllowRequest{Key: key}); err != nil || r.GetRemaining() != 3 {
+		t.Fatalf("Reset with the right token = %v, %v; want the key empty (3 remaining)", r, err)
+	}
+	if d, err := n.Reset(ctx, Key{Tenant: "t", Subject: "s", Policy: "p"}); err != nil || d.Remaining != 3 {
+		t.Fatalf("in-process Node.Reset = %+v, %v; want done without the hook", d, err)
 	}
 }

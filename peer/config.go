@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
@@ -354,6 +355,16 @@ type Config struct {
 	// for Envoy's rate limit service, so peer never imports Envoy's
 	// protos.
 	RegisterServices func(s grpc.ServiceRegistrar, node *Node)
+	// AuthorizeReset, when not nil, is asked before each public
+	// RateLimiter.Reset call runs, with the call's context (its metadata
+	// and peer.FromContext's TLS state): a non-nil error refuses the call
+	// and is its answer (return a gRPC status, such as Unauthenticated;
+	// any other error is answered PermissionDenied). Nil leaves Reset open
+	// to whoever reaches the gRPC port, like the rest of the public API
+	// (serve it with mutual TLS where clients must not reset quotas).
+	// Node.Reset, called in-process, is not asked. cmd/ringlimit uses it
+	// for --admin-token-file.
+	AuthorizeReset func(ctx context.Context) error
 	// JoinTimeout bounds how long New keeps trying to join Join's seeds
 	// when none answers: tries are spaced 100 ms apart, doubling up to 2 s,
 	// and each failure is logged with its attempt number. The ctx passed

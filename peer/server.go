@@ -267,9 +267,18 @@ func (s *publicServer) Refund(ctx context.Context, req *peerpb.AllowRequest) (*p
 	return s.do(ctx, peerpb.Op_OP_REFUND, req)
 }
 
-// Reset clears a key. The public port is the guard: serve it with mutual
-// TLS wherever clients must not reset quotas.
+// Reset clears a key, once Config.AuthorizeReset (if set) allows the call.
+// Without it the public port is the guard: serve it with mutual TLS
+// wherever clients must not reset quotas.
 func (s *publicServer) Reset(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+	if authorize := s.n.cfg.AuthorizeReset; authorize != nil {
+		if err := authorize(ctx); err != nil {
+			if _, ok := status.FromError(err); !ok {
+				err = status.Error(codes.PermissionDenied, err.Error())
+			}
+			return nil, err
+		}
+	}
 	return s.do(ctx, peerpb.Op_OP_RESET, req)
 }
 
