@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer"
@@ -48,16 +49,18 @@ Flags:
   --peek              ask what a check would decide now; records nothing
   --refund N          give back up to N units of the key's admissions in
                       the window, newest first (never below empty)
-  --reset             clear the key (an operator action). Over HTTP it needs
-                      --admin-token-file (the token serve was started with);
-                      over gRPC the node's port is the guard (mutual TLS)
+  --reset             clear the key (an operator action). It needs
+                      --admin-token-file (the token serve was started with),
+                      or over gRPC a client certificate the node verifies
+                      (--tls-cert); a node started without a token answers
+                      404 over HTTP and resets for anyone over gRPC
   --acquire           take a lease of --hits units of a concurrency policy;
                       prints its lease_id (a decimal number) and TTL
   --release ID        end lease ID of a concurrency policy (a lease the
                       node no longer knows changes nothing: exit 0,
                       "nothing to release")
-  --admin-token-file PATH  bearer token for --reset over --http (also read
-                      from RINGLIMIT_ADMIN_TOKEN_FILE)
+  --admin-token-file PATH  bearer token for --reset, sent as Authorization:
+                      Bearer (also read from RINGLIMIT_ADMIN_TOKEN_FILE)
   --json              print the answer as JSON (the HTTP API's body)
   --timeout D         overall deadline (default 5s)
   --tls-ca PATH       gRPC over TLS, trusting this CA
@@ -174,8 +177,8 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 		return f, usageError("check: --reset takes no --hits")
 	case len(f.policies) > 0 && (f.op == opRefund || f.op == opReset):
 		return f, usageError(fmt.Sprintf("check: --%s works on one --policy, not --policies", f.op))
-	case given["admin-token-file"] && !(*reset && f.useHTTP):
-		return f, usageError("check: --admin-token-file is for --reset with --http (a gRPC reset is guarded by the node's mutual TLS)")
+	case given["admin-token-file"] && !*reset:
+		return f, usageError("check: --admin-token-file is for --reset")
 	case *reset && f.useHTTP && f.adminTokenFile == "":
 		return f, usageError("check: --reset over --http needs --admin-token-file (or RINGLIMIT_ADMIN_TOKEN_FILE)")
 	}
@@ -354,6 +357,13 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 		req.Hits = 0
 	}
 	req.LeaseId = f.leaseID
+	if f.op == opReset && f.adminTokenFile != "" {
+		token, err := loadAdminToken(f.adminTokenFile)
+		if err != nil {
+			return checkResponse{}, err
+		}
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+string(token))
+	}
 	r, err := call(ctx, req)
 	if err != nil {
 		if dialErr := dials.neverConnected(); dialErr != nil {
@@ -371,6 +381,11 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 					strings.TrimPrefix(st.Message(), peer.ErrUnknownPolicy.Error()+": "))
 			}
 			return checkResponse{}, fmt.Errorf("unknown policy %q: not in the node's policy table", f.policy)
+		case codes.Unauthenticated:
+			if f.adminTokenFile != "" {
+				return checkResponse{}, fmt.Errorf("the node refused the admin token in %s: %s", f.adminTokenFile, st.Message())
+			}
+			return checkResponse{}, fmt.Errorf("the node refused the reset: give --admin-token-file (the token serve was started with): %s", st.Message())
 		case codes.InvalidArgument:
 			// The node's message names the problem (key or hits) once;
 			// peer.FromStatus would file both under "invalid key".

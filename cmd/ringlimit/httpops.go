@@ -1,8 +1,6 @@
 package main
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net/http"
@@ -70,32 +68,18 @@ func (a *httpAPI) refund(w http.ResponseWriter, r *http.Request) { a.serveOp(w, 
 
 // reset answers POST /v1/reset: 404 unless serve has an admin token, 401
 // without the right bearer token, else the reset key's new (empty) state.
-func (a *httpAPI) reset(w http.ResponseWriter, r *http.Request) {
-	if a.adminToken == nil {
+func (a *httpAPI) resetKey(w http.ResponseWriter, r *http.Request) {
+	if a.reset == nil {
 		writeJSON(w, http.StatusNotFound, errorResponse{Error: "/v1/reset is disabled: start serve with --admin-token-file to enable it"})
 		return
 	}
-	if !a.authorized(r) {
-		a.log.Warn("reset refused: missing or wrong admin token", "remote_addr", r.RemoteAddr)
+	if !a.reset.bearerOK(r.Header.Get("Authorization")) {
+		a.reset.refuse("http", r.RemoteAddr)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="ringlimit"`)
 		writeJSON(w, http.StatusUnauthorized, errorResponse{Error: "reset needs the admin token: send Authorization: Bearer <token from --admin-token-file>"})
 		return
 	}
 	a.serveOp(w, r, opReset)
-}
-
-// authorized reports whether r carries "Authorization: Bearer <token>"
-// with the admin token. The comparison takes the same time whatever the
-// token: both sides are hashed first, so neither length nor content leaks.
-func (a *httpAPI) authorized(r *http.Request) bool {
-	auth := r.Header.Get("Authorization")
-	const scheme = "bearer "
-	if len(auth) <= len(scheme) || !strings.EqualFold(auth[:len(scheme)], scheme) {
-		return false
-	}
-	got := sha256.Sum256([]byte(strings.TrimSpace(auth[len(scheme):])))
-	want := sha256.Sum256(a.adminToken)
-	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
 }
 
 // loadAdminToken reads the reset token: the file's content with

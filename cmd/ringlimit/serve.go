@@ -81,11 +81,15 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         member should use the same
   --log-format F        text or json (default text)
   --log-level L         debug, info, warn or error (default info)
-  --admin-token-file P  file holding the bearer token that POST /v1/reset
-                        requires; without it /v1/reset answers 404. (gRPC
-                        RateLimiter.Reset has no token: it is guarded by the
-                        port itself, so serve gRPC with --tls-* (mutual TLS)
-                        wherever clients must not reset quotas.)
+  --admin-token-file P  file holding the bearer token that Reset requires:
+                        POST /v1/reset (Authorization: Bearer <token>; without
+                        this flag /v1/reset answers 404) and gRPC
+                        RateLimiter.Reset (metadata authorization: Bearer
+                        <token>, or a client certificate the node verified
+                        under --tls-*; without this flag gRPC Reset is open
+                        to whoever reaches the port). Refusals: 401 or
+                        Unauthenticated, a Warn (at most one per 10 s per
+                        transport) and ringlimit_reset_refused_total
 
   --gossip-advertise-addr H:P  gossip address peers should use (NAT,
                         0.0.0.0 binds); default: the bound address
@@ -350,13 +354,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 
-	var adminToken []byte
-	if f.adminTokenFile != "" {
-		if adminToken, err = loadAdminToken(f.adminTokenFile); err != nil {
-			return fmt.Errorf("serve: %w", err)
-		}
-	}
-
 	// The registry is this command's own: the node's metrics plus the Go
 	// runtime and process collectors, nothing global.
 	reg := prometheus.NewRegistry()
@@ -367,6 +364,19 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if cfg.Metrics, err = peer.NewPrometheusMetrics(reg); err != nil {
 		return fmt.Errorf("serve: metrics: %w", err)
+	}
+
+	// One admin token guards Reset over HTTP and gRPC alike.
+	var reset *resetGuard
+	if f.adminTokenFile != "" {
+		token, err := loadAdminToken(f.adminTokenFile)
+		if err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		if reset, err = newResetGuard(token, log, reg); err != nil {
+			return fmt.Errorf("serve: metrics: %w", err)
+		}
+		cfg.AuthorizeReset = reset.authorizeGRPC
 	}
 
 	var httpLis net.Listener
@@ -398,7 +408,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("serve: start node: %w", err)
 	}
 
-	api := &httpAPI{node: node, pols: node, reg: reg, log: log, adminToken: adminToken}
+	api := &httpAPI{node: node, pols: node, reg: reg, log: log, reset: reset}
 	var httpSrv *http.Server
 	httpErr := make(chan error, 1)
 	httpAddr := ""
@@ -594,8 +604,9 @@ type httpAPI struct {
 	reg      *prometheus.Registry
 	log      *slog.Logger
 	draining atomic.Bool
-	// adminToken guards /v1/reset; nil disables the endpoint (404).
-	adminToken []byte
+	// reset guards /v1/reset with the admin token; nil disables the
+	// endpoint (404).
+	reset *resetGuard
 }
 
 // policy returns the node's current entry for name (zero if unknown): the
@@ -611,7 +622,7 @@ func (a *httpAPI) routes() http.Handler {
 	mux.HandleFunc("POST /v1/checks", a.checks)
 	mux.HandleFunc("POST /v1/peek", a.peek)
 	mux.HandleFunc("POST /v1/refund", a.refund)
-	mux.HandleFunc("POST /v1/reset", a.reset)
+	mux.HandleFunc("POST /v1/reset", a.resetKey)
 	mux.HandleFunc("POST /v1/acquire", a.acquire)
 	mux.HandleFunc("POST /v1/release", a.release)
 	mux.HandleFunc("GET /healthz", a.healthz)

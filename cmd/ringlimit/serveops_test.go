@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
@@ -449,8 +451,40 @@ func TestServeOperations(t *testing.T) {
 		if resp, err := rl.Refund(ctx, &peerpb.AllowRequest{Key: key("big"), Hits: 1}); err != nil || resp.GetRemaining() != 4 || !resp.GetAllowed() {
 			t.Errorf("Refund: %v, %v; want remaining 4", resp, err)
 		}
-		if resp, err := rl.Reset(ctx, &peerpb.AllowRequest{Key: key("small")}); err != nil || resp.GetRemaining() != 3 {
-			t.Errorf("Reset: %v, %v; want remaining 3", resp, err)
+		// The admin token guards gRPC Reset too (it reset the key for
+		// a caller with no credentials at all).
+		for _, auth := range []string{"", "Bearer nope"} {
+			rctx := ctx
+			if auth != "" {
+				rctx = metadata.AppendToOutgoingContext(ctx, "authorization", auth)
+			}
+			if resp, err := rl.Reset(rctx, &peerpb.AllowRequest{Key: key("small")}); status.Code(err) != codes.Unauthenticated {
+				t.Errorf("Reset with authorization %q: %v, %v; want Unauthenticated", auth, resp, err)
+			}
+		}
+		if resp, err := rl.Peek(ctx, &peerpb.AllowRequest{Key: key("small")}); err != nil || resp.GetRemaining() != 0 {
+			t.Errorf("Peek after refused Resets: %v, %v; want remaining 0 (nothing reset)", resp, err)
+		}
+		if resp, err := rl.Reset(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+opsToken), &peerpb.AllowRequest{Key: key("small")}); err != nil || resp.GetRemaining() != 3 {
+			t.Errorf("Reset with the admin token: %v, %v; want remaining 3", resp, err)
+		}
+		refusedLog := func() (lines int, counted string) {
+			for _, l := range strings.Split(b.logText(), "\n") {
+				var rec map[string]any
+				if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == "reset refused: missing or wrong admin token" && rec["transport"] == "grpc" {
+					lines++
+				}
+			}
+			r := doHTTP(t, "GET", "http://"+b.httpAddr+"/metrics", "")
+			for _, l := range strings.Split(r.raw, "\n") {
+				if strings.HasPrefix(l, `ringlimit_reset_refused_total{transport="grpc"}`) {
+					counted = strings.TrimSpace(strings.TrimPrefix(l, `ringlimit_reset_refused_total{transport="grpc"}`))
+				}
+			}
+			return lines, counted
+		}
+		if lines, counted := refusedLog(); lines != 1 || counted != "2" {
+			t.Errorf("two refused gRPC Resets: %d Warn lines (want 1: throttled), counter %q (want 2)", lines, counted)
 		}
 		if resp, err := rl.Allow(ctx, &peerpb.AllowRequest{Key: key("small")}); err != nil || !resp.GetAllowed() || resp.GetRemaining() != 2 {
 			t.Errorf("Allow after Reset: %v, %v", resp, err)
@@ -477,7 +511,9 @@ func TestServeOperations(t *testing.T) {
 			{"http refund", append(h, "--policy", "small", "--refund", "1", "--json"), 0, nil, map[string]any{"reason": "refunded", "remaining": 2.0}},
 			{"grpc refund", append(g, "--policy", "small", "--refund", "5"), 0, []string{"REFUNDED", "remaining    3"}, nil},
 			{"grpc refund nothing", append(g, "--policy", "small", "--refund", "1"), 0, []string{"NOTHING TO REFUND"}, nil},
-			{"grpc reset", append(g, "--policy", "big", "--reset"), 0, []string{"RESET", "remaining    5"}, nil},
+			{"grpc reset without token", append(g, "--policy", "big", "--reset"), 1, []string{"the node refused the reset: give --admin-token-file"}, nil},
+			{"grpc reset wrong token", append(g, "--policy", "big", "--reset", "--admin-token-file", badTok), 1, []string{"the node refused the admin token in " + badTok}, nil},
+			{"grpc reset", append(g, "--policy", "big", "--reset", "--admin-token-file", tokFile), 0, []string{"RESET", "remaining    5"}, nil},
 			{"http reset", append(h, "--policy", "big", "--reset", "--admin-token-file", tokFile), 0, []string{"RESET"}, nil},
 			{"http reset wrong token", append(h, "--policy", "big", "--reset", "--admin-token-file", badTok), 1, []string{"HTTP 401", "refused the admin token"}, nil},
 			{"http reset without token", append(h, "--policy", "big", "--reset"), 1, []string{"needs --admin-token-file"}, nil},

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	grpcpeer "google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// TestResetGuard checks who may reset over gRPC when serve has an admin
+// token: the token in the authorization metadata, or a caller whose client
+// certificate the node verified; everyone else is refused, counted, and
+// logged once per resetWarnEvery.
+func TestResetGuard(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	reg := prometheus.NewRegistry()
+	g, err := newResetGuard([]byte("tok"), slog.New(slog.NewTextHandler(&logs, nil)), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := func(auth string, verified bool) context.Context {
+		p := &grpcpeer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 4242}}
+		if verified {
+			p.AuthInfo = credentials.TLSInfo{State: tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{}}}}
+		}
+		ctx := grpcpeer.NewContext(context.Background(), p)
+		if auth != "" {
+			ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", auth))
+		}
+		return ctx
+	}
+	for _, tc := range []struct {
+		name     string
+		auth     string
+		verified bool
+		want     codes.Code
+	}{
+		{"no credentials", "", false, codes.Unauthenticated},
+		{"wrong token", "Bearer nope", false, codes.Unauthenticated},
+		{"basic scheme", "Basic tok", false, codes.Unauthenticated},
+		{"token", "Bearer tok", false, codes.OK},
+		{"token, any case", "bearer tok", false, codes.OK},
+		{"verified client certificate", "", true, codes.OK},
+	} {
+		if got := status.Code(g.authorizeGRPC(from(tc.auth, tc.verified))); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if got := testutil.ToFloat64(g.refused.WithLabelValues("grpc")); got != 3 {
+		t.Errorf("ringlimit_reset_refused_total{transport=grpc} = %v, want 3", got)
+	}
+	if n := strings.Count(logs.String(), "reset refused"); n != 1 || !strings.Contains(logs.String(), "remote_addr=127.0.0.1:4242") {
+		t.Errorf("%d warnings for 3 refusals within %v, want 1 naming the caller:\n%s", n, resetWarnEvery, logs.String())
+	}
+}
