@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -287,7 +289,7 @@ func (s *publicServer) Acquire(ctx context.Context, req *peerpb.AllowRequest) (*
 	pk := req.GetKey()
 	l, err := s.n.Acquire(ctx, Request{Key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, Hits: req.GetHits(), Policies: req.GetPolicies()})
 	if err != nil {
-		return nil, ToStatus(err)
+		return nil, s.status(err)
 	}
 	out := DecisionToWire(l.Decision)
 	out.LeaseId, out.LeaseTtlNs = l.ID, int64(l.TTL)
@@ -299,7 +301,7 @@ func (s *publicServer) Release(ctx context.Context, req *peerpb.AllowRequest) (*
 	pk := req.GetKey()
 	d, err := s.n.Release(ctx, Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, req.GetLeaseId())
 	if err != nil {
-		return nil, ToStatus(err)
+		return nil, s.status(err)
 	}
 	return DecisionToWire(d), nil
 }
@@ -344,9 +346,20 @@ func (s *publicServer) do(ctx context.Context, op peerpb.Op, req *peerpb.AllowRe
 	pk := req.GetKey()
 	d, err := s.n.do(ctx, op, Request{Key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, Hits: req.GetHits(), Policies: req.GetPolicies()})
 	if err != nil {
-		return nil, ToStatus(err)
+		return nil, s.status(err)
 	}
 	return DecisionToWire(d), nil
+}
+
+// status is ToStatus for the public API: an unknown policy's message also
+// lists this node's policies, as the HTTP API's does, so that a client
+// sees what it may ask for.
+func (s *publicServer) status(err error) error {
+	if !errors.Is(err, ErrUnknownPolicy) {
+		return ToStatus(err)
+	}
+	names := slices.Sorted(maps.Keys(s.n.Policies()))
+	return status.Error(codes.NotFound, fmt.Sprintf("%v: this node's policies are %s", err, strings.Join(names, ", ")))
 }
 
 // DecisionToWire converts a Decision to the public API's response.

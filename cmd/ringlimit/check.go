@@ -374,13 +374,14 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 		}
 		switch st, _ := status.FromError(err); st.Code() {
 		case codes.NotFound:
-			if len(f.policies) > 0 {
-				// Which of them: the node's message names it, after its
-				// own prefix.
-				return checkResponse{}, fmt.Errorf("unknown policy %s: not in the node's policy table",
-					strings.TrimPrefix(st.Message(), peer.ErrUnknownPolicy.Error()+": "))
+			// Which policy, and the node's policies: the node's message
+			// names them, after its own prefix (nodes before issue 27
+			// name only the policy).
+			msg := strings.TrimPrefix(st.Message(), peer.ErrUnknownPolicy.Error()+": ")
+			if !strings.Contains(msg, "policies are") {
+				msg += ": not in the node's policy table"
 			}
-			return checkResponse{}, fmt.Errorf("unknown policy %q: not in the node's policy table", f.policy)
+			return checkResponse{}, fmt.Errorf("unknown policy %s", msg)
 		case codes.Unauthenticated:
 			if f.adminTokenFile != "" {
 				return checkResponse{}, fmt.Errorf("the node refused the admin token in %s: %s", f.adminTokenFile, st.Message())
