@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
@@ -235,6 +236,16 @@ func TestDNSJoinServe(t *testing.T) {
 	for _, p := range []*serveProc{c, b, a} {
 		if code := p.terminate(t); code != 0 {
 			t.Errorf("%s exit code %d after SIGTERM, want 0", p.name, code)
+		}
+	}
+	// Every line names its node: serve's own (dns join, shutdown) too,
+	// as the node's lines do.
+	for _, p := range nodes {
+		for _, l := range strings.Split(strings.TrimSpace(p.logText()), "\n") {
+			var rec map[string]any
+			if err := json.Unmarshal([]byte(l), &rec); err != nil || rec["node"] != p.name {
+				t.Errorf("%s logged a line without node=%s: %s", p.name, p.name, l)
+			}
 		}
 	}
 }

@@ -366,6 +366,12 @@ func TestOverrideServe(t *testing.T) {
 	waitFor(t, 10*time.Second, "the reload", func() bool {
 		return strings.Contains(p.logText(), `"msg":"policy table reloaded"`)
 	})
+	for _, l := range strings.Split(p.logText(), "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == "policy table reloaded" && rec["node"] != p.name {
+			t.Errorf("reload line without node=%s: %s", p.name, l)
+		}
+	}
 	if r := doHTTP(t, "POST", check, body("acme", "alice")); r.status != 200 || r.body["limit"] != 3.0 || r.body["remaining"] != 0.0 {
 		t.Fatalf("alice after her override: %d %s; want admitted, limit 3, remaining 0", r.status, r.raw)
 	}

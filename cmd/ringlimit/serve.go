@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -301,6 +303,16 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return usageError("serve: " + err.Error())
 	}
+	if f.name == "" {
+		// Chosen here rather than by the node, so that serve's own lines
+		// name it from the first (as the node's do).
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		f.name = "node-" + hex.EncodeToString(b[:])
+	}
+	// nlog is for serve's own lines (the policy reloader, DNS join, HTTP,
+	// shutdown); the node adds the attribute to its lines itself.
+	nlog := log.With("node", f.name)
 
 	cfg := peer.Config{
 		Name:       f.name,
@@ -337,7 +349,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	envoySrv := new(*envoyrls.Server)
 	cfg.RegisterServices = func(s grpc.ServiceRegistrar, n *peer.Node) {
-		*envoySrv = envoyrls.New(n, envoy, log)
+		*envoySrv = envoyrls.New(n, envoy, nlog)
 		(*envoySrv).Register(s)
 	}
 	if f.gossipKey != "" {
@@ -373,7 +385,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
-		if reset, err = newResetGuard(token, log, reg); err != nil {
+		if reset, err = newResetGuard(token, nlog, reg); err != nil {
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 		cfg.AuthorizeReset = reset.authorizeGRPC
@@ -395,10 +407,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		_, port, _ := net.SplitHostPort(f.gossipAddr)
 		addrs, err := resolveJoin(startCtx, net.DefaultResolver, joins, selfFunc(port))
 		if err != nil {
-			log.Warn("dns join: resolve", "err", err)
+			nlog.Warn("dns join: resolve", "err", err)
 		}
 		if len(addrs) == 0 {
-			log.Info("dns join: no other member found: starting a new cluster")
+			nlog.Info("dns join: no other member found: starting a new cluster")
 		}
 		cfg.Join = addrs
 	}
@@ -408,7 +420,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("serve: start node: %w", err)
 	}
 
-	api := &httpAPI{node: node, pols: node, reg: reg, log: log, reset: reset}
+	api := &httpAPI{node: node, pols: node, reg: reg, log: nlog, reset: reset}
 	var httpSrv *http.Server
 	httpErr := make(chan error, 1)
 	httpAddr := ""
@@ -420,7 +432,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			ReadTimeout:       30 * time.Second,
 			WriteTimeout:      30 * time.Second,
 			IdleTimeout:       2 * time.Minute,
-			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+			ErrorLog:          slog.NewLogLogger(nlog.Handler(), slog.LevelWarn),
 		}
 		go func() { httpErr <- httpSrv.Serve(httpLis) }()
 	}
@@ -455,7 +467,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				case <-refreshCtx.Done():
 					return
 				case <-t.C:
-					refreshJoin(refreshCtx, net.DefaultResolver, node, joins, self, log)
+					refreshJoin(refreshCtx, net.DefaultResolver, node, joins, self, nlog)
 				}
 			}
 		}()
@@ -467,7 +479,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// for with the DNS refresh.
 	reloadDone := make(chan struct{})
 	if f.policies != "" {
-		r := &policyReloader{path: f.policies, node: node, envoy: *envoySrv, metrics: cfg.Metrics, log: log, data: policyData}
+		r := &policyReloader{path: f.policies, node: node, envoy: *envoySrv, metrics: cfg.Metrics, log: nlog, data: policyData}
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
 		go func() {
@@ -482,12 +494,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var runErr error
 	select {
 	case <-ctx.Done():
-		log.Info("shutdown requested: draining")
+		nlog.Info("shutdown requested: draining")
 	case <-stdinClosed:
-		log.Info("stdin closed: draining")
+		nlog.Info("stdin closed: draining")
 	case err := <-httpErr:
 		runErr = fmt.Errorf("serve: http: %w", err)
-		log.Error("http server failed: draining", "err", err)
+		nlog.Error("http server failed: draining", "err", err)
 	}
 	api.draining.Store(true)
 	stopRefresh()
@@ -500,15 +512,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := node.Close(drainCtx); err != nil {
 		// The process still exits 0: the node left, and the keys it could
 		// not hand off behave as after a crash.
-		log.Error("drain incomplete", "err", err)
+		nlog.Error("drain incomplete", "err", err)
 	}
 	if httpSrv != nil {
 		if err := httpSrv.Shutdown(drainCtx); err != nil {
-			log.Warn("http shutdown", "err", err)
+			nlog.Warn("http shutdown", "err", err)
 			_ = httpSrv.Close()
 		}
 	}
-	log.Info("stopped")
+	nlog.Info("stopped")
 	return runErr
 }
 
