@@ -876,6 +876,7 @@ func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
 			}
 		}
 		msg += fmt.Sprintf("; tenant, subject and policy must each be 1 to %d bytes of visible ASCII", shard.MaxKeyPartLen)
+		msg += encodingHint(b.Tenant, b.Subject)
 		return http.StatusBadRequest, errorResponse{Error: msg}
 	case errors.Is(err, peer.ErrWrongAlgorithm):
 		// A check that names a concurrency policy (among others or alone)
@@ -953,6 +954,21 @@ func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
 }
 
 // policyNames lists a policy table's names, sorted and comma-separated.
+// encodingHint says how to send a tenant or subject that is not visible
+// ASCII (a UTF-8 name, a space): percent-encoded the way Go embedders'
+// shard.KeyPart encodes it, so that both build the same key. "" when
+// every part is visible ASCII (the problem is its length).
+func encodingHint(parts ...string) string {
+	for _, part := range parts {
+		for i := 0; i < len(part); i++ {
+			if part[i] < 0x21 || part[i] > 0x7e {
+				return `; to send other text, percent-encode it as shard.KeyPart does: keep A-Z a-z 0-9 . _ @ - and write every other byte as %XX in uppercase hex ("josé" is "jos%C3%A9"), so that HTTP and Go clients share one key`
+			}
+		}
+	}
+	return ""
+}
+
 func policyNames(pols map[string]peer.PolicyConfig) string {
 	names := make([]string, 0, len(pols))
 	for n := range pols {
