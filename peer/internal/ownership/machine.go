@@ -1,0 +1,623 @@
+package ownership
+
+import (
+	"slices"
+	"time"
+)
+
+// Config is one member's ownership parameters. Members of one cluster
+// must share Liveness: each counts its own lease and the others' expiry
+// from it.
+type Config struct {
+	// ID names this member incarnation: unique per process start.
+	ID string
+	// Liveness is how long one applied extension keeps a member live, as
+	// counted by every member from when it applied it. The member itself
+	// counts HolderShare of it from when it sent the extension. Zero means
+	// 2 s.
+	Liveness time.Duration
+	// ExtendEvery is how often the member extends its liveness. Zero means
+	// Liveness/3.
+	ExtendEvery time.Duration
+	// Retry is how long a fenced partition waits for its Move or SetBackup
+	// to settle before proposing Keep (and again between Keeps), and how
+	// long a copy may take. Zero means Liveness/2.
+	Retry time.Duration
+}
+
+// HolderShare is the part of Liveness a member counts on for itself,
+// from when it sent the extension: 9/10. Every other member counts the
+// whole Liveness from when it applied the extension, which happened after
+// the send; so the holder's lease ends first in real time while the
+// members' clock rates differ by less than 10 % (offsets never matter).
+const HolderShare = 0.9
+
+func (c *Config) defaults() {
+	if c.Liveness == 0 {
+		c.Liveness = 2 * time.Second
+	}
+	if c.ExtendEvery == 0 {
+		c.ExtendEvery = c.Liveness / 3
+	}
+	if c.Retry == 0 {
+		c.Retry = c.Liveness / 2
+	}
+}
+
+// View is the member's gossip view, as the driver last computed it: each
+// partition's target (the ring's owner) and second choice (the backup the
+// holder should pick). Members not in the table are ignored. Gossip gives
+// hints only; no rule of safety reads it.
+type View struct {
+	Target []string
+	Second []string
+	// Members are the members gossip lists, for Join proposals by the
+	// leader.
+	Members []string
+	// Gone are incarnations known to be gone for good: they left, or a
+	// later incarnation of the same member runs. Their records are ended
+	// for good once expired.
+	Gone []string
+}
+
+// ActionKind names what the driver must do.
+type ActionKind uint8
+
+const (
+	// Propose: append Cmd to the log (through the leader). Proposals may
+	// be lost; the machine proposes again when it matters.
+	Propose ActionKind = iota + 1
+	// SendCopy: export partition P's whole state and send it to To,
+	// tagged (Epoch, Seq); call CopyAcked when To confirms it installed it.
+	SendCopy
+	// Reset: partition P's local state becomes empty (a grant).
+	Reset
+)
+
+// Action is one step for the driver. Actions are returned in the order
+// they must be carried out.
+type Action struct {
+	Kind  ActionKind
+	Cmd   Command
+	P     int
+	To    string
+	Epoch uint64
+	Seq   uint64
+}
+
+// fenceKind is why a held partition is not deciding.
+type fenceKind uint8
+
+const (
+	fenceNone fenceKind = iota
+	// fenceCopy: a copy for a move or a backup is under way; nothing was
+	// proposed yet, so the fence may simply be lifted if it fails.
+	fenceCopy
+	// fenceProposed: a Move or SetBackup at epoch was proposed; only a
+	// command applied at that epoch (it, or a Keep) lifts the fence.
+	fenceProposed
+)
+
+// local is the member's own knowledge of one partition beside the table.
+type local struct {
+	fence fenceKind
+	epoch uint64 // the partition epoch the fence was taken at
+	to    string // the copy's receiver
+	move  bool   // the copy is for a Move (else a SetBackup)
+	seq   uint64 // the copy's sequence
+	since int64  // when the fence (or its last Keep) began
+	// have: the member's local state of the partition is complete for its
+	// holding (set when it was granted, moved or handed the partition).
+	have bool
+	// copy is the newest copy installed here (from, epoch, seq).
+	copyFrom  string
+	copyEpoch uint64
+	copySeq   uint64
+}
+
+// seen is when this member applied a member's latest record change.
+type seen struct {
+	version, epoch uint64
+	at             int64
+}
+
+// Counters are the machine's tallies, for metrics and for the simulator's
+// invariants.
+type Counters struct {
+	// MissingCopy counts holdings this member was handed without the
+	// state the command names (must stay 0).
+	MissingCopy int
+	Moves       int // moves this member completed as the old holder
+	Takeovers   int // partitions this member took as a backup when a holder ended
+	Restarts    int // partitions granted to this member empty after being lost
+}
+
+// Machine is one member's side of the ownership protocol: it takes events
+// (Tick, Apply, SetView, CopyAcked) and returns actions, and answers the
+// decision path's question (MayDecide) from memory. It starts no
+// goroutine, reads no clock (every event carries the member's monotonic
+// time, in ns) and touches no socket. Not safe for concurrent use.
+type Machine struct {
+	cfg    Config
+	table  *Table
+	leader bool
+	view   View
+
+	seq       uint64
+	sent      map[uint64]int64 // outstanding extensions: seq → send time
+	liveUntil int64            // own lease, monotonic ns
+	extendAt  int64
+	joinAt    int64
+
+	seen  map[string]*seen
+	parts []local
+	count Counters
+	// proposed is when the leader last proposed a command, so that it
+	// proposes each at most once per Retry.
+	proposed map[Command]int64
+}
+
+// New returns the machine of one member for a table of partitions.
+func New(cfg Config, partitions int) *Machine {
+	cfg.defaults()
+	return &Machine{
+		cfg:   cfg,
+		table: NewTable(partitions),
+		sent:  map[uint64]int64{},
+		seen:  map[string]*seen{},
+		parts: make([]local, partitions),
+
+		proposed: map[Command]int64{},
+	}
+}
+
+// ID returns the member's ID.
+func (m *Machine) ID() string { return m.cfg.ID }
+
+// Table returns the applied table. The caller must not change it.
+func (m *Machine) Table() *Table { return m.table }
+
+// Counters returns the machine's tallies.
+func (m *Machine) Counters() Counters { return m.count }
+
+// LiveUntil returns the end of the member's own lease (monotonic ns).
+func (m *Machine) LiveUntil() int64 { return m.liveUntil }
+
+// SetLeader tells the machine whether its member leads the log; the
+// leader proposes Joins, Ends and Grants. Safety never depends on it.
+func (m *Machine) SetLeader(leader bool) { m.leader = leader }
+
+// SetView replaces the gossip view.
+func (m *Machine) SetView(v View) { m.view = v }
+
+// MayDecide reports whether the member may decide for partition p at now:
+// the table names it holder at its current liveness epoch, its own lease
+// (counted from the extension's send) has not ended, the partition's state
+// is here and complete, and no move or backup change is under way. It
+// allocates nothing and is the only question the decision path asks.
+func (m *Machine) MayDecide(p int, now int64) bool {
+	l := &m.parts[p]
+	return now < m.liveUntil && l.have && l.fence == fenceNone && m.table.Holds(m.cfg.ID, p)
+}
+
+// Backup returns the member to replicate p's admissions to and the epoch
+// to tag them with ("" when the partition has no backup).
+func (m *Machine) Backup(p int) (string, uint64) {
+	pt := m.table.Parts[p]
+	return pt.Backup, pt.Epoch
+}
+
+// Holder returns where p's requests go, as the applied table says.
+func (m *Machine) Holder(p int) string { return m.table.Parts[p].Holder }
+
+// AcceptReplica reports whether an admission of p replicated by from at
+// epoch may be applied to this member's copy: only while the table names
+// this member p's backup and from its holder, at exactly that epoch. A
+// replica of an older holding is refused (its holder was ended or moved
+// on), and so is one from a newer epoch this member has not applied yet:
+// the holder then answers unavailable rather than report it replicated.
+func (m *Machine) AcceptReplica(p int, from string, epoch uint64) bool {
+	pt := m.table.Parts[p]
+	return pt.Backup == m.cfg.ID && pt.Holder == from && pt.Epoch == epoch && m.parts[p].have
+}
+
+// OfferCopy reports whether a complete copy of p from a holder, tagged
+// (epoch, seq), may replace this member's state of p. A member never
+// replaces the state of a partition it holds, nor a newer copy with an
+// older one (copies may be delayed, duplicated and reordered). On true
+// the driver installs the copy and acknowledges it.
+func (m *Machine) OfferCopy(p int, from string, epoch, seq uint64) bool {
+	l := &m.parts[p]
+	if m.table.Parts[p].Holder == m.cfg.ID {
+		return false
+	}
+	if l.copyFrom == from && (epoch < l.copyEpoch || epoch == l.copyEpoch && seq <= l.copySeq) {
+		return epoch == l.copyEpoch && seq == l.copySeq // a duplicate: acknowledge again
+	}
+	if epoch < m.table.Parts[p].Epoch {
+		return false
+	}
+	l.copyFrom, l.copyEpoch, l.copySeq = from, epoch, seq
+	// A copy replaces whatever this member kept: it backs nothing until a
+	// command names it, with this copy.
+	l.have = false
+	return true
+}
+
+// CopyAcked tells the machine that to installed its copy of p tagged
+// (epoch, seq). It proposes the Move or SetBackup the copy was for.
+func (m *Machine) CopyAcked(p int, to string, epoch, seq uint64, now int64) []Action {
+	l := &m.parts[p]
+	if l.fence != fenceCopy || l.to != to || l.epoch != epoch || l.seq != seq || !m.table.Holds(m.cfg.ID, p) {
+		return nil
+	}
+	l.fence, l.since = fenceProposed, now
+	c := Command{Kind: SetBackup, Member: m.cfg.ID, P: p, Epoch: epoch, To: to}
+	if l.move {
+		e, ok := m.table.Live(to)
+		if !ok {
+			l.fence = fenceNone
+			return nil
+		}
+		c = Command{Kind: Move, Member: m.cfg.ID, P: p, Epoch: epoch, To: to, ToEpoch: e, Seq: seq}
+	}
+	c.Seq = seq
+	return []Action{{Kind: Propose, Cmd: c}}
+}
+
+// Apply applies one committed command to the table, at now (this
+// member's monotonic time), and returns the actions it implies here. A
+// command the table refuses changes nothing but may still settle a fence.
+func (m *Machine) Apply(c Command, now int64) []Action {
+	before := m.table.Parts
+	var snapshot []Partition
+	if c.Kind == End {
+		snapshot = slices.Clone(before)
+	}
+	err := m.table.Apply(c)
+	var acts []Action
+	switch c.Kind {
+	case Join:
+		if err == nil {
+			m.noteRecord(c.Member, now)
+		}
+	case Extend:
+		if err != nil {
+			break
+		}
+		m.noteRecord(c.Member, now)
+		if c.Member == m.cfg.ID {
+			if at, ok := m.sent[c.Seq]; ok {
+				m.liveUntil = max(m.liveUntil, at+int64(float64(m.cfg.Liveness)*HolderShare))
+			}
+			for s := range m.sent {
+				if s <= c.Seq {
+					delete(m.sent, s)
+				}
+			}
+		}
+	case End:
+		if err != nil {
+			break
+		}
+		m.noteRecord(c.Member, now)
+		if c.Member == m.cfg.ID {
+			// Every holding at the old epoch ended; extensions sent at it
+			// are refused when applied.
+			m.liveUntil = 0
+			clear(m.sent)
+		}
+		for p := range m.table.Parts {
+			old, cur := snapshot[p], m.table.Parts[p]
+			if old == cur {
+				continue
+			}
+			l := &m.parts[p]
+			if cur.Holder == m.cfg.ID && old.Holder != m.cfg.ID {
+				// Handed to us as the backup: our replica is the state,
+				// complete for every admission replicated synchronously.
+				if old.Backup == m.cfg.ID && l.have {
+					m.count.Takeovers++
+				} else {
+					m.count.MissingCopy++
+					l.have = false
+				}
+			}
+			if old.Holder == m.cfg.ID && cur.Holder != m.cfg.ID {
+				// Vacant with us as its Last: our state is kept for a
+				// grant back.
+				l.have = cur.Holder == "" && cur.Last == m.cfg.ID && l.have
+				l.fence = fenceNone
+			}
+			if l.fence != fenceNone && cur.Epoch != l.epoch {
+				l.fence = fenceNone
+			}
+		}
+	case Move, Keep, SetBackup, Grant:
+		l := &m.parts[c.P]
+		if l.fence == fenceProposed && c.Epoch == l.epoch {
+			// The CAS at our fence's epoch resolved, whoever won.
+			l.fence = fenceNone
+		}
+		if err != nil {
+			break
+		}
+		switch c.Kind {
+		case Move:
+			if c.To == m.cfg.ID {
+				if l.copyFrom == c.Member && l.copyEpoch == c.Epoch && l.copySeq == c.Seq {
+					l.have = true
+				} else {
+					m.count.MissingCopy++
+					l.have = false
+				}
+			}
+			if c.Member == m.cfg.ID {
+				// Our state is the copy we gave: we are the backup now.
+				m.count.Moves++
+				l.copyFrom, l.copyEpoch, l.copySeq = c.Member, c.Epoch, c.Seq
+			}
+		case SetBackup:
+			if c.To == m.cfg.ID {
+				l.have = l.copyFrom == c.Member && l.copyEpoch == c.Epoch && l.copySeq == c.Seq
+			}
+		case Grant:
+			if c.To == m.cfg.ID {
+				if c.Member == m.cfg.ID {
+					// Granted back with our own state (we were Last).
+					if !l.have {
+						m.count.MissingCopy++
+					}
+					break
+				}
+				l.have = true
+				l.copyFrom, l.copyEpoch, l.copySeq = "", 0, 0
+				if c.Epoch > 0 {
+					m.count.Restarts++
+				}
+				acts = append(acts, Action{Kind: Reset, P: c.P})
+			}
+		}
+	}
+	return acts
+}
+
+func (m *Machine) noteRecord(id string, now int64) {
+	l := m.table.Members[id]
+	if l == nil {
+		return
+	}
+	s := m.seen[id]
+	if s == nil {
+		s = &seen{}
+		m.seen[id] = s
+	}
+	s.version, s.epoch, s.at = l.Version, l.Epoch, now
+}
+
+// Restored tells the machine that its table was replaced wholesale (a
+// snapshot, or a restarted member catching up): it counts every record's
+// whole Liveness from now, since it cannot tell when the latest
+// extension was applied.
+func (m *Machine) Restored(t *Table, now int64) {
+	m.table = t.Clone()
+	clear(m.seen)
+	for id := range m.table.Members {
+		m.noteRecord(id, now)
+	}
+}
+
+// expired reports whether id's liveness has expired in this member's
+// view: a whole Liveness since it applied the record's latest change.
+func (m *Machine) expired(id string, now int64) bool {
+	s := m.seen[id]
+	return s != nil && now-s.at >= int64(m.cfg.Liveness)
+}
+
+// fresh reports whether id is live in the table and extended within the
+// last Liveness in this member's view: fit to be given a partition.
+func (m *Machine) fresh(id string, now int64) bool {
+	_, ok := m.table.Live(id)
+	return ok && !m.expired(id, now) && m.seen[id] != nil
+}
+
+// Tick runs the member's periodic steps at now and returns their actions:
+// join and extend its own liveness; as a holder, move partitions toward
+// their targets and keep each one backed up; settle fences; as the
+// leader, end expired liveness, grant vacant partitions and propose Joins
+// for members gossip lists.
+func (m *Machine) Tick(now int64) []Action {
+	var acts []Action
+	self := m.cfg.ID
+	rec, joined := m.table.Members[self]
+	switch {
+	case !joined:
+		if m.joinAt == 0 || now-m.joinAt >= int64(m.cfg.Liveness) {
+			m.joinAt = now
+			acts = append(acts, Action{Kind: Propose, Cmd: Command{Kind: Join, Member: self}})
+		}
+	case !rec.Ended && (m.extendAt == 0 || now-m.extendAt >= m.extendInterval(now)):
+		m.extendAt = now
+		m.seq++
+		m.sent[m.seq] = now
+		acts = append(acts, Action{Kind: Propose, Cmd: Command{Kind: Extend, Member: self, Epoch: rec.Epoch, Seq: m.seq}})
+	}
+	for p := range m.parts {
+		acts = m.tickPartition(p, now, acts)
+	}
+	if m.leader {
+		acts = m.lead(now, acts)
+	}
+	return acts
+}
+
+// extendInterval is ExtendEvery while the member sees its extensions
+// applied. Once its oldest outstanding extension is a whole Liveness old
+// (it can send to the log but not hear from it: an asymmetric cut) it
+// extends only every 2·Liveness, so that the others see it expire and
+// hand its partitions on instead of waiting for a holder that cannot
+// decide.
+func (m *Machine) extendInterval(now int64) int64 {
+	oldest := now
+	for _, at := range m.sent {
+		oldest = min(oldest, at)
+	}
+	if now-oldest >= int64(m.cfg.Liveness) {
+		return 2 * int64(m.cfg.Liveness)
+	}
+	return int64(m.cfg.ExtendEvery)
+}
+
+// propose appends a proposal unless the same command was proposed less
+// than Retry ago.
+func (m *Machine) propose(acts []Action, c Command, now int64) []Action {
+	if at, ok := m.proposed[c]; ok && now-at < int64(m.cfg.Retry) {
+		return acts
+	}
+	if len(m.proposed) > 4*len(m.parts)+64 {
+		for k, at := range m.proposed {
+			if now-at >= int64(m.cfg.Retry) {
+				delete(m.proposed, k)
+			}
+		}
+	}
+	m.proposed[c] = now
+	return append(acts, Action{Kind: Propose, Cmd: c})
+}
+
+func (m *Machine) tickPartition(p int, now int64, acts []Action) []Action {
+	l := &m.parts[p]
+	pt := m.table.Parts[p]
+	self := m.cfg.ID
+	if !m.table.Holds(self, p) {
+		l.fence = fenceNone
+		return acts
+	}
+	switch l.fence {
+	case fenceCopy:
+		if now-l.since >= int64(m.cfg.Retry) {
+			// Nothing was proposed: the copy's receiver cannot act on it.
+			l.fence = fenceNone
+		}
+		return acts
+	case fenceProposed:
+		if now-l.since >= int64(m.cfg.Retry) {
+			l.since = now
+			acts = append(acts, Action{Kind: Propose, Cmd: Command{Kind: Keep, Member: self, P: p, Epoch: l.epoch}})
+		}
+		return acts
+	}
+	if !l.have || now >= m.liveUntil {
+		return acts
+	}
+	if p < len(m.view.Target) {
+		if t := m.view.Target[p]; t != "" && t != self && m.fresh(t, now) {
+			return m.startCopy(p, t, true, now, acts)
+		}
+	}
+	if pt.Backup == "" || !m.fresh(pt.Backup, now) {
+		if b := m.pickBackup(p, now); b != "" && b != pt.Backup {
+			return m.startCopy(p, b, false, now, acts)
+		}
+	}
+	return acts
+}
+
+// pickBackup is the gossip view's second choice for p if it is fresh,
+// else the first fresh member in ID order other than this one.
+func (m *Machine) pickBackup(p int, now int64) string {
+	self := m.cfg.ID
+	if p < len(m.view.Second) {
+		if b := m.view.Second[p]; b != "" && b != self && m.fresh(b, now) {
+			return b
+		}
+	}
+	ids := make([]string, 0, len(m.table.Members))
+	for id := range m.table.Members {
+		if id != self && m.fresh(id, now) {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return ""
+	}
+	slices.Sort(ids)
+	return ids[p%len(ids)]
+}
+
+func (m *Machine) startCopy(p int, to string, move bool, now int64, acts []Action) []Action {
+	l := &m.parts[p]
+	m.seq++
+	l.fence, l.epoch, l.to, l.move, l.seq, l.since = fenceCopy, m.table.Parts[p].Epoch, to, move, m.seq, now
+	return append(acts, Action{Kind: SendCopy, P: p, To: to, Epoch: l.epoch, Seq: l.seq})
+}
+
+// lead is the leader's reconciliation: it ends liveness that expired in
+// its view, grants vacant partitions to their targets, and proposes a Join
+// for each member gossip lists that the table does not.
+func (m *Machine) lead(now int64, acts []Action) []Action {
+	ids := make([]string, 0, len(m.table.Members))
+	for id := range m.table.Members {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		rec := m.table.Members[id]
+		s := m.seen[id]
+		if rec.Ended || s == nil || !m.expired(id, now) {
+			continue
+		}
+		gone := slices.Contains(m.view.Gone, id)
+		if !gone && !m.mattersEnded(id) {
+			continue
+		}
+		acts = m.propose(acts, Command{Kind: End, Member: id, Epoch: rec.Epoch, Version: rec.Version, Ended: gone}, now)
+	}
+	for p, pt := range m.table.Parts {
+		if pt.Holder != "" {
+			continue
+		}
+		to := ""
+		if pt.Last != "" {
+			if _, live := m.table.Live(pt.Last); live {
+				if m.fresh(pt.Last, now) {
+					e, _ := m.table.Live(pt.Last)
+					acts = m.propose(acts, Command{Kind: Grant, Member: pt.Last, P: p, Epoch: pt.Epoch, To: pt.Last, ToEpoch: e}, now)
+				}
+				continue
+			}
+		}
+		if p < len(m.view.Target) && m.fresh(m.view.Target[p], now) {
+			to = m.view.Target[p]
+		} else {
+			for _, id := range ids {
+				if m.fresh(id, now) {
+					to = id
+					break
+				}
+			}
+		}
+		if to == "" {
+			continue
+		}
+		e, _ := m.table.Live(to)
+		acts = m.propose(acts, Command{Kind: Grant, P: p, Epoch: pt.Epoch, To: to, ToEpoch: e}, now)
+	}
+	for _, id := range m.view.Members {
+		if m.table.Members[id] == nil && !slices.Contains(m.view.Gone, id) {
+			acts = m.propose(acts, Command{Kind: Join, Member: id}, now)
+		}
+	}
+	return acts
+}
+
+// mattersEnded reports whether ending id changes anything: it holds or
+// backs a partition.
+func (m *Machine) mattersEnded(id string) bool {
+	for _, pt := range m.table.Parts {
+		if pt.Holder == id || pt.Backup == id {
+			return true
+		}
+	}
+	return false
+}

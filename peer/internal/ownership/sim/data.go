@@ -1,0 +1,297 @@
+package sim
+
+import (
+	"slices"
+	"time"
+
+	"github.com/ringlimit/ringlimit/peer/internal/history"
+	"github.com/ringlimit/ringlimit/peer/internal/ownership"
+)
+
+// This file is the data plane: gossip views, clients, decisions,
+// replication and copies. Ownership rules are the Machine's; this code
+// only asks it (MayDecide, AcceptReplica, OfferCopy) and carries its
+// actions out.
+
+// gossip refreshes every running member's view: a member lists the
+// incarnations it heard from within its failure-detection time, so views
+// disagree during faults, as memberlist's do.
+func (s *sim) gossip() {
+	ids := s.sortedIDs()
+	for _, xid := range ids {
+		x := s.members[xid]
+		if x.crashed || x.paused > s.now {
+			continue
+		}
+		for _, yid := range ids {
+			y := s.members[yid]
+			if y.crashed || y.paused > s.now || s.cut[[2]string{y.name, x.name}] {
+				continue
+			}
+			x.heard[yid] = s.now
+		}
+	}
+	for _, xid := range ids {
+		x := s.members[xid]
+		if x.crashed || x.paused > s.now {
+			continue
+		}
+		var view []string
+		for _, yid := range ids {
+			y := s.members[yid]
+			if at, ok := x.heard[yid]; ok && s.now-at < x.detect && !y.leaving {
+				view = append(view, yid)
+			}
+		}
+		v := ownership.View{Members: view, Gone: slices.Clone(s.gone), Target: make([]string, s.o.Partitions), Second: make([]string, s.o.Partitions)}
+		for p := range s.o.Partitions {
+			var best, second string
+			var bh, sh uint64
+			for _, id := range view {
+				h := hash(p, id)
+				switch {
+				case best == "" || h > bh:
+					second, sh = best, bh
+					best, bh = id, h
+				case second == "" || h > sh:
+					second, sh = id, h
+				}
+			}
+			v.Target[p], v.Second[p] = best, second
+		}
+		x.own.SetView(v)
+	}
+	s.at(int64(gossipTick), s.gossip)
+}
+
+// client runs one client's loop: a key, an entry member, one request,
+// its answer or a timeout, a short pause, again.
+func (s *sim) client(c int) {
+	if s.now >= s.end {
+		return
+	}
+	key := s.keys[s.rng.IntN(len(s.keys))]
+	var running []*member
+	for _, id := range s.sortedIDs() {
+		if m := s.members[id]; !m.crashed {
+			running = append(running, m)
+		}
+	}
+	next := func() { s.at(int64(s.rng.IntN(int(30*time.Millisecond))), func() { s.client(c) }) }
+	if len(running) == 0 {
+		next()
+		return
+	}
+	entry := running[s.rng.IntN(len(running))]
+	i := len(s.ops)
+	s.ops = append(s.ops, history.Op{Key: key, Hits: 1, Call: s.now, Client: c, Outcome: history.Unknown})
+	done := false
+	finish := func(out history.Outcome, owner string, epoch uint64) {
+		if done {
+			return
+		}
+		done = true
+		o := &s.ops[i]
+		o.Outcome, o.Return, o.Owner, o.Epoch = out, s.now, owner, epoch
+		if out == history.Unknown {
+			o.Return = 0
+		}
+		next()
+	}
+	s.at(int64(clientWait), func() { finish(history.Unknown, "", 0) })
+	// The client sits beside its entry member: a request reaches it
+	// unless it is down, and the answer comes back on the same path.
+	s.deliver(entry, func() {
+		entry.handle(key, 0, func(out history.Outcome, owner string, epoch uint64) {
+			s.deliver(entry, func() { finish(out, owner, epoch) })
+		})
+	})
+}
+
+// handle decides for key if this member may, else forwards it once to
+// the holder its table names.
+func (m *member) handle(key string, hops int, reply func(history.Outcome, string, uint64)) {
+	s := m.s
+	p := s.partition(key)
+	if m.mayDecide(p) {
+		m.decide(p, key, reply)
+		return
+	}
+	h := s.members[m.own.Holder(p)]
+	if hops > 0 || h == nil || h == m {
+		reply(history.Unavailable, "", 0)
+		return
+	}
+	s.send(m, h, func() {
+		h.handle(key, hops+1, func(out history.Outcome, owner string, epoch uint64) {
+			s.send(h, m, func() { reply(out, owner, epoch) })
+		})
+	})
+}
+
+func (m *member) mayDecide(p int) bool {
+	s := m.s
+	switch s.o.Mutation {
+	case MutNoLease:
+		return m.own.Table().Holds(m.id, p)
+	case MutGossipTakeover:
+		t := m.own.Table().Parts[p]
+		if t.Backup == m.id {
+			if at, ok := m.heard[t.Holder]; !ok || s.now-at >= m.detect {
+				return true
+			}
+		}
+	}
+	return m.own.MayDecide(p, m.mono())
+}
+
+// decide is the sliding log's decision at the member's clock, clamped per
+// key so it never runs backward; an admission of a partition with a backup
+// is answered only once the backup has it (sync replication).
+func (m *member) decide(p int, key string, reply func(history.Outcome, string, uint64)) {
+	s := m.s
+	now := max(m.mono(), m.clamp[key])
+	m.clamp[key] = now
+	w := int64(s.o.Window)
+	log := m.stores[p][key]
+	i := 0
+	for i < len(log) && log[i].ts <= now-w {
+		i++
+	}
+	log = log[i:]
+	var n int64
+	for _, e := range log {
+		n += e.hits
+	}
+	epoch := m.own.Table().Parts[p].Epoch
+	if n+1 > s.o.Limit {
+		m.stores[p][key] = log
+		reply(history.Rejected, m.id, epoch)
+		return
+	}
+	m.admSeq++
+	e := entry{ts: now, hits: 1, id: m.admSeq<<16 | uint64(m.raftID&0xffff)}
+	m.stores[p][key] = append(log, e)
+	backup, tag := m.own.Backup(p)
+	b := s.members[backup]
+	if backup == "" {
+		reply(history.Admitted, m.id, epoch)
+		return
+	}
+	ps := &pendingSync{epoch: tag}
+	m.pending[e.id] = ps
+	answer := func(out history.Outcome) {
+		if ps.done {
+			return
+		}
+		ps.done = true
+		delete(m.pending, e.id)
+		reply(out, m.id, epoch)
+	}
+	s.at(int64(500*time.Millisecond/time.Duration(1)), func() { s.deliver(m, func() { answer(history.Unavailable) }) })
+	if b == nil {
+		return
+	}
+	age := now - e.ts
+	from := m.id
+	s.send(m, b, func() {
+		ok := b.acceptReplica(p, from, tag, key, entry{ts: b.mono() - age, hits: e.hits, id: e.id})
+		s.send(b, m, func() {
+			if ok {
+				answer(history.Admitted)
+			} else {
+				answer(history.Unavailable)
+			}
+		})
+	})
+}
+
+func (b *member) acceptReplica(p int, from string, epoch uint64, key string, e entry) bool {
+	if !b.own.AcceptReplica(p, from, epoch) {
+		return false
+	}
+	log := b.stores[p][key]
+	for _, x := range log {
+		if x.id == e.id {
+			return true // a duplicate
+		}
+	}
+	// Keep the log in time order: replicas may arrive reordered.
+	i := len(log)
+	for i > 0 && log[i-1].ts > e.ts {
+		i--
+	}
+	b.stores[p][key] = slices.Insert(log, i, e)
+	return true
+}
+
+// sendCopy exports a partition as ages on this member's clock and sends
+// it; the receiver rebases them on its own clock, so a transfer's delay
+// only makes entries expire later.
+func (m *member) sendCopy(a ownership.Action) {
+	s := m.s
+	to := s.members[a.To]
+	if to == nil {
+		return
+	}
+	now := m.mono()
+	type aged struct {
+		key  string
+		age  int64
+		hits int64
+		id   uint64
+	}
+	var state []aged
+	for _, key := range sortedKeys(m.stores[a.P]) {
+		for _, e := range m.stores[a.P][key] {
+			state = append(state, aged{key, now - e.ts, e.hits, e.id})
+		}
+	}
+	from, p, epoch, seq := m.id, a.P, a.Epoch, a.Seq
+	s.send(m, to, func() {
+		if !to.own.OfferCopy(p, from, epoch, seq) {
+			return
+		}
+		st := map[string][]entry{}
+		tn := to.mono()
+		for _, x := range state {
+			st[x.key] = append(st[x.key], entry{ts: tn - x.age, hits: x.hits, id: x.id})
+		}
+		to.stores[p] = st
+		s.send(to, m, func() {
+			m.do(m.own.CopyAcked(p, to.id, epoch, seq, m.mono()))
+			m.ready()
+		})
+	})
+}
+
+func sortedKeys(m map[string][]entry) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// longestGap is the longest stretch during which every answer for some
+// key was unavailable or unknown, from the first such call to the next
+// decided answer's call.
+func (s *sim) longestGap() time.Duration {
+	var worst int64
+	since := map[string]int64{}
+	for _, o := range s.ops {
+		switch o.Outcome {
+		case history.Unavailable, history.Unknown:
+			if _, ok := since[o.Key]; !ok {
+				since[o.Key] = o.Call
+			}
+		default:
+			if t, ok := since[o.Key]; ok {
+				worst = max(worst, o.Call-t)
+				delete(since, o.Key)
+			}
+		}
+	}
+	return time.Duration(worst)
+}

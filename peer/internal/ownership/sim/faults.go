@@ -1,0 +1,155 @@
+package sim
+
+import (
+	"fmt"
+	"time"
+)
+
+// planFault schedules the run's one fault at a random instant after the
+// warm-up, aimed where it hurts: at the holder (and backup) of the first
+// key's partition as the table then names them.
+func (s *sim) planFault(warm int64) {
+	d := int64(s.o.Duration)
+	at := warm + int64(time.Second) + s.rng.Int64N(max(d/2, 1))
+	span := func(lo, hi time.Duration) int64 { return int64(lo) + s.rng.Int64N(int64(hi-lo)) }
+	switch s.fault {
+	case FaultDuplicate:
+		s.dup = 0.3
+		s.maxDelay = int64(20 * time.Millisecond) // and reorder
+		s.note("duplicate 30%% of messages, delays up to 20ms, all run long")
+		return
+	}
+	s.at(at-s.now, func() {
+		victim := s.target()
+		switch s.fault {
+		case FaultCrash:
+			s.note("crash %s", victim.id)
+			s.crash(victim)
+		case FaultRestart:
+			s.note("crash %s", victim.id)
+			s.crash(victim)
+			s.at(span(500*time.Millisecond, 5*time.Second), func() {
+				m := s.start(victim.name, victim.inc+1, s.newRaftID(), nil)
+				s.note("restart %s as %s", victim.id, m.id)
+			})
+		case FaultPause:
+			d := span(time.Second, 40*time.Second)
+			victim.paused = s.now + d
+			s.note("pause %s for %v", victim.id, time.Duration(d))
+			s.extendEnd(d)
+		case FaultIsolate, FaultDeaf, FaultMute:
+			d := span(time.Second, 15*time.Second)
+			s.note("%s %s for %v", s.fault, victim.id, time.Duration(d))
+			s.cutMember(victim.name, s.fault != FaultMute, s.fault != FaultDeaf, true)
+			s.at(d, func() {
+				s.cutMember(victim.name, true, true, false)
+				s.note("heal %s", victim.id)
+			})
+		case FaultSplit:
+			d := span(2*time.Second, 15*time.Second)
+			small := []string{victim.name}
+			if b := s.backupOf(victim); b != nil && b.name != victim.name {
+				small = append(small, b.name)
+			}
+			s.note("split %v | rest for %v", small, time.Duration(d))
+			s.split(small, true)
+			s.at(d, func() {
+				s.split(small, false)
+				s.note("heal split")
+			})
+		case FaultLoss:
+			d := span(2*time.Second, 10*time.Second)
+			s.loss = 0.3
+			s.note("lose 30%% of messages for %v", time.Duration(d))
+			s.at(d, func() { s.loss = 0; s.note("loss ends") })
+		case FaultDelay:
+			d := span(2*time.Second, 10*time.Second)
+			s.maxDelay = int64(1500 * time.Millisecond)
+			s.note("delay messages up to 1.5s for %v", time.Duration(d))
+			s.at(d, func() { s.maxDelay = int64(2 * time.Millisecond); s.note("delays end") })
+		case FaultJoin:
+			m := s.start(fmt.Sprintf("n%d", len(s.all)), 1, s.newRaftID(), nil)
+			s.note("join %s", m.id)
+		case FaultLeave:
+			victim.leaving = true
+			s.note("leave %s (gracefully: its partitions move first)", victim.id)
+			s.at(int64(4*time.Second), func() {
+				s.note("%s stops", victim.id)
+				s.crash(victim)
+			})
+		}
+	})
+}
+
+func (s *sim) newRaftID() uint64 {
+	s.nextRaft++
+	return s.nextRaft
+}
+
+// extendEnd lets a long pause end, and the run observe its aftermath.
+func (s *sim) extendEnd(d int64) {
+	if e := s.now + d + int64(8*time.Second); e > s.end {
+		s.end = e
+	}
+}
+
+// target is the member the fault hits: the first key's holder, if any.
+func (s *sim) target() *member {
+	p := s.partition(s.keys[0])
+	for _, id := range s.sortedIDs() {
+		m := s.members[id]
+		if !m.crashed && m.own.Table().Holds(m.id, p) {
+			return m
+		}
+	}
+	ids := s.sortedIDs()
+	return s.members[ids[s.rng.IntN(len(ids))]]
+}
+
+func (s *sim) backupOf(m *member) *member {
+	p := s.partition(s.keys[0])
+	return s.members[m.own.Table().Parts[p].Backup]
+}
+
+func (s *sim) crash(m *member) {
+	m.crashed = true
+	delete(s.members, m.id)
+	s.gone = append(s.gone, m.id)
+}
+
+// cutMember drops messages to (in) and from (out) the member's name.
+func (s *sim) cutMember(name string, in, out, on bool) {
+	for _, m := range s.all {
+		if m.name == name {
+			continue
+		}
+		if in {
+			s.setCut(m.name, name, on)
+		}
+		if out {
+			s.setCut(name, m.name, on)
+		}
+	}
+}
+
+func (s *sim) setCut(from, to string, on bool) {
+	if on {
+		s.cut[[2]string{from, to}] = true
+	} else {
+		delete(s.cut, [2]string{from, to})
+	}
+}
+
+func (s *sim) split(small []string, on bool) {
+	inSmall := map[string]bool{}
+	for _, n := range small {
+		inSmall[n] = true
+	}
+	for _, a := range s.all {
+		for _, b := range s.all {
+			if inSmall[a.name] != inSmall[b.name] {
+				s.setCut(a.name, b.name, on)
+			}
+		}
+	}
+}

@@ -1,0 +1,132 @@
+package sim
+
+import (
+	"os"
+	"strconv"
+	"testing"
+	"testing/cryptotest"
+	"time"
+)
+
+// run runs one schedule replayably: etcd raft draws its election timeouts
+// from crypto/rand, which SetGlobalRandom seeds for the test.
+func run(t *testing.T, o Options) Result {
+	t.Helper()
+	cryptotest.SetGlobalRandom(t, o.Seed)
+	return Run(o)
+}
+
+// seeds is how many schedules TestSchedules runs: RINGLIMIT_SIM_SEEDS, or
+// a fixed set sized to stay within about a minute of CI (fewer under the
+// race detector, which slows the simulator about tenfold).
+func seeds(t *testing.T) int {
+	if v := os.Getenv("RINGLIMIT_SIM_SEEDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("RINGLIMIT_SIM_SEEDS=%q: want a positive count", v)
+		}
+		return n
+	}
+	if raceOn {
+		return 26
+	}
+	return 260
+}
+
+// options draws a run's shape from its seed: the fault cycles through
+// every kind, and one run in two has a window longer than the liveness
+// period, so that a takeover from an incomplete copy (or a restart from
+// empty) would show as a window over the limit.
+func options(seed uint64) Options {
+	o := Options{Seed: seed, Fault: Fault(seed % uint64(numFaults)), NoFault: seed%uint64(numFaults) == 0}
+	if seed%2 == 1 {
+		o.Window = 5 * time.Second
+		o.Limit = 8
+	}
+	return o
+}
+
+// TestSchedules runs seeded single-fault schedules and checks every
+// history: no window over the limit (the direct rule and porcupine
+// against the sliding-log model), no holding handed without its state,
+// and no partition restarted empty (a single fault never loses state).
+func TestSchedules(t *testing.T) {
+	n := seeds(t)
+	start := time.Now()
+	var ops, faults, lost int
+	var events int
+	worst := map[Fault]time.Duration{}
+	for seed := uint64(1); seed <= uint64(n); seed++ {
+		r := run(t, options(seed))
+		ops += len(r.Ops)
+		events += r.Events
+		worst[r.Fault] = max(worst[r.Fault], r.Unavailable)
+		if r.Fault != FaultNone {
+			faults++
+		}
+		if r.Lost > 0 {
+			lost++
+			t.Errorf("a single fault lost state:\n%s", r)
+		}
+		if r.Failed() {
+			t.Errorf("promise broken (replay: Run(options(%d))):\n%s", seed, r)
+		}
+		if len(r.Report.TimedOut) > 0 {
+			t.Logf("seed %d: the linearizability check timed out on %v (the direct rule still ran)", seed, r.Report.TimedOut)
+		}
+	}
+	took := time.Since(start)
+	t.Logf("%d schedules (%d with a fault), %d operations, %d events in %v: %.1f schedules/s", n, faults, ops, events, took.Round(time.Millisecond), float64(n)/took.Seconds())
+	for _, f := range Faults() {
+		t.Logf("  %-9s longest unavailable stretch of one key %v", f, worst[f].Round(time.Millisecond))
+	}
+}
+
+// TestReplay: one seed gives the same run, event for event.
+func TestReplay(t *testing.T) {
+	for _, seed := range []uint64{3, 5, 17} {
+		a := run(t, options(seed))
+		b := run(t, options(seed))
+		if a.Events != b.Events || a.Messages != b.Messages || len(a.Ops) != len(b.Ops) || a.String() != b.String() {
+			t.Errorf("seed %d ran differently twice:\n%s\n%s", seed, a, b)
+		}
+	}
+}
+
+// TestMutationsAreCaught breaks one rule at a time and requires the
+// simulator and checker to find a window over the limit within a few
+// schedules of the fault the rule is there for: a checker that cannot
+// fail proves nothing.
+func TestMutationsAreCaught(t *testing.T) {
+	cases := []struct {
+		name   string
+		mut    Mutation
+		faults []Fault
+	}{
+		{"holder ignores its lease", MutNoLease, []Fault{FaultPause, FaultIsolate, FaultSplit}},
+		{"a takeover starts empty", MutTakeoverEmpty, []Fault{FaultCrash, FaultRestart}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			found := 0
+			tried := 0
+			for seed := uint64(1); seed <= 40 && found == 0; seed++ {
+				for _, f := range c.faults {
+					o := options(seed)
+					o.Fault, o.NoFault, o.Mutation = f, false, c.mut
+					o.Window, o.Limit = 5*time.Second, 8
+					r := run(t, o)
+					tried++
+					if len(r.Report.Violations) > 0 {
+						found++
+						t.Logf("found after %d schedules: %s", tried, r.Report.Violations[0])
+						break
+					}
+				}
+			}
+			if found == 0 {
+				t.Errorf("no schedule of %v found a violation with the rule broken (%d tried)", c.faults, tried)
+			}
+		})
+	}
+}
