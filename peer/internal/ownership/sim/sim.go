@@ -154,6 +154,8 @@ type Result struct {
 	Events   int
 	Messages int
 	Commands int
+	// RaftBytes is the size of every raft message sent (snapshots too).
+	RaftBytes int
 	// Unavailable is the longest stretch of a key's consecutive
 	// unavailable or unknown answers (virtual time).
 	Unavailable time.Duration
@@ -183,7 +185,7 @@ func Run(o Options) Result {
 	o.defaults()
 	s := newSim(o)
 	s.run()
-	res := Result{Seed: o.Seed, Fault: s.fault, Schedule: s.schedule, Ops: s.ops, Events: s.events, Messages: s.messages, Commands: s.commands}
+	res := Result{Seed: o.Seed, Fault: s.fault, Schedule: s.schedule, Ops: s.ops, Events: s.events, Messages: s.messages, Commands: s.commands, RaftBytes: s.raftBytes}
 	for _, m := range s.all {
 		c := m.own.Counters()
 		res.Counters.MissingCopy += c.MissingCopy

@@ -1,0 +1,82 @@
+// Package ownership is ringlimit's ownership protocol: who may decide for
+// each partition, changed only through a replicated log, with leases that
+// come from each member's liveness record rather than from any member's
+// gossip view.
+//
+// It has two parts, both free of goroutines, clock reads and sockets, so
+// that a simulator can drive them through any schedule:
+//
+//   - Table, the state machine every member applies in log order: per
+//     member incarnation a liveness record (epoch, version, ended), per
+//     partition (holder, holder's liveness epoch, backup, partition epoch,
+//     last member with its state while vacant). Every change is a Command
+//     checked against the current record (compare-and-set), so two members
+//     can never hold one partition at one epoch, and a refused command
+//     changes nothing.
+//   - Machine, one member's side: events in (Tick, Apply, SetView,
+//     CopyAcked, OfferCopy), actions out (Propose, SendCopy, Reset), and
+//     the decision path's one question, MayDecide, answered from memory
+//     without allocating.
+//
+// The rules:
+//
+//  1. A member decides for partition p only while the table names it p's
+//     holder at its current liveness epoch, the partition's state is here
+//     and complete, no move or backup change is under way, and its own
+//     lease has not ended.
+//  2. A member's lease is HolderShare (9/10) of Liveness counted from when
+//     it *sent* the extension that was then applied. Every other member
+//     counts the whole Liveness from when it *applied* that extension,
+//     which happened later in real time; so the holder stops first while
+//     clock rates differ by less than 10 %. Offsets never matter: each
+//     member measures durations on its own monotonic clock. A member that
+//     replaced its table wholesale (a snapshot, a restart) counts a whole
+//     Liveness for every record from then.
+//  3. Ending a member's liveness (End) names the version its proposer saw
+//     expire; an extension applied in between refuses it. It increments
+//     the liveness epoch, which ends all of that member's holdings at once,
+//     and hands each of its partitions to the backup, whose replica has
+//     every synchronously replicated admission. A member cut off from the
+//     log's majority cannot extend, so it stops by rule 2 before anyone
+//     can end it: whatever its gossip view says.
+//  4. A holder moves a partition to its ring target itself: it fences the
+//     partition, copies it, and only once the target confirms the copy
+//     proposes Move at the partition's epoch. A copy that fails lifts the
+//     fence (nothing was proposed, and the receiver acts on a copy only
+//     when a command names it with that copy's epoch and sequence). A
+//     proposed Move may commit late: the holder stays fenced until some
+//     command at that epoch applies, proposing Keep after Retry; whichever
+//     commits first wins, the other is refused. The old holder becomes the
+//     backup: its state is the copy.
+//  5. A holder without a live backup copies the partition to one (fenced,
+//     as in rule 4) and proposes SetBackup. Replicated admissions carry
+//     the partition epoch; a backup applies one only while the table names
+//     it the backup of that holder at exactly that epoch.
+//  6. When a holder ends with no live backup, the partition becomes vacant
+//     and remembers the member with its state (Last). It is granted back to
+//     that member with its state when it is live again; only when Last is
+//     gone for good (a later incarnation runs, or it left) is the partition
+//     granted empty, counted in Restarts. A 2 | 3 split that leaves a
+//     holder and its backup on the small side therefore makes their
+//     partitions unavailable until it heals, never empty.
+//  7. The log's leader reconciles: it ends liveness that expired in its
+//     view, grants vacant partitions, and proposes Joins for members gossip
+//     lists. Safety never depends on who leads: every command is checked
+//     when applied.
+//
+// The prices: a crashed holder's partitions are unavailable for about one
+// Liveness plus one commit; losing the log's majority stops every holder
+// within one Liveness (fail closed) until a majority is back; losing a
+// holder and its backup for good loses the partition's state (restarted
+// empty by command, counted). A holder whose backup failed decides
+// without replication until a new backup has a copy.
+//
+// What it does not do: it does not run raft (the driver does, with any
+// library; package sim uses go.etcd.io/raft/v3 because it is itself a pure
+// state machine the simulator can step), move data (the driver exports,
+// sends and installs copies and replicas), or read gossip (the driver
+// passes a View).
+//
+// It imports neither peer nor any network, gossip or raft package; a test
+// pins that.
+package ownership

@@ -1,0 +1,116 @@
+package ownership
+
+import (
+	"testing"
+	"time"
+)
+
+// step applies every proposal in acts, in order, at now, as a one-member
+// log would, and returns the actions the applies gave.
+func step(m *Machine, acts []Action, now int64) []Action {
+	var out []Action
+	for _, a := range acts {
+		if a.Kind == Propose {
+			out = append(out, m.Apply(a.Cmd, now)...)
+		} else {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// TestLeaseCountsFromSend: the holder's lease is 9/10 of Liveness from
+// when it sent the extension, however late it was applied; it decides
+// only inside it, and an End of its liveness stops it at once.
+func TestLeaseCountsFromSend(t *testing.T) {
+	const d = int64(2 * time.Second)
+	m := New(Config{ID: "a", Liveness: time.Duration(d)}, 1)
+	m.SetLeader(true)
+	m.SetView(View{Target: []string{"a"}, Second: []string{""}, Members: []string{"a"}})
+	step(m, m.Tick(0), 0) // join
+	sent := int64(10)
+	acts := m.Tick(sent) // extend #1 sent at 10 (and, as leader, a grant)
+	step(m, acts, sent+int64(500*time.Millisecond))
+	if want := sent + d/10*9; m.LiveUntil() != want {
+		t.Fatalf("lease until %d, want %d (from the send)", m.LiveUntil(), want)
+	}
+	step(m, m.Tick(sent+1), sent+1) // the grant, now that a is fresh
+	if !m.Table().Holds("a", 0) {
+		t.Fatalf("a was not granted the partition: %+v", m.Table().Parts[0])
+	}
+	for _, c := range []struct {
+		at   int64
+		want bool
+	}{{sent + 1, true}, {m.LiveUntil() - 1, true}, {m.LiveUntil(), false}} {
+		if got := m.MayDecide(0, c.at); got != c.want {
+			t.Errorf("MayDecide at %d = %v, want %v (lease until %d)", c.at, got, c.want, m.LiveUntil())
+		}
+	}
+	rec := m.Table().Members["a"]
+	m.Apply(Command{Kind: End, Member: "a", Epoch: rec.Epoch, Version: rec.Version}, sent+2)
+	if m.MayDecide(0, sent+3) {
+		t.Fatal("a decides after its liveness was ended")
+	}
+}
+
+// TestFencedUntilSettled: a holder that proposed a Move does not decide
+// until a command at the fence's epoch applies, and proposes Keep after
+// Retry if none does.
+func TestFencedUntilSettled(t *testing.T) {
+	const d = int64(2 * time.Second)
+	m := New(Config{ID: "a", Liveness: time.Duration(d)}, 1)
+	m.SetLeader(true)
+	m.SetView(View{Target: []string{"a"}, Members: []string{"a", "b"}})
+	now := int64(1)
+	step(m, m.Tick(now), now) // joins
+	now++
+	step(m, m.Tick(now), now) // extend, grant
+	now++
+	step(m, m.Apply(Command{Kind: Extend, Member: "b", Epoch: 1, Seq: 1}, now), now)
+	// a has no backup: it copies to b and, once b has the copy, makes it
+	// the backup.
+	for _, a := range m.Tick(now) {
+		if a.Kind == SendCopy {
+			step(m, m.CopyAcked(a.P, a.To, a.Epoch, a.Seq, now), now)
+		}
+	}
+	if m.Table().Parts[0].Backup != "b" || !m.MayDecide(0, now) {
+		t.Fatalf("a does not decide: %+v until %d", m.Table().Parts[0], m.LiveUntil())
+	}
+	m.SetView(View{Target: []string{"b"}, Members: []string{"a", "b"}})
+	var cp Action
+	for _, a := range m.Tick(now) {
+		if a.Kind == SendCopy {
+			cp = a
+		}
+	}
+	if cp.To != "b" || m.MayDecide(0, now) {
+		t.Fatalf("no copy to b, or a decides while copying: %+v", cp)
+	}
+	acts := m.CopyAcked(0, "b", cp.Epoch, cp.Seq, now)
+	if len(acts) != 1 || acts[0].Cmd.Kind != Move {
+		t.Fatalf("no Move proposed after the copy: %+v", acts)
+	}
+	retry := int64(m.cfg.Retry)
+	var keep bool
+	for _, a := range m.Tick(now + retry) {
+		keep = keep || a.Kind == Propose && a.Cmd.Kind == Keep
+	}
+	if !keep || m.MayDecide(0, now+retry) {
+		t.Fatalf("after Retry without a settlement: keep proposed %v, decides %v", keep, m.MayDecide(0, now+retry))
+	}
+	m.Apply(Command{Kind: Keep, Member: "a", P: 0, Epoch: cp.Epoch}, now+retry)
+	m.Apply(acts[0].Cmd, now+retry) // the Move commits after the Keep: refused
+	if m.Table().Parts[0].Holder != "a" || !m.MayDecide(0, now+retry) {
+		t.Fatalf("after Keep then the late Move: %+v, decides %v", m.Table().Parts[0], m.MayDecide(0, now+retry))
+	}
+}
+
+// TestMayDecideDoesNotAllocate: the decision path's question costs no
+// allocation.
+func TestMayDecideDoesNotAllocate(t *testing.T) {
+	m := New(Config{ID: "a"}, 4)
+	if n := testing.AllocsPerRun(100, func() { _ = m.MayDecide(2, 5) }); n != 0 {
+		t.Fatalf("MayDecide allocates %v times", n)
+	}
+}
