@@ -29,6 +29,10 @@ type dialRecord struct {
 	tlsErr    error  // the last failed client handshake
 	first     []byte // up to frameHeaderLen bytes the node sent first
 	firstErr  error  // a read error before first filled
+	// writeErr is a write error before the node sent anything: a node
+	// that refuses this client's TLS closes the connection, and the
+	// client's first write can fail before its read sees the alert.
+	writeErr error
 }
 
 // frameHeaderLen is the length of an HTTP/2 frame header: a gRPC server's
@@ -81,9 +85,23 @@ func (c *sniffConn) Read(p []byte) (int, error) {
 	defer c.rec.mu.Unlock()
 	if len(c.rec.first) < frameHeaderLen {
 		c.rec.first = append(c.rec.first, p[:min(n, frameHeaderLen-len(c.rec.first))]...)
-		if err != nil && len(c.rec.first) == 0 && c.rec.firstErr == nil {
+		// net.ErrClosed is this side closing the connection (after a
+		// failed write, say): not what the node answered.
+		if err != nil && len(c.rec.first) == 0 && c.rec.firstErr == nil && !errors.Is(err, net.ErrClosed) {
 			c.rec.firstErr = err
 		}
+	}
+	return n, err
+}
+
+func (c *sniffConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if err != nil {
+		c.rec.mu.Lock()
+		if len(c.rec.first) == 0 && c.rec.writeErr == nil {
+			c.rec.writeErr = err
+		}
+		c.rec.mu.Unlock()
 	}
 	return n, err
 }
@@ -142,15 +160,23 @@ func (d *dialRecord) grpcSetupProblem(tlsOn, certGiven bool) error {
 		return errors.New(hintTLSPort)
 	case len(d.first) >= frameHeaderLen:
 		return fmt.Errorf("the node's port does not speak gRPC (it sent %q first)", d.first)
-	case d.firstErr == nil:
+	}
+	closed := d.firstErr
+	if closed == nil {
+		closed = d.writeErr
+	}
+	switch {
+	case closed == nil:
 		return nil // nothing read yet (a deadline): not a protocol mismatch
-	case tlsOn && isRemoteAlert(d.firstErr):
+	case tlsOn && (isRemoteAlert(closed) || d.firstErr == nil):
+		// The handshake passed on this side, then the node sent an alert,
+		// or closed the connection before this client's first write.
 		if !certGiven {
-			return fmt.Errorf("%s (%w)", hintClientTLS, d.firstErr)
+			return fmt.Errorf("%s (%w)", hintClientTLS, closed)
 		}
-		return fmt.Errorf("the node refused this client's certificate: is it signed by the CA the node trusts (its --tls-ca), with clientAuth usage? (%w)", d.firstErr)
+		return fmt.Errorf("the node refused this client's certificate: is it signed by the CA the node trusts (its --tls-ca), with clientAuth usage? (%w)", closed)
 	case !tlsOn:
-		return fmt.Errorf("%s (%w)", hintClosed, d.firstErr)
+		return fmt.Errorf("%s (%w)", hintClosed, closed)
 	}
 	return nil
 }
@@ -171,6 +197,8 @@ func (d *dialRecord) httpSetupProblem() error {
 		return fmt.Errorf("the node's port does not speak HTTP/1.1 (it sent %q first)", d.first)
 	case d.firstErr != nil:
 		return fmt.Errorf("the node closed the connection without an HTTP answer: is --addr its --http-addr? (a gRPC port with TLS closes like this) (%w)", d.firstErr)
+	case d.writeErr != nil:
+		return fmt.Errorf("the node closed the connection without an HTTP answer: is --addr its --http-addr? (a gRPC port with TLS closes like this) (%w)", d.writeErr)
 	}
 	return nil
 }
