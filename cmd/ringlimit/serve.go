@@ -909,7 +909,7 @@ func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
 				}
 			}
 		}
-		return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("invalid hits %d: must be between 1 and the policy's limit %d (0 means 1)", b.Hits, a.policy(names[0]).For(b.Tenant, b.Subject).Limit)}
+		return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("invalid hits %d: must be between 1 and the policy's limit %d (leave hits out to mean 1)", b.Hits, a.policy(names[0]).For(b.Tenant, b.Subject).Limit)}
 	case errors.Is(err, peer.ErrUnavailable), errors.Is(err, peer.ErrClosed):
 		// Unavailable is never 429: the limiter could not decide. The
 		// cause (addresses, refused connections) stays in the node's own

@@ -812,7 +812,7 @@ func TestServeAllowErrors(t *testing.T) {
 		{name: "unknown policy", key: peer.Key{Tenant: "a", Subject: "b", Policy: "nope"}, status: 400,
 			err: fmt.Errorf("%w: %q", peer.ErrUnknownPolicy, "nope"), errPart: `unknown policy "nope": this node's policies are api, inflight, shared`},
 		{name: "invalid hits", key: good, hits: 4, status: 400,
-			err: fmt.Errorf("%w: hits 4 must be between 1 and the limit 3", peer.ErrInvalidHits), errPart: "invalid hits 4: must be between 1 and the policy's limit 3"},
+			err: fmt.Errorf("%w: hits 4 must be between 1 and the limit 3", peer.ErrInvalidHits), errPart: "invalid hits 4: must be between 1 and the policy's limit 3 (leave hits out to mean 1)", errNotIn: "0 means 1"},
 		{name: "anything else", key: good, err: errors.New("boom"), status: 500, errPart: "internal error", errNotIn: "boom"},
 		{name: "multi unavailable", key: peer.Key{Tenant: "a", Subject: "b"}, policies: []string{"api", "shared"}, status: 503,
 			err:     fmt.Errorf("%w: %w", peer.ErrUnavailable, refused),
