@@ -345,9 +345,15 @@ func (m *Machine) Apply(c Command, now int64) []Action {
 		switch c.Kind {
 		case Move:
 			if c.To == m.cfg.ID {
-				if l.copyFrom == c.Member && l.copyEpoch == c.Epoch && l.copySeq == c.Seq {
+				switch {
+				case l.copyFrom == c.Member && l.copyEpoch == c.Epoch && l.copySeq == c.Seq:
 					l.have = true
-				} else {
+				case l.copyEpoch > c.Epoch:
+					// A copy from a later holding replaced the one this
+					// Move names (we apply the log behind its sender):
+					// that holding ended this one; the log says so next.
+					l.have = false
+				default:
 					m.count.MissingCopy++
 					l.have = false
 				}

@@ -483,9 +483,6 @@ func (m *member) ready() {
 			if to == nil {
 				continue
 			}
-			if debugTypes != nil {
-				debugTypes[msg.GetType().String()]++
-			}
 			wire, err := proto.Marshal(msg)
 			if err != nil {
 				panic(err)
@@ -666,8 +663,6 @@ func (m *member) mutate(c ownership.Command) ownership.Command {
 	}
 	return c
 }
-
-var debugTypes map[string]int
 
 type quietLogger struct{}
 
