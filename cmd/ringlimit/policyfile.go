@@ -174,15 +174,22 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 		bad := func(format string, a ...any) {
 			errs = append(errs, fmt.Errorf("policies[%d] (%q): %s", i, e.Name, fmt.Sprintf(format, a...)))
 		}
-		if skip[i] {
-			// Its shape is already reported; its values would only
-			// repeat that.
-			continue
+		// The fields whose shape is already reported: their values would
+		// only repeat that (every other field's value is still checked:
+		// every problem of the entry is listed at once).
+		shaky := skip[i]
+		if shaky[""] {
+			continue // not a map at all
+		}
+		checkBad := func(field string, format string, a ...any) {
+			if !shaky[field] {
+				bad(format, a...)
+			}
 		}
 		var pc peer.PolicyConfig
 		switch err := (shard.Key{Tenant: "t", Subject: "s", Policy: e.Name}).Validate(); {
 		case e.Name == "":
-			bad("name is missing")
+			checkBad("name", "name is missing")
 		case err != nil:
 			bad("name must be 1 to %d bytes of visible ASCII", shard.MaxKeyPartLen)
 		}
@@ -190,11 +197,11 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 			bad("duplicate name")
 		}
 		if e.Limit <= 0 {
-			bad("limit %d must be positive", e.Limit)
+			checkBad("limit", "limit %d must be positive", e.Limit)
 		}
 		pc.Limit = e.Limit
 		if e.Window == "" {
-			bad("window is missing (a Go duration such as 1m or 500ms)")
+			checkBad("window", "window is missing (a Go duration such as 1m or 500ms)")
 		} else if w, err := time.ParseDuration(e.Window); err != nil || w <= 0 {
 			bad("window %q must be a positive Go duration such as 1m or 500ms", e.Window)
 		} else {
@@ -218,7 +225,7 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 			pc.OnUnavailable = o
 		}
 		if e.FallbackLimit < 0 {
-			bad("fallback_limit %d must not be negative", e.FallbackLimit)
+			checkBad("fallback_limit", "fallback_limit %d must not be negative", e.FallbackLimit)
 		}
 		pc.FallbackLimit = e.FallbackLimit
 		pc.Shadow = e.Shadow
@@ -234,7 +241,7 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 		for j, o := range e.Overrides {
 			where := fmt.Sprintf("overrides[%d] (tenant %q, subject %q)", j, o.Tenant, o.Subject)
 			ov := peer.Override{Tenant: o.Tenant, Subject: o.Subject, Limit: o.Limit, Unlimited: o.Unlimited}
-			if err := ov.Validate(); err != nil {
+			if err := ov.Validate(); err != nil && !shaky["overrides"] {
 				for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
 					bad("%s: %v", where, e)
 				}
@@ -272,8 +279,10 @@ const overrideFields = "tenant, subject, limit, unlimited"
 // policyEntries reads the entries of a policy file's document node without
 // the YAML library's struct decoding, whose errors name Go types
 // ("!!map into []main.policyEntry"). Entries whose shape is wrong are
-// reported in errs, and marked in skip so their values are not checked.
-func policyEntries(doc *yaml.Node) (entries []policyEntry, skip []bool, domains *yaml.Node, errs []error) {
+// reported in errs, and the fields of the wrong shape marked in skip (the
+// key "" for an entry that is not a map), so that their values are not
+// checked again.
+func policyEntries(doc *yaml.Node) (entries []policyEntry, skip []map[string]bool, domains *yaml.Node, errs []error) {
 	root := resolve(doc)
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
 		root = resolve(root.Content[0])
@@ -304,21 +313,24 @@ func policyEntries(doc *yaml.Node) (entries []policyEntry, skip []bool, domains 
 		return nil, nil, domains, append(errs, fmt.Errorf("\"policies\" must be a list of {%s} entries, got %s at line %d", policyFields, kindOf(list), list.Line))
 	}
 	for i, item := range list.Content {
-		e, bad := policyEntryOf(i, resolve(item))
-		entries, skip, errs = append(entries, e), append(skip, len(bad) > 0), append(errs, bad...)
+		e, shaky, bad := policyEntryOf(i, resolve(item))
+		entries, skip, errs = append(entries, e), append(skip, shaky), append(errs, bad...)
 	}
 	return entries, skip, domains, errs
 }
 
-// policyEntryOf reads entry i of the policies list.
-func policyEntryOf(i int, n *yaml.Node) (e policyEntry, errs []error) {
+// policyEntryOf reads entry i of the policies list, and returns which of
+// its fields had the wrong shape (shaky; "" when the entry is not a map).
+func policyEntryOf(i int, n *yaml.Node) (e policyEntry, shaky map[string]bool, errs []error) {
 	if n.Kind != yaml.MappingNode {
-		return e, []error{fmt.Errorf("policies[%d] must be a map of {%s}, got %s at line %d", i, policyFields, kindOf(n), n.Line)}
+		return e, map[string]bool{"": true}, []error{fmt.Errorf("policies[%d] must be a map of {%s}, got %s at line %d", i, policyFields, kindOf(n), n.Line)}
 	}
+	shaky = map[string]bool{}
 	seen := map[string]int{}
 	for j := 0; j+1 < len(n.Content); j += 2 {
 		k, v := n.Content[j], resolve(n.Content[j+1])
 		bad := func(format string, a ...any) {
+			shaky[k.Value] = true
 			errs = append(errs, fmt.Errorf("policies[%d]: %s", i, fmt.Sprintf(format, a...)))
 		}
 		if line, dup := seen[k.Value]; dup {
@@ -381,7 +393,7 @@ func policyEntryOf(i int, n *yaml.Node) (e policyEntry, errs []error) {
 			}
 		}
 	}
-	return e, errs
+	return e, shaky, errs
 }
 
 // overrideEntryOf reads one entry of a policy's overrides list.

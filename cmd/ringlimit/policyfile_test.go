@@ -18,6 +18,7 @@ func TestParsePolicies(t *testing.T) {
 		in      string
 		want    map[string]peer.PolicyConfig
 		wantErr []string // substrings of the error, all required
+		notErr  []string // substrings the error must not have
 	}{
 		{
 			name: "yaml, every field",
@@ -124,6 +125,14 @@ policies:
 			wantErr: []string{`policies[0]: unknown field "burst" at line 5 (want name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow, replication, overrides)`},
 		},
 		{
+			// A reload rejection used to name only the unknown field:
+			// the entry's values went unchecked.
+			name: "an unknown field does not hide the entry's bad values",
+			in:   "policies:\n  - name: api\n    limit: 0\n    window: 1x\n    burst: 5\n",
+			wantErr: []string{`policies[0]: unknown field "burst" at line 5`, `policies[0] ("api"): window "1x" must be a positive Go duration`,
+				`policies[0] ("api"): limit 0 must be positive`},
+		},
+		{
 			name:    "unknown top-level field",
 			in:      `{"policies": [{"name": "api", "limit": 1, "window": "1s"}], "version": 2}`,
 			wantErr: []string{`unknown top-level field "version" at line 1: the file holds only "policies"`},
@@ -177,6 +186,8 @@ policies:
 			in:   "policies:\n  - name: [a, b]\n    limit: lots\n    window: 1s\n    shadow: maybe\n    fallback_limit: {x: 1}\n",
 			wantErr: []string{`policies[0]: name must be a string, got a list at line 2`, `limit must be a whole number, got the string "lots" at line 3`,
 				`shadow must be true or false, got the string "maybe" at line 5`, `fallback_limit must be a whole number, got a map at line 6`},
+			// Each field once: its shape, not again its (zero) value.
+			notErr: []string{"name is missing", "limit 0 must be positive"},
 		},
 		{
 			name:    "a field given twice",
@@ -195,6 +206,11 @@ policies:
 				for _, w := range tc.wantErr {
 					if !strings.Contains(err.Error(), w) {
 						t.Errorf("parsePolicies(%q) error\n%v\nlacks %q", tc.in, err, w)
+					}
+				}
+				for _, w := range tc.notErr {
+					if strings.Contains(err.Error(), w) {
+						t.Errorf("parsePolicies(%q) error\n%v\nhas %q", tc.in, err, w)
 					}
 				}
 				// The user wrote YAML or JSON: Go type names and YAML
