@@ -70,6 +70,14 @@ func (s *sim) planFault(warm int64) {
 		case FaultJoin:
 			m := s.start(fmt.Sprintf("n%d", len(s.all)), 1, s.newRaftID(), nil)
 			s.note("join %s", m.id)
+		case FaultDouble:
+			b := s.backupOf(victim)
+			s.note("crash %s", victim.id)
+			s.crash(victim)
+			if b != nil && b != victim {
+				s.note("crash %s, its backup", b.id)
+				s.crash(b)
+			}
 		case FaultLeave:
 			victim.leaving = true
 			s.note("leave %s (gracefully: its partitions move first)", victim.id)

@@ -49,9 +49,14 @@ const (
 	FaultJoin                   // a new member joins under load
 	FaultLeave                  // a member leaves gracefully
 	numFaults
+
+	// FaultDouble crashes a holder and its backup at once: two faults,
+	// outside the promise. Their partitions' state is lost, which must be
+	// counted (Result.Lost), never silent.
+	FaultDouble = numFaults
 )
 
-var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave"}
+var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "double crash"}
 
 func (f Fault) String() string { return faultNames[f] }
 

@@ -152,3 +152,34 @@ func TestRaftTraffic(t *testing.T) {
 		}
 	}
 }
+
+// TestDoubleFaults crashes a holder and its backup together, outside the
+// promise: the partitions they held lose their state. The simulator must
+// count every such loss (a partition restarted empty), and a window over
+// the limit may only ever follow a counted loss.
+func TestDoubleFaults(t *testing.T) {
+	n := max(seeds(t)/10, 6)
+	var lost, over int
+	for seed := uint64(1); seed <= uint64(n); seed++ {
+		o := options(seed)
+		o.Fault, o.NoFault = FaultDouble, false
+		o.Window, o.Limit = 5*time.Second, 8
+		r := run(t, o)
+		if r.Lost > 0 {
+			lost++
+		}
+		if len(r.Report.Violations) > 0 {
+			over++
+			if r.Lost == 0 {
+				t.Errorf("a window over the limit without a counted loss:\n%s", r)
+			}
+		}
+		if r.Counters.MissingCopy > 0 {
+			t.Errorf("a holding handed without its state:\n%s", r)
+		}
+	}
+	t.Logf("%d double crashes: %d lost a partition's state (counted, restarted empty), %d of them then admitted more than the limit in a window", n, lost, over)
+	if lost == 0 {
+		t.Errorf("no double crash lost state: the fault did not hit a holder and its backup")
+	}
+}
