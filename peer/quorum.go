@@ -9,7 +9,7 @@ import (
 
 // quorumWatch remembers what the node last said about its majority, so
 // that it warns once when it loses it (and says so again when it is back),
-// and once when the cluster becomes two members.
+// and once when the cluster grows to two members.
 type quorumWatch struct {
 	mu    sync.Mutex
 	known bool // a first value was stored
@@ -20,8 +20,9 @@ type quorumWatch struct {
 // storeQuorum refreshes the decision path's copy of quorum() and logs the
 // changes: a Warn when the node loses its majority (its partitions without
 // a live backup stop deciding: how many, and until when at the latest), an
-// Info when it has it again, and a Warn when the cluster becomes two
-// members (one of them is the other's majority).
+// Info when it has it again, and a Warn when the cluster grows to two
+// members (one of them is the other's majority; a three-member cluster
+// that one member leaves for a restart is not warned about).
 // Called by the rebuild goroutine and the ownership loop.
 func (n *Node) storeQuorum() {
 	q := &n.quorumWatch
@@ -37,7 +38,7 @@ func (n *Node) storeQuorum() {
 	size := len(v.alive) + len(failed)
 	wasKnown, had, oldSize := q.known, q.had, q.size
 	q.known, q.had, q.size = true, ok, size
-	if size == 2 && oldSize != 2 && len(v.alive) == 2 {
+	if size == 2 && oldSize < 2 && len(v.alive) == 2 {
 		// Of two, the lower-named member is the majority's tie-break
 		// (quorum): without it the other has none.
 		lower := slices.Min(slices.Collect(maps.Keys(v.alive)))

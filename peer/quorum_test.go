@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"context"
 	"strconv"
 	"testing"
 	"time"
@@ -49,4 +50,38 @@ func TestQuorumLossWarns(t *testing.T) {
 		t.Errorf("no-majority warning until %q (%v): want about %v after the kill at %v", a["until"], err, failedTimeout, killed.UTC())
 	}
 	waitLog(t, back, failedTimeout+10*time.Second, "n1 to say decisions resume once n0 aged out")
+}
+
+// TestQuorumNoWarningWhenThreeBecomeTwo closes one member of three (a
+// rolling restart's step): the survivors are two, but were not set up as
+// two, and do not warn about a two-member cluster; nobody, the leaver
+// included, warns about a lost majority.
+func TestQuorumNoWarningWhenThreeBecomeTwo(t *testing.T) {
+	tap, log := newLogTap(t)
+	c := startClusterWith(t, 3, Config{Policies: map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}}},
+		func(i int, cfg *Config) { cfg.Logger = log })
+	warned := tap.on("cluster of two members: losing the lower-named one stops every decision (no majority without it); run three or more", nil)
+	lost := tap.on("no majority of members: partitions without a live backup stop deciding until failed members return or age out", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.nodes[2].Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	size := func(n *Node) int {
+		// storeQuorum logs under the same lock it sets size under: once
+		// size is 2, its line (if any) is out.
+		n.quorumWatch.mu.Lock()
+		defer n.quorumWatch.mu.Unlock()
+		return n.quorumWatch.size
+	}
+	waitFor(t, 15*time.Second, "the survivors to count two members", func() bool {
+		return size(c.nodes[0]) == 2 && size(c.nodes[1]) == 2
+	})
+	select {
+	case a := <-warned:
+		t.Fatalf("a member that left a three-member cluster gave a two-member warning: %v", a)
+	case a := <-lost:
+		t.Fatalf("a graceful leave gave a no-majority warning: %v", a)
+	default:
+	}
 }
