@@ -109,6 +109,12 @@ type local struct {
 	// have: the member's local state of the partition is complete for its
 	// holding (set when it was granted, moved or handed the partition).
 	have bool
+	// recopy: the partition's replication became stronger (a policy moved
+	// from off or async to sync) after its backup's copy was made, so the
+	// copy may lack admissions that were never replicated. The holder does
+	// not decide until a copy begun after recopyAfter is the backup's.
+	recopy      bool
+	recopyAfter uint64
 	// copy is the newest copy installed here (from, epoch, seq).
 	copyFrom  string
 	copyEpoch uint64
@@ -197,7 +203,20 @@ func (m *Machine) SetView(v View) { m.view = v }
 // allocates nothing and is the only question the decision path asks.
 func (m *Machine) MayDecide(p int, now int64) bool {
 	l := &m.parts[p]
-	return now < m.liveUntil && l.have && l.fence == fenceNone && m.table.Holds(m.cfg.ID, p)
+	return now < m.liveUntil && l.have && l.fence == fenceNone && !l.recopy && m.table.Holds(m.cfg.ID, p)
+}
+
+// Raise tells the machine that replication became stronger for some
+// policy (a policy table change took a policy from off or async to
+// sync). Every partition this member holds is copied to its backup again
+// before it decides again, so that no decision is reported as
+// synchronously replicated while the backup's copy lacks admissions made
+// unreplicated before the change. The partitions are unavailable for that
+// copy and one commit.
+func (m *Machine) Raise() {
+	for p := range m.parts {
+		m.parts[p].recopy, m.parts[p].recopyAfter = true, m.seq
+	}
 }
 
 // Backup returns the member to replicate p's admissions to and the epoch
@@ -367,6 +386,9 @@ func (m *Machine) Apply(c Command, now int64) []Action {
 			if c.To == m.cfg.ID {
 				l.have = l.copyFrom == c.Member && l.copyEpoch == c.Epoch && l.copySeq == c.Seq
 			}
+			if c.Member == m.cfg.ID && c.Seq > l.recopyAfter {
+				l.recopy = false
+			}
 		case Grant:
 			if c.To == m.cfg.ID {
 				if c.Member == m.cfg.ID {
@@ -496,7 +518,9 @@ func (m *Machine) tickPartition(p int, now int64, acts []Action) []Action {
 	pt := m.table.Parts[p]
 	self := m.cfg.ID
 	if !m.table.Holds(self, p) {
-		l.fence = fenceNone
+		// A partition we do not hold needs no re-copy from us: whoever
+		// holds it copies from its own state.
+		l.fence, l.recopy = fenceNone, false
 		return acts
 	}
 	switch l.fence {
@@ -525,6 +549,15 @@ func (m *Machine) tickPartition(p int, now int64, acts []Action) []Action {
 		if b := m.pickBackup(p, now); b != "" && b != pt.Backup {
 			return m.startCopy(p, b, false, now, acts)
 		}
+	}
+	if l.recopy {
+		if pt.Backup == "" {
+			// Nothing to bring up to date: decisions are unreplicated
+			// until a backup has a copy, as after a backup's failure.
+			l.recopy = false
+			return acts
+		}
+		return m.startCopy(p, pt.Backup, false, now, acts)
 	}
 	return acts
 }

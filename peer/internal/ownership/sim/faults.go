@@ -78,6 +78,27 @@ func (s *sim) planFault(warm int64) {
 				s.note("crash %s, its backup", b.id)
 				s.crash(b)
 			}
+		case FaultRaise:
+			s.note("policy replication raised from off to sync")
+			for _, id := range s.sortedIDs() {
+				m := s.members[id]
+				// The new policy table reaches members at slightly
+				// different times, as gossip spreads it.
+				s.at(s.rng.Int64N(int64(300*time.Millisecond)), func() {
+					s.deliver(m, func() {
+						m.unreplicated = false
+						if s.o.Mutation != MutNoRecopy {
+							m.own.Raise()
+						}
+					})
+				})
+			}
+			s.at(int64(500*time.Millisecond)+s.rng.Int64N(int64(3500*time.Millisecond)), func() {
+				if v := s.target(); v != nil {
+					s.note("crash %s", v.id)
+					s.crash(v)
+				}
+			})
 		case FaultLeave:
 			victim.leaving = true
 			s.note("leave %s (gracefully: its partitions move first)", victim.id)

@@ -48,6 +48,7 @@ const (
 	FaultDuplicate              // 30 % of messages duplicated, all run long
 	FaultJoin                   // a new member joins under load
 	FaultLeave                  // a member leaves gracefully
+	FaultRaise                  // replication raised from off to sync, then the holder crashes
 	numFaults
 
 	// FaultDouble crashes a holder and its backup at once: two faults,
@@ -56,7 +57,7 @@ const (
 	FaultDouble = numFaults
 )
 
-var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "double crash"}
+var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash", "double crash"}
 
 func (f Fault) String() string { return faultNames[f] }
 
@@ -90,6 +91,10 @@ const (
 	// MutTakeoverEmpty: a backup that takes a partition over starts from
 	// an empty state instead of its replica.
 	MutTakeoverEmpty
+	// MutNoRecopy: raising a policy's replication does not re-copy the
+	// partitions (the hole SetPolicies had: the backup's copy lacked every
+	// admission made while the policy was off).
+	MutNoRecopy
 )
 
 // Options configure one run. Zero fields take the defaults in brackets.
@@ -334,6 +339,9 @@ type member struct {
 	born    int64 // virtual ns
 	crashed bool
 	paused  int64 // virtual ns the pause ends (0: running)
+	// unreplicated: the policy's replication is off here (FaultRaise,
+	// until the change reaches this member).
+	unreplicated bool
 	leaving bool
 
 	rn       *raft.RawNode
@@ -389,6 +397,7 @@ func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *memb
 	for p := range m.stores {
 		m.stores[p] = map[string][]entry{}
 	}
+	m.unreplicated = s.fault == FaultRaise && s.now == 0
 	s.members[m.id] = m
 	s.all = append(s.all, m)
 	s.byRaft[raftID] = m

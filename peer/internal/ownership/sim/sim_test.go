@@ -105,6 +105,7 @@ func TestMutationsAreCaught(t *testing.T) {
 	}{
 		{"holder ignores its lease", MutNoLease, []Fault{FaultPause, FaultIsolate, FaultSplit}},
 		{"a takeover starts empty", MutTakeoverEmpty, []Fault{FaultCrash, FaultRestart}},
+		{"raised replication is not re-copied", MutNoRecopy, []Fault{FaultRaise}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
