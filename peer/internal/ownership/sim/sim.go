@@ -342,7 +342,7 @@ type member struct {
 	// unreplicated: the policy's replication is off here (FaultRaise,
 	// until the change reaches this member).
 	unreplicated bool
-	leaving bool
+	leaving      bool
 
 	rn       *raft.RawNode
 	storage  *raft.MemoryStorage
