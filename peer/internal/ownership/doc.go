@@ -71,11 +71,10 @@
 // empty by command, counted). A holder whose backup failed decides
 // without replication until a new backup has a copy.
 //
-// What it does not do: it does not run raft (the driver does, with any
-// library; package sim uses go.etcd.io/raft/v3 because it is itself a pure
-// state machine the simulator can step), move data (the driver exports,
-// sends and installs copies and replicas), or read gossip (the driver
-// passes a View).
+// What it does not do: it does not run raft (package ownlog joins the
+// machine to an etcd raft node, and package sim drives ownlog members in
+// virtual time), move data (the driver exports, sends and installs copies
+// and replicas), or read gossip (the driver passes a View).
 //
 // It imports neither peer nor any network, gossip or raft package; a test
 // pins that.

@@ -31,6 +31,7 @@ func (s *sim) gossip() {
 			x.heard[yid] = s.now
 		}
 	}
+	roster := s.roster()
 	for _, xid := range ids {
 		x := s.members[xid]
 		if x.crashed || x.paused > s.now {
@@ -59,7 +60,7 @@ func (s *sim) gossip() {
 			}
 			v.Target[p], v.Second[p] = best, second
 		}
-		x.own.SetView(v)
+		x.log.SetView(v, roster)
 	}
 	s.at(int64(gossipTick), s.gossip)
 }
@@ -259,8 +260,7 @@ func (m *member) sendCopy(a ownership.Action) {
 		}
 		to.stores[p] = st
 		s.send(to, m, func() {
-			m.do(m.own.CopyAcked(p, to.id, epoch, seq, m.mono()))
-			m.ready()
+			m.carry(m.log.CopyAcked(p, to.id, epoch, seq, m.mono()))
 		})
 	})
 }

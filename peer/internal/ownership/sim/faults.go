@@ -88,7 +88,7 @@ func (s *sim) planFault(warm int64) {
 					s.deliver(m, func() {
 						m.unreplicated = false
 						if s.o.Mutation != MutNoRecopy {
-							m.own.Raise()
+							m.carry(m.log.Raise(m.mono()))
 						}
 					})
 				})

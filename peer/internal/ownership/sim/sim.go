@@ -15,7 +15,6 @@ package sim
 
 import (
 	"container/heap"
-	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
@@ -23,12 +22,12 @@ import (
 	"strings"
 	"time"
 
-	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ringlimit/ringlimit/peer/internal/history"
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
+	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
 )
 
 // Fault is the one fault a schedule injects.
@@ -79,10 +78,6 @@ const (
 	// MutNoLease: a holder decides while the table names it, whether or
 	// not its liveness lease has run out.
 	MutNoLease
-	// MutNoCAS: an End does not check the record's version (a late
-	// extension no longer saves the holder from being ended while it
-	// still decides).
-	MutEndIgnoresVersion
 	// MutGossipTakeover: the rule the log replaced: a backup decides from
 	// its copy as soon as its gossip view has lost the holder. (Synchronous
 	// replication alone defeats it in this simulator: the holder's
@@ -344,19 +339,17 @@ type member struct {
 	unreplicated bool
 	leaving      bool
 
-	rn       *raft.RawNode
-	storage  *raft.MemoryStorage
-	own      *ownership.Machine
-	stores   []map[string][]entry
-	clamp    map[string]int64
-	pending  map[uint64]*pendingSync
-	admSeq   uint64
-	heard    map[string]int64 // member ID → virtual ns last heard through gossip
-	detect   int64
-	lastConf int64
-	conf     *pb.ConfState
-	applied  uint64
-	snapAt   uint64
+	log *ownlog.Member
+	own *ownership.Machine
+	// held and wasBackup: what the table said after the last Output, for
+	// MutTakeoverEmpty.
+	held, wasBackup []bool
+	stores          []map[string][]entry
+	clamp           map[string]int64
+	pending         map[uint64]*pendingSync
+	admSeq          uint64
+	heard           map[string]int64 // member ID → virtual ns last heard through gossip
+	detect          int64
 }
 
 type entry struct {
@@ -377,22 +370,15 @@ func (m *member) mono() int64 { return int64(float64(m.s.now-m.born) * m.rate) }
 func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *member {
 	m := &member{s: s, name: name, inc: inc, id: fmt.Sprintf("%s.%d", name, inc), raftID: raftID,
 		rate: 1 + s.o.RateBound*(2*s.rng.Float64()-1), born: s.now,
-		storage: raft.NewMemoryStorage(), clamp: map[string]int64{}, pending: map[uint64]*pendingSync{},
+		clamp: map[string]int64{}, pending: map[uint64]*pendingSync{},
 		heard: map[string]int64{}, detect: int64(300*time.Millisecond) + s.rng.Int64N(int64(4700*time.Millisecond))}
-	m.conf = cs
-	if cs != nil {
-		snap := &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(1), Term: proto.Uint64(1), ConfState: cs}}
-		if err := m.storage.ApplySnapshot(snap); err != nil {
-			panic(err)
-		}
-	}
-	rn, err := raft.NewRawNode(&raft.Config{ID: raftID, ElectionTick: 10, HeartbeatTick: 1, Storage: m.storage,
-		MaxSizePerMsg: 1 << 20, MaxInflightMsgs: 256, CheckQuorum: true, PreVote: true, Logger: quietLogger{}})
+	log, err := ownlog.New(ownlog.Config{RaftID: raftID, Ownership: ownership.Config{ID: m.id, Liveness: s.o.Liveness},
+		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters})
 	if err != nil {
 		panic(err)
 	}
-	m.rn = rn
-	m.own = ownership.New(ownership.Config{ID: m.id, Liveness: s.o.Liveness}, s.o.Partitions)
+	m.log, m.own = log, log.Own()
+	m.held, m.wasBackup = make([]bool, s.o.Partitions), make([]bool, s.o.Partitions)
 	m.stores = make([]map[string][]entry, s.o.Partitions)
 	for p := range m.stores {
 		m.stores[p] = map[string][]entry{}
@@ -449,160 +435,67 @@ func (s *sim) send(from, to *member, fn func()) {
 }
 
 func (m *member) tick() {
-	m.rn.Tick()
-	m.own.SetLeader(m.rn.BasicStatus().RaftState == raft.StateLeader)
-	m.do(m.own.Tick(m.mono()))
-	if m.own.Table() != nil && m.rn.BasicStatus().RaftState == raft.StateLeader {
-		m.autopilot()
-	}
-	m.ready()
+	m.carry(m.log.Tick(m.mono()))
 }
 
-func (m *member) do(acts []ownership.Action) {
-	for _, a := range acts {
+// carry carries out one Output of the member's log: raft messages onto
+// the network, data actions here.
+func (m *member) carry(out ownlog.Output) {
+	s := m.s
+	if m.log.Leader() {
+		s.commands += out.Applied
+	}
+	t := m.own.Table()
+	for p := range m.stores {
+		holds := t.Holds(m.id, p)
+		if s.o.Mutation == MutTakeoverEmpty && !m.held[p] && holds && t.Parts[p].Backup == "" && m.wasBackup[p] {
+			m.stores[p] = map[string][]entry{} // the broken rule: start empty
+		}
+		m.held[p], m.wasBackup[p] = holds, t.Parts[p].Backup == m.id
+	}
+	for _, a := range out.Actions {
 		switch a.Kind {
-		case ownership.Propose:
-			_ = m.rn.Propose(a.Cmd.Encode(nil))
 		case ownership.SendCopy:
 			m.sendCopy(a)
 		case ownership.Reset:
 			m.stores[a.P] = map[string][]entry{}
 		}
 	}
-}
-
-func (m *member) ready() {
-	s := m.s
-	for m.rn.HasReady() {
-		rd := m.rn.Ready()
-		if !raft.IsEmptySnap(rd.Snapshot) {
-			if err := m.storage.ApplySnapshot(rd.Snapshot); err != nil {
+	for _, msg := range out.Messages {
+		to := s.byRaft[msg.GetTo()]
+		if to == nil {
+			continue
+		}
+		wire, err := proto.Marshal(msg)
+		if err != nil {
+			panic(err)
+		}
+		s.raftBytes += len(wire)
+		step := func() {
+			in := &pb.Message{}
+			if err := proto.Unmarshal(wire, in); err != nil {
 				panic(err)
 			}
-			t := ownership.NewTable(s.o.Partitions)
-			if d := rd.Snapshot.GetData(); len(d) > 0 {
-				if err := json.Unmarshal(d, t); err != nil {
-					panic(err)
-				}
-			}
-			m.conf = rd.Snapshot.GetMetadata().GetConfState()
-			m.own.Restored(t, m.mono())
+			to.carry(to.log.Step(in, to.mono()))
 		}
-		if !raft.IsEmptyHardState(rd.HardState) {
-			_ = m.storage.SetHardState(rd.HardState)
-		}
-		_ = m.storage.Append(rd.Entries)
-		for _, msg := range rd.Messages {
-			to := s.byRaft[msg.GetTo()]
-			if to == nil {
+		if msg.GetType() == pb.MsgSnap {
+			// A transport sends a snapshot as one stream and tells raft
+			// how that went.
+			id := msg.GetTo()
+			if s.cut[[2]string{m.name, to.name}] {
+				m.carry(m.log.ReportSnapshot(id, false, m.mono()))
 				continue
 			}
-			wire, err := proto.Marshal(msg)
-			if err != nil {
-				panic(err)
-			}
-			s.raftBytes += len(wire)
-			if msg.GetType() == pb.MsgSnap {
-				// A transport sends a snapshot as one stream and tells
-				// raft how that went.
-				if s.cut[[2]string{m.name, to.name}] {
-					m.rn.ReportSnapshot(msg.GetTo(), raft.SnapshotFailure)
-					continue
+			s.at(int64(time.Millisecond), func() {
+				s.deliver(to, step)
+				if !m.crashed {
+					m.carry(m.log.ReportSnapshot(id, true, m.mono()))
 				}
-				s.at(int64(time.Millisecond), func() {
-					s.deliver(to, func() {
-						in := &pb.Message{}
-						_ = proto.Unmarshal(wire, in)
-						_ = to.rn.Step(in)
-						to.ready()
-					})
-					if !m.crashed {
-						m.rn.ReportSnapshot(msg.GetTo(), raft.SnapshotFinish)
-						m.ready()
-					}
-				})
-				continue
-			}
-			s.send(m, to, func() {
-				in := &pb.Message{}
-				if err := proto.Unmarshal(wire, in); err != nil {
-					panic(err)
-				}
-				_ = to.rn.Step(in)
-				to.ready()
 			})
+			continue
 		}
-		for _, e := range rd.CommittedEntries {
-			switch e.GetType() {
-			case pb.EntryNormal:
-				if len(e.GetData()) == 0 {
-					continue
-				}
-				c, err := ownership.Decode(e.GetData())
-				if err != nil {
-					panic(err)
-				}
-				if m == s.leaderOf() {
-					s.commands++
-				}
-				c = m.mutate(c)
-				var held []bool
-				if s.o.Mutation == MutTakeoverEmpty && c.Kind == ownership.End {
-					for p := range m.stores {
-						held = append(held, m.own.Table().Holds(m.id, p))
-					}
-				}
-				m.do(m.own.Apply(c, m.mono()))
-				for p, h := range held {
-					if !h && m.own.Table().Holds(m.id, p) {
-						m.stores[p] = map[string][]entry{}
-					}
-				}
-			case pb.EntryConfChange:
-				cc := &pb.ConfChange{}
-				if err := proto.Unmarshal(e.GetData(), cc); err != nil {
-					panic(err)
-				}
-				m.conf = m.rn.ApplyConfChange(cc)
-			}
-		}
-		if n := len(rd.CommittedEntries); n > 0 {
-			m.applied = rd.CommittedEntries[n-1].GetIndex()
-		}
-		m.rn.Advance(rd)
-		m.snapshot()
+		s.send(m, to, step)
 	}
-}
-
-// snapshot takes a snapshot of the table every 64 applied entries and
-// compacts the log behind it, so that a joining member catches up from a
-// snapshot that names it.
-func (m *member) snapshot() {
-	if m.applied < m.snapAt+64 || m.conf == nil {
-		return
-	}
-	data, err := json.Marshal(m.own.Table())
-	if err != nil {
-		panic(err)
-	}
-	if _, err := m.storage.CreateSnapshot(m.applied, m.conf, data); err != nil {
-		return
-	}
-	m.snapAt = m.applied
-	if m.applied > 32 {
-		_ = m.storage.Compact(m.applied - 32)
-	}
-}
-
-// leaderOf returns one running leader, for counting each command once.
-func (s *sim) leaderOf() *member {
-	for _, id := range s.sortedIDs() {
-		m := s.members[id]
-		if m.rn.BasicStatus().RaftState == raft.StateLeader {
-			return m
-		}
-	}
-	return nil
 }
 
 func (s *sim) sortedIDs() []string {
@@ -614,86 +507,15 @@ func (s *sim) sortedIDs() []string {
 	return ids
 }
 
-// autopilot keeps the voter set: a new incarnation joins as a learner;
-// a voter whose incarnation is gone is replaced by a live learner. One
-// change at a time (raft refuses a second pending one anyway).
-func (m *member) autopilot() {
-	s := m.s
-	now := m.mono()
-	if now-m.lastConf < int64(500*time.Millisecond) {
-		return
+// roster is the raft members as gossip eventually tells them, for the
+// leader's autopilot.
+func (s *sim) roster() []ownlog.Peer {
+	r := make([]ownlog.Peer, 0, len(s.all))
+	for _, m := range s.all {
+		r = append(r, ownlog.Peer{RaftID: m.raftID, Member: m.id, Gone: m.crashed, Leaving: m.leaving})
 	}
-	st := m.rn.Status()
-	cfg := st.Config
-	in := func(id uint64) bool {
-		_, v := cfg.Voters.IDs()[id]
-		_, l := cfg.Learners[id]
-		return v || l
-	}
-	propose := func(t pb.ConfChangeType, id uint64) {
-		m.lastConf = now
-		_ = m.rn.ProposeConfChange(&pb.ConfChange{Type: t.Enum(), NodeId: proto.Uint64(id)})
-	}
-	for _, id := range s.sortedIDs() {
-		o := s.members[id]
-		if !o.leaving && !in(o.raftID) && m.own.Table().Members[o.id] != nil {
-			propose(pb.ConfChangeAddLearnerNode, o.raftID)
-			return
-		}
-	}
-	voters := cfg.Voters.IDs()
-	for _, id := range sortedRaftIDs(voters) {
-		o := s.byRaft[id]
-		if o != nil && (o.crashed && slices.Contains(s.gone, o.id) || o.leaving) {
-			propose(pb.ConfChangeRemoveNode, id)
-			return
-		}
-	}
-	if len(voters) < s.o.Voters {
-		for _, id := range sortedRaftIDs(cfg.Learners) {
-			o := s.byRaft[id]
-			if o != nil && !o.crashed && !o.leaving && st.Progress[id].Match+10 >= st.HardState.GetCommit() {
-				propose(pb.ConfChangeAddNode, id)
-				return
-			}
-		}
-	}
+	return r
 }
-
-func sortedRaftIDs(set map[uint64]struct{}) []uint64 {
-	ids := make([]uint64, 0, len(set))
-	for id := range set {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
-}
-
-func (m *member) mutate(c ownership.Command) ownership.Command {
-	if m.s.o.Mutation == MutEndIgnoresVersion && c.Kind == ownership.End {
-		if l := m.own.Table().Members[c.Member]; l != nil {
-			c.Version = l.Version
-		}
-	}
-	return c
-}
-
-type quietLogger struct{}
-
-func (quietLogger) Debug(...any)            {}
-func (quietLogger) Debugf(string, ...any)   {}
-func (quietLogger) Error(...any)            {}
-func (quietLogger) Errorf(string, ...any)   {}
-func (quietLogger) Info(...any)             {}
-func (quietLogger) Infof(string, ...any)    {}
-func (quietLogger) Warning(...any)          {}
-func (quietLogger) Warningf(string, ...any) {}
-func (quietLogger) Fatal(v ...any)          { panic(fmt.Sprint(v...)) }
-func (quietLogger) Fatalf(f string, v ...any) {
-	panic(fmt.Sprintf(f, v...))
-}
-func (quietLogger) Panic(v ...any)            { panic(fmt.Sprint(v...)) }
-func (quietLogger) Panicf(f string, v ...any) { panic(fmt.Sprintf(f, v...)) }
 
 func hash(p int, id string) uint64 {
 	h := fnv.New64a()

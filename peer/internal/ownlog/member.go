@@ -1,0 +1,352 @@
+// Package ownlog runs the ownership protocol over a replicated log: one
+// member's etcd raft node (go.etcd.io/raft/v3) beside its ownership
+// Machine, glued so that every committed command is applied to the
+// machine in log order, snapshots carry the table, and the leader keeps
+// the voter set (autopilot).
+//
+// Like the two state machines it joins, a Member starts no goroutine,
+// reads no clock and touches no socket: each call takes the member's
+// monotonic time and returns an Output (raft messages to send, data
+// actions to carry out). The simulator drives it in virtual time; a node
+// drives it from one goroutine with a real transport. Not safe for
+// concurrent use.
+//
+// Why etcd's raft and not hashicorp/raft: etcd's is itself a pure state
+// machine (Tick, Step, Ready, Advance), so the simulator steps the very
+// code a node runs, message by message; hashicorp/raft runs its own
+// goroutines and timers. Its log lives in memory, as the quota state
+// does: a member that restarts is a new incarnation and a new raft
+// member, catching up from a snapshot.
+package ownlog
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ringlimit/ringlimit/peer/internal/ownership"
+)
+
+// Config configures one member.
+type Config struct {
+	// RaftID is the member incarnation's raft ID: unique per process
+	// start, never reused.
+	RaftID uint64
+	// Ownership is the machine's configuration; Ownership.ID is the
+	// member incarnation's ID.
+	Ownership  ownership.Config
+	Partitions int
+	// Bootstrap is the founding configuration; nil for a member that
+	// joins a running log (the leader adds it as a learner).
+	Bootstrap *pb.ConfState
+	// Voters is the voter count autopilot keeps; zero means 3, or 5 from
+	// 5 members on.
+	Voters int
+	// ElectionTicks is the raft election timeout in ticks; zero means 10.
+	ElectionTicks int
+	// SnapshotEvery is how many applied entries between snapshots; zero
+	// means 64.
+	SnapshotEvery uint64
+}
+
+// Peer is one raft member as gossip describes it, for autopilot.
+type Peer struct {
+	RaftID  uint64
+	Member  string // ownership ID of the incarnation
+	Gone    bool   // crashed for good, replaced by a later incarnation, or left
+	Leaving bool
+}
+
+// Output is what one call asks the driver to do, in order.
+type Output struct {
+	// Messages are raft messages to send. A MsgSnap's delivery must be
+	// reported to the sender with ReportSnapshot.
+	Messages []*pb.Message
+	// Actions are the machine's data actions (SendCopy, Reset); proposals
+	// are already in the log.
+	Actions []ownership.Action
+	// Applied counts the commands applied.
+	Applied int
+}
+
+// Member is one member's log and machine.
+type Member struct {
+	cfg      Config
+	rn       *raft.RawNode
+	storage  *raft.MemoryStorage
+	own      *ownership.Machine
+	conf     *pb.ConfState
+	applied  uint64
+	snapAt   uint64
+	lastConf int64
+	roster   []Peer
+	out      Output
+}
+
+// ErrConfig is returned by New for an unusable configuration.
+var ErrConfig = errors.New("ownlog: bad config")
+
+// New returns a member. Its machine starts with an empty table.
+func New(cfg Config) (*Member, error) {
+	if cfg.RaftID == 0 || cfg.Ownership.ID == "" || cfg.Partitions <= 0 {
+		return nil, fmt.Errorf("%w: raft ID %d, member %q, %d partitions", ErrConfig, cfg.RaftID, cfg.Ownership.ID, cfg.Partitions)
+	}
+	if cfg.ElectionTicks == 0 {
+		cfg.ElectionTicks = 10
+	}
+	if cfg.SnapshotEvery == 0 {
+		cfg.SnapshotEvery = 64
+	}
+	m := &Member{cfg: cfg, storage: raft.NewMemoryStorage(), conf: cfg.Bootstrap}
+	if cs := cfg.Bootstrap; cs != nil {
+		snap := &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(1), Term: proto.Uint64(1), ConfState: cs}}
+		if err := m.storage.ApplySnapshot(snap); err != nil {
+			return nil, fmt.Errorf("ownlog: bootstrap: %w", err)
+		}
+	}
+	rn, err := raft.NewRawNode(&raft.Config{ID: cfg.RaftID, ElectionTick: cfg.ElectionTicks, HeartbeatTick: 1, Storage: m.storage,
+		MaxSizePerMsg: 1 << 20, MaxInflightMsgs: 256, CheckQuorum: true, PreVote: true, Logger: quiet{}})
+	if err != nil {
+		return nil, fmt.Errorf("ownlog: %w", err)
+	}
+	m.rn = rn
+	m.own = ownership.New(cfg.Ownership, cfg.Partitions)
+	return m, nil
+}
+
+// Own returns the member's machine, for the decision path's questions.
+func (m *Member) Own() *ownership.Machine { return m.own }
+
+// Leader reports whether this member leads the log.
+func (m *Member) Leader() bool { return m.rn.BasicStatus().RaftState == raft.StateLeader }
+
+// SetView passes the gossip view on to the machine, and the raft members
+// gossip knows of to autopilot.
+func (m *Member) SetView(v ownership.View, roster []Peer) {
+	m.own.SetView(v)
+	m.roster = roster
+}
+
+// Tick advances raft by one tick and runs the machine's periodic steps.
+func (m *Member) Tick(now int64) Output {
+	m.rn.Tick()
+	m.own.SetLeader(m.Leader())
+	m.do(m.own.Tick(now))
+	if m.Leader() {
+		m.autopilot(now)
+	}
+	return m.ready(now)
+}
+
+// Step delivers one raft message.
+func (m *Member) Step(msg *pb.Message, now int64) Output {
+	_ = m.rn.Step(msg) // a message from a removed or unknown member is dropped by raft
+	return m.ready(now)
+}
+
+// CopyAcked tells the machine a copy was installed by its receiver.
+func (m *Member) CopyAcked(p int, to string, epoch, seq uint64, now int64) Output {
+	m.do(m.own.CopyAcked(p, to, epoch, seq, now))
+	return m.ready(now)
+}
+
+// Raise tells the machine a policy's replication became stronger.
+func (m *Member) Raise(now int64) Output {
+	m.own.Raise()
+	return m.ready(now)
+}
+
+// ReportSnapshot tells raft whether a MsgSnap reached its receiver.
+func (m *Member) ReportSnapshot(to uint64, ok bool, now int64) Output {
+	st := raft.SnapshotFinish
+	if !ok {
+		st = raft.SnapshotFailure
+	}
+	m.rn.ReportSnapshot(to, st)
+	return m.ready(now)
+}
+
+func (m *Member) do(acts []ownership.Action) {
+	for _, a := range acts {
+		if a.Kind == ownership.Propose {
+			// A proposal without a known leader is dropped; the machine
+			// proposes again when it still matters.
+			_ = m.rn.Propose(a.Cmd.Encode(nil))
+			continue
+		}
+		m.out.Actions = append(m.out.Actions, a)
+	}
+}
+
+func (m *Member) ready(now int64) Output {
+	for m.rn.HasReady() {
+		rd := m.rn.Ready()
+		if !raft.IsEmptySnap(rd.Snapshot) {
+			m.restore(rd.Snapshot, now)
+		}
+		if !raft.IsEmptyHardState(rd.HardState) {
+			_ = m.storage.SetHardState(rd.HardState)
+		}
+		_ = m.storage.Append(rd.Entries)
+		m.out.Messages = append(m.out.Messages, rd.Messages...)
+		for _, e := range rd.CommittedEntries {
+			m.apply(e, now)
+		}
+		if n := len(rd.CommittedEntries); n > 0 {
+			m.applied = rd.CommittedEntries[n-1].GetIndex()
+		}
+		m.rn.Advance(rd)
+		m.snapshot()
+	}
+	out := m.out
+	m.out = Output{}
+	return out
+}
+
+func (m *Member) restore(s *pb.Snapshot, now int64) {
+	if err := m.storage.ApplySnapshot(s); err != nil {
+		return // an older snapshot than we have: raft ignores it too
+	}
+	t := ownership.NewTable(m.cfg.Partitions)
+	if d := s.GetData(); len(d) > 0 {
+		if err := json.Unmarshal(d, t); err != nil || len(t.Parts) != m.cfg.Partitions {
+			// A snapshot from a member with another partition count: a
+			// different cluster. Keep the empty table; nothing decides.
+			t = ownership.NewTable(m.cfg.Partitions)
+		}
+	}
+	m.conf = s.GetMetadata().GetConfState()
+	m.own.Restored(t, now)
+}
+
+func (m *Member) apply(e *pb.Entry, now int64) {
+	switch e.GetType() {
+	case pb.EntryNormal:
+		if len(e.GetData()) == 0 {
+			return // a new leader's empty entry
+		}
+		c, err := ownership.Decode(e.GetData())
+		if err != nil {
+			return // refused alike by every member: it changes nothing
+		}
+		m.out.Applied++
+		m.do(m.own.Apply(c, now))
+	case pb.EntryConfChange:
+		cc := &pb.ConfChange{}
+		if err := proto.Unmarshal(e.GetData(), cc); err != nil {
+			return
+		}
+		m.conf = m.rn.ApplyConfChange(cc)
+	}
+}
+
+// snapshot takes a snapshot of the table every SnapshotEvery applied
+// entries and compacts the log behind it, so that a joining member
+// catches up from a snapshot whose configuration names it.
+func (m *Member) snapshot() {
+	if m.applied < m.snapAt+m.cfg.SnapshotEvery || m.conf == nil {
+		return
+	}
+	data, err := json.Marshal(m.own.Table())
+	if err != nil {
+		return
+	}
+	if _, err := m.storage.CreateSnapshot(m.applied, m.conf, data); err != nil {
+		return
+	}
+	m.snapAt = m.applied
+	if keep := m.cfg.SnapshotEvery / 2; m.applied > keep {
+		_ = m.storage.Compact(m.applied - keep)
+	}
+}
+
+// voters is how many voters autopilot keeps for n members.
+func (m *Member) voters(n int) int {
+	if m.cfg.Voters > 0 {
+		return m.cfg.Voters
+	}
+	if n >= 5 {
+		return 5
+	}
+	return 3
+}
+
+// autopilot keeps the voter set, one change at a time (raft refuses a
+// second pending one): a new incarnation in the table joins as a
+// learner; a voter gossip reports gone or leaving is removed; a learner
+// that has caught up is promoted while voters are short.
+func (m *Member) autopilot(now int64) {
+	if now-m.lastConf < int64(500*time.Millisecond) {
+		return
+	}
+	st := m.rn.Status()
+	voters, learners := st.Config.Voters.IDs(), st.Config.Learners
+	in := func(id uint64) bool {
+		_, v := voters[id]
+		_, l := learners[id]
+		return v || l
+	}
+	propose := func(t pb.ConfChangeType, id uint64) {
+		m.lastConf = now
+		_ = m.rn.ProposeConfChange(&pb.ConfChange{Type: t.Enum(), NodeId: proto.Uint64(id)})
+	}
+	byID := map[uint64]Peer{}
+	for _, p := range m.roster {
+		byID[p.RaftID] = p
+		if !p.Gone && !p.Leaving && !in(p.RaftID) && m.own.Table().Members[p.Member] != nil {
+			propose(pb.ConfChangeAddLearnerNode, p.RaftID)
+			return
+		}
+	}
+	for _, id := range sorted(voters) {
+		if p, ok := byID[id]; ok && (p.Gone || p.Leaving) {
+			propose(pb.ConfChangeRemoveNode, id)
+			return
+		}
+	}
+	live := 0
+	for _, p := range m.roster {
+		if !p.Gone && !p.Leaving {
+			live++
+		}
+	}
+	if len(voters) < m.voters(live) {
+		for _, id := range sorted(learners) {
+			p, ok := byID[id]
+			if ok && !p.Gone && !p.Leaving && st.Progress[id].Match+10 >= st.HardState.GetCommit() {
+				propose(pb.ConfChangeAddNode, id)
+				return
+			}
+		}
+	}
+}
+
+func sorted(set map[uint64]struct{}) []uint64 {
+	ids := make([]uint64, 0, len(set))
+	for id := range set {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+type quiet struct{}
+
+func (quiet) Debug(...any)              {}
+func (quiet) Debugf(string, ...any)     {}
+func (quiet) Error(...any)              {}
+func (quiet) Errorf(string, ...any)     {}
+func (quiet) Info(...any)               {}
+func (quiet) Infof(string, ...any)      {}
+func (quiet) Warning(...any)            {}
+func (quiet) Warningf(string, ...any)   {}
+func (quiet) Fatal(v ...any)            { panic(fmt.Sprint(v...)) }
+func (quiet) Fatalf(f string, v ...any) { panic(fmt.Sprintf(f, v...)) }
+func (quiet) Panic(v ...any)            { panic(fmt.Sprint(v...)) }
+func (quiet) Panicf(f string, v ...any) { panic(fmt.Sprintf(f, v...)) }
