@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/connectivity"
 
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -87,10 +88,10 @@ type opReq struct {
 	op   peerpb.Op
 	key  Key    // Policy is "" for a multi-policy request
 	ek   []byte // the encoded key (of the first policy for multi): placement
-	p    *policy
+	p    *policy.Entry
 	hits int64
 	// multi holds the policies of a multi-policy request, names their names.
-	multi []*policy
+	multi []*policy.Entry
 	names []string
 	// deferWait, set by a receiver deciding a batch, makes decideHere
 	// leave the wait for a synchronous backup to the caller: it returns
@@ -181,16 +182,16 @@ func (n *Node) parseReqInto(r *opReq, op peerpb.Op, key Key, policies []string, 
 					return nil, fmt.Errorf("%w: policy %q named twice", ErrInvalidKey, name)
 				}
 			}
-			p := tab.byName[name]
+			p := tab.Lookup(name)
 			if p == nil {
 				return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
 			}
-			if p.sp.Algorithm == shard.Concurrency {
+			if p.Shard.Algorithm == shard.Concurrency {
 				return nil, errNeedsLease(name)
 			}
-			p = p.forKey(key.Tenant, key.Subject)
-			if hits > p.sp.Limit && !p.unlimited {
-				return nil, fmt.Errorf("%w: hits %d exceed policy %q's limit %d", ErrInvalidHits, hits, name, p.sp.Limit)
+			p = p.ForKey(key.Tenant, key.Subject)
+			if hits > p.Shard.Limit && !p.Unlimited {
+				return nil, fmt.Errorf("%w: hits %d exceed policy %q's limit %d", ErrInvalidHits, hits, name, p.Shard.Limit)
 			}
 			r.multi = append(r.multi, p)
 		}
@@ -202,16 +203,16 @@ func (n *Node) parseReqInto(r *opReq, op peerpb.Op, key Key, policies []string, 
 	if !ok {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidKey, key.Validate())
 	}
-	r.p = tab.byName[key.Policy]
+	r.p = tab.Lookup(key.Policy)
 	if r.p == nil {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, key.Policy)
 	}
 	if err := checkLeaseOp(op, r.p); err != nil {
 		return nil, err
 	}
-	r.p = r.p.forKey(key.Tenant, key.Subject)
-	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK || op == peerpb.Op_OP_ACQUIRE) && hits > r.p.sp.Limit && !r.p.unlimited {
-		return nil, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, r.p.sp.Limit)
+	r.p = r.p.ForKey(key.Tenant, key.Subject)
+	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK || op == peerpb.Op_OP_ACQUIRE) && hits > r.p.Shard.Limit && !r.p.Unlimited {
+		return nil, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, r.p.Shard.Limit)
 	}
 	return ek, nil
 }
@@ -260,7 +261,7 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 				*d, err = n.unavailable(r, err)
 				return err
 			}
-			n.metrics.Decision(r.p.name, d.Reason, PathLocal)
+			n.metrics.Decision(r.p.Name, d.Reason, PathLocal)
 			return nil
 		}
 		if waitUntil.IsZero() {
@@ -297,7 +298,7 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 		fd, err := n.forward(ctx, v, target, r)
 		if err == nil {
 			*d = fd
-			n.metrics.Decision(r.p.name, d.Reason, PathForwarded)
+			n.metrics.Decision(r.p.Name, d.Reason, PathForwarded)
 			return nil
 		}
 		var no *notOwnerError
@@ -484,14 +485,14 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 			n.kickOwnership()
 			return waitHere, ch, nil
 		}
-	} else if !n.hasQuorum.Load() || p.cfg.Replication == ReplicateSync && n.desiredBackup(v, pid) != "" {
+	} else if !n.hasQuorum.Load() || p.Config.Replication == ReplicateSync && n.desiredBackup(v, pid) != "" {
 		// A synchronous policy needs a backup with the partition's copy
 		// before it answers; reconcile is making one.
 		pt.mu.RUnlock()
 		n.kickOwnership()
 		return waitHere, ch, nil
 	}
-	if p.unlimited {
+	if p.Unlimited {
 		// The holder's table exempts the key: nothing to count or copy.
 		pt.mu.RUnlock()
 		*d = unlimitedDecision(n.name, v, now)
@@ -501,7 +502,7 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		(*h)() // tests: a pause between the lease check and the decision
 	}
 	var sd shard.Decision
-	at, err := pt.store.AllowPlaced(pk, p.sp, hits, now, &sd)
+	at, err := pt.store.AllowPlaced(pk, p.Shard, hits, now, &sd)
 	if err == nil && at != now.UnixNano() {
 		// The key's clock was ahead of ours (a decision that read the
 		// clock after us took the key's lock before us): the admission is
@@ -517,14 +518,14 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	}
 	var ri *replItem
 	var rerr error
-	if sd.Allowed && pt.backup != "" && p.cfg.Replication != ReplicateOff {
-		ri, rerr = n.replicateAdmissionItem(pt.backup, pid, pt.epoch, key, p.sp.Algorithm, admissionRun(p, sd, hits), now, p.cfg.Replication == ReplicateSync)
+	if sd.Allowed && pt.backup != "" && p.Config.Replication != ReplicateOff {
+		ri, rerr = n.replicateAdmissionItem(pt.backup, pid, pt.epoch, key, p.Shard.Algorithm, admissionRun(p, sd, hits), now, p.Config.Replication == ReplicateSync)
 	}
 	pt.mu.RUnlock()
-	if rerr != nil && p.cfg.Replication == ReplicateSync {
+	if rerr != nil && p.Config.Replication == ReplicateSync {
 		return decided, nil, rerr
 	}
-	if sd.Allowed && leased && p.cfg.Replication != ReplicateSync && n.leaseEnded(pt) {
+	if sd.Allowed && leased && p.Config.Replication != ReplicateSync && n.leaseEnded(pt) {
 		return decided, nil, errLeaseEnded
 	}
 	if ri != nil && r.deferWait {
@@ -548,7 +549,7 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	allowed := sd.Allowed
 	if !allowed {
 		reason = ReasonOverLimit
-		if p.cfg.Shadow {
+		if p.Config.Shadow {
 			allowed, reason = true, ReasonShadow
 		}
 	}
@@ -615,7 +616,7 @@ func (n *Node) unavailable(r *opReq, cause error) (Decision, error) {
 	}
 	if r.op != peerpb.Op_OP_CHECK {
 		// Never answered without the holder, even for an unlimited key.
-		return n.onUnavailable(&policy{name: r.p.name, sp: r.p.sp}, r.key, r.hits, cause)
+		return n.onUnavailable(&policy.Entry{Name: r.p.Name, Shard: r.p.Shard}, r.key, r.hits, cause)
 	}
 	p := r.p
 	limited := false
@@ -623,23 +624,23 @@ func (n *Node) unavailable(r *opReq, cause error) (Decision, error) {
 		// A policy the key is unlimited in would admit without a
 		// decision (onUnavailable): it must not stand for a limited one,
 		// whose own failure policy holds.
-		if q.unlimited {
+		if q.Unlimited {
 			continue
 		}
 		if !limited {
 			p, limited = q, true
 		}
-		if q.cfg.OnUnavailable == FailClosed {
+		if q.Config.OnUnavailable == FailClosed {
 			p = q
 			break
 		}
 	}
-	if r.multi != nil && p.cfg.OnUnavailable != FailClosed {
+	if r.multi != nil && p.Config.OnUnavailable != FailClosed {
 		// Fail open or fall back on the first policy's terms: the local
 		// fallback log is per key, so a multi-policy fallback uses the
 		// first policy's key.
 		k := r.key
-		k.Policy = p.name
+		k.Policy = p.Name
 		return n.onUnavailable(p, k, r.hits, cause)
 	}
 	return n.onUnavailable(p, r.key, r.hits, cause)
@@ -647,7 +648,7 @@ func (n *Node) unavailable(r *opReq, cause error) (Decision, error) {
 
 // onUnavailable applies the policy's OnUnavailable to a request whose owner
 // could not decide. cause is kept in the returned error.
-func (n *Node) onUnavailable(p *policy, key Key, hits int64, cause error) (Decision, error) {
+func (n *Node) onUnavailable(p *policy.Entry, key Key, hits int64, cause error) (Decision, error) {
 	if errors.Is(cause, ErrClosed) {
 		return Decision{}, ErrClosed
 	}
@@ -655,23 +656,23 @@ func (n *Node) onUnavailable(p *policy, key Key, hits int64, cause error) (Decis
 		return Decision{}, cause
 	}
 	v := n.view.Load()
-	if p.unlimited {
+	if p.Unlimited {
 		// This node's table exempts the key; the holder's would most
 		// likely too. Admitting is what the exemption asks for.
-		n.metrics.Decision(p.name, ReasonUnlimited, PathLocal)
+		n.metrics.Decision(p.Name, ReasonUnlimited, PathLocal)
 		return Decision{Allowed: true, Reason: ReasonUnlimited, Owner: n.name, RingVersion: v.snap.Version()}, nil
 	}
-	switch p.cfg.OnUnavailable {
+	switch p.Config.OnUnavailable {
 	case FailOpen:
-		n.warnThrottled("owner unavailable: failing open", "policy", p.name, "err", cause)
-		n.metrics.Decision(p.name, ReasonFailedOpen, PathLocal)
-		return Decision{Allowed: true, Limit: p.sp.Limit, Reason: ReasonFailedOpen, Owner: n.name, RingVersion: v.snap.Version()}, nil
+		n.warnThrottled("owner unavailable: failing open", "policy", p.Name, "err", cause)
+		n.metrics.Decision(p.Name, ReasonFailedOpen, PathLocal)
+		return Decision{Allowed: true, Limit: p.Shard.Limit, Reason: ReasonFailedOpen, Owner: n.name, RingVersion: v.snap.Version()}, nil
 	case Fallback:
-		n.warnThrottled("owner unavailable: deciding on the local fallback limit", "policy", p.name, "err", cause)
-		sp := p.sp
-		sp.Limit = p.cfg.FallbackLimit
+		n.warnThrottled("owner unavailable: deciding on the local fallback limit", "policy", p.Name, "err", cause)
+		sp := p.Shard
+		sp.Limit = p.Config.FallbackLimit
 		if sp.Limit == 0 {
-			sp.Limit = max(1, p.sp.Limit/int64(max(1, v.snap.Len())))
+			sp.Limit = max(1, p.Shard.Limit/int64(max(1, v.snap.Len())))
 		}
 		d := Decision{Limit: sp.Limit, Reason: ReasonFallback, Owner: n.name, RingVersion: v.snap.Version()}
 		if hits <= sp.Limit {
@@ -681,10 +682,10 @@ func (n *Node) onUnavailable(p *policy, key Key, hits int64, cause error) (Decis
 			}
 			d.Allowed, d.Remaining, d.RetryAfter, d.ResetAfter = sd.Allowed, sd.Remaining, sd.RetryAfter, sd.ResetAfter
 		}
-		n.metrics.Decision(p.name, ReasonFallback, PathLocal)
+		n.metrics.Decision(p.Name, ReasonFallback, PathLocal)
 		return d, nil
 	default:
-		n.metrics.Decision(p.name, ReasonUnavailable, PathLocal)
+		n.metrics.Decision(p.Name, ReasonUnavailable, PathLocal)
 		if errors.Is(cause, ErrUnavailable) {
 			return Decision{}, cause
 		}

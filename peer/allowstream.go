@@ -227,7 +227,7 @@ func (as *allowStream) tryHere(sr *streamReq) bool {
 	}
 	sr.d = d
 	if sr.r.wait == nil {
-		n.metrics.Decision(sr.r.p.name, d.Reason, PathLocal)
+		n.metrics.Decision(sr.r.p.Name, d.Reason, PathLocal)
 		sr.set(nil)
 	}
 	return true
@@ -290,7 +290,7 @@ func (as *allowStream) collect(srs []*streamReq, job streamJob) []*streamReq {
 			// policy answers, as it does for Allow.
 			sr.d, err = n.unavailable(&sr.r, err)
 		} else {
-			n.metrics.Decision(sr.r.p.name, sr.d.Reason, PathLocal)
+			n.metrics.Decision(sr.r.p.Name, sr.d.Reason, PathLocal)
 		}
 		sr.set(err)
 	}

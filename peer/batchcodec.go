@@ -31,6 +31,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -491,7 +492,7 @@ func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw sende
 			if alg > 255 || st.Validate() != nil {
 				continue // malformed: skipped, as applyOp skips it
 			}
-			if p := tab.byName[k.Policy]; p != nil && p.sp.Algorithm == st.Algorithm {
+			if p := tab.Lookup(k.Policy); p != nil && p.Shard.Algorithm == st.Algorithm {
 				ents = append(ents, packedAdmit{st: st, sp: importPolicy(p, sw)})
 			}
 		}
@@ -556,17 +557,17 @@ type senderWindow struct {
 
 // packWindows returns the windows_packed field for the policies names
 // yields (each once), as tab has them; nil when tab has none of them.
-func packWindows(tab *policyTable, names iter.Seq[string]) []byte {
+func packWindows(tab *policy.Table, names iter.Seq[string]) []byte {
 	var seen []string // the names tab has, in body's order
 	var body []byte
 	for name := range names {
-		p := tab.byName[name]
+		p := tab.Lookup(name)
 		if p == nil || slices.Contains(seen, name) {
 			continue
 		}
 		seen = append(seen, name)
 		body = appendStr(body, name)
-		body = binary.AppendUvarint(body, uint64(p.sp.Window))
+		body = binary.AppendUvarint(body, uint64(p.Shard.Window))
 	}
 	if body == nil {
 		return nil
@@ -620,8 +621,8 @@ type senderTable struct {
 // (shard.MaxWindow) until a later message says more: a fixed_window count
 // may then add up windows that have ended, which refuses more, never
 // admits more.
-func importPolicy(p *policy, st senderTable) shard.Policy {
-	sp := p.sp
+func importPolicy(p *policy.Entry, st senderTable) shard.Policy {
+	sp := p.Shard
 	if sp.Algorithm != shard.SlidingLog && sp.Algorithm != shard.FixedWindow {
 		return sp
 	}
@@ -630,7 +631,7 @@ func importPolicy(p *policy, st senderTable) shard.Policy {
 		return sp
 	}
 	for _, w := range st.windows {
-		if w.policy == p.name && w.window > sp.Window {
+		if w.policy == p.Name && w.window > sp.Window {
 			sp.Window = w.window
 		}
 	}

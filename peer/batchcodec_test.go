@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -73,7 +74,7 @@ func TestBatchCodecRoundTrip(t *testing.T) {
 // bytes are rejected. importPolicy takes the longer window, for
 // sliding_log and fixed_window only, and only of the same policy.
 func TestWindowsCodec(t *testing.T) {
-	tab := newPolicyTable(map[string]PolicyConfig{
+	tab := policy.New(map[string]PolicyConfig{
 		"a": {Limit: 5, Window: time.Hour},
 		"b": {Limit: 5, Window: time.Second},
 	})
@@ -123,7 +124,7 @@ func TestWindowsCodec(t *testing.T) {
 		{SlidingLog, 3 * time.Hour, 3 * time.Hour}, // shorter: keeps its own
 		{TokenBucket, time.Minute, time.Minute},    // a rate, not a retention
 	} {
-		p := newPolicy("p", PolicyConfig{Limit: 5, Window: tc.own, Algorithm: tc.alg})
+		p := policy.New(map[string]PolicyConfig{"p": {Limit: 5, Window: tc.own, Algorithm: tc.alg}}).Lookup("p")
 		if got := importPolicy(p, senderTable{windows: sw}).Window; got != tc.want {
 			t.Errorf("%v with own window %v: import window %v, want %v", tc.alg, tc.own, got, tc.want)
 		}

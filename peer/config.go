@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"google.golang.org/grpc"
 
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -49,30 +50,20 @@ const (
 
 // OnUnavailable says what a node does when a key's owner cannot be reached in
 // time. Whatever it says, the outcome is reported as unavailability, never as
-// over limit.
-type OnUnavailable uint8
+// over limit. String returns fail_closed, fail_open or fallback.
+type OnUnavailable = policy.OnUnavailable
 
 const (
 	// FailClosed (the default) refuses: Allow returns an error wrapping
 	// ErrUnavailable.
-	FailClosed OnUnavailable = iota
+	FailClosed = policy.FailClosed
 	// FailOpen admits without a decision: Decision.Reason is
 	// ReasonFailedOpen.
-	FailOpen
+	FailOpen = policy.FailOpen
 	// Fallback decides on a local log with a reduced limit
 	// (PolicyConfig.FallbackLimit): Decision.Reason is ReasonFallback.
-	Fallback
+	Fallback = policy.Fallback
 )
-
-var onUnavailableNames = [...]string{"fail_closed", "fail_open", "fallback"}
-
-// String returns fail_closed, fail_open or fallback.
-func (o OnUnavailable) String() string {
-	if int(o) < len(onUnavailableNames) {
-		return onUnavailableNames[o]
-	}
-	return fmt.Sprintf("on_unavailable(%d)", uint8(o))
-}
 
 // ParseOnUnavailable maps fail_closed, fail_open or fallback (or "", meaning
 // fail_closed) to its value.
@@ -80,168 +71,81 @@ func ParseOnUnavailable(s string) (OnUnavailable, error) {
 	if s == "" {
 		return FailClosed, nil
 	}
-	for i, n := range onUnavailableNames {
-		if n == s {
-			return OnUnavailable(i), nil
+	for o := FailClosed; o <= Fallback; o++ {
+		if o.String() == s {
+			return o, nil
 		}
 	}
 	return 0, fmt.Errorf("%w: unknown on_unavailable %q (want fail_closed, fail_open or fallback)", ErrInvalidConfig, s)
 }
 
 // PolicyConfig is one entry of the server-side policy table. The owner's
-// table decides: a request only names the policy.
-type PolicyConfig struct {
-	// Limit is the number of units per Window (for Concurrency, the units
-	// held at once). Must be positive.
-	Limit int64
-	// Window is the rolling window (for Concurrency, the lease TTL: a lease
-	// not released expires Window after it was taken). Must be positive.
-	Window time.Duration
-	// Algorithm is the limiting algorithm. Zero means SlidingLog.
-	Algorithm Algorithm
-	// Resolution is the sliding log's timestamp granularity. Zero means 1 ms.
-	Resolution time.Duration
-	// OnUnavailable is what to do when the owner cannot be reached. Zero
-	// means FailClosed.
-	OnUnavailable OnUnavailable
-	// FallbackLimit is the local limit used by Fallback. Zero means Limit
-	// divided by the number of members in the ring (at least 1), so the
-	// members together stay near Limit.
-	FallbackLimit int64
-	// Shadow computes, records and reports decisions but admits every
-	// request: a refusal comes back Allowed with ReasonShadow. Use it to try
-	// a new limit on live traffic.
-	Shadow bool
-	// Replication says how the partition holder copies this policy's
-	// admissions to the partition's backup before a crash can lose them.
-	// Zero means ReplicateSync.
-	Replication Replication
-	// Overrides give exact tenants, or (tenant, subject) pairs, another
-	// limit than Limit, or none. A (tenant, subject) override wins over a
-	// tenant's. Everything else (window, algorithm, failure policy,
-	// replication) is the policy's. They are part of the table and of its
-	// version; the holder applies its own. Nil means none.
-	Overrides []Override
-}
+// table decides: a request only names the policy. Its fields:
+//
+//	type PolicyConfig struct {
+//		Limit         int64         // units per Window (Concurrency: held at once); must be positive
+//		Window        time.Duration // the rolling window (Concurrency: the lease TTL); must be positive
+//		Algorithm     Algorithm     // zero means SlidingLog
+//		Resolution    time.Duration // the sliding log's timestamp granularity; zero means 1 ms
+//		OnUnavailable OnUnavailable // when the owner cannot be reached; zero means FailClosed
+//		FallbackLimit int64         // Fallback's local limit; zero means Limit / members (at least 1)
+//		Shadow        bool          // decide, record and report, but admit every request (ReasonShadow)
+//		Replication   Replication   // how admissions reach the backup; zero means ReplicateSync
+//		Overrides     []Override    // exact tenants or (tenant, subject) pairs with another limit or none
+//	}
+//
+// Each field is documented on the type it aliases (peer/internal/policy's
+// Config). For returns the entry that applies to the keys of a tenant and
+// subject (the override's limit, or the policy's; 0 for Unlimited), with
+// Overrides nil: it scans the overrides, for error and unavailability
+// answers, not for the decision path (which uses the node's prepared
+// table).
+type PolicyConfig = policy.Config
 
 // Override is one exception in a policy: the keys of Tenant (and, when
 // Subject is set, of that subject only) are limited by Limit instead of
 // the policy's, or not at all when Unlimited. An unlimited key is admitted
 // without being recorded (Reason ReasonUnlimited, Limit 0).
-type Override struct {
-	// Tenant is the key's tenant, exactly. Required.
-	Tenant string
-	// Subject is the key's subject, exactly; "" means every subject of
-	// Tenant.
-	Subject string
-	// Limit replaces the policy's limit. Must be positive unless
-	// Unlimited.
-	Limit int64
-	// Unlimited admits every request of these keys without counting.
-	// Limit must then be zero.
-	Unlimited bool
-}
-
+//
+//	type Override struct {
+//		Tenant    string // the key's tenant, exactly; required
+//		Subject   string // the key's subject, exactly; "" means every subject of Tenant
+//		Limit     int64  // replaces the policy's limit; must be positive unless Unlimited
+//		Unlimited bool   // admit every request of these keys without counting; Limit must be zero
+//	}
+//
 // Validate checks the override's own fields and reports every problem,
-// joined with errors.Join, one error per problem, so that a caller can
-// unwrap them (Unwrap() []error) and put where the override stands in
-// front of each. It returns nil for a usable override. The problems are:
-// "tenant is missing" when Tenant is empty; "tenant must be ..." when it is
-// not a valid key part (1 to shard.MaxKeyPartLen bytes of visible ASCII);
-// "subject must be ..." when Subject is neither empty nor a valid key
-// part; "not both" when Unlimited comes with a non-zero Limit; and "must
-// be positive" when a limited override has no positive Limit. The errors
-// wrap nothing: SetPolicies wraps them in ErrInvalidConfig. Validate does
-// not check the override against its policy (whether the policy is valid
-// with the override's limit, or whether another override has the same
-// tenant and subject); SetPolicies does.
-func (o Override) Validate() error {
-	var errs []error
-	switch {
-	case o.Tenant == "":
-		errs = append(errs, errors.New("tenant is missing"))
-	case (shard.Key{Tenant: o.Tenant, Subject: "s", Policy: "p"}).Validate() != nil:
-		errs = append(errs, fmt.Errorf("tenant must be 1 to %d bytes of visible ASCII", shard.MaxKeyPartLen))
-	}
-	if o.Subject != "" && (shard.Key{Tenant: "t", Subject: o.Subject, Policy: "p"}).Validate() != nil {
-		errs = append(errs, fmt.Errorf("subject must be empty (every subject) or 1 to %d bytes of visible ASCII", shard.MaxKeyPartLen))
-	}
-	switch {
-	case o.Unlimited && o.Limit != 0:
-		errs = append(errs, errors.New("give a limit or unlimited, not both"))
-	case !o.Unlimited && o.Limit <= 0:
-		errs = append(errs, fmt.Errorf("limit %d must be positive (or set unlimited)", o.Limit))
-	}
-	return errors.Join(errs...)
-}
+// joined with errors.Join, one error per problem (unwrap them with
+// Unwrap() []error); they wrap nothing: SetPolicies wraps them in
+// ErrInvalidConfig, and checks the override against its policy too.
+type Override = policy.Override
 
 // Replication is how a policy's admissions reach the partition's backup.
-type Replication uint8
+// String returns "sync", "async" or "off".
+type Replication = policy.Replication
 
 const (
 	// ReplicateSync answers an admission only after the backup has it: a
 	// crash of the holder loses nothing. Costs one batched round trip per
 	// admission (refusals record nothing and are not replicated).
-	ReplicateSync Replication = iota
+	ReplicateSync = policy.ReplicateSync
 	// ReplicateAsync answers at once and sends the admission to the backup
 	// in the next batch: a crash loses the admissions still in flight (at
 	// most one batch round trip's worth).
-	ReplicateAsync
+	ReplicateAsync = policy.ReplicateAsync
 	// ReplicateOff never copies admissions: a crash of the holder resets
 	// the policy's keys of its partitions. A graceful move still keeps them.
-	ReplicateOff
+	ReplicateOff = policy.ReplicateOff
 )
-
-var replicationNames = [...]string{"sync", "async", "off"}
-
-// String returns "sync", "async" or "off".
-func (r Replication) String() string {
-	if int(r) < len(replicationNames) {
-		return replicationNames[r]
-	}
-	return fmt.Sprintf("Replication(%d)", r)
-}
 
 // ParseReplication parses "sync", "async" or "off".
 func ParseReplication(s string) (Replication, error) {
-	for i, n := range replicationNames {
-		if s == n {
-			return Replication(i), nil
+	for r := ReplicateSync; r <= ReplicateOff; r++ {
+		if r.String() == s {
+			return r, nil
 		}
 	}
 	return 0, fmt.Errorf("%w: unknown replication %q (want sync, async or off)", ErrInvalidConfig, s)
-}
-
-// For returns the entry that applies to the keys of tenant and subject:
-// p with the limit of the override that covers them (a (tenant, subject)
-// override before a tenant's), or p itself; Limit is 0 for an Unlimited
-// override. Overrides is nil in the result. It scans the overrides: for
-// error and unavailability answers, not for the decision path (which uses
-// the node's prepared table).
-func (p PolicyConfig) For(tenant, subject string) PolicyConfig {
-	var hit *Override
-	for i := range p.Overrides {
-		o := &p.Overrides[i]
-		if o.Tenant != tenant {
-			continue
-		}
-		if o.Subject == subject {
-			hit = o
-			break
-		}
-		if o.Subject == "" {
-			hit = o
-		}
-	}
-	p.Overrides = nil
-	if hit != nil {
-		p.Limit = hit.Limit
-	}
-	return p
-}
-
-func (p PolicyConfig) shard() shard.Policy {
-	return shard.Policy{Limit: p.Limit, Window: p.Window, Algorithm: p.Algorithm, Resolution: p.Resolution}
 }
 
 // Config configures a Node. The zero value runs a working single node on
@@ -579,7 +483,7 @@ func (c Config) validate() error {
 // parameters and how keys map to partitions. Members gossip it; a member
 // with another fingerprint is never used as an owner. The policy table is
 // not part of it: each holder decides with its own table, and its version
-// is gossiped separately (see policyTable), so a rolling policy change
+// is gossiped separately (see SetPolicies), so a rolling policy change
 // never splits the ring.
 func (c Config) fingerprint() uint64 {
 	h := xxhash.New()

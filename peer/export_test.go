@@ -335,7 +335,7 @@ func (n *Node) setCopyFaultForTest(f func(pid int, to string, last bool) copyFau
 // holds, as admissions decided at now under policy: a quick way to build a
 // large state (no replication; the test checks copies made after it).
 func (n *Node) fillForTest(pid int, ks shard.KeyState, policy string, now time.Time) error {
-	p := n.table.Load().byName[policy]
+	p := n.table.Load().Lookup(policy)
 	if p == nil {
 		return fmt.Errorf("no policy %q", policy)
 	}
@@ -345,7 +345,7 @@ func (n *Node) fillForTest(pid int, ks shard.KeyState, policy string, now time.T
 	if pt.role != roleHolder {
 		return fmt.Errorf("partition %d is not held here (%v)", pid, pt.role)
 	}
-	return pt.store.Import(ks, p.sp, now)
+	return pt.store.Import(ks, p.Shard, now)
 }
 
 // setReleaseLostForTest makes n lose every RELEASE of a partition copy

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -116,7 +117,7 @@ func (n *Node) Release(ctx context.Context, key Key, id uint64) (Decision, error
 		return Decision{}, err
 	}
 	r.ek, r.lease = ek, id
-	if r.p.cfg.OnUnavailable == Fallback {
+	if r.p.Config.OnUnavailable == Fallback {
 		// The lease may have come from this node's fallback store.
 		_, _ = n.fallback.Release(key, n.fallbackPolicy(r.p), id, n.clock())
 	}
@@ -130,7 +131,7 @@ func (n *Node) Release(ctx context.Context, key Key, id uint64) (Decision, error
 func (n *Node) decideLeaseLocked(pt *part, pid int, r *opReq, now time.Time, d Decision) (Decision, []chan error, error) {
 	p := r.p
 	if r.op == peerpb.Op_OP_RELEASE {
-		sd, err := pt.store.Release(r.key, p.sp, r.lease, now)
+		sd, err := pt.store.Release(r.key, p.Shard, r.lease, now)
 		if err != nil {
 			return d, nil, err
 		}
@@ -140,8 +141,8 @@ func (n *Node) decideLeaseLocked(pt *part, pid int, r *opReq, now time.Time, d D
 		}
 		return d, nil, nil
 	}
-	r.leaseTTL = p.sp.Window
-	if p.unlimited {
+	r.leaseTTL = p.Shard.Window
+	if p.Unlimited {
 		r.lease = newLeaseID()
 		return unlimitedDecision(n.name, n.view.Load(), now), nil, nil
 	}
@@ -149,7 +150,7 @@ func (n *Node) decideLeaseLocked(pt *part, pid int, r *opReq, now time.Time, d D
 	var err error
 	for range 4 {
 		r.lease = newLeaseID()
-		if sd, err = pt.store.Acquire(r.key, p.sp, r.hits, r.lease, now); !errors.Is(err, shard.ErrInvalidLease) {
+		if sd, err = pt.store.Acquire(r.key, p.Shard, r.hits, r.lease, now); !errors.Is(err, shard.ErrInvalidLease) {
 			break
 		}
 	}
@@ -159,13 +160,13 @@ func (n *Node) decideLeaseLocked(pt *part, pid int, r *opReq, now time.Time, d D
 	d = fillDecision(d, sd, ReasonAdmitted)
 	if !sd.Allowed {
 		d.Reason = ReasonOverLimit
-		if p.cfg.Shadow {
+		if p.Config.Shadow {
 			// Admitted without a lease: its id is released harmlessly.
 			d.Allowed, d.Reason = true, ReasonShadow
 		}
 		return d, nil, nil
 	}
-	w, err := n.replicateLeaseLocked(pt, pid, r, now, p.cfg.Replication == ReplicateSync)
+	w, err := n.replicateLeaseLocked(pt, pid, r, now, p.Config.Replication == ReplicateSync)
 	if err != nil {
 		return d, nil, err
 	}
@@ -180,12 +181,12 @@ func (n *Node) decideLeaseLocked(pt *part, pid int, r *opReq, now time.Time, d D
 // returned channel yield the backup's answer. A failure to queue matters
 // only when waited for.
 func (n *Node) replicateLeaseLocked(pt *part, pid int, r *opReq, now time.Time, wait bool) (chan error, error) {
-	if pt.backup == "" || r.p.cfg.Replication == ReplicateOff {
+	if pt.backup == "" || r.p.Config.Replication == ReplicateOff {
 		return nil, nil
 	}
 	st, ok := pt.store.Export(r.key, now)
 	if !ok {
-		st = shard.KeyState{Key: r.key, Algorithm: r.p.sp.Algorithm}
+		st = shard.KeyState{Key: r.key, Algorithm: r.p.Shard.Algorithm}
 	}
 	w, err := n.replicateState(pt.backup, pid, pt.epoch, st, now, wait)
 	if err != nil && wait {
@@ -207,16 +208,16 @@ func newLeaseID() uint64 {
 // holder could not decide.
 func (n *Node) acquireUnavailable(r *opReq, cause error) (Decision, error) {
 	p := r.p
-	if p.cfg.OnUnavailable != Fallback || p.unlimited || errors.Is(cause, ErrClosed) ||
+	if p.Config.OnUnavailable != Fallback || p.Unlimited || errors.Is(cause, ErrClosed) ||
 		errors.Is(cause, ErrInvalidKey) || errors.Is(cause, ErrInvalidHits) || errors.Is(cause, ErrUnknownPolicy) || errors.Is(cause, ErrWrongAlgorithm) {
 		d, err := n.onUnavailable(p, r.key, r.hits, cause)
 		if err == nil && d.Allowed {
 			// Fail open (or an unlimited key): a lease nobody records.
-			r.lease, r.leaseTTL = newLeaseID(), p.sp.Window
+			r.lease, r.leaseTTL = newLeaseID(), p.Shard.Window
 		}
 		return d, err
 	}
-	n.warnThrottled("owner unavailable: leasing on the local fallback limit", "policy", p.name, "err", cause)
+	n.warnThrottled("owner unavailable: leasing on the local fallback limit", "policy", p.Name, "err", cause)
 	sp := n.fallbackPolicy(p)
 	v := n.view.Load()
 	d := Decision{Limit: sp.Limit, Reason: ReasonFallback, Owner: n.name, RingVersion: v.snap.Version()}
@@ -236,29 +237,29 @@ func (n *Node) acquireUnavailable(r *opReq, cause error) (Decision, error) {
 		d.Allowed, d.Remaining, d.RetryAfter, d.ResetAfter, d.DecidedAt = sd.Allowed, sd.Remaining, sd.RetryAfter, sd.ResetAfter, now
 		r.leaseTTL = sp.Window
 	}
-	n.metrics.Decision(p.name, ReasonFallback, PathLocal)
+	n.metrics.Decision(p.Name, ReasonFallback, PathLocal)
 	return d, nil
 }
 
 // fallbackPolicy is p with the local fallback limit.
-func (n *Node) fallbackPolicy(p *policy) shard.Policy {
-	sp := p.sp
-	sp.Limit = p.cfg.FallbackLimit
+func (n *Node) fallbackPolicy(p *policy.Entry) shard.Policy {
+	sp := p.Shard
+	sp.Limit = p.Config.FallbackLimit
 	if sp.Limit == 0 {
-		sp.Limit = max(1, p.sp.Limit/int64(max(1, n.view.Load().snap.Len())))
+		sp.Limit = max(1, p.Shard.Limit/int64(max(1, n.view.Load().snap.Len())))
 	}
 	return sp
 }
 
 // checkLeaseOp refuses an operation that does not apply to p's algorithm.
-func checkLeaseOp(op peerpb.Op, p *policy) error {
+func checkLeaseOp(op peerpb.Op, p *policy.Entry) error {
 	lease := op == peerpb.Op_OP_ACQUIRE || op == peerpb.Op_OP_RELEASE
-	conc := p.sp.Algorithm == shard.Concurrency
+	conc := p.Shard.Algorithm == shard.Concurrency
 	switch {
 	case lease && !conc:
-		return fmt.Errorf("%w: policy %q is %v; acquire and release need a concurrency policy", ErrWrongAlgorithm, p.name, p.sp.Algorithm)
+		return fmt.Errorf("%w: policy %q is %v; acquire and release need a concurrency policy", ErrWrongAlgorithm, p.Name, p.Shard.Algorithm)
 	case conc && (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_REFUND):
-		return errNeedsLease(p.name)
+		return errNeedsLease(p.Name)
 	}
 	return nil
 }

@@ -51,7 +51,7 @@ type meta struct {
 	// yet, and from older members. Two clusters founded separately never
 	// merge: each ignores the other's members (see rebuild).
 	cluster uint64
-	// policies is the version of the member's policy table (policyVersion);
+	// policies is the version of the member's policy table (policy.Table.Version);
 	// zero from members older than version 5. It is reported, never
 	// compared: each holder decides with its own table.
 	policies uint64

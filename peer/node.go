@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -34,8 +35,8 @@ type Node struct {
 	metrics Metrics
 	fp      uint64
 	// table is the current policy table, loaded once per request (see
-	// policyTable); policyMu serializes SetPolicies.
-	table    atomic.Pointer[policyTable]
+	// policies.go); policyMu serializes SetPolicies.
+	table    atomic.Pointer[policy.Table]
 	policyMu sync.Mutex
 	// memberPolicies maps live members to the policy version they gossip
 	// (rebuild goroutine writes, readers copy).
@@ -135,46 +136,6 @@ type Node struct {
 	ops opsState // restarts, duplicate names, readiness, reconnects, peer auth
 }
 
-// policy is a table entry with its shard form precomputed, or the
-// effective entry of an override (cfg.Limit and sp.Limit are then the
-// override's, and over is nil).
-type policy struct {
-	name string
-	cfg  PolicyConfig
-	sp   shard.Policy
-	// unlimited marks an Unlimited override: admitted without a decision
-	// (sp is the policy's, for refunds and resets).
-	unlimited bool
-	// over holds the policy's overrides by tenant; nil without any.
-	over map[string]*tenantOverrides
-}
-
-// tenantOverrides are one tenant's overrides of a policy.
-type tenantOverrides struct {
-	all      *policy            // every subject of the tenant, or nil
-	subjects map[string]*policy // by exact subject, or nil
-}
-
-// forKey returns the entry that applies to the key of tenant and subject:
-// an override's, else p. Two map lookups with string keys: it neither
-// locks nor allocates.
-func (p *policy) forKey(tenant, subject string) *policy {
-	if p.over == nil {
-		return p
-	}
-	to := p.over[tenant]
-	if to == nil {
-		return p
-	}
-	if q := to.subjects[subject]; q != nil {
-		return q
-	}
-	if to.all != nil {
-		return to.all
-	}
-	return p
-}
-
 // New starts a node: it binds the gRPC listener and gossip, joins
 // cfg.Join, and returns once the node serves. ctx bounds start-up and the
 // initial join only, never the node's lifetime. On error everything started
@@ -204,8 +165,8 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		clients:   make(map[string]*client),
 		closed:    make(chan struct{}),
 	}
-	n.table.Store(newPolicyTable(cfg.Policies))
-	n.metrics.PolicyTable(n.table.Load().version, true)
+	n.table.Store(policy.New(cfg.Policies))
+	n.metrics.PolicyTable(n.table.Load().Version(), true)
 	n.calls.New = func() any { return &call{done: make(chan callResult, 1)} }
 	n.replItems.New = func() any { return &replItem{ch: make(chan error, 1)} }
 	n.ops.init()
@@ -312,7 +273,7 @@ func (n *Node) meta(draining bool) meta {
 	if addr == "" {
 		addr = n.RPCAddr()
 	}
-	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining, start: n.ops.start, cluster: n.clusterID.Load(), policies: n.table.Load().version}
+	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining, start: n.ops.start, cluster: n.clusterID.Load(), policies: n.table.Load().Version()}
 }
 
 // closeGrace is how long Close waits for the node's goroutines before the
@@ -373,12 +334,7 @@ func (n *Node) Owner(key Key) (string, error) {
 
 // Policies returns a copy of the node's current policy table.
 func (n *Node) Policies() map[string]PolicyConfig {
-	t := n.table.Load()
-	out := make(map[string]PolicyConfig, len(t.byName))
-	for k, p := range t.byName {
-		out[k] = p.cfg
-	}
-	return out
+	return n.table.Load().Configs()
 }
 
 // Stats describes the local stores.

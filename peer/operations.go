@@ -38,18 +38,18 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		unlock()
 		return Decision{}, remote, ch, nil
 	}
-	sync := r.p.cfg.Replication == ReplicateSync
+	sync := r.p.Config.Replication == ReplicateSync
 	for _, q := range r.multi {
-		sync = sync || q.cfg.Replication == ReplicateSync
+		sync = sync || q.Config.Replication == ReplicateSync
 	}
 	// fenced: an admission of this request is copied synchronously, so a
 	// backup that has taken over refuses it and the answer is not
 	// confirmed. A synchronous policy the key is unlimited in records and
 	// copies nothing: it fences nothing, and the other policies'
 	// admissions need the lease checked again after the decision.
-	fenced := r.p.cfg.Replication == ReplicateSync && !r.p.unlimited
+	fenced := r.p.Config.Replication == ReplicateSync && !r.p.Unlimited
 	for _, q := range r.multi {
-		fenced = fenced || q.cfg.Replication == ReplicateSync && !q.unlimited
+		fenced = fenced || q.Config.Replication == ReplicateSync && !q.Unlimited
 	}
 	leased := pt.backup != ""
 	if leased {
@@ -73,15 +73,15 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 	switch {
 	case r.multi != nil:
 		d, waits, err = n.decideMultiLocked(pt, pid, r, now, d)
-	case r.op == peerpb.Op_OP_PEEK && r.p.unlimited:
+	case r.op == peerpb.Op_OP_PEEK && r.p.Unlimited:
 		d = unlimitedDecision(n.name, v, now)
 	case r.op == peerpb.Op_OP_PEEK:
 		var sd shard.Decision
-		sd, err = pt.store.Peek(r.key, r.p.sp, r.hits, now)
+		sd, err = pt.store.Peek(r.key, r.p.Shard, r.hits, now)
 		d = fillDecision(d, sd, ReasonPeek)
 	case r.op == peerpb.Op_OP_REFUND:
 		var sd shard.Decision
-		sd, err = pt.store.Refund(r.key, r.p.sp, r.hits, now)
+		sd, err = pt.store.Refund(r.key, r.p.Shard, r.hits, now)
 		d = fillDecision(d, sd, ReasonRefunded)
 		if err == nil {
 			waits, err = n.replicateStateLocked(pt, pid, r, now)
@@ -90,7 +90,7 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		d, waits, err = n.decideLeaseLocked(pt, pid, r, now, d)
 	case r.op == peerpb.Op_OP_RESET:
 		pt.store.Delete(r.key)
-		d = Decision{Allowed: true, Limit: r.p.sp.Limit, Remaining: r.p.sp.Limit, Reason: ReasonReset, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: now}
+		d = Decision{Allowed: true, Limit: r.p.Shard.Limit, Remaining: r.p.Shard.Limit, Reason: ReasonReset, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: now}
 		waits, err = n.replicateStateLocked(pt, pid, r, now)
 	default:
 		err = fmt.Errorf("%w: unknown operation %v", ErrInvalidKey, r.op)
@@ -154,7 +154,7 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 	// record nothing, and are never the top-level answer unless all are.
 	counted := 0
 	for i, p := range r.multi {
-		if p.unlimited {
+		if p.Unlimited {
 			out[i] = shard.Decision{Allowed: true, Remaining: math.MaxInt64}
 		} else {
 			counted++
@@ -162,11 +162,11 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 	}
 	if r.op == peerpb.Op_OP_PEEK {
 		for i, p := range r.multi {
-			if p.unlimited {
+			if p.Unlimited {
 				continue
 			}
-			k := Key{Tenant: r.key.Tenant, Subject: r.key.Subject, Policy: p.name}
-			sd, err := pt.store.Peek(k, p.sp, r.hits, now)
+			k := Key{Tenant: r.key.Tenant, Subject: r.key.Subject, Policy: p.Name}
+			sd, err := pt.store.Peek(k, p.Shard, r.hits, now)
 			if err != nil {
 				return d, nil, err
 			}
@@ -179,8 +179,8 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 		items := make([]shard.MultiItem, 0, counted)
 		idx := make([]int, 0, counted) // items[j] is r.multi[idx[j]]
 		for i, p := range r.multi {
-			if !p.unlimited {
-				items = append(items, shard.MultiItem{Policy: p.name, P: p.sp, Hits: r.hits})
+			if !p.Unlimited {
+				items = append(items, shard.MultiItem{Policy: p.Name, P: p.Shard, Hits: r.hits})
 				idx = append(idx, i)
 			}
 		}
@@ -209,8 +209,8 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 	top := 0
 	for i, p := range r.multi {
 		sd := out[i]
-		if p.unlimited {
-			d.Limits[i] = PolicyDecision{Policy: p.name, Allowed: true}
+		if p.Unlimited {
+			d.Limits[i] = PolicyDecision{Policy: p.Name, Allowed: true}
 			if sd.Remaining < out[top].Remaining {
 				top = i
 			}
@@ -221,14 +221,14 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 			// it would be had this policy alone admitted.
 			sd.Remaining = min(sd.Limit, sd.Remaining+r.hits)
 		}
-		d.Limits[i] = PolicyDecision{Policy: p.name, Allowed: sd.Allowed, Limit: sd.Limit, Remaining: sd.Remaining, RetryAfter: sd.RetryAfter, ResetAfter: sd.ResetAfter}
+		d.Limits[i] = PolicyDecision{Policy: p.Name, Allowed: sd.Allowed, Limit: sd.Limit, Remaining: sd.Remaining, RetryAfter: sd.RetryAfter, ResetAfter: sd.ResetAfter}
 		if sd.Remaining < out[top].Remaining {
 			top = i
 		}
 	}
 	if refused >= 0 {
 		top = refused
-		d.RefusedBy = r.multi[refused].name
+		d.RefusedBy = r.multi[refused].Name
 	}
 	d = fillDecision(d, out[top], ReasonAdmitted)
 	d.Allowed = refused < 0
@@ -243,7 +243,7 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 		d.Reason = ReasonOverLimit
 		shadow := true
 		for _, p := range r.multi {
-			shadow = shadow && p.cfg.Shadow
+			shadow = shadow && p.Config.Shadow
 		}
 		if shadow {
 			d.Allowed, d.Reason = true, ReasonShadow
@@ -255,13 +255,13 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 		return d, nil, nil
 	}
 	for i, p := range r.multi {
-		if p.cfg.Replication == ReplicateOff || p.unlimited {
+		if p.Config.Replication == ReplicateOff || p.Unlimited {
 			continue
 		}
-		k := Key{Tenant: r.key.Tenant, Subject: r.key.Subject, Policy: p.name}
-		w, err := n.replicateAdmission(pt.backup, pid, pt.epoch, k, p.sp.Algorithm, admissionRun(p, out[i], r.hits), now, p.cfg.Replication == ReplicateSync)
+		k := Key{Tenant: r.key.Tenant, Subject: r.key.Subject, Policy: p.Name}
+		w, err := n.replicateAdmission(pt.backup, pid, pt.epoch, k, p.Shard.Algorithm, admissionRun(p, out[i], r.hits), now, p.Config.Replication == ReplicateSync)
 		if err != nil {
-			if p.cfg.Replication == ReplicateSync {
+			if p.Config.Replication == ReplicateSync {
 				return d, nil, err
 			}
 			continue
@@ -277,14 +277,14 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 // reset) for the partition's backup; the caller holds the gate in write
 // mode. A policy with replication off sends nothing.
 func (n *Node) replicateStateLocked(pt *part, pid int, r *opReq, now time.Time) ([]chan error, error) {
-	if pt.backup == "" || r.p.cfg.Replication == ReplicateOff {
+	if pt.backup == "" || r.p.Config.Replication == ReplicateOff {
 		return nil, nil
 	}
 	st, ok := pt.store.Export(r.key, now)
 	if !ok {
-		st = shard.KeyState{Key: r.key, Algorithm: r.p.sp.Algorithm}
+		st = shard.KeyState{Key: r.key, Algorithm: r.p.Shard.Algorithm}
 	}
-	w, err := n.replicateState(pt.backup, pid, pt.epoch, st, now, r.p.cfg.Replication == ReplicateSync)
+	w, err := n.replicateState(pt.backup, pid, pt.epoch, st, now, r.p.Config.Replication == ReplicateSync)
 	if err != nil {
 		// Not queued (the queue is full): the change stands here all the
 		// same (see decideOther); the backup's copy keeps the state of

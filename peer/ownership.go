@@ -711,7 +711,7 @@ func (n *Node) copyTo(ctx context.Context, pid int, to string, newEpoch uint64) 
 			if !ok {
 				return true
 			}
-			if p := tab.byName[k.Policy]; p == nil || p.sp.Algorithm != ks.Algorithm {
+			if p := tab.Lookup(k.Policy); p == nil || p.Shard.Algorithm != ks.Algorithm {
 				// State this node no longer decides with: its policy was
 				// removed, or changed algorithm (the key starts fresh at
 				// its next decision). A receiver would skip it too.

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
@@ -15,7 +16,7 @@ import (
 // named policy's limit (for checks and peeks).
 func FuzzParseRequest(f *testing.F) {
 	n := &Node{}
-	n.table.Store(newPolicyTable(map[string]PolicyConfig{
+	n.table.Store(policy.New(map[string]PolicyConfig{
 		"a": {Limit: 5, Window: 1e9},
 		"b": {Limit: 1 << 62, Window: 1e9},
 	}))
@@ -47,15 +48,15 @@ func FuzzParseRequest(f *testing.F) {
 			names = []string{pol}
 		}
 		for _, name := range names {
-			p := n.table.Load().byName[name]
+			p := n.table.Load().Lookup(name)
 			if p == nil {
 				t.Fatalf("accepted unknown policy %q", name)
 			}
 			if k := (Key{Tenant: tenant, Subject: subject, Policy: name}); k.Validate() != nil {
 				t.Fatalf("accepted invalid key %+v", k)
 			}
-			if (r.op == peerpb.Op_OP_CHECK || r.op == peerpb.Op_OP_PEEK) && r.hits > p.sp.Limit {
-				t.Fatalf("accepted hits %d above %q's limit %d", r.hits, name, p.sp.Limit)
+			if (r.op == peerpb.Op_OP_CHECK || r.op == peerpb.Op_OP_PEEK) && r.hits > p.Shard.Limit {
+				t.Fatalf("accepted hits %d above %q's limit %d", r.hits, name, p.Shard.Limit)
 			}
 		}
 	})

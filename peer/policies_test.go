@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
 )
 
 // policyMetrics records Metrics.PolicyTable calls.
@@ -264,12 +266,12 @@ func TestOverrides(t *testing.T) {
 	v := n.PolicyVersion()
 	rev := api
 	rev.Overrides = []Override{api.Overrides[2], api.Overrides[0], api.Overrides[1]}
-	if got := policyVersion(map[string]PolicyConfig{"api": rev, "other": {Limit: 1, Window: time.Minute}}); got != v {
+	if got := policy.New(map[string]PolicyConfig{"api": rev, "other": {Limit: 1, Window: time.Minute}}).Version(); got != v {
 		t.Errorf("reordered overrides changed the version: %d vs %d", got, v)
 	}
 	less := api
 	less.Overrides = api.Overrides[:2]
-	if got := policyVersion(map[string]PolicyConfig{"api": less, "other": {Limit: 1, Window: time.Minute}}); got == v {
+	if got := policy.New(map[string]PolicyConfig{"api": less, "other": {Limit: 1, Window: time.Minute}}).Version(); got == v {
 		t.Error("dropping an override kept the version")
 	}
 
@@ -295,41 +297,5 @@ func TestOverrides(t *testing.T) {
 	}
 	if n.PolicyVersion() != v {
 		t.Error("a refused table changed the version")
-	}
-}
-
-// TestOverrideLookupAllocs checks that resolving an override allocates
-// nothing on the decision path.
-func TestOverrideLookupAllocs(t *testing.T) {
-	p := newPolicy("api", PolicyConfig{Limit: 2, Window: time.Minute, Overrides: []Override{
-		{Tenant: "bigco", Limit: 4}, {Tenant: "bigco", Subject: "vip", Limit: 6},
-	}})
-	var sink *policy
-	if a := testing.AllocsPerRun(100, func() {
-		sink = p.forKey("bigco", "vip")
-		sink = p.forKey("bigco", "x")
-		sink = p.forKey("acme", "x")
-	}); a != 0 {
-		t.Fatalf("forKey allocates %.1f times, want 0", a)
-	}
-	_ = sink
-}
-
-// TestPolicyConfigFor checks the exported override resolution used by
-// error and unavailability answers.
-func TestPolicyConfigFor(t *testing.T) {
-	pc := PolicyConfig{Limit: 2, Window: time.Minute, Overrides: []Override{
-		{Tenant: "bigco", Subject: "vip", Limit: 6}, {Tenant: "bigco", Limit: 4}, {Tenant: "acme", Subject: "internal", Unlimited: true},
-	}}
-	for _, tc := range []struct {
-		tenant, subject string
-		want            int64
-	}{
-		{"bigco", "vip", 6}, {"bigco", "x", 4}, {"acme", "internal", 0}, {"acme", "x", 2}, {"other", "vip", 2},
-	} {
-		got := pc.For(tc.tenant, tc.subject)
-		if got.Limit != tc.want || got.Overrides != nil || got.Window != pc.Window {
-			t.Errorf("For(%q, %q) = %+v; want limit %d, no overrides, the policy's window", tc.tenant, tc.subject, got, tc.want)
-		}
 	}
 }

@@ -356,7 +356,7 @@ func (m *PrometheusMetrics) Ready(ready bool, reason string) {
 
 // PolicyTable implements Metrics.
 func (m *PrometheusMetrics) PolicyTable(version uint64, ok bool) {
-	// The version is 53 bits (policyVersion), so the float is exact.
+	// The version is 53 bits (policy.Table.Version), so the float is exact.
 	m.policyVer.Set(float64(version))
 	if ok {
 		m.reloads.WithLabelValues("ok").Inc()

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -170,19 +171,19 @@ func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyStat
 // admissionRun is the admission just decided, as a run to add to the
 // backup's copy: exact for the sliding log and fixed window, an upper bound
 // on the bucket's debt for the token bucket (the copy refills no earlier).
-func admissionRun(p *policy, sd shard.Decision, hits int64) shard.Run {
-	switch p.sp.Algorithm {
+func admissionRun(p *policy.Entry, sd shard.Decision, hits int64) shard.Run {
+	switch p.Shard.Algorithm {
 	case shard.TokenBucket:
 		// debt = ceil(hits × W / L), the bucket's fill for hits units.
-		hi, lo := bits.Mul64(uint64(hits), uint64(p.sp.Window))
-		q, r := bits.Div64(hi%uint64(p.sp.Limit), lo, uint64(p.sp.Limit))
+		hi, lo := bits.Mul64(uint64(hits), uint64(p.Shard.Window))
+		q, r := bits.Div64(hi%uint64(p.Shard.Limit), lo, uint64(p.Shard.Limit))
 		if r > 0 {
 			q++
 		}
 		return shard.Run{Age: -time.Duration(q)}
 	case shard.FixedWindow:
 		// The window started W − ResetAfter before the decision.
-		return shard.Run{Age: p.sp.Window - sd.ResetAfter, Count: hits}
+		return shard.Run{Age: p.Shard.Window - sd.ResetAfter, Count: hits}
 	default:
 		return shard.Run{Age: 0, Count: hits}
 	}
@@ -372,7 +373,7 @@ func (c *client) stamp(req *peerpb.ReplicateRequest, batch []*replItem) {
 // from one reading of the table.
 func (n *Node) stampPolicies(req *peerpb.ReplicateRequest, member string, names iter.Seq[string]) {
 	tab := n.table.Load()
-	req.PolicyVersion = tab.version
+	req.PolicyVersion = tab.Version()
 	req.WindowsPacked = n.windowsFor(tab, member, names)
 }
 
@@ -380,9 +381,9 @@ func (n *Node) stampPolicies(req *peerpb.ReplicateRequest, member string, names 
 // member naming the policies names yields: this node's windows (table tab)
 // for them while member's policy table may differ from this node's (it
 // gossips another version, or none yet), else nil.
-func (n *Node) windowsFor(tab *policyTable, member string, names iter.Seq[string]) []byte {
+func (n *Node) windowsFor(tab *policy.Table, member string, names iter.Seq[string]) []byte {
 	if m := n.memberPolicies.Load(); m != nil {
-		if v, ok := (*m)[member]; ok && v == tab.version {
+		if v, ok := (*m)[member]; ok && v == tab.Version() {
 			return nil
 		}
 	}

@@ -136,7 +136,7 @@ func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkS
 			slots[i].out = wireError(n, v, peerpb.Status_STATUS_UNAVAILABLE, err)
 			continue
 		}
-		n.metrics.Decision(r.p.name, Reason(slots[i].out.reason), PathRemote)
+		n.metrics.Decision(r.p.Name, Reason(slots[i].out.reason), PathRemote)
 	}
 	resp := &sc.resp
 	if packed {
@@ -215,7 +215,7 @@ func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq) (wireDecisi
 				return bad(peerpb.Status_STATUS_UNAVAILABLE, err), nil
 			}
 			if r.wait == nil {
-				n.metrics.Decision(r.p.name, d.Reason, PathRemote)
+				n.metrics.Decision(r.p.Name, d.Reason, PathRemote)
 			}
 			out := wireDecision{
 				status: peerpb.Status_STATUS_OK, allowed: d.Allowed, limit: d.Limit, remaining: d.Remaining,

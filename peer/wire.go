@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -42,17 +43,17 @@ func stateFromWire(ks *peerpb.KeyState) (shard.KeyState, error) {
 // belongs to. A malformed state is an error; a state whose policy is
 // unknown here or uses another algorithm comes back with a nil policy, for
 // the caller to refuse or skip.
-func (n *Node) decodeState(ks *peerpb.KeyState) (shard.KeyState, *policy, error) {
+func (n *Node) decodeState(ks *peerpb.KeyState) (shard.KeyState, *policy.Entry, error) {
 	st, err := stateFromWire(ks)
 	if err != nil {
 		return st, nil, err
 	}
-	p := n.table.Load().byName[st.Key.Policy]
-	if p == nil || p.sp.Algorithm != st.Algorithm {
+	p := n.table.Load().Lookup(st.Key.Policy)
+	if p == nil || p.Shard.Algorithm != st.Algorithm {
 		return st, nil, nil
 	}
 	// The key's own limit (an override's), so an import keeps what the
 	// holder kept.
-	p = p.forKey(st.Key.Tenant, st.Key.Subject)
+	p = p.ForKey(st.Key.Tenant, st.Key.Subject)
 	return st, p, nil
 }
