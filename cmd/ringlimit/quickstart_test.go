@@ -117,7 +117,8 @@ func TestQuickStart(t *testing.T) {
 }
 
 // freePorts returns script with each 127.0.0.1 port it names kept if it is
-// free here, and otherwise replaced, everywhere it appears, by a free one.
+// free here (TCP and UDP: gossip uses both), and otherwise replaced,
+// everywhere it appears, by a free one.
 func freePorts(t *testing.T, script string) string {
 	t.Helper()
 	seen := map[string]bool{}
@@ -127,19 +128,35 @@ func freePorts(t *testing.T, script string) string {
 			continue
 		}
 		seen[port] = true
-		l, err := net.Listen("tcp", "127.0.0.1:"+port)
-		if err == nil {
-			_ = l.Close()
+		if portFree(port) {
 			continue
 		}
-		l, err = net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+		var free string
+		for free == "" || !portFree(free) {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			free = fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+			_ = l.Close()
 		}
-		free := fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
-		_ = l.Close()
 		t.Logf("port %s is taken here: the quick start runs with %s instead", port, free)
 		script = regexp.MustCompile(`\b`+port+`\b`).ReplaceAllString(script, free)
 	}
 	return script
+}
+
+// portFree reports whether port on 127.0.0.1 can be bound for TCP and UDP.
+func portFree(port string) bool {
+	l, err := net.Listen("tcp", "127.0.0.1:"+port)
+	if err != nil {
+		return false
+	}
+	defer l.Close()
+	p, err := net.ListenPacket("udp", "127.0.0.1:"+port)
+	if err != nil {
+		return false
+	}
+	_ = p.Close()
+	return true
 }
