@@ -1,0 +1,79 @@
+package peer
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestLayout pins the import rules between peer's parts (STYLE.md §1), on
+// the transitive dependencies `go list -deps` reports for every package
+// under peer/internal/ (test files excluded):
+//
+//  1. Nothing under internal/ imports peer, cmd or bench: peer drives its
+//     parts, never the other way round. (For a part peer imports, the
+//     compiler refuses the cycle first; the rule holds the others, and
+//     cmd and bench, which import peer.)
+//  2. internal/policy, the policy table, knows nothing of the network: no
+//     memberlist, no gRPC, no net. Publishing its version is peer's job.
+//  3. internal/ownership, the protocol as a state machine, does no I/O: no
+//     net, no raft, no gRPC, no memberlist (its simulator, ownership/sim,
+//     may drive it through a raft log).
+func TestLayout(t *testing.T) {
+	const mod = "github.com/ringlimit/ringlimit"
+	out, err := exec.Command("go", "list", "-e", "-deps", "-f", `{{.ImportPath}} {{join .Deps " "}}`, "./internal/...").Output()
+	if err != nil {
+		t.Fatalf("go list -deps ./internal/...: %v", err)
+	}
+	deps := make(map[string][]string)
+	for line := range strings.Lines(string(out)) {
+		f := strings.Fields(line)
+		if len(f) > 0 && strings.HasPrefix(f[0], mod+"/peer/internal/") {
+			deps[f[0]] = f[1:]
+		}
+	}
+	isNet := func(d string) bool { return d == "net" || strings.HasPrefix(d, "net/") }
+	isGRPC := func(d string) bool {
+		return d == "google.golang.org/grpc" || strings.HasPrefix(d, "google.golang.org/grpc/")
+	}
+	isMemberlist := func(d string) bool { return d == "github.com/hashicorp/memberlist" }
+	isRaft := func(d string) bool { return strings.HasPrefix(d, "go.etcd.io/raft") }
+	isUp := func(d string) bool {
+		return d == mod+"/peer" || d == mod+"/cmd" || strings.HasPrefix(d, mod+"/cmd/") || d == mod+"/bench" || strings.HasPrefix(d, mod+"/bench/")
+	}
+	rules := []struct {
+		pkg    string // "" for every package under peer/internal/
+		what   string
+		banned func(string) bool
+	}{
+		{"", "peer, cmd or bench", isUp},
+		{"policy", "net", isNet},
+		{"policy", "gRPC", isGRPC},
+		{"policy", "memberlist", isMemberlist},
+		{"ownership", "net", isNet},
+		{"ownership", "raft", isRaft},
+		{"ownership", "gRPC", isGRPC},
+		{"ownership", "memberlist", isMemberlist},
+	}
+	for _, r := range rules {
+		if r.pkg != "" {
+			if _, ok := deps[mod+"/peer/internal/"+r.pkg]; !ok {
+				t.Errorf("peer/internal/%s is missing from go list's output; a rule pins nothing", r.pkg)
+			}
+		}
+		for pkg, ds := range deps {
+			if r.pkg != "" && pkg != mod+"/peer/internal/"+r.pkg {
+				continue
+			}
+			var bad []string
+			for _, d := range ds {
+				if r.banned(d) {
+					bad = append(bad, d)
+				}
+			}
+			if bad != nil {
+				t.Errorf("%s depends on %s: it must not import %s", strings.TrimPrefix(pkg, mod+"/"), strings.Join(bad, ", "), r.what)
+			}
+		}
+	}
+}
