@@ -50,7 +50,8 @@ const (
 
 // OnUnavailable says what a node does when a key's owner cannot be reached in
 // time. Whatever it says, the outcome is reported as unavailability, never as
-// over limit. String returns fail_closed, fail_open or fallback.
+// over limit. It is policy.OnUnavailable, re-exported; its String method
+// returns fail_closed, fail_open or fallback.
 type OnUnavailable = policy.OnUnavailable
 
 const (
@@ -80,48 +81,97 @@ func ParseOnUnavailable(s string) (OnUnavailable, error) {
 }
 
 // PolicyConfig is one entry of the server-side policy table. The owner's
-// table decides: a request only names the policy. Its fields:
+// table decides: a request only names the policy. It is policy.Config
+// (peer/internal/policy, the table's own package), re-exported:
 //
 //	type PolicyConfig struct {
-//		Limit         int64         // units per Window (Concurrency: held at once); must be positive
-//		Window        time.Duration // the rolling window (Concurrency: the lease TTL); must be positive
-//		Algorithm     Algorithm     // zero means SlidingLog
-//		Resolution    time.Duration // the sliding log's timestamp granularity; zero means 1 ms
-//		OnUnavailable OnUnavailable // when the owner cannot be reached; zero means FailClosed
-//		FallbackLimit int64         // Fallback's local limit; zero means Limit / members (at least 1)
-//		Shadow        bool          // decide, record and report, but admit every request (ReasonShadow)
-//		Replication   Replication   // how admissions reach the backup; zero means ReplicateSync
-//		Overrides     []Override    // exact tenants or (tenant, subject) pairs with another limit or none
+//		// Limit is the number of units per Window (for Concurrency, the units
+//		// held at once). Must be positive.
+//		Limit int64
+//		// Window is the rolling window (for Concurrency, the lease TTL: a lease
+//		// not released expires Window after it was taken). Must be positive.
+//		Window time.Duration
+//		// Algorithm is the limiting algorithm. Zero means SlidingLog.
+//		Algorithm Algorithm
+//		// Resolution is the sliding log's timestamp granularity. Zero means 1 ms.
+//		Resolution time.Duration
+//		// OnUnavailable is what to do when the owner cannot be reached. Zero
+//		// means FailClosed.
+//		OnUnavailable OnUnavailable
+//		// FallbackLimit is the local limit used by Fallback. Zero means Limit
+//		// divided by the number of members in the ring (at least 1), so the
+//		// members together stay near Limit.
+//		FallbackLimit int64
+//		// Shadow computes, records and reports decisions but admits every
+//		// request: a refusal comes back Allowed with ReasonShadow. Use it to try
+//		// a new limit on live traffic.
+//		Shadow bool
+//		// Replication says how the partition holder copies this policy's
+//		// admissions to the partition's backup before a crash can lose them.
+//		// Zero means ReplicateSync.
+//		Replication Replication
+//		// Overrides give exact tenants, or (tenant, subject) pairs, another
+//		// limit than Limit, or none. A (tenant, subject) override wins over a
+//		// tenant's. Everything else (window, algorithm, failure policy,
+//		// replication) is the policy's. They are part of the table and of its
+//		// version; the holder applies its own. Nil means none.
+//		Overrides []Override
 //	}
 //
-// Each field is documented on the type it aliases (peer/internal/policy's
-// Config). For returns the entry that applies to the keys of a tenant and
-// subject (the override's limit, or the policy's; 0 for Unlimited), with
-// Overrides nil: it scans the overrides, for error and unavailability
-// answers, not for the decision path (which uses the node's prepared
-// table).
+// Its method:
+//
+//	func (p PolicyConfig) For(tenant, subject string) PolicyConfig
+//
+// For returns the entry that applies to the keys of tenant and subject:
+// p with the limit of the override that covers them (a (tenant, subject)
+// override before a tenant's), or p itself; Limit is 0 for an Unlimited
+// override. Overrides is nil in the result. It scans the overrides: for
+// error and unavailability answers, not for the decision path (which uses
+// the node's prepared table).
 type PolicyConfig = policy.Config
 
 // Override is one exception in a policy: the keys of Tenant (and, when
 // Subject is set, of that subject only) are limited by Limit instead of
 // the policy's, or not at all when Unlimited. An unlimited key is admitted
-// without being recorded (Reason ReasonUnlimited, Limit 0).
+// without being recorded (Reason ReasonUnlimited, Limit 0). It is
+// policy.Override, re-exported:
 //
 //	type Override struct {
-//		Tenant    string // the key's tenant, exactly; required
-//		Subject   string // the key's subject, exactly; "" means every subject of Tenant
-//		Limit     int64  // replaces the policy's limit; must be positive unless Unlimited
-//		Unlimited bool   // admit every request of these keys without counting; Limit must be zero
+//		// Tenant is the key's tenant, exactly. Required.
+//		Tenant string
+//		// Subject is the key's subject, exactly; "" means every subject of
+//		// Tenant.
+//		Subject string
+//		// Limit replaces the policy's limit. Must be positive unless
+//		// Unlimited.
+//		Limit int64
+//		// Unlimited admits every request of these keys without counting.
+//		// Limit must then be zero.
+//		Unlimited bool
 //	}
 //
+// Its method:
+//
+//	func (o Override) Validate() error
+//
 // Validate checks the override's own fields and reports every problem,
-// joined with errors.Join, one error per problem (unwrap them with
-// Unwrap() []error); they wrap nothing: SetPolicies wraps them in
-// ErrInvalidConfig, and checks the override against its policy too.
+// joined with errors.Join, one error per problem, so that a caller can
+// unwrap them (Unwrap() []error) and put where the override stands in
+// front of each. It returns nil for a usable override. The problems are:
+// "tenant is missing" when Tenant is empty; "tenant must be ..." when it is
+// not a valid key part (1 to shard.MaxKeyPartLen bytes of visible ASCII);
+// "subject must be ..." when Subject is neither empty nor a valid key
+// part; "not both" when Unlimited comes with a non-zero Limit; and "must
+// be positive" when a limited override has no positive Limit. The errors
+// wrap nothing: SetPolicies wraps them in ErrInvalidConfig. Validate does
+// not check the override against its policy (whether the policy is valid
+// with the override's limit, or whether another override has the same
+// tenant and subject); SetPolicies does.
 type Override = policy.Override
 
 // Replication is how a policy's admissions reach the partition's backup.
-// String returns "sync", "async" or "off".
+// It is policy.Replication, re-exported; its String method returns "sync",
+// "async" or "off".
 type Replication = policy.Replication
 
 const (

@@ -60,8 +60,9 @@ func validatePolicies(pols map[string]PolicyConfig) []error {
 // keeps its table. Either way the outcome is reported to
 // Metrics.PolicyTable. The new table's version is gossiped to the other
 // members, which keep using this node as a holder whatever table they run
-// (see the comment at the top of this file for what a change does to
-// a key's state). Safe for concurrent use; calls are applied one at a time.
+// (a change keeps each key's state; the comment at the top of
+// peer/policies.go says what that means for each algorithm). Safe for
+// concurrent use; calls are applied one at a time.
 func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
 	n.policyMu.Lock()
 	defer n.policyMu.Unlock()

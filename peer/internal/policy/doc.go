@@ -7,7 +7,9 @@
 //   - The entry types peer re-exports as aliases (peer.PolicyConfig is
 //     Config; peer.Override, peer.OnUnavailable and peer.Replication are
 //     Override, OnUnavailable and Replication), their String and For
-//     methods, and Override.Validate.
+//     methods, and Override.Validate. peer's alias docs repeat these
+//     types' field and method docs for embedders (go doc peer shows no
+//     fields of an alias): change both together.
 //   - Validate: every problem of a table, one error each, wrapping
 //     nothing; the caller (peer) wraps each in its ErrInvalidConfig.
 //   - New: a validated table compiled into a Table, each entry's shard
