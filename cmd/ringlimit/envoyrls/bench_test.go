@@ -118,6 +118,119 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 	}
 }
 
+// fixedLimiter admits everything with a fixed decision, allocating
+// nothing: what ShouldRateLimit itself costs, without a node.
+type fixedLimiter struct{ limits []peer.PolicyDecision }
+
+func (f fixedLimiter) Allow(_ context.Context, req peer.Request) (peer.Decision, error) {
+	d := peer.Decision{Allowed: true, Limit: 1 << 31, Remaining: 1<<31 - 1, ResetAfter: time.Second, Reason: peer.ReasonAdmitted}
+	if n := len(req.Policies); n > 0 {
+		d.Limits = f.limits[:n]
+	}
+	return d, nil
+}
+
+func (f fixedLimiter) Peek(ctx context.Context, req peer.Request) (peer.Decision, error) {
+	return f.Allow(ctx, req)
+}
+
+func (f fixedLimiter) Refund(ctx context.Context, req peer.Request) (peer.Decision, error) {
+	return f.Allow(ctx, req)
+}
+
+// BenchmarkShouldRateLimitHandler calls Server.ShouldRateLimit directly,
+// with no gRPC: limiter=fixed is the handler alone (a Limiter that
+// answers at once and allocates nothing), limiter=node adds the local
+// decision of a single node (which holds every key, replication off: no
+// backup). descriptors as in BenchmarkShouldRateLimit; headers=on adds
+// the RateLimit header fields (Domain.ResponseHeaders). mode=parallel
+// calls from b.RunParallel.
+func BenchmarkShouldRateLimitHandler(b *testing.B) {
+	lim := &envoyrls.Limit{Requests: 1 << 31, Window: time.Second}
+	compile := func(headers bool) *envoyrls.Table {
+		tab, err := envoyrls.Compile([]envoyrls.Domain{{Name: "edge", ResponseHeaders: headers, Descriptors: []envoyrls.Descriptor{
+			{Key: "remote_address", Limit: lim}, {Key: "client", Limit: lim},
+		}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return tab
+	}
+	plain, withHeaders := compile(false), compile(true)
+	pols := plain.Policies()
+	for name, pc := range pols {
+		pc.Replication = peer.ReplicateOff
+		pols[name] = pc
+	}
+	nd := startCluster(b, 1, pols, nil)[0]
+	pool := make([]*rlsv3.RateLimitRequest, benchKeySlots)
+	for _, ndesc := range []int{1, 2} {
+		for i := range pool {
+			client := fmt.Sprintf("10.%d.%d.%d", i%10000>>16&255, i%10000>>8&255, i%10000&255)
+			ds := []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: client}}}}
+			if ndesc == 2 {
+				ds = append(ds, &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client", Value: client}}})
+			}
+			pool[i] = &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: ds}
+		}
+		fixed := fixedLimiter{limits: []peer.PolicyDecision{
+			{Policy: envoyrls.PolicyName("edge", [][2]string{{"remote_address", ""}}), Allowed: true, Limit: 1 << 31, Remaining: 1<<31 - 1, ResetAfter: time.Second},
+			{Policy: envoyrls.PolicyName("edge", [][2]string{{"client", ""}}), Allowed: true, Limit: 1 << 31, Remaining: 1<<31 - 1, ResetAfter: time.Second},
+		}}
+		for _, tc := range []struct {
+			name string
+			l    envoyrls.Limiter
+			tab  *envoyrls.Table
+		}{
+			{"limiter=fixed", fixed, plain},
+			{"limiter=fixed/headers=on", fixed, withHeaders},
+			{"limiter=node", nd, plain},
+		} {
+			s := envoyrls.New(tc.l, tc.tab, nil)
+			name := fmt.Sprintf("%s/descriptors=%d", tc.name, ndesc)
+			b.Run(name+"/mode=seq", func(b *testing.B) {
+				b.ReportAllocs()
+				ctx := context.Background()
+				i := 0
+				var r *rlsv3.RateLimitResponse
+				for b.Loop() {
+					var err error
+					r, err = s.ShouldRateLimit(ctx, pool[i&(benchKeySlots-1)])
+					if err != nil || r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+						b.Fatalf("ShouldRateLimit = %v, %v", r, err)
+					}
+					i++
+				}
+				rlsSink.Store(r)
+			})
+			b.Run(name+"/mode=parallel", func(b *testing.B) {
+				b.ReportAllocs()
+				var next atomic.Int64
+				var failed atomic.Pointer[error]
+				b.RunParallel(func(pb *testing.PB) {
+					ctx := context.Background()
+					i := int(next.Add(1)) * 7919
+					for pb.Next() {
+						r, err := s.ShouldRateLimit(ctx, pool[i&(benchKeySlots-1)])
+						if err == nil && r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+							err = fmt.Errorf("answer %v", r)
+						}
+						if err != nil {
+							e := err
+							failed.CompareAndSwap(nil, &e)
+							return
+						}
+						i++
+					}
+				})
+				if err := failed.Load(); err != nil {
+					b.Fatal(*err)
+				}
+			})
+		}
+	}
+}
+
 // startCluster starts n nodes on 127.0.0.1 with ephemeral ports and the
 // given policies, each registering register's services, joined through
 // the first; it waits until every node sees n members and has settled
