@@ -97,10 +97,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	var refunds, allows []item
 	for i, d := range descs {
-		entries := make([]entryValue, len(d.GetEntries()))
-		for j, e := range d.GetEntries() {
-			entries[j] = entryValue{key: e.GetKey(), value: e.GetValue()}
-		}
+		entries := d.GetEntries()
 		if len(entries) == 0 {
 			continue
 		}

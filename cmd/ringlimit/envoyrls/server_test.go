@@ -67,16 +67,31 @@ func TestEnvoyCurrentLimit(t *testing.T) {
 	}
 }
 
+// entries is a descriptor's entries with the given values, each of key k.
+func entries(values ...string) []*ratelimitv3.RateLimitDescriptor_Entry {
+	var es []*ratelimitv3.RateLimitDescriptor_Entry
+	for _, v := range values {
+		es = append(es, &ratelimitv3.RateLimitDescriptor_Entry{Key: "k", Value: v})
+	}
+	return es
+}
+
 func TestEnvoyKeys(t *testing.T) {
 	t.Parallel()
 	// Values are encoded one by one and joined by '|', which KeyPart
 	// never produces: shifting a separator changes the subject.
-	if a, b := subject([]entryValue{{"k", "a|b"}, {"k", "c"}}), subject([]entryValue{{"k", "a"}, {"k", "b|c"}}); a == b {
+	if a, b := subject(entries("a|b", "c")), subject(entries("a", "b|c")); a == b {
 		t.Errorf("subjects collide: %q", a)
 	}
 	long := string(make([]byte, 200))
-	if s := subject([]entryValue{{"k", long}, {"k", long}}); len(s) > 128 {
+	if s := subject(entries(long, long)); len(s) > 128 {
 		t.Errorf("long subject is %d bytes, want at most 128", len(s))
+	}
+	if s := subject(entries(long)); len(s) > 128 {
+		t.Errorf("long one-value subject is %d bytes, want at most 128", len(s))
+	}
+	if s := subject(entries("10.0.0.1")); s != "10.0.0.1" {
+		t.Errorf("one-value subject is %q, want the value", s)
 	}
 	for _, tc := range []struct {
 		domain string

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
 	"github.com/ringlimit/ringlimit/peer"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -210,15 +212,15 @@ func (t *Table) Policies() map[string]peer.PolicyConfig {
 	return out
 }
 
-// match walks domain's tree along entries and returns the node reached,
-// or nil if some entry matches no child. An exact value wins over a
-// descriptor without value.
-func (dt *domainTable) match(entries []entryValue) *node {
+// match walks domain's tree along a request descriptor's entries and
+// returns the node reached, or nil if some entry matches no child. An exact
+// value wins over a descriptor without value.
+func (dt *domainTable) match(entries []*ratelimitv3.RateLimitDescriptor_Entry) *node {
 	n := dt.root
 	for _, e := range entries {
-		c := n.children[entry{key: e.key, value: e.value}]
+		c := n.children[entry{key: e.GetKey(), value: e.GetValue()}]
 		if c == nil {
-			c = n.children[entry{key: e.key, anyValue: true}]
+			c = n.children[entry{key: e.GetKey(), anyValue: true}]
 		}
 		if c == nil {
 			return nil
@@ -228,18 +230,21 @@ func (dt *domainTable) match(entries []entryValue) *node {
 	return n
 }
 
-// entryValue is one entry of a request's descriptor.
-type entryValue struct{ key, value string }
-
 // subject is the key subject for a descriptor's entry values (see the
 // package doc).
-func subject(entries []entryValue) string {
+func subject(entries []*ratelimitv3.RateLimitDescriptor_Entry) string {
+	if len(entries) == 1 {
+		// The join of one value is its KeyPart, which is at most
+		// MaxKeyPartLen bytes and, when nothing needs escaping, the value
+		// itself: no copy.
+		return shard.KeyPart(entries[0].GetValue())
+	}
 	var b strings.Builder
 	for i, e := range entries {
 		if i > 0 {
 			b.WriteByte('|')
 		}
-		b.WriteString(shard.KeyPart(e.value))
+		b.WriteString(shard.KeyPart(e.GetValue()))
 	}
 	s := b.String()
 	if len(s) > shard.MaxKeyPartLen {
