@@ -72,6 +72,17 @@ type item struct {
 	n       *node
 	subject string
 	hits    int64
+	st      *statusBlock // where its status is built
+}
+
+// statusBlock is one limited descriptor's status together with the
+// messages it points to, so that a request's statuses are one allocation
+// instead of three or four each.
+type statusBlock struct {
+	st   rlsv3.RateLimitResponse_DescriptorStatus
+	cl   rlsv3.RateLimitResponse_RateLimit
+	mult wrapperspb.UInt32Value
+	dur  durationpb.Duration
 }
 
 // ShouldRateLimit decides a request as the package doc describes.
@@ -87,12 +98,10 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors: at most %d", len(descs), maxDescriptors)
 	}
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs))}
-	for i := range resp.Statuses {
-		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-	}
 	dt := s.t.Load().domains[req.GetDomain()]
 	if dt == nil {
 		// As envoyproxy/ratelimit: an unknown domain limits nothing.
+		okStatuses(resp.Statuses)
 		return resp, nil
 	}
 	var refunds, allows []item
@@ -116,6 +125,15 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			allows = append(allows, it)
 		}
 	}
+	// The limited descriptors' statuses, built by allow and refund; the
+	// others are OK without a limit (okStatuses, below).
+	blocks := make([]statusBlock, len(refunds)+len(allows))
+	for i := range refunds {
+		refunds[i].st = &blocks[i]
+	}
+	for i := range allows {
+		allows[i].st = &blocks[len(refunds)+i]
+	}
 
 	calls := make([]func() error, 0, len(refunds)+len(allows))
 	for _, it := range refunds {
@@ -137,6 +155,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if err := errors.Join(errs...); err != nil {
 		return nil, s.grpcError(err)
 	}
+	okStatuses(resp.Statuses)
 	for _, st := range resp.Statuses {
 		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -146,6 +165,27 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		resp.ResponseHeadersToAdd = headers(resp.Statuses)
 	}
 	return resp, nil
+}
+
+// okStatuses fills the nil entries of sts with OK statuses without a
+// limit, allocated together.
+func okStatuses(sts []*rlsv3.RateLimitResponse_DescriptorStatus) {
+	n := 0
+	for _, st := range sts {
+		if st == nil {
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
+	oks := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
+	for i := range sts {
+		if sts[i] == nil {
+			oks[0].Code = rlsv3.RateLimitResponse_OK
+			sts[i], oks = &oks[0], oks[1:]
+		}
+	}
 }
 
 // groups splits items into atomic groups: same subject, cost and shadow
@@ -213,7 +253,7 @@ func (s *Server) allow(ctx context.Context, dt *domainTable, g []item, sts []*rl
 		if oversize {
 			pd.Allowed = it.hits <= it.n.limit.Requests
 		}
-		sts[it.idx] = status1(it.n, pd)
+		sts[it.idx] = it.status(pd)
 	}
 	return nil
 }
@@ -226,23 +266,26 @@ func (s *Server) refund(ctx context.Context, dt *domainTable, it item, sts []*rl
 	if err != nil {
 		return err
 	}
-	sts[it.idx] = status1(it.n, peer.PolicyDecision{Policy: it.n.policy, Allowed: true, Limit: d.Limit, Remaining: d.Remaining, ResetAfter: d.ResetAfter})
+	sts[it.idx] = it.status(peer.PolicyDecision{Policy: it.n.policy, Allowed: true, Limit: d.Limit, Remaining: d.Remaining, ResetAfter: d.ResetAfter})
 	return nil
 }
 
-// status1 is one limited descriptor's status.
-func status1(n *node, pd peer.PolicyDecision) *rlsv3.RateLimitResponse_DescriptorStatus {
-	st := &rlsv3.RateLimitResponse_DescriptorStatus{
-		Code:           rlsv3.RateLimitResponse_OK,
-		CurrentLimit:   CurrentLimit(n.policy, *n.limit),
-		LimitRemaining: uint32(min(max(pd.Remaining, 0), math.MaxUint32)),
-	}
+// status builds the item's status for pd in its block.
+func (it item) status(pd peer.PolicyDecision) *rlsv3.RateLimitResponse_DescriptorStatus {
+	b, n := it.st, it.n
+	st := &b.st
+	st.Code = rlsv3.RateLimitResponse_OK
+	st.CurrentLimit = currentLimit(&b.cl, &b.mult, n.policy, *n.limit)
+	st.LimitRemaining = uint32(min(max(pd.Remaining, 0), math.MaxUint32))
 	reset := pd.ResetAfter
 	if !pd.Allowed && !n.shadow {
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		reset = pd.RetryAfter
 	}
-	st.DurationUntilReset = durationpb.New(max(reset, 0))
+	// As durationpb.New.
+	reset = max(reset, 0)
+	b.dur.Seconds, b.dur.Nanos = int64(reset/time.Second), int32(reset%time.Second)
+	st.DurationUntilReset = &b.dur
 	return st
 }
 
@@ -253,9 +296,15 @@ func status1(n *node, pd peer.PolicyDecision) *rlsv3.RateLimitResponse_Descripto
 // reported as SECOND × its seconds rounded up (500ms is SECOND × 1):
 // Envoy has no smaller unit. unit_multiplier is omitted when it is 1.
 func CurrentLimit(name string, l Limit) *rlsv3.RateLimitResponse_RateLimit {
-	rl := &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(min(l.Requests, math.MaxUint32))}
-	mult := int64(0)
-	for _, u := range []struct {
+	return currentLimit(&rlsv3.RateLimitResponse_RateLimit{}, &wrapperspb.UInt32Value{}, name, l)
+}
+
+// currentLimit is CurrentLimit written into rl, with its multiplier (if
+// any) in mult; both zero on entry.
+func currentLimit(rl *rlsv3.RateLimitResponse_RateLimit, mult *wrapperspb.UInt32Value, name string, l Limit) *rlsv3.RateLimitResponse_RateLimit {
+	rl.Name, rl.RequestsPerUnit = name, uint32(min(l.Requests, math.MaxUint32))
+	m := int64(0)
+	for _, u := range [...]struct {
 		d    time.Duration
 		unit rlsv3.RateLimitResponse_RateLimit_Unit
 	}{
@@ -265,15 +314,16 @@ func CurrentLimit(name string, l Limit) *rlsv3.RateLimitResponse_RateLimit {
 		{time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND},
 	} {
 		if l.Window%u.d == 0 {
-			rl.Unit, mult = u.unit, int64(l.Window/u.d)
+			rl.Unit, m = u.unit, int64(l.Window/u.d)
 			break
 		}
 	}
-	if mult == 0 {
-		rl.Unit, mult = rlsv3.RateLimitResponse_RateLimit_SECOND, int64((l.Window+time.Second-1)/time.Second)
+	if m == 0 {
+		rl.Unit, m = rlsv3.RateLimitResponse_RateLimit_SECOND, int64((l.Window+time.Second-1)/time.Second)
 	}
-	if mult != 1 {
-		rl.UnitMultiplier = wrapperspb.UInt32(uint32(min(mult, math.MaxUint32)))
+	if m != 1 {
+		mult.Value = uint32(min(m, math.MaxUint32))
+		rl.UnitMultiplier = mult
 	}
 	return rl
 }
