@@ -104,7 +104,10 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		okStatuses(resp.Statuses)
 		return resp, nil
 	}
-	var refunds, allows []item
+	// A request has a handful of descriptors: their items stay on the
+	// stack unless there are more.
+	var refundBuf, allowBuf [4]item
+	refunds, allows := refundBuf[:0], allowBuf[:0]
 	for i, d := range descs {
 		entries := d.GetEntries()
 		if len(entries) == 0 {
@@ -135,24 +138,16 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		allows[i].st = &blocks[len(refunds)+i]
 	}
 
-	calls := make([]func() error, 0, len(refunds)+len(allows))
-	for _, it := range refunds {
-		calls = append(calls, func() error { return s.refund(ctx, dt, it, resp.Statuses) })
+	var err error
+	switch {
+	case len(refunds) == 0 && len(allows) == 1:
+		// The common request, one limited descriptor: one call on this
+		// goroutine, no groups.
+		err = s.allow(ctx, dt, allows, resp.Statuses)
+	case len(refunds) > 0 || len(allows) > 0:
+		err = s.decideAll(ctx, dt, refunds, allows, resp.Statuses)
 	}
-	for _, g := range groups(allows) {
-		calls = append(calls, func() error { return s.allow(ctx, dt, g, resp.Statuses) })
-	}
-	errs := make([]error, len(calls))
-	if len(calls) == 1 {
-		errs[0] = calls[0]()
-	} else {
-		var wg sync.WaitGroup
-		for i, c := range calls {
-			wg.Go(func() { errs[i] = c() })
-		}
-		wg.Wait()
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		return nil, s.grpcError(err)
 	}
 	okStatuses(resp.Statuses)
@@ -165,6 +160,30 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		resp.ResponseHeadersToAdd = headers(resp.Statuses)
 	}
 	return resp, nil
+}
+
+// decideAll gives back each of refunds and decides each atomic group of
+// allows, filling their statuses; concurrently when there is more than
+// one call to make.
+func (s *Server) decideAll(ctx context.Context, dt *domainTable, refunds, allows []item, sts []*rlsv3.RateLimitResponse_DescriptorStatus) error {
+	gs := groups(allows)
+	switch {
+	case len(refunds) == 0 && len(gs) == 1:
+		return s.allow(ctx, dt, gs[0], sts)
+	case len(refunds) == 1 && len(gs) == 0:
+		return s.refund(ctx, dt, refunds[0], sts)
+	}
+	errs := make([]error, len(refunds)+len(gs))
+	var wg sync.WaitGroup
+	for i, it := range refunds {
+		wg.Go(func() { errs[i] = s.refund(ctx, dt, it, sts) })
+	}
+	nr := len(refunds) // not refunds in the closure: it would escape
+	for i, g := range gs {
+		wg.Go(func() { errs[nr+i] = s.allow(ctx, dt, g, sts) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // okStatuses fills the nil entries of sts with OK statuses without a
@@ -225,7 +244,6 @@ func (s *Server) allow(ctx context.Context, dt *domainTable, g []item, sts []*rl
 	oversize := false
 	for _, it := range g {
 		oversize = oversize || it.hits > it.n.limit.Requests
-		req.Policies = append(req.Policies, it.n.policy)
 	}
 	if oversize {
 		// A cost above a limit can never fit: the group is refused
@@ -233,7 +251,12 @@ func (s *Server) allow(ctx context.Context, dt *domainTable, g []item, sts []*rl
 		req.Hits = 1
 	}
 	if len(g) == 1 {
-		req.Key.Policy, req.Policies = req.Policies[0], nil
+		req.Key.Policy = g[0].n.policy
+	} else {
+		req.Policies = make([]string, len(g))
+		for j, it := range g {
+			req.Policies[j] = it.n.policy
+		}
 	}
 	var d peer.Decision
 	var err error
