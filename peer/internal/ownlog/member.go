@@ -84,6 +84,7 @@ type Member struct {
 	conf     *pb.ConfState
 	applied  uint64
 	snapAt   uint64
+	snapNow  bool
 	lastConf int64
 	roster   []Peer
 	out      Output
@@ -243,6 +244,10 @@ func (m *Member) apply(e *pb.Entry, now int64) {
 			return
 		}
 		m.conf = m.rn.ApplyConfChange(cc)
+		// A member just added catches up from a snapshot, which raft
+		// refuses unless its configuration names the member: take one now
+		// rather than resend a stale one until the next.
+		m.snapNow = true
 	}
 }
 
@@ -250,9 +255,10 @@ func (m *Member) apply(e *pb.Entry, now int64) {
 // entries and compacts the log behind it, so that a joining member
 // catches up from a snapshot whose configuration names it.
 func (m *Member) snapshot() {
-	if m.applied < m.snapAt+m.cfg.SnapshotEvery || m.conf == nil {
+	if !m.snapNow && m.applied < m.snapAt+m.cfg.SnapshotEvery || m.conf == nil || m.applied <= m.snapAt {
 		return
 	}
+	m.snapNow = false
 	data, err := json.Marshal(m.own.Table())
 	if err != nil {
 		return
