@@ -223,3 +223,93 @@ func httpRunTimed(b *testing.B, parallelism int, op func(ctx context.Context, i 
 	b.ReportMetric(pct(0.99), "p99-ns")
 	httpReportOpsPerSec(b)
 }
+
+// discardWriter is a ResponseWriter that keeps the status and discards
+// the body, its header map reused from call to call.
+type discardWriter struct {
+	h      http.Header
+	status int
+}
+
+func (w *discardWriter) Header() http.Header         { return w.h }
+func (w *discardWriter) WriteHeader(status int)      { w.status = status }
+func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+
+// BenchmarkHTTPCheckHandler calls the /v1/check handler directly, without
+// a connection, on a single node that holds every key (replication off:
+// no backup): what serve's handler costs beyond net/http and the
+// network, with the local decision. The request and the response writer
+// are reused (only the body is reset), so allocs/op are the handler's
+// and the decision's.
+func BenchmarkHTTPCheckHandler(b *testing.B) {
+	pols := map[string]peer.PolicyConfig{"bench": {Limit: 1 << 50, Window: time.Second, Resolution: 10 * time.Millisecond, Replication: peer.ReplicateOff}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	nd, err := peer.New(ctx, peer.Config{Name: "bench-0", Policies: pols, GossipProfile: peer.GossipFast})
+	cancel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = nd.Close(ctx)
+	})
+	waitSettledNodes(b, []*peer.Node{nd})
+	api := &httpAPI{node: nd, pols: nd, reg: prometheus.NewRegistry(), log: slog.New(slog.DiscardHandler)}
+	h := api.routes()
+	pool := make([][]byte, httpBenchSlots)
+	for i := range pool {
+		pool[i] = fmt.Appendf(nil, `{"tenant":"bench","subject":"user-%08d","policy":"bench"}`, i%10000)
+	}
+	b.Run("mode=seq", func(b *testing.B) {
+		b.ReportAllocs()
+		w := &discardWriter{h: http.Header{}}
+		rd := bytes.NewReader(nil)
+		body := io.NopCloser(rd)
+		req, err := http.NewRequest(http.MethodPost, "/v1/check", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		i := 0
+		for b.Loop() {
+			rd.Reset(pool[i&(httpBenchSlots-1)])
+			req.Body = body
+			clear(w.h)
+			h.ServeHTTP(w, req)
+			if w.status != http.StatusOK {
+				b.Fatalf("status %d", w.status)
+			}
+			i++
+		}
+	})
+	b.Run("mode=parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		var next atomic.Int64
+		var failed atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			w := &discardWriter{h: http.Header{}}
+			rd := bytes.NewReader(nil)
+			body := io.NopCloser(rd)
+			req, err := http.NewRequest(http.MethodPost, "/v1/check", nil)
+			if err != nil {
+				failed.Store(-1)
+				return
+			}
+			i := int(next.Add(1)) * 7919
+			for pb.Next() {
+				rd.Reset(pool[i&(httpBenchSlots-1)])
+				req.Body = body
+				clear(w.h)
+				h.ServeHTTP(w, req)
+				if w.status != http.StatusOK {
+					failed.Store(int64(w.status))
+					return
+				}
+				i++
+			}
+		})
+		if s := failed.Load(); s != 0 {
+			b.Fatalf("status %d", s)
+		}
+	})
+}
