@@ -21,6 +21,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -1043,15 +1044,40 @@ func (a *httpAPI) debugHotKeys(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"node": a.node.Name(), "hot_keys": out})
 }
 
+// jsonBufs holds writeJSON's buffers: a body is encoded into one and
+// written from it, where json.Marshal returned a copy of its encoding and
+// appending the newline copied it again.
+var jsonBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooledJSON bounds the buffers jsonBufs keeps (a /v1/checks answer or
+// /debug/ring can be large; a check's is a few hundred bytes).
+const maxPooledJSON = 64 << 10
+
+// The values of writeJSON's fixed header fields, shared by every response
+// instead of one slice each from Header.Set: never modified, and len ==
+// cap, so an Add to the field copies.
+var (
+	contentTypeJSON = []string{"application/json"}
+	cacheNoStore    = []string{"no-store"}
+	noSniff         = []string{"nosniff"}
+)
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status, b = http.StatusInternalServerError, []byte(`{"error":"internal error"}`)
+	buf := jsonBufs.Get().(*bytes.Buffer)
+	buf.Reset()
+	// Encode writes what json.Marshal returns, and a newline.
+	if err := json.NewEncoder(buf).Encode(v); err != nil {
+		status = http.StatusInternalServerError
+		buf.Reset()
+		buf.WriteString(`{"error":"internal error"}` + "\n")
 	}
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
+	h["Content-Type"] = contentTypeJSON
+	h["Cache-Control"] = cacheNoStore
+	h["X-Content-Type-Options"] = noSniff
 	w.WriteHeader(status)
-	_, _ = w.Write(append(b, '\n'))
+	_, _ = w.Write(buf.Bytes())
+	if buf.Cap() <= maxPooledJSON {
+		jsonBufs.Put(buf)
+	}
 }
