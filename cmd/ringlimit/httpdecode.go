@@ -281,3 +281,140 @@ func decodeChecks(r io.Reader, max int) ([]checksItem, error) {
 	}
 	return items, nil
 }
+
+// quickCheck decodes data as decodeCheck does when data is the common
+// body: one object with at most the fields tenant, subject, policy, hits
+// and lease_id, each once; strings of printable ASCII without escapes;
+// hits a plain integer from 1 to MaxInt64; JSON whitespace between
+// tokens. For any other body it reports false and decodeCheck decides,
+// with its messages. Where it answers, it answers exactly as decodeCheck
+// would (FuzzQuickCheck), without a json.Decoder: the decoder's state and
+// its tokens, each string boxed in an interface, were most of a check's
+// allocations.
+func quickCheck(data []byte) (checkBody, bool) {
+	const (
+		tenantBit = 1 << iota
+		subjectBit
+		policyBit
+		hitsBit
+		leaseBit
+	)
+	var b checkBody
+	i := skipJSONSpace(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		return checkBody{}, false
+	}
+	i = skipJSONSpace(data, i+1)
+	seen := 0
+	if i < len(data) && data[i] == '}' {
+		i++
+	} else {
+		for {
+			name, j, ok := quickString(data, i)
+			if !ok {
+				return checkBody{}, false
+			}
+			i = skipJSONSpace(data, j)
+			if i >= len(data) || data[i] != ':' {
+				return checkBody{}, false
+			}
+			i = skipJSONSpace(data, i+1)
+			var bit int
+			var field *string
+			switch string(name) {
+			case "tenant":
+				bit, field = tenantBit, &b.Tenant
+			case "subject":
+				bit, field = subjectBit, &b.Subject
+			case "policy":
+				bit, field = policyBit, &b.Policy
+			case "lease_id":
+				bit, field = leaseBit, &b.LeaseID
+			case "hits":
+				bit = hitsBit
+			default:
+				return checkBody{}, false
+			}
+			if seen&bit != 0 {
+				return checkBody{}, false
+			}
+			seen |= bit
+			if field != nil {
+				var v []byte
+				v, i, ok = quickString(data, i)
+				*field = string(v)
+			} else {
+				b.Hits, i, ok = quickHits(data, i)
+			}
+			if !ok {
+				return checkBody{}, false
+			}
+			i = skipJSONSpace(data, i)
+			if i < len(data) && data[i] == ',' {
+				i = skipJSONSpace(data, i+1)
+				continue
+			}
+			if i < len(data) && data[i] == '}' {
+				i++
+				break
+			}
+			return checkBody{}, false
+		}
+	}
+	if skipJSONSpace(data, i) != len(data) {
+		return checkBody{}, false
+	}
+	if seen&hitsBit == 0 {
+		b.Hits = 1
+	}
+	return b, true
+}
+
+// skipJSONSpace returns the index of the first byte of data at or after i
+// that is not JSON whitespace.
+func skipJSONSpace(data []byte, i int) int {
+	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// quickString reads a JSON string at data[i] whose bytes are printable
+// ASCII other than a backslash (so it means its bytes): its contents and
+// the index after its closing quote.
+func quickString(data []byte, i int) ([]byte, int, bool) {
+	if i >= len(data) || data[i] != '"' {
+		return nil, i, false
+	}
+	for j := i + 1; j < len(data); j++ {
+		switch c := data[j]; {
+		case c == '"':
+			return data[i+1 : j], j + 1, true
+		case c < 0x20 || c > 0x7e || c == '\\':
+			return nil, i, false
+		}
+	}
+	return nil, i, false
+}
+
+// quickHits reads a JSON number at data[i] that is a plain integer from 1
+// to MaxInt64 (no sign, leading zero, fraction or exponent): its value and
+// the index after it.
+func quickHits(data []byte, i int) (int64, int, bool) {
+	if i >= len(data) || data[i] < '1' || data[i] > '9' {
+		return 0, i, false
+	}
+	var n int64
+	j := i
+	for ; j < len(data) && data[j] >= '0' && data[j] <= '9'; j++ {
+		d := int64(data[j] - '0')
+		if n > (1<<63-1-d)/10 {
+			return 0, i, false // above MaxInt64
+		}
+		n = n*10 + d
+	}
+	if j < len(data) && (data[j] == '.' || data[j] == 'e' || data[j] == 'E') {
+		return 0, i, false
+	}
+	return n, j, true
+}

@@ -167,3 +167,66 @@ func TestDecodeChecks(t *testing.T) {
 		})
 	}
 }
+
+// TestQuickCheck: the common bodies take quickCheck's way, as decodeCheck
+// reads them; anything it does not read exactly (escapes, policies, hits
+// 0 or with a fraction, a duplicate, an unknown field, trailing data)
+// is left to decodeCheck.
+func TestQuickCheck(t *testing.T) {
+	for _, body := range []string{
+		`{"tenant":"a","subject":"b","policy":"api"}`,
+		`{"hits":5,"policy":"api","subject":"b","tenant":"a"}`,
+		`{"tenant":"a","subject":"b","policy":"api","hits":9223372036854775807}`,
+		" \n{ \"tenant\" : \"a\" ,\t\"lease_id\":\"42\"} \r\n",
+		`{}`,
+		`{"tenant":"","subject":"user 1","policy":"a:b"}`,
+	} {
+		got, ok := quickCheck([]byte(body))
+		want, err := decodeCheck(strings.NewReader(body))
+		if !ok || err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("quickCheck(%q) = %+v, %v; decodeCheck gives %+v, %v", body, got, ok, want, err)
+		}
+	}
+	for _, body := range []string{
+		`{"tenant":"a\u0062","subject":"b","policy":"api"}`,
+		`{"tenant":"a\"","subject":"b","policy":"api"}`,
+		"{\"tenant\":\"\xc3\xa9\"}",
+		`{"tenant":"a","subject":"b","policies":["x"]}`,
+		`{"tenant":"a","hits":0}`,
+		`{"tenant":"a","hits":01}`,
+		`{"tenant":"a","hits":1.0}`,
+		`{"tenant":"a","hits":1e3}`,
+		`{"tenant":"a","hits":-1}`,
+		`{"tenant":"a","hits":9223372036854775808}`,
+		`{"tenant":"a","tenant":"a"}`,
+		`{"Tenant":"a"}`,
+		`{"tenant":"a",}`,
+		`{"tenant":"a"} x`,
+		`{"tenant":"a"}{}`,
+		`{"tenant":null}`,
+		``,
+		`{"tenant":"a"`,
+	} {
+		if got, ok := quickCheck([]byte(body)); ok {
+			t.Errorf("quickCheck(%q) = %+v, want it left to decodeCheck", body, got)
+		}
+	}
+}
+
+// FuzzQuickCheck: whatever quickCheck accepts, decodeCheck accepts as the
+// same body.
+func FuzzQuickCheck(f *testing.F) {
+	f.Add([]byte(`{"tenant":"a","subject":"b","policy":"api","hits":2}`))
+	f.Add([]byte(` {"lease_id":"7", "hits":12 ,"tenant":"t"}`))
+	f.Add([]byte(`{}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, ok := quickCheck(data)
+		if !ok {
+			return
+		}
+		want, err := decodeCheck(strings.NewReader(string(data)))
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("quickCheck(%q) = %+v; decodeCheck gives %+v, %v", data, got, want, err)
+		}
+	})
+}

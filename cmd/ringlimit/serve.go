@@ -712,6 +712,14 @@ type errorResponse struct {
 	Error string `json:"error"`
 }
 
+// bodyBufs holds serveOp's request body buffers.
+var bodyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// errReader returns err from every Read.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
 // check answers POST /v1/check: one decision that consumes quota.
 func (a *httpAPI) check(w http.ResponseWriter, r *http.Request) { a.serveOp(w, r, opCheck) }
 
@@ -719,8 +727,25 @@ func (a *httpAPI) check(w http.ResponseWriter, r *http.Request) { a.serveOp(w, r
 func (a *httpAPI) serveOp(w http.ResponseWriter, r *http.Request, o op) {
 	r.Body = http.MaxBytesReader(w, r.Body, maxCheckBody)
 	// Strict: exact field names, no duplicates, hits 1 when absent and
-	// never 0, null or fractional (httpdecode.go).
-	b, err := decodeCheck(r.Body)
+	// never 0, null or fractional (httpdecode.go). The common body is
+	// read by quickCheck; anything else by decodeCheck, from the same
+	// bytes followed by the same read error.
+	buf := bodyBufs.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer bodyBufs.Put(buf) // at most maxCheckBody + bytes.MinRead
+	_, rerr := buf.ReadFrom(r.Body)
+	b, ok := checkBody{}, false
+	if rerr == nil {
+		b, ok = quickCheck(buf.Bytes())
+	}
+	var err error
+	if !ok {
+		var body io.Reader = bytes.NewReader(buf.Bytes())
+		if rerr != nil {
+			body = io.MultiReader(body, errReader{rerr})
+		}
+		b, err = decodeCheck(body)
+	}
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
