@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"time"
@@ -316,12 +317,30 @@ func UnavailableHeaders(h http.Header, policy string, pc PolicyConfig) {
 
 // policyField is the RateLimit-Policy value for policy pc with quota limit.
 func policyField(policy string, pc PolicyConfig, limit int64) string {
-	pv := sfString(policy) + ";q=" + strconv.FormatInt(limit, 10)
-	if pc.Window > 0 {
-		pv += ";w=" + strconv.FormatInt(RetryAfterSeconds(pc.Window), 10)
-	}
-	return pv
+	var buf [128]byte
+	return string(appendPolicyField(buf[:0], policy, pc, limit))
 }
+
+// appendPolicyField appends policyField's value to b.
+func appendPolicyField(b []byte, policy string, pc PolicyConfig, limit int64) []byte {
+	b = appendSFString(b, policy)
+	b = append(b, ";q="...)
+	b = strconv.AppendInt(b, limit, 10)
+	if pc.Window > 0 {
+		b = append(b, ";w="...)
+		b = strconv.AppendInt(b, RetryAfterSeconds(pc.Window), 10)
+	}
+	return b
+}
+
+// The canonical forms of the RateLimit fields' names, which Header.Set
+// and Header.Del would compute (and, since the draft's spelling is not
+// canonical, allocate) on every call.
+var (
+	hdrRateLimitPolicy = textproto.CanonicalMIMEHeaderKey("RateLimit-Policy")
+	hdrRateLimit       = textproto.CanonicalMIMEHeaderKey("RateLimit")
+	hdrRateLimitReason = textproto.CanonicalMIMEHeaderKey("RateLimit-Reason")
+)
 
 // RateLimitHeaders sets the RateLimit header fields of the IETF draft
 // "RateLimit header fields for HTTP" (draft-ietf-httpapi-ratelimit-headers)
@@ -355,26 +374,33 @@ func RateLimitHeaders(h http.Header, policy string, pc PolicyConfig, d Decision)
 		h.Set("RateLimit-Reason", d.Reason.String())
 		return
 	}
-	name := sfString(policy)
 	limit := d.Limit
 	if limit == 0 {
 		limit = pc.Limit
 	}
-	h.Set("RateLimit-Policy", policyField(policy, pc, limit))
+	// Each value is built in buf and copied out once; the fields are set
+	// as Header.Set and Header.Del would, with their canonical names.
+	var buf [128]byte
+	h[hdrRateLimitPolicy] = []string{string(appendPolicyField(buf[:0], policy, pc, limit))}
 	if d.Reason != ReasonFailedOpen {
-		t := strconv.FormatInt(resetSeconds(pc, d), 10)
-		h.Set("RateLimit", name+";r="+strconv.FormatInt(max(d.Remaining, 0), 10)+";t="+t)
+		t := resetSeconds(pc, d)
+		b := appendSFString(buf[:0], policy)
+		b = append(b, ";r="...)
+		b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, t, 10)
+		h[hdrRateLimit] = []string{string(b)}
 		if !d.Allowed {
-			h.Set("Retry-After", t)
+			h["Retry-After"] = []string{strconv.FormatInt(t, 10)}
 		}
 	} else {
-		h.Del("RateLimit")
+		delete(h, hdrRateLimit)
 	}
 	switch d.Reason {
 	case ReasonFailedOpen, ReasonFallback, ReasonShadow:
-		h.Set("RateLimit-Reason", d.Reason.String())
+		h[hdrRateLimitReason] = []string{d.Reason.String()}
 	default:
-		h.Del("RateLimit-Reason")
+		delete(h, hdrRateLimitReason)
 	}
 }
 
@@ -476,25 +502,21 @@ func writeJSON(w http.ResponseWriter, status int, body errorBody) {
 	_, _ = w.Write(append(b, '\n'))
 }
 
-// sfString quotes s as a structured-field string (RFC 8941 §3.3.3):
+// appendSFString appends s quoted as a structured-field string (RFC 8941 §3.3.3):
 // backslash and double quote are escaped; bytes outside printable ASCII,
 // which validated policy names never hold, are replaced by '?'.
-func sfString(s string) string {
-	var b strings.Builder
-	b.Grow(len(s) + 2)
-	b.WriteByte('"')
+func appendSFString(b []byte, s string) []byte {
+	b = append(b, '"')
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
 		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
+			b = append(b, '\\', c)
 		case c < 0x20 || c > 0x7e:
-			b.WriteByte('?')
+			b = append(b, '?')
 		default:
-			b.WriteByte(c)
+			b = append(b, c)
 		}
 	}
-	b.WriteByte('"')
-	return b.String()
+	return append(b, '"')
 }
