@@ -319,7 +319,10 @@ func (m *Machine) Apply(c Command, now int64) []Action {
 		if err != nil {
 			break
 		}
-		m.noteRecord(c.Member, now)
+		// An End is no sign of life: the member's expiry keeps counting
+		// from its last extension (else the leader would find it fresh
+		// and grant its partitions straight back).
+		m.noteEnd(c.Member)
 		if c.Member == m.cfg.ID {
 			// Every holding at the old epoch ended; extensions sent at it
 			// are refused when applied.
@@ -335,7 +338,13 @@ func (m *Machine) Apply(c Command, now int64) []Action {
 			if cur.Holder == m.cfg.ID && old.Holder != m.cfg.ID {
 				// Handed to us as the backup: our replica is the state,
 				// complete for every admission replicated synchronously.
-				if old.Backup == m.cfg.ID && l.have {
+				// Our replica is complete; or we hold a copy the holder
+				// made at the partition's epoch for a move or a backup
+				// change that never committed: the holder was fenced from
+				// that copy on, and after a failed copy to its backup it
+				// decides again only once a new copy is the backup's.
+				if old.Backup == m.cfg.ID && (l.have || l.copyFrom == old.Holder && l.copyEpoch == old.Epoch) {
+					l.have = true
 					m.count.Takeovers++
 				} else {
 					m.count.MissingCopy++
@@ -421,6 +430,14 @@ func (m *Machine) noteRecord(id string, now int64) {
 		m.seen[id] = s
 	}
 	s.version, s.epoch, s.at = l.Version, l.Epoch, now
+}
+
+func (m *Machine) noteEnd(id string) {
+	l, s := m.table.Members[id], m.seen[id]
+	if l == nil || s == nil {
+		return
+	}
+	s.version, s.epoch = l.Version, l.Epoch
 }
 
 // Restored tells the machine that its table was replaced wholesale (a
@@ -528,6 +545,14 @@ func (m *Machine) tickPartition(p int, now int64, acts []Action) []Action {
 		if now-l.since >= int64(m.cfg.Retry) {
 			// Nothing was proposed: the copy's receiver cannot act on it.
 			l.fence = fenceNone
+			if l.to == pt.Backup {
+				// But the backup may have installed it, and a backup
+				// holding a copy no command names refuses replicas (a
+				// delayed copy must never overwrite admissions replicated
+				// after it): make it the backup again, with a new copy,
+				// before deciding.
+				l.recopy, l.recopyAfter = true, l.seq
+			}
 		}
 		return acts
 	case fenceProposed:
