@@ -260,8 +260,13 @@ func decodeChecks(r io.Reader, max int) ([]checksItem, error) {
 				}
 				return nil, fmt.Errorf("request %d: %w", len(items), err)
 			}
-			b, err := decodeCheck(bytes.NewReader(raw))
-			items = append(items, checksItem{body: b, err: err})
+			// The common item by quickCheck, as for /v1/check.
+			b, ok := quickCheck(raw)
+			var berr error
+			if !ok {
+				b, berr = decodeCheck(bytes.NewReader(raw))
+			}
+			items = append(items, checksItem{body: b, err: berr})
 		}
 		if err := expectDelim(dec, ']', "requests is not closed"); err != nil {
 			return nil, err
