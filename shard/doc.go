@@ -15,7 +15,8 @@
 // Rounding up makes entries expire later, never earlier, so it keeps the
 // promise while bounding a key's log to min(L, W/Resolution) runs.
 //
-// TokenBucket (GCRA) and FixedWindow are separate, named policies with
+// TokenBucket (GCRA), FixedWindow and Calendar (at most L per calendar day,
+// ISO week, month or year in a time zone) are separate, named policies with
 // different promises, documented on their constants. Concurrency is not a
 // rate at all: it caps the units held at once by leases (Store.Acquire and
 // Store.Release), each expiring after the policy's Window unless released

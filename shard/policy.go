@@ -37,13 +37,23 @@ const (
 	// Refund refuse a Concurrency policy with ErrWrongAlgorithm: an
 	// admission that cannot be released would be a lease nobody ends.
 	Concurrency
+	// Calendar counts admissions per calendar period (Policy.Period: a
+	// day, ISO week, month or year) in Policy.Zone. A period starts at its
+	// calendar boundary and the instant of the edge belongs to the new
+	// period; at most Limit units are admitted per period, so Limit just
+	// before an edge and Limit at it are all admitted, as in FixedWindow.
+	// Window and Resolution must be zero: the calendar sets the length (a
+	// day of 23 or 25 hours on a daylight-saving change, months of 28 to
+	// 31 days). Its exported state names the period by its start instant,
+	// not by an age (see calendarWindow).
+	Calendar
 	numAlgorithms
 )
 
-var algorithmNames = [numAlgorithms]string{"sliding_log", "token_bucket", "fixed_window", "concurrency"}
+var algorithmNames = [numAlgorithms]string{"sliding_log", "token_bucket", "fixed_window", "concurrency", "calendar"}
 
 // String returns the algorithm's stable name: sliding_log, token_bucket,
-// fixed_window or concurrency.
+// fixed_window, concurrency or calendar.
 func (a Algorithm) String() string {
 	if a < numAlgorithms {
 		return algorithmNames[a]
@@ -62,7 +72,7 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 			return Algorithm(i), nil
 		}
 	}
-	return 0, fmt.Errorf("%w: unknown algorithm %q (want sliding_log, token_bucket, fixed_window or concurrency)", ErrInvalidPolicy, s)
+	return 0, fmt.Errorf("%w: unknown algorithm %q (want sliding_log, token_bucket, fixed_window, concurrency or calendar)", ErrInvalidPolicy, s)
 }
 
 // DefaultResolution is the timestamp resolution used when
@@ -102,6 +112,12 @@ type Policy struct {
 	// a key's log to Window/Resolution runs. Zero means 1 ms. Must not
 	// exceed Window.
 	Resolution time.Duration
+	// Period is the calendar unit of a Calendar policy; required there and
+	// NoPeriod for every other algorithm.
+	Period Period
+	// Zone is the time zone whose calendar a Calendar policy follows. Nil
+	// means UTC. Ignored by other algorithms.
+	Zone *time.Location
 }
 
 // Validate reports every problem with the policy, joined, each wrapping
@@ -110,6 +126,18 @@ func (p Policy) Validate() error {
 	var errs []error
 	if p.Limit <= 0 {
 		errs = append(errs, fmt.Errorf("%w: limit %d must be positive", ErrInvalidPolicy, p.Limit))
+	}
+	if p.Algorithm == Calendar {
+		if p.Period == NoPeriod || p.Period >= numPeriods {
+			errs = append(errs, fmt.Errorf("%w: calendar policy needs a period (calendar_day, calendar_week, calendar_month or calendar_year)", ErrInvalidPolicy))
+		}
+		if p.Window != 0 || p.Resolution != 0 {
+			errs = append(errs, fmt.Errorf("%w: calendar policy takes its length from its period; leave window (%v) and resolution (%v) zero", ErrInvalidPolicy, p.Window, p.Resolution))
+		}
+		return errors.Join(errs...)
+	}
+	if p.Period != NoPeriod {
+		errs = append(errs, fmt.Errorf("%w: period %v needs algorithm calendar, not %v", ErrInvalidPolicy, p.Period, p.Algorithm))
 	}
 	if p.Window <= 0 {
 		errs = append(errs, fmt.Errorf("%w: window %v must be positive", ErrInvalidPolicy, p.Window))
@@ -129,7 +157,10 @@ func (p Policy) Validate() error {
 
 // valid is the allocation-free check used on the decision path.
 func (p *Policy) valid() bool {
-	return p.Limit > 0 && p.Window > 0 && p.Window <= MaxWindow && p.Algorithm < numAlgorithms && p.Resolution >= 0 && p.Resolution <= p.Window
+	if p.Algorithm == Calendar {
+		return p.Limit > 0 && p.Period != NoPeriod && p.Period < numPeriods && p.Window == 0 && p.Resolution == 0
+	}
+	return p.Period == NoPeriod && p.Limit > 0 && p.Window > 0 && p.Window <= MaxWindow && p.Algorithm < numAlgorithms && p.Resolution >= 0 && p.Resolution <= p.Window
 }
 
 // years formats a long duration in years of 365.25 days ("300y"), with the
@@ -215,6 +246,8 @@ func allowLimiter(lim limiter, now int64, p Policy, hits int64, d *Decision) {
 		l.allow(now, p, hits, d)
 	case *fixedWindow:
 		l.allow(now, p, hits, d)
+	case *calendarWindow:
+		l.allow(now, p, hits, d)
 	case *leases:
 		l.allow(now, p, hits, d)
 	default:
@@ -230,6 +263,8 @@ func newLimiter(a Algorithm) limiter {
 		return &gcra{}
 	case FixedWindow:
 		return &fixedWindow{}
+	case Calendar:
+		return &calendarWindow{}
 	default:
 		return &slidingLog{}
 	}

@@ -9,7 +9,9 @@ import (
 // export's now. Age may be negative by less than one resolution step (times
 // are rounded up). For TokenBucket the single run's Age is now minus the
 // theoretical arrival time and Count is zero; for FixedWindow it is the age of
-// the window start and the window's count. For Concurrency each run is one
+// the window start and the window's count. For Calendar the single run's
+// Age is not an age: it holds the period's start instant in Unix
+// nanoseconds, and Count is the period's count (see Calendar). For Concurrency each run is one
 // live lease: ID is its id, Count its units, and Age is now minus its
 // expiry (negative: the lease has −Age left to live), so a receiver that
 // rebases it keeps the lease at least as long as the sender would have.

@@ -81,6 +81,10 @@ func newEntry(a Algorithm) *entry {
 		b := &entryWith[fixedWindow]{}
 		b.e.lim = &b.l
 		return &b.e
+	case Calendar:
+		b := &entryWith[calendarWindow]{}
+		b.e.lim = &b.l
+		return &b.e
 	default:
 		b := &entryWith[slidingLog]{}
 		b.e.lim = &b.l
@@ -386,7 +390,8 @@ func (s *Store) export(key Key, now time.Time, remove bool) (KeyState, bool) {
 	}
 	t := max(now.UnixNano(), e.last)
 	ks := KeyState{Key: e.key, Algorithm: e.alg, Runs: e.lim.export(t)}
-	if shift := t - now.UnixNano(); shift > 0 {
+	// A calendar state is an instant (the period start), not an age.
+	if shift := t - now.UnixNano(); shift > 0 && e.alg != Calendar {
 		// The key's clock is ahead of now (a decision that read the clock
 		// later took the lock first, or the clock stepped back): the
 		// state is read at the key's time, but its ages must be relative
@@ -539,6 +544,9 @@ func peekFresh(now int64, p Policy, hits int64) Decision {
 	case FixedWindow:
 		var f fixedWindow
 		return f.peek(now, p, hits)
+	case Calendar:
+		var c calendarWindow
+		return c.peek(now, p, hits)
 	case Concurrency:
 		var c leases
 		return c.peek(now, p, hits)
