@@ -70,8 +70,14 @@ type ClientConfig struct {
 	// answer suggests it changed. Zero means 1 s.
 	RefreshInterval time.Duration
 	// Timeout bounds one placement read and one stream opening. Zero
-	// means 2 s. A decision is bounded by the caller's context only.
+	// means 2 s.
 	Timeout time.Duration
+	// DecisionTimeout bounds one call (Allow and the other decisions)
+	// whose context has no deadline; a context with a deadline is bounded
+	// by it alone. A call that runs out returns an error wrapping both
+	// ErrUnavailable and context.DeadlineExceeded. Zero (or negative)
+	// means 500 ms, a node's default Config.ForwardTimeout.
+	DecisionTimeout time.Duration
 }
 
 // Client decides requests on a ringlimit cluster, sending each to its
@@ -90,7 +96,8 @@ type Client struct {
 	members map[string]*memberConn // by address
 	closed  bool
 
-	calls sync.Pool // *clientCall
+	calls    sync.Pool // *clientCall
+	timedOut error     // the cause of a call's DecisionTimeout running out
 }
 
 // clientTable is one placement table.
@@ -120,7 +127,11 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 2 * time.Second
 	}
-	c := &Client{cfg: cfg, refresh: make(chan struct{}, 1), members: map[string]*memberConn{}}
+	if cfg.DecisionTimeout <= 0 {
+		cfg.DecisionTimeout = defaultForwardTimeout
+	}
+	c := &Client{cfg: cfg, refresh: make(chan struct{}, 1), members: map[string]*memberConn{},
+		timedOut: fmt.Errorf("no answer within the client's DecisionTimeout %v: %w", cfg.DecisionTimeout, context.DeadlineExceeded)}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.calls.New = func() any { return &clientCall{done: make(chan clientResult, 1)} }
 	t, err := c.readTable(ctx, cfg.Addrs)
@@ -162,26 +173,16 @@ func (c *Client) closeMembers() {
 // returns an error wrapping ErrInvalidKey or ErrInvalidHits before
 // anything is sent; an unknown policy ErrUnknownPolicy; a holder that
 // could not decide (and a policy that fails closed), a broken connection
-// or an expired ctx an error wrapping ErrUnavailable. After Close it
+// or an expired ctx an error wrapping ErrUnavailable (and ctx's error, or
+// context.DeadlineExceeded when DecisionTimeout ran out). After Close it
 // returns ErrClosed.
 func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
-	if c.ctx.Err() != nil {
-		return Decision{}, ErrClosed
+	t, at, err := c.route(req)
+	if err != nil {
+		return Decision{}, err
 	}
-	if req.Hits < 0 {
-		return Decision{}, fmt.Errorf("%w: hits %d must be at least 1", ErrInvalidHits, req.Hits)
-	}
-	k := req.Key
-	if len(req.Policies) > 0 && k.Policy == "" {
-		k.Policy = req.Policies[0] // placement ignores the policy; validate the rest
-	}
-	var buf [shard.MaxEncodedKeyLen]byte
-	pb, ok := k.AppendPlacement(buf[:0])
-	if !ok {
-		return Decision{}, fmt.Errorf("%w: %w", ErrInvalidKey, k.Validate())
-	}
-	t := c.table.Load()
-	at := int(t.holders[xxhash.Sum64(pb)%t.count])
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
 	// A request never written to a stream may go elsewhere: to the next
 	// member, which forwards it.
 	for try := range len(t.members) {
@@ -201,6 +202,50 @@ func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
 		return d, err
 	}
 	return Decision{}, fmt.Errorf("%w: no member could take the request", ErrUnavailable)
+}
+
+// route checks req before anything is sent and returns the table and the
+// index in it of the key's holder.
+func (c *Client) route(req Request) (*clientTable, int, error) {
+	if c.ctx.Err() != nil {
+		return nil, 0, ErrClosed
+	}
+	if req.Hits < 0 {
+		return nil, 0, fmt.Errorf("%w: hits %d must be at least 1", ErrInvalidHits, req.Hits)
+	}
+	k := req.Key
+	if len(req.Policies) > 0 && k.Policy == "" {
+		k.Policy = req.Policies[0] // placement ignores the policy; validate the rest
+	}
+	var buf [shard.MaxEncodedKeyLen]byte
+	pb, ok := k.AppendPlacement(buf[:0])
+	if !ok {
+		return nil, 0, fmt.Errorf("%w: %w", ErrInvalidKey, k.Validate())
+	}
+	t := c.table.Load()
+	return t, int(t.holders[xxhash.Sum64(pb)%t.count]), nil
+}
+
+// bound gives a ctx without a deadline the client's DecisionTimeout, whose
+// cause names it (see ctxErr). A call must never wait longer than a node
+// would: through a takeover the node answers unavailable within its
+// ForwardTimeout, and so does the client.
+func (c *Client) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	// One timer per call without a deadline: the price of never blocking.
+	return context.WithTimeoutCause(ctx, c.cfg.DecisionTimeout, c.timedOut)
+}
+
+// ctxErr is why ctx ended, for a call's error: ctx's cause, which is
+// c.timedOut when DecisionTimeout ran out (it wraps
+// context.DeadlineExceeded), else ctx.Err().
+func ctxErr(ctx context.Context) error {
+	if err := context.Cause(ctx); err != nil {
+		return err
+	}
+	return ctx.Err()
 }
 
 // Placement returns the client's current table as (partition → holder
@@ -385,7 +430,7 @@ func (m *memberConn) allow(ctx context.Context, req Request) (d Decision, sent b
 	case <-m.stopped:
 		return Decision{}, false, nil
 	case <-ctx.Done():
-		return Decision{}, false, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
+		return Decision{}, false, fmt.Errorf("%w: %w", ErrUnavailable, ctxErr(ctx))
 	}
 	var r clientResult
 	select {
@@ -400,7 +445,7 @@ func (m *memberConn) allow(ctx context.Context, req Request) (d Decision, sent b
 		}
 	case <-ctx.Done():
 		// The answer will land in k.done later: k is not reused.
-		return Decision{}, true, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
+		return Decision{}, true, fmt.Errorf("%w: %w", ErrUnavailable, ctxErr(ctx))
 	}
 	k.req = Request{}
 	m.c.calls.Put(k)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -459,4 +461,96 @@ func TestAllowStreamRoutedBound(t *testing.T) {
 		t.Fatalf("goroutines grew by %d while routing %d items; want at most about %d (the stream's bound)", grew, messages*MaxBatch, maxStreamRouted)
 	}
 	t.Logf("%d items answered; goroutines grew by at most %d (bound %d)", answered, peak.Load()-int64(base), maxStreamRouted)
+}
+
+// dialThroughForTest dials a client whose every member connection goes to
+// via instead: the client still routes by its table, but a key held by
+// another node reaches it through via's forward hop, where a test can hold
+// it (setCheckHookForTest).
+func dialThroughForTest(t *testing.T, via *Node, cfg ClientConfig) *Client {
+	t.Helper()
+	cfg.Addrs = []string{via.RPCAddr()}
+	cfg.DialOptions = []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", via.RPCAddr())
+		}),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cl, err := Dial(ctx, cfg)
+	if err != nil {
+		t.Fatalf("Dial through %s: %v", via.Name(), err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// TestClientDecisionTimeout checks that a call whose context has no
+// deadline is bounded by ClientConfig.DecisionTimeout when the holder
+// never answers (and the node's ForwardTimeout is far longer): it returns
+// an error wrapping ErrUnavailable and context.DeadlineExceeded instead of
+// blocking. A caller's own deadline still wins, and zero means the node's
+// default ForwardTimeout.
+func TestClientDecisionTimeout(t *testing.T) {
+	const forwardTimeout, decisionTimeout = 10 * time.Second, 200 * time.Millisecond
+	c := startCluster(t, 2, Config{Policies: clientPolicies, ForwardTimeout: forwardTimeout})
+	via, silent := c.nodes[0], c.nodes[1]
+	k := pmKeyOwnedBy(t, via, "q", silent.Name())
+	cl := dialThroughForTest(t, via, ClientConfig{DecisionTimeout: decisionTimeout})
+	if d, err := cl.Allow(context.Background(), Request{Key: k}); err != nil || !d.Allowed || d.Owner != silent.Name() {
+		t.Fatalf("Allow(%v) before the fault = %+v, %v; want admitted by %s", k, d, err, silent.Name())
+	}
+	// The hook lets go when the test ends, before the cluster closes, so
+	// Close does not wait out the forward.
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	silent.setCheckHookForTest(func(ctx context.Context) {
+		select {
+		case <-ctx.Done():
+		case <-release:
+		}
+	})
+	// call runs one Allow and waits for it far less long than the node
+	// would hold it.
+	call := func(ctx context.Context) (time.Duration, error) {
+		t.Helper()
+		type result struct {
+			d   Decision
+			err error
+		}
+		start := time.Now()
+		done := make(chan result, 1)
+		go func() {
+			d, err := cl.Allow(ctx, Request{Key: k})
+			done <- result{d, err}
+		}()
+		select {
+		case r := <-done:
+			if r.err == nil {
+				t.Fatalf("Allow(%v) with a silent holder = %+v; want an error", k, r.d)
+			}
+			return time.Since(start), r.err
+		case <-time.After(forwardTimeout / 2):
+			t.Fatalf("Allow(%v) with a silent holder still blocked after %v (DecisionTimeout %v)", k, forwardTimeout/2, decisionTimeout)
+			return 0, nil
+		}
+	}
+	took, err := call(context.Background())
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "DecisionTimeout") {
+		t.Fatalf("Allow without a deadline = %v; want ErrUnavailable and context.DeadlineExceeded, naming DecisionTimeout", err)
+	}
+	if took < decisionTimeout {
+		t.Fatalf("Allow without a deadline returned after %v, before DecisionTimeout %v: %v", took, decisionTimeout, err)
+	}
+	// The caller's deadline, shorter than DecisionTimeout, is the bound.
+	ctx, cancel := context.WithTimeout(context.Background(), decisionTimeout/4)
+	defer cancel()
+	took, err = call(ctx)
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "DecisionTimeout") || took >= decisionTimeout {
+		t.Fatalf("Allow with a %v deadline = %v after %v; want the caller's deadline, not DecisionTimeout", decisionTimeout/4, err, took)
+	}
+	if def := dialForTest(t, via); def.cfg.DecisionTimeout != (Config{}).withDefaults().ForwardTimeout {
+		t.Fatalf("zero DecisionTimeout = %v; want the node's default ForwardTimeout %v", def.cfg.DecisionTimeout, (Config{}).withDefaults().ForwardTimeout)
+	}
 }

@@ -377,6 +377,10 @@ type Config struct {
 // defaultPolicy is the table a zero Config gets.
 var defaultPolicy = PolicyConfig{Limit: 100, Window: time.Minute}
 
+// defaultForwardTimeout is Config.ForwardTimeout's zero value, and
+// ClientConfig.DecisionTimeout's: a client gives up when a node would.
+const defaultForwardTimeout = 500 * time.Millisecond
+
 // withDefaults returns a copy of c with zero fields filled in. Maps and
 // slices are copied so the caller's values are never written.
 func (c Config) withDefaults() Config {
@@ -402,7 +406,7 @@ func (c Config) withDefaults() Config {
 	c.Policies = pols
 	c.Ring = c.Ring.WithDefaults()
 	if c.ForwardTimeout == 0 {
-		c.ForwardTimeout = 500 * time.Millisecond
+		c.ForwardTimeout = defaultForwardTimeout
 	}
 	if c.MaxBatch == 0 {
 		c.MaxBatch = 256
