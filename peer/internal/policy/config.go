@@ -43,12 +43,22 @@ type Config struct {
 	// held at once). Must be positive.
 	Limit int64
 	// Window is the rolling window (for Concurrency, the lease TTL: a lease
-	// not released expires Window after it was taken). Must be positive.
+	// not released expires Window after it was taken). Must be positive,
+	// except under Calendar, where it must be zero (Period sets the length).
 	Window time.Duration
 	// Algorithm is the limiting algorithm. Zero means SlidingLog.
 	Algorithm shard.Algorithm
 	// Resolution is the sliding log's timestamp granularity. Zero means 1 ms.
 	Resolution time.Duration
+	// Period is the calendar unit of a shard.Calendar policy (calendar day,
+	// ISO week from Monday, month or year); required there, and must be
+	// zero for every other algorithm.
+	Period shard.Period
+	// Zone is the IANA time zone ("Europe/Berlin") whose calendar a
+	// Calendar policy follows. Empty means UTC. Only for Calendar. The zone
+	// rules come from the host's zoneinfo, else from the copy embedded in
+	// the binary (time/tzdata).
+	Zone string
 	// OnUnavailable is what to do when the owner cannot be reached. Zero
 	// means FailClosed.
 	OnUnavailable OnUnavailable
@@ -181,5 +191,10 @@ func (p Config) For(tenant, subject string) Config {
 }
 
 func (p Config) shard() shard.Policy {
-	return shard.Policy{Limit: p.Limit, Window: p.Window, Algorithm: p.Algorithm, Resolution: p.Resolution}
+	sp := shard.Policy{Limit: p.Limit, Window: p.Window, Algorithm: p.Algorithm, Resolution: p.Resolution, Period: p.Period}
+	if p.Algorithm == shard.Calendar {
+		// An unknown zone is reported by Validate; here it leaves UTC.
+		sp.Zone, _ = LoadZone(p.Zone)
+	}
+	return sp
 }

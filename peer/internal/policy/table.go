@@ -65,6 +65,8 @@ func New(pols map[string]Config) *Table {
 //     the sliding log, the one algorithm that reads it: 0 and an explicit
 //     1ms are the same table;
 //   - Shadow: a shadow-mode holder admits every request;
+//   - for Calendar only, Period and Zone (empty and "UTC" are one zone):
+//     holders counting other days or in other zones are told apart;
 //   - Overrides, in a canonical order (the same set in any order is the
 //     same table).
 //
@@ -164,6 +166,15 @@ func version(pols map[string]Config) uint64 {
 			}
 		}
 		fmt.Fprintf(h, "%q=%d/%d/%d/%d/%t;", n, p.Limit, p.Window, p.Algorithm, res, p.Shadow)
+		if p.Algorithm == shard.Calendar {
+			// Only for Calendar, so every other table keeps the version
+			// it had before calendars existed. "" and "UTC" are one zone.
+			zone := p.Zone
+			if zone == "" {
+				zone = "UTC"
+			}
+			fmt.Fprintf(h, "c%d/%q;", p.Period, zone)
+		}
 		// Overrides in a canonical order: the same set in any order is
 		// the same table.
 		ov := append([]Override(nil), p.Overrides...)
@@ -203,6 +214,13 @@ func Validate(pols map[string]Config) []error {
 		}
 		if err := p.shard().Validate(); err != nil {
 			bad("policy %q: %v", name, err)
+		}
+		if p.Algorithm == shard.Calendar {
+			if _, err := LoadZone(p.Zone); err != nil {
+				bad("policy %q: %v", name, err)
+			}
+		} else if p.Zone != "" {
+			bad("policy %q: zone %q applies to algorithm calendar only; remove it or use a calendar window", name, p.Zone)
 		}
 		if p.OnUnavailable > Fallback {
 			bad("policy %q: unknown on_unavailable %d", name, p.OnUnavailable)
