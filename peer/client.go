@@ -170,8 +170,10 @@ func (c *Client) closeMembers() {
 
 // Allow decides one request at its key's holder, like Node.Allow: over
 // limit is a Decision with Allowed false and a nil error. Invalid input
-// returns an error wrapping ErrInvalidKey or ErrInvalidHits before
-// anything is sent; an unknown policy ErrUnknownPolicy; a holder that
+// returns an error wrapping ErrInvalidKey or ErrInvalidHits (before
+// anything is sent, or as the node answered); an unknown policy
+// ErrUnknownPolicy; a concurrency policy ErrWrongAlgorithm (its units are
+// taken with Acquire and given back with Release); a holder that
 // could not decide (and a policy that fails closed), a broken connection
 // or an expired ctx an error wrapping ErrUnavailable (and ctx's error, or
 // context.DeadlineExceeded when DecisionTimeout ran out). After Close it

@@ -20,7 +20,8 @@ import (
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
-var clientPolicies = map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}, "q": {Limit: 1000, Window: time.Minute}}
+var clientPolicies = map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}, "q": {Limit: 1000, Window: time.Minute},
+	"c": {Limit: 2, Window: time.Minute, Algorithm: Concurrency}}
 
 func dialForTest(t *testing.T, nodes ...*Node) *Client {
 	t.Helper()
@@ -268,12 +269,19 @@ func TestClientBadInput(t *testing.T) {
 		{Request{Key: Key{Tenant: "", Subject: "s", Policy: "p"}}, ErrInvalidKey},
 		{Request{Key: Key{Tenant: "t", Subject: "a b", Policy: "p"}}, ErrInvalidKey},
 		{Request{Key: Key{Tenant: "t", Subject: "s", Policy: "p"}, Hits: -1}, ErrInvalidHits},
-		{Request{Key: Key{Tenant: "t", Subject: "s", Policy: "p"}, Hits: 6}, ErrInvalidKey}, // the server's InvalidArgument
+		{Request{Key: Key{Tenant: "t", Subject: "s", Policy: "p"}, Hits: 6}, ErrInvalidHits}, // the server's InvalidArgument
 		{Request{Key: Key{Tenant: "t", Subject: "s", Policy: "nope"}}, ErrUnknownPolicy},
+		{Request{Key: Key{Tenant: "t", Subject: "s", Policy: "c"}}, ErrWrongAlgorithm}, // a concurrency policy
 	} {
 		if d, err := cl.Allow(ctx, tc.req); !errors.Is(err, tc.want) || d.Allowed {
 			t.Errorf("Allow(%+v) = %+v, %v; want an error wrapping %v", tc.req, d, err, tc.want)
 		}
+	}
+	// A valid key of a concurrency policy is not an invalid key, and the
+	// error says what to call instead.
+	_, err := cl.Allow(ctx, Request{Key: Key{Tenant: "t", Subject: "s", Policy: "c"}})
+	if errors.Is(err, ErrInvalidKey) || err == nil || !strings.Contains(err.Error(), `policy "c" is a concurrency policy`) || !strings.Contains(err.Error(), "Acquire") {
+		t.Errorf("Allow of concurrency policy c = %v; want ErrWrongAlgorithm (not ErrInvalidKey) naming the policy and Acquire", err)
 	}
 	if _, err := Dial(ctx, ClientConfig{}); err == nil {
 		t.Error("Dial without addresses succeeded")

@@ -50,7 +50,9 @@ func ToStatus(err error) error {
 // service back into an error wrapping the matching sentinel, for clients of
 // a ringlimit server: Unavailable (and any transport failure) wraps
 // ErrUnavailable, NotFound ErrUnknownPolicy, and InvalidArgument
-// ErrInvalidKey (the message says whether the key or the hits were bad).
+// ErrWrongAlgorithm (an Allow or Refund of a concurrency policy, an Acquire
+// or Release of another), ErrInvalidHits (hits beyond the policy's limit)
+// or else ErrInvalidKey.
 func FromStatus(err error) error {
 	st, ok := status.FromError(err)
 	if !ok || err == nil {
@@ -63,6 +65,17 @@ func FromStatus(err error) error {
 	}
 	switch st.Code() {
 	case codes.InvalidArgument:
+		// Three sentinels share the code, and the wire has no other field
+		// for the difference (an AllowStreamResult is a code and a
+		// message). A node's message starts with its sentinel's text:
+		// ToStatus sends err.Error(), and each of these errors wraps its
+		// sentinel first. The prefix is all that is read; a message with
+		// neither is a bad key, as before.
+		for _, sentinel := range [...]error{ErrWrongAlgorithm, ErrInvalidHits} {
+			if strings.HasPrefix(st.Message(), sentinel.Error()+": ") {
+				return wrap(sentinel)
+			}
+		}
 		return wrap(ErrInvalidKey)
 	case codes.NotFound:
 		return wrap(ErrUnknownPolicy)

@@ -39,3 +39,29 @@ func TestToStatusSentinelWins(t *testing.T) {
 		t.Fatal("ToStatus(nil) is not nil")
 	}
 }
+
+// TestFromStatusInvalidArgument: the three sentinels that share
+// InvalidArgument come back from a node's status as the one it sent, and
+// only that one (a concurrency policy's check used to read "invalid key").
+func TestFromStatusInvalidArgument(t *testing.T) {
+	all := []error{ErrInvalidKey, ErrInvalidHits, ErrWrongAlgorithm}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"wrong algorithm", errNeedsLease("inflight"), ErrWrongAlgorithm},
+		{"invalid hits", fmt.Errorf("%w: hits 6 exceed policy %q's limit 5", ErrInvalidHits, "p"), ErrInvalidHits},
+		{"invalid key", fmt.Errorf("%w: tenant is empty", ErrInvalidKey), ErrInvalidKey},
+		{"bare message", status.Error(codes.InvalidArgument, "bad input"), ErrInvalidKey},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := FromStatus(ToStatus(tc.err))
+			for _, s := range all {
+				if errors.Is(got, s) != (s == tc.want) {
+					t.Fatalf("FromStatus(ToStatus(%q)) = %q: errors.Is(%v) = %v; want only %v", tc.err, got, s, errors.Is(got, s), tc.want)
+				}
+			}
+		})
+	}
+}
