@@ -519,7 +519,7 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	var ri *replItem
 	var rerr error
 	if sd.Allowed && pt.backup != "" && p.Config.Replication != ReplicateOff {
-		ri, rerr = n.replicateAdmissionItem(pt.backup, pid, pt.epoch, key, p.Shard.Algorithm, admissionRun(p, sd, hits), now, p.Config.Replication == ReplicateSync)
+		ri, rerr = n.replicateAdmissionItem(pt.backup, pid, pt.epoch, key, p.Shard.Algorithm, admissionRun(p, sd, hits, now), now, p.Config.Replication == ReplicateSync)
 	}
 	pt.mu.RUnlock()
 	if rerr != nil && p.Config.Replication == ReplicateSync {

@@ -259,7 +259,7 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 			continue
 		}
 		k := Key{Tenant: r.key.Tenant, Subject: r.key.Subject, Policy: p.Name}
-		w, err := n.replicateAdmission(pt.backup, pid, pt.epoch, k, p.Shard.Algorithm, admissionRun(p, out[i], r.hits), now, p.Config.Replication == ReplicateSync)
+		w, err := n.replicateAdmission(pt.backup, pid, pt.epoch, k, p.Shard.Algorithm, admissionRun(p, out[i], r.hits, now), now, p.Config.Replication == ReplicateSync)
 		if err != nil {
 			if p.Config.Replication == ReplicateSync {
 				return d, nil, err

@@ -168,10 +168,11 @@ func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyStat
 	return done, nil
 }
 
-// admissionRun is the admission just decided, as a run to add to the
-// backup's copy: exact for the sliding log and fixed window, an upper bound
-// on the bucket's debt for the token bucket (the copy refills no earlier).
-func admissionRun(p *policy.Entry, sd shard.Decision, hits int64) shard.Run {
+// admissionRun is the admission just decided at now, as a run to add to the
+// backup's copy: exact for the sliding log, fixed window and calendar, an
+// upper bound on the bucket's debt for the token bucket (the copy refills
+// no earlier).
+func admissionRun(p *policy.Entry, sd shard.Decision, hits int64, now time.Time) shard.Run {
 	switch p.Shard.Algorithm {
 	case shard.TokenBucket:
 		// debt = ceil(hits × W / L), the bucket's fill for hits units.
@@ -184,6 +185,13 @@ func admissionRun(p *policy.Entry, sd shard.Decision, hits int64) shard.Run {
 	case shard.FixedWindow:
 		// The window started W − ResetAfter before the decision.
 		return shard.Run{Age: p.Shard.Window - sd.ResetAfter, Count: hits}
+	case shard.Calendar:
+		// Not an age: the start instant of the decided period (see
+		// shard.Calendar). That period ends at now + ResetAfter (now may
+		// trail the key's clamped time, which only moves this instant
+		// earlier inside the period), so its last nanosecond names it.
+		start, _ := p.Shard.Period.Bounds(now.Add(sd.ResetAfter-1), p.Shard.Zone)
+		return shard.Run{Age: time.Duration(start.UnixNano()), Count: hits}
 	default:
 		return shard.Run{Age: 0, Count: hits}
 	}
