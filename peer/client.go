@@ -16,6 +16,9 @@ package peer
 //     One stream per member; the client sends each key's request on the
 //     stream of its partition's holder, so the holder decides it without
 //     a forward hop.
+//   - Peek, Refund, Acquire and Release are the service's unary calls of
+//     those names, sent to the key's holder the same way (Release carries
+//     lease_id): they are rarer than checks and not batched.
 //   - A table can be out of date (a member joined or left, a partition
 //     moved): a request sent to a member that does not hold its key is
 //     forwarded by that member, so the answer is right, only slower. The
@@ -204,6 +207,92 @@ func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
 		return d, err
 	}
 	return Decision{}, fmt.Errorf("%w: no member could take the request", ErrUnavailable)
+}
+
+// Peek answers at the key's holder what Allow would decide now, recording
+// nothing, like Node.Peek: Reason is ReasonPeek. Its errors are Allow's.
+func (c *Client) Peek(ctx context.Context, req Request) (Decision, error) {
+	resp, err := c.unary(ctx, req, 0, peerpb.RateLimiterClient.Peek)
+	if err != nil {
+		return Decision{}, err
+	}
+	return decisionFromWire(resp), nil
+}
+
+// Refund gives back up to req.Hits units (zero means 1) of the key's
+// admissions still in the window, at its holder, like Node.Refund: the
+// Decision is the key's new state (Reason ReasonRefunded; Allowed reports
+// whether anything was given back). An error wrapping ErrUnavailable
+// leaves the refund's outcome unknown: do not refund again on it. A
+// concurrency policy is ErrWrongAlgorithm (use Release). Other errors are
+// Allow's.
+func (c *Client) Refund(ctx context.Context, req Request) (Decision, error) {
+	resp, err := c.unary(ctx, req, 0, peerpb.RateLimiterClient.Refund)
+	if err != nil {
+		return Decision{}, err
+	}
+	return decisionFromWire(resp), nil
+}
+
+// Acquire takes a lease of req.Hits units (zero means 1) of a concurrency
+// policy at the key's holder, like Node.Acquire: at the limit it returns
+// Allowed false with a nil error and a RetryAfter; a granted lease has an
+// ID to pass to Release and lasts until then or its TTL. Any other policy
+// is ErrWrongAlgorithm; other errors are Allow's (an unavailable holder
+// whose policy fails open answers ReasonFailedOpen, with ID zero).
+func (c *Client) Acquire(ctx context.Context, req Request) (Lease, error) {
+	resp, err := c.unary(ctx, req, 0, peerpb.RateLimiterClient.Acquire)
+	if err != nil {
+		return Lease{}, err
+	}
+	return Lease{Decision: decisionFromWire(resp), ID: resp.GetLeaseId(), TTL: time.Duration(resp.GetLeaseTtlNs())}, nil
+}
+
+// Release ends lease id of key at the key's holder, like Node.Release:
+// Reason is ReasonReleased and Allowed reports whether a live lease was
+// ended (an unknown, released or expired id is Allowed false with a nil
+// error). An error wrapping ErrUnavailable leaves the lease to expire at
+// its TTL. Other errors are Allow's.
+func (c *Client) Release(ctx context.Context, key Key, id uint64) (Decision, error) {
+	resp, err := c.unary(ctx, Request{Key: key}, id, peerpb.RateLimiterClient.Release)
+	if err != nil {
+		return Decision{}, err
+	}
+	return decisionFromWire(resp), nil
+}
+
+// unaryRPC is one of the RateLimiter service's unary calls.
+type unaryRPC func(peerpb.RateLimiterClient, context.Context, *peerpb.AllowRequest, ...grpc.CallOption) (*peerpb.AllowResponse, error)
+
+// unary sends req (and lease, for Release) as one unary call to the key's
+// holder. Unlike Allow it never tries another member: a unary call that
+// failed may have reached the node, and a refund or a lease must not be
+// decided twice. A member that does not hold the key forwards it.
+func (c *Client) unary(ctx context.Context, req Request, lease uint64, call unaryRPC) (*peerpb.AllowResponse, error) {
+	t, at, err := c.route(req)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	tm := t.members[at]
+	m, err := c.member(tm.addr)
+	if err != nil {
+		return nil, err
+	}
+	k := req.Key
+	resp, err := call(m.stub, ctx, &peerpb.AllowRequest{Key: &peerpb.Key{Tenant: k.Tenant, Subject: k.Subject, Policy: k.Policy},
+		Hits: req.Hits, Policies: req.Policies, LeaseId: lease})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, tm.addr, ctxErr(ctx))
+		}
+		return nil, FromStatus(err)
+	}
+	if resp.GetOwner() != tm.name {
+		c.kickRefresh()
+	}
+	return resp, nil
 }
 
 // route checks req before anything is sent and returns the table and the

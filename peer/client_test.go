@@ -519,9 +519,9 @@ func TestClientDecisionTimeout(t *testing.T) {
 		case <-release:
 		}
 	})
-	// call runs one Allow and waits for it far less long than the node
-	// would hold it.
-	call := func(ctx context.Context) (time.Duration, error) {
+	// callOp runs op, one call for k, and waits for it far less long than
+	// the node would hold it; call is callOp of Allow.
+	callOp := func(ctx context.Context, op func(context.Context) (Decision, error)) (time.Duration, error) {
 		t.Helper()
 		type result struct {
 			d   Decision
@@ -530,19 +530,23 @@ func TestClientDecisionTimeout(t *testing.T) {
 		start := time.Now()
 		done := make(chan result, 1)
 		go func() {
-			d, err := cl.Allow(ctx, Request{Key: k})
+			d, err := op(ctx)
 			done <- result{d, err}
 		}()
 		select {
 		case r := <-done:
 			if r.err == nil {
-				t.Fatalf("Allow(%v) with a silent holder = %+v; want an error", k, r.d)
+				t.Fatalf("a call for %v with a silent holder = %+v; want an error", k, r.d)
 			}
 			return time.Since(start), r.err
 		case <-time.After(forwardTimeout / 2):
-			t.Fatalf("Allow(%v) with a silent holder still blocked after %v (DecisionTimeout %v)", k, forwardTimeout/2, decisionTimeout)
+			t.Fatalf("a call for %v with a silent holder still blocked after %v (DecisionTimeout %v)", k, forwardTimeout/2, decisionTimeout)
 			return 0, nil
 		}
+	}
+	call := func(ctx context.Context) (time.Duration, error) {
+		t.Helper()
+		return callOp(ctx, func(ctx context.Context) (Decision, error) { return cl.Allow(ctx, Request{Key: k}) })
 	}
 	took, err := call(context.Background())
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "DecisionTimeout") {
@@ -558,7 +562,114 @@ func TestClientDecisionTimeout(t *testing.T) {
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "DecisionTimeout") || took >= decisionTimeout {
 		t.Fatalf("Allow with a %v deadline = %v after %v; want the caller's deadline, not DecisionTimeout", decisionTimeout/4, err, took)
 	}
+	// The unary calls are bounded the same way.
+	took, err = callOp(context.Background(), func(ctx context.Context) (Decision, error) { return cl.Peek(ctx, Request{Key: k}) })
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "DecisionTimeout") || took < decisionTimeout {
+		t.Fatalf("Peek without a deadline = %v after %v; want ErrUnavailable and context.DeadlineExceeded after DecisionTimeout %v", err, took, decisionTimeout)
+	}
 	if def := dialForTest(t, via); def.cfg.DecisionTimeout != (Config{}).withDefaults().ForwardTimeout {
 		t.Fatalf("zero DecisionTimeout = %v; want the node's default ForwardTimeout %v", def.cfg.DecisionTimeout, (Config{}).withDefaults().ForwardTimeout)
+	}
+}
+
+// TestClientPeekRefund checks Peek and Refund through the client against
+// a 3-node cluster: each decided by the key's holder, a peek consuming
+// nothing, a refund giving units back so that exactly as many more are
+// admitted, and the concurrency policy refused with ErrWrongAlgorithm.
+func TestClientPeekRefund(t *testing.T) {
+	c := startCluster(t, 3, Config{Policies: clientPolicies})
+	cl := dialForTest(t, c.nodes[0])
+	ctx := context.Background()
+	for _, holder := range c.nodes {
+		k := pmKeyOwnedBy(t, c.nodes[0], "p", holder.Name())
+		for i := range 3 {
+			if d, err := cl.Allow(ctx, Request{Key: k}); err != nil || !d.Allowed {
+				t.Fatalf("Allow %d of %v = %+v, %v", i, k, d, err)
+			}
+		}
+		// A peek answers as if admitted: 1 would remain, twice.
+		for range 2 {
+			d, err := cl.Peek(ctx, Request{Key: k})
+			if err != nil || !d.Allowed || d.Remaining != 1 || d.Reason != ReasonPeek || d.Owner != holder.Name() {
+				t.Fatalf("Peek(%v) after 3 of 5 = %+v, %v; want allowed, 1 remaining after it, ReasonPeek, by %s", k, d, err, holder.Name())
+			}
+		}
+		d, err := cl.Refund(ctx, Request{Key: k, Hits: 2})
+		if err != nil || !d.Allowed || d.Remaining != 4 || d.Reason != ReasonRefunded || d.Owner != holder.Name() {
+			t.Fatalf("Refund(%v, 2) after 3 of 5 = %+v, %v; want allowed, 4 remaining, ReasonRefunded, by %s", k, d, err, holder.Name())
+		}
+		admitted := 0
+		for range 6 {
+			d, err := cl.Allow(ctx, Request{Key: k})
+			if err != nil {
+				t.Fatalf("Allow(%v) after the refund: %v", k, err)
+			}
+			if d.Allowed {
+				admitted++
+			}
+		}
+		if admitted != 4 {
+			t.Fatalf("key %v admitted %d of 6 after refunding 2 of 3; want 4", k, admitted)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		call func(Request) (Decision, error)
+		req  Request
+		want error
+	}{
+		{"refund of a concurrency policy", func(r Request) (Decision, error) { return cl.Refund(ctx, r) }, Request{Key: Key{Tenant: "t", Subject: "s", Policy: "c"}}, ErrWrongAlgorithm},
+		{"peek of an unknown policy", func(r Request) (Decision, error) { return cl.Peek(ctx, r) }, Request{Key: Key{Tenant: "t", Subject: "s", Policy: "nope"}}, ErrUnknownPolicy},
+		{"peek of an invalid key", func(r Request) (Decision, error) { return cl.Peek(ctx, r) }, Request{Key: Key{Tenant: "", Subject: "s", Policy: "p"}}, ErrInvalidKey},
+		{"refund of negative hits", func(r Request) (Decision, error) { return cl.Refund(ctx, r) }, Request{Key: Key{Tenant: "t", Subject: "s", Policy: "p"}, Hits: -1}, ErrInvalidHits},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if d, err := tc.call(tc.req); !errors.Is(err, tc.want) || d.Allowed {
+				t.Fatalf("%+v = %+v, %v; want an error wrapping %v", tc.req, d, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestClientAcquireRelease checks leases through the client against a
+// 3-node cluster: at most the limit held, a refusal with a RetryAfter, a
+// release freeing a unit once (a second release is harmless), each decided
+// by the key's holder, and another policy refused with ErrWrongAlgorithm.
+// A Client is a Leaser, so Middleware can take leases through it.
+func TestClientAcquireRelease(t *testing.T) {
+	c := startCluster(t, 3, Config{Policies: clientPolicies})
+	cl := dialForTest(t, c.nodes[0])
+	var _ Leaser = cl
+	ctx := context.Background()
+	for _, holder := range c.nodes {
+		k := pmKeyOwnedBy(t, c.nodes[0], "c", holder.Name())
+		var ids []uint64
+		for i := range 2 {
+			l, err := cl.Acquire(ctx, Request{Key: k})
+			if err != nil || !l.Allowed || l.ID == 0 || l.TTL != time.Minute || l.Owner != holder.Name() {
+				t.Fatalf("Acquire %d of %v = %+v, %v; want a lease of TTL 1m from %s", i, k, l, err, holder.Name())
+			}
+			ids = append(ids, l.ID)
+		}
+		if l, err := cl.Acquire(ctx, Request{Key: k}); err != nil || l.Allowed || l.ID != 0 || l.RetryAfter <= 0 {
+			t.Fatalf("Acquire at the limit of %v = %+v, %v; want refused with a RetryAfter and no lease", k, l, err)
+		}
+		d, err := cl.Release(ctx, k, ids[0])
+		if err != nil || !d.Allowed || d.Reason != ReasonReleased || d.Owner != holder.Name() {
+			t.Fatalf("Release(%v, %d) = %+v, %v; want a live lease ended by %s", k, ids[0], d, err, holder.Name())
+		}
+		if d, err := cl.Release(ctx, k, ids[0]); err != nil || d.Allowed {
+			t.Fatalf("second Release(%v, %d) = %+v, %v; want Allowed false and no error", k, ids[0], d, err)
+		}
+		if l, err := cl.Acquire(ctx, Request{Key: k}); err != nil || !l.Allowed {
+			t.Fatalf("Acquire of %v after a release = %+v, %v; want a lease", k, l, err)
+		}
+	}
+	p := Key{Tenant: "t", Subject: "s", Policy: "p"}
+	if l, err := cl.Acquire(ctx, Request{Key: p}); !errors.Is(err, ErrWrongAlgorithm) || l.Allowed {
+		t.Fatalf("Acquire of sliding-log policy p = %+v, %v; want ErrWrongAlgorithm", l, err)
+	}
+	if d, err := cl.Release(ctx, p, 1); !errors.Is(err, ErrWrongAlgorithm) || d.Allowed {
+		t.Fatalf("Release of sliding-log policy p = %+v, %v; want ErrWrongAlgorithm", d, err)
 	}
 }
