@@ -23,7 +23,7 @@ const policiesUsage = `Policy file (--policies, YAML or JSON; unknown fields are
   policies:
     - name: api               # the name requests use; 1-128 visible ASCII bytes
       limit: 100              # units per window, > 0
-      window: 1m              # Go duration, > 0
+      window: 1m              # Go duration, > 0; or a calendar period (below)
       algorithm: sliding_log  # sliding_log (default) | token_bucket | fixed_window | concurrency
                               # concurrency: at most limit leases held at once
                               # (/v1/acquire, /v1/release); window is the lease TTL
@@ -35,6 +35,13 @@ const policiesUsage = `Policy file (--policies, YAML or JSON; unknown fields are
       overrides:              # exceptions for exact tenants or (tenant, subject) pairs
         - {tenant: bigco, limit: 10000}                      # every subject of bigco
         - {tenant: acme, subject: internal, unlimited: true} # never limited
+
+    - name: monthly           # a calendar quota: at most limit per calendar period
+      limit: 1000000
+      window: calendar_month  # calendar_day | calendar_week (ISO, from Monday 00:00)
+                              # | calendar_month | calendar_year; algorithm calendar
+                              # is implied (write it or leave it out)
+      zone: Europe/Berlin     # IANA time zone of the calendar; default UTC
 
   The same as JSON: {"policies": [{"name": "api", "limit": 100, "window": "1m"}]}
 
@@ -79,6 +86,7 @@ type policyEntry struct {
 	Resolution    string          `yaml:"resolution,omitempty"`
 	Shadow        bool            `yaml:"shadow,omitempty"`
 	Replication   string          `yaml:"replication,omitempty"`
+	Zone          string          `yaml:"zone,omitempty"`
 	Overrides     []overrideEntry `yaml:"overrides,omitempty"`
 }
 
@@ -200,24 +208,58 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 			checkBad("limit", "limit %d must be positive", e.Limit)
 		}
 		pc.Limit = e.Limit
-		if e.Window == "" {
-			checkBad("window", "window is missing (a Go duration such as 1m or 500ms)")
-		} else if w, err := time.ParseDuration(e.Window); err != nil || w <= 0 {
-			bad("window %q must be a positive Go duration such as 1m or 500ms", e.Window)
-		} else {
-			pc.Window = w
+		// A calendar window ("calendar_month") names a period, not a
+		// duration, and implies algorithm calendar.
+		calendar := strings.HasPrefix(e.Window, "calendar_")
+		switch {
+		case e.Window == "":
+			checkBad("window", "window is missing (a Go duration such as 1m or 500ms, or calendar_day, calendar_week, calendar_month or calendar_year)")
+		case calendar:
+			if u, err := shard.ParsePeriod(e.Window); err != nil {
+				bad("window %q: want calendar_day, calendar_week, calendar_month or calendar_year (or a Go duration such as 1m)", e.Window)
+			} else {
+				pc.Period = u
+			}
+		default:
+			if w, err := time.ParseDuration(e.Window); err != nil || w <= 0 {
+				bad("window %q must be a positive Go duration such as 1m or 500ms, or a calendar period such as calendar_month", e.Window)
+			} else {
+				pc.Window = w
+			}
 		}
 		if e.Resolution != "" {
 			if r, err := time.ParseDuration(e.Resolution); err != nil || r <= 0 {
 				bad("resolution %q must be a positive Go duration such as 1ms", e.Resolution)
+			} else if calendar {
+				bad("resolution %q does not apply to a calendar window; remove it", e.Resolution)
 			} else {
 				pc.Resolution = r
 			}
 		}
-		if a, err := shard.ParseAlgorithm(e.Algorithm); err != nil {
-			bad("algorithm %q: want sliding_log, token_bucket, fixed_window or concurrency", e.Algorithm)
-		} else {
+		switch a, err := shard.ParseAlgorithm(e.Algorithm); {
+		case err != nil:
+			bad("algorithm %q: want sliding_log, token_bucket, fixed_window, concurrency or calendar", e.Algorithm)
+		case calendar && a != shard.Calendar && e.Algorithm != "":
+			bad("window %q is a calendar period, which algorithm %s does not count; write algorithm calendar or leave it out", e.Window, e.Algorithm)
+		case calendar:
+			pc.Algorithm = shard.Calendar
+		case a == shard.Calendar && e.Window != "":
+			bad("algorithm calendar needs a calendar window: calendar_day, calendar_week, calendar_month or calendar_year, not %q", e.Window)
+		default:
 			pc.Algorithm = a
+		}
+		switch {
+		case e.Zone == "":
+		case !calendar:
+			bad("zone %q applies to calendar windows only (window: calendar_day, calendar_week, calendar_month or calendar_year); remove it", e.Zone)
+		case e.Zone == "Local":
+			bad(`zone "Local" depends on the host; name an IANA zone such as Europe/Berlin, or leave zone out for UTC`)
+		default:
+			if _, err := time.LoadLocation(e.Zone); err != nil {
+				bad("zone %q is not a known IANA time zone: write a name such as Europe/Berlin or America/New_York, or leave zone out for UTC", e.Zone)
+			} else {
+				pc.Zone = e.Zone
+			}
 		}
 		if o, err := peer.ParseOnUnavailable(e.OnUnavailable); err != nil {
 			bad("on_unavailable %q: want fail_closed, fail_open or fallback", e.OnUnavailable)
@@ -271,7 +313,7 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 }
 
 // policyFields lists an entry's fields in the order the docs give them.
-const policyFields = "name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow, replication, overrides"
+const policyFields = "name, limit, window, algorithm, zone, on_unavailable, fallback_limit, resolution, shadow, replication, overrides"
 
 // overrideFields lists an override's fields.
 const overrideFields = "tenant, subject, limit, unlimited"
@@ -352,6 +394,8 @@ func policyEntryOf(i int, n *yaml.Node) (e policyEntry, shaky map[string]bool, e
 			str = &e.Resolution
 		case "replication":
 			str = &e.Replication
+		case "zone":
+			str = &e.Zone
 		case "limit", "fallback_limit":
 			var x int64
 			if v.Kind != yaml.ScalarNode || v.Decode(&x) != nil {
@@ -484,6 +528,9 @@ func formatPolicies(pols map[string]peer.PolicyConfig) ([]byte, error) {
 		}
 		if p.Resolution != 0 {
 			e.Resolution = p.Resolution.String()
+		}
+		if p.Algorithm == shard.Calendar {
+			e.Window, e.Zone = p.Period.String(), p.Zone
 		}
 		for _, o := range p.Overrides {
 			e.Overrides = append(e.Overrides, overrideEntry{Tenant: o.Tenant, Subject: o.Subject, Limit: o.Limit, Unlimited: o.Unlimited})

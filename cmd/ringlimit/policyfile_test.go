@@ -122,7 +122,7 @@ policies:
 		{
 			name:    "unknown field in an entry",
 			in:      "policies:\n  - name: api\n    limit: 1\n    window: 1s\n    burst: 5\n",
-			wantErr: []string{`policies[0]: unknown field "burst" at line 5 (want name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow, replication, overrides)`},
+			wantErr: []string{`policies[0]: unknown field "burst" at line 5 (want name, limit, window, algorithm, zone, on_unavailable, fallback_limit, resolution, shadow, replication, overrides)`},
 		},
 		{
 			// A reload rejection used to name only the unknown field:
@@ -174,7 +174,7 @@ policies:
 		{
 			name:    "policies is a map, not a list",
 			in:      "policies:\n  api:\n    limit: 1\n    window: 1s\n",
-			wantErr: []string{`"policies" must be a list of {name, limit, window, algorithm, on_unavailable, fallback_limit, resolution, shadow, replication, overrides} entries, got a map at line 2`},
+			wantErr: []string{`"policies" must be a list of {name, limit, window, algorithm, zone, on_unavailable, fallback_limit, resolution, shadow, replication, overrides} entries, got a map at line 2`},
 		},
 		{
 			name:    "an entry is not a map",
