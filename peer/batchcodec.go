@@ -562,7 +562,10 @@ func packWindows(tab *policy.Table, names iter.Seq[string]) []byte {
 	var body []byte
 	for name := range names {
 		p := tab.Lookup(name)
-		if p == nil || slices.Contains(seen, name) {
+		// A calendar policy has no window (its period is the calendar's,
+		// and the receiver does not widen it, see importPolicy); its zero
+		// would be a malformed window to the receiver.
+		if p == nil || p.Shard.Algorithm == shard.Calendar || slices.Contains(seen, name) {
 			continue
 		}
 		seen = append(seen, name)

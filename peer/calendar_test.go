@@ -63,3 +63,87 @@ func TestClusterCalendarLimit(t *testing.T) {
 		t.Fatalf("backup copy Peek: %+v, %v; want the period full", sd, err)
 	}
 }
+
+// TestPackWindowsSkipsCalendar: a calendar policy has no window to send
+// (its zero would make the receiver refuse the whole message as
+// malformed).
+func TestPackWindowsSkipsCalendar(t *testing.T) {
+	tab := policy.New(map[string]PolicyConfig{
+		"a":   {Limit: 5, Window: time.Hour},
+		"cal": {Limit: 5, Algorithm: shard.Calendar, Period: shard.CalendarDay},
+	})
+	names := func(yield func(string) bool) {
+		for _, n := range []string{"cal", "a"} {
+			if !yield(n) {
+				return
+			}
+		}
+	}
+	got, err := decodeWindows(packWindows(tab, names))
+	if want := []senderWindow{{"a", time.Hour}}; err != nil || len(got) != 1 || got[0] != want[0] {
+		t.Fatalf("decodeWindows(packWindows(cal, a)) = %v, %v; want %v", got, err, want)
+	}
+}
+
+// TestCalendarSurvivesMoves: a full calendar period stays full when its
+// holder leaves gracefully (handoff) and when the next holder crashes
+// (takeover from the synchronous copy).
+func TestCalendarSurvivesMoves(t *testing.T) {
+	t.Parallel()
+	const limit = 5
+	pc := PolicyConfig{Limit: limit, Algorithm: shard.Calendar, Period: shard.CalendarYear, Zone: "Europe/Berlin"}
+	c := startCluster(t, 4, Config{
+		Gossip:         hoCrashGossip,
+		LeaseDuration:  500 * time.Millisecond,
+		ForwardTimeout: time.Second,
+		Policies:       map[string]PolicyConfig{"yearly": pc},
+	})
+	n0, n1 := c.nodes[0], c.nodes[1]
+	key, _ := keyHeldWithBackup(t, n0, n1, "calendar-moves", "yearly")
+	admitted := admitN(t, n0, key, limit)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n0.Close(ctx); err != nil {
+		t.Fatalf("n0's close: %v", err)
+	}
+	after := 0
+	for range 2 * limit {
+		if d, err := n1.Allow(context.Background(), Request{Key: key}); err == nil && d.Allowed {
+			after++
+		}
+	}
+	if after != 0 {
+		t.Fatalf("%d admissions after the handoff of a full period of limit %d", after, limit)
+	}
+	holder, _ := n1.Owner(key)
+	var next *Node
+	var survivors []*Node
+	for _, n := range c.nodes[1:] {
+		if n.Name() == holder {
+			next = n
+		} else {
+			survivors = append(survivors, n)
+		}
+	}
+	if next == nil {
+		t.Fatalf("holder %q after the handoff is not a live member", holder)
+	}
+	next.KillForTest()
+	waitFor(t, 40*time.Second, "a survivor to decide the key after the crash", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		d, err := survivors[0].Allow(ctx, Request{Key: key})
+		if err == nil && d.Allowed {
+			after++
+		}
+		return err == nil
+	})
+	for range 2 * limit {
+		if d, err := survivors[1].Allow(context.Background(), Request{Key: key}); err == nil && d.Allowed {
+			after++
+		}
+	}
+	if admitted+after > limit {
+		t.Fatalf("%d admissions in one period of limit %d (%d before the moves): the period restarted", admitted+after, limit, admitted)
+	}
+}
