@@ -189,9 +189,19 @@ func (m *Machine) Counters() Counters { return m.count }
 // LiveUntil returns the end of the member's own lease (monotonic ns).
 func (m *Machine) LiveUntil() int64 { return m.liveUntil }
 
-// SetLeader tells the machine whether its member leads the log; the
-// leader proposes Joins, Ends and Grants. Safety never depends on it.
-func (m *Machine) SetLeader(leader bool) { m.leader = leader }
+// SetLeader tells the machine, at now, whether its member leads the log;
+// the leader proposes Joins, Ends and Grants. Safety never depends on it.
+// A member that has just become leader counts every record's whole
+// Liveness from now: while no leader committed anything (an election)
+// nobody could extend, and ending everyone then would only churn.
+func (m *Machine) SetLeader(leader bool, now int64) {
+	if leader && !m.leader {
+		for _, s := range m.seen {
+			s.at = max(s.at, now)
+		}
+	}
+	m.leader = leader
+}
 
 // SetView replaces the gossip view.
 func (m *Machine) SetView(v View) { m.view = v }

@@ -25,7 +25,7 @@ func step(m *Machine, acts []Action, now int64) []Action {
 func TestLeaseCountsFromSend(t *testing.T) {
 	const d = int64(2 * time.Second)
 	m := New(Config{ID: "a", Liveness: time.Duration(d)}, 1)
-	m.SetLeader(true)
+	m.SetLeader(true, 0)
 	m.SetView(View{Target: []string{"a"}, Second: []string{""}, Members: []string{"a"}})
 	step(m, m.Tick(0), 0) // join
 	sent := int64(10)
@@ -59,7 +59,7 @@ func TestLeaseCountsFromSend(t *testing.T) {
 func TestFencedUntilSettled(t *testing.T) {
 	const d = int64(2 * time.Second)
 	m := New(Config{ID: "a", Liveness: time.Duration(d)}, 1)
-	m.SetLeader(true)
+	m.SetLeader(true, 0)
 	m.SetView(View{Target: []string{"a"}, Members: []string{"a", "b"}})
 	now := int64(1)
 	step(m, m.Tick(now), now) // joins

@@ -137,7 +137,7 @@ func (m *Member) SetView(v ownership.View, roster []Peer) {
 // Tick advances raft by one tick and runs the machine's periodic steps.
 func (m *Member) Tick(now int64) Output {
 	m.rn.Tick()
-	m.own.SetLeader(m.Leader())
+	m.own.SetLeader(m.Leader(), now)
 	m.do(m.own.Tick(now))
 	if m.Leader() {
 		m.autopilot(now)

@@ -21,16 +21,20 @@ type memNet struct {
 	stopped map[uint64]bool
 }
 
+func (n *memNet) runner(id uint64) (*Runner, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.runners[id], n.stopped[id]
+}
+
 type memTransport struct {
 	net  *memNet
 	from uint64
 }
 
 func (t memTransport) Send(to uint64, msg []byte) {
-	t.net.mu.Lock()
-	r, down := t.net.runners[to], t.net.stopped[to] || t.net.stopped[t.from]
-	t.net.mu.Unlock()
-	if r != nil && !down {
+	r, down := t.net.runner(to)
+	if _, self := t.net.runner(t.from); r != nil && !down && !self {
 		r.Receive(msg)
 	}
 }
@@ -40,15 +44,14 @@ func (t memTransport) Send(to uint64, msg []byte) {
 type memData struct {
 	net  *memNet
 	self *Runner
+	from uint64
 	id   string
 	ids  map[string]uint64
 }
 
 func (d *memData) SendCopy(a ownership.Action) {
-	d.net.mu.Lock()
-	to, down := d.net.runners[d.ids[a.To]], d.net.stopped[d.ids[a.To]]
-	d.net.mu.Unlock()
-	if to == nil || down {
+	to, down := d.net.runner(d.ids[a.To])
+	if _, self := d.net.runner(d.from); to == nil || down || self {
 		return
 	}
 	go func() { // never block the sender's goroutine on the receiver's
@@ -62,129 +65,145 @@ func (d *memData) SendCopy(a ownership.Action) {
 
 func (d *memData) Reset(int) {}
 
-// TestRunnerTakeover runs three members on real time: every partition
-// gets exactly one decider; when one member stops, the others take its
-// partitions over once its liveness has expired, and never two decide at
-// once. No goroutine outlives the runners.
-func TestRunnerTakeover(t *testing.T) {
-	defer goleak.VerifyNone(t)
-	const n, parts = 3, 6
-	liveness := 400 * time.Millisecond
-	start := time.Now()
-	mono := func() int64 { return int64(time.Since(start)) }
-	net := &memNet{runners: map[uint64]*Runner{}, stopped: map[uint64]bool{}}
-	cs := &pb.ConfState{Voters: []uint64{1, 2, 3}}
+// harness runs n members on real time with a 1 s liveness; transport
+// gives member i's raft transport (nil: the in-memory one).
+type harness struct {
+	t        *testing.T
+	n, parts int
+	net      *memNet
+	names    []string
+	roster   []Peer
+	start    time.Time
+	liveness time.Duration
+}
+
+func (h *harness) mono() int64 { return int64(time.Since(h.start)) }
+
+func startHarness(t *testing.T, n, parts int, transport func(i uint64, r func() *Runner) Transport) *harness {
+	t.Helper()
+	h := &harness{t: t, n: n, parts: parts, net: &memNet{runners: map[uint64]*Runner{}, stopped: map[uint64]bool{}}, start: time.Now(), liveness: time.Second}
+	cs := &pb.ConfState{}
 	ids := map[string]uint64{}
-	var names []string
 	for i := 1; i <= n; i++ {
-		names = append(names, fmt.Sprintf("m%d", i))
-		ids[names[i-1]] = uint64(i)
+		cs.Voters = append(cs.Voters, uint64(i))
+		h.names = append(h.names, fmt.Sprintf("m%d", i))
+		ids[h.names[i-1]] = uint64(i)
+		h.roster = append(h.roster, Peer{RaftID: uint64(i), Member: h.names[i-1]})
 	}
-	var roster []Peer
-	for i, id := range names {
-		roster = append(roster, Peer{RaftID: uint64(i + 1), Member: id})
-	}
-	ctxs := map[uint64]context.CancelFunc{}
 	var wg sync.WaitGroup
-	for i := 1; i <= n; i++ {
-		m, err := New(Config{RaftID: uint64(i), Ownership: ownership.Config{ID: names[i-1], Liveness: liveness}, Partitions: parts, Bootstrap: cs})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	for i := uint64(1); i <= uint64(n); i++ {
+		m, err := New(Config{RaftID: i, Ownership: ownership.Config{ID: h.names[i-1], Liveness: h.liveness}, Partitions: parts, Bootstrap: cs})
 		if err != nil {
 			t.Fatal(err)
 		}
-		d := &memData{net: net, id: names[i-1], ids: ids}
-		r := NewRunner(m, memTransport{net: net, from: uint64(i)}, d, 20*time.Millisecond, mono)
+		d := &memData{net: h.net, from: i, id: h.names[i-1], ids: ids}
+		var tr Transport = memTransport{net: h.net, from: i}
+		var r *Runner
+		if transport != nil {
+			tr = transport(i, func() *Runner { return r })
+		}
+		r = NewRunner(m, tr, d, 20*time.Millisecond, h.mono)
 		d.self = r
-		net.mu.Lock()
-		net.runners[uint64(i)] = r
-		net.mu.Unlock()
-		ctx, cancel := context.WithCancel(context.Background())
-		ctxs[uint64(i)] = cancel
+		h.net.mu.Lock()
+		h.net.runners[i] = r
+		h.net.mu.Unlock()
 		wg.Add(1)
 		go func() { defer wg.Done(); r.Run(ctx) }()
 	}
-	defer func() {
-		for _, c := range ctxs {
-			c()
-		}
-		wg.Wait()
-	}()
-	view := func(live []string) {
-		v := ownership.View{Members: live, Target: make([]string, parts), Second: make([]string, parts)}
-		for p := range parts {
-			v.Target[p], v.Second[p] = live[p%len(live)], live[(p+1)%len(live)]
-		}
-		for i := 1; i <= n; i++ {
-			net.runners[uint64(i)].SetView(v, roster)
-		}
+	h.view(h.names)
+	return h
+}
+
+func (h *harness) view(live []string) {
+	v := ownership.View{Members: live, Target: make([]string, h.parts), Second: make([]string, h.parts)}
+	for p := range h.parts {
+		v.Target[p], v.Second[p] = live[p%len(live)], live[(p+1)%len(live)]
 	}
-	view(names)
-	deciders := func(p int, skip uint64) (c int) {
-		for i := uint64(1); i <= n; i++ {
-			if i != skip && net.runners[i].MayDecide(p, mono()) {
+	for i := uint64(1); i <= uint64(h.n); i++ {
+		r, _ := h.net.runner(i)
+		r.SetView(v, h.roster)
+	}
+}
+
+// stop cuts member i off from every other, both ways.
+func (h *harness) stop(i uint64) {
+	h.net.mu.Lock()
+	h.net.stopped[i] = true
+	h.net.mu.Unlock()
+}
+
+// waitFor polls cond every 5 ms until it holds or d passes; fatal
+// failures inside cond end the test at once.
+func (h *harness) waitFor(what string, d time.Duration, cond func() bool) {
+	h.t.Helper()
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			for i := uint64(1); i <= uint64(h.n); i++ {
+				r, _ := h.net.runner(i)
+				tb, _ := r.Table(ctx)
+				h.t.Logf("m%d: may %v, table %+v", i, r.pub.Load().may, tb)
+			}
+			h.t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		<-tick.C
+	}
+}
+
+// oneDecider reports whether every partition has exactly one decider
+// among the members not in skip, and fails the test at once if any has
+// two.
+func (h *harness) oneDecider(skip uint64) bool {
+	ok := true
+	for p := range h.parts {
+		c := 0
+		for i := uint64(1); i <= uint64(h.n); i++ {
+			if r, _ := h.net.runner(i); i != skip && r.MayDecide(p, h.mono()) {
 				c++
 			}
 		}
-		return c
-	}
-	waitAll := func(what string, skip uint64, d time.Duration) {
-		t.Helper()
-		deadline := time.Now().Add(d)
-		tick := time.NewTicker(5 * time.Millisecond) // polls the condition, bounded by the deadline
-		defer tick.Stop()
-		for {
-			ok := true
-			for p := range parts {
-				c := deciders(p, skip)
-				if c > 1 {
-					t.Fatalf("p%d has %d deciders", p, c)
-				}
-				ok = ok && c == 1
-			}
-			if ok {
-				return
-			}
-			if time.Now().After(deadline) {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				defer cancel()
-				for i := uint64(1); i <= n; i++ {
-					tb, _ := net.runners[i].Table(ctx)
-					t.Logf("m%d: may %v counters %+v", i, net.runners[i].pub.Load().may, net.runners[i].m.Own().Counters())
-					t.Logf("m%d: live until %v (now %v), table %+v", i, time.Duration(net.runners[i].pub.Load().until), time.Duration(mono()), tb)
-				}
-				t.Fatalf("timed out after %v waiting for %s", d, what)
-			}
-			<-tick.C
+		if c > 1 {
+			h.t.Fatalf("p%d has %d deciders", p, c)
 		}
+		ok = ok && c == 1
 	}
-	waitAll("every partition to have one decider", 0, 20*time.Second)
-	waitBackups := func() {
-		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			tb, ok := net.runners[1].Table(ctx)
-			cancel()
-			backed := ok
-			for _, pt := range tb.Parts {
-				backed = backed && pt.Backup != ""
-			}
-			if backed {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for every partition to have a backup: %+v", tb)
-			}
-			<-tick.C
-		}
+	return ok
+}
+
+func (h *harness) backedUp() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	r, _ := h.net.runner(1)
+	tb, ok := r.Table(ctx)
+	for _, pt := range tb.Parts {
+		ok = ok && pt.Backup != ""
 	}
-	waitBackups()
-	net.mu.Lock()
-	net.stopped[3] = true
-	net.mu.Unlock()
+	return ok
+}
+
+// takeover is the scene both transports play: every partition gets one
+// decider and a backup; one member is cut off; the others decide for its
+// partitions once its liveness has expired, never two at once.
+func takeover(t *testing.T, h *harness, cut func()) {
+	h.waitFor("every partition to have one decider", 20*time.Second, func() bool { return h.oneDecider(0) })
+	h.waitFor("every partition to have a backup", 20*time.Second, h.backedUp)
+	cut()
+	h.stop(3)
 	stopped := time.Now()
-	view(names[:2])
-	waitAll("m3's partitions to be taken over", 3, 20*time.Second)
-	t.Logf("partitions decided again %v after m3 stopped (liveness %v)", time.Since(stopped).Round(time.Millisecond), liveness)
+	h.view(h.names[:2])
+	h.waitFor("m3's partitions to be taken over", 20*time.Second, func() bool { return h.oneDecider(3) })
+	t.Logf("partitions decided again %v after m3 was cut off (liveness %v)", time.Since(stopped).Round(time.Millisecond), h.liveness)
+}
+
+// TestRunnerTakeover plays the takeover on the in-memory network. No
+// goroutine outlives the runners.
+func TestRunnerTakeover(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) }) // registered first: runs after every other cleanup
+	takeover(t, startHarness(t, 3, 6, nil), func() {})
 }
