@@ -2,6 +2,7 @@ package shard
 
 import (
 	"errors"
+	"math/rand/v2"
 	"testing"
 	"time"
 	// The tests name IANA zones; a host without zoneinfo still has them.
@@ -273,5 +274,55 @@ func TestParsePeriod(t *testing.T) {
 	}
 	if a, err := ParseAlgorithm("calendar"); err != nil || a != Calendar {
 		t.Fatalf("ParseAlgorithm(calendar) = %v, %v", a, err)
+	}
+}
+
+// TestCalendarMatchesModel compares the store with the simplest model of a
+// calendar quota (every admission kept; a request fits if the admissions
+// in now's period plus its hits are at most the limit) on seeded random
+// sequences across Berlin's daylight-saving changes and a year end.
+func TestCalendarMatchesModel(t *testing.T) {
+	berlin := mustZone(t, "Europe/Berlin")
+	key := Key{Tenant: "acme", Subject: "user-1", Policy: "cal"}
+	starts := []time.Time{
+		time.Date(2026, 3, 27, 0, 0, 0, 0, berlin),
+		time.Date(2026, 10, 23, 0, 0, 0, 0, berlin),
+		time.Date(2026, 12, 29, 0, 0, 0, 0, berlin),
+	}
+	for _, unit := range []Period{CalendarDay, CalendarWeek, CalendarMonth, CalendarYear} {
+		for seed := int64(1); seed <= 20; seed++ {
+			rng := rand.New(rand.NewPCG(uint64(seed), 25))
+			p := Policy{Limit: 1 + rng.Int64N(8), Algorithm: Calendar, Period: unit, Zone: berlin}
+			s, _ := NewStore(Config{})
+			type adm struct {
+				at   time.Time
+				hits int64
+			}
+			var log []adm
+			now := starts[seed%int64(len(starts))]
+			for step := range 300 {
+				now = now.Add(time.Duration(rng.Int64N(int64(3 * time.Hour))))
+				if rng.IntN(10) == 0 {
+					// Land exactly on an edge.
+					_, now = unit.Bounds(now, berlin)
+				}
+				hits := 1 + rng.Int64N(p.Limit)
+				start, _ := unit.Bounds(now, berlin)
+				var used int64
+				for _, a := range log {
+					if as, _ := unit.Bounds(a.at, berlin); as.Equal(start) {
+						used += a.hits
+					}
+				}
+				want := used+hits <= p.Limit
+				d, err := s.Allow(key, p, hits, now)
+				if err != nil || d.Allowed != want {
+					t.Fatalf("%v seed %d step %d at %v: Allow(%d) = %+v, %v; model (used %d of %d) says %t", unit, seed, step, now, hits, d, err, used, p.Limit, want)
+				}
+				if want {
+					log = append(log, adm{now, hits})
+				}
+			}
+		}
 	}
 }
