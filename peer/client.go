@@ -284,6 +284,12 @@ func (c *Client) unary(ctx context.Context, req Request, lease uint64, call unar
 	resp, err := call(m.stub, ctx, &peerpb.AllowRequest{Key: &peerpb.Key{Tenant: k.Tenant, Subject: k.Subject, Policy: k.Policy},
 		Hits: req.Hits, Policies: req.Policies, LeaseId: lease})
 	if err != nil {
+		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+			// The deadline travels with the call, and the node may act on
+			// it (a cancelled stream) before ctx's own timer fires, which
+			// is due now: wait for it so the error says why.
+			<-ctx.Done()
+		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, tm.addr, ctxErr(ctx))
 		}
