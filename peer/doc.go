@@ -11,8 +11,9 @@
 // long-lived pipe to it (a framed TCP connection to the peer's gRPC port,
 // or a gRPC stream when the peer takes none). A process
 // that does not embed a Node uses Client (Dial): it reads where keys live
-// (the Placement RPC) and sends each key to its holder on one stream per
-// node (AllowStream); the holder still decides.
+// (the Placement RPC) and sends each check to its key's holder on one
+// stream per node (AllowStream), and each peek, refund and lease as a
+// unary call to it; the holder still decides.
 //
 // What it guarantees:
 //
