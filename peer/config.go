@@ -46,6 +46,22 @@ const (
 	// Concurrency caps the requests in progress: Node.Acquire and
 	// Node.Release (Limit leases held at once, Window the lease TTL).
 	Concurrency = shard.Concurrency
+	// Calendar counts per calendar period (PolicyConfig.Period) in
+	// PolicyConfig.Zone; Window stays zero.
+	Calendar = shard.Calendar
+)
+
+// Period is shard.Period, re-exported: the calendar unit of a Calendar
+// policy.
+type Period = shard.Period
+
+// The calendar periods; see shard.Period. A week is the ISO week, from
+// Monday 00:00.
+const (
+	CalendarDay   = shard.CalendarDay
+	CalendarWeek  = shard.CalendarWeek
+	CalendarMonth = shard.CalendarMonth
+	CalendarYear  = shard.CalendarYear
 )
 
 // OnUnavailable says what a node does when a key's owner cannot be reached in
@@ -89,12 +105,22 @@ func ParseOnUnavailable(s string) (OnUnavailable, error) {
 //		// held at once). Must be positive.
 //		Limit int64
 //		// Window is the rolling window (for Concurrency, the lease TTL: a lease
-//		// not released expires Window after it was taken). Must be positive.
+//		// not released expires Window after it was taken). Must be positive,
+//		// except under Calendar, where it must be zero (Period sets the length).
 //		Window time.Duration
 //		// Algorithm is the limiting algorithm. Zero means SlidingLog.
 //		Algorithm Algorithm
 //		// Resolution is the sliding log's timestamp granularity. Zero means 1 ms.
 //		Resolution time.Duration
+//		// Period is the calendar unit of a Calendar policy (calendar day,
+//		// ISO week from Monday, month or year); required there, and must be
+//		// zero for every other algorithm.
+//		Period Period
+//		// Zone is the IANA time zone ("Europe/Berlin") whose calendar a
+//		// Calendar policy follows. Empty means UTC. Only for Calendar. The zone
+//		// rules come from the host's zoneinfo, else from the copy embedded in
+//		// the binary (time/tzdata).
+//		Zone string
 //		// OnUnavailable is what to do when the owner cannot be reached. Zero
 //		// means FailClosed.
 //		OnUnavailable OnUnavailable
