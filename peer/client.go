@@ -238,8 +238,9 @@ func (c *Client) Refund(ctx context.Context, req Request) (Decision, error) {
 // policy at the key's holder, like Node.Acquire: at the limit it returns
 // Allowed false with a nil error and a RetryAfter; a granted lease has an
 // ID to pass to Release and lasts until then or its TTL. Any other policy
-// is ErrWrongAlgorithm; other errors are Allow's (an unavailable holder
-// whose policy fails open answers ReasonFailedOpen, with ID zero).
+// is ErrWrongAlgorithm; other errors are Allow's (a policy that fails open
+// or falls back answers as Node.Acquire does, from the node the call
+// reached).
 func (c *Client) Acquire(ctx context.Context, req Request) (Lease, error) {
 	resp, err := c.unary(ctx, req, 0, peerpb.RateLimiterClient.Acquire)
 	if err != nil {
