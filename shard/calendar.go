@@ -53,24 +53,46 @@ func ParsePeriod(s string) (Period, error) {
 // is computed from the calendar date alone, so two nodes with the same
 // unit, zone and zone rules agree on every boundary whatever their clocks
 // say. For NoPeriod it returns t, t.
+//
+// Where a boundary's midnight does not exist (a daylight-saving jump at
+// 00:00, as in America/Santiago), time.Date gives the instant an hour
+// earlier, and the last wall-clock hour before it belongs to the next
+// period: boundaries still only increase, so periods tile time without
+// gaps or overlaps.
 func (u Period) Bounds(t time.Time, loc *time.Location) (start, end time.Time) {
+	if u == NoPeriod || u >= numPeriods {
+		return t, t
+	}
 	if loc == nil {
 		loc = time.UTC
 	}
 	y, m, d := t.In(loc).Date()
+	start, end = u.boundary(y, m, d, 0, loc), u.boundary(y, m, d, 1, loc)
+	switch {
+	case !t.Before(end):
+		start, end = end, u.boundary(y, m, d, 2, loc)
+	case t.Before(start):
+		start, end = u.boundary(y, m, d, -1, loc), start
+	}
+	return start, end
+}
+
+// boundary is the start of the k-th period after the one holding the date
+// y-m-d (k = 0: that period), in loc.
+func (u Period) boundary(y int, m time.Month, d, k int, loc *time.Location) time.Time {
 	switch u {
 	case CalendarDay:
-		return time.Date(y, m, d, 0, 0, 0, 0, loc), time.Date(y, m, d+1, 0, 0, 0, 0, loc)
+		return time.Date(y, m, d+k, 0, 0, 0, 0, loc)
 	case CalendarWeek:
-		// ISO 8601: weeks start on Monday (time.Sunday is 0).
-		d -= (int(t.In(loc).Weekday()) + 6) % 7
-		return time.Date(y, m, d, 0, 0, 0, 0, loc), time.Date(y, m, d+7, 0, 0, 0, 0, loc)
+		// ISO 8601: weeks start on Monday (time.Sunday is 0). The date's
+		// weekday does not depend on the zone.
+		back := (int(time.Date(y, m, d, 12, 0, 0, 0, time.UTC).Weekday()) + 6) % 7
+		return time.Date(y, m, d-back+7*k, 0, 0, 0, 0, loc)
 	case CalendarMonth:
-		return time.Date(y, m, 1, 0, 0, 0, 0, loc), time.Date(y, m+1, 1, 0, 0, 0, 0, loc)
-	case CalendarYear:
-		return time.Date(y, 1, 1, 0, 0, 0, 0, loc), time.Date(y+1, 1, 1, 0, 0, 0, 0, loc)
+		return time.Date(y, m+time.Month(k), 1, 0, 0, 0, 0, loc)
+	default:
+		return time.Date(y+k, 1, 1, 0, 0, 0, 0, loc)
 	}
-	return t, t
 }
 
 // bounds is Bounds on nanoseconds. A time.Date boundary can fall outside

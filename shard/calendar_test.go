@@ -25,6 +25,7 @@ func TestPeriodBounds(t *testing.T) {
 	utc := time.UTC
 	berlin := mustZone(t, "Europe/Berlin")
 	ny := mustZone(t, "America/New_York")
+	santiago := mustZone(t, "America/Santiago")
 	d := func(y int, m time.Month, day, h, min int, loc *time.Location) time.Time {
 		return time.Date(y, m, day, h, min, 0, 0, loc)
 	}
@@ -55,6 +56,12 @@ func TestPeriodBounds(t *testing.T) {
 		{"iso week edge is monday 00:00", CalendarWeek, utc, d(2026, 1, 5, 0, 0, utc), d(2026, 1, 5, 0, 0, utc), d(2026, 1, 12, 0, 0, utc), 7 * 24 * time.Hour},
 		{"berlin week with spring change", CalendarWeek, berlin, d(2026, 3, 29, 20, 0, berlin), d(2026, 3, 23, 0, 0, berlin), d(2026, 3, 30, 0, 0, berlin), 7*24*time.Hour - time.Hour},
 		{"day edge belongs to the new day", CalendarDay, berlin, d(2026, 3, 30, 0, 0, berlin), d(2026, 3, 30, 0, 0, berlin), d(2026, 3, 31, 0, 0, berlin), 24 * time.Hour},
+		// Santiago's clocks jump from 00:00 to 01:00 on 2026-09-06: that
+		// midnight does not exist, time.Date gives 23:00 the day before,
+		// and the hour from there belongs to 6 September.
+		{"santiago 23:30 before a missing midnight", CalendarDay, santiago, d(2026, 9, 6, 3, 30, utc), d(2026, 9, 6, 3, 0, utc), d(2026, 9, 7, 3, 0, utc), 24 * time.Hour},
+		{"santiago day before a missing midnight", CalendarDay, santiago, d(2026, 9, 5, 12, 0, santiago), d(2026, 9, 5, 0, 0, santiago), d(2026, 9, 6, 3, 0, utc), 23 * time.Hour},
+		{"santiago week across a missing midnight", CalendarWeek, santiago, d(2026, 9, 6, 3, 30, utc), d(2026, 8, 31, 0, 0, santiago), d(2026, 9, 7, 0, 0, santiago), 7*24*time.Hour - time.Hour},
 		{"month edge belongs to the new month", CalendarMonth, berlin, d(2026, 3, 1, 0, 0, berlin), d(2026, 3, 1, 0, 0, berlin), d(2026, 4, 1, 0, 0, berlin), 31*24*time.Hour - time.Hour},
 	}
 	for _, tc := range tests {
@@ -284,33 +291,36 @@ func TestParsePeriod(t *testing.T) {
 func TestCalendarMatchesModel(t *testing.T) {
 	berlin := mustZone(t, "Europe/Berlin")
 	key := Key{Tenant: "acme", Subject: "user-1", Policy: "cal"}
+	santiago := mustZone(t, "America/Santiago")
 	starts := []time.Time{
 		time.Date(2026, 3, 27, 0, 0, 0, 0, berlin),
 		time.Date(2026, 10, 23, 0, 0, 0, 0, berlin),
 		time.Date(2026, 12, 29, 0, 0, 0, 0, berlin),
+		time.Date(2026, 9, 4, 0, 0, 0, 0, santiago), // a missing midnight on 6 September
 	}
 	for _, unit := range []Period{CalendarDay, CalendarWeek, CalendarMonth, CalendarYear} {
 		for seed := int64(1); seed <= 20; seed++ {
 			rng := rand.New(rand.NewPCG(uint64(seed), 25))
-			p := Policy{Limit: 1 + rng.Int64N(8), Algorithm: Calendar, Period: unit, Zone: berlin}
+			now := starts[seed%int64(len(starts))]
+			zone := now.Location()
+			p := Policy{Limit: 1 + rng.Int64N(8), Algorithm: Calendar, Period: unit, Zone: zone}
 			s, _ := NewStore(Config{})
 			type adm struct {
 				at   time.Time
 				hits int64
 			}
 			var log []adm
-			now := starts[seed%int64(len(starts))]
 			for step := range 300 {
 				now = now.Add(time.Duration(rng.Int64N(int64(3 * time.Hour))))
 				if rng.IntN(10) == 0 {
 					// Land exactly on an edge.
-					_, now = unit.Bounds(now, berlin)
+					_, now = unit.Bounds(now, zone)
 				}
 				hits := 1 + rng.Int64N(p.Limit)
-				start, _ := unit.Bounds(now, berlin)
+				start, _ := unit.Bounds(now, zone)
 				var used int64
 				for _, a := range log {
-					if as, _ := unit.Bounds(a.at, berlin); as.Equal(start) {
+					if as, _ := unit.Bounds(a.at, zone); as.Equal(start) {
 						used += a.hits
 					}
 				}
@@ -322,6 +332,36 @@ func TestCalendarMatchesModel(t *testing.T) {
 				if want {
 					log = append(log, adm{now, hits})
 				}
+			}
+		}
+	}
+}
+
+// TestPeriodsTile: walked across two years in zones with daylight-saving
+// changes (one with a missing midnight), periods follow each other without
+// gap or overlap, each start is a local midnight (or, where midnight is
+// missing, the hour before the jump), and both ends map to the period.
+func TestPeriodsTile(t *testing.T) {
+	for _, name := range []string{"UTC", "Europe/Berlin", "America/Santiago", "America/New_York", "Australia/Lord_Howe"} {
+		loc := mustZone(t, name)
+		for _, unit := range []Period{CalendarDay, CalendarWeek, CalendarMonth, CalendarYear} {
+			start, end := unit.Bounds(time.Date(2025, 12, 31, 12, 0, 0, 0, loc), loc)
+			for start.Year() < 2028 {
+				if !end.After(start) {
+					t.Fatalf("%s %v: empty period [%v, %v)", name, unit, start, end)
+				}
+				for _, at := range []time.Time{start, end.Add(-time.Nanosecond)} {
+					if s, e := unit.Bounds(at, loc); !s.Equal(start) || !e.Equal(end) {
+						t.Fatalf("%s %v: Bounds(%v) = [%v, %v), want [%v, %v)", name, unit, at, s, e, start, end)
+					}
+				}
+				if s, _ := unit.Bounds(end, loc); !s.Equal(end) {
+					t.Fatalf("%s %v: the period after [%v, %v) starts at %v", name, unit, start, end, s)
+				}
+				if l := start.In(loc); (l.Hour() != 0 && l.Hour() != 23) || l.Minute() != 0 && l.Minute() != 30 {
+					t.Fatalf("%s %v: period starts at %v, not at midnight", name, unit, l)
+				}
+				start, end = unit.Bounds(end, loc)
 			}
 		}
 	}
