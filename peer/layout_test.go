@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestLayout pins the import rules between peer's parts (STYLE.md §1), on
+// TestLayout pins the import rules between peer's parts (each part's doc.go states its own), on
 // the transitive dependencies `go list -deps` reports for every package
 // under peer/internal/ (test files excluded):
 //
