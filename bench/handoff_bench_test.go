@@ -66,23 +66,13 @@ func hoBenchCluster(b *testing.B, prefix string, n int, cfg peer.Config) []*peer
 		}
 		nodes = append(nodes, nd)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		all := true
-		for _, nd := range nodes {
-			all = all && len(nd.Members()) == n && nd.Settled()
-		}
-		if all {
-			return nodes
-		}
-		if time.Now().After(deadline) {
-			hoBenchClose(nodes)
-			b.Fatalf("cluster of %d did not converge within 15 s", n)
-		}
-		<-tick.C
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := peer.WaitSettled(ctx, nodes, 0); err != nil {
+		hoBenchClose(nodes)
+		b.Fatalf("cluster of %d did not converge: %v", n, err)
 	}
+	return nodes
 }
 
 func hoBenchClose(nodes []*peer.Node) {

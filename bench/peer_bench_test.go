@@ -90,28 +90,12 @@ func startPeerClusterWith(b testing.TB, n int, edit func(*peer.Config)) []*peer.
 		})
 		nodes = append(nodes, nd)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	converged := time.Time{}
-	for {
-		all := true
-		for _, nd := range nodes {
-			all = all && len(nd.Members()) == n && nd.Settled()
-		}
-		switch {
-		case !all:
-			converged = time.Time{}
-		case converged.IsZero():
-			converged = time.Now()
-		case time.Since(converged) > 2*grace:
-			return nodes
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("cluster of %d did not converge within 15 s", n)
-		}
-		<-tick.C
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := peer.WaitSettled(ctx, nodes, 2*grace); err != nil {
+		b.Fatalf("cluster of %d did not converge: %v", n, err)
 	}
+	return nodes
 }
 
 // peerKeys returns a pool of peerKeySlots keys holding distinct different

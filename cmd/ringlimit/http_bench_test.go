@@ -126,25 +126,10 @@ func BenchmarkHTTPCheck(b *testing.B) {
 // settled, steadily for 40 ms.
 func waitSettledNodes(b *testing.B, nodes []*peer.Node) {
 	b.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	var steady time.Time
-	for {
-		all := true
-		for _, nd := range nodes {
-			all = all && len(nd.Members()) == len(nodes) && nd.Settled()
-		}
-		switch {
-		case !all:
-			steady = time.Time{}
-		case steady.IsZero():
-			steady = time.Now()
-		case time.Since(steady) > 40*time.Millisecond:
-			return
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("cluster of %d did not settle within 15 s", len(nodes))
-		}
-		time.Sleep(5 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := peer.WaitSettled(ctx, nodes, 40*time.Millisecond); err != nil {
+		b.Fatalf("cluster of %d: %v", len(nodes), err)
 	}
 }
 

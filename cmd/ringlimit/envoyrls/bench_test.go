@@ -259,26 +259,12 @@ func startCluster(b *testing.B, n int, pols map[string]peer.PolicyConfig, regist
 		})
 		nodes = append(nodes, nd)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	var steady time.Time
-	for {
-		all := true
-		for _, nd := range nodes {
-			all = all && len(nd.Members()) == n && nd.Settled()
-		}
-		switch {
-		case !all:
-			steady = time.Time{}
-		case steady.IsZero():
-			steady = time.Now()
-		case time.Since(steady) > 40*time.Millisecond:
-			return nodes
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("cluster of %d did not settle within 15 s", n)
-		}
-		time.Sleep(5 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := peer.WaitSettled(ctx, nodes, 40*time.Millisecond); err != nil {
+		b.Fatalf("cluster of %d: %v", n, err)
 	}
+	return nodes
 }
 
 func reportOpsPerSec(b *testing.B) {
