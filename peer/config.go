@@ -396,8 +396,36 @@ type Config struct {
 	// TransferChunkBytes bounds one message of a partition copy. Zero means
 	// 1 MiB.
 	TransferChunkBytes int
+	// Ownership chooses how partition holders change: OwnershipGossip
+	// (the default, for now), by rules over each node's gossip view; or
+	// OwnershipLog, by compare-and-set commands in a replicated log (raft)
+	// with liveness leases, which keeps one decision point per partition
+	// under any single fault, network splits included. Every member of a
+	// cluster must use the same mode: it is part of the fingerprint.
+	Ownership OwnershipMode
 
 	clockIsDefault bool // set by withDefaults when Clock was nil
+}
+
+// OwnershipMode is how partition holders change; see Config.Ownership.
+type OwnershipMode string
+
+const (
+	// OwnershipGossip: holders change by rules over gossip views.
+	OwnershipGossip OwnershipMode = "gossip"
+	// OwnershipLog: holders change by commands in a replicated log.
+	OwnershipLog OwnershipMode = "log"
+)
+
+// ParseOwnership parses "gossip" or "log" ("" is gossip).
+func ParseOwnership(s string) (OwnershipMode, error) {
+	switch OwnershipMode(s) {
+	case "", OwnershipGossip:
+		return OwnershipGossip, nil
+	case OwnershipLog:
+		return OwnershipLog, nil
+	}
+	return "", fmt.Errorf("peer: ownership %q: want gossip or log", s)
 }
 
 // defaultPolicy is the table a zero Config gets.
@@ -498,6 +526,9 @@ func (c Config) validate() error {
 	if len(c.Name) > 128 {
 		bad("name is %d bytes, longer than 128", len(c.Name))
 	}
+	if c.Ownership != "" && c.Ownership != OwnershipGossip && c.Ownership != OwnershipLog {
+		bad("ownership %q: want gossip or log", c.Ownership)
+	}
 	for _, a := range []struct{ name, v string }{{"gossip address", c.GossipAddr}, {"rpc address", c.RPCAddr}} {
 		if _, _, err := net.SplitHostPort(a.v); err != nil {
 			bad("%s %q: %v", a.name, a.v, err)
@@ -570,6 +601,10 @@ func (c Config) fingerprint() uint64 {
 	// Placement hashes (tenant, subject) to a partition and ownership moves
 	// by partition with epochs: both are part of the contract.
 	fmt.Fprintf(h, "ring=%d;placement=%s;", c.Ring.Fingerprint(), placementScheme)
+	if c.Ownership == OwnershipLog {
+		// Log-owned and gossip-owned members would each think they decide.
+		fmt.Fprintf(h, "ownership=log;")
+	}
 	return h.Sum64()
 }
 
