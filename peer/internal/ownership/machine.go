@@ -216,6 +216,11 @@ func (m *Machine) MayDecide(p int, now int64) bool {
 	return now < m.liveUntil && l.have && l.fence == fenceNone && !l.recopy && m.table.Holds(m.cfg.ID, p)
 }
 
+// Has reports whether this member's local state of p is the one the
+// table counts on: set when p was granted, moved or handed here, or when
+// a copy the table names this member backup with was installed.
+func (m *Machine) Has(p int) bool { return m.parts[p].have }
+
 // Raise tells the machine that replication became stronger for some
 // policy (a policy table change took a policy from off or async to
 // sync). Every partition this member holds is copied to its backup again

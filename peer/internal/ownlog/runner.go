@@ -21,12 +21,29 @@ type Transport interface {
 
 // Data carries out the machine's data actions: export a partition and
 // send it (the driver calls CopyAcked when the receiver confirms), or
-// empty one. Called from the Runner's goroutine, with the partition's
-// gate held in write mode, so no decision is in flight on it; it must not
-// block on the network (start the copy, return).
+// empty one; and mirrors each partition's published state into the
+// driver's own records. Called from the Runner's goroutine, with the
+// partition's gate held in write mode, so no decision is in flight on it;
+// it must not block on the network (start the copy, return).
 type Data interface {
 	SendCopy(a ownership.Action)
 	Reset(p int)
+	// Publish tells the driver what partition p's applied record is now
+	// and whether this member may decide for it (its own lease aside:
+	// MayDecide checks that). Called whenever either changes.
+	Publish(p int, st PartState)
+}
+
+// PartState is one partition as the runner last published it.
+type PartState struct {
+	Holder string // the holder's member ID; "" while vacant
+	Epoch  uint64 // the partition epoch replication is tagged with
+	Backup string // the backup's member ID; "" when none
+	// Have: this member's local state of the partition is the one the
+	// table counts on (as holder, or as backup).
+	Have bool
+	// May: this member may decide for the partition while its lease lasts.
+	May bool
 }
 
 // Runner drives one Member from one goroutine: ticks, inbound messages,
@@ -42,7 +59,8 @@ type Runner struct {
 	mono  func() int64
 	in    chan []byte
 	ctl   chan func()
-	gates []sync.RWMutex
+	gates func(p int) *sync.RWMutex
+	self  string
 	pub   atomic.Pointer[published]
 	done  chan struct{}
 	// prev is the last published snapshot, owned by the goroutine.
@@ -53,30 +71,54 @@ type Runner struct {
 // member may decide for, until when.
 type published struct {
 	until int64
-	may   []bool
+	parts []PartState
 }
 
 // NewRunner returns a runner of m. mono is the member's monotonic clock in
 // ns; tick is the raft tick (the election timeout is Config.ElectionTicks
-// of them). Call Run to start it.
-func NewRunner(m *Member, tr Transport, data Data, tick time.Duration, mono func() int64) *Runner {
-	r := &Runner{m: m, tr: tr, data: data, tick: tick, mono: mono,
-		in: make(chan []byte, 1024), ctl: make(chan func(), 64),
-		gates: make([]sync.RWMutex, m.cfg.Partitions), done: make(chan struct{})}
-	r.prev = &published{may: make([]bool, m.cfg.Partitions)}
+// of them). gates returns partition p's gate, the lock a decision holds
+// in read mode from its MayDecide to the end of its store update (the
+// driver's own per-partition lock); nil gives the runner gates of its own.
+// Call Run to start it.
+func NewRunner(m *Member, tr Transport, data Data, tick time.Duration, mono func() int64, gates func(p int) *sync.RWMutex) *Runner {
+	if gates == nil {
+		own := make([]sync.RWMutex, m.cfg.Partitions)
+		gates = func(p int) *sync.RWMutex { return &own[p] }
+	}
+	r := &Runner{m: m, tr: tr, data: data, tick: tick, mono: mono, gates: gates, self: m.cfg.Ownership.ID,
+		in: make(chan []byte, 1024), ctl: make(chan func(), 64), done: make(chan struct{})}
+	r.prev = &published{parts: make([]PartState, m.cfg.Partitions)}
 	r.pub.Store(r.prev)
 	return r
 }
 
 // Gate returns partition p's gate: a decision holds it in read mode from
 // MayDecide to the end of its store update.
-func (r *Runner) Gate(p int) *sync.RWMutex { return &r.gates[p] }
+func (r *Runner) Gate(p int) *sync.RWMutex { return r.gates(p) }
 
 // MayDecide reports whether this member may decide for p at now (its
 // monotonic ns), from the last published snapshot.
 func (r *Runner) MayDecide(p int, now int64) bool {
 	s := r.pub.Load()
-	return now < s.until && s.may[p]
+	return now < s.until && s.parts[p].May
+}
+
+// LiveUntil returns the end of this member's own lease as last published
+// (monotonic ns).
+func (r *Runner) LiveUntil() int64 { return r.pub.Load().until }
+
+// Part returns partition p as last published.
+func (r *Runner) Part(p int) PartState { return r.pub.Load().parts[p] }
+
+// AcceptReplica reports, from the last published snapshot, whether an
+// admission of p replicated by from at epoch may be applied here: the
+// table names this member p's backup and from its holder at exactly that
+// epoch, and this member's copy is the one the table counts on. A
+// snapshot a moment old errs only toward applying an admission to a copy
+// that has just stopped mattering, which can only make it refuse more.
+func (r *Runner) AcceptReplica(p int, from string, epoch uint64) bool {
+	st := r.pub.Load().parts[p]
+	return st.Backup == r.self && st.Holder == from && st.Epoch == epoch && st.Have
 }
 
 // Receive hands an inbound raft message to the runner; when its queue is
@@ -157,43 +199,54 @@ func (r *Runner) Run(ctx context.Context) {
 	}
 }
 
-// carry publishes what the machine now allows, waits out decisions on
-// partitions it no longer allows, then carries out the output.
+// carry empties partitions granted here, publishes what the machine now
+// allows (waiting out, under each changed partition's gate, decisions on
+// partitions it no longer allows), then starts copies and sends messages.
+// A Reset comes first: it is for a partition this member did not hold, so
+// no decision is on it, and a decision allowed by the new snapshot must
+// never land on a store the Reset then replaces.
 func (r *Runner) carry(out Output) {
+	for _, a := range out.Actions {
+		if a.Kind == ownership.Reset {
+			g := r.gates(a.P)
+			g.Lock()
+			r.data.Reset(a.P)
+			g.Unlock()
+		}
+	}
 	own := r.m.Own()
 	now := r.mono()
-	next := &published{until: own.LiveUntil(), may: make([]bool, len(r.gates))}
-	for p := range next.may {
-		// MayDecide with the lease left out: readers check it with their
-		// own now.
-		next.may[p] = own.MayDecide(p, min(now, next.until-1))
-	}
+	next := &published{until: own.LiveUntil(), parts: make([]PartState, len(r.prev.parts))}
+	t := own.Table()
 	changed := next.until != r.prev.until
-	for p := range next.may {
-		changed = changed || next.may[p] != r.prev.may[p]
+	for p := range next.parts {
+		pt := t.Parts[p]
+		next.parts[p] = PartState{Holder: pt.Holder, Epoch: pt.Epoch, Backup: pt.Backup, Have: own.Has(p),
+			// MayDecide with the lease left out: readers check it with
+			// their own now.
+			May: own.MayDecide(p, min(now, next.until-1))}
+		changed = changed || next.parts[p] != r.prev.parts[p]
 	}
 	if changed {
 		r.pub.Store(next)
-		for p := range next.may {
-			if r.prev.may[p] && !next.may[p] {
+		for p := range next.parts {
+			if next.parts[p] != r.prev.parts[p] {
 				// A decision that read the old snapshot finishes before
 				// the partition is copied or handed on.
-				r.gates[p].Lock()
-				r.gates[p].Unlock() //nolint:staticcheck // an empty critical section: a barrier
+				g := r.gates(p)
+				g.Lock()
+				r.data.Publish(p, next.parts[p])
+				g.Unlock()
 			}
 		}
 		r.prev = next
 	}
 	for _, a := range out.Actions {
-		switch a.Kind {
-		case ownership.SendCopy:
-			r.gates[a.P].Lock()
+		if a.Kind == ownership.SendCopy {
+			g := r.gates(a.P)
+			g.Lock()
 			r.data.SendCopy(a)
-			r.gates[a.P].Unlock()
-		case ownership.Reset:
-			r.gates[a.P].Lock()
-			r.data.Reset(a.P)
-			r.gates[a.P].Unlock()
+			g.Unlock()
 		}
 	}
 	for _, msg := range out.Messages {

@@ -63,7 +63,8 @@ func (d *memData) SendCopy(a ownership.Action) {
 	}()
 }
 
-func (d *memData) Reset(int) {}
+func (d *memData) Reset(int)              {}
+func (d *memData) Publish(int, PartState) {}
 
 // harness runs n members on real time with a 1 s liveness; transport
 // gives member i's raft transport (nil: the in-memory one).
@@ -104,7 +105,7 @@ func startHarness(t *testing.T, n, parts int, transport func(i uint64, r func() 
 		if transport != nil {
 			tr = transport(i, func() *Runner { return r })
 		}
-		r = NewRunner(m, tr, d, 20*time.Millisecond, h.mono)
+		r = NewRunner(m, tr, d, 20*time.Millisecond, h.mono, nil)
 		d.self = r
 		h.net.mu.Lock()
 		h.net.runners[i] = r
@@ -148,7 +149,7 @@ func (h *harness) waitFor(what string, d time.Duration, cond func() bool) {
 			for i := uint64(1); i <= uint64(h.n); i++ {
 				r, _ := h.net.runner(i)
 				tb, _ := r.Table(ctx)
-				h.t.Logf("m%d: may %v, table %+v", i, r.pub.Load().may, tb)
+				h.t.Logf("m%d: published %+v, table %+v", i, r.pub.Load().parts, tb)
 			}
 			h.t.Fatalf("timed out after %v waiting for %s", d, what)
 		}
