@@ -325,7 +325,11 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 			return err
 		}
 		switch {
-		case no.epoch > 0:
+		case n.lo != nil && no.owner != "" && no.owner != target && no.owner != n.name:
+			// The log's table is the only record of holders: follow the
+			// receiver's, learn nothing.
+			redirect = no.owner
+		case n.lo == nil && no.epoch > 0:
 			n.learn(pid, no.owner, no.epoch)
 		case no.owner != "" && no.owner != target && no.owner != n.name:
 			redirect = no.owner
@@ -477,7 +481,15 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	}
 	now, mono := n.now()
 	leased := pt.backup != ""
-	if leased {
+	if n.lo != nil {
+		leased = true
+		if !n.lo.run.MayDecide(pid, mono) || p.Config.Replication == ReplicateSync && pt.backup == "" && len(v.alive) > 1 {
+			// The lease ended or its renewal is late, or a synchronous
+			// policy waits for the backup the holder is making.
+			pt.mu.RUnlock()
+			return waitHere, ch, nil
+		}
+	} else if leased {
 		if mono >= pt.leaseUntil.Load() {
 			// No lease: the backup may be taking over, or the renewal is
 			// late. Reconcile renews it or moves to a new backup.
@@ -596,7 +608,12 @@ var errLeaseEnded = fmt.Errorf("%w: the partition's lease ended during the decis
 // admission; an asynchronous one or none is not, so the answer must not
 // confirm it. The admission stays recorded here, where it can only refuse
 // more.
-func (n *Node) leaseEnded(pt *part) bool { return n.mono() >= pt.leaseUntil.Load() }
+func (n *Node) leaseEnded(pt *part) bool {
+	if n.lo != nil {
+		return n.mono() >= n.lo.run.LiveUntil()
+	}
+	return n.mono() >= pt.leaseUntil.Load()
+}
 
 // unlimitedDecision is the holder's answer for a key an Unlimited override
 // covers.

@@ -27,6 +27,9 @@ func (n *Node) KillForTest() {
 		n.grpcSrv.Stop()
 		// Shutdown, not Leave: the peers must see a silent member.
 		_ = n.ml.Shutdown()
+		if n.lo != nil {
+			n.lo.shutdown()
+		}
 		n.cancel()
 		n.stopClients()
 		n.wg.Wait()

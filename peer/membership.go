@@ -451,6 +451,9 @@ func (n *Node) rebuild() {
 		n.log.Warn("gossip membership events dropped", "dropped", dropped)
 	}
 	n.noteMembership(nil, back)
+	if n.lo != nil {
+		n.lo.setView(v, evs, starts, names)
+	}
 	n.storeQuorum()
 	if !changed {
 		return

@@ -134,6 +134,10 @@ type Node struct {
 	refuseFramed atomic.Bool
 
 	ops opsState // restarts, duplicate names, readiness, reconnects, peer auth
+
+	// lo drives ownership through the replicated log (logown.go); nil in
+	// gossip mode.
+	lo *logOwner
 }
 
 // New starts a node: it binds the gRPC listener and gossip, joins
@@ -185,11 +189,19 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.wall = newWallClock(n.started)
 		n.clock = n.wall.now
 	}
+	if cfg.Ownership == OwnershipLog {
+		if n.lo, err = newLogOwner(n); err != nil {
+			return nil, err
+		}
+	}
 	if len(cfg.Join) == 0 {
 		// No one to join: this node starts the cluster and holds every
-		// partition. A node that joins holds nothing until partitions are
-		// transferred to it, and adopts the cluster's id.
-		n.found()
+		// partition (in log mode, once its log grants them). A node that
+		// joins holds nothing until partitions are transferred to it, and
+		// adopts the cluster's id.
+		if n.lo == nil {
+			n.found()
+		}
 		var b [8]byte
 		_, _ = crand.Read(b[:])
 		n.clusterID.Store(binary.BigEndian.Uint64(b[:]) | 1)
@@ -197,20 +209,32 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 
 	if err := n.startRPC(); err != nil {
 		n.cancel()
+		if n.lo != nil {
+			n.lo.shutdown()
+		}
 		return nil, err
 	}
 	if err := n.startGossip(ctx); err != nil {
 		n.grpcSrv.Stop()
 		n.cancel()
+		if n.lo != nil {
+			n.lo.shutdown()
+		}
 		n.wg.Wait()
 		return nil, err
 	}
+	if n.lo != nil {
+		n.lo.start()
+	}
 	n.rebuild()
-	n.wg.Add(3)
+	n.wg.Add(2)
 	go n.rebuildLoop()
 	go n.every(cfg.SweepInterval, n.Sweep)
-	go n.ownerLoop()
-	n.kickOwnership()
+	if n.lo == nil {
+		n.wg.Add(1)
+		go n.ownerLoop()
+		n.kickOwnership()
+	}
 	n.wg.Add(1)
 	go n.every(cfg.ReconnectInterval, n.reconnect)
 	n.updateReady()
@@ -243,6 +267,9 @@ func (n *Node) serveRPC(lis net.Listener) {
 	peerpb.RegisterLimiterServer(srv, &server{n: n})
 	peerpb.RegisterRateLimiterServer(srv, &publicServer{n: n})
 	healthpb.RegisterHealthServer(srv, n.health)
+	if n.lo != nil {
+		n.lo.register(srv)
+	}
 	if n.cfg.RegisterServices != nil {
 		n.cfg.RegisterServices(srv, n)
 	}
@@ -479,9 +506,15 @@ func (n *Node) close(ctx context.Context) error {
 	n.delegate.setMeta(n.meta(true))
 	_ = n.ml.UpdateNode(200 * time.Millisecond)
 	n.announceLeave()
-	n.excludeSelf(ctx)
-	if err := n.drain(ctx); err != nil {
-		errs = append(errs, err)
+	if n.lo != nil {
+		if err := n.lo.drain(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	} else {
+		n.excludeSelf(ctx)
+		if err := n.drain(ctx); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	leaveTimeout := time.Second
 	if n.view.Load().stopping {
@@ -515,6 +548,9 @@ func (n *Node) close(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("peer: shut down gossip: %w", err))
 	}
 	n.stopped.Store(true)
+	if n.lo != nil {
+		n.lo.shutdown()
+	}
 	n.cancel()
 	stopped := make(chan struct{})
 	go func() { n.grpcSrv.GracefulStop(); close(stopped) }()

@@ -52,7 +52,13 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		fenced = fenced || q.Config.Replication == ReplicateSync && !q.Unlimited
 	}
 	leased := pt.backup != ""
-	if leased {
+	if n.lo != nil {
+		leased = true
+		if !n.lo.run.MayDecide(pid, n.mono()) || sync && r.op != peerpb.Op_OP_PEEK && pt.backup == "" && len(v.alive) > 1 {
+			unlock()
+			return Decision{}, waitHere, ch, nil
+		}
+	} else if leased {
 		if n.leaseEnded(pt) {
 			unlock()
 			n.kickOwnership()

@@ -1587,6 +1587,9 @@ func (n *Node) excludeSelf(ctx context.Context) {
 // all settled (and agree on the members) has finished moving partitions.
 func (n *Node) Settled() bool {
 	v := n.view.Load()
+	if n.lo != nil {
+		return n.lo.settled(v)
+	}
 	for i := range n.pt.parts {
 		pt := &n.pt.parts[i]
 		pt.mu.RLock()

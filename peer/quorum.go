@@ -36,6 +36,11 @@ func (n *Node) twoMemberGrace() time.Duration { return 10 * n.cfg.LeaseDuration 
 // rebuild goroutine and the ownership loop (every LeaseDuration/4, which
 // is what notices the grace passing).
 func (n *Node) storeQuorum() {
+	if n.lo != nil {
+		// The log's majority decides; a node's view of one does not.
+		n.hasQuorum.Store(true)
+		return
+	}
 	q := &n.quorumWatch
 	q.mu.Lock()
 	defer q.mu.Unlock()

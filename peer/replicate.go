@@ -745,6 +745,9 @@ type opHead struct {
 // key of a policy this node does not have, or has with another algorithm,
 // is not among them).
 func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing, quorum bool) opResult {
+	if n.lo != nil {
+		return n.lo.applyOp(sender, h, keys, closing)
+	}
 	kind, part, epoch, holderEpoch := h.kind, h.part, h.epoch, h.holderEpoch
 	if holderEpoch == 0 || holderEpoch >= epoch {
 		// A copy's sender holds the partition at holderEpoch, below the

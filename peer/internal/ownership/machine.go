@@ -459,12 +459,44 @@ func (m *Machine) noteEnd(id string) {
 // snapshot, or a restarted member catching up): it counts every record's
 // whole Liveness from now, since it cannot tell when the latest
 // extension was applied.
-func (m *Machine) Restored(t *Table, now int64) {
+func (m *Machine) Restored(t *Table, now int64) []Action {
+	var acts []Action
+	for p := range t.Parts {
+		// A holding granted here empty that this member never applied
+		// (the grant came inside a snapshot): nobody has decided for it,
+		// so its state is empty, and this member may decide from an
+		// empty store.
+		pt, old := t.Parts[p], m.table.Parts[p]
+		if pt.Fresh && t.Holds(m.cfg.ID, p) && !(old.Holder == pt.Holder && old.HolderEpoch == pt.HolderEpoch && old.Epoch <= pt.Epoch && old.Fresh) {
+			l := &m.parts[p]
+			l.have, l.fence = true, fenceNone
+			l.copyFrom, l.copyEpoch, l.copySeq = "", 0, 0
+			acts = append(acts, Action{Kind: Reset, P: p})
+			continue
+		}
+		// A SetBackup naming this member, or a Move to it, that came
+		// inside the snapshot: the copy installed here is the one it
+		// names, or this member has nothing the table counts on.
+		l := &m.parts[p]
+		named := pt.Backup == m.cfg.ID || t.Holds(m.cfg.ID, p) && !pt.Fresh
+		if named && !l.have && pt.CopyFrom != "" && l.copyFrom == pt.CopyFrom && l.copyEpoch == pt.CopyEpoch && l.copySeq == pt.CopySeq {
+			l.have = true
+		}
+		if pt.Backup == m.cfg.ID && pt.CopyFrom == m.cfg.ID && l.fence == fenceProposed && l.move && l.epoch == pt.CopyEpoch && l.seq == pt.CopySeq {
+			// Our own Move: our state is the copy we gave.
+			l.have = true
+			l.copyFrom, l.copyEpoch, l.copySeq = pt.CopyFrom, pt.CopyEpoch, pt.CopySeq
+		}
+		if l.fence != fenceNone && pt.Epoch != l.epoch {
+			l.fence = fenceNone
+		}
+	}
 	m.table = t.Clone()
 	clear(m.seen)
 	for id := range m.table.Members {
 		m.noteRecord(id, now)
 	}
+	return acts
 }
 
 // expired reports whether id's liveness has expired in this member's

@@ -42,6 +42,18 @@ type Partition struct {
 	// its last state was lost (both its holder and its backup gone: a
 	// double fault). The founding grant does not count.
 	Restarts uint64
+	// Fresh: the current holding began with an empty grant and no holder
+	// has been handed state since. A holder that learns of such a holding
+	// from a snapshot, not by applying the grant, knows its state is
+	// empty: it cannot have decided for it.
+	Fresh bool
+	// CopyFrom, CopyEpoch and CopySeq name the copy the current backup
+	// (after a SetBackup) or the current holder (after a Move) was made
+	// with, so that a member learning of the command from a snapshot can
+	// tell whether the copy it installed is that one.
+	CopyFrom  string
+	CopyEpoch uint64
+	CopySeq   uint64
 }
 
 // Table is the replicated ownership table: the state machine every member
@@ -213,6 +225,7 @@ func (t *Table) Apply(c Command) error {
 			switch {
 			case pt.Holder == c.Member && pt.HolderEpoch == c.Epoch:
 				pt.Epoch++
+				pt.Fresh = false
 				if e, ok := t.Live(pt.Backup); ok && pt.Backup != c.Member {
 					pt.Holder, pt.HolderEpoch = pt.Backup, e
 				} else {
@@ -237,7 +250,9 @@ func (t *Table) Apply(c Command) error {
 			return refused("move p%d to %s at epoch %d: not current", c.P, c.To, c.ToEpoch)
 		}
 		pt.Holder, pt.HolderEpoch, pt.Backup = c.To, c.ToEpoch, c.Member
+		pt.CopyFrom, pt.CopyEpoch, pt.CopySeq = c.Member, c.Epoch, c.Seq
 		pt.Epoch++
+		pt.Fresh = false
 	case Keep:
 		pt := &t.Parts[c.P]
 		if pt.Epoch != c.Epoch || !t.Holds(c.Member, c.P) {
@@ -253,6 +268,7 @@ func (t *Table) Apply(c Command) error {
 			return refused("set-backup p%d: %s is not live", c.P, c.To)
 		}
 		pt.Backup = c.To
+		pt.CopyFrom, pt.CopyEpoch, pt.CopySeq = c.Member, c.Epoch, c.Seq
 		pt.Epoch++
 	case Grant:
 		pt := &t.Parts[c.P]
@@ -271,6 +287,7 @@ func (t *Table) Apply(c Command) error {
 			}
 		}
 		pt.Holder, pt.HolderEpoch, pt.Backup, pt.Last = c.To, c.ToEpoch, "", ""
+		pt.Fresh = c.Member == ""
 		pt.Epoch++
 	default:
 		return fmt.Errorf("%w: kind %d", ErrBadCommand, c.Kind)

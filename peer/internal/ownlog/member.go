@@ -124,6 +124,23 @@ func New(cfg Config) (*Member, error) {
 // Own returns the member's machine, for the decision path's questions.
 func (m *Member) Own() *ownership.Machine { return m.own }
 
+// Voters returns how many voters the member's applied configuration has,
+// and how many voters autopilot wants for members live members.
+func (m *Member) Voters(members int) (have, want int) {
+	if m.conf != nil {
+		have = len(m.conf.GetVoters())
+	}
+	return have, min(m.voters(members), members)
+}
+
+// Describe summarises the member's raft state (term, leader, voters,
+// learners, commit), for status pages and test failures.
+func (m *Member) Describe() string {
+	st := m.rn.Status()
+	return fmt.Sprintf("raft %016x: %v term %d leader %016x commit %d applied %d voters %v learners %v",
+		m.cfg.RaftID, st.RaftState, st.Term, st.Lead, st.Commit, m.applied, sorted(st.Config.Voters.IDs()), sorted(st.Config.Learners))
+}
+
 // Leader reports whether this member leads the log.
 func (m *Member) Leader() bool { return m.rn.BasicStatus().RaftState == raft.StateLeader }
 
@@ -223,7 +240,7 @@ func (m *Member) restore(s *pb.Snapshot, now int64) {
 		}
 	}
 	m.conf = s.GetMetadata().GetConfState()
-	m.own.Restored(t, now)
+	m.do(m.own.Restored(t, now))
 }
 
 func (m *Member) apply(e *pb.Entry, now int64) {
@@ -311,7 +328,9 @@ func (m *Member) autopilot(now int64) {
 		}
 	}
 	for _, id := range sorted(voters) {
-		if p, ok := byID[id]; ok && (p.Gone || p.Leaving) {
+		// Never the last voter: raft cannot run without one, and a log
+		// whose every member leaves ends with them.
+		if p, ok := byID[id]; ok && (p.Gone || p.Leaving) && len(voters) > 1 {
 			propose(pb.ConfChangeRemoveNode, id)
 			return
 		}
@@ -325,7 +344,10 @@ func (m *Member) autopilot(now int64) {
 	if len(voters) < m.voters(live) {
 		for _, id := range sorted(learners) {
 			p, ok := byID[id]
-			if ok && !p.Gone && !p.Leaving && st.Progress[id].Match+10 >= st.HardState.GetCommit() {
+			// Caught up to within a snapshot's worth of entries: a
+			// learner that has to catch up from further back would hold
+			// commits up once it votes.
+			if ok && !p.Gone && !p.Leaving && st.Progress[id].Match+m.cfg.SnapshotEvery >= st.HardState.GetCommit() {
 				propose(pb.ConfChangeAddNode, id)
 				return
 			}

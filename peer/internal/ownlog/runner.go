@@ -72,6 +72,8 @@ type Runner struct {
 type published struct {
 	until int64
 	parts []PartState
+	// voters is the applied configuration's voter count.
+	voters int
 }
 
 // NewRunner returns a runner of m. mono is the member's monotonic clock in
@@ -106,6 +108,9 @@ func (r *Runner) MayDecide(p int, now int64) bool {
 // LiveUntil returns the end of this member's own lease as last published
 // (monotonic ns).
 func (r *Runner) LiveUntil() int64 { return r.pub.Load().until }
+
+// Voters returns the voter count of the configuration last published.
+func (r *Runner) Voters() int { return r.pub.Load().voters }
 
 // Part returns partition p as last published.
 func (r *Runner) Part(p int) PartState { return r.pub.Load().parts[p] }
@@ -169,6 +174,20 @@ func (r *Runner) Table(ctx context.Context) (*ownership.Table, bool) {
 	}
 }
 
+// Describe returns Member.Describe, from the runner's goroutine.
+func (r *Runner) Describe(ctx context.Context) string {
+	ans := make(chan string, 1)
+	r.do(func() { ans <- r.m.Describe() })
+	select {
+	case s := <-ans:
+		return s
+	case <-ctx.Done():
+		return "no answer: " + ctx.Err().Error()
+	case <-r.done:
+		return "stopped"
+	}
+}
+
 func (r *Runner) do(fn func()) {
 	select {
 	case r.ctl <- fn:
@@ -218,7 +237,8 @@ func (r *Runner) carry(out Output) {
 	now := r.mono()
 	next := &published{until: own.LiveUntil(), parts: make([]PartState, len(r.prev.parts))}
 	t := own.Table()
-	changed := next.until != r.prev.until
+	next.voters, _ = r.m.Voters(1)
+	changed := next.until != r.prev.until || next.voters != r.prev.voters
 	for p := range next.parts {
 		pt := t.Parts[p]
 		next.parts[p] = PartState{Holder: pt.Holder, Epoch: pt.Epoch, Backup: pt.Backup, Have: own.Has(p),

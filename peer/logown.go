@@ -1,0 +1,551 @@
+package peer
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/grpc"
+
+	"github.com/ringlimit/ringlimit/peer/internal/ownership"
+	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+)
+
+// This file drives ownership in OwnershipLog mode. The rules are the
+// ownership package's (its doc states them once); ownlog runs them over
+// etcd's raft. What is here only connects them to the node:
+//
+//   - the member ID of this process is its incarnation, name@start (the
+//     random start id gossip carries), and its raft ID is the start id:
+//     a restarted process is a new member and a new raft server;
+//   - every gossip view becomes the machine's View (ring targets, members,
+//     incarnations gone for good) and autopilot's roster;
+//   - raft messages travel on the node's gRPC port (ownlog.Register),
+//     under the same peer authentication as every peer RPC;
+//   - the runner's published state is mirrored into each partition's role,
+//     holder, epoch and backup under the partition's lock, so routing,
+//     replication and the decision path read what they always read; the
+//     decision path asks the runner's MayDecide, from memory;
+//   - a copy is the replication stream's SYNC_BEGIN, chunks and SYNC_END,
+//     its SYNC_BEGIN carrying the machine's copy sequence in HolderEpoch;
+//     the receiver asks the machine (OfferCopy) before installing it;
+//   - replicated admissions are applied only where the runner's snapshot
+//     names this member backup of that holder at that epoch.
+//
+// A partition has one local store here, as holder or as backup: pt.store.
+
+// logTick is the raft tick: heartbeats every tick, an election after
+// ElectionTicks (10) of them without a leader.
+const logTick = 100 * time.Millisecond
+
+// logFailedGone is how long a member that gossip reports failed (not
+// left) stays in autopilot's roster as a live member, so that a member
+// cut off for a while is still a voter when it comes back; after it,
+// autopilot replaces it as a voter.
+func (n *Node) logFailedGone() time.Duration { return n.cfg.FailedMemberTimeout }
+
+// logOwner is the node's side of log ownership.
+type logOwner struct {
+	n      *Node
+	self   string // this incarnation's member ID
+	member *ownlog.Member
+	run    *ownlog.Runner
+	tr     *ownlog.GRPCTransport
+	peers  atomic.Pointer[logPeers]
+	ready  chan struct{} // nudged by Publish: readiness may have changed
+	stop   context.CancelFunc
+	done   chan struct{}
+
+	mu sync.Mutex // guards what follows (rebuild's bookkeeping)
+	// known is every incarnation gossip has shown, with its raft ID and
+	// when it was last live (node monotonic ns), for autopilot's roster;
+	// gone marks the ones that left or were replaced by a later start.
+	known map[string]*logKnown
+	cur   map[string]string // member name → its current incarnation
+}
+
+type logKnown struct {
+	raft     uint64
+	lastLive int64
+	gone     bool
+	leaving  bool
+}
+
+// logPeers is what the transport and the replication path look up
+// without locks: raft ID → member name, member name → incarnation.
+type logPeers struct {
+	raft map[uint64]string
+	inc  map[string]string
+}
+
+// maxKnown bounds the incarnations remembered for the roster.
+const maxKnown = 4096
+
+func incarnationID(name string, start uint64) string { return fmt.Sprintf("%s@%016x", name, start) }
+
+// memberName is the member name of incarnation id ("" for "").
+func memberName(id string) string {
+	if i := strings.LastIndexByte(id, '@'); i >= 0 {
+		return id[:i]
+	}
+	return id
+}
+
+// newLogOwner makes the node's log member; a node started without Join
+// founds the log as its only voter. Its goroutine starts with start.
+func newLogOwner(n *Node) (*logOwner, error) {
+	lo := &logOwner{n: n, self: incarnationID(n.name, n.ops.start), ready: make(chan struct{}, 1), done: make(chan struct{}),
+		known: map[string]*logKnown{}, cur: map[string]string{}}
+	lo.peers.Store(&logPeers{raft: map[uint64]string{}, inc: map[string]string{n.name: lo.self}})
+	cfg := ownlog.Config{RaftID: n.ops.start, Partitions: n.cfg.Ring.PartitionCount,
+		Ownership: ownership.Config{ID: lo.self, Liveness: n.cfg.LeaseDuration}}
+	if len(n.cfg.Join) == 0 {
+		cfg.Bootstrap = &pb.ConfState{Voters: []uint64{n.ops.start}}
+	}
+	m, err := ownlog.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	lo.member = m
+	lo.tr = ownlog.NewGRPCTransport(lo.dial)
+	lo.run = ownlog.NewRunner(m, lo.tr, lo, logTick, n.mono, func(p int) *sync.RWMutex { return &n.pt.parts[p].mu })
+	return lo, nil
+}
+
+// register adds the log's service to the node's gRPC server.
+func (lo *logOwner) register(s grpc.ServiceRegistrar) { ownlog.Register(s, lo.run.Receive) }
+
+// start runs the member and the readiness refresher on goroutines the node
+// owns; stop ends them.
+func (lo *logOwner) start() {
+	ctx, cancel := context.WithCancel(lo.n.ctx)
+	lo.stop = cancel
+	n := lo.n
+	n.wg.Add(2)
+	go func() {
+		defer n.wg.Done()
+		defer close(lo.done)
+		lo.run.Run(ctx)
+	}()
+	go func() {
+		defer n.wg.Done()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-lo.ready:
+				n.updateReady()
+			}
+		}
+	}()
+}
+
+// shutdown stops the member and its transport; idempotent.
+func (lo *logOwner) shutdown() {
+	if lo.stop != nil {
+		lo.stop()
+		<-lo.done
+	}
+	lo.tr.Close()
+}
+
+func (lo *logOwner) dial(_ context.Context, to uint64) (grpc.ClientConnInterface, error) {
+	name, ok := lo.peers.Load().raft[to]
+	if !ok {
+		return nil, fmt.Errorf("%w: raft member %016x", errNoPeer, to)
+	}
+	c, err := lo.n.peerClient(name)
+	if err != nil {
+		return nil, err
+	}
+	return c.conn, nil
+}
+
+// incarnation returns member name's current incarnation ("" if unknown).
+func (lo *logOwner) incarnation(name string) string { return lo.peers.Load().inc[name] }
+
+// setView passes a rebuilt gossip view on: targets from the ring, the
+// members that may be targets, the incarnations gone for good, and the
+// roster autopilot keeps voters from. starts are the live members' start
+// ids, targets the members that may be targets (live, not draining).
+func (lo *logOwner) setView(v *view, evs []event, starts map[string]uint64, targets []string) {
+	n := lo.n
+	now := n.mono()
+	lo.mu.Lock()
+	for _, e := range evs {
+		if e.kind == "left" {
+			if id, ok := lo.cur[e.name]; ok {
+				if k := lo.known[id]; k != nil {
+					k.gone = true
+				}
+			}
+		}
+	}
+	isTarget := make(map[string]bool, len(targets))
+	for _, t := range targets {
+		isTarget[t] = true
+	}
+	for name, st := range starts {
+		if st == 0 {
+			continue
+		}
+		id := incarnationID(name, st)
+		if old, ok := lo.cur[name]; ok && old != id {
+			if k := lo.known[old]; k != nil {
+				k.gone = true // a later process runs under the name
+			}
+		}
+		lo.cur[name] = id
+		k := lo.known[id]
+		if k == nil {
+			if len(lo.known) >= maxKnown {
+				lo.forgetOldest()
+			}
+			k = &logKnown{raft: st}
+			lo.known[id] = k
+		}
+		k.lastLive, k.leaving = now, !isTarget[name]
+	}
+	peers := &logPeers{raft: map[uint64]string{}, inc: map[string]string{}}
+	var gone []string
+	var roster []ownlog.Peer
+	for id, k := range lo.known {
+		failedFor := time.Duration(now - k.lastLive)
+		g := k.gone || failedFor > n.logFailedGone()
+		if g {
+			gone = append(gone, id)
+		} else {
+			peers.raft[k.raft] = memberName(id)
+		}
+		roster = append(roster, ownlog.Peer{RaftID: k.raft, Member: id, Gone: g, Leaving: k.leaving && failedFor == 0})
+	}
+	for name, id := range lo.cur {
+		peers.inc[name] = id
+	}
+	peers.inc[n.name] = lo.self
+	lo.mu.Unlock()
+	lo.peers.Store(peers)
+
+	parts := n.cfg.Ring.PartitionCount
+	ov := ownership.View{Target: make([]string, parts), Second: make([]string, parts), Gone: gone}
+	for _, t := range targets {
+		if id := peers.inc[t]; id != "" {
+			ov.Members = append(ov.Members, id)
+		}
+	}
+	if v.snap != nil && v.snap.Len() > 0 {
+		for p := range parts {
+			ov.Target[p] = peers.inc[v.snap.PartitionOwner(p)]
+			if b := v.snap.PartitionBackup(p); b != "" {
+				ov.Second[p] = peers.inc[b]
+			}
+		}
+	}
+	lo.run.SetView(ov, roster)
+}
+
+// forgetOldest drops the gone incarnation seen live longest ago. Called
+// with mu held.
+func (lo *logOwner) forgetOldest() {
+	var oldest string
+	var at int64
+	for id, k := range lo.known {
+		if k.gone && (oldest == "" || k.lastLive < at) {
+			oldest, at = id, k.lastLive
+		}
+	}
+	if oldest != "" {
+		delete(lo.known, oldest)
+	}
+}
+
+// Reset empties partition p's local state: it was granted here empty.
+// Called by the runner with the partition's lock held.
+func (lo *logOwner) Reset(p int) {
+	pt := &lo.n.pt.parts[p]
+	pt.store = lo.n.newPartStore()
+	pt.rep, pt.next = replica{}, replica{}
+	lo.n.log.Debug("partition granted here empty", "partition", p)
+}
+
+// Publish mirrors partition p's applied record into the node's partition
+// table. Called by the runner with the partition's lock held.
+func (lo *logOwner) Publish(p int, st ownlog.PartState) {
+	n := lo.n
+	pt := &n.pt.parts[p]
+	now := n.clock()
+	switch {
+	case st.Holder == lo.self:
+		r := roleFenced
+		if st.May {
+			r = roleHolder
+		}
+		if pt.store == nil {
+			pt.store = n.newPartStore()
+		}
+		pt.backup = memberName(st.Backup)
+		pt.setRoleLocked(r, n.name, st.Epoch, now)
+	case st.Holder != "":
+		pt.backup = ""
+		pt.setRoleLocked(roleHint, memberName(st.Holder), st.Epoch, now)
+	default:
+		pt.backup = ""
+		pt.setRoleLocked(roleNone, "", 0, now)
+	}
+	select {
+	case lo.ready <- struct{}{}:
+	default:
+	}
+}
+
+// SendCopy exports partition a.P now (the runner holds its lock, so no
+// decision is on it) and sends the copy on a goroutine the node owns;
+// when the receiver installed it, the machine hears CopyAcked.
+func (lo *logOwner) SendCopy(a ownership.Action) {
+	n := lo.n
+	pt := &n.pt.parts[a.P]
+	to := memberName(a.To)
+	var keys []*peerpb.KeyState
+	if st := pt.store; st != nil {
+		now := n.clock()
+		tab := n.table.Load()
+		st.Range(func(k Key) bool {
+			ks, ok := st.Export(k, now)
+			if ok {
+				if p := tab.Lookup(k.Policy); p != nil && p.Shard.Algorithm == ks.Algorithm {
+					keys = append(keys, stateToWire(ks))
+				}
+			}
+			return true
+		})
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		ctx, cancel := context.WithTimeout(n.ctx, n.rpcTimeout())
+		defer cancel()
+		if err := lo.sendCopy(ctx, a, to, keys); err != nil {
+			n.log.Debug("partition copy failed", "partition", a.P, "to", to, "err", err)
+			n.metrics.Backup("sent", "error", 1)
+			return
+		}
+		n.metrics.Backup("sent", "ok", 1)
+		lo.run.CopyAcked(a.P, a.To, a.Epoch, a.Seq)
+	}()
+}
+
+// sendCopy sends keys as one copy of a.P to member to, in requests of at
+// most TransferChunkBytes, and reports whether every request was applied.
+func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string, keys []*peerpb.KeyState) error {
+	n := lo.n
+	c, err := n.peerClient(to)
+	if err != nil {
+		return err
+	}
+	part, epoch := uint32(a.P), a.Epoch
+	ops := []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_SYNC_BEGIN, Partition: part, Epoch: epoch, HolderEpoch: a.Seq}}
+	size := 0
+	flush := func(last bool) error {
+		if last {
+			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_END, Partition: part, Epoch: epoch})
+		}
+		req := &peerpb.ReplicateRequest{Sender: n.name, Ops: ops}
+		n.stampPolicies(req, to, opsPolicies(ops))
+		resp, err := c.stub.Replicate(ctx, req)
+		if err != nil {
+			return withCtxErr(ctx, err)
+		}
+		if len(resp.Results) != len(ops) {
+			return fmt.Errorf("%s answered %d results for %d operations", to, len(resp.Results), len(ops))
+		}
+		for i, r := range resp.Results {
+			if r.Status != peerpb.OpStatus_OP_STATUS_OK {
+				return fmt.Errorf("%s refused partition %d's copy: %v", to, a.P, r.Status)
+			}
+			if carried := len(ops[i].Keys); int(r.Accepted) < carried {
+				return fmt.Errorf("%s recorded %d of %d keys of partition %d's copy", to, r.Accepted, carried, a.P)
+			}
+		}
+		ops, size = ops[:0], 0
+		return nil
+	}
+	for _, w := range keys {
+		sz := 64 + len(w.GetKey().GetTenant()) + len(w.GetKey().GetSubject()) + len(w.GetKey().GetPolicy()) + 12*len(w.GetRuns())
+		if size+sz > n.cfg.TransferChunkBytes && size > 0 {
+			if err := flush(false); err != nil {
+				return err
+			}
+		}
+		if len(ops) == 0 || ops[len(ops)-1].Kind != peerpb.PartitionOp_KIND_SYNC_CHUNK {
+			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_CHUNK, Partition: part, Epoch: epoch})
+		}
+		op := ops[len(ops)-1]
+		op.Keys = append(op.Keys, w)
+		size += sz
+	}
+	return flush(true)
+}
+
+// applyOp is the receiver's side of a copy and of replication in log
+// mode (applyOpKeys's, in gossip mode).
+func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing bool) opResult {
+	n := lo.n
+	refused := opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
+	needSync := opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
+	pid := int(h.part)
+	from := lo.incarnation(sender)
+	if pid >= len(n.pt.parts) || sender == "" || sender == n.name || from == "" {
+		return refused
+	}
+	pt := &n.pt.parts[pid]
+	now := n.clock()
+	switch h.kind {
+	case peerpb.PartitionOp_KIND_SYNC_BEGIN:
+		if closing {
+			return refused
+		}
+		pt.mu.Lock()
+		pt.next = replica{holder: sender, epoch: h.epoch, holderEpoch: h.holderEpoch, store: n.newPartStore()}
+		pt.mu.Unlock()
+		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
+	case peerpb.PartitionOp_KIND_SYNC_CHUNK:
+		pt.mu.Lock()
+		defer pt.mu.Unlock()
+		if pt.next.holder != sender || pt.next.epoch != h.epoch || pt.next.store == nil {
+			return needSync
+		}
+		if len(keys) < h.carried {
+			pt.next = replica{} // keys this node cannot record: not a complete copy
+			return needSync
+		}
+		accepted := 0
+		for _, k := range keys {
+			if err := pt.next.store.Import(k.st, k.sp, now); err != nil {
+				pt.next = replica{}
+				return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, accepted: uint32(accepted)}
+			}
+			accepted++
+		}
+		n.metrics.Backup("received", "ok", accepted)
+		return opResult{status: peerpb.OpStatus_OP_STATUS_OK, accepted: uint32(accepted)}
+	case peerpb.PartitionOp_KIND_SYNC_END:
+		if closing {
+			// Refused before the machine is asked, so a leaving node never
+			// keeps a copy it answered it did not take.
+			return refused
+		}
+		pt.mu.Lock()
+		nx := pt.next
+		dup := pt.rep.complete && pt.rep.holder == sender && pt.rep.epoch == h.epoch && pt.rep.holderEpoch == nx.holderEpoch
+		pt.mu.Unlock()
+		if nx.holder != sender || nx.epoch != h.epoch || nx.store == nil {
+			if dup {
+				return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
+			}
+			return needSync
+		}
+		// The machine is asked without the partition's lock: the runner
+		// takes it to publish.
+		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
+		ok := lo.run.OfferCopy(ctx, pid, from, nx.epoch, nx.holderEpoch)
+		cancel()
+		pt.mu.Lock()
+		defer pt.mu.Unlock()
+		if pt.next.store != nx.store {
+			return needSync // another copy began meanwhile
+		}
+		pt.next = replica{}
+		if !ok {
+			return refused
+		}
+		pt.store = nx.store
+		pt.rep = replica{holder: sender, epoch: nx.epoch, holderEpoch: nx.holderEpoch, complete: true}
+		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
+	case peerpb.PartitionOp_KIND_ADMIT, peerpb.PartitionOp_KIND_REPLACE:
+		pt.mu.Lock()
+		defer pt.mu.Unlock()
+		if !lo.run.AcceptReplica(pid, from, h.epoch) || pt.store == nil {
+			return needSync
+		}
+		if h.seq != 0 {
+			if h.seq < pt.rep.seq {
+				return needSync // delivered late: applying it could undo later ones
+			}
+			pt.rep.seq = h.seq
+		}
+		accepted := 0
+		for _, k := range keys {
+			if h.kind == peerpb.PartitionOp_KIND_REPLACE {
+				pt.store.Delete(k.st.Key)
+				if len(k.st.Runs) == 0 {
+					accepted++
+					continue
+				}
+			}
+			if err := pt.store.Import(k.st, k.sp, now); err != nil {
+				return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, accepted: uint32(accepted)}
+			}
+			accepted++
+		}
+		n.metrics.Backup("received", "ok", accepted)
+		return opResult{status: peerpb.OpStatus_OP_STATUS_OK, accepted: uint32(accepted)}
+	case peerpb.PartitionOp_KIND_HEARTBEAT, peerpb.PartitionOp_KIND_RELEASE:
+		// Gossip mode's leases and releases: nothing to do here.
+		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
+	default:
+		return refused
+	}
+}
+
+// drain lets the machine move every partition this node holds: the node
+// is already out of its own ring, so every target is another member. It
+// waits until the node holds nothing, nobody else is left, or ctx ends.
+func (lo *logOwner) drain(ctx context.Context) error {
+	n := lo.n
+	n.excludeSelf(ctx)
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		v := n.view.Load()
+		parts, keys := n.heldPartitions()
+		if parts == 0 || v.stopping || len(v.alive) <= 1 {
+			return nil
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return fmt.Errorf("peer: %d partitions (%d keys) still held at the close deadline: %w", parts, keys, ctx.Err())
+		}
+	}
+}
+
+// settled is Settled in log mode: the log has the voters autopilot keeps
+// (3, or 5 from 5 members), and the node holds, deciding, every partition
+// its ring gives it, each with a backup when there is another member, and
+// no other.
+func (lo *logOwner) settled(v *view) bool {
+	want := 3
+	if len(v.alive) >= 5 {
+		want = 5
+	}
+	if lo.run.Voters() < min(want, len(v.alive)) {
+		return false
+	}
+	mono := lo.n.mono()
+	for p := range lo.n.pt.parts {
+		st := lo.run.Part(p)
+		mine := st.Holder == lo.self
+		if mine != (v.snap.PartitionOwner(p) == lo.n.name) {
+			return false
+		}
+		if mine && (!lo.run.MayDecide(p, mono) || len(v.alive) > 1 && st.Backup == "") {
+			return false
+		}
+	}
+	return true
+}
