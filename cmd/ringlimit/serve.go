@@ -82,6 +82,10 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         declared failed in ~6 s), fast (one data centre
                         with low latency, ~1.2 s) or wan (~45 s); every
                         member should use the same
+  --ownership M         how partition holders change: gossip (default; by
+                        rules over each node's gossip view) or log (by
+                        commands in a replicated log, with liveness
+                        leases); every member must use the same
   --log-format F        text or json (default text)
   --log-level L         debug, info, warn or error (default info)
   --admin-token-file P  file holding the bearer token that Reset requires:
@@ -166,6 +170,7 @@ type serveFlags struct {
 	gossipAdvertise, grpcAdvertise                                  string
 	drainTimeout, joinTimeout, joinRefresh, policiesPoll            time.Duration
 	gossipProfile                                                   peer.GossipProfile
+	ownership                                                       peer.OwnershipMode
 	// Hidden, for the demo's child node and tests: exitOnStdinEOF stops
 	// the node when its parent closes stdin (or dies), so a child never
 	// outlives the demo.
@@ -199,6 +204,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.adminTokenFile, "admin-token-file", "", "")
 	fs.StringVar(&f.peerPipes, "peer-pipes", "framed", "")
 	profile := fs.String("gossip-profile", string(peer.GossipLAN), "")
+	ownership := fs.String("ownership", string(peer.OwnershipGossip), "")
 	fs.BoolVar(&f.exitOnStdinEOF, "exit-on-stdin-eof", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -231,7 +237,31 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	if f.gossipProfile, err = peer.ParseGossipProfile(*profile); err != nil {
 		return f, usageError(fmt.Sprintf("serve: gossip profile %q: want lan, fast or wan", *profile))
 	}
+	if f.ownership, err = peer.ParseOwnership(*ownership); err != nil {
+		return f, usageError(fmt.Sprintf("serve: ownership %q: want gossip or log", *ownership))
+	}
 	return f, nil
+}
+
+// peerConfig is the node's Config as f sets it, with log as its logger
+// and the built-in policies: what runServe starts from before the policy
+// file, keys, TLS, metrics and joins are added.
+func (f serveFlags) peerConfig(log *slog.Logger) peer.Config {
+	cfg := peer.Config{
+		Name:       f.name,
+		GossipAddr: f.gossipAddr,
+		RPCAddr:    f.grpcAddr,
+		// Advertised addresses, when the bound ones are not reachable.
+		GossipAdvertiseAddr: f.gossipAdvertise,
+		RPCAdvertiseAddr:    f.grpcAdvertise,
+		Policies:            defaultPolicies(),
+		Logger:              log,
+		GossipProfile:       f.gossipProfile,
+		JoinTimeout:         f.joinTimeout,
+		Ownership:           f.ownership,
+	}
+	_ = setPeerPipes(f.peerPipes, &cfg) // checked by parseServeFlags
+	return cfg
 }
 
 // setPeerPipes sets cfg's peer transport from --peer-pipes.
@@ -315,19 +345,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// shutdown); the node adds the attribute to its lines itself.
 	nlog := log.With("node", f.name)
 
-	cfg := peer.Config{
-		Name:       f.name,
-		GossipAddr: f.gossipAddr,
-		RPCAddr:    f.grpcAddr,
-		// Advertised addresses, when the bound ones are not reachable.
-		GossipAdvertiseAddr: f.gossipAdvertise,
-		RPCAdvertiseAddr:    f.grpcAdvertise,
-		Policies:            defaultPolicies(),
-		Logger:              log,
-		GossipProfile:       f.gossipProfile,
-		JoinTimeout:         f.joinTimeout,
-	}
-	_ = setPeerPipes(f.peerPipes, &cfg) // checked by parseServeFlags
+	cfg := f.peerConfig(log)
 	// Envoy's RateLimitService is always served, on the gRPC port; without
 	// "domains" in the policy file every domain is unknown and answered
 	// OK, as envoyproxy/ratelimit answers an unknown domain.

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/ringlimit/ringlimit/peer"
+)
+
+// TestServeOwnershipFlag pins what --ownership (and RINGLIMIT_OWNERSHIP)
+// sets in the node's Config. It does not start a node: log mode is
+// peer's to test.
+func TestServeOwnershipFlag(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  string // RINGLIMIT_OWNERSHIP, "" for unset
+		want peer.OwnershipMode
+	}{
+		{"default", nil, "", peer.OwnershipGossip},
+		{"gossip", []string{"--ownership", "gossip"}, "", peer.OwnershipGossip},
+		{"log", []string{"--ownership", "log"}, "", peer.OwnershipLog},
+		{"log from the environment", nil, "log", peer.OwnershipLog},
+		{"the flag wins over the environment", []string{"--ownership", "gossip"}, "log", peer.OwnershipGossip},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.env != "" {
+				t.Setenv("RINGLIMIT_OWNERSHIP", tc.env)
+			}
+			f, err := parseServeFlags(tc.args, io.Discard)
+			if err != nil {
+				t.Fatalf("parseServeFlags(%q): %v", tc.args, err)
+			}
+			if got := f.peerConfig(nil).Ownership; got != tc.want {
+				t.Errorf("serve %q (RINGLIMIT_OWNERSHIP=%q): Config.Ownership %q, want %q", tc.args, tc.env, got, tc.want)
+			}
+		})
+	}
+	if !strings.Contains(serveUsage, "--ownership M") {
+		t.Error("serve's help text does not document --ownership")
+	}
+}
+
+// TestServeBadOwnership: a bad --ownership is a usage error (exit 1)
+// naming the value and the choices, refused before serve does anything —
+// before it reads the policy or token file or binds a port (either would
+// fail here with another error).
+func TestServeBadOwnership(t *testing.T) {
+	t.Parallel()
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	missing := filepath.Join(t.TempDir(), "missing")
+	for _, bad := range []string{"raft", "Log", " gossip", "none"} {
+		var stdout, stderr bytes.Buffer
+		args := []string{"serve", "--ownership", bad,
+			"--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--http-addr", held.Addr().String(),
+			"--policies", missing, "--admin-token-file", missing}
+		err := run(context.Background(), args, &stdout, &stderr)
+		want := `serve: ownership "` + bad + `": want gossip or log`
+		if err == nil || err.Error() != want {
+			t.Errorf("serve --ownership %q: error %v, want %q", bad, err, want)
+		}
+		if code := exitCode(err, io.Discard); code != exitFailure {
+			t.Errorf("serve --ownership %q: exit code %d, want %d (a usage error, like a bad --gossip-profile)", bad, code, exitFailure)
+		}
+		if stdout.Len() != 0 || stderr.Len() != 0 {
+			t.Errorf("serve --ownership %q wrote output before failing:\nstdout: %s\nstderr: %s", bad, stdout.String(), stderr.String())
+		}
+		if _, err := parseServeFlags(args[1:], io.Discard); err == nil {
+			t.Errorf("parseServeFlags accepted --ownership %q", bad)
+		}
+	}
+}
+
+// TestServeFlagsInREADME: README.md's table of serve flags names every
+// flag that serve's help text documents.
+func TestServeFlagsInREADME(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(data)
+	const begin, end = "<!-- serveflags:begin -->", "<!-- serveflags:end -->"
+	i, j := strings.Index(s, begin), strings.Index(s, end)
+	if i < 0 || j < i {
+		t.Fatalf("README.md has no %s ... %s section", begin, end)
+	}
+	table := s[i:j]
+	flags := regexp.MustCompile(`(?m)^  (--[a-z-]+)`).FindAllStringSubmatch(serveUsage, -1)
+	if len(flags) < 20 {
+		t.Fatalf("found %d flags in serve's help text; the pattern is out of date", len(flags))
+	}
+	for _, m := range flags {
+		if !strings.Contains(table, "`"+m[1]+"`") {
+			t.Errorf("README.md's serve flag table lacks %s", m[1])
+		}
+	}
+}
