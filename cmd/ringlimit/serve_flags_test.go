@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
 	"io"
 	"net"
 	"os"
@@ -10,9 +11,101 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ringlimit/ringlimit/peer"
 )
+
+func TestServeConfigErrors(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	shortKey := writeFile(t, dir, "short.key", "too short")
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{"missing policy file", []string{"--policies", filepath.Join(dir, "nope.yaml")}, "nope.yaml"},
+		{"bad log format", []string{"--log-format", "xml"}, `log format "xml"`},
+		{"bad log level", []string{"--log-level", "loud"}, `log level "loud"`},
+		{"half of TLS", []string{"--tls-cert", "x.pem"}, "go together"},
+		{"bad gossip key", []string{"--gossip-key", shortKey}, "want 16, 24 or 32"},
+		{"bad gossip profile", []string{"--gossip-profile", "moon"}, "gossip profile"},
+		{"bad peer pipes", []string{"--peer-pipes", "smoke"}, `peer pipes "smoke": want framed, grpc or unary`},
+		{"bad ownership", []string{"--ownership", "raft"}, `ownership "raft": want gossip or log`},
+		{"stray argument", []string{"now"}, `unexpected argument "now"`},
+		{"bad address", []string{"--gossip-addr", "nowhere", "--grpc-addr", "127.0.0.1:0", "--http-addr", ""}, "gossip address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			err := run(context.Background(), append([]string{"serve"}, tc.args...), &out, &out)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("serve %q: error %v, want one containing %q", tc.args, err, tc.wantErr)
+			}
+			if code := exitCode(err, io.Discard); code != 1 {
+				t.Errorf("serve %q: exit code %d, want 1", tc.args, code)
+			}
+		})
+	}
+}
+
+func TestApplyEnv(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		env      map[string]string
+		wantAddr string
+		wantJoin string
+		wantErr  string
+	}{
+		{"defaults", nil, nil, "127.0.0.1:7946", "", ""},
+		{"from env", nil, map[string]string{"RINGLIMIT_GOSSIP_ADDR": "127.0.0.1:9", "RINGLIMIT_JOIN": "x:1,y:2"}, "127.0.0.1:9", "x:1,y:2", ""},
+		{"flag wins", []string{"--gossip-addr", "127.0.0.1:5"}, map[string]string{"RINGLIMIT_GOSSIP_ADDR": "127.0.0.1:9"}, "127.0.0.1:5", "", ""},
+		{"bad env value", nil, map[string]string{"RINGLIMIT_DRAIN_TIMEOUT": "soon"}, "", "", "RINGLIMIT_DRAIN_TIMEOUT"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := flag.NewFlagSet("t", flag.ContinueOnError)
+			addr := fs.String("gossip-addr", "127.0.0.1:7946", "")
+			join := fs.String("join", "", "")
+			fs.Duration("drain-timeout", time.Second, "")
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			err := applyEnv(fs, func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok })
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("applyEnv error %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || *addr != tc.wantAddr || *join != tc.wantJoin {
+				t.Errorf("applyEnv: addr %q join %q err %v; want %q %q", *addr, *join, err, tc.wantAddr, tc.wantJoin)
+			}
+		})
+	}
+	if got := envName("tls-server-name"); got != "RINGLIMIT_TLS_SERVER_NAME" {
+		t.Errorf("envName = %q", got)
+	}
+}
+
+// TestSetPeerPipes pins what --peer-pipes sets in the node's Config.
+func TestSetPeerPipes(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		mode                string
+		noFramed, noStreams bool
+	}{
+		{"framed", false, false},
+		{"grpc", true, false},
+		{"unary", true, true},
+	} {
+		cfg := peer.Config{DisableFramedPipes: !tc.noFramed, DisableStreams: !tc.noStreams}
+		if err := setPeerPipes(tc.mode, &cfg); err != nil || cfg.DisableFramedPipes != tc.noFramed || cfg.DisableStreams != tc.noStreams {
+			t.Errorf("--peer-pipes %s: DisableFramedPipes %v, DisableStreams %v, err %v; want %v, %v", tc.mode, cfg.DisableFramedPipes, cfg.DisableStreams, err, tc.noFramed, tc.noStreams)
+		}
+	}
+}
 
 // TestServeOwnershipFlag pins what --ownership (and RINGLIMIT_OWNERSHIP)
 // sets in the node's Config. It does not start a node: log mode is

@@ -1,0 +1,297 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/ringlimit/ringlimit/peer"
+)
+
+const serveUsage = `Usage: ringlimit serve [flags]
+
+Runs one ringlimit node until SIGTERM or SIGINT, then leaves the cluster
+gracefully (hands its keys to their new owners) and exits 0.
+
+Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
+  --name NAME           unique member name (default: "node-" + random hex)
+  --gossip-addr H:P     memberlist gossip bind address (default 127.0.0.1:7946)
+  --grpc-addr H:P       gRPC address: peer traffic, public RateLimiter API,
+                        Envoy's RateLimitService (see "Envoy domains" below)
+                        and grpc.health.v1 (default 127.0.0.1:8081)
+  --http-addr H:P       HTTP API, health and metrics; "" disables it
+                        (default 127.0.0.1:8080)
+  --join A,B            gossip addresses of existing members (comma-separated);
+                        empty starts a new cluster. Each may also be
+                        dns+NAME:PORT (every A/AAAA record of NAME, e.g. a
+                        Kubernetes headless Service) or dnssrv+NAME (SRV
+                        records); names are resolved at start-up (this
+                        node's own address left out; no other address
+                        found and no plain one given: a new cluster) and
+                        again every --join-refresh, joining new members
+  --join-refresh D      how often dns+ and dnssrv+ names are re-resolved;
+                        0 disables (default 30s)
+  --policies PATH       policy table file, YAML or JSON (see below); reloaded
+                        on SIGHUP and when its contents change
+  --policies-poll D     how often the policy file is re-read for changes;
+                        0 disables polling (SIGHUP still reloads)
+                        (default 5s)
+  --gossip-key PATH     gossip encryption key file: 16, 24 or 32 raw bytes, or
+                        their base64
+  --tls-cert PATH       PEM certificate for mutual TLS on gRPC (peers and the
+  --tls-key PATH        public API); the three flags go together. Peers are
+  --tls-ca PATH         dialed by address, so certificates need IP SANs unless
+  --tls-server-name N   --tls-server-name names the SAN to verify instead
+  --drain-timeout D     how long shutdown may take to hand off keys (default 10s)
+  --join-timeout D      how long start-up keeps retrying the --join seeds
+                        (default 30s)
+  --peer-pipes M        how nodes carry forwards and replication to each
+                        other: framed (default: a framed TCP connection to
+                        the peer's gRPC port, a gRPC stream when the peer
+                        takes none), grpc (gRPC streams, for proxies that
+                        pass only HTTP/2) or unary (a gRPC call per batch)
+  --gossip-profile P    gossip timings: lan (default; a killed member is
+                        declared failed in ~6 s), fast (one data centre
+                        with low latency, ~1.2 s) or wan (~45 s); every
+                        member should use the same
+  --ownership M         how partition holders change: gossip (default; by
+                        rules over each node's gossip view) or log (by
+                        commands in a replicated log, with liveness
+                        leases); every member must use the same
+  --log-format F        text or json (default text)
+  --log-level L         debug, info, warn or error (default info)
+  --admin-token-file P  file holding the bearer token that Reset requires:
+                        POST /v1/reset (Authorization: Bearer <token>; without
+                        this flag /v1/reset answers 404) and gRPC
+                        RateLimiter.Reset (metadata authorization: Bearer
+                        <token>, or a client certificate the node verified
+                        under --tls-*; without this flag gRPC Reset is open
+                        to whoever reaches the port). Refusals: 401 or
+                        Unauthenticated, a Warn (at most one per 10 s per
+                        transport) and ringlimit_reset_refused_total
+
+  --gossip-advertise-addr H:P  gossip address peers should use (NAT,
+                        0.0.0.0 binds); default: the bound address
+  --grpc-advertise-addr H:P    gRPC address peers should dial; default: the
+                        bound address
+
+The gRPC listener serves peers and clients alike; the HTTP listener is always
+plaintext: bind it to loopback or put it behind a proxy. Peers dial the
+address the gRPC listener is bound to unless --grpc-advertise-addr names
+another, so with a 0.0.0.0 bind set the advertise address.
+
+HTTP endpoints (request bodies are strict JSON: exact field names, no
+duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
+  POST /v1/check      {"tenant","subject","policy","hits"} ->
+                      {"allowed","limit","remaining","retry_after_ms",
+                       "reset_after_ms","reason","owner","decided_at_unix_ns"}
+                      hits is 1 when absent. 200 admitted (also failed_open,
+                      fallback, shadow), 429 over limit, 503 unavailable,
+                      400 bad input; RateLimit-Policy, RateLimit and
+                      Retry-After headers (a 503 carries Retry-After,
+                      RateLimit-Policy, RateLimit-Reason: unavailable, and
+                      the policy's limit and retry_after_ms in its body).
+                      "policies": ["a","b"] instead of "policy" decides
+                      several policies of one tenant and subject as one:
+                      admitted only if every policy admits, and only then
+                      recorded in all; the body adds "refused_by" and
+                      "limits": [{"policy","limit","remaining",
+                      "retry_after_ms","reset_after_ms","allowed"}], and the
+                      RateLimit headers list every policy
+  POST /v1/checks     {"requests": [check bodies, at most 1000]} ->
+                      {"results": [one per request, in order: a /v1/check
+                      body, or {"error","status"}]}; independent decisions,
+                      200 unless the envelope is bad or too long (400)
+  POST /v1/peek       a check body -> what /v1/check would answer now,
+                      reason "peek"; records nothing; always 200
+  POST /v1/refund     {"tenant","subject","policy","hits"} gives back up to
+                      hits (default 1) of the key's admissions in the
+                      window, newest first, never below empty; 200 with the
+                      key's new state, reason "refunded"
+  POST /v1/acquire    {"tenant","subject","policy","hits"} takes a lease of
+                      a concurrency policy -> a /v1/check body plus
+                      "lease_id" (a decimal string) and "lease_ttl_ms"; 200
+                      granted, 429 at the cap, 503 unavailable
+  POST /v1/release    {"tenant","subject","policy","lease_id"} ends the
+                      lease; 200 with reason "released", "allowed" false
+                      when the id was unknown or already expired
+  POST /v1/reset      {"tenant","subject","policy"} clears the key; needs
+                      Authorization: Bearer <--admin-token-file's token>
+                      (401 without it, 404 when serve has no token); 200
+                      with reason "reset"
+  GET  /healthz       200 while the process runs
+  GET  /readyz        200 while part of the cluster; 503 with {"status",
+                      "reason"} while draining, alone although --join was
+                      given, or ignoring live members (another placement:
+                      ring parameters; another policy table is fine)
+  GET  /metrics       Prometheus metrics (ringlimit_*, go_*, process_*)
+  GET  /debug/ring    members, ring version, partitions owned by this node,
+                      policy table version of this node and of each member
+  GET  /debug/hotkeys the heaviest keys this node owns (tenant and subject
+                      are shown: keep /debug and /metrics private)
+
+`
+
+// serveFlags holds serve's configuration after flags and environment.
+type serveFlags struct {
+	name, gossipAddr, grpcAddr, httpAddr, join, policies, gossipKey string
+	tlsCert, tlsKey, tlsCA, tlsServerName                           string
+	logFormat, logLevel                                             string
+	peerPipes                                                       string
+	adminTokenFile                                                  string
+	gossipAdvertise, grpcAdvertise                                  string
+	drainTimeout, joinTimeout, joinRefresh, policiesPoll            time.Duration
+	gossipProfile                                                   peer.GossipProfile
+	ownership                                                       peer.OwnershipMode
+	// Hidden, for the demo's child node and tests: exitOnStdinEOF stops
+	// the node when its parent closes stdin (or dies), so a child never
+	// outlives the demo.
+	exitOnStdinEOF bool
+}
+
+func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
+	var f serveFlags
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, serveUsage+policiesUsage+"\n"+domainsUsage) }
+	fs.StringVar(&f.name, "name", "", "")
+	fs.StringVar(&f.gossipAddr, "gossip-addr", "127.0.0.1:7946", "")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:8081", "")
+	fs.StringVar(&f.gossipAdvertise, "gossip-advertise-addr", "", "")
+	fs.StringVar(&f.grpcAdvertise, "grpc-advertise-addr", "", "")
+	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8080", "")
+	fs.StringVar(&f.join, "join", "", "")
+	fs.StringVar(&f.policies, "policies", "", "")
+	fs.StringVar(&f.gossipKey, "gossip-key", "", "")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "")
+	fs.StringVar(&f.tlsCA, "tls-ca", "", "")
+	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "")
+	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "")
+	fs.DurationVar(&f.joinTimeout, "join-timeout", 30*time.Second, "")
+	fs.DurationVar(&f.joinRefresh, "join-refresh", 30*time.Second, "")
+	fs.DurationVar(&f.policiesPoll, "policies-poll", 5*time.Second, "")
+	fs.StringVar(&f.logFormat, "log-format", "text", "")
+	fs.StringVar(&f.logLevel, "log-level", "info", "")
+	fs.StringVar(&f.adminTokenFile, "admin-token-file", "", "")
+	fs.StringVar(&f.peerPipes, "peer-pipes", "framed", "")
+	profile := fs.String("gossip-profile", string(peer.GossipLAN), "")
+	ownership := fs.String("ownership", string(peer.OwnershipGossip), "")
+	fs.BoolVar(&f.exitOnStdinEOF, "exit-on-stdin-eof", false, "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return f, err
+		}
+		return f, usageError("serve: " + err.Error())
+	}
+	if fs.NArg() > 0 {
+		return f, usageError(fmt.Sprintf("serve: unexpected argument %q", fs.Arg(0)))
+	}
+	if err := applyEnv(fs, os.LookupEnv); err != nil {
+		return f, usageError("serve: " + err.Error())
+	}
+	if f.drainTimeout <= 0 || f.joinTimeout <= 0 {
+		return f, usageError("serve: --drain-timeout and --join-timeout must be positive")
+	}
+	if f.joinRefresh < 0 {
+		return f, usageError("serve: --join-refresh must not be negative (0 disables)")
+	}
+	if f.policiesPoll < 0 {
+		return f, usageError("serve: --policies-poll must not be negative (0 disables)")
+	}
+	if _, err := parseJoin(f.join); err != nil {
+		return f, usageError("serve: " + err.Error())
+	}
+	if err := setPeerPipes(f.peerPipes, &peer.Config{}); err != nil {
+		return f, usageError("serve: " + err.Error())
+	}
+	var err error
+	if f.gossipProfile, err = peer.ParseGossipProfile(*profile); err != nil {
+		return f, usageError(fmt.Sprintf("serve: gossip profile %q: want lan, fast or wan", *profile))
+	}
+	if f.ownership, err = peer.ParseOwnership(*ownership); err != nil {
+		return f, usageError(fmt.Sprintf("serve: ownership %q: want gossip or log", *ownership))
+	}
+	return f, nil
+}
+
+// peerConfig is the node's Config as f sets it, with log as its logger
+// and the built-in policies: what runServe starts from before the policy
+// file, keys, TLS, metrics and joins are added.
+func (f serveFlags) peerConfig(log *slog.Logger) peer.Config {
+	cfg := peer.Config{
+		Name:       f.name,
+		GossipAddr: f.gossipAddr,
+		RPCAddr:    f.grpcAddr,
+		// Advertised addresses, when the bound ones are not reachable.
+		GossipAdvertiseAddr: f.gossipAdvertise,
+		RPCAdvertiseAddr:    f.grpcAdvertise,
+		Policies:            defaultPolicies(),
+		Logger:              log,
+		GossipProfile:       f.gossipProfile,
+		JoinTimeout:         f.joinTimeout,
+		Ownership:           f.ownership,
+	}
+	_ = setPeerPipes(f.peerPipes, &cfg) // checked by parseServeFlags
+	return cfg
+}
+
+// setPeerPipes sets cfg's peer transport from --peer-pipes.
+func setPeerPipes(mode string, cfg *peer.Config) error {
+	switch mode {
+	case "framed":
+		cfg.DisableFramedPipes, cfg.DisableStreams = false, false
+	case "grpc":
+		cfg.DisableFramedPipes, cfg.DisableStreams = true, false
+	case "unary":
+		cfg.DisableFramedPipes, cfg.DisableStreams = true, true
+	default:
+		return fmt.Errorf("peer pipes %q: want framed, grpc or unary", mode)
+	}
+	return nil
+}
+
+// applyEnv sets every flag not given on the command line from the
+// environment variable RINGLIMIT_<NAME> (dashes as underscores, uppercase),
+// when that variable is set.
+func applyEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] {
+			return
+		}
+		env := envName(f.Name)
+		v, ok := lookup(env)
+		if !ok {
+			return
+		}
+		if err := fs.Set(f.Name, v); err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %v", env, v, err))
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// envName is the environment variable for a flag: RINGLIMIT_ + the name in
+// uppercase with dashes as underscores.
+func envName(flagName string) string {
+	return "RINGLIMIT_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// splitList splits a comma-separated list, dropping blanks.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
