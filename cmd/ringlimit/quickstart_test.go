@@ -16,36 +16,43 @@ import (
 	"time"
 )
 
-// quickStart returns the shell commands of README.md's quick start: the
-// ```sh blocks between the quickstart markers, in order.
-func quickStart(t *testing.T) string {
+// readmeBlocks returns the ```lang blocks of README.md between the
+// markers <!-- name:begin --> and <!-- name:end -->, in order, joined.
+func readmeBlocks(t *testing.T, name, lang string) string {
 	t.Helper()
 	data, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(data)
-	const begin, end = "<!-- quickstart:begin -->", "<!-- quickstart:end -->"
+	begin, end := "<!-- "+name+":begin -->", "<!-- "+name+":end -->"
 	i, j := strings.Index(s, begin), strings.Index(s, end)
 	if i < 0 || j < i {
 		t.Fatalf("README.md has no %s ... %s section", begin, end)
 	}
-	var script strings.Builder
+	var out strings.Builder
 	in := false
 	for _, line := range strings.Split(s[i+len(begin):j], "\n") {
 		switch {
-		case !in && line == "```sh":
+		case !in && line == "```"+lang:
 			in = true
 		case in && line == "```":
 			in = false
 		case in:
-			script.WriteString(line + "\n")
+			out.WriteString(line + "\n")
 		}
 	}
-	if script.Len() == 0 {
-		t.Fatal("README.md's quick start has no ```sh block")
+	if out.Len() == 0 {
+		t.Fatalf("README.md's %s section has no ```%s block", name, lang)
 	}
-	return script.String()
+	return out.String()
+}
+
+// quickStart returns the shell commands of README.md's quick start: the
+// ```sh blocks between the quickstart markers, in order.
+func quickStart(t *testing.T) string {
+	t.Helper()
+	return readmeBlocks(t, "quickstart", "sh")
 }
 
 // TestQuickStart runs README.md's quick start as written, from the
