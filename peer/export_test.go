@@ -212,6 +212,24 @@ func sameDecision(a, b Decision) bool {
 // settled, for failure messages.
 func (n *Node) unsettledForTest() string {
 	v := n.view.Load()
+	if n.lo != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		var b strings.Builder
+		shown := 0
+		for p := range n.pt.parts {
+			st := n.lo.run.Part(p)
+			mine, target := st.Holder == n.lo.self, v.snap.PartitionOwner(p)
+			if mine == (target == n.name) && (!mine || n.lo.run.MayDecide(p, n.mono()) && st.Backup != "") {
+				continue
+			}
+			if shown++; shown <= 2 {
+				tb, _ := n.lo.run.Table(ctx)
+				fmt.Fprintf(&b, " [p%d target %s %+v may %v table %+v]", p, target, st, n.lo.run.MayDecide(p, n.mono()), tb.Parts[p])
+			}
+		}
+		return fmt.Sprintf("%s: settled %v, voters %d, %d unsettled%s; %s", n.name, n.Settled(), n.lo.run.Voters(), shown, b.String(), n.lo.run.Describe(ctx))
+	}
 	var b strings.Builder
 	shown := 0
 	for i := range n.pt.parts {

@@ -58,6 +58,9 @@ type logOwner struct {
 	tr     *ownlog.GRPCTransport
 	peers  atomic.Pointer[logPeers]
 	ready  chan struct{} // nudged by Publish: readiness may have changed
+	// raftDrop, when set (tests only), drops every raft message it
+	// returns true for before it is sent: a cut of the log's traffic.
+	raftDrop atomic.Pointer[func(to uint64) bool]
 	stop   context.CancelFunc
 	done   chan struct{}
 
@@ -113,8 +116,19 @@ func newLogOwner(n *Node) (*logOwner, error) {
 	}
 	lo.member = m
 	lo.tr = ownlog.NewGRPCTransport(lo.dial)
-	lo.run = ownlog.NewRunner(m, lo.tr, lo, logTick, n.mono, func(p int) *sync.RWMutex { return &n.pt.parts[p].mu })
+	lo.run = ownlog.NewRunner(m, logTransport{lo}, lo, logTick, n.mono, func(p int) *sync.RWMutex { return &n.pt.parts[p].mu })
 	return lo, nil
+}
+
+// logTransport is the transport the runner sends through: the gRPC one,
+// behind the tests' cut.
+type logTransport struct{ lo *logOwner }
+
+func (t logTransport) Send(to uint64, msg []byte) {
+	if h := t.lo.raftDrop.Load(); h != nil && (*h)(to) {
+		return
+	}
+	t.lo.tr.Send(to, msg)
 }
 
 // register adds the log's service to the node's gRPC server.

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -190,5 +191,144 @@ func TestLogLeaveMovesState(t *testing.T) {
 	rest := c.live()
 	if more, owners := allowN(t, rest, key, 16); more != 0 {
 		t.Fatalf("admitted %d more after the leave (owners %v), want 0", more, owners)
+	}
+}
+
+// TestLogSplitHolderAndBackupCutOff cuts the log's traffic between a
+// key's holder and backup and the other three of five members, while
+// gossip and forwarding still work: the holder cannot extend its
+// liveness, so it stops deciding by its own clock; the others end it but
+// cannot hand the partition on (its state is only on the small side), so
+// the key is unavailable, never empty; after the heal the state is whole.
+// Clients on every node keep asking throughout, and no more than the
+// limit is ever admitted.
+func TestLogSplitHolderAndBackupCutOff(t *testing.T) {
+	// A limit the cut cannot reach, so that the state after the heal
+	// tells whether any admission was lost or made twice.
+	const limit = 300
+	c := startCluster(t, 5, logConfig(limit, 10*time.Minute))
+	key := Key{Tenant: "acme", Subject: "split", Policy: "api"}
+	const pre = 32
+	if admitted, _ := allowN(t, c.nodes[:1], key, pre); admitted != pre {
+		t.Fatalf("admitted %d of %d before the cut, want all", admitted, pre)
+	}
+	pid := c.nodes[0].partIDForTest(key)
+	byName := map[string]*Node{}
+	for _, nd := range c.nodes {
+		byName[nd.name] = nd
+	}
+	st := c.nodes[0].lo.run.Part(pid)
+	holder, backup := byName[memberName(st.Holder)], byName[memberName(st.Backup)]
+	if holder == nil || backup == nil {
+		t.Fatalf("partition %d: holder %q backup %q", pid, st.Holder, st.Backup)
+	}
+	small := map[uint64]bool{holder.ops.start: true, backup.ops.start: true}
+	for _, nd := range c.nodes {
+		mine := small[nd.ops.start]
+		drop := func(to uint64) bool { return small[to] != mine }
+		nd.lo.raftDrop.Store(&drop)
+	}
+	t.Logf("cut: holder %s and backup %s from the other three", holder.name, backup.name)
+	cut := time.Now()
+
+	var mu sync.Mutex
+	admitted, unavailable := pre, 0
+	var lastSmall time.Time
+	ask := func(nd *Node) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		d, err := nd.Allow(ctx, Request{Key: key})
+		mu.Lock()
+		defer mu.Unlock()
+		if errors.Is(err, ErrUnavailable) {
+			unavailable++
+			return
+		}
+		if err != nil {
+			t.Errorf("Allow on %s: %v", nd.name, err)
+			return
+		}
+		if d.Allowed && d.Reason == ReasonAdmitted {
+			admitted++
+			if d.Owner == holder.name || d.Owner == backup.name {
+				lastSmall = time.Now()
+			}
+		}
+	}
+	// During the cut: every node asks every 50 ms for 6 s (6 liveness
+	// periods), and never more than one node may decide.
+	var wg sync.WaitGroup
+	stop := time.Now().Add(6 * time.Second)
+	for _, nd := range c.nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(50 * time.Millisecond)
+			defer tick.Stop()
+			for i := 0; i < 200 && time.Now().Before(stop); i++ {
+				ask(nd)
+				<-tick.C
+			}
+		}()
+	}
+	waitFor(t, 8*time.Second, "the end of the cut", func() bool {
+		if n, who := deciders(c, key); n > 1 {
+			t.Fatalf("%d decision points during the cut (last %s)\n%s", n, who, logState(c, key))
+		}
+		return time.Now().After(stop)
+	})
+	wg.Wait()
+	if holder.lo.run.MayDecide(pid, holder.mono()) {
+		t.Fatalf("the cut-off holder still may decide %v after the cut\n%s", time.Since(cut), logState(c, key))
+	}
+	mu.Lock()
+	if admitted >= limit {
+		t.Fatalf("admitted %d during the cut, limit %d: the test needs a limit the cut cannot reach", admitted, limit)
+	}
+	if late := lastSmall.Sub(cut); late > 3*time.Second {
+		t.Fatalf("the cut-off side admitted %v after the cut, past its 1 s liveness", late)
+	}
+	t.Logf("during the cut: %d admitted in all, %d unavailable, the small side's last admission %v after the cut", admitted, unavailable, lastSmall.Sub(cut).Round(time.Millisecond))
+	mu.Unlock()
+
+	for _, nd := range c.nodes {
+		nd.lo.raftDrop.Store(nil)
+	}
+	healed := time.Now()
+	// After the heal: ask until the key refuses as over its limit. Its
+	// state (the first pre and every admission since) is whole, so that
+	// happens at the limit: an admission recorded but answered
+	// unavailable (its copy to the backup failed as the cut began) makes
+	// it happen below, never above.
+	overLimit := false
+	for i := 0; i < 3*limit && !overLimit; i++ {
+		nd := c.nodes[i%len(c.nodes)]
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		d, err := nd.Allow(ctx, Request{Key: key})
+		cancel()
+		mu.Lock()
+		switch {
+		case err == nil && d.Allowed:
+			admitted++
+		case err == nil && d.Reason == ReasonOverLimit:
+			overLimit = true
+		case err != nil && !errors.Is(err, ErrUnavailable):
+			t.Fatalf("Allow on %s: %v", nd.name, err)
+		}
+		a := admitted
+		mu.Unlock()
+		if a > limit {
+			t.Fatalf("admitted %d after the heal, limit %d", a, limit)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !overLimit {
+		t.Fatalf("no refusal after the heal with %d admitted: the key stayed unavailable\n%s", admitted, logState(c, key))
+	}
+	t.Logf("healed: %d admitted in all (limit %d; %d answered unavailable, their outcome unknown), over the limit %v after the heal",
+		admitted, limit, unavailable, time.Since(healed).Round(time.Millisecond))
+	if n, _ := deciders(c, key); n != 1 {
+		t.Fatalf("%d decision points after the heal, want 1", n)
 	}
 }

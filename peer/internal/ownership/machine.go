@@ -417,7 +417,12 @@ func (m *Machine) Apply(c Command, now int64) []Action {
 			if c.To == m.cfg.ID {
 				if c.Member == m.cfg.ID {
 					// Granted back with our own state (we were Last).
-					if !l.have {
+					if !l.have && m.emptyFresh(m.table, c.P) {
+						// Never had it, in a chain that began empty:
+						// empty is the state.
+						l.have = true
+						acts = append(acts, Action{Kind: Reset, P: c.P})
+					} else if !l.have {
 						m.count.MissingCopy++
 					}
 					break
@@ -462,15 +467,11 @@ func (m *Machine) noteEnd(id string) {
 func (m *Machine) Restored(t *Table, now int64) []Action {
 	var acts []Action
 	for p := range t.Parts {
-		// A holding granted here empty that this member never applied
-		// (the grant came inside a snapshot): nobody has decided for it,
-		// so its state is empty, and this member may decide from an
-		// empty store.
-		pt, old := t.Parts[p], m.table.Parts[p]
-		if pt.Fresh && t.Holds(m.cfg.ID, p) && !(old.Holder == pt.Holder && old.HolderEpoch == pt.HolderEpoch && old.Epoch <= pt.Epoch && old.Fresh) {
+		pt := t.Parts[p]
+		if m.emptyFresh(t, p) {
+			// An empty grant this member learned of from the snapshot.
 			l := &m.parts[p]
 			l.have, l.fence = true, fenceNone
-			l.copyFrom, l.copyEpoch, l.copySeq = "", 0, 0
 			acts = append(acts, Action{Kind: Reset, P: p})
 			continue
 		}
@@ -499,6 +500,18 @@ func (m *Machine) Restored(t *Table, now int64) []Action {
 	return acts
 }
 
+// emptyFresh reports whether this member holds p, or is its Last, in a
+// Fresh chain of holdings (table t) without ever having had its state:
+// having none, and no copy installed, it never decided for it (deciding
+// needs the state), and nobody else did either, so the state is empty.
+// This is how a member that learned of an empty grant from a snapshot, not
+// by applying it, starts the partition.
+func (m *Machine) emptyFresh(t *Table, p int) bool {
+	pt, l := t.Parts[p], &m.parts[p]
+	mine := t.Holds(m.cfg.ID, p) || pt.Holder == "" && pt.Last == m.cfg.ID
+	return pt.Fresh && mine && !l.have && l.copyFrom == ""
+}
+
 // expired reports whether id's liveness has expired in this member's
 // view: a whole Liveness since it applied the record's latest change.
 func (m *Machine) expired(id string, now int64) bool {
@@ -510,7 +523,9 @@ func (m *Machine) expired(id string, now int64) bool {
 // last Liveness in this member's view: fit to be given a partition.
 func (m *Machine) fresh(id string, now int64) bool {
 	_, ok := m.table.Live(id)
-	return ok && !m.expired(id, now) && m.seen[id] != nil
+	// A member that has never extended is not in the log yet (it joins as
+	// a learner once the table lists it): it could not extend a holding.
+	return ok && !m.expired(id, now) && m.seen[id] != nil && m.table.Members[id].Version > 0
 }
 
 // Tick runs the member's periodic steps at now and returns their actions:

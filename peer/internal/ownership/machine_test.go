@@ -64,7 +64,9 @@ func TestFencedUntilSettled(t *testing.T) {
 	now := int64(1)
 	step(m, m.Tick(now), now) // joins
 	now++
-	step(m, m.Tick(now), now) // extend, grant
+	step(m, m.Tick(now), now) // extend
+	now++
+	step(m, m.Tick(now), now) // grant: a has extended, so it is in the log
 	now++
 	step(m, m.Apply(Command{Kind: Extend, Member: "b", Epoch: 1, Seq: 1}, now), now)
 	// a has no backup: it copies to b and, once b has the copy, makes it

@@ -42,10 +42,12 @@ type Partition struct {
 	// its last state was lost (both its holder and its backup gone: a
 	// double fault). The founding grant does not count.
 	Restarts uint64
-	// Fresh: the current holding began with an empty grant and no holder
-	// has been handed state since. A holder that learns of such a holding
-	// from a snapshot, not by applying the grant, knows its state is
-	// empty: it cannot have decided for it.
+	// Fresh: the current holding (or, while vacant, the last one) began
+	// with an empty grant, possibly ended and granted back to the same
+	// member since, and no state was handed to another member. A member
+	// that holds such a partition, or is its Last, but never had its
+	// state (it learned of the grant from a snapshot, so it never decided
+	// for it) knows the state is empty.
 	Fresh bool
 	// CopyFrom, CopyEpoch and CopySeq name the copy the current backup
 	// (after a SetBackup) or the current holder (after a Move) was made
@@ -225,8 +227,8 @@ func (t *Table) Apply(c Command) error {
 			switch {
 			case pt.Holder == c.Member && pt.HolderEpoch == c.Epoch:
 				pt.Epoch++
-				pt.Fresh = false
 				if e, ok := t.Live(pt.Backup); ok && pt.Backup != c.Member {
+					pt.Fresh = false
 					pt.Holder, pt.HolderEpoch = pt.Backup, e
 				} else {
 					// Nobody else has the state: keep the partition for
@@ -286,8 +288,8 @@ func (t *Table) Apply(c Command) error {
 				pt.Restarts++
 			}
 		}
+		pt.Fresh = c.Member == "" || pt.Fresh && c.Member == pt.Last
 		pt.Holder, pt.HolderEpoch, pt.Backup, pt.Last = c.To, c.ToEpoch, "", ""
-		pt.Fresh = c.Member == ""
 		pt.Epoch++
 	default:
 		return fmt.Errorf("%w: kind %d", ErrBadCommand, c.Kind)
