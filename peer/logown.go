@@ -61,8 +61,8 @@ type logOwner struct {
 	// raftDrop, when set (tests only), drops every raft message it
 	// returns true for before it is sent: a cut of the log's traffic.
 	raftDrop atomic.Pointer[func(to uint64) bool]
-	stop   context.CancelFunc
-	done   chan struct{}
+	stop     context.CancelFunc
+	done     chan struct{}
 
 	mu sync.Mutex // guards what follows (rebuild's bookkeeping)
 	// known is every incarnation gossip has shown, with its raft ID and
