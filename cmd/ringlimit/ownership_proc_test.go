@@ -68,9 +68,15 @@ const procTenant = "acme"
 func procCluster(t *testing.T, prefix string) (nodes []*serveProc, pols string) {
 	t.Helper()
 	pols = writeFile(t, t.TempDir(), "policies.yaml", procPolicies)
-	a := startServe(t, prefix+"-a", nil, "--policies", pols, "--log-level", "debug")
-	b := startServe(t, prefix+"-b", nil, "--policies", pols, "--log-level", "debug", "--join", a.gossipAddr)
-	c := startServe(t, prefix+"-c", nil, "--policies", pols, "--log-level", "debug", "--join", a.gossipAddr)
+	args := []string{"--policies", pols, "--log-level", "debug"}
+	if o := os.Getenv("RINGLIMIT_PROC_OWNERSHIP"); o != "" {
+		// RINGLIMIT_PROC_OWNERSHIP=log runs the scenes with ownership
+		// through the replicated log.
+		args = append(args, "--ownership", o)
+	}
+	a := startServe(t, prefix+"-a", nil, args...)
+	b := startServe(t, prefix+"-b", nil, append(args, "--join", a.gossipAddr)...)
+	c := startServe(t, prefix+"-c", nil, append(args, "--join", a.gossipAddr)...)
 	nodes = []*serveProc{a, b, c}
 	waitMembers(t, nodes, 3)
 	waitSettled(t, nodes)

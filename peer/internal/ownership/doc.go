@@ -62,7 +62,17 @@
 //  7. The log's leader reconciles: it ends liveness that expired in its
 //     view, grants vacant partitions, and proposes Joins for members gossip
 //     lists. Safety never depends on who leads: every command is checked
-//     when applied.
+//     when applied. A member is granted, moved or handed a partition, or
+//     made a backup, only once it has extended its liveness at least once:
+//     before that it is not in the log yet (it joins as a learner once the
+//     table lists it) and could not keep a holding.
+//  8. A member that learns of commands from a snapshot rather than by
+//     applying them still knows what it has: the table records the copy
+//     that made the current backup or holder (CopyFrom, CopyEpoch,
+//     CopySeq), which the member compares with the copy it installed; and
+//     a chain of holdings that began with an empty grant, granted back to
+//     the same member since (Fresh), starts empty on a member that never
+//     had its state, since deciding needs the state, so nobody decided.
 //
 // The prices: a crashed holder's partitions are unavailable for about one
 // Liveness plus one commit; losing the log's majority stops every holder
@@ -72,8 +82,9 @@
 // without replication until a new backup has a copy.
 //
 // What it does not do: it does not run raft (package ownlog joins the
-// machine to an etcd raft node, and package sim drives ownlog members in
-// virtual time), move data (the driver exports, sends and installs copies
+// machine to an etcd raft node, package sim drives ownlog members in
+// virtual time, and peer drives one in each Node in OwnershipLog mode),
+// move data (the driver exports, sends and installs copies
 // and replicas), or read gossip (the driver passes a View).
 //
 // It imports neither peer nor any network, gossip or raft package; a test
