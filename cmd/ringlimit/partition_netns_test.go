@@ -2,13 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"os"
-	"os/exec"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -49,26 +44,7 @@ import (
 // traffic. The bridge lives in its own namespace so that the host's
 // netfilter rules cannot see (or drop) bridged traffic.
 func TestPartitionNetns(t *testing.T) {
-	if testing.Short() {
-		t.Skip("network-partition test skipped in -short mode")
-	}
-	if os.Getenv("RINGLIMIT_NETNS") != "1" {
-		t.Skip("network-partition test is opt-in: set RINGLIMIT_NETNS=1 (needs root and `ip netns`; about a minute)")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("network-partition test needs root (it creates network namespaces)")
-	}
-	ipPath, err := exec.LookPath("ip")
-	if err != nil {
-		t.Skip("network-partition test needs the ip command (iproute2)")
-	}
-	prefix := fmt.Sprintf("rl%d", os.Getpid())
-	if out, err := exec.Command(ipPath, "netns", "add", prefix+"probe").CombinedOutput(); err != nil {
-		t.Skipf("network-partition test: `ip netns add` does not work here: %v: %s", err, out)
-	}
-	if out, err := exec.Command(ipPath, "netns", "del", prefix+"probe").CombinedOutput(); err != nil {
-		t.Fatalf("ip netns del %sprobe: %v: %s", prefix, err, out)
-	}
+	ipPath, prefix := netnsPreflight(t)
 
 	const (
 		limit     = 20
@@ -88,43 +64,8 @@ func TestPartitionNetns(t *testing.T) {
     window: 1s
 `, limit, window))
 
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	logLevel := os.Getenv("RINGLIMIT_NETNS_LOG_LEVEL")
-	if logLevel == "" {
-		logLevel = "info"
-	}
-	nodes := make([]*serveProc, 3)
-	for i := range nodes {
-		args := []string{"serve", "--name", fmt.Sprintf("n%d", i),
-			"--gossip-addr", tn.nodeAddr(i) + ":7946", "--grpc-addr", tn.nodeAddr(i) + ":8081",
-			"--http-addr", tn.mgmtAddr(i) + ":8080", "--policies", pols,
-			"--log-format", "json", "--log-level", logLevel, "--gossip-profile", "fast",
-			"--drain-timeout", "2s", "--exit-on-stdin-eof"}
-		if i > 0 {
-			args = append(args, "--join", nodes[0].gossipAddr)
-		}
-		nodes[i] = startNetnsServe(t, ipPath, tn.ns(i), exe, fmt.Sprintf("n%d", i), args)
-	}
-	membersOf := func(p *serveProc) (int, error) {
-		r, err := httpDo("GET", "http://"+p.httpAddr+"/debug/ring", "")
-		if err != nil {
-			return 0, err
-		}
-		m, _ := r.body["members"].([]any)
-		return len(m), nil
-	}
-	allSee := func(n int) bool {
-		for _, p := range nodes {
-			if got, err := membersOf(p); err != nil || got != n {
-				return false
-			}
-		}
-		return true
-	}
-	waitFor(t, 20*time.Second, "every node to see 3 members", func() bool { return allSee(3) })
+	nodes := startNetnsNodes(t, tn, 3, pols, "fast")
+	waitFor(t, 20*time.Second, "every node to see 3 members", func() bool { return allSee(nodes, 3) })
 
 	// Keys by owner, found with the "probe" policy: placement ignores the
 	// policy, so probing leaves the "pt" logs untouched.
@@ -145,9 +86,12 @@ func TestPartitionNetns(t *testing.T) {
 	t.Logf("keys: %q owned by n0 (cut off), %q owned by n1 (majority side)", keys[0], keys[1])
 
 	// Clients: one goroutine per (node, key), each sending to its local node
-	// every 25 ms and recording what it saw.
+	// every 25 ms and recording what it saw, for at most the test's phases
+	// (in time and in count).
+	const every = 25 * time.Millisecond
+	clientFor := 3*time.Second + cutFor + mergeWait + tailFor + 10*time.Second
 	rec := &recorder{}
-	ctx, stop := context.WithCancel(context.Background())
+	ctx, stop := context.WithTimeout(context.Background(), clientFor)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { stop(); wg.Wait() }) // before the nodes are killed (LIFO)
 	start := time.Now()
@@ -155,7 +99,9 @@ func TestPartitionNetns(t *testing.T) {
 		client := &http.Client{Timeout: 5 * time.Second}
 		for k, subj := range keys {
 			body := fmt.Sprintf(`{"tenant":"t","subject":%q,"policy":"pt"}`, subj)
-			wg.Go(func() { runClient(ctx, client, i, k, "http://"+p.httpAddr+"/v1/check", body, rec) })
+			wg.Go(func() {
+				runClient(ctx, client, i, k, "http://"+p.httpAddr+"/v1/check", body, every, int(clientFor/every), rec)
+			})
 		}
 	}
 	phase := func(what string, d time.Duration) {
@@ -178,7 +124,7 @@ func TestPartitionNetns(t *testing.T) {
 	deadline := time.Now().Add(mergeWait)
 	poll := time.NewTicker(100 * time.Millisecond)
 	for time.Now().Before(deadline) {
-		if allSee(3) {
+		if allSee(nodes, 3) {
 			merged = time.Since(tHeal)
 			break
 		}
@@ -304,74 +250,6 @@ func TestPartitionNetns(t *testing.T) {
 	}
 }
 
-// request is one /v1/check exchange seen by a client.
-type request struct {
-	client, key int // node index, key index
-	sent, recv  time.Time
-	status      int // 0: no answer (the outcome is unknown)
-	owner       string
-	errMsg      string // the body's error, or the transport error
-	// decided is the owner's decision time from the answer (every node
-	// runs on this machine's clock), zero if the answer had none.
-	decided time.Time
-}
-
-func (r request) outcome() string {
-	if r.status == 0 {
-		return "no-answer"
-	}
-	return fmt.Sprint(r.status)
-}
-
-// recorder collects requests from every client goroutine.
-type recorder struct{ syncList[request] }
-
-// sorted returns the requests sorted by send time.
-func (rc *recorder) sorted() []request {
-	out := rc.all()
-	sort.Slice(out, func(i, j int) bool { return out[i].sent.Before(out[j].sent) })
-	return out
-}
-
-// runClient sends body to url every 25 ms until ctx ends.
-func runClient(ctx context.Context, client *http.Client, node, key int, url, body string, rec *recorder) {
-	tick := time.NewTicker(25 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		r := request{client: node, key: key, sent: time.Now()}
-		req, err := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(body))
-		if err != nil {
-			panic(err) // a constant URL and body
-		}
-		resp, err := client.Do(req)
-		if err == nil {
-			var b struct {
-				Owner     string `json:"owner"`
-				Error     string `json:"error"`
-				DecidedAt int64  `json:"decided_at_unix_ns"`
-			}
-			_ = json.NewDecoder(resp.Body).Decode(&b)
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			r.status, r.owner, r.errMsg = resp.StatusCode, b.Owner, b.Error
-			if b.DecidedAt > 0 {
-				r.decided = time.Unix(0, b.DecidedAt)
-			}
-		} else if ctx.Err() != nil {
-			return // cancelled at the end: not an observation
-		} else {
-			r.errMsg = err.Error()
-		}
-		r.recv = time.Now()
-		rec.add(r)
-	}
-}
-
 // unavail is how one client saw a key become unavailable and come back.
 type unavail struct {
 	first503, last503, recovered time.Time
@@ -415,169 +293,4 @@ func (u unavail) describe(cut, heal time.Time) string {
 	}
 	return fmt.Sprintf("first 503 %s after the cut, decided again (owner %s) %s after the cut (%s); unavailable for %s",
 		ms(u.first503.Sub(cut)), u.owner, ms(u.recovered.Sub(cut)), when, ms(u.recovered.Sub(u.first503)))
-}
-
-// maxCertainInWindow returns the largest number of admissions that were
-// certainly decided inside one window (t-W, t]: the decision of each fell
-// between its send and its receive time (one machine, one clock), so a
-// set whose receives all come less than W after the earliest send fits in
-// one window whatever the exact decision times were. adm is sorted by send
-// time. It also returns the earliest send of the largest set.
-func maxCertainInWindow(adm []request, w time.Duration) (int, time.Time) {
-	best, at := 0, time.Time{}
-	for i := range adm {
-		n := 0
-		for j := i; j < len(adm); j++ {
-			if adm[j].recv.Sub(adm[i].sent) < w {
-				n++
-			}
-		}
-		if n > best {
-			best, at = n, adm[i].sent
-		}
-	}
-	return best, at
-}
-
-// maxExactInWindow returns the largest number of admissions whose decision
-// times lie in one window (t-W, t], with t the window's end; ok is false if
-// some admission has no decision time.
-func maxExactInWindow(adm []request, w time.Duration) (int, time.Time, bool) {
-	best, at := 0, time.Time{}
-	for _, e := range adm {
-		if e.decided.IsZero() {
-			return 0, time.Time{}, false
-		}
-		n := 0
-		for _, r := range adm {
-			if !r.decided.After(e.decided) && r.decided.After(e.decided.Add(-w)) {
-				n++
-			}
-		}
-		if n > best {
-			best, at = n, e.decided
-		}
-	}
-	return best, at, true
-}
-
-// maxPossibleInWindow returns the largest number of admissions whose
-// [send, receive] interval meets one window (t-W, t]: an upper bound, which
-// latency makes larger than the true count. The maximum is reached with t
-// at some send time.
-func maxPossibleInWindow(adm []request, w time.Duration) int {
-	best := 0
-	for _, e := range adm {
-		t := e.sent
-		n := 0
-		for _, r := range adm {
-			if !r.sent.After(t) && r.recv.After(t.Add(-w)) {
-				n++
-			}
-		}
-		best = max(best, n)
-	}
-	return best
-}
-
-// testNet is the namespaces, bridge and links of one test run.
-type testNet struct {
-	t      *testing.T
-	ip     string
-	prefix string
-	octet  int // the bridge subnet is 10.213.octet.0/24, the mgmt one octet+1
-}
-
-func (n *testNet) ns(i int) string       { return fmt.Sprintf("%sn%d", n.prefix, i) }
-func (n *testNet) brNS() string          { return n.prefix + "br" }
-func (n *testNet) nodeAddr(i int) string { return fmt.Sprintf("10.213.%d.%d", n.octet, i+1) }
-func (n *testNet) mgmtAddr(i int) string { return fmt.Sprintf("10.213.%d.%d", n.octet+1, 4*i+2) }
-func (n *testNet) hostAddr(i int) string { return fmt.Sprintf("10.213.%d.%d", n.octet+1, 4*i+1) }
-func (n *testNet) brPort(i int) string   { return fmt.Sprintf("v%d", i) } // in brNS
-
-// run runs ip with args and fails the test if it fails.
-func (n *testNet) run(args ...string) {
-	n.t.Helper()
-	if out, err := exec.Command(n.ip, args...).CombinedOutput(); err != nil {
-		n.t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-}
-
-// setLink brings node i's port on the bridge up or down.
-func (n *testNet) setLink(i int, up bool) {
-	n.t.Helper()
-	state := "down"
-	if up {
-		state = "up"
-	}
-	n.run("-n", n.brNS(), "link", "set", "dev", n.brPort(i), state)
-}
-
-// newTestNet builds the topology for nodes nodes and registers its
-// teardown. The subnet is chosen from the pid among the ones no address on
-// this machine's root namespace uses yet, so parallel runs do not collide.
-func newTestNet(t *testing.T, ip, prefix string, nodes int) *testNet {
-	t.Helper()
-	n := &testNet{t: t, ip: ip, prefix: prefix, octet: -1}
-	for try := range 64 {
-		o := (os.Getpid()/2 + try) % 127 * 2
-		out, err := exec.Command(ip, "-4", "addr", "show", "to", fmt.Sprintf("10.213.%d.0/23", o)).CombinedOutput()
-		if err == nil && len(strings.TrimSpace(string(out))) == 0 {
-			n.octet = o
-			break
-		}
-	}
-	if n.octet < 0 {
-		t.Fatal("no free 10.213.x.0/23 subnet for the test network")
-	}
-	var names []string
-	t.Cleanup(func() {
-		// Deleting a namespace deletes the veth ends in it, and with them
-		// their peers; the root-side mgmt ends are deleted explicitly in
-		// case a namespace is still held open.
-		for i := range nodes {
-			_ = exec.Command(ip, "link", "del", fmt.Sprintf("%sm%d", prefix, i)).Run()
-		}
-		for _, ns := range names {
-			if out, err := exec.Command(ip, "netns", "del", ns).CombinedOutput(); err != nil {
-				t.Errorf("cleanup: ip netns del %s: %v: %s", ns, err, out)
-			}
-		}
-	})
-	add := func(ns string) {
-		n.run("netns", "add", ns)
-		names = append(names, ns)
-		n.run("-n", ns, "link", "set", "dev", "lo", "up")
-	}
-	add(n.brNS())
-	n.run("-n", n.brNS(), "link", "add", "name", "rlbr", "type", "bridge")
-	n.run("-n", n.brNS(), "link", "set", "dev", "rlbr", "up")
-	for i := range nodes {
-		ns := n.ns(i)
-		add(ns)
-		// The bridge link: "eth" in the node's namespace, v<i> on the bridge.
-		n.run("-n", ns, "link", "add", "name", "eth", "type", "veth", "peer", "name", n.brPort(i), "netns", n.brNS())
-		n.run("-n", n.brNS(), "link", "set", "dev", n.brPort(i), "master", "rlbr", "up")
-		n.run("-n", ns, "addr", "add", n.nodeAddr(i)+"/24", "dev", "eth")
-		n.run("-n", ns, "link", "set", "dev", "eth", "up")
-		// The mgmt link: "mgmt" in the namespace, rl<pid>m<i> in the root.
-		host := fmt.Sprintf("%sm%d", prefix, i)
-		n.run("link", "add", "name", host, "type", "veth", "peer", "name", "mgmt", "netns", ns)
-		n.run("addr", "add", n.hostAddr(i)+"/30", "dev", host)
-		n.run("link", "set", "dev", host, "up")
-		n.run("-n", ns, "addr", "add", n.mgmtAddr(i)+"/30", "dev", "mgmt")
-		n.run("-n", ns, "link", "set", "dev", "mgmt", "up")
-	}
-	return n
-}
-
-// startNetnsServe starts args (a serve command line) with exe inside
-// network namespace ns and waits for its "serving" line. Like startServe,
-// the process keeps its stdin open (--exit-on-stdin-eof) and is killed at
-// cleanup; `ip netns exec` execs the binary, so the process is serve itself.
-func startNetnsServe(t *testing.T, ip, ns, exe, name string, args []string) *serveProc {
-	t.Helper()
-	cmd := exec.Command(ip, append([]string{"netns", "exec", ns, exe}, args...)...)
-	cmd.Env = childEnv(os.Environ())
-	return launchServe(t, name, cmd)
 }
