@@ -57,7 +57,10 @@ type logOwner struct {
 	run    *ownlog.Runner
 	tr     *ownlog.GRPCTransport
 	peers  atomic.Pointer[logPeers]
-	ready  chan struct{} // nudged by Publish: readiness may have changed
+	// restarts is, per partition, the table's Restarts last logged (the
+	// runner's goroutine only).
+	restarts []uint64
+	ready    chan struct{} // nudged by Publish: readiness may have changed
 	// raftDrop, when set (tests only), drops every raft message it
 	// returns true for before it is sent: a cut of the log's traffic.
 	raftDrop atomic.Pointer[func(to uint64) bool]
@@ -103,7 +106,7 @@ func memberName(id string) string {
 // founds the log as its only voter. Its goroutine starts with start.
 func newLogOwner(n *Node) (*logOwner, error) {
 	lo := &logOwner{n: n, self: incarnationID(n.name, n.ops.start), ready: make(chan struct{}, 1), done: make(chan struct{}),
-		known: map[string]*logKnown{}, cur: map[string]string{}}
+		known: map[string]*logKnown{}, cur: map[string]string{}, restarts: make([]uint64, n.cfg.Ring.PartitionCount)}
 	lo.peers.Store(&logPeers{raft: map[uint64]string{}, inc: map[string]string{n.name: lo.self}})
 	cfg := ownlog.Config{RaftID: n.ops.start, Partitions: n.cfg.Ring.PartitionCount,
 		Ownership: ownership.Config{ID: lo.self, Liveness: n.cfg.LeaseDuration}}
@@ -148,12 +151,28 @@ func (lo *logOwner) start() {
 	}()
 	go func() {
 		defer n.wg.Done()
+		// Readiness also changes with time alone (a log without a leader
+		// for too long): look again every lease.
+		t := time.NewTicker(n.cfg.LeaseDuration)
+		defer t.Stop()
+		warned := false
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-lo.ready:
-				n.updateReady()
+			case <-t.C:
+			}
+			n.updateReady()
+			since := lo.run.Leaderless()
+			switch {
+			case since != 0 && !warned && n.mono()-since > 2*int64(n.cfg.LeaseDuration):
+				warned = true
+				n.log.Warn("ownership log has no leader: a majority of its voters is unreachable; no holder decides until it is back (restart the cluster to recover from voters lost for good)",
+					"for", time.Duration(n.mono()-since).Round(time.Second))
+			case since == 0 && warned:
+				warned = false
+				n.log.Info("ownership log has a leader again")
 			}
 		}
 	}()
@@ -284,6 +303,13 @@ func (lo *logOwner) Reset(p int) {
 	pt := &lo.n.pt.parts[p]
 	pt.store = lo.n.newPartStore()
 	pt.rep, pt.next = replica{}, replica{}
+	// The runner's goroutine owns the member: its table may be read here.
+	if r := lo.member.Own().Table().Parts[p].Restarts; r > lo.restarts[p] {
+		lo.restarts[p] = r
+		lo.n.log.Error("partition restarted empty: its holder and its backup are gone for good, so its keys start over (up to each limit again)",
+			"partition", p, "restarts", r)
+		return
+	}
 	lo.n.log.Debug("partition granted here empty", "partition", p)
 }
 

@@ -332,3 +332,59 @@ func TestLogSplitHolderAndBackupCutOff(t *testing.T) {
 		t.Fatalf("%d decision points after the heal, want 1", n)
 	}
 }
+
+// TestLogIsolatedMemberStopsAndSaysSo cuts one member off from the log
+// (gossip still sees it): it stops deciding for its partitions within its
+// lease, reports itself not ready because the log has no leader, and the
+// other two take its partitions over from the backups; after the heal it
+// is ready again.
+func TestLogIsolatedMemberStopsAndSaysSo(t *testing.T) {
+	c := startCluster(t, 3, logConfig(10, time.Minute))
+	lone := c.nodes[2]
+	held := -1
+	for p := range lone.pt.parts {
+		if lone.lo.run.MayDecide(p, lone.mono()) {
+			held = p
+			break
+		}
+	}
+	if held < 0 {
+		t.Fatalf("%s holds no partition", lone.name)
+	}
+	cut := func(on bool) {
+		for _, nd := range c.nodes {
+			if !on {
+				nd.lo.raftDrop.Store(nil)
+				continue
+			}
+			me := nd == lone
+			drop := func(to uint64) bool { return me || to == lone.ops.start }
+			nd.lo.raftDrop.Store(&drop)
+		}
+	}
+	cut(true)
+	at := time.Now()
+	waitFor(t, 5*time.Second, "the cut-off member to stop deciding", func() bool { return !lone.lo.run.MayDecide(held, lone.mono()) })
+	stopped := time.Since(at)
+	waitFor(t, 10*time.Second, "another member to decide for its partition", func() bool {
+		for _, nd := range c.nodes[:2] {
+			if nd.lo.run.MayDecide(held, nd.mono()) {
+				return true
+			}
+		}
+		return false
+	})
+	took := time.Since(at)
+	if stopped > took {
+		t.Fatalf("the cut-off member stopped %v after the cut, after its partition was taken over (%v)", stopped, took)
+	}
+	var reason string
+	waitFor(t, 10*time.Second, "the cut-off member to report the log without a leader", func() bool {
+		ok, r := lone.Ready()
+		reason = r
+		return !ok && strings.Contains(r, "no leader of the ownership log")
+	})
+	t.Logf("cut off: stopped deciding after %v, taken over after %v; readiness: %s", stopped.Round(time.Millisecond), took.Round(time.Millisecond), reason)
+	cut(false)
+	waitFor(t, 20*time.Second, "the member to be ready again", func() bool { ok, _ := lone.Ready(); return ok })
+}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
@@ -24,6 +25,10 @@ const (
 	ReadyReasonAlone   = "alone"
 	ReadyReasonIgnored = "ignored_members"
 	ReadyReasonMoving  = "partitions_moving"
+	// ReadyReasonNoLog: (log ownership) no leader of the ownership log for
+	// two leases: without a majority of its voters nothing commits and
+	// every holder stops within one lease.
+	ReadyReasonNoLog = "no_ownership_log"
 )
 
 // readyState is the node's readiness bookkeeping.
@@ -88,6 +93,11 @@ func (n *Node) readiness() (ok bool, reason, code string) {
 	}
 	if len(n.cfg.Join) > 0 && n.ml.NumMembers() <= 1 {
 		return false, fmt.Sprintf("alone: no live member reached through the seeds %v", n.cfg.Join), ReadyReasonAlone
+	}
+	if n.lo != nil {
+		if since := n.lo.run.Leaderless(); since != 0 && n.mono()-since > 2*int64(n.cfg.LeaseDuration) {
+			return false, fmt.Sprintf("no leader of the ownership log for %v: a majority of its voters is unreachable, so no partition can change holder and every holder stops within one lease", time.Duration(n.mono()-since).Round(time.Second)), ReadyReasonNoLog
+		}
 	}
 	if !n.Settled() {
 		return false, "partitions moving: this node does not yet hold exactly the partitions its ring gives it, each with its backup copy", ReadyReasonMoving

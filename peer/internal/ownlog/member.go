@@ -141,6 +141,9 @@ func (m *Member) Describe() string {
 		m.cfg.RaftID, st.RaftState, st.Term, st.Lead, st.Commit, m.applied, sorted(st.Config.Voters.IDs()), sorted(st.Config.Learners))
 }
 
+// Lead returns the raft ID of the leader this member knows of, 0 for none.
+func (m *Member) Lead() uint64 { return m.rn.BasicStatus().Lead }
+
 // Leader reports whether this member leads the log.
 func (m *Member) Leader() bool { return m.rn.BasicStatus().RaftState == raft.StateLeader }
 

@@ -74,6 +74,9 @@ type published struct {
 	parts []PartState
 	// voters is the applied configuration's voter count.
 	voters int
+	// lead is the leader this member knows of (0: none), and since when
+	// it has known of none (monotonic ns; 0 while it knows one).
+	lead, leaderless int64
 }
 
 // NewRunner returns a runner of m. mono is the member's monotonic clock in
@@ -108,6 +111,10 @@ func (r *Runner) MayDecide(p int, now int64) bool {
 // LiveUntil returns the end of this member's own lease as last published
 // (monotonic ns).
 func (r *Runner) LiveUntil() int64 { return r.pub.Load().until }
+
+// Leaderless returns since when (monotonic ns) this member has known of no
+// leader, or 0 while it knows one.
+func (r *Runner) Leaderless() int64 { return r.pub.Load().leaderless }
 
 // Voters returns the voter count of the configuration last published.
 func (r *Runner) Voters() int { return r.pub.Load().voters }
@@ -238,7 +245,15 @@ func (r *Runner) carry(out Output) {
 	next := &published{until: own.LiveUntil(), parts: make([]PartState, len(r.prev.parts))}
 	t := own.Table()
 	next.voters, _ = r.m.Voters(1)
-	changed := next.until != r.prev.until || next.voters != r.prev.voters
+	next.lead = int64(r.m.Lead())
+	switch {
+	case next.lead != 0:
+	case r.prev.leaderless != 0:
+		next.leaderless = r.prev.leaderless
+	default:
+		next.leaderless = now
+	}
+	changed := next.until != r.prev.until || next.voters != r.prev.voters || next.lead != r.prev.lead
 	for p := range next.parts {
 		pt := t.Parts[p]
 		next.parts[p] = PartState{Holder: pt.Holder, Epoch: pt.Epoch, Backup: pt.Backup, Have: own.Has(p),
