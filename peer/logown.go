@@ -178,6 +178,26 @@ func (lo *logOwner) start() {
 	}()
 }
 
+// awaitFounded waits, within ctx and at most 10 s, until the founder holds
+// every partition: its log elected it, it joined and extended, and the
+// grants committed. A founder that is not settled by then still starts:
+// requests wait for the grants within their deadlines.
+func (n *Node) awaitFounded(ctx context.Context) {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	limit := time.NewTimer(10 * time.Second)
+	defer limit.Stop()
+	for !n.Settled() {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		case <-limit.C:
+			return
+		}
+	}
+}
+
 // shutdown stops the member and its transport; idempotent.
 func (lo *logOwner) shutdown() {
 	if lo.stop != nil {

@@ -388,3 +388,28 @@ func TestLogIsolatedMemberStopsAndSaysSo(t *testing.T) {
 	cut(false)
 	waitFor(t, 20*time.Second, "the member to be ready again", func() bool { ok, _ := lone.Ready(); return ok })
 }
+
+// TestLogFounderServesAtOnce: a node that founds a log-owned cluster
+// returns from New ready, holding every partition.
+func TestLogFounderServesAtOnce(t *testing.T) {
+	cfg := logConfig(5, time.Minute)
+	cfg.Name = "founder"
+	cfg.Logger = testLogger(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	nd, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nd.Close(context.Background()) })
+	took := time.Since(start)
+	if ok, why := nd.Ready(); !ok {
+		t.Fatalf("not ready when New returned (%v): %s", took, why)
+	}
+	d, err := nd.Allow(ctx, Request{Key: Key{Tenant: "t", Subject: "s", Policy: "api"}})
+	if err != nil || !d.Allowed || d.Owner != "founder" {
+		t.Fatalf("first Allow = %+v, %v", d, err)
+	}
+	t.Logf("New returned ready after %v", took.Round(time.Millisecond))
+}

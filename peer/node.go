@@ -237,6 +237,11 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.wg.Add(1)
 	go n.every(cfg.ReconnectInterval, n.reconnect)
+	if n.lo != nil && len(cfg.Join) == 0 {
+		// The founder serves once its log has granted it every partition
+		// (an election and a few commits), within ctx.
+		n.awaitFounded(ctx)
+	}
 	n.updateReady()
 	n.log.Info("node started", "gossip_addr", n.GossipAddr(), "rpc_addr", n.RPCAddr(), "members", n.view.Load().snap.Len())
 	return n, nil

@@ -118,6 +118,13 @@ func New(cfg Config) (*Member, error) {
 	}
 	m.rn = rn
 	m.own = ownership.New(cfg.Ownership, cfg.Partitions)
+	if cs := cfg.Bootstrap; cs != nil && len(cs.GetVoters()) == 1 && cs.GetVoters()[0] == cfg.RaftID {
+		// The founder alone: lead at once rather than after an election
+		// timeout with nobody to vote against.
+		if err := rn.Campaign(); err != nil {
+			return nil, fmt.Errorf("ownlog: campaign: %w", err)
+		}
+	}
 	return m, nil
 }
 
