@@ -413,3 +413,43 @@ func TestLogFounderServesAtOnce(t *testing.T) {
 	}
 	t.Logf("New returned ready after %v", took.Round(time.Millisecond))
 }
+
+// TestLogRestartedHolder kills a key's holder and starts a new process
+// under the same name at once: the new process is a new incarnation, the
+// old one is ended for good, the backup continues from its copy, and the
+// key stays at its limit throughout.
+func TestLogRestartedHolder(t *testing.T) {
+	c := startCluster(t, 3, logConfig(10, time.Minute))
+	key := Key{Tenant: "acme", Subject: "restart", Policy: "api"}
+	if admitted, _ := allowN(t, c.nodes, key, 48); admitted != 10 {
+		t.Fatalf("admitted %d of 48, want 10", admitted)
+	}
+	st := c.nodes[0].lo.run.Part(c.nodes[0].partIDForTest(key))
+	var holder *Node
+	for _, nd := range c.nodes {
+		if nd.lo.self == st.Holder {
+			holder = nd
+		}
+	}
+	if holder == nil {
+		t.Fatalf("no node is the holder %q", st.Holder)
+	}
+	gossipAddr, rpcAddr := holder.GossipAddr(), holder.RPCAddr()
+	holder.KillForTest()
+	// On the same addresses, as a supervisor restarts a process: a new
+	// process there replaces the old member at once.
+	again := c.addWith(holder.name, func(cfg *Config) { cfg.GossipAddr, cfg.RPCAddr = gossipAddr, rpcAddr })
+	if again.lo.self == holder.lo.self {
+		t.Fatalf("the restarted process has the old incarnation's ID %s", again.lo.self)
+	}
+	c.waitMembers(3)
+	if more, owners := allowN(t, c.live(), key, 24); more != 0 {
+		t.Fatalf("admitted %d more after the restart (owners %v), want 0\n%s", more, owners, logState(c, key))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	tb, _ := again.lo.run.Table(ctx)
+	if l := tb.Members[holder.lo.self]; l == nil || !l.Ended {
+		t.Fatalf("the old incarnation's record is %+v, want ended for good", l)
+	}
+}
