@@ -60,6 +60,10 @@ type logOwner struct {
 	// restarts is, per partition, the table's Restarts last logged (the
 	// runner's goroutine only).
 	restarts []uint64
+	// last is each partition as last published, and tookFrom the ended
+	// incarnations whose takeover was logged (the runner's goroutine only).
+	last     []ownlog.PartState
+	tookFrom map[string]bool
 	ready    chan struct{} // nudged by Publish: readiness may have changed
 	// raftDrop, when set (tests only), drops every raft message it
 	// returns true for before it is sent: a cut of the log's traffic.
@@ -106,7 +110,8 @@ func memberName(id string) string {
 // founds the log as its only voter. Its goroutine starts with start.
 func newLogOwner(n *Node) (*logOwner, error) {
 	lo := &logOwner{n: n, self: incarnationID(n.name, n.ops.start), ready: make(chan struct{}, 1), done: make(chan struct{}),
-		known: map[string]*logKnown{}, cur: map[string]string{}, restarts: make([]uint64, n.cfg.Ring.PartitionCount)}
+		known: map[string]*logKnown{}, cur: map[string]string{}, restarts: make([]uint64, n.cfg.Ring.PartitionCount),
+		last: make([]ownlog.PartState, n.cfg.Ring.PartitionCount), tookFrom: map[string]bool{}}
 	lo.peers.Store(&logPeers{raft: map[uint64]string{}, inc: map[string]string{n.name: lo.self}})
 	cfg := ownlog.Config{RaftID: n.ops.start, Partitions: n.cfg.Ring.PartitionCount,
 		Ownership: ownership.Config{ID: lo.self, Liveness: n.cfg.LeaseDuration}}
@@ -339,6 +344,24 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 	n := lo.n
 	pt := &n.pt.parts[p]
 	now := n.clock()
+	prev := lo.last[p]
+	lo.last[p] = st
+	switch {
+	case prev.Holder != "" && prev.Holder != lo.self && st.Holder == lo.self && prev.Backup == lo.self && st.Backup == "":
+		// The holder's liveness ended and its backup, this member, holds
+		// the partition with its replica.
+		keys := 0
+		if pt.store != nil {
+			keys = pt.store.Len()
+		}
+		n.log.Debug("partition taken over from failed holder", "partition", p, "peer", memberName(prev.Holder), "epoch", st.Epoch, "keys", keys)
+		if !lo.tookFrom[prev.Holder] && len(lo.tookFrom) < maxKnown {
+			lo.tookFrom[prev.Holder] = true
+			n.log.Warn("taking over the partitions of a member whose liveness ended", "peer", memberName(prev.Holder), "incarnation", prev.Holder)
+		}
+	case prev.Holder == lo.self && st.Holder != lo.self && st.Holder != "" && st.Backup == lo.self:
+		n.log.Debug("partition transferred", "partition", p, "peer", memberName(st.Holder), "epoch", st.Epoch)
+	}
 	switch {
 	case st.Holder == lo.self:
 		r := roleFenced
@@ -527,11 +550,10 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 		pt.rep = replica{holder: sender, epoch: nx.epoch, holderEpoch: nx.holderEpoch, complete: true}
 		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 	case peerpb.PartitionOp_KIND_ADMIT, peerpb.PartitionOp_KIND_REPLACE:
-		pt.mu.Lock()
-		defer pt.mu.Unlock()
-		if !lo.run.AcceptReplica(pid, from, h.epoch) || pt.store == nil {
+		if !lo.awaitReplica(pt, pid, from, h.epoch) {
 			return needSync
 		}
+		defer pt.mu.Unlock()
 		if h.seq != 0 {
 			if h.seq < pt.rep.seq {
 				return needSync // delivered late: applying it could undo later ones
@@ -559,6 +581,42 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 	default:
 		return refused
+	}
+}
+
+// awaitReplica locks pt when this member may apply a replica of pid from
+// holder from at epoch, and reports whether it may. A holder replicates at
+// a new epoch (after the SetBackup naming this member) as soon as it has
+// applied the command, which may be a moment before this member has: a
+// replica from a newer epoch than the one applied here waits for the log
+// to catch up, within half a ForwardTimeout, rather than fail the
+// holder's decision. On false pt is not locked.
+func (lo *logOwner) awaitReplica(pt *part, pid int, from string, epoch uint64) bool {
+	n := lo.n
+	var timeout <-chan time.Time
+	for {
+		pt.mu.Lock()
+		if lo.run.AcceptReplica(pid, from, epoch) && pt.store != nil {
+			return true
+		}
+		ch := pt.changed
+		behind := lo.run.Part(pid).Epoch < epoch
+		pt.mu.Unlock()
+		if !behind {
+			return false
+		}
+		if timeout == nil {
+			t := time.NewTimer(n.cfg.ForwardTimeout / 2)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-ch:
+		case <-timeout:
+			return false
+		case <-n.ctx.Done():
+			return false
+		}
 	}
 }
 
