@@ -39,9 +39,15 @@ import (
 //
 // A partition has one local store here, as holder or as backup: pt.store.
 
-// logTick is the raft tick: heartbeats every tick, an election after
-// ElectionTicks (10) of them without a leader.
-const logTick = 100 * time.Millisecond
+// logTick is the raft tick: heartbeats every logHeartbeat ticks (100 ms),
+// an election after 10 ticks (0.5 s) without a leader, randomized up to
+// twice that. The election must end well within a holder's lease (9/10 of
+// LeaseDuration from its last extension, sent every third of it): a new
+// leader makes every member extend at once.
+const (
+	logTick      = 50 * time.Millisecond
+	logHeartbeat = 2
+)
 
 // logFailedGone is how long a member that gossip reports failed (not
 // left) stays in autopilot's roster as a live member, so that a member
@@ -113,7 +119,7 @@ func newLogOwner(n *Node) (*logOwner, error) {
 		known: map[string]*logKnown{}, cur: map[string]string{}, restarts: make([]uint64, n.cfg.Ring.PartitionCount),
 		last: make([]ownlog.PartState, n.cfg.Ring.PartitionCount), tookFrom: map[string]bool{}}
 	lo.peers.Store(&logPeers{raft: map[uint64]string{}, inc: map[string]string{n.name: lo.self}})
-	cfg := ownlog.Config{RaftID: n.ops.start, Partitions: n.cfg.Ring.PartitionCount,
+	cfg := ownlog.Config{RaftID: n.ops.start, Partitions: n.cfg.Ring.PartitionCount, HeartbeatTicks: logHeartbeat,
 		Ownership: ownership.Config{ID: lo.self, Liveness: n.cfg.LeaseDuration}}
 	if len(n.cfg.Join) == 0 {
 		cfg.Bootstrap = &pb.ConfState{Voters: []uint64{n.ops.start}}
@@ -631,12 +637,32 @@ func (lo *logOwner) drain(ctx context.Context) error {
 	for {
 		v := n.view.Load()
 		parts, keys := n.heldPartitions()
-		if parts == 0 || v.stopping || len(v.alive) <= 1 {
+		backs := 0
+		for p := range n.pt.parts {
+			if lo.run.Part(p).Backup == lo.self {
+				backs++
+			}
+		}
+		if v.stopping || len(v.alive) <= 1 {
+			return nil
+		}
+		if parts == 0 && backs == 0 {
+			// Nothing depends on this member any more. Leadership goes
+			// first (the log then has a leader again in a round trip, not
+			// an election timeout), then its liveness, for good, so that
+			// nobody waits for it to expire.
+			tctx, cancel := context.WithTimeout(ctx, time.Second)
+			lo.run.TransferLeadership(tctx)
+			lo.run.Leave(tctx)
+			cancel()
 			return nil
 		}
 		select {
 		case <-t.C:
 		case <-ctx.Done():
+			if parts == 0 {
+				return nil // backups only: the log ends them once this member's liveness expires
+			}
 			return fmt.Errorf("peer: %d partitions (%d keys) still held at the close deadline: %w", parts, keys, ctx.Err())
 		}
 	}

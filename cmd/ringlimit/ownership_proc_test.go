@@ -68,12 +68,7 @@ const procTenant = "acme"
 func procCluster(t *testing.T, prefix string) (nodes []*serveProc, pols string) {
 	t.Helper()
 	pols = writeFile(t, t.TempDir(), "policies.yaml", procPolicies)
-	args := []string{"--policies", pols, "--log-level", "debug"}
-	if o := os.Getenv("RINGLIMIT_PROC_OWNERSHIP"); o != "" {
-		// RINGLIMIT_PROC_OWNERSHIP=log runs the scenes with ownership
-		// through the replicated log.
-		args = append(args, "--ownership", o)
-	}
+	args := append([]string{"--policies", pols, "--log-level", "debug"}, procOwnership()...)
 	a := startServe(t, prefix+"-a", nil, args...)
 	b := startServe(t, prefix+"-b", nil, append(args, "--join", a.gossipAddr)...)
 	c := startServe(t, prefix+"-c", nil, append(args, "--join", a.gossipAddr)...)
@@ -81,6 +76,16 @@ func procCluster(t *testing.T, prefix string) (nodes []*serveProc, pols string) 
 	waitMembers(t, nodes, 3)
 	waitSettled(t, nodes)
 	return nodes, pols
+}
+
+// procOwnership is the --ownership flag of every process of the scenes:
+// RINGLIMIT_PROC_OWNERSHIP=log runs them with ownership through the
+// replicated log.
+func procOwnership() []string {
+	if o := os.Getenv("RINGLIMIT_PROC_OWNERSHIP"); o != "" {
+		return []string{"--ownership", o}
+	}
+	return nil
 }
 
 // waitMembers waits until every node answers /readyz 200 with members
@@ -769,9 +774,9 @@ func TestProcRollingRestart(t *testing.T) {
 			t.Logf("LOG %s:\n%s", old.name, old.logText())
 		}
 		drained := time.Since(t0)
-		p := startServe(t, old.name, nil, "--policies", pols, "--log-level", "debug",
+		p := startServe(t, old.name, nil, append([]string{"--policies", pols, "--log-level", "debug",
 			"--gossip-addr", old.gossipAddr, "--grpc-addr", old.grpcAddr, "--http-addr", old.httpAddr,
-			"--join", strings.Join(join, ","))
+			"--join", strings.Join(join, ",")}, procOwnership()...)...)
 		mu.Lock()
 		nodes[i] = p
 		mu.Unlock()

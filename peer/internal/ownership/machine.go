@@ -216,6 +216,11 @@ func (m *Machine) MayDecide(p int, now int64) bool {
 	return now < m.liveUntil && l.have && l.fence == fenceNone && !l.recopy && m.table.Holds(m.cfg.ID, p)
 }
 
+// ExtendSoon makes the next Tick extend the member's liveness: the log
+// has a new leader, and extensions proposed during the election were
+// lost.
+func (m *Machine) ExtendSoon() { m.extendAt = 0 }
+
 // Has reports whether this member's local state of p is the one the
 // table counts on: set when p was granted, moved or handed here, or when
 // a copy the table names this member backup with was installed.
@@ -632,7 +637,10 @@ func (m *Machine) tickPartition(p int, now int64, acts []Action) []Action {
 			return m.startCopy(p, t, true, now, acts)
 		}
 	}
-	if pt.Backup == "" || !m.fresh(pt.Backup, now) {
+	if pt.Backup == "" || !m.fresh(pt.Backup, now) || !m.listed(pt.Backup) {
+		// No backup, one whose liveness lapsed, or one gossip no longer
+		// lists (it is leaving, or gone): copy to another. The old one
+		// stays the backup until the SetBackup commits.
 		if b := m.pickBackup(p, now); b != "" && b != pt.Backup {
 			return m.startCopy(p, b, false, now, acts)
 		}
@@ -649,6 +657,24 @@ func (m *Machine) tickPartition(p int, now int64, acts []Action) []Action {
 	return acts
 }
 
+// listed reports whether the gossip view lists id as a member (one that
+// may be a target: live, not leaving). Before the first view every
+// member counts as listed.
+func (m *Machine) listed(id string) bool {
+	return m.view.Members == nil || slices.Contains(m.view.Members, id)
+}
+
+// Leave returns the command that ends this member's liveness for good, for
+// a member leaving gracefully once it holds and backs up nothing: its
+// record stops mattering at once instead of after it expires.
+func (m *Machine) Leave() (Command, bool) {
+	rec := m.table.Members[m.cfg.ID]
+	if rec == nil || rec.Ended {
+		return Command{}, false
+	}
+	return Command{Kind: End, Member: m.cfg.ID, Epoch: rec.Epoch, Version: rec.Version, Ended: true}, true
+}
+
 // pickBackup is the gossip view's second choice for p if it is fresh,
 // else the first fresh member in ID order other than this one.
 func (m *Machine) pickBackup(p int, now int64) string {
@@ -660,7 +686,7 @@ func (m *Machine) pickBackup(p int, now int64) string {
 	}
 	ids := make([]string, 0, len(m.table.Members))
 	for id := range m.table.Members {
-		if id != self && m.fresh(id, now) {
+		if id != self && m.fresh(id, now) && m.listed(id) {
 			ids = append(ids, id)
 		}
 	}

@@ -50,6 +50,9 @@ type Config struct {
 	Voters int
 	// ElectionTicks is the raft election timeout in ticks; zero means 10.
 	ElectionTicks int
+	// HeartbeatTicks is how many ticks between the leader's heartbeats;
+	// zero means 1.
+	HeartbeatTicks int
 	// SnapshotEvery is how many applied entries between snapshots; zero
 	// means 64.
 	SnapshotEvery uint64
@@ -88,6 +91,7 @@ type Member struct {
 	lastConf int64
 	roster   []Peer
 	out      Output
+	lead     uint64 // the leader last seen
 }
 
 // ErrConfig is returned by New for an unusable configuration.
@@ -101,6 +105,9 @@ func New(cfg Config) (*Member, error) {
 	if cfg.ElectionTicks == 0 {
 		cfg.ElectionTicks = 10
 	}
+	if cfg.HeartbeatTicks == 0 {
+		cfg.HeartbeatTicks = 1
+	}
 	if cfg.SnapshotEvery == 0 {
 		cfg.SnapshotEvery = 64
 	}
@@ -111,7 +118,7 @@ func New(cfg Config) (*Member, error) {
 			return nil, fmt.Errorf("ownlog: bootstrap: %w", err)
 		}
 	}
-	rn, err := raft.NewRawNode(&raft.Config{ID: cfg.RaftID, ElectionTick: cfg.ElectionTicks, HeartbeatTick: 1, Storage: m.storage,
+	rn, err := raft.NewRawNode(&raft.Config{ID: cfg.RaftID, ElectionTick: cfg.ElectionTicks, HeartbeatTick: cfg.HeartbeatTicks, Storage: m.storage,
 		MaxSizePerMsg: 1 << 20, MaxInflightMsgs: 256, CheckQuorum: true, PreVote: true, Logger: quiet{}})
 	if err != nil {
 		return nil, fmt.Errorf("ownlog: %w", err)
@@ -148,6 +155,24 @@ func (m *Member) Describe() string {
 		m.cfg.RaftID, st.RaftState, st.Term, st.Lead, st.Commit, m.applied, sorted(st.Config.Voters.IDs()), sorted(st.Config.Learners))
 }
 
+// TransferLeadership hands the log's leadership to another voter that
+// has caught up, when this member leads it: a member about to leave does
+// so before it goes, so the log has a leader again in one round trip
+// rather than an election timeout. It reports whether a transfer began.
+func (m *Member) TransferLeadership() bool {
+	if !m.Leader() {
+		return false
+	}
+	st := m.rn.Status()
+	for _, id := range sorted(st.Config.Voters.IDs()) {
+		if id != m.cfg.RaftID && st.Progress[id].Match+m.cfg.SnapshotEvery >= st.HardState.GetCommit() {
+			m.rn.TransferLeader(id)
+			return true
+		}
+	}
+	return false
+}
+
 // Lead returns the raft ID of the leader this member knows of, 0 for none.
 func (m *Member) Lead() uint64 { return m.rn.BasicStatus().Lead }
 
@@ -165,6 +190,14 @@ func (m *Member) SetView(v ownership.View, roster []Peer) {
 func (m *Member) Tick(now int64) Output {
 	m.rn.Tick()
 	m.own.SetLeader(m.Leader(), now)
+	if l := m.Lead(); l != m.lead {
+		m.lead = l
+		if l != 0 {
+			// A new leader: extensions proposed during the election were
+			// dropped, so extend now rather than at the next interval.
+			m.own.ExtendSoon()
+		}
+	}
 	m.do(m.own.Tick(now))
 	if m.Leader() {
 		m.autopilot(now)
@@ -339,8 +372,14 @@ func (m *Member) autopilot(now int64) {
 	}
 	for _, id := range sorted(voters) {
 		// Never the last voter: raft cannot run without one, and a log
-		// whose every member leaves ends with them.
+		// whose every member leaves ends with them. The leader leaving
+		// hands leadership on first; its successor removes it.
 		if p, ok := byID[id]; ok && (p.Gone || p.Leaving) && len(voters) > 1 {
+			if id == m.cfg.RaftID {
+				m.lastConf = now
+				m.TransferLeadership()
+				return
+			}
 			propose(pb.ConfChangeRemoveNode, id)
 			return
 		}

@@ -181,6 +181,67 @@ func (r *Runner) Table(ctx context.Context) (*ownership.Table, bool) {
 	}
 }
 
+// TransferLeadership hands leadership to another voter if this member
+// leads (Member.TransferLeadership), and waits, within ctx, until it no
+// longer leads.
+func (r *Runner) TransferLeadership(ctx context.Context) {
+	for {
+		ans := make(chan bool, 1)
+		r.do(func() { ans <- r.m.TransferLeadership() })
+		var leads bool
+		select {
+		case leads = <-ans:
+		case <-ctx.Done():
+			return
+		case <-r.done:
+			return
+		}
+		if !leads {
+			return
+		}
+		t := time.NewTimer(r.tick)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
+// Leave proposes the end of this member's liveness for good
+// (Machine.Leave) and waits, within ctx, until it is applied.
+func (r *Runner) Leave(ctx context.Context) {
+	for {
+		ans := make(chan bool, 1)
+		r.do(func() {
+			c, ok := r.m.Own().Leave()
+			if ok {
+				r.m.do([]ownership.Action{{Kind: ownership.Propose, Cmd: c}})
+			}
+			ans <- ok
+		})
+		var pending bool
+		select {
+		case pending = <-ans:
+		case <-ctx.Done():
+			return
+		case <-r.done:
+			return
+		}
+		if !pending {
+			return
+		}
+		t := time.NewTimer(4 * r.tick)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
 // Describe returns Member.Describe, from the runner's goroutine.
 func (r *Runner) Describe(ctx context.Context) string {
 	ans := make(chan string, 1)
