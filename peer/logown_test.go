@@ -453,3 +453,25 @@ func TestLogRestartedHolder(t *testing.T) {
 		t.Fatalf("the old incarnation's record is %+v, want ended for good", l)
 	}
 }
+
+// TestLogLocalPathAllocs: with log ownership the holder's decision asks
+// the runner's published snapshot, and still allocates nothing.
+func TestLogLocalPathAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	c := startCluster(t, 1, Config{Ownership: OwnershipLog, Policies: map[string]PolicyConfig{"p": {Limit: 1 << 40, Window: time.Second}}})
+	nd := c.nodes[0]
+	ctx := context.Background()
+	req := Request{Key: Key{Tenant: "t", Subject: "s", Policy: "p"}}
+	if d, err := nd.Allow(ctx, req); err != nil || d.Owner != nd.name {
+		t.Fatalf("Allow = %+v, %v", d, err)
+	}
+	if a := testing.AllocsPerRun(1000, func() {
+		if _, err := nd.Allow(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}); a != 0 {
+		t.Fatalf("Node.Allow on the local path allocates %.1f times per call, want 0", a)
+	}
+}

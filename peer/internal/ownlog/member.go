@@ -348,7 +348,7 @@ func (m *Member) voters(n int) int {
 // learner; a voter gossip reports gone or leaving is removed; a learner
 // that has caught up is promoted while voters are short.
 func (m *Member) autopilot(now int64) {
-	if now-m.lastConf < int64(500*time.Millisecond) {
+	if now-m.lastConf < int64(100*time.Millisecond) {
 		return
 	}
 	st := m.rn.Status()
