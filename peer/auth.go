@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
 )
 
 // The gRPC port serves two audiences: clients (the public RateLimiter
@@ -35,6 +37,10 @@ import (
 
 // peerService prefixes every peer-only method name.
 const peerService = "/ringlimit.v1.Limiter/"
+
+// logService is the prefix of the ownership log's methods: peer methods
+// too (a raft message from anyone could change who holds what).
+const logService = "/" + ownlog.ServiceName + "/"
 
 // peerTokenKey is the gRPC metadata key carrying the peer token.
 const peerTokenKey = "ringlimit-peer-token"
@@ -94,7 +100,7 @@ func (n *Node) rpcAuthServerOptions() []grpc.ServerOption {
 // check admits every non-peer method, and a peer method from an
 // authenticated peer (or from anyone when authentication is off).
 func (a peerAuth) check(ctx context.Context, method string) error {
-	if !strings.HasPrefix(method, peerService) || a.open() {
+	if !strings.HasPrefix(method, peerService) && !strings.HasPrefix(method, logService) || a.open() {
 		return nil
 	}
 	verified := false

@@ -8,6 +8,15 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
 )
 
 // These tests run real nodes (memberlist, gRPC on 127.0.0.1) with
@@ -473,5 +482,42 @@ func TestLogLocalPathAllocs(t *testing.T) {
 		}
 	}); a != 0 {
 		t.Fatalf("Node.Allow on the local path allocates %.1f times per call, want 0", a)
+	}
+}
+
+// TestLogWithPeerAuth: the log's messages go through the same peer
+// authentication as every peer RPC, so a cluster with a peer secret
+// settles and decides.
+func TestLogWithPeerAuth(t *testing.T) {
+	cfg := logConfig(10, time.Minute)
+	cfg.PeerSecret = []byte("0123456789abcdef0123456789abcdef")
+	c := startCluster(t, 3, cfg)
+	key := Key{Tenant: "acme", Subject: "auth", Policy: "api"}
+	if admitted, owners := allowN(t, c.nodes, key, 24); admitted != 10 || len(owners) != 1 {
+		t.Fatalf("admitted %d of 24 (owners %v), want 10 from one owner", admitted, owners)
+	}
+}
+
+// TestLogRaftNeedsPeerAuth: with a peer secret, a client without the
+// token cannot feed the node's log a message.
+func TestLogRaftNeedsPeerAuth(t *testing.T) {
+	cfg := logConfig(10, time.Minute)
+	cfg.PeerSecret = []byte("0123456789abcdef0123456789abcdef")
+	c := startCluster(t, 1, cfg)
+	conn, err := grpc.NewClient(c.nodes[0].RPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true}, "/"+ownlog.ServiceName+"/Stream")
+	if err == nil {
+		_ = st.SendMsg(&wrapperspb.BytesValue{Value: []byte("not a raft message")})
+		_ = st.CloseSend()
+		err = st.RecvMsg(&emptypb.Empty{})
+	}
+	if status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("raft stream without the peer token: %v, want Unauthenticated", err)
 	}
 }
