@@ -167,6 +167,8 @@ func (lo *logOwner) start() {
 		t := time.NewTicker(n.cfg.LeaseDuration)
 		defer t.Stop()
 		warned := false
+		var twoSince time.Time
+		twoWarned := false
 		for {
 			select {
 			case <-ctx.Done():
@@ -175,6 +177,19 @@ func (lo *logOwner) start() {
 			case <-t.C:
 			}
 			n.updateReady()
+			// A log of two voters needs both: say so once a cluster has
+			// stayed at two members (a three-member cluster starting up is
+			// two for a moment).
+			switch v := n.view.Load(); {
+			case len(v.alive) != 2:
+				twoSince, twoWarned = time.Time{}, false
+			case twoSince.IsZero():
+				twoSince = time.Now()
+			case !twoWarned && time.Since(twoSince) >= n.twoMemberGrace():
+				twoWarned = true
+				n.log.Warn("cluster of two members: the ownership log needs both, so losing either stops every decision; run three or more",
+					"two_since", twoSince.UTC().Format(time.RFC3339))
+			}
 			since := lo.run.Leaderless()
 			switch {
 			case since != 0 && !warned && n.mono()-since > 2*int64(n.cfg.LeaseDuration):

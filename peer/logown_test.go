@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -520,4 +521,14 @@ func TestLogRaftNeedsPeerAuth(t *testing.T) {
 	if status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("raft stream without the peer token: %v, want Unauthenticated", err)
 	}
+}
+
+// TestLogTwoMembersWarn: a cluster that stays at two members says, once,
+// that its log needs both.
+func TestLogTwoMembersWarn(t *testing.T) {
+	base := logConfig(10, time.Minute)
+	base.LeaseDuration = 200 * time.Millisecond // the warning comes after 10 leases
+	logs := newHoLogs()
+	c := startClusterWith(t, 2, base, func(_ int, cfg *Config) { cfg.Logger = slog.New(logs) })
+	waitFor(t, 10*time.Second, "the two-member warning", func() bool { return len(logs.find(c.nodes[0].Name(), "cluster of two members: the ownership log needs both, so losing either stops every decision; run three or more")) > 0 })
 }
