@@ -112,7 +112,9 @@ duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
   POST /v1/refund     {"tenant","subject","policy","hits"} gives back up to
                       hits (default 1) of the key's admissions in the
                       window, newest first, never below empty; 200 with the
-                      key's new state, reason "refunded"
+                      key's new state, reason "refunded" ("allowed" true),
+                      or "nothing_to_refund" ("allowed" false) when the key
+                      held no admissions to give back
   POST /v1/acquire    {"tenant","subject","policy","hits"} takes a lease of
                       a concurrency policy -> a /v1/check body plus
                       "lease_id" (a decimal string) and "lease_ttl_ms"; 200

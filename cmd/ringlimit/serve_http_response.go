@@ -51,11 +51,22 @@ type limitResponse struct {
 	Allowed      bool   `json:"allowed"`
 }
 
+// reasonNothingToRefund is the reason of a refund that gave nothing back
+// (the key held no admissions in its window): "allowed" is false and the
+// body is the key's unchanged state. A refund that gave units back answers
+// "refunded" with "allowed" true.
+const reasonNothingToRefund = "nothing_to_refund"
+
 func responseFrom(d peer.Decision) checkResponse {
 	r := checkResponse{
 		Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
 		RetryAfterMs: ceilMillis(d.RetryAfter), ResetAfterMs: ceilMillis(d.ResetAfter),
 		Reason: d.Reason.String(), Owner: d.Owner, RefusedBy: d.RefusedBy,
+	}
+	if d.Reason == peer.ReasonRefunded && !d.Allowed {
+		// peer reports it as ReasonRefunded with Allowed false; "refunded"
+		// next to "allowed": false reads as a refused refund.
+		r.Reason = reasonNothingToRefund
 	}
 	if !d.DecidedAt.IsZero() {
 		r.DecidedAtUnixNs = d.DecidedAt.UnixNano()

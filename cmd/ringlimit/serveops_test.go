@@ -288,7 +288,7 @@ func TestServeOperations(t *testing.T) {
 		want(t, "refund 10", mustPost(t, b, "/v1/refund", keyBody(subj, "big", 10)), 200,
 			map[string]any{"allowed": true, "reason": "refunded", "remaining": 5.0, "reset_after_ms": 0.0})
 		want(t, "refund on empty", mustPost(t, a, "/v1/refund", keyBody(subj, "big", 0)), 200,
-			map[string]any{"allowed": false, "reason": "refunded", "remaining": 5.0})
+			map[string]any{"allowed": false, "reason": "nothing_to_refund", "remaining": 5.0})
 		want(t, "check", mustPost(t, a, "/v1/check", keyBody(subj, "big", 0)), 200, map[string]any{"remaining": 4.0})
 		want(t, "refund, hits absent means 1", mustPost(t, b, "/v1/refund", keyBody(subj, "big", 0)), 200,
 			map[string]any{"allowed": true, "remaining": 5.0})
@@ -510,7 +510,8 @@ func TestServeOperations(t *testing.T) {
 			{"grpc multi refused", append(g, "--policies", "big,small", "--hits", "2"), 2, []string{"REFUSED", "refused_by   small"}, nil},
 			{"http refund", append(h, "--policy", "small", "--refund", "1", "--json"), 0, nil, map[string]any{"reason": "refunded", "remaining": 2.0}},
 			{"grpc refund", append(g, "--policy", "small", "--refund", "5"), 0, []string{"REFUNDED", "remaining    3"}, nil},
-			{"grpc refund nothing", append(g, "--policy", "small", "--refund", "1"), 0, []string{"NOTHING TO REFUND"}, nil},
+			{"grpc refund nothing", append(g, "--policy", "small", "--refund", "1"), 0, []string{"NOTHING TO REFUND", "reason       nothing_to_refund"}, nil},
+			{"http refund nothing json", append(h, "--policy", "small", "--refund", "1", "--json"), 0, nil, map[string]any{"allowed": false, "reason": "nothing_to_refund", "remaining": 3.0}},
 			{"grpc reset without token", append(g, "--policy", "big", "--reset"), 1, []string{"the node refused the reset: give --admin-token-file"}, nil},
 			{"grpc reset wrong token", append(g, "--policy", "big", "--reset", "--admin-token-file", badTok), 1, []string{"the node refused the admin token in " + badTok}, nil},
 			{"grpc reset", append(g, "--policy", "big", "--reset", "--admin-token-file", tokFile), 0, []string{"RESET", "remaining    5"}, nil},
