@@ -63,8 +63,9 @@ type Runner struct {
 	self  string
 	pub   atomic.Pointer[published]
 	done  chan struct{}
-	// prev is the last published snapshot, owned by the goroutine.
-	prev *published
+	// prev is the last published snapshot, and next the scratch the next
+	// one is built in; both owned by the goroutine.
+	prev, next *published
 }
 
 // published is what the decision path reads: which partitions this
@@ -303,7 +304,13 @@ func (r *Runner) carry(out Output) {
 	}
 	own := r.m.Own()
 	now := r.mono()
-	next := &published{until: own.LiveUntil(), parts: make([]PartState, len(r.prev.parts))}
+	// The snapshot is built in scratch memory and published only when it
+	// changed: most calls (heartbeats, ticks) change nothing.
+	if r.next == nil {
+		r.next = &published{parts: make([]PartState, len(r.prev.parts))}
+	}
+	next := r.next
+	next.until, next.leaderless = own.LiveUntil(), 0
 	t := own.Table()
 	next.voters, _ = r.m.Voters(1)
 	next.lead = int64(r.m.Lead())
@@ -324,6 +331,7 @@ func (r *Runner) carry(out Output) {
 		changed = changed || next.parts[p] != r.prev.parts[p]
 	}
 	if changed {
+		r.next = nil // published: never written again
 		r.pub.Store(next)
 		for p := range next.parts {
 			if next.parts[p] != r.prev.parts[p] {
