@@ -152,6 +152,8 @@ func fillDecision(d Decision, sd shard.Decision, reason Reason) Decision {
 // one, under the partition gate held by the caller, and queues the
 // admissions for the backup. The top-level fields of the result describe
 // the refusing policy, or the admitted policy with the least Remaining.
+// When one refuses, nothing is recorded and every entry of Limits is what
+// a peek of the same request would answer now.
 func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d Decision) (Decision, []chan error, error) {
 	d.Limits = make([]PolicyDecision, len(r.multi))
 	var out [shard.MaxMulti]shard.Decision
@@ -222,11 +224,10 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 			}
 			continue
 		}
-		if refused >= 0 && sd.Allowed && r.op != peerpb.Op_OP_PEEK {
-			// Nothing was recorded: report the state as it is, not as
-			// it would be had this policy alone admitted.
-			sd.Remaining = min(sd.Limit, sd.Remaining+r.hits)
-		}
+		// A refused check recorded nothing: each policy's entry is what
+		// a peek of the same request answers (the shard decided them so),
+		// an admitting one counting the hits as taken, as an admitted
+		// check's and a peek's do, so that the three agree.
 		d.Limits[i] = PolicyDecision{Policy: p.Name, Allowed: sd.Allowed, Limit: sd.Limit, Remaining: sd.Remaining, RetryAfter: sd.RetryAfter, ResetAfter: sd.ResetAfter}
 		if sd.Remaining < out[top].Remaining {
 			top = i
