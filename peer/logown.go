@@ -708,3 +708,66 @@ func (lo *logOwner) settled(v *view) bool {
 	}
 	return true
 }
+
+// OwnershipInfo is ownership as one node sees it, for status pages.
+type OwnershipInfo struct {
+	Mode OwnershipMode
+	// Member is this node's member ID in the log (name@start); "" in
+	// gossip mode.
+	Member string
+	// Leader is the log's leader this node knows of (a member name, ""
+	// for none or in gossip mode); Voters the log's voter count.
+	Leader string
+	Voters int
+	// Live reports whether this node's own liveness lease holds (log
+	// mode; always true in gossip mode).
+	Live bool
+	// Partitions is every partition as this node's records say.
+	Partitions []PartitionInfo
+}
+
+// PartitionInfo is one partition in OwnershipInfo.
+type PartitionInfo struct {
+	Partition int
+	Holder    string // member name of the holder this node knows of; "" for none
+	Backup    string // member name of the backup (known to the holder, and to all in log mode)
+	Epoch     uint64
+	// Deciding: this node holds the partition and may decide for it now.
+	Deciding bool
+}
+
+// Ownership returns ownership as this node sees it: in log mode the
+// applied table as last published (every member's agrees once it has
+// applied the same commands), in gossip mode this node's own records.
+func (n *Node) Ownership() OwnershipInfo {
+	info := OwnershipInfo{Mode: n.cfg.Ownership, Live: true}
+	if info.Mode == "" {
+		info.Mode = OwnershipGossip
+	}
+	mono := n.mono()
+	if lo := n.lo; lo != nil {
+		info.Member, info.Voters, info.Live = lo.self, lo.run.Voters(), mono < lo.run.LiveUntil()
+		if id := lo.run.Lead(); id != 0 {
+			info.Leader = lo.peers.Load().raft[id]
+			if id == n.ops.start {
+				info.Leader = n.name
+			}
+		}
+	}
+	for p := range n.pt.parts {
+		pi := PartitionInfo{Partition: p}
+		if lo := n.lo; lo != nil {
+			st := lo.run.Part(p)
+			pi.Holder, pi.Backup, pi.Epoch = memberName(st.Holder), memberName(st.Backup), st.Epoch
+			pi.Deciding = st.Holder == lo.self && lo.run.MayDecide(p, mono)
+		} else {
+			pt := &n.pt.parts[p]
+			pt.mu.RLock()
+			pi.Holder, pi.Backup, pi.Epoch = pt.holder, pt.backup, pt.epoch
+			pi.Deciding = pt.role == roleHolder && (pt.backup == "" || mono < pt.leaseUntil.Load())
+			pt.mu.RUnlock()
+		}
+		info.Partitions = append(info.Partitions, pi)
+	}
+	return info
+}

@@ -124,6 +124,33 @@ func TestLogClusterExactlyLimit(t *testing.T) {
 	if n, _ := deciders(c, key); n != 1 {
 		t.Fatalf("%d nodes may decide for the key, want 1", n)
 	}
+	// Every node's Ownership agrees on the holders, and exactly the
+	// holder says it decides.
+	infos := make([]OwnershipInfo, len(c.nodes))
+	for i, nd := range c.nodes {
+		infos[i] = nd.Ownership()
+		if infos[i].Mode != OwnershipLog || infos[i].Voters != 3 || !infos[i].Live || infos[i].Leader == "" {
+			t.Fatalf("%s: Ownership %+v", nd.name, infos[i])
+		}
+	}
+	for p := range infos[0].Partitions {
+		deciding := 0
+		for i, nd := range c.nodes {
+			pi := infos[i].Partitions[p]
+			if pi.Holder != infos[0].Partitions[p].Holder {
+				t.Fatalf("partition %d: %s says holder %q, %s says %q", p, nd.name, pi.Holder, c.nodes[0].name, infos[0].Partitions[p].Holder)
+			}
+			if pi.Deciding {
+				deciding++
+				if pi.Holder != nd.name {
+					t.Fatalf("partition %d: %s decides, holder %q", p, nd.name, pi.Holder)
+				}
+			}
+		}
+		if deciding != 1 {
+			t.Fatalf("partition %d: %d nodes decide, want 1", p, deciding)
+		}
+	}
 }
 
 // TestLogTakeoverKeepsState kills the holder of a key at its limit: once

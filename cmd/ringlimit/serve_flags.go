@@ -136,6 +136,11 @@ duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
                       policy table version of this node and of each member
   GET  /debug/hotkeys the heaviest keys this node owns (tenant and subject
                       are shown: keep /debug and /metrics private)
+  GET  /debug/ownership
+                      ownership mode; with --ownership log this node's
+                      member ID, the log's leader and voters, its own
+                      liveness; each partition's holder, backup, epoch and
+                      whether this node decides for it now
 
 `
 

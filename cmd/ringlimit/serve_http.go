@@ -60,6 +60,7 @@ func (a *httpAPI) routes() http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /debug/ring", a.debugRing)
 	mux.HandleFunc("GET /debug/hotkeys", a.debugHotKeys)
+	mux.HandleFunc("GET /debug/ownership", a.debugOwnership)
 	return mux
 }
 

@@ -52,6 +52,36 @@ func (a *httpAPI) debugRing(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
+// ownershipInfo is the body of /debug/ownership.
+type ownershipInfo struct {
+	Node       string          `json:"node"`
+	Mode       string          `json:"mode"`
+	Member     string          `json:"member,omitempty"`
+	Leader     string          `json:"leader,omitempty"`
+	Voters     int             `json:"voters,omitempty"`
+	Live       bool            `json:"live"`
+	Partitions []partitionInfo `json:"partitions"`
+}
+
+// partitionInfo is one partition of /debug/ownership.
+type partitionInfo struct {
+	Partition int    `json:"partition"`
+	Holder    string `json:"holder,omitempty"`
+	Backup    string `json:"backup,omitempty"`
+	Epoch     uint64 `json:"epoch"`
+	Deciding  bool   `json:"deciding,omitempty"`
+}
+
+func (a *httpAPI) debugOwnership(w http.ResponseWriter, _ *http.Request) {
+	o := a.node.Ownership()
+	out := ownershipInfo{Node: a.node.Name(), Mode: string(o.Mode), Member: o.Member, Leader: o.Leader, Voters: o.Voters, Live: o.Live,
+		Partitions: make([]partitionInfo, len(o.Partitions))}
+	for i, p := range o.Partitions {
+		out.Partitions[i] = partitionInfo{Partition: p.Partition, Holder: p.Holder, Backup: p.Backup, Epoch: p.Epoch, Deciding: p.Deciding}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
 // hotKeyInfo is one entry of /debug/hotkeys.
 type hotKeyInfo struct {
 	Tenant  string  `json:"tenant"`

@@ -113,6 +113,10 @@ func (r *Runner) MayDecide(p int, now int64) bool {
 // (monotonic ns).
 func (r *Runner) LiveUntil() int64 { return r.pub.Load().until }
 
+// Lead returns the raft ID of the leader this member knew of at the last
+// publication (0: none).
+func (r *Runner) Lead() uint64 { return uint64(r.pub.Load().lead) }
+
 // Leaderless returns since when (monotonic ns) this member has known of no
 // leader, or 0 while it knows one.
 func (r *Runner) Leaderless() int64 { return r.pub.Load().leaderless }
