@@ -197,8 +197,8 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 	}
 	for _, name := range names {
 		if p := (peer.Key{Tenant: f.tenant, Subject: f.subject, Policy: name}).Problem(); p != "" {
-			return f, usageError(fmt.Sprintf("check: invalid key: %s; --tenant, --subject and --policy must each be 1 to %d bytes of visible ASCII",
-				p, shard.MaxKeyPartLen))
+			return f, usageError(fmt.Sprintf("check: invalid key: %s; --tenant, --subject and --policy must each be 1 to %d bytes of visible ASCII%s",
+				p, shard.MaxKeyPartLen, encodingHint(f.tenant, f.subject)))
 		}
 	}
 	return f, nil

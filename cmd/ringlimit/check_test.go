@@ -70,6 +70,9 @@ func TestCheck(t *testing.T) {
 		{name: "http invalid hits", args: append(httpArgs, "--hits", "99"), wantCode: 1, wantOut: []string{"invalid hits"}},
 		{name: "grpc invalid key", args: []string{"--addr", p.grpcAddr, "--tenant", "a b", "--subject", "b", "--policy", "api"}, wantCode: 1,
 			wantOut: []string{"ringlimit: check: invalid key: tenant has byte 0x20 at 1 outside visible ASCII; --tenant, --subject and --policy must each be"}},
+		// A UTF-8 subject: how to percent-encode it, as the HTTP API says.
+		{name: "http invalid key utf-8", args: []string{"--addr", p.httpAddr, "--http", "--tenant", "a", "--subject", "josé", "--policy", "api"}, wantCode: 1,
+			wantOut: []string{"subject has byte 0xc3 at 3 outside visible ASCII", `percent-encode it as shard.KeyPart does`, `"josé" is "jos%C3%A9"`}},
 		{name: "grpc invalid hits", args: append(grpcArgs, "--hits", "99"), wantCode: 1,
 			wantOut: []string{"check: the node rejected the request: peer: invalid hits: hits 99 must be between 1 and the limit 3"}},
 		{name: "grpc unreachable", args: []string{"--addr", dead, "--tenant", "a", "--subject", "b", "--policy", "api", "--timeout", "2s"}, wantCode: 4,
