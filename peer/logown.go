@@ -90,6 +90,8 @@ type logKnown struct {
 	lastLive int64
 	gone     bool
 	leaving  bool
+	// forgotten: the transport's stream to it was closed once it was gone.
+	forgotten bool
 }
 
 // logPeers is what the transport and the replication path look up
@@ -298,6 +300,12 @@ func (lo *logOwner) setView(v *view, evs []event, starts map[string]uint64, targ
 		g := k.gone || failedFor > n.logFailedGone()
 		if g {
 			gone = append(gone, id)
+			if !k.forgotten {
+				// Raft sends a removed member nothing: its stream and
+				// goroutine would idle until Close.
+				k.forgotten = true
+				lo.tr.Forget(k.raft)
+			}
 		} else {
 			peers.raft[k.raft] = memberName(id)
 		}
