@@ -364,7 +364,10 @@ type Config struct {
 	// Clock is the node's time source; as owner, it is the authority for the
 	// keys it owns. Nil means time.Now.
 	Clock func() time.Time
-	// Logger receives structured logs. Nil means discard.
+	// Logger receives structured logs. Nil means slog.Default() as it is
+	// when New is called, so that an embedder who sets none still sees
+	// the node's warnings (open peer RPCs, for one) and its Info lines;
+	// to discard logs, pass slog.New(slog.DiscardHandler).
 	Logger *slog.Logger
 	// Metrics receives counters and timings. Nil means none.
 	Metrics Metrics
@@ -490,7 +493,7 @@ func (c Config) withDefaults() Config {
 		c.clockIsDefault = true
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+		c.Logger = slog.Default()
 	}
 	if c.Metrics == nil {
 		c.Metrics = nopMetrics{}

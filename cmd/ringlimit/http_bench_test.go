@@ -36,7 +36,7 @@ func BenchmarkHTTPCheck(b *testing.B) {
 	pols := map[string]peer.PolicyConfig{"bench": {Limit: 1 << 50, Window: time.Second, Resolution: 10 * time.Millisecond}}
 	nodes := make([]*peer.Node, 0, 3)
 	for i := range 3 {
-		cfg := peer.Config{Name: fmt.Sprintf("bench-%d", i), Policies: pols, GossipProfile: peer.GossipFast}
+		cfg := peer.Config{Name: fmt.Sprintf("bench-%d", i), Policies: pols, GossipProfile: peer.GossipFast, Logger: slog.New(slog.DiscardHandler)}
 		if i > 0 {
 			cfg.Join = []string{nodes[0].GossipAddr()}
 		}
@@ -229,7 +229,7 @@ func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 func BenchmarkHTTPCheckHandler(b *testing.B) {
 	pols := map[string]peer.PolicyConfig{"bench": {Limit: 1 << 50, Window: time.Second, Resolution: 10 * time.Millisecond, Replication: peer.ReplicateOff}}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	nd, err := peer.New(ctx, peer.Config{Name: "bench-0", Policies: pols, GossipProfile: peer.GossipFast})
+	nd, err := peer.New(ctx, peer.Config{Name: "bench-0", Policies: pols, GossipProfile: peer.GossipFast, Logger: slog.New(slog.DiscardHandler)})
 	cancel()
 	if err != nil {
 		b.Fatal(err)

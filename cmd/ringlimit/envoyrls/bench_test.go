@@ -7,6 +7,7 @@ package envoyrls_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"slices"
 	"sync/atomic"
@@ -240,7 +241,7 @@ func startCluster(b *testing.B, n int, pols map[string]peer.PolicyConfig, regist
 	b.Helper()
 	nodes := make([]*peer.Node, 0, n)
 	for i := range n {
-		cfg := peer.Config{Name: fmt.Sprintf("bench-%d", i), Policies: pols, GossipProfile: peer.GossipFast, RegisterServices: register}
+		cfg := peer.Config{Name: fmt.Sprintf("bench-%d", i), Policies: pols, GossipProfile: peer.GossipFast, RegisterServices: register, Logger: slog.New(slog.DiscardHandler)}
 		if i > 0 {
 			cfg.Join = []string{nodes[0].GossipAddr()}
 		}
