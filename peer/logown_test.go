@@ -559,3 +559,73 @@ func TestLogTwoMembersWarn(t *testing.T) {
 	c := startClusterWith(t, 2, base, func(_ int, cfg *Config) { cfg.Logger = slog.New(logs) })
 	waitFor(t, 10*time.Second, "the two-member warning", func() bool { return len(logs.find(c.nodes[0].Name(), "cluster of two members: the ownership log needs both, so losing either stops every decision; run three or more")) > 0 })
 }
+
+// TestLogLeaderCrashKeepsHolders kills the log's leader: the election
+// that follows ends within the other holders' leases (a new leader makes
+// every member extend at once), so a key held and backed up elsewhere
+// stays decidable.
+func TestLogLeaderCrashKeepsHolders(t *testing.T) {
+	cfg := logConfig(1_000_000, time.Minute)
+	cfg.LeaseDuration = 2 * time.Second // the default
+	c := startCluster(t, 3, cfg)
+	var leader *Node
+	for _, nd := range c.nodes {
+		if nd.Ownership().Leader == nd.name {
+			leader = nd
+		}
+	}
+	if leader == nil {
+		t.Fatal("no leader")
+	}
+	var key Key
+	var holder *Node
+	for i := 0; holder == nil && i < 1000; i++ {
+		k := Key{Tenant: "acme", Subject: fmt.Sprintf("lc-%d", i), Policy: "api"}
+		st := leader.lo.run.Part(leader.partIDForTest(k))
+		if st.Backup == leader.lo.self {
+			continue // a key whose backup dies waits for a new backup: another scene
+		}
+		for _, nd := range c.nodes {
+			if nd != leader && nd.lo.self == st.Holder {
+				key, holder = k, nd
+			}
+		}
+	}
+	if holder == nil {
+		t.Fatal("no key held and backed up away from the leader")
+	}
+	leader.KillForTest()
+	killed := time.Now()
+	var worst, gap time.Duration
+	var since time.Time
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for time.Since(killed) < 4*time.Second {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		d, err := holder.Allow(ctx, Request{Key: key})
+		cancel()
+		switch {
+		case errors.Is(err, ErrUnavailable):
+			if since.IsZero() {
+				since = time.Now()
+			}
+		case err != nil:
+			t.Fatalf("Allow: %v", err)
+		case !d.Allowed || d.Owner != holder.name:
+			t.Fatalf("Allow = %+v, want admitted by %s", d, holder.name)
+		default:
+			if !since.IsZero() {
+				gap, since = time.Since(since), time.Time{}
+				worst = max(worst, gap)
+			}
+		}
+		<-tick.C
+	}
+	if !since.IsZero() {
+		worst = max(worst, time.Since(since))
+	}
+	t.Logf("leader %s killed: a key held by %s was unavailable for at most %v", leader.name, holder.name, worst.Round(time.Millisecond))
+	if worst > time.Second {
+		t.Fatalf("a key held away from the crashed leader was unavailable for %v: the election outlasted the holder's lease", worst)
+	}
+}

@@ -644,6 +644,14 @@ func (m *Machine) tickPartition(p int, now int64, acts []Action) []Action {
 		if b := m.pickBackup(p, now); b != "" && b != pt.Backup {
 			return m.startCopy(p, b, false, now, acts)
 		}
+	} else if p < len(m.view.Second) {
+		// A backup that works but is not the ring's second choice (the
+		// old holder after a move, say): move the copy there, so that
+		// backups spread as the ring spreads them and one member's crash
+		// does not leave most partitions without theirs.
+		if b := m.view.Second[p]; b != "" && b != self && b != pt.Backup && m.fresh(b, now) && m.listed(b) {
+			return m.startCopy(p, b, false, now, acts)
+		}
 	}
 	if l.recopy {
 		if pt.Backup == "" {
