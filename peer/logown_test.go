@@ -557,7 +557,9 @@ func TestLogTwoMembersWarn(t *testing.T) {
 	base.LeaseDuration = 200 * time.Millisecond // the warning comes after 10 leases
 	logs := newHoLogs()
 	c := startClusterWith(t, 2, base, func(_ int, cfg *Config) { cfg.Logger = slog.New(logs) })
-	waitFor(t, 10*time.Second, "the two-member warning", func() bool { return len(logs.find(c.nodes[0].Name(), "cluster of two members: the ownership log needs both, so losing either stops every decision; run three or more")) > 0 })
+	waitFor(t, 10*time.Second, "the two-member warning", func() bool {
+		return len(logs.find(c.nodes[0].Name(), "cluster of two members: the ownership log needs both, so losing either stops every decision; run three or more")) > 0
+	})
 }
 
 // TestLogLeaderCrashKeepsHolders kills the log's leader: the election
