@@ -222,10 +222,26 @@ func TestLogLeaveMovesState(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	closing := time.Now()
 	if err := holder.Close(ctx); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
+	t.Logf("Close took %v", time.Since(closing).Round(time.Millisecond))
 	rest := c.live()
+	// It moved its holdings and its backups off, then ended its own
+	// liveness for good: nobody waits for it to expire.
+	waitFor(t, 5*time.Second, "the leaver's liveness to end for good", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		tb, _ := rest[0].lo.run.Table(ctx)
+		l := tb.Members[holder.lo.self]
+		return l != nil && l.Ended
+	})
+	for p := range rest[0].pt.parts {
+		if st := rest[0].lo.run.Part(p); st.Holder == holder.lo.self || st.Backup == holder.lo.self {
+			t.Fatalf("partition %d still names the leaver: %+v", p, st)
+		}
+	}
 	if more, owners := allowN(t, rest, key, 16); more != 0 {
 		t.Fatalf("admitted %d more after the leave (owners %v), want 0", more, owners)
 	}

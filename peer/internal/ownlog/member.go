@@ -370,11 +370,24 @@ func (m *Member) autopilot(now int64) {
 			return
 		}
 	}
+	// A leaving member stays in the log until its liveness has ended: it
+	// must still learn that its holdings and backups moved off it, and
+	// it ends its own liveness last.
+	done := func(p Peer) bool {
+		rec := m.own.Table().Members[p.Member]
+		return p.Gone || p.Leaving && (rec == nil || rec.Ended)
+	}
+	for _, id := range sorted(learners) {
+		if p, ok := byID[id]; ok && done(p) {
+			propose(pb.ConfChangeRemoveNode, id)
+			return
+		}
+	}
 	for _, id := range sorted(voters) {
 		// Never the last voter: raft cannot run without one, and a log
 		// whose every member leaves ends with them. The leader leaving
 		// hands leadership on first; its successor removes it.
-		if p, ok := byID[id]; ok && (p.Gone || p.Leaving) && len(voters) > 1 {
+		if p, ok := byID[id]; ok && done(p) && len(voters) > 1 {
 			if id == m.cfg.RaftID {
 				m.lastConf = now
 				m.TransferLeadership()
