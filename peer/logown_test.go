@@ -647,3 +647,56 @@ func TestLogLeaderCrashKeepsHolders(t *testing.T) {
 		t.Fatalf("a key held away from the crashed leader was unavailable for %v: the election outlasted the holder's lease", worst)
 	}
 }
+
+// TestLogRaiseRecopies: a policy's replication raised from off to sync
+// makes every holder copy its partitions again before it decides again,
+// so that admissions made unreplicated survive the holder's crash once a
+// decision has been answered under sync.
+func TestLogRaiseRecopies(t *testing.T) {
+	off := logConfig(5, time.Minute)
+	p := off.Policies["api"]
+	p.Replication = ReplicateOff
+	off.Policies["api"] = p
+	c := startCluster(t, 3, off)
+	key := Key{Tenant: "acme", Subject: "raise", Policy: "api"}
+	var holder *Node
+	for _, nd := range c.nodes {
+		if nd.lo.self == nd.lo.run.Part(nd.partIDForTest(key)).Holder {
+			holder = nd
+		}
+	}
+	for i := range 5 {
+		if d, err := holder.Allow(context.Background(), Request{Key: key}); err != nil || !d.Allowed {
+			t.Fatalf("admission %d: %+v, %v", i+1, d, err)
+		}
+	}
+	sync := logConfig(5, time.Minute).Policies // replication sync (the default)
+	for _, nd := range c.nodes {
+		if err := nd.SetPolicies(sync); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A decision under the new table: answered only once the re-copy is
+	// the backup's.
+	if d, err := holder.Allow(context.Background(), Request{Key: key}); err != nil || d.Allowed {
+		t.Fatalf("the key at its limit after the change: %+v, %v", d, err)
+	}
+	holder.KillForTest()
+	var rest []*Node
+	for _, nd := range c.nodes {
+		if nd != holder {
+			rest = append(rest, nd)
+		}
+	}
+	var d Decision
+	waitFor(t, 20*time.Second, "a decision after the takeover", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		var err error
+		d, err = rest[0].Allow(ctx, Request{Key: key})
+		return err == nil
+	})
+	if d.Allowed {
+		t.Fatalf("admitted after the takeover (%+v): the backup's copy lacked the admissions made under replication off", d)
+	}
+}

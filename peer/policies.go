@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -78,7 +79,24 @@ func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
 		return errors.Join(errs...)
 	}
 	t := policy.New(cp)
+	raised := n.lo != nil && replicationRaised(n.table.Load(), t)
+	if raised {
+		// Log ownership: a policy replicated more strongly than before
+		// must not be answered as such while the backup's copy lacks the
+		// admissions made under the weaker one. Every held partition
+		// stops until a copy begun after this point is its backup's; the
+		// second Raise, after the swap, covers decisions made under the
+		// old table between the first copy and the swap.
+		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
+		n.lo.run.Raise(ctx)
+		cancel()
+	}
 	old := n.table.Swap(t)
+	if raised {
+		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
+		n.lo.run.Raise(ctx)
+		cancel()
+	}
 	n.metrics.PolicyTable(t.Version(), true)
 	if old.Version() != t.Version() {
 		n.log.Info("policy table changed", "policy_version", t.Version(), "previous_version", old.Version(), "policies", t.Len())
@@ -88,6 +106,26 @@ func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
 	n.delegate.setMeta(n.meta(n.closing.Load()))
 	_ = n.ml.UpdateNode(200 * time.Millisecond)
 	return nil
+}
+
+// replicationRaised reports whether some policy of next replicates more
+// strongly than the same policy in prev (off < async < sync).
+func replicationRaised(prev, next *policy.Table) bool {
+	strength := func(r Replication) int {
+		switch r {
+		case ReplicateOff:
+			return 0
+		case ReplicateAsync:
+			return 1
+		}
+		return 2
+	}
+	for name, c := range next.Configs() {
+		if p := prev.Lookup(name); p != nil && strength(c.Replication) > strength(p.Config.Replication) {
+			return true
+		}
+	}
+	return false
 }
 
 // PolicyVersion returns the version of the node's current policy table: a

@@ -152,6 +152,22 @@ func (r *Runner) SetView(v ownership.View, roster []Peer) {
 	r.do(func() { r.m.SetView(v, roster) })
 }
 
+// Raise tells the machine that a policy's replication became stronger
+// (Member.Raise) and waits, within ctx, until the runner has published
+// that every held partition waits for its re-copy.
+func (r *Runner) Raise(ctx context.Context) {
+	done := make(chan struct{})
+	r.do(func() {
+		r.carry(r.m.Raise(r.mono()))
+		close(done)
+	})
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-r.done:
+	}
+}
+
 // CopyAcked tells the machine a copy was installed by its receiver.
 func (r *Runner) CopyAcked(p int, to string, epoch, seq uint64) {
 	r.do(func() { r.carry(r.m.CopyAcked(p, to, epoch, seq, r.mono())) })
