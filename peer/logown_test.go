@@ -258,7 +258,7 @@ func TestLogLeaveMovesState(t *testing.T) {
 func TestLogSplitHolderAndBackupCutOff(t *testing.T) {
 	// A limit the cut cannot reach, so that the state after the heal
 	// tells whether any admission was lost or made twice.
-	const limit = 300
+	const limit = 160
 	c := startCluster(t, 5, logConfig(limit, 10*time.Minute))
 	key := Key{Tenant: "acme", Subject: "split", Policy: "api"}
 	const pre = 32
@@ -308,10 +308,10 @@ func TestLogSplitHolderAndBackupCutOff(t *testing.T) {
 			}
 		}
 	}
-	// During the cut: every node asks every 50 ms for 6 s (6 liveness
+	// During the cut: every node asks every 50 ms for 4 s (4 liveness
 	// periods), and never more than one node may decide.
 	var wg sync.WaitGroup
-	stop := time.Now().Add(6 * time.Second)
+	stop := time.Now().Add(4 * time.Second)
 	for _, nd := range c.nodes {
 		wg.Add(1)
 		go func() {
