@@ -66,6 +66,9 @@ type cluster struct {
 	t     testing.TB
 	nodes []*Node
 	base  Config
+	// started is every node started for the cluster (nodes may be
+	// reordered or trimmed by a test), closed together at cleanup.
+	started []*Node
 }
 
 // startCluster starts n nodes on 127.0.0.1 with OS-chosen ports, joined
@@ -96,6 +99,13 @@ func startClusterWith(t testing.TB, n int, base Config, edit func(i int, cfg *Co
 	c.waitMembers(n)
 	return c
 }
+
+// cleanupCloseTimeout bounds each node's Close in a test's cleanup. A
+// healthy node closes in well under a second; one whose handoffs cannot
+// complete (cut off, stalled, its log without a majority) waited the whole
+// deadline, 5 s each, which cost tens of seconds per fault test. Nothing
+// checks these closes: a test that checks Close calls it itself.
+const cleanupCloseTimeout = time.Second
 
 func (c *cluster) add(name string) *Node {
 	c.t.Helper()
@@ -132,13 +142,33 @@ func (c *cluster) addWith(name string, edit func(cfg *Config)) *Node {
 	if err != nil {
 		c.t.Fatalf("start %s: %v", name, err)
 	}
-	c.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = nd.Close(ctx)
-	})
+	c.closeAtCleanup(nd)
 	c.nodes = append(c.nodes, nd)
 	return nd
+}
+
+// closeAtCleanup has the test's cleanup close nd, with the cluster's other
+// nodes. The first node registers the cleanup, so it runs after every
+// cleanup the test registers once its cluster is up (releasing stalls and
+// hooks); it closes every started node at once, as a whole cluster is
+// stopped, rather than one after another: in turn, each close waited out
+// its leave's gossip, and a survivor's drain to the members still up,
+// which cost about a second per node of every test.
+func (c *cluster) closeAtCleanup(nd *Node) {
+	if len(c.started) == 0 {
+		c.t.Cleanup(func() {
+			var wg sync.WaitGroup
+			for _, nd := range c.started {
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), cleanupCloseTimeout)
+					defer cancel()
+					_ = nd.Close(ctx)
+				})
+			}
+			wg.Wait()
+		})
+	}
+	c.started = append(c.started, nd)
 }
 
 // live returns the nodes not closed.

@@ -186,11 +186,7 @@ func (c *cluster) addConcurrently(names ...string) []*Node {
 		if errs[i] != nil {
 			c.t.Fatalf("start %s: %v", names[i], errs[i])
 		}
-		c.t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = nd.Close(ctx)
-		})
+		c.closeAtCleanup(nd)
 		c.nodes = append(c.nodes, nd)
 	}
 	return out
