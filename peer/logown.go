@@ -464,7 +464,7 @@ func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string,
 	size := 0
 	flush := func(last bool) error {
 		if last {
-			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_END, Partition: part, Epoch: epoch})
+			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_END, Partition: part, Epoch: epoch, HolderEpoch: a.Seq})
 		}
 		req := &peerpb.ReplicateRequest{Sender: n.name, Ops: ops}
 		n.stampPolicies(req, to, opsPolicies(ops))
@@ -494,7 +494,7 @@ func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string,
 			}
 		}
 		if len(ops) == 0 || ops[len(ops)-1].Kind != peerpb.PartitionOp_KIND_SYNC_CHUNK {
-			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_CHUNK, Partition: part, Epoch: epoch})
+			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_CHUNK, Partition: part, Epoch: epoch, HolderEpoch: a.Seq})
 		}
 		op := ops[len(ops)-1]
 		op.Keys = append(op.Keys, w)
@@ -528,8 +528,8 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 	case peerpb.PartitionOp_KIND_SYNC_CHUNK:
 		pt.mu.Lock()
 		defer pt.mu.Unlock()
-		if pt.next.holder != sender || pt.next.epoch != h.epoch || pt.next.store == nil {
-			return needSync
+		if pt.next.holder != sender || pt.next.epoch != h.epoch || pt.next.holderEpoch != h.holderEpoch || pt.next.store == nil {
+			return needSync // not the copy under way: an older one, late
 		}
 		if len(keys) < h.carried {
 			pt.next = replica{} // keys this node cannot record: not a complete copy
@@ -553,9 +553,9 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 		}
 		pt.mu.Lock()
 		nx := pt.next
-		dup := pt.rep.complete && pt.rep.holder == sender && pt.rep.epoch == h.epoch && pt.rep.holderEpoch == nx.holderEpoch
+		dup := pt.rep.complete && pt.rep.holder == sender && pt.rep.epoch == h.epoch && pt.rep.holderEpoch == h.holderEpoch
 		pt.mu.Unlock()
-		if nx.holder != sender || nx.epoch != h.epoch || nx.store == nil {
+		if nx.holder != sender || nx.epoch != h.epoch || nx.holderEpoch != h.holderEpoch || nx.store == nil {
 			if dup {
 				return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 			}

@@ -43,7 +43,9 @@
 //     partition, copies it, and only once the target confirms the copy
 //     proposes Move at the partition's epoch. A copy that fails lifts the
 //     fence (nothing was proposed, and the receiver acts on a copy only
-//     when a command names it with that copy's epoch and sequence). A
+//     when a command names it with that copy's epoch and sequence); a copy
+//     that times out doubles the next one's wait, up to MaxCopyWait, so
+//     that slow copies finish rather than restart forever. A
 //     proposed Move may commit late: the holder stays fenced until some
 //     command at that epoch applies, proposing Keep after Retry; whichever
 //     commits first wins, the other is refused. The old holder becomes the

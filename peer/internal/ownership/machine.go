@@ -21,8 +21,15 @@ type Config struct {
 	ExtendEvery time.Duration
 	// Retry is how long a fenced partition waits for its Move or SetBackup
 	// to settle before proposing Keep (and again between Keeps), and how
-	// long a copy may take. Zero means Liveness/2.
+	// long a copy may take at first. Zero means Liveness/2.
 	Retry time.Duration
+	// MaxCopyWait bounds how long a copy may take once copies have been
+	// timing out: each copy that does not finish in time doubles the wait
+	// for the next, up to this; each that does brings it back toward
+	// twice its own duration, down to Retry. A loaded machine's copies
+	// then finish instead of being begun again forever. Zero means
+	// 16·Retry.
+	MaxCopyWait time.Duration
 }
 
 // HolderShare is the part of Liveness a member counts on for itself,
@@ -42,6 +49,10 @@ func (c *Config) defaults() {
 	if c.Retry == 0 {
 		c.Retry = c.Liveness / 2
 	}
+	if c.MaxCopyWait == 0 {
+		c.MaxCopyWait = 16 * c.Retry
+	}
+	c.MaxCopyWait = max(c.MaxCopyWait, c.Retry)
 }
 
 // View is the member's gossip view, as the driver last computed it: each
@@ -136,6 +147,8 @@ type Counters struct {
 	Moves       int // moves this member completed as the old holder
 	Takeovers   int // partitions this member took as a backup when a holder ended
 	Restarts    int // partitions granted to this member empty after being lost
+	// CopyTimeouts counts copies this member gave up waiting for.
+	CopyTimeouts int
 }
 
 // Machine is one member's side of the ownership protocol: it takes events
@@ -158,6 +171,8 @@ type Machine struct {
 	seen  map[string]*seen
 	parts []local
 	count Counters
+	// copyWait is how long a copy may take now, ns (see MaxCopyWait).
+	copyWait int64
 	// proposed is when the leader last proposed a command, so that it
 	// proposes each at most once per Retry.
 	proposed map[Command]int64
@@ -174,8 +189,12 @@ func New(cfg Config, partitions int) *Machine {
 		parts: make([]local, partitions),
 
 		proposed: map[Command]int64{},
+		copyWait: int64(cfg.Retry),
 	}
 }
+
+// CopyWait returns how long a copy may take now.
+func (m *Machine) CopyWait() time.Duration { return time.Duration(m.copyWait) }
 
 // ID returns the member's ID.
 func (m *Machine) ID() string { return m.cfg.ID }
@@ -289,6 +308,12 @@ func (m *Machine) CopyAcked(p int, to string, epoch, seq uint64, now int64) []Ac
 	l := &m.parts[p]
 	if l.fence != fenceCopy || l.to != to || l.epoch != epoch || l.seq != seq || !m.table.Holds(m.cfg.ID, p) {
 		return nil
+	}
+	took := now - l.since
+	if target := max(int64(m.cfg.Retry), 2*took); target < m.copyWait {
+		m.copyWait -= (m.copyWait - target) / 4
+	} else {
+		m.copyWait = min(target, int64(m.cfg.MaxCopyWait))
 	}
 	l.fence, l.since = fenceProposed, now
 	c := Command{Kind: SetBackup, Member: m.cfg.ID, P: p, Epoch: epoch, To: to}
@@ -609,9 +634,12 @@ func (m *Machine) tickPartition(p int, now int64, acts []Action) []Action {
 	}
 	switch l.fence {
 	case fenceCopy:
-		if now-l.since >= int64(m.cfg.Retry) {
+		if now-l.since >= m.copyWait {
 			// Nothing was proposed: the copy's receiver cannot act on it.
+			// The next copy may take longer.
 			l.fence = fenceNone
+			m.count.CopyTimeouts++
+			m.copyWait = min(2*m.copyWait, int64(m.cfg.MaxCopyWait))
 			if l.to == pt.Backup {
 				// But the backup may have installed it, and a backup
 				// holding a copy no command names refuses replicas (a

@@ -116,3 +116,72 @@ func TestMayDecideDoesNotAllocate(t *testing.T) {
 		t.Fatalf("MayDecide allocates %v times", n)
 	}
 }
+
+// TestCopyWaitGrows: a copy that does not finish in time lifts the fence
+// and doubles the wait for the next one, up to MaxCopyWait, so that a
+// machine whose copies are slow (a loaded host) finishes one instead of
+// beginning them again forever; a copy that finishes brings the wait back
+// toward twice its duration, never under Retry.
+func TestCopyWaitGrows(t *testing.T) {
+	const d = int64(2 * time.Second)
+	m := New(Config{ID: "a", Liveness: time.Duration(d), MaxCopyWait: 4 * time.Second}, 1)
+	m.SetLeader(true, 0)
+	m.SetView(View{Target: []string{"a"}, Members: []string{"a", "b"}})
+	now := int64(1)
+	for range 3 { // join, extend, grant
+		step(m, m.Tick(now), now)
+		now++
+	}
+	retry := int64(m.cfg.Retry)
+	// copies returns the copies a's ticks begin, applying its proposals
+	// (b extends too, so it stays fresh).
+	copies := func(at int64) []Action {
+		step(m, []Action{{Kind: Propose, Cmd: Command{Kind: Extend, Member: "b", Epoch: 1, Seq: uint64(at)}}}, at)
+		var out []Action
+		for _, a := range step(m, m.Tick(at), at) {
+			if a.Kind == SendCopy {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	step(m, m.Apply(Command{Kind: Join, Member: "b"}, now), now)
+	var cp []Action
+	for wantWait := retry; wantWait <= int64(4*time.Second); wantWait *= 2 {
+		if cp = copies(now); len(cp) != 1 {
+			t.Fatalf("at %d: %d copies begun, want 1", now, len(cp))
+		}
+		if m.MayDecide(0, now) {
+			t.Fatal("a decides while copying")
+		}
+		if got := int64(m.CopyWait()); got != wantWait {
+			t.Fatalf("copy wait %v, want %v", time.Duration(got), time.Duration(wantWait))
+		}
+		if c := copies(now + wantWait - 1); len(c) != 0 {
+			t.Fatalf("a copy begun again before the wait ended: %+v", c)
+		}
+		now += wantWait
+		step(m, m.Tick(now), now) // the copy times out here
+	}
+	if got := m.CopyWait(); got != 4*time.Second {
+		t.Fatalf("copy wait %v after repeated timeouts, want the 4s cap", got)
+	}
+	if m.Counters().CopyTimeouts != 3 {
+		t.Fatalf("%d copy timeouts counted, want 3", m.Counters().CopyTimeouts)
+	}
+	// A copy that takes 100 ms brings the wait down by a quarter of the
+	// way to max(Retry, 200 ms) = Retry.
+	cp = copies(now)
+	now += int64(100 * time.Millisecond)
+	acts := m.CopyAcked(0, "b", cp[0].Epoch, cp[0].Seq, now)
+	if len(acts) != 1 || acts[0].Cmd.Kind != SetBackup {
+		t.Fatalf("no SetBackup after the copy: %+v", acts)
+	}
+	step(m, acts, now)
+	if want := 4*time.Second - (4*time.Second-time.Duration(retry))/4; m.CopyWait() != want {
+		t.Fatalf("copy wait %v after a fast copy, want %v", m.CopyWait(), want)
+	}
+	if m.Table().Parts[0].Backup != "b" || !m.MayDecide(0, now) {
+		t.Fatalf("a does not decide with b as its backup: %+v", m.Table().Parts[0])
+	}
+}
