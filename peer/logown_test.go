@@ -125,32 +125,46 @@ func TestLogClusterExactlyLimit(t *testing.T) {
 		t.Fatalf("%d nodes may decide for the key, want 1", n)
 	}
 	// Every node's Ownership agrees on the holders, and exactly the
-	// holder says it decides.
-	infos := make([]OwnershipInfo, len(c.nodes))
-	for i, nd := range c.nodes {
+	// holder says it decides, once no copy is under way (a holder moving
+	// its backups toward the ring's second choice decides on none of the
+	// partition it is copying, for the copy's while).
+	var last string
+	waitFor(t, 20*time.Second, "every node agreeing on one deciding holder per partition", func() bool {
+		last = agreedHolders(c.nodes)
+		return last == ""
+	})
+}
+
+// agreedHolders returns "" when every node's Ownership names the same
+// holder for every partition and exactly that holder decides; else what
+// differs.
+func agreedHolders(nodes []*Node) string {
+	infos := make([]OwnershipInfo, len(nodes))
+	for i, nd := range nodes {
 		infos[i] = nd.Ownership()
-		if infos[i].Mode != OwnershipLog || infos[i].Voters != 3 || !infos[i].Live || infos[i].Leader == "" {
-			t.Fatalf("%s: Ownership %+v", nd.name, infos[i])
+		if infos[i].Mode != OwnershipLog || infos[i].Voters != len(nodes) || !infos[i].Live || infos[i].Leader == "" {
+			return fmt.Sprintf("%s: Ownership %+v", nd.name, infos[i])
 		}
 	}
 	for p := range infos[0].Partitions {
 		deciding := 0
-		for i, nd := range c.nodes {
+		for i, nd := range nodes {
 			pi := infos[i].Partitions[p]
 			if pi.Holder != infos[0].Partitions[p].Holder {
-				t.Fatalf("partition %d: %s says holder %q, %s says %q", p, nd.name, pi.Holder, c.nodes[0].name, infos[0].Partitions[p].Holder)
+				return fmt.Sprintf("partition %d: %s says holder %q, %s says %q", p, nd.name, pi.Holder, nodes[0].name, infos[0].Partitions[p].Holder)
 			}
 			if pi.Deciding {
 				deciding++
 				if pi.Holder != nd.name {
-					t.Fatalf("partition %d: %s decides, holder %q", p, nd.name, pi.Holder)
+					return fmt.Sprintf("partition %d: %s decides, holder %q", p, nd.name, pi.Holder)
 				}
 			}
 		}
 		if deciding != 1 {
-			t.Fatalf("partition %d: %d nodes decide, want 1", p, deciding)
+			return fmt.Sprintf("partition %d: %d nodes decide, want 1", p, deciding)
 		}
 	}
+	return ""
 }
 
 // TestLogTakeoverKeepsState kills the holder of a key at its limit: once
@@ -677,10 +691,18 @@ func TestLogRaiseRecopies(t *testing.T) {
 		}
 	}
 	// A decision under the new table: answered only once the re-copy is
-	// the backup's.
-	if d, err := holder.Allow(context.Background(), Request{Key: key}); err != nil || d.Allowed {
-		t.Fatalf("the key at its limit after the change: %+v, %v", d, err)
-	}
+	// the backup's (unavailable until then: every partition is copied
+	// again at once, which a loaded machine takes seconds for).
+	waitFor(t, 30*time.Second, "a decision under the new table", func() bool {
+		d, err := holder.Allow(context.Background(), Request{Key: key})
+		if err != nil && !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("the key after the change: %v", err)
+		}
+		if err == nil && d.Allowed {
+			t.Fatalf("the key at its limit admitted after the change: %+v", d)
+		}
+		return err == nil
+	})
 	holder.KillForTest()
 	var rest []*Node
 	for _, nd := range c.nodes {
