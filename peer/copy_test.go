@@ -68,6 +68,7 @@ func TestTakeoverTieGoesToLiveHolder(t *testing.T) {
 // once; one after the other, the second already yields to the first's
 // newer epoch.
 func TestSameEpochCopiesBothHoldersGone(t *testing.T) {
+	ownByGossip(t)
 	t.Parallel()
 	const limit = 5
 	rc := ring.Config{}.WithDefaults()
@@ -222,6 +223,7 @@ func (s *stallScene) spendStallAndFill(t *testing.T, limit int) (confirmed int, 
 // the copy's holder held it at (e). (Under sync n1 would not decide
 // before its copy is done; off copies no admission to count.)
 func TestCopyOfOldHoldingBesideLiveHolder(t *testing.T) {
+	ownByGossip(t)
 	t.Parallel()
 	const limit = 5
 	s := startFiveNodeSceneWhere(t, PolicyConfig{Limit: limit, Window: time.Hour, Replication: ReplicateAsync}, "copy-old-holding", time.Second, nil, nil)

@@ -93,6 +93,7 @@ func TestPausedHolderNewBackup(t *testing.T) {
 // connection sits in its reconnect backoff): 8 admissions in a window of
 // 5.
 func TestCutOffHolderDropsBackup(t *testing.T) {
+	ownByGossip(t)
 	t.Parallel()
 	const limit = 5
 	cut := new(atomic.Bool)
@@ -171,6 +172,7 @@ func TestCutOffHolderDropsBackup(t *testing.T) {
 // granted a lease, and n0 decided from its state of before the cut while
 // X held the partition: 8 admissions in a window of 5.
 func TestBackupRestartedForgetsTakeover(t *testing.T) {
+	ownByGossip(t)
 	t.Parallel()
 	const limit = 5
 	cut := new(atomic.Bool)
@@ -294,6 +296,7 @@ func TestBackupRestartedForgetsTakeover(t *testing.T) {
 // 6 admissions confirmed in a window of 5 (the test stops at the first one
 // too many).
 func TestRestartUnseenByCutHolder(t *testing.T) {
+	ownByGossip(t)
 	t.Parallel()
 	const limit = 5
 	cut := new(atomic.Bool)

@@ -400,7 +400,24 @@ func (n *Node) copyForTest(pid int, holder string) *shard.Store {
 	if !pt.rep.complete || pt.rep.holder != holder {
 		return nil
 	}
+	if n.lo != nil {
+		// Log ownership installs a backup's copy as the partition's store.
+		return pt.store
+	}
 	return pt.rep.store
+}
+
+// replicaEpochForTest is the epoch a holder's replication to n, the
+// backup of pid, carries: the partition's epoch in the log's table (log
+// ownership), or that of n's copy (gossip ownership).
+func (n *Node) replicaEpochForTest(pid int) uint64 {
+	if n.lo != nil {
+		return n.lo.run.Part(pid).Epoch
+	}
+	pt := &n.pt.parts[pid]
+	pt.mu.RLock()
+	defer pt.mu.RUnlock()
+	return pt.rep.epoch
 }
 
 // pipeForTest names the kind of n's forward pipe to member: "framed",

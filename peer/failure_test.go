@@ -123,6 +123,10 @@ func TestFailurePolicies(t *testing.T) {
 	// n1 forwards each request as its own RPC, n0 batches.
 	c := startClusterWith(t, 5, Config{
 		ForwardTimeout: forwardTimeout,
+		// The owners stay owners for the test's while: with log ownership
+		// a member whose port refuses cannot extend its liveness, and
+		// after a lease its partitions are taken over (as they should).
+		LeaseDuration: time.Minute,
 		Policies: map[string]PolicyConfig{
 			"closed":   {Limit: 9, Window: time.Minute},
 			"open":     {Limit: 9, Window: time.Minute, OnUnavailable: FailOpen},
@@ -655,6 +659,7 @@ func TestPolicyUnknownToBackupNotConfirmed(t *testing.T) {
 // complete and must not become the backup: before, it did, and a crash of
 // the holder then restarted those keys empty on the new holder.
 func TestCopyWithPolicyUnknownToReceiver(t *testing.T) {
+	ownByGossip(t)
 	const limit = 5
 	both := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}, "q": {Limit: limit, Window: time.Hour}}
 	onlyP := map[string]PolicyConfig{"p": both["p"]}
@@ -706,6 +711,7 @@ func TestCopyWithPolicyUnknownToReceiver(t *testing.T) {
 // copy of the partition still completes (before, including it would have
 // kept the partition without a backup until the state expired).
 func TestCopySkipsRemovedPolicy(t *testing.T) {
+	ownByGossip(t)
 	both := map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}, "q": {Limit: 5, Window: time.Hour}}
 	onlyP := map[string]PolicyConfig{"p": both["p"]}
 	c := startCrashCluster(t, both)
@@ -832,10 +838,7 @@ func TestWindowRolledBackOnBackupFirst(t *testing.T) {
 	// admission, as the holder sends it while it still believes the
 	// backup on its own table: its version, no windows.
 	clk.Advance(2 * time.Minute)
-	pt := &n1.pt.parts[pid]
-	pt.mu.RLock()
-	epoch := pt.rep.epoch
-	pt.mu.RUnlock()
+	epoch := n1.replicaEpochForTest(pid)
 	st := stateToWire(shard.KeyState{Key: key, Algorithm: shard.SlidingLog, Runs: []shard.Run{{Count: 1}}})
 	resp, err := (&server{n: n1}).Replicate(context.Background(), &peerpb.ReplicateRequest{
 		Sender: n0.Name(), Seq: 1 << 50, PolicyVersion: n0.PolicyVersion(),
@@ -920,9 +923,9 @@ func copiedKey(t *testing.T, prefix string) (n0, n1 *Node, key Key, pid int, epo
 	admitN(t, n0, key, 1)
 	pt := &n1.pt.parts[pid]
 	pt.mu.RLock()
-	epoch, seq = pt.rep.epoch, pt.rep.seq
+	seq = pt.rep.seq
 	pt.mu.RUnlock()
-	return n0, n1, key, pid, epoch, seq
+	return n0, n1, key, pid, n1.replicaEpochForTest(pid), seq
 }
 
 // copyUnits counts the units backup's copy of holder's partition pid

@@ -85,6 +85,7 @@ func TestHolderCrashDuringBackupLeave(t *testing.T) {
 // the stall. It does: a takeover drops the copy in progress, and SYNC_END
 // finds none. Found safe; no more than the limit is confirmed.
 func TestLeaveStallsMidCopyToBackup(t *testing.T) {
+	ownByGossip(t)
 	t.Parallel()
 	const limit = 5
 	cut := new(atomic.Bool)
@@ -176,6 +177,7 @@ func TestLeaveStallsMidCopyToBackup(t *testing.T) {
 // empty once it found nobody held it: 10 admissions in a window of 5, five
 // of them confirmed synchronous admissions lost to one crash.
 func TestBackupLeavesBeforeHolderCrashSeen(t *testing.T) {
+	ownByGossip(t)
 	t.Parallel()
 	const limit = 5
 	c := startCluster(t, 4, Config{

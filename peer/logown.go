@@ -518,7 +518,9 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 	now := n.clock()
 	switch h.kind {
 	case peerpb.PartitionOp_KIND_SYNC_BEGIN:
-		if closing {
+		if closing || h.epoch == 0 {
+			// Epoch 0 names no holding: every grant makes the epoch at
+			// least 1.
 			return refused
 		}
 		pt.mu.Lock()
@@ -657,6 +659,10 @@ func (lo *logOwner) drain(ctx context.Context) error {
 	n.excludeSelf(ctx)
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
+	// How long, once it holds nothing, the member waits for its holders
+	// to move their backups off it before it leaves anyway.
+	backupWait := max(10*n.cfg.LeaseDuration, 5*time.Second)
+	var emptySince time.Time
 	for {
 		v := n.view.Load()
 		parts, keys := n.heldPartitions()
@@ -668,6 +674,24 @@ func (lo *logOwner) drain(ctx context.Context) error {
 		}
 		if v.stopping || len(v.alive) <= 1 {
 			return nil
+		}
+		if len(v.alive) == 2 {
+			// One other member: it holds everything once this one's
+			// holdings moved, and there is nobody else to back it up.
+			backs = 0
+		}
+		if parts != 0 {
+			emptySince = time.Time{}
+		} else if emptySince.IsZero() {
+			emptySince = time.Now()
+		}
+		if backs > 0 && parts == 0 && time.Since(emptySince) > backupWait {
+			// Holders that cannot copy elsewhere (their copies fail) would
+			// keep a Close without a deadline waiting for good. Ending
+			// this member's liveness makes them pick another backup; until
+			// one has a copy their synchronous policies are unavailable.
+			n.log.Warn("left while still the backup of partitions: their holders copy them elsewhere now that this member's liveness ends", "partitions", backs, "waited", backupWait)
+			backs = 0
 		}
 		if parts == 0 && backs == 0 {
 			// Nothing depends on this member any more. Leadership goes

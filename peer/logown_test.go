@@ -722,3 +722,54 @@ func TestLogRaiseRecopies(t *testing.T) {
 		t.Fatalf("admitted after the takeover (%+v): the backup's copy lacked the admissions made under replication off", d)
 	}
 }
+
+// TestLogSeparateClustersRefuse: two nodes found a cluster each, then
+// meet through gossip. Their logs never merge (each holds every partition
+// in its own): each ignores the other's member, says so in its log and
+// its readiness, and keeps its own promise; neither forwards to the other.
+func TestLogSeparateClustersRefuse(t *testing.T) {
+	logs := newHoLogs()
+	base := logConfig(3, time.Minute)
+	base.Logger = slog.New(logs)
+	a := &cluster{t: t, base: base}
+	na := a.add("a")
+	b := &cluster{t: t, base: base}
+	nb := b.add("b")
+	k := Key{Tenant: "t", Subject: "s", Policy: "api"}
+	if n, err := nb.Join(context.Background(), []string{na.GossipAddr()}); err != nil || n == 0 {
+		t.Fatalf("gossip join of the second cluster: %d, %v", n, err)
+	}
+	for _, nd := range []*Node{na, nb} {
+		waitFor(t, 10*time.Second, nd.Name()+" not ready for ignoring the other cluster", func() bool {
+			ok, _, code := nd.readiness()
+			return !ok && code == ReadyReasonIgnored
+		})
+		if len(logs.find(nd.Name(), "member ignored: it belongs to another cluster, founded separately")) == 0 {
+			t.Fatalf("%s did not log the other cluster's member", nd.Name())
+		}
+		if m := nd.Members(); len(m) != 1 || m[0] != nd.Name() {
+			t.Fatalf("%s's members %v, want itself only", nd.Name(), m)
+		}
+		if len(logs.find(nd.Name(), "joined another cluster founded separately: partition state dropped")) != 0 {
+			t.Fatalf("%s gave way: log ownership never merges two logs", nd.Name())
+		}
+		// Each cluster is whole on its own: exactly its limit, decided
+		// by itself.
+		admitted := 0
+		for range 5 {
+			d, err := nd.Allow(context.Background(), Request{Key: k})
+			if err != nil {
+				t.Fatalf("via %s: %v", nd.Name(), err)
+			}
+			if d.Owner != nd.Name() {
+				t.Fatalf("via %s: decided by %s", nd.Name(), d.Owner)
+			}
+			if d.Allowed {
+				admitted++
+			}
+		}
+		if admitted != 3 {
+			t.Fatalf("%s admitted %d of 5, want its limit 3", nd.Name(), admitted)
+		}
+	}
+}

@@ -570,6 +570,8 @@ func (w *memberlistLog) close() {
 // keys restart empty on the other side, logged at Error and counted — and
 // join the other cluster, which then moves partitions to them as to any
 // joiner. Members of a cluster that has not given way yet are ignored.
+// With log ownership no cluster gives way: each keeps its own log and
+// ignores the other's members, and both sides are not ready.
 // Called by the rebuild goroutine.
 func (n *Node) adoptCluster(members map[string][]byte) uint64 {
 	mine := n.clusterID.Load()
@@ -594,6 +596,13 @@ func (n *Node) adoptCluster(members map[string][]byte) uint64 {
 		}
 	}
 	if best == 0 || best == mine {
+		return mine
+	}
+	if mine != 0 && n.lo != nil {
+		// Log ownership: a cluster is its log, and two logs never merge.
+		// The other cluster's members stay ignored (logged, and this node
+		// is not ready) until one side restarts with Join pointing at the
+		// other.
 		return mine
 	}
 	if mine != 0 {

@@ -492,6 +492,7 @@ func TestOwnershipCrashAndRestart(t *testing.T) {
 // loss is logged at Error and counted, and the over-admission is bounded by
 // one limit per key (what was admitted before the faults).
 func TestOwnershipDoubleFault(t *testing.T) {
+	ownByGossip(t)
 	if testing.Short() {
 		t.Skip("waits for the orphan grace")
 	}
@@ -568,6 +569,7 @@ func TestOwnershipDoubleFault(t *testing.T) {
 // every key has one decision point: a limit of 3 admits exactly 3 through
 // both nodes.
 func TestSeparateClustersMerge(t *testing.T) {
+	ownByGossip(t)
 	logs := newHoLogs()
 	base := Config{Logger: slog.New(logs), Policies: map[string]PolicyConfig{"p": {Limit: 3, Window: time.Minute}}}
 	a := &cluster{t: t, base: base}
@@ -732,6 +734,7 @@ func TestBackupAtCapacity(t *testing.T) {
 // the copy is promoted and nothing is lost; if nobody keeps one, the
 // partition restarts empty at a newer epoch, logged and counted as lost.
 func TestOwnershipStaleBeliefCorrected(t *testing.T) {
+	ownByGossip(t)
 	if testing.Short() {
 		t.Skip("waits for the orphan grace")
 	}
@@ -799,6 +802,7 @@ func TestOwnershipStaleBeliefCorrected(t *testing.T) {
 // again, moves the copy back to the ring's backup, and that copy is
 // complete — killing the holder afterwards loses no admission.
 func TestOwnershipGhostBackup(t *testing.T) {
+	ownByGossip(t)
 	const limit = 100
 	c := startCluster(t, 3, Config{
 		Gossip:         hoGossip,
@@ -923,6 +927,7 @@ func TestPauseMidDecision(t *testing.T) {
 // and the key's count must come through exactly: no reset, no second
 // decision point.
 func TestPromoteAnswerLost(t *testing.T) {
+	ownByGossip(t)
 	const limit = 20
 	c := startCluster(t, 3, Config{
 		LeaseDuration: 500 * time.Millisecond,
@@ -981,6 +986,7 @@ func TestPromoteAnswerLost(t *testing.T) {
 // cluster used to print about 90 warnings, then 80 Info lines and a
 // warning per round).
 func TestTakeoverWarnsOncePerHolder(t *testing.T) {
+	ownByGossip(t)
 	logs := newHoLogs()
 	c := startClusterWith(t, 3, Config{
 		Gossip:        hoCrashGossip,
@@ -1037,6 +1043,7 @@ func TestTakeoverWarnsOncePerHolder(t *testing.T) {
 // lease ran out long before) and lose every admission confirmed through
 // the newer one (8 of 6 before).
 func TestCopyAnswerLost(t *testing.T) {
+	ownByGossip(t)
 	for _, tc := range []struct {
 		name      string
 		elsewhere bool
@@ -1128,6 +1135,7 @@ func TestStaleAnswerNamingOurselves(t *testing.T) {
 // wants a backup). A holder must refuse it as stale: as the sender's
 // backup it would grant the sender a lease, and two members would decide.
 func TestCopyFromStaleHolderRefused(t *testing.T) {
+	ownByGossip(t)
 	c := startCluster(t, 1, Config{Policies: map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}}})
 	nd := c.nodes[0]
 	key := Key{Tenant: "t", Subject: "stale-copy", Policy: "p"}
@@ -1157,6 +1165,7 @@ func TestCopyFromStaleHolderRefused(t *testing.T) {
 // holders mark it unreachable and keep those partitions (with another
 // backup), stay ready, and requests route around it.
 func TestGhostJoiner(t *testing.T) {
+	ownByGossip(t)
 	c := startCrashCluster(t, map[string]PolicyConfig{"p": {Limit: 1 << 40, Window: time.Hour}})
 	dead, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

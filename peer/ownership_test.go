@@ -651,6 +651,7 @@ func hoCrashGossip(mc *memberlist.Config) {
 // without an error. Before, each waited for the whole drain deadline for a
 // target that never came and failed with "partitions not handed off".
 func TestWholeClusterStop(t *testing.T) {
+	ownByGossip(t)
 	logs := newHoLogs()
 	c := startClusterWith(t, 3, Config{
 		Policies: map[string]PolicyConfig{"p": {Limit: 100, Window: time.Hour}},

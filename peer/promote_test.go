@@ -78,6 +78,7 @@ func TestPromoteAnswerLostThenCut(t *testing.T) {
 // long before that lease ended, so both decided at once. Now n0 waits the
 // lease out: every admission of n2's comes before any of n0's.
 func TestPromoteAnswerLostIsolated(t *testing.T) {
+	ownByGossip(t)
 	t.Parallel()
 	pc := startPromoteCut(t, PolicyConfig{Limit: 1 << 20, Window: time.Hour, Replication: ReplicateOff}, "promote-isolated", true)
 	n0 := pc.n0
@@ -216,6 +217,7 @@ func startPromoteCutLease(t *testing.T, pol PolicyConfig, prefix string, isolate
 // the lease it counts from then, until its first message to n0 comes back
 // stale: both decide.
 func TestPromoteDelayed(t *testing.T) {
+	ownByGossip(t)
 	t.Parallel()
 	for _, mode := range []Replication{ReplicateOff, ReplicateAsync} {
 		t.Run(mode.String(), func(t *testing.T) {
@@ -318,6 +320,7 @@ func awaitTakeBack(t *testing.T, n0 *Node, pid int, promoted <-chan struct{}) (f
 // beside n0. Synchronous policies were safe: n0, n2's backup, refuses
 // n2's copies as stale, so nothing n2 decides is confirmed.
 func TestPromoteDelayedInNetwork(t *testing.T) {
+	ownByGossip(t)
 	inEveryMode(t, func(t *testing.T, mode Replication) {
 		const limit = 5
 		const lease = time.Second
@@ -507,6 +510,7 @@ func (p *promoteHold) forward(sc, cc net.Conn) bool {
 // shorter of the two, so every admission of n2's comes before any of
 // n0's.
 func TestPromoteTargetLongerLease(t *testing.T) {
+	ownByGossip(t)
 	t.Parallel()
 	pc := startPromoteCutLease(t, PolicyConfig{Limit: 1 << 20, Window: time.Hour, Replication: ReplicateOff}, "promote-long-lease", true, 4*attackLease)
 	n0, n2 := pc.n0, pc.n2

@@ -14,6 +14,7 @@ import (
 // many partitions, and until when at the latest; once the failed member
 // ages out (FailedMemberTimeout) it says decisions resume.
 func TestQuorumLossWarns(t *testing.T) {
+	ownByGossip(t)
 	const failedTimeout = 3 * time.Second
 	tap, log := newLogTap(t)
 	two := tap.on("cluster of two members: losing the lower-named one stops every decision (no majority without it); run three or more",
@@ -59,6 +60,7 @@ func TestQuorumLossWarns(t *testing.T) {
 // included, warns about a lost majority. (Both used to warn: the demo's
 // cluster printed two such warnings as it formed.)
 func TestQuorumNoWarningWhenThreeBecomeTwo(t *testing.T) {
+	ownByGossip(t)
 	tap, log := newLogTap(t)
 	warned := tap.on("cluster of two members: losing the lower-named one stops every decision (no majority without it); run three or more", nil)
 	c := startClusterWith(t, 3, Config{Policies: map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}}},

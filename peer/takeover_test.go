@@ -213,6 +213,7 @@ func (s *stallScene) holdN1Copies() *atomic.Bool {
 // holds the partition at (the copy's), so that neither yields to the
 // other.
 func TestStallMidCopy(t *testing.T) {
+	ownByGossip(t)
 	t.Parallel()
 	const limit = 5
 	s := startStallScene(t, PolicyConfig{Limit: limit, Window: time.Hour}, "stall-mid-copy")
@@ -240,6 +241,7 @@ func TestStallMidCopy(t *testing.T) {
 // partition at, while n1 decided too: the equal epochs made each refuse
 // the other's copies as stale without either learning of the other.
 func TestCopyBeforeTakeoverKnown(t *testing.T) {
+	ownByGossip(t)
 	t.Parallel()
 	for _, mode := range []Replication{ReplicateAsync, ReplicateSync} {
 		t.Run(mode.String(), func(t *testing.T) {
@@ -280,6 +282,7 @@ func TestCopyBeforeTakeoverKnown(t *testing.T) {
 // copy's lease and decides; n1 then commits and decides too (n0's release
 // of n1's copy, which would have stopped it, is lost).
 func TestProbeDuringTakeover(t *testing.T) {
+	ownByGossip(t)
 	t.Parallel()
 	for _, mode := range []Replication{ReplicateAsync, ReplicateSync} {
 		t.Run(mode.String(), func(t *testing.T) {
