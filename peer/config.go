@@ -399,13 +399,13 @@ type Config struct {
 	// TransferChunkBytes bounds one message of a partition copy. Zero means
 	// 1 MiB.
 	TransferChunkBytes int
-	// Ownership chooses how partition holders change: OwnershipLog (the
-	// default), by compare-and-set commands in a replicated log (raft)
+	// Ownership chooses how partition holders change: OwnershipGossip
+	// (the default, for now), by rules over each node's gossip view; or
+	// OwnershipLog, by compare-and-set commands in a replicated log (raft)
 	// with liveness leases, which keeps one decision point per partition
 	// under any single fault, network splits included, once the cluster
 	// has 3 members (of 2, a crash of either leaves the log without a
-	// majority: every holder stops); or OwnershipGossip (deprecated, to be
-	// removed), by rules over each node's gossip view. Every member of a
+	// majority: every holder stops). Every member of a
 	// cluster must use the same mode: it is part of the fingerprint.
 	Ownership OwnershipMode
 
@@ -422,13 +422,13 @@ const (
 	OwnershipLog OwnershipMode = "log"
 )
 
-// ParseOwnership parses "log" or "gossip" ("" is log).
+// ParseOwnership parses "gossip" or "log" ("" is gossip).
 func ParseOwnership(s string) (OwnershipMode, error) {
 	switch OwnershipMode(s) {
-	case "", OwnershipLog:
-		return OwnershipLog, nil
-	case OwnershipGossip:
+	case "", OwnershipGossip:
 		return OwnershipGossip, nil
+	case OwnershipLog:
+		return OwnershipLog, nil
 	}
 	return "", fmt.Errorf("peer: ownership %q: want gossip or log", s)
 }
@@ -447,9 +447,6 @@ func (c Config) withDefaults() Config {
 		var b [4]byte
 		_, _ = rand.Read(b[:])
 		c.Name = "node-" + hex.EncodeToString(b[:])
-	}
-	if c.Ownership == "" {
-		c.Ownership = OwnershipLog
 	}
 	if c.GossipAddr == "" {
 		c.GossipAddr = "127.0.0.1:0"

@@ -123,10 +123,6 @@ func TestFailurePolicies(t *testing.T) {
 	// n1 forwards each request as its own RPC, n0 batches.
 	c := startClusterWith(t, 5, Config{
 		ForwardTimeout: forwardTimeout,
-		// The owners stay owners for the test's while: with log ownership
-		// a member whose port refuses cannot extend its liveness, and
-		// after a lease its partitions are taken over (as they should).
-		LeaseDuration: time.Minute,
 		Policies: map[string]PolicyConfig{
 			"closed":   {Limit: 9, Window: time.Minute},
 			"open":     {Limit: 9, Window: time.Minute, OnUnavailable: FailOpen},

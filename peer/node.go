@@ -96,8 +96,8 @@ type Node struct {
 	// streamDrop, when set (tests only), makes CheckStream swallow every
 	// request it returns true for: received, never answered.
 	streamDrop atomic.Pointer[func(*peerpb.CheckRequest) bool]
-	// replDrop is streamDrop for replication: a request on ReplicateStream
-	// or unary Replicate is neither applied nor answered.
+	// replDrop is streamDrop for ReplicateStream: the request is neither
+	// applied nor answered.
 	replDrop atomic.Pointer[func(*peerpb.ReplicateRequest) bool]
 	// gather is how long a batch of forwards or of replication waits for
 	// the message in flight on its pipe before it takes another slot:

@@ -11,13 +11,11 @@ import (
 // that failed to reach it meanwhile (its connection now in gRPC's reconnect
 // backoff) must reach the new process with its first forward once the
 // restarted member has its partitions back; and the quota is kept (the
-// backup took the partitions over from its copy, not from empty). Three
-// members: with log ownership a crash of one of two leaves its log
-// without a majority (TestLogTwoMembersWarn).
+// backup took the partitions over from its copy, not from empty).
 func TestRejoinAfterKill(t *testing.T) {
 	pols := map[string]PolicyConfig{"p": {Limit: 100, Window: time.Minute}}
 	tap, log := newLogTap(t)
-	c := startClusterWith(t, 3, Config{Policies: pols, Gossip: hoGossip, ForwardTimeout: 2 * time.Second},
+	c := startClusterWith(t, 2, Config{Policies: pols, Gossip: hoGossip, ForwardTimeout: 2 * time.Second},
 		func(i int, cfg *Config) {
 			if i == 0 {
 				cfg.Logger = log
@@ -46,7 +44,7 @@ func TestRejoinAfterKill(t *testing.T) {
 	// The new process holds nothing: n0, n1's backup, takes its partitions
 	// over once the old process's lease has expired, and moves them back
 	// to n1, their target. Then the first forward must reach n1.
-	c.waitMembers(3)
+	c.waitMembers(2)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	d, err := n0.Allow(ctx, Request{Key: key})

@@ -656,12 +656,7 @@ func (n *Node) applyOpResult(pid int, epoch uint64, from string, r *peerpb.OpRes
 }
 
 // Replicate is the backup's side of replication.
-func (s *server) Replicate(ctx context.Context, req *peerpb.ReplicateRequest) (*peerpb.ReplicateResponse, error) {
-	if drop := s.n.replDrop.Load(); drop != nil && (*drop)(req) {
-		// Lost: never answered, as on the stream.
-		<-ctx.Done()
-		return nil, status.FromContextError(ctx.Err()).Err()
-	}
+func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*peerpb.ReplicateResponse, error) {
 	return s.replicate(req, nil)
 }
 

@@ -59,11 +59,11 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         declared failed in ~6 s), fast (one data centre
                         with low latency, ~1.2 s) or wan (~45 s); every
                         member should use the same
-  --ownership M         how partition holders change: log (default; by
+  --ownership M         how partition holders change: gossip (default; by
+                        rules over each node's gossip view) or log (by
                         commands in a replicated log, with liveness
-                        leases; needs 3 members to survive a crash) or
-                        gossip (deprecated: by rules over each node's
-                        gossip view); every member must use the same
+                        leases; needs 3 members to survive a crash);
+                        every member must use the same
   --log-format F        text or json (default text)
   --log-level L         debug, info, warn or error (default info)
   --admin-token-file P  file holding the bearer token that Reset requires:
@@ -189,7 +189,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.adminTokenFile, "admin-token-file", "", "")
 	fs.StringVar(&f.peerPipes, "peer-pipes", "framed", "")
 	profile := fs.String("gossip-profile", string(peer.GossipLAN), "")
-	ownership := fs.String("ownership", string(peer.OwnershipLog), "")
+	ownership := fs.String("ownership", string(peer.OwnershipGossip), "")
 	fs.BoolVar(&f.exitOnStdinEOF, "exit-on-stdin-eof", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
