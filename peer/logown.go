@@ -179,9 +179,9 @@ func (lo *logOwner) start() {
 			case <-t.C:
 			}
 			n.updateReady()
-			// A log of two voters needs both: say so once a cluster has
-			// stayed at two members (a three-member cluster starting up is
-			// two for a moment).
+			// A log of two members has one voter: say so once a cluster
+			// has stayed at two members (a three-member cluster starting
+			// up is two for a moment).
 			switch v := n.view.Load(); {
 			case len(v.alive) != 2:
 				twoSince, twoWarned = time.Time{}, false
@@ -189,7 +189,7 @@ func (lo *logOwner) start() {
 				twoSince = time.Now()
 			case !twoWarned && time.Since(twoSince) >= n.twoMemberGrace():
 				twoWarned = true
-				n.log.Warn("cluster of two members: the ownership log needs both, so losing either stops every decision; run three or more",
+				n.log.Warn("cluster of two members: the ownership log has one voter, so losing that member stops every decision (losing the other, its partitions are taken over); run three or more",
 					"two_since", twoSince.UTC().Format(time.RFC3339))
 			}
 			since := lo.run.Leaderless()
@@ -717,15 +717,11 @@ func (lo *logOwner) drain(ctx context.Context) error {
 }
 
 // settled is Settled in log mode: the log has the voters autopilot keeps
-// (3, or 5 from 5 members), and the node holds, deciding, every partition
+// (ownlog.VotersFor), and the node holds, deciding, every partition
 // its ring gives it, each with a backup when there is another member, and
 // no other.
 func (lo *logOwner) settled(v *view) bool {
-	want := 3
-	if len(v.alive) >= 5 {
-		want = 5
-	}
-	if lo.run.Voters() < min(want, len(v.alive)) {
+	if lo.run.Voters() < min(ownlog.VotersFor(len(v.alive)), len(v.alive)) {
 		return false
 	}
 	mono := lo.n.mono()

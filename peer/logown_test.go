@@ -594,8 +594,69 @@ func TestLogTwoMembersWarn(t *testing.T) {
 	logs := newHoLogs()
 	c := startClusterWith(t, 2, base, func(_ int, cfg *Config) { cfg.Logger = slog.New(logs) })
 	waitFor(t, 10*time.Second, "the two-member warning", func() bool {
-		return len(logs.find(c.nodes[0].Name(), "cluster of two members: the ownership log needs both, so losing either stops every decision; run three or more")) > 0
+		return len(logs.find(c.nodes[0].Name(), "cluster of two members: the ownership log has one voter, so losing that member stops every decision (losing the other, its partitions are taken over); run three or more")) > 0
 	})
+}
+
+// TestLogTwoMembersLearnerCrash: a log of two members has one voter (the
+// founder) and a learner, so a crash of the learner leaves the log its
+// majority: the founder takes the learner's partitions over with their
+// state. (With two voters the log stopped for good.)
+func TestLogTwoMembersLearnerCrash(t *testing.T) {
+	c := startCluster(t, 2, logConfig(5, time.Hour))
+	n0, n1 := c.nodes[0], c.nodes[1]
+	waitFor(t, 20*time.Second, "both nodes settled", func() bool { return n0.Settled() && n1.Settled() })
+	if v := n0.Ownership().Voters; v != 1 {
+		t.Fatalf("a log of two members has %d voters, want 1", v)
+	}
+	key := pmKeyOwnedBy(t, n0, "api", n1.Name())
+	if admitted, _ := allowN(t, []*Node{n0, n1}, key, 8); admitted != 5 {
+		t.Fatalf("admitted %d of 8 before the crash, want the limit 5", admitted)
+	}
+	n1.KillForTest()
+	var d Decision
+	waitFor(t, 20*time.Second, "n0 deciding n1's key", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		var err error
+		d, err = n0.Allow(ctx, Request{Key: key})
+		return err == nil
+	})
+	if d.Allowed || d.Owner != n0.Name() {
+		t.Fatalf("after the learner's crash: %+v; want n0 refusing (the key is at its limit)", d)
+	}
+}
+
+// TestLogTwoMembersVoterLeaves: the founder, the one voter of a log of
+// two, leaves gracefully: the learner is made a voter before the founder
+// goes, so the log keeps a majority and the member left decides alone.
+func TestLogTwoMembersVoterLeaves(t *testing.T) {
+	c := startCluster(t, 2, logConfig(5, time.Hour))
+	n0, n1 := c.nodes[0], c.nodes[1]
+	waitFor(t, 20*time.Second, "both nodes settled", func() bool { return n0.Settled() && n1.Settled() })
+	key := pmKeyOwnedBy(t, n0, "api", n0.Name())
+	if admitted, _ := allowN(t, []*Node{n0, n1}, key, 8); admitted != 5 {
+		t.Fatalf("admitted %d of 8 before the leave, want the limit 5", admitted)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := n0.Close(ctx); err != nil {
+		t.Fatalf("the founder's Close: %v", err)
+	}
+	var d Decision
+	waitFor(t, 20*time.Second, "n1 deciding alone", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		var err error
+		d, err = n1.Allow(ctx, Request{Key: key})
+		return err == nil
+	})
+	if d.Allowed || d.Owner != n1.Name() {
+		t.Fatalf("after the founder left: %+v; want n1 refusing (the key is at its limit)", d)
+	}
+	if info := n1.Ownership(); info.Voters != 1 || info.Leader != n1.Name() {
+		t.Fatalf("n1's log after the founder left: %d voters, leader %q; want 1, itself", info.Voters, info.Leader)
+	}
 }
 
 // TestLogLeaderCrashKeepsHolders kills the log's leader: the election

@@ -45,8 +45,8 @@ type Config struct {
 	// Bootstrap is the founding configuration; nil for a member that
 	// joins a running log (the leader adds it as a learner).
 	Bootstrap *pb.ConfState
-	// Voters is the voter count autopilot keeps; zero means 3, or 5 from
-	// 5 members on.
+	// Voters is the voter count autopilot keeps; zero means VotersFor the
+	// live members: 1 for two, 3, or 5 from 5 members on.
 	Voters int
 	// ElectionTicks is the raft election timeout in ticks; zero means 10.
 	ElectionTicks int
@@ -332,13 +332,25 @@ func (m *Member) snapshot() {
 	}
 }
 
-// voters is how many voters autopilot keeps for n members.
+// voters is how many voters autopilot keeps for n members: 3, 5 from 5
+// members, and 1 for two. A log of two voters stops when either member
+// does (a majority of two is both); of one voter and a learner it keeps
+// going when the learner does.
 func (m *Member) voters(n int) int {
 	if m.cfg.Voters > 0 {
 		return m.cfg.Voters
 	}
-	if n >= 5 {
+	return VotersFor(n)
+}
+
+// VotersFor is how many voters autopilot keeps for n live members
+// without Config.Voters.
+func VotersFor(n int) int {
+	switch {
+	case n >= 5:
 		return 5
+	case n <= 2:
+		return 1
 	}
 	return 3
 }
@@ -403,7 +415,15 @@ func (m *Member) autopilot(now int64) {
 			live++
 		}
 	}
-	if len(voters) < m.voters(live) {
+	// Voters that stay: a leaving voter is replaced before it goes, so
+	// that the last voter of a log never leaves with it.
+	staying := 0
+	for id := range voters {
+		if p, ok := byID[id]; !ok || !done(p) && !p.Leaving {
+			staying++
+		}
+	}
+	if staying < m.voters(live) {
 		for _, id := range sorted(learners) {
 			p, ok := byID[id]
 			// Caught up to within a snapshot's worth of entries: a
