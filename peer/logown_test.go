@@ -112,6 +112,23 @@ func allowN(t *testing.T, nodes []*Node, key Key, n int) (admitted int, owners m
 	return admitted, owners
 }
 
+// awaitDecision asks nd for key, each time within a second, until it
+// answers a decision (within 20 s), and returns it.
+func awaitDecision(t *testing.T, nd *Node, key Key, what string) Decision {
+	t.Helper()
+	var d Decision
+	waitFor(t, 20*time.Second, what, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		var err error
+		d, err = nd.Allow(ctx, Request{Key: key})
+		return err == nil
+	})
+	return d
+}
+
+// TestLogClusterExactlyLimit: three log-owned nodes admit exactly the
+// limit of one key through all of them, decided at one point.
 func TestLogClusterExactlyLimit(t *testing.T) {
 	c := startCluster(t, 3, logConfig(100, time.Minute))
 	key := Key{Tenant: "acme", Subject: "user-1", Policy: "api"}
@@ -614,14 +631,7 @@ func TestLogTwoMembersLearnerCrash(t *testing.T) {
 		t.Fatalf("admitted %d of 8 before the crash, want the limit 5", admitted)
 	}
 	n1.KillForTest()
-	var d Decision
-	waitFor(t, 20*time.Second, "n0 deciding n1's key", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		var err error
-		d, err = n0.Allow(ctx, Request{Key: key})
-		return err == nil
-	})
+	d := awaitDecision(t, n0, key, "n0 deciding n1's key")
 	if d.Allowed || d.Owner != n0.Name() {
 		t.Fatalf("after the learner's crash: %+v; want n0 refusing (the key is at its limit)", d)
 	}
@@ -643,14 +653,7 @@ func TestLogTwoMembersVoterLeaves(t *testing.T) {
 	if err := n0.Close(ctx); err != nil {
 		t.Fatalf("the founder's Close: %v", err)
 	}
-	var d Decision
-	waitFor(t, 20*time.Second, "n1 deciding alone", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		var err error
-		d, err = n1.Allow(ctx, Request{Key: key})
-		return err == nil
-	})
+	d := awaitDecision(t, n1, key, "n1 deciding alone")
 	if d.Allowed || d.Owner != n1.Name() {
 		t.Fatalf("after the founder left: %+v; want n1 refusing (the key is at its limit)", d)
 	}
@@ -777,14 +780,7 @@ func TestLogRaiseRecopies(t *testing.T) {
 			rest = append(rest, nd)
 		}
 	}
-	var d Decision
-	waitFor(t, 20*time.Second, "a decision after the takeover", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		var err error
-		d, err = rest[0].Allow(ctx, Request{Key: key})
-		return err == nil
-	})
+	d := awaitDecision(t, rest[0], key, "a decision after the takeover")
 	if d.Allowed {
 		t.Fatalf("admitted after the takeover (%+v): the backup's copy lacked the admissions made under replication off", d)
 	}
