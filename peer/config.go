@@ -404,8 +404,8 @@ type Config struct {
 	// OwnershipLog, by compare-and-set commands in a replicated log (raft)
 	// with liveness leases, which keeps one decision point per partition
 	// under any single fault, network splits included, once the cluster
-	// has 3 members (of 2, a crash of either leaves the log without a
-	// majority: every holder stops). Every member of a
+	// has 3 members (of 2 only the founder votes: its crash stops every
+	// holder, the other's is survived). Every member of a
 	// cluster must use the same mode: it is part of the fingerprint.
 	Ownership OwnershipMode
 
