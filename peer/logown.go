@@ -362,6 +362,7 @@ func (lo *logOwner) Reset(p int) {
 		lo.restarts[p] = r
 		lo.n.log.Error("partition restarted empty: its holder and its backup are gone for good, so its keys start over (up to each limit again)",
 			"partition", p, "restarts", r)
+		lo.n.metrics.Handoff("lost", "orphaned", 1) // as gossip mode counts it
 		return
 	}
 	lo.n.log.Debug("partition granted here empty", "partition", p)
@@ -384,12 +385,18 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 			keys = pt.store.Len()
 		}
 		n.log.Debug("partition taken over from failed holder", "partition", p, "peer", memberName(prev.Holder), "epoch", st.Epoch, "keys", keys)
+		n.metrics.Handoff("takeover", "ok", keys)
 		if !lo.tookFrom[prev.Holder] && len(lo.tookFrom) < maxKnown {
 			lo.tookFrom[prev.Holder] = true
 			n.log.Warn("taking over the partitions of a member whose liveness ended", "peer", memberName(prev.Holder), "incarnation", prev.Holder)
 		}
 	case prev.Holder == lo.self && st.Holder != lo.self && st.Holder != "" && st.Backup == lo.self:
-		n.log.Debug("partition transferred", "partition", p, "peer", memberName(st.Holder), "epoch", st.Epoch)
+		keys := 0
+		if pt.store != nil {
+			keys = pt.store.Len()
+		}
+		n.log.Debug("partition transferred", "partition", p, "peer", memberName(st.Holder), "epoch", st.Epoch, "keys", keys)
+		n.metrics.Handoff("sent", "ok", keys)
 	}
 	switch {
 	case st.Holder == lo.self:

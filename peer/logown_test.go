@@ -189,7 +189,10 @@ func agreedHolders(nodes []*Node) string {
 // the backup has taken over (after the holder's liveness expired), the
 // key is still at its limit, and there was never a second decision point.
 func TestLogTakeoverKeepsState(t *testing.T) {
-	c := startCluster(t, 3, logConfig(10, time.Minute))
+	metrics := newHoMetrics()
+	cfg := logConfig(10, time.Minute)
+	cfg.Metrics = metrics
+	c := startCluster(t, 3, cfg)
 	key := Key{Tenant: "acme", Subject: "user-2", Policy: "api"}
 	admitted, owners := allowN(t, c.nodes, key, 48)
 	if admitted != 10 {
@@ -235,12 +238,21 @@ func TestLogTakeoverKeepsState(t *testing.T) {
 	if more, _ := allowN(t, rest, key, 16); more != 0 {
 		t.Fatalf("admitted %d more after the takeover, want 0", more)
 	}
+	// Counted as gossip mode counts them: the key's state as taken over,
+	// nothing lost.
+	if metrics.handoffCount("takeover/ok") < 1 || metrics.handoffCount("lost/orphaned") != 0 {
+		t.Fatalf("handoff metrics: takeover/ok %d keys, lost/orphaned %d; want at least the key, 0",
+			metrics.handoffCount("takeover/ok"), metrics.handoffCount("lost/orphaned"))
+	}
 }
 
 // TestLogLeaveMovesState closes the holder gracefully: its partitions
 // move, the key stays at its limit, and the move costs no decision.
 func TestLogLeaveMovesState(t *testing.T) {
-	c := startCluster(t, 3, logConfig(10, time.Minute))
+	metrics := newHoMetrics()
+	cfg := logConfig(10, time.Minute)
+	cfg.Metrics = metrics
+	c := startCluster(t, 3, cfg)
 	key := Key{Tenant: "acme", Subject: "user-3", Policy: "api"}
 	if admitted, _ := allowN(t, c.nodes, key, 48); admitted != 10 {
 		t.Fatalf("admitted %d of 48, want 10", admitted)
@@ -259,6 +271,9 @@ func TestLogLeaveMovesState(t *testing.T) {
 		t.Fatalf("Close: %v", err)
 	}
 	t.Logf("Close took %v", time.Since(closing).Round(time.Millisecond))
+	if metrics.handoffCount("sent/ok") < 1 {
+		t.Fatalf("the leave's moves counted %d keys sent, want at least the key", metrics.handoffCount("sent/ok"))
+	}
 	rest := c.live()
 	// It moved its holdings and its backups off, then ended its own
 	// liveness for good: nobody waits for it to expire.
