@@ -66,11 +66,10 @@ type logOwner struct {
 	// restarts is, per partition, the table's Restarts last logged (the
 	// runner's goroutine only).
 	restarts []uint64
-	// last is each partition as last published, and tookFrom the ended
-	// incarnations whose takeover was logged (the runner's goroutine only).
-	last     []ownlog.PartState
-	tookFrom map[string]bool
-	ready    chan struct{} // nudged by Publish: readiness may have changed
+	// last is each partition as last published (the runner's goroutine
+	// only).
+	last  []ownlog.PartState
+	ready chan struct{} // nudged by Publish: readiness may have changed
 	// raftDrop, when set (tests only), drops every raft message it
 	// returns true for before it is sent: a cut of the log's traffic.
 	raftDrop atomic.Pointer[func(to uint64) bool]
@@ -119,7 +118,7 @@ func memberName(id string) string {
 func newLogOwner(n *Node) (*logOwner, error) {
 	lo := &logOwner{n: n, self: incarnationID(n.name, n.ops.start), ready: make(chan struct{}, 1), done: make(chan struct{}),
 		known: map[string]*logKnown{}, cur: map[string]string{}, restarts: make([]uint64, n.cfg.Ring.PartitionCount),
-		last: make([]ownlog.PartState, n.cfg.Ring.PartitionCount), tookFrom: map[string]bool{}}
+		last: make([]ownlog.PartState, n.cfg.Ring.PartitionCount)}
 	lo.peers.Store(&logPeers{raft: map[uint64]string{}, inc: map[string]string{n.name: lo.self}})
 	cfg := ownlog.Config{RaftID: n.ops.start, Partitions: n.cfg.Ring.PartitionCount, HeartbeatTicks: logHeartbeat,
 		Ownership: ownership.Config{ID: lo.self, Liveness: n.cfg.LeaseDuration}}
@@ -174,11 +173,13 @@ func (lo *logOwner) start() {
 		for {
 			select {
 			case <-ctx.Done():
+				n.logTakeovers(true) // the summaries not yet due
 				return
 			case <-lo.ready:
 			case <-t.C:
 			}
 			n.updateReady()
+			n.logTakeovers(false)
 			// A log of two members has one voter: say so once a cluster
 			// has stayed at two members (a three-member cluster starting
 			// up is two for a moment).
@@ -386,10 +387,19 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 		}
 		n.log.Debug("partition taken over from failed holder", "partition", p, "peer", memberName(prev.Holder), "epoch", st.Epoch, "keys", keys)
 		n.metrics.Handoff("takeover", "ok", keys)
-		if !lo.tookFrom[prev.Holder] && len(lo.tookFrom) < maxKnown {
-			lo.tookFrom[prev.Holder] = true
-			n.log.Warn("taking over the partitions of a member whose liveness ended", "peer", memberName(prev.Holder), "incarnation", prev.Holder)
+		// One Warn per ended member, as in gossip mode: logTakeovers
+		// sums its takeovers once they have been quiet for a lease.
+		mono := n.mono()
+		n.own.mu.Lock()
+		t := n.own.tookOver[memberName(prev.Holder)]
+		t.partitions++
+		t.keys += keys
+		if t.first == 0 {
+			t.first = mono
 		}
+		t.last = mono
+		n.own.tookOver[memberName(prev.Holder)] = t
+		n.own.mu.Unlock()
 	case prev.Holder == lo.self && st.Holder != lo.self && st.Holder != "" && st.Backup == lo.self:
 		keys := 0
 		if pt.store != nil {

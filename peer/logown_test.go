@@ -190,8 +190,10 @@ func agreedHolders(nodes []*Node) string {
 // key is still at its limit, and there was never a second decision point.
 func TestLogTakeoverKeepsState(t *testing.T) {
 	metrics := newHoMetrics()
+	logs := newHoLogs()
 	cfg := logConfig(10, time.Minute)
 	cfg.Metrics = metrics
+	cfg.Logger = slog.New(logs)
 	c := startCluster(t, 3, cfg)
 	key := Key{Tenant: "acme", Subject: "user-2", Policy: "api"}
 	admitted, owners := allowN(t, c.nodes, key, 48)
@@ -243,6 +245,26 @@ func TestLogTakeoverKeepsState(t *testing.T) {
 	if metrics.handoffCount("takeover/ok") < 1 || metrics.handoffCount("lost/orphaned") != 0 {
 		t.Fatalf("handoff metrics: takeover/ok %d keys, lost/orphaned %d; want at least the key, 0",
 			metrics.handoffCount("takeover/ok"), metrics.handoffCount("lost/orphaned"))
+	}
+	// And logged as gossip mode logs them: one summary per member that
+	// took over, naming the crashed one, once its takeovers are quiet.
+	var sums []hoRecord
+	waitFor(t, 10*time.Second, "a takeover summary", func() bool {
+		sums = sums[:0]
+		for _, nd := range rest {
+			sums = append(sums, logs.find(nd.Name(), "partitions taken over from failed holder")...)
+		}
+		return len(sums) > 0
+	})
+	parts := int64(0)
+	for _, r := range sums {
+		if r.attrs["peer"].String() != holder.Name() {
+			t.Fatalf("a takeover summary names %s, want the crashed %s", r.attrs["peer"], holder.Name())
+		}
+		parts += r.attrs["partitions"].Int64()
+	}
+	if len(sums) > 2 || parts == 0 {
+		t.Fatalf("%d takeover summaries over %d partitions, want one per survivor (1 or 2) and some", len(sums), parts)
 	}
 }
 

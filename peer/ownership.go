@@ -445,8 +445,13 @@ func (n *Node) logTakeovers(all bool) {
 	}
 	n.own.mu.Unlock()
 	for holder, t := range quiet {
-		n.log.Warn("partitions taken over from failed holder", "peer", holder, "partitions", t.partitions, "keys", t.keys,
-			"took", time.Duration(t.last-t.first), "after_lease_end", time.Duration(t.wait))
+		attrs := []any{"peer", holder, "partitions", t.partitions, "keys", t.keys, "took", time.Duration(t.last - t.first)}
+		if t.wait > 0 {
+			// Gossip mode knows when the holder's lease ended; log mode
+			// takes over only after the liveness expired, by its rule.
+			attrs = append(attrs, "after_lease_end", time.Duration(t.wait))
+		}
+		n.log.Warn("partitions taken over from failed holder", attrs...)
 	}
 }
 
