@@ -359,6 +359,7 @@ func TestProbeDuringTakeover(t *testing.T) {
 // and async, 7 of 5 sync). Now n0 asks n1 again through the members that
 // answered, and learns n1's holding.
 func TestTakeoverUnreachableFromHolder(t *testing.T) {
+	ownByGossip(t)
 	inEveryMode(t, func(t *testing.T, mode Replication) {
 		const limit = 5
 		const lease = time.Second
