@@ -389,17 +389,7 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 		n.metrics.Handoff("takeover", "ok", keys)
 		// One Warn per ended member, as in gossip mode: logTakeovers
 		// sums its takeovers once they have been quiet for a lease.
-		mono := n.mono()
-		n.own.mu.Lock()
-		t := n.own.tookOver[memberName(prev.Holder)]
-		t.partitions++
-		t.keys += keys
-		if t.first == 0 {
-			t.first = mono
-		}
-		t.last = mono
-		n.own.tookOver[memberName(prev.Holder)] = t
-		n.own.mu.Unlock()
+		n.tallyTakeover(memberName(prev.Holder), keys, 0)
 	case prev.Holder == lo.self && st.Holder != lo.self && st.Holder != "" && st.Backup == lo.self:
 		keys := 0
 		if pt.store != nil {

@@ -1134,20 +1134,27 @@ func (n *Node) takeOver(ctx context.Context, pid int) {
 	keys := pt.store.Len()
 	n.metrics.Handoff("takeover", "ok", keys)
 	n.log.Debug("partition taken over from failed holder", "partition", pid, "peer", rep.holder, "epoch", rep.epoch+1, "keys", keys)
+	n.tallyTakeover(rep.holder, keys, rep.leaseEnd)
+}
+
+// tallyTakeover adds one partition (and its keys) taken over from holder
+// to the tally logTakeovers logs; leaseEnd is when holder's lease ended
+// (monotonic ns; 0 when not known, as in log mode).
+func (n *Node) tallyTakeover(holder string, keys int, leaseEnd int64) {
 	now := n.mono()
 	n.own.mu.Lock()
-	t := n.own.tookOver[rep.holder]
+	defer n.own.mu.Unlock()
+	t := n.own.tookOver[holder]
 	t.partitions++
 	t.keys += keys
 	if t.first == 0 {
 		t.first = now
 	}
 	t.last = now
-	if rep.leaseEnd != 0 {
-		t.wait = max(t.wait, now-rep.leaseEnd)
+	if leaseEnd != 0 {
+		t.wait = max(t.wait, now-leaseEnd)
 	}
-	n.own.tookOver[rep.holder] = t
-	n.own.mu.Unlock()
+	n.own.tookOver[holder] = t
 }
 
 // orphanSuspect reports whether partition pt, whose target this node is,

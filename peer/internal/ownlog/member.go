@@ -419,7 +419,7 @@ func (m *Member) autopilot(now int64) {
 	// that the last voter of a log never leaves with it.
 	staying := 0
 	for id := range voters {
-		if p, ok := byID[id]; !ok || !done(p) && !p.Leaving {
+		if p, ok := byID[id]; !ok || !p.Gone && !p.Leaving {
 			staying++
 		}
 	}
