@@ -399,14 +399,15 @@ type Config struct {
 	// TransferChunkBytes bounds one message of a partition copy. Zero means
 	// 1 MiB.
 	TransferChunkBytes int
-	// Ownership chooses how partition holders change: OwnershipGossip
-	// (the default, for now), by rules over each node's gossip view; or
-	// OwnershipLog, by compare-and-set commands in a replicated log (raft)
+	// Ownership chooses how partition holders change: OwnershipLog (the
+	// default), by compare-and-set commands in a replicated log (raft)
 	// with liveness leases, which keeps one decision point per partition
 	// under any single fault, network splits included, once the cluster
 	// has 3 members (of 2 only the founder votes: its crash stops every
-	// holder, the other's is survived). Every member of a
-	// cluster must use the same mode: it is part of the fingerprint.
+	// holder, the other's is survived); or OwnershipGossip, by rules over
+	// each node's gossip view, which is kept for one release for clusters
+	// that upgrade. Every member of a cluster must use the same mode: it
+	// is part of the fingerprint.
 	Ownership OwnershipMode
 
 	clockIsDefault bool // set by withDefaults when Clock was nil
@@ -422,12 +423,12 @@ const (
 	OwnershipLog OwnershipMode = "log"
 )
 
-// ParseOwnership parses "gossip" or "log" ("" is gossip).
+// ParseOwnership parses "log" or "gossip" ("" is log).
 func ParseOwnership(s string) (OwnershipMode, error) {
 	switch OwnershipMode(s) {
-	case "", OwnershipGossip:
+	case OwnershipGossip:
 		return OwnershipGossip, nil
-	case OwnershipLog:
+	case "", OwnershipLog:
 		return OwnershipLog, nil
 	}
 	return "", fmt.Errorf("peer: ownership %q: want gossip or log", s)
@@ -453,6 +454,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RPCAddr == "" {
 		c.RPCAddr = "127.0.0.1:0"
+	}
+	if c.Ownership == "" {
+		c.Ownership = OwnershipLog
 	}
 	c.Join = append([]string(nil), c.Join...)
 	pols := make(map[string]PolicyConfig, len(c.Policies))

@@ -224,8 +224,12 @@ func (n *Node) unsettledForTest() string {
 				continue
 			}
 			if shown++; shown <= 2 {
-				tb, _ := n.lo.run.Table(ctx)
-				fmt.Fprintf(&b, " [p%d target %s %+v may %v table %+v]", p, target, st, n.lo.run.MayDecide(p, n.mono()), tb.Parts[p])
+				fmt.Fprintf(&b, " [p%d target %s %+v may %v", p, target, st, n.lo.run.MayDecide(p, n.mono()))
+				if tb, ok := n.lo.run.Table(ctx); !ok {
+					fmt.Fprintf(&b, " table unknown]")
+				} else {
+					fmt.Fprintf(&b, " table %+v]", tb.Parts[p])
+				}
 			}
 		}
 		return fmt.Sprintf("%s: settled %v, voters %d, %d unsettled%s; %s", n.name, n.Settled(), n.lo.run.Voters(), shown, b.String(), n.lo.run.Describe(ctx))

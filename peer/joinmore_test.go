@@ -3,13 +3,16 @@ package peer
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
 
-// TestDNSJoinNodeJoin starts two single-node clusters and merges them with
-// Node.Join, as serve's DNS re-resolution does: the second call with the
-// same addresses contacts no one, and a closed node refuses.
+// TestDNSJoinNodeJoin starts two single-node clusters and has one contact
+// the other with Node.Join, as serve's DNS re-resolution does. The two
+// were founded separately, so they refuse each other, each saying so in
+// its readiness, and never merge. A second call with the same addresses
+// contacts no one, and a closed node refuses.
 func TestDNSJoinNodeJoin(t *testing.T) {
 	t.Parallel()
 	pols := map[string]PolicyConfig{"p": {Limit: 10, Window: time.Minute}}
@@ -26,11 +29,16 @@ func TestDNSJoinNodeJoin(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("Join(self, a) = %d, %v; want 1, nil", n, err)
 	}
-	// Membership only: whether the two founders' partitions then settle
-	// is the partition-heal path's business (see reconnect.go), not Join's.
-	waitFor(t, 15*time.Second, "both nodes to see 2 members", func() bool {
-		return len(a.nodes[0].Members()) == 2 && len(b.nodes[0].Members()) == 2
+	refused := func(nd *Node, other string) bool {
+		ok, why := nd.Ready()
+		return !ok && strings.Contains(why, other+" (member of another cluster")
+	}
+	waitFor(t, 15*time.Second, "each node to refuse the other's cluster", func() bool {
+		return refused(a.nodes[0], "b") && refused(b.nodes[0], "a")
 	})
+	if m := len(a.nodes[0].Members()) + len(b.nodes[0].Members()); m != 2 {
+		t.Errorf("the separately founded clusters merged: %d ring members in all, want 1 each", m)
+	}
 	if n, err := b.nodes[0].Join(ctx, []string{a.nodes[0].GossipAddr()}); err != nil || n != 0 {
 		t.Errorf("Join(known member) = %d, %v; want 0, nil", n, err)
 	}

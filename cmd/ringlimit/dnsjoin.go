@@ -27,11 +27,12 @@ import (
 // resolve to no other address and no plain address was given, the node
 // starts a new cluster (the first pod of a StatefulSet). Every
 // --join-refresh, a goroutine of runServe resolves them again and hands
-// the addresses to Node.Join, which contacts only those not yet members:
-// new pods are joined, and two clusters that started apart (two first pods
-// racing) merge their membership as after a healed partition. (In tests,
-// two merged founders do not always settle partition ownership within
-// 20 s; the StatefulSet's OrderedReady start avoids two founders.)
+// the addresses to Node.Join, which contacts only those not yet members.
+// Two clusters that started apart (two first pods racing) never merge:
+// each holds quota state the other's log knows nothing of, so they refuse
+// each other and both report not ready, naming the other's members, until
+// an operator restarts one side; the StatefulSet's OrderedReady start
+// avoids two founders.
 
 // resolver is what DNS join needs; *net.Resolver has it.
 type resolver interface {

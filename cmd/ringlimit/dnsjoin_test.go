@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"reflect"
 	"strconv"
@@ -212,8 +213,10 @@ func TestDNSJoinRefresh(t *testing.T) {
 
 // TestDNSJoinServe runs serve with --join dns+localhost:PORT: b joins a
 // through the name at start-up, and c, started later as a cluster of its
-// own on a port b's second name already named, is joined by b's periodic
-// re-resolution.
+// own on a port b's second name already named, is contacted by b's
+// periodic re-resolution. c was founded separately (two first pods that
+// raced), so the clusters refuse each other rather than merge: c and b
+// say so in /readyz, and a and b stay a cluster of 2.
 func TestDNSJoinServe(t *testing.T) {
 	pols := writeFile(t, t.TempDir(), "policies.yaml", envoyPolicies)
 	a := startServe(t, "dns-a", nil, "--policies", pols)
@@ -229,9 +232,19 @@ func TestDNSJoinServe(t *testing.T) {
 	waitMembers(t, []*serveProc{a, b}, 2)
 	c := startServe(t, "dns-c", nil, "--policies", pols, "--gossip-addr", "127.0.0.1:"+cPort)
 	nodes := []*serveProc{a, b, c}
-	waitMembers(t, nodes, 3)
-	if !strings.Contains(b.logText(), "dns join: joined") {
-		t.Errorf("b's log lacks the re-resolution's join:\n%s", b.logText())
+	refuses := func(p *serveProc, other string) bool {
+		r, err := httpDo("GET", "http://"+p.httpAddr+"/readyz", "")
+		why, _ := r.body["reason"].(string)
+		return err == nil && r.status == http.StatusServiceUnavailable && strings.Contains(why, other+" (member of another cluster")
+	}
+	waitFor(t, 20*time.Second, "b and c to refuse each other's cluster", func() bool {
+		return strings.Contains(b.logText(), "dns join: joined") && refuses(b, "dns-c") && refuses(c, "dns-b")
+	})
+	for _, p := range []*serveProc{a, b} {
+		r, err := httpDo("GET", "http://"+p.httpAddr+"/debug/ring", "")
+		if ms, _ := r.body["members"].([]any); err != nil || len(ms) != 2 {
+			t.Errorf("%s's ring has %d members (err %v), want a and b only", p.name, len(ms), err)
+		}
 	}
 	for _, p := range []*serveProc{c, b, a} {
 		if code := p.terminate(t); code != 0 {

@@ -59,10 +59,10 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         declared failed in ~6 s), fast (one data centre
                         with low latency, ~1.2 s) or wan (~45 s); every
                         member should use the same
-  --ownership M         how partition holders change: gossip (default; by
-                        rules over each node's gossip view) or log (by
+  --ownership M         how partition holders change: log (default; by
                         commands in a replicated log, with liveness
-                        leases; needs 3 members to survive a crash);
+                        leases; needs 3 members to survive a crash) or
+                        gossip (by rules over each node's gossip view);
                         every member must use the same
   --log-format F        text or json (default text)
   --log-level L         debug, info, warn or error (default info)
@@ -138,7 +138,7 @@ duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
   GET  /debug/hotkeys the heaviest keys this node owns (tenant and subject
                       are shown: keep /debug and /metrics private)
   GET  /debug/ownership
-                      ownership mode; with --ownership log this node's
+                      ownership mode; in log mode (the default) this node's
                       member ID, the log's leader and voters, its own
                       liveness; each partition's holder, backup, epoch and
                       whether this node decides for it now
@@ -189,7 +189,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.adminTokenFile, "admin-token-file", "", "")
 	fs.StringVar(&f.peerPipes, "peer-pipes", "framed", "")
 	profile := fs.String("gossip-profile", string(peer.GossipLAN), "")
-	ownership := fs.String("ownership", string(peer.OwnershipGossip), "")
+	ownership := fs.String("ownership", string(peer.OwnershipLog), "")
 	fs.BoolVar(&f.exitOnStdinEOF, "exit-on-stdin-eof", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

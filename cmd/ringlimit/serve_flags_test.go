@@ -117,7 +117,7 @@ func TestServeOwnershipFlag(t *testing.T) {
 		env  string // RINGLIMIT_OWNERSHIP, "" for unset
 		want peer.OwnershipMode
 	}{
-		{"default", nil, "", peer.OwnershipGossip},
+		{"default", nil, "", peer.OwnershipLog},
 		{"gossip", []string{"--ownership", "gossip"}, "", peer.OwnershipGossip},
 		{"log", []string{"--ownership", "log"}, "", peer.OwnershipLog},
 		{"log from the environment", nil, "log", peer.OwnershipLog},
