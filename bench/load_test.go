@@ -372,15 +372,10 @@ func redisDrivers(t *testing.T) []loadDriver {
 // ringlimitDrivers starts a 3-node cluster whose policy replicates with
 // mode and returns its sidecar and embedded rows.
 func ringlimitDrivers(t *testing.T, mode peer.Replication) []loadDriver {
-	own, err := peer.ParseOwnership(os.Getenv("RINGLIMIT_LOAD_OWNERSHIP"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	nodes := startPeerClusterWith(t, 3, func(cfg *peer.Config) {
 		p := cfg.Policies[peerPolicy]
 		p.Replication = mode
 		cfg.Policies[peerPolicy] = p
-		cfg.Ownership = own // RINGLIMIT_LOAD_OWNERSHIP=log: ownership through the replicated log
 	})
 	var clients []peerpb.RateLimiterClient
 	for _, nd := range nodes {

@@ -325,13 +325,9 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 			return err
 		}
 		switch {
-		case n.lo != nil && no.owner != "" && no.owner != target && no.owner != n.name:
+		case no.owner != "" && no.owner != target && no.owner != n.name:
 			// The log's table is the only record of holders: follow the
 			// receiver's, learn nothing.
-			redirect = no.owner
-		case n.lo == nil && no.epoch > 0:
-			n.learn(pid, no.owner, no.epoch)
-		case no.owner != "" && no.owner != target && no.owner != n.name:
 			redirect = no.owner
 		default:
 			if err := n.awaitView(ctx, v); err != nil {
@@ -350,7 +346,7 @@ func (n *Node) routeTarget(v *view, pt *part, pid int, waited time.Duration) str
 	pt.mu.RLock()
 	r, holder := pt.role, pt.holder
 	pt.mu.RUnlock()
-	if (r == roleMoved || r == roleHint) && holder != n.name {
+	if r == roleHint && holder != n.name {
 		if _, ok := v.alive[holder]; ok {
 			return holder
 		}
@@ -480,28 +476,10 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		return remote, ch, nil
 	}
 	now, mono := n.now()
-	leased := pt.backup != ""
-	if n.lo != nil {
-		leased = true
-		if !n.lo.run.MayDecide(pid, mono) || p.Config.Replication == ReplicateSync && pt.backup == "" && len(v.alive) > 1 {
-			// The lease ended or its renewal is late, or a synchronous
-			// policy waits for the backup the holder is making.
-			pt.mu.RUnlock()
-			return waitHere, ch, nil
-		}
-	} else if leased {
-		if mono >= pt.leaseUntil.Load() {
-			// No lease: the backup may be taking over, or the renewal is
-			// late. Reconcile renews it or moves to a new backup.
-			pt.mu.RUnlock()
-			n.kickOwnership()
-			return waitHere, ch, nil
-		}
-	} else if !n.hasQuorum.Load() || p.Config.Replication == ReplicateSync && n.desiredBackup(v, pid) != "" {
-		// A synchronous policy needs a backup with the partition's copy
-		// before it answers; reconcile is making one.
+	if !n.lo.run.MayDecide(pid, mono) || p.Config.Replication == ReplicateSync && pt.backup == "" && len(v.alive) > 1 {
+		// The lease ended or its renewal is late, or a synchronous
+		// policy waits for the backup the holder is making.
 		pt.mu.RUnlock()
-		n.kickOwnership()
 		return waitHere, ch, nil
 	}
 	if p.Unlimited {
@@ -537,7 +515,7 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	if rerr != nil && p.Config.Replication == ReplicateSync {
 		return decided, nil, rerr
 	}
-	if sd.Allowed && leased && p.Config.Replication != ReplicateSync && n.leaseEnded(pt) {
+	if sd.Allowed && p.Config.Replication != ReplicateSync && n.leaseEnded() {
 		return decided, nil, errLeaseEnded
 	}
 	if ri != nil && r.deferWait {
@@ -608,12 +586,7 @@ var errLeaseEnded = fmt.Errorf("%w: the partition's lease ended during the decis
 // admission; an asynchronous one or none is not, so the answer must not
 // confirm it. The admission stays recorded here, where it can only refuse
 // more.
-func (n *Node) leaseEnded(pt *part) bool {
-	if n.lo != nil {
-		return n.mono() >= n.lo.run.LiveUntil()
-	}
-	return n.mono() >= pt.leaseUntil.Load()
-}
+func (n *Node) leaseEnded() bool { return n.mono() >= n.lo.run.LiveUntil() }
 
 // unlimitedDecision is the holder's answer for a key an Unlimited override
 // covers.

@@ -460,7 +460,7 @@ func (sc *admitScratch) put() {
 
 // applyPackedAdmits applies a packed admissions request from sender (sw:
 // what it tells of its policy table) and returns the packed answer.
-func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw senderTable, b []byte, closing, quorum bool) ([]byte, error) {
+func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw senderTable, b []byte, closing bool) ([]byte, error) {
 	r := &packedReader{s: unsafeString(b)} // see decodeItems
 	tab := n.table.Load()                  // once per request
 	nops := r.count(maxWireBatch, 3)
@@ -502,7 +502,7 @@ func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw sende
 		if part > uint64(^uint32(0)) {
 			part = uint64(len(n.pt.parts)) // refused below
 		}
-		res := n.applyOpKeys(sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne, seq: seq}, ents, closing, quorum)
+		res := n.applyOpKeys(sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne, seq: seq}, ents, closing)
 		out = binary.AppendUvarint(out, uint64(res.status))
 		out = binary.AppendVarint(out, res.leaseNs)
 		out = appendStr(out, res.holder)

@@ -128,9 +128,6 @@ func (c *cluster) addWith(name string, edit func(cfg *Config)) *Node {
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(c.t)
 	}
-	if cfg.Ownership == "" && ownedByGossip(c.t) {
-		cfg.Ownership = OwnershipGossip
-	}
 	if len(c.nodes) > 0 {
 		for _, o := range c.nodes {
 			if !o.closing.Load() {
@@ -226,35 +223,6 @@ func (c *cluster) waitMembers(want int) {
 		}
 		<-tick.C
 	}
-}
-
-// gossipOwned holds the tests that run gossip ownership (ownByGossip),
-// by name: their subtests run it too.
-var gossipOwned sync.Map // test name → struct{}
-
-// ownedByGossip reports whether t or a test it is a subtest of called
-// ownByGossip.
-func ownedByGossip(t testing.TB) bool {
-	for name := t.Name(); ; {
-		if _, ok := gossipOwned.Load(name); ok {
-			return true
-		}
-		i := strings.LastIndexByte(name, '/')
-		if i < 0 {
-			return false
-		}
-		name = name[:i]
-	}
-}
-
-// ownByGossip makes the clusters t starts use gossip ownership: t tests a
-// rule of that mode of its own (its copy claims, probes, quorum or
-// promotes), which log ownership has no counterpart of. Log ownership's
-// handling of the same fault is tested beside (logown_test.go) and in the
-// simulator.
-func ownByGossip(t *testing.T) {
-	gossipOwned.Store(t.Name(), struct{}{})
-	t.Cleanup(func() { gossipOwned.Delete(t.Name()) })
 }
 
 // waitFor polls cond until it holds or the deadline passes, then fails

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -382,32 +383,31 @@ type Config struct {
 	// HotKeysHalfLife is the decay half-life of hot-key rates. Zero means
 	// 10 s.
 	HotKeysHalfLife time.Duration
-	// LeaseDuration is how long a partition's backup, once it has the
-	// partition's copy, promises not to take the partition over; the
-	// holder decides only while it holds such a lease, timed on its own
-	// monotonic clock from when it sent the renewal, and renews it every
-	// LeaseDuration/4. A crashed holder's partitions are unavailable for
-	// failure detection plus at most LeaseDuration. Zero means 2 s.
+	// LeaseDuration is the liveness period: every member extends its
+	// liveness record through the ownership log every LeaseDuration/3,
+	// and a holder decides only within 9/10 of LeaseDuration of sending
+	// its latest extension, on its own monotonic clock. A crashed holder's
+	// partitions are taken over once its liveness has expired on the
+	// log's leader (LeaseDuration from when it applied the last extension,
+	// plus the clock-rate margin), so they are unavailable for about one
+	// to two LeaseDurations. Zero means 2 s.
 	LeaseDuration time.Duration
-	// FailedMemberTimeout is how long a member that failed (rather than
-	// left) still counts when the node asks whether it sees a majority of
-	// the cluster: a node that sees only a minority grants no leases and
-	// takes nothing over, so one side of a network split stays passive. A
-	// split longer than this can leave both sides deciding. Zero means
-	// 10 minutes.
+	// FailedMemberTimeout is how long a member that gossip reports failed
+	// (rather than left) stays a voter of the ownership log: a member cut
+	// off for a while is still a voter when it comes back; after it, the
+	// voters are chosen again without it. Zero means 10 minutes.
 	FailedMemberTimeout time.Duration
 	// TransferChunkBytes bounds one message of a partition copy. Zero means
 	// 1 MiB.
 	TransferChunkBytes int
-	// Ownership chooses how partition holders change: OwnershipLog (the
-	// default), by compare-and-set commands in a replicated log (raft)
-	// with liveness leases, which keeps one decision point per partition
-	// under any single fault, network splits included, once the cluster
-	// has 3 members (of 2 only the founder votes: its crash stops every
-	// holder, the other's is survived); or OwnershipGossip, by rules over
-	// each node's gossip view, which is kept for one release for clusters
-	// that upgrade. Every member of a cluster must use the same mode: it
-	// is part of the fingerprint.
+	// Ownership is how partition holders change; the only mode is
+	// OwnershipLog (also ""): by compare-and-set commands in a replicated
+	// log (raft) with liveness leases, which keeps one decision point per
+	// partition under any single fault, network splits included, once the
+	// cluster has 3 members (of 2 only the founder votes: its crash stops
+	// every holder, the other's is survived). "gossip", the rules over
+	// each node's gossip view that came before, was removed: it is
+	// refused as ErrInvalidConfig.
 	Ownership OwnershipMode
 
 	clockIsDefault bool // set by withDefaults when Clock was nil
@@ -416,22 +416,18 @@ type Config struct {
 // OwnershipMode is how partition holders change; see Config.Ownership.
 type OwnershipMode string
 
-const (
-	// OwnershipGossip: holders change by rules over gossip views.
-	OwnershipGossip OwnershipMode = "gossip"
-	// OwnershipLog: holders change by commands in a replicated log.
-	OwnershipLog OwnershipMode = "log"
-)
+// OwnershipLog: holders change by commands in a replicated log.
+const OwnershipLog OwnershipMode = "log"
 
-// ParseOwnership parses "log" or "gossip" ("" is log).
+// ParseOwnership parses "log" ("" is log too).
 func ParseOwnership(s string) (OwnershipMode, error) {
 	switch OwnershipMode(s) {
-	case OwnershipGossip:
-		return OwnershipGossip, nil
 	case "", OwnershipLog:
 		return OwnershipLog, nil
+	case "gossip":
+		return "", fmt.Errorf("peer: ownership %q was removed: holders change only through the ownership log (log)", s)
 	}
-	return "", fmt.Errorf("peer: ownership %q: want gossip or log", s)
+	return "", fmt.Errorf("peer: ownership %q: want log", s)
 }
 
 // defaultPolicy is the table a zero Config gets.
@@ -535,8 +531,8 @@ func (c Config) validate() error {
 	if len(c.Name) > 128 {
 		bad("name is %d bytes, longer than 128", len(c.Name))
 	}
-	if c.Ownership != "" && c.Ownership != OwnershipGossip && c.Ownership != OwnershipLog {
-		bad("ownership %q: want gossip or log", c.Ownership)
+	if _, err := ParseOwnership(string(c.Ownership)); err != nil {
+		bad("%s", strings.TrimPrefix(err.Error(), "peer: "))
 	}
 	for _, a := range []struct{ name, v string }{{"gossip address", c.GossipAddr}, {"rpc address", c.RPCAddr}} {
 		if _, _, err := net.SplitHostPort(a.v); err != nil {
@@ -610,10 +606,9 @@ func (c Config) fingerprint() uint64 {
 	// Placement hashes (tenant, subject) to a partition and ownership moves
 	// by partition with epochs: both are part of the contract.
 	fmt.Fprintf(h, "ring=%d;placement=%s;", c.Ring.Fingerprint(), placementScheme)
-	if c.Ownership == OwnershipLog {
-		// Log-owned and gossip-owned members would each think they decide.
-		fmt.Fprintf(h, "ownership=log;")
-	}
+	// Log-owned members never mix with the gossip-owned members of older
+	// releases: each would think it decides.
+	fmt.Fprintf(h, "ownership=log;")
 	return h.Sum64()
 }
 

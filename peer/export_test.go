@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"reflect"
-	"sort"
 	"strings"
 	"time"
 
@@ -97,12 +96,6 @@ func (n *Node) Fingerprint() uint64 { return n.fp }
 // GossipMembers returns how many members n's memberlist knows, whatever
 // their fingerprint.
 func (n *Node) GossipMembers() int { return n.ml.NumMembers() }
-
-// EncodeMetaForTest returns the gossip metadata a member with the given
-// fingerprint and gRPC address would publish.
-func EncodeMetaForTest(fingerprint uint64, rpcAddr string) []byte {
-	return meta{fingerprint: fingerprint, rpcAddr: rpcAddr}.encode()
-}
 
 // partOfForTest returns the partition key belongs to on n.
 func (n *Node) partOfForTest(key Key) *part {
@@ -212,54 +205,22 @@ func sameDecision(a, b Decision) bool {
 // settled, for failure messages.
 func (n *Node) unsettledForTest() string {
 	v := n.view.Load()
-	if n.lo != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		var b strings.Builder
-		shown := 0
-		for p := range n.pt.parts {
-			st := n.lo.run.Part(p)
-			mine, target := st.Holder == n.lo.self, v.snap.PartitionOwner(p)
-			if mine == (target == n.name) && (!mine || n.lo.run.MayDecide(p, n.mono()) && st.Backup != "") {
-				continue
-			}
-			if shown++; shown <= 2 {
-				fmt.Fprintf(&b, " [p%d target %s %+v may %v", p, target, st, n.lo.run.MayDecide(p, n.mono()))
-				if tb, ok := n.lo.run.Table(ctx); !ok {
-					fmt.Fprintf(&b, " table unknown]")
-				} else {
-					fmt.Fprintf(&b, " table %+v]", tb.Parts[p])
-				}
-			}
-		}
-		return fmt.Sprintf("%s: settled %v, voters %d, %d unsettled%s; %s", n.name, n.Settled(), n.lo.run.Voters(), shown, b.String(), n.lo.run.Describe(ctx))
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
 	var b strings.Builder
 	shown := 0
-	for i := range n.pt.parts {
-		pt := &n.pt.parts[i]
-		pt.mu.RLock()
-		r, backup, needSync, epoch, holder := pt.role, pt.backup, pt.needSync, pt.epoch, pt.holder
-		lease := pt.leaseUntil.Load() - n.mono()
-		rep := pt.rep
-		pt.mu.RUnlock()
-		target := v.snap.PartitionOwner(i)
-		mine := r == roleHolder || r == roleFenced
-		if (target == n.name) == mine && r != roleFenced && (!mine || !needSync && backup == n.desiredBackup(v, i)) {
-			continue
+	for _, p := range n.unsettledPids() {
+		st := n.lo.run.Part(p)
+		if shown++; shown <= 2 {
+			fmt.Fprintf(&b, " [p%d target %s %+v may %v", p, v.snap.PartitionOwner(p), st, n.lo.run.MayDecide(p, n.mono()))
+			if tb, ok := n.lo.run.Table(ctx); !ok {
+				fmt.Fprintf(&b, " table unknown]")
+			} else {
+				fmt.Fprintf(&b, " table %+v]", tb.Parts[p])
+			}
 		}
-		if shown++; shown > 6 {
-			continue
-		}
-		fmt.Fprintf(&b, " [p%d role=%v holder=%s epoch=%d target=%s backup=%s want=%s needSync=%v lease=%v working=%v rep=%s@%d]",
-			i, r, holder, epoch, target, backup, n.desiredBackup(v, i), needSync, time.Duration(lease), n.isWorking(i), rep.holder, rep.epoch)
 	}
-	members := make([]string, 0, len(v.alive))
-	for m := range v.alive {
-		members = append(members, m)
-	}
-	sort.Strings(members)
-	return fmt.Sprintf("%s (sees %v): %d unsettled%s", n.name, members, shown, b.String())
+	return fmt.Sprintf("%s: settled %v, voters %d, %d unsettled%s; %s", n.name, n.Settled(), n.lo.run.Voters(), shown, b.String(), n.lo.run.Describe(ctx))
 }
 
 // partForTest describes partition pid as n knows it, for failure messages.
@@ -268,8 +229,8 @@ func (n *Node) partForTest(pid int) string {
 	pt := &n.pt.parts[pid]
 	pt.mu.RLock()
 	defer pt.mu.RUnlock()
-	return fmt.Sprintf("%s: p%d role=%v holder=%s epoch=%d target=%s backup=%s needSync=%v rep=%s@%d complete=%v next=%s@%d",
-		n.name, pid, pt.role, pt.holder, pt.epoch, v.snap.PartitionOwner(pid), pt.backup, pt.needSync,
+	return fmt.Sprintf("%s: p%d role=%v holder=%s epoch=%d target=%s backup=%s rep=%s@%d complete=%v next=%s@%d",
+		n.name, pid, pt.role, pt.holder, pt.epoch, v.snap.PartitionOwner(pid), pt.backup,
 		pt.rep.holder, pt.rep.epoch, pt.rep.complete, pt.next.holder, pt.next.epoch)
 }
 
@@ -277,30 +238,14 @@ func (n *Node) partForTest(pid int) string {
 func (n *Node) unsettledPids() []int {
 	v := n.view.Load()
 	var out []int
-	for i := range n.pt.parts {
-		pt := &n.pt.parts[i]
-		pt.mu.RLock()
-		r, backup, needSync := pt.role, pt.backup, pt.needSync
-		pt.mu.RUnlock()
-		mine := r == roleHolder || r == roleFenced
-		if (v.snap.PartitionOwner(i) == n.name) != mine || r == roleFenced || mine && (needSync || backup != n.desiredBackup(v, i)) {
-			out = append(out, i)
+	for p := range n.pt.parts {
+		st := n.lo.run.Part(p)
+		mine, target := st.Holder == n.lo.self, v.snap.PartitionOwner(p)
+		if mine != (target == n.name) || mine && (!n.lo.run.MayDecide(p, n.mono()) || len(v.alive) > 1 && st.Backup == "") {
+			out = append(out, p)
 		}
 	}
 	return out
-}
-
-// believeMovedForTest makes n, the holder of partition pid, forget it and
-// believe holder holds it at epoch: a stale record, as if learned from a
-// process that has since gone. The partition's state is dropped.
-func (n *Node) believeMovedForTest(pid int, holder string, epoch uint64) {
-	pt := &n.pt.parts[pid]
-	pt.mu.Lock()
-	defer pt.mu.Unlock()
-	pt.store = nil
-	pt.backup = ""
-	pt.leaseUntil.Store(0)
-	pt.setRoleLocked(roleMoved, holder, epoch, n.clock())
 }
 
 // dropCopyForTest makes n forget its copy of partition pid.
@@ -329,31 +274,18 @@ func (n *Node) pipeBreaksForTest() int64 { return n.pipeBreaks.Load() }
 // lease check and the decision itself.
 func (n *Node) setDecideHookForTest(f func()) { n.decideHook.Store(&f) }
 
-// setTakeoverHookForTest makes n call f in every takeover, between its
-// probe of the other members and its commit.
-func (n *Node) setTakeoverHookForTest(f func(pid int)) { n.takeoverHook.Store(&f) }
-
-// setPromoteHookForTest makes n call f at the start of every Promote it
-// receives, before anything is checked.
-func (n *Node) setPromoteHookForTest(f func(pid int)) { n.promoteHook.Store(&f) }
-
-// setPromoteLostForTest makes n lose the answer of every promote it
-// carries out for a partition f returns true for (the sender sees an error
-// although n now holds the partition).
-func (n *Node) setPromoteLostForTest(f func(pid int) bool) { n.promoteLost.Store(&f) }
-
 // setReplDropForTest makes n's ReplicateStream receiver swallow the
 // requests f returns true for: neither applied nor answered, as if lost.
 func (n *Node) setReplDropForTest(f func(*peerpb.ReplicateRequest) bool) { n.replDrop.Store(&f) }
 
-// setCopyFaultForTest makes n consult f before each request of a partition
-// copy it sends (nil: none).
-func (n *Node) setCopyFaultForTest(f func(pid int, to string, last bool) copyFault) {
+// setCopyUnsentForTest makes n fail, unsent, every copy of a partition
+// it would send that f returns true for (nil: none).
+func (n *Node) setCopyUnsentForTest(f func(pid int, to string) bool) {
 	if f == nil {
-		n.copyFault.Store(nil)
+		n.copyUnsent.Store(nil)
 		return
 	}
-	n.copyFault.Store(&f)
+	n.copyUnsent.Store(&f)
 }
 
 // fillForTest merges ks into n's own store of partition pid, which n
@@ -373,28 +305,6 @@ func (n *Node) fillForTest(pid int, ks shard.KeyState, policy string, now time.T
 	return pt.store.Import(ks, p.Shard, now)
 }
 
-// setReleaseLostForTest makes n lose every RELEASE of a partition copy
-// it sends that f returns true for (nil: none).
-func (n *Node) setReleaseLostForTest(f func(pid int, to string) bool) {
-	if f == nil {
-		n.releaseLost.Store(nil)
-		return
-	}
-	n.releaseLost.Store(&f)
-}
-
-// replicaForTest returns n's complete copy of partition pid: whose holding
-// it copies and at which epoch ("", 0 when n keeps none).
-func (n *Node) replicaForTest(pid int) (holder string, epoch uint64) {
-	pt := &n.pt.parts[pid]
-	pt.mu.RLock()
-	defer pt.mu.RUnlock()
-	if !pt.rep.complete {
-		return "", 0
-	}
-	return pt.rep.holder, pt.rep.epoch
-}
-
 // copyForTest returns n's complete copy of partition pid kept for holder,
 // or nil when n keeps none.
 func (n *Node) copyForTest(pid int, holder string) *shard.Store {
@@ -404,25 +314,12 @@ func (n *Node) copyForTest(pid int, holder string) *shard.Store {
 	if !pt.rep.complete || pt.rep.holder != holder {
 		return nil
 	}
-	if n.lo != nil {
-		// Log ownership installs a backup's copy as the partition's store.
-		return pt.store
-	}
-	return pt.rep.store
+	return pt.store // a backup's complete copy is the partition's store
 }
 
 // replicaEpochForTest is the epoch a holder's replication to n, the
-// backup of pid, carries: the partition's epoch in the log's table (log
-// ownership), or that of n's copy (gossip ownership).
-func (n *Node) replicaEpochForTest(pid int) uint64 {
-	if n.lo != nil {
-		return n.lo.run.Part(pid).Epoch
-	}
-	pt := &n.pt.parts[pid]
-	pt.mu.RLock()
-	defer pt.mu.RUnlock()
-	return pt.rep.epoch
-}
+// backup of pid, carries: the partition's epoch in the log's table.
+func (n *Node) replicaEpochForTest(pid int) uint64 { return n.lo.run.Part(pid).Epoch }
 
 // pipeForTest names the kind of n's forward pipe to member: "framed",
 // "grpc", or "" without one.

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"reflect"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,49 +19,6 @@ import (
 	"github.com/ringlimit/ringlimit/shard"
 )
 
-// ghostDelegate publishes a ghost member's metadata.
-type ghostDelegate struct{ meta []byte }
-
-func (d *ghostDelegate) NodeMeta(int) []byte             { return d.meta }
-func (d *ghostDelegate) NotifyMsg([]byte)                {}
-func (d *ghostDelegate) GetBroadcasts(int, int) [][]byte { return nil }
-func (d *ghostDelegate) LocalState(bool) []byte          { return nil }
-func (d *ghostDelegate) MergeRemoteState([]byte, bool)   {}
-
-// startGhost joins a gossip-only member named name to c: it stays healthy in
-// gossip with c's fingerprint, so the ring gives it keys, but its gRPC
-// address is rpcAddr, which the test controls (refused, or silent). It
-// waits until every node's ring includes it and leaves on cleanup.
-func startGhost(t *testing.T, c *cluster, name, rpcAddr string) {
-	t.Helper()
-	mc := memberlist.DefaultLANConfig()
-	fastGossip(mc)
-	mc.Name = name
-	mc.BindAddr = "127.0.0.1"
-	mc.BindPort = 0
-	mc.Delegate = &ghostDelegate{meta: EncodeMetaForTest(c.nodes[0].Fingerprint(), rpcAddr)}
-	mc.LogOutput = io.Discard
-	ml, err := memberlist.Create(mc)
-	if err != nil {
-		t.Fatalf("start ghost %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		_ = ml.Leave(time.Second)
-		_ = ml.Shutdown()
-	})
-	if _, err := ml.Join([]string{c.nodes[0].GossipAddr()}); err != nil {
-		t.Fatalf("ghost %s join: %v", name, err)
-	}
-	waitFor(t, 15*time.Second, "every node to place keys on "+name, func() bool {
-		for _, nd := range c.live() {
-			if !slices.Contains(nd.Members(), name) {
-				return false
-			}
-		}
-		return true
-	})
-}
-
 // refusedAddr returns a loopback address nothing listens on: connections to
 // it are refused at once.
 func refusedAddr(t *testing.T) string {
@@ -75,41 +30,6 @@ func refusedAddr(t *testing.T) string {
 	addr := lis.Addr().String()
 	_ = lis.Close()
 	return addr
-}
-
-// silentAddr returns a loopback address that accepts connections and never
-// answers, like a hung process: gRPC calls to it last until their deadline.
-func silentAddr(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			conn, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, conn)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = lis.Close()
-		<-done
-		mu.Lock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-	})
-	return lis.Addr().String()
 }
 
 // TestFailurePolicies asks for keys whose holder is alive in gossip but
@@ -647,82 +567,6 @@ func TestPolicyUnknownToBackupNotConfirmed(t *testing.T) {
 	if confirmed != limit {
 		t.Fatalf("%d admissions of q confirmed in one window of limit %d across the roll and a crash; want exactly %d", confirmed, limit, limit)
 	}
-}
-
-// TestCopyWithPolicyUnknownToReceiver makes the holder copy a partition
-// (its backup lost its copy) to a member whose table lacks a policy the
-// partition has keys of. The receiver skips those keys, so the copy is not
-// complete and must not become the backup: before, it did, and a crash of
-// the holder then restarted those keys empty on the new holder.
-func TestCopyWithPolicyUnknownToReceiver(t *testing.T) {
-	ownByGossip(t)
-	const limit = 5
-	both := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}, "q": {Limit: limit, Window: time.Hour}}
-	onlyP := map[string]PolicyConfig{"p": both["p"]}
-	c := startCrashCluster(t, both)
-	n0, n1 := c.nodes[0], c.nodes[1]
-	kp, pid := keyHeldWithBackup(t, n0, n1, "copy-roll", "p")
-	kq := Key{Tenant: kp.Tenant, Subject: kp.Subject, Policy: "q"}
-	confirmed := admitN(t, n0, kq, 2)
-	// n1 loses q from its table and its copy of the partition: the holder
-	// must copy the partition again, q's key included.
-	if err := n1.SetPolicies(onlyP); err != nil {
-		t.Fatal(err)
-	}
-	n1.dropCopyForTest(pid)
-	pt0 := &n0.pt.parts[pid]
-	waitFor(t, 20*time.Second, "a copy of the partition to n1 to fail", func() bool {
-		pt0.mu.RLock()
-		defer pt0.mu.RUnlock()
-		return pt0.copyFailingSince != 0
-	})
-	if n1.copyForTest(pid, n0.Name()) != nil {
-		t.Fatal("n1 installed a copy without q's key as complete")
-	}
-	if err := n1.SetPolicies(both); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 20*time.Second, "a complete copy on n1", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_, err := n0.Allow(ctx, Request{Key: kp})
-		return err == nil && n0.backupForTest(pid) == n1.Name()
-	})
-	copyStore := n1.copyForTest(pid, n0.Name())
-	if copyStore == nil {
-		t.Fatal("n1 has no complete copy")
-	}
-	if st, ok := copyStore.Export(kq, n1.clock()); !ok || len(st.Runs) == 0 {
-		t.Fatalf("n1's new copy lacks q's key (%+v, %v): the copy skipped it", st, ok)
-	}
-	confirmed += admittedAfterCrash(t, n0, []*Node{n1}, kq, limit)
-	if confirmed != limit {
-		t.Fatalf("%d admissions of q confirmed in one window of limit %d across the copy and a crash; want exactly %d", confirmed, limit, limit)
-	}
-}
-
-// TestCopySkipsRemovedPolicy removes a policy from every table while the
-// holder still keeps state of its keys. That state decides nothing any
-// more, and no receiver would record it: copies leave it out, so a new
-// copy of the partition still completes (before, including it would have
-// kept the partition without a backup until the state expired).
-func TestCopySkipsRemovedPolicy(t *testing.T) {
-	ownByGossip(t)
-	both := map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}, "q": {Limit: 5, Window: time.Hour}}
-	onlyP := map[string]PolicyConfig{"p": both["p"]}
-	c := startCrashCluster(t, both)
-	n0, n1 := c.nodes[0], c.nodes[1]
-	kp, pid := keyHeldWithBackup(t, n0, n1, "removed", "p")
-	kq := Key{Tenant: kp.Tenant, Subject: kp.Subject, Policy: "q"}
-	admitN(t, n0, kq, 1)
-	for _, nd := range c.nodes {
-		if err := nd.SetPolicies(onlyP); err != nil {
-			t.Fatal(err)
-		}
-	}
-	n1.dropCopyForTest(pid)
-	waitFor(t, 20*time.Second, "a new complete copy on n1", func() bool { return n1.copyForTest(pid, n0.Name()) != nil })
-	admitN(t, n0, kp, 1)
 }
 
 // TestLimitRaisedOnHolderFirst rolls out a higher limit that reaches the

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -48,6 +49,11 @@ const (
 	logTick      = 50 * time.Millisecond
 	logHeartbeat = 2
 )
+
+// twoMemberGrace is how long a cluster that grew to two members stays two
+// before the node warns: a three-member cluster starting up is two for a
+// moment (its third member joining) and is not warned about.
+func (n *Node) twoMemberGrace() time.Duration { return 10 * n.cfg.LeaseDuration }
 
 // logFailedGone is how long a member that gossip reports failed (not
 // left) stays in autopilot's roster as a live member, so that a member
@@ -374,7 +380,6 @@ func (lo *logOwner) Reset(p int) {
 func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 	n := lo.n
 	pt := &n.pt.parts[p]
-	now := n.clock()
 	prev := lo.last[p]
 	lo.last[p] = st
 	switch {
@@ -389,7 +394,7 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 		n.metrics.Handoff("takeover", "ok", keys)
 		// One Warn per ended member, as in gossip mode: logTakeovers
 		// sums its takeovers once they have been quiet for a lease.
-		n.tallyTakeover(memberName(prev.Holder), keys, 0)
+		n.tallyTakeover(memberName(prev.Holder), keys)
 	case prev.Holder == lo.self && st.Holder != lo.self && st.Holder != "" && st.Backup == lo.self:
 		keys := 0
 		if pt.store != nil {
@@ -408,13 +413,13 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 			pt.store = n.newPartStore()
 		}
 		pt.backup = memberName(st.Backup)
-		pt.setRoleLocked(r, n.name, st.Epoch, now)
+		pt.setRoleLocked(r, n.name, st.Epoch)
 	case st.Holder != "":
 		pt.backup = ""
-		pt.setRoleLocked(roleHint, memberName(st.Holder), st.Epoch, now)
+		pt.setRoleLocked(roleHint, memberName(st.Holder), st.Epoch)
 	default:
 		pt.backup = ""
-		pt.setRoleLocked(roleNone, "", 0, now)
+		pt.setRoleLocked(roleNone, "", 0)
 	}
 	select {
 	case lo.ready <- struct{}{}:
@@ -458,10 +463,16 @@ func (lo *logOwner) SendCopy(a ownership.Action) {
 	}()
 }
 
+// errCopyUnsent is a copy a test failed before it was sent.
+var errCopyUnsent = errors.New("peer: copy not sent (test)")
+
 // sendCopy sends keys as one copy of a.P to member to, in requests of at
 // most TransferChunkBytes, and reports whether every request was applied.
 func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string, keys []*peerpb.KeyState) error {
 	n := lo.n
+	if f := n.copyUnsent.Load(); f != nil && (*f)(a.P, to) {
+		return errCopyUnsent
+	}
 	c, err := n.peerClient(to)
 	if err != nil {
 		return err
@@ -531,13 +542,13 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 			return refused
 		}
 		pt.mu.Lock()
-		pt.next = replica{holder: sender, epoch: h.epoch, holderEpoch: h.holderEpoch, store: n.newPartStore()}
+		pt.next = replica{holder: sender, epoch: h.epoch, copySeq: h.holderEpoch, store: n.newPartStore()}
 		pt.mu.Unlock()
 		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 	case peerpb.PartitionOp_KIND_SYNC_CHUNK:
 		pt.mu.Lock()
 		defer pt.mu.Unlock()
-		if pt.next.holder != sender || pt.next.epoch != h.epoch || pt.next.holderEpoch != h.holderEpoch || pt.next.store == nil {
+		if pt.next.holder != sender || pt.next.epoch != h.epoch || pt.next.copySeq != h.holderEpoch || pt.next.store == nil {
 			return needSync // not the copy under way: an older one, late
 		}
 		if len(keys) < h.carried {
@@ -562,9 +573,9 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 		}
 		pt.mu.Lock()
 		nx := pt.next
-		dup := pt.rep.complete && pt.rep.holder == sender && pt.rep.epoch == h.epoch && pt.rep.holderEpoch == h.holderEpoch
+		dup := pt.rep.complete && pt.rep.holder == sender && pt.rep.epoch == h.epoch && pt.rep.copySeq == h.holderEpoch
 		pt.mu.Unlock()
-		if nx.holder != sender || nx.epoch != h.epoch || nx.holderEpoch != h.holderEpoch || nx.store == nil {
+		if nx.holder != sender || nx.epoch != h.epoch || nx.copySeq != h.holderEpoch || nx.store == nil {
 			if dup {
 				return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 			}
@@ -573,7 +584,7 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 		// The machine is asked without the partition's lock: the runner
 		// takes it to publish.
 		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
-		ok := lo.run.OfferCopy(ctx, pid, from, nx.epoch, nx.holderEpoch)
+		ok := lo.run.OfferCopy(ctx, pid, from, nx.epoch, nx.copySeq)
 		cancel()
 		pt.mu.Lock()
 		defer pt.mu.Unlock()
@@ -585,7 +596,7 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 			return refused
 		}
 		pt.store = nx.store
-		pt.rep = replica{holder: sender, epoch: nx.epoch, holderEpoch: nx.holderEpoch, complete: true}
+		pt.rep = replica{holder: sender, epoch: nx.epoch, copySeq: nx.copySeq, complete: true}
 		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 	case peerpb.PartitionOp_KIND_ADMIT, peerpb.PartitionOp_KIND_REPLACE:
 		if !lo.awaitReplica(pt, pid, from, h.epoch) {
@@ -772,38 +783,24 @@ type PartitionInfo struct {
 	Deciding bool
 }
 
-// Ownership returns ownership as this node sees it: in log mode the
-// applied table as last published (every member's agrees once it has
-// applied the same commands), in gossip mode this node's own records.
+// Ownership returns ownership as this node sees it: the applied table as
+// last published (every member's agrees once it has applied the same
+// commands).
 func (n *Node) Ownership() OwnershipInfo {
-	info := OwnershipInfo{Mode: n.cfg.Ownership, Live: true}
-	if info.Mode == "" {
-		info.Mode = OwnershipGossip
-	}
-	mono := n.mono()
-	if lo := n.lo; lo != nil {
-		info.Member, info.Voters, info.Live = lo.self, lo.run.Voters(), mono < lo.run.LiveUntil()
-		if id := lo.run.Lead(); id != 0 {
-			info.Leader = lo.peers.Load().raft[id]
-			if id == n.ops.start {
-				info.Leader = n.name
-			}
+	lo, mono := n.lo, n.mono()
+	info := OwnershipInfo{Mode: OwnershipLog, Member: lo.self, Voters: lo.run.Voters(), Live: mono < lo.run.LiveUntil()}
+	if id := lo.run.Lead(); id != 0 {
+		info.Leader = lo.peers.Load().raft[id]
+		if id == n.ops.start {
+			info.Leader = n.name
 		}
 	}
 	for p := range n.pt.parts {
-		pi := PartitionInfo{Partition: p}
-		if lo := n.lo; lo != nil {
-			st := lo.run.Part(p)
-			pi.Holder, pi.Backup, pi.Epoch = memberName(st.Holder), memberName(st.Backup), st.Epoch
-			pi.Deciding = st.Holder == lo.self && lo.run.MayDecide(p, mono)
-		} else {
-			pt := &n.pt.parts[p]
-			pt.mu.RLock()
-			pi.Holder, pi.Backup, pi.Epoch = pt.holder, pt.backup, pt.epoch
-			pi.Deciding = pt.role == roleHolder && (pt.backup == "" || mono < pt.leaseUntil.Load())
-			pt.mu.RUnlock()
-		}
-		info.Partitions = append(info.Partitions, pi)
+		st := lo.run.Part(p)
+		info.Partitions = append(info.Partitions, PartitionInfo{
+			Partition: p, Holder: memberName(st.Holder), Backup: memberName(st.Backup), Epoch: st.Epoch,
+			Deciding: st.Holder == lo.self && lo.run.MayDecide(p, mono),
+		})
 	}
 	return info
 }

@@ -392,18 +392,6 @@ func (n *Node) rebuild() {
 		// the last ring; the node is shutting down.
 		return
 	}
-	// Members that failed count against the quorum from the moment the
-	// view without them is published, not a moment later: a node that
-	// loses its last peers would otherwise see itself, for that moment,
-	// as a majority of one (and drop a backup, say, that the others are
-	// about to take over from).
-	var gone []string
-	for _, e := range evs {
-		if e.kind == "failed" {
-			gone = append(gone, e.name)
-		}
-	}
-	n.noteMembership(gone, nil)
 	old := n.view.Load()
 	now := time.Now()
 	stopping := len(names) == 0
@@ -435,7 +423,6 @@ func (n *Node) rebuild() {
 	if len(evs) == 0 && changed && old == nil {
 		evs = []event{{kind: "joined", name: n.name}}
 	}
-	var back []string
 	for _, e := range evs {
 		if _, ok := ignored[e.name]; ok && (e.kind == "joined" || e.kind == "updated") {
 			// Gossip knows it, the ring does not: not a join.
@@ -443,26 +430,16 @@ func (n *Node) rebuild() {
 		}
 		n.log.Info("gossip membership", "event", e.kind, "member", e.name, "member_addr", e.addr,
 			"ring_version", v.snap.Version(), "members", v.snap.Len(), "partitions_owned", owned)
-		if e.kind == "joined" || e.kind == "updated" {
-			back = append(back, e.name)
-		}
 	}
 	if dropped > 0 {
 		n.log.Warn("gossip membership events dropped", "dropped", dropped)
 	}
-	n.noteMembership(nil, back)
-	if n.lo != nil {
-		n.lo.setView(v, evs, starts, names)
-	}
-	n.storeQuorum()
+	n.lo.setView(v, evs, starts, names)
 	if !changed {
 		return
 	}
 	n.metrics.Ring(v.snap.Version(), v.snap.Len())
 	n.dropClients(alive)
-	if old != nil {
-		n.kickOwnership()
-	}
 }
 
 // snapOrNil returns v's snapshot, or nil for a nil view.
@@ -598,15 +575,11 @@ func (n *Node) adoptCluster(members map[string][]byte) uint64 {
 	if best == 0 || best == mine {
 		return mine
 	}
-	if mine != 0 && n.lo != nil {
-		// Log ownership: a cluster is its log, and two logs never merge.
-		// The other cluster's members stay ignored (logged, and this node
-		// is not ready) until one side restarts with Join pointing at the
-		// other.
-		return mine
-	}
 	if mine != 0 {
-		n.giveWay(mine, best, count[mine], count[best])
+		// A cluster is its log, and two logs never merge. The other
+		// cluster's members stay ignored (logged, and this node is not
+		// ready) until one side restarts with Join pointing at the other.
+		return mine
 	}
 	n.clusterID.Store(best)
 	mine = best

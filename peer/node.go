@@ -55,11 +55,6 @@ type Node struct {
 	stopped atomic.Bool
 	// clusterID names the cluster this node belongs to (see meta.cluster).
 	clusterID atomic.Uint64
-	// hasQuorum caches quorum() for the decision path; the rebuild and
-	// the ownership loop refresh it (storeQuorum).
-	hasQuorum atomic.Bool
-	// quorumWatch is what storeQuorum last logged about the majority.
-	quorumWatch quorumWatch
 
 	view      atomic.Pointer[view]
 	viewMu    sync.Mutex    // guards viewCh and version
@@ -103,25 +98,12 @@ type Node struct {
 	// the message in flight on its pipe before it takes another slot:
 	// pipeGather (tests lengthen it to make the gathering certain).
 	gather atomic.Int64
+	// copyUnsent, when set (tests only), fails every copy of a partition
+	// this node would send that it returns true for, unsent.
+	copyUnsent atomic.Pointer[func(pid int, to string) bool]
 	// decideHook, when set (tests only), runs in decideHere between the
 	// lease check and the decision.
 	decideHook atomic.Pointer[func()]
-	// takeoverHook, when set (tests only), runs in takeOver between its
-	// probe and its commit, with the partition.
-	takeoverHook atomic.Pointer[func(pid int)]
-	// promoteHook, when set (tests only), runs at the start of every
-	// Promote, with the partition: a promote delayed on its way.
-	promoteHook atomic.Pointer[func(pid int)]
-	// promoteLost, when set (tests only), makes Promote lose the answer of
-	// a promote it carried out when it returns true for the partition.
-	promoteLost atomic.Pointer[func(pid int) bool]
-	// copyFault, when set (tests only), is asked before each request of a
-	// partition copy this node sends (last: the request that completes
-	// it): send it and lose the answer, or fail it unsent.
-	copyFault atomic.Pointer[func(pid int, to string, last bool) copyFault]
-	// releaseLost, when set (tests only), makes release drop a RELEASE it
-	// returns true for: never sent, as if lost on the way.
-	releaseLost atomic.Pointer[func(pid int, to string) bool]
 	// pipeBreaks counts streams to peers that broke (tests wait on it).
 	pipeBreaks atomic.Int64
 	// replSeq numbers replication messages (ReplicateRequest.Seq).
@@ -135,8 +117,7 @@ type Node struct {
 
 	ops opsState // restarts, duplicate names, readiness, reconnects, peer auth
 
-	// lo drives ownership through the replicated log (logown.go); nil in
-	// gossip mode.
+	// lo drives ownership through the replicated log (logown.go).
 	lo *logOwner
 }
 
@@ -175,33 +156,23 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.replItems.New = func() any { return &replItem{ch: make(chan error, 1)} }
 	n.ops.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.own.failed = make(map[string]time.Time)
-	n.own.working = make(map[int]bool)
-	n.own.sem = make(chan struct{}, reconcileParallel)
 	n.gather.Store(int64(pipeGather))
 	n.own.starts = make(map[string]uint64)
-	n.own.restartedAt = make(map[string]int64)
 	n.own.unreachable = make(map[string]int64)
 	n.own.tookOver = make(map[string]takeoverTally)
 	n.own.checking = make(map[string]bool)
-	n.own.kick = make(chan struct{}, 1)
 	if cfg.clockIsDefault {
 		n.wall = newWallClock(n.started)
 		n.clock = n.wall.now
 	}
-	if cfg.Ownership == OwnershipLog {
-		if n.lo, err = newLogOwner(n); err != nil {
-			return nil, err
-		}
+	if n.lo, err = newLogOwner(n); err != nil {
+		return nil, err
 	}
 	if len(cfg.Join) == 0 {
 		// No one to join: this node starts the cluster and holds every
-		// partition (in log mode, once its log grants them). A node that
-		// joins holds nothing until partitions are transferred to it, and
-		// adopts the cluster's id.
-		if n.lo == nil {
-			n.found()
-		}
+		// partition once its log grants them. A node that joins holds
+		// nothing until partitions are transferred to it, and adopts the
+		// cluster's id.
 		var b [8]byte
 		_, _ = crand.Read(b[:])
 		n.clusterID.Store(binary.BigEndian.Uint64(b[:]) | 1)
@@ -209,35 +180,24 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 
 	if err := n.startRPC(); err != nil {
 		n.cancel()
-		if n.lo != nil {
-			n.lo.shutdown()
-		}
+		n.lo.shutdown()
 		return nil, err
 	}
 	if err := n.startGossip(ctx); err != nil {
 		n.grpcSrv.Stop()
 		n.cancel()
-		if n.lo != nil {
-			n.lo.shutdown()
-		}
+		n.lo.shutdown()
 		n.wg.Wait()
 		return nil, err
 	}
-	if n.lo != nil {
-		n.lo.start()
-	}
+	n.lo.start()
 	n.rebuild()
 	n.wg.Add(2)
 	go n.rebuildLoop()
 	go n.every(cfg.SweepInterval, n.Sweep)
-	if n.lo == nil {
-		n.wg.Add(1)
-		go n.ownerLoop()
-		n.kickOwnership()
-	}
 	n.wg.Add(1)
 	go n.every(cfg.ReconnectInterval, n.reconnect)
-	if n.lo != nil && len(cfg.Join) == 0 {
+	if len(cfg.Join) == 0 {
 		// The founder serves once its log has granted it every partition
 		// (an election and a few commits), within ctx.
 		n.awaitFounded(ctx)
@@ -272,9 +232,7 @@ func (n *Node) serveRPC(lis net.Listener) {
 	peerpb.RegisterLimiterServer(srv, &server{n: n})
 	peerpb.RegisterRateLimiterServer(srv, &publicServer{n: n})
 	healthpb.RegisterHealthServer(srv, n.health)
-	if n.lo != nil {
-		n.lo.register(srv)
-	}
+	n.lo.register(srv)
 	if n.cfg.RegisterServices != nil {
 		n.cfg.RegisterServices(srv, n)
 	}
@@ -511,15 +469,8 @@ func (n *Node) close(ctx context.Context) error {
 	n.delegate.setMeta(n.meta(true))
 	_ = n.ml.UpdateNode(200 * time.Millisecond)
 	n.announceLeave()
-	if n.lo != nil {
-		if err := n.lo.drain(ctx); err != nil {
-			errs = append(errs, err)
-		}
-	} else {
-		n.excludeSelf(ctx)
-		if err := n.drain(ctx); err != nil {
-			errs = append(errs, err)
-		}
+	if err := n.lo.drain(ctx); err != nil {
+		errs = append(errs, err)
 	}
 	leaveTimeout := time.Second
 	if n.view.Load().stopping {
@@ -553,9 +504,7 @@ func (n *Node) close(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("peer: shut down gossip: %w", err))
 	}
 	n.stopped.Store(true)
-	if n.lo != nil {
-		n.lo.shutdown()
-	}
+	n.lo.shutdown()
 	n.cancel()
 	stopped := make(chan struct{})
 	go func() { n.grpcSrv.GracefulStop(); close(stopped) }()

@@ -51,22 +51,8 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 	for _, q := range r.multi {
 		fenced = fenced || q.Config.Replication == ReplicateSync && !q.Unlimited
 	}
-	leased := pt.backup != ""
-	if n.lo != nil {
-		leased = true
-		if !n.lo.run.MayDecide(pid, n.mono()) || sync && r.op != peerpb.Op_OP_PEEK && pt.backup == "" && len(v.alive) > 1 {
-			unlock()
-			return Decision{}, waitHere, ch, nil
-		}
-	} else if leased {
-		if n.leaseEnded(pt) {
-			unlock()
-			n.kickOwnership()
-			return Decision{}, waitHere, ch, nil
-		}
-	} else if !n.hasQuorum.Load() || sync && r.op != peerpb.Op_OP_PEEK && n.desiredBackup(v, pid) != "" {
+	if !n.lo.run.MayDecide(pid, n.mono()) || sync && r.op != peerpb.Op_OP_PEEK && pt.backup == "" && len(v.alive) > 1 {
 		unlock()
-		n.kickOwnership()
 		return Decision{}, waitHere, ch, nil
 	}
 	if h := n.decideHook.Load(); h != nil {
@@ -102,7 +88,7 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		err = fmt.Errorf("%w: unknown operation %v", ErrInvalidKey, r.op)
 	}
 	unlock()
-	if err == nil && d.Allowed && leased && !fenced && (r.op == peerpb.Op_OP_CHECK || r.op == peerpb.Op_OP_ACQUIRE) && n.leaseEnded(pt) {
+	if err == nil && d.Allowed && !fenced && (r.op == peerpb.Op_OP_CHECK || r.op == peerpb.Op_OP_ACQUIRE) && n.leaseEnded() {
 		// As in decideHere: not confirmed without a fencing copy.
 		err = errLeaseEnded
 	}

@@ -79,7 +79,7 @@ func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
 		return errors.Join(errs...)
 	}
 	t := policy.New(cp)
-	raised := n.lo != nil && replicationRaised(n.table.Load(), t)
+	raised := replicationRaised(n.table.Load(), t)
 	if raised {
 		// Log ownership: a policy replicated more strongly than before
 		// must not be answered as such while the backup's copy lacks the

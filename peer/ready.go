@@ -94,10 +94,8 @@ func (n *Node) readiness() (ok bool, reason, code string) {
 	if len(n.cfg.Join) > 0 && n.ml.NumMembers() <= 1 {
 		return false, fmt.Sprintf("alone: no live member reached through the seeds %v", n.cfg.Join), ReadyReasonAlone
 	}
-	if n.lo != nil {
-		if since := n.lo.run.Leaderless(); since != 0 && n.mono()-since > 2*int64(n.cfg.LeaseDuration) {
-			return false, fmt.Sprintf("no leader of the ownership log for %v: a majority of its voters is unreachable, so no partition can change holder and every holder stops within one lease", time.Duration(n.mono()-since).Round(time.Second)), ReadyReasonNoLog
-		}
+	if since := n.lo.run.Leaderless(); since != 0 && n.mono()-since > 2*int64(n.cfg.LeaseDuration) {
+		return false, fmt.Sprintf("no leader of the ownership log for %v: a majority of its voters is unreachable, so no partition can change holder and every holder stops within one lease", time.Duration(n.mono()-since).Round(time.Second)), ReadyReasonNoLog
 	}
 	if !n.Settled() {
 		return false, "partitions moving: this node does not yet hold exactly the partitions its ring gives it, each with its backup copy", ReadyReasonMoving

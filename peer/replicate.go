@@ -22,10 +22,11 @@ import (
 // partition's backup through one batcher per backup member (the same
 // pattern as forwarding: an in-flight slot, then everything queued, as one
 // Replicate RPC). An admission of a ReplicateSync policy waits for its
-// operation's answer; a ReplicateAsync one does not. Every OK answer
-// renews the lease of the operation's partition from when the batch was
-// sent; STALE turns the partition into a forwarding record; NEED_SYNC
-// marks it for a new complete copy.
+// operation's answer; a ReplicateAsync one does not. A backup applies an
+// admission only where the log's table names it backup of that holder at
+// that epoch; any other answer than OK leaves the admission unconfirmed
+// (the caller of a synchronous one is told unavailable). Holders' leases
+// come from the log's liveness records, never from these answers.
 //
 // The backup's side (server.Replicate) keeps one copy per partition in its
 // own store. A copy is replaced only by a complete copy at a newer epoch;
@@ -81,34 +82,6 @@ type replicator struct {
 }
 
 const replQueueLen = 8192
-
-// sendOps queues ops to member to without waiting for them; results are
-// applied to the partitions when they arrive.
-func (n *Node) sendOps(to string, ops []*peerpb.PartitionOp) {
-	c, err := n.peerClient(to)
-	if err != nil {
-		return
-	}
-	for _, op := range ops {
-		it := &replItem{kind: op.Kind, part: op.Partition, epoch: op.Epoch}
-		select {
-		case c.repl.queue <- it:
-		default:
-			// A full queue: the lease renewal is retried next tick.
-			return
-		}
-	}
-}
-
-// release tells member to, our former backup of partition pid at epoch,
-// to drop its copy (best effort: a lost release leaves a copy that a probe
-// finds stale before any takeover).
-func (n *Node) release(to string, pid int, epoch uint64) {
-	if h := n.releaseLost.Load(); h != nil && (*h)(pid, to) {
-		return
-	}
-	n.sendOps(to, []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_RELEASE, Partition: uint32(pid), Epoch: epoch}})
-}
 
 // replicateAdmission queues one admission of key in partition pid at epoch
 // for backup to. It returns a channel that yields the outcome when wait is
@@ -290,7 +263,6 @@ func (c *client) sendReplPipe(p *pipe[peerpb.ReplicateRequest, peerpb.ReplicateR
 		rs.ops = opsOf(rs.req)
 	}
 	c.stamp(rs.req, batch)
-	rs.sent = c.n.mono()
 	rs.start = time.Now()
 	return sendPooled(p, rs)
 }
@@ -307,7 +279,6 @@ type replSend struct {
 	batch  []*replItem
 	ops    []replOp
 	opOf   []int
-	sent   int64
 	start  time.Time
 	pack   packScratch
 	res    resultScratch
@@ -359,7 +330,7 @@ func (rs *replSend) done(resp *peerpb.ReplicateResponse, err error) {
 	if err == nil {
 		results, err = c.replResults(resp, len(rs.ops), &rs.res)
 	}
-	c.replFinish(c.n.ctx, rs.batch, rs.ops, rs.opOf, results, err, rs.sent, rs.start)
+	c.replFinish(c.n.ctx, rs.batch, rs.ops, rs.opOf, results, err, rs.start)
 	rs.release()
 	<-c.repl.sem
 	select {
@@ -494,7 +465,6 @@ func (c *client) sendRepl(batch []*replItem) {
 	c.stamp(req, batch)
 	ctx, cancel := context.WithTimeout(c.n.ctx, c.n.cfg.ForwardTimeout)
 	defer cancel()
-	sent := c.n.mono()
 	start := time.Now()
 	resp, err := c.stub.Replicate(ctx, req)
 	ops := opsOf(req)
@@ -502,7 +472,7 @@ func (c *client) sendRepl(batch []*replItem) {
 	if err == nil {
 		results, err = c.replResults(resp, len(ops), nil)
 	}
-	c.replFinish(ctx, batch, ops, opOf, results, err, sent, start)
+	c.replFinish(ctx, batch, ops, opOf, results, err, start)
 }
 
 // replRequest builds the request for batch; opOf maps each item to its
@@ -553,10 +523,9 @@ func (c *client) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, o
 	return req, opOf
 }
 
-// replFinish applies the results of a batch's operations ops (sent at
-// node monotonic time sent) and tells the waiting items; opOf maps each
-// item to its operation.
-func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp, opOf []int, results []*peerpb.OpResult, err error, sent int64, start time.Time) {
+// replFinish applies the results of a batch's operations ops and tells
+// the waiting items; opOf maps each item to its operation.
+func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp, opOf []int, results []*peerpb.OpResult, err error, start time.Time) {
 	n := c.n
 	if err != nil {
 		n.metrics.Forward(c.name, "replicate_error", time.Since(start))
@@ -572,9 +541,6 @@ func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp
 		return
 	}
 	n.metrics.Forward(c.name, "replicate_ok", time.Since(start))
-	for j, r := range results {
-		n.applyOpResult(int(ops[j].part), ops[j].epoch, c.name, r, sent)
-	}
 	for i, it := range batch {
 		if it.done == nil {
 			n.putReplItem(it)
@@ -600,61 +566,6 @@ func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp
 	}
 }
 
-// applyOpResult applies a backup's answer to an operation of partition
-// pid sent at epoch (node monotonic time sent).
-func (n *Node) applyOpResult(pid int, epoch uint64, from string, r *peerpb.OpResult, sent int64) {
-	if pid < 0 || pid >= len(n.pt.parts) {
-		return
-	}
-	pt := &n.pt.parts[pid]
-	switch r.Status {
-	case peerpb.OpStatus_OP_STATUS_OK:
-		if r.LeaseNs <= 0 {
-			return
-		}
-		pt.mu.RLock()
-		// No lease from a backup whose copy must be made again (it lost
-		// ours, or a copy's outcome is unknown): an answer still in flight
-		// from before must not extend it.
-		if pt.epoch == epoch && pt.backup == from && !pt.needSync {
-			until := sent + min(r.LeaseNs, int64(n.cfg.LeaseDuration))/10*9
-			for {
-				cur := pt.leaseUntil.Load()
-				if cur >= until || pt.leaseUntil.CompareAndSwap(cur, until) {
-					break
-				}
-			}
-		}
-		pt.mu.RUnlock()
-	case peerpb.OpStatus_OP_STATUS_STALE:
-		pt.mu.Lock()
-		if r.Holder == n.name {
-			// The backup keeps a copy of our own holding at a newer
-			// epoch: a copy whose answer we lost. Nobody else holds the
-			// partition; a new copy, at a newer epoch still, settles it.
-			if pt.epoch == epoch && pt.backup == from {
-				pt.needSync = true
-				pt.leaseUntil.Store(0)
-			}
-			pt.mu.Unlock()
-			n.kickOwnership()
-			return
-		}
-		if pt.epoch <= epoch && r.Epoch > epoch {
-			pt.learnLocked(r.Holder, r.Epoch, n.clock())
-			n.log.Warn("partition lost to a newer holder", "partition", pid, "owner", r.Holder, "epoch", r.Epoch)
-		}
-		pt.mu.Unlock()
-	case peerpb.OpStatus_OP_STATUS_NEED_SYNC, peerpb.OpStatus_OP_STATUS_REFUSED:
-		pt.mu.Lock()
-		if pt.epoch == epoch && pt.backup == from {
-			pt.needSync = true
-		}
-		pt.mu.Unlock()
-		n.kickOwnership()
-	}
-}
-
 // Replicate is the backup's side of replication.
 func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*peerpb.ReplicateResponse, error) {
 	return s.replicate(req, nil)
@@ -674,7 +585,6 @@ func (s *server) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peer
 		return nil, status.Errorf(codes.InvalidArgument, "peer: %d operations exceed %d", len(req.GetOps()), maxWireBatch)
 	}
 	closing := n.closing.Load()
-	quorum := n.quorum()
 	ws, err := decodeWindows(req.GetWindowsPacked())
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
@@ -687,7 +597,7 @@ func (s *server) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peer
 		if sc == nil {
 			sc = new(replScratch)
 		}
-		b, err := n.applyPackedAdmits(sc.out[:0], req.GetSender(), req.GetSeq(), sw, req.GetAdmitsPacked(), closing, quorum)
+		b, err := n.applyPackedAdmits(sc.out[:0], req.GetSender(), req.GetSeq(), sw, req.GetAdmitsPacked(), closing)
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
@@ -700,14 +610,14 @@ func (s *server) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peer
 	}
 	resp := &peerpb.ReplicateResponse{Results: make([]*peerpb.OpResult, len(req.GetOps()))}
 	for i, op := range req.GetOps() {
-		resp.Results[i] = n.applyOp(req.GetSender(), req.GetSeq(), sw, op, closing, quorum)
+		resp.Results[i] = n.applyOp(req.GetSender(), req.GetSeq(), sw, op, closing)
 	}
 	return resp, nil
 }
 
 // applyOp applies one operation from holder sender to this node's copy;
 // sw is what the sender tells of its policy table.
-func (n *Node) applyOp(sender string, seq uint64, sw senderTable, op *peerpb.PartitionOp, closing, quorum bool) *peerpb.OpResult {
+func (n *Node) applyOp(sender string, seq uint64, sw senderTable, op *peerpb.PartitionOp, closing bool) *peerpb.OpResult {
 	var keys []packedAdmit
 	for _, w := range op.GetKeys() {
 		st, p, err := n.decodeState(w)
@@ -717,7 +627,7 @@ func (n *Node) applyOp(sender string, seq uint64, sw senderTable, op *peerpb.Par
 		keys = append(keys, packedAdmit{st: st, sp: importPolicy(p, sw)})
 	}
 	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: seq}
-	r := n.applyOpKeys(sender, h, keys, closing, quorum)
+	r := n.applyOpKeys(sender, h, keys, closing)
 	return &peerpb.OpResult{Status: r.status, LeaseNs: r.leaseNs, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
 }
 
@@ -744,322 +654,6 @@ type opHead struct {
 // states it carries that are valid here, each with its local policy (a
 // key of a policy this node does not have, or has with another algorithm,
 // is not among them).
-func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing, quorum bool) opResult {
-	if n.lo != nil {
-		return n.lo.applyOp(sender, h, keys, closing)
-	}
-	kind, part, epoch, holderEpoch := h.kind, h.part, h.epoch, h.holderEpoch
-	if holderEpoch == 0 || holderEpoch >= epoch {
-		// A copy's sender holds the partition at holderEpoch, below the
-		// copy's epoch; an older sender does not say (epoch - 1).
-		holderEpoch = epoch - 1
-	}
-	pid := int(part)
-	if pid >= len(n.pt.parts) || sender == "" || sender == n.name || kind == peerpb.PartitionOp_KIND_SYNC_BEGIN && epoch == 0 {
-		// (A copy's epoch is above its holder's, so never 0: one at 0 is
-		// malformed, and its holder epoch would wrap.)
-		return opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
-	}
-	pt := &n.pt.parts[pid]
-	pt.mu.Lock()
-	defer pt.mu.Unlock()
-	// A newer holder we know of (ourselves included) makes the sender stale.
-	if pt.epoch > epoch && pt.holder != "" && pt.role != roleNone {
-		return opResult{status: peerpb.OpStatus_OP_STATUS_STALE, holder: pt.holder, epoch: pt.epoch}
-	}
-	if kind == peerpb.PartitionOp_KIND_SYNC_BEGIN && pt.holder != "" && pt.holder != sender && pt.role != roleNone {
-		// Another holder we know of at a newer epoch than the sender's
-		// holding, or this node holding at that epoch or newer, means the
-		// sender no longer holds the partition (it was taken over while
-		// it paused, say): its copy must not make this node its backup,
-		// whose lease would let it decide again.
-		holding := pt.role == roleHolder || pt.role == roleFenced
-		if pt.epoch > holderEpoch || holding && pt.epoch == holderEpoch {
-			return opResult{status: peerpb.OpStatus_OP_STATUS_STALE, holder: pt.holder, epoch: pt.epoch}
-		}
-	}
-	if pt.rep.epoch > epoch {
-		return opResult{status: peerpb.OpStatus_OP_STATUS_STALE, holder: pt.rep.holder, epoch: pt.rep.epoch}
-	}
-	now := n.clock()
-	grant := func() opResult {
-		if closing || !quorum {
-			// No lease: a closing node will not be there to honour it, and
-			// a node without a majority must not let a holder decide.
-			return opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
-		}
-		pt.rep.leaseEnd = max(pt.rep.leaseEnd, n.mono()+int64(n.cfg.LeaseDuration))
-		return opResult{status: peerpb.OpStatus_OP_STATUS_OK, leaseNs: int64(n.cfg.LeaseDuration)}
-	}
-	switch kind {
-	case peerpb.PartitionOp_KIND_SYNC_BEGIN:
-		if closing {
-			return opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
-		}
-		// The sender holds the partition at holderEpoch; record it. Never
-		// more: a copy's epoch can be several above its holder's, and a
-		// record of a holding newer than the real one would make a backup
-		// with a good copy think it stale.
-		if pt.role != roleHolder && pt.role != roleFenced {
-			pt.learnLocked(sender, holderEpoch, now)
-		}
-		// The new copy is built beside the complete one we may have; it
-		// replaces it only at SYNC_END.
-		pt.next = replica{holder: sender, epoch: epoch, holderEpoch: holderEpoch, store: n.newPartStore(), made: n.mono()}
-		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
-	case peerpb.PartitionOp_KIND_SYNC_CHUNK:
-		if pt.next.holder != sender || pt.next.epoch != epoch || pt.next.store == nil {
-			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
-		}
-		if len(keys) < h.carried {
-			// Keys this node cannot record (a policy change rolling out):
-			// a copy without them is not complete, and as backup, or as
-			// the next holder, it would start them empty. Give it up; the
-			// holder copies again.
-			pt.next = replica{}
-			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
-		}
-		accepted := 0
-		for _, k := range keys {
-			if err := pt.next.store.Import(k.st, k.sp, now); err != nil {
-				// This node cannot hold the copy (capacity): give it up;
-				// the complete copy we had, if any, stays.
-				pt.next = replica{}
-				return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, accepted: uint32(accepted)}
-			}
-			accepted++
-		}
-		n.metrics.Backup("received", "ok", accepted)
-		return opResult{status: peerpb.OpStatus_OP_STATUS_OK, accepted: uint32(accepted)}
-	case peerpb.PartitionOp_KIND_ADMIT, peerpb.PartitionOp_KIND_REPLACE:
-		if pt.rep.holder != sender || pt.rep.epoch != epoch || pt.rep.store == nil || !pt.rep.complete {
-			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
-		}
-		if h.seq != 0 {
-			if h.seq < pt.rep.seq {
-				// A message older than one already applied, delivered
-				// late (its sender gave up on it, and was told nothing it
-				// carried is recorded here): applying it now could undo
-				// later operations (a REPLACE removing later admissions).
-				// Nobody waits for this answer.
-				return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
-			}
-			pt.rep.seq = h.seq
-		}
-		accepted := 0
-		for _, k := range keys {
-			st, sp := k.st, k.sp
-			if kind == peerpb.PartitionOp_KIND_REPLACE {
-				pt.rep.store.Delete(st.Key)
-				if len(st.Runs) == 0 {
-					accepted++ // a reset: the key is empty
-					continue
-				}
-			}
-			if err := pt.rep.store.Import(st, sp, now); err != nil {
-				// The copy cannot hold the key (capacity). The operation
-				// fails, so the holder does not acknowledge what it
-				// carried; the copy still holds every admission that was
-				// acknowledged, so it stays complete for a takeover.
-				return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, accepted: uint32(accepted)}
-			}
-			accepted++
-		}
-		n.metrics.Backup("received", "ok", accepted)
-		r := grant()
-		r.accepted = uint32(accepted)
-		return r
-	case peerpb.PartitionOp_KIND_SYNC_END:
-		if pt.next.holder != sender || pt.next.epoch != epoch || pt.next.store == nil {
-			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
-		}
-		lease := pt.rep.leaseEnd // a lease granted stays granted
-		completed := n.mono()
-		if pt.rep.complete && pt.rep.holder == sender && pt.rep.epoch == epoch {
-			// The same copy again (a duplicate): a promote of it is no
-			// younger than the first completion (promote).
-			completed = pt.rep.completed
-		}
-		pt.rep = pt.next
-		pt.rep.complete = true
-		pt.rep.leaseEnd = lease
-		pt.rep.completed = completed
-		pt.next = replica{}
-		return grant()
-	case peerpb.PartitionOp_KIND_HEARTBEAT:
-		if pt.rep.holder != sender || pt.rep.epoch != epoch || !pt.rep.complete {
-			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
-		}
-		return grant()
-	case peerpb.PartitionOp_KIND_RELEASE:
-		if pt.next.holder == sender && pt.next.epoch <= epoch {
-			pt.next = replica{}
-		}
-		if pt.rep.holder == sender && pt.rep.epoch <= epoch {
-			pt.rep = replica{}
-			pt.next = replica{}
-		} else if pt.rep.holder == "" {
-			pt.releasedBy, pt.releasedEpoch = sender, epoch
-		}
-		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
-	default:
-		return opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
-	}
-}
-
-// Promote makes this node, the backup with a complete copy at the sender's
-// epoch, the partition's holder at epoch + 1. The old holder becomes this
-// node's backup at once when it still has the very same state and is the
-// ring's choice; otherwise reconcile makes a new copy before the
-// partition decides for synchronous policies.
-func (s *server) Promote(ctx context.Context, req *peerpb.PromoteRequest) (*peerpb.PromoteResponse, error) {
-	if h := s.n.promoteHook.Load(); h != nil {
-		(*h)(int(req.GetPartition()))
-	}
-	resp, err := s.promote(ctx, req)
-	if h := s.n.promoteLost.Load(); h != nil && err == nil && (*h)(int(req.GetPartition())) {
-		// Tests: the promote took effect, its answer is lost.
-		return nil, status.Error(codes.Unavailable, "peer: answer lost (test)")
-	}
-	return resp, err
-}
-
-// promote is Promote's decision.
-func (s *server) promote(ctx context.Context, req *peerpb.PromoteRequest) (*peerpb.PromoteResponse, error) {
-	n := s.n
-	pid := int(req.GetPartition())
-	if pid >= len(n.pt.parts) {
-		return nil, status.Errorf(codes.InvalidArgument, "peer: partition %d out of range", pid)
-	}
-	pt := &n.pt.parts[pid]
-	pt.mu.Lock()
-	defer pt.mu.Unlock()
-	epoch := req.GetEpoch()
-	if (pt.role == roleHolder || pt.role == roleFenced) && pt.epoch == epoch+1 {
-		return &peerpb.PromoteResponse{Ok: true, Holder: n.name, Epoch: pt.epoch}, nil // a repeat
-	}
-	if n.closing.Load() {
-		return &peerpb.PromoteResponse{Holder: pt.holder, Epoch: pt.epoch, Error: "closing"}, nil
-	}
-	if pt.epoch > epoch+1 || pt.rep.epoch > epoch {
-		h, e := pt.holder, pt.epoch
-		if pt.rep.epoch > e {
-			h, e = pt.rep.holder, pt.rep.epoch
-		}
-		return &peerpb.PromoteResponse{Holder: h, Epoch: e, Error: "newer epoch known"}, nil
-	}
-	if !pt.rep.complete || pt.rep.holder != req.GetSender() || pt.rep.epoch != epoch {
-		return &peerpb.PromoteResponse{Holder: pt.holder, Epoch: pt.epoch, Error: "no complete copy at this epoch"}, nil
-	}
-	if err := ctx.Err(); err != nil {
-		// The sender has given up on this promote (its deadline passed,
-		// or it went away): it may take the partition back once
-		// the promote's timeout and a lease have passed since it sent it
-		// (settleFenced), and a lease counted from now could outlast that.
-		return nil, status.FromContextError(err).Err()
-	}
-	// The sender keeps the very same state (it fenced the partition before
-	// the copy) and turns it into its copy of ours when it reads this
-	// answer: it is our backup from the start, so a crash of this node
-	// right after the move loses nothing. Our lease counts from now, before
-	// the sender's record of it begins (when it receives the answer).
-	//
-	// Unless the promote may be late. Its deadline does not tell: gRPC
-	// sends it as a timeout that our server counts from when it reads the
-	// request, so a promote held in the network (or in the socket of a
-	// paused process) arrives with its whole timeout ahead of it, perhaps
-	// after the sender gave up, waited out that timeout and a lease, and
-	// took the partition back (settleFenced); a lease from now would let
-	// both decide. Our own clock bounds its age instead: the sender sent
-	// it after our answer to the copy's last request, which completed the
-	// copy here, so it is no older than the copy. A promote that arrives
-	// within 9/10 of its timeout of the copy's completion, on our clock,
-	// is on time: our lease then ends within 9/10 of the timeout plus the
-	// lease from the copy's completion, before the sender's wait ends
-	// (counted in full on its clock from later), while the clocks' rates
-	// differ by less than 10 % (offsets do not matter). A later one still
-	// makes us the holder (the sender may be waiting for its answer yet,
-	// or be a member handing a copy of its old holding over, which waits
-	// for nothing: promoteCopy), but without a lease: we decide only once
-	// our backup, the sender, grants one (or a new backup does, after the
-	// checks of a holder whose lease has ended). A sender that took the
-	// partition back answers stale and we learn its holding.
-	lease := int64(0)
-	budget := n.rpcTimeout()
-	if dl, ok := ctx.Deadline(); ok {
-		budget = min(budget, time.Until(dl))
-	}
-	if now := n.mono(); pt.rep.completed != 0 && now-pt.rep.completed <= holderLease(budget) {
-		lease = now + holderLease(promoteLease(n.cfg.LeaseDuration, req.GetLeaseNs()))
-	}
-	pt.store = pt.rep.store
-	pt.rep = replica{}
-	pt.next = replica{}
-	pt.backup = req.GetSender()
-	pt.needSync = false
-	pt.leaseUntil.Store(lease)
-	pt.setRoleLocked(roleHolder, n.name, epoch+1, n.clock())
-	n.metrics.Handoff("received", "ok", pt.store.Len())
-	n.kickOwnership()
-	return &peerpb.PromoteResponse{Ok: true, Holder: n.name, Epoch: epoch + 1}, nil
-}
-
-// promoteLease is the lease a promoted holder counts on: its own
-// LeaseDuration, or the sender's (senderNs) when shorter. The sender, our
-// backup from its answer on, records a lease of its own length from when
-// it reads the answer (which it may take back once that ends and we seem
-// gone); a longer lease of ours would outlast its record, and both would
-// decide. An older sender sends no length (0): ours, as before.
-func promoteLease(own time.Duration, senderNs int64) time.Duration {
-	if senderNs > 0 && senderNs < int64(own) {
-		return time.Duration(senderNs)
-	}
-	return own
-}
-
-// Probe tells what this node knows of the partitions asked about, or,
-// asked to relay it, what the member named in the request knows: it passes
-// the probe on with the same sender (so the member counts a probe of its
-// copy's holder, as if asked directly) and returns that member's answer
-// (probeQuiet).
-func (s *server) Probe(ctx context.Context, req *peerpb.ProbeRequest) (*peerpb.ProbeResponse, error) {
-	n := s.n
-	if len(req.GetPartitions()) > len(n.pt.parts) {
-		return nil, status.Errorf(codes.InvalidArgument, "peer: %d partitions asked, ring has %d", len(req.GetPartitions()), len(n.pt.parts))
-	}
-	if to := req.GetRelay(); to != "" && to != n.name {
-		c, err := n.peerClient(to)
-		if err != nil {
-			return nil, status.Error(codes.Unavailable, err.Error())
-		}
-		// Bounded by the sender's deadline, which gRPC carries here.
-		resp, err := c.stub.Probe(ctx, &peerpb.ProbeRequest{Sender: req.GetSender(), Partitions: req.GetPartitions()})
-		if err != nil {
-			return nil, status.Errorf(codes.Unavailable, "peer: relay probe to %s: %v", to, err)
-		}
-		if resp.GetAnsweredBy() != to {
-			return nil, status.Errorf(codes.Unavailable, "peer: relay probe to %s answered by %q", to, resp.GetAnsweredBy())
-		}
-		return resp, nil
-	}
-	resp := &peerpb.ProbeResponse{Partitions: make([]*peerpb.PartitionInfo, len(req.GetPartitions())), AnsweredBy: n.name}
-	for i, pid := range req.GetPartitions() {
-		if int(pid) >= len(n.pt.parts) {
-			return nil, status.Errorf(codes.InvalidArgument, "peer: partition %d out of range", pid)
-		}
-		pt := &n.pt.parts[pid]
-		pt.mu.RLock()
-		info := &peerpb.PartitionInfo{Partition: pid, Role: uint32(pt.role), Holder: pt.holder, Epoch: pt.epoch}
-		if pt.rep.complete {
-			info.ReplicaEpoch, info.ReplicaHolder, info.ReplicaHolderEpoch = pt.rep.epoch, pt.rep.holder, pt.rep.holderEpoch
-			if req.GetSender() == pt.rep.holder {
-				// The copy's holder acts on this answer: a takeover under
-				// way must not commit after it (takeOver).
-				pt.holderProbes.Add(1)
-			}
-		}
-		pt.mu.RUnlock()
-		resp.Partitions[i] = info
-	}
-	return resp, nil
+func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing bool) opResult {
+	return n.lo.applyOp(sender, h, keys, closing)
 }

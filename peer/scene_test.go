@@ -1,15 +1,12 @@
 package peer
 
 import (
-	"context"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/memberlist"
-
-	"github.com/ringlimit/ringlimit/ring"
 )
 
 // What the ownership fault scenes share: sequences of faults under which
@@ -50,17 +47,6 @@ func attackGossip(mc *memberlist.Config) {
 // profile and a lease raised to 10 s.
 const attackLease = 3 * time.Second
 
-// inEveryMode runs attack in parallel subtests, one per replication mode.
-func inEveryMode(t *testing.T, attack func(t *testing.T, mode Replication)) {
-	t.Parallel()
-	for _, mode := range []Replication{ReplicateOff, ReplicateAsync, ReplicateSync} {
-		t.Run(mode.String(), func(t *testing.T) {
-			t.Parallel()
-			attack(t, mode)
-		})
-	}
-}
-
 // startCutCluster starts n nodes from base with the gossip settings
 // gossip, except node cutIdx: it gets withCutTransport's (fast timings, a
 // transport cut while cut is set), then tweak.
@@ -76,65 +62,6 @@ func startCutCluster(t *testing.T, n, cutIdx int, cut *atomic.Bool, base Config,
 			}
 		}
 	})
-}
-
-// keyKeptByBackupAfter returns a key of policy "p" (subjects from prefix)
-// that holder holds with backup as its backup, in a partition whose ring
-// target among survivors (the members left once holder is gone) is backup:
-// a partition backup keeps once it takes it over.
-func keyKeptByBackupAfter(t *testing.T, holder, backup *Node, survivors []string, prefix string) (Key, int) {
-	t.Helper()
-	after, err := ring.New(holder.cfg.Ring, survivors, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range hoKeys(prefix, 4000, "p") {
-		p := holder.partIDForTest(k)
-		if o, _ := holder.Owner(k); o == holder.Name() && holder.backupForTest(p) == backup.Name() && after.PartitionOwner(p) == backup.Name() {
-			return k, p
-		}
-	}
-	t.Fatal("no partition fitting the scenario")
-	return Key{}, -1
-}
-
-// within polls cond until it holds or d has passed, and reports whether it
-// held (a wait whose end is not itself the test's verdict).
-func within(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		<-tick.C
-	}
-	return true
-}
-
-// countAdmissions asks every live node of c for key every 20 ms for d, or
-// until more than limit admissions are confirmed, and adds them to
-// confirmed and by.
-func countAdmissions(c *cluster, key Key, d time.Duration, limit int, confirmed *int, by map[string]int) {
-	end := time.Now().Add(d)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for time.Now().Before(end) && *confirmed <= limit {
-		for _, nd := range c.nodes {
-			if nd.closing.Load() {
-				continue
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-			d, err := nd.Allow(ctx, Request{Key: key})
-			cancel()
-			if err == nil && d.Allowed {
-				*confirmed++
-				by[d.Owner]++
-			}
-		}
-		<-tick.C
-	}
 }
 
 // partsOf describes partition pid on each of nodes, a line each: what a

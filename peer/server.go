@@ -234,7 +234,7 @@ func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq) (wireDecisi
 		pt.mu.RLock()
 		r, holder, epoch := pt.role, pt.holder, pt.epoch
 		pt.mu.RUnlock()
-		if (r == roleMoved || r == roleHint) && holder != n.name {
+		if r == roleHint && holder != n.name {
 			return wireDecision{status: peerpb.Status_STATUS_NOT_OWNER, owner: holder, holderEpoch: epoch, ringVersion: v.snap.Version(), membersHash: v.snap.MembersHash()}, nil
 		}
 		if t := v.snap.PartitionOwner(pid); t != n.name {

@@ -68,7 +68,7 @@ const procTenant = "acme"
 func procCluster(t *testing.T, prefix string) (nodes []*serveProc, pols string) {
 	t.Helper()
 	pols = writeFile(t, t.TempDir(), "policies.yaml", procPolicies)
-	args := append([]string{"--policies", pols, "--log-level", "debug"}, procOwnership()...)
+	args := []string{"--policies", pols, "--log-level", "debug"}
 	a := startServe(t, prefix+"-a", nil, args...)
 	b := startServe(t, prefix+"-b", nil, append(args, "--join", a.gossipAddr)...)
 	c := startServe(t, prefix+"-c", nil, append(args, "--join", a.gossipAddr)...)
@@ -76,16 +76,6 @@ func procCluster(t *testing.T, prefix string) (nodes []*serveProc, pols string) 
 	waitMembers(t, nodes, 3)
 	waitSettled(t, nodes)
 	return nodes, pols
-}
-
-// procOwnership is the --ownership flag of every process of the scenes:
-// RINGLIMIT_PROC_OWNERSHIP=log runs them with ownership through the
-// replicated log.
-func procOwnership() []string {
-	if o := os.Getenv("RINGLIMIT_PROC_OWNERSHIP"); o != "" {
-		return []string{"--ownership", o}
-	}
-	return nil
 }
 
 // waitMembers waits until every node answers /readyz 200 with members
@@ -774,9 +764,9 @@ func TestProcRollingRestart(t *testing.T) {
 			t.Logf("LOG %s:\n%s", old.name, old.logText())
 		}
 		drained := time.Since(t0)
-		p := startServe(t, old.name, nil, append([]string{"--policies", pols, "--log-level", "debug",
+		p := startServe(t, old.name, nil, []string{"--policies", pols, "--log-level", "debug",
 			"--gossip-addr", old.gossipAddr, "--grpc-addr", old.grpcAddr, "--http-addr", old.httpAddr,
-			"--join", strings.Join(join, ",")}, procOwnership()...)...)
+			"--join", strings.Join(join, ",")}...)
 		mu.Lock()
 		nodes[i] = p
 		mu.Unlock()

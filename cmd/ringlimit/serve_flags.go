@@ -59,11 +59,10 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         declared failed in ~6 s), fast (one data centre
                         with low latency, ~1.2 s) or wan (~45 s); every
                         member should use the same
-  --ownership M         how partition holders change: log (default; by
-                        commands in a replicated log, with liveness
-                        leases; needs 3 members to survive a crash) or
-                        gossip (by rules over each node's gossip view);
-                        every member must use the same
+  --ownership M         how partition holders change: log, the only mode
+                        (by commands in a replicated log, with liveness
+                        leases; needs 3 members to survive a crash);
+                        gossip was removed
   --log-format F        text or json (default text)
   --log-level L         debug, info, warn or error (default info)
   --admin-token-file P  file holding the bearer token that Reset requires:
@@ -138,7 +137,7 @@ duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
   GET  /debug/hotkeys the heaviest keys this node owns (tenant and subject
                       are shown: keep /debug and /metrics private)
   GET  /debug/ownership
-                      ownership mode; in log mode (the default) this node's
+                      ownership mode; this node's
                       member ID, the log's leader and voters, its own
                       liveness; each partition's holder, backup, epoch and
                       whether this node decides for it now
@@ -223,7 +222,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 		return f, usageError(fmt.Sprintf("serve: gossip profile %q: want lan, fast or wan", *profile))
 	}
 	if f.ownership, err = peer.ParseOwnership(*ownership); err != nil {
-		return f, usageError(fmt.Sprintf("serve: ownership %q: want gossip or log", *ownership))
+		return f, usageError("serve: " + strings.TrimPrefix(err.Error(), "peer: "))
 	}
 	return f, nil
 }

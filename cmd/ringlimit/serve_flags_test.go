@@ -118,10 +118,8 @@ func TestServeOwnershipFlag(t *testing.T) {
 		want peer.OwnershipMode
 	}{
 		{"default", nil, "", peer.OwnershipLog},
-		{"gossip", []string{"--ownership", "gossip"}, "", peer.OwnershipGossip},
 		{"log", []string{"--ownership", "log"}, "", peer.OwnershipLog},
 		{"log from the environment", nil, "log", peer.OwnershipLog},
-		{"the flag wins over the environment", []string{"--ownership", "gossip"}, "log", peer.OwnershipGossip},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.env != "" {
@@ -153,13 +151,16 @@ func TestServeBadOwnership(t *testing.T) {
 	}
 	defer held.Close()
 	missing := filepath.Join(t.TempDir(), "missing")
-	for _, bad := range []string{"raft", "Log", " gossip", "none"} {
+	for _, bad := range []string{"raft", "Log", " gossip", "none", "gossip"} {
 		var stdout, stderr bytes.Buffer
 		args := []string{"serve", "--ownership", bad,
 			"--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--http-addr", held.Addr().String(),
 			"--policies", missing, "--admin-token-file", missing}
 		err := run(context.Background(), args, &stdout, &stderr)
-		want := `serve: ownership "` + bad + `": want gossip or log`
+		want := `serve: ownership "` + bad + `": want log`
+		if bad == "gossip" {
+			want = `serve: ownership "gossip" was removed: holders change only through the ownership log (log)`
+		}
 		if err == nil || err.Error() != want {
 			t.Errorf("serve --ownership %q: error %v, want %q", bad, err, want)
 		}

@@ -3,11 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"slices"
 	"sort"
 	"strings"
@@ -38,9 +36,7 @@ import (
 //
 //	sudo RINGLIMIT_NETNS=1 go test -count=1 -run TestSplitNetns -v ./cmd/ringlimit/
 //
-// RINGLIMIT_NETNS_OWNERSHIP=<mode> (e.g. log) runs every node with
-// --ownership=<mode> (skipped if serve rejects it; unset: serve's default,
-// gossip). RINGLIMIT_NETNS_SPLIT chooses other splits: holder puts the
+// RINGLIMIT_NETNS_SPLIT chooses other splits: holder puts the
 // holder on the small side with a node that is not its backup, so the
 // backup, with its copy, stays with the majority (the ordinary failover;
 // no key is chosen with holder and backup on the small side); away puts
@@ -89,13 +85,6 @@ func TestSplitNetns(t *testing.T) {
 		t.Fatalf("RINGLIMIT_NETNS_SPLIT=%q: want holder-backup (the default), holder or away", mode)
 	}
 	var extra []string
-	ownership := os.Getenv("RINGLIMIT_NETNS_OWNERSHIP")
-	if ownership != "" {
-		extra = append(extra, "--ownership="+ownership)
-		skipUnlessServeTakes(t, extra)
-	} else {
-		ownership = "serve's default"
-	}
 
 	tn := newTestNet(t, ipPath, prefix, nodeCount)
 	pols := writeFile(t, t.TempDir(), "policies.yaml", fmt.Sprintf(`policies:
@@ -210,7 +199,7 @@ func TestSplitNetns(t *testing.T) {
 			t.Fatalf("%d more keys wanted with %s among 200 probed", n, kind)
 		}
 	}
-	t.Logf("split %q, ownership %s; small side %v, large side %v", mode, ownership, small, namesOf(names, largeIdx))
+	t.Logf("split %q; small side %v, large side %v", mode, small, namesOf(names, largeIdx))
 	for k, ki := range keys {
 		t.Logf("key %d %q: holder %s, backup %s (%s)", k, ki.subj, ki.owner, ki.backup, ki.kind)
 	}
@@ -474,41 +463,6 @@ func namesOf(names []string, idx []int) []string {
 		out = append(out, names[i])
 	}
 	return out
-}
-
-// skipUnlessServeTakes skips t if serve rejects flags: it runs serve with
-// them on loopback, stdin at EOF (--exit-on-stdin-eof), so an accepted
-// command line starts and stops at once and a rejected one exits 1 with
-// its usage error.
-func skipUnlessServeTakes(t *testing.T, flags []string) {
-	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	args := append([]string{"serve", "--name", "flagprobe", "--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0",
-		"--http-addr", "127.0.0.1:0", "--drain-timeout", "1s", "--exit-on-stdin-eof"}, flags...)
-	cmd := exec.CommandContext(ctx, exe, args...)
-	cmd.Env = childEnv(os.Environ())
-	out, err := cmd.CombinedOutput()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-	case ctx.Err() != nil:
-		t.Fatalf("serve %v did not stop within 30 s of its stdin's EOF:\n%s", flags, out)
-	case errors.As(err, &exit) && exit.ExitCode() == 1 && strings.Contains(string(out), "serve:"):
-		t.Skipf("serve rejects %v (RINGLIMIT_NETNS_OWNERSHIP): %s", flags, strings.TrimSpace(firstLines(string(out), 3)))
-	default:
-		t.Fatalf("serve %v: %v:\n%s", flags, err, out)
-	}
-}
-
-// firstLines returns the first n lines of s.
-func firstLines(s string, n int) string {
-	lines := strings.SplitN(s, "\n", n+1)
-	return strings.Join(lines[:min(n, len(lines))], "\n")
 }
 
 // outages is how one client saw a key become unavailable and come back
