@@ -19,10 +19,13 @@
 //
 //   - One decision point per partition: each partition has at most one
 //     holder, named by an epoch that only grows; the holder changes only by
-//     an explicit transfer or by its backup taking over after the holder
-//     failed and its lease expired (partition.go explains every rule). A
-//     node that does not hold a partition never decides for it: it
-//     forwards, or waits for a transfer in progress.
+//     a compare-and-set command in the ownership log, a raft log every
+//     member runs (a move to the ring's target, or the partition handed to
+//     its backup once the holder's liveness lease expired), and decides
+//     only while the log names it and its lease holds on its own clock
+//     (package internal/ownership states every rule; logown.go drives it).
+//     A node that does not hold a partition never decides for it: it
+//     forwards, or waits for a move in progress.
 //   - The owner's clock is the authority for its keys, clamped per key so it
 //     never moves backward.
 //   - When the owner cannot decide in time, the policy's OnUnavailable
@@ -32,9 +35,10 @@
 //   - Membership changes do not reset quotas: partitions move with their
 //     logs. With the default synchronous replication an admission is
 //     answered only after the partition's backup has it, so a crash of the
-//     holder loses nothing; the backup continues after failure detection
-//     plus at most one LeaseDuration. Losing a holder and its backup at once
-//     loses the partition's state (logged at Error and counted).
+//     holder loses nothing; the backup continues after one to two
+//     LeaseDurations. A partition whose holder and backup are both
+//     gone waits for the member with its state; only once that member is
+//     gone for good is it restarted empty (logged at Error and counted).
 //
 // What it does not do: it does not authenticate callers (the embedding
 // application builds Keys from authenticated identity), and it does not
