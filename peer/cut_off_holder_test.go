@@ -14,12 +14,13 @@ import (
 
 // TestPausedHolderNewBackup stalls a holder (n0) on one partition,
 // with its gossip cut, long enough for its backup (n1) to take the
-// partition over, confirm the rest of the limit and crash. When n0 resumes
-// its lease has ended and its backup does not answer, so it copies the
-// partition, as it stood before the stall, to another member of its
-// (stale) ring that has never heard of the takeover, and takes a lease
-// from it. n0 then decides again from its old state, while n1's admissions
-// live on in its own backup's copy.
+// partition over, confirm the rest of the limit and crash. The stall holds
+// the partition's gate, which the log's runner needs to publish, so n0
+// stops extending its liveness and the leader ends it. When n0 resumes it
+// must not decide again from its old state (its liveness epoch ended; the
+// table names n1's backup), and n1's admissions live on in that backup's
+// copy. Under the gossip rules n0 once copied its stale state to a member
+// that had never heard of the takeover and decided again beside it.
 func TestPausedHolderNewBackup(t *testing.T) {
 	t.Parallel()
 	const limit = 5

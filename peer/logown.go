@@ -369,7 +369,7 @@ func (lo *logOwner) Reset(p int) {
 		lo.restarts[p] = r
 		lo.n.log.Error("partition restarted empty: its holder and its backup are gone for good, so its keys start over (up to each limit again)",
 			"partition", p, "restarts", r)
-		lo.n.metrics.Handoff("lost", "orphaned", 1) // as gossip mode counts it
+		lo.n.metrics.Handoff("lost", "orphaned", 1)
 		return
 	}
 	lo.n.log.Debug("partition granted here empty", "partition", p)
@@ -392,7 +392,7 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 		}
 		n.log.Debug("partition taken over from failed holder", "partition", p, "peer", memberName(prev.Holder), "epoch", st.Epoch, "keys", keys)
 		n.metrics.Handoff("takeover", "ok", keys)
-		// One Warn per ended member, as in gossip mode: logTakeovers
+		// One Warn per ended member: logTakeovers
 		// sums its takeovers once they have been quiet for a lease.
 		n.tallyTakeover(memberName(prev.Holder), keys)
 	case prev.Holder == lo.self && st.Holder != lo.self && st.Holder != "" && st.Backup == lo.self:
@@ -521,8 +521,7 @@ func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string,
 	return flush(true)
 }
 
-// applyOp is the receiver's side of a copy and of replication in log
-// mode (applyOpKeys's, in gossip mode).
+// applyOp is the receiver's side of a copy and of replication.
 func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing bool) opResult {
 	n := lo.n
 	refused := opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
@@ -734,7 +733,7 @@ func (lo *logOwner) drain(ctx context.Context) error {
 	}
 }
 
-// settled is Settled in log mode: the log has the voters autopilot keeps
+// settled is Settled: the log has the voters autopilot keeps
 // (ownlog.VotersFor), and the node holds, deciding, every partition
 // its ring gives it, each with a backup when there is another member, and
 // no other.
@@ -758,16 +757,14 @@ func (lo *logOwner) settled(v *view) bool {
 
 // OwnershipInfo is ownership as one node sees it, for status pages.
 type OwnershipInfo struct {
-	Mode OwnershipMode
-	// Member is this node's member ID in the log (name@start); "" in
-	// gossip mode.
+	Mode OwnershipMode // always OwnershipLog
+	// Member is this node's member ID in the log (name@start).
 	Member string
 	// Leader is the log's leader this node knows of (a member name, ""
-	// for none or in gossip mode); Voters the log's voter count.
+	// for none); Voters the log's voter count.
 	Leader string
 	Voters int
-	// Live reports whether this node's own liveness lease holds (log
-	// mode; always true in gossip mode).
+	// Live reports whether this node's own liveness lease holds.
 	Live bool
 	// Partitions is every partition as this node's records say.
 	Partitions []PartitionInfo
@@ -777,7 +774,7 @@ type OwnershipInfo struct {
 type PartitionInfo struct {
 	Partition int
 	Holder    string // member name of the holder this node knows of; "" for none
-	Backup    string // member name of the backup (known to the holder, and to all in log mode)
+	Backup    string // member name of the backup the table names; "" for none
 	Epoch     uint64
 	// Deciding: this node holds the partition and may decide for it now.
 	Deciding bool

@@ -78,7 +78,7 @@ func (n *Node) markUnreachable(member string) {
 		n.own.marked.Store(int32(len(n.own.unreachable)))
 	}
 	if !known {
-		n.log.Warn("member unreachable over gRPC although gossip lists it: partitions it backs up get another backup", "peer", member)
+		n.log.Warn("member unreachable over gRPC although gossip lists it: requests for partitions whose holder is not known go past it", "peer", member)
 	}
 }
 
