@@ -32,7 +32,7 @@ func TestServeConfigErrors(t *testing.T) {
 		{"bad gossip key", []string{"--gossip-key", shortKey}, "want 16, 24 or 32"},
 		{"bad gossip profile", []string{"--gossip-profile", "moon"}, "gossip profile"},
 		{"bad peer pipes", []string{"--peer-pipes", "smoke"}, `peer pipes "smoke": want framed, grpc or unary`},
-		{"bad ownership", []string{"--ownership", "raft"}, `ownership "raft": want gossip or log`},
+		{"bad ownership", []string{"--ownership", "raft"}, `ownership "raft": want log`},
 		{"stray argument", []string{"now"}, `unexpected argument "now"`},
 		{"bad address", []string{"--gossip-addr", "nowhere", "--grpc-addr", "127.0.0.1:0", "--http-addr", ""}, "gossip address"},
 	} {
