@@ -427,30 +427,36 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 	}
 }
 
-// SendCopy exports partition a.P now (the runner holds its lock, so no
-// decision is on it) and sends the copy on a goroutine the node owns;
-// when the receiver installed it, the machine hears CopyAcked.
+// SendCopy sends a copy of partition a.P on a goroutine the node owns;
+// when the receiver installed it, the machine hears CopyAcked. The
+// runner calls it with the partition's gate held, after publishing the
+// partition fenced: no decision is on it, and none starts until the
+// machine lifts the fence (the copy's ack, or its timeout, whose copy then
+// counts for nothing). So the keys are exported on that goroutine, not
+// here: a large partition's export (seconds for millions of admissions)
+// must not hold up the runner, whose ticks extend this member's liveness
+// for every partition it holds.
 func (lo *logOwner) SendCopy(a ownership.Action) {
 	n := lo.n
-	pt := &n.pt.parts[a.P]
+	st := n.pt.parts[a.P].store
 	to := memberName(a.To)
-	var keys []*peerpb.KeyState
-	if st := pt.store; st != nil {
-		now := n.clock()
-		tab := n.table.Load()
-		st.Range(func(k Key) bool {
-			ks, ok := st.Export(k, now)
-			if ok {
-				if p := tab.Lookup(k.Policy); p != nil && p.Shard.Algorithm == ks.Algorithm {
-					keys = append(keys, stateToWire(ks))
-				}
-			}
-			return true
-		})
-	}
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
+		var keys []*peerpb.KeyState
+		if st != nil {
+			now := n.clock()
+			tab := n.table.Load()
+			st.Range(func(k Key) bool {
+				ks, ok := st.Export(k, now)
+				if ok {
+					if p := tab.Lookup(k.Policy); p != nil && p.Shard.Algorithm == ks.Algorithm {
+						keys = append(keys, stateToWire(ks))
+					}
+				}
+				return n.ctx.Err() == nil
+			})
+		}
 		ctx, cancel := context.WithTimeout(n.ctx, n.rpcTimeout())
 		defer cancel()
 		if err := lo.sendCopy(ctx, a, to, keys); err != nil {
