@@ -262,7 +262,9 @@ func measureRaftTraffic(t *testing.T, members int, emit func(trafficRow)) {
 	err = leaver.Close(ctx)
 	cancel()
 	if err != nil {
-		t.Errorf("leave: %v", err)
+		t.Errorf("leave: %v after %v; %s", err, time.Since(c0).Round(time.Millisecond), clusterState(nodes))
+	} else {
+		t.Logf("leave: Close took %v", time.Since(c0).Round(time.Millisecond))
 	}
 	leaverDone := leaver.RaftTraffic() // its counters stop with it
 	<-joined
