@@ -138,7 +138,26 @@ func newLogOwner(n *Node) (*logOwner, error) {
 	lo.member = m
 	lo.tr = ownlog.NewGRPCTransport(lo.dial)
 	lo.run = ownlog.NewRunner(m, logTransport{lo}, lo, logTick, n.mono, func(p int) *sync.RWMutex { return &n.pt.parts[p].mu })
+	if s, ok := n.metrics.(raftSource); ok {
+		s.raftSource(lo.traffic)
+	}
 	return lo, nil
+}
+
+// traffic reads the log's counters (lock-free).
+func (lo *logOwner) traffic() RaftTraffic {
+	t := lo.run.Traffic()
+	return RaftTraffic{MessagesSent: t.MsgsSent, BytesSent: t.BytesSent, MessagesDropped: t.MsgsDropped,
+		Proposals: t.Proposals, ConfChanges: t.ConfChanges, Applied: t.Applied}
+}
+
+// RaftTraffic returns what the ownership log has cost this node so far
+// (all zero in gossip mode). Lock-free and cheap: fine to poll.
+func (n *Node) RaftTraffic() RaftTraffic {
+	if n.lo == nil {
+		return RaftTraffic{}
+	}
+	return n.lo.traffic()
 }
 
 // logTransport is the transport the runner sends through: the gRPC one,
@@ -151,6 +170,9 @@ func (t logTransport) Send(to uint64, msg []byte) {
 	}
 	t.lo.tr.Send(to, msg)
 }
+
+// Traffic is the gRPC transport's counts (ownlog.TrafficCounter).
+func (t logTransport) Traffic() ownlog.Traffic { return t.lo.tr.Traffic() }
 
 // register adds the log's service to the node's gRPC server.
 func (lo *logOwner) register(s grpc.ServiceRegistrar) { ownlog.Register(s, lo.run.Receive) }

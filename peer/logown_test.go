@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
 )
 
@@ -871,5 +872,97 @@ func TestLogSeparateClustersRefuse(t *testing.T) {
 		if admitted != 3 {
 			t.Fatalf("%s admitted %d of 5, want its limit 3", nd.Name(), admitted)
 		}
+	}
+}
+
+// raftCounter is the value of a ringlimit_raft_* counter on reg (the
+// series with label kind, when kind is not ""), and whether it is there.
+func raftCounter(t *testing.T, reg *prometheus.Registry, name, kind string) (float64, bool) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if kind == "" || len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == kind {
+				return m.GetCounter().GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+// TestLogRaftTrafficMetrics: three log-owned nodes count the log's
+// messages, bytes, proposals and applied commands, in Node.RaftTraffic
+// and as each node's ringlimit_raft_* counters, and the counts keep
+// growing at rest (heartbeats, liveness extensions).
+func TestLogRaftTrafficMetrics(t *testing.T) {
+	regs := make([]*prometheus.Registry, 3)
+	c := startClusterWith(t, 3, logConfig(100, time.Minute), func(i int, cfg *Config) {
+		regs[i] = prometheus.NewRegistry()
+		m, err := NewPrometheusMetrics(regs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Metrics = m
+	})
+	first := make([]RaftTraffic, len(c.nodes))
+	for i, nd := range c.nodes {
+		waitFor(t, 20*time.Second, nd.name+" sending raft messages and applying commands", func() bool {
+			first[i] = nd.RaftTraffic()
+			return first[i].MessagesSent > 0 && first[i].BytesSent > first[i].MessagesSent && first[i].Proposals > 0 && first[i].Applied > 0
+		})
+	}
+	for i, nd := range c.nodes {
+		waitFor(t, 20*time.Second, nd.name+"'s raft counters growing", func() bool {
+			now := nd.RaftTraffic()
+			return now.MessagesSent > first[i].MessagesSent && now.BytesSent > first[i].BytesSent &&
+				now.Proposals > first[i].Proposals && now.Applied > first[i].Applied
+		})
+		// A scrape reads the node's counters then and there: at least what
+		// RaftTraffic said a moment before, and no more than it says after.
+		before := nd.RaftTraffic()
+		got := map[string]float64{}
+		for _, s := range []struct{ name, kind string }{
+			{"ringlimit_raft_messages_sent_total", ""}, {"ringlimit_raft_bytes_sent_total", ""},
+			{"ringlimit_raft_messages_dropped_total", ""}, {"ringlimit_raft_proposals_total", "command"},
+			{"ringlimit_raft_proposals_total", "conf_change"}, {"ringlimit_raft_applied_total", ""},
+		} {
+			v, ok := raftCounter(t, regs[i], s.name, s.kind)
+			if !ok {
+				t.Fatalf("%s: no %s{%s} series", nd.name, s.name, s.kind)
+			}
+			got[s.name+s.kind] = v
+		}
+		after := nd.RaftTraffic()
+		for _, w := range []struct {
+			name      string
+			lo, hi    uint64
+			wantAbove bool
+		}{
+			{"ringlimit_raft_messages_sent_total", before.MessagesSent, after.MessagesSent, true},
+			{"ringlimit_raft_bytes_sent_total", before.BytesSent, after.BytesSent, true},
+			{"ringlimit_raft_proposals_totalcommand", before.Proposals, after.Proposals, true},
+			{"ringlimit_raft_applied_total", before.Applied, after.Applied, true},
+			{"ringlimit_raft_messages_dropped_total", before.MessagesDropped, after.MessagesDropped, false},
+			{"ringlimit_raft_proposals_totalconf_change", before.ConfChanges, after.ConfChanges, false},
+		} {
+			if v := got[w.name]; v < float64(w.lo) || v > float64(w.hi) || w.wantAbove && v == 0 {
+				t.Errorf("%s: %s = %v, want in [%d, %d]%s", nd.name, w.name, v, w.lo, w.hi, map[bool]string{true: ", above 0"}[w.wantAbove])
+			}
+		}
+	}
+	// Autopilot added the two joiners: the founder, leading, proposed
+	// their configuration changes.
+	var conf uint64
+	for _, nd := range c.nodes {
+		conf += nd.RaftTraffic().ConfChanges
+	}
+	if conf < 2 {
+		t.Errorf("%d configuration changes counted, want at least 2 (two learners added)", conf)
 	}
 }

@@ -82,3 +82,30 @@ func (nopMetrics) HotKeys([]HotKey)                      {}
 func (nopMetrics) PeerRPCOpen(bool)                      {}
 func (nopMetrics) Ready(bool, string)                    {}
 func (nopMetrics) PolicyTable(uint64, bool)              {}
+
+// RaftTraffic is what the ownership log (Config.Ownership ==
+// OwnershipLog) has cost this node since it started: counters that only
+// grow. All zero in gossip mode. Node.RaftTraffic returns it, and
+// PrometheusMetrics exports it as the ringlimit_raft_* counters.
+type RaftTraffic struct {
+	// MessagesSent and BytesSent are the raft messages this node sent to
+	// its peers and their marshalled size (gRPC framing aside);
+	// MessagesDropped the ones dropped unsent (a full queue, a peer not
+	// reached), which raft sends again.
+	MessagesSent, BytesSent, MessagesDropped uint64
+	// Proposals counts the ownership commands this node proposed (its
+	// liveness extensions; as leader, grants, moves and takeovers);
+	// ConfChanges the voter-set changes it proposed as leader.
+	Proposals, ConfChanges uint64
+	// Applied counts the ownership commands this node applied: every
+	// member applies every committed command, so the cluster's commands
+	// are one member's Applied, not the sum.
+	Applied uint64
+}
+
+// raftSource is implemented by a Metrics that exports RaftTraffic
+// (PrometheusMetrics): a node in log mode hands it the function that
+// reads its counters, which the Metrics calls when scraped.
+type raftSource interface {
+	raftSource(read func() RaftTraffic)
+}

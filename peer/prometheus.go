@@ -35,6 +35,15 @@ import (
 //	ringlimit_unready_reason{reason}                   gauge, 1 for the current reason
 //	ringlimit_policy_table_version                     gauge, the table in force (Node.PolicyVersion)
 //	ringlimit_policy_reloads_total{result}             counter, ok or rejected
+//	ringlimit_raft_messages_sent_total                 counter, ownership log messages sent (RaftTraffic)
+//	ringlimit_raft_bytes_sent_total                    counter, their marshalled bytes
+//	ringlimit_raft_messages_dropped_total              counter, dropped unsent (raft sends again)
+//	ringlimit_raft_proposals_total{kind}               counter, command or conf_change
+//	ringlimit_raft_applied_total                       counter, ownership commands applied
+//
+// The ringlimit_raft_* series appear once a node in log mode
+// (OwnershipLog) has been built with this Metrics, and are read from the
+// node at each scrape.
 //
 // Label cardinality is bounded: policy comes from the server's table, reason
 // and path are enums, peer is a member name (series for a peer that left stay
@@ -65,6 +74,7 @@ type PrometheusMetrics struct {
 	unready     *prometheus.GaugeVec
 	policyVer   prometheus.Gauge
 	reloads     *prometheus.CounterVec
+	raft        *raftCollector
 
 	// Caches of resolved children, so the decision path does a lock-free
 	// map lookup instead of hashing label values inside the vector.
@@ -169,6 +179,7 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 			"Time-decayed hit rate, in hits per second, of the heaviest keys this node owns (at most Config.HotKeys series).",
 			[]string{"rank", "tenant", "subject", "policy"}, nil,
 		)},
+		raft: newRaftCollector(),
 	}
 	m.decisionC.resolve = func(k decisionLabels) prometheus.Counter {
 		return m.decisions.WithLabelValues(k.policy, k.reason.String(), k.path.String())
@@ -183,7 +194,7 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 		m.decisions, m.forwards, m.forwardDur, m.batchSize,
 		m.ringVersion, m.members, m.keys, m.bytes,
 		m.evicted, m.handoff, m.backup, m.hot, m.peerRPCOpen,
-		m.ready, m.unready, m.policyVer, m.reloads,
+		m.ready, m.unready, m.policyVer, m.reloads, m.raft,
 	}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
@@ -362,5 +373,56 @@ func (m *PrometheusMetrics) PolicyTable(version uint64, ok bool) {
 		m.reloads.WithLabelValues("ok").Inc()
 	} else {
 		m.reloads.WithLabelValues("rejected").Inc()
+	}
+}
+
+// raftSource implements raftSource: read is the node's RaftTraffic.
+func (m *PrometheusMetrics) raftSource(read func() RaftTraffic) { m.raft.read.Store(&read) }
+
+// raftCollector exports a node's RaftTraffic, read at each scrape: the
+// counters live in the log's runner and transport, so nothing is
+// counted twice and the log's paths never call into Prometheus.
+type raftCollector struct {
+	read                                  atomic.Pointer[func() RaftTraffic]
+	msgs, bytes, dropped, proposals, appl *prometheus.Desc
+}
+
+func newRaftCollector() *raftCollector {
+	return &raftCollector{
+		msgs:      prometheus.NewDesc("ringlimit_raft_messages_sent_total", "Ownership log (raft) messages this node sent to its peers.", nil, nil),
+		bytes:     prometheus.NewDesc("ringlimit_raft_bytes_sent_total", "Marshalled bytes of the ownership log messages this node sent (gRPC framing aside).", nil, nil),
+		dropped:   prometheus.NewDesc("ringlimit_raft_messages_dropped_total", "Ownership log messages dropped unsent (queue full or peer not reached); raft sends again.", nil, nil),
+		proposals: prometheus.NewDesc("ringlimit_raft_proposals_total", "Proposals this node made to the ownership log, by kind (command, conf_change).", []string{"kind"}, nil),
+		appl:      prometheus.NewDesc("ringlimit_raft_applied_total", "Ownership commands this node applied from the log.", nil, nil),
+	}
+}
+
+func (c *raftCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.msgs
+	ch <- c.bytes
+	ch <- c.dropped
+	ch <- c.proposals
+	ch <- c.appl
+}
+
+func (c *raftCollector) Collect(ch chan<- prometheus.Metric) {
+	read := c.read.Load()
+	if read == nil {
+		return // no node in log mode uses this Metrics
+	}
+	t := (*read)()
+	for _, s := range []struct {
+		d  *prometheus.Desc
+		v  uint64
+		lv []string
+	}{
+		{c.msgs, t.MessagesSent, nil},
+		{c.bytes, t.BytesSent, nil},
+		{c.dropped, t.MessagesDropped, nil},
+		{c.proposals, t.Proposals, []string{"command"}},
+		{c.proposals, t.ConfChanges, []string{"conf_change"}},
+		{c.appl, t.Applied, nil},
+	} {
+		ch <- prometheus.MustNewConstMetric(s.d, prometheus.CounterValue, float64(s.v), s.lv...)
 	}
 }

@@ -153,6 +153,10 @@ func TestPrometheusEveryMethod(t *testing.T) {
 	if n := testutil.CollectAndCount(reg); n == 0 {
 		t.Errorf("CollectAndCount = 0, want series")
 	}
+	// No node in log mode uses m: no ringlimit_raft_* series.
+	if n, err := testutil.GatherAndCount(reg, "ringlimit_raft_messages_sent_total", "ringlimit_raft_proposals_total"); err != nil || n != 0 {
+		t.Errorf("raft series = %d (err %v), want none without a node", n, err)
+	}
 }
 
 func TestPrometheusBuckets(t *testing.T) {
@@ -411,6 +415,33 @@ func TestPrometheusNode(t *testing.T) {
 	}
 	if n, err := testutil.GatherAndCount(reg, "ringlimit_decisions_total"); err != nil || n != 2 {
 		t.Errorf("decision series = %d (err %v), want 2: an unknown policy is an error, not a decision", n, err)
+	}
+	// The node is in log mode (the default) and alone: it proposed (its
+	// liveness, its grants) and applied, and sent no raft message.
+	rt := n.RaftTraffic()
+	if rt.Proposals == 0 || rt.Applied == 0 || rt.MessagesSent != 0 {
+		t.Errorf("RaftTraffic = %+v, want proposals and applied commands, no messages", rt)
+	}
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+	}{
+		{"ringlimit_raft_proposals_total", map[string]string{"kind": "command"}},
+		{"ringlimit_raft_applied_total", nil},
+	} {
+		if v, _, ok := promSample(t, reg, c.name, c.labels); !ok || v < 1 {
+			t.Errorf("%s%v = %v (found %v), want at least 1", c.name, c.labels, v, ok)
+		}
+	}
+	if v, _, ok := promSample(t, reg, "ringlimit_raft_messages_sent_total", nil); !ok || v != 0 {
+		t.Errorf("ringlimit_raft_messages_sent_total = %v (found %v), want 0 for a node alone", v, ok)
+	}
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatalf("lint: %v", err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint %s: %s", p.Metric, p.Text)
 	}
 
 	// A window later every key is idle: the sweep reclaims them.

@@ -3,6 +3,7 @@ package ownlog
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -51,6 +52,8 @@ type GRPCTransport struct {
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	peers map[uint64]chan []byte
+	// sent, bytes and dropped count for Traffic.
+	sent, bytes, dropped atomic.Uint64
 }
 
 // peerQueue is how many messages wait for one peer's stream.
@@ -77,7 +80,15 @@ func (t *GRPCTransport) Send(to uint64, msg []byte) {
 	select {
 	case q <- msg:
 	default:
+		t.dropped.Add(1)
 	}
+}
+
+// Traffic returns the messages sent so far on the peers' streams and
+// their bytes (the marshalled raft message, the gRPC framing aside), and
+// the messages dropped unsent; the Proposals and Applied fields are zero.
+func (t *GRPCTransport) Traffic() Traffic {
+	return Traffic{MsgsSent: t.sent.Load(), BytesSent: t.bytes.Load(), MsgsDropped: t.dropped.Load()}
 }
 
 // Forget stops sending to a member that left the log.
@@ -114,6 +125,7 @@ func (t *GRPCTransport) run(to uint64, q chan []byte) {
 			if s, err = t.open(to); err != nil {
 				// Drop this message and wait a little before the next try
 				// (raft sends again every tick).
+				t.dropped.Add(1)
 				select {
 				case <-time.After(50 * time.Millisecond):
 				case <-t.ctx.Done():
@@ -123,9 +135,13 @@ func (t *GRPCTransport) run(to uint64, q chan []byte) {
 			}
 		}
 		if err := s.stream.SendMsg(&wrapperspb.BytesValue{Value: msg}); err != nil {
+			t.dropped.Add(1)
 			s.close()
 			s = nil
+			continue
 		}
+		t.sent.Add(1)
+		t.bytes.Add(uint64(len(msg)))
 	}
 }
 

@@ -72,4 +72,5 @@ func TestGRPCTakeover(t *testing.T) {
 		servers[3].Stop()
 		transports[2].Close()
 	})
+	checkTraffic(t, h, true)
 }

@@ -76,6 +76,9 @@ type Output struct {
 	Actions []ownership.Action
 	// Applied counts the commands applied.
 	Applied int
+	// Proposed counts the commands and configuration changes raft took
+	// as proposals (a follower forwards them to the leader).
+	Proposed, ConfChanges int
 }
 
 // Member is one member's log and machine.
@@ -238,7 +241,9 @@ func (m *Member) do(acts []ownership.Action) {
 		if a.Kind == ownership.Propose {
 			// A proposal without a known leader is dropped; the machine
 			// proposes again when it still matters.
-			_ = m.rn.Propose(a.Cmd.Encode(nil))
+			if m.rn.Propose(a.Cmd.Encode(nil)) == nil {
+				m.out.Proposed++
+			}
 			continue
 		}
 		m.out.Actions = append(m.out.Actions, a)
@@ -372,7 +377,9 @@ func (m *Member) autopilot(now int64) {
 	}
 	propose := func(t pb.ConfChangeType, id uint64) {
 		m.lastConf = now
-		_ = m.rn.ProposeConfChange(&pb.ConfChange{Type: t.Enum(), NodeId: proto.Uint64(id)})
+		if m.rn.ProposeConfChange(&pb.ConfChange{Type: t.Enum(), NodeId: proto.Uint64(id)}) == nil {
+			m.out.ConfChanges++
+		}
 	}
 	byID := map[uint64]Peer{}
 	for _, p := range m.roster {

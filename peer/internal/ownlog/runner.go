@@ -66,6 +66,45 @@ type Runner struct {
 	// prev is the last published snapshot, and next the scratch the next
 	// one is built in; both owned by the goroutine.
 	prev, next *published
+	// proposed, confChanges and applied count for Traffic; written by
+	// the goroutine, read by anyone.
+	proposed, confChanges, applied atomic.Uint64
+}
+
+// Traffic is what a member's log has cost it since it started: counters
+// that only grow.
+type Traffic struct {
+	// MsgsSent and BytesSent are the raft messages this member's
+	// transport sent and their marshalled size (the gRPC framing aside);
+	// MsgsDropped the ones it dropped before sending (queue full, no
+	// stream). Zero for a transport that does not count.
+	MsgsSent, BytesSent, MsgsDropped uint64
+	// Proposals counts the ownership commands this member proposed and
+	// raft took (a follower's are forwarded to the leader; one may still
+	// be lost with it), ConfChanges the configuration changes it proposed
+	// as leader (autopilot).
+	Proposals, ConfChanges uint64
+	// Applied counts the ownership commands this member applied: every
+	// member applies every committed command.
+	Applied uint64
+}
+
+// TrafficCounter is a transport that counts what it sends (GRPCTransport
+// does); Runner.Traffic reads it.
+type TrafficCounter interface {
+	Traffic() Traffic
+}
+
+// Traffic returns the member's log traffic so far: its transport's
+// counts, when the transport keeps them (TrafficCounter), and its own
+// proposals and applied commands. Lock-free; safe from any goroutine.
+func (r *Runner) Traffic() Traffic {
+	var t Traffic
+	if c, ok := r.tr.(TrafficCounter); ok {
+		t = c.Traffic()
+	}
+	t.Proposals, t.ConfChanges, t.Applied = r.proposed.Load(), r.confChanges.Load(), r.applied.Load()
+	return t
 }
 
 // published is what the decision path reads: which partitions this
@@ -314,6 +353,15 @@ func (r *Runner) Run(ctx context.Context) {
 // no decision is on it, and a decision allowed by the new snapshot must
 // never land on a store the Reset then replaces.
 func (r *Runner) carry(out Output) {
+	if out.Proposed > 0 {
+		r.proposed.Add(uint64(out.Proposed))
+	}
+	if out.ConfChanges > 0 {
+		r.confChanges.Add(uint64(out.ConfChanges))
+	}
+	if out.Applied > 0 {
+		r.applied.Add(uint64(out.Applied))
+	}
 	for _, a := range out.Actions {
 		if a.Kind == ownership.Reset {
 			g := r.gates(a.P)

@@ -206,5 +206,41 @@ func takeover(t *testing.T, h *harness, cut func()) {
 // goroutine outlives the runners.
 func TestRunnerTakeover(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t) }) // registered first: runs after every other cleanup
-	takeover(t, startHarness(t, 3, 6, nil), func() {})
+	h := startHarness(t, 3, 6, nil)
+	takeover(t, h, func() {})
+	checkTraffic(t, h, false)
+}
+
+// checkTraffic checks that every runner counted its proposals and the
+// commands it applied and, with a counting transport (msgs), its
+// messages and their bytes.
+func checkTraffic(t *testing.T, h *harness, msgs bool) {
+	t.Helper()
+	var proposals, applied uint64
+	for i := uint64(1); i <= uint64(h.n); i++ {
+		r, _ := h.net.runner(i)
+		tr := r.Traffic()
+		t.Logf("m%d traffic %+v", i, tr)
+		proposals += tr.Proposals
+		applied += tr.Applied
+		if tr.Applied == 0 {
+			t.Errorf("m%d: Applied = 0 after the takeover", i)
+		}
+		if msgs && (tr.MsgsSent == 0 || tr.BytesSent <= tr.MsgsSent) {
+			t.Errorf("m%d: %d messages sent, %d bytes: want some, of more than a byte each", i, tr.MsgsSent, tr.BytesSent)
+		}
+		if !msgs && tr.MsgsSent+tr.BytesSent != 0 {
+			t.Errorf("m%d: %d messages, %d bytes counted by a transport that does not count", i, tr.MsgsSent, tr.BytesSent)
+		}
+	}
+	// Every member extends its liveness, and the leader grants every
+	// partition: more commands than members were proposed.
+	if proposals < uint64(h.n) {
+		t.Errorf("%d proposals counted, want at least %d", proposals, h.n)
+	}
+	// Each member applies what was committed, so at most about n times
+	// the proposals (a proposal lost in an election is never applied).
+	if applied > uint64(h.n)*proposals {
+		t.Errorf("%d applied, more than %d members × %d proposals", applied, h.n, proposals)
+	}
 }
