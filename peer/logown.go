@@ -151,12 +151,9 @@ func (lo *logOwner) traffic() RaftTraffic {
 		Proposals: t.Proposals, ConfChanges: t.ConfChanges, Applied: t.Applied}
 }
 
-// RaftTraffic returns what the ownership log has cost this node so far
-// (all zero in gossip mode). Lock-free and cheap: fine to poll.
+// RaftTraffic returns what the ownership log has cost this node so far.
+// Lock-free and cheap: fine to poll.
 func (n *Node) RaftTraffic() RaftTraffic {
-	if n.lo == nil {
-		return RaftTraffic{}
-	}
 	return n.lo.traffic()
 }
 

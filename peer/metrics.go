@@ -83,9 +83,8 @@ func (nopMetrics) PeerRPCOpen(bool)                      {}
 func (nopMetrics) Ready(bool, string)                    {}
 func (nopMetrics) PolicyTable(uint64, bool)              {}
 
-// RaftTraffic is what the ownership log (Config.Ownership ==
-// OwnershipLog) has cost this node since it started: counters that only
-// grow. All zero in gossip mode. Node.RaftTraffic returns it, and
+// RaftTraffic is what the ownership log has cost this node since it
+// started: counters that only grow. Node.RaftTraffic returns it, and
 // PrometheusMetrics exports it as the ringlimit_raft_* counters.
 type RaftTraffic struct {
 	// MessagesSent and BytesSent are the raft messages this node sent to
