@@ -274,8 +274,9 @@ func (n *Node) pipeBreaksForTest() int64 { return n.pipeBreaks.Load() }
 // lease check and the decision itself.
 func (n *Node) setDecideHookForTest(f func()) { n.decideHook.Store(&f) }
 
-// setReplDropForTest makes n's ReplicateStream receiver swallow the
-// requests f returns true for: neither applied nor answered, as if lost.
+// setReplDropForTest makes n lose the replication requests f returns
+// true for: its ReplicateStream receiver swallows them (neither applied
+// nor answered), its unary Replicate fails them Unavailable, unapplied.
 func (n *Node) setReplDropForTest(f func(*peerpb.ReplicateRequest) bool) { n.replDrop.Store(&f) }
 
 // setCopyUnsentForTest makes n fail, unsent, every copy of a partition

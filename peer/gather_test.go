@@ -98,6 +98,18 @@ func TestReplicationGathersWhileOneIsOut(t *testing.T) {
 }
 
 // hasAdmit reports whether req carries an admission as an operation.
+// isCopy reports whether req carries part of a partition copy (copies
+// travel as unary Replicate calls, which the drop hook also sees).
+func isCopy(req *peerpb.ReplicateRequest) bool {
+	for _, op := range req.GetOps() {
+		switch op.GetKind() {
+		case peerpb.PartitionOp_KIND_SYNC_BEGIN, peerpb.PartitionOp_KIND_SYNC_CHUNK, peerpb.PartitionOp_KIND_SYNC_END:
+			return true
+		}
+	}
+	return false
+}
+
 func hasAdmit(req *peerpb.ReplicateRequest) bool {
 	for _, op := range req.GetOps() {
 		if op.GetKind() == peerpb.PartitionOp_KIND_ADMIT {

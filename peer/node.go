@@ -91,8 +91,9 @@ type Node struct {
 	// streamDrop, when set (tests only), makes CheckStream swallow every
 	// request it returns true for: received, never answered.
 	streamDrop atomic.Pointer[func(*peerpb.CheckRequest) bool]
-	// replDrop is streamDrop for ReplicateStream: the request is neither
-	// applied nor answered.
+	// replDrop is streamDrop for ReplicateStream (the request is neither
+	// applied nor answered) and for unary Replicate (it fails
+	// Unavailable, unapplied).
 	replDrop atomic.Pointer[func(*peerpb.ReplicateRequest) bool]
 	// gather is how long a batch of forwards or of replication waits for
 	// the message in flight on its pipe before it takes another slot:

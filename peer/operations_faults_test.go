@@ -105,7 +105,7 @@ func holdReplication(t *testing.T, backup *Node, sender string) (arm func(), ent
 	armed, held := false, false
 	backup.setReplDropForTest(func(req *peerpb.ReplicateRequest) bool {
 		mu.Lock()
-		stop := armed && !held && req.GetSender() == sender
+		stop := armed && !held && req.GetSender() == sender && !isCopy(req)
 		if stop {
 			held = true
 		}

@@ -568,6 +568,9 @@ func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp
 
 // Replicate is the backup's side of replication.
 func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*peerpb.ReplicateResponse, error) {
+	if drop := s.n.replDrop.Load(); drop != nil && (*drop)(req) {
+		return nil, status.Error(codes.Unavailable, "peer: replication request dropped (test)")
+	}
 	return s.replicate(req, nil)
 }
 
