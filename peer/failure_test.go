@@ -43,6 +43,12 @@ func TestFailurePolicies(t *testing.T) {
 	// n1 forwards each request as its own RPC, n0 batches.
 	c := startClusterWith(t, 5, Config{
 		ForwardTimeout: forwardTimeout,
+		// The refusing member's gRPC port is closed, the log's traffic
+		// with it: with the default lease the leader would end its
+		// liveness after 2 s and hand its keys to their backups, which
+		// then decide them. A long lease keeps it their holder while the
+		// failure policies are checked.
+		LeaseDuration: time.Minute,
 		Policies: map[string]PolicyConfig{
 			"closed":   {Limit: 9, Window: time.Minute},
 			"open":     {Limit: 9, Window: time.Minute, OnUnavailable: FailOpen},
