@@ -43,12 +43,12 @@ func TestFailurePolicies(t *testing.T) {
 	// n1 forwards each request as its own RPC, n0 batches.
 	c := startClusterWith(t, 5, Config{
 		ForwardTimeout: forwardTimeout,
-		// The refusing member's gRPC port is closed, the log's traffic
-		// with it: with the default lease the leader would end its
-		// liveness after 2 s and hand its keys to their backups, which
-		// then decide them. A long lease keeps it their holder while the
-		// failure policies are checked.
-		LeaseDuration: time.Minute,
+		// The refusing member's gRPC port is closed for each check of a
+		// key it holds, the log's traffic to it too: a lease longer than
+		// such a check (plus the reconnect) keeps it the keys' holder;
+		// with the default lease the leader would end its liveness and
+		// its keys' backups would decide them.
+		LeaseDuration: 15 * time.Second,
 		Policies: map[string]PolicyConfig{
 			"closed":   {Limit: 9, Window: time.Minute},
 			"open":     {Limit: 9, Window: time.Minute, OnUnavailable: FailOpen},
@@ -58,7 +58,19 @@ func TestFailurePolicies(t *testing.T) {
 		},
 	}, func(i int, cfg *Config) { cfg.DisableBatching = i == 1 })
 	refusing, silent := c.nodes[3], c.nodes[4]
-	refusing.stopRPCForTest()
+	// refuse closes the refusing member's port until done is called.
+	refuse := func(t *testing.T, owner string) (done func()) {
+		if owner != "refusing" {
+			return func() {}
+		}
+		refusing.stopRPCForTest()
+		return func() {
+			// The stopped server's listener may close a moment later.
+			waitFor(t, 5*time.Second, "the refusing member's port to reopen", func() bool {
+				return refusing.restartRPCForTest() == nil
+			})
+		}
+	}
 	silent.setCheckHookForTest(func(ctx context.Context) { <-ctx.Done() })
 	names := map[string]string{"refusing": refusing.Name(), "silent": silent.Name()}
 	via := c.nodes[0]
@@ -91,9 +103,11 @@ func TestFailurePolicies(t *testing.T) {
 						ctx, cancel = context.WithTimeout(ctx, tc.deadline)
 						defer cancel()
 					}
+					reopen := refuse(t, tc.owner)
 					start := time.Now()
 					d, err := via.Allow(ctx, Request{Key: key})
 					elapsed := time.Since(start)
+					reopen()
 					if !errors.Is(err, ErrUnavailable) || !reflect.DeepEqual(d, Decision{}) {
 						t.Fatalf("Allow = %+v, %v; want no decision and an error wrapping ErrUnavailable", d, err)
 					}
@@ -115,7 +129,9 @@ func TestFailurePolicies(t *testing.T) {
 		for _, owner := range []string{"refusing", "silent"} {
 			key := pmKeyOwnedBy(t, via, "open", names[owner])
 			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			reopen := refuse(t, owner)
 			d, err := via.Allow(ctx, Request{Key: key})
+			reopen()
 			cancel()
 			want := Decision{Allowed: true, Limit: 9, Reason: ReasonFailedOpen, Owner: via.Name(), RingVersion: via.RingVersion()}
 			if err != nil || !sameDecision(d, want) {
@@ -133,6 +149,7 @@ func TestFailurePolicies(t *testing.T) {
 			{"share", 15 / 5},
 		} {
 			key := pmKeyOwnedBy(t, via, tc.policy, names["refusing"])
+			reopen := refuse(t, "refusing")
 			for i := range tc.limit + 2 {
 				d, err := via.Allow(context.Background(), Request{Key: key})
 				allowed := i < tc.limit
@@ -144,6 +161,7 @@ func TestFailurePolicies(t *testing.T) {
 					t.Fatalf("policy %s, request %d: refused fallback decision %+v without RetryAfter", tc.policy, i, d)
 				}
 			}
+			reopen()
 		}
 	})
 }
@@ -500,7 +518,7 @@ func TestReplicationMessageLost(t *testing.T) {
 	var dropped atomic.Int64
 	dropping.Store(true)
 	n1.setReplDropForTest(func(req *peerpb.ReplicateRequest) bool {
-		if dropping.Load() && len(req.GetAdmitsPacked()) > 0 && dropped.Add(1) == 1 {
+		if dropping.Load() && (len(req.GetAdmitsPacked()) > 0 || hasAdmit(req)) && dropped.Add(1) == 1 {
 			dropping.Store(false)
 			return true
 		}
