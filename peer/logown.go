@@ -650,7 +650,8 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 		n.metrics.Backup("received", "ok", accepted)
 		return opResult{status: peerpb.OpStatus_OP_STATUS_OK, accepted: uint32(accepted)}
 	case peerpb.PartitionOp_KIND_HEARTBEAT, peerpb.PartitionOp_KIND_RELEASE:
-		// Gossip mode's leases and releases: nothing to do here.
+		// Sent by members of older releases (their leases and copy
+		// releases): nothing to do here.
 		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 	default:
 		return refused

@@ -210,6 +210,14 @@ func TestLogTakeoverKeepsState(t *testing.T) {
 	if holder == nil {
 		t.Fatalf("no holder among %v", owners)
 	}
+	// The backup counts the key in its copy (Stats.ReplicaKeys).
+	pid := holder.partIDForTest(key)
+	backup := holder.backupForTest(pid)
+	for _, nd := range c.nodes {
+		if nd.name == backup {
+			waitFor(t, 5*time.Second, "the backup's stats to count its copy's keys", func() bool { return nd.Stats().ReplicaKeys > 0 })
+		}
+	}
 	killed := time.Now()
 	holder.KillForTest()
 	var rest []*Node

@@ -352,8 +352,9 @@ func (n *Node) Stats() Stats {
 			s.Keys += pt.store.Len()
 			s.Bytes += pt.store.Bytes()
 		}
-		if pt.rep.store != nil {
-			s.ReplicaKeys += pt.rep.store.Len()
+		if pt.store != nil && pt.role != roleHolder && pt.role != roleFenced && pt.rep.complete {
+			// A backup's complete copy is the partition's store.
+			s.ReplicaKeys += pt.store.Len()
 		}
 		pt.mu.RUnlock()
 	}
@@ -426,15 +427,13 @@ func (n *Node) Sweep() {
 	for i := range n.pt.parts {
 		pt := &n.pt.parts[i]
 		pt.mu.RLock()
-		st, rep := pt.store, pt.rep.store
+		st := pt.store
 		pt.mu.RUnlock()
-		// A store's own locks cover its sweep; a store that has just been
-		// given away is swept harmlessly.
+		// A store's own locks cover its sweep (a backup's copy is its
+		// store too); a store that has just been given away is swept
+		// harmlessly.
 		if st != nil {
 			ev += st.Sweep(now, 0)
-		}
-		if rep != nil {
-			ev += rep.Sweep(now, 0)
 		}
 	}
 	if ev > 0 {

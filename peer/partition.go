@@ -84,7 +84,9 @@ type replica struct {
 	// applied (they arrived late).
 	seq      uint64
 	complete bool // a full copy arrived (SYNC_END)
-	store    *shard.Store
+	// store receives the copy under way (next); once complete it becomes
+	// the partition's store.
+	store *shard.Store
 }
 
 // setRoleLocked changes the partition's role and wakes its waiters. Called
