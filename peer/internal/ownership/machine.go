@@ -21,7 +21,9 @@ type Config struct {
 	ExtendEvery time.Duration
 	// Retry is how long a fenced partition waits for its Move or SetBackup
 	// to settle before proposing Keep (and again between Keeps), and how
-	// long a copy may take at first. Zero means Liveness/2.
+	// long a copy may take at first. Zero means Liveness/2, at most
+	// MaxRetry: a long lease must not make a lost proposal cost half of
+	// it (a 1 min lease stalled a move for 30 s).
 	Retry time.Duration
 	// MaxCopyWait bounds how long a copy may take once copies have been
 	// timing out: each copy that does not finish in time doubles the wait
@@ -39,6 +41,11 @@ type Config struct {
 // members' clock rates differ by less than 10 % (offsets never matter).
 const HolderShare = 0.9
 
+// MaxRetry caps the default Retry. Retrying sooner costs only a refused
+// proposal: every command is checked when applied, so no timing here
+// matters to safety.
+const MaxRetry = time.Second
+
 func (c *Config) defaults() {
 	if c.Liveness == 0 {
 		c.Liveness = 2 * time.Second
@@ -47,7 +54,7 @@ func (c *Config) defaults() {
 		c.ExtendEvery = c.Liveness / 3
 	}
 	if c.Retry == 0 {
-		c.Retry = c.Liveness / 2
+		c.Retry = min(c.Liveness/2, MaxRetry)
 	}
 	if c.MaxCopyWait == 0 {
 		c.MaxCopyWait = 16 * c.Retry
@@ -168,7 +175,10 @@ type Machine struct {
 	extendAt  int64
 	joinAt    int64
 
-	seen  map[string]*seen
+	seen map[string]*seen
+	// gen counts calls that may change the table or a partition's
+	// local state (Gen).
+	gen   uint64
 	parts []local
 	count Counters
 	// copyWait is how long a copy may take now, ns (see MaxCopyWait).
@@ -208,12 +218,18 @@ func (m *Machine) Counters() Counters { return m.count }
 // LiveUntil returns the end of the member's own lease (monotonic ns).
 func (m *Machine) LiveUntil() int64 { return m.liveUntil }
 
+// Gen counts the calls that may have changed the table or what MayDecide
+// (its lease aside) and Has answer: while Gen is unchanged, so are they,
+// and a driver that publishes them need not look again.
+func (m *Machine) Gen() uint64 { return m.gen }
+
 // SetLeader tells the machine, at now, whether its member leads the log;
 // the leader proposes Joins, Ends and Grants. Safety never depends on it.
 // A member that has just become leader counts every record's whole
 // Liveness from now: while no leader committed anything (an election)
 // nobody could extend, and ending everyone then would only churn.
 func (m *Machine) SetLeader(leader bool, now int64) {
+	m.gen++
 	if leader && !m.leader {
 		for _, s := range m.seen {
 			s.at = max(s.at, now)
@@ -223,7 +239,7 @@ func (m *Machine) SetLeader(leader bool, now int64) {
 }
 
 // SetView replaces the gossip view.
-func (m *Machine) SetView(v View) { m.view = v }
+func (m *Machine) SetView(v View) { m.gen++; m.view = v }
 
 // MayDecide reports whether the member may decide for partition p at now:
 // the table names it holder at its current liveness epoch, its own lease
@@ -253,6 +269,7 @@ func (m *Machine) Has(p int) bool { return m.parts[p].have }
 // unreplicated before the change. The partitions are unavailable for that
 // copy and one commit.
 func (m *Machine) Raise() {
+	m.gen++
 	for p := range m.parts {
 		m.parts[p].recopy, m.parts[p].recopyAfter = true, m.seq
 	}
@@ -285,6 +302,7 @@ func (m *Machine) AcceptReplica(p int, from string, epoch uint64) bool {
 // older one (copies may be delayed, duplicated and reordered). On true
 // the driver installs the copy and acknowledges it.
 func (m *Machine) OfferCopy(p int, from string, epoch, seq uint64) bool {
+	m.gen++
 	l := &m.parts[p]
 	if m.table.Parts[p].Holder == m.cfg.ID {
 		return false
@@ -305,6 +323,7 @@ func (m *Machine) OfferCopy(p int, from string, epoch, seq uint64) bool {
 // CopyAcked tells the machine that to installed its copy of p tagged
 // (epoch, seq). It proposes the Move or SetBackup the copy was for.
 func (m *Machine) CopyAcked(p int, to string, epoch, seq uint64, now int64) []Action {
+	m.gen++
 	l := &m.parts[p]
 	if l.fence != fenceCopy || l.to != to || l.epoch != epoch || l.seq != seq || !m.table.Holds(m.cfg.ID, p) {
 		return nil
@@ -333,6 +352,7 @@ func (m *Machine) CopyAcked(p int, to string, epoch, seq uint64, now int64) []Ac
 // member's monotonic time), and returns the actions it implies here. A
 // command the table refuses changes nothing but may still settle a fence.
 func (m *Machine) Apply(c Command, now int64) []Action {
+	m.gen++
 	before := m.table.Parts
 	var snapshot []Partition
 	if c.Kind == End {
@@ -495,6 +515,7 @@ func (m *Machine) noteEnd(id string) {
 // whole Liveness from now, since it cannot tell when the latest
 // extension was applied.
 func (m *Machine) Restored(t *Table, now int64) []Action {
+	m.gen++
 	var acts []Action
 	for p := range t.Parts {
 		pt := t.Parts[p]
@@ -549,6 +570,11 @@ func (m *Machine) expired(id string, now int64) bool {
 	return s != nil && now-s.at >= int64(m.cfg.Liveness)
 }
 
+// Fresh reports whether member id is live in the table and extended
+// within the last Liveness in this member's view (as fresh, for drivers:
+// a member gossip gave up on that still extends through the log).
+func (m *Machine) Fresh(id string, now int64) bool { return m.fresh(id, now) }
+
 // fresh reports whether id is live in the table and extended within the
 // last Liveness in this member's view: fit to be given a partition.
 func (m *Machine) fresh(id string, now int64) bool {
@@ -564,6 +590,7 @@ func (m *Machine) fresh(id string, now int64) bool {
 // leader, end expired liveness, grant vacant partitions and propose Joins
 // for members gossip lists.
 func (m *Machine) Tick(now int64) []Action {
+	m.gen++
 	var acts []Action
 	self := m.cfg.ID
 	rec, joined := m.table.Members[self]
@@ -704,6 +731,7 @@ func (m *Machine) listed(id string) bool {
 // a member leaving gracefully once it holds and backs up nothing: its
 // record stops mattering at once instead of after it expires.
 func (m *Machine) Leave() (Command, bool) {
+	m.gen++
 	rec := m.table.Members[m.cfg.ID]
 	if rec == nil || rec.Ended {
 		return Command{}, false

@@ -55,9 +55,15 @@ func TestLeaseCountsFromSend(t *testing.T) {
 
 // TestFencedUntilSettled: a holder that proposed a Move does not decide
 // until a command at the fence's epoch applies, and proposes Keep after
-// Retry if none does.
+// Retry if none does: within MaxRetry, however long the lease (a 1 min
+// lease once made a lost Move cost 30 s).
 func TestFencedUntilSettled(t *testing.T) {
-	const d = int64(2 * time.Second)
+	for _, d := range []int64{int64(2 * time.Second), int64(time.Minute)} {
+		t.Run(time.Duration(d).String(), func(t *testing.T) { testFencedUntilSettled(t, d) })
+	}
+}
+
+func testFencedUntilSettled(t *testing.T, d int64) {
 	m := New(Config{ID: "a", Liveness: time.Duration(d)}, 1)
 	m.SetLeader(true, 0)
 	m.SetView(View{Target: []string{"a"}, Members: []string{"a", "b"}})
@@ -93,7 +99,7 @@ func TestFencedUntilSettled(t *testing.T) {
 	if len(acts) != 1 || acts[0].Cmd.Kind != Move {
 		t.Fatalf("no Move proposed after the copy: %+v", acts)
 	}
-	retry := int64(m.cfg.Retry)
+	retry := int64(MaxRetry)
 	var keep bool
 	for _, a := range m.Tick(now + retry) {
 		keep = keep || a.Kind == Propose && a.Cmd.Kind == Keep

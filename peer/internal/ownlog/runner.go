@@ -64,8 +64,11 @@ type Runner struct {
 	pub   atomic.Pointer[published]
 	done  chan struct{}
 	// prev is the last published snapshot, and next the scratch the next
-	// one is built in; both owned by the goroutine.
+	// one is built in; both owned by the goroutine. gen is the machine's
+	// Gen when prev's partitions were built (valid once built).
 	prev, next *published
+	gen        uint64
+	built      bool
 	// proposed, confChanges and applied count for Traffic; written by
 	// the goroutine, read by anyone.
 	proposed, confChanges, applied atomic.Uint64
@@ -241,6 +244,29 @@ func (r *Runner) Table(ctx context.Context) (*ownership.Table, bool) {
 	}
 }
 
+// Fresh returns which of the member IDs ids the machine finds live and
+// extending (Machine.Fresh), from the runner's goroutine; nil when the
+// runner did not answer within ctx.
+func (r *Runner) Fresh(ctx context.Context, ids []string) map[string]bool {
+	ans := make(chan map[string]bool, 1)
+	r.do(func() {
+		now, own := r.mono(), r.m.Own()
+		out := make(map[string]bool, len(ids))
+		for _, id := range ids {
+			out[id] = own.Fresh(id, now)
+		}
+		ans <- out
+	})
+	select {
+	case out := <-ans:
+		return out
+	case <-ctx.Done():
+		return nil
+	case <-r.done:
+		return nil
+	}
+}
+
 // TransferLeadership hands leadership to another voter if this member
 // leads (Member.TransferLeadership), and waits, within ctx, until it no
 // longer leads.
@@ -390,13 +416,20 @@ func (r *Runner) carry(out Output) {
 		next.leaderless = now
 	}
 	changed := next.until != r.prev.until || next.voters != r.prev.voters || next.lead != r.prev.lead
-	for p := range next.parts {
-		pt := t.Parts[p]
-		next.parts[p] = PartState{Holder: pt.Holder, Epoch: pt.Epoch, Backup: pt.Backup, Have: own.Has(p),
-			// MayDecide with the lease left out: readers check it with
-			// their own now.
-			May: own.MayDecide(p, min(now, next.until-1))}
-		changed = changed || next.parts[p] != r.prev.parts[p]
+	if gen := own.Gen(); r.built && gen == r.gen {
+		// Nothing the partitions' states come from changed (most
+		// messages are heartbeats): the last ones stand.
+		copy(next.parts, r.prev.parts)
+	} else {
+		r.gen, r.built = gen, true
+		for p := range next.parts {
+			pt := t.Parts[p]
+			next.parts[p] = PartState{Holder: pt.Holder, Epoch: pt.Epoch, Backup: pt.Backup, Have: own.Has(p),
+				// MayDecide with the lease left out: readers check it
+				// with their own now.
+				May: own.MayDecide(p, min(now, next.until-1))}
+			changed = changed || next.parts[p] != r.prev.parts[p]
+		}
 	}
 	if changed {
 		r.next = nil // published: never written again
