@@ -129,6 +129,17 @@ type eventQueue struct {
 	members map[string][]byte          // member name -> copy of its metadata
 	addrs   map[string]memberlist.Node // member name -> copy of its gossip address
 	leaving map[string]bool            // members that said they are leaving
+	// failed keeps the metadata of members memberlist declared dead
+	// (not those that left) until they come back or the rebuild lets
+	// them go (forgetFailed).
+	failed map[string][]byte
+}
+
+// forgetFailed drops name's metadata kept since gossip declared it dead.
+func (q *eventQueue) forgetFailed(name string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.failed, name)
 }
 
 // gossipAddrs returns copies of the members' gossip addresses. memberlist's
@@ -174,11 +185,18 @@ func (q *eventQueue) apply(kind string, m *memberlist.Node) event {
 		md, err := decodeMeta(q.members[m.Name])
 		if !q.leaving[m.Name] && (err != nil || !md.draining) {
 			e.kind = "failed"
+			if q.failed == nil {
+				q.failed = make(map[string][]byte)
+			}
+			if raw, ok := q.members[m.Name]; ok && len(q.failed) < maxEvents {
+				q.failed[m.Name] = raw
+			}
 		}
 		delete(q.members, m.Name)
 		delete(q.addrs, m.Name)
 		delete(q.leaving, m.Name)
 	default:
+		delete(q.failed, m.Name)
 		q.members[m.Name] = append([]byte(nil), m.Meta...)
 		q.addrs[m.Name] = memberlist.Node{Name: m.Name, Addr: append(net.IP(nil), m.Addr...), Port: m.Port}
 	}
@@ -190,8 +208,9 @@ func (q *eventQueue) apply(kind string, m *memberlist.Node) event {
 	return e
 }
 
-// take returns the pending events and a copy of the member list.
-func (q *eventQueue) take() ([]event, int, map[string][]byte) {
+// take returns the pending events, a copy of the member list, and a copy
+// of the metadata of members declared dead since (failed).
+func (q *eventQueue) take() ([]event, int, map[string][]byte, map[string][]byte) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	evs, d := q.evs, q.dropped
@@ -200,7 +219,14 @@ func (q *eventQueue) take() ([]event, int, map[string][]byte) {
 	for k, v := range q.members {
 		members[k] = v
 	}
-	return evs, d, members
+	var failed map[string][]byte
+	if len(q.failed) > 0 {
+		failed = make(map[string][]byte, len(q.failed))
+		for k, v := range q.failed {
+			failed[k] = v
+		}
+	}
+	return evs, d, members, failed
 }
 
 // delegate receives memberlist callbacks. They never block: they note the
@@ -329,25 +355,105 @@ func (n *Node) startGossip(ctx context.Context) error {
 	return nil
 }
 
-// rebuildLoop rebuilds the ring whenever memberlist reports a change.
+// rebuildLoop rebuilds the ring whenever memberlist reports a change,
+// and while it keeps members gossip declared dead (rebuild), again every
+// quarter lease until it lets them go.
 func (n *Node) rebuildLoop() {
 	defer n.wg.Done()
+	recheck := time.NewTimer(time.Hour)
+	recheck.Stop()
+	defer recheck.Stop()
 	for {
 		select {
 		case <-n.ctx.Done():
 			return
 		case <-n.rebuildCh:
-			n.rebuild()
-			n.updateReady()
+		case <-recheck.C:
 		}
+		if n.rebuild() {
+			recheck.Reset(n.cfg.LeaseDuration / 4)
+		}
+		n.updateReady()
 	}
+}
+
+// keepFailed returns, of the members gossip declared dead (failed: name →
+// metadata), those the ownership log still finds live and extending: they
+// stay on the ring. Gossip's failure detector runs on probes of 100 ms to
+// a few seconds; on a starved or briefly lossy host it declares members
+// dead that come back a moment later, and each such flap moved a fifth
+// of the partitions away and back, copies and all. The log's liveness is
+// what decides who may hold a partition, so it also decides when a
+// member leaves the ring: once its liveness has lapsed here (or it came
+// back, or it restarted under a new incarnation). Members let go are
+// forgotten.
+func (n *Node) keepFailed(failed, members map[string][]byte) map[string][]byte {
+	if len(failed) == 0 {
+		return nil
+	}
+	ids := make([]string, 0, len(failed))
+	byID := make(map[string]string, len(failed))
+	for name, raw := range failed {
+		if _, back := members[name]; back {
+			continue
+		}
+		md, err := decodeMeta(raw)
+		if err != nil || md.start == 0 {
+			n.events.forgetFailed(name)
+			continue
+		}
+		id := incarnationID(name, md.start)
+		ids = append(ids, id)
+		byID[id] = name
+	}
+	var fresh map[string]bool
+	if len(ids) > 0 {
+		ctx, cancel := context.WithTimeout(n.ctx, time.Second)
+		fresh = n.lo.run.Fresh(ctx, ids)
+		cancel()
+	}
+	var keep map[string][]byte
+	for _, id := range ids {
+		name := byID[id]
+		if !fresh[id] {
+			n.events.forgetFailed(name)
+			continue
+		}
+		if keep == nil {
+			keep = make(map[string][]byte)
+		}
+		keep[name] = failed[name]
+	}
+	return keep
 }
 
 // rebuild builds a fresh snapshot from the whole member list (never from
 // deltas), publishes it if the member set changed, and logs one "gossip
-// membership" line per event.
-func (n *Node) rebuild() {
-	evs, dropped, members := n.events.take()
+// membership" line per event. It reports whether it kept members gossip
+// declared dead whose liveness holds (keepFailed): those are looked at
+// again soon.
+func (n *Node) rebuild() (kept bool) {
+	evs, dropped, members, failed := n.events.take()
+	keep := n.keepFailed(failed, members)
+	for name, raw := range keep {
+		members[name] = raw
+		kept = true
+	}
+	for _, e := range evs {
+		if _, ok := keep[e.name]; ok && e.kind == "failed" {
+			n.kept[e.name] = e.addr
+		}
+	}
+	for name, addr := range n.kept {
+		if _, ok := keep[name]; ok {
+			continue
+		}
+		delete(n.kept, name)
+		if _, back := members[name]; !back {
+			// Its liveness lapsed: the failure gossip saw now counts.
+			evs = append(evs, event{kind: "failed", name: name, addr: addr})
+		}
+	}
 	names := make([]string, 0, len(members))
 	alive := make(map[string]string)
 	draining := n.closing.Load()
@@ -428,6 +534,11 @@ func (n *Node) rebuild() {
 			// Gossip knows it, the ring does not: not a join.
 			e.kind = "ignored"
 		}
+		if _, ok := keep[e.name]; ok && e.kind == "failed" {
+			n.log.Info("gossip membership: member declared dead stays on the ring while its liveness holds", "event", e.kind, "member", e.name, "member_addr", e.addr,
+				"ring_version", v.snap.Version(), "members", v.snap.Len(), "partitions_owned", owned)
+			continue
+		}
 		n.log.Info("gossip membership", "event", e.kind, "member", e.name, "member_addr", e.addr,
 			"ring_version", v.snap.Version(), "members", v.snap.Len(), "partitions_owned", owned)
 	}
@@ -440,6 +551,7 @@ func (n *Node) rebuild() {
 	}
 	n.metrics.Ring(v.snap.Version(), v.snap.Len())
 	n.dropClients(alive)
+	return kept
 }
 
 // snapOrNil returns v's snapshot, or nil for a nil view.

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -106,5 +107,45 @@ func TestFromStatusMessage(t *testing.T) {
 	}
 	if FromStatus(nil) != nil {
 		t.Error("FromStatus(nil) != nil")
+	}
+}
+
+// TestGossipFailureWaitsForLiveness checks that a member gossip declares
+// dead stays on the ring while the ownership log finds it live: a false
+// failure (a starved host, a lost probe) moves no partition. Once its
+// liveness really lapses it leaves the ring and the failure is logged.
+func TestGossipFailureWaitsForLiveness(t *testing.T) {
+	logs := newHoLogs()
+	cfg := logConfig(10, time.Minute)
+	c := startClusterWith(t, 3, cfg, func(_ int, cfg *Config) { cfg.Logger = slog.New(logs) })
+	watcher, victim := c.nodes[0], c.nodes[2]
+	version := watcher.view.Load().snap.Version()
+	// The watcher's gossip declares the victim dead; the victim is fine
+	// and keeps extending its liveness through the log.
+	watcher.delegate.NotifyLeave(&memberlist.Node{Name: victim.Name()})
+	waitFor(t, 5*time.Second, "the watcher to log the false failure", func() bool {
+		return len(logs.find(watcher.Name(), "gossip membership: member declared dead stays on the ring while its liveness holds")) > 0
+	})
+	// Through a dozen quarter-lease rechecks it stays on the ring: a
+	// property over time, so it is watched for that long.
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for end := time.Now().Add(3 * cfg.LeaseDuration); time.Now().Before(end); <-tick.C {
+		if v := watcher.view.Load(); !v.snap.Has(victim.Name()) || v.snap.Version() != version {
+			t.Fatalf("the watcher's ring dropped %s (version %d, was %d) while its liveness held", victim.Name(), v.snap.Version(), version)
+		}
+	}
+	victim.KillForTest()
+	waitFor(t, 15*time.Second, "the watcher's ring to drop the killed member", func() bool {
+		return !watcher.view.Load().snap.Has(victim.Name())
+	})
+	failed := false
+	for _, r := range logs.find(watcher.Name(), "gossip membership") {
+		if r.attrs["member"].String() == victim.Name() && r.attrs["event"].String() == "failed" && r.attrs["members"].Int64() == 2 {
+			failed = true
+		}
+	}
+	if !failed {
+		t.Fatalf("the watcher never logged %s's failure with the ring facts", victim.Name())
 	}
 }

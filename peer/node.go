@@ -62,6 +62,9 @@ type Node struct {
 	version   uint64
 	events    eventQueue
 	rebuildCh chan struct{}
+	// kept: members gossip declared dead that the ring keeps while their
+	// liveness holds (name → gossip address); the rebuild goroutine's.
+	kept map[string]string
 
 	ml        *memberlist.Memberlist
 	delegate  *delegate
@@ -148,6 +151,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		hot:       shard.NewHotKeys(4*cfg.HotKeys, cfg.HotKeysHalfLife),
 		viewCh:    make(chan struct{}),
 		rebuildCh: make(chan struct{}, 1),
+		kept:      map[string]string{},
 		clients:   make(map[string]*client),
 		closed:    make(chan struct{}),
 	}

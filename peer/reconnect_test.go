@@ -133,7 +133,20 @@ func (c *cutTransport) Shutdown() error {
 	return err
 }
 
-// TestReconnectAfterPartition cuts n0 off from n1 and n2 until each side
+// cutLog makes cut, while set, also drop the ownership log's messages
+// between c's node idx and the rest, both ways: a network split cuts the
+// log as well as gossip, and a member gossip declares dead stays on the
+// ring while the log still sees it extend its liveness.
+func cutLog(c *cluster, idx int, cut *atomic.Bool) {
+	lone := c.nodes[idx].ops.start
+	for i, nd := range c.nodes {
+		drop := func(to uint64) bool { return cut.Load() && (i == idx) != (to == lone) }
+		nd.lo.raftDrop.Store(&drop)
+	}
+}
+
+// TestReconnectAfterPartition cuts n0 off from n1 and n2 (gossip and
+// log) until each side
 // has declared the other failed and shrunk its ring, then restores the
 // link: the reconnect loop must merge the rings again. n0 was given no
 // seeds and n1 and n2 are not alone, so only the failed-member reconnect
@@ -149,6 +162,7 @@ func TestReconnectAfterPartition(t *testing.T) {
 		}
 	})
 	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
+	cutLog(c, 0, &cut)
 	cut.Store(true)
 	for _, w := range []struct {
 		nd   *Node
@@ -202,6 +216,7 @@ func TestReconnectAloneNotReady(t *testing.T) {
 	if ok, reason := n1.Ready(); !ok {
 		t.Fatalf("n1 joined: Ready = false, %q", reason)
 	}
+	cutLog(c, 1, &cut)
 	cut.Store(true)
 	waitView(t, n1, 15*time.Second, "n1 to be alone", func() bool { return len(n1.Members()) == 1 })
 	if ok, reason := n1.Ready(); ok || !strings.Contains(reason, "alone") {

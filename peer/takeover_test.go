@@ -17,14 +17,15 @@ import (
 
 // stallScene: n0 holds key's partition pid with n1 as its backup; pick is
 // a third member, neither the partition's backup in n0's ring nor n1's
-// backup once n1 holds it. n0's gossip link is cut while cut is set.
+// backup once n1 holds it. n0's gossip link and log messages are cut
+// while cut is set.
 type stallScene struct {
 	c      *cluster
 	n0, n1 *Node
 	key    Key
 	pid    int
 	pick   string
-	cut    *atomic.Bool // n0's gossip link is cut while set
+	cut    *atomic.Bool // n0's gossip link and its log messages are cut while set
 }
 
 // startFiveNodeScene starts the stall attacks' 5 members (n0's gossip can
@@ -45,6 +46,9 @@ func startFiveNodeSceneWhere(t *testing.T, pc PolicyConfig, prefix string, lease
 	c := startClusterWith(t, 5, Config{
 		LeaseDuration: lease,
 		Policies:      map[string]PolicyConfig{"p": pc},
+		// A synchronous replication on a loaded machine (race detector,
+		// other suites) can take longer than the 500 ms default.
+		ForwardTimeout: 2 * time.Second,
 	}, func(i int, cfg *Config) {
 		cfg.Gossip = attackGossip
 		if i == 0 {
@@ -59,6 +63,10 @@ func startFiveNodeSceneWhere(t *testing.T, pc PolicyConfig, prefix string, lease
 		}
 	})
 	s := &stallScene{c: c, n0: c.nodes[0], n1: c.nodes[1], pid: -1, cut: cut}
+	// The cut silences n0's log traffic too: a member gossip declares dead
+	// stays on the ring while the log sees it extend, so a stall that
+	// left its log traffic flowing would stall nothing the others see.
+	cutLog(c, 0, cut)
 	without0, err := ring.New(s.n0.cfg.Ring, []string{"n1", "n2", "n3", "n4"}, 1)
 	if err != nil {
 		t.Fatal(err)
