@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -217,6 +218,15 @@ func (c *cluster) waitMembers(want int) {
 							why = append(why, "  "+o.partForTest(pid))
 						}
 					}
+				}
+			}
+			if dir := os.Getenv("RINGLIMIT_TEST_STACKS"); dir != "" {
+				// Triage of a stalled start-up: every goroutine's stack.
+				f, err := os.CreateTemp(dir, "settle-*.txt")
+				if err == nil {
+					_ = pprof.Lookup("goroutine").WriteTo(f, 2)
+					_ = f.Close()
+					why = append(why, "goroutines: "+f.Name())
 				}
 			}
 			c.t.Fatalf("timed out after 60s waiting for every partition to settle on its target:\n%s", strings.Join(why, "\n"))

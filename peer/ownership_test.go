@@ -99,6 +99,7 @@ func (m *hoMetrics) handoffCount(dirOutcome string) int {
 // hoRecord is one captured log record with its attributes (the handler's
 // own and the record's) flattened by key.
 type hoRecord struct {
+	at    time.Time
 	level slog.Level
 	msg   string
 	attrs map[string]slog.Value
@@ -116,7 +117,7 @@ func newHoLogs() *hoLogs { return &hoLogs{mu: &sync.Mutex{}, recs: new([]hoRecor
 func (h *hoLogs) Enabled(context.Context, slog.Level) bool { return true }
 
 func (h *hoLogs) Handle(_ context.Context, r slog.Record) error {
-	rec := hoRecord{level: r.Level, msg: r.Message, attrs: map[string]slog.Value{}}
+	rec := hoRecord{at: r.Time, level: r.Level, msg: r.Message, attrs: map[string]slog.Value{}}
 	for _, a := range h.attrs {
 		rec.attrs[a.Key] = a.Value
 	}
