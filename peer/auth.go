@@ -72,14 +72,20 @@ func newPeerAuth(cfg Config) peerAuth {
 
 func (a peerAuth) open() bool { return a.token == "" && !a.mtls }
 
-// rpcAuthServerOptions sets up peer-RPC authentication for the gRPC
-// server, logging a warning and reporting it when peer RPCs are open.
-func (n *Node) rpcAuthServerOptions() []grpc.ServerOption {
+// setupAuth sets up peer-RPC authentication once, before the node first
+// serves or dials, logging a warning and reporting it when peer RPCs are
+// open. It is never written again, so every dial reads it without locks.
+func (n *Node) setupAuth() {
 	n.ops.auth = newPeerAuth(n.cfg)
 	n.metrics.PeerRPCOpen(n.ops.auth.open())
 	if n.ops.auth.open() {
 		n.log.Warn("peer RPCs are not authenticated: anyone who reaches the gRPC port can decide, hand off and read limiter state; set Config.PeerSecret (or GossipKey), or require client certificates")
 	}
+}
+
+// rpcAuthServerOptions are the gRPC server's interceptors that check the
+// peer token (setupAuth).
+func (n *Node) rpcAuthServerOptions() []grpc.ServerOption {
 	a := n.ops.auth
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {

@@ -220,6 +220,7 @@ func (n *Node) startRPC() error {
 	n.rpcLis = lis
 	n.health = health.NewServer()
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	n.setupAuth()
 	n.serveRPC(lis)
 	return nil
 }
