@@ -311,6 +311,7 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 				// mark still spares the requests after it.
 				n.markUnreachable(target)
 				if resendable(r.op) {
+					n.metrics.Forward(target, "resent", 0)
 					redirects++
 					continue
 				}

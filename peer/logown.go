@@ -711,7 +711,15 @@ func (lo *logOwner) drain(ctx context.Context) error {
 		parts, keys := n.heldPartitions()
 		backs := 0
 		for p := range n.pt.parts {
-			if lo.run.Part(p).Backup == lo.self {
+			// A partition vacant for this member's state counts as held
+			// (the log grants it back, then it moves on); a copy
+			// installed that a holder may yet commit this member backup
+			// with counts as backed: until it resolves a holder's failure
+			// could hand the partition here, after the check below.
+			switch st := lo.run.Part(p); {
+			case st.OwedLast:
+				parts++
+			case st.Backup == lo.self || st.OwedCopy:
 				backs++
 			}
 		}

@@ -36,7 +36,10 @@ type Metrics interface {
 	// as owner for a peer (PathRemote).
 	Decision(policy string, reason Reason, path Path)
 	// Forward records one forwarded RPC to peer: its outcome ("ok",
-	// "error", "not_owner") and duration.
+	// "error", "not_owner") and duration. Outcome "resent" (duration 0)
+	// counts a request sent on to another member after its forward to
+	// peer failed with peer's port dead: peer may have decided it
+	// already, so it may count twice (refusing more, never less).
 	Forward(peer, outcome string, d time.Duration)
 	// Batch records how many requests one forwarded RPC carried.
 	Batch(peer string, size int)

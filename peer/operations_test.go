@@ -250,9 +250,12 @@ func TestRefundReplicated(t *testing.T) {
 // again after a takeover (two units given back for one). The node must not
 // send it to another member: it answers unavailable after one forward. An
 // admission in the same scene is sent on, which shows the scene reaches
-// the resend.
+// the resend, and is counted as resent (Forward outcome "resent": it may
+// count twice).
 func TestRefundNotResentAfterUnknownOutcome(t *testing.T) {
+	m := newHoMetrics()
 	c := startCluster(t, 3, Config{
+		Metrics:        m,
 		ForwardTimeout: 200 * time.Millisecond,
 		Policies:       map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}},
 	})
@@ -286,11 +289,11 @@ func TestRefundNotResentAfterUnknownOutcome(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			via.clearUnreachable(holder.Name()) // each case from the same start
-			before := received.Load()
+			before, resentBefore := received.Load(), m.resent.Load()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			d, err := tc.call(ctx)
-			got := received.Load() - before
+			got, resent := received.Load()-before, m.resent.Load()-resentBefore
 			if !errors.Is(err, ErrUnavailable) {
 				t.Fatalf("%s = %+v, %v; want an error wrapping ErrUnavailable (the holder never answers)", tc.name, d, err)
 			}
@@ -299,6 +302,9 @@ func TestRefundNotResentAfterUnknownOutcome(t *testing.T) {
 			}
 			if !tc.resendOK && got != 1 {
 				t.Fatalf("%s reached members %d times; want exactly once (an outcome unknown must not be decided a second time elsewhere)", tc.name, got)
+			}
+			if tc.resendOK != (resent > 0) || resent >= got {
+				t.Fatalf("%s reached members %d times and counted %d resends; want resends only for an admission, fewer than the members reached", tc.name, got, resent)
 			}
 			if !via.isUnreachable(holder.Name()) {
 				t.Fatalf("after %s, %s has not marked the holder with the dead port unreachable", tc.name, via.Name())

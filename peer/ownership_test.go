@@ -66,12 +66,20 @@ func hoGossip(mc *memberlist.Config) {
 	mc.SuspicionMaxTimeoutMult = 2
 }
 
-// hoMetrics records handoff and backup counts by direction and outcome.
+// hoMetrics records handoff and backup counts by direction and outcome,
+// and counts resent requests.
 type hoMetrics struct {
 	nopMetrics
 	mu      sync.Mutex
 	handoff map[string]int
 	backup  map[string]int
+	resent  atomic.Int64
+}
+
+func (m *hoMetrics) Forward(_, outcome string, _ time.Duration) {
+	if outcome == "resent" {
+		m.resent.Add(1)
+	}
 }
 
 func newHoMetrics() *hoMetrics {
@@ -371,8 +379,10 @@ func hoMembership(t *testing.T, c *cluster, load *hoLoad, rounds, workers int, p
 // reset log would show as extra Remaining.
 func TestHandoffJoinLeaveUnderLoad(t *testing.T) {
 	const tight, wide = 20, 1 << 40
+	m := newHoMetrics()
 	c := startCluster(t, 3, Config{
-		Gossip: hoGossip,
+		Gossip:  hoGossip,
+		Metrics: m,
 		Policies: map[string]PolicyConfig{
 			"tight": {Limit: tight, Window: time.Hour},
 			"wide":  {Limit: wide, Window: time.Hour},
@@ -395,6 +405,11 @@ func TestHandoffJoinLeaveUnderLoad(t *testing.T) {
 	// across all the moves.
 	live := c.live()
 	full := 0
+	// A request whose forward met a dead port went on to another member
+	// (its first target may have decided it already), so the owners may
+	// count, over all keys, up to that many more than the clients saw.
+	resent := m.resent.Load()
+	var extra int64
 	for i, k := range keys {
 		limit := int64(tight)
 		if k.Policy == "wide" {
@@ -422,13 +437,20 @@ func TestHandoffJoinLeaveUnderLoad(t *testing.T) {
 		switch {
 		case got > limit:
 			t.Fatalf("key %v: probe admitted after %d admissions, limit %d", k, before, limit)
-		case d.Remaining > want || d.Remaining < want-ghosts:
-			t.Fatalf("key %v: Remaining %d after %d admissions (%d unavailable), want %d", k, d.Remaining, got, ghosts, want)
+		case d.Remaining > want:
+			t.Fatalf("key %v: Remaining %d after %d admissions (%d unavailable), want %d: an admission was lost", k, d.Remaining, got, ghosts, want)
+		case d.Remaining < want-ghosts:
+			extra += want - ghosts - d.Remaining
+			t.Logf("key %v: Remaining %d after %d admissions (%d unavailable), want %d", k, d.Remaining, got, ghosts, want)
 		case !d.Allowed && before+ghosts < limit:
-			t.Fatalf("key %v: probe refused after %d admissions (%d unavailable), limit %d", k, before, ghosts, limit)
+			extra += limit - before - ghosts
+			t.Logf("key %v: probe refused after %d admissions (%d unavailable), limit %d", k, before, ghosts, limit)
 		}
 	}
-	t.Logf("%d of 200 tight keys reached their limit", full)
+	t.Logf("%d of 200 tight keys reached their limit; %d requests resent, owners counted %d more than answered", full, resent, extra)
+	if extra > resent {
+		t.Fatalf("owners counted %d admissions nobody was told of (beyond the unavailable answers), but only %d requests were resent", extra, resent)
+	}
 
 	hoCheckOneDecisionPoint(t, c, keys)
 }

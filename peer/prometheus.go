@@ -114,7 +114,7 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 		}, []string{"policy", "reason", "path"}),
 		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ringlimit_forwards_total",
-			Help: "Forwarded RPCs to a key's owner, by peer and outcome (ok, error, not_owner).",
+			Help: "Forwarded RPCs to a key's owner, by peer and outcome (ok, error, not_owner; resent: a request sent on to another member after peer's port died, which may count twice).",
 		}, []string{"peer", "outcome"}),
 		forwardDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ringlimit_forward_duration_seconds",
@@ -215,7 +215,9 @@ func (m *PrometheusMetrics) Decision(policy string, reason Reason, path Path) {
 // Forward implements Metrics.
 func (m *PrometheusMetrics) Forward(peer, outcome string, d time.Duration) {
 	m.forwardC.get(pairLabels{peer, outcome}).Inc()
-	m.durationC.get(peer).Observe(d.Seconds())
+	if outcome != "resent" {
+		m.durationC.get(peer).Observe(d.Seconds())
+	}
 }
 
 // Batch implements Metrics.

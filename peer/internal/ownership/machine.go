@@ -261,6 +261,21 @@ func (m *Machine) ExtendSoon() { m.extendAt = 0 }
 // a copy the table names this member backup with was installed.
 func (m *Machine) Has(p int) bool { return m.parts[p].have }
 
+// Owes reports what this member may still be counted on for in p beyond
+// the table's holder and backup: copy, a copy it installed at p's current
+// epoch, which the holder's SetBackup or Move may yet commit (naming this
+// member backup or holder); last, p vacant and kept for this member's
+// state, to be granted back to it. A member leaving gracefully waits for
+// both to resolve: ending its liveness while a holding can still arrive,
+// or while a vacancy waits for its state, would leave the partition
+// without state.
+func (m *Machine) Owes(p int) (copy, last bool) {
+	pt, l := m.table.Parts[p], m.parts[p]
+	self := m.cfg.ID
+	copy = l.copyFrom != "" && l.copyFrom != self && l.copyEpoch == pt.Epoch && pt.Holder != self && pt.Backup != self
+	return copy, pt.Holder == "" && pt.Last == self
+}
+
 // Raise tells the machine that replication became stronger for some
 // policy (a policy table change took a policy from off or async to
 // sync). Every partition this member holds is copied to its backup again
@@ -739,12 +754,14 @@ func (m *Machine) Leave() (Command, bool) {
 	return Command{Kind: End, Member: m.cfg.ID, Epoch: rec.Epoch, Version: rec.Version, Ended: true}, true
 }
 
-// pickBackup is the gossip view's second choice for p if it is fresh,
-// else the first fresh member in ID order other than this one.
+// pickBackup is the gossip view's second choice for p if it is fresh and
+// listed, else the first fresh listed member in ID order other than this
+// one. A member gossip no longer lists is leaving: a backup there would
+// be handed the partition if this holder failed before it left.
 func (m *Machine) pickBackup(p int, now int64) string {
 	self := m.cfg.ID
 	if p < len(m.view.Second) {
-		if b := m.view.Second[p]; b != "" && b != self && m.fresh(b, now) {
+		if b := m.view.Second[p]; b != "" && b != self && m.fresh(b, now) && m.listed(b) {
 			return b
 		}
 	}
@@ -806,10 +823,12 @@ func (m *Machine) lead(now int64, acts []Action) []Action {
 		if p < len(m.view.Target) && m.fresh(m.view.Target[p], now) {
 			to = m.view.Target[p]
 		} else {
+			// Any fresh member gossip lists (not one that is leaving:
+			// it would end its liveness with the partition), else any
+			// fresh one.
 			for _, id := range ids {
-				if m.fresh(id, now) {
+				if m.fresh(id, now) && (to == "" || m.listed(id) && !m.listed(to)) {
 					to = id
-					break
 				}
 			}
 		}

@@ -191,3 +191,111 @@ func TestCopyWaitGrows(t *testing.T) {
 		t.Fatalf("a does not decide with b as its backup: %+v", m.Table().Parts[0])
 	}
 }
+
+// join applies Join and a first Extend for each id, at now.
+func join(t *testing.T, m *Machine, now int64, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		m.Apply(Command{Kind: Join, Member: id}, now)
+		rec := m.Table().Members[id]
+		m.Apply(Command{Kind: Extend, Member: id, Epoch: rec.Epoch, Seq: 1}, now)
+	}
+}
+
+// grant applies a Grant of p to id.
+func grant(t *testing.T, m *Machine, p int, id string, now int64) {
+	t.Helper()
+	e, _ := m.Table().Live(id)
+	if m.Apply(Command{Kind: Grant, P: p, Epoch: m.Table().Parts[p].Epoch, To: id, ToEpoch: e}, now); !m.Table().Holds(id, p) {
+		t.Fatalf("grant of p%d to %s refused: %+v", p, id, m.Table().Parts[p])
+	}
+}
+
+// TestOwesWhatMayStillArrive: a member that installed a copy is owed the
+// partition until the copy's epoch passes (the holder's SetBackup could
+// still name it backup, and a failure of the holder then hand it the
+// partition), and a vacancy kept for its state is owed to it. A member
+// leaving gracefully waits for both: before, it ended its liveness while
+// a late SetBackup and a takeover made it holder, and the partition
+// restarted empty.
+func TestOwesWhatMayStillArrive(t *testing.T) {
+	m := New(Config{ID: "b", Liveness: 2 * time.Second}, 2)
+	join(t, m, 1, "a", "b", "c")
+	grant(t, m, 0, "a", 1)
+	grant(t, m, 1, "b", 1)
+	if c, l := m.Owes(0); c || l {
+		t.Fatalf("before any copy: Owes(0) = %v, %v", c, l)
+	}
+	e := m.Table().Parts[0].Epoch
+	if !m.OfferCopy(0, "a", e, 7) {
+		t.Fatal("copy refused")
+	}
+	if c, _ := m.Owes(0); !c {
+		t.Fatal("a copy installed at the current epoch is not owed")
+	}
+	// The SetBackup commits: b is the backup (counted as such, not owed).
+	m.Apply(Command{Kind: SetBackup, Member: "a", P: 0, Epoch: e, To: "b", Seq: 7}, 2)
+	if pt := m.Table().Parts[0]; pt.Backup != "b" {
+		t.Fatalf("SetBackup refused: %+v", pt)
+	}
+	if c, _ := m.Owes(0); c {
+		t.Fatal("owed as well as named backup")
+	}
+	// The holder moves its backup to c: nothing can name b any more.
+	m.Apply(Command{Kind: SetBackup, Member: "a", P: 0, Epoch: e + 1, To: "c", Seq: 8}, 3)
+	if c, l := m.Owes(0); c || l {
+		t.Fatalf("after the backup moved on: Owes(0) = %v, %v", c, l)
+	}
+	// A copy whose epoch passed without a command is owed no more either.
+	e = m.Table().Parts[0].Epoch
+	m.OfferCopy(0, "a", e, 9)
+	m.Apply(Command{Kind: Keep, Member: "a", P: 0, Epoch: e}, 4)
+	if c, _ := m.Owes(0); c {
+		t.Fatal("a copy of a passed epoch is owed")
+	}
+	// b's liveness ends (not for good) while it holds p1 without a
+	// backup: p1 is vacant, kept for b.
+	rec := m.Table().Members["b"]
+	m.Apply(Command{Kind: End, Member: "b", Epoch: rec.Epoch, Version: rec.Version}, 5)
+	if _, l := m.Owes(1); !l {
+		t.Fatalf("a vacancy kept for b's state is not owed: %+v", m.Table().Parts[1])
+	}
+}
+
+// TestLeaverIsNoBackupOrGrantee: a member gossip no longer lists (it is
+// leaving) is not picked as a backup even where the view's second choice
+// still names it, nor granted a vacant partition while a listed member is
+// fresh.
+func TestLeaverIsNoBackupOrGrantee(t *testing.T) {
+	m := New(Config{ID: "a", Liveness: 2 * time.Second}, 1)
+	m.SetLeader(true, 0)
+	join(t, m, 1, "a", "b", "c")
+	grant(t, m, 0, "a", 1)
+	m.Apply(Command{Kind: Extend, Member: "a", Epoch: m.Table().Members["a"].Epoch, Seq: 2}, 1)
+	m.SetView(View{Target: []string{"a"}, Second: []string{"b"}, Members: []string{"a", "c"}})
+	m.liveUntil = int64(time.Hour) // a's own lease: not under test
+	var to []string
+	for _, act := range m.Tick(2) {
+		if act.Kind == SendCopy {
+			to = append(to, act.To)
+		}
+	}
+	if len(to) != 1 || to[0] != "c" {
+		t.Fatalf("backup copies to %v, want [c] (b is leaving)", to)
+	}
+
+	l := New(Config{ID: "x", Liveness: 2 * time.Second}, 1)
+	l.SetLeader(true, 0)
+	join(t, l, 1, "b", "c", "x")
+	// The ring's target is gone; b comes first in ID order but is leaving.
+	l.SetView(View{Target: []string{"gone"}, Members: []string{"c", "x"}})
+	var granted []string
+	for _, act := range l.Tick(2) {
+		if act.Kind == Propose && act.Cmd.Kind == Grant {
+			granted = append(granted, act.Cmd.To)
+		}
+	}
+	if len(granted) != 1 || granted[0] != "c" {
+		t.Fatalf("vacant partition granted to %v, want [c] (b is leaving)", granted)
+	}
+}

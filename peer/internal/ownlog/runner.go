@@ -44,6 +44,10 @@ type PartState struct {
 	Have bool
 	// May: this member may decide for the partition while its lease lasts.
 	May bool
+	// OwedCopy, OwedLast: this member may yet be named backup or holder
+	// by a copy it installed, or the partition is vacant waiting for this
+	// member's state (ownership.Machine.Owes).
+	OwedCopy, OwedLast bool
 }
 
 // Runner drives one Member from one goroutine: ticks, inbound messages,
@@ -424,10 +428,11 @@ func (r *Runner) carry(out Output) {
 		r.gen, r.built = gen, true
 		for p := range next.parts {
 			pt := t.Parts[p]
+			oc, ol := own.Owes(p)
 			next.parts[p] = PartState{Holder: pt.Holder, Epoch: pt.Epoch, Backup: pt.Backup, Have: own.Has(p),
 				// MayDecide with the lease left out: readers check it
 				// with their own now.
-				May: own.MayDecide(p, min(now, next.until-1))}
+				May: own.MayDecide(p, min(now, next.until-1)), OwedCopy: oc, OwedLast: ol}
 			changed = changed || next.parts[p] != r.prev.parts[p]
 		}
 	}
