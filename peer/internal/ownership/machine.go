@@ -276,6 +276,26 @@ func (m *Machine) Owes(p int) (copy, last bool) {
 	return copy, pt.Holder == "" && pt.Last == self
 }
 
+// Depends counts what still depends on this member: held, the partitions
+// the table names it holder of, and the vacancies kept for its state
+// (Owes' last); backed, those it backs up, and the copies a holder may yet
+// name it backup with (Owes' copy). A member leaving gracefully ends its
+// liveness (Leave) only once both are zero; the driver bounds how long
+// it waits for backed.
+func (m *Machine) Depends() (held, backed int) {
+	for p := range m.parts {
+		copy, last := m.Owes(p)
+		pt := m.table.Parts[p]
+		switch {
+		case m.table.Holds(m.cfg.ID, p) || last:
+			held++
+		case pt.Backup == m.cfg.ID || copy:
+			backed++
+		}
+	}
+	return held, backed
+}
+
 // Raise tells the machine that replication became stronger for some
 // policy (a policy table change took a policy from off or async to
 // sync). Every partition this member holds is copied to its backup again

@@ -226,6 +226,16 @@ func (m *Member) Raise(now int64) Output {
 	return m.ready(now)
 }
 
+// Leave proposes the end, for good, of this member's liveness
+// (ownership.Machine.Leave), for a member leaving gracefully once nothing
+// depends on it.
+func (m *Member) Leave(now int64) Output {
+	if c, ok := m.own.Leave(); ok {
+		m.do([]ownership.Action{{Kind: ownership.Propose, Cmd: c}})
+	}
+	return m.ready(now)
+}
+
 // ReportSnapshot tells raft whether a MsgSnap reached its receiver.
 func (m *Member) ReportSnapshot(to uint64, ok bool, now int64) Output {
 	st := raft.SnapshotFinish

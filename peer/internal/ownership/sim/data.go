@@ -250,7 +250,9 @@ func (m *member) sendCopy(a ownership.Action) {
 	}
 	from, p, epoch, seq := m.id, a.P, a.Epoch, a.Seq
 	s.send(m, to, func() {
-		if !to.own.OfferCopy(p, from, epoch, seq) {
+		// A leaving member refuses copies before asking its machine, as
+		// peer's does once Close began.
+		if to.leaving || !to.own.OfferCopy(p, from, epoch, seq) {
 			return
 		}
 		st := map[string][]entry{}

@@ -102,12 +102,34 @@ func (s *sim) planFault(warm int64) {
 		case FaultLeave:
 			victim.leaving = true
 			s.note("leave %s (gracefully: its partitions move first)", victim.id)
-			s.at(int64(4*time.Second), func() {
-				s.note("%s stops", victim.id)
-				s.crash(victim)
-			})
+			s.drain(victim, s.now)
 		}
 	})
+}
+
+// drain is a graceful leave as peer's drain does it: once nothing depends
+// on m (Machine.Depends), or only backups after 2 s, it ends its own
+// liveness for good and stops half a second later; at 4 s it stops
+// whatever it holds (a Close deadline).
+func (s *sim) drain(m *member, since int64) {
+	if m.crashed {
+		return
+	}
+	held, backed := m.own.Depends()
+	switch {
+	case held == 0 && (backed == 0 || s.now-since >= int64(2*time.Second)):
+		s.note("%s ends its liveness (backs %d)", m.id, backed)
+		m.carry(m.log.Leave(m.mono()))
+		s.at(int64(500*time.Millisecond), func() {
+			s.note("%s stops", m.id)
+			s.crash(m)
+		})
+	case s.now-since >= int64(4*time.Second):
+		s.note("%s stops at its close deadline, holding %d", m.id, held)
+		s.crash(m)
+	default:
+		s.at(int64(50*time.Millisecond), func() { s.drain(m, since) })
+	}
 }
 
 func (s *sim) newRaftID() uint64 {
