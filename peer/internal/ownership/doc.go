@@ -75,6 +75,13 @@
 //     a chain of holdings that began with an empty grant, granted back to
 //     the same member since (Fresh), starts empty on a member that never
 //     had its state, since deciding needs the state, so nobody decided.
+//  9. A member leaving gracefully ends its own liveness, for good, only
+//     once nothing depends on it (Depends): it holds nothing, no vacancy
+//     waits for its state, it backs nothing and no copy it installed at a
+//     partition's current epoch can still be committed by the holder's
+//     SetBackup (which a failure of that holder would then hand on to it).
+//     It refuses new copies, and holders pick as backups and the leader
+//     grants vacancies to members gossip lists (not leaving) first.
 //
 // The prices: a crashed holder's partitions are unavailable for about one
 // Liveness plus one commit; losing the log's majority stops every holder
