@@ -708,18 +708,19 @@ func (lo *logOwner) drain(ctx context.Context) error {
 	var emptySince time.Time
 	for {
 		v := n.view.Load()
-		parts, keys := n.heldPartitions()
-		backs := 0
+		// What depends on this member is the machine's rule (DependsOn):
+		// a vacancy kept for its state counts as held (the log grants it
+		// back, then it moves on), and a copy a holder may yet commit it
+		// backup with counts as backed (until it resolves, that holder's
+		// failure could hand the partition here after this check).
+		_, keys := n.heldPartitions()
+		parts, backs := 0, 0
 		for p := range n.pt.parts {
-			// A partition vacant for this member's state counts as held
-			// (the log grants it back, then it moves on); a copy
-			// installed that a holder may yet commit this member backup
-			// with counts as backed: until it resolves a holder's failure
-			// could hand the partition here, after the check below.
-			switch st := lo.run.Part(p); {
-			case st.OwedLast:
+			st := lo.run.Part(p)
+			if st.Held {
 				parts++
-			case st.Backup == lo.self || st.OwedCopy:
+			}
+			if st.Backed {
 				backs++
 			}
 		}

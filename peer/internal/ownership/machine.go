@@ -276,20 +276,26 @@ func (m *Machine) Owes(p int) (copy, last bool) {
 	return copy, pt.Holder == "" && pt.Last == self
 }
 
-// Depends counts what still depends on this member: held, the partitions
-// the table names it holder of, and the vacancies kept for its state
-// (Owes' last); backed, those it backs up, and the copies a holder may yet
-// name it backup with (Owes' copy). A member leaving gracefully ends its
-// liveness (Leave) only once both are zero; the driver bounds how long
-// it waits for backed.
+// DependsOn reports whether p still depends on this member: held, the
+// table names it holder, or p is vacant kept for its state (Owes' last);
+// backed, it is p's backup, or holds a copy a holder may yet name it
+// backup with (Owes' copy). A member leaving gracefully ends its liveness
+// (Leave) only once no partition depends on it; the driver bounds how
+// long it waits for backed ones.
+func (m *Machine) DependsOn(p int) (held, backed bool) {
+	copy, last := m.Owes(p)
+	held = m.table.Holds(m.cfg.ID, p) || last
+	return held, !held && (m.table.Parts[p].Backup == m.cfg.ID || copy)
+}
+
+// Depends counts the partitions DependsOn reports held and backed.
 func (m *Machine) Depends() (held, backed int) {
 	for p := range m.parts {
-		copy, last := m.Owes(p)
-		pt := m.table.Parts[p]
-		switch {
-		case m.table.Holds(m.cfg.ID, p) || last:
+		h, b := m.DependsOn(p)
+		if h {
 			held++
-		case pt.Backup == m.cfg.ID || copy:
+		}
+		if b {
 			backed++
 		}
 	}

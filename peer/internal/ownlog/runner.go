@@ -44,10 +44,10 @@ type PartState struct {
 	Have bool
 	// May: this member may decide for the partition while its lease lasts.
 	May bool
-	// OwedCopy, OwedLast: this member may yet be named backup or holder
-	// by a copy it installed, or the partition is vacant waiting for this
-	// member's state (ownership.Machine.Owes).
-	OwedCopy, OwedLast bool
+	// Held, Backed: the partition depends on this member, as its holder
+	// (or a vacancy kept for its state) or as its backup (or by a copy a
+	// holder may yet commit): ownership.Machine.DependsOn.
+	Held, Backed bool
 }
 
 // Runner drives one Member from one goroutine: ticks, inbound messages,
@@ -428,11 +428,11 @@ func (r *Runner) carry(out Output) {
 		r.gen, r.built = gen, true
 		for p := range next.parts {
 			pt := t.Parts[p]
-			oc, ol := own.Owes(p)
+			held, backed := own.DependsOn(p)
 			next.parts[p] = PartState{Holder: pt.Holder, Epoch: pt.Epoch, Backup: pt.Backup, Have: own.Has(p),
 				// MayDecide with the lease left out: readers check it
 				// with their own now.
-				May: own.MayDecide(p, min(now, next.until-1)), OwedCopy: oc, OwedLast: ol}
+				May: own.MayDecide(p, min(now, next.until-1)), Held: held, Backed: backed}
 			changed = changed || next.parts[p] != r.prev.parts[p]
 		}
 	}
