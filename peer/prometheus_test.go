@@ -75,6 +75,7 @@ func TestPrometheusEveryMethod(t *testing.T) {
 	m.Forward("n1", "ok", 300*time.Microsecond)
 	m.Forward("n1", "error", 2*time.Second)
 	m.Forward("n2", "not_owner", time.Millisecond)
+	m.Forward("n2", "resent", 0) // counted, but no duration: nothing was timed
 	m.Batch("n1", 1)
 	m.Batch("n1", 300)
 	m.Ring(7, 3)
@@ -106,6 +107,7 @@ func TestPrometheusEveryMethod(t *testing.T) {
 		{name: "ringlimit_forwards_total", labels: map[string]string{"peer": "n1", "outcome": "ok"}, want: 2},
 		{name: "ringlimit_forwards_total", labels: map[string]string{"peer": "n1", "outcome": "error"}, want: 1},
 		{name: "ringlimit_forwards_total", labels: map[string]string{"peer": "n2", "outcome": "not_owner"}, want: 1},
+		{name: "ringlimit_forwards_total", labels: map[string]string{"peer": "n2", "outcome": "resent"}, want: 1},
 		{name: "ringlimit_forward_duration_seconds", labels: map[string]string{"peer": "n1"}, want: 3, wantSum: 2.0005},
 		{name: "ringlimit_forward_duration_seconds", labels: map[string]string{"peer": "n2"}, want: 1, wantSum: 0.001},
 		{name: "ringlimit_batch_size", labels: map[string]string{"peer": "n1"}, want: 2, wantSum: 301},
