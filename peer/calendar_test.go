@@ -93,13 +93,12 @@ func TestCalendarSurvivesMoves(t *testing.T) {
 	const limit = 5
 	pc := PolicyConfig{Limit: limit, Algorithm: shard.Calendar, Period: shard.CalendarYear, Zone: "Europe/Berlin"}
 	c := startCluster(t, 4, Config{
-		Gossip:         hoCrashGossip,
-		LeaseDuration:  500 * time.Millisecond,
+		Gossip:         hoGossip,
 		ForwardTimeout: time.Second,
 		Policies:       map[string]PolicyConfig{"yearly": pc},
 	})
 	n0, n1 := c.nodes[0], c.nodes[1]
-	key, _ := keyHeldWithBackup(t, n0, n1, "calendar-moves", "yearly")
+	key, pid := keyHeldWithBackup(t, n0, n1, "calendar-moves", "yearly")
 	admitted := admitN(t, n0, key, limit)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -128,6 +127,9 @@ func TestCalendarSurvivesMoves(t *testing.T) {
 	if next == nil {
 		t.Fatalf("holder %q after the handoff is not a live member", holder)
 	}
+	// The crash is to be a single fault: the new holder has copied the
+	// partition to a backup first (a holder without one decides alone).
+	waitFor(t, 30*time.Second, "the new holder to have a backup", func() bool { return next.backupForTest(pid) != "" })
 	next.KillForTest()
 	waitFor(t, 40*time.Second, "a survivor to decide the key after the crash", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)

@@ -15,7 +15,7 @@ import (
 )
 
 // fastGossip is the GossipFast preset, as a Config.Gossip func that test
-// variants (slowDetect, hoGossip, hoCrashGossip) start from.
+// variants (hoGossip, slowDetectGossip) start from.
 func fastGossip(mc *memberlist.Config) { GossipFast.Apply(mc) }
 
 // testLogger returns a logger for a test's nodes. With RINGLIMIT_TEST_LOG

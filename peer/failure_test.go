@@ -721,8 +721,7 @@ func startClockedCrashCluster(t *testing.T, clk *hoClock, pols map[string]Policy
 	t.Helper()
 	return startCluster(t, 3, Config{
 		Clock:          clk.Now,
-		Gossip:         hoCrashGossip,
-		LeaseDuration:  500 * time.Millisecond,
+		Gossip:         hoGossip,
 		ForwardTimeout: crashForwardTimeout,
 		Policies:       pols,
 	})

@@ -110,7 +110,7 @@ func TestLeaseCapCluster(t *testing.T) {
 	clk := &hoClock{}
 	c := startCluster(t, 4, Config{
 		Clock:          clk.Now,
-		Gossip:         hoCrashGossip,
+		Gossip:         hoGossip,
 		ForwardTimeout: 2 * time.Second,
 		Policies:       map[string]PolicyConfig{"conc": {Limit: limit, Window: ttl, Algorithm: Concurrency}},
 	})

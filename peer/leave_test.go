@@ -14,12 +14,12 @@ import (
 // slower than two leases, and a holder restarted before the leaver hears of
 // it. A leaving member must not leave with the only copy of a partition.
 
-// slowDetectGossip is the fast profile with a suspicion of 12 probe
-// intervals: a killed member is declared failed after about 2.8 s, more
-// than two half-second leases, as the LAN profile's 5.8 s is more than two
-// of the default 2 s leases.
+// slowDetectGossip is hoGossip with a suspicion of 12 probe intervals of
+// 400 ms: a killed member is declared failed after about 5.8 s, more than
+// two of the default 2 s leases, as with the LAN profile.
 func slowDetectGossip(mc *memberlist.Config) {
-	fastGossip(mc)
+	hoGossip(mc)
+	mc.ProbeInterval = 400 * time.Millisecond
 	mc.SuspicionMult = 12
 }
 
@@ -35,8 +35,7 @@ func TestHolderCrashDuringBackupLeave(t *testing.T) {
 	t.Parallel()
 	const limit = 5
 	c := startCluster(t, 4, Config{
-		Gossip:         hoCrashGossip,
-		LeaseDuration:  500 * time.Millisecond,
+		Gossip:         hoGossip,
 		ForwardTimeout: time.Second,
 		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
 	})
@@ -85,7 +84,6 @@ func TestLeaverTrustsRestartedHolder(t *testing.T) {
 	const limit = 5
 	cut := new(atomic.Bool)
 	c := startCutCluster(t, 4, 1, cut, Config{
-		LeaseDuration:  500 * time.Millisecond,
 		ForwardTimeout: time.Second,
 		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateSync}},
 	}, slowDetectGossip, func(mc *memberlist.Config) { mc.SuspicionMult = 12 })

@@ -19,7 +19,7 @@ import (
 // event=failed, each with the ring version, member count and partitions.
 func TestMembershipLogTellsLeaveFromFailure(t *testing.T) {
 	logs := newHoLogs()
-	c := startClusterWith(t, 4, Config{Gossip: hoCrashGossip}, func(_ int, cfg *Config) {
+	c := startClusterWith(t, 4, Config{Gossip: hoGossip}, func(_ int, cfg *Config) {
 		cfg.Logger = slog.New(logs)
 	})
 	leaver, victim, watcher := c.nodes[2], c.nodes[3], c.nodes[0]

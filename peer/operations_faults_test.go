@@ -33,8 +33,7 @@ func TestMultiPauseUnlimitedSync(t *testing.T) {
 			const limit = 5
 			tenant := "ho-multi-unlimited-" + mode.String()
 			c := startCluster(t, 3, Config{
-				Gossip:         hoCrashGossip,
-				LeaseDuration:  500 * time.Millisecond,
+				Gossip:         hoGossip,
 				ForwardTimeout: time.Second,
 				Policies: map[string]PolicyConfig{
 					"a": {Limit: limit, Window: time.Hour, Replication: ReplicateSync, Overrides: []Override{{Tenant: tenant, Unlimited: true}}},
@@ -64,7 +63,7 @@ func TestMultiUnavailableUnlimited(t *testing.T) {
 	const limit = 5
 	tenant := "ho-multi-unavailable"
 	c := startCluster(t, 2, Config{
-		ForwardTimeout: 300 * time.Millisecond,
+		ForwardTimeout: time.Second,
 		Policies: map[string]PolicyConfig{
 			"a": {Limit: limit, Window: time.Hour, Overrides: []Override{{Tenant: tenant, Unlimited: true}}},
 			"b": {Limit: limit, Window: time.Hour},
@@ -160,7 +159,7 @@ func TestRefundReorderedInBatch(t *testing.T) {
 			t.Parallel()
 			const limit = 5
 			c := startCluster(t, 3, Config{
-				Gossip:         hoCrashGossip,
+				Gossip:         hoGossip,
 				LeaseDuration:  time.Second,
 				ForwardTimeout: crashForwardTimeout,
 				MaxInFlight:    1,

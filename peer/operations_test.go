@@ -207,7 +207,7 @@ func manyPolicies(n int) []string {
 // continues from a copy that has the refund (and a reset) applied.
 func TestRefundReplicated(t *testing.T) {
 	c := startCluster(t, 3, Config{
-		Gossip:   hoCrashGossip,
+		Gossip:   hoGossip,
 		Policies: map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}},
 	})
 	ctx := context.Background()

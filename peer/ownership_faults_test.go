@@ -73,17 +73,19 @@ func survivorAdmits(t *testing.T, survivors []*Node, key Key, limit int, within 
 	return admitted, by
 }
 
-// crashForwardTimeout is the ForwardTimeout of startCrashCluster's nodes.
-const crashForwardTimeout = 300 * time.Millisecond
+// crashForwardTimeout is the ForwardTimeout of startCrashCluster's nodes:
+// short enough that the tests wait little for a forward to a dead holder
+// to give up, long enough that a live one answers on a loaded machine.
+const crashForwardTimeout = time.Second
 
 // startCrashCluster starts the three-node cluster of the crash tests:
-// fast failure detection, half-second leases, forwards that give up after
-// crashForwardTimeout, and the policies pols.
+// patient failure detection (hoGossip), the default leases (a takeover
+// waits for the crashed holder's liveness to expire), forwards that give
+// up after crashForwardTimeout, and the policies pols.
 func startCrashCluster(t *testing.T, pols map[string]PolicyConfig) *cluster {
 	t.Helper()
 	return startCluster(t, 3, Config{
-		Gossip:         hoCrashGossip,
-		LeaseDuration:  500 * time.Millisecond,
+		Gossip:         hoGossip,
 		ForwardTimeout: crashForwardTimeout,
 		Policies:       pols,
 	})
@@ -307,7 +309,7 @@ func TestOwnershipLargePartition(t *testing.T) {
 	clk := &hoClock{}
 	c := startCluster(t, 2, Config{
 		Clock:  clk.Now,
-		Gossip: hoCrashGossip,
+		Gossip: hoGossip,
 		// Moving 10 MiB loads the machine: forwards get time.
 		ForwardTimeout: 5 * time.Second,
 		Policies:       map[string]PolicyConfig{"big": {Limit: limit, Window: time.Hour, Replication: ReplicateAsync}},
@@ -400,7 +402,7 @@ func TestOwnershipLargePartition(t *testing.T) {
 func TestOwnershipCrashAndRestart(t *testing.T) {
 	const limit = 20
 	c := startCluster(t, 3, Config{
-		Gossip:   hoCrashGossip,
+		Gossip:   hoGossip,
 		Policies: map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
 	})
 	victim := c.nodes[2]
@@ -514,7 +516,7 @@ func TestGracefulMoveKeepsUnreplicated(t *testing.T) {
 func TestBackupAtCapacity(t *testing.T) {
 	const limit = 5
 	c := startClusterWith(t, 3, Config{
-		Gossip:   hoCrashGossip,
+		Gossip:   hoGossip,
 		Policies: map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}},
 	}, func(i int, cfg *Config) {
 		if i == 1 {
@@ -601,8 +603,7 @@ func TestPauseMidDecision(t *testing.T) {
 		t.Run(mode.String()+"/"+tc.op.name, func(t *testing.T) {
 			const limit = 5
 			c := startCluster(t, 3, Config{
-				Gossip:         hoCrashGossip,
-				LeaseDuration:  500 * time.Millisecond,
+				Gossip:         hoGossip,
 				ForwardTimeout: time.Second,
 				Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: mode, Algorithm: tc.op.alg}},
 			})

@@ -128,8 +128,7 @@ func TestTakeoverClockSkew(t *testing.T) {
 				clk.Advance(7 * time.Second)
 				offsets := []time.Duration{off, -off, 0}
 				c := startClusterWith(t, 3, Config{
-					Gossip:         hoCrashGossip,
-					LeaseDuration:  500 * time.Millisecond,
+					Gossip:         hoGossip,
 					ForwardTimeout: time.Second,
 					Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: window, Algorithm: alg}},
 				}, func(i int, cfg *Config) { cfg.Clock = clk.WithOffset(offsets[i]) })
