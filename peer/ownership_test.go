@@ -649,4 +649,3 @@ func TestHandoffClockSkew(t *testing.T) {
 		})
 	}
 }
-
