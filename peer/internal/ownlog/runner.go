@@ -202,16 +202,10 @@ func (r *Runner) SetView(v ownership.View, roster []Peer) {
 // (Member.Raise) and waits, within ctx, until the runner has published
 // that every held partition waits for its re-copy.
 func (r *Runner) Raise(ctx context.Context) {
-	done := make(chan struct{})
-	r.do(func() {
+	ask(ctx, r, func() bool {
 		r.carry(r.m.Raise(r.mono()))
-		close(done)
+		return true
 	})
-	select {
-	case <-done:
-	case <-ctx.Done():
-	case <-r.done:
-	}
 }
 
 // CopyAcked tells the machine a copy was installed by its receiver.
@@ -222,127 +216,92 @@ func (r *Runner) CopyAcked(p int, to string, epoch, seq uint64) {
 // OfferCopy asks the machine whether a copy may be installed; it waits for
 // the runner's answer (or ctx).
 func (r *Runner) OfferCopy(ctx context.Context, p int, from string, epoch, seq uint64) bool {
-	ans := make(chan bool, 1)
-	r.do(func() { ans <- r.m.Own().OfferCopy(p, from, epoch, seq) })
-	select {
-	case ok := <-ans:
-		return ok
-	case <-ctx.Done():
-		return false
-	case <-r.done:
-		return false
-	}
+	ok, _ := ask(ctx, r, func() bool { return r.m.Own().OfferCopy(p, from, epoch, seq) })
+	return ok
 }
 
 // Table returns a copy of the applied table, for status pages and tests.
 func (r *Runner) Table(ctx context.Context) (*ownership.Table, bool) {
-	ans := make(chan *ownership.Table, 1)
-	r.do(func() { ans <- r.m.Own().Table().Clone() })
-	select {
-	case t := <-ans:
-		return t, true
-	case <-ctx.Done():
-		return nil, false
-	case <-r.done:
-		return nil, false
-	}
+	return ask(ctx, r, func() *ownership.Table { return r.m.Own().Table().Clone() })
 }
 
 // Fresh returns which of the member IDs ids the machine finds live and
 // extending (Machine.Fresh), from the runner's goroutine; nil when the
 // runner did not answer within ctx.
 func (r *Runner) Fresh(ctx context.Context, ids []string) map[string]bool {
-	ans := make(chan map[string]bool, 1)
-	r.do(func() {
+	out, _ := ask(ctx, r, func() map[string]bool {
 		now, own := r.mono(), r.m.Own()
 		out := make(map[string]bool, len(ids))
 		for _, id := range ids {
 			out[id] = own.Fresh(id, now)
 		}
-		ans <- out
-	})
-	select {
-	case out := <-ans:
 		return out
-	case <-ctx.Done():
-		return nil
-	case <-r.done:
-		return nil
-	}
+	})
+	return out
 }
 
 // TransferLeadership hands leadership to another voter if this member
 // leads (Member.TransferLeadership), and waits, within ctx, until it no
 // longer leads.
 func (r *Runner) TransferLeadership(ctx context.Context) {
-	for {
-		ans := make(chan bool, 1)
-		r.do(func() { ans <- r.m.TransferLeadership() })
-		var leads bool
-		select {
-		case leads = <-ans:
-		case <-ctx.Done():
-			return
-		case <-r.done:
-			return
-		}
-		if !leads {
-			return
-		}
-		t := time.NewTimer(r.tick)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return
-		}
-	}
+	r.until(ctx, r.tick, r.m.TransferLeadership)
 }
 
 // Leave proposes the end of this member's liveness for good
 // (Machine.Leave) and waits, within ctx, until it is applied.
 func (r *Runner) Leave(ctx context.Context) {
+	r.until(ctx, 4*r.tick, func() bool {
+		c, ok := r.m.Own().Leave()
+		if ok {
+			r.m.do([]ownership.Action{{Kind: ownership.Propose, Cmd: c}})
+		}
+		return ok
+	})
+}
+
+// Describe returns Member.Describe, from the runner's goroutine.
+func (r *Runner) Describe(ctx context.Context) string {
+	if s, ok := ask(ctx, r, r.m.Describe); ok {
+		return s
+	}
+	if ctx.Err() != nil {
+		return "no answer: " + ctx.Err().Error()
+	}
+	return "stopped"
+}
+
+// ask runs fn on the runner's goroutine and returns its answer; false when
+// ctx ended or the runner stopped first.
+func ask[T any](ctx context.Context, r *Runner, fn func() T) (T, bool) {
+	ans := make(chan T, 1)
+	r.do(func() { ans <- fn() })
+	select {
+	case v := <-ans:
+		return v, true
+	case <-ctx.Done():
+	case <-r.done:
+	}
+	var zero T
+	return zero, false
+}
+
+// until asks pending, on the runner's goroutine, every wait until it
+// answers false, ctx ends or the runner stops.
+func (r *Runner) until(ctx context.Context, wait time.Duration, pending func() bool) {
 	for {
-		ans := make(chan bool, 1)
-		r.do(func() {
-			c, ok := r.m.Own().Leave()
-			if ok {
-				r.m.do([]ownership.Action{{Kind: ownership.Propose, Cmd: c}})
-			}
-			ans <- ok
-		})
-		var pending bool
-		select {
-		case pending = <-ans:
-		case <-ctx.Done():
-			return
-		case <-r.done:
+		if more, ok := ask(ctx, r, pending); !ok || !more {
 			return
 		}
-		if !pending {
-			return
-		}
-		t := time.NewTimer(4 * r.tick)
+		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
 			return
+		case <-r.done:
+			t.Stop()
+			return
 		}
-	}
-}
-
-// Describe returns Member.Describe, from the runner's goroutine.
-func (r *Runner) Describe(ctx context.Context) string {
-	ans := make(chan string, 1)
-	r.do(func() { ans <- r.m.Describe() })
-	select {
-	case s := <-ans:
-		return s
-	case <-ctx.Done():
-		return "no answer: " + ctx.Err().Error()
-	case <-r.done:
-		return "stopped"
 	}
 }
 
