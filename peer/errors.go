@@ -7,7 +7,11 @@ import (
 var (
 	// ErrUnavailable is returned by Allow when the key's owner could not be
 	// reached in time and the policy fails closed. It is never "over limit":
-	// the limiter could not decide.
+	// the limiter could not decide. When the request was sent to the owner
+	// and no answer came in time (the error then also wraps
+	// context.DeadlineExceeded), the owner may have admitted it: it then
+	// counts against the quota, so the limit still holds, but the caller
+	// cannot know that unit was spent.
 	ErrUnavailable = errors.New("peer: limiter unavailable")
 	// ErrClosed is returned by Allow after Close has started.
 	ErrClosed = errors.New("peer: node closed")

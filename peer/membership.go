@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -601,23 +602,36 @@ func (n *Node) viewChanged() <-chan struct{} {
 // memberlist's "[ERR]" (a failed probe, push/pull or send) is degraded
 // service, so it becomes Warn: Error is kept for lost state. A send on a
 // connection closed by our own shutdown is Debug.
+//
+// A starved or cut-off node repeats the same warning every probe (a failed
+// ping, a refuted suspicion) and would bury everything else; so each kind
+// of warning (its text up to the first ':' or '(') is logged at most once
+// per memberlistWarnEvery, the next one saying how many were held back
+// (repeated=N), and the ones in between go to Debug.
 type memberlistLog struct {
-	log *slog.Logger
-	mu  sync.Mutex
-	off bool
+	log  *slog.Logger
+	now  func() time.Time
+	mu   sync.Mutex
+	off  bool
+	seen map[string]*warnKind
+}
+
+// memberlistWarnEvery is how often one kind of memberlist warning is
+// logged at Warn.
+const memberlistWarnEvery = 10 * time.Second
+
+// warnKind is when a kind of warning was last logged at Warn and how many
+// were held back since.
+type warnKind struct {
+	at   time.Time
+	held int
 }
 
 func newMemberlistLog(l *slog.Logger) *memberlistLog {
-	return &memberlistLog{log: l.With("component", "memberlist")}
+	return &memberlistLog{log: l.With("component", "memberlist"), now: time.Now, seen: map[string]*warnKind{}}
 }
 
 func (w *memberlistLog) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	off := w.off
-	w.mu.Unlock()
-	if off {
-		return len(p), nil
-	}
 	line := bytes.TrimSpace(p)
 	level := slog.LevelInfo
 	for _, l := range []struct {
@@ -635,7 +649,37 @@ func (w *memberlistLog) Write(p []byte) (int, error) {
 		// memberlist's own goroutines racing its shutdown: not news.
 		level = slog.LevelDebug
 	}
-	w.log.Log(context.Background(), level, string(line))
+	w.mu.Lock()
+	if w.off {
+		w.mu.Unlock()
+		return len(p), nil
+	}
+	held := 0
+	if level == slog.LevelWarn {
+		kind := string(line)
+		if i := strings.IndexAny(kind, ":("); i > 0 {
+			kind = kind[:i]
+		}
+		now := w.now()
+		switch k := w.seen[kind]; {
+		case k == nil:
+			if len(w.seen) >= 64 {
+				clear(w.seen) // kinds are few; a flood of new ones starts afresh
+			}
+			w.seen[kind] = &warnKind{at: now}
+		case now.Sub(k.at) < memberlistWarnEvery:
+			k.held++
+			level = slog.LevelDebug
+		default:
+			held, k.at, k.held = k.held, now, 0
+		}
+	}
+	w.mu.Unlock()
+	if held > 0 {
+		w.log.Log(context.Background(), level, string(line), "repeated", held)
+	} else {
+		w.log.Log(context.Background(), level, string(line))
+	}
 	return len(p), nil
 }
 

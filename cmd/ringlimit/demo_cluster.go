@@ -197,10 +197,10 @@ func (d *demo) crash(ctx context.Context, live []*peer.Node, policyPath string) 
 		return fmt.Errorf("kill child: %w", err)
 	}
 	var (
-		firstUnavail, converged, resumed time.Duration
-		unavailable, overDuring, other   int
-		resumedDec                       peer.Decision
-		resumedVia                       string
+		firstUnavail, converged, resumed        time.Duration
+		unavailable, unknown, overDuring, other int
+		resumedDec                              peer.Decision
+		resumedVia                              string
 	)
 	deadline := time.Now().Add(20 * time.Second)
 	tick := time.NewTicker(5 * time.Millisecond)
@@ -214,6 +214,11 @@ func (d *demo) crash(ctx context.Context, live []*peer.Node, policyPath string) 
 		switch {
 		case errors.Is(err, peer.ErrUnavailable):
 			unavailable++
+			if errors.Is(err, context.DeadlineExceeded) {
+				// No answer in time: the request may have reached the
+				// new holder, which then counts it if it admitted it.
+				unknown++
+			}
 			if firstUnavail == 0 {
 				firstUnavail = since
 			}
@@ -279,11 +284,18 @@ func (d *demo) crash(ctx context.Context, live []*peer.Node, policyPath string) 
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(d.out, "  during the outage: %d requests unavailable, %d reported over limit, %d other errors\n", unavailable, overDuring, other)
-	fmt.Fprintf(d.out, "  after the takeover: %d admitted (want %d = %d - %d before the crash), then %s\n", admittedAfter, limit-before, limit, before, refused.Reason)
+	// A request answered unavailable because no answer came in time may
+	// still have been admitted: it then counts against the quota (the
+	// limit holds), so up to that many fewer fit after the takeover.
+	lowest, maybe := max(0, limit-before-unknown), ""
+	if unknown > 0 {
+		maybe = fmt.Sprintf("; %d of the unavailable ones timed out and may have been admitted, so at least %d", unknown, lowest)
+	}
+	fmt.Fprintf(d.out, "  after the takeover: %d admitted (want %d = %d - %d before the crash%s), then %s\n", admittedAfter, limit-before, limit, before, maybe, refused.Reason)
 	d.promise(firstUnavail > 0, "requests for the dead holder's key fail closed as unavailable (first after %v)", firstUnavail.Round(time.Millisecond))
 	d.promise(overDuring == 0 && other == 0, "no request during the outage was reported as over limit (%d) or another error (%d)", overDuring, other)
 	d.promise(resumed > 0 && resumedDec.Owner != "n4", "decisions resume on the backup after failure detection and the lease (after %v)", resumed.Round(time.Millisecond))
-	d.promise(admittedAfter == limit-before && refused.Reason == peer.ReasonOverLimit, "the crash lost nothing: %d admitted after it (want %d), then over limit", admittedAfter, limit-before)
+	d.promise(admittedAfter <= limit-before && admittedAfter >= lowest && refused.Reason == peer.ReasonOverLimit, "the crash lost nothing: %d admitted after it (want %d), then over limit", admittedAfter, limit-before)
 	return nil
 }
 
