@@ -1,9 +1,17 @@
 package main
 
 import (
+	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/ringlimit/ringlimit/cmd/ringlimit/envoyrls"
+	"github.com/ringlimit/ringlimit/peer"
 )
 
 // TestEnvoyDomainsConfig parses the policy file's "domains" section: the
@@ -128,5 +136,52 @@ func TestEnvoyDomainsConfig(t *testing.T) {
 				t.Errorf("shadow_mode not carried into the policy: %+v", p)
 			}
 		})
+	}
+}
+
+// TestEnvoySeveralLimitsOnOneSubject runs envoyrls/README.md's "Several
+// limits on one subject" as written: two descriptors with the same value
+// under different keys are decided as one. Once the per-second limit is
+// spent, a request carrying both is refused and spends nothing of the
+// daily limit (decided one by one, it would have spent one).
+func TestEnvoySeveralLimitsOnOneSubject(t *testing.T) {
+	t.Parallel()
+	pols, tab, err := parsePolicyFile([]byte(readmeBlocksOf(t, "envoyrls/README.md", "several-limits", "yaml")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// The clock stands still: every request falls in one second.
+	at := time.Unix(1_800_000_000, 0)
+	nd, err := peer.New(ctx, peer.Config{Name: "solo", Policies: pols, GossipProfile: peer.GossipFast, Clock: func() time.Time { return at },
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nd.Close(ctx)
+	s := envoyrls.New(nd, tab, nil)
+	desc := func(key string) *ratelimitv3.RateLimitDescriptor {
+		return &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: "alice"}}}
+	}
+	ask := func(ds ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+		t.Helper()
+		r, err := s.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: ds})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	const ok, over = rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	for i := range 10 {
+		if r := ask(desc("user_second"), desc("user_day")); r.OverallCode != ok {
+			t.Fatalf("request %d of 10 within a second: %v, want OK", i+1, r)
+		}
+	}
+	r := ask(desc("user_second"), desc("user_day"))
+	if r.OverallCode != over || r.Statuses[0].Code != over {
+		t.Fatalf("11th request: %v, want OVER_LIMIT on user_second", r)
+	}
+	if r := ask(desc("user_day")); r.OverallCode != ok || r.Statuses[0].LimitRemaining != 10000-10-1 {
+		t.Errorf("user_day after the refused pair: %v, want OK with %d remaining (the refused pair spent nothing of it)", r, 10000-10-1)
 	}
 }

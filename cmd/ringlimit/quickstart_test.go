@@ -20,7 +20,13 @@ import (
 // markers <!-- name:begin --> and <!-- name:end -->, in order, joined.
 func readmeBlocks(t *testing.T, name, lang string) string {
 	t.Helper()
-	data, err := os.ReadFile("README.md")
+	return readmeBlocksOf(t, "README.md", name, lang)
+}
+
+// readmeBlocksOf is readmeBlocks of the markdown file file.
+func readmeBlocksOf(t *testing.T, file, name, lang string) string {
+	t.Helper()
+	data, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +34,7 @@ func readmeBlocks(t *testing.T, name, lang string) string {
 	begin, end := "<!-- "+name+":begin -->", "<!-- "+name+":end -->"
 	i, j := strings.Index(s, begin), strings.Index(s, end)
 	if i < 0 || j < i {
-		t.Fatalf("README.md has no %s ... %s section", begin, end)
+		t.Fatalf("%s has no %s ... %s section", file, begin, end)
 	}
 	var out strings.Builder
 	in := false
@@ -43,7 +49,7 @@ func readmeBlocks(t *testing.T, name, lang string) string {
 		}
 	}
 	if out.Len() == 0 {
-		t.Fatalf("README.md's %s section has no ```%s block", name, lang)
+		t.Fatalf("%s's %s section has no ```%s block", file, name, lang)
 	}
 	return out.String()
 }
