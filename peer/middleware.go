@@ -257,7 +257,9 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, key Key, err e
 		if errors.As(err, &ke) {
 			problem = ke.problem
 		}
-		m.log.WarnContext(ctx, "invalid rate limit key", "problem", problem, "path", r.URL.Path)
+		// The key came from the embedder's KeyFunc: tell its author the fix.
+		m.log.WarnContext(ctx, "invalid rate limit key", "problem", problem, "path", r.URL.Path,
+			"hint", "build Tenant and Subject from raw identities with shard.KeyPart, which maps any string to a valid part")
 	case errors.Is(err, ErrUnknownPolicy):
 		m.log.ErrorContext(ctx, "unknown rate limit policy", "policy", key.Policy, "path", r.URL.Path)
 	default:

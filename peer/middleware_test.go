@@ -426,7 +426,7 @@ func TestMiddlewareLogs(t *testing.T) {
 		wantText  []string
 	}{
 		{"invalid key is a warning naming the part", mwFake{}, "josé", "", 400, "WARN",
-			[]string{`msg="invalid rate limit key"`, `problem="subject has byte 0xc3 at 3 outside visible ASCII"`}},
+			[]string{`msg="invalid rate limit key"`, `problem="subject has byte 0xc3 at 3 outside visible ASCII"`, `with shard.KeyPart`}},
 		{"unknown policy is an error", mwFake{err: fmt.Errorf("%w: %q", peer.ErrUnknownPolicy, "nope")}, "alice", "nope", 500, "ERROR",
 			[]string{`msg="unknown rate limit policy"`, "policy=nope"}},
 		{"invalid hits is an error", mwFake{err: peer.ErrInvalidHits}, "alice", "", 500, "ERROR",
