@@ -3,12 +3,9 @@ package bench
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -81,20 +78,6 @@ const (
 	settleDeadline = 3 * time.Minute
 )
 
-func trafficConfig(name string, join []string) peer.Config {
-	return peer.Config{
-		Name:          name,
-		Join:          join,
-		GossipProfile: peer.GossipFast,
-		Policies: map[string]peer.PolicyConfig{
-			"p": {Limit: 1 << 40, Window: time.Minute},
-		},
-		ForwardTimeout: 2 * time.Second,
-		// Quiet: 64 members' membership logs would bury the table.
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
-}
-
 // trafficDelta is what changed between two readings of one member's
 // counters (a member absent from a reading counts from or to zero).
 func trafficDelta(from, to peer.RaftTraffic) peer.RaftTraffic {
@@ -148,34 +131,7 @@ func clusterState(nodes []*peer.Node) string {
 }
 
 func measureRaftTraffic(t *testing.T, members int, emit func(trafficRow)) {
-	var mu sync.Mutex
-	var all []*peer.Node // every node started, closed at the end
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		var wg sync.WaitGroup
-		for _, nd := range all {
-			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				defer cancel()
-				_ = nd.Close(ctx)
-			})
-		}
-		wg.Wait()
-	})
-	start := func(name string, join []string) *peer.Node {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		nd, err := peer.New(ctx, trafficConfig(name, join))
-		if err != nil {
-			t.Fatalf("start %s: %v", name, err)
-		}
-		mu.Lock()
-		all = append(all, nd)
-		mu.Unlock()
-		return nd
-	}
+	m := newMembers(t)
 	settle := func(what string, nodes []*peer.Node) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), settleDeadline)
@@ -193,14 +149,7 @@ func measureRaftTraffic(t *testing.T, members int, emit func(trafficRow)) {
 	}
 
 	t0 := time.Now()
-	var nodes []*peer.Node
-	for i := range members {
-		var join []string
-		if i > 0 {
-			join = []string{nodes[0].GossipAddr()}
-		}
-		nodes = append(nodes, start(fmt.Sprintf("m%02d", i), join))
-	}
+	nodes := m.startN(members)
 	// Settled, and a few lease extensions on: the joins' moves and copies
 	// are over before the interval starts.
 	ctx, cancel := context.WithTimeout(context.Background(), settleDeadline)
@@ -246,17 +195,7 @@ func measureRaftTraffic(t *testing.T, members int, emit func(trafficRow)) {
 	joined := make(chan struct{})
 	go func() {
 		defer close(joined)
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		nd, err := peer.New(ctx, trafficConfig("joiner", []string{nodes[0].GossipAddr()}))
-		if err != nil {
-			t.Errorf("start joiner: %v", err)
-			return
-		}
-		mu.Lock()
-		all = append(all, nd)
-		mu.Unlock()
-		joiner = nd
+		joiner = m.start("joiner", []string{nodes[0].GossipAddr()})
 	}()
 	ctx, cancel = context.WithTimeout(context.Background(), 60*time.Second)
 	err = leaver.Close(ctx)

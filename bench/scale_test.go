@@ -25,69 +25,21 @@ func TestScale64(t *testing.T) {
 		t.Skip("set RINGLIMIT_SCALE=1 to run the 64-member scale test")
 	}
 	const members = 64
-	cfg := func(name string, join []string) peer.Config {
-		return peer.Config{
-			Name:          name,
-			Join:          join,
-			GossipProfile: peer.GossipFast,
-			Policies: map[string]peer.PolicyConfig{
-				"p": {Limit: 1 << 40, Window: time.Minute},
-			},
-			ForwardTimeout: 2 * time.Second,
-		}
-	}
-	var nodes []*peer.Node
-	closeAll := func() {
-		var wg sync.WaitGroup
-		for _, nd := range nodes {
-			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
-				_ = nd.Close(ctx)
-			})
-		}
-		wg.Wait()
-	}
-	t.Cleanup(closeAll)
+	m := newMembers(t)
 	start := time.Now()
-	for i := range members {
-		var join []string
-		if i > 0 {
-			join = []string{nodes[0].GossipAddr()}
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		nd, err := peer.New(ctx, cfg(fmt.Sprintf("m%02d", i), join))
-		cancel()
-		if err != nil {
-			t.Fatalf("start member %d: %v", i, err)
-		}
-		nodes = append(nodes, nd)
-	}
-	converge := func(what string, want int, live []*peer.Node) time.Duration {
+	nodes := m.startN(members)
+	converge := func(what string, live []*peer.Node) time.Duration {
 		t.Helper()
 		t0 := time.Now()
-		deadline := t0.Add(3 * time.Minute)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			ok := true
-			for _, nd := range live {
-				if len(nd.Members()) != want || !nd.Settled() {
-					ok = false
-					break
-				}
-			}
-			if ok {
-				return time.Since(t0)
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: no convergence within 3 minutes", what)
-			}
-			<-tick.C
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if err := peer.WaitSettled(ctx, live, 0); err != nil {
+			t.Fatalf("%s: %v", what, err)
 		}
+		return time.Since(t0)
 	}
 	started := time.Since(start)
-	settled := converge("start", members, nodes)
+	settled := converge("start", nodes)
 	t.Logf("%d members started in %v and settled %v later (%v in all)", members,
 		started.Round(time.Millisecond), settled.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 
@@ -119,19 +71,17 @@ func TestScale64(t *testing.T) {
 			}
 		})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	joiner, err := peer.New(ctx, cfg("joiner", []string{nodes[0].GossipAddr()}))
-	cancel()
-	if err != nil {
-		t.Fatalf("start joiner: %v", err)
+	joiner := m.start("joiner", []string{nodes[0].GossipAddr()})
+	if joiner == nil {
+		t.FailNow()
 	}
 	nodes = append(nodes, joiner)
-	joinTook := converge("join", members+1, nodes)
+	joinTook := converge("join", nodes)
 
 	leaver := nodes[members/2]
 	t0 := time.Now()
-	ctx, cancel = context.WithTimeout(context.Background(), 60*time.Second)
-	err = leaver.Close(ctx)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	err := leaver.Close(ctx)
 	cancel()
 	if err != nil {
 		t.Fatalf("leave: %v", err)
@@ -144,7 +94,7 @@ func TestScale64(t *testing.T) {
 		}
 	}
 	nodes = rest
-	leaveTook := converge("leave", members, nodes)
+	leaveTook := converge("leave", nodes)
 	close(stop)
 	wg.Wait()
 	t.Logf("join: every member saw %d members and settled after %v", members+1, joinTook.Round(time.Millisecond))

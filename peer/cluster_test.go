@@ -101,6 +101,14 @@ func startClusterWith(t testing.TB, n int, base Config, edit func(i int, cfg *Co
 	return c
 }
 
+// testForwardTimeout is the ForwardTimeout of the test nodes that set
+// none. The default, half a second, is what a client of a healthy
+// cluster should wait; on a loaded 2-core machine running the race
+// detector a live holder sometimes takes longer, and a test that checks
+// exactness must not fail because a forward took long. Tests of
+// timeouts set their own, or give the call a deadline.
+const testForwardTimeout = 3 * time.Second
+
 // cleanupCloseTimeout bounds each node's Close in a test's cleanup. A
 // healthy node closes in well under a second; one whose handoffs cannot
 // complete (cut off, stalled, its log without a majority) waited the whole
@@ -125,6 +133,9 @@ func (c *cluster) addWith(name string, edit func(cfg *Config)) *Node {
 	}
 	if cfg.Gossip == nil {
 		cfg.Gossip = fastGossip
+	}
+	if cfg.ForwardTimeout == 0 {
+		cfg.ForwardTimeout = testForwardTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(c.t)

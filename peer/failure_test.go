@@ -543,7 +543,8 @@ func TestReplicationMessageLost(t *testing.T) {
 		}
 		return err == nil
 	})
-	confirmed += admittedAfterCrash(t, n0, []*Node{n1}, key, limit)
+	after, _ := admittedAfterCrash(t, n0, []*Node{n1}, key, limit)
+	confirmed += after
 	if confirmed > limit {
 		t.Fatalf("%d admissions confirmed in one window of limit %d across a lost replication message and a crash", confirmed, limit)
 	}
@@ -587,9 +588,10 @@ func TestPolicyUnknownToBackupNotConfirmed(t *testing.T) {
 		}
 		confirmed++
 	}
-	confirmed += admittedAfterCrash(t, n0, []*Node{n1}, kq, limit)
-	if confirmed != limit {
-		t.Fatalf("%d admissions of q confirmed in one window of limit %d across the roll and a crash; want exactly %d", confirmed, limit, limit)
+	after, unknown := admittedAfterCrash(t, n0, []*Node{n1}, kq, limit)
+	confirmed += after
+	if confirmed > limit || confirmed+unknown < limit {
+		t.Fatalf("%d admissions of q confirmed in one window of limit %d across the roll and a crash (%d more of unknown outcome); want exactly %d", confirmed, limit, unknown, limit)
 	}
 }
 
@@ -623,9 +625,10 @@ func finishRollAndCrash(t *testing.T, tab map[string]PolicyConfig, holder *Node,
 			t.Fatal(err)
 		}
 	}
-	admitted += admittedAfterCrash(t, holder, survivors, key, limit)
-	if admitted != limit {
-		t.Fatalf("%d admissions in one window of limit %d across the roll and a crash; want exactly %d", admitted, limit, limit)
+	after, unknown := admittedAfterCrash(t, holder, survivors, key, limit)
+	admitted += after
+	if admitted > limit || admitted+unknown < limit {
+		t.Fatalf("%d admissions in one window of limit %d across the roll and a crash (%d more of unknown outcome); want exactly %d", admitted, limit, unknown, limit)
 	}
 }
 

@@ -122,7 +122,7 @@ func TestLeaverTrustsRestartedHolder(t *testing.T) {
 			survivors = append(survivors, nd)
 		}
 	}
-	after, _ := survivorAdmits(t, survivors, key, limit, 40*time.Second)
+	after, _, _ := survivorAdmits(t, survivors, key, limit, 40*time.Second)
 	if admitted+after > limit {
 		t.Fatalf("%d admissions in one window of limit %d (%d confirmed by n0, synchronously, before it crashed; %d after; n1 left before the restart reached it: %v):\n%s",
 			admitted+after, limit, admitted, after, left, partsOf(survivors, pid))

@@ -252,6 +252,28 @@ func (n *Node) awaitFounded(ctx context.Context) {
 	}
 }
 
+// awaitRemoved waits, within ctx and at most d, until the log no longer
+// lists this member as a voter: autopilot promotes a learner in its place
+// first, then removes it. A voter that left before that, while another
+// voter is down but not yet removed (a crash gossip has not confirmed),
+// would leave the log without a majority: every holder would stop. The
+// last voter is never removed, so it does not wait.
+func (lo *logOwner) awaitRemoved(ctx context.Context, d time.Duration) {
+	limit := time.NewTimer(d)
+	defer limit.Stop()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for lo.run.Voter() && lo.run.Voters() > 1 {
+		select {
+		case <-t.C:
+		case <-limit.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
 // shutdown stops the member and its transport; idempotent.
 func (lo *logOwner) shutdown() {
 	if lo.stop != nil {
@@ -754,6 +776,7 @@ func (lo *logOwner) drain(ctx context.Context) error {
 			lo.run.TransferLeadership(tctx)
 			lo.run.Leave(tctx)
 			cancel()
+			lo.awaitRemoved(ctx, 2*n.cfg.LeaseDuration)
 			return nil
 		}
 		select {

@@ -141,6 +141,10 @@ func New(cfg Config) (*Member, error) {
 // Own returns the member's machine, for the decision path's questions.
 func (m *Member) Own() *ownership.Machine { return m.own }
 
+// Voter reports whether the member's applied configuration lists it as a
+// voter.
+func (m *Member) Voter() bool { return slices.Contains(m.conf.GetVoters(), m.cfg.RaftID) }
+
 // Voters returns how many voters the member's applied configuration has,
 // and how many voters autopilot wants for members live members.
 func (m *Member) Voters(members int) (have, want int) {
@@ -155,7 +159,7 @@ func (m *Member) Voters(members int) (have, want int) {
 func (m *Member) Describe() string {
 	st := m.rn.Status()
 	return fmt.Sprintf("raft %016x: %v term %d leader %016x commit %d applied %d voters %v learners %v",
-		m.cfg.RaftID, st.RaftState, st.Term, st.Lead, st.Commit, m.applied, sorted(st.Config.Voters.IDs()), sorted(st.Config.Learners))
+		m.cfg.RaftID, st.RaftState, st.HardState.GetTerm(), st.Lead, st.HardState.GetCommit(), m.applied, sorted(st.Config.Voters.IDs()), sorted(st.Config.Learners))
 }
 
 // TransferLeadership hands the log's leadership to another voter that
@@ -372,8 +376,11 @@ func VotersFor(n int) int {
 
 // autopilot keeps the voter set, one change at a time (raft refuses a
 // second pending one): a new incarnation in the table joins as a
-// learner; a voter gossip reports gone or leaving is removed; a learner
-// that has caught up is promoted while voters are short.
+// learner; a learner that has caught up is promoted while voters are
+// short; then a voter gossip reports gone, or leaving with its liveness
+// ended, is removed. Promoting first replaces a voter before it goes: a
+// voter leaving while another is dead but not yet removed would
+// otherwise leave the log without a majority.
 func (m *Member) autopilot(now int64) {
 	if now-m.lastConf < int64(100*time.Millisecond) {
 		return
@@ -401,27 +408,14 @@ func (m *Member) autopilot(now int64) {
 	}
 	// A leaving member stays in the log until its liveness has ended: it
 	// must still learn that its holdings and backups moved off it, and
-	// it ends its own liveness last.
+	// it ends its own liveness last. An incarnation the table ended for
+	// good is done whatever gossip says (a leaver whose gossip is cut).
 	done := func(p Peer) bool {
 		rec := m.own.Table().Members[p.Member]
-		return p.Gone || p.Leaving && (rec == nil || rec.Ended)
+		return p.Gone || rec != nil && rec.Ended || p.Leaving && rec == nil
 	}
 	for _, id := range sorted(learners) {
 		if p, ok := byID[id]; ok && done(p) {
-			propose(pb.ConfChangeRemoveNode, id)
-			return
-		}
-	}
-	for _, id := range sorted(voters) {
-		// Never the last voter: raft cannot run without one, and a log
-		// whose every member leaves ends with them. The leader leaving
-		// hands leadership on first; its successor removes it.
-		if p, ok := byID[id]; ok && done(p) && len(voters) > 1 {
-			if id == m.cfg.RaftID {
-				m.lastConf = now
-				m.TransferLeadership()
-				return
-			}
 			propose(pb.ConfChangeRemoveNode, id)
 			return
 		}
@@ -436,7 +430,7 @@ func (m *Member) autopilot(now int64) {
 	// that the last voter of a log never leaves with it.
 	staying := 0
 	for id := range voters {
-		if p, ok := byID[id]; !ok || !p.Gone && !p.Leaving {
+		if p, ok := byID[id]; !ok || !p.Leaving && !done(p) {
 			staying++
 		}
 	}
@@ -450,6 +444,20 @@ func (m *Member) autopilot(now int64) {
 				propose(pb.ConfChangeAddNode, id)
 				return
 			}
+		}
+	}
+	for _, id := range sorted(voters) {
+		// Never the last voter: raft cannot run without one, and a log
+		// whose every member leaves ends with them. The leader leaving
+		// hands leadership on first; its successor removes it.
+		if p, ok := byID[id]; ok && done(p) && len(voters) > 1 {
+			if id == m.cfg.RaftID {
+				m.lastConf = now
+				m.TransferLeadership()
+				return
+			}
+			propose(pb.ConfChangeRemoveNode, id)
+			return
 		}
 	}
 }

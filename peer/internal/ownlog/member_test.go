@@ -18,15 +18,22 @@ type cluster struct {
 	members map[uint64]*Member
 	now     int64
 	inbox   []*pb.Message
+	down    map[uint64]bool // crashed: not ticked, sent nothing, told nothing
 }
 
 func newCluster(t *testing.T, n int) *cluster {
 	t.Helper()
-	c := &cluster{t: t, members: map[uint64]*Member{}}
 	cs := &pb.ConfState{}
 	for i := 1; i <= n; i++ {
 		cs.Voters = append(cs.Voters, uint64(i))
 	}
+	return newClusterConf(t, n, cs)
+}
+
+// newClusterConf is newCluster with the founding configuration cs.
+func newClusterConf(t *testing.T, n int, cs *pb.ConfState) *cluster {
+	t.Helper()
+	c := &cluster{t: t, members: map[uint64]*Member{}, down: map[uint64]bool{}}
 	var ids []string
 	for i := 1; i <= n; i++ {
 		ids = append(ids, fmt.Sprintf("m%d", i))
@@ -78,12 +85,14 @@ func (c *cluster) byMember(id string) *Member {
 func (c *cluster) run(d time.Duration) {
 	for end := c.now + int64(d); c.now < end; c.now += int64(100 * time.Millisecond) {
 		for id := uint64(1); id <= uint64(len(c.members)); id++ {
-			c.carry(id, c.members[id].Tick(c.now))
+			if !c.down[id] {
+				c.carry(id, c.members[id].Tick(c.now))
+			}
 		}
 		for len(c.inbox) > 0 {
 			msg := c.inbox[0]
 			c.inbox = c.inbox[1:]
-			if to := c.members[msg.GetTo()]; to != nil {
+			if to := c.members[msg.GetTo()]; to != nil && !c.down[msg.GetTo()] && !c.down[msg.GetFrom()] {
 				c.carry(msg.GetTo(), to.Step(msg, c.now))
 			}
 		}
@@ -128,5 +137,43 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		if _, err := New(cfg); !errors.Is(err, ErrConfig) {
 			t.Errorf("New(%+v): %v, want ErrConfig", cfg, err)
 		}
+	}
+}
+
+// TestLeavingVoterReplacedFirst: of voters m1, m2, m3 and learner m4, m3
+// has crashed unnoticed (no roster says it is gone) and m2 leaves
+// gracefully while its gossip is cut (no roster says it is leaving
+// either). Once its Leave has ended it for good, autopilot must promote
+// m4 and then remove m2: keeping m2 a voter after it has gone, or
+// removing it before m4 votes, leaves voters of whom only m1 is up, and
+// nothing commits again (the log stops every holder).
+func TestLeavingVoterReplacedFirst(t *testing.T) {
+	c := newClusterConf(t, 4, &pb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}})
+	c.run(5 * time.Second)
+	c.down[3] = true
+	ids := []string{"m1", "m2", "m3", "m4"}
+	var roster []Peer
+	for j, id := range ids {
+		roster = append(roster, Peer{RaftID: uint64(j + 1), Member: id})
+	}
+	for _, m := range c.members {
+		m.SetView(ownership.View{Members: ids, Target: []string{"m1", "m4", "m1", "m4"}}, roster)
+	}
+	c.run(3 * time.Second) // m2's partitions and backups move off it
+	c.carry(2, c.members[2].Leave(c.now))
+	for end := c.now + int64(10*time.Second); c.members[2].Voter(); {
+		if c.now > end {
+			t.Fatalf("m2 is still a voter 10 s after it left: %s", c.members[1].Describe())
+		}
+		c.run(100 * time.Millisecond)
+	}
+	c.down[2] = true
+	before := c.members[1].Own().LiveUntil()
+	c.run(5 * time.Second)
+	if after := c.members[1].Own().LiveUntil(); after <= before {
+		t.Fatalf("m1's liveness no longer extends once m2 left (no majority): %s", c.members[1].Describe())
+	}
+	if !c.members[4].Voter() {
+		t.Errorf("m4 was not promoted in m2's place: %s", c.members[4].Describe())
 	}
 }

@@ -119,8 +119,10 @@ func (r *Runner) Traffic() Traffic {
 type published struct {
 	until int64
 	parts []PartState
-	// voters is the applied configuration's voter count.
+	// voters is the applied configuration's voter count; voter whether
+	// it lists this member.
 	voters int
+	voter  bool
 	// lead is the leader this member knows of (0: none), and since when
 	// it has known of none (monotonic ns; 0 while it knows one).
 	lead, leaderless int64
@@ -169,6 +171,10 @@ func (r *Runner) Leaderless() int64 { return r.pub.Load().leaderless }
 
 // Voters returns the voter count of the configuration last published.
 func (r *Runner) Voters() int { return r.pub.Load().voters }
+
+// Voter reports whether the applied configuration lists this member as a
+// voter.
+func (r *Runner) Voter() bool { return r.pub.Load().voter }
 
 // Part returns partition p as last published.
 func (r *Runner) Part(p int) PartState { return r.pub.Load().parts[p] }
@@ -370,6 +376,7 @@ func (r *Runner) carry(out Output) {
 	next.until, next.leaderless = own.LiveUntil(), 0
 	t := own.Table()
 	next.voters, _ = r.m.Voters(1)
+	next.voter = r.m.Voter()
 	next.lead = int64(r.m.Lead())
 	switch {
 	case next.lead != 0:
@@ -378,7 +385,7 @@ func (r *Runner) carry(out Output) {
 	default:
 		next.leaderless = now
 	}
-	changed := next.until != r.prev.until || next.voters != r.prev.voters || next.lead != r.prev.lead
+	changed := next.until != r.prev.until || next.voters != r.prev.voters || next.voter != r.prev.voter || next.lead != r.prev.lead
 	if gen := own.Gen(); r.built && gen == r.gen {
 		// Nothing the partitions' states come from changed (most
 		// messages are heartbeats): the last ones stand.
