@@ -14,6 +14,7 @@ import (
 // a forwarding node, the wrong-algorithm refusals, harmless releases, and
 // the failure policies when the holder cannot be reached.
 func TestLeaseOperations(t *testing.T) {
+	t.Parallel()
 	clk := &hoClock{}
 	c := startCluster(t, 3, Config{
 		Clock:          clk.Now,
@@ -105,6 +106,7 @@ func TestLeaseOperations(t *testing.T) {
 // taken, on the shared fake clock, which does not move while the workers
 // run (so no worker's lease expires under it).
 func TestLeaseCapCluster(t *testing.T) {
+	t.Parallel()
 	const limit, leaked, workers = 5, 2, 8
 	const ttl = time.Minute
 	clk := &hoClock{}
