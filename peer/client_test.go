@@ -31,7 +31,9 @@ func dialForTest(t *testing.T, nodes ...*Node) *Client {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cl, err := Dial(ctx, ClientConfig{Addrs: addrs, RefreshInterval: 50 * time.Millisecond})
+	// DecisionTimeout as the test nodes' ForwardTimeout (testForwardTimeout):
+	// a loaded machine must not turn a slow answer into a failed test.
+	cl, err := Dial(ctx, ClientConfig{Addrs: addrs, RefreshInterval: 50 * time.Millisecond, DecisionTimeout: testForwardTimeout})
 	if err != nil {
 		t.Fatalf("Dial(%v): %v", addrs, err)
 	}
@@ -572,7 +574,7 @@ func TestClientDecisionTimeout(t *testing.T) {
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "DecisionTimeout") || took < decisionTimeout {
 		t.Fatalf("Peek without a deadline = %v after %v; want ErrUnavailable and context.DeadlineExceeded after DecisionTimeout %v", err, took, decisionTimeout)
 	}
-	if def := dialForTest(t, via); def.cfg.DecisionTimeout != (Config{}).withDefaults().ForwardTimeout {
+	if def := dialThroughForTest(t, via, ClientConfig{}); def.cfg.DecisionTimeout != (Config{}).withDefaults().ForwardTimeout {
 		t.Fatalf("zero DecisionTimeout = %v; want the node's default ForwardTimeout %v", def.cfg.DecisionTimeout, (Config{}).withDefaults().ForwardTimeout)
 	}
 }
