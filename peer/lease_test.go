@@ -14,7 +14,6 @@ import (
 // a forwarding node, the wrong-algorithm refusals, harmless releases, and
 // the failure policies when the holder cannot be reached.
 func TestLeaseOperations(t *testing.T) {
-	t.Parallel()
 	clk := &hoClock{}
 	c := startCluster(t, 3, Config{
 		Clock:          clk.Now,

@@ -265,7 +265,8 @@ func TestServeUnavailable(t *testing.T) {
 	pols := writeFile(t, t.TempDir(), "policies.yaml", testPolicies)
 	a := startServe(t, "ua", nil, "--policies", pols)
 	b := startServe(t, "ub", nil, "--policies", pols, "--join", a.gossipAddr)
-	waitFor(t, 15*time.Second, "ua to see 2 members", func() bool {
+	// Readiness needs the partitions settled: generous, it returns once true.
+	waitFor(t, 60*time.Second, "ua to see 2 members", func() bool {
 		r := doHTTP(t, "GET", "http://"+a.httpAddr+"/readyz", "")
 		return r.status == 200 && r.body["members"] == 2.0
 	})
