@@ -39,7 +39,6 @@ func dialTest(t *testing.T, addr string) *grpc.ClientConn {
 // is refused every peer RPC and changes nothing. The public API and
 // health stay open.
 func TestAuthPeerRPCs(t *testing.T) {
-	t.Parallel()
 	pols := map[string]PolicyConfig{"p": {Limit: 3, Window: time.Minute}}
 	c := startCluster(t, 2, Config{Policies: pols, GossipKey: []byte("0123456789abcdef")})
 	n0, n1 := c.nodes[0], c.nodes[1]

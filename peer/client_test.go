@@ -67,7 +67,6 @@ func placementPartition(key Key, count int) int {
 // documented key → partition mapping matches every node's, and each
 // partition's holder is the node that holds it.
 func TestPlacementRPC(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 3, Config{Policies: clientPolicies})
 	conn, err := grpc.NewClient(c.nodes[1].RPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -111,7 +110,6 @@ func TestPlacementRPC(t *testing.T) {
 // holder (the holder decides, no forward) and that the limit holds
 // exactly through it.
 func TestClientRoutesToHolder(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 3, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes[2])
 	ctx := context.Background()
@@ -156,7 +154,6 @@ func TestClientRoutesToHolder(t *testing.T) {
 // its stream to the leaving node ends without breaking later calls. The
 // limit holds across both changes.
 func TestClientMembershipChange(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 2, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes[0])
 	ctx := context.Background()
@@ -235,7 +232,6 @@ func TestClientMembershipChange(t *testing.T) {
 // stream to it (Unavailable, not a hang), and that the client re-reads
 // the table and decides the node's keys at their new holder.
 func TestClientNodeStopped(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 3, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes...)
 	ctx := context.Background()
@@ -507,7 +503,6 @@ func dialThroughForTest(t *testing.T, via *Node, cfg ClientConfig) *Client {
 // blocking. A caller's own deadline still wins, and zero means the node's
 // default ForwardTimeout.
 func TestClientDecisionTimeout(t *testing.T) {
-	t.Parallel()
 	const forwardTimeout, decisionTimeout = 10 * time.Second, 200 * time.Millisecond
 	c := startCluster(t, 2, Config{Policies: clientPolicies, ForwardTimeout: forwardTimeout})
 	via, silent := c.nodes[0], c.nodes[1]
@@ -584,7 +579,6 @@ func TestClientDecisionTimeout(t *testing.T) {
 // nothing, a refund giving units back so that exactly as many more are
 // admitted, and the concurrency policy refused with ErrWrongAlgorithm.
 func TestClientPeekRefund(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 3, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes[0])
 	ctx := context.Background()
@@ -645,7 +639,6 @@ func TestClientPeekRefund(t *testing.T) {
 // by the key's holder, and another policy refused with ErrWrongAlgorithm.
 // A Client is a Leaser, so Middleware can take leases through it.
 func TestClientAcquireRelease(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 3, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes[0])
 	var _ Leaser = cl

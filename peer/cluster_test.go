@@ -263,7 +263,6 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 }
 
 func TestClusterExactlyLimit(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		nodes, requests int
 		batching        bool

@@ -37,7 +37,6 @@ func refusedAddr(t *testing.T) string {
 // accepts and never answers. Each policy's OnUnavailable applies, reported
 // as unavailability and never as over limit, within the caller's deadline.
 func TestFailurePolicies(t *testing.T) {
-	t.Parallel()
 	// Long enough that a 100 ms caller deadline is told apart from it with
 	// room for a loaded machine's scheduling.
 	const forwardTimeout = time.Second
@@ -182,7 +181,6 @@ func slowDetect(mc *memberlist.Config) {
 // the new owner decides. Without Config.Backup the crash resets the key
 // .
 func TestFailureOwnerKilled(t *testing.T) {
-	t.Parallel()
 	const (
 		limit          = 5
 		forwardTimeout = 400 * time.Millisecond
@@ -424,7 +422,6 @@ func TestFailureStaleView(t *testing.T) {
 // Requests queued behind the lost batch whose callers gave up are not sent
 // when the slot frees: they would be counted with nobody told.
 func TestPipeLostAnswer(t *testing.T) {
-	t.Parallel()
 	const forwardTimeout = 500 * time.Millisecond
 	c := startClusterWith(t, 2, Config{
 		ForwardTimeout: forwardTimeout,
@@ -509,7 +506,6 @@ func TestPipeLostAnswer(t *testing.T) {
 // confirmed: the confirmed ones plus the backup's own never exceed the
 // limit.
 func TestReplicationMessageLost(t *testing.T) {
-	t.Parallel()
 	const limit = 10
 	const forwardTimeout = crashForwardTimeout
 	c := startCrashCluster(t, map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}})
@@ -562,7 +558,6 @@ func TestReplicationMessageLost(t *testing.T) {
 // crash then left the backup, once it learned the policy, with a full
 // quota on top of what had been admitted.
 func TestPolicyUnknownToBackupNotConfirmed(t *testing.T) {
-	t.Parallel()
 	const limit = 5
 	base := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}}
 	both := map[string]PolicyConfig{"p": base["p"], "q": {Limit: limit, Window: time.Hour}}
@@ -607,7 +602,6 @@ func TestPolicyUnknownToBackupNotConfirmed(t *testing.T) {
 // the backup kept only its old limit's worth and admitted the difference
 // again.
 func TestLimitRaisedOnHolderFirst(t *testing.T) {
-	t.Parallel()
 	const oldLimit, newLimit = 4, 8
 	oldT := map[string]PolicyConfig{"p": {Limit: oldLimit, Window: time.Hour}}
 	newT := map[string]PolicyConfig{"p": {Limit: newLimit, Window: time.Hour}}
@@ -647,7 +641,6 @@ func finishRollAndCrash(t *testing.T, tab map[string]PolicyConfig, holder *Node,
 // in a window of limit 4. Replication messages now carry the holder's
 // windows while the tables differ, and the backup keeps the longer one.
 func TestWindowRaisedOnHolderFirst(t *testing.T) {
-	t.Parallel()
 	const limit = 4
 	oldT := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Minute}}
 	newT := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}}
@@ -675,7 +668,6 @@ func TestWindowRaisedOnHolderFirst(t *testing.T) {
 // Messages now carry the sender's policy version, and a backup whose
 // version differs, told no windows, keeps every copied admission.
 func TestWindowRolledBackOnBackupFirst(t *testing.T) {
-	t.Parallel()
 	oldT := map[string]PolicyConfig{"p": {Limit: 4, Window: time.Minute}}
 	newT := map[string]PolicyConfig{"p": {Limit: 4, Window: time.Hour}}
 	clk := &hoClock{}
@@ -744,7 +736,6 @@ func startClockedCrashCluster(t *testing.T, clk *hoClock, pols map[string]Policy
 // backup already applied must not remove it. Before messages were
 // numbered it did, and a holder crash then lost the admission.
 func TestLateReplicationNotApplied(t *testing.T) {
-	t.Parallel()
 	n0, n1, key, pid, epoch, seq := copiedKey(t, "late")
 	if seq == 0 {
 		t.Fatalf("the backup's copy has no message number after an admission")
@@ -817,7 +808,6 @@ func copyUnits(backup, holder *Node, pid int, key Key) int64 {
 // TestReplicateMalformedWindowsRefused: a replication request whose
 // windows are malformed is refused as a whole and changes nothing.
 func TestReplicateMalformedWindowsRefused(t *testing.T) {
-	t.Parallel()
 	n0, n1, key, pid, epoch, _ := copiedKey(t, "mw")
 	st := stateToWire(shard.KeyState{Key: key, Algorithm: shard.SlidingLog, Runs: []shard.Run{{Count: 5}}})
 	srv := &server{n: n1}

@@ -58,7 +58,6 @@ func admitFromAll(t *testing.T, c *cluster, key Key, calls int) int {
 // holder serves both kinds), and the key's owner still admits exactly its
 // limit of the calls made through every node at once.
 func TestFramedPipesCarryForwards(t *testing.T) {
-	t.Parallel()
 	pols := map[string]PolicyConfig{"p": {Limit: 50, Window: time.Minute}}
 	c := startCluster(t, 3, Config{Policies: pols, ForwardTimeout: 5 * time.Second})
 	key := pmKeyOwnedBy(t, c.nodes[0], "p", "n1")
@@ -85,7 +84,6 @@ func TestFramedPipesCarryForwards(t *testing.T) {
 // pipes (a node from before them): its peers' dials are refused, they say
 // so once and forward on gRPC streams, and the limit holds.
 func TestFramedFallsBackToGRPCStream(t *testing.T) {
-	t.Parallel()
 	pols := map[string]PolicyConfig{"p": {Limit: 40, Window: time.Minute}}
 	tap, log := newLogTap(t)
 	refused := tap.on("peer takes no framed pipe; using a gRPC stream", func(a map[string]string) bool { return a["peer"] == "n1" })
@@ -121,7 +119,6 @@ func TestFramedFallsBackToGRPCStream(t *testing.T) {
 // hello is refused with the status a peer RPC would get and nothing is
 // decided; with the token a batch is decided.
 func TestFramedAuth(t *testing.T) {
-	t.Parallel()
 	pols := map[string]PolicyConfig{"p": {Limit: 3, Window: time.Minute}}
 	c := startCluster(t, 2, Config{Policies: pols, PeerSecret: []byte("s3cret")})
 	n1 := c.nodes[1]
@@ -177,7 +174,6 @@ func TestFramedAuth(t *testing.T) {
 // certificates: forwards go on framed pipes over TLS, while a framed dial
 // without a certificate, or without TLS, is refused.
 func TestFramedMutualTLS(t *testing.T) {
-	t.Parallel()
 	serverCfg, clientCfg, noCert := testMutualTLS(t)
 	pols := map[string]PolicyConfig{"p": {Limit: 20, Window: time.Minute}}
 	c := startCluster(t, 2, Config{Policies: pols, ServerTLS: serverCfg, ClientTLS: clientCfg, ForwardTimeout: 5 * time.Second})
@@ -345,7 +341,6 @@ func TestSniffStopClosesStalled(t *testing.T) {
 // counted once by the owner. The peer's replication to the owner stays on
 // its gRPC stream: two live pipes would not keep its order.
 func TestFramedReplacesGRPCStream(t *testing.T) {
-	t.Parallel()
 	pols := map[string]PolicyConfig{"p": {Limit: 1 << 30, Window: time.Hour}}
 	c := startClusterWith(t, 2, Config{Policies: pols, ForwardTimeout: 5 * time.Second}, func(i int, cfg *Config) {
 		cfg.refuseFramed = i == 1
@@ -567,7 +562,6 @@ func TestFramedHelloBounded(t *testing.T) {
 // timeout the receiver closes the connection and its handler ends, instead
 // of holding its workers until TCP gives up (minutes) or the node closes.
 func TestFramedWriteTimeout(t *testing.T) {
-	t.Parallel()
 	pols := map[string]PolicyConfig{"p": {Limit: 1 << 40, Window: time.Minute}}
 	c := startCluster(t, 1, Config{Policies: pols, framedWriteTimeout: 300 * time.Millisecond})
 	nd := c.nodes[0]

@@ -109,7 +109,6 @@ func TestInputAllow(t *testing.T) {
 // TestInputWire sends bad input over gRPC: to the peer service (Check) and
 // to the public RateLimiter service.
 func TestInputWire(t *testing.T) {
-	t.Parallel()
 	const limit = 5
 	c := startCluster(t, 2, Config{Policies: map[string]PolicyConfig{"p": {Limit: limit, Window: time.Minute}}})
 	nd := c.nodes[0]
@@ -302,7 +301,6 @@ func TestInputConfig(t *testing.T) {
 // cluster's: memberlist cannot decrypt its join, so New fails, having
 // released everything it started.
 func TestInputGossipKey(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 1, Config{GossipKey: []byte("0123456789abcdef")})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -105,7 +105,6 @@ func TestLeaseOperations(t *testing.T) {
 // taken, on the shared fake clock, which does not move while the workers
 // run (so no worker's lease expires under it).
 func TestLeaseCapCluster(t *testing.T) {
-	t.Parallel()
 	const limit, leaked, workers = 5, 2, 8
 	const ttl = time.Minute
 	clk := &hoClock{}

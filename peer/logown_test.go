@@ -131,7 +131,6 @@ func awaitDecision(t *testing.T, nd *Node, key Key, what string) Decision {
 // TestLogClusterExactlyLimit: three log-owned nodes admit exactly the
 // limit of one key through all of them, decided at one point.
 func TestLogClusterExactlyLimit(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 3, logConfig(100, time.Minute))
 	key := Key{Tenant: "acme", Subject: "user-1", Policy: "api"}
 	admitted, owners := allowN(t, c.nodes, key, 300)
@@ -191,7 +190,6 @@ func agreedHolders(nodes []*Node) string {
 // the backup has taken over (after the holder's liveness expired), the
 // key is still at its limit, and there was never a second decision point.
 func TestLogTakeoverKeepsState(t *testing.T) {
-	t.Parallel()
 	metrics := newHoMetrics()
 	logs := newHoLogs()
 	cfg := logConfig(10, time.Minute)
@@ -288,7 +286,6 @@ func TestLogTakeoverKeepsState(t *testing.T) {
 // TestLogLeaveMovesState closes the holder gracefully: its partitions
 // move, the key stays at its limit, and the move costs no decision.
 func TestLogLeaveMovesState(t *testing.T) {
-	t.Parallel()
 	metrics := newHoMetrics()
 	cfg := logConfig(10, time.Minute)
 	cfg.Metrics = metrics
@@ -343,7 +340,6 @@ func TestLogLeaveMovesState(t *testing.T) {
 // Clients on every node keep asking throughout, and no more than the
 // limit is ever admitted.
 func TestLogSplitHolderAndBackupCutOff(t *testing.T) {
-	t.Parallel()
 	// A limit the cut cannot reach, so that the state after the heal
 	// tells whether any admission was lost or made twice.
 	const limit = 160
@@ -485,7 +481,6 @@ func TestLogSplitHolderAndBackupCutOff(t *testing.T) {
 // other two take its partitions over from the backups; after the heal it
 // is ready again.
 func TestLogIsolatedMemberStopsAndSaysSo(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 3, logConfig(10, time.Minute))
 	lone := c.nodes[2]
 	held := -1
@@ -627,7 +622,6 @@ func TestLogLocalPathAllocs(t *testing.T) {
 // authentication as every peer RPC, so a cluster with a peer secret
 // settles and decides.
 func TestLogWithPeerAuth(t *testing.T) {
-	t.Parallel()
 	cfg := logConfig(10, time.Minute)
 	cfg.PeerSecret = []byte("0123456789abcdef0123456789abcdef")
 	c := startCluster(t, 3, cfg)
@@ -664,7 +658,6 @@ func TestLogRaftNeedsPeerAuth(t *testing.T) {
 // TestLogTwoMembersWarn: a cluster that stays at two members says, once,
 // that its log needs both.
 func TestLogTwoMembersWarn(t *testing.T) {
-	t.Parallel()
 	base := logConfig(10, time.Minute)
 	base.LeaseDuration = 200 * time.Millisecond // the warning comes after 10 leases
 	logs := newHoLogs()
@@ -679,7 +672,6 @@ func TestLogTwoMembersWarn(t *testing.T) {
 // majority: the founder takes the learner's partitions over with their
 // state. (With two voters the log stopped for good.)
 func TestLogTwoMembersLearnerCrash(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 2, logConfig(5, time.Hour))
 	n0, n1 := c.nodes[0], c.nodes[1]
 	waitFor(t, 20*time.Second, "both nodes settled", func() bool { return n0.Settled() && n1.Settled() })
@@ -701,7 +693,6 @@ func TestLogTwoMembersLearnerCrash(t *testing.T) {
 // two, leaves gracefully: the learner is made a voter before the founder
 // goes, so the log keeps a majority and the member left decides alone.
 func TestLogTwoMembersVoterLeaves(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 2, logConfig(5, time.Hour))
 	n0, n1 := c.nodes[0], c.nodes[1]
 	waitFor(t, 20*time.Second, "both nodes settled", func() bool { return n0.Settled() && n1.Settled() })
@@ -728,7 +719,6 @@ func TestLogTwoMembersVoterLeaves(t *testing.T) {
 // every member extend at once), so a key held and backed up elsewhere
 // stays decidable.
 func TestLogLeaderCrashKeepsHolders(t *testing.T) {
-	t.Parallel()
 	cfg := logConfig(1_000_000, time.Minute)
 	cfg.LeaseDuration = 2 * time.Second // the default
 	c := startCluster(t, 3, cfg)
@@ -799,7 +789,6 @@ func TestLogLeaderCrashKeepsHolders(t *testing.T) {
 // so that admissions made unreplicated survive the holder's crash once a
 // decision has been answered under sync.
 func TestLogRaiseRecopies(t *testing.T) {
-	t.Parallel()
 	off := logConfig(5, time.Minute)
 	p := off.Policies["api"]
 	p.Replication = ReplicateOff
@@ -926,7 +915,6 @@ func raftCounter(t *testing.T, reg *prometheus.Registry, name, kind string) (flo
 // and as each node's ringlimit_raft_* counters, and the counts keep
 // growing at rest (heartbeats, liveness extensions).
 func TestLogRaftTrafficMetrics(t *testing.T) {
-	t.Parallel()
 	regs := make([]*prometheus.Registry, 3)
 	c := startClusterWith(t, 3, logConfig(100, time.Minute), func(i int, cfg *Config) {
 		regs[i] = prometheus.NewRegistry()

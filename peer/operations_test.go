@@ -17,7 +17,6 @@ import (
 // more than its limit, and each policy's log must hold exactly the admitted
 // requests (none admitted by one policy's log but refused overall).
 func TestMultiPolicyAtomic(t *testing.T) {
-	t.Parallel()
 	const perSecond, perMinute = 5, 12
 	clk := &hoClock{}
 	c := startCluster(t, 3, Config{
@@ -98,7 +97,6 @@ func TestMultiPolicyAtomic(t *testing.T) {
 // that forwards and through the holder, and that a refused multi-policy
 // request records nothing in the policy that admitted.
 func TestOperations(t *testing.T) {
-	t.Parallel()
 	clk := &hoClock{}
 	c := startCluster(t, 3, Config{
 		Clock: clk.Now,
@@ -208,7 +206,6 @@ func manyPolicies(n int) []string {
 // TestRefundReplicated crashes the holder right after a refund: the backup
 // continues from a copy that has the refund (and a reset) applied.
 func TestRefundReplicated(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 3, Config{
 		Gossip:   hoGossip,
 		Policies: map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}},
@@ -256,7 +253,6 @@ func TestRefundReplicated(t *testing.T) {
 // the resend, and is counted as resent (Forward outcome "resent": it may
 // count twice).
 func TestRefundNotResentAfterUnknownOutcome(t *testing.T) {
-	t.Parallel()
 	m := newHoMetrics()
 	c := startCluster(t, 3, Config{
 		Metrics:        m,

@@ -247,7 +247,6 @@ func checkNoReset(t *testing.T, c *cluster, load *hoLoad, m *hoMetrics, wideFrom
 // limit on a sliding fake clock. No window may hold more than L and no
 // wide key may lose an admission.
 func TestOwnershipConcurrentChanges(t *testing.T) {
-	t.Parallel()
 	const limit, window, step, wide = 10, 500 * time.Millisecond, 10 * time.Millisecond, 1 << 40
 	for _, tc := range []struct {
 		name   string
@@ -405,7 +404,6 @@ func TestOwnershipLargePartition(t *testing.T) {
 // restarts the crashed node under its old name: it gets its partitions back
 // by transfer, and the counts still hold.
 func TestOwnershipCrashAndRestart(t *testing.T) {
-	t.Parallel()
 	const limit = 20
 	c := startCluster(t, 3, Config{
 		Gossip:   hoGossip,
@@ -476,7 +474,6 @@ func TestOwnershipCrashAndRestart(t *testing.T) {
 // by a join: keys of policies with replication off or async, whose
 // admissions the backup may not have, must keep every admission.
 func TestGracefulMoveKeepsUnreplicated(t *testing.T) {
-	t.Parallel()
 	const limit = 10
 	c := startCluster(t, 2, Config{Policies: map[string]PolicyConfig{
 		"off":   {Limit: limit, Window: time.Hour, Replication: ReplicateOff},
@@ -521,7 +518,6 @@ func TestGracefulMoveKeepsUnreplicated(t *testing.T) {
 // the holder is killed the backup continues with every admission that was
 // acknowledged.
 func TestBackupAtCapacity(t *testing.T) {
-	t.Parallel()
 	const limit = 5
 	c := startClusterWith(t, 3, Config{
 		Gossip:   hoGossip,
@@ -590,7 +586,6 @@ func TestBackupAtCapacity(t *testing.T) {
 // deciding. Either way the caller gets unavailable and no window holds
 // more than the limit.
 func TestPauseMidDecision(t *testing.T) {
-	t.Parallel()
 	type op struct {
 		name string
 		alg  Algorithm

@@ -380,7 +380,6 @@ func hoMembership(t *testing.T, c *cluster, load *hoLoad, rounds, workers int, p
 // Remaining exactly reflecting every admission made before: a lost or
 // reset log would show as extra Remaining.
 func TestHandoffJoinLeaveUnderLoad(t *testing.T) {
-	t.Parallel()
 	const tight, wide = 20, 1 << 40
 	m := newHoMetrics()
 	c := startCluster(t, 3, Config{
@@ -483,7 +482,6 @@ func hoCheckOneDecisionPoint(t *testing.T, c *cluster, keys []Key) {
 // times, and a rolling-window checker over all of them must never see more
 // than L in any window (t - W, t].
 func TestHandoffJoinLeaveRollingWindow(t *testing.T) {
-	t.Parallel()
 	const limit, window, step = 10, 500 * time.Millisecond, 10 * time.Millisecond
 	clk := &hoClock{}
 	base := Config{
@@ -539,7 +537,6 @@ func TestHandoffJoinLeaveRollingWindow(t *testing.T) {
 // rebased by the admissions' age), not a nanosecond earlier, and be
 // admitted again at t + W.
 func TestHandoffClockSkew(t *testing.T) {
-	t.Parallel()
 	const limit, window = 5, time.Minute
 	for _, tc := range []struct {
 		name     string

@@ -138,7 +138,6 @@ func countIn(ts []int64, t int64, w time.Duration) int {
 // compared round by round with the sequential reference model, exactly, and
 // the owners' logs are compared with the model's at the end.
 func TestPromiseRounds(t *testing.T) {
-	t.Parallel()
 	const (
 		limit          = 10
 		window         = 100 * time.Millisecond
@@ -272,7 +271,6 @@ func TestPromiseRounds(t *testing.T) {
 // The last two together say the cluster behaves like the sequential
 // reference model at the owner's decision times.
 func TestPromiseFreeRunning(t *testing.T) {
-	t.Parallel()
 	const (
 		limit          = 10
 		window         = 100 * time.Millisecond
@@ -418,7 +416,6 @@ func TestPromiseFreeRunning(t *testing.T) {
 // hour ahead neither expires the owner's log early nor shifts RetryAfter,
 // and one an hour behind does not extend it.
 func TestPromiseOwnerClock(t *testing.T) {
-	t.Parallel()
 	const (
 		limit  = 3
 		window = 10 * time.Second
