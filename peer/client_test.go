@@ -41,11 +41,11 @@ func dialForTest(t *testing.T, nodes ...*Node) *Client {
 	return cl
 }
 
-// holderForTest returns the name of the live node that holds key's
-// partition and may decide for it, or "".
+// holderForTest returns the name of the live node whose table names it
+// key's holder (deciding, or fenced for a moment), or "".
 func holderForTest(c *cluster, key Key) string {
 	for _, nd := range c.live() {
-		if nd.decisionPointForTest(key) {
+		if nd.namedHolderForTest(key) {
 			return nd.Name()
 		}
 	}

@@ -125,6 +125,19 @@ func (n *Node) decisionPointForTest(key Key) bool {
 	return pt.role == roleHolder
 }
 
+// namedHolderForTest reports whether n's table names n key's holder, whether or
+// not it may decide at this instant (a holder is fenced for a moment
+// while its liveness is renewed late or a copy is raised).
+func (n *Node) namedHolderForTest(key Key) bool {
+	if n.closing.Load() {
+		return false
+	}
+	pt := n.partOfForTest(key)
+	pt.mu.RLock()
+	defer pt.mu.RUnlock()
+	return pt.role == roleHolder || pt.role == roleFenced
+}
+
 // backupOwnerForTest returns the member that would own key if its owner
 // left, in n's ring.
 func (n *Node) backupOwnerForTest(key Key) string {

@@ -214,6 +214,12 @@ func (m *Member) Tick(now int64) Output {
 
 // Step delivers one raft message.
 func (m *Member) Step(msg *pb.Message, now int64) Output {
+	if msg.GetTo() != m.cfg.RaftID {
+		// Addressed to another incarnation: one that listened on this
+		// address before. Its progress is not this member's (a heartbeat
+		// committing past this log's end makes raft panic).
+		return m.ready(now)
+	}
 	_ = m.rn.Step(msg) // a message from a removed or unknown member is dropped by raft
 	return m.ready(now)
 }

@@ -3,10 +3,12 @@ package ownlog
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 )
@@ -175,5 +177,27 @@ func TestLeavingVoterReplacedFirst(t *testing.T) {
 	}
 	if !c.members[4].Voter() {
 		t.Errorf("m4 was not promoted in m2's place: %s", c.members[4].Describe())
+	}
+}
+
+// A message addressed to an earlier incarnation at this member's address
+// (a restarted process reusing the port) is dropped: its leader's progress
+// for that incarnation, here a commit past this member's empty log, would
+// make raft panic.
+func TestStepDropsMessagesForAnotherMember(t *testing.T) {
+	m, err := New(Config{RaftID: 7, Ownership: ownership.Config{ID: "m7"}, Partitions: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb := &pb.Message{Type: pb.MsgHeartbeat.Enum(), From: proto.Uint64(1), To: proto.Uint64(6), Term: proto.Uint64(3), Commit: proto.Uint64(789)}
+	m.Step(hb, 0)
+	if d := m.Describe(); !strings.Contains(d, "term 0") {
+		t.Fatalf("after a heartbeat for raft ID 6: %s; want it ignored", d)
+	}
+	hb.To = proto.Uint64(7)
+	hb.Commit = proto.Uint64(0)
+	m.Step(hb, 0)
+	if d := m.Describe(); !strings.Contains(d, "term 3") {
+		t.Fatalf("after a heartbeat for this member: %s; want term 3", d)
 	}
 }
