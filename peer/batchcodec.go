@@ -318,7 +318,7 @@ func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), l
 // Packed admissions (ReplicateRequest.admits_packed): an operation count,
 // then per operation its partition, epoch and entry count, then per entry
 // tenant, subject, policy, algorithm, age_ns, count. The answer
-// (results_packed) is a count, then per operation status, lease_ns,
+// (results_packed) is a count, then per operation status,
 // holder, epoch, accepted.
 
 // replOp names one operation of a replication request: its partition and
@@ -504,7 +504,6 @@ func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw sende
 		}
 		res := n.applyOpKeys(sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne, seq: seq}, ents, closing)
 		out = binary.AppendUvarint(out, uint64(res.status))
-		out = binary.AppendVarint(out, res.leaseNs)
 		out = appendStr(out, res.holder)
 		out = binary.AppendUvarint(out, res.epoch)
 		out = binary.AppendUvarint(out, uint64(res.accepted))
@@ -522,7 +521,7 @@ func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw sende
 // appended to dst.
 func decodeOpResults(dst []peerpb.OpResult, b []byte, want int, from string) ([]peerpb.OpResult, error) {
 	r := &packedReader{s: unsafeString(b)}
-	n := r.count(maxWireBatch, 5)
+	n := r.count(maxWireBatch, 4)
 	if r.err == nil && n != want {
 		return nil, fmt.Errorf("peer: %s answered %d results for %d operations", from, n, want)
 	}
@@ -531,7 +530,6 @@ func decodeOpResults(dst []peerpb.OpResult, b []byte, want int, from string) ([]
 		o := &out[i]
 		o.Reset()
 		o.Status = peerpb.OpStatus(r.uvarint())
-		o.LeaseNs = r.varint()
 		o.Holder = clone(r.str())
 		o.Epoch = r.uvarint()
 		o.Accepted = uint32(r.uvarint())

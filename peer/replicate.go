@@ -631,13 +631,12 @@ func (n *Node) applyOp(sender string, seq uint64, sw senderTable, op *peerpb.Par
 	}
 	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: seq}
 	r := n.applyOpKeys(sender, h, keys, closing)
-	return &peerpb.OpResult{Status: r.status, LeaseNs: r.leaseNs, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
+	return &peerpb.OpResult{Status: r.status, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
 }
 
 // opResult is the backup's answer to one operation (peerpb.OpResult).
 type opResult struct {
 	status   peerpb.OpStatus
-	leaseNs  int64
 	holder   string
 	epoch    uint64
 	accepted uint32

@@ -285,8 +285,7 @@ type OpStatus int32
 
 const (
 	OpStatus_OP_STATUS_UNSPECIFIED OpStatus = 0
-	// OP_STATUS_OK: applied; for SYNC_END, ADMIT and HEARTBEAT the backup has
-	// recorded a lease of lease_ns from when it received the operation.
+	// OP_STATUS_OK: applied.
 	OpStatus_OP_STATUS_OK OpStatus = 1
 	// OP_STATUS_STALE: the receiver knows a newer epoch (holder and epoch in
 	// the answer): the sender no longer holds the partition.
@@ -295,7 +294,7 @@ const (
 	// from this sender; the sender must send a full copy first.
 	OpStatus_OP_STATUS_NEED_SYNC OpStatus = 3
 	// OP_STATUS_REFUSED: the receiver will not act as backup now (it is
-	// closing, or cannot see a majority of the members); no lease.
+	// closing, or the log does not name it the partition's backup).
 	OpStatus_OP_STATUS_REFUSED OpStatus = 4
 )
 
@@ -357,16 +356,15 @@ const (
 	// logs). Chunks are bounded in bytes by the sender.
 	PartitionOp_KIND_SYNC_CHUNK PartitionOp_Kind = 2
 	// KIND_SYNC_END completes the copy; from now on the backup may take the
-	// partition over if the holder fails, and the answer grants a lease.
+	// partition over if the holder fails (once the log names it backup).
 	PartitionOp_KIND_SYNC_END PartitionOp_Kind = 3
-	// KIND_ADMIT carries admissions (runs with ages) to add to the copy;
-	// the answer renews the lease.
+	// KIND_ADMIT carries admissions (runs with ages) to add to the copy.
 	PartitionOp_KIND_ADMIT PartitionOp_Kind = 4
-	// KIND_HEARTBEAT renews the lease without data.
+	// KIND_HEARTBEAT and KIND_RELEASE are no longer sent (leases and
+	// backups come from the ownership log); a receiver answers them OK
+	// and does nothing.
 	PartitionOp_KIND_HEARTBEAT PartitionOp_Kind = 5
-	// KIND_RELEASE tells the receiver it is no longer the backup at epoch:
-	// it drops its copy and will not take the partition over.
-	PartitionOp_KIND_RELEASE PartitionOp_Kind = 6
+	PartitionOp_KIND_RELEASE   PartitionOp_Kind = 6
 	// KIND_REPLACE carries keys whose whole state replaces the copy's
 	// (refunds and resets, which remove admissions).
 	PartitionOp_KIND_REPLACE PartitionOp_Kind = 7
@@ -1403,9 +1401,6 @@ func (x *ReplicateRequest) GetPolicyVersion() uint64 {
 type OpResult struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Status OpStatus               `protobuf:"varint,1,opt,name=status,proto3,enum=ringlimit.v1.OpStatus" json:"status,omitempty"`
-	// LeaseNs is the lease the backup recorded, in nanoseconds from its
-	// receipt of the operation.
-	LeaseNs int64 `protobuf:"varint,2,opt,name=lease_ns,json=leaseNs,proto3" json:"lease_ns,omitempty"`
 	// Holder and Epoch describe the newer holder, with OP_STATUS_STALE.
 	Holder string `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
 	Epoch  uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
@@ -1452,13 +1447,6 @@ func (x *OpResult) GetStatus() OpStatus {
 	return OpStatus_OP_STATUS_UNSPECIFIED
 }
 
-func (x *OpResult) GetLeaseNs() int64 {
-	if x != nil {
-		return x.LeaseNs
-	}
-	return 0
-}
-
 func (x *OpResult) GetHolder() string {
 	if x != nil {
 		return x.Holder
@@ -1492,7 +1480,7 @@ type ReplicateResponse struct {
 	// Error is the whole-request failure's message, for logs.
 	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
 	// ResultsPacked answers admits_packed: one result per packed operation,
-	// in order (status, lease_ns, holder, epoch, accepted).
+	// in order (status, holder, epoch, accepted).
 	ResultsPacked []byte `protobuf:"bytes,5,opt,name=results_packed,json=resultsPacked,proto3" json:"results_packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1563,154 +1551,6 @@ func (x *ReplicateResponse) GetResultsPacked() []byte {
 	return nil
 }
 
-// PromoteRequest hands a partition to its backup.
-type PromoteRequest struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Sender    string                 `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
-	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
-	// Epoch is the sender's holder epoch; the receiver becomes holder at
-	// epoch + 1 if its complete copy is at epoch from the sender.
-	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// LeaseNs is the sender's LeaseDuration: the sender, the receiver's
-	// backup from the answer on, records a lease of that length, so the
-	// receiver counts on no longer a lease than that (nor than its own).
-	// Zero (an older sender): the receiver's own.
-	LeaseNs       int64 `protobuf:"varint,4,opt,name=lease_ns,json=leaseNs,proto3" json:"lease_ns,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *PromoteRequest) Reset() {
-	*x = PromoteRequest{}
-	mi := &file_ringlimit_proto_msgTypes[12]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *PromoteRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*PromoteRequest) ProtoMessage() {}
-
-func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[12]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
-func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{12}
-}
-
-func (x *PromoteRequest) GetSender() string {
-	if x != nil {
-		return x.Sender
-	}
-	return ""
-}
-
-func (x *PromoteRequest) GetPartition() uint32 {
-	if x != nil {
-		return x.Partition
-	}
-	return 0
-}
-
-func (x *PromoteRequest) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *PromoteRequest) GetLeaseNs() int64 {
-	if x != nil {
-		return x.LeaseNs
-	}
-	return 0
-}
-
-// PromoteResponse answers a PromoteRequest.
-type PromoteResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// Ok is true when the receiver holds the partition at epoch + 1 (also
-	// when a repeated request finds that already done).
-	Ok bool `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
-	// Holder and Epoch are the receiver's knowledge of the partition.
-	Holder string `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
-	Epoch  uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// Error explains a refusal, for logs.
-	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *PromoteResponse) Reset() {
-	*x = PromoteResponse{}
-	mi := &file_ringlimit_proto_msgTypes[13]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *PromoteResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*PromoteResponse) ProtoMessage() {}
-
-func (x *PromoteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[13]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use PromoteResponse.ProtoReflect.Descriptor instead.
-func (*PromoteResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{13}
-}
-
-func (x *PromoteResponse) GetOk() bool {
-	if x != nil {
-		return x.Ok
-	}
-	return false
-}
-
-func (x *PromoteResponse) GetHolder() string {
-	if x != nil {
-		return x.Holder
-	}
-	return ""
-}
-
-func (x *PromoteResponse) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *PromoteResponse) GetError() string {
-	if x != nil {
-		return x.Error
-	}
-	return ""
-}
-
 // LeaseRequest is one lease operation the sender believes the receiver
 // holds the key of.
 type LeaseRequest struct {
@@ -1727,7 +1567,7 @@ type LeaseRequest struct {
 
 func (x *LeaseRequest) Reset() {
 	*x = LeaseRequest{}
-	mi := &file_ringlimit_proto_msgTypes[14]
+	mi := &file_ringlimit_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1739,7 +1579,7 @@ func (x *LeaseRequest) String() string {
 func (*LeaseRequest) ProtoMessage() {}
 
 func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[14]
+	mi := &file_ringlimit_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1752,7 +1592,7 @@ func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
 func (*LeaseRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{14}
+	return file_ringlimit_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LeaseRequest) GetSender() string {
@@ -1792,7 +1632,7 @@ type LeaseResponse struct {
 
 func (x *LeaseResponse) Reset() {
 	*x = LeaseResponse{}
-	mi := &file_ringlimit_proto_msgTypes[15]
+	mi := &file_ringlimit_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1804,7 +1644,7 @@ func (x *LeaseResponse) String() string {
 func (*LeaseResponse) ProtoMessage() {}
 
 func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[15]
+	mi := &file_ringlimit_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1817,7 +1657,7 @@ func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
 func (*LeaseResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{15}
+	return file_ringlimit_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LeaseResponse) GetDecision() *Decision {
@@ -1841,233 +1681,6 @@ func (x *LeaseResponse) GetLeaseTtlNs() int64 {
 	return 0
 }
 
-// ProbeRequest names partitions to ask about.
-type ProbeRequest struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	Sender     string                 `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
-	Partitions []uint32               `protobuf:"varint,2,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
-	// Relay, when set to another member's name, asks the receiver to pass
-	// the probe on to that member (with the same sender, and no relay) and
-	// return its answer, or fail if it gets none: a sender that cannot reach
-	// the member itself learns what it knows all the same. Older nodes
-	// ignore it and answer from their own state (their answer then has no
-	// answered_by).
-	Relay         string `protobuf:"bytes,3,opt,name=relay,proto3" json:"relay,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ProbeRequest) Reset() {
-	*x = ProbeRequest{}
-	mi := &file_ringlimit_proto_msgTypes[16]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ProbeRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ProbeRequest) ProtoMessage() {}
-
-func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[16]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ProbeRequest.ProtoReflect.Descriptor instead.
-func (*ProbeRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{16}
-}
-
-func (x *ProbeRequest) GetSender() string {
-	if x != nil {
-		return x.Sender
-	}
-	return ""
-}
-
-func (x *ProbeRequest) GetPartitions() []uint32 {
-	if x != nil {
-		return x.Partitions
-	}
-	return nil
-}
-
-func (x *ProbeRequest) GetRelay() string {
-	if x != nil {
-		return x.Relay
-	}
-	return ""
-}
-
-// PartitionInfo is what a node knows of one partition.
-type PartitionInfo struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
-	// Role: 0 none, 1 holder, 2 fenced holder (transferring), 3 moved
-	// (forwarding record), 4 hint only.
-	Role uint32 `protobuf:"varint,2,opt,name=role,proto3" json:"role,omitempty"`
-	// Holder and Epoch: the node's best knowledge of the holder.
-	Holder string `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
-	Epoch  uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// ReplicaEpoch is the epoch of the complete copy the node keeps, 0 if
-	// none; ReplicaHolder is whose copy it is.
-	ReplicaEpoch  uint64 `protobuf:"varint,5,opt,name=replica_epoch,json=replicaEpoch,proto3" json:"replica_epoch,omitempty"`
-	ReplicaHolder string `protobuf:"bytes,6,opt,name=replica_holder,json=replicaHolder,proto3" json:"replica_holder,omitempty"`
-	// ReplicaHolderEpoch is the epoch ReplicaHolder held the partition at
-	// when the copy was begun (the SYNC_BEGIN's holder_epoch; equal to
-	// replica_epoch for the copy an old holder keeps of the member it
-	// promoted). Two complete copies at one replica_epoch are ordered by it,
-	// then by replica_holder, then by the keeper's name, so that only one of
-	// them is taken over. Zero (an older node) means not known, and orders
-	// above every known value.
-	ReplicaHolderEpoch uint64 `protobuf:"varint,7,opt,name=replica_holder_epoch,json=replicaHolderEpoch,proto3" json:"replica_holder_epoch,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
-}
-
-func (x *PartitionInfo) Reset() {
-	*x = PartitionInfo{}
-	mi := &file_ringlimit_proto_msgTypes[17]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *PartitionInfo) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*PartitionInfo) ProtoMessage() {}
-
-func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[17]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use PartitionInfo.ProtoReflect.Descriptor instead.
-func (*PartitionInfo) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{17}
-}
-
-func (x *PartitionInfo) GetPartition() uint32 {
-	if x != nil {
-		return x.Partition
-	}
-	return 0
-}
-
-func (x *PartitionInfo) GetRole() uint32 {
-	if x != nil {
-		return x.Role
-	}
-	return 0
-}
-
-func (x *PartitionInfo) GetHolder() string {
-	if x != nil {
-		return x.Holder
-	}
-	return ""
-}
-
-func (x *PartitionInfo) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *PartitionInfo) GetReplicaEpoch() uint64 {
-	if x != nil {
-		return x.ReplicaEpoch
-	}
-	return 0
-}
-
-func (x *PartitionInfo) GetReplicaHolder() string {
-	if x != nil {
-		return x.ReplicaHolder
-	}
-	return ""
-}
-
-func (x *PartitionInfo) GetReplicaHolderEpoch() uint64 {
-	if x != nil {
-		return x.ReplicaHolderEpoch
-	}
-	return 0
-}
-
-// ProbeResponse answers a ProbeRequest, one entry per partition, in order.
-type ProbeResponse struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	Partitions []*PartitionInfo       `protobuf:"bytes,1,rep,name=partitions,proto3" json:"partitions,omitempty"`
-	// AnsweredBy is the member whose state the answer tells: the receiver,
-	// or the member it relayed the probe to. Empty from older nodes.
-	AnsweredBy    string `protobuf:"bytes,2,opt,name=answered_by,json=answeredBy,proto3" json:"answered_by,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ProbeResponse) Reset() {
-	*x = ProbeResponse{}
-	mi := &file_ringlimit_proto_msgTypes[18]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ProbeResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ProbeResponse) ProtoMessage() {}
-
-func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[18]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ProbeResponse.ProtoReflect.Descriptor instead.
-func (*ProbeResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{18}
-}
-
-func (x *ProbeResponse) GetPartitions() []*PartitionInfo {
-	if x != nil {
-		return x.Partitions
-	}
-	return nil
-}
-
-func (x *ProbeResponse) GetAnsweredBy() string {
-	if x != nil {
-		return x.AnsweredBy
-	}
-	return ""
-}
-
 // AllowRequest is one request for a decision.
 type AllowRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2085,7 +1698,7 @@ type AllowRequest struct {
 
 func (x *AllowRequest) Reset() {
 	*x = AllowRequest{}
-	mi := &file_ringlimit_proto_msgTypes[19]
+	mi := &file_ringlimit_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2097,7 +1710,7 @@ func (x *AllowRequest) String() string {
 func (*AllowRequest) ProtoMessage() {}
 
 func (x *AllowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[19]
+	mi := &file_ringlimit_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2110,7 +1723,7 @@ func (x *AllowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowRequest.ProtoReflect.Descriptor instead.
 func (*AllowRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{19}
+	return file_ringlimit_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AllowRequest) GetKey() *Key {
@@ -2151,7 +1764,7 @@ type AllowBatchRequest struct {
 
 func (x *AllowBatchRequest) Reset() {
 	*x = AllowBatchRequest{}
-	mi := &file_ringlimit_proto_msgTypes[20]
+	mi := &file_ringlimit_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2163,7 +1776,7 @@ func (x *AllowBatchRequest) String() string {
 func (*AllowBatchRequest) ProtoMessage() {}
 
 func (x *AllowBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[20]
+	mi := &file_ringlimit_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2176,7 +1789,7 @@ func (x *AllowBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowBatchRequest.ProtoReflect.Descriptor instead.
 func (*AllowBatchRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{20}
+	return file_ringlimit_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AllowBatchRequest) GetRequests() []*AllowRequest {
@@ -2200,7 +1813,7 @@ type AllowBatchResult struct {
 
 func (x *AllowBatchResult) Reset() {
 	*x = AllowBatchResult{}
-	mi := &file_ringlimit_proto_msgTypes[21]
+	mi := &file_ringlimit_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2212,7 +1825,7 @@ func (x *AllowBatchResult) String() string {
 func (*AllowBatchResult) ProtoMessage() {}
 
 func (x *AllowBatchResult) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[21]
+	mi := &file_ringlimit_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2225,7 +1838,7 @@ func (x *AllowBatchResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowBatchResult.ProtoReflect.Descriptor instead.
 func (*AllowBatchResult) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{21}
+	return file_ringlimit_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AllowBatchResult) GetResponse() *AllowResponse {
@@ -2259,7 +1872,7 @@ type AllowBatchResponse struct {
 
 func (x *AllowBatchResponse) Reset() {
 	*x = AllowBatchResponse{}
-	mi := &file_ringlimit_proto_msgTypes[22]
+	mi := &file_ringlimit_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2271,7 +1884,7 @@ func (x *AllowBatchResponse) String() string {
 func (*AllowBatchResponse) ProtoMessage() {}
 
 func (x *AllowBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[22]
+	mi := &file_ringlimit_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2284,7 +1897,7 @@ func (x *AllowBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowBatchResponse.ProtoReflect.Descriptor instead.
 func (*AllowBatchResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{22}
+	return file_ringlimit_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AllowBatchResponse) GetResults() []*AllowBatchResult {
@@ -2331,7 +1944,7 @@ type AllowResponse struct {
 
 func (x *AllowResponse) Reset() {
 	*x = AllowResponse{}
-	mi := &file_ringlimit_proto_msgTypes[23]
+	mi := &file_ringlimit_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2343,7 +1956,7 @@ func (x *AllowResponse) String() string {
 func (*AllowResponse) ProtoMessage() {}
 
 func (x *AllowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[23]
+	mi := &file_ringlimit_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2356,7 +1969,7 @@ func (x *AllowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowResponse.ProtoReflect.Descriptor instead.
 func (*AllowResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{23}
+	return file_ringlimit_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AllowResponse) GetAllowed() bool {
@@ -2465,7 +2078,7 @@ type AllowStreamItem struct {
 
 func (x *AllowStreamItem) Reset() {
 	*x = AllowStreamItem{}
-	mi := &file_ringlimit_proto_msgTypes[24]
+	mi := &file_ringlimit_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2477,7 +2090,7 @@ func (x *AllowStreamItem) String() string {
 func (*AllowStreamItem) ProtoMessage() {}
 
 func (x *AllowStreamItem) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[24]
+	mi := &file_ringlimit_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2490,7 +2103,7 @@ func (x *AllowStreamItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowStreamItem.ProtoReflect.Descriptor instead.
 func (*AllowStreamItem) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{24}
+	return file_ringlimit_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AllowStreamItem) GetId() uint64 {
@@ -2518,7 +2131,7 @@ type AllowStreamRequest struct {
 
 func (x *AllowStreamRequest) Reset() {
 	*x = AllowStreamRequest{}
-	mi := &file_ringlimit_proto_msgTypes[25]
+	mi := &file_ringlimit_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2530,7 +2143,7 @@ func (x *AllowStreamRequest) String() string {
 func (*AllowStreamRequest) ProtoMessage() {}
 
 func (x *AllowStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[25]
+	mi := &file_ringlimit_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2543,7 +2156,7 @@ func (x *AllowStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowStreamRequest.ProtoReflect.Descriptor instead.
 func (*AllowStreamRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{25}
+	return file_ringlimit_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AllowStreamRequest) GetItems() []*AllowStreamItem {
@@ -2571,7 +2184,7 @@ type AllowStreamResult struct {
 
 func (x *AllowStreamResult) Reset() {
 	*x = AllowStreamResult{}
-	mi := &file_ringlimit_proto_msgTypes[26]
+	mi := &file_ringlimit_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2583,7 +2196,7 @@ func (x *AllowStreamResult) String() string {
 func (*AllowStreamResult) ProtoMessage() {}
 
 func (x *AllowStreamResult) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[26]
+	mi := &file_ringlimit_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2596,7 +2209,7 @@ func (x *AllowStreamResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowStreamResult.ProtoReflect.Descriptor instead.
 func (*AllowStreamResult) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{26}
+	return file_ringlimit_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AllowStreamResult) GetId() uint64 {
@@ -2637,7 +2250,7 @@ type AllowStreamResponse struct {
 
 func (x *AllowStreamResponse) Reset() {
 	*x = AllowStreamResponse{}
-	mi := &file_ringlimit_proto_msgTypes[27]
+	mi := &file_ringlimit_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2649,7 +2262,7 @@ func (x *AllowStreamResponse) String() string {
 func (*AllowStreamResponse) ProtoMessage() {}
 
 func (x *AllowStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[27]
+	mi := &file_ringlimit_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2662,7 +2275,7 @@ func (x *AllowStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowStreamResponse.ProtoReflect.Descriptor instead.
 func (*AllowStreamResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{27}
+	return file_ringlimit_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AllowStreamResponse) GetResults() []*AllowStreamResult {
@@ -2681,7 +2294,7 @@ type PlacementRequest struct {
 
 func (x *PlacementRequest) Reset() {
 	*x = PlacementRequest{}
-	mi := &file_ringlimit_proto_msgTypes[28]
+	mi := &file_ringlimit_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2693,7 +2306,7 @@ func (x *PlacementRequest) String() string {
 func (*PlacementRequest) ProtoMessage() {}
 
 func (x *PlacementRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[28]
+	mi := &file_ringlimit_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2706,7 +2319,7 @@ func (x *PlacementRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementRequest.ProtoReflect.Descriptor instead.
 func (*PlacementRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{28}
+	return file_ringlimit_proto_rawDescGZIP(), []int{23}
 }
 
 // PlacementMember is one live member.
@@ -2723,7 +2336,7 @@ type PlacementMember struct {
 
 func (x *PlacementMember) Reset() {
 	*x = PlacementMember{}
-	mi := &file_ringlimit_proto_msgTypes[29]
+	mi := &file_ringlimit_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2735,7 +2348,7 @@ func (x *PlacementMember) String() string {
 func (*PlacementMember) ProtoMessage() {}
 
 func (x *PlacementMember) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[29]
+	mi := &file_ringlimit_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2748,7 +2361,7 @@ func (x *PlacementMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementMember.ProtoReflect.Descriptor instead.
 func (*PlacementMember) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{29}
+	return file_ringlimit_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PlacementMember) GetName() string {
@@ -2798,7 +2411,7 @@ type PlacementResponse struct {
 
 func (x *PlacementResponse) Reset() {
 	*x = PlacementResponse{}
-	mi := &file_ringlimit_proto_msgTypes[30]
+	mi := &file_ringlimit_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2810,7 +2423,7 @@ func (x *PlacementResponse) String() string {
 func (*PlacementResponse) ProtoMessage() {}
 
 func (x *PlacementResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[30]
+	mi := &file_ringlimit_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2823,7 +2436,7 @@ func (x *PlacementResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementResponse.ProtoReflect.Descriptor instead.
 func (*PlacementResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{30}
+	return file_ringlimit_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PlacementResponse) GetNode() string {
@@ -2954,29 +2567,18 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\radmits_packed\x18\x04 \x01(\fR\fadmitsPacked\x12\x10\n" +
 	"\x03seq\x18\x05 \x01(\x04R\x03seq\x12%\n" +
 	"\x0ewindows_packed\x18\x06 \x01(\fR\rwindowsPacked\x12%\n" +
-	"\x0epolicy_version\x18\a \x01(\x04R\rpolicyVersion\"\x9f\x01\n" +
+	"\x0epolicy_version\x18\a \x01(\x04R\rpolicyVersion\"\x94\x01\n" +
 	"\bOpResult\x12.\n" +
-	"\x06status\x18\x01 \x01(\x0e2\x16.ringlimit.v1.OpStatusR\x06status\x12\x19\n" +
-	"\blease_ns\x18\x02 \x01(\x03R\aleaseNs\x12\x16\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x16.ringlimit.v1.OpStatusR\x06status\x12\x16\n" +
 	"\x06holder\x18\x03 \x01(\tR\x06holder\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x1a\n" +
-	"\baccepted\x18\x05 \x01(\rR\baccepted\"\xa6\x01\n" +
+	"\baccepted\x18\x05 \x01(\rR\bacceptedJ\x04\b\x02\x10\x03R\blease_ns\"\xa6\x01\n" +
 	"\x11ReplicateResponse\x120\n" +
 	"\aresults\x18\x01 \x03(\v2\x16.ringlimit.v1.OpResultR\aresults\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\x05R\x04code\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12%\n" +
-	"\x0eresults_packed\x18\x05 \x01(\fR\rresultsPacked\"w\n" +
-	"\x0ePromoteRequest\x12\x16\n" +
-	"\x06sender\x18\x01 \x01(\tR\x06sender\x12\x1c\n" +
-	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x19\n" +
-	"\blease_ns\x18\x04 \x01(\x03R\aleaseNs\"e\n" +
-	"\x0fPromoteResponse\x12\x0e\n" +
-	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x16\n" +
-	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"n\n" +
+	"\x0eresults_packed\x18\x05 \x01(\fR\rresultsPacked\"n\n" +
 	"\fLeaseRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x04item\x18\x02 \x01(\v2\x17.ringlimit.v1.CheckItemR\x04item\x12\x19\n" +
@@ -2985,27 +2587,7 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\bdecision\x18\x01 \x01(\v2\x16.ringlimit.v1.DecisionR\bdecision\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x04R\aleaseId\x12 \n" +
 	"\flease_ttl_ns\x18\x03 \x01(\x03R\n" +
-	"leaseTtlNs\"\\\n" +
-	"\fProbeRequest\x12\x16\n" +
-	"\x06sender\x18\x01 \x01(\tR\x06sender\x12\x1e\n" +
-	"\n" +
-	"partitions\x18\x02 \x03(\rR\n" +
-	"partitions\x12\x14\n" +
-	"\x05relay\x18\x03 \x01(\tR\x05relay\"\xed\x01\n" +
-	"\rPartitionInfo\x12\x1c\n" +
-	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x12\n" +
-	"\x04role\x18\x02 \x01(\rR\x04role\x12\x16\n" +
-	"\x06holder\x18\x03 \x01(\tR\x06holder\x12\x14\n" +
-	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12#\n" +
-	"\rreplica_epoch\x18\x05 \x01(\x04R\freplicaEpoch\x12%\n" +
-	"\x0ereplica_holder\x18\x06 \x01(\tR\rreplicaHolder\x120\n" +
-	"\x14replica_holder_epoch\x18\a \x01(\x04R\x12replicaHolderEpoch\"m\n" +
-	"\rProbeResponse\x12;\n" +
-	"\n" +
-	"partitions\x18\x01 \x03(\v2\x1b.ringlimit.v1.PartitionInfoR\n" +
-	"partitions\x12\x1f\n" +
-	"\vanswered_by\x18\x02 \x01(\tR\n" +
-	"answeredBy\"~\n" +
+	"leaseTtlNs\"~\n" +
 	"\fAllowRequest\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.ringlimit.v1.KeyR\x03key\x12\x12\n" +
 	"\x04hits\x18\x02 \x01(\x03R\x04hits\x12\x1a\n" +
@@ -3093,14 +2675,12 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\fOP_STATUS_OK\x10\x01\x12\x13\n" +
 	"\x0fOP_STATUS_STALE\x10\x02\x12\x17\n" +
 	"\x13OP_STATUS_NEED_SYNC\x10\x03\x12\x15\n" +
-	"\x11OP_STATUS_REFUSED\x10\x042\x89\x04\n" +
+	"\x11OP_STATUS_REFUSED\x10\x042\xff\x02\n" +
 	"\aLimiter\x12@\n" +
 	"\x05Check\x12\x1a.ringlimit.v1.CheckRequest\x1a\x1b.ringlimit.v1.CheckResponse\x12J\n" +
 	"\vCheckStream\x12\x1a.ringlimit.v1.CheckRequest\x1a\x1b.ringlimit.v1.CheckResponse(\x010\x01\x12L\n" +
 	"\tReplicate\x12\x1e.ringlimit.v1.ReplicateRequest\x1a\x1f.ringlimit.v1.ReplicateResponse\x12V\n" +
-	"\x0fReplicateStream\x12\x1e.ringlimit.v1.ReplicateRequest\x1a\x1f.ringlimit.v1.ReplicateResponse(\x010\x01\x12F\n" +
-	"\aPromote\x12\x1c.ringlimit.v1.PromoteRequest\x1a\x1d.ringlimit.v1.PromoteResponse\x12@\n" +
-	"\x05Probe\x12\x1a.ringlimit.v1.ProbeRequest\x1a\x1b.ringlimit.v1.ProbeResponse\x12@\n" +
+	"\x0fReplicateStream\x12\x1e.ringlimit.v1.ReplicateRequest\x1a\x1f.ringlimit.v1.ReplicateResponse(\x010\x01\x12@\n" +
 	"\x05Lease\x12\x1a.ringlimit.v1.LeaseRequest\x1a\x1b.ringlimit.v1.LeaseResponse2\x94\x05\n" +
 	"\vRateLimiter\x12@\n" +
 	"\x05Allow\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12O\n" +
@@ -3127,7 +2707,7 @@ func file_ringlimit_proto_rawDescGZIP() []byte {
 }
 
 var file_ringlimit_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_ringlimit_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_ringlimit_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_ringlimit_proto_goTypes = []any{
 	(Op)(0),                     // 0: ringlimit.v1.Op
 	(Status)(0),                 // 1: ringlimit.v1.Status
@@ -3146,25 +2726,20 @@ var file_ringlimit_proto_goTypes = []any{
 	(*ReplicateRequest)(nil),    // 14: ringlimit.v1.ReplicateRequest
 	(*OpResult)(nil),            // 15: ringlimit.v1.OpResult
 	(*ReplicateResponse)(nil),   // 16: ringlimit.v1.ReplicateResponse
-	(*PromoteRequest)(nil),      // 17: ringlimit.v1.PromoteRequest
-	(*PromoteResponse)(nil),     // 18: ringlimit.v1.PromoteResponse
-	(*LeaseRequest)(nil),        // 19: ringlimit.v1.LeaseRequest
-	(*LeaseResponse)(nil),       // 20: ringlimit.v1.LeaseResponse
-	(*ProbeRequest)(nil),        // 21: ringlimit.v1.ProbeRequest
-	(*PartitionInfo)(nil),       // 22: ringlimit.v1.PartitionInfo
-	(*ProbeResponse)(nil),       // 23: ringlimit.v1.ProbeResponse
-	(*AllowRequest)(nil),        // 24: ringlimit.v1.AllowRequest
-	(*AllowBatchRequest)(nil),   // 25: ringlimit.v1.AllowBatchRequest
-	(*AllowBatchResult)(nil),    // 26: ringlimit.v1.AllowBatchResult
-	(*AllowBatchResponse)(nil),  // 27: ringlimit.v1.AllowBatchResponse
-	(*AllowResponse)(nil),       // 28: ringlimit.v1.AllowResponse
-	(*AllowStreamItem)(nil),     // 29: ringlimit.v1.AllowStreamItem
-	(*AllowStreamRequest)(nil),  // 30: ringlimit.v1.AllowStreamRequest
-	(*AllowStreamResult)(nil),   // 31: ringlimit.v1.AllowStreamResult
-	(*AllowStreamResponse)(nil), // 32: ringlimit.v1.AllowStreamResponse
-	(*PlacementRequest)(nil),    // 33: ringlimit.v1.PlacementRequest
-	(*PlacementMember)(nil),     // 34: ringlimit.v1.PlacementMember
-	(*PlacementResponse)(nil),   // 35: ringlimit.v1.PlacementResponse
+	(*LeaseRequest)(nil),        // 17: ringlimit.v1.LeaseRequest
+	(*LeaseResponse)(nil),       // 18: ringlimit.v1.LeaseResponse
+	(*AllowRequest)(nil),        // 19: ringlimit.v1.AllowRequest
+	(*AllowBatchRequest)(nil),   // 20: ringlimit.v1.AllowBatchRequest
+	(*AllowBatchResult)(nil),    // 21: ringlimit.v1.AllowBatchResult
+	(*AllowBatchResponse)(nil),  // 22: ringlimit.v1.AllowBatchResponse
+	(*AllowResponse)(nil),       // 23: ringlimit.v1.AllowResponse
+	(*AllowStreamItem)(nil),     // 24: ringlimit.v1.AllowStreamItem
+	(*AllowStreamRequest)(nil),  // 25: ringlimit.v1.AllowStreamRequest
+	(*AllowStreamResult)(nil),   // 26: ringlimit.v1.AllowStreamResult
+	(*AllowStreamResponse)(nil), // 27: ringlimit.v1.AllowStreamResponse
+	(*PlacementRequest)(nil),    // 28: ringlimit.v1.PlacementRequest
+	(*PlacementMember)(nil),     // 29: ringlimit.v1.PlacementMember
+	(*PlacementResponse)(nil),   // 30: ringlimit.v1.PlacementResponse
 }
 var file_ringlimit_proto_depIdxs = []int32{
 	5,  // 0: ringlimit.v1.CheckItem.key:type_name -> ringlimit.v1.Key
@@ -3183,55 +2758,50 @@ var file_ringlimit_proto_depIdxs = []int32{
 	15, // 13: ringlimit.v1.ReplicateResponse.results:type_name -> ringlimit.v1.OpResult
 	6,  // 14: ringlimit.v1.LeaseRequest.item:type_name -> ringlimit.v1.CheckItem
 	9,  // 15: ringlimit.v1.LeaseResponse.decision:type_name -> ringlimit.v1.Decision
-	22, // 16: ringlimit.v1.ProbeResponse.partitions:type_name -> ringlimit.v1.PartitionInfo
-	5,  // 17: ringlimit.v1.AllowRequest.key:type_name -> ringlimit.v1.Key
-	24, // 18: ringlimit.v1.AllowBatchRequest.requests:type_name -> ringlimit.v1.AllowRequest
-	28, // 19: ringlimit.v1.AllowBatchResult.response:type_name -> ringlimit.v1.AllowResponse
-	26, // 20: ringlimit.v1.AllowBatchResponse.results:type_name -> ringlimit.v1.AllowBatchResult
-	2,  // 21: ringlimit.v1.AllowResponse.reason:type_name -> ringlimit.v1.Reason
-	7,  // 22: ringlimit.v1.AllowResponse.limits:type_name -> ringlimit.v1.PolicyDecision
-	24, // 23: ringlimit.v1.AllowStreamItem.request:type_name -> ringlimit.v1.AllowRequest
-	29, // 24: ringlimit.v1.AllowStreamRequest.items:type_name -> ringlimit.v1.AllowStreamItem
-	28, // 25: ringlimit.v1.AllowStreamResult.response:type_name -> ringlimit.v1.AllowResponse
-	31, // 26: ringlimit.v1.AllowStreamResponse.results:type_name -> ringlimit.v1.AllowStreamResult
-	34, // 27: ringlimit.v1.PlacementResponse.members:type_name -> ringlimit.v1.PlacementMember
-	8,  // 28: ringlimit.v1.Limiter.Check:input_type -> ringlimit.v1.CheckRequest
-	8,  // 29: ringlimit.v1.Limiter.CheckStream:input_type -> ringlimit.v1.CheckRequest
-	14, // 30: ringlimit.v1.Limiter.Replicate:input_type -> ringlimit.v1.ReplicateRequest
-	14, // 31: ringlimit.v1.Limiter.ReplicateStream:input_type -> ringlimit.v1.ReplicateRequest
-	17, // 32: ringlimit.v1.Limiter.Promote:input_type -> ringlimit.v1.PromoteRequest
-	21, // 33: ringlimit.v1.Limiter.Probe:input_type -> ringlimit.v1.ProbeRequest
-	19, // 34: ringlimit.v1.Limiter.Lease:input_type -> ringlimit.v1.LeaseRequest
-	24, // 35: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
-	25, // 36: ringlimit.v1.RateLimiter.AllowBatch:input_type -> ringlimit.v1.AllowBatchRequest
-	24, // 37: ringlimit.v1.RateLimiter.Peek:input_type -> ringlimit.v1.AllowRequest
-	24, // 38: ringlimit.v1.RateLimiter.Refund:input_type -> ringlimit.v1.AllowRequest
-	24, // 39: ringlimit.v1.RateLimiter.Reset:input_type -> ringlimit.v1.AllowRequest
-	24, // 40: ringlimit.v1.RateLimiter.Acquire:input_type -> ringlimit.v1.AllowRequest
-	24, // 41: ringlimit.v1.RateLimiter.Release:input_type -> ringlimit.v1.AllowRequest
-	30, // 42: ringlimit.v1.RateLimiter.AllowStream:input_type -> ringlimit.v1.AllowStreamRequest
-	33, // 43: ringlimit.v1.RateLimiter.Placement:input_type -> ringlimit.v1.PlacementRequest
-	10, // 44: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
-	10, // 45: ringlimit.v1.Limiter.CheckStream:output_type -> ringlimit.v1.CheckResponse
-	16, // 46: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
-	16, // 47: ringlimit.v1.Limiter.ReplicateStream:output_type -> ringlimit.v1.ReplicateResponse
-	18, // 48: ringlimit.v1.Limiter.Promote:output_type -> ringlimit.v1.PromoteResponse
-	23, // 49: ringlimit.v1.Limiter.Probe:output_type -> ringlimit.v1.ProbeResponse
-	20, // 50: ringlimit.v1.Limiter.Lease:output_type -> ringlimit.v1.LeaseResponse
-	28, // 51: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
-	27, // 52: ringlimit.v1.RateLimiter.AllowBatch:output_type -> ringlimit.v1.AllowBatchResponse
-	28, // 53: ringlimit.v1.RateLimiter.Peek:output_type -> ringlimit.v1.AllowResponse
-	28, // 54: ringlimit.v1.RateLimiter.Refund:output_type -> ringlimit.v1.AllowResponse
-	28, // 55: ringlimit.v1.RateLimiter.Reset:output_type -> ringlimit.v1.AllowResponse
-	28, // 56: ringlimit.v1.RateLimiter.Acquire:output_type -> ringlimit.v1.AllowResponse
-	28, // 57: ringlimit.v1.RateLimiter.Release:output_type -> ringlimit.v1.AllowResponse
-	32, // 58: ringlimit.v1.RateLimiter.AllowStream:output_type -> ringlimit.v1.AllowStreamResponse
-	35, // 59: ringlimit.v1.RateLimiter.Placement:output_type -> ringlimit.v1.PlacementResponse
-	44, // [44:60] is the sub-list for method output_type
-	28, // [28:44] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	5,  // 16: ringlimit.v1.AllowRequest.key:type_name -> ringlimit.v1.Key
+	19, // 17: ringlimit.v1.AllowBatchRequest.requests:type_name -> ringlimit.v1.AllowRequest
+	23, // 18: ringlimit.v1.AllowBatchResult.response:type_name -> ringlimit.v1.AllowResponse
+	21, // 19: ringlimit.v1.AllowBatchResponse.results:type_name -> ringlimit.v1.AllowBatchResult
+	2,  // 20: ringlimit.v1.AllowResponse.reason:type_name -> ringlimit.v1.Reason
+	7,  // 21: ringlimit.v1.AllowResponse.limits:type_name -> ringlimit.v1.PolicyDecision
+	19, // 22: ringlimit.v1.AllowStreamItem.request:type_name -> ringlimit.v1.AllowRequest
+	24, // 23: ringlimit.v1.AllowStreamRequest.items:type_name -> ringlimit.v1.AllowStreamItem
+	23, // 24: ringlimit.v1.AllowStreamResult.response:type_name -> ringlimit.v1.AllowResponse
+	26, // 25: ringlimit.v1.AllowStreamResponse.results:type_name -> ringlimit.v1.AllowStreamResult
+	29, // 26: ringlimit.v1.PlacementResponse.members:type_name -> ringlimit.v1.PlacementMember
+	8,  // 27: ringlimit.v1.Limiter.Check:input_type -> ringlimit.v1.CheckRequest
+	8,  // 28: ringlimit.v1.Limiter.CheckStream:input_type -> ringlimit.v1.CheckRequest
+	14, // 29: ringlimit.v1.Limiter.Replicate:input_type -> ringlimit.v1.ReplicateRequest
+	14, // 30: ringlimit.v1.Limiter.ReplicateStream:input_type -> ringlimit.v1.ReplicateRequest
+	17, // 31: ringlimit.v1.Limiter.Lease:input_type -> ringlimit.v1.LeaseRequest
+	19, // 32: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
+	20, // 33: ringlimit.v1.RateLimiter.AllowBatch:input_type -> ringlimit.v1.AllowBatchRequest
+	19, // 34: ringlimit.v1.RateLimiter.Peek:input_type -> ringlimit.v1.AllowRequest
+	19, // 35: ringlimit.v1.RateLimiter.Refund:input_type -> ringlimit.v1.AllowRequest
+	19, // 36: ringlimit.v1.RateLimiter.Reset:input_type -> ringlimit.v1.AllowRequest
+	19, // 37: ringlimit.v1.RateLimiter.Acquire:input_type -> ringlimit.v1.AllowRequest
+	19, // 38: ringlimit.v1.RateLimiter.Release:input_type -> ringlimit.v1.AllowRequest
+	25, // 39: ringlimit.v1.RateLimiter.AllowStream:input_type -> ringlimit.v1.AllowStreamRequest
+	28, // 40: ringlimit.v1.RateLimiter.Placement:input_type -> ringlimit.v1.PlacementRequest
+	10, // 41: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
+	10, // 42: ringlimit.v1.Limiter.CheckStream:output_type -> ringlimit.v1.CheckResponse
+	16, // 43: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
+	16, // 44: ringlimit.v1.Limiter.ReplicateStream:output_type -> ringlimit.v1.ReplicateResponse
+	18, // 45: ringlimit.v1.Limiter.Lease:output_type -> ringlimit.v1.LeaseResponse
+	23, // 46: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
+	22, // 47: ringlimit.v1.RateLimiter.AllowBatch:output_type -> ringlimit.v1.AllowBatchResponse
+	23, // 48: ringlimit.v1.RateLimiter.Peek:output_type -> ringlimit.v1.AllowResponse
+	23, // 49: ringlimit.v1.RateLimiter.Refund:output_type -> ringlimit.v1.AllowResponse
+	23, // 50: ringlimit.v1.RateLimiter.Reset:output_type -> ringlimit.v1.AllowResponse
+	23, // 51: ringlimit.v1.RateLimiter.Acquire:output_type -> ringlimit.v1.AllowResponse
+	23, // 52: ringlimit.v1.RateLimiter.Release:output_type -> ringlimit.v1.AllowResponse
+	27, // 53: ringlimit.v1.RateLimiter.AllowStream:output_type -> ringlimit.v1.AllowStreamResponse
+	30, // 54: ringlimit.v1.RateLimiter.Placement:output_type -> ringlimit.v1.PlacementResponse
+	41, // [41:55] is the sub-list for method output_type
+	27, // [27:41] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_ringlimit_proto_init() }
@@ -3245,7 +2815,7 @@ func file_ringlimit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringlimit_proto_rawDesc), len(file_ringlimit_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   31,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

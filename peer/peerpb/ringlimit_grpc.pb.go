@@ -46,8 +46,6 @@ const (
 	Limiter_CheckStream_FullMethodName     = "/ringlimit.v1.Limiter/CheckStream"
 	Limiter_Replicate_FullMethodName       = "/ringlimit.v1.Limiter/Replicate"
 	Limiter_ReplicateStream_FullMethodName = "/ringlimit.v1.Limiter/ReplicateStream"
-	Limiter_Promote_FullMethodName         = "/ringlimit.v1.Limiter/Promote"
-	Limiter_Probe_FullMethodName           = "/ringlimit.v1.Limiter/Probe"
 	Limiter_Lease_FullMethodName           = "/ringlimit.v1.Limiter/Lease"
 )
 
@@ -57,8 +55,9 @@ const (
 //
 // Limiter is the service every node serves to its peers. Ownership is per
 // ring partition: each partition has at most one holder at a time, named by
-// an epoch that only grows; only the holder decides, and only while it holds
-// a lease from the partition's backup (see Replicate).
+// an epoch that only grows and committed in the ownership log (a raft log
+// on the same port, outside this service); only the holder decides, and
+// only while its liveness lease in that log holds.
 type LimiterClient interface {
 	// Check asks this node, as holder, to decide a batch of requests. Items are
 	// decided independently; per-item problems are reported in the item's
@@ -73,8 +72,9 @@ type LimiterClient interface {
 	// stream breaks fails the batches still waiting on it and may use Check.
 	CheckStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CheckRequest, CheckResponse], error)
 	// Replicate carries a holder's partition operations to the partition's
-	// backup: full copies in chunks, admissions, heartbeats, releases. Its
-	// answers grant (or refuse) the holder's lease.
+	// backup: full copies in chunks, admissions, whole-key replacements. A
+	// decision under sync replication is answered only after its admission
+	// is acknowledged here.
 	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
 	// ReplicateStream is Replicate over one long-lived stream per holder:
 	// the receiver applies the requests in the order they arrive and answers
@@ -82,13 +82,6 @@ type LimiterClient interface {
 	// requests in flight; order within the stream is the order of
 	// application.
 	ReplicateStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReplicateRequest, ReplicateResponse], error)
-	// Promote asks the receiver, the partition's backup with a complete copy
-	// at the sender's epoch, to become the partition's holder at epoch + 1.
-	// The sender has stopped deciding for the partition before it sends.
-	Promote(ctx context.Context, in *PromoteRequest, opts ...grpc.CallOption) (*PromoteResponse, error)
-	// Probe asks what the receiver knows of some partitions: whether it holds
-	// them, keeps a copy, or knows who holds them, with epochs. Read-only.
-	Probe(ctx context.Context, in *ProbeRequest, opts ...grpc.CallOption) (*ProbeResponse, error)
 	// Lease asks this node, as holder, to take or end one lease of a
 	// concurrency policy (item.op OP_ACQUIRE or OP_RELEASE). It is answered
 	// like one Check item; the packed batch layout has no lease fields, so
@@ -150,26 +143,6 @@ func (c *limiterClient) ReplicateStream(ctx context.Context, opts ...grpc.CallOp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Limiter_ReplicateStreamClient = grpc.BidiStreamingClient[ReplicateRequest, ReplicateResponse]
 
-func (c *limiterClient) Promote(ctx context.Context, in *PromoteRequest, opts ...grpc.CallOption) (*PromoteResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(PromoteResponse)
-	err := c.cc.Invoke(ctx, Limiter_Promote_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-func (c *limiterClient) Probe(ctx context.Context, in *ProbeRequest, opts ...grpc.CallOption) (*ProbeResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(ProbeResponse)
-	err := c.cc.Invoke(ctx, Limiter_Probe_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
 func (c *limiterClient) Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(LeaseResponse)
@@ -186,8 +159,9 @@ func (c *limiterClient) Lease(ctx context.Context, in *LeaseRequest, opts ...grp
 //
 // Limiter is the service every node serves to its peers. Ownership is per
 // ring partition: each partition has at most one holder at a time, named by
-// an epoch that only grows; only the holder decides, and only while it holds
-// a lease from the partition's backup (see Replicate).
+// an epoch that only grows and committed in the ownership log (a raft log
+// on the same port, outside this service); only the holder decides, and
+// only while its liveness lease in that log holds.
 type LimiterServer interface {
 	// Check asks this node, as holder, to decide a batch of requests. Items are
 	// decided independently; per-item problems are reported in the item's
@@ -202,8 +176,9 @@ type LimiterServer interface {
 	// stream breaks fails the batches still waiting on it and may use Check.
 	CheckStream(grpc.BidiStreamingServer[CheckRequest, CheckResponse]) error
 	// Replicate carries a holder's partition operations to the partition's
-	// backup: full copies in chunks, admissions, heartbeats, releases. Its
-	// answers grant (or refuse) the holder's lease.
+	// backup: full copies in chunks, admissions, whole-key replacements. A
+	// decision under sync replication is answered only after its admission
+	// is acknowledged here.
 	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
 	// ReplicateStream is Replicate over one long-lived stream per holder:
 	// the receiver applies the requests in the order they arrive and answers
@@ -211,13 +186,6 @@ type LimiterServer interface {
 	// requests in flight; order within the stream is the order of
 	// application.
 	ReplicateStream(grpc.BidiStreamingServer[ReplicateRequest, ReplicateResponse]) error
-	// Promote asks the receiver, the partition's backup with a complete copy
-	// at the sender's epoch, to become the partition's holder at epoch + 1.
-	// The sender has stopped deciding for the partition before it sends.
-	Promote(context.Context, *PromoteRequest) (*PromoteResponse, error)
-	// Probe asks what the receiver knows of some partitions: whether it holds
-	// them, keeps a copy, or knows who holds them, with epochs. Read-only.
-	Probe(context.Context, *ProbeRequest) (*ProbeResponse, error)
 	// Lease asks this node, as holder, to take or end one lease of a
 	// concurrency policy (item.op OP_ACQUIRE or OP_RELEASE). It is answered
 	// like one Check item; the packed batch layout has no lease fields, so
@@ -244,12 +212,6 @@ func (UnimplementedLimiterServer) Replicate(context.Context, *ReplicateRequest) 
 }
 func (UnimplementedLimiterServer) ReplicateStream(grpc.BidiStreamingServer[ReplicateRequest, ReplicateResponse]) error {
 	return status.Error(codes.Unimplemented, "method ReplicateStream not implemented")
-}
-func (UnimplementedLimiterServer) Promote(context.Context, *PromoteRequest) (*PromoteResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Promote not implemented")
-}
-func (UnimplementedLimiterServer) Probe(context.Context, *ProbeRequest) (*ProbeResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Probe not implemented")
 }
 func (UnimplementedLimiterServer) Lease(context.Context, *LeaseRequest) (*LeaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Lease not implemented")
@@ -325,42 +287,6 @@ func _Limiter_ReplicateStream_Handler(srv interface{}, stream grpc.ServerStream)
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Limiter_ReplicateStreamServer = grpc.BidiStreamingServer[ReplicateRequest, ReplicateResponse]
 
-func _Limiter_Promote_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(PromoteRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(LimiterServer).Promote(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Limiter_Promote_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(LimiterServer).Promote(ctx, req.(*PromoteRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
-func _Limiter_Probe_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(ProbeRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(LimiterServer).Probe(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Limiter_Probe_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(LimiterServer).Probe(ctx, req.(*ProbeRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
 func _Limiter_Lease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(LeaseRequest)
 	if err := dec(in); err != nil {
@@ -393,14 +319,6 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Replicate",
 			Handler:    _Limiter_Replicate_Handler,
-		},
-		{
-			MethodName: "Promote",
-			Handler:    _Limiter_Promote_Handler,
-		},
-		{
-			MethodName: "Probe",
-			Handler:    _Limiter_Probe_Handler,
 		},
 		{
 			MethodName: "Lease",
