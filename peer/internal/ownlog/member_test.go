@@ -21,6 +21,7 @@ type cluster struct {
 	now     int64
 	inbox   []*pb.Message
 	down    map[uint64]bool // crashed: not ticked, sent nothing, told nothing
+	sent    []*pb.Message   // every message delivered, for tests that count them
 }
 
 func newCluster(t *testing.T, n int) *cluster {
@@ -95,6 +96,7 @@ func (c *cluster) run(d time.Duration) {
 			msg := c.inbox[0]
 			c.inbox = c.inbox[1:]
 			if to := c.members[msg.GetTo()]; to != nil && !c.down[msg.GetTo()] && !c.down[msg.GetFrom()] {
+				c.sent = append(c.sent, msg)
 				c.carry(msg.GetTo(), to.Step(msg, c.now))
 			}
 		}
@@ -200,4 +202,38 @@ func TestStepDropsMessagesForAnotherMember(t *testing.T) {
 	if d := m.Describe(); !strings.Contains(d, "term 3") {
 		t.Fatalf("after a heartbeat for this member: %s; want term 3", d)
 	}
+}
+
+// TestLeaderAppendsProposalsTogether: the leader appends the proposals it
+// was sent between two ticks together, so each follower gets one append
+// for them, not one per proposal (at rest every member's extensions, N² a
+// second otherwise).
+func TestLeaderAppendsProposalsTogether(t *testing.T) {
+	c := newCluster(t, 5)
+	c.run(5 * time.Second)
+	var lead uint64
+	for id, m := range c.members {
+		if m.Leader() {
+			lead = id
+		}
+	}
+	if lead == 0 {
+		t.Fatal("no leader")
+	}
+	to := lead%5 + 1
+	appends, entries := 0, 0
+	for range 100 { // 10 s at rest
+		c.run(100 * time.Millisecond)
+		for _, msg := range c.sent {
+			if msg.GetFrom() == lead && msg.GetTo() == to && msg.GetType() == pb.MsgApp && len(msg.GetEntries()) > 0 {
+				appends++
+				entries += len(msg.GetEntries())
+			}
+		}
+		c.sent = c.sent[:0]
+	}
+	if entries < 20 || float64(entries) < 1.5*float64(appends) {
+		t.Fatalf("at rest the leader sent member %d %d entries in %d appends; want several per append", to, entries, appends)
+	}
+	t.Logf("%d entries in %d appends", entries, appends)
 }
