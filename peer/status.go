@@ -86,10 +86,6 @@ func FromStatus(err error) error {
 	}
 }
 
-func errBatchTooLarge(n int) error {
-	return status.Errorf(codes.InvalidArgument, "peer: batch of %d entries exceeds %d", n, maxWireBatch)
-}
-
 func statusInvalid(msg string) error {
 	return status.Error(codes.InvalidArgument, "peer: "+msg)
 }

@@ -149,13 +149,6 @@ func (p *pipe[Req, Resp]) watch() {
 	}
 }
 
-// broken reports whether the pipe has failed.
-func (p *pipe[Req, Resp]) broken() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.err != nil
-}
-
 // send sends r's message with a fresh id and calls r.done exactly once
 // with the answer or the error that broke the pipe. It returns an error,
 // without calling done, only when the pipe was already broken.
