@@ -29,6 +29,10 @@ var (
 	// or one the key already holds; nothing changes, and the caller may
 	// retry with another id.
 	ErrInvalidLease = errors.New("shard: invalid lease id")
+	// ErrInvalidReservation is returned by Store.Reserve for a reservation
+	// id of zero or one the key has pending, or a key with
+	// MaxPendingReservations pending; nothing changes.
+	ErrInvalidReservation = errors.New("shard: invalid reservation")
 	// ErrInvalidState is returned by Store.Import for a malformed key state.
 	ErrInvalidState = errors.New("shard: invalid key state")
 )

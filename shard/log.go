@@ -21,6 +21,8 @@ type slidingLog struct {
 	head  int   // index of the oldest run
 	size  int   // number of runs
 	count int64 // units across all runs
+	// pend is the key's pending reservations (reserve.go); nil for none.
+	pend *pending
 }
 
 func (l *slidingLog) at(i int) *run { return &l.buf[(l.head+i)&(len(l.buf)-1)] }
@@ -279,7 +281,13 @@ func (l *slidingLog) mergeAll(now int64, runs []Run, p Policy) {
 	}
 }
 
-func (l *slidingLog) bytes() int64 { return int64(len(l.buf)) * int64(unsafe.Sizeof(run{})) }
+func (l *slidingLog) bytes() int64 {
+	n := int64(len(l.buf)) * int64(unsafe.Sizeof(run{}))
+	if l.pend != nil {
+		n += int64(cap(l.pend.l)) * int64(unsafe.Sizeof(reservation{}))
+	}
+	return n
+}
 
 // gcra is the token bucket as the generic cell rate algorithm. The
 // theoretical arrival time of the next unit is base + debt + frac/den ns

@@ -32,6 +32,10 @@ type KeyState struct {
 	Algorithm Algorithm
 	// Runs are oldest first (non-increasing Age).
 	Runs []Run
+	// Reservations are the key's pending reservations (SlidingLog only;
+	// see Store.Reserve): Age as in Runs, Count the estimate, ID the
+	// reservation. Their units are counted in Runs too.
+	Reservations []Run
 }
 
 // Validate reports whether the state is well formed: a valid key and
@@ -45,6 +49,14 @@ func (s KeyState) Validate() error {
 	}
 	if s.Algorithm != SlidingLog && s.Algorithm != Concurrency && len(s.Runs) > 1 {
 		return fmt.Errorf("%w: %v state has %d runs, want at most 1", ErrInvalidState, s.Algorithm, len(s.Runs))
+	}
+	if len(s.Reservations) > 0 && s.Algorithm != SlidingLog || len(s.Reservations) > MaxPendingReservations {
+		return fmt.Errorf("%w: %d reservations under %v", ErrInvalidState, len(s.Reservations), s.Algorithm)
+	}
+	for i, r := range s.Reservations {
+		if r.ID == 0 || r.Count <= 0 {
+			return fmt.Errorf("%w: reservation %d has id %d and count %d", ErrInvalidState, i, r.ID, r.Count)
+		}
 	}
 	for i, r := range s.Runs {
 		if r.Count < 0 || ((s.Algorithm == SlidingLog || s.Algorithm == Concurrency) && r.Count == 0) {

@@ -390,6 +390,9 @@ func (s *Store) export(key Key, now time.Time, remove bool) (KeyState, bool) {
 	}
 	t := max(now.UnixNano(), e.last)
 	ks := KeyState{Key: e.key, Algorithm: e.alg, Runs: e.lim.export(t)}
+	if l, ok := e.lim.(*slidingLog); ok {
+		ks.Reservations = l.exportPending(t)
+	}
 	// A calendar state is an instant (the period start), not an age.
 	if shift := t - now.UnixNano(); shift > 0 && e.alg != Calendar {
 		// The key's clock is ahead of now (a decision that read the clock
@@ -400,6 +403,9 @@ func (s *Store) export(key Key, now time.Time, remove bool) (KeyState, bool) {
 		// earlier and let it expire that much early.
 		for i := range ks.Runs {
 			ks.Runs[i].Age = time.Duration(satSub(int64(ks.Runs[i].Age), shift))
+		}
+		for i := range ks.Reservations {
+			ks.Reservations[i].Age = time.Duration(satSub(int64(ks.Reservations[i].Age), shift))
 		}
 	}
 	if remove {
@@ -435,6 +441,9 @@ func (s *Store) Import(ks KeyState, p Policy, now time.Time) error {
 	}
 	e.last = max(e.last, t)
 	e.lim.merge(e.last, ks.Runs, p)
+	if l, ok := e.lim.(*slidingLog); ok {
+		l.mergePending(e.last, ks.Reservations, p)
+	}
 	e.window = p.Window
 	s.accountLocked(e)
 	return nil
