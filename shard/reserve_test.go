@@ -181,7 +181,7 @@ func TestReservationsTravel(t *testing.T) {
 // the reserved admission's units.
 type refReserve struct {
 	limit, win int64
-	adm           []refAdm
+	adm        []refAdm
 }
 
 type refAdm struct {
