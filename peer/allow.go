@@ -104,6 +104,9 @@ type opReq struct {
 	// (lease.go).
 	lease    uint64
 	leaseTTL time.Duration // the holder's TTL of a granted lease
+	// actual is OP_SETTLE's actual cost; estimate and overage its answer
+	// (reserve.go).
+	actual, estimate, overage int64
 }
 
 // do validates req for op and routes it.
@@ -211,7 +214,7 @@ func (n *Node) parseReqInto(r *opReq, op peerpb.Op, key Key, policies []string, 
 		return nil, err
 	}
 	r.p = r.p.ForKey(key.Tenant, key.Subject)
-	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK || op == peerpb.Op_OP_ACQUIRE) && hits > r.p.Shard.Limit && !r.p.Unlimited {
+	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK || op == peerpb.Op_OP_ACQUIRE || op == peerpb.Op_OP_RESERVE) && hits > r.p.Shard.Limit && !r.p.Unlimited {
 		return nil, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, r.p.Shard.Limit)
 	}
 	return ek, nil
@@ -602,7 +605,7 @@ func unlimitedDecision(owner string, v *view, now time.Time) Decision {
 // is unlimited in all); peeks, refunds and resets are never answered
 // without their holder.
 func (n *Node) unavailable(r *opReq, cause error) (Decision, error) {
-	if r.op == peerpb.Op_OP_ACQUIRE {
+	if r.op == peerpb.Op_OP_ACQUIRE || r.op == peerpb.Op_OP_RESERVE {
 		return n.acquireUnavailable(r, cause)
 	}
 	if r.op != peerpb.Op_OP_CHECK {

@@ -70,13 +70,16 @@ const (
 	// ReasonReleased: the holder ended a lease (Node.Release); Allowed
 	// reports whether a live lease was ended, Remaining is the new state.
 	ReasonReleased
+	// ReasonSettled: the holder settled a reservation (Node.Settle);
+	// Allowed reports whether one was pending, Remaining is the new state.
+	ReasonSettled
 )
 
-var reasonNames = [...]string{"", "admitted", "over_limit", "shadow", "failed_open", "fallback", "unavailable", "peek", "refunded", "reset", "unlimited", "released"}
+var reasonNames = [...]string{"", "admitted", "over_limit", "shadow", "failed_open", "fallback", "unavailable", "peek", "refunded", "reset", "unlimited", "released", "settled"}
 
 // String returns the reason's stable name: admitted, over_limit, shadow,
-// failed_open, fallback, unavailable, peek, refunded, reset, unlimited or
-// released.
+// failed_open, fallback, unavailable, peek, refunded, reset, unlimited,
+// released or settled.
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) && r != 0 {
 		return reasonNames[r]

@@ -417,7 +417,7 @@ func (c *client) finish(ctx context.Context, batch []*call, resp *peerpb.CheckRe
 // forward asks owner to decide. It returns the owner's decision, a
 // *notOwnerError, or an error wrapping ErrUnavailable.
 func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (Decision, error) {
-	if r.op == peerpb.Op_OP_ACQUIRE || r.op == peerpb.Op_OP_RELEASE {
+	if isLeaseOp(r.op) {
 		return n.forwardLease(ctx, owner, r)
 	}
 	key, hits := r.key, r.hits
@@ -506,7 +506,7 @@ func fromWire(d *wireDecision, peer string) (Decision, error) {
 	switch d.status {
 	case peerpb.Status_STATUS_OK:
 		r := Reason(d.reason)
-		if r < ReasonAdmitted || r > ReasonReleased || r == ReasonUnavailable {
+		if r < ReasonAdmitted || r > ReasonSettled || r == ReasonUnavailable {
 			return Decision{}, fmt.Errorf("%w: %s sent reason %d", ErrUnavailable, peer, d.reason)
 		}
 		out := Decision{

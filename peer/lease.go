@@ -204,8 +204,8 @@ func newLeaseID() uint64 {
 	}
 }
 
-// acquireUnavailable applies the policy's OnUnavailable to an acquire the
-// holder could not decide.
+// acquireUnavailable applies the policy's OnUnavailable to an acquire (or
+// a reserve) the holder could not decide.
 func (n *Node) acquireUnavailable(r *opReq, cause error) (Decision, error) {
 	p := r.p
 	if p.Config.OnUnavailable != Fallback || p.Unlimited || errors.Is(cause, ErrClosed) ||
@@ -227,7 +227,11 @@ func (n *Node) acquireUnavailable(r *opReq, cause error) (Decision, error) {
 		var err error
 		for range 4 {
 			r.lease = newLeaseID()
-			if sd, err = n.fallback.Acquire(r.key, sp, r.hits, r.lease, now); !errors.Is(err, shard.ErrInvalidLease) {
+			if r.op == peerpb.Op_OP_RESERVE {
+				if sd, err = n.fallback.Reserve(r.key, sp, r.hits, r.lease, now); !errors.Is(err, shard.ErrInvalidReservation) {
+					break
+				}
+			} else if sd, err = n.fallback.Acquire(r.key, sp, r.hits, r.lease, now); !errors.Is(err, shard.ErrInvalidLease) {
 				break
 			}
 		}
@@ -256,6 +260,8 @@ func checkLeaseOp(op peerpb.Op, p *policy.Entry) error {
 	lease := op == peerpb.Op_OP_ACQUIRE || op == peerpb.Op_OP_RELEASE
 	conc := p.Shard.Algorithm == shard.Concurrency
 	switch {
+	case (op == peerpb.Op_OP_RESERVE || op == peerpb.Op_OP_SETTLE) && p.Shard.Algorithm != shard.SlidingLog:
+		return fmt.Errorf("%w: policy %q is %v; reserve and settle need a sliding_log policy", ErrWrongAlgorithm, p.Name, p.Shard.Algorithm)
 	case lease && !conc:
 		return fmt.Errorf("%w: policy %q is %v; acquire and release need a concurrency policy", ErrWrongAlgorithm, p.Name, p.Shard.Algorithm)
 	case conc && (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_REFUND):
@@ -281,6 +287,7 @@ func (n *Node) forwardLease(ctx context.Context, owner string, r *opReq) (Decisi
 		Sender:  n.name,
 		Item:    &peerpb.CheckItem{Key: &peerpb.Key{Tenant: r.key.Tenant, Subject: r.key.Subject, Policy: r.key.Policy}, Hits: r.hits, Op: r.op},
 		LeaseId: r.lease,
+		Actual:  r.actual,
 	}
 	start := time.Now()
 	resp, err := c.stub.Lease(ctx, req)
@@ -295,8 +302,11 @@ func (n *Node) forwardLease(ctx context.Context, owner string, r *opReq) (Decisi
 	if err != nil {
 		return Decision{}, err
 	}
-	if r.op == peerpb.Op_OP_ACQUIRE && d.Allowed {
+	if (r.op == peerpb.Op_OP_ACQUIRE || r.op == peerpb.Op_OP_RESERVE) && d.Allowed {
 		r.lease, r.leaseTTL = resp.GetLeaseId(), time.Duration(resp.GetLeaseTtlNs())
+	}
+	if r.op == peerpb.Op_OP_SETTLE {
+		r.estimate, r.overage = resp.GetEstimate(), resp.GetOverage()
 	}
 	return d, nil
 }
@@ -314,7 +324,7 @@ func (s *server) Lease(ctx context.Context, req *peerpb.LeaseRequest) (*peerpb.L
 	}
 	it := req.GetItem()
 	op := it.GetOp()
-	if op != peerpb.Op_OP_ACQUIRE && op != peerpb.Op_OP_RELEASE {
+	if !isLeaseOp(op) {
 		return nil, statusInvalid(fmt.Sprintf("lease operation %v", op))
 	}
 	pk := it.GetKey()
@@ -328,10 +338,19 @@ func (s *server) Lease(ctx context.Context, req *peerpb.LeaseRequest) (*peerpb.L
 		return &peerpb.LeaseResponse{Decision: d.toPB()}, nil
 	}
 	r.lease = req.GetLeaseId()
+	if op == peerpb.Op_OP_SETTLE {
+		if r.actual = req.GetActual(); r.actual < 0 {
+			d := wireError(n, v, peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: actual cost %d must not be negative", ErrInvalidHits, r.actual))
+			return &peerpb.LeaseResponse{Decision: d.toPB()}, nil
+		}
+	}
 	d, _ := n.decideWireReq(ctx, v, r)
 	resp := &peerpb.LeaseResponse{Decision: d.toPB()}
-	if op == peerpb.Op_OP_ACQUIRE && d.status == peerpb.Status_STATUS_OK && d.allowed {
+	if (op == peerpb.Op_OP_ACQUIRE || op == peerpb.Op_OP_RESERVE) && d.status == peerpb.Status_STATUS_OK && d.allowed {
 		resp.LeaseId, resp.LeaseTtlNs = r.lease, int64(r.leaseTTL)
+	}
+	if op == peerpb.Op_OP_SETTLE {
+		resp.Estimate, resp.Overage = r.estimate, r.overage
 	}
 	return resp, nil
 }

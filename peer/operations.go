@@ -22,7 +22,7 @@ import (
 // partition pid and may decide; the statuses are decideHere's.
 func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *opReq) (Decision, decideStatus, <-chan struct{}, error) {
 	// Lease operations replicate the key's whole state too (lease.go).
-	exclusive := r.op == peerpb.Op_OP_REFUND || r.op == peerpb.Op_OP_RESET || r.op == peerpb.Op_OP_ACQUIRE || r.op == peerpb.Op_OP_RELEASE
+	exclusive := r.op == peerpb.Op_OP_REFUND || r.op == peerpb.Op_OP_RESET || isLeaseOp(r.op)
 	lock, unlock := pt.mu.RLock, pt.mu.RUnlock
 	if exclusive {
 		lock, unlock = pt.mu.Lock, pt.mu.Unlock
@@ -80,6 +80,8 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		}
 	case r.op == peerpb.Op_OP_ACQUIRE || r.op == peerpb.Op_OP_RELEASE:
 		d, waits, err = n.decideLeaseLocked(pt, pid, r, now, d)
+	case r.op == peerpb.Op_OP_RESERVE || r.op == peerpb.Op_OP_SETTLE:
+		d, waits, err = n.decideReserveLocked(pt, pid, r, now, d)
 	case r.op == peerpb.Op_OP_RESET:
 		pt.store.Delete(r.key)
 		d = Decision{Allowed: true, Limit: r.p.Shard.Limit, Remaining: r.p.Shard.Limit, Reason: ReasonReset, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: now}
@@ -88,7 +90,7 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		err = fmt.Errorf("%w: unknown operation %v", ErrInvalidKey, r.op)
 	}
 	unlock()
-	if err == nil && d.Allowed && !fenced && (r.op == peerpb.Op_OP_CHECK || r.op == peerpb.Op_OP_ACQUIRE) && n.leaseEnded() {
+	if err == nil && d.Allowed && !fenced && (r.op == peerpb.Op_OP_CHECK || r.op == peerpb.Op_OP_ACQUIRE || r.op == peerpb.Op_OP_RESERVE) && n.leaseEnded() {
 		// As in decideHere: not confirmed without a fencing copy.
 		err = errLeaseEnded
 	}
@@ -111,7 +113,7 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 	// take that to mean nothing was done and ask again, and a refund done
 	// twice gives back units that were never admitted. A backup lacking
 	// it only refuses more after a takeover.
-	frees := r.op == peerpb.Op_OP_REFUND || r.op == peerpb.Op_OP_RESET
+	frees := r.op == peerpb.Op_OP_REFUND || r.op == peerpb.Op_OP_RESET || r.op == peerpb.Op_OP_SETTLE
 	for _, w := range waits {
 		select {
 		case err := <-w:

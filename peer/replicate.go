@@ -511,10 +511,14 @@ func (c *client) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, o
 		if it.state != nil {
 			st := *it.state
 			st.Runs = append([]shard.Run(nil), st.Runs...)
+			st.Reservations = append([]shard.Run(nil), st.Reservations...)
+			// An exported age is absolute in time: it grows by the time
+			// the message waited.
 			for j := range st.Runs {
-				// An exported age is absolute in time: it grows by the
-				// time the message waited.
 				st.Runs[j].Age += now.Sub(it.at)
+			}
+			for j := range st.Reservations {
+				st.Reservations[j].Age += now.Sub(it.at)
 			}
 			op.Keys = []*peerpb.KeyState{stateToWire(st)}
 		}

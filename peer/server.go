@@ -174,6 +174,10 @@ func wireError(n *Node, v *view, st peerpb.Status, err error) wireDecision {
 // metric); the request is nil when the item was not parsed.
 func (n *Node) decideWire(ctx context.Context, v *view, it *wireItem, r *opReq, slab []byte) (wireDecision, *opReq, []byte) {
 	bad := func(st peerpb.Status, err error) wireDecision { return wireError(n, v, st, err) }
+	if isLeaseOp(it.op) {
+		// Its id would have nowhere to go: Limiter.Lease carries it.
+		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %v travels on Limiter.Lease, one per call", ErrInvalidKey, it.op)), nil, slab
+	}
 	ek, err := n.parseReqInto(r, it.op, it.key, it.policies, it.hits, slab[len(slab):len(slab)])
 	switch {
 	case errors.Is(err, ErrUnknownPolicy):

@@ -19,6 +19,12 @@ func stateToWire(st shard.KeyState) *peerpb.KeyState {
 	for i, r := range st.Runs {
 		out.Runs[i] = &peerpb.Run{AgeNs: int64(r.Age), Count: r.Count, LeaseId: r.ID}
 	}
+	if len(st.Reservations) > 0 {
+		out.Reservations = make([]*peerpb.Run, len(st.Reservations))
+		for i, r := range st.Reservations {
+			out.Reservations[i] = &peerpb.Run{AgeNs: int64(r.Age), Count: r.Count, LeaseId: r.ID}
+		}
+	}
 	return out
 }
 
@@ -35,6 +41,12 @@ func stateFromWire(ks *peerpb.KeyState) (shard.KeyState, error) {
 	}
 	for i, r := range ks.GetRuns() {
 		st.Runs[i] = shard.Run{Age: time.Duration(r.GetAgeNs()), Count: r.GetCount(), ID: r.GetLeaseId()}
+	}
+	if rs := ks.GetReservations(); len(rs) > 0 {
+		st.Reservations = make([]shard.Run, len(rs))
+		for i, r := range rs {
+			st.Reservations[i] = shard.Run{Age: time.Duration(r.GetAgeNs()), Count: r.GetCount(), ID: r.GetLeaseId()}
+		}
 	}
 	return st, st.Validate()
 }

@@ -62,6 +62,13 @@ const (
 	Op_OP_ACQUIRE Op = 4
 	// OP_RELEASE ends a lease of a concurrency policy (LeaseRequest.lease_id).
 	Op_OP_RELEASE Op = 5
+	// OP_RESERVE admits hits units of a sliding_log policy as an estimate,
+	// pending under a reservation id the holder chooses
+	// (LeaseResponse.lease_id).
+	Op_OP_RESERVE Op = 6
+	// OP_SETTLE replaces pending reservation LeaseRequest.lease_id's
+	// estimate with LeaseRequest.actual, at the reservation's instant.
+	Op_OP_SETTLE Op = 7
 )
 
 // Enum value maps for Op.
@@ -73,6 +80,8 @@ var (
 		3: "OP_RESET",
 		4: "OP_ACQUIRE",
 		5: "OP_RELEASE",
+		6: "OP_RESERVE",
+		7: "OP_SETTLE",
 	}
 	Op_value = map[string]int32{
 		"OP_CHECK":   0,
@@ -81,6 +90,8 @@ var (
 		"OP_RESET":   3,
 		"OP_ACQUIRE": 4,
 		"OP_RELEASE": 5,
+		"OP_RESERVE": 6,
+		"OP_SETTLE":  7,
 	}
 )
 
@@ -221,6 +232,9 @@ const (
 	// REASON_RELEASED: the holder ended a lease (OP_RELEASE); allowed says
 	// whether a live lease was ended, remaining is the new state.
 	Reason_REASON_RELEASED Reason = 11
+	// REASON_SETTLED: the holder settled a reservation (OP_SETTLE); allowed
+	// says whether one was pending, remaining is the new state.
+	Reason_REASON_SETTLED Reason = 12
 )
 
 // Enum value maps for Reason.
@@ -237,6 +251,7 @@ var (
 		9:  "REASON_RESET",
 		10: "REASON_UNLIMITED",
 		11: "REASON_RELEASED",
+		12: "REASON_SETTLED",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED": 0,
@@ -250,6 +265,7 @@ var (
 		"REASON_RESET":       9,
 		"REASON_UNLIMITED":   10,
 		"REASON_RELEASED":    11,
+		"REASON_SETTLED":     12,
 	}
 )
 
@@ -294,7 +310,7 @@ const (
 	// from this sender; the sender must send a full copy first.
 	OpStatus_OP_STATUS_NEED_SYNC OpStatus = 3
 	// OP_STATUS_REFUSED: the receiver will not act as backup now (it is
-	// closing, or the log does not name it the partition's backup).
+	// closing, or does not know the sender or the partition).
 	OpStatus_OP_STATUS_REFUSED OpStatus = 4
 )
 
@@ -1133,7 +1149,11 @@ type KeyState struct {
 	Algorithm int32 `protobuf:"varint,2,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
 	// Runs is the key's log, oldest first (non-increasing age_ns). It lists
 	// only admissions that had not expired on the sender at sending.
-	Runs          []*Run `protobuf:"bytes,3,rep,name=runs,proto3" json:"runs,omitempty"`
+	Runs []*Run `protobuf:"bytes,3,rep,name=runs,proto3" json:"runs,omitempty"`
+	// Reservations are the key's pending reservations (sliding_log only):
+	// age_ns as in runs, count the estimate, lease_id the reservation. Their
+	// units are counted in runs too.
+	Reservations  []*Run `protobuf:"bytes,4,rep,name=reservations,proto3" json:"reservations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1185,6 +1205,13 @@ func (x *KeyState) GetAlgorithm() int32 {
 func (x *KeyState) GetRuns() []*Run {
 	if x != nil {
 		return x.Runs
+	}
+	return nil
+}
+
+func (x *KeyState) GetReservations() []*Run {
+	if x != nil {
+		return x.Reservations
 	}
 	return nil
 }
@@ -1559,8 +1586,11 @@ type LeaseRequest struct {
 	Sender string `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
 	// Item is the operation: key, hits (OP_ACQUIRE) and op.
 	Item *CheckItem `protobuf:"bytes,2,opt,name=item,proto3" json:"item,omitempty"`
-	// LeaseId is the lease to end (OP_RELEASE).
-	LeaseId       uint64 `protobuf:"varint,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// LeaseId is the lease to end (OP_RELEASE), or the reservation to
+	// settle (OP_SETTLE).
+	LeaseId uint64 `protobuf:"varint,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// Actual is the reservation's actual cost (OP_SETTLE), 0 or more.
+	Actual        int64 `protobuf:"varint,4,opt,name=actual,proto3" json:"actual,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1616,6 +1646,13 @@ func (x *LeaseRequest) GetLeaseId() uint64 {
 	return 0
 }
 
+func (x *LeaseRequest) GetActual() int64 {
+	if x != nil {
+		return x.Actual
+	}
+	return 0
+}
+
 // LeaseResponse answers a LeaseRequest.
 type LeaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1624,8 +1661,13 @@ type LeaseResponse struct {
 	// LeaseId is the lease taken (OP_ACQUIRE, when allowed); zero otherwise.
 	LeaseId uint64 `protobuf:"varint,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	// LeaseTtlNs is the lease's time to live from decided_at_unix_ns, in
-	// nanoseconds, on the holder's clock.
-	LeaseTtlNs    int64 `protobuf:"varint,3,opt,name=lease_ttl_ns,json=leaseTtlNs,proto3" json:"lease_ttl_ns,omitempty"`
+	// nanoseconds, on the holder's clock. For OP_RESERVE, lease_id is the
+	// reservation and lease_ttl_ns how long it stays pending.
+	LeaseTtlNs int64 `protobuf:"varint,3,opt,name=lease_ttl_ns,json=leaseTtlNs,proto3" json:"lease_ttl_ns,omitempty"`
+	// Estimate and Overage answer OP_SETTLE: the settled reservation's
+	// estimate, and the units of its actual cost beyond it.
+	Estimate      int64 `protobuf:"varint,4,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	Overage       int64 `protobuf:"varint,5,opt,name=overage,proto3" json:"overage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1677,6 +1719,20 @@ func (x *LeaseResponse) GetLeaseId() uint64 {
 func (x *LeaseResponse) GetLeaseTtlNs() int64 {
 	if x != nil {
 		return x.LeaseTtlNs
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetEstimate() int64 {
+	if x != nil {
+		return x.Estimate
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetOverage() int64 {
+	if x != nil {
+		return x.Overage
 	}
 	return 0
 }
@@ -2539,11 +2595,12 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x03Run\x12\x15\n" +
 	"\x06age_ns\x18\x01 \x01(\x03R\x05ageNs\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x19\n" +
-	"\blease_id\x18\x03 \x01(\x04R\aleaseId\"t\n" +
+	"\blease_id\x18\x03 \x01(\x04R\aleaseId\"\xab\x01\n" +
 	"\bKeyState\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.ringlimit.v1.KeyR\x03key\x12\x1c\n" +
 	"\talgorithm\x18\x02 \x01(\x05R\talgorithm\x12%\n" +
-	"\x04runs\x18\x03 \x03(\v2\x11.ringlimit.v1.RunR\x04runs\"\xe8\x02\n" +
+	"\x04runs\x18\x03 \x03(\v2\x11.ringlimit.v1.RunR\x04runs\x125\n" +
+	"\freservations\x18\x04 \x03(\v2\x11.ringlimit.v1.RunR\freservations\"\xe8\x02\n" +
 	"\vPartitionOp\x122\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1e.ringlimit.v1.PartitionOp.KindR\x04kind\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
@@ -2578,16 +2635,19 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\x05R\x04code\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12%\n" +
-	"\x0eresults_packed\x18\x05 \x01(\fR\rresultsPacked\"n\n" +
+	"\x0eresults_packed\x18\x05 \x01(\fR\rresultsPacked\"\x86\x01\n" +
 	"\fLeaseRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x04item\x18\x02 \x01(\v2\x17.ringlimit.v1.CheckItemR\x04item\x12\x19\n" +
-	"\blease_id\x18\x03 \x01(\x04R\aleaseId\"\x80\x01\n" +
+	"\blease_id\x18\x03 \x01(\x04R\aleaseId\x12\x16\n" +
+	"\x06actual\x18\x04 \x01(\x03R\x06actual\"\xb6\x01\n" +
 	"\rLeaseResponse\x122\n" +
 	"\bdecision\x18\x01 \x01(\v2\x16.ringlimit.v1.DecisionR\bdecision\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x04R\aleaseId\x12 \n" +
 	"\flease_ttl_ns\x18\x03 \x01(\x03R\n" +
-	"leaseTtlNs\"~\n" +
+	"leaseTtlNs\x12\x1a\n" +
+	"\bestimate\x18\x04 \x01(\x03R\bestimate\x12\x18\n" +
+	"\aoverage\x18\x05 \x01(\x03R\aoverage\"~\n" +
 	"\fAllowRequest\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.ringlimit.v1.KeyR\x03key\x12\x12\n" +
 	"\x04hits\x18\x02 \x01(\x03R\x04hits\x12\x1a\n" +
@@ -2640,7 +2700,7 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\fmembers_hash\x18\x03 \x01(\x04R\vmembersHash\x12'\n" +
 	"\x0fpartition_count\x18\x04 \x01(\rR\x0epartitionCount\x127\n" +
 	"\amembers\x18\x05 \x03(\v2\x1d.ringlimit.v1.PlacementMemberR\amembers\x12\x18\n" +
-	"\aholders\x18\x06 \x03(\rR\aholders*\\\n" +
+	"\aholders\x18\x06 \x03(\rR\aholders*{\n" +
 	"\x02Op\x12\f\n" +
 	"\bOP_CHECK\x10\x00\x12\v\n" +
 	"\aOP_PEEK\x10\x01\x12\r\n" +
@@ -2649,14 +2709,17 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\n" +
 	"OP_ACQUIRE\x10\x04\x12\x0e\n" +
 	"\n" +
-	"OP_RELEASE\x10\x05*\x95\x01\n" +
+	"OP_RELEASE\x10\x05\x12\x0e\n" +
+	"\n" +
+	"OP_RESERVE\x10\x06\x12\r\n" +
+	"\tOP_SETTLE\x10\a*\x95\x01\n" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tSTATUS_OK\x10\x01\x12\x14\n" +
 	"\x10STATUS_NOT_OWNER\x10\x02\x12\x1b\n" +
 	"\x17STATUS_INVALID_ARGUMENT\x10\x03\x12\x19\n" +
 	"\x15STATUS_UNKNOWN_POLICY\x10\x04\x12\x16\n" +
-	"\x12STATUS_UNAVAILABLE\x10\x05*\xef\x01\n" +
+	"\x12STATUS_UNAVAILABLE\x10\x05*\x83\x02\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fREASON_ADMITTED\x10\x01\x12\x15\n" +
@@ -2669,7 +2732,8 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\fREASON_RESET\x10\t\x12\x14\n" +
 	"\x10REASON_UNLIMITED\x10\n" +
 	"\x12\x13\n" +
-	"\x0fREASON_RELEASED\x10\v*|\n" +
+	"\x0fREASON_RELEASED\x10\v\x12\x12\n" +
+	"\x0eREASON_SETTLED\x10\f*|\n" +
 	"\bOpStatus\x12\x19\n" +
 	"\x15OP_STATUS_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fOP_STATUS_OK\x10\x01\x12\x13\n" +
@@ -2751,57 +2815,58 @@ var file_ringlimit_proto_depIdxs = []int32{
 	9,  // 6: ringlimit.v1.CheckResponse.decisions:type_name -> ringlimit.v1.Decision
 	5,  // 7: ringlimit.v1.KeyState.key:type_name -> ringlimit.v1.Key
 	11, // 8: ringlimit.v1.KeyState.runs:type_name -> ringlimit.v1.Run
-	4,  // 9: ringlimit.v1.PartitionOp.kind:type_name -> ringlimit.v1.PartitionOp.Kind
-	12, // 10: ringlimit.v1.PartitionOp.keys:type_name -> ringlimit.v1.KeyState
-	13, // 11: ringlimit.v1.ReplicateRequest.ops:type_name -> ringlimit.v1.PartitionOp
-	3,  // 12: ringlimit.v1.OpResult.status:type_name -> ringlimit.v1.OpStatus
-	15, // 13: ringlimit.v1.ReplicateResponse.results:type_name -> ringlimit.v1.OpResult
-	6,  // 14: ringlimit.v1.LeaseRequest.item:type_name -> ringlimit.v1.CheckItem
-	9,  // 15: ringlimit.v1.LeaseResponse.decision:type_name -> ringlimit.v1.Decision
-	5,  // 16: ringlimit.v1.AllowRequest.key:type_name -> ringlimit.v1.Key
-	19, // 17: ringlimit.v1.AllowBatchRequest.requests:type_name -> ringlimit.v1.AllowRequest
-	23, // 18: ringlimit.v1.AllowBatchResult.response:type_name -> ringlimit.v1.AllowResponse
-	21, // 19: ringlimit.v1.AllowBatchResponse.results:type_name -> ringlimit.v1.AllowBatchResult
-	2,  // 20: ringlimit.v1.AllowResponse.reason:type_name -> ringlimit.v1.Reason
-	7,  // 21: ringlimit.v1.AllowResponse.limits:type_name -> ringlimit.v1.PolicyDecision
-	19, // 22: ringlimit.v1.AllowStreamItem.request:type_name -> ringlimit.v1.AllowRequest
-	24, // 23: ringlimit.v1.AllowStreamRequest.items:type_name -> ringlimit.v1.AllowStreamItem
-	23, // 24: ringlimit.v1.AllowStreamResult.response:type_name -> ringlimit.v1.AllowResponse
-	26, // 25: ringlimit.v1.AllowStreamResponse.results:type_name -> ringlimit.v1.AllowStreamResult
-	29, // 26: ringlimit.v1.PlacementResponse.members:type_name -> ringlimit.v1.PlacementMember
-	8,  // 27: ringlimit.v1.Limiter.Check:input_type -> ringlimit.v1.CheckRequest
-	8,  // 28: ringlimit.v1.Limiter.CheckStream:input_type -> ringlimit.v1.CheckRequest
-	14, // 29: ringlimit.v1.Limiter.Replicate:input_type -> ringlimit.v1.ReplicateRequest
-	14, // 30: ringlimit.v1.Limiter.ReplicateStream:input_type -> ringlimit.v1.ReplicateRequest
-	17, // 31: ringlimit.v1.Limiter.Lease:input_type -> ringlimit.v1.LeaseRequest
-	19, // 32: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
-	20, // 33: ringlimit.v1.RateLimiter.AllowBatch:input_type -> ringlimit.v1.AllowBatchRequest
-	19, // 34: ringlimit.v1.RateLimiter.Peek:input_type -> ringlimit.v1.AllowRequest
-	19, // 35: ringlimit.v1.RateLimiter.Refund:input_type -> ringlimit.v1.AllowRequest
-	19, // 36: ringlimit.v1.RateLimiter.Reset:input_type -> ringlimit.v1.AllowRequest
-	19, // 37: ringlimit.v1.RateLimiter.Acquire:input_type -> ringlimit.v1.AllowRequest
-	19, // 38: ringlimit.v1.RateLimiter.Release:input_type -> ringlimit.v1.AllowRequest
-	25, // 39: ringlimit.v1.RateLimiter.AllowStream:input_type -> ringlimit.v1.AllowStreamRequest
-	28, // 40: ringlimit.v1.RateLimiter.Placement:input_type -> ringlimit.v1.PlacementRequest
-	10, // 41: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
-	10, // 42: ringlimit.v1.Limiter.CheckStream:output_type -> ringlimit.v1.CheckResponse
-	16, // 43: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
-	16, // 44: ringlimit.v1.Limiter.ReplicateStream:output_type -> ringlimit.v1.ReplicateResponse
-	18, // 45: ringlimit.v1.Limiter.Lease:output_type -> ringlimit.v1.LeaseResponse
-	23, // 46: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
-	22, // 47: ringlimit.v1.RateLimiter.AllowBatch:output_type -> ringlimit.v1.AllowBatchResponse
-	23, // 48: ringlimit.v1.RateLimiter.Peek:output_type -> ringlimit.v1.AllowResponse
-	23, // 49: ringlimit.v1.RateLimiter.Refund:output_type -> ringlimit.v1.AllowResponse
-	23, // 50: ringlimit.v1.RateLimiter.Reset:output_type -> ringlimit.v1.AllowResponse
-	23, // 51: ringlimit.v1.RateLimiter.Acquire:output_type -> ringlimit.v1.AllowResponse
-	23, // 52: ringlimit.v1.RateLimiter.Release:output_type -> ringlimit.v1.AllowResponse
-	27, // 53: ringlimit.v1.RateLimiter.AllowStream:output_type -> ringlimit.v1.AllowStreamResponse
-	30, // 54: ringlimit.v1.RateLimiter.Placement:output_type -> ringlimit.v1.PlacementResponse
-	41, // [41:55] is the sub-list for method output_type
-	27, // [27:41] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	11, // 9: ringlimit.v1.KeyState.reservations:type_name -> ringlimit.v1.Run
+	4,  // 10: ringlimit.v1.PartitionOp.kind:type_name -> ringlimit.v1.PartitionOp.Kind
+	12, // 11: ringlimit.v1.PartitionOp.keys:type_name -> ringlimit.v1.KeyState
+	13, // 12: ringlimit.v1.ReplicateRequest.ops:type_name -> ringlimit.v1.PartitionOp
+	3,  // 13: ringlimit.v1.OpResult.status:type_name -> ringlimit.v1.OpStatus
+	15, // 14: ringlimit.v1.ReplicateResponse.results:type_name -> ringlimit.v1.OpResult
+	6,  // 15: ringlimit.v1.LeaseRequest.item:type_name -> ringlimit.v1.CheckItem
+	9,  // 16: ringlimit.v1.LeaseResponse.decision:type_name -> ringlimit.v1.Decision
+	5,  // 17: ringlimit.v1.AllowRequest.key:type_name -> ringlimit.v1.Key
+	19, // 18: ringlimit.v1.AllowBatchRequest.requests:type_name -> ringlimit.v1.AllowRequest
+	23, // 19: ringlimit.v1.AllowBatchResult.response:type_name -> ringlimit.v1.AllowResponse
+	21, // 20: ringlimit.v1.AllowBatchResponse.results:type_name -> ringlimit.v1.AllowBatchResult
+	2,  // 21: ringlimit.v1.AllowResponse.reason:type_name -> ringlimit.v1.Reason
+	7,  // 22: ringlimit.v1.AllowResponse.limits:type_name -> ringlimit.v1.PolicyDecision
+	19, // 23: ringlimit.v1.AllowStreamItem.request:type_name -> ringlimit.v1.AllowRequest
+	24, // 24: ringlimit.v1.AllowStreamRequest.items:type_name -> ringlimit.v1.AllowStreamItem
+	23, // 25: ringlimit.v1.AllowStreamResult.response:type_name -> ringlimit.v1.AllowResponse
+	26, // 26: ringlimit.v1.AllowStreamResponse.results:type_name -> ringlimit.v1.AllowStreamResult
+	29, // 27: ringlimit.v1.PlacementResponse.members:type_name -> ringlimit.v1.PlacementMember
+	8,  // 28: ringlimit.v1.Limiter.Check:input_type -> ringlimit.v1.CheckRequest
+	8,  // 29: ringlimit.v1.Limiter.CheckStream:input_type -> ringlimit.v1.CheckRequest
+	14, // 30: ringlimit.v1.Limiter.Replicate:input_type -> ringlimit.v1.ReplicateRequest
+	14, // 31: ringlimit.v1.Limiter.ReplicateStream:input_type -> ringlimit.v1.ReplicateRequest
+	17, // 32: ringlimit.v1.Limiter.Lease:input_type -> ringlimit.v1.LeaseRequest
+	19, // 33: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
+	20, // 34: ringlimit.v1.RateLimiter.AllowBatch:input_type -> ringlimit.v1.AllowBatchRequest
+	19, // 35: ringlimit.v1.RateLimiter.Peek:input_type -> ringlimit.v1.AllowRequest
+	19, // 36: ringlimit.v1.RateLimiter.Refund:input_type -> ringlimit.v1.AllowRequest
+	19, // 37: ringlimit.v1.RateLimiter.Reset:input_type -> ringlimit.v1.AllowRequest
+	19, // 38: ringlimit.v1.RateLimiter.Acquire:input_type -> ringlimit.v1.AllowRequest
+	19, // 39: ringlimit.v1.RateLimiter.Release:input_type -> ringlimit.v1.AllowRequest
+	25, // 40: ringlimit.v1.RateLimiter.AllowStream:input_type -> ringlimit.v1.AllowStreamRequest
+	28, // 41: ringlimit.v1.RateLimiter.Placement:input_type -> ringlimit.v1.PlacementRequest
+	10, // 42: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
+	10, // 43: ringlimit.v1.Limiter.CheckStream:output_type -> ringlimit.v1.CheckResponse
+	16, // 44: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
+	16, // 45: ringlimit.v1.Limiter.ReplicateStream:output_type -> ringlimit.v1.ReplicateResponse
+	18, // 46: ringlimit.v1.Limiter.Lease:output_type -> ringlimit.v1.LeaseResponse
+	23, // 47: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
+	22, // 48: ringlimit.v1.RateLimiter.AllowBatch:output_type -> ringlimit.v1.AllowBatchResponse
+	23, // 49: ringlimit.v1.RateLimiter.Peek:output_type -> ringlimit.v1.AllowResponse
+	23, // 50: ringlimit.v1.RateLimiter.Refund:output_type -> ringlimit.v1.AllowResponse
+	23, // 51: ringlimit.v1.RateLimiter.Reset:output_type -> ringlimit.v1.AllowResponse
+	23, // 52: ringlimit.v1.RateLimiter.Acquire:output_type -> ringlimit.v1.AllowResponse
+	23, // 53: ringlimit.v1.RateLimiter.Release:output_type -> ringlimit.v1.AllowResponse
+	27, // 54: ringlimit.v1.RateLimiter.AllowStream:output_type -> ringlimit.v1.AllowStreamResponse
+	30, // 55: ringlimit.v1.RateLimiter.Placement:output_type -> ringlimit.v1.PlacementResponse
+	42, // [42:56] is the sub-list for method output_type
+	28, // [28:42] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_ringlimit_proto_init() }
