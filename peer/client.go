@@ -262,6 +262,36 @@ func (c *Client) Release(ctx context.Context, key Key, id uint64) (Decision, err
 	return decisionFromWire(resp), nil
 }
 
+// Reserve admits req.Hits units (zero means 1) of req.Key, a sliding_log
+// policy, as an estimate at the key's holder, like Node.Reserve: the
+// reservation's ID goes to Settle. Other errors are Allow's.
+func (c *Client) Reserve(ctx context.Context, req Request) (Reservation, error) {
+	resp, err := c.unary(ctx, req, 0, peerpb.RateLimiterClient.Reserve)
+	if err != nil {
+		return Reservation{}, err
+	}
+	return Reservation{Decision: decisionFromWire(resp), ID: resp.GetLeaseId(), TTL: time.Duration(resp.GetLeaseTtlNs())}, nil
+}
+
+// Settle replaces reservation id's estimate with actual at the key's
+// holder, like Node.Settle: an id not pending is Allowed false with a nil
+// error, so a retry is harmless. An error wrapping ErrUnavailable leaves
+// the estimate standing. Other errors are Allow's.
+func (c *Client) Settle(ctx context.Context, key Key, id uint64, actual int64) (Settlement, error) {
+	if actual < 0 {
+		return Settlement{}, fmt.Errorf("%w: actual cost %d must not be negative", ErrInvalidHits, actual)
+	}
+	settle := func(cl peerpb.RateLimiterClient, ctx context.Context, req *peerpb.AllowRequest, opts ...grpc.CallOption) (*peerpb.AllowResponse, error) {
+		req.Actual = actual
+		return cl.Settle(ctx, req, opts...)
+	}
+	resp, err := c.unary(ctx, Request{Key: key}, id, settle)
+	if err != nil {
+		return Settlement{}, err
+	}
+	return Settlement{Decision: decisionFromWire(resp), Estimate: resp.GetEstimate(), Overage: resp.GetOverage()}, nil
+}
+
 // unaryRPC is one of the RateLimiter service's unary calls.
 type unaryRPC func(peerpb.RateLimiterClient, context.Context, *peerpb.AllowRequest, ...grpc.CallOption) (*peerpb.AllowResponse, error)
 

@@ -74,6 +74,7 @@ type PrometheusMetrics struct {
 	unready     *prometheus.GaugeVec
 	policyVer   prometheus.Gauge
 	reloads     *prometheus.CounterVec
+	overage     *prometheus.CounterVec
 	raft        *raftCollector
 
 	// Caches of resolved children, so the decision path does a lock-free
@@ -174,6 +175,10 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 			Name: "ringlimit_policy_reloads_total",
 			Help: "Policy tables offered to this node (at start and by reloads), by result (ok, rejected).",
 		}, []string{"result"}),
+		overage: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringlimit_overage_units_total",
+			Help: "Units that settlements answered by this node recorded beyond their reservations' estimates (spent without admission), by policy.",
+		}, []string{"policy"}),
 		hot: &hotKeyCollector{desc: prometheus.NewDesc(
 			"ringlimit_hot_key_rate",
 			"Time-decayed hit rate, in hits per second, of the heaviest keys this node owns (at most Config.HotKeys series).",
@@ -194,7 +199,7 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 		m.decisions, m.forwards, m.forwardDur, m.batchSize,
 		m.ringVersion, m.members, m.keys, m.bytes,
 		m.evicted, m.handoff, m.backup, m.hot, m.peerRPCOpen,
-		m.ready, m.unready, m.policyVer, m.reloads, m.raft,
+		m.ready, m.unready, m.policyVer, m.reloads, m.overage, m.raft,
 	}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
@@ -205,6 +210,12 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 		}
 	}
 	return m, nil
+}
+
+// Overage counts units a settlement recorded beyond its reservation's
+// estimate (the optional overage method Node.Settle calls).
+func (m *PrometheusMetrics) Overage(policy string, units int64) {
+	m.overage.WithLabelValues(policy).Add(float64(units))
 }
 
 // Decision implements Metrics.

@@ -88,6 +88,9 @@ func TestPrometheusEveryMethod(t *testing.T) {
 	m.Handoff("received", "ok", -3) // ignored
 	m.Backup("sent", "ok", 4)
 	m.Backup("restored", "ok", 1)
+	m.Overage("tokens", 20)
+	m.Overage("tokens", 5)
+	m.Decision("tokens", peer.ReasonSettled, peer.PathLocal)
 	m.HotKeys([]peer.HotKey{
 		{Key: peer.Key{Tenant: "acme", Subject: "alice", Policy: "api"}, Rate: 12.5},
 		{Key: peer.Key{Tenant: "acme", Subject: "bob", Policy: "api"}, Rate: 3},
@@ -121,6 +124,8 @@ func TestPrometheusEveryMethod(t *testing.T) {
 		{name: "ringlimit_handoff_keys_total", labels: map[string]string{"direction": "received"}, absent: true},
 		{name: "ringlimit_backup_keys_total", labels: map[string]string{"direction": "sent", "outcome": "ok"}, want: 4},
 		{name: "ringlimit_backup_keys_total", labels: map[string]string{"direction": "restored", "outcome": "ok"}, want: 1},
+		{name: "ringlimit_overage_units_total", labels: map[string]string{"policy": "tokens"}, want: 25},
+		{name: "ringlimit_decisions_total", labels: map[string]string{"policy": "tokens", "reason": "settled", "path": "local"}, want: 1},
 		{name: "ringlimit_hot_key_rate", labels: map[string]string{"rank": "1", "tenant": "acme", "subject": "alice", "policy": "api"}, want: 12.5},
 		{name: "ringlimit_hot_key_rate", labels: map[string]string{"rank": "2", "tenant": "acme", "subject": "bob", "policy": "api"}, want: 3},
 	}

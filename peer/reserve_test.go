@@ -5,6 +5,9 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestReserveSettle: a reservation through a forwarding node and through
@@ -130,5 +133,38 @@ func TestReservationSurvivesTakeover(t *testing.T) {
 	}
 	if s, err := rest[0].Settle(ctx, key, r.ID, 30); err != nil || s.Allowed || s.Remaining != 70 {
 		t.Fatalf("second Settle = %+v, %v; want nothing pending, 70 left", s, err)
+	}
+}
+
+// TestClientReserveSettle: the routed client reserves and settles at the
+// key's holder, and a repeated settle is harmless; the overage is counted
+// in the node's metrics.
+func TestClientReserveSettle(t *testing.T) {
+	metrics, err := NewPrometheusMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, 3, Config{Metrics: metrics, Policies: map[string]PolicyConfig{"tokens": {Limit: 100, Window: time.Minute}}})
+	cl := dialForTest(t, c.nodes[2])
+	ctx := context.Background()
+	key := Key{Tenant: "acme", Subject: "alice", Policy: "tokens"}
+	r, err := cl.Reserve(ctx, Request{Key: key, Hits: 40})
+	if err != nil || !r.Allowed || r.ID == 0 || r.TTL != time.Minute || r.Remaining != 60 {
+		t.Fatalf("Client.Reserve(40) = %+v, %v", r, err)
+	}
+	s, err := cl.Settle(ctx, key, r.ID, 55)
+	if err != nil || !s.Allowed || s.Reason != ReasonSettled || s.Estimate != 40 || s.Overage != 15 || s.Remaining != 45 {
+		t.Fatalf("Client.Settle(40 → 55) = %+v, %v; want settled, overage 15, 45 left", s, err)
+	}
+	if s, err := cl.Settle(ctx, key, r.ID, 55); err != nil || s.Allowed || s.Remaining != 45 {
+		t.Fatalf("second Client.Settle = %+v, %v; want nothing pending, 45 left", s, err)
+	}
+	if _, err := cl.Settle(ctx, key, r.ID, -1); !errors.Is(err, ErrInvalidHits) {
+		t.Fatalf("Client.Settle(-1): %v, want ErrInvalidHits", err)
+	}
+	// The nodes share one PrometheusMetrics; the settlement's node
+	// counted its overage once.
+	if got := testutil.ToFloat64(metrics.overage.WithLabelValues("tokens")); got != 15 {
+		t.Fatalf("ringlimit_overage_units_total{policy=tokens} = %v, want 15", got)
 	}
 }

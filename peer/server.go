@@ -310,6 +310,31 @@ func (s *publicServer) Release(ctx context.Context, req *peerpb.AllowRequest) (*
 	return DecisionToWire(d), nil
 }
 
+// Reserve admits an estimate of a sliding_log policy, pending under a
+// reservation id.
+func (s *publicServer) Reserve(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+	pk := req.GetKey()
+	r, err := s.n.Reserve(ctx, Request{Key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, Hits: req.GetHits(), Policies: req.GetPolicies()})
+	if err != nil {
+		return nil, s.status(err)
+	}
+	out := DecisionToWire(r.Decision)
+	out.LeaseId, out.LeaseTtlNs = r.ID, int64(r.TTL)
+	return out, nil
+}
+
+// Settle replaces a reservation's estimate with its actual cost.
+func (s *publicServer) Settle(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+	pk := req.GetKey()
+	st, err := s.n.Settle(ctx, Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, req.GetLeaseId(), req.GetActual())
+	if err != nil {
+		return nil, s.status(err)
+	}
+	out := DecisionToWire(st.Decision)
+	out.Estimate, out.Overage = st.Estimate, st.Overage
+	return out, nil
+}
+
 // MaxBatch is the most requests one AllowBatch call (or HTTP /v1/checks
 // body) may carry.
 const MaxBatch = 1000

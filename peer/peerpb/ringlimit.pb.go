@@ -1746,8 +1746,11 @@ type AllowRequest struct {
 	Hits int64 `protobuf:"varint,2,opt,name=hits,proto3" json:"hits,omitempty"`
 	// policies, instead of key.policy, names several policies decided as one.
 	Policies []string `protobuf:"bytes,3,rep,name=policies,proto3" json:"policies,omitempty"`
-	// lease_id is the lease to end (Release only).
-	LeaseId       uint64 `protobuf:"varint,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// lease_id is the lease to end (Release) or the reservation to settle
+	// (Settle).
+	LeaseId uint64 `protobuf:"varint,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// actual is the reservation's actual cost (Settle only), 0 or more.
+	Actual        int64 `protobuf:"varint,5,opt,name=actual,proto3" json:"actual,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1806,6 +1809,13 @@ func (x *AllowRequest) GetPolicies() []string {
 func (x *AllowRequest) GetLeaseId() uint64 {
 	if x != nil {
 		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *AllowRequest) GetActual() int64 {
+	if x != nil {
+		return x.Actual
 	}
 	return 0
 }
@@ -1992,8 +2002,13 @@ type AllowResponse struct {
 	// Release. Zero otherwise.
 	LeaseId uint64 `protobuf:"varint,12,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	// lease_ttl_ns is how long after decided_at_unix_ns (on the deciding
-	// node's clock) the lease expires unless released.
-	LeaseTtlNs    int64 `protobuf:"varint,13,opt,name=lease_ttl_ns,json=leaseTtlNs,proto3" json:"lease_ttl_ns,omitempty"`
+	// node's clock) the lease expires unless released. Reserve: lease_id is
+	// the reservation, lease_ttl_ns how long it stays pending.
+	LeaseTtlNs int64 `protobuf:"varint,13,opt,name=lease_ttl_ns,json=leaseTtlNs,proto3" json:"lease_ttl_ns,omitempty"`
+	// estimate and overage answer Settle: the settled reservation's
+	// estimate, and the units of its actual cost beyond it.
+	Estimate      int64 `protobuf:"varint,14,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	Overage       int64 `protobuf:"varint,15,opt,name=overage,proto3" json:"overage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2115,6 +2130,20 @@ func (x *AllowResponse) GetLeaseId() uint64 {
 func (x *AllowResponse) GetLeaseTtlNs() int64 {
 	if x != nil {
 		return x.LeaseTtlNs
+	}
+	return 0
+}
+
+func (x *AllowResponse) GetEstimate() int64 {
+	if x != nil {
+		return x.Estimate
+	}
+	return 0
+}
+
+func (x *AllowResponse) GetOverage() int64 {
+	if x != nil {
+		return x.Overage
 	}
 	return 0
 }
@@ -2647,12 +2676,13 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\flease_ttl_ns\x18\x03 \x01(\x03R\n" +
 	"leaseTtlNs\x12\x1a\n" +
 	"\bestimate\x18\x04 \x01(\x03R\bestimate\x12\x18\n" +
-	"\aoverage\x18\x05 \x01(\x03R\aoverage\"~\n" +
+	"\aoverage\x18\x05 \x01(\x03R\aoverage\"\x96\x01\n" +
 	"\fAllowRequest\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.ringlimit.v1.KeyR\x03key\x12\x12\n" +
 	"\x04hits\x18\x02 \x01(\x03R\x04hits\x12\x1a\n" +
 	"\bpolicies\x18\x03 \x03(\tR\bpolicies\x12\x19\n" +
-	"\blease_id\x18\x04 \x01(\x04R\aleaseId\"K\n" +
+	"\blease_id\x18\x04 \x01(\x04R\aleaseId\x12\x16\n" +
+	"\x06actual\x18\x05 \x01(\x03R\x06actual\"K\n" +
 	"\x11AllowBatchRequest\x126\n" +
 	"\brequests\x18\x01 \x03(\v2\x1a.ringlimit.v1.AllowRequestR\brequests\"u\n" +
 	"\x10AllowBatchResult\x127\n" +
@@ -2660,7 +2690,7 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"N\n" +
 	"\x12AllowBatchResponse\x128\n" +
-	"\aresults\x18\x01 \x03(\v2\x1e.ringlimit.v1.AllowBatchResultR\aresults\"\xcf\x03\n" +
+	"\aresults\x18\x01 \x03(\v2\x1e.ringlimit.v1.AllowBatchResultR\aresults\"\x85\x04\n" +
 	"\rAllowResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -2677,7 +2707,9 @@ const file_ringlimit_proto_rawDesc = "" +
 	"refused_by\x18\v \x01(\tR\trefusedBy\x12\x19\n" +
 	"\blease_id\x18\f \x01(\x04R\aleaseId\x12 \n" +
 	"\flease_ttl_ns\x18\r \x01(\x03R\n" +
-	"leaseTtlNs\"W\n" +
+	"leaseTtlNs\x12\x1a\n" +
+	"\bestimate\x18\x0e \x01(\x03R\bestimate\x12\x18\n" +
+	"\aoverage\x18\x0f \x01(\x03R\aoverage\"W\n" +
 	"\x0fAllowStreamItem\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x124\n" +
 	"\arequest\x18\x02 \x01(\v2\x1a.ringlimit.v1.AllowRequestR\arequest\"I\n" +
@@ -2745,7 +2777,7 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\vCheckStream\x12\x1a.ringlimit.v1.CheckRequest\x1a\x1b.ringlimit.v1.CheckResponse(\x010\x01\x12L\n" +
 	"\tReplicate\x12\x1e.ringlimit.v1.ReplicateRequest\x1a\x1f.ringlimit.v1.ReplicateResponse\x12V\n" +
 	"\x0fReplicateStream\x12\x1e.ringlimit.v1.ReplicateRequest\x1a\x1f.ringlimit.v1.ReplicateResponse(\x010\x01\x12@\n" +
-	"\x05Lease\x12\x1a.ringlimit.v1.LeaseRequest\x1a\x1b.ringlimit.v1.LeaseResponse2\x94\x05\n" +
+	"\x05Lease\x12\x1a.ringlimit.v1.LeaseRequest\x1a\x1b.ringlimit.v1.LeaseResponse2\x9b\x06\n" +
 	"\vRateLimiter\x12@\n" +
 	"\x05Allow\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12O\n" +
 	"\n" +
@@ -2754,7 +2786,9 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x06Refund\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12@\n" +
 	"\x05Reset\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12B\n" +
 	"\aAcquire\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12B\n" +
-	"\aRelease\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12V\n" +
+	"\aRelease\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12B\n" +
+	"\aReserve\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12A\n" +
+	"\x06Settle\x12\x1a.ringlimit.v1.AllowRequest\x1a\x1b.ringlimit.v1.AllowResponse\x12V\n" +
 	"\vAllowStream\x12 .ringlimit.v1.AllowStreamRequest\x1a!.ringlimit.v1.AllowStreamResponse(\x010\x01\x12L\n" +
 	"\tPlacement\x12\x1e.ringlimit.v1.PlacementRequest\x1a\x1f.ringlimit.v1.PlacementResponseB,Z*github.com/ringlimit/ringlimit/peer/peerpbb\x06proto3"
 
@@ -2846,24 +2880,28 @@ var file_ringlimit_proto_depIdxs = []int32{
 	19, // 37: ringlimit.v1.RateLimiter.Reset:input_type -> ringlimit.v1.AllowRequest
 	19, // 38: ringlimit.v1.RateLimiter.Acquire:input_type -> ringlimit.v1.AllowRequest
 	19, // 39: ringlimit.v1.RateLimiter.Release:input_type -> ringlimit.v1.AllowRequest
-	25, // 40: ringlimit.v1.RateLimiter.AllowStream:input_type -> ringlimit.v1.AllowStreamRequest
-	28, // 41: ringlimit.v1.RateLimiter.Placement:input_type -> ringlimit.v1.PlacementRequest
-	10, // 42: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
-	10, // 43: ringlimit.v1.Limiter.CheckStream:output_type -> ringlimit.v1.CheckResponse
-	16, // 44: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
-	16, // 45: ringlimit.v1.Limiter.ReplicateStream:output_type -> ringlimit.v1.ReplicateResponse
-	18, // 46: ringlimit.v1.Limiter.Lease:output_type -> ringlimit.v1.LeaseResponse
-	23, // 47: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
-	22, // 48: ringlimit.v1.RateLimiter.AllowBatch:output_type -> ringlimit.v1.AllowBatchResponse
-	23, // 49: ringlimit.v1.RateLimiter.Peek:output_type -> ringlimit.v1.AllowResponse
-	23, // 50: ringlimit.v1.RateLimiter.Refund:output_type -> ringlimit.v1.AllowResponse
-	23, // 51: ringlimit.v1.RateLimiter.Reset:output_type -> ringlimit.v1.AllowResponse
-	23, // 52: ringlimit.v1.RateLimiter.Acquire:output_type -> ringlimit.v1.AllowResponse
-	23, // 53: ringlimit.v1.RateLimiter.Release:output_type -> ringlimit.v1.AllowResponse
-	27, // 54: ringlimit.v1.RateLimiter.AllowStream:output_type -> ringlimit.v1.AllowStreamResponse
-	30, // 55: ringlimit.v1.RateLimiter.Placement:output_type -> ringlimit.v1.PlacementResponse
-	42, // [42:56] is the sub-list for method output_type
-	28, // [28:42] is the sub-list for method input_type
+	19, // 40: ringlimit.v1.RateLimiter.Reserve:input_type -> ringlimit.v1.AllowRequest
+	19, // 41: ringlimit.v1.RateLimiter.Settle:input_type -> ringlimit.v1.AllowRequest
+	25, // 42: ringlimit.v1.RateLimiter.AllowStream:input_type -> ringlimit.v1.AllowStreamRequest
+	28, // 43: ringlimit.v1.RateLimiter.Placement:input_type -> ringlimit.v1.PlacementRequest
+	10, // 44: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
+	10, // 45: ringlimit.v1.Limiter.CheckStream:output_type -> ringlimit.v1.CheckResponse
+	16, // 46: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
+	16, // 47: ringlimit.v1.Limiter.ReplicateStream:output_type -> ringlimit.v1.ReplicateResponse
+	18, // 48: ringlimit.v1.Limiter.Lease:output_type -> ringlimit.v1.LeaseResponse
+	23, // 49: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
+	22, // 50: ringlimit.v1.RateLimiter.AllowBatch:output_type -> ringlimit.v1.AllowBatchResponse
+	23, // 51: ringlimit.v1.RateLimiter.Peek:output_type -> ringlimit.v1.AllowResponse
+	23, // 52: ringlimit.v1.RateLimiter.Refund:output_type -> ringlimit.v1.AllowResponse
+	23, // 53: ringlimit.v1.RateLimiter.Reset:output_type -> ringlimit.v1.AllowResponse
+	23, // 54: ringlimit.v1.RateLimiter.Acquire:output_type -> ringlimit.v1.AllowResponse
+	23, // 55: ringlimit.v1.RateLimiter.Release:output_type -> ringlimit.v1.AllowResponse
+	23, // 56: ringlimit.v1.RateLimiter.Reserve:output_type -> ringlimit.v1.AllowResponse
+	23, // 57: ringlimit.v1.RateLimiter.Settle:output_type -> ringlimit.v1.AllowResponse
+	27, // 58: ringlimit.v1.RateLimiter.AllowStream:output_type -> ringlimit.v1.AllowStreamResponse
+	30, // 59: ringlimit.v1.RateLimiter.Placement:output_type -> ringlimit.v1.PlacementResponse
+	44, // [44:60] is the sub-list for method output_type
+	28, // [28:44] is the sub-list for method input_type
 	28, // [28:28] is the sub-list for extension type_name
 	28, // [28:28] is the sub-list for extension extendee
 	0,  // [0:28] is the sub-list for field type_name

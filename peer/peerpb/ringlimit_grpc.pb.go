@@ -350,6 +350,8 @@ const (
 	RateLimiter_Reset_FullMethodName       = "/ringlimit.v1.RateLimiter/Reset"
 	RateLimiter_Acquire_FullMethodName     = "/ringlimit.v1.RateLimiter/Acquire"
 	RateLimiter_Release_FullMethodName     = "/ringlimit.v1.RateLimiter/Release"
+	RateLimiter_Reserve_FullMethodName     = "/ringlimit.v1.RateLimiter/Reserve"
+	RateLimiter_Settle_FullMethodName      = "/ringlimit.v1.RateLimiter/Settle"
 	RateLimiter_AllowStream_FullMethodName = "/ringlimit.v1.RateLimiter/AllowStream"
 	RateLimiter_Placement_FullMethodName   = "/ringlimit.v1.RateLimiter/Placement"
 )
@@ -383,6 +385,15 @@ type RateLimiterClient interface {
 	// Release ends the lease lease_id of key; allowed reports whether a live
 	// lease was ended (an unknown or expired id is not an error).
 	Release(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error)
+	// Reserve admits hits units of a sliding_log policy as an estimate; the
+	// response carries the reservation as lease_id, pending for
+	// lease_ttl_ns, when allowed.
+	Reserve(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error)
+	// Settle replaces reservation lease_id's estimate with actual, at the
+	// reservation's instant; allowed reports whether it was pending (a
+	// settled, expired or unknown id is not an error and changes nothing),
+	// estimate and overage what it did.
+	Settle(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error)
 	// AllowStream decides OP_CHECK requests on one long-lived stream: each
 	// item carries a client-chosen id, and its result comes back with the
 	// same id, in any order, possibly several results in one message. Items
@@ -474,6 +485,26 @@ func (c *rateLimiterClient) Release(ctx context.Context, in *AllowRequest, opts 
 	return out, nil
 }
 
+func (c *rateLimiterClient) Reserve(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AllowResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Reserve_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Settle(ctx context.Context, in *AllowRequest, opts ...grpc.CallOption) (*AllowResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AllowResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Settle_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *rateLimiterClient) AllowStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AllowStreamRequest, AllowStreamResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &RateLimiter_ServiceDesc.Streams[0], RateLimiter_AllowStream_FullMethodName, cOpts...)
@@ -526,6 +557,15 @@ type RateLimiterServer interface {
 	// Release ends the lease lease_id of key; allowed reports whether a live
 	// lease was ended (an unknown or expired id is not an error).
 	Release(context.Context, *AllowRequest) (*AllowResponse, error)
+	// Reserve admits hits units of a sliding_log policy as an estimate; the
+	// response carries the reservation as lease_id, pending for
+	// lease_ttl_ns, when allowed.
+	Reserve(context.Context, *AllowRequest) (*AllowResponse, error)
+	// Settle replaces reservation lease_id's estimate with actual, at the
+	// reservation's instant; allowed reports whether it was pending (a
+	// settled, expired or unknown id is not an error and changes nothing),
+	// estimate and overage what it did.
+	Settle(context.Context, *AllowRequest) (*AllowResponse, error)
 	// AllowStream decides OP_CHECK requests on one long-lived stream: each
 	// item carries a client-chosen id, and its result comes back with the
 	// same id, in any order, possibly several results in one message. Items
@@ -567,6 +607,12 @@ func (UnimplementedRateLimiterServer) Acquire(context.Context, *AllowRequest) (*
 }
 func (UnimplementedRateLimiterServer) Release(context.Context, *AllowRequest) (*AllowResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedRateLimiterServer) Reserve(context.Context, *AllowRequest) (*AllowResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reserve not implemented")
+}
+func (UnimplementedRateLimiterServer) Settle(context.Context, *AllowRequest) (*AllowResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Settle not implemented")
 }
 func (UnimplementedRateLimiterServer) AllowStream(grpc.BidiStreamingServer[AllowStreamRequest, AllowStreamResponse]) error {
 	return status.Error(codes.Unimplemented, "method AllowStream not implemented")
@@ -721,6 +767,42 @@ func _RateLimiter_Release_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimiter_Reserve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AllowRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Reserve(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Reserve_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Reserve(ctx, req.(*AllowRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Settle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AllowRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Settle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Settle_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Settle(ctx, req.(*AllowRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _RateLimiter_AllowStream_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(RateLimiterServer).AllowStream(&grpc.GenericServerStream[AllowStreamRequest, AllowStreamResponse]{ServerStream: stream})
 }
@@ -780,6 +862,14 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _RateLimiter_Release_Handler,
+		},
+		{
+			MethodName: "Reserve",
+			Handler:    _RateLimiter_Reserve_Handler,
+		},
+		{
+			MethodName: "Settle",
+			Handler:    _RateLimiter_Settle_Handler,
 		},
 		{
 			MethodName: "Placement",
