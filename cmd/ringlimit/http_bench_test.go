@@ -124,7 +124,7 @@ func BenchmarkHTTPCheck(b *testing.B) {
 
 // waitSettledNodes waits until every node sees all of them and has
 // settled, steadily for 40 ms.
-func waitSettledNodes(b *testing.B, nodes []*peer.Node) {
+func waitSettledNodes(b testing.TB, nodes []*peer.Node) {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()

@@ -23,6 +23,11 @@ type checkBody struct {
 	// LeaseID is the lease to end (/v1/release), a decimal string: ids are
 	// 64-bit, beyond a JSON number's exact range in many clients.
 	LeaseID string `json:"lease_id,omitempty"`
+	// ReservationID is the reservation to settle (/v1/settle), a decimal
+	// string; Actual its actual cost, 0 or more (HasActual: given).
+	ReservationID string `json:"reservation_id,omitempty"`
+	Actual        int64  `json:"actual,omitempty"`
+	HasActual     bool   `json:"-"`
 }
 
 // decodeCheck reads exactly one JSON object from r as a check body, more
@@ -72,8 +77,13 @@ func decodeCheck(r io.Reader) (checkBody, error) {
 			b.Hits, err = hitsValue(dec)
 		case "lease_id":
 			b.LeaseID, err = stringValue(dec, name)
+		case "reservation_id":
+			b.ReservationID, err = stringValue(dec, name)
+		case "actual":
+			b.HasActual = true
+			b.Actual, err = actualValue(dec)
 		default:
-			err = fmt.Errorf("unknown field %q (fields are tenant, subject, policy or policies, hits and lease_id, in lower case)", name)
+			err = fmt.Errorf("unknown field %q (fields are tenant, subject, policy or policies, hits, lease_id, reservation_id and actual, in lower case)", name)
 		}
 		if err != nil {
 			return checkBody{}, err
@@ -160,6 +170,23 @@ func hitsValue(dec *json.Decoder) (int64, error) {
 	}
 	if n <= 0 {
 		return 0, fmt.Errorf("invalid hits %d: must be at least 1 (leave hits out to mean 1)", n)
+	}
+	return n, nil
+}
+
+// actualValue reads actual: an integer from 0 to MaxInt64.
+func actualValue(dec *json.Decoder) (int64, error) {
+	tok, err := token(dec)
+	if err != nil {
+		return 0, err
+	}
+	num, ok := tok.(json.Number)
+	if !ok {
+		return 0, fmt.Errorf("invalid actual: must be a whole number of units, 0 or more, not %s", describe(tok))
+	}
+	n, err := strconv.ParseInt(string(num), 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("invalid actual %s: must be a whole number of units, 0 or more", num)
 	}
 	return n, nil
 }

@@ -26,10 +26,12 @@ const (
 	opReset             // clear the key (operator action)
 	opAcquire           // take a lease of a concurrency policy
 	opRelease           // end a lease
+	opReserve           // admit an estimate, pending under a reservation id
+	opSettle            // replace a reservation's estimate with its actual cost
 )
 
 func (o op) String() string {
-	return [...]string{"check", "peek", "refund", "reset", "acquire", "release"}[o]
+	return [...]string{"check", "peek", "refund", "reset", "acquire", "release", "reserve", "settle"}[o]
 }
 
 // problem says, in the client's terms, why body b cannot be operation o,
@@ -43,8 +45,16 @@ func (o op) problem(b checkBody) string {
 		return fmt.Sprintf("bad JSON body: %d policies, at most %d", len(b.Policies), shard.MaxMulti)
 	case o == opReset && b.Hits != 1:
 		return `bad JSON body: /v1/reset takes no "hits"`
-	case b.Policies != nil && (o == opAcquire || o == opRelease):
+	case b.Policies != nil && (o == opAcquire || o == opRelease || o == opReserve || o == opSettle):
 		return fmt.Sprintf(`bad JSON body: /v1/%s takes one "policy", not "policies"`, o)
+	case o == opSettle && b.Hits != 1:
+		return `bad JSON body: /v1/settle takes "actual" (the cost the work really had), not "hits"`
+	case o == opSettle && b.ReservationID == "":
+		return `bad JSON body: /v1/settle needs "reservation_id", the string /v1/reserve answered`
+	case o == opSettle && !b.HasActual:
+		return `bad JSON body: /v1/settle needs "actual", the cost the work really had (0 or more)`
+	case o != opSettle && (b.ReservationID != "" || b.HasActual):
+		return fmt.Sprintf(`bad JSON body: /v1/%s takes no "reservation_id" or "actual" (those are for /v1/settle)`, o)
 	case o == opRelease && b.Hits != 1:
 		return `bad JSON body: /v1/release takes no "hits": a lease gives back what it took`
 	case o == opRelease && b.LeaseID == "":
@@ -57,11 +67,18 @@ func (o op) problem(b checkBody) string {
 			return fmt.Sprintf(`bad JSON body: lease_id %q must be the decimal string /v1/acquire answered`, b.LeaseID)
 		}
 	}
+	if o == opSettle {
+		if _, err := strconv.ParseUint(b.ReservationID, 10, 64); err != nil {
+			return fmt.Sprintf(`bad JSON body: reservation_id %q must be the decimal string /v1/reserve answered`, b.ReservationID)
+		}
+	}
 	return ""
 }
 
 func (a *httpAPI) acquire(w http.ResponseWriter, r *http.Request) { a.serveOp(w, r, opAcquire) }
 func (a *httpAPI) release(w http.ResponseWriter, r *http.Request) { a.serveOp(w, r, opRelease) }
+func (a *httpAPI) reserve(w http.ResponseWriter, r *http.Request) { a.serveOp(w, r, opReserve) }
+func (a *httpAPI) settle(w http.ResponseWriter, r *http.Request)  { a.serveOp(w, r, opSettle) }
 
 func (a *httpAPI) peek(w http.ResponseWriter, r *http.Request)   { a.serveOp(w, r, opPeek) }
 func (a *httpAPI) refund(w http.ResponseWriter, r *http.Request) { a.serveOp(w, r, opRefund) }

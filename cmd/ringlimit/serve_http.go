@@ -55,6 +55,8 @@ func (a *httpAPI) routes() http.Handler {
 	mux.HandleFunc("POST /v1/reset", a.resetKey)
 	mux.HandleFunc("POST /v1/acquire", a.acquire)
 	mux.HandleFunc("POST /v1/release", a.release)
+	mux.HandleFunc("POST /v1/reserve", a.reserve)
+	mux.HandleFunc("POST /v1/settle", a.settle)
 	mux.HandleFunc("GET /healthz", a.healthz)
 	mux.HandleFunc("GET /readyz", a.readyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
@@ -126,7 +128,17 @@ func (a *httpAPI) do(ctx context.Context, h http.Header, o op, b checkBody) (int
 	var d peer.Decision
 	var err error
 	var lease peer.Lease
+	var res peer.Reservation
+	var settled *peer.Settlement
 	switch o {
+	case opReserve:
+		res, err = a.node.Reserve(ctx, req)
+		d = res.Decision
+	case opSettle:
+		id, _ := strconv.ParseUint(b.ReservationID, 10, 64) // checked by problem
+		var st peer.Settlement
+		st, err = a.node.Settle(ctx, req.Key, id, b.Actual)
+		d, settled = st.Decision, &st
 	case opAcquire:
 		lease, err = a.node.Acquire(ctx, req)
 		d = lease.Decision
@@ -143,6 +155,9 @@ func (a *httpAPI) do(ctx context.Context, h http.Header, o op, b checkBody) (int
 		d, err = a.node.Allow(ctx, req)
 	}
 	if err != nil {
+		if (o == opReserve || o == opSettle) && errors.Is(err, peer.ErrWrongAlgorithm) {
+			return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("policy %q is %v: /v1/reserve and /v1/settle need a sliding_log policy", b.Policy, a.policy(b.Policy).Algorithm)}
+		}
 		return a.allowError(h, b, err)
 	}
 	a.rateLimitHeaders(h, o, b, d)
@@ -150,7 +165,16 @@ func (a *httpAPI) do(ctx context.Context, h http.Header, o op, b checkBody) (int
 	if lease.ID != 0 {
 		resp.LeaseID, resp.LeaseTTLMs = strconv.FormatUint(lease.ID, 10), ceilMillis(lease.TTL)
 	}
-	if (o == opCheck || o == opAcquire) && !d.Allowed {
+	if res.ID != 0 {
+		resp.ReservationID, resp.ReservationTTLMs = strconv.FormatUint(res.ID, 10), ceilMillis(res.TTL)
+	}
+	if settled != nil {
+		resp.Estimate, resp.Overage = &settled.Estimate, &settled.Overage
+		if !d.Allowed {
+			resp.Reason = reasonNotPending
+		}
+	}
+	if (o == opCheck || o == opAcquire || o == opReserve) && !d.Allowed {
 		return http.StatusTooManyRequests, resp
 	}
 	return http.StatusOK, resp

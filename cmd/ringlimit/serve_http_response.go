@@ -38,7 +38,18 @@ type checkResponse struct {
 	// expires unless released.
 	LeaseID    string `json:"lease_id,omitempty"`
 	LeaseTTLMs int64  `json:"lease_ttl_ms,omitempty"`
-	Error      string `json:"error,omitempty"`
+	// ReservationID (/v1/reserve, when allowed) is the reservation to
+	// pass to /v1/settle, a decimal string; ReservationTTLMs is how long
+	// after decided_at_unix_ns it stays pending (after that the estimate
+	// stands and a settle changes nothing).
+	ReservationID    string `json:"reservation_id,omitempty"`
+	ReservationTTLMs int64  `json:"reservation_ttl_ms,omitempty"`
+	// Estimate and Overage (/v1/settle) are the settled reservation's
+	// estimate and the units of its actual cost beyond it, recorded
+	// without admission (0 and 0 when nothing was pending).
+	Estimate *int64 `json:"estimate,omitempty"`
+	Overage  *int64 `json:"overage,omitempty"`
+	Error    string `json:"error,omitempty"`
 }
 
 // limitResponse is one policy's part of a multi-policy decision.
@@ -56,6 +67,12 @@ type limitResponse struct {
 // body is the key's unchanged state. A refund that gave units back answers
 // "refunded" with "allowed" true.
 const reasonNothingToRefund = "nothing_to_refund"
+
+// reasonNotPending is the reason of a settle that found no pending
+// reservation under its id (settled already, expired, reset or never
+// made): "allowed" is false and nothing changed, so a retried settle is
+// harmless.
+const reasonNotPending = "not_pending"
 
 func responseFrom(d peer.Decision) checkResponse {
 	r := checkResponse{
@@ -101,7 +118,7 @@ type errorResponse struct {
 // refund and reset answers describe the key's state and never carry
 // Retry-After (they are not refusals).
 func (a *httpAPI) rateLimitHeaders(h http.Header, o op, b checkBody, d peer.Decision) {
-	if o == opRefund || o == opReset || o == opRelease {
+	if o == opRefund || o == opReset || o == opRelease || o == opSettle {
 		// Allowed reports whether anything was given back, not a refusal:
 		// describe the state as an admitted decision would.
 		d.Allowed = true
@@ -111,7 +128,7 @@ func (a *httpAPI) rateLimitHeaders(h http.Header, o op, b checkBody, d peer.Deci
 	} else {
 		a.multiHeaders(h, b.Policies, d)
 	}
-	if o != opCheck && o != opAcquire {
+	if o != opCheck && o != opAcquire && o != opReserve {
 		h.Del("Retry-After")
 	}
 }
