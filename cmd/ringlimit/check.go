@@ -31,10 +31,11 @@ import (
 
 const checkUsage = `Usage: ringlimit check --addr HOST:PORT --tenant T --subject S --policy P [flags]
 
-Asks a running node for one decision (or a peek, refund, reset, or a lease
-of a concurrency policy), through the gRPC RateLimiter API (the node's
---grpc-addr) or, with --http, through the HTTP API (--http-addr: POST
-/v1/check, /v1/peek, /v1/refund, /v1/reset, /v1/acquire, /v1/release).
+Asks a running node for one decision (or a peek, refund, reset, a lease
+of a concurrency policy, or a reservation and its settlement), through the
+gRPC RateLimiter API (the node's --grpc-addr) or, with --http, through the
+HTTP API (--http-addr: POST /v1/check, /v1/peek, /v1/refund, /v1/reset,
+/v1/acquire, /v1/release, /v1/reserve, /v1/settle).
 
 Flags:
   --addr H:P          node address (gRPC by default, HTTP with --http)
@@ -59,6 +60,14 @@ Flags:
   --release ID        end lease ID of a concurrency policy (a lease the
                       node no longer knows changes nothing: exit 0,
                       "nothing to release")
+  --reserve           admit --hits units as an estimate of a cost known
+                      only after the work (a sliding_log policy); prints its
+                      reservation_id and how long it stays pending
+  --settle ID         replace reservation ID's estimate with --actual N, the
+                      cost the work really had (more than the estimate is
+                      recorded as overage); a reservation not pending
+                      changes nothing: exit 0, "nothing to settle"
+  --actual N          the actual cost for --settle (0 or more)
   --admin-token-file PATH  bearer token for --reset, sent as Authorization:
                       Bearer (also read from RINGLIMIT_ADMIN_TOKEN_FILE)
   --json              print the answer as JSON (the HTTP API's body)
@@ -70,8 +79,8 @@ Flags:
 
 Exit codes: 0 allowed (including failed_open, fallback, shadow; for --peek:
 would be allowed; --refund, --reset and --release: done; --acquire:
-granted), 2 refused (over limit; for --peek: would be refused; for
---acquire: at the cap), 3 unavailable (the node answered, in the API's own
+granted; --reserve: reserved; --settle: done), 2 refused (over limit; for
+--peek: would be refused; for --acquire: at the cap), 3 unavailable (the node answered, in the API's own
 protocol, that the limiter could not decide), 4 unreachable (no usable
 connection to --addr: wrong address or port, node not running, name not
 found, the HTTP port without --http or the gRPC port with it, a TLS
@@ -92,6 +101,8 @@ type checkFlags struct {
 	op                            op
 	adminTokenFile                string
 	leaseID                       uint64 // --release
+	reservationID                 uint64 // --settle
+	actual                        int64  // --settle's --actual
 }
 
 // parseCheckFlags parses check's flags. Asked for help (-h among them), it
@@ -115,6 +126,9 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 	reset := fs.Bool("reset", false, "")
 	acquire := fs.Bool("acquire", false, "")
 	release := fs.String("release", "", "")
+	reserve := fs.Bool("reserve", false, "")
+	settle := fs.String("settle", "", "")
+	fs.Int64Var(&f.actual, "actual", 0, "")
 	fs.StringVar(&f.adminTokenFile, "admin-token-file", "", "")
 	fs.BoolVar(&f.useHTTP, "http", false, "")
 	fs.BoolVar(&f.asJSON, "json", false, "")
@@ -135,7 +149,7 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 	}
 	f.policies = splitList(*policies)
 	ops := 0
-	for _, on := range []bool{*peek, given["refund"], *reset, *acquire, given["release"]} {
+	for _, on := range []bool{*peek, given["refund"], *reset, *acquire, given["release"], *reserve, given["settle"]} {
 		if on {
 			ops++
 		}
@@ -151,6 +165,10 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 		f.op = opAcquire
 	case given["release"]:
 		f.op = opRelease
+	case *reserve:
+		f.op = opReserve
+	case given["settle"]:
+		f.op = opSettle
 	}
 	switch {
 	case fs.NArg() > 0:
@@ -164,7 +182,17 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 	case f.timeout <= 0:
 		return f, usageError("check: --timeout must be positive")
 	case ops > 1:
-		return f, usageError("check: --peek, --refund, --reset, --acquire and --release go alone: give one of them")
+		return f, usageError("check: --peek, --refund, --reset, --acquire, --release, --reserve and --settle go alone: give one of them")
+	case given["actual"] && f.op != opSettle:
+		return f, usageError("check: --actual is for --settle")
+	case f.op == opSettle && !given["actual"]:
+		return f, usageError("check: --settle ID needs --actual N, the cost the work really had")
+	case f.op == opSettle && f.actual < 0:
+		return f, usageError(fmt.Sprintf("check: --actual %d: the cost is 0 or more", f.actual))
+	case f.op == opSettle && given["hits"]:
+		return f, usageError("check: --settle takes --actual, not --hits")
+	case (f.op == opReserve || f.op == opSettle) && len(f.policies) > 0:
+		return f, usageError(fmt.Sprintf("check: --%s works on one --policy, not --policies", f.op))
 	case given["release"] && given["hits"]:
 		return f, usageError("check: --release takes no --hits: a lease gives back what it took")
 	case (f.op == opAcquire || f.op == opRelease) && len(f.policies) > 0:
@@ -188,6 +216,13 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 			return f, usageError(fmt.Sprintf("check: --release %q: give the lease_id --acquire printed (a decimal number)", *release))
 		}
 		f.leaseID = id
+	}
+	if f.op == opSettle {
+		id, err := strconv.ParseUint(*settle, 10, 64)
+		if err != nil || id == 0 {
+			return f, usageError(fmt.Sprintf("check: --settle %q: give the reservation_id --reserve printed (a decimal number)", *settle))
+		}
+		f.reservationID = id
 	}
 	// Checked here, where it can be said once in the flags' terms, rather
 	// than by the node, whose error stacks the peer and shard prefixes.
@@ -246,7 +281,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	switch {
 	case err != nil:
 		return &exitError{code: code}
-	case !resp.Allowed && (f.op == opCheck || f.op == opPeek || f.op == opAcquire):
+	case !resp.Allowed && (f.op == opCheck || f.op == opPeek || f.op == opAcquire || f.op == opReserve):
 		return &exitError{code: exitRefused}
 	}
 	return nil
@@ -278,6 +313,12 @@ func printDecision(w io.Writer, o op, r checkResponse) {
 		verdict = "RELEASED"
 	case o == opRelease:
 		verdict = "NOTHING TO RELEASE (unknown, already released or expired lease)"
+	case o == opReserve && r.Allowed:
+		verdict = "RESERVED (pass its reservation_id to --settle with the actual cost)"
+	case o == opSettle && r.Allowed:
+		verdict = "SETTLED"
+	case o == opSettle:
+		verdict = "NOTHING TO SETTLE (unknown, already settled or expired reservation: nothing changed)"
 	case !r.Allowed:
 		verdict = "REFUSED (over limit)"
 	}
@@ -302,6 +343,14 @@ func printDecision(w io.Writer, o op, r checkResponse) {
 	if r.LeaseID != "" {
 		fmt.Fprintf(tw, "lease_id\t%s\n", r.LeaseID)
 		fmt.Fprintf(tw, "lease_ttl\t%v\n", time.Duration(r.LeaseTTLMs)*time.Millisecond)
+	}
+	if r.ReservationID != "" {
+		fmt.Fprintf(tw, "reservation_id\t%s\n", r.ReservationID)
+		fmt.Fprintf(tw, "reservation_ttl\t%v\n", time.Duration(r.ReservationTTLMs)*time.Millisecond)
+	}
+	if r.Estimate != nil && r.Overage != nil {
+		fmt.Fprintf(tw, "estimate\t%d\n", *r.Estimate)
+		fmt.Fprintf(tw, "overage\t%d\n", *r.Overage)
 	}
 	_ = tw.Flush()
 	if len(r.Limits) > 0 {
@@ -347,16 +396,23 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 		call = client.Acquire
 	case opRelease:
 		call = client.Release
+	case opReserve:
+		call = client.Reserve
+	case opSettle:
+		call = client.Settle
 	}
 	req := &peerpb.AllowRequest{
 		Key:      &peerpb.Key{Tenant: f.tenant, Subject: f.subject, Policy: f.policy},
 		Hits:     f.hits,
 		Policies: f.policies,
 	}
-	if f.op == opReset || f.op == opRelease {
+	if f.op == opReset || f.op == opRelease || f.op == opSettle {
 		req.Hits = 0
 	}
 	req.LeaseId = f.leaseID
+	if f.op == opSettle {
+		req.LeaseId, req.Actual = f.reservationID, f.actual
+	}
 	if f.op == opReset && f.adminTokenFile != "" {
 		token, err := loadAdminToken(f.adminTokenFile)
 		if err != nil {
@@ -398,6 +454,17 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 	if f.op == opAcquire && r.GetAllowed() && r.GetLeaseId() != 0 {
 		out.LeaseID = strconv.FormatUint(r.GetLeaseId(), 10)
 		out.LeaseTTLMs = ceilMillis(time.Duration(r.GetLeaseTtlNs()))
+	}
+	if f.op == opReserve && r.GetAllowed() && r.GetLeaseId() != 0 {
+		out.ReservationID = strconv.FormatUint(r.GetLeaseId(), 10)
+		out.ReservationTTLMs = ceilMillis(time.Duration(r.GetLeaseTtlNs()))
+	}
+	if f.op == opSettle {
+		est, over := r.GetEstimate(), r.GetOverage()
+		out.Estimate, out.Overage = &est, &over
+		if !r.GetAllowed() {
+			out.Reason = reasonNotPending
+		}
 	}
 	return out, nil
 }
@@ -479,6 +546,9 @@ func checkHTTP(ctx context.Context, f checkFlags) (checkResponse, error) {
 	case opRelease:
 		body, _ = json.Marshal(map[string]string{"tenant": f.tenant, "subject": f.subject, "policy": f.policy,
 			"lease_id": strconv.FormatUint(f.leaseID, 10)})
+	case opSettle:
+		body, _ = json.Marshal(map[string]any{"tenant": f.tenant, "subject": f.subject, "policy": f.policy,
+			"reservation_id": strconv.FormatUint(f.reservationID, 10), "actual": f.actual})
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+f.addr+"/v1/"+f.op.String(), bytes.NewReader(body))
 	if err != nil {

@@ -266,3 +266,85 @@ func TestCheckSetupMistakes(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckReservations: check reserves an estimate and settles it, over
+// gRPC and HTTP, against a real serve process: the exit codes, the
+// reservation id, the overage, a repeated settle, and the flag mistakes.
+func TestCheckReservations(t *testing.T) {
+	t.Parallel()
+	pols := writeFile(t, t.TempDir(), "policies.yaml", `policies:
+  - name: tokens
+    limit: 100
+    window: 1m
+  - name: jobs
+    algorithm: concurrency
+    limit: 2
+    window: 1m
+`)
+	p := startServe(t, "reserve", nil, "--policies", pols)
+	key := []string{"--tenant", "acme", "--subject", "llm-user", "--policy", "tokens"}
+	grpcArgs := append([]string{"--addr", p.grpcAddr}, key...)
+	httpArgs := append([]string{"--addr", p.httpAddr, "--http"}, key...)
+	check := func(args ...string) (int, string, string) {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), append([]string{"check"}, args...), &out, &errOut)
+		return exitCode(err, &errOut), out.String(), out.String() + errOut.String()
+	}
+	type answer struct {
+		Allowed       bool   `json:"allowed"`
+		Reason        string `json:"reason"`
+		Remaining     int64  `json:"remaining"`
+		ReservationID string `json:"reservation_id"`
+		TTL           int64  `json:"reservation_ttl_ms"`
+		Estimate      *int64 `json:"estimate"`
+		Overage       *int64 `json:"overage"`
+	}
+	ask := func(args ...string) (int, answer) {
+		t.Helper()
+		code, out, all := check(append(args, "--json")...)
+		var a answer
+		if err := json.Unmarshal([]byte(out), &a); err != nil {
+			t.Fatalf("check %q: %v\n%s", args, err, all)
+		}
+		return code, a
+	}
+	for _, via := range [][]string{grpcArgs, httpArgs} {
+		code, r := ask(append(via, "--reserve", "--hits", "30")...)
+		if code != 0 || !r.Allowed || r.ReservationID == "" || r.TTL != 60000 {
+			t.Fatalf("check %q --reserve --hits 30: exit %d, %+v", via, code, r)
+		}
+		code, s := ask(append(via, "--settle", r.ReservationID, "--actual", "45")...)
+		if code != 0 || !s.Allowed || s.Reason != "settled" || s.Estimate == nil || *s.Estimate != 30 || s.Overage == nil || *s.Overage != 15 {
+			t.Fatalf("check %q --settle --actual 45: exit %d, %+v", via, code, s)
+		}
+		code, again := ask(append(via, "--settle", r.ReservationID, "--actual", "0")...)
+		if code != 0 || again.Allowed || again.Reason != "not_pending" || again.Remaining != s.Remaining {
+			t.Fatalf("check %q --settle again: exit %d, %+v; want not_pending, nothing changed (%d left)", via, code, again, s.Remaining)
+		}
+	}
+	// 90 of 100 spent: a reservation of 11 is refused (exit 2).
+	if code, _, all := check(append(grpcArgs, "--reserve", "--hits", "11")...); code != 2 || !strings.Contains(all, "REFUSED") {
+		t.Errorf("--reserve 11 with 10 left: exit %d, want 2\n%s", code, all)
+	}
+	if code, _, all := check(append(httpArgs, "--reserve", "--hits", "10")...); code != 0 || !strings.Contains(all, "RESERVED") || !strings.Contains(all, "reservation_id") {
+		t.Errorf("--reserve 10 over HTTP: exit %d, want 0\n%s", code, all)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{append(grpcArgs, "--settle", "abc", "--actual", "1"), `--settle "abc": give the reservation_id --reserve printed`},
+		{append(grpcArgs, "--settle", "12"), "--settle ID needs --actual"},
+		{append(grpcArgs, "--settle", "12", "--actual", "-3"), "the cost is 0 or more"},
+		{append(grpcArgs, "--settle", "12", "--actual", "3", "--hits", "2"), "--settle takes --actual, not --hits"},
+		{append(grpcArgs, "--actual", "3"), "--actual is for --settle"},
+		{append(grpcArgs, "--reserve", "--peek"), "go alone"},
+		{[]string{"--addr", p.grpcAddr, "--tenant", "acme", "--subject", "w", "--policy", "jobs", "--reserve"}, "sliding_log"},
+		{[]string{"--addr", p.httpAddr, "--http", "--tenant", "acme", "--subject", "w", "--policy", "jobs", "--reserve"}, "sliding_log"},
+	} {
+		if code, _, all := check(tc.args...); code != 1 || !strings.Contains(all, tc.want) {
+			t.Errorf("check %q: exit %d, want 1 and %q\n%s", tc.args, code, tc.want, all)
+		}
+	}
+}
