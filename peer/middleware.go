@@ -65,6 +65,15 @@ type MiddlewareConfig struct {
 	// DefaultOnError's plus the policy, its limit and retry_after_seconds in
 	// the 503 body.
 	OnError func(w http.ResponseWriter, r *http.Request, err error)
+	// SettleAfter makes the cost known only after next has served the
+	// request (an LLM call's tokens): the middleware reserves Hits, the
+	// estimate, before next (the Limiter must implement Reserver, as *Node
+	// does, and the policy be a sliding_log policy) and, when next
+	// returns, settles the reservation with the cost next reported with
+	// ReportCost. A handler that reports nothing (or panics first) is
+	// charged the estimate: the reservation stays pending until it
+	// expires, and nothing more is sent.
+	SettleAfter bool
 	// Logger receives one line per request the middleware answers with an
 	// error: Warn for an invalid key (the bad part named, never its value),
 	// Error for an unknown policy, invalid hits or any other server-side
@@ -169,6 +178,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.serveLeased(w, r, req, pc)
 		return
 	}
+	if m.cfg.SettleAfter {
+		m.serveReserved(w, r, req)
+		return
+	}
 	d, err := m.cfg.Limiter.Allow(r.Context(), req)
 	if err != nil {
 		m.fail(w, r, key, err)
@@ -232,6 +245,72 @@ func (m *middleware) serveLeased(w http.ResponseWriter, r *http.Request, req Req
 		}
 	}()
 	m.next.ServeHTTP(w, r)
+}
+
+// Reserver is what Middleware needs from a limiter with SettleAfter.
+// *Node implements it.
+type Reserver interface {
+	// Reserve admits an estimate, as Node.Reserve.
+	Reserve(ctx context.Context, req Request) (Reservation, error)
+	// Settle replaces it with the actual cost, as Node.Settle.
+	Settle(ctx context.Context, key Key, id uint64, actual int64) (Settlement, error)
+}
+
+// costKey is the context key of a request's reported cost (ReportCost).
+type costKey struct{}
+
+// reportedCost is where ReportCost writes; read once next has returned.
+type reportedCost struct {
+	units int64
+	set   bool
+}
+
+// ReportCost tells a Middleware with SettleAfter what serving the
+// request cost, in the policy's units (0 or more). Call it from the
+// handler with the request's context; the last report counts. It does
+// nothing for a request the middleware did not reserve for.
+func ReportCost(ctx context.Context, units int64) {
+	if c, ok := ctx.Value(costKey{}).(*reportedCost); ok {
+		c.units, c.set = units, true
+	}
+}
+
+// serveReserved serves a request whose cost is known only afterwards:
+// reserve the estimate, serve, settle with the reported cost.
+func (m *middleware) serveReserved(w http.ResponseWriter, r *http.Request, req Request) {
+	key := req.Key
+	rz, ok := m.cfg.Limiter.(Reserver)
+	if !ok {
+		m.fail(w, r, key, fmt.Errorf("%w: SettleAfter and the limiter has no Reserve", ErrInvalidConfig))
+		return
+	}
+	res, err := rz.Reserve(r.Context(), req)
+	if err != nil {
+		m.fail(w, r, key, err)
+		return
+	}
+	pc, _ := m.policy(key.Policy)
+	RateLimitHeaders(w.Header(), key.Policy, pc, res.Decision)
+	if !res.Allowed {
+		writeJSON(w, http.StatusTooManyRequests, errorBody{
+			Error:             "rate limit exceeded",
+			Policy:            key.Policy,
+			Reason:            res.Reason.String(),
+			Limit:             res.Limit,
+			RetryAfterSeconds: resetSeconds(pc, res.Decision),
+		})
+		return
+	}
+	cost := &reportedCost{}
+	m.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), costKey{}, cost)))
+	if !cost.set || res.ID == 0 {
+		return // the estimate stands (or nothing was recorded: fail open, shadow)
+	}
+	// Not the request's context, which ends with the request: a cancelled
+	// settlement would leave the estimate charged.
+	if _, err := rz.Settle(context.WithoutCancel(r.Context()), key, res.ID, cost.units); err != nil {
+		m.log.DebugContext(r.Context(), "settlement failed; the estimate stands until it expires", "policy", key.Policy, "err", err)
+	}
 }
 
 // policy returns the limiter's current entry for name.

@@ -529,3 +529,55 @@ func TestMiddlewareConcurrency(t *testing.T) {
 		t.Fatalf("after a panicking handler: %d units free, want 2 (lease released)", got)
 	}
 }
+
+// TestMiddlewareSettleAfter: with SettleAfter the middleware reserves the
+// estimate before the handler and settles with the cost the handler
+// reported; a handler that reports nothing is charged the estimate; an
+// estimate that does not fit is a 429 and the handler never runs.
+func TestMiddlewareSettleAfter(t *testing.T) {
+	clk := newMWClock()
+	nd := startMWNode(t, peer.Config{Name: "mw", Clock: clk.Now, Policies: map[string]peer.PolicyConfig{
+		"tokens": {Limit: 100, Window: time.Minute},
+	}})
+	key := peer.Key{Tenant: "t", Subject: "s", Policy: "tokens"}
+	served := 0
+	h := peer.Middleware(peer.MiddlewareConfig{
+		Limiter:     nd,
+		Key:         func(*http.Request) (peer.Key, bool) { return key, true },
+		Hits:        func(*http.Request) int64 { return 30 }, // the estimate
+		SettleAfter: true,
+	}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served++
+		if c := r.URL.Query().Get("cost"); c != "" {
+			n, _ := strconv.ParseInt(c, 10, 64)
+			peer.ReportCost(r.Context(), n)
+		}
+	}))
+	serve := func(path string) int {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return rec.Code
+	}
+	used := func() int64 {
+		t.Helper()
+		d, err := nd.Peek(context.Background(), peer.Request{Key: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 100 - d.Remaining - 1
+	}
+	if code := serve("/?cost=12"); code != 200 || used() != 12 {
+		t.Fatalf("estimate 30, reported 12: %d, %d units used; want 200 and 12", code, used())
+	}
+	if code := serve("/"); code != 200 || used() != 42 {
+		t.Fatalf("estimate 30, nothing reported: %d, %d used; want the estimate charged (42)", code, used())
+	}
+	if code := serve("/?cost=50"); code != 200 || used() != 92 {
+		t.Fatalf("estimate 30, reported 50: %d, %d used; want 92 (20 of overage)", code, used())
+	}
+	before := served
+	if code := serve("/?cost=1"); code != http.StatusTooManyRequests || served != before {
+		t.Fatalf("estimate 30 with 8 left: %d, handler ran %d times; want 429 and not served", code, served-before)
+	}
+	peer.ReportCost(context.Background(), 5) // outside the middleware: nothing
+}
