@@ -292,6 +292,54 @@ func (c *Client) Settle(ctx context.Context, key Key, id uint64, actual int64) (
 	return Settlement{Decision: decisionFromWire(resp), Estimate: resp.GetEstimate(), Overage: resp.GetOverage()}, nil
 }
 
+// Reset clears key at its holder, like Node.Reset (an operator action):
+// the node's Config.AuthorizeReset, if set, judges the call, so give ctx
+// the credentials it expects (for serve: metadata "authorization: Bearer
+// <admin token>", with metadata.AppendToOutgoingContext). A refused call
+// is an error carrying the node's gRPC status (PermissionDenied or
+// Unauthenticated). Other errors are Allow's.
+func (c *Client) Reset(ctx context.Context, key Key) (Decision, error) {
+	resp, err := c.unary(ctx, Request{Key: key}, 0, peerpb.RateLimiterClient.Reset)
+	if err != nil {
+		return Decision{}, err
+	}
+	return decisionFromWire(resp), nil
+}
+
+// BatchResult is one request's outcome in AllowBatch: its Decision, or
+// the error Allow would have returned for it alone.
+type BatchResult struct {
+	Decision
+	Err error
+}
+
+// AllowBatch decides reqs independently, as that many Allow calls: each
+// goes to its key's holder, on the holder's stream, where requests in
+// flight together travel in one message. One bad request fails alone;
+// results[i] is reqs[i]'s. At most MaxBatch requests (more: every result
+// is an error wrapping ErrInvalidKey).
+func (c *Client) AllowBatch(ctx context.Context, reqs []Request) []BatchResult {
+	out := make([]BatchResult, len(reqs))
+	if len(reqs) > MaxBatch {
+		err := fmt.Errorf("%w: batch of %d requests exceeds %d", ErrInvalidKey, len(reqs), MaxBatch)
+		for i := range out {
+			out[i].Err = err
+		}
+		return out
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, batchParallel)
+	for i := range reqs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			out[i].Decision, out[i].Err = c.Allow(ctx, reqs[i])
+		})
+	}
+	wg.Wait()
+	return out
+}
+
 // unaryRPC is one of the RateLimiter service's unary calls.
 type unaryRPC func(peerpb.RateLimiterClient, context.Context, *peerpb.AllowRequest, ...grpc.CallOption) (*peerpb.AllowResponse, error)
 
@@ -323,6 +371,11 @@ func (c *Client) unary(ctx context.Context, req Request, lease uint64, call unar
 		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, tm.addr, ctxErr(ctx))
+		}
+		if c := status.Code(err); c == codes.Unauthenticated || c == codes.PermissionDenied {
+			// A refused reset: the node decided, and said no. Not
+			// unavailability, which a caller would retry.
+			return nil, err
 		}
 		return nil, FromStatus(err)
 	}

@@ -8,6 +8,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 )
 
 // TestReserveSettle: a reservation through a forwarding node and through
@@ -166,5 +169,54 @@ func TestClientReserveSettle(t *testing.T) {
 	// counted its overage once.
 	if got := testutil.ToFloat64(metrics.overage.WithLabelValues("tokens")); got != 15 {
 		t.Fatalf("ringlimit_overage_units_total{policy=tokens} = %v, want 15", got)
+	}
+}
+
+// TestClientResetAndBatch: the routed client resets a key at its holder,
+// through the node's AuthorizeReset, and decides a batch of independent
+// requests, one bad request failing alone.
+func TestClientResetAndBatch(t *testing.T) {
+	c := startCluster(t, 3, Config{
+		Policies: map[string]PolicyConfig{"q": {Limit: 2, Window: time.Minute}},
+		AuthorizeReset: func(ctx context.Context) error {
+			if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("authorization")) == 0 || md.Get("authorization")[0] != "Bearer ok" {
+				return status.Error(codes.Unauthenticated, "no admin token")
+			}
+			return nil
+		},
+	})
+	cl := dialForTest(t, c.nodes[1])
+	ctx := context.Background()
+	key := Key{Tenant: "acme", Subject: "bob", Policy: "q"}
+	var reqs []Request
+	for range 3 {
+		reqs = append(reqs, Request{Key: key})
+	}
+	reqs = append(reqs, Request{Key: Key{Tenant: "acme", Subject: "bob", Policy: "nope"}}, Request{Key: Key{Tenant: "acme", Subject: "carol", Policy: "q"}})
+	res := cl.AllowBatch(ctx, reqs)
+	admitted := 0
+	for _, r := range res[:3] {
+		if r.Err != nil {
+			t.Fatalf("batch item: %v", r.Err)
+		}
+		if r.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 2 || !errors.Is(res[3].Err, ErrUnknownPolicy) || res[4].Err != nil || !res[4].Allowed {
+		t.Fatalf("batch: %d of 3 admitted (want 2), unknown policy %v, other key %+v", admitted, res[3].Err, res[4])
+	}
+	if _, err := cl.Reset(ctx, key); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("Reset without the token: %v, want Unauthenticated", err)
+	}
+	if d, _ := cl.Peek(ctx, Request{Key: key}); d.Allowed {
+		t.Fatalf("after a refused reset: %+v; want the key still full", d)
+	}
+	d, err := cl.Reset(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer ok"), key)
+	if err != nil || d.Reason != ReasonReset || d.Remaining != 2 {
+		t.Fatalf("Reset with the token = %+v, %v", d, err)
+	}
+	if d, err := cl.Allow(ctx, Request{Key: key}); err != nil || !d.Allowed {
+		t.Fatalf("Allow after the reset = %+v, %v; want admitted", d, err)
 	}
 }
