@@ -23,6 +23,9 @@ type slidingLog struct {
 	count int64 // units across all runs
 	// pend is the key's pending reservations (reserve.go); nil for none.
 	pend *pending
+	// gr is the key's outstanding grants of rights (grant.go); nil for
+	// none.
+	gr *grants
 }
 
 func (l *slidingLog) at(i int) *run { return &l.buf[(l.head+i)&(len(l.buf)-1)] }
@@ -111,8 +114,13 @@ func expiresIn(ts, w, now int64) time.Duration { return time.Duration(satAdd(sat
 // computed: with limits above 2^62 it would wrap and admit.
 func (l *slidingLog) decide(now int64, p Policy, hits int64, d *Decision) (skip int, slot int64) {
 	w := int64(p.Window)
-	skip, gone := l.expired(satSub(now, w))
+	cutoff := satSub(now, w)
+	skip, gone := l.expired(cutoff)
 	count := l.count - gone
+	if l.gr != nil {
+		// Outstanding grants are charged as admissions (grant.go).
+		count += l.gr.live(cutoff)
+	}
 	*d = Decision{Limit: p.Limit}
 	if hits <= p.Limit-count {
 		// push joins the last run if it is not older than now's slot.
@@ -131,6 +139,11 @@ func (l *slidingLog) decide(now int64, p Policy, hits int64, d *Decision) (skip 
 	// units have expired; the run that completes need expires at its ts + W.
 	// need is written so that nothing overflows: L − hits >= 0, count >= 0.
 	need := count - (p.Limit - hits)
+	if l.gr != nil {
+		d.RetryAfter = l.retryWithGrants(skip, cutoff, need, w, now)
+		d.ResetAfter = l.resetAfter(now, w)
+		return skip, 0
+	}
 	var freed int64
 	for i := skip; i < l.size; i++ {
 		r := l.at(i)
@@ -148,6 +161,11 @@ func (l *slidingLog) decide(now int64, p Policy, hits int64, d *Decision) (skip 
 func (l *slidingLog) allow(now int64, p Policy, hits int64, d *Decision) {
 	skip, slot := l.decide(now, p, hits, d)
 	l.drop(skip)
+	if l.gr != nil {
+		if l.gr.expire(satSub(now, int64(p.Window))); len(l.gr.l) == 0 {
+			l.gr = nil
+		}
+	}
 	if d.Allowed {
 		l.push(slot, hits)
 	}
@@ -181,17 +199,21 @@ func (l *slidingLog) refund(now int64, p Policy, hits int64) Decision {
 	} else {
 		d.ResetAfter = expiresIn(l.at(l.size-1).ts, w, now)
 	}
-	d.Remaining = max(p.Limit-l.count, 0)
+	d.Remaining = max(p.Limit-l.count-l.grantUnits(satSub(now, w)), 0)
 	return d
 }
 
 func (l *slidingLog) idleAt(window int64) int64 {
+	at := int64(minTime)
+	if l.gr != nil && len(l.gr.l) > 0 {
+		at = satAdd(l.gr.l[len(l.gr.l)-1].until, window)
+	}
 	if l.size == 0 {
-		return minTime
+		return at
 	}
 	// Saturated: with a long window and a late ts the sum would wrap
 	// negative and Sweep would drop a key that still holds admissions.
-	return satAdd(l.at(l.size-1).ts, window)
+	return max(at, satAdd(l.at(l.size-1).ts, window))
 }
 
 func (l *slidingLog) export(now int64) []Run {
@@ -286,7 +308,7 @@ func (l *slidingLog) bytes() int64 {
 	if l.pend != nil {
 		n += int64(cap(l.pend.l)) * int64(unsafe.Sizeof(reservation{}))
 	}
-	return n
+	return n + l.gr.bytes()
 }
 
 // gcra is the token bucket as the generic cell rate algorithm. The

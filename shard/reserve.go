@@ -185,7 +185,7 @@ func (s *Store) Settle(key Key, p Policy, id uint64, actual int64, now time.Time
 		}
 	}
 	out.Limit = p.Limit
-	out.Remaining = max(p.Limit-l.count, 0)
+	out.Remaining = max(p.Limit-l.count-l.grantUnits(satSub(e.last, w)), 0)
 	if l.size > 0 {
 		out.ResetAfter = expiresIn(l.at(l.size-1).ts, w, e.last)
 	}

@@ -36,6 +36,11 @@ type KeyState struct {
 	// see Store.Reserve): Age as in Runs, Count the estimate, ID the
 	// reservation. Their units are counted in Runs too.
 	Reservations []Run
+	// Grants are the key's outstanding grants of rights (SlidingLog only;
+	// see Store.Grant): Age is the age of the lease's end (negative while
+	// the lease runs, at least −MaxGrantLease), Count the rights, ID the
+	// grant. They are not counted in Runs.
+	Grants []Run
 }
 
 // Validate reports whether the state is well formed: a valid key and
@@ -56,6 +61,14 @@ func (s KeyState) Validate() error {
 	for i, r := range s.Reservations {
 		if r.ID == 0 || r.Count <= 0 {
 			return fmt.Errorf("%w: reservation %d has id %d and count %d", ErrInvalidState, i, r.ID, r.Count)
+		}
+	}
+	if len(s.Grants) > 0 && s.Algorithm != SlidingLog || len(s.Grants) > 4*MaxGrants {
+		return fmt.Errorf("%w: %d grants under %v", ErrInvalidState, len(s.Grants), s.Algorithm)
+	}
+	for i, r := range s.Grants {
+		if r.ID == 0 || r.Count <= 0 || r.Count > maxSettle || r.Age < -MaxGrantLease {
+			return fmt.Errorf("%w: grant %d has id %d, count %d and age %v", ErrInvalidState, i, r.ID, r.Count, r.Age)
 		}
 	}
 	for i, r := range s.Runs {

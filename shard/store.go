@@ -392,6 +392,7 @@ func (s *Store) export(key Key, now time.Time, remove bool) (KeyState, bool) {
 	ks := KeyState{Key: e.key, Algorithm: e.alg, Runs: e.lim.export(t)}
 	if l, ok := e.lim.(*slidingLog); ok {
 		ks.Reservations = l.exportPending(t)
+		ks.Grants = l.exportGrants(t)
 	}
 	// A calendar state is an instant (the period start), not an age.
 	if shift := t - now.UnixNano(); shift > 0 && e.alg != Calendar {
@@ -406,6 +407,9 @@ func (s *Store) export(key Key, now time.Time, remove bool) (KeyState, bool) {
 		}
 		for i := range ks.Reservations {
 			ks.Reservations[i].Age = time.Duration(satSub(int64(ks.Reservations[i].Age), shift))
+		}
+		for i := range ks.Grants {
+			ks.Grants[i].Age = time.Duration(satSub(int64(ks.Grants[i].Age), shift))
 		}
 	}
 	if remove {
@@ -443,6 +447,7 @@ func (s *Store) Import(ks KeyState, p Policy, now time.Time) error {
 	e.lim.merge(e.last, ks.Runs, p)
 	if l, ok := e.lim.(*slidingLog); ok {
 		l.mergePending(e.last, ks.Reservations, p)
+		l.mergeGrants(e.last, ks.Grants, p)
 	}
 	e.window = p.Window
 	s.accountLocked(e)
