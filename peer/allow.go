@@ -107,6 +107,9 @@ type opReq struct {
 	// actual is OP_SETTLE's actual cost; estimate and overage its answer
 	// (reserve.go).
 	actual, estimate, overage int64
+	// returns are OP_GRANT's grants to end, granted its answer (spread.go).
+	returns []grantReturn
+	granted int64
 }
 
 // do validates req for op and routes it.
@@ -297,6 +300,10 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 			}
 			waited += time.Since(t0)
 			continue
+		}
+		if n.spreadDecide(v, r, ek, d) {
+			n.metrics.Decision(r.p.Name, d.Reason, PathLocal)
+			return nil
 		}
 		fd, err := n.forward(ctx, v, target, r)
 		if err == nil {

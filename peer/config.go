@@ -196,6 +196,31 @@ type PolicyConfig = policy.Config
 // tenant and subject); SetPolicies does.
 type Override = policy.Override
 
+// Spread is whether a policy's hot keys are decided from rights by the
+// nodes that receive them (see the package doc's "Spread keys"). It is
+// policy.Spread, re-exported; String returns "off" or "auto".
+type Spread = policy.Spread
+
+const (
+	// SpreadOff: every decision of a key is its holder's (the default).
+	SpreadOff = policy.SpreadOff
+	// SpreadAuto: a node forwarding more than the policy's
+	// SpreadThreshold decisions a second for a key asks for rights and
+	// decides from them.
+	SpreadAuto = policy.SpreadAuto
+)
+
+// ParseSpread parses "off" or "auto" ("" is off).
+func ParseSpread(s string) (Spread, error) {
+	switch s {
+	case "", "off":
+		return SpreadOff, nil
+	case "auto":
+		return SpreadAuto, nil
+	}
+	return SpreadOff, fmt.Errorf("peer: spread %q: want off or auto", s)
+}
+
 // Replication is how a policy's admissions reach the partition's backup.
 // It is policy.Replication, re-exported; its String method returns "sync",
 // "async" or "off".

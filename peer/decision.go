@@ -73,9 +73,13 @@ const (
 	// ReasonSettled: the holder settled a reservation (Node.Settle);
 	// Allowed reports whether one was pending, Remaining is the new state.
 	ReasonSettled
+	// ReasonSpread: admitted by this node from rights the key's holder
+	// granted it (a spread key, PolicyConfig.Spread); Remaining is the
+	// rights this node has left, not the key's.
+	ReasonSpread
 )
 
-var reasonNames = [...]string{"", "admitted", "over_limit", "shadow", "failed_open", "fallback", "unavailable", "peek", "refunded", "reset", "unlimited", "released", "settled"}
+var reasonNames = [...]string{"", "admitted", "over_limit", "shadow", "failed_open", "fallback", "unavailable", "peek", "refunded", "reset", "unlimited", "released", "settled", "spread"}
 
 // String returns the reason's stable name: admitted, over_limit, shadow,
 // failed_open, fallback, unavailable, peek, refunded, reset, unlimited,

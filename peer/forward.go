@@ -506,7 +506,7 @@ func fromWire(d *wireDecision, peer string) (Decision, error) {
 	switch d.status {
 	case peerpb.Status_STATUS_OK:
 		r := Reason(d.reason)
-		if r < ReasonAdmitted || r > ReasonSettled || r == ReasonUnavailable {
+		if r < ReasonAdmitted || r > ReasonSpread || r == ReasonUnavailable {
 			return Decision{}, fmt.Errorf("%w: %s sent reason %d", ErrUnavailable, peer, d.reason)
 		}
 		out := Decision{

@@ -260,6 +260,8 @@ func checkLeaseOp(op peerpb.Op, p *policy.Entry) error {
 	lease := op == peerpb.Op_OP_ACQUIRE || op == peerpb.Op_OP_RELEASE
 	conc := p.Shard.Algorithm == shard.Concurrency
 	switch {
+	case op == peerpb.Op_OP_GRANT && p.Config.Spread == SpreadOff:
+		return fmt.Errorf("%w: policy %q does not spread its keys", ErrWrongAlgorithm, p.Name)
 	case (op == peerpb.Op_OP_RESERVE || op == peerpb.Op_OP_SETTLE) && p.Shard.Algorithm != shard.SlidingLog:
 		return fmt.Errorf("%w: policy %q is %v; reserve and settle need a sliding_log policy", ErrWrongAlgorithm, p.Name, p.Shard.Algorithm)
 	case lease && !conc:
@@ -289,6 +291,13 @@ func (n *Node) forwardLease(ctx context.Context, owner string, r *opReq) (Decisi
 		LeaseId: r.lease,
 		Actual:  r.actual,
 	}
+	for _, g := range r.returns {
+		gr := &peerpb.GrantReturn{LeaseId: g.id, Uses: make([]*peerpb.Run, len(g.uses))}
+		for i, u := range g.uses {
+			gr.Uses[i] = &peerpb.Run{AgeNs: int64(u.Age), Count: u.Count}
+		}
+		req.Returns = append(req.Returns, gr)
+	}
 	start := time.Now()
 	resp, err := c.stub.Lease(ctx, req)
 	n.metrics.Batch(c.name, 1)
@@ -307,6 +316,9 @@ func (n *Node) forwardLease(ctx context.Context, owner string, r *opReq) (Decisi
 	}
 	if r.op == peerpb.Op_OP_SETTLE {
 		r.estimate, r.overage = resp.GetEstimate(), resp.GetOverage()
+	}
+	if r.op == peerpb.Op_OP_GRANT {
+		r.lease, r.leaseTTL, r.granted = resp.GetLeaseId(), time.Duration(resp.GetLeaseTtlNs()), resp.GetGranted()
 	}
 	return d, nil
 }
@@ -344,8 +356,24 @@ func (s *server) Lease(ctx context.Context, req *peerpb.LeaseRequest) (*peerpb.L
 			return &peerpb.LeaseResponse{Decision: d.toPB()}, nil
 		}
 	}
+	if op == peerpb.Op_OP_GRANT {
+		if len(req.GetReturns()) > shard.MaxGrants {
+			d := wireError(n, v, peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %d grants returned, at most %d", ErrInvalidHits, len(req.GetReturns()), shard.MaxGrants))
+			return &peerpb.LeaseResponse{Decision: d.toPB()}, nil
+		}
+		for _, gr := range req.GetReturns() {
+			ret := grantReturn{id: gr.GetLeaseId(), uses: make([]shard.Run, len(gr.GetUses()))}
+			for i, u := range gr.GetUses() {
+				ret.uses[i] = shard.Run{Age: time.Duration(max(u.GetAgeNs(), 0)), Count: u.GetCount()}
+			}
+			r.returns = append(r.returns, ret)
+		}
+	}
 	d, _ := n.decideWireReq(ctx, v, r)
 	resp := &peerpb.LeaseResponse{Decision: d.toPB()}
+	if op == peerpb.Op_OP_GRANT && d.status == peerpb.Status_STATUS_OK {
+		resp.LeaseId, resp.LeaseTtlNs, resp.Granted = r.lease, int64(r.leaseTTL), r.granted
+	}
 	if (op == peerpb.Op_OP_ACQUIRE || op == peerpb.Op_OP_RESERVE) && d.status == peerpb.Status_STATUS_OK && d.allowed {
 		resp.LeaseId, resp.LeaseTtlNs = r.lease, int64(r.leaseTTL)
 	}

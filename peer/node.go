@@ -45,6 +45,7 @@ type Node struct {
 	pt       *partTable // every ring partition as this node sees it
 	own      ownState
 	fallback *shard.Store
+	spread   spreadTable // this node's spread keys as a grantee (spread.go)
 	hot      *shard.HotKeys
 	started  time.Time // origin of the monotonic clock (mono)
 	// wall is the default clock (clock.go), set when Config.Clock is

@@ -82,6 +82,8 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		d, waits, err = n.decideLeaseLocked(pt, pid, r, now, d)
 	case r.op == peerpb.Op_OP_RESERVE || r.op == peerpb.Op_OP_SETTLE:
 		d, waits, err = n.decideReserveLocked(pt, pid, r, now, d)
+	case r.op == peerpb.Op_OP_GRANT:
+		d, waits, err = n.decideGrantLocked(pt, pid, r, now, d)
 	case r.op == peerpb.Op_OP_RESET:
 		pt.store.Delete(r.key)
 		d = Decision{Allowed: true, Limit: r.p.Shard.Limit, Remaining: r.p.Shard.Limit, Reason: ReasonReset, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: now}
@@ -90,7 +92,7 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		err = fmt.Errorf("%w: unknown operation %v", ErrInvalidKey, r.op)
 	}
 	unlock()
-	if err == nil && d.Allowed && !fenced && (r.op == peerpb.Op_OP_CHECK || r.op == peerpb.Op_OP_ACQUIRE || r.op == peerpb.Op_OP_RESERVE) && n.leaseEnded() {
+	if err == nil && d.Allowed && !fenced && (r.op == peerpb.Op_OP_CHECK || r.op == peerpb.Op_OP_ACQUIRE || r.op == peerpb.Op_OP_RESERVE || r.op == peerpb.Op_OP_GRANT && r.granted > 0) && n.leaseEnded() {
 		// As in decideHere: not confirmed without a fencing copy.
 		err = errLeaseEnded
 	}

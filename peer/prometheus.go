@@ -75,6 +75,7 @@ type PrometheusMetrics struct {
 	policyVer   prometheus.Gauge
 	reloads     *prometheus.CounterVec
 	overage     *prometheus.CounterVec
+	spread      *prometheus.CounterVec
 	raft        *raftCollector
 
 	// Caches of resolved children, so the decision path does a lock-free
@@ -179,6 +180,10 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 			Name: "ringlimit_overage_units_total",
 			Help: "Units that settlements answered by this node recorded beyond their reservations' estimates (spent without admission), by policy.",
 		}, []string{"policy"}),
+		spread: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringlimit_spread_rights_total",
+			Help: "Rights of spread keys at this node as a grantee, by policy and event: granted (received from holders), used (admitted from them), unused (replaced or expired with rights left: the under-admission spreading costs).",
+		}, []string{"policy", "event"}),
 		hot: &hotKeyCollector{desc: prometheus.NewDesc(
 			"ringlimit_hot_key_rate",
 			"Time-decayed hit rate, in hits per second, of the heaviest keys this node owns (at most Config.HotKeys series).",
@@ -199,7 +204,7 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 		m.decisions, m.forwards, m.forwardDur, m.batchSize,
 		m.ringVersion, m.members, m.keys, m.bytes,
 		m.evicted, m.handoff, m.backup, m.hot, m.peerRPCOpen,
-		m.ready, m.unready, m.policyVer, m.reloads, m.overage, m.raft,
+		m.ready, m.unready, m.policyVer, m.reloads, m.overage, m.spread, m.raft,
 	}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
@@ -210,6 +215,12 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 		}
 	}
 	return m, nil
+}
+
+// Spread counts rights of spread keys (the optional method spread keys
+// call): event is granted, used or unused.
+func (m *PrometheusMetrics) Spread(policy, event string, units int64) {
+	m.spread.WithLabelValues(policy, event).Add(float64(units))
 }
 
 // Overage counts units a settlement recorded beyond its reservation's

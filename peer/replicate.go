@@ -512,6 +512,7 @@ func (c *client) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, o
 			st := *it.state
 			st.Runs = append([]shard.Run(nil), st.Runs...)
 			st.Reservations = append([]shard.Run(nil), st.Reservations...)
+			st.Grants = append([]shard.Run(nil), st.Grants...)
 			// An exported age is absolute in time: it grows by the time
 			// the message waited.
 			for j := range st.Runs {
@@ -519,6 +520,9 @@ func (c *client) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, o
 			}
 			for j := range st.Reservations {
 				st.Reservations[j].Age += now.Sub(it.at)
+			}
+			for j := range st.Grants {
+				st.Grants[j].Age += now.Sub(it.at)
 			}
 			op.Keys = []*peerpb.KeyState{stateToWire(st)}
 		}

@@ -193,7 +193,7 @@ func (n *Node) decideReserveLocked(pt *part, pid int, r *opReq, now time.Time, d
 // (Limiter.Lease), since the packed batch layout has no id fields.
 func isLeaseOp(op peerpb.Op) bool {
 	switch op {
-	case peerpb.Op_OP_ACQUIRE, peerpb.Op_OP_RELEASE, peerpb.Op_OP_RESERVE, peerpb.Op_OP_SETTLE:
+	case peerpb.Op_OP_ACQUIRE, peerpb.Op_OP_RELEASE, peerpb.Op_OP_RESERVE, peerpb.Op_OP_SETTLE, peerpb.Op_OP_GRANT:
 		return true
 	}
 	return false

@@ -25,6 +25,9 @@ func stateToWire(st shard.KeyState) *peerpb.KeyState {
 			out.Reservations[i] = &peerpb.Run{AgeNs: int64(r.Age), Count: r.Count, LeaseId: r.ID}
 		}
 	}
+	for _, g := range st.Grants {
+		out.Grants = append(out.Grants, &peerpb.Run{AgeNs: int64(g.Age), Count: g.Count, LeaseId: g.ID})
+	}
 	return out
 }
 
@@ -47,6 +50,9 @@ func stateFromWire(ks *peerpb.KeyState) (shard.KeyState, error) {
 		for i, r := range rs {
 			st.Reservations[i] = shard.Run{Age: time.Duration(r.GetAgeNs()), Count: r.GetCount(), ID: r.GetLeaseId()}
 		}
+	}
+	for _, g := range ks.GetGrants() {
+		st.Grants = append(st.Grants, shard.Run{Age: time.Duration(g.GetAgeNs()), Count: g.GetCount(), ID: g.GetLeaseId()})
 	}
 	return st, st.Validate()
 }

@@ -87,6 +87,9 @@ type policyEntry struct {
 	Shadow        bool            `yaml:"shadow,omitempty"`
 	Replication   string          `yaml:"replication,omitempty"`
 	Zone          string          `yaml:"zone,omitempty"`
+	Spread        string          `yaml:"spread,omitempty"`
+	SpreadThresh  float64         `yaml:"spread_threshold,omitempty"`
+	SpreadLease   string          `yaml:"spread_lease,omitempty"`
 	Overrides     []overrideEntry `yaml:"overrides,omitempty"`
 }
 
@@ -278,6 +281,22 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 				pc.Replication = r
 			}
 		}
+		if sp, err := peer.ParseSpread(e.Spread); err != nil {
+			bad("spread %q: want off or auto", e.Spread)
+		} else {
+			pc.Spread = sp
+		}
+		if e.SpreadThresh < 0 {
+			bad("spread_threshold %v must not be negative", e.SpreadThresh)
+		}
+		pc.SpreadThreshold = e.SpreadThresh
+		if e.SpreadLease != "" {
+			if d, err := time.ParseDuration(e.SpreadLease); err != nil || d <= 0 {
+				bad("spread_lease %q: want a positive duration such as 100ms", e.SpreadLease)
+			} else {
+				pc.SpreadLease = d
+			}
+		}
 		type ts struct{ tenant, subject string }
 		seen := map[ts]bool{}
 		for j, o := range e.Overrides {
@@ -313,7 +332,7 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 }
 
 // policyFields lists an entry's fields in the order the docs give them.
-const policyFields = "name, limit, window, algorithm, zone, on_unavailable, fallback_limit, resolution, shadow, replication, overrides"
+const policyFields = "name, limit, window, algorithm, zone, on_unavailable, fallback_limit, resolution, shadow, replication, spread, spread_threshold, spread_lease, overrides"
 
 // overrideFields lists an override's fields.
 const overrideFields = "tenant, subject, limit, unlimited"
@@ -396,6 +415,14 @@ func policyEntryOf(i int, n *yaml.Node) (e policyEntry, shaky map[string]bool, e
 			str = &e.Replication
 		case "zone":
 			str = &e.Zone
+		case "spread":
+			str = &e.Spread
+		case "spread_lease":
+			str = &e.SpreadLease
+		case "spread_threshold":
+			if v.Kind != yaml.ScalarNode || v.Decode(&e.SpreadThresh) != nil {
+				bad("spread_threshold must be a number (decisions per second at one node), got %s at line %d", kindOf(v), v.Line)
+			}
 		case "limit", "fallback_limit":
 			var x int64
 			if v.Kind != yaml.ScalarNode || v.Decode(&x) != nil {
@@ -528,6 +555,12 @@ func formatPolicies(pols map[string]peer.PolicyConfig) ([]byte, error) {
 		}
 		if p.Resolution != 0 {
 			e.Resolution = p.Resolution.String()
+		}
+		if p.Spread != peer.SpreadOff {
+			e.Spread, e.SpreadThresh = p.Spread.String(), p.SpreadThreshold
+			if p.SpreadLease != 0 {
+				e.SpreadLease = p.SpreadLease.String()
+			}
 		}
 		if p.Algorithm == shard.Calendar {
 			e.Window, e.Zone = p.Period.String(), p.Zone

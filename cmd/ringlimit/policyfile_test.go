@@ -49,6 +49,39 @@ policies:
 			},
 		},
 		{
+			name: "spread",
+			in: `
+policies:
+  - name: org
+    limit: 100000
+    window: 1m
+    spread: auto
+    spread_threshold: 500
+    spread_lease: 2s
+  - name: quiet
+    limit: 10
+    window: 1s
+    spread: off
+`,
+			want: map[string]peer.PolicyConfig{
+				"org":   {Limit: 100000, Window: time.Minute, Spread: peer.SpreadAuto, SpreadThreshold: 500, SpreadLease: 2 * time.Second},
+				"quiet": {Limit: 10, Window: time.Second},
+			},
+		},
+		{
+			name: "bad spread",
+			in: `
+policies:
+  - name: org
+    limit: 100
+    window: 1m
+    spread: always
+    spread_threshold: -3
+    spread_lease: soon
+`,
+			wantErr: []string{`spread "always": want off or auto`, `spread_threshold -3 must not be negative`, `spread_lease "soon": want a positive duration`},
+		},
+		{
 			name: "json",
 			in:   `{"policies": [{"name": "api", "limit": 100, "window": "1m", "algorithm": "sliding_log", "on_unavailable": "fail_closed"}]}`,
 			want: map[string]peer.PolicyConfig{"api": {Limit: 100, Window: time.Minute}},
@@ -122,7 +155,7 @@ policies:
 		{
 			name:    "unknown field in an entry",
 			in:      "policies:\n  - name: api\n    limit: 1\n    window: 1s\n    burst: 5\n",
-			wantErr: []string{`policies[0]: unknown field "burst" at line 5 (want name, limit, window, algorithm, zone, on_unavailable, fallback_limit, resolution, shadow, replication, overrides)`},
+			wantErr: []string{`policies[0]: unknown field "burst" at line 5 (want name, limit, window, algorithm, zone, on_unavailable, fallback_limit, resolution, shadow, replication, spread, spread_threshold, spread_lease, overrides)`},
 		},
 		{
 			// A reload rejection used to name only the unknown field:
@@ -174,7 +207,7 @@ policies:
 		{
 			name:    "policies is a map, not a list",
 			in:      "policies:\n  api:\n    limit: 1\n    window: 1s\n",
-			wantErr: []string{`"policies" must be a list of {name, limit, window, algorithm, zone, on_unavailable, fallback_limit, resolution, shadow, replication, overrides} entries, got a map at line 2`},
+			wantErr: []string{`"policies" must be a list of {name, limit, window, algorithm, zone, on_unavailable, fallback_limit, resolution, shadow, replication, spread, spread_threshold, spread_lease, overrides} entries, got a map at line 2`},
 		},
 		{
 			name:    "an entry is not a map",

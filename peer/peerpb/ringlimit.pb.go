@@ -69,6 +69,10 @@ const (
 	// OP_SETTLE replaces pending reservation LeaseRequest.lease_id's
 	// estimate with LeaseRequest.actual, at the reservation's instant.
 	Op_OP_SETTLE Op = 7
+	// OP_GRANT asks the holder for up to CheckItem.hits rights of a spread
+	// key, for the policy's spread lease, after ending the grants in
+	// LeaseRequest.returns (their uses recorded, the rest freed).
+	Op_OP_GRANT Op = 8
 )
 
 // Enum value maps for Op.
@@ -82,6 +86,7 @@ var (
 		5: "OP_RELEASE",
 		6: "OP_RESERVE",
 		7: "OP_SETTLE",
+		8: "OP_GRANT",
 	}
 	Op_value = map[string]int32{
 		"OP_CHECK":   0,
@@ -92,6 +97,7 @@ var (
 		"OP_RELEASE": 5,
 		"OP_RESERVE": 6,
 		"OP_SETTLE":  7,
+		"OP_GRANT":   8,
 	}
 )
 
@@ -235,6 +241,10 @@ const (
 	// REASON_SETTLED: the holder settled a reservation (OP_SETTLE); allowed
 	// says whether one was pending, remaining is the new state.
 	Reason_REASON_SETTLED Reason = 12
+	// REASON_SPREAD: admitted by the node that received the request, from
+	// rights the key's holder granted it (a spread key); remaining is the
+	// rights that node has left.
+	Reason_REASON_SPREAD Reason = 13
 )
 
 // Enum value maps for Reason.
@@ -252,6 +262,7 @@ var (
 		10: "REASON_UNLIMITED",
 		11: "REASON_RELEASED",
 		12: "REASON_SETTLED",
+		13: "REASON_SPREAD",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED": 0,
@@ -266,6 +277,7 @@ var (
 		"REASON_UNLIMITED":   10,
 		"REASON_RELEASED":    11,
 		"REASON_SETTLED":     12,
+		"REASON_SPREAD":      13,
 	}
 )
 
@@ -1153,7 +1165,11 @@ type KeyState struct {
 	// Reservations are the key's pending reservations (sliding_log only):
 	// age_ns as in runs, count the estimate, lease_id the reservation. Their
 	// units are counted in runs too.
-	Reservations  []*Run `protobuf:"bytes,4,rep,name=reservations,proto3" json:"reservations,omitempty"`
+	Reservations []*Run `protobuf:"bytes,4,rep,name=reservations,proto3" json:"reservations,omitempty"`
+	// Grants are the key's outstanding grants of rights (sliding_log only):
+	// age_ns is the age of the grant's lease end, negative while the lease
+	// runs; count the rights; lease_id the grant. Not counted in runs.
+	Grants        []*Run `protobuf:"bytes,5,rep,name=grants,proto3" json:"grants,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1212,6 +1228,13 @@ func (x *KeyState) GetRuns() []*Run {
 func (x *KeyState) GetReservations() []*Run {
 	if x != nil {
 		return x.Reservations
+	}
+	return nil
+}
+
+func (x *KeyState) GetGrants() []*Run {
+	if x != nil {
+		return x.Grants
 	}
 	return nil
 }
@@ -1590,7 +1613,10 @@ type LeaseRequest struct {
 	// settle (OP_SETTLE).
 	LeaseId uint64 `protobuf:"varint,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	// Actual is the reservation's actual cost (OP_SETTLE), 0 or more.
-	Actual        int64 `protobuf:"varint,4,opt,name=actual,proto3" json:"actual,omitempty"`
+	Actual int64 `protobuf:"varint,4,opt,name=actual,proto3" json:"actual,omitempty"`
+	// Returns end grants of the key (OP_GRANT) before new rights are
+	// granted: each grant's uses are recorded, the rest freed.
+	Returns       []*GrantReturn `protobuf:"bytes,5,rep,name=returns,proto3" json:"returns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1653,6 +1679,68 @@ func (x *LeaseRequest) GetActual() int64 {
 	return 0
 }
 
+func (x *LeaseRequest) GetReturns() []*GrantReturn {
+	if x != nil {
+		return x.Returns
+	}
+	return nil
+}
+
+// GrantReturn ends one grant of rights: its uses, as runs whose age_ns is
+// how long before sending each use happened (rounded to later, never
+// earlier), at most the grant's rights in all.
+type GrantReturn struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId       uint64                 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Uses          []*Run                 `protobuf:"bytes,2,rep,name=uses,proto3" json:"uses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GrantReturn) Reset() {
+	*x = GrantReturn{}
+	mi := &file_ringlimit_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GrantReturn) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GrantReturn) ProtoMessage() {}
+
+func (x *GrantReturn) ProtoReflect() protoreflect.Message {
+	mi := &file_ringlimit_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GrantReturn.ProtoReflect.Descriptor instead.
+func (*GrantReturn) Descriptor() ([]byte, []int) {
+	return file_ringlimit_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *GrantReturn) GetLeaseId() uint64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *GrantReturn) GetUses() []*Run {
+	if x != nil {
+		return x.Uses
+	}
+	return nil
+}
+
 // LeaseResponse answers a LeaseRequest.
 type LeaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1666,15 +1754,19 @@ type LeaseResponse struct {
 	LeaseTtlNs int64 `protobuf:"varint,3,opt,name=lease_ttl_ns,json=leaseTtlNs,proto3" json:"lease_ttl_ns,omitempty"`
 	// Estimate and Overage answer OP_SETTLE: the settled reservation's
 	// estimate, and the units of its actual cost beyond it.
-	Estimate      int64 `protobuf:"varint,4,opt,name=estimate,proto3" json:"estimate,omitempty"`
-	Overage       int64 `protobuf:"varint,5,opt,name=overage,proto3" json:"overage,omitempty"`
+	Estimate int64 `protobuf:"varint,4,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	Overage  int64 `protobuf:"varint,5,opt,name=overage,proto3" json:"overage,omitempty"`
+	// Granted answers OP_GRANT: the rights granted (0: none spare; the
+	// decision's retry_after_ns says when units free). lease_id is the
+	// grant, lease_ttl_ns its lease on the holder's clock.
+	Granted       int64 `protobuf:"varint,6,opt,name=granted,proto3" json:"granted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LeaseResponse) Reset() {
 	*x = LeaseResponse{}
-	mi := &file_ringlimit_proto_msgTypes[13]
+	mi := &file_ringlimit_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1778,7 @@ func (x *LeaseResponse) String() string {
 func (*LeaseResponse) ProtoMessage() {}
 
 func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[13]
+	mi := &file_ringlimit_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1791,7 @@ func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
 func (*LeaseResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{13}
+	return file_ringlimit_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LeaseResponse) GetDecision() *Decision {
@@ -1737,6 +1829,13 @@ func (x *LeaseResponse) GetOverage() int64 {
 	return 0
 }
 
+func (x *LeaseResponse) GetGranted() int64 {
+	if x != nil {
+		return x.Granted
+	}
+	return 0
+}
+
 // AllowRequest is one request for a decision.
 type AllowRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1757,7 +1856,7 @@ type AllowRequest struct {
 
 func (x *AllowRequest) Reset() {
 	*x = AllowRequest{}
-	mi := &file_ringlimit_proto_msgTypes[14]
+	mi := &file_ringlimit_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +1868,7 @@ func (x *AllowRequest) String() string {
 func (*AllowRequest) ProtoMessage() {}
 
 func (x *AllowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[14]
+	mi := &file_ringlimit_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +1881,7 @@ func (x *AllowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowRequest.ProtoReflect.Descriptor instead.
 func (*AllowRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{14}
+	return file_ringlimit_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AllowRequest) GetKey() *Key {
@@ -1830,7 +1929,7 @@ type AllowBatchRequest struct {
 
 func (x *AllowBatchRequest) Reset() {
 	*x = AllowBatchRequest{}
-	mi := &file_ringlimit_proto_msgTypes[15]
+	mi := &file_ringlimit_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1842,7 +1941,7 @@ func (x *AllowBatchRequest) String() string {
 func (*AllowBatchRequest) ProtoMessage() {}
 
 func (x *AllowBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[15]
+	mi := &file_ringlimit_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1855,7 +1954,7 @@ func (x *AllowBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowBatchRequest.ProtoReflect.Descriptor instead.
 func (*AllowBatchRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{15}
+	return file_ringlimit_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AllowBatchRequest) GetRequests() []*AllowRequest {
@@ -1879,7 +1978,7 @@ type AllowBatchResult struct {
 
 func (x *AllowBatchResult) Reset() {
 	*x = AllowBatchResult{}
-	mi := &file_ringlimit_proto_msgTypes[16]
+	mi := &file_ringlimit_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1891,7 +1990,7 @@ func (x *AllowBatchResult) String() string {
 func (*AllowBatchResult) ProtoMessage() {}
 
 func (x *AllowBatchResult) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[16]
+	mi := &file_ringlimit_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1904,7 +2003,7 @@ func (x *AllowBatchResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowBatchResult.ProtoReflect.Descriptor instead.
 func (*AllowBatchResult) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{16}
+	return file_ringlimit_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AllowBatchResult) GetResponse() *AllowResponse {
@@ -1938,7 +2037,7 @@ type AllowBatchResponse struct {
 
 func (x *AllowBatchResponse) Reset() {
 	*x = AllowBatchResponse{}
-	mi := &file_ringlimit_proto_msgTypes[17]
+	mi := &file_ringlimit_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1950,7 +2049,7 @@ func (x *AllowBatchResponse) String() string {
 func (*AllowBatchResponse) ProtoMessage() {}
 
 func (x *AllowBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[17]
+	mi := &file_ringlimit_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1963,7 +2062,7 @@ func (x *AllowBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowBatchResponse.ProtoReflect.Descriptor instead.
 func (*AllowBatchResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{17}
+	return file_ringlimit_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AllowBatchResponse) GetResults() []*AllowBatchResult {
@@ -2015,7 +2114,7 @@ type AllowResponse struct {
 
 func (x *AllowResponse) Reset() {
 	*x = AllowResponse{}
-	mi := &file_ringlimit_proto_msgTypes[18]
+	mi := &file_ringlimit_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2027,7 +2126,7 @@ func (x *AllowResponse) String() string {
 func (*AllowResponse) ProtoMessage() {}
 
 func (x *AllowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[18]
+	mi := &file_ringlimit_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2040,7 +2139,7 @@ func (x *AllowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowResponse.ProtoReflect.Descriptor instead.
 func (*AllowResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{18}
+	return file_ringlimit_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AllowResponse) GetAllowed() bool {
@@ -2163,7 +2262,7 @@ type AllowStreamItem struct {
 
 func (x *AllowStreamItem) Reset() {
 	*x = AllowStreamItem{}
-	mi := &file_ringlimit_proto_msgTypes[19]
+	mi := &file_ringlimit_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2175,7 +2274,7 @@ func (x *AllowStreamItem) String() string {
 func (*AllowStreamItem) ProtoMessage() {}
 
 func (x *AllowStreamItem) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[19]
+	mi := &file_ringlimit_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2188,7 +2287,7 @@ func (x *AllowStreamItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowStreamItem.ProtoReflect.Descriptor instead.
 func (*AllowStreamItem) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{19}
+	return file_ringlimit_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AllowStreamItem) GetId() uint64 {
@@ -2216,7 +2315,7 @@ type AllowStreamRequest struct {
 
 func (x *AllowStreamRequest) Reset() {
 	*x = AllowStreamRequest{}
-	mi := &file_ringlimit_proto_msgTypes[20]
+	mi := &file_ringlimit_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2327,7 @@ func (x *AllowStreamRequest) String() string {
 func (*AllowStreamRequest) ProtoMessage() {}
 
 func (x *AllowStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[20]
+	mi := &file_ringlimit_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2340,7 @@ func (x *AllowStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowStreamRequest.ProtoReflect.Descriptor instead.
 func (*AllowStreamRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{20}
+	return file_ringlimit_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AllowStreamRequest) GetItems() []*AllowStreamItem {
@@ -2269,7 +2368,7 @@ type AllowStreamResult struct {
 
 func (x *AllowStreamResult) Reset() {
 	*x = AllowStreamResult{}
-	mi := &file_ringlimit_proto_msgTypes[21]
+	mi := &file_ringlimit_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2281,7 +2380,7 @@ func (x *AllowStreamResult) String() string {
 func (*AllowStreamResult) ProtoMessage() {}
 
 func (x *AllowStreamResult) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[21]
+	mi := &file_ringlimit_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2294,7 +2393,7 @@ func (x *AllowStreamResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowStreamResult.ProtoReflect.Descriptor instead.
 func (*AllowStreamResult) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{21}
+	return file_ringlimit_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AllowStreamResult) GetId() uint64 {
@@ -2335,7 +2434,7 @@ type AllowStreamResponse struct {
 
 func (x *AllowStreamResponse) Reset() {
 	*x = AllowStreamResponse{}
-	mi := &file_ringlimit_proto_msgTypes[22]
+	mi := &file_ringlimit_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2347,7 +2446,7 @@ func (x *AllowStreamResponse) String() string {
 func (*AllowStreamResponse) ProtoMessage() {}
 
 func (x *AllowStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[22]
+	mi := &file_ringlimit_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2360,7 +2459,7 @@ func (x *AllowStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllowStreamResponse.ProtoReflect.Descriptor instead.
 func (*AllowStreamResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{22}
+	return file_ringlimit_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AllowStreamResponse) GetResults() []*AllowStreamResult {
@@ -2379,7 +2478,7 @@ type PlacementRequest struct {
 
 func (x *PlacementRequest) Reset() {
 	*x = PlacementRequest{}
-	mi := &file_ringlimit_proto_msgTypes[23]
+	mi := &file_ringlimit_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2391,7 +2490,7 @@ func (x *PlacementRequest) String() string {
 func (*PlacementRequest) ProtoMessage() {}
 
 func (x *PlacementRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[23]
+	mi := &file_ringlimit_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2404,7 +2503,7 @@ func (x *PlacementRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementRequest.ProtoReflect.Descriptor instead.
 func (*PlacementRequest) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{23}
+	return file_ringlimit_proto_rawDescGZIP(), []int{24}
 }
 
 // PlacementMember is one live member.
@@ -2421,7 +2520,7 @@ type PlacementMember struct {
 
 func (x *PlacementMember) Reset() {
 	*x = PlacementMember{}
-	mi := &file_ringlimit_proto_msgTypes[24]
+	mi := &file_ringlimit_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2433,7 +2532,7 @@ func (x *PlacementMember) String() string {
 func (*PlacementMember) ProtoMessage() {}
 
 func (x *PlacementMember) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[24]
+	mi := &file_ringlimit_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2446,7 +2545,7 @@ func (x *PlacementMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementMember.ProtoReflect.Descriptor instead.
 func (*PlacementMember) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{24}
+	return file_ringlimit_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PlacementMember) GetName() string {
@@ -2496,7 +2595,7 @@ type PlacementResponse struct {
 
 func (x *PlacementResponse) Reset() {
 	*x = PlacementResponse{}
-	mi := &file_ringlimit_proto_msgTypes[25]
+	mi := &file_ringlimit_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2508,7 +2607,7 @@ func (x *PlacementResponse) String() string {
 func (*PlacementResponse) ProtoMessage() {}
 
 func (x *PlacementResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ringlimit_proto_msgTypes[25]
+	mi := &file_ringlimit_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2521,7 +2620,7 @@ func (x *PlacementResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementResponse.ProtoReflect.Descriptor instead.
 func (*PlacementResponse) Descriptor() ([]byte, []int) {
-	return file_ringlimit_proto_rawDescGZIP(), []int{25}
+	return file_ringlimit_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PlacementResponse) GetNode() string {
@@ -2624,12 +2723,13 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x03Run\x12\x15\n" +
 	"\x06age_ns\x18\x01 \x01(\x03R\x05ageNs\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x19\n" +
-	"\blease_id\x18\x03 \x01(\x04R\aleaseId\"\xab\x01\n" +
+	"\blease_id\x18\x03 \x01(\x04R\aleaseId\"\xd6\x01\n" +
 	"\bKeyState\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.ringlimit.v1.KeyR\x03key\x12\x1c\n" +
 	"\talgorithm\x18\x02 \x01(\x05R\talgorithm\x12%\n" +
 	"\x04runs\x18\x03 \x03(\v2\x11.ringlimit.v1.RunR\x04runs\x125\n" +
-	"\freservations\x18\x04 \x03(\v2\x11.ringlimit.v1.RunR\freservations\"\xe8\x02\n" +
+	"\freservations\x18\x04 \x03(\v2\x11.ringlimit.v1.RunR\freservations\x12)\n" +
+	"\x06grants\x18\x05 \x03(\v2\x11.ringlimit.v1.RunR\x06grants\"\xe8\x02\n" +
 	"\vPartitionOp\x122\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1e.ringlimit.v1.PartitionOp.KindR\x04kind\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
@@ -2664,19 +2764,24 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\x05R\x04code\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12%\n" +
-	"\x0eresults_packed\x18\x05 \x01(\fR\rresultsPacked\"\x86\x01\n" +
+	"\x0eresults_packed\x18\x05 \x01(\fR\rresultsPacked\"\xbb\x01\n" +
 	"\fLeaseRequest\x12\x16\n" +
 	"\x06sender\x18\x01 \x01(\tR\x06sender\x12+\n" +
 	"\x04item\x18\x02 \x01(\v2\x17.ringlimit.v1.CheckItemR\x04item\x12\x19\n" +
 	"\blease_id\x18\x03 \x01(\x04R\aleaseId\x12\x16\n" +
-	"\x06actual\x18\x04 \x01(\x03R\x06actual\"\xb6\x01\n" +
+	"\x06actual\x18\x04 \x01(\x03R\x06actual\x123\n" +
+	"\areturns\x18\x05 \x03(\v2\x19.ringlimit.v1.GrantReturnR\areturns\"O\n" +
+	"\vGrantReturn\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12%\n" +
+	"\x04uses\x18\x02 \x03(\v2\x11.ringlimit.v1.RunR\x04uses\"\xd0\x01\n" +
 	"\rLeaseResponse\x122\n" +
 	"\bdecision\x18\x01 \x01(\v2\x16.ringlimit.v1.DecisionR\bdecision\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x04R\aleaseId\x12 \n" +
 	"\flease_ttl_ns\x18\x03 \x01(\x03R\n" +
 	"leaseTtlNs\x12\x1a\n" +
 	"\bestimate\x18\x04 \x01(\x03R\bestimate\x12\x18\n" +
-	"\aoverage\x18\x05 \x01(\x03R\aoverage\"\x96\x01\n" +
+	"\aoverage\x18\x05 \x01(\x03R\aoverage\x12\x18\n" +
+	"\agranted\x18\x06 \x01(\x03R\agranted\"\x96\x01\n" +
 	"\fAllowRequest\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.ringlimit.v1.KeyR\x03key\x12\x12\n" +
 	"\x04hits\x18\x02 \x01(\x03R\x04hits\x12\x1a\n" +
@@ -2732,7 +2837,7 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\fmembers_hash\x18\x03 \x01(\x04R\vmembersHash\x12'\n" +
 	"\x0fpartition_count\x18\x04 \x01(\rR\x0epartitionCount\x127\n" +
 	"\amembers\x18\x05 \x03(\v2\x1d.ringlimit.v1.PlacementMemberR\amembers\x12\x18\n" +
-	"\aholders\x18\x06 \x03(\rR\aholders*{\n" +
+	"\aholders\x18\x06 \x03(\rR\aholders*\x89\x01\n" +
 	"\x02Op\x12\f\n" +
 	"\bOP_CHECK\x10\x00\x12\v\n" +
 	"\aOP_PEEK\x10\x01\x12\r\n" +
@@ -2744,14 +2849,15 @@ const file_ringlimit_proto_rawDesc = "" +
 	"OP_RELEASE\x10\x05\x12\x0e\n" +
 	"\n" +
 	"OP_RESERVE\x10\x06\x12\r\n" +
-	"\tOP_SETTLE\x10\a*\x95\x01\n" +
+	"\tOP_SETTLE\x10\a\x12\f\n" +
+	"\bOP_GRANT\x10\b*\x95\x01\n" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tSTATUS_OK\x10\x01\x12\x14\n" +
 	"\x10STATUS_NOT_OWNER\x10\x02\x12\x1b\n" +
 	"\x17STATUS_INVALID_ARGUMENT\x10\x03\x12\x19\n" +
 	"\x15STATUS_UNKNOWN_POLICY\x10\x04\x12\x16\n" +
-	"\x12STATUS_UNAVAILABLE\x10\x05*\x83\x02\n" +
+	"\x12STATUS_UNAVAILABLE\x10\x05*\x96\x02\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fREASON_ADMITTED\x10\x01\x12\x15\n" +
@@ -2765,7 +2871,8 @@ const file_ringlimit_proto_rawDesc = "" +
 	"\x10REASON_UNLIMITED\x10\n" +
 	"\x12\x13\n" +
 	"\x0fREASON_RELEASED\x10\v\x12\x12\n" +
-	"\x0eREASON_SETTLED\x10\f*|\n" +
+	"\x0eREASON_SETTLED\x10\f\x12\x11\n" +
+	"\rREASON_SPREAD\x10\r*|\n" +
 	"\bOpStatus\x12\x19\n" +
 	"\x15OP_STATUS_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fOP_STATUS_OK\x10\x01\x12\x13\n" +
@@ -2805,7 +2912,7 @@ func file_ringlimit_proto_rawDescGZIP() []byte {
 }
 
 var file_ringlimit_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_ringlimit_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_ringlimit_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_ringlimit_proto_goTypes = []any{
 	(Op)(0),                     // 0: ringlimit.v1.Op
 	(Status)(0),                 // 1: ringlimit.v1.Status
@@ -2825,19 +2932,20 @@ var file_ringlimit_proto_goTypes = []any{
 	(*OpResult)(nil),            // 15: ringlimit.v1.OpResult
 	(*ReplicateResponse)(nil),   // 16: ringlimit.v1.ReplicateResponse
 	(*LeaseRequest)(nil),        // 17: ringlimit.v1.LeaseRequest
-	(*LeaseResponse)(nil),       // 18: ringlimit.v1.LeaseResponse
-	(*AllowRequest)(nil),        // 19: ringlimit.v1.AllowRequest
-	(*AllowBatchRequest)(nil),   // 20: ringlimit.v1.AllowBatchRequest
-	(*AllowBatchResult)(nil),    // 21: ringlimit.v1.AllowBatchResult
-	(*AllowBatchResponse)(nil),  // 22: ringlimit.v1.AllowBatchResponse
-	(*AllowResponse)(nil),       // 23: ringlimit.v1.AllowResponse
-	(*AllowStreamItem)(nil),     // 24: ringlimit.v1.AllowStreamItem
-	(*AllowStreamRequest)(nil),  // 25: ringlimit.v1.AllowStreamRequest
-	(*AllowStreamResult)(nil),   // 26: ringlimit.v1.AllowStreamResult
-	(*AllowStreamResponse)(nil), // 27: ringlimit.v1.AllowStreamResponse
-	(*PlacementRequest)(nil),    // 28: ringlimit.v1.PlacementRequest
-	(*PlacementMember)(nil),     // 29: ringlimit.v1.PlacementMember
-	(*PlacementResponse)(nil),   // 30: ringlimit.v1.PlacementResponse
+	(*GrantReturn)(nil),         // 18: ringlimit.v1.GrantReturn
+	(*LeaseResponse)(nil),       // 19: ringlimit.v1.LeaseResponse
+	(*AllowRequest)(nil),        // 20: ringlimit.v1.AllowRequest
+	(*AllowBatchRequest)(nil),   // 21: ringlimit.v1.AllowBatchRequest
+	(*AllowBatchResult)(nil),    // 22: ringlimit.v1.AllowBatchResult
+	(*AllowBatchResponse)(nil),  // 23: ringlimit.v1.AllowBatchResponse
+	(*AllowResponse)(nil),       // 24: ringlimit.v1.AllowResponse
+	(*AllowStreamItem)(nil),     // 25: ringlimit.v1.AllowStreamItem
+	(*AllowStreamRequest)(nil),  // 26: ringlimit.v1.AllowStreamRequest
+	(*AllowStreamResult)(nil),   // 27: ringlimit.v1.AllowStreamResult
+	(*AllowStreamResponse)(nil), // 28: ringlimit.v1.AllowStreamResponse
+	(*PlacementRequest)(nil),    // 29: ringlimit.v1.PlacementRequest
+	(*PlacementMember)(nil),     // 30: ringlimit.v1.PlacementMember
+	(*PlacementResponse)(nil),   // 31: ringlimit.v1.PlacementResponse
 }
 var file_ringlimit_proto_depIdxs = []int32{
 	5,  // 0: ringlimit.v1.CheckItem.key:type_name -> ringlimit.v1.Key
@@ -2850,61 +2958,64 @@ var file_ringlimit_proto_depIdxs = []int32{
 	5,  // 7: ringlimit.v1.KeyState.key:type_name -> ringlimit.v1.Key
 	11, // 8: ringlimit.v1.KeyState.runs:type_name -> ringlimit.v1.Run
 	11, // 9: ringlimit.v1.KeyState.reservations:type_name -> ringlimit.v1.Run
-	4,  // 10: ringlimit.v1.PartitionOp.kind:type_name -> ringlimit.v1.PartitionOp.Kind
-	12, // 11: ringlimit.v1.PartitionOp.keys:type_name -> ringlimit.v1.KeyState
-	13, // 12: ringlimit.v1.ReplicateRequest.ops:type_name -> ringlimit.v1.PartitionOp
-	3,  // 13: ringlimit.v1.OpResult.status:type_name -> ringlimit.v1.OpStatus
-	15, // 14: ringlimit.v1.ReplicateResponse.results:type_name -> ringlimit.v1.OpResult
-	6,  // 15: ringlimit.v1.LeaseRequest.item:type_name -> ringlimit.v1.CheckItem
-	9,  // 16: ringlimit.v1.LeaseResponse.decision:type_name -> ringlimit.v1.Decision
-	5,  // 17: ringlimit.v1.AllowRequest.key:type_name -> ringlimit.v1.Key
-	19, // 18: ringlimit.v1.AllowBatchRequest.requests:type_name -> ringlimit.v1.AllowRequest
-	23, // 19: ringlimit.v1.AllowBatchResult.response:type_name -> ringlimit.v1.AllowResponse
-	21, // 20: ringlimit.v1.AllowBatchResponse.results:type_name -> ringlimit.v1.AllowBatchResult
-	2,  // 21: ringlimit.v1.AllowResponse.reason:type_name -> ringlimit.v1.Reason
-	7,  // 22: ringlimit.v1.AllowResponse.limits:type_name -> ringlimit.v1.PolicyDecision
-	19, // 23: ringlimit.v1.AllowStreamItem.request:type_name -> ringlimit.v1.AllowRequest
-	24, // 24: ringlimit.v1.AllowStreamRequest.items:type_name -> ringlimit.v1.AllowStreamItem
-	23, // 25: ringlimit.v1.AllowStreamResult.response:type_name -> ringlimit.v1.AllowResponse
-	26, // 26: ringlimit.v1.AllowStreamResponse.results:type_name -> ringlimit.v1.AllowStreamResult
-	29, // 27: ringlimit.v1.PlacementResponse.members:type_name -> ringlimit.v1.PlacementMember
-	8,  // 28: ringlimit.v1.Limiter.Check:input_type -> ringlimit.v1.CheckRequest
-	8,  // 29: ringlimit.v1.Limiter.CheckStream:input_type -> ringlimit.v1.CheckRequest
-	14, // 30: ringlimit.v1.Limiter.Replicate:input_type -> ringlimit.v1.ReplicateRequest
-	14, // 31: ringlimit.v1.Limiter.ReplicateStream:input_type -> ringlimit.v1.ReplicateRequest
-	17, // 32: ringlimit.v1.Limiter.Lease:input_type -> ringlimit.v1.LeaseRequest
-	19, // 33: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
-	20, // 34: ringlimit.v1.RateLimiter.AllowBatch:input_type -> ringlimit.v1.AllowBatchRequest
-	19, // 35: ringlimit.v1.RateLimiter.Peek:input_type -> ringlimit.v1.AllowRequest
-	19, // 36: ringlimit.v1.RateLimiter.Refund:input_type -> ringlimit.v1.AllowRequest
-	19, // 37: ringlimit.v1.RateLimiter.Reset:input_type -> ringlimit.v1.AllowRequest
-	19, // 38: ringlimit.v1.RateLimiter.Acquire:input_type -> ringlimit.v1.AllowRequest
-	19, // 39: ringlimit.v1.RateLimiter.Release:input_type -> ringlimit.v1.AllowRequest
-	19, // 40: ringlimit.v1.RateLimiter.Reserve:input_type -> ringlimit.v1.AllowRequest
-	19, // 41: ringlimit.v1.RateLimiter.Settle:input_type -> ringlimit.v1.AllowRequest
-	25, // 42: ringlimit.v1.RateLimiter.AllowStream:input_type -> ringlimit.v1.AllowStreamRequest
-	28, // 43: ringlimit.v1.RateLimiter.Placement:input_type -> ringlimit.v1.PlacementRequest
-	10, // 44: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
-	10, // 45: ringlimit.v1.Limiter.CheckStream:output_type -> ringlimit.v1.CheckResponse
-	16, // 46: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
-	16, // 47: ringlimit.v1.Limiter.ReplicateStream:output_type -> ringlimit.v1.ReplicateResponse
-	18, // 48: ringlimit.v1.Limiter.Lease:output_type -> ringlimit.v1.LeaseResponse
-	23, // 49: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
-	22, // 50: ringlimit.v1.RateLimiter.AllowBatch:output_type -> ringlimit.v1.AllowBatchResponse
-	23, // 51: ringlimit.v1.RateLimiter.Peek:output_type -> ringlimit.v1.AllowResponse
-	23, // 52: ringlimit.v1.RateLimiter.Refund:output_type -> ringlimit.v1.AllowResponse
-	23, // 53: ringlimit.v1.RateLimiter.Reset:output_type -> ringlimit.v1.AllowResponse
-	23, // 54: ringlimit.v1.RateLimiter.Acquire:output_type -> ringlimit.v1.AllowResponse
-	23, // 55: ringlimit.v1.RateLimiter.Release:output_type -> ringlimit.v1.AllowResponse
-	23, // 56: ringlimit.v1.RateLimiter.Reserve:output_type -> ringlimit.v1.AllowResponse
-	23, // 57: ringlimit.v1.RateLimiter.Settle:output_type -> ringlimit.v1.AllowResponse
-	27, // 58: ringlimit.v1.RateLimiter.AllowStream:output_type -> ringlimit.v1.AllowStreamResponse
-	30, // 59: ringlimit.v1.RateLimiter.Placement:output_type -> ringlimit.v1.PlacementResponse
-	44, // [44:60] is the sub-list for method output_type
-	28, // [28:44] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	11, // 10: ringlimit.v1.KeyState.grants:type_name -> ringlimit.v1.Run
+	4,  // 11: ringlimit.v1.PartitionOp.kind:type_name -> ringlimit.v1.PartitionOp.Kind
+	12, // 12: ringlimit.v1.PartitionOp.keys:type_name -> ringlimit.v1.KeyState
+	13, // 13: ringlimit.v1.ReplicateRequest.ops:type_name -> ringlimit.v1.PartitionOp
+	3,  // 14: ringlimit.v1.OpResult.status:type_name -> ringlimit.v1.OpStatus
+	15, // 15: ringlimit.v1.ReplicateResponse.results:type_name -> ringlimit.v1.OpResult
+	6,  // 16: ringlimit.v1.LeaseRequest.item:type_name -> ringlimit.v1.CheckItem
+	18, // 17: ringlimit.v1.LeaseRequest.returns:type_name -> ringlimit.v1.GrantReturn
+	11, // 18: ringlimit.v1.GrantReturn.uses:type_name -> ringlimit.v1.Run
+	9,  // 19: ringlimit.v1.LeaseResponse.decision:type_name -> ringlimit.v1.Decision
+	5,  // 20: ringlimit.v1.AllowRequest.key:type_name -> ringlimit.v1.Key
+	20, // 21: ringlimit.v1.AllowBatchRequest.requests:type_name -> ringlimit.v1.AllowRequest
+	24, // 22: ringlimit.v1.AllowBatchResult.response:type_name -> ringlimit.v1.AllowResponse
+	22, // 23: ringlimit.v1.AllowBatchResponse.results:type_name -> ringlimit.v1.AllowBatchResult
+	2,  // 24: ringlimit.v1.AllowResponse.reason:type_name -> ringlimit.v1.Reason
+	7,  // 25: ringlimit.v1.AllowResponse.limits:type_name -> ringlimit.v1.PolicyDecision
+	20, // 26: ringlimit.v1.AllowStreamItem.request:type_name -> ringlimit.v1.AllowRequest
+	25, // 27: ringlimit.v1.AllowStreamRequest.items:type_name -> ringlimit.v1.AllowStreamItem
+	24, // 28: ringlimit.v1.AllowStreamResult.response:type_name -> ringlimit.v1.AllowResponse
+	27, // 29: ringlimit.v1.AllowStreamResponse.results:type_name -> ringlimit.v1.AllowStreamResult
+	30, // 30: ringlimit.v1.PlacementResponse.members:type_name -> ringlimit.v1.PlacementMember
+	8,  // 31: ringlimit.v1.Limiter.Check:input_type -> ringlimit.v1.CheckRequest
+	8,  // 32: ringlimit.v1.Limiter.CheckStream:input_type -> ringlimit.v1.CheckRequest
+	14, // 33: ringlimit.v1.Limiter.Replicate:input_type -> ringlimit.v1.ReplicateRequest
+	14, // 34: ringlimit.v1.Limiter.ReplicateStream:input_type -> ringlimit.v1.ReplicateRequest
+	17, // 35: ringlimit.v1.Limiter.Lease:input_type -> ringlimit.v1.LeaseRequest
+	20, // 36: ringlimit.v1.RateLimiter.Allow:input_type -> ringlimit.v1.AllowRequest
+	21, // 37: ringlimit.v1.RateLimiter.AllowBatch:input_type -> ringlimit.v1.AllowBatchRequest
+	20, // 38: ringlimit.v1.RateLimiter.Peek:input_type -> ringlimit.v1.AllowRequest
+	20, // 39: ringlimit.v1.RateLimiter.Refund:input_type -> ringlimit.v1.AllowRequest
+	20, // 40: ringlimit.v1.RateLimiter.Reset:input_type -> ringlimit.v1.AllowRequest
+	20, // 41: ringlimit.v1.RateLimiter.Acquire:input_type -> ringlimit.v1.AllowRequest
+	20, // 42: ringlimit.v1.RateLimiter.Release:input_type -> ringlimit.v1.AllowRequest
+	20, // 43: ringlimit.v1.RateLimiter.Reserve:input_type -> ringlimit.v1.AllowRequest
+	20, // 44: ringlimit.v1.RateLimiter.Settle:input_type -> ringlimit.v1.AllowRequest
+	26, // 45: ringlimit.v1.RateLimiter.AllowStream:input_type -> ringlimit.v1.AllowStreamRequest
+	29, // 46: ringlimit.v1.RateLimiter.Placement:input_type -> ringlimit.v1.PlacementRequest
+	10, // 47: ringlimit.v1.Limiter.Check:output_type -> ringlimit.v1.CheckResponse
+	10, // 48: ringlimit.v1.Limiter.CheckStream:output_type -> ringlimit.v1.CheckResponse
+	16, // 49: ringlimit.v1.Limiter.Replicate:output_type -> ringlimit.v1.ReplicateResponse
+	16, // 50: ringlimit.v1.Limiter.ReplicateStream:output_type -> ringlimit.v1.ReplicateResponse
+	19, // 51: ringlimit.v1.Limiter.Lease:output_type -> ringlimit.v1.LeaseResponse
+	24, // 52: ringlimit.v1.RateLimiter.Allow:output_type -> ringlimit.v1.AllowResponse
+	23, // 53: ringlimit.v1.RateLimiter.AllowBatch:output_type -> ringlimit.v1.AllowBatchResponse
+	24, // 54: ringlimit.v1.RateLimiter.Peek:output_type -> ringlimit.v1.AllowResponse
+	24, // 55: ringlimit.v1.RateLimiter.Refund:output_type -> ringlimit.v1.AllowResponse
+	24, // 56: ringlimit.v1.RateLimiter.Reset:output_type -> ringlimit.v1.AllowResponse
+	24, // 57: ringlimit.v1.RateLimiter.Acquire:output_type -> ringlimit.v1.AllowResponse
+	24, // 58: ringlimit.v1.RateLimiter.Release:output_type -> ringlimit.v1.AllowResponse
+	24, // 59: ringlimit.v1.RateLimiter.Reserve:output_type -> ringlimit.v1.AllowResponse
+	24, // 60: ringlimit.v1.RateLimiter.Settle:output_type -> ringlimit.v1.AllowResponse
+	28, // 61: ringlimit.v1.RateLimiter.AllowStream:output_type -> ringlimit.v1.AllowStreamResponse
+	31, // 62: ringlimit.v1.RateLimiter.Placement:output_type -> ringlimit.v1.PlacementResponse
+	47, // [47:63] is the sub-list for method output_type
+	31, // [31:47] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_ringlimit_proto_init() }
@@ -2918,7 +3029,7 @@ func file_ringlimit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ringlimit_proto_rawDesc), len(file_ringlimit_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -74,6 +74,20 @@ type Config struct {
 	// admissions to the partition's backup before a crash can lose them.
 	// Zero means ReplicateSync.
 	Replication Replication
+	// Spread lets a hot key be decided by many nodes and stay exact: with
+	// SpreadAuto, a node that forwards more than SpreadThreshold decisions
+	// a second for one key asks the key's holder for rights and decides
+	// from them locally (peer's package doc, "Spread keys"). Zero means
+	// SpreadOff. Only for SlidingLog.
+	Spread Spread
+	// SpreadThreshold is the rate of one key's forwarded decisions, per
+	// second at one node, above which the node asks for rights. Zero
+	// means 1000.
+	SpreadThreshold float64
+	// SpreadLease is how long a grant of rights lasts; an unused right
+	// holds its slot until the lease's end plus Window unless returned.
+	// Zero means Window/10 bounded to [1 ms, 1 s]. At most Window.
+	SpreadLease time.Duration
 	// Overrides give exact tenants, or (tenant, subject) pairs, another
 	// limit than Limit, or none. A (tenant, subject) override wins over a
 	// tenant's. Everything else (window, algorithm, failure policy,
@@ -132,6 +146,48 @@ func (o Override) Validate() error {
 		errs = append(errs, fmt.Errorf("limit %d must be positive (or set unlimited)", o.Limit))
 	}
 	return errors.Join(errs...)
+}
+
+// Spread is whether a policy's hot keys are spread over the nodes that
+// decide them. peer re-exports it as peer.Spread.
+type Spread uint8
+
+const (
+	// SpreadOff: every decision of a key is made by its holder.
+	SpreadOff Spread = iota
+	// SpreadAuto: a node that forwards a key often asks for rights and
+	// decides from them.
+	SpreadAuto
+)
+
+// String returns "off" or "auto".
+func (s Spread) String() string {
+	switch s {
+	case SpreadOff:
+		return "off"
+	case SpreadAuto:
+		return "auto"
+	}
+	return fmt.Sprintf("Spread(%d)", uint8(s))
+}
+
+// DefaultSpreadThreshold is SpreadThreshold's zero value.
+const DefaultSpreadThreshold = 1000
+
+// Lease returns the policy's spread lease (SpreadLease or its default).
+func (c Config) Lease() time.Duration {
+	if c.SpreadLease > 0 {
+		return c.SpreadLease
+	}
+	return min(max(c.Window/10, time.Millisecond), time.Second, c.Window)
+}
+
+// Threshold returns SpreadThreshold or its default.
+func (c Config) Threshold() float64 {
+	if c.SpreadThreshold > 0 {
+		return c.SpreadThreshold
+	}
+	return DefaultSpreadThreshold
 }
 
 // Replication is how a policy's admissions reach the partition's backup.

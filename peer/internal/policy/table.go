@@ -166,6 +166,10 @@ func version(pols map[string]Config) uint64 {
 			}
 		}
 		fmt.Fprintf(h, "%q=%d/%d/%d/%d/%t;", n, p.Limit, p.Window, p.Algorithm, res, p.Shadow)
+		if p.Spread != SpreadOff {
+			// Only when set, so every other table keeps its version.
+			fmt.Fprintf(h, "s%d/%d;", p.Spread, p.Lease())
+		}
 		if p.Algorithm == shard.Calendar {
 			// Only for Calendar, so every other table keeps the version
 			// it had before calendars existed. "" and "UTC" are one zone.
@@ -227,6 +231,16 @@ func Validate(pols map[string]Config) []error {
 		}
 		if p.Replication > ReplicateOff {
 			bad("policy %q: unknown replication %d", name, p.Replication)
+		}
+		switch {
+		case p.Spread > SpreadAuto:
+			bad("policy %q: unknown spread %d", name, p.Spread)
+		case p.Spread != SpreadOff && p.Algorithm != shard.SlidingLog:
+			bad("policy %q: spread needs a sliding_log policy, not %v", name, p.Algorithm)
+		case p.SpreadThreshold < 0 || p.SpreadThreshold != p.SpreadThreshold:
+			bad("policy %q: spread threshold %v must not be negative", name, p.SpreadThreshold)
+		case p.SpreadLease < 0 || p.SpreadLease > p.Window || p.SpreadLease > shard.MaxGrantLease:
+			bad("policy %q: spread lease %v must be between 0 and the window %v", name, p.SpreadLease, p.Window)
 		}
 		if p.FallbackLimit < 0 {
 			bad("policy %q: fallback limit %d must not be negative", name, p.FallbackLimit)
