@@ -39,9 +39,20 @@
 //     LeaseDurations. A partition whose holder and backup are both
 //     gone waits for the member with its state; only once that member is
 //     gone for good is it restarted empty (logged at Error and counted).
+//   - A hot key can be spread (PolicyConfig.Spread auto) and stay exact:
+//     a node that forwards it often asks its holder for rights and admits
+//     from them with no network on the decision. The holder counts a
+//     grant of k rights with lease T as k admissions at every instant of
+//     [grant, grant+T], so the grant holds its slots until grant+T+W and
+//     the log plus the outstanding grants bound every window; the grantee
+//     uses rights only inside the lease on its own clock (with the
+//     clock-rate margin) and reports its uses as ages, recorded no
+//     earlier than they happened, which frees the rest. Grants are key
+//     state: replicated before they are handed out, moved with the
+//     partition and charged by a new holder after a takeover. The rules
+//     and the argument are in spread.go and shard's grant.go.
 //
 // What it does not do: it does not authenticate callers (the embedding
-// application builds Keys from authenticated identity), and it does not
-// split one hot key across nodes (hot keys are reported by HotKeys and
-// metrics instead).
+// application builds Keys from authenticated identity). A hot key that is
+// not spread is one decision point (HotKeys and metrics report it).
 package peer

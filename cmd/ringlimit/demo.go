@@ -30,7 +30,9 @@ what ringlimit promises, with real decisions:
   5. crash: the owner is SIGKILLed; requests are "unavailable", never "over limit",
      until the ring converges and decisions resume
   6. hot keys: each owner reports its heaviest keys
-  7. concurrency cap: leases never exceed the cap; a lease never released
+  7. a hot key spread: the node that does not hold it decides from rights
+     the holder granted; no window over the limit, the windows full
+  8. concurrency cap: leases never exceed the cap; a lease never released
      comes back after its TTL
 
 Tables go to stdout, the nodes' logs to stderr: by default only their
@@ -54,6 +56,9 @@ func demoPolicies() map[string]peer.PolicyConfig {
 		// At most 3 jobs in progress per subject; a lease not released
 		// expires after demoLeaseTTL.
 		"jobs": {Limit: 3, Window: demoLeaseTTL, Algorithm: peer.Concurrency},
+		// One organisation-wide key, decided from rights by every node
+		// that receives it once it is hot.
+		"org": {Limit: demoSpreadLimit, Window: demoSpreadWindow, Spread: peer.SpreadAuto, SpreadThreshold: 200},
 	}
 }
 
@@ -173,6 +178,9 @@ func (d *demo) cluster(ctx context.Context) error {
 		return err
 	}
 	if err := d.hotKeys(ctx, live); err != nil {
+		return err
+	}
+	if err := d.spreadHotKey(ctx, live); err != nil {
 		return err
 	}
 	return d.concurrencyCap(ctx, live)

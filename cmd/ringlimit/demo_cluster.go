@@ -371,7 +371,7 @@ const demoLeaseTTL = 400 * time.Millisecond
 // a lease never released comes back after its TTL.
 func (d *demo) concurrencyCap(ctx context.Context, live []*peer.Node) error {
 	const limit = 3
-	d.heading("7. A concurrency cap: at most %d jobs in progress per subject, leases with a %v TTL", limit, demoLeaseTTL)
+	d.heading("8. A concurrency cap: at most %d jobs in progress per subject, leases with a %v TTL", limit, demoLeaseTTL)
 	key := peer.Key{Tenant: "acme", Subject: "batch-runner", Policy: "jobs"}
 	owner, _ := live[0].Owner(key)
 	tw := d.table()

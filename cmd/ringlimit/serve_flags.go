@@ -134,8 +134,9 @@ duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
   GET  /metrics       Prometheus metrics (ringlimit_*, go_*, process_*)
   GET  /debug/ring    members, ring version, partitions owned by this node,
                       policy table version of this node and of each member
-  GET  /debug/hotkeys the heaviest keys this node owns (tenant and subject
-                      are shown: keep /debug and /metrics private)
+  GET  /debug/hotkeys the heaviest keys this node owns, and the spread keys
+                      it decides from rights (tenant and subject are
+                      shown: keep /debug and /metrics private)
   GET  /debug/ownership
                       ownership mode; this node's
                       member ID, the log's leader and voters, its own

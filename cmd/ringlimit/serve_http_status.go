@@ -97,5 +97,21 @@ func (a *httpAPI) debugHotKeys(w http.ResponseWriter, _ *http.Request) {
 		out = append(out, hotKeyInfo{Tenant: h.Key.Tenant, Subject: h.Key.Subject, Policy: h.Key.Policy, Rate: h.Rate})
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Rate > out[j].Rate })
-	writeJSON(w, http.StatusOK, map[string]any{"node": a.node.Name(), "hot_keys": out})
+	spread := []spreadKeyInfo{}
+	for _, k := range a.node.SpreadKeys() {
+		spread = append(spread, spreadKeyInfo{Tenant: k.Key.Tenant, Subject: k.Key.Subject, Policy: k.Key.Policy, Rate: k.Rate, Active: k.Active, Rights: k.Rights, Granted: k.Granted})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"node": a.node.Name(), "hot_keys": out, "spread_keys": spread})
+}
+
+// spreadKeyInfo is one entry of /debug/hotkeys' spread_keys: a key of a
+// spread policy this node decides, or may decide, from rights.
+type spreadKeyInfo struct {
+	Tenant  string  `json:"tenant"`
+	Subject string  `json:"subject"`
+	Policy  string  `json:"policy"`
+	Rate    float64 `json:"rate_per_second"`
+	Active  bool    `json:"asking_for_rights"`
+	Rights  int64   `json:"rights_left"`
+	Granted int64   `json:"rights_granted"`
 }

@@ -130,7 +130,8 @@ func TestServeHTTPAndGRPC(t *testing.T) {
 			t.Errorf("/debug/ring: %d %s", r.status, r.raw)
 		}
 		r = doHTTP(t, "GET", base+"/debug/hotkeys", "")
-		if _, ok := r.body["hot_keys"].([]any); r.status != 200 || !ok {
+		_, spreadOK := r.body["spread_keys"].([]any)
+		if _, ok := r.body["hot_keys"].([]any); r.status != 200 || !ok || !spreadOK {
 			t.Errorf("/debug/hotkeys: %d %s", r.status, r.raw)
 		}
 	})
