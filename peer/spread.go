@@ -74,8 +74,12 @@ const (
 
 // spreadTable is this node's side of spread keys as a grantee.
 type spreadTable struct {
-	mu   sync.Mutex
+	mu   sync.RWMutex
 	keys map[string]*spreadKey
+	// fullUntil (mono): the table was full with nothing idle; new keys
+	// are not tracked until then, so a full table is not scanned per
+	// request.
+	fullUntil int64
 }
 
 // spreadKey is one key this node decides, or may decide, from rights.
@@ -131,6 +135,13 @@ func (n *Node) spreadMetric(pol, event string, units int64) {
 // is full even after forgetting idle keys).
 func (n *Node) spreadLookup(ek []byte, key Key, now int64) *spreadKey {
 	t := &n.spread
+	t.mu.RLock()
+	k := t.keys[string(ek)]
+	full := now < t.fullUntil
+	t.mu.RUnlock()
+	if k != nil || full {
+		return k
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if k := t.keys[string(ek)]; k != nil {
@@ -149,10 +160,11 @@ func (n *Node) spreadLookup(ek []byte, key Key, now int64) *spreadKey {
 			}
 		}
 		if len(t.keys) >= maxSpreadKeys {
+			t.fullUntil = now + int64(time.Second)
 			return nil
 		}
 	}
-	k := &spreadKey{key: key, epoch: now, lastSeen: now}
+	k = &spreadKey{key: key, epoch: now, lastSeen: now}
 	t.keys[string(ek)] = k
 	return k
 }
@@ -435,7 +447,7 @@ type SpreadKey struct {
 // first (for /debug/hotkeys).
 func (n *Node) SpreadKeys() []SpreadKey {
 	now := n.mono()
-	n.spread.mu.Lock()
+	n.spread.mu.RLock()
 	out := make([]SpreadKey, 0, len(n.spread.keys))
 	for _, k := range n.spread.keys {
 		k.mu.Lock()
@@ -448,7 +460,7 @@ func (n *Node) SpreadKeys() []SpreadKey {
 		k.mu.Unlock()
 		out = append(out, s)
 	}
-	n.spread.mu.Unlock()
+	n.spread.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Rate > out[j].Rate })
 	return out
 }

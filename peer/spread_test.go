@@ -195,3 +195,42 @@ func TestSpreadConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestSpreadHolderMoves: the key's holder leaves gracefully while two
+// nodes hammer the key, one of them spending rights the leaver granted.
+// The partition moves with its grants (they are key state), so the new
+// holder keeps charging them: no window, by the direct rule over
+// call–return intervals, holds more than the limit across the move.
+func TestSpreadHolderMoves(t *testing.T) {
+	const limit, window = 200, 300 * time.Millisecond
+	c := startCluster(t, 4, Config{Policies: map[string]PolicyConfig{
+		"hot": {Limit: limit, Window: window, Spread: SpreadAuto, SpreadThreshold: 50, Replication: ReplicateSync},
+	}})
+	leaver := c.nodes[3]
+	key := pmKeyOwnedBy(t, c.nodes[0], "hot", leaver.Name())
+	var ops []history.Op
+	var reasons map[Reason]int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ops, reasons = hammerSpread(t, c.nodes[:2], key, 3, 200000, time.Now().Add(2*time.Second))
+	}()
+	waitFor(t, 5*time.Second, "rights in use before the move", func() bool {
+		ks := c.nodes[0].SpreadKeys()
+		return len(ks) == 1 && ks[0].Granted > 0
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := leaver.Close(ctx); err != nil {
+		t.Fatalf("Close of the holder: %v", err)
+	}
+	<-done
+	if v := history.CheckWindow(ops, func(string) history.Limits { return history.Limits{Limit: limit, Window: window} }); len(v) > 0 {
+		t.Fatalf("%d window violations across the move, first: %v", len(v), v[0])
+	}
+	owner, _ := c.nodes[0].Owner(key)
+	t.Logf("answers by reason: %v; %d admitted (unknown outcomes counted); new holder %s", reasons, len(ops), owner)
+	if owner == leaver.Name() || reasons[ReasonSpread] == 0 {
+		t.Fatalf("owner %s, %d decisions from rights; want the key moved and spread", owner, reasons[ReasonSpread])
+	}
+}
