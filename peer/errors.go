@@ -13,7 +13,10 @@ var (
 	// counts against the quota, so the limit still holds, but the caller
 	// cannot know that unit was spent.
 	ErrUnavailable = errors.New("peer: limiter unavailable")
-	// ErrClosed is returned by Allow after Close has started.
+	// ErrClosed is returned by Allow after Close has started. A call
+	// that was in flight when Close stopped the node may have been
+	// decided (its forward sent, its admission made): like
+	// ErrUnavailable, its outcome is unknown.
 	ErrClosed = errors.New("peer: node closed")
 	// ErrInvalidConfig is wrapped by every problem New finds in a Config.
 	ErrInvalidConfig = errors.New("peer: invalid config")

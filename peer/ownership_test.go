@@ -258,6 +258,10 @@ func (l *hoLoad) one(nd *Node, i int) bool {
 	}
 	switch {
 	case errors.Is(err, ErrClosed):
+		// A call in flight when nd stopped may have been decided (its
+		// forward sent, or its admission replicated before the wait for
+		// the backup gave up): its outcome is unknown.
+		l.unavail[i].Add(1)
 		return false
 	case errors.Is(err, ErrUnavailable):
 		l.unavail[i].Add(1)

@@ -99,6 +99,16 @@ func (s *sim) planFault(warm int64) {
 					s.crash(v)
 				}
 			})
+		case FaultLeavePause:
+			if b := s.backupOf(victim); b != nil && b != victim {
+				d := span(time.Second, 40*time.Second)
+				b.paused = s.now + d
+				s.note("pause %s, the backup, for %v", b.id, time.Duration(d))
+				s.extendEnd(d)
+			}
+			victim.leaving = true
+			s.note("leave %s (gracefully: its partitions move first)", victim.id)
+			s.drain(victim, s.now)
 		case FaultLeave:
 			victim.leaving = true
 			s.note("leave %s (gracefully: its partitions move first)", victim.id)

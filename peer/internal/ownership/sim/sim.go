@@ -54,9 +54,15 @@ const (
 	// outside the promise. Their partitions' state is lost, which must be
 	// counted (Result.Lost), never silent.
 	FaultDouble = numFaults
+	// FaultLeavePause is a graceful leave of a holder while its backup
+	// pauses for up to 40 s: two faults at once. Nothing may be admitted
+	// over the limit (the paused backup's copy is current when it wakes,
+	// and the leaver stops deciding at its close deadline); what it
+	// costs is availability, which Result.Unavailable reports.
+	FaultLeavePause = numFaults + 1
 )
 
-var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash", "double crash"}
+var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash", "double crash", "leave while the backup pauses"}
 
 func (f Fault) String() string { return faultNames[f] }
 

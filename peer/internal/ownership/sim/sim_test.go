@@ -192,3 +192,36 @@ func TestDoubleFaults(t *testing.T) {
 		t.Errorf("no double crash lost state: the fault did not hit a holder and its backup")
 	}
 }
+
+// TestLeaveWhileBackupPauses leaves a holder gracefully while its backup
+// pauses (up to 40 s): two faults at once, outside the promise. The
+// leaver's drain cannot copy to a paused member, so it may stop at its
+// close deadline still holding; when the pause outlasts the backup's
+// liveness, the log ends the backup too and the partition restarts
+// empty. Every such loss must be counted (Result.Lost), and a window over
+// the limit may only ever follow a counted loss.
+func TestLeaveWhileBackupPauses(t *testing.T) {
+	n := max(seeds(t)/10, 6)
+	var lost, over int
+	var worst time.Duration
+	for seed := uint64(1); seed <= uint64(n); seed++ {
+		o := options(seed)
+		o.Fault, o.NoFault = FaultLeavePause, false
+		o.Window, o.Limit = 5*time.Second, 8
+		r := run(t, o)
+		if r.Lost > 0 {
+			lost++
+		}
+		if len(r.Report.Violations) > 0 {
+			over++
+			if r.Lost == 0 {
+				t.Errorf("a window over the limit without a counted loss:\n%s", r)
+			}
+		}
+		if r.Counters.MissingCopy > 0 {
+			t.Errorf("a holding handed without its state:\n%s", r)
+		}
+		worst = max(worst, r.Unavailable)
+	}
+	t.Logf("%d leaves while the backup paused: %d lost a partition's state (counted, restarted empty), %d of them then admitted more than the limit in a window; longest unavailability %v", n, lost, over, worst)
+}
