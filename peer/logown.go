@@ -659,7 +659,7 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 		for _, k := range keys {
 			if h.kind == peerpb.PartitionOp_KIND_REPLACE {
 				pt.store.Delete(k.st.Key)
-				if len(k.st.Runs) == 0 {
+				if len(k.st.Runs) == 0 && len(k.st.Reservations) == 0 && len(k.st.Grants) == 0 {
 					accepted++
 					continue
 				}

@@ -167,26 +167,7 @@ func TestRaftTraffic(t *testing.T) {
 // count every such loss (a partition restarted empty), and a window over
 // the limit may only ever follow a counted loss.
 func TestDoubleFaults(t *testing.T) {
-	n := max(seeds(t)/10, 6)
-	var lost, over int
-	for seed := uint64(1); seed <= uint64(n); seed++ {
-		o := options(seed)
-		o.Fault, o.NoFault = FaultDouble, false
-		o.Window, o.Limit = 5*time.Second, 8
-		r := run(t, o)
-		if r.Lost > 0 {
-			lost++
-		}
-		if len(r.Report.Violations) > 0 {
-			over++
-			if r.Lost == 0 {
-				t.Errorf("a window over the limit without a counted loss:\n%s", r)
-			}
-		}
-		if r.Counters.MissingCopy > 0 {
-			t.Errorf("a holding handed without its state:\n%s", r)
-		}
-	}
+	n, lost, over, _ := runDoubleFault(t, FaultDouble)
 	t.Logf("%d double crashes: %d lost a partition's state (counted, restarted empty), %d of them then admitted more than the limit in a window", n, lost, over)
 	if lost == 0 {
 		t.Errorf("no double crash lost state: the fault did not hit a holder and its backup")
@@ -198,15 +179,23 @@ func TestDoubleFaults(t *testing.T) {
 // leaver's drain cannot copy to a paused member, so it may stop at its
 // close deadline still holding; when the pause outlasts the backup's
 // liveness, the log ends the backup too and the partition restarts
-// empty. Every such loss must be counted (Result.Lost), and a window over
-// the limit may only ever follow a counted loss.
+// empty. Every such loss must be counted, as for TestDoubleFaults.
 func TestLeaveWhileBackupPauses(t *testing.T) {
-	n := max(seeds(t)/10, 6)
-	var lost, over int
-	var worst time.Duration
+	n, lost, over, worst := runDoubleFault(t, FaultLeavePause)
+	t.Logf("%d leaves while the backup paused: %d lost a partition's state (counted, restarted empty), %d of them then admitted more than the limit in a window; longest unavailability %v", n, lost, over, worst)
+}
+
+// runDoubleFault runs a tenth of the seeds (at least 6) with the double
+// fault f and counts the runs that lost a partition's state and those
+// that went over the limit in a window, failing t for a window over the
+// limit without a counted loss and for a holding handed without its
+// state. worst is the longest unavailability.
+func runDoubleFault(t *testing.T, f Fault) (n, lost, over int, worst time.Duration) {
+	t.Helper()
+	n = max(seeds(t)/10, 6)
 	for seed := uint64(1); seed <= uint64(n); seed++ {
 		o := options(seed)
-		o.Fault, o.NoFault = FaultLeavePause, false
+		o.Fault, o.NoFault = f, false
 		o.Window, o.Limit = 5*time.Second, 8
 		r := run(t, o)
 		if r.Lost > 0 {
@@ -223,5 +212,5 @@ func TestLeaveWhileBackupPauses(t *testing.T) {
 		}
 		worst = max(worst, r.Unavailable)
 	}
-	t.Logf("%d leaves while the backup paused: %d lost a partition's state (counted, restarted empty), %d of them then admitted more than the limit in a window; longest unavailability %v", n, lost, over, worst)
+	return n, lost, over, worst
 }
