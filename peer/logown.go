@@ -503,6 +503,7 @@ func (lo *logOwner) SendCopy(a ownership.Action) {
 		if err := lo.sendCopy(ctx, a, to, keys); err != nil {
 			n.log.Debug("partition copy failed", "partition", a.P, "to", to, "err", err)
 			n.metrics.Backup("sent", "error", 1)
+			lo.run.CopyFailed(a.P, a.To, a.Epoch, a.Seq)
 			return
 		}
 		n.metrics.Backup("sent", "ok", 1)

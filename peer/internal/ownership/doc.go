@@ -14,7 +14,7 @@
 //     can never hold one partition at one epoch, and a refused command
 //     changes nothing.
 //   - Machine, one member's side: events in (Tick, Apply, SetView,
-//     CopyAcked, OfferCopy), actions out (Propose, SendCopy, Reset), and
+//     CopyAcked, CopyFailed, OfferCopy), actions out (Propose, SendCopy, Reset), and
 //     the decision path's one question, MayDecide, answered from memory
 //     without allocating.
 //
@@ -41,11 +41,12 @@
 //     can end it: whatever its gossip view says.
 //  4. A holder moves a partition to its ring target itself: it fences the
 //     partition, copies it, and only once the target confirms the copy
-//     proposes Move at the partition's epoch. A copy that fails lifts the
-//     fence (nothing was proposed, and the receiver acts on a copy only
-//     when a command names it with that copy's epoch and sequence); a copy
-//     that times out doubles the next one's wait, up to MaxCopyWait, so
-//     that slow copies finish rather than restart forever. A
+//     proposes Move at the partition's epoch. A copy that fails (refused,
+//     or its connection lost: CopyFailed) lifts the fence at once (nothing
+//     was proposed, and the receiver acts on a copy only when a command
+//     names it with that copy's epoch and sequence); a copy that times out
+//     doubles the wait for later ones, up to MaxCopyWait, so that slow
+//     copies finish rather than restart forever. A
 //     proposed Move may commit late: the holder stays fenced until some
 //     command at that epoch applies, proposing Keep after Retry; whichever
 //     commits first wins, the other is refused. The old holder becomes the

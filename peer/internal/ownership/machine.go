@@ -86,7 +86,8 @@ const (
 	// be lost; the machine proposes again when it matters.
 	Propose ActionKind = iota + 1
 	// SendCopy: export partition P's whole state and send it to To,
-	// tagged (Epoch, Seq); call CopyAcked when To confirms it installed it.
+	// tagged (Epoch, Seq); call CopyAcked when To confirms it installed it,
+	// CopyFailed when it refuses or the copy fails.
 	SendCopy
 	// Reset: partition P's local state becomes empty (a grant).
 	Reset
@@ -124,6 +125,9 @@ type local struct {
 	move  bool   // the copy is for a Move (else a SetBackup)
 	seq   uint64 // the copy's sequence
 	since int64  // when the fence (or its last Keep) began
+	wait  int64  // how long the copy may take: the machine's wait at its start
+	// retryAt: after a copy failed, no new copy begins before it.
+	retryAt int64
 	// have: the member's local state of the partition is complete for its
 	// holding (set when it was granted, moved or handed the partition).
 	have bool
@@ -387,6 +391,27 @@ func (m *Machine) CopyAcked(p int, to string, epoch, seq uint64, now int64) []Ac
 	}
 	c.Seq = seq
 	return []Action{{Kind: Propose, Cmd: c}}
+}
+
+// CopyFailed tells the machine that to did not install its copy of p
+// tagged (epoch, seq): it refused (it is leaving, say, and gossip has not
+// said so yet), or the connection failed. Nothing was proposed, so the
+// fence is lifted at once, as a timeout would lift it, without lengthening
+// the wait for later copies; the partition begins no new copy for Retry/4,
+// so a receiver that refuses is not asked again at every tick. As after a
+// timeout, a copy to the current backup may have been installed: the
+// backup is copied again before the partition decides.
+func (m *Machine) CopyFailed(p int, to string, epoch, seq uint64, now int64) []Action {
+	m.gen++
+	l := &m.parts[p]
+	if l.fence != fenceCopy || l.to != to || l.epoch != epoch || l.seq != seq {
+		return nil
+	}
+	l.fence, l.retryAt = fenceNone, now+int64(m.cfg.Retry)/4
+	if l.to == m.table.Parts[p].Backup {
+		l.recopy, l.recopyAfter = true, l.seq
+	}
+	return nil
 }
 
 // Apply applies one committed command to the table, at now (this
@@ -702,12 +727,14 @@ func (m *Machine) tickPartition(p int, now int64, acts []Action) []Action {
 	}
 	switch l.fence {
 	case fenceCopy:
-		if now-l.since >= m.copyWait {
+		if now-l.since >= l.wait {
 			// Nothing was proposed: the copy's receiver cannot act on it.
-			// The next copy may take longer.
+			// The next copy may take longer: twice what this one had
+			// (copies begun together and timing out together double the
+			// wait once, not once each).
 			l.fence = fenceNone
 			m.count.CopyTimeouts++
-			m.copyWait = min(2*m.copyWait, int64(m.cfg.MaxCopyWait))
+			m.copyWait = max(m.copyWait, min(2*l.wait, int64(m.cfg.MaxCopyWait)))
 			if l.to == pt.Backup {
 				// But the backup may have installed it, and a backup
 				// holding a copy no command names refuses replicas (a
@@ -725,7 +752,7 @@ func (m *Machine) tickPartition(p int, now int64, acts []Action) []Action {
 		}
 		return acts
 	}
-	if !l.have || now >= m.liveUntil {
+	if !l.have || now >= m.liveUntil || now < l.retryAt {
 		return acts
 	}
 	if p < len(m.view.Target) {
@@ -807,7 +834,7 @@ func (m *Machine) pickBackup(p int, now int64) string {
 func (m *Machine) startCopy(p int, to string, move bool, now int64, acts []Action) []Action {
 	l := &m.parts[p]
 	m.seq++
-	l.fence, l.epoch, l.to, l.move, l.seq, l.since = fenceCopy, m.table.Parts[p].Epoch, to, move, m.seq, now
+	l.fence, l.epoch, l.to, l.move, l.seq, l.since, l.wait = fenceCopy, m.table.Parts[p].Epoch, to, move, m.seq, now, m.copyWait
 	return append(acts, Action{Kind: SendCopy, P: p, To: to, Epoch: l.epoch, Seq: l.seq})
 }
 

@@ -192,6 +192,66 @@ func TestCopyWaitGrows(t *testing.T) {
 	}
 }
 
+// TestCopyFailedLiftsFence: a copy its receiver refuses lifts the fence
+// at once (not after the copy wait), leaves the wait for later copies as
+// it was, and the partition begins no new copy for Retry/4. Copies begun
+// together that time out together double the wait once, not once each.
+func TestCopyFailedLiftsFence(t *testing.T) {
+	const d = int64(2 * time.Second)
+	m := New(Config{ID: "a", Liveness: time.Duration(d), MaxCopyWait: 16 * time.Second}, 4)
+	m.SetLeader(true, 0)
+	m.SetView(View{Target: []string{"a", "a", "a", "a"}, Members: []string{"a", "b"}})
+	now := int64(1)
+	for range 3 { // join, extend, grant
+		step(m, m.Tick(now), now)
+		now++
+	}
+	retry := int64(m.cfg.Retry)
+	copies := func(at int64) []Action {
+		step(m, []Action{{Kind: Propose, Cmd: Command{Kind: Extend, Member: "b", Epoch: 1, Seq: uint64(at)}}}, at)
+		var out []Action
+		for _, a := range step(m, m.Tick(at), at) {
+			if a.Kind == SendCopy {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	step(m, m.Apply(Command{Kind: Join, Member: "b"}, now), now)
+	cp := copies(now)
+	if len(cp) != 4 {
+		t.Fatalf("%d copies begun, want one per partition (4)", len(cp))
+	}
+	// All four time out together: the wait doubles once.
+	now += retry
+	copies(now)
+	if got := int64(m.CopyWait()); got != 2*retry {
+		t.Fatalf("copy wait %v after four copies timed out together, want %v (doubled once)", time.Duration(got), time.Duration(2*retry))
+	}
+	cp = copies(now + 1)
+	now++
+	if len(cp) != 4 {
+		t.Fatalf("%d copies begun again, want 4", len(cp))
+	}
+	// b refuses the first: its fence lifts at once, the wait stays.
+	if acts := m.CopyFailed(cp[0].P, "b", cp[0].Epoch, cp[0].Seq+1, now); acts != nil || m.parts[cp[0].P].fence != fenceCopy {
+		t.Fatal("a failure of another copy (wrong seq) lifted the fence")
+	}
+	m.CopyFailed(cp[0].P, "b", cp[0].Epoch, cp[0].Seq, now)
+	if m.parts[cp[0].P].fence != fenceNone {
+		t.Fatal("a refused copy still fences its partition")
+	}
+	if got := int64(m.CopyWait()); got != 2*retry {
+		t.Fatalf("copy wait %v after a refusal, want %v (unchanged)", time.Duration(got), time.Duration(2*retry))
+	}
+	if c := copies(now + retry/4 - 1); len(c) != 0 {
+		t.Fatalf("a copy begun again %v after a refusal: %+v; want none before Retry/4", time.Duration(retry/4-1), c)
+	}
+	if c := copies(now + retry/4); len(c) != 1 || c[0].P != cp[0].P {
+		t.Fatalf("copies begun Retry/4 after the refusal: %+v; want partition %d's again", c, cp[0].P)
+	}
+}
+
 // join applies Join and a first Extend for each id, at now.
 func join(t *testing.T, m *Machine, now int64, ids ...string) {
 	t.Helper()

@@ -257,6 +257,12 @@ func (m *Member) CopyAcked(p int, to string, epoch, seq uint64, now int64) Outpu
 	return m.ready(now)
 }
 
+// CopyFailed tells the machine a copy was refused or failed.
+func (m *Member) CopyFailed(p int, to string, epoch, seq uint64, now int64) Output {
+	m.do(m.own.CopyFailed(p, to, epoch, seq, now))
+	return m.ready(now)
+}
+
 // Raise tells the machine a policy's replication became stronger.
 func (m *Member) Raise(now int64) Output {
 	m.own.Raise()

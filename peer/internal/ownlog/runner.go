@@ -20,7 +20,8 @@ type Transport interface {
 }
 
 // Data carries out the machine's data actions: export a partition and
-// send it (the driver calls CopyAcked when the receiver confirms), or
+// send it (the driver calls CopyAcked when the receiver confirms,
+// CopyFailed when it refuses or the copy fails), or
 // empty one; and mirrors each partition's published state into the
 // driver's own records. Called from the Runner's goroutine, with the
 // partition's gate held in write mode, so no decision is in flight on it;
@@ -217,6 +218,11 @@ func (r *Runner) Raise(ctx context.Context) {
 // CopyAcked tells the machine a copy was installed by its receiver.
 func (r *Runner) CopyAcked(p int, to string, epoch, seq uint64) {
 	r.do(func() { r.carry(r.m.CopyAcked(p, to, epoch, seq, r.mono())) })
+}
+
+// CopyFailed tells the machine a copy was refused or failed.
+func (r *Runner) CopyFailed(p int, to string, epoch, seq uint64) {
+	r.do(func() { r.carry(r.m.CopyFailed(p, to, epoch, seq, r.mono())) })
 }
 
 // OfferCopy asks the machine whether a copy may be installed; it waits for

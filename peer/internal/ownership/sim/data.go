@@ -253,6 +253,9 @@ func (m *member) sendCopy(a ownership.Action) {
 		// A leaving member refuses copies before asking its machine, as
 		// peer's does once Close began.
 		if to.leaving || !to.own.OfferCopy(p, from, epoch, seq) {
+			s.send(to, m, func() {
+				m.carry(m.log.CopyFailed(p, to.id, epoch, seq, m.mono()))
+			})
 			return
 		}
 		st := map[string][]entry{}
