@@ -506,6 +506,7 @@ func TestPipeLostAnswer(t *testing.T) {
 // confirmed: the confirmed ones plus the backup's own never exceed the
 // limit.
 func TestReplicationMessageLost(t *testing.T) {
+	t.Parallel()
 	const limit = 10
 	const forwardTimeout = crashForwardTimeout
 	c := startCrashCluster(t, map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}})
@@ -558,6 +559,7 @@ func TestReplicationMessageLost(t *testing.T) {
 // crash then left the backup, once it learned the policy, with a full
 // quota on top of what had been admitted.
 func TestPolicyUnknownToBackupNotConfirmed(t *testing.T) {
+	t.Parallel()
 	const limit = 5
 	base := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}}
 	both := map[string]PolicyConfig{"p": base["p"], "q": {Limit: limit, Window: time.Hour}}
@@ -602,6 +604,7 @@ func TestPolicyUnknownToBackupNotConfirmed(t *testing.T) {
 // the backup kept only its old limit's worth and admitted the difference
 // again.
 func TestLimitRaisedOnHolderFirst(t *testing.T) {
+	t.Parallel()
 	const oldLimit, newLimit = 4, 8
 	oldT := map[string]PolicyConfig{"p": {Limit: oldLimit, Window: time.Hour}}
 	newT := map[string]PolicyConfig{"p": {Limit: newLimit, Window: time.Hour}}
@@ -641,6 +644,7 @@ func finishRollAndCrash(t *testing.T, tab map[string]PolicyConfig, holder *Node,
 // in a window of limit 4. Replication messages now carry the holder's
 // windows while the tables differ, and the backup keeps the longer one.
 func TestWindowRaisedOnHolderFirst(t *testing.T) {
+	t.Parallel()
 	const limit = 4
 	oldT := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Minute}}
 	newT := map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour}}

@@ -206,6 +206,7 @@ func manyPolicies(n int) []string {
 // TestRefundReplicated crashes the holder right after a refund: the backup
 // continues from a copy that has the refund (and a reset) applied.
 func TestRefundReplicated(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, 3, Config{
 		Gossip:   hoGossip,
 		Policies: map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}},

@@ -409,6 +409,7 @@ func TestOwnershipLargePartition(t *testing.T) {
 // restarts the crashed node under its old name: it gets its partitions back
 // by transfer, and the counts still hold.
 func TestOwnershipCrashAndRestart(t *testing.T) {
+	t.Parallel()
 	const limit = 20
 	c := startCluster(t, 3, Config{
 		Gossip:   hoGossip,
@@ -523,6 +524,7 @@ func TestGracefulMoveKeepsUnreplicated(t *testing.T) {
 // the holder is killed the backup continues with every admission that was
 // acknowledged.
 func TestBackupAtCapacity(t *testing.T) {
+	t.Parallel()
 	const limit = 5
 	c := startClusterWith(t, 3, Config{
 		Gossip:   hoGossip,
@@ -591,6 +593,7 @@ func TestBackupAtCapacity(t *testing.T) {
 // deciding. Either way the caller gets unavailable and no window holds
 // more than the limit.
 func TestPauseMidDecision(t *testing.T) {
+	t.Parallel()
 	type op struct {
 		name string
 		alg  Algorithm
@@ -610,6 +613,7 @@ func TestPauseMidDecision(t *testing.T) {
 	}{{ReplicateSync, allow}, {ReplicateAsync, allow}, {ReplicateOff, allow}, {ReplicateAsync, acquire}} {
 		mode := tc.mode
 		t.Run(mode.String()+"/"+tc.op.name, func(t *testing.T) {
+			t.Parallel()
 			const limit = 5
 			c := startCluster(t, 3, Config{
 				Gossip:         hoGossip,
