@@ -386,3 +386,22 @@ func (n *Node) replQueuedForTest(to string) int {
 	}
 	return 0
 }
+
+// spreadDeadlineForTest returns the latest deadline (mono) of the grants
+// n holds for key, 0 when it holds none.
+func (n *Node) spreadDeadlineForTest(key Key) int64 {
+	ek, _ := key.AppendEncoded(nil)
+	n.spread.mu.RLock()
+	k := n.spread.keys[string(ek)]
+	n.spread.mu.RUnlock()
+	if k == nil {
+		return 0
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var last int64
+	for _, g := range k.live {
+		last = max(last, g.deadline)
+	}
+	return last
+}

@@ -107,7 +107,8 @@ type Node struct {
 	// this node would send that it returns true for, unsent.
 	copyUnsent atomic.Pointer[func(pid int, to string) bool]
 	// decideHook, when set (tests only), runs in decideHere between the
-	// lease check and the decision.
+	// lease check and the decision, and in spreadDecide between spending
+	// rights and the check of their deadline.
 	decideHook atomic.Pointer[func()]
 	// pipeBreaks counts streams to peers that broke (tests wait on it).
 	pipeBreaks atomic.Int64

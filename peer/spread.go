@@ -233,11 +233,22 @@ func (n *Node) spreadDecide(v *view, r *opReq, ek []byte, d *Decision) bool {
 	}
 	if g != nil {
 		k.mu.Unlock()
-		*d = Decision{Allowed: true, Limit: p.Shard.Limit, Remaining: left, Reason: ReasonSpread, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: n.clock()}
-		n.spreadMetric(p.Name, "used", r.hits)
 		if refill {
 			n.startGrant(k, p)
 		}
+		if h := n.decideHook.Load(); h != nil {
+			(*h)() // tests: a pause between spending the rights and the answer
+		}
+		if n.mono() > g.deadline {
+			// Paused past the grant's deadline since its rights were
+			// checked: admitting now would be an admission the holder
+			// stops charging too early. The use stays recorded (and
+			// reported: the holder charges it, which can only refuse
+			// more); the request is forwarded instead.
+			return false
+		}
+		*d = Decision{Allowed: true, Limit: p.Shard.Limit, Remaining: left, Reason: ReasonSpread, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: n.clock()}
+		n.spreadMetric(p.Name, "used", r.hits)
 		return true
 	}
 	refused := now < k.refusedUntil

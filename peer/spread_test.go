@@ -274,3 +274,53 @@ func TestSpreadTableCap(t *testing.T) {
 		t.Fatalf("%d keys tracked after the idle ones were forgotten, want 1", got)
 	}
 }
+
+// TestSpreadGranteePausePastDeadline pauses a grantee between spending a
+// right and answering, until the grant's deadline has passed (a GC pause
+// or SIGSTOP at the worst moment). Admitting then would be an admission
+// the holder stops charging too early; the grantee must forward the
+// request instead, and its holder decides it.
+func TestSpreadGranteePausePastDeadline(t *testing.T) {
+	const lease = 400 * time.Millisecond
+	cfg := logConfig(100, time.Minute)
+	cfg.Policies = map[string]PolicyConfig{"hot": {Limit: 100, Window: time.Minute, Spread: SpreadAuto, SpreadThreshold: 1, SpreadLease: lease, Replication: ReplicateSync}}
+	c := startCluster(t, 2, cfg)
+	ctx := context.Background()
+	via, holder := c.nodes[0], c.nodes[1]
+	key := pmKeyOwnedBy(t, via, "hot", holder.Name())
+	waitFor(t, 10*time.Second, "a decision from rights", func() bool {
+		d, err := via.Allow(ctx, Request{Key: key})
+		if err != nil || !d.Allowed {
+			t.Fatalf("Allow = %+v, %v", d, err)
+		}
+		return d.Reason == ReasonSpread
+	})
+	if ks := via.SpreadKeys(); len(ks) != 1 || ks[0].Rights <= 0 {
+		t.Fatalf("SpreadKeys = %+v; want rights held", ks)
+	}
+	// The next decision from rights pauses after spending one until
+	// every grant's deadline has passed.
+	paused := make(chan struct{})
+	var once sync.Once
+	via.setDecideHookForTest(func() {
+		once.Do(func() {
+			close(paused)
+			deadline := via.spreadDeadlineForTest(key)
+			waitFor(t, 10*time.Second, "the grants' deadlines to pass", func() bool {
+				return deadline > 0 && via.mono() > deadline && via.mono() > via.spreadDeadlineForTest(key)
+			})
+		})
+	})
+	d, err := via.Allow(ctx, Request{Key: key})
+	select {
+	case <-paused:
+	default:
+		t.Fatalf("the decision did not pass the hook: %+v, %v", d, err)
+	}
+	if err != nil {
+		t.Fatalf("Allow after the pause: %v", err)
+	}
+	if d.Reason == ReasonSpread || d.Owner != holder.Name() {
+		t.Fatalf("Allow after a pause past the grant's deadline = %+v; want it forwarded to and decided by %s", d, holder.Name())
+	}
+}
