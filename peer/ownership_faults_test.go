@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/ringlimit/ringlimit/shard"
 )
 
@@ -312,9 +314,9 @@ func TestOwnershipConcurrentChanges(t *testing.T) {
 // new holder and asking the backup after it takes over).
 func TestOwnershipLargePartition(t *testing.T) {
 	if testing.Short() {
-		t.Skip("fills a partition with over 8 MiB of state")
+		t.Skip("fills a partition with over 5 MiB of state")
 	}
-	const limit, runs = 1 << 20, 400
+	const limit, runs = 1 << 20, 300
 	clk := &hoClock{}
 	c := startCluster(t, 2, Config{
 		Clock:  clk.Now,
@@ -341,8 +343,8 @@ func TestOwnershipLargePartition(t *testing.T) {
 			keys = append(keys, k)
 		}
 	}
-	// runs distinct admission instants per key, 1 ms apart: 2000 × 400
-	// runs ≈ 800k runs, about 10 MiB on the wire. They are put into n0's
+	// runs distinct admission instants per key, 1 ms apart: 2000 × 300
+	// runs, over 5 MB on the wire (checked below). They are put into n0's
 	// store directly: 800 000 admissions through Allow took most of the
 	// test's 29 s under the race detector, and what is checked is the
 	// copies made after.
@@ -350,11 +352,16 @@ func TestOwnershipLargePartition(t *testing.T) {
 	for r := range ages {
 		ages[r] = shard.Run{Age: time.Duration(runs-1-r) * time.Millisecond, Count: 1}
 	}
+	wire := 0
 	for _, k := range keys {
 		ks := shard.KeyState{Key: k, Algorithm: shard.SlidingLog, Runs: ages}
+		wire += proto.Size(stateToWire(ks))
 		if err := n0.fillForTest(pid, ks, "big", clk.Now()); err != nil {
 			t.Fatalf("fill: %v", err)
 		}
+	}
+	if wire <= 5<<20 {
+		t.Fatalf("the partition's state is %d bytes on the wire; want more than 5 MiB (gRPC's default limit is 4 MiB)", wire)
 	}
 	clk.Advance(time.Millisecond)
 	// A joiner that becomes the partition's target receives it by copy
@@ -400,7 +407,14 @@ func TestOwnershipLargePartition(t *testing.T) {
 	if bnode == nil {
 		t.Fatalf("backup %q of partition %d is not a test node", backup, pid)
 	}
-	c.waitMembers(2)
+	// The takeover, seen from the node that asks (a peek spends
+	// nothing): waiting for gossip to drop the dead member took longer.
+	waitFor(t, 20*time.Second, "the backup to decide for the partition", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		d, err := c.nodes[1].Peek(ctx, Request{Key: keys[0]})
+		return err == nil && d.Owner == bnode.Name()
+	})
 	check(c.nodes[1], bnode.Name(), 1, 1)
 }
 
