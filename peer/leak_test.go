@@ -3,12 +3,9 @@ package peer
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"reflect"
-	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,15 +23,6 @@ import (
 // fast profile; goleak's own retries last about half a second. Parallel
 // tests run last, so their clusters close just before the check.
 func TestMain(m *testing.M) {
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
-		// The parallel tests are fault scenes that mostly wait on leases
-		// and gossip timers, not on the CPU: four at a time rather than
-		// GOMAXPROCS (2 on CI's machine). -test.parallel overrides it.
-		_ = flag.Set("test.parallel", strconv.Itoa(max(4, runtime.GOMAXPROCS(0))))
-	}
 	code := m.Run()
 	if code == 0 {
 		deadline := time.NewTimer(leakGrace)
