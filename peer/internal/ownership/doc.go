@@ -88,7 +88,12 @@
 // Liveness plus one commit; losing the log's majority stops every holder
 // within one Liveness (fail closed) until a majority is back; losing a
 // holder and its backup for good loses the partition's state (restarted
-// empty by command, counted). A holder whose backup failed decides
+// empty by command, counted). So does a holder that leaves (or stops at
+// its close deadline) while its backup is paused past its own liveness:
+// the log ends the paused backup too, and the backup's copy is not
+// trusted after its liveness ended, since the holder may have decided
+// unreplicated meanwhile (the simulator's TestLeaveWhileBackupPauses
+// counts it). A holder whose backup failed decides
 // without replication until a new backup has a copy.
 //
 // What it does not do: it does not run raft (package ownlog joins the
