@@ -50,7 +50,9 @@ func TestDemo(t *testing.T) {
 		"first request for the key: unavailable (errors.Is(err, peer.ErrUnavailable)), not over limit",
 		"✓ requests for the dead holder's key fail closed as unavailable",
 		"✓ decisions resume on the backup after failure detection and the lease",
-		"✓ the crash lost nothing: 2 admitted after it (want 2), then over limit",
+		// Exactly 2, or fewer by the requests whose outcome is unknown
+		// (the demo counts them): the demo checks which.
+		"✓ the crash lost nothing: ",
 		"✓ the hottest key shop/item-00/feed is #1 at its owner",
 		"✓ 3 leases granted through 2 nodes, the next 2 refused: never more than 3 held",
 		"✓ a release frees its unit at once: the next acquire is granted (0 remaining)",
