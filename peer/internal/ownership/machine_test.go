@@ -129,29 +129,8 @@ func TestMayDecideDoesNotAllocate(t *testing.T) {
 // beginning them again forever; a copy that finishes brings the wait back
 // toward twice its duration, never under Retry.
 func TestCopyWaitGrows(t *testing.T) {
-	const d = int64(2 * time.Second)
-	m := New(Config{ID: "a", Liveness: time.Duration(d), MaxCopyWait: 4 * time.Second}, 1)
-	m.SetLeader(true, 0)
-	m.SetView(View{Target: []string{"a"}, Members: []string{"a", "b"}})
-	now := int64(1)
-	for range 3 { // join, extend, grant
-		step(m, m.Tick(now), now)
-		now++
-	}
+	m, now, copies := copyScene(4*time.Second, 1)
 	retry := int64(m.cfg.Retry)
-	// copies returns the copies a's ticks begin, applying its proposals
-	// (b extends too, so it stays fresh).
-	copies := func(at int64) []Action {
-		step(m, []Action{{Kind: Propose, Cmd: Command{Kind: Extend, Member: "b", Epoch: 1, Seq: uint64(at)}}}, at)
-		var out []Action
-		for _, a := range step(m, m.Tick(at), at) {
-			if a.Kind == SendCopy {
-				out = append(out, a)
-			}
-		}
-		return out
-	}
-	step(m, m.Apply(Command{Kind: Join, Member: "b"}, now), now)
 	var cp []Action
 	for wantWait := retry; wantWait <= int64(4*time.Second); wantWait *= 2 {
 		if cp = copies(now); len(cp) != 1 {
@@ -197,27 +176,8 @@ func TestCopyWaitGrows(t *testing.T) {
 // it was, and the partition begins no new copy for Retry/4. Copies begun
 // together that time out together double the wait once, not once each.
 func TestCopyFailedLiftsFence(t *testing.T) {
-	const d = int64(2 * time.Second)
-	m := New(Config{ID: "a", Liveness: time.Duration(d), MaxCopyWait: 16 * time.Second}, 4)
-	m.SetLeader(true, 0)
-	m.SetView(View{Target: []string{"a", "a", "a", "a"}, Members: []string{"a", "b"}})
-	now := int64(1)
-	for range 3 { // join, extend, grant
-		step(m, m.Tick(now), now)
-		now++
-	}
+	m, now, copies := copyScene(16*time.Second, 4)
 	retry := int64(m.cfg.Retry)
-	copies := func(at int64) []Action {
-		step(m, []Action{{Kind: Propose, Cmd: Command{Kind: Extend, Member: "b", Epoch: 1, Seq: uint64(at)}}}, at)
-		var out []Action
-		for _, a := range step(m, m.Tick(at), at) {
-			if a.Kind == SendCopy {
-				out = append(out, a)
-			}
-		}
-		return out
-	}
-	step(m, m.Apply(Command{Kind: Join, Member: "b"}, now), now)
 	cp := copies(now)
 	if len(cp) != 4 {
 		t.Fatalf("%d copies begun, want one per partition (4)", len(cp))
@@ -358,4 +318,35 @@ func TestLeaverIsNoBackupOrGrantee(t *testing.T) {
 	if len(granted) != 1 || granted[0] != "c" {
 		t.Fatalf("vacant partition granted to %v, want [c] (b is leaving)", granted)
 	}
+}
+
+// copyScene makes member a (liveness 2 s) the holder of parts partitions,
+// each targeting a, with b joined as the only possible backup. copies
+// returns the copies a's tick at at begins, applying its proposals (b
+// extends too, so it stays fresh).
+func copyScene(maxCopyWait time.Duration, parts int) (m *Machine, now int64, copies func(at int64) []Action) {
+	m = New(Config{ID: "a", Liveness: 2 * time.Second, MaxCopyWait: maxCopyWait}, parts)
+	m.SetLeader(true, 0)
+	targets := make([]string, parts)
+	for i := range targets {
+		targets[i] = "a"
+	}
+	m.SetView(View{Target: targets, Members: []string{"a", "b"}})
+	now = 1
+	for range 3 { // join, extend, grant
+		step(m, m.Tick(now), now)
+		now++
+	}
+	copies = func(at int64) []Action {
+		step(m, []Action{{Kind: Propose, Cmd: Command{Kind: Extend, Member: "b", Epoch: 1, Seq: uint64(at)}}}, at)
+		var out []Action
+		for _, a := range step(m, m.Tick(at), at) {
+			if a.Kind == SendCopy {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	step(m, m.Apply(Command{Kind: Join, Member: "b"}, now), now)
+	return m, now, copies
 }
