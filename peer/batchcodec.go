@@ -32,6 +32,7 @@ import (
 	"unsafe"
 
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
+	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -426,7 +427,7 @@ func packAdmits(sc *packScratch, batch []*replItem, now time.Time) (b []byte, op
 			b = binary.AppendVarint(b, run.Count)
 		}
 	}
-	if cap(b) <= framedKeepBuf {
+	if cap(b) <= transport.KeepBuf {
 		sc.buf = b
 	}
 	sc.ops = ops

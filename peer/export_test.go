@@ -366,10 +366,7 @@ func (n *Node) pipeKindForTest(member string, repl bool) string {
 // framedConnsForTest counts the connections n's framed server is sniffing
 // or serving.
 func (n *Node) framedConnsForTest() int {
-	fs := n.grpcSrv.framed
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	return len(fs.conns)
+	return n.grpcSrv.framed.Conns()
 }
 
 // setGatherForTest sets how long n's batches wait for the message in

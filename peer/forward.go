@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
@@ -227,7 +228,7 @@ func (c *client) batchLoop() {
 			c.done() // every caller gave up: nothing to decide
 			continue
 		}
-		if p := c.pipe.get(c, framedCheck, c.stub.CheckStream, checkID); p != nil && c.sendPipe(p, f) {
+		if p := c.pipe.get(c, transport.KindCheck, c.stub.CheckStream, checkID); p != nil && c.sendPipe(p, f) {
 			continue
 		}
 		f.batch = nil // the unary call's now
@@ -271,7 +272,7 @@ func (c *client) sendPipe(p *pipe[peerpb.CheckRequest, peerpb.CheckResponse], f 
 		b = appendItem(b, &k.item)
 	}
 	req.ItemsPacked = b
-	if cap(b) <= framedKeepBuf {
+	if cap(b) <= transport.KeepBuf {
 		f.buf = b
 	}
 	f.start = time.Now()

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
@@ -65,12 +66,12 @@ func TestFramedPipesCarryForwards(t *testing.T) {
 		t.Fatalf("admitted %d of 240 calls through 3 nodes, want exactly the limit 50", got)
 	}
 	n1 := c.nodes[1]
-	if got := n1.framedServed[framedCheck].Load(); got == 0 {
+	if got := n1.framedServed[transport.KindCheck].Load(); got == 0 {
 		t.Errorf("the owner served %d framed forward pipes, want at least 1", got)
 	}
 	var repl int64
 	for _, nd := range c.nodes {
-		repl += nd.framedServed[framedReplicate].Load()
+		repl += nd.framedServed[transport.KindReplicate].Load()
 	}
 	if repl == 0 {
 		t.Errorf("no member served a framed replication pipe (sync replication sends every admission)")
@@ -99,7 +100,7 @@ func TestFramedFallsBackToGRPCStream(t *testing.T) {
 		t.Fatalf("admitted %d of 160, want exactly the limit 40", got)
 	}
 	waitLog(t, refused, 10*time.Second, "n0 to note that n1 takes no framed pipe")
-	if got := c.nodes[1].framedServed[framedCheck].Load(); got != 0 {
+	if got := c.nodes[1].framedServed[transport.KindCheck].Load(); got != 0 {
 		t.Fatalf("a server without framed pipes served %d", got)
 	}
 	// Later batches go on a gRPC stream, not as unary RPCs: the pipe
@@ -131,18 +132,18 @@ func TestFramedAuth(t *testing.T) {
 		kind  byte
 		want  codes.Code
 	}{
-		{"no token", "", framedCheck, codes.Unauthenticated},
-		{"wrong token", "00ff", framedCheck, codes.PermissionDenied},
-		{"wrong token, replication", "00ff", framedReplicate, codes.PermissionDenied},
+		{"no token", "", transport.KindCheck, codes.Unauthenticated},
+		{"wrong token", "00ff", transport.KindCheck, codes.PermissionDenied},
+		{"wrong token, replication", "00ff", transport.KindReplicate, codes.PermissionDenied},
 		{"unknown kind", token, 9, codes.Unimplemented},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fc, err := dialFramed(ctx, n1.RPCAddr(), tc.kind, tc.token, nil)
+			fc, err := transport.Dial(ctx, n1.RPCAddr(), tc.kind, tc.token, nil)
 			if err == nil {
-				fc.c.Close()
+				fc.Close()
 				t.Fatalf("framed dial accepted")
 			}
-			if !errors.Is(err, errFramedRefused) || status.Code(err) != tc.want {
+			if !errors.Is(err, transport.ErrRefused) || status.Code(err) != tc.want {
 				t.Fatalf("framed dial = %v, want refused with %v", err, tc.want)
 			}
 		})
@@ -151,12 +152,12 @@ func TestFramedAuth(t *testing.T) {
 	if _, ok := n1.ExportForTest(key); ok {
 		t.Fatalf("n1 holds the key after refused dials")
 	}
-	fc, err := dialFramed(ctx, n1.RPCAddr(), framedCheck, token, nil)
+	fc, err := transport.Dial(ctx, n1.RPCAddr(), transport.KindCheck, token, nil)
 	if err != nil {
 		t.Fatalf("framed dial with the token: %v", err)
 	}
-	defer fc.c.Close()
-	st := &framedStream[peerpb.CheckResponse, peerpb.CheckRequest]{fc: fc, ctx: ctx}
+	defer fc.Close()
+	st := transport.NewStream[peerpb.CheckResponse, peerpb.CheckRequest](fc, ctx, false, nil)
 	b := appendItem(nil, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}, Hits: 2})
 	if err := st.Send(&peerpb.CheckRequest{Sender: "n0", Id: 7, ItemsPacked: append([]byte{1}, b...)}); err != nil {
 		t.Fatal(err)
@@ -191,7 +192,7 @@ func TestFramedMutualTLS(t *testing.T) {
 		if _, err := c.nodes[0].Peek(ctx, Request{Key: key}); err != nil {
 			t.Fatalf("Peek through n0: %v", err)
 		}
-		return c.nodes[1].framedServed[framedCheck].Load() > 0
+		return c.nodes[1].framedServed[transport.KindCheck].Load() > 0
 	})
 	for _, tc := range []struct {
 		name string
@@ -201,12 +202,12 @@ func TestFramedMutualTLS(t *testing.T) {
 		{"plaintext", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fc, err := dialFramed(ctx, c.nodes[1].RPCAddr(), framedCheck, "", tc.cfg)
+			fc, err := transport.Dial(ctx, c.nodes[1].RPCAddr(), transport.KindCheck, "", tc.cfg)
 			if err == nil {
-				fc.c.Close()
+				fc.Close()
 				t.Fatalf("framed dial accepted")
 			}
-			if !errors.Is(err, errFramedRefused) {
+			if !errors.Is(err, transport.ErrRefused) {
 				t.Fatalf("framed dial = %v, want refused", err)
 			}
 		})
@@ -264,7 +265,7 @@ func TestSniffDoesNotBlock(t *testing.T) {
 	pols := map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}}
 	c := startCluster(t, 1, Config{Policies: pols})
 	nd := c.nodes[0]
-	stalled := dialStalled(t, nd.RPCAddr(), "", framedMagic[:4], framedMagic)
+	stalled := dialStalled(t, nd.RPCAddr(), "", transport.Magic[:4], transport.Magic)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	conn := dialTest(t, nd.RPCAddr())
@@ -277,8 +278,8 @@ func TestSniffDoesNotBlock(t *testing.T) {
 	if err := nd.Close(cctx); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if d := time.Since(start); d >= framedSetupTimeout {
-		t.Fatalf("Close took %v with stalled connections, want well under the %v setup timeout", d, framedSetupTimeout)
+	if d := time.Since(start); d >= transport.SetupTimeout {
+		t.Fatalf("Close took %v with stalled connections, want well under the %v setup timeout", d, transport.SetupTimeout)
 	}
 	checkEnded(t, stalled, "Close")
 }
@@ -328,9 +329,9 @@ func TestSniffStopClosesStalled(t *testing.T) {
 	pols := map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}}
 	c := startCluster(t, 1, Config{Policies: pols})
 	nd := c.nodes[0]
-	stalled := dialStalled(t, nd.RPCAddr(), "", framedMagic[:4])
+	stalled := dialStalled(t, nd.RPCAddr(), "", transport.Magic[:4])
 	waitFor(t, 5*time.Second, "the node to sniff both connections", func() bool { return nd.framedConnsForTest() == 2 })
-	nd.grpcSrv.framed.stop(true) // gRPC keeps accepting
+	nd.grpcSrv.framed.Stop(true) // gRPC keeps accepting
 	checkEnded(t, stalled, "the framed stop")
 }
 
@@ -406,7 +407,7 @@ func TestFramedReplacesGRPCStream(t *testing.T) {
 	if got := n0.replPipeForTest(n1.Name()); got != "grpc" {
 		t.Errorf("n0's replication pipe to n1 after the forward pipe moved: %q, want grpc (kept until it breaks)", got)
 	}
-	if got := n1.framedServed[framedCheck].Load(); got == 0 {
+	if got := n1.framedServed[transport.KindCheck].Load(); got == 0 {
 		t.Fatalf("n1 served no framed forward pipe after the switch")
 	}
 	if b := n0.pipeBreaksForTest(); b != breaks {
@@ -438,11 +439,11 @@ func TestFramedHandlerEndsWithConnection(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	fc, err := dialFramed(ctx, nd.RPCAddr(), framedCheck, "", nil)
+	fc, err := transport.Dial(ctx, nd.RPCAddr(), transport.KindCheck, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &framedStream[peerpb.CheckResponse, peerpb.CheckRequest]{fc: fc, ctx: ctx}
+	st := transport.NewStream[peerpb.CheckResponse, peerpb.CheckRequest](fc, ctx, false, nil)
 	b := appendItem(nil, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: "t", Subject: "s", Policy: "p"}, Hits: 1})
 	if err := st.Send(&peerpb.CheckRequest{Sender: "other", Id: 1, TimeoutNs: int64(30 * time.Second), ItemsPacked: append([]byte{1}, b...)}); err != nil {
 		t.Fatal(err)
@@ -452,7 +453,7 @@ func TestFramedHandlerEndsWithConnection(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the batch never reached Check")
 	}
-	tc := fc.c.(*net.TCPConn)
+	tc := fc.NetConn().(*net.TCPConn)
 	_ = tc.SetLinger(0) // Close sends a reset
 	tc.Close()
 	select {
@@ -462,72 +463,6 @@ func TestFramedHandlerEndsWithConnection(t *testing.T) {
 	}
 }
 
-// flakyListener fails its first fails Accepts with a temporary error, as
-// accept does when the process is out of file descriptors.
-type flakyListener struct {
-	net.Listener
-	mu    sync.Mutex
-	fails int
-}
-
-type temporaryErr struct{}
-
-func (temporaryErr) Error() string   { return "accept: too many open files" }
-func (temporaryErr) Temporary() bool { return true }
-func (temporaryErr) Timeout() bool   { return false }
-
-func (l *flakyListener) Accept() (net.Conn, error) {
-	l.mu.Lock()
-	fail := l.fails > 0
-	l.fails--
-	l.mu.Unlock()
-	if fail {
-		return nil, temporaryErr{}
-	}
-	return l.Listener.Accept()
-}
-
-// TestSniffListenerRetriesTemporaryErrors: a temporary accept error (out
-// of file descriptors) makes the listener wait and accept again, as gRPC's
-// own accept loop does, instead of stopping the node's RPC server.
-func TestSniffListenerRetriesTemporaryErrors(t *testing.T) {
-	n := &Node{}
-	fs := newFramedServer(n)
-	raw, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := newSniffListener(n, &flakyListener{Listener: raw, fails: 3}, fs)
-	defer func() {
-		l.Close()
-		fs.stop(false)
-		n.wg.Wait()
-	}()
-	conn, err := net.Dial("tcp", raw.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.Write([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")); err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan error, 1)
-	go func() {
-		c, err := l.Accept()
-		if c != nil {
-			c.Close()
-		}
-		got <- err
-	}()
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatalf("Accept after 3 temporary errors: %v, want the connection", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Accept did not return the connection within 5 s")
-	}
-}
 
 // TestFramedHelloBounded: before its hello is accepted a connection is a
 // stranger's; a hello frame that claims more than a hello needs (here
@@ -541,15 +476,15 @@ func TestFramedHelloBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	msg := append([]byte(framedMagic), 0x01, 0x00, 0x00, 0x00) // a 16 MiB hello
+	msg := append([]byte(transport.Magic), 0x01, 0x00, 0x00, 0x00) // a 16 MiB hello
 	if _, err := conn.Write(msg); err != nil {
 		t.Fatal(err)
 	}
-	_ = conn.SetReadDeadline(time.Now().Add(framedSetupTimeout / 2))
+	_ = conn.SetReadDeadline(time.Now().Add(transport.SetupTimeout / 2))
 	var b [16]byte
 	_, err = conn.Read(b[:])
 	if ne, ok := err.(net.Error); ok && ne.Timeout() {
-		t.Fatalf("the connection stayed open %v after an oversized hello", framedSetupTimeout/2)
+		t.Fatalf("the connection stayed open %v after an oversized hello", transport.SetupTimeout/2)
 	}
 	if err == nil {
 		t.Fatalf("the server answered an oversized hello instead of closing")
@@ -567,12 +502,12 @@ func TestFramedWriteTimeout(t *testing.T) {
 	nd := c.nodes[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	fc, err := dialFramed(ctx, nd.RPCAddr(), framedCheck, "", nil)
+	fc, err := transport.Dial(ctx, nd.RPCAddr(), transport.KindCheck, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer fc.c.Close()
-	_ = fc.c.(*net.TCPConn).SetReadBuffer(4 << 10)
+	defer fc.Close()
+	_ = fc.NetConn().(*net.TCPConn).SetReadBuffer(4 << 10)
 	if got := nd.framedConnsForTest(); got != 1 {
 		t.Fatalf("framed connections served = %d, want 1", got)
 	}
@@ -584,12 +519,12 @@ func TestFramedWriteTimeout(t *testing.T) {
 		items = appendItem(items, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: "t", Subject: fmt.Sprintf("s%d", i), Policy: "p"}, Hits: 1})
 	}
 	packed := append(binary.AppendUvarint(nil, 500), items...)
-	st := &framedStream[peerpb.CheckResponse, peerpb.CheckRequest]{fc: fc, ctx: ctx}
+	st := transport.NewStream[peerpb.CheckResponse, peerpb.CheckRequest](fc, ctx, false, nil)
 	sent := make(chan int, 1)
 	go func() {
 		n := 0
 		defer func() { sent <- n }()
-		_ = fc.c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		_ = fc.NetConn().SetWriteDeadline(time.Now().Add(30 * time.Second))
 		for ; n < 4000; n++ {
 			if err := st.Send(&peerpb.CheckRequest{Sender: "other", Id: uint64(n + 1), TimeoutNs: int64(time.Minute), ItemsPacked: packed}); err != nil {
 				return
@@ -599,7 +534,7 @@ func TestFramedWriteTimeout(t *testing.T) {
 	waitFor(t, 25*time.Second, "the receiver to end the pipe whose sender reads nothing (write timeout 300 ms)", func() bool {
 		return nd.framedConnsForTest() == 0
 	})
-	fc.c.Close()
+	fc.Close()
 	if n := <-sent; n == 4000 {
 		t.Fatalf("all 4000 batches were sent: the answers never filled the connection")
 	}

@@ -19,6 +19,9 @@ import (
 //  3. internal/ownership, the protocol as a state machine, does no I/O: no
 //     net, no raft, no gRPC, no memberlist (its simulator, ownership/sim,
 //     may drive it through a raft log).
+//  4. internal/transport, the framed pipe, knows nothing of what it
+//     carries: no ownership, ownership log, policy table, shard, peerpb,
+//     raft or memberlist.
 func TestLayout(t *testing.T) {
 	const mod = "github.com/ringlimit/ringlimit"
 	out, err := exec.Command("go", "list", "-e", "-deps", "-f", `{{.ImportPath}} {{join .Deps " "}}`, "./internal/...").Output()
@@ -41,6 +44,14 @@ func TestLayout(t *testing.T) {
 	isUp := func(d string) bool {
 		return d == mod+"/peer" || d == mod+"/cmd" || strings.HasPrefix(d, mod+"/cmd/") || d == mod+"/bench" || strings.HasPrefix(d, mod+"/bench/")
 	}
+	isOurs := func(d string) bool {
+		for _, p := range []string{"peer/internal/ownership", "peer/internal/ownlog", "peer/internal/policy", "shard", "peer/peerpb"} {
+			if d == mod+"/"+p || strings.HasPrefix(d, mod+"/"+p+"/") {
+				return true
+			}
+		}
+		return false
+	}
 	rules := []struct {
 		pkg    string // "" for every package under peer/internal/
 		what   string
@@ -54,6 +65,9 @@ func TestLayout(t *testing.T) {
 		{"ownership", "raft", isRaft},
 		{"ownership", "gRPC", isGRPC},
 		{"ownership", "memberlist", isMemberlist},
+		{"transport", "ownership, ownlog, policy, shard or peerpb", isOurs},
+		{"transport", "raft", isRaft},
+		{"transport", "memberlist", isMemberlist},
 	}
 	for _, r := range rules {
 		if r.pkg != "" {

@@ -19,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
+	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -249,7 +250,7 @@ func (n *Node) serveRPC(lis net.Listener) {
 	var sl net.Listener = lis
 	n.refuseFramed.Store(n.cfg.refuseFramed)
 	if !n.cfg.noFramedServer {
-		sl = newSniffListener(n, lis, fs)
+		sl = transport.NewListener(lis, fs, &n.wg)
 	}
 	n.wg.Add(1)
 	go func() {

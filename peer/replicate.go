@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
+	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -238,7 +239,7 @@ func (c *client) replLoop() {
 			}
 		}
 		rs.batch = batch
-		if p := r.pipe.get(c, framedReplicate, c.stub.ReplicateStream, replicateID); p != nil && c.sendReplPipe(p, rs) {
+		if p := r.pipe.get(c, transport.KindReplicate, c.stub.ReplicateStream, replicateID); p != nil && c.sendReplPipe(p, rs) {
 			continue
 		}
 		c.sendRepl(batch)
@@ -612,7 +613,7 @@ func (s *server) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peer
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
-		if cap(b) <= framedKeepBuf {
+		if cap(b) <= transport.KeepBuf {
 			sc.out = b
 		}
 		sc.resp.Reset()

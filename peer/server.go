@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -46,7 +47,7 @@ type checkScratch struct {
 // reset drops what the last batch's items and decisions point to (its
 // request's memory), unless the scratch grew large, when it lets it all go.
 func (sc *checkScratch) reset() {
-	if cap(sc.items) > maxWireBatch/4 || cap(sc.out) > framedKeepBuf {
+	if cap(sc.items) > maxWireBatch/4 || cap(sc.out) > transport.KeepBuf {
 		*sc = checkScratch{}
 		return
 	}

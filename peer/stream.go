@@ -44,6 +44,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
+	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
@@ -284,7 +285,7 @@ func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Conte
 		err := s.p.err
 		s.p.mu.Unlock()
 		if err == nil {
-			if !s.p.framed && kind == framedCheck {
+			if !s.p.framed && kind == transport.KindCheck {
 				// A gRPC stream is in use because a framed pipe could not
 				// be had: try one again after the pause, and move to it
 				// when it opens (the stream ends once its requests are
@@ -350,17 +351,17 @@ func (s *pipeState[Req, Resp]) framedPipe(c *client, kind byte, idOf func(*Resp)
 	s.dial = nil
 	s.dialCancel()
 	if res.err == nil {
-		p, err := openPipe(c.n, framedOpen[Req, Resp](res.fc), idOf)
+		p, err := openPipe(c.n, transport.Open[Req, Resp](res.fc), idOf)
 		if err == nil {
 			p.framed = true
 			c.n.framedOpened.Add(1)
 			return p
 		}
-		res.fc.c.Close()
+		res.fc.Close()
 		res.err = err
 	}
 	pause := pipeRetryPause
-	if errors.Is(res.err, errFramedRefused) && status.Code(res.err) != codes.Unavailable {
+	if errors.Is(res.err, transport.ErrRefused) && status.Code(res.err) != codes.Unavailable {
 		// An older node, or a proxy that passes only HTTP/2: a gRPC
 		// stream works, and will until the peer is replaced.
 		pause = pipeUnimplementedPause
@@ -379,9 +380,9 @@ func (s *pipeState[Req, Resp]) startDial(c *client, kind byte) {
 	c.n.wg.Add(1)
 	go func() {
 		defer c.n.wg.Done()
-		fc, err := dialFramed(ctx, c.addr, kind, c.n.ops.auth.token, c.n.cfg.ClientTLS)
+		fc, err := transport.Dial(ctx, c.addr, kind, c.n.ops.auth.token, c.n.cfg.ClientTLS)
 		if fc != nil {
-			fc.wtimeout = c.n.framedWriteTimeout()
+			fc.SetWriteTimeout(c.n.framedWriteTimeout())
 		}
 		ch <- framedResult{fc: fc, err: err}
 	}()
@@ -397,7 +398,7 @@ func (s *pipeState[Req, Resp]) close(err error) {
 	if s.dial != nil {
 		s.dialCancel()
 		if res := <-s.dial; res.fc != nil {
-			res.fc.c.Close()
+			res.fc.Close()
 		}
 		s.dial = nil
 	}
