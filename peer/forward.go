@@ -262,7 +262,7 @@ func (c *client) checkRequest(batch []*call) *peerpb.CheckRequest {
 // sendPipe sends f's batch on p; the pipe's receiver hands out the
 // decisions and frees the in-flight slot. It reports false, having sent
 // nothing, when the pipe is broken; f is then still the caller's.
-func (c *client) sendPipe(p *pipe[peerpb.CheckRequest, peerpb.CheckResponse], f *fwdSend) bool {
+func (c *client) sendPipe(p *transport.Pipe[peerpb.CheckRequest, peerpb.CheckResponse], f *fwdSend) bool {
 	v := c.n.view.Load()
 	req := &f.req
 	req.Sender, req.RingVersion, req.MembersHash, req.TimeoutNs = c.n.name, v.snap.Version(), v.snap.MembersHash(), int64(c.n.cfg.ForwardTimeout)
@@ -282,7 +282,7 @@ func (c *client) sendPipe(p *pipe[peerpb.CheckRequest, peerpb.CheckResponse], f 
 // pooledMsg is a pipe request that is pooled once its users are done with
 // it: release drops one, and refs counts them.
 type pooledMsg[Req, Resp any] interface {
-	pipeReq[Req, Resp]
+	transport.Request[Req, Resp]
 	refCount() *atomic.Int32
 	release()
 }
@@ -292,9 +292,9 @@ type pooledMsg[Req, Resp any] interface {
 // encoding the message when the answer, or the pipe's failure, comes), and
 // the answer. It reports false when the pipe was broken: nothing was sent,
 // and m is still the caller's alone.
-func sendPooled[Req, Resp any](p *pipe[Req, Resp], m pooledMsg[Req, Resp]) bool {
+func sendPooled[Req, Resp any](p *transport.Pipe[Req, Resp], m pooledMsg[Req, Resp]) bool {
 	m.refCount().Store(2)
-	if p.send(m) != nil {
+	if p.Send(m) != nil {
 		m.refCount().Store(1) // done will not be called
 		return false
 	}
@@ -345,15 +345,15 @@ func (f *fwdSend) release() {
 	fwdSendPool.Put(f)
 }
 
-func (f *fwdSend) msg(id uint64) *peerpb.CheckRequest {
+func (f *fwdSend) Msg(id uint64) *peerpb.CheckRequest {
 	f.req.Id = id
 	return &f.req
 }
 
 // done hands out the decisions and frees the in-flight slot.
-func (f *fwdSend) done(resp *peerpb.CheckResponse, err error) {
+func (f *fwdSend) Done(resp *peerpb.CheckResponse, err error) {
 	c := f.c
-	if errors.Is(err, errPipeUnimplemented) {
+	if errors.Is(err, transport.ErrUnimplemented) {
 		// The receiver decided nothing: resend as a unary RPC, which
 		// keeps the in-flight slot (and takes the batch).
 		batch := f.batch

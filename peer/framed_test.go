@@ -463,7 +463,6 @@ func TestFramedHandlerEndsWithConnection(t *testing.T) {
 	}
 }
 
-
 // TestFramedHelloBounded: before its hello is accepted a connection is a
 // stranger's; a hello frame that claims more than a hello needs (here
 // 16 MiB) closes the connection at once, instead of reserving the buffer

@@ -251,7 +251,7 @@ func (c *client) replLoop() {
 // sendReplPipe sends rs's batch on p without waiting; the pipe's receiver
 // applies the answer and frees the slot. It reports false, having sent
 // nothing, when the pipe is broken; rs is then still the caller's.
-func (c *client) sendReplPipe(p *pipe[peerpb.ReplicateRequest, peerpb.ReplicateResponse], rs *replSend) bool {
+func (c *client) sendReplPipe(p *transport.Pipe[peerpb.ReplicateRequest, peerpb.ReplicateResponse], rs *replSend) bool {
 	batch := rs.batch
 	if allAdmits(batch) {
 		// The common case: admissions only, packed.
@@ -316,13 +316,13 @@ func (rs *replSend) release() {
 	replSendPool.Put(rs)
 }
 
-func (rs *replSend) msg(id uint64) *peerpb.ReplicateRequest {
+func (rs *replSend) Msg(id uint64) *peerpb.ReplicateRequest {
 	rs.req.Id = id
 	return rs.req
 }
 
 // done applies the answer and frees the in-flight slot.
-func (rs *replSend) done(resp *peerpb.ReplicateResponse, err error) {
+func (rs *replSend) Done(resp *peerpb.ReplicateResponse, err error) {
 	c := rs.c
 	var results []*peerpb.OpResult
 	if err == nil {

@@ -2,9 +2,9 @@ package peer
 
 // Streams: forwards (CheckStream) and replication (ReplicateStream) to a
 // peer travel on one long-lived bidirectional stream per peer and kind, a
-// pipe, instead of one unary RPC per batch. A pipe is a framed pipe
-// (framed.go) when the peer takes one, else a gRPC stream; both carry the
-// same messages to the same handlers. A unary RPC costs a
+// pipe (transport.Pipe), instead of one unary RPC per batch. A pipe is a
+// framed pipe (internal/transport, framed.go) when the peer takes one,
+// else a gRPC stream; both carry the same messages to the same handlers. A unary RPC costs a
 // stream set-up, headers both ways and a handler goroutine on the
 // receiver; on a pipe a batch is one message each way.
 //
@@ -16,7 +16,8 @@ package peer
 //     answer, or with the error that broke the pipe. A pipe that breaks
 //     (send or receive error, no answer within twice ForwardTimeout, the
 //     client stopping) fails every request still waiting on it, the way a
-//     failed unary RPC fails its batch; the next batch opens a new pipe.
+//     failed unary RPC fails its batch (transport.Pipe keeps this rule);
+//     the next batch opens a new pipe.
 //   - A pipe is opened only on a connection that is ready, so opening
 //     never blocks the loop; until then, and for a pause after a pipe
 //     could not be opened, batches go as unary RPCs. A receiver without
@@ -33,7 +34,6 @@ package peer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -48,13 +48,6 @@ import (
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
-// errPipeUnimplemented breaks a pipe to a receiver without stream methods.
-var errPipeUnimplemented = errors.New("peer: receiver has no stream methods")
-
-// errPipeRetired ends a gRPC stream pipe replaced by a framed pipe once
-// its last request is answered.
-var errPipeRetired = errors.New("peer: stream replaced by a framed pipe")
-
 const (
 	// pipeRetryPause is how long a client sends unary RPCs after a pipe
 	// could not be opened.
@@ -64,196 +57,12 @@ const (
 	pipeUnimplementedPause = time.Minute
 )
 
-// pipe is one long-lived stream to a peer. Safe for one sending goroutine
-// and the pipe's own receiver.
-type pipe[Req, Resp any] struct {
-	n      *Node
-	st     grpc.BidiStreamingClient[Req, Resp]
-	cancel context.CancelFunc
-	idOf   func(*Resp) uint64
-	framed bool // a framed pipe (framed.go), not a gRPC stream
-
-	mu      sync.Mutex
-	nextID  uint64
-	pending map[uint64]pipeWait[Req, Resp]
-	err     error // why the pipe broke; nil while it works
-	// retired: nothing more is sent; the pipe ends once the requests it
-	// carries are answered.
-	retired bool
-	// watchdog breaks the pipe when a request has waited longer than
-	// twice ForwardTimeout (receivers answer within ForwardTimeout). One
-	// timer per pipe, not one per message: it looks every
-	// ForwardTimeout/2, so a lost answer is noticed within 2.5×.
-	watchdog *time.Timer
-}
-
-// pipeReq is a request sent on a pipe: the message to send, given the id
-// the pipe chose for it, and what to do with its answer. (An interface
-// holding the sender's own pointer: sending allocates no closure.)
-type pipeReq[Req, Resp any] interface {
-	msg(id uint64) *Req
-	done(*Resp, error)
-}
-
-// pipeWait is one request waiting for its answer.
-type pipeWait[Req, Resp any] struct {
-	r    pipeReq[Req, Resp]
-	sent time.Time
-}
-
-// openPipe opens a stream with open on a context of its own and starts
-// its receiver.
-func openPipe[Req, Resp any](n *Node, open func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error), idOf func(*Resp) uint64) (*pipe[Req, Resp], error) {
-	ctx, cancel := context.WithCancel(n.ctx)
-	st, err := open(ctx)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	p := &pipe[Req, Resp]{n: n, st: st, cancel: cancel, idOf: idOf, pending: map[uint64]pipeWait[Req, Resp]{}}
-	p.mu.Lock()
-	p.watchdog = time.AfterFunc(p.watchEvery(), p.watch)
-	p.mu.Unlock()
-	n.wg.Add(1)
-	go p.receive()
-	return p, nil
-}
-
-// watchEvery is the watchdog's period.
-func (p *pipe[Req, Resp]) watchEvery() time.Duration {
-	return max(time.Millisecond, p.n.cfg.ForwardTimeout/2)
-}
-
-// watch is the watchdog's tick: it breaks the pipe if a request has
-// waited more than twice ForwardTimeout, else looks again later.
-func (p *pipe[Req, Resp]) watch() {
-	limit := 2 * p.n.cfg.ForwardTimeout
-	p.mu.Lock()
-	if p.err != nil {
-		p.mu.Unlock()
-		return
-	}
-	now := time.Now()
-	late := false
-	for _, w := range p.pending {
-		if now.Sub(w.sent) > limit {
-			late = true
-			break
-		}
-	}
-	if !late {
-		p.watchdog.Reset(p.watchEvery())
-	}
-	p.mu.Unlock()
-	if late {
-		p.fail(fmt.Errorf("peer: no answer on the stream within %v: %w", limit, context.DeadlineExceeded))
-	}
-}
-
-// send sends r's message with a fresh id and calls r.done exactly once
-// with the answer or the error that broke the pipe. It returns an error,
-// without calling done, only when the pipe was already broken.
-func (p *pipe[Req, Resp]) send(r pipeReq[Req, Resp]) error {
-	sent := time.Now()
-	p.mu.Lock()
-	if p.err != nil {
-		p.mu.Unlock()
-		return p.err
-	}
-	p.nextID++
-	id := p.nextID
-	req := r.msg(id)
-	// The watchdog frees the waiting batch (and its in-flight slot) if the
-	// receiver never answers.
-	p.pending[id] = pipeWait[Req, Resp]{r: r, sent: sent}
-	p.mu.Unlock()
-	if err := p.st.Send(req); err != nil {
-		if errors.Is(err, io.EOF) {
-			// The stream ended. Only the receiver goroutine may call Recv
-			// (a stream allows one receiver at a time), so say that much;
-			// the receiver's own error follows in its log if it differs.
-			err = errors.New("peer: stream closed by the receiver")
-		}
-		p.fail(err)
-	}
-	return nil
-}
-
-// fail breaks the pipe with err and fails every waiting request.
-func (p *pipe[Req, Resp]) fail(err error) {
-	if status.Code(err) == codes.Unimplemented {
-		err = fmt.Errorf("%w: %w", errPipeUnimplemented, err)
-	}
-	p.mu.Lock()
-	if p.err != nil {
-		p.mu.Unlock()
-		return
-	}
-	p.err = err
-	p.n.pipeBreaks.Add(1)
-	waiting := p.pending
-	p.pending = nil
-	p.watchdog.Stop()
-	p.mu.Unlock()
-	p.cancel()
-	for _, w := range waiting {
-		w.r.done(nil, err)
-	}
-}
-
-// receive matches answers to waiting requests until the stream ends.
-func (p *pipe[Req, Resp]) receive() {
-	defer p.n.wg.Done()
-	for {
-		resp, err := p.st.Recv()
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				err = errors.New("peer: stream closed by the receiver")
-			}
-			p.fail(err)
-			return
-		}
-		id := p.idOf(resp)
-		p.mu.Lock()
-		w, ok := p.pending[id]
-		delete(p.pending, id)
-		p.mu.Unlock()
-		if !ok {
-			continue // failed by the watchdog meanwhile; the pipe is broken
-		}
-		w.r.done(resp, nil)
-		p.endIfRetired()
-	}
-}
-
-// retire stops the pipe's use: it ends once every request sent on it is
-// answered (at once if none waits). Its sender sends nothing more on it.
-func (p *pipe[Req, Resp]) retire() {
-	p.mu.Lock()
-	p.retired = true
-	p.mu.Unlock()
-	p.endIfRetired()
-}
-
-// endIfRetired ends a retired pipe that has no request waiting.
-func (p *pipe[Req, Resp]) endIfRetired() {
-	p.mu.Lock()
-	if !p.retired || p.err != nil || len(p.pending) > 0 {
-		p.mu.Unlock()
-		return
-	}
-	p.err = errPipeRetired
-	p.watchdog.Stop()
-	p.mu.Unlock()
-	p.cancel()
-}
-
 // pipeState is a client loop's pipe of one kind and when it may next try
 // to open one.
 type pipeState[Req, Resp any] struct {
-	p     *pipe[Req, Resp]
+	p     *transport.Pipe[Req, Resp]
 	retry time.Time
-	// A framed pipe (framed.go) is dialled on a goroutine of its own: dial
+	// A framed pipe is dialled on a goroutine of its own: dial
 	// gets its outcome while it runs, dialCancel cuts it short.
 	dial        chan framedResult
 	dialCancel  context.CancelFunc
@@ -264,12 +73,12 @@ type pipeState[Req, Resp any] struct {
 }
 
 // set makes p the pipe in use (nil: none).
-func (s *pipeState[Req, Resp]) set(p *pipe[Req, Resp]) {
+func (s *pipeState[Req, Resp]) set(p *transport.Pipe[Req, Resp]) {
 	s.p = p
 	switch {
 	case p == nil:
 		s.kind.Store(0)
-	case p.framed:
+	case p.Framed():
 		s.kind.Store(2)
 	default:
 		s.kind.Store(1)
@@ -279,13 +88,11 @@ func (s *pipeState[Req, Resp]) set(p *pipe[Req, Resp]) {
 // get returns a working pipe, opening one if the connection is ready, or
 // nil: then the caller sends a unary RPC. It prefers a framed pipe of
 // kind, and uses a gRPC stream when the peer does not take one.
-func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error), idOf func(*Resp) uint64) *pipe[Req, Resp] {
+func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error), idOf func(*Resp) uint64) *transport.Pipe[Req, Resp] {
 	if s.p != nil {
-		s.p.mu.Lock()
-		err := s.p.err
-		s.p.mu.Unlock()
+		err := s.p.Err()
 		if err == nil {
-			if !s.p.framed && kind == transport.KindCheck {
+			if !s.p.Framed() && kind == transport.KindCheck {
 				// A gRPC stream is in use because a framed pipe could not
 				// be had: try one again after the pause, and move to it
 				// when it opens (the stream ends once its requests are
@@ -294,14 +101,14 @@ func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Conte
 				// sent, which two live pipes would not keep; its stream
 				// stays until it breaks.
 				if p := s.framedPipe(c, kind, idOf); p != nil {
-					s.p.retire()
+					s.p.Retire()
 					s.set(p)
 				}
 			}
 			return s.p
 		}
 		s.set(nil)
-		if errors.Is(err, errPipeUnimplemented) {
+		if errors.Is(err, transport.ErrUnimplemented) {
 			s.retry = time.Now().Add(pipeUnimplementedPause)
 		}
 	}
@@ -321,7 +128,7 @@ func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Conte
 	if s.dial != nil {
 		return nil // still dialling: unary RPCs meanwhile
 	}
-	p, err := openPipe(c.n, open, idOf)
+	p, err := transport.OpenPipe(c.n.ctx, c.n.pipeConfig(false), open, idOf)
 	if err != nil {
 		s.retry = time.Now().Add(pipeRetryPause)
 		return nil
@@ -334,7 +141,7 @@ func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Conte
 // starts a dial if none is under way and framed pipes may be tried, and
 // takes a finished dial's outcome (a failed one sets the pause before the
 // next try). It never blocks, and returns nil while dialling.
-func (s *pipeState[Req, Resp]) framedPipe(c *client, kind byte, idOf func(*Resp) uint64) *pipe[Req, Resp] {
+func (s *pipeState[Req, Resp]) framedPipe(c *client, kind byte, idOf func(*Resp) uint64) *transport.Pipe[Req, Resp] {
 	if c.n.cfg.DisableFramedPipes || time.Now().Before(s.framedRetry) || c.conn.GetState() != connectivity.Ready {
 		return nil
 	}
@@ -351,9 +158,8 @@ func (s *pipeState[Req, Resp]) framedPipe(c *client, kind byte, idOf func(*Resp)
 	s.dial = nil
 	s.dialCancel()
 	if res.err == nil {
-		p, err := openPipe(c.n, transport.Open[Req, Resp](res.fc), idOf)
+		p, err := transport.OpenPipe(c.n.ctx, c.n.pipeConfig(true), transport.Open[Req, Resp](res.fc), idOf)
 		if err == nil {
-			p.framed = true
 			c.n.framedOpened.Add(1)
 			return p
 		}
@@ -392,7 +198,7 @@ func (s *pipeState[Req, Resp]) startDial(c *client, kind byte) {
 // dial in progress.
 func (s *pipeState[Req, Resp]) close(err error) {
 	if s.p != nil {
-		s.p.fail(err)
+		s.p.Fail(err)
 		s.set(nil)
 	}
 	if s.dial != nil {
@@ -402,6 +208,11 @@ func (s *pipeState[Req, Resp]) close(err error) {
 		}
 		s.dial = nil
 	}
+}
+
+// pipeConfig is what the node's pipes to peers (framed or not) need.
+func (n *Node) pipeConfig(framed bool) transport.PipeConfig {
+	return transport.PipeConfig{WG: &n.wg, Timeout: n.cfg.ForwardTimeout, Breaks: &n.pipeBreaks, Framed: framed}
 }
 
 func checkID(r *peerpb.CheckResponse) uint64         { return r.GetId() }

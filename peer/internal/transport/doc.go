@@ -17,6 +17,10 @@
 //     answers on, and with the types swapped the grpc.BidiStreamingClient
 //     a pipe sends on (Open), so the handlers and pipes of gRPC streams
 //     run on framed pipes unchanged.
+//   - Pipe: one long-lived stream to a peer (a gRPC stream or a framed
+//     pipe) that matches answers to requests by id, answers every
+//     request exactly once, and breaks on a send or receive error or an
+//     answer twice its timeout late.
 //   - Server and Listener: a framed pipe shares the gRPC port. The
 //     Listener reads the first bytes of every connection: Magic (which
 //     neither an HTTP/2 preface, "PRI ...", nor a TLS record, 0x16 ...,

@@ -8,7 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -51,12 +54,18 @@ func (echo) ServePipe(ctx context.Context, cancel context.CancelFunc, kind byte,
 // port; everything it started has ended when the test's cleanup returns.
 func serveEcho(t *testing.T) (*Listener, *Server) {
 	t.Helper()
+	return serveWith(t, echo{})
+}
+
+// serveWith serves h's pipes on a loopback port until the test ends.
+func serveWith(t *testing.T, h Handler) (*Listener, *Server) {
+	t.Helper()
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	s := NewServer(nil, echo{}, slog.New(slog.DiscardHandler))
+	s := NewServer(nil, h, slog.New(slog.DiscardHandler))
 	l := NewListener(raw, s, &wg)
 	t.Cleanup(func() {
 		l.Close()
@@ -115,19 +124,25 @@ func TestDialHello(t *testing.T) {
 			t.Fatalf("echo of %q = %q, want %q", v, got.GetValue(), want)
 		}
 	}
-	if got := s.Conns(); got != 1 {
-		t.Fatalf("Conns() = %d while one pipe is open, want 1", got)
-	}
+	// The refused connections are forgotten as their serving goroutines
+	// end, a moment after their answers.
+	waitConns(t, s, 1)
 	if err := st.CloseSend(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
 		t.Fatalf("Recv after CloseSend: %v, want io.EOF (the handler ended cleanly)", err)
 	}
+	waitConns(t, s, 0)
+}
+
+// waitConns waits up to 5 s for s to sniff or serve want connections.
+func waitConns(t *testing.T, s *Server, want int) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	for s.Conns() != 0 {
+	for s.Conns() != want {
 		if time.Now().After(deadline) {
-			t.Fatalf("Conns() = %d 5 s after the pipe ended, want 0", s.Conns())
+			t.Fatalf("Conns() = %d after 5 s, want %d", s.Conns(), want)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -170,7 +185,9 @@ func TestReadFrameLimit(t *testing.T) {
 		limit uint32
 		want  func(error) bool
 	}{
-		{"over the limit", binary.BigEndian.AppendUint32(nil, MaxHello+1), MaxHello, func(err error) bool { return err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) }},
+		{"over the limit", binary.BigEndian.AppendUint32(nil, MaxHello+1), MaxHello, func(err error) bool {
+			return err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF)
+		}},
 		{"over the largest frame", binary.BigEndian.AppendUint32(nil, 1<<31), MaxFrame, func(err error) bool { return err != nil && !errors.Is(err, io.ErrUnexpectedEOF) }},
 		{"cut inside", append(binary.BigEndian.AppendUint32(nil, 10), "abc"...), MaxFrame, func(err error) bool { return errors.Is(err, io.ErrUnexpectedEOF) }},
 		{"clean end", nil, MaxFrame, func(err error) bool { return errors.Is(err, io.EOF) }},
@@ -267,5 +284,124 @@ func TestListenerRetriesTemporaryErrors(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Accept did not return the connection within 5 s")
+	}
+}
+
+// idEcho answers "id:payload" with itself, except a payload "drop",
+// which it never answers.
+type idEcho struct{ echo }
+
+func (idEcho) ServePipe(ctx context.Context, cancel context.CancelFunc, kind byte, fc *Conn) error {
+	st := NewStream[wrapperspb.StringValue, wrapperspb.StringValue](fc, ctx, false, cancel)
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			return err
+		}
+		if strings.HasSuffix(m.GetValue(), ":drop") {
+			continue
+		}
+		if err := st.Send(m); err != nil {
+			return err
+		}
+	}
+}
+
+// call is one request of TestPipe and what its Done got.
+type call struct {
+	payload string
+	got     chan string // the answer's value, or "error: ..."
+}
+
+func (c *call) Msg(id uint64) *wrapperspb.StringValue {
+	return wrapperspb.String(strconv.FormatUint(id, 10) + ":" + c.payload)
+}
+
+func (c *call) Done(r *wrapperspb.StringValue, err error) {
+	if err != nil {
+		c.got <- "error: " + err.Error()
+		return
+	}
+	_, v, _ := strings.Cut(r.GetValue(), ":")
+	c.got <- v
+}
+
+func answerID(r *wrapperspb.StringValue) uint64 {
+	id, _, _ := strings.Cut(r.GetValue(), ":")
+	n, _ := strconv.ParseUint(id, 10, 64)
+	return n
+}
+
+// TestPipe: every request on a pipe is answered once, by its own answer;
+// a lost answer breaks the pipe within 2.5 timeouts, failing what waits
+// and counting the break, and a broken pipe refuses new requests without
+// calling their Done; a retired pipe with nothing waiting ends at once.
+func TestPipe(t *testing.T) {
+	l, _ := serveWith(t, idEcho{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var breaks atomic.Int64
+	const timeout = 100 * time.Millisecond
+	open := func() *Pipe[wrapperspb.StringValue, wrapperspb.StringValue] {
+		fc, err := Dial(ctx, l.Addr().String(), KindCheck, "good", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := OpenPipe(ctx, PipeConfig{WG: &wg, Timeout: timeout, Breaks: &breaks, Framed: true}, Open[wrapperspb.StringValue, wrapperspb.StringValue](fc), answerID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	p := open()
+	defer p.Fail(errors.New("test over"))
+	calls := make([]*call, 200)
+	for i := range calls {
+		calls[i] = &call{payload: "p" + strconv.Itoa(i), got: make(chan string, 2)}
+		if err := p.Send(calls[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range calls {
+		if got := <-c.got; got != c.payload {
+			t.Fatalf("answer %q to %q", got, c.payload)
+		}
+	}
+	lost := &call{payload: "drop", got: make(chan string, 2)}
+	start := time.Now()
+	if err := p.Send(lost); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-lost.got:
+		if !strings.Contains(got, "no answer on the stream") {
+			t.Fatalf("a lost answer's Done got %q, want the watchdog's error", got)
+		}
+		if d := time.Since(start); d < 2*timeout {
+			t.Fatalf("the pipe broke after %v, before twice its timeout", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a lost answer did not break the pipe within 10 s")
+	}
+	if p.Err() == nil || breaks.Load() != 1 {
+		t.Fatalf("after the watchdog: Err() = %v, breaks = %d; want an error and 1", p.Err(), breaks.Load())
+	}
+	late := &call{payload: "late", got: make(chan string, 2)}
+	if err := p.Send(late); err == nil {
+		t.Fatal("Send on a broken pipe returned nil")
+	}
+	for _, c := range append(calls, lost, late) {
+		select {
+		case got := <-c.got:
+			t.Fatalf("request %q answered twice (or after its pipe refused it): %q", c.payload, got)
+		default:
+		}
+	}
+	r := open()
+	r.Retire()
+	if err := r.Err(); !errors.Is(err, ErrRetired) {
+		t.Fatalf("a retired pipe with nothing waiting: Err() = %v, want ErrRetired", err)
 	}
 }
