@@ -24,10 +24,9 @@ type conflictState struct {
 	addr string // gossip address of the other claimant; "" if none seen
 }
 
-// NotifyConflict implements memberlist.ConflictDelegate. It is called on
+// noteConflict is the membership delegate's OnConflict. It is called on
 // memberlist's goroutines (during Join, on New's) and never blocks.
-func (d *delegate) NotifyConflict(existing, other *memberlist.Node) {
-	n := d.n
+func (n *Node) noteConflict(existing, other *memberlist.Node) {
 	if existing.Name != n.name {
 		return // two other members; memberlist logs it on every claim
 	}

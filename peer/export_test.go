@@ -32,7 +32,7 @@ func (n *Node) KillForTest() {
 		n.cancel()
 		n.stopClients()
 		n.wg.Wait()
-		n.gossipLog.close()
+		n.gossipLog.Close()
 		close(n.closed)
 	})
 }

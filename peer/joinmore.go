@@ -31,7 +31,7 @@ func (n *Node) Join(ctx context.Context, addrs []string) (int, error) {
 	// Copies taken in memberlist's callbacks: its own Node values are
 	// rewritten by its goroutines (see gossipAddrs).
 	known := make(map[string]bool)
-	for _, m := range n.events.gossipAddrs() {
+	for _, m := range n.events.GossipAddrs() {
 		known[net.JoinHostPort(m.Addr.String(), fmt.Sprint(m.Port))] = true
 	}
 	var fresh []string

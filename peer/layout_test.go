@@ -22,6 +22,9 @@ import (
 //  4. internal/transport, the framed pipe, knows nothing of what it
 //     carries: no ownership, ownership log, policy table, shard, peerpb,
 //     raft or memberlist.
+//  5. internal/membership, the memberlist glue, knows nothing of rings,
+//     keys, RPCs or ownership: no ring, shard, ownership, ownlog, policy,
+//     transport, peerpb, gRPC or raft.
 func TestLayout(t *testing.T) {
 	const mod = "github.com/ringlimit/ringlimit"
 	out, err := exec.Command("go", "list", "-e", "-deps", "-f", `{{.ImportPath}} {{join .Deps " "}}`, "./internal/...").Output()
@@ -52,6 +55,9 @@ func TestLayout(t *testing.T) {
 		}
 		return false
 	}
+	isOursBelow := func(d string) bool {
+		return isOurs(d) || d == mod+"/ring" || d == mod+"/peer/internal/transport"
+	}
 	rules := []struct {
 		pkg    string // "" for every package under peer/internal/
 		what   string
@@ -68,6 +74,9 @@ func TestLayout(t *testing.T) {
 		{"transport", "ownership, ownlog, policy, shard or peerpb", isOurs},
 		{"transport", "raft", isRaft},
 		{"transport", "memberlist", isMemberlist},
+		{"membership", "ring, shard, ownership, ownlog, policy, transport or peerpb", isOursBelow},
+		{"membership", "gRPC", isGRPC},
+		{"membership", "raft", isRaft},
 	}
 	for _, r := range rules {
 		if r.pkg != "" {

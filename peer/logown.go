@@ -12,6 +12,7 @@ import (
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/grpc"
 
+	"github.com/ringlimit/ringlimit/peer/internal/membership"
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
@@ -302,13 +303,13 @@ func (lo *logOwner) incarnation(name string) string { return lo.peers.Load().inc
 // members that may be targets, the incarnations gone for good, and the
 // roster autopilot keeps voters from. starts are the live members' start
 // ids, targets the members that may be targets (live, not draining).
-func (lo *logOwner) setView(v *view, evs []event, starts map[string]uint64, targets []string) {
+func (lo *logOwner) setView(v *view, evs []membership.Event, starts map[string]uint64, targets []string) {
 	n := lo.n
 	now := n.mono()
 	lo.mu.Lock()
 	for _, e := range evs {
-		if e.kind == "left" {
-			if id, ok := lo.cur[e.name]; ok {
+		if e.Kind == "left" {
+			if id, ok := lo.cur[e.Name]; ok {
 				if k := lo.known[id]; k != nil {
 					k.gone = true
 				}

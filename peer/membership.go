@@ -1,21 +1,17 @@
 package peer
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"log"
-	"log/slog"
 	"net"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/ringlimit/ringlimit/peer/internal/membership"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
@@ -35,243 +31,15 @@ type view struct {
 	stopping bool
 }
 
-// meta is what a node gossips about itself.
-type meta struct {
-	fingerprint uint64
-	rpcAddr     string
-	// draining is set by a node that is leaving gracefully, just before it
-	// hands off its keys, so peers can tell a leave from a failure.
-	draining bool
-	// start identifies the process (random, fixed for the Node's life), so
-	// peers can tell a restart on the same address from the same process
-	// (see rejoin.go). Zero from a version 2 member.
-	start uint64
-	// cluster identifies the cluster the member belongs to: chosen at
-	// random by the node that founded it (started without Join), adopted
-	// by every node that joins. Zero while a joiner has not adopted one
-	// yet, and from older members. Two clusters founded separately never
-	// merge: each ignores the other's members (see rebuild).
-	cluster uint64
-	// policies is the version of the member's policy table (policy.Table.Version);
-	// zero from members older than version 5. It is reported, never
-	// compared: each holder decides with its own table.
-	policies uint64
-}
-
-// metaVersion 5 is: version, flags, fingerprint (placement only), start
-// id, cluster id, policy table version, rpc address (8-byte big-endian
-// numbers). Versions 4 (without the policy version), 3 (without the
-// cluster id either) and 2 (without start and cluster ids) are still
-// decoded, so a rolling upgrade can read older members; their fingerprint
-// also covered the policy table, so they match only members of their own
-// version.
-const metaVersion = 5
-
-func (m meta) encode() []byte {
-	b := make([]byte, 0, 34+len(m.rpcAddr))
-	b = append(b, metaVersion)
-	var flags byte
-	if m.draining {
-		flags |= 1
-	}
-	b = append(b, flags)
-	b = binary.BigEndian.AppendUint64(b, m.fingerprint)
-	b = binary.BigEndian.AppendUint64(b, m.start)
-	b = binary.BigEndian.AppendUint64(b, m.cluster)
-	b = binary.BigEndian.AppendUint64(b, m.policies)
-	return append(b, m.rpcAddr...)
-}
-
-func decodeMeta(b []byte) (meta, error) {
-	addrAt := 34
-	switch {
-	case len(b) >= 34 && b[0] == metaVersion:
-	case len(b) >= 26 && b[0] == 4:
-		addrAt = 26
-	case len(b) >= 18 && b[0] == 3:
-		addrAt = 18
-	case len(b) >= 10 && b[0] == 2:
-		addrAt = 10
-	default:
-		return meta{}, errors.New("peer: unrecognised member metadata")
-	}
-	m := meta{draining: b[1]&1 != 0, fingerprint: binary.BigEndian.Uint64(b[2:10]), rpcAddr: string(b[addrAt:])}
-	if addrAt >= 18 {
-		m.start = binary.BigEndian.Uint64(b[10:18])
-	}
-	if addrAt >= 26 {
-		m.cluster = binary.BigEndian.Uint64(b[18:26])
-	}
-	if addrAt >= 34 {
-		m.policies = binary.BigEndian.Uint64(b[26:34])
-	}
-	if _, _, err := net.SplitHostPort(m.rpcAddr); err != nil {
-		return meta{}, fmt.Errorf("peer: member metadata rpc address: %w", err)
-	}
-	return m, nil
-}
-
-// event is one membership notification from memberlist.
-type event struct {
-	kind string // joined, left, updated
-	name string
-	addr string
-}
-
-// eventQueue collects memberlist notifications without blocking memberlist,
-// and keeps the member list the rebuild reads: each member's metadata is
-// copied inside the callback, because memberlist rewrites its own Node
-// values after the callback returns. Log detail is bounded: past maxEvents
-// the oldest event is dropped (the member list itself is always complete).
-type eventQueue struct {
-	mu      sync.Mutex
-	evs     []event
-	dropped int
-	members map[string][]byte          // member name -> copy of its metadata
-	addrs   map[string]memberlist.Node // member name -> copy of its gossip address
-	leaving map[string]bool            // members that said they are leaving
-	// failed keeps the metadata of members memberlist declared dead
-	// (not those that left) until they come back or the rebuild lets
-	// them go (forgetFailed).
-	failed map[string][]byte
-}
-
-// forgetFailed drops name's metadata kept since gossip declared it dead.
-func (q *eventQueue) forgetFailed(name string) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	delete(q.failed, name)
-}
-
-// gossipAddrs returns copies of the members' gossip addresses. memberlist's
-// own Node values are rewritten by its goroutines, so they are copied inside
-// the callbacks and never read later.
-func (q *eventQueue) gossipAddrs() []memberlist.Node {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	out := make([]memberlist.Node, 0, len(q.addrs))
-	for _, a := range q.addrs {
-		out = append(out, a)
-	}
-	return out
-}
-
-// markLeaving notes a member's own "leaving" message.
-func (q *eventQueue) markLeaving(name string) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.leaving == nil {
-		q.leaving = make(map[string]bool)
-	}
-	if len(q.leaving) < maxEvents {
-		q.leaving[name] = true
-	}
-}
-
-const maxEvents = 1024
-
-// apply records one memberlist notification and returns the event to log.
-func (q *eventQueue) apply(kind string, m *memberlist.Node) event {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.members == nil {
-		q.members = make(map[string][]byte)
-		q.addrs = make(map[string]memberlist.Node)
-	}
-	e := event{kind: kind, name: m.Name, addr: m.Address()}
-	switch kind {
-	case "left":
-		// A member that announced its leave left; any other disappearance
-		// is a failure (memberlist declared it dead).
-		md, err := decodeMeta(q.members[m.Name])
-		if !q.leaving[m.Name] && (err != nil || !md.draining) {
-			e.kind = "failed"
-			if q.failed == nil {
-				q.failed = make(map[string][]byte)
-			}
-			if raw, ok := q.members[m.Name]; ok && len(q.failed) < maxEvents {
-				q.failed[m.Name] = raw
-			}
-		}
-		delete(q.members, m.Name)
-		delete(q.addrs, m.Name)
-		delete(q.leaving, m.Name)
-	default:
-		delete(q.failed, m.Name)
-		q.members[m.Name] = append([]byte(nil), m.Meta...)
-		q.addrs[m.Name] = memberlist.Node{Name: m.Name, Addr: append(net.IP(nil), m.Addr...), Port: m.Port}
-	}
-	if len(q.evs) >= maxEvents {
-		q.evs = q.evs[1:]
-		q.dropped++
-	}
-	q.evs = append(q.evs, e)
-	return e
-}
-
-// take returns the pending events, a copy of the member list, and a copy
-// of the metadata of members declared dead since (failed).
-func (q *eventQueue) take() ([]event, int, map[string][]byte, map[string][]byte) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	evs, d := q.evs, q.dropped
-	q.evs, q.dropped = nil, 0
-	members := make(map[string][]byte, len(q.members))
-	for k, v := range q.members {
-		members[k] = v
-	}
-	var failed map[string][]byte
-	if len(q.failed) > 0 {
-		failed = make(map[string][]byte, len(q.failed))
-		for k, v := range q.failed {
-			failed[k] = v
-		}
-	}
-	return evs, d, members, failed
-}
-
-// delegate receives memberlist callbacks. They never block: they note the
-// change and nudge the rebuild goroutine.
-type delegate struct {
-	n    *Node
-	mu   sync.Mutex
-	meta []byte
-}
-
-func (d *delegate) NodeMeta(limit int) []byte {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if len(d.meta) > limit {
-		return nil
-	}
-	return d.meta
-}
-
-func (d *delegate) setMeta(m meta) {
-	d.mu.Lock()
-	d.meta = m.encode()
-	d.mu.Unlock()
-}
-
-// NotifyMsg receives a member's "leaving" notice (see Node.announceLeave).
-func (d *delegate) NotifyMsg(b []byte) {
-	if len(b) > 1 && b[0] == msgLeaving {
-		d.n.events.markLeaving(string(b[1:]))
-	}
-}
-
-// msgLeaving tags the message a node sends each member before it leaves.
-const msgLeaving = 'L'
-
 // announceLeave tells every member, over memberlist's reliable (TCP)
 // channel and before the gossip leave, that this node leaves on purpose, so
 // their logs say "left" rather than "failed". Bounded by memberlist's
 // TCPTimeout per member; members are told concurrently; failures only cost
 // the log line.
 func (n *Node) announceLeave() {
-	msg := append([]byte{msgLeaving}, n.name...)
+	msg := membership.LeavingMsg(n.name)
 	var wg sync.WaitGroup
-	for _, m := range n.events.gossipAddrs() {
+	for _, m := range n.events.GossipAddrs() {
 		if m.Name == n.name {
 			continue
 		}
@@ -282,18 +50,6 @@ func (n *Node) announceLeave() {
 		}()
 	}
 	wg.Wait()
-}
-func (d *delegate) GetBroadcasts(int, int) [][]byte { return nil }
-func (d *delegate) LocalState(bool) []byte          { return nil }
-func (d *delegate) MergeRemoteState([]byte, bool)   {}
-
-func (d *delegate) NotifyJoin(m *memberlist.Node)   { d.note("joined", m) }
-func (d *delegate) NotifyLeave(m *memberlist.Node)  { d.note("left", m) }
-func (d *delegate) NotifyUpdate(m *memberlist.Node) { d.note("updated", m) }
-
-func (d *delegate) note(kind string, m *memberlist.Node) {
-	d.n.noteReconnect(d.n.events.apply(kind, m))
-	d.n.nudge()
 }
 
 func (n *Node) nudge() {
@@ -319,12 +75,13 @@ func (n *Node) startGossip(ctx context.Context) error {
 		mc.AdvertiseAddr = ah
 		mc.AdvertisePort, _ = strconv.Atoi(ap)
 	}
-	d := &delegate{n: n, meta: n.meta(false).encode()}
+	d := &membership.Delegate{Queue: &n.events, OnEvent: func(e membership.Event) { n.noteReconnect(e); n.nudge() }, OnConflict: n.noteConflict}
+	d.SetMeta(n.meta(false))
 	n.delegate = d
 	mc.Delegate = d
 	mc.Events = d
 	mc.Conflict = d
-	n.gossipLog = newMemberlistLog(n.log)
+	n.gossipLog = membership.NewLog(n.log)
 	mc.Logger = log.New(n.gossipLog, "", 0)
 	mc.LogOutput = nil
 	if len(n.cfg.GossipKey) > 0 {
@@ -342,7 +99,7 @@ func (n *Node) startGossip(ctx context.Context) error {
 	if len(n.cfg.Join) == 0 {
 		return nil
 	}
-	err = n.join(ctx, ml)
+	err = membership.Join(ctx, ml, n.cfg.Join, n.cfg.JoinTimeout, n.log)
 	if err == nil {
 		err = n.duplicateName()
 	}
@@ -350,7 +107,7 @@ func (n *Node) startGossip(ctx context.Context) error {
 		// Shutdown, not Leave: after a name conflict a leave would
 		// announce the established member's departure.
 		_ = ml.Shutdown()
-		n.gossipLog.close()
+		n.gossipLog.Close()
 		return err
 	}
 	return nil
@@ -398,12 +155,12 @@ func (n *Node) keepFailed(failed, members map[string][]byte) map[string][]byte {
 		if _, back := members[name]; back {
 			continue
 		}
-		md, err := decodeMeta(raw)
-		if err != nil || md.start == 0 {
-			n.events.forgetFailed(name)
+		md, err := membership.DecodeMeta(raw)
+		if err != nil || md.Start == 0 {
+			n.events.ForgetFailed(name)
 			continue
 		}
-		id := incarnationID(name, md.start)
+		id := incarnationID(name, md.Start)
 		ids = append(ids, id)
 		byID[id] = name
 	}
@@ -417,7 +174,7 @@ func (n *Node) keepFailed(failed, members map[string][]byte) map[string][]byte {
 	for _, id := range ids {
 		name := byID[id]
 		if !fresh[id] {
-			n.events.forgetFailed(name)
+			n.events.ForgetFailed(name)
 			continue
 		}
 		if keep == nil {
@@ -434,15 +191,15 @@ func (n *Node) keepFailed(failed, members map[string][]byte) map[string][]byte {
 // declared dead whose liveness holds (keepFailed): those are looked at
 // again soon.
 func (n *Node) rebuild() (kept bool) {
-	evs, dropped, members, failed := n.events.take()
+	evs, dropped, members, failed := n.events.Take()
 	keep := n.keepFailed(failed, members)
 	for name, raw := range keep {
 		members[name] = raw
 		kept = true
 	}
 	for _, e := range evs {
-		if _, ok := keep[e.name]; ok && e.kind == "failed" {
-			n.kept[e.name] = e.addr
+		if _, ok := keep[e.Name]; ok && e.Kind == "failed" {
+			n.kept[e.Name] = e.Addr
 		}
 	}
 	for name, addr := range n.kept {
@@ -452,7 +209,7 @@ func (n *Node) rebuild() (kept bool) {
 		delete(n.kept, name)
 		if _, back := members[name]; !back {
 			// Its liveness lapsed: the failure gossip saw now counts.
-			evs = append(evs, event{kind: "failed", name: name, addr: addr})
+			evs = append(evs, membership.Event{Kind: "failed", Name: name, Addr: addr})
 		}
 	}
 	names := make([]string, 0, len(members))
@@ -462,30 +219,30 @@ func (n *Node) rebuild() (kept bool) {
 	starts := make(map[string]uint64, len(members))
 	pvs := make(map[string]uint64, len(members))
 	for name, raw := range members {
-		md, err := decodeMeta(raw)
+		md, err := membership.DecodeMeta(raw)
 		switch {
 		case err != nil:
 			if n.ignore(name, "unreadable metadata") {
 				n.log.Warn("member ignored", "peer", name, "err", err)
 			}
 			continue
-		case md.fingerprint != n.fp:
+		case md.Fingerprint != n.fp:
 			if n.ignore(name, "placement fingerprint differs") {
 				n.log.Warn("member ignored: placement fingerprint differs", "peer", name,
-					"fingerprint", fmt.Sprintf("%016x", md.fingerprint), "want", fmt.Sprintf("%016x", n.fp))
+					"fingerprint", fmt.Sprintf("%016x", md.Fingerprint), "want", fmt.Sprintf("%016x", n.fp))
 			}
 			continue
-		case md.cluster != 0 && mine != 0 && md.cluster != mine:
+		case md.Cluster != 0 && mine != 0 && md.Cluster != mine:
 			if n.ignore(name, "member of another cluster (started separately; restart one side with Join pointing at the other)") {
 				n.log.Warn("member ignored: it belongs to another cluster, founded separately", "peer", name,
-					"cluster", fmt.Sprintf("%016x", md.cluster), "want", fmt.Sprintf("%016x", mine))
+					"cluster", fmt.Sprintf("%016x", md.Cluster), "want", fmt.Sprintf("%016x", mine))
 			}
 			continue
 		}
-		alive[name] = md.rpcAddr
-		starts[name] = md.start
-		pvs[name] = md.policies
-		if md.draining || name == n.name && draining {
+		alive[name] = md.RPCAddr
+		starts[name] = md.Start
+		pvs[name] = md.Policies
+		if md.Draining || name == n.name && draining {
 			continue // never a target
 		}
 		names = append(names, name)
@@ -528,19 +285,19 @@ func (n *Node) rebuild() (kept bool) {
 
 	owned := v.snap.PartitionsOwned(n.name)
 	if len(evs) == 0 && changed && old == nil {
-		evs = []event{{kind: "joined", name: n.name}}
+		evs = []membership.Event{{Kind: "joined", Name: n.name}}
 	}
 	for _, e := range evs {
-		if _, ok := ignored[e.name]; ok && (e.kind == "joined" || e.kind == "updated") {
+		if _, ok := ignored[e.Name]; ok && (e.Kind == "joined" || e.Kind == "updated") {
 			// Gossip knows it, the ring does not: not a join.
-			e.kind = "ignored"
+			e.Kind = "ignored"
 		}
-		if _, ok := keep[e.name]; ok && e.kind == "failed" {
-			n.log.Info("gossip membership: member declared dead stays on the ring while its liveness holds", "event", e.kind, "member", e.name, "member_addr", e.addr,
+		if _, ok := keep[e.Name]; ok && e.Kind == "failed" {
+			n.log.Info("gossip membership: member declared dead stays on the ring while its liveness holds", "event", e.Kind, "member", e.Name, "member_addr", e.Addr,
 				"ring_version", v.snap.Version(), "members", v.snap.Len(), "partitions_owned", owned)
 			continue
 		}
-		n.log.Info("gossip membership", "event", e.kind, "member", e.name, "member_addr", e.addr,
+		n.log.Info("gossip membership", "event", e.Kind, "member", e.Name, "member_addr", e.Addr,
 			"ring_version", v.snap.Version(), "members", v.snap.Len(), "partitions_owned", owned)
 	}
 	if dropped > 0 {
@@ -597,100 +354,6 @@ func (n *Node) viewChanged() <-chan struct{} {
 	return n.viewCh
 }
 
-// memberlistLog bridges memberlist's standard logger into slog: each line's
-// bracketed level becomes the slog level, with component=memberlist.
-// memberlist's "[ERR]" (a failed probe, push/pull or send) is degraded
-// service, so it becomes Warn: Error is kept for lost state. A send on a
-// connection closed by our own shutdown is Debug.
-//
-// A starved or cut-off node repeats the same warning every probe (a failed
-// ping, a refuted suspicion) and would bury everything else; so each kind
-// of warning (its text up to the first ':' or '(') is logged at most once
-// per memberlistWarnEvery, the next one saying how many were held back
-// (repeated=N), and the ones in between go to Debug.
-type memberlistLog struct {
-	log  *slog.Logger
-	now  func() time.Time
-	mu   sync.Mutex
-	off  bool
-	seen map[string]*warnKind
-}
-
-// memberlistWarnEvery is how often one kind of memberlist warning is
-// logged at Warn.
-const memberlistWarnEvery = 10 * time.Second
-
-// warnKind is when a kind of warning was last logged at Warn and how many
-// were held back since.
-type warnKind struct {
-	at   time.Time
-	held int
-}
-
-func newMemberlistLog(l *slog.Logger) *memberlistLog {
-	return &memberlistLog{log: l.With("component", "memberlist"), now: time.Now, seen: map[string]*warnKind{}}
-}
-
-func (w *memberlistLog) Write(p []byte) (int, error) {
-	line := bytes.TrimSpace(p)
-	level := slog.LevelInfo
-	for _, l := range []struct {
-		tag   string
-		level slog.Level
-	}{{"[DEBUG]", slog.LevelDebug}, {"[INFO]", slog.LevelInfo}, {"[WARN]", slog.LevelWarn}, {"[ERR]", slog.LevelWarn}, {"[ERROR]", slog.LevelWarn}} {
-		if bytes.HasPrefix(line, []byte(l.tag)) {
-			level = l.level
-			line = bytes.TrimSpace(line[len(l.tag):])
-			break
-		}
-	}
-	line = bytes.TrimPrefix(line, []byte("memberlist: "))
-	if bytes.Contains(line, []byte("use of closed network connection")) {
-		// memberlist's own goroutines racing its shutdown: not news.
-		level = slog.LevelDebug
-	}
-	w.mu.Lock()
-	if w.off {
-		w.mu.Unlock()
-		return len(p), nil
-	}
-	held := 0
-	if level == slog.LevelWarn {
-		kind := string(line)
-		if i := strings.IndexAny(kind, ":("); i > 0 {
-			kind = kind[:i]
-		}
-		now := w.now()
-		switch k := w.seen[kind]; {
-		case k == nil:
-			if len(w.seen) >= 64 {
-				clear(w.seen) // kinds are few; a flood of new ones starts afresh
-			}
-			w.seen[kind] = &warnKind{at: now}
-		case now.Sub(k.at) < memberlistWarnEvery:
-			k.held++
-			level = slog.LevelDebug
-		default:
-			held, k.at, k.held = k.held, now, 0
-		}
-	}
-	w.mu.Unlock()
-	if held > 0 {
-		w.log.Log(context.Background(), level, string(line), "repeated", held)
-	} else {
-		w.log.Log(context.Background(), level, string(line))
-	}
-	return len(p), nil
-}
-
-// close silences the bridge: memberlist may still log from its last
-// goroutines after Shutdown returns.
-func (w *memberlistLog) close() {
-	w.mu.Lock()
-	w.off = true
-	w.mu.Unlock()
-}
-
 // adoptCluster returns the node's cluster id. A node that joined and has
 // none yet adopts the id of the cluster it sees (they are the cluster it
 // joined) and gossips it.
@@ -710,11 +373,11 @@ func (n *Node) adoptCluster(members map[string][]byte) uint64 {
 	mine := n.clusterID.Load()
 	count := map[uint64]int{}
 	for name, raw := range members {
-		md, err := decodeMeta(raw)
-		if err != nil || md.fingerprint != n.fp {
+		md, err := membership.DecodeMeta(raw)
+		if err != nil || md.Fingerprint != n.fp {
 			continue
 		}
-		id := md.cluster
+		id := md.Cluster
 		if name == n.name {
 			id = mine
 		}
@@ -739,7 +402,7 @@ func (n *Node) adoptCluster(members map[string][]byte) uint64 {
 	}
 	n.clusterID.Store(best)
 	mine = best
-	n.delegate.setMeta(n.meta(n.closing.Load()))
+	n.delegate.SetMeta(n.meta(n.closing.Load()))
 	// Best effort: the id also travels with the next gossip of our meta.
 	_ = n.ml.UpdateNode(100 * time.Millisecond)
 	return mine

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -148,58 +147,5 @@ func TestGossipFailureWaitsForLiveness(t *testing.T) {
 	}
 	if !failed {
 		t.Fatalf("the watcher never logged %s's failure with the ring facts", victim.Name())
-	}
-}
-
-// TestMemberlistWarningsThrottled: memberlist's warnings reach the node's
-// log at Warn, but one kind (a failed ping to any peer) at most once per
-// memberlistWarnEvery, the next saying how many were held back; the ones
-// in between are still there at Debug, and other kinds and levels pass.
-func TestMemberlistWarningsThrottled(t *testing.T) {
-	t.Parallel()
-	logs := newHoLogs()
-	w := newMemberlistLog(slog.New(logs).With("node", "n0"))
-	now := time.Unix(1000, 0)
-	w.now = func() time.Time { return now }
-	say := func(line string) {
-		if _, err := w.Write([]byte(line + "\n")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for range 5 {
-		say("[ERR] memberlist: Failed fallback TCP ping: timeout 200ms: read tcp 127.0.0.1:1->127.0.0.1:2: i/o timeout")
-		say("[WARN] memberlist: Refuting a suspect message (from: n1)")
-		say("[INFO] memberlist: Suspect n1 has failed, no acks received")
-		now = now.Add(time.Second)
-	}
-	now = now.Add(memberlistWarnEvery)
-	say("[ERR] memberlist: Failed fallback TCP ping: timeout 400ms: write tcp 127.0.0.1:1->127.0.0.1:3: i/o timeout")
-	var warns, debugs, infos []string
-	logs.mu.Lock()
-	defer logs.mu.Unlock()
-	for _, r := range *logs.recs {
-		switch r.level {
-		case slog.LevelWarn:
-			rep := "-"
-			if v, ok := r.attrs["repeated"]; ok {
-				rep = v.String()
-			}
-			warns = append(warns, r.msg+" repeated="+rep)
-		case slog.LevelDebug:
-			debugs = append(debugs, r.msg)
-		case slog.LevelInfo:
-			infos = append(infos, r.msg)
-		}
-	}
-	want := []string{
-		"Failed fallback TCP ping: timeout 200ms: read tcp 127.0.0.1:1->127.0.0.1:2: i/o timeout repeated=-",
-		"Refuting a suspect message (from: n1) repeated=-",
-		"Failed fallback TCP ping: timeout 400ms: write tcp 127.0.0.1:1->127.0.0.1:3: i/o timeout repeated=4",
-	}
-	if !slices.Equal(warns, want) {
-		t.Errorf("warnings logged:\n%s\nwant:\n%s", strings.Join(warns, "\n"), strings.Join(want, "\n"))
-	}
-	if len(debugs) != 8 || len(infos) != 5 {
-		t.Errorf("%d held-back warnings at Debug (want 8) and %d info lines (want 5)", len(debugs), len(infos))
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ringlimit/ringlimit/peer/internal/membership"
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
@@ -55,22 +56,22 @@ type Node struct {
 	wall *wallClock
 	// stopped is set once Close has stopped the node: calls get ErrClosed.
 	stopped atomic.Bool
-	// clusterID names the cluster this node belongs to (see meta.cluster).
+	// clusterID names the cluster this node belongs to (see membership.Meta.Cluster).
 	clusterID atomic.Uint64
 
 	view      atomic.Pointer[view]
 	viewMu    sync.Mutex    // guards viewCh and version
 	viewCh    chan struct{} // closed and replaced on each publish
 	version   uint64
-	events    eventQueue
+	events    membership.Queue
 	rebuildCh chan struct{}
 	// kept: members gossip declared dead that the ring keeps while their
 	// liveness holds (name → gossip address); the rebuild goroutine's.
 	kept map[string]string
 
 	ml        *memberlist.Memberlist
-	delegate  *delegate
-	gossipLog *memberlistLog
+	delegate  *membership.Delegate
+	gossipLog *membership.Log
 	grpcSrv   *rpcServer
 	health    *health.Server
 	rpcLis    net.Listener
@@ -267,12 +268,12 @@ func (n *Node) serveRPC(lis net.Listener) {
 func (n *Node) Name() string { return n.name }
 
 // meta is what this node gossips about itself.
-func (n *Node) meta(draining bool) meta {
+func (n *Node) meta(draining bool) membership.Meta {
 	addr := n.cfg.RPCAdvertiseAddr
 	if addr == "" {
 		addr = n.RPCAddr()
 	}
-	return meta{fingerprint: n.fp, rpcAddr: addr, draining: draining, start: n.ops.start, cluster: n.clusterID.Load(), policies: n.table.Load().Version()}
+	return membership.Meta{Fingerprint: n.fp, RPCAddr: addr, Draining: draining, Start: n.ops.start, Cluster: n.clusterID.Load(), Policies: n.table.Load().Version()}
 }
 
 // closeGrace is how long Close waits for the node's goroutines before the
@@ -474,7 +475,7 @@ func (n *Node) close(ctx context.Context) error {
 	var errs []error
 	// Announce the drain first, so peers log our departure as a leave,
 	// not a failure. Best effort: a slow gossip only changes the log line.
-	n.delegate.setMeta(n.meta(true))
+	n.delegate.SetMeta(n.meta(true))
 	_ = n.ml.UpdateNode(200 * time.Millisecond)
 	n.announceLeave()
 	if err := n.lo.drain(ctx); err != nil {
@@ -545,7 +546,7 @@ func (n *Node) close(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("peer: goroutines still running at the close deadline: %w", ctx.Err()))
 		}
 	}
-	n.gossipLog.close()
+	n.gossipLog.Close()
 	n.log.Info("node closed")
 	return errors.Join(errs...)
 }

@@ -10,6 +10,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ringlimit/ringlimit/peer/internal/membership"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
@@ -73,7 +74,7 @@ func (n *Node) markUnreachable(member string) {
 	n.own.mu.Lock()
 	defer n.own.mu.Unlock()
 	_, known := n.own.unreachable[member]
-	if known || len(n.own.unreachable) < maxEvents {
+	if known || len(n.own.unreachable) < membership.MaxEvents {
 		n.own.unreachable[member] = n.mono()
 		n.own.marked.Store(int32(len(n.own.unreachable)))
 	}
@@ -158,7 +159,7 @@ func (n *Node) noteIncarnations(starts map[string]uint64) {
 			delete(n.own.unreachable, name)
 			n.own.marked.Store(int32(len(n.own.unreachable)))
 		}
-		if ok || len(n.own.starts) < maxEvents {
+		if ok || len(n.own.starts) < membership.MaxEvents {
 			n.own.starts[name] = s
 		}
 	}

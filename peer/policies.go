@@ -103,7 +103,7 @@ func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
 	}
 	// Gossip the new version. Best effort: it also travels with the next
 	// push/pull of our metadata.
-	n.delegate.setMeta(n.meta(n.closing.Load()))
+	n.delegate.SetMeta(n.meta(n.closing.Load()))
 	_ = n.ml.UpdateNode(200 * time.Millisecond)
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/ringlimit/ringlimit/peer/internal/membership"
 )
 
 // memberlist never contacts a member again once it has declared it dead:
@@ -35,19 +37,19 @@ type failedMember struct {
 
 // noteReconnect updates the set from one membership event. Called from
 // memberlist's callbacks; never blocks.
-func (n *Node) noteReconnect(e event) {
-	if e.name == n.name {
+func (n *Node) noteReconnect(e membership.Event) {
+	if e.Name == n.name {
 		return
 	}
 	r := &n.ops.reconnect
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	switch e.kind {
+	switch e.Kind {
 	case "failed":
 		if r.failed == nil {
 			r.failed = make(map[string]failedMember)
 		}
-		if _, ok := r.failed[e.name]; !ok && len(r.failed) >= maxReconnect {
+		if _, ok := r.failed[e.Name]; !ok && len(r.failed) >= maxReconnect {
 			oldest := ""
 			for name, f := range r.failed {
 				if oldest == "" || f.at.Before(r.failed[oldest].at) {
@@ -56,9 +58,9 @@ func (n *Node) noteReconnect(e event) {
 			}
 			delete(r.failed, oldest)
 		}
-		r.failed[e.name] = failedMember{addr: e.addr, at: time.Now()}
+		r.failed[e.Name] = failedMember{addr: e.Addr, at: time.Now()}
 	case "joined", "left":
-		delete(r.failed, e.name)
+		delete(r.failed, e.Name)
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/ringlimit/ringlimit/peer/internal/membership"
 )
 
 // cutTransport is memberlist's NetTransport with a switch: while cut is
@@ -183,16 +185,16 @@ func TestReconnectAfterPartition(t *testing.T) {
 // entries older than ReconnectTimeout are dropped.
 func TestReconnectSet(t *testing.T) {
 	n := &Node{name: "self", cfg: Config{ReconnectTimeout: time.Hour}}
-	n.noteReconnect(event{kind: "failed", name: "a", addr: "127.0.0.1:1"})
-	n.noteReconnect(event{kind: "failed", name: "b", addr: "127.0.0.1:2"})
-	n.noteReconnect(event{kind: "left", name: "b"})
-	n.noteReconnect(event{kind: "failed", name: "self", addr: "127.0.0.1:3"})
+	n.noteReconnect(membership.Event{Kind: "failed", Name: "a", Addr: "127.0.0.1:1"})
+	n.noteReconnect(membership.Event{Kind: "failed", Name: "b", Addr: "127.0.0.1:2"})
+	n.noteReconnect(membership.Event{Kind: "left", Name: "b"})
+	n.noteReconnect(membership.Event{Kind: "failed", Name: "self", Addr: "127.0.0.1:3"})
 	if got := len(n.ops.reconnect.failed); got != 1 || n.ops.reconnect.failed["a"].addr != "127.0.0.1:1" {
 		t.Fatalf("failed set = %v, want only a", n.ops.reconnect.failed)
 	}
-	n.noteReconnect(event{kind: "joined", name: "a"})
+	n.noteReconnect(membership.Event{Kind: "joined", Name: "a"})
 	for i := range maxReconnect + 10 {
-		n.noteReconnect(event{kind: "failed", name: string(rune('A' + i)), addr: "127.0.0.1:9"})
+		n.noteReconnect(membership.Event{Kind: "failed", Name: string(rune('A' + i)), Addr: "127.0.0.1:9"})
 	}
 	if got := len(n.ops.reconnect.failed); got != maxReconnect {
 		t.Fatalf("failed set holds %d members, want the bound %d", got, maxReconnect)

@@ -1,5 +1,7 @@
 package peer
 
+import "github.com/ringlimit/ringlimit/peer/internal/membership"
+
 // A member that crashes and restarts on the same address under the same
 // name looks, to gossip, like the same member: memberlist may see nothing
 // but an incarnation bump, and the ring (names and addresses) does not
@@ -7,7 +9,7 @@ package peer
 // the crash and sits in gRPC's reconnect backoff (1 s, growing), so the
 // first forwards after the restart would fail with "connection refused"
 // although the member is serving. Each process therefore gossips a random
-// start id (meta.start); when a member's start id changes, or memberlist
+// start id (membership.Meta.Start); when a member's start id changes, or memberlist
 // reports it joining (again), its client is dropped and the next forward
 // dials afresh. The ring itself is left alone: the member set did not
 // change, and handoff is decided by the ring, not by connections.
@@ -16,7 +18,7 @@ package peer
 // drops the client of each member that restarted or (re)joined. Called by
 // the rebuild goroutine with the pending events and the start ids of the
 // members in the new view.
-func (n *Node) noteRestarts(evs []event, starts map[string]uint64) {
+func (n *Node) noteRestarts(evs []membership.Event, starts map[string]uint64) {
 	for name, s := range starts {
 		if name == n.name {
 			continue
@@ -27,8 +29,8 @@ func (n *Node) noteRestarts(evs []event, starts map[string]uint64) {
 		}
 	}
 	for _, e := range evs {
-		if e.kind == "joined" && e.name != n.name {
-			n.resetClient(e.name)
+		if e.Kind == "joined" && e.Name != n.name {
+			n.resetClient(e.Name)
 		}
 	}
 	n.ops.starts = starts

@@ -56,27 +56,3 @@ func TestRejoinAfterKill(t *testing.T) {
 	}
 	t.Logf("n0 noticed the restart %v after the new n1 served; first forward ok %v after", noticed, time.Since(ready))
 }
-
-// TestMetaDecodeVersions checks that the current metadata round-trips with
-// its policy version, and that versions 4 (without one) and 2 (without
-// start and cluster ids) still decode.
-func TestMetaDecodeVersions(t *testing.T) {
-	m := meta{fingerprint: 42, rpcAddr: "127.0.0.1:9", draining: true, start: 7, cluster: 9, policies: 11}
-	got, err := decodeMeta(m.encode())
-	if err != nil || got != m {
-		t.Fatalf("decode(encode(%+v)) = %+v, %v", m, got, err)
-	}
-	v4 := append([]byte{4, 1, 0, 0, 0, 0, 0, 0, 0, 42, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 9}, "127.0.0.1:9"...)
-	got, err = decodeMeta(v4)
-	if want := (meta{fingerprint: 42, rpcAddr: "127.0.0.1:9", draining: true, start: 7, cluster: 9}); err != nil || got != want {
-		t.Fatalf("decode(version 4) = %+v, %v; want %+v", got, err, want)
-	}
-	v2 := append([]byte{2, 0, 0, 0, 0, 0, 0, 0, 0, 42}, "127.0.0.1:9"...)
-	got, err = decodeMeta(v2)
-	if want := (meta{fingerprint: 42, rpcAddr: "127.0.0.1:9"}); err != nil || got != want {
-		t.Fatalf("decode(version 2) = %+v, %v; want %+v", got, err, want)
-	}
-	if _, err := decodeMeta([]byte{9, 0, 0, 0, 0, 0, 0, 0, 0, 42, '1'}); err == nil {
-		t.Fatal("decode accepted metadata version 9")
-	}
-}

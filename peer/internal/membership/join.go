@@ -1,8 +1,9 @@
-package peer
+package membership
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -16,35 +17,36 @@ const (
 	joinBackoffMax = 2 * time.Second
 )
 
-// join joins the Join seeds through ml, retrying with backoff until one
-// answers, Config.JoinTimeout passes or ctx ends. Each failed try is logged
-// with its attempt number; the final error names the seeds and wraps the
-// last cause and ctx's error. On error the caller shuts ml down.
-func (n *Node) join(ctx context.Context, ml *memberlist.Memberlist) error {
-	ctx, cancel := context.WithTimeout(ctx, n.cfg.JoinTimeout)
+// Join joins seeds through ml, retrying with backoff until one answers,
+// timeout passes or ctx ends. Each failed try is logged with its attempt
+// number; the final error names the seeds and wraps the last cause and
+// ctx's error. On error the caller shuts ml down (a try cut short by the
+// deadline already has).
+func Join(ctx context.Context, ml *memberlist.Memberlist, seeds []string, timeout time.Duration, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	start := time.Now()
 	backoff := joinBackoffMin
 	for attempt := 1; ; attempt++ {
-		err := joinOnce(ctx, ml, n.cfg.Join)
+		err := joinOnce(ctx, ml, seeds)
 		if err == nil {
 			if attempt > 1 {
-				n.log.Info("joined", "seeds", n.cfg.Join, "attempt", attempt)
+				log.Info("joined", "seeds", seeds, "attempt", attempt)
 			}
 			return nil
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("peer: join %v: no seed answered in %d attempts over %v: %w: %w",
-				n.cfg.Join, attempt, time.Since(start).Round(time.Millisecond), err, ctx.Err())
+				seeds, attempt, time.Since(start).Round(time.Millisecond), err, ctx.Err())
 		}
-		n.log.Warn("join failed, retrying", "seeds", n.cfg.Join, "attempt", attempt, "retry_in", backoff, "err", err)
+		log.Warn("join failed, retrying", "seeds", seeds, "attempt", attempt, "retry_in", backoff, "err", err)
 		t := time.NewTimer(backoff)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
 			return fmt.Errorf("peer: join %v: no seed answered in %d attempts over %v: %w: %w",
-				n.cfg.Join, attempt, time.Since(start).Round(time.Millisecond), err, ctx.Err())
+				seeds, attempt, time.Since(start).Round(time.Millisecond), err, ctx.Err())
 		}
 		backoff = min(2*backoff, joinBackoffMax)
 	}
