@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/peerpb"
+
+	"github.com/ringlimit/ringlimit/peer/internal/transport"
 )
 
 // openMetrics records PeerRPCOpen.
@@ -63,7 +65,7 @@ func TestAuthPeerRPCs(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if tc.token != "" {
-				ctx = metadata.AppendToOutgoingContext(ctx, peerTokenKey, tc.token)
+				ctx = metadata.AppendToOutgoingContext(ctx, transport.TokenKey, tc.token)
 			}
 			_, err := lim.Check(ctx, &peerpb.CheckRequest{Sender: "n0", Items: []*peerpb.CheckItem{{Key: wireKey, Hits: 2}}})
 			if got := status.Code(err); got != tc.want {

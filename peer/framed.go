@@ -44,7 +44,7 @@ func newFramedServer(n *Node) *transport.Server {
 // Admit takes a hello by the peer RPCs' rules, unless the node refuses
 // framed pipes for now (tests).
 func (h pipeHandler) Admit(verified bool, token string) error {
-	if err := h.n.ops.auth.admit(verified, token); err != nil {
+	if err := h.n.ops.auth.Admit(verified, token); err != nil {
 		return err
 	}
 	if h.n.refuseFramed.Load() {

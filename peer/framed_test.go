@@ -123,7 +123,7 @@ func TestFramedAuth(t *testing.T) {
 	pols := map[string]PolicyConfig{"p": {Limit: 3, Window: time.Minute}}
 	c := startCluster(t, 2, Config{Policies: pols, PeerSecret: []byte("s3cret")})
 	n1 := c.nodes[1]
-	token := n1.ops.auth.token
+	token := n1.ops.auth.Token()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, tc := range []struct {

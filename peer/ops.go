@@ -3,6 +3,8 @@ package peer
 import (
 	"crypto/rand"
 	"encoding/binary"
+
+	"github.com/ringlimit/ringlimit/peer/internal/transport"
 )
 
 // opsState holds the node's operational state beyond placement: its
@@ -19,7 +21,7 @@ type opsState struct {
 	// conflict records another member claiming our name (conflict.go).
 	conflict conflictState
 	// auth is the peer-RPC authentication, set in New (auth.go).
-	auth peerAuth
+	auth transport.Auth
 	// ready is the readiness bookkeeping (ready.go).
 	ready readyState
 	// reconnect is the set of failed members to rejoin (reconnect.go).

@@ -186,7 +186,7 @@ func (s *pipeState[Req, Resp]) startDial(c *client, kind byte) {
 	c.n.wg.Add(1)
 	go func() {
 		defer c.n.wg.Done()
-		fc, err := transport.Dial(ctx, c.addr, kind, c.n.ops.auth.token, c.n.cfg.ClientTLS)
+		fc, err := transport.Dial(ctx, c.addr, kind, c.n.ops.auth.Token(), c.n.cfg.ClientTLS)
 		if fc != nil {
 			fc.SetWriteTimeout(c.n.framedWriteTimeout())
 		}

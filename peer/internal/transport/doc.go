@@ -21,6 +21,11 @@
 //     pipe) that matches answers to requests by id, answers every
 //     request exactly once, and breaks on a send or receive error or an
 //     answer twice its timeout late.
+//   - Auth, peer authentication: a token derived from the cluster's
+//     secret, or a client certificate verified under mutual TLS, checked
+//     on every call to the protected services (ServerOptions) and on a
+//     framed pipe's hello (Admit); the token sent on every call
+//     (DialOptions).
 //   - Server and Listener: a framed pipe shares the gRPC port. The
 //     Listener reads the first bytes of every connection: Magic (which
 //     neither an HTTP/2 preface, "PRI ...", nor a TLS record, 0x16 ...,
@@ -37,8 +42,9 @@
 //
 // What it does not do: it knows nothing of ownership, policies, keys or
 // which messages it carries. Whether a hello is admitted, and what runs
-// on an admitted pipe, are its Handler's (peer: the peer token's rules,
-// CheckStream and ReplicateStream). The goroutines it starts belong to
+// on an admitted pipe, are its Handler's (peer: Auth.Admit, CheckStream
+// and ReplicateStream); which services are the peers' own is its
+// caller's. The goroutines it starts belong to
 // the WaitGroup its caller passes (the Node's).
 //
 // What it may import: the standard library, gRPC (for the stream
