@@ -691,23 +691,29 @@ func pausedDecisionAfterTakeover(t *testing.T, n0, n1 *Node, pid, limit int, do 
 	})
 	// Admit on n1 until it refuses one as over the limit; a call that
 	// fails (unavailable for a moment on a loaded machine) is asked again.
-	admitted := 0
+	// A failed call's outcome is unknown: it may have been admitted (its
+	// copy to the new backup timed out), so it may count against the
+	// limit, and the refusal proves no more than limit admissions.
+	admitted, unknown := 0, 0
 	waitFor(t, 30*time.Second, "n1 to reach the limit", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		d, err := do(ctx, n1)
-		if err == nil && d.Allowed {
+		switch {
+		case err == nil && d.Allowed:
 			admitted++
+		case err != nil:
+			unknown++
 		}
 		return err == nil && !d.Allowed || admitted > limit
 	})
-	if admitted != limit {
-		t.Fatalf("the new holder admitted %d; want %d (the paused decision was never confirmed, so nothing was copied)", admitted, limit)
+	if admitted > limit || admitted+unknown < limit {
+		t.Fatalf("the new holder admitted %d (%d more outcomes unknown) before refusing; want %d (the paused decision was never confirmed, so nothing was copied)", admitted, unknown, limit)
 	}
 	release()
 	r := <-paused
 	if r.err == nil && r.d.Allowed {
-		t.Fatalf("the paused decision was confirmed after the takeover (%+v): %d admitted in one window of limit %d", r.d, admitted+1, limit)
+		t.Fatalf("the paused decision was confirmed after the takeover (%+v): %d admitted in one window of limit %d", r.d, limit+1, limit)
 	}
 	if !errors.Is(r.err, ErrUnavailable) && !errors.Is(r.err, ErrClosed) {
 		t.Fatalf("the paused decision = %+v, %v; want unavailable", r.d, r.err)
