@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,6 +14,11 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
 // loadProcsEnv adds the side-by-side row against `ringlimit serve`
@@ -29,8 +35,9 @@ type serveProc struct {
 
 // serveProcDrivers builds cmd/ringlimit, starts three `serve` processes on
 // loopback (the default synchronous replication, the bench policy), waits
-// until each is ready in a 3-member cluster, and returns the routed
-// client's row against them. The processes stop when t ends.
+// until each is ready in a 3-member cluster, and returns the rows against
+// them: the routed client's, unary gRPC to any node, and HTTP
+// /v1/check to any node. The processes stop when t ends.
 func serveProcDrivers(t *testing.T) []loadDriver {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "ringlimit")
@@ -66,7 +73,78 @@ func serveProcDrivers(t *testing.T) []loadDriver {
 	for i, p := range procs {
 		addrs[i], pids[i] = p.grpc, p.cmd.Process.Pid
 	}
-	return []loadDriver{routedDriver(t, "sidecar-routed procs keys=10000", addrs, pids)}
+	return []loadDriver{
+		routedDriver(t, "sidecar-routed procs keys=10000", addrs, pids),
+		unaryProcDriver(t, addrs, pids),
+		httpProcDriver(t, procs, pids),
+	}
+}
+
+// unaryProcDriver is the row of a client in another language calling
+// unary RateLimiter.Allow on any node: one connection per process,
+// round-robin, so two calls in three are forwarded once.
+func unaryProcDriver(t *testing.T, addrs []string, pids []int) loadDriver {
+	var clients []peerpb.RateLimiterClient
+	for _, a := range addrs {
+		conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		clients = append(clients, peerpb.NewRateLimiterClient(conn))
+	}
+	keys := loadKeys(10000)
+	wire := make([]*peerpb.AllowRequest, len(keys))
+	for i, k := range keys {
+		wire[i] = &peerpb.AllowRequest{Key: &peerpb.Key{Tenant: k.Tenant, Subject: k.Subject, Policy: k.Policy}}
+	}
+	return loadDriver{
+		name: "sidecar procs keys=10000", pids: pids,
+		call: func(c, i int) error {
+			resp, err := clients[i%len(clients)].Allow(context.Background(), wire[i%len(wire)])
+			if err == nil && !resp.GetAllowed() {
+				err = fmt.Errorf("refused: %v", resp)
+			}
+			return err
+		},
+	}
+}
+
+// httpProcDriver is the row of POST /v1/check on any node: keep-alive
+// HTTP/1.1 connections (one per caller and process at most), round-robin
+// over the processes. A 200 is an admission; anything else fails the run.
+func httpProcDriver(t *testing.T, procs []*serveProc, pids []int) loadDriver {
+	tr := &http.Transport{MaxIdleConnsPerHost: loadCallers, MaxConnsPerHost: loadCallers, IdleConnTimeout: time.Minute}
+	t.Cleanup(tr.CloseIdleConnections)
+	cl := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	keys := loadKeys(10000)
+	bodies := make([][]byte, len(keys))
+	for i, k := range keys {
+		b, err := json.Marshal(map[string]string{"tenant": k.Tenant, "subject": k.Subject, "policy": k.Policy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bodies[i] = b
+	}
+	urls := make([]string, len(procs))
+	for i, p := range procs {
+		urls[i] = "http://" + p.http + "/v1/check"
+	}
+	return loadDriver{
+		name: "http procs keys=10000", pids: pids,
+		call: func(c, i int) error {
+			resp, err := cl.Post(urls[i%len(urls)], "application/json", bytes.NewReader(bodies[i%len(bodies)]))
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if err == nil && resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("POST /v1/check answered %s", resp.Status)
+			}
+			return err
+		},
+	}
 }
 
 // startServeProc starts `bin serve` as node name (joining join unless

@@ -22,10 +22,15 @@ package bench
 //   - embedded: Node.Allow in-process, round-robin over the 3 nodes;
 //   - redis-lua: EVALSHA of the exact sliding-log script
 //     (redisScriptExact), one connection per caller;
+//   - redis-lua+replica WAIT 1: the same on a second Redis with one
+//     replica, each call pipelined with WAIT 1 (the replica's
+//     acknowledgement: what sync replication gives);
 //   - sidecar-routed procs (opt-in, RINGLIMIT_LOAD_PROCS=1): peer.Client
 //     as sidecar-routed, against three `ringlimit serve` processes built
 //     from this tree (their CPU time is srv-cpu/op), as a client in
-//     another process would meet them.
+//     another process would meet them; with it, sidecar procs (unary
+//     Allow to any process, round-robin) and http procs (POST /v1/check
+//     to any process, keep-alive HTTP/1.1).
 //
 // cpu/op is the test process's CPU time (getrusage: user + system) divided
 // by the decisions made; for Redis, srv-cpu/op is redis-server's own CPU
@@ -366,7 +371,53 @@ func redisDrivers(t *testing.T) []loadDriver {
 			},
 		})
 	}
-	return out
+	return append(out, redisWaitDriver(t))
+}
+
+// redisWaitDriver is the row of Redis with one replica and WAIT 1 (the
+// durability sync replication gives): a second master with its own
+// replica; each call sends EVALSHA and WAIT 1 in one pipeline and needs
+// the replica's acknowledgement (WAIT answering 1, within 1 s).
+func redisWaitDriver(t *testing.T) loadDriver {
+	addr, pid := startRedisProc(t)
+	replica := startRedisReplica(t, addr)
+	pool := &respPool{addr: addr}
+	t.Cleanup(pool.close)
+	if err := pool.warm(loadCallers); err != nil {
+		t.Fatal(err)
+	}
+	conns := make([]*respConn, loadCallers)
+	for i := range conns {
+		c, err := pool.get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+	}
+	sha := redisLoad(t, conns[0], redisScriptExact)
+	limit, window := strconv.FormatInt(1<<50, 10), strconv.FormatInt(time.Second.Milliseconds(), 10)
+	keys := loadKeys(10000)
+	logs, seqs := make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		logs[i], seqs[i] = redisKeys(k)
+	}
+	wait := []string{"WAIT", "1", "1000"}
+	return loadDriver{
+		name: "redis-lua+replica WAIT 1 keys=10000", pids: []int{pid, replica},
+		call: func(c, i int) error {
+			s := i % len(keys)
+			r, w, err := conns[c].do2([]string{"EVALSHA", sha, "2", logs[s], seqs[s], limit, window, ""}, wait)
+			switch {
+			case err != nil:
+				return err
+			case r.kind != ':' || r.n != 1:
+				return fmt.Errorf("redis-lua+replica answered %+v, want an admission under a limit of 2^50", r)
+			case w.kind != ':' || w.n < 1:
+				return fmt.Errorf("WAIT 1 answered %+v: the replica did not acknowledge within 1 s", w)
+			}
+			return nil
+		},
+	}
 }
 
 // ringlimitDrivers starts a 3-node cluster whose policy replicates with

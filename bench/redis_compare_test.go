@@ -25,6 +25,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -128,7 +129,7 @@ func startRedis(tb testing.TB) string {
 
 // startRedisProc is startRedis that also returns the server's process id,
 // so a caller can read its CPU time from /proc.
-func startRedisProc(tb testing.TB) (addr string, pid int) {
+func startRedisProc(tb testing.TB, extra ...string) (addr string, pid int) {
 	tb.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -139,7 +140,7 @@ func startRedisProc(tb testing.TB) (addr string, pid int) {
 	// redis-server binds it; such a start fails fast and is retried.
 	var last error
 	for attempt := range 3 {
-		addr, pid, retry, err := redisTryStart(tb, bin, dir, attempt)
+		addr, pid, retry, err := redisTryStart(tb, bin, dir, attempt, extra...)
 		if err == nil {
 			redisLogVersion(tb, addr)
 			return addr, pid
@@ -153,9 +154,48 @@ func startRedisProc(tb testing.TB) (addr string, pid int) {
 	return "", 0
 }
 
+// startRedisReplica starts a second redis-server replicating master and
+// waits (10 s at most) until the master counts it as a connected replica
+// and the replica's link is up. It returns the replica's process id.
+func startRedisReplica(tb testing.TB, master string) int {
+	tb.Helper()
+	host, port, err := net.SplitHostPort(master)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	addr, pid := startRedisProc(tb, "--replicaof", host, port)
+	info := func(a, field string) string {
+		c, err := dialRESP(a)
+		if err != nil {
+			return ""
+		}
+		defer c.close()
+		r, err := c.do("INFO", "replication")
+		if err != nil {
+			return ""
+		}
+		for line := range strings.Lines(r.s) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for info(master, "connected_slaves") != "1" || info(addr, "master_link_status") != "up" {
+		if time.Now().After(deadline) {
+			tb.Fatalf("redis replica at %s not in sync with %s within 10 s", addr, master)
+		}
+		<-tick.C
+	}
+	return pid
+}
+
 // redisTryStart makes one start attempt. retry reports whether the failure
 // looks like a lost port race.
-func redisTryStart(tb testing.TB, bin, dir string, attempt int) (addr string, pid int, retry bool, err error) {
+func redisTryStart(tb testing.TB, bin, dir string, attempt int, extra ...string) (addr string, pid int, retry bool, err error) {
 	tb.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -171,9 +211,9 @@ func redisTryStart(tb testing.TB, bin, dir string, attempt int) (addr string, pi
 	if err != nil {
 		return "", 0, false, err
 	}
-	cmd := exec.Command(bin,
+	cmd := exec.Command(bin, append([]string{
 		"--bind", "127.0.0.1", "--port", strconv.Itoa(port),
-		"--save", "", "--appendonly", "no", "--dir", dir)
+		"--save", "", "--appendonly", "no", "--dir", dir}, extra...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -298,10 +338,32 @@ func (rc *respConn) close() error { return rc.c.Close() }
 // is returned as a respError (the connection stays usable). It does not
 // allocate for an integer reply.
 func (rc *respConn) do(args ...string) (respReply, error) {
-	if rc.err != nil {
-		return respReply{}, rc.err
+	if err := rc.send(appendRESP(rc.buf[:0], args)); err != nil {
+		return respReply{}, err
 	}
-	b := append(rc.buf[:0], '*')
+	return rc.reply()
+}
+
+// do2 sends two commands in one write (a pipeline) and reads both
+// replies, as a client that asks for a script and WAIT together does.
+func (rc *respConn) do2(a, b []string) (respReply, respReply, error) {
+	if err := rc.send(appendRESP(appendRESP(rc.buf[:0], a), b)); err != nil {
+		return respReply{}, respReply{}, err
+	}
+	ra, errA := rc.reply()
+	if errA != nil && rc.err != nil {
+		return respReply{}, respReply{}, errA
+	}
+	rb, errB := rc.reply()
+	if errA != nil {
+		return ra, rb, errA
+	}
+	return ra, rb, errB
+}
+
+// appendRESP appends args as one RESP command.
+func appendRESP(b []byte, args []string) []byte {
+	b = append(b, '*')
 	b = strconv.AppendInt(b, int64(len(args)), 10)
 	b = append(b, '\r', '\n')
 	for _, a := range args {
@@ -311,15 +373,28 @@ func (rc *respConn) do(args ...string) (respReply, error) {
 		b = append(b, a...)
 		b = append(b, '\r', '\n')
 	}
+	return b
+}
+
+// send writes b (and keeps it as the connection's buffer).
+func (rc *respConn) send(b []byte) error {
+	if rc.err != nil {
+		return rc.err
+	}
 	rc.buf = b
 	if err := rc.c.SetDeadline(time.Now().Add(respTimeout)); err != nil {
 		rc.err = err
-		return respReply{}, err
+		return err
 	}
 	if _, err := rc.c.Write(b); err != nil {
 		rc.err = err
-		return respReply{}, err
+		return err
 	}
+	return nil
+}
+
+// reply reads one reply; an error reply is a respError.
+func (rc *respConn) reply() (respReply, error) {
 	r, err := rc.read()
 	if err != nil {
 		rc.err = err

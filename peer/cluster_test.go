@@ -18,6 +18,21 @@ import (
 // variants (hoGossip, slowDetectGossip) start from.
 func fastGossip(mc *memberlist.Config) { GossipFast.Apply(mc) }
 
+// testGossip is the gossip of test nodes that set none: fastGossip with a
+// probe timeout and a suspicion that a starved member (a loaded 2-core
+// machine running the race detector and other tests' clusters at once)
+// can answer and refute in. With fastGossip's 100 ms and 3 probes, a
+// fresh-clone CI under two busy loops saw five live members declare each
+// other dead and come back every second for a minute, so their rings, and
+// the partitions' targets, never settled. Failure detection stays under
+// about a second (3 members: 0.5-1 s), which the tests that kill members
+// wait for; takeovers follow liveness leases, not gossip.
+func testGossip(mc *memberlist.Config) {
+	fastGossip(mc)
+	mc.ProbeTimeout = 250 * time.Millisecond
+	mc.SuspicionMult = 5
+}
+
 // testLogger returns a logger for a test's nodes. With RINGLIMIT_TEST_LOG
 // set it writes every line (debug level) to stderr. Otherwise it keeps the
 // test's last recorderLines lines (info level and up, from every node of
@@ -132,7 +147,7 @@ func (c *cluster) addWith(name string, edit func(cfg *Config)) *Node {
 		edit(&cfg)
 	}
 	if cfg.Gossip == nil {
-		cfg.Gossip = fastGossip
+		cfg.Gossip = testGossip
 	}
 	if cfg.ForwardTimeout == 0 {
 		cfg.ForwardTimeout = testForwardTimeout

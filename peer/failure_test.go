@@ -592,6 +592,12 @@ func TestPolicyUnknownToBackupNotConfirmed(t *testing.T) {
 	}
 	after, unknown := admittedAfterCrash(t, n0, []*Node{n1}, kq, limit)
 	confirmed += after
+	// The first admission of q, answered unavailable, stays counted at
+	// the holder (it can only refuse more), and reaches the backup if the
+	// holder copies the partition to it again once it has q (a loaded run
+	// saw the new holder admit 2, not 3): an outcome unknown to its
+	// caller.
+	unknown++
 	if confirmed > limit || confirmed+unknown < limit {
 		t.Fatalf("%d admissions of q confirmed in one window of limit %d across the roll and a crash (%d more of unknown outcome); want exactly %d", confirmed, limit, unknown, limit)
 	}

@@ -42,9 +42,14 @@ func hammerSpread(t *testing.T, nodes []*Node, key Key, callers, perCaller int, 
 					cancel()
 					ret := int64(time.Since(t0))
 					if err != nil {
-						// Unknown outcome: counted as admitted, the
-						// conservative side for the window rule.
-						mine = append(mine, history.Op{Key: key.String(), Hits: 1, Call: call, Return: ret, Outcome: history.Admitted, Client: ni*100 + c})
+						// No admission was acknowledged: the window rule
+						// counts what callers were told was admitted. (A
+						// holder may have counted it, which can only
+						// refuse more.) A call in flight to a leaving
+						// holder is answered unavailable; counted as
+						// admitted, six of them once made 206 of a window
+						// whose 200 acknowledged admissions were exact.
+						mine = append(mine, history.Op{Key: key.String(), Hits: 1, Call: call, Outcome: history.Unknown, Client: ni*100 + c})
 						mineR[ReasonUnavailable]++
 						continue
 					}
@@ -64,6 +69,17 @@ func hammerSpread(t *testing.T, nodes []*Node, key Key, callers, perCaller int, 
 	}
 	wg.Wait()
 	return ops, reasons
+}
+
+// admittedOps counts the ops callers were told were admitted.
+func admittedOps(ops []history.Op) int {
+	n := 0
+	for _, o := range ops {
+		if o.Outcome == history.Admitted {
+			n++
+		}
+	}
+	return n
 }
 
 // TestSpreadHotKey: one key hammered, at saturation, from the two nodes
@@ -93,16 +109,17 @@ func TestSpreadHotKey(t *testing.T) {
 	for _, k := range reasons {
 		total += k
 	}
-	t.Logf("answers by reason: %v; %d admitted of %d", reasons, len(ops), total)
-	if reasons[ReasonSpread] < len(ops)/2 {
-		t.Fatalf("only %d of %d admissions from rights (%v); want the hot key spread", reasons[ReasonSpread], len(ops), reasons)
+	admitted := admittedOps(ops)
+	t.Logf("answers by reason: %v; %d admitted of %d", reasons, admitted, total)
+	if reasons[ReasonSpread] < admitted/2 {
+		t.Fatalf("only %d of %d admissions from rights (%v); want the hot key spread", reasons[ReasonSpread], admitted, reasons)
 	}
 	// At saturation the windows stay full: what spreading costs in
 	// under-admission is small.
-	frac := float64(len(ops)) / (limit * windows)
+	frac := float64(admitted) / (limit * windows)
 	t.Logf("admitted %.0f%% of the limit per window over %.1f windows", 100*frac, windows)
 	if frac < 0.75 {
-		t.Fatalf("admitted %d over %.1f windows of %d: %.0f%% of the limit; want at least 75%%", len(ops), windows, limit, 100*frac)
+		t.Fatalf("admitted %d over %.1f windows of %d: %.0f%% of the limit; want at least 75%%", admitted, windows, limit, 100*frac)
 	}
 	if reasons[ReasonUnavailable] > 0 {
 		t.Fatalf("%d unavailable answers", reasons[ReasonUnavailable])
@@ -230,7 +247,7 @@ func TestSpreadHolderMoves(t *testing.T) {
 		t.Fatalf("%d window violations across the move, first: %v", len(v), v[0])
 	}
 	owner, _ := c.nodes[0].Owner(key)
-	t.Logf("answers by reason: %v; %d admitted (unknown outcomes counted); new holder %s", reasons, len(ops), owner)
+	t.Logf("answers by reason: %v; %d admitted; new holder %s", reasons, admittedOps(ops), owner)
 	if owner == leaver.Name() || reasons[ReasonSpread] == 0 {
 		t.Fatalf("owner %s, %d decisions from rights; want the key moved and spread", owner, reasons[ReasonSpread])
 	}
