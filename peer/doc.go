@@ -52,6 +52,18 @@
 //     partition and charged by a new holder after a takeover. The rules
 //     and the argument are in spread.go and shard's grant.go.
 //
+// How it is built: this package is the public face (Node, Config,
+// Request and Decision, Client, the errors) and the one place that drives
+// the parts under internal/, each of which knows nothing of Node:
+// internal/membership (the memberlist glue: gossiped metadata, members
+// and events, joining), internal/transport (framed pipes, the pipe to a
+// peer, the sniffing listener, peer authentication), internal/policy (the
+// compiled, versioned policy table), internal/ownership and
+// internal/ownlog (the ownership protocol as a state machine, and its raft
+// log), and internal/history (the checker the tests judge histories
+// with). Each part's package doc says what it owns and may import;
+// TestLayout pins the import rules.
+//
 // What it does not do: it does not authenticate callers (the embedding
 // application builds Keys from authenticated identity). A hot key that is
 // not spread is one decision point (HotKeys and metrics report it).
