@@ -204,57 +204,6 @@ func newLeaseID() uint64 {
 	}
 }
 
-// acquireUnavailable applies the policy's OnUnavailable to an acquire (or
-// a reserve) the holder could not decide.
-func (n *Node) acquireUnavailable(r *opReq, cause error) (Decision, error) {
-	p := r.p
-	if p.Config.OnUnavailable != Fallback || p.Unlimited || errors.Is(cause, ErrClosed) ||
-		errors.Is(cause, ErrInvalidKey) || errors.Is(cause, ErrInvalidHits) || errors.Is(cause, ErrUnknownPolicy) || errors.Is(cause, ErrWrongAlgorithm) {
-		d, err := n.onUnavailable(p, r.key, r.hits, cause)
-		if err == nil && d.Allowed {
-			// Fail open (or an unlimited key): a lease nobody records.
-			r.lease, r.leaseTTL = newLeaseID(), p.Shard.Window
-		}
-		return d, err
-	}
-	n.warnThrottled("owner unavailable: leasing on the local fallback limit", "policy", p.Name, "err", cause)
-	sp := n.fallbackPolicy(p)
-	v := n.view.Load()
-	d := Decision{Limit: sp.Limit, Reason: ReasonFallback, Owner: n.name, RingVersion: v.snap.Version()}
-	if r.hits <= sp.Limit {
-		now := n.clock()
-		var sd shard.Decision
-		var err error
-		for range 4 {
-			r.lease = newLeaseID()
-			if r.op == peerpb.Op_OP_RESERVE {
-				if sd, err = n.fallback.Reserve(r.key, sp, r.hits, r.lease, now); !errors.Is(err, shard.ErrInvalidReservation) {
-					break
-				}
-			} else if sd, err = n.fallback.Acquire(r.key, sp, r.hits, r.lease, now); !errors.Is(err, shard.ErrInvalidLease) {
-				break
-			}
-		}
-		if err != nil {
-			return Decision{}, fmt.Errorf("%w: fallback: %w", ErrUnavailable, err)
-		}
-		d.Allowed, d.Remaining, d.RetryAfter, d.ResetAfter, d.DecidedAt = sd.Allowed, sd.Remaining, sd.RetryAfter, sd.ResetAfter, now
-		r.leaseTTL = sp.Window
-	}
-	n.metrics.Decision(p.Name, ReasonFallback, PathLocal)
-	return d, nil
-}
-
-// fallbackPolicy is p with the local fallback limit.
-func (n *Node) fallbackPolicy(p *policy.Entry) shard.Policy {
-	sp := p.Shard
-	sp.Limit = p.Config.FallbackLimit
-	if sp.Limit == 0 {
-		sp.Limit = max(1, p.Shard.Limit/int64(max(1, n.view.Load().snap.Len())))
-	}
-	return sp
-}
-
 // checkLeaseOp refuses an operation that does not apply to p's algorithm.
 func checkLeaseOp(op peerpb.Op, p *policy.Entry) error {
 	lease := op == peerpb.Op_OP_ACQUIRE || op == peerpb.Op_OP_RELEASE
