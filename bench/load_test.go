@@ -337,20 +337,7 @@ func TestLoadSideBySide(t *testing.T) {
 // is admitted).
 func redisDrivers(t *testing.T) []loadDriver {
 	addr, pid := startRedisProc(t)
-	pool := &respPool{addr: addr}
-	t.Cleanup(pool.close)
-	if err := pool.warm(loadCallers); err != nil {
-		t.Fatal(err)
-	}
-	conns := make([]*respConn, loadCallers)
-	for i := range conns {
-		c, err := pool.get()
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns[i] = c
-	}
-	sha := redisLoad(t, conns[0], redisScriptExact)
+	conns, sha := redisCallers(t, addr)
 	limit, window := strconv.FormatInt(1<<50, 10), strconv.FormatInt(time.Second.Milliseconds(), 10)
 	var out []loadDriver
 	for _, distinct := range []int{1, 10000} {
@@ -374,13 +361,10 @@ func redisDrivers(t *testing.T) []loadDriver {
 	return append(out, redisWaitDriver(t))
 }
 
-// redisWaitDriver is the row of Redis with one replica and WAIT 1 (the
-// durability sync replication gives): a second master with its own
-// replica; each call sends EVALSHA and WAIT 1 in one pipeline and needs
-// the replica's acknowledgement (WAIT answering 1, within 1 s).
-func redisWaitDriver(t *testing.T) loadDriver {
-	addr, pid := startRedisProc(t)
-	replica := startRedisReplica(t, addr)
+// redisCallers opens one connection per caller to the Redis at addr
+// (closed when t ends) and loads the exact sliding-log script, returning
+// its SHA.
+func redisCallers(t *testing.T, addr string) ([]*respConn, string) {
 	pool := &respPool{addr: addr}
 	t.Cleanup(pool.close)
 	if err := pool.warm(loadCallers); err != nil {
@@ -394,7 +378,17 @@ func redisWaitDriver(t *testing.T) loadDriver {
 		}
 		conns[i] = c
 	}
-	sha := redisLoad(t, conns[0], redisScriptExact)
+	return conns, redisLoad(t, conns[0], redisScriptExact)
+}
+
+// redisWaitDriver is the row of Redis with one replica and WAIT 1 (the
+// durability sync replication gives): a second master with its own
+// replica; each call sends EVALSHA and WAIT 1 in one pipeline and needs
+// the replica's acknowledgement (WAIT answering 1, within 1 s).
+func redisWaitDriver(t *testing.T) loadDriver {
+	addr, pid := startRedisProc(t)
+	replica := startRedisReplica(t, addr)
+	conns, sha := redisCallers(t, addr)
 	limit, window := strconv.FormatInt(1<<50, 10), strconv.FormatInt(time.Second.Milliseconds(), 10)
 	keys := loadKeys(10000)
 	logs, seqs := make([]string, len(keys)), make([]string, len(keys))
