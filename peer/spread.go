@@ -218,7 +218,7 @@ func (n *Node) spreadDecide(v *view, r *opReq, ek []byte, d *Decision) bool {
 	var left int64
 	if g != nil {
 		g.left -= r.hits
-		g.uses[min((now-g.sent)/g.bin, spreadBins-1)] += r.hits
+		g.record(now, r.hits)
 		if g.left == 0 {
 			k.close(g)
 			k.live = k.live[1:]
@@ -385,6 +385,17 @@ func (g *spreadGrant) report(now int64) []shard.Run {
 		out = append(out, shard.Run{Age: age, Count: g.uses[i]})
 	}
 	return out
+}
+
+// record counts hits used at now in the use bin of now. A grant asked for
+// after the deciding call read its clock (another caller's request,
+// installed while this one waited for the key's lock) has sent > now: the
+// use goes in the first bin, whose end is later than both, so it is still
+// recorded no earlier than the call began. (Indexing by the negative
+// difference panicked under load.)
+func (g *spreadGrant) record(now, hits int64) {
+	i := min(max(now-g.sent, 0)/g.bin, spreadBins-1)
+	g.uses[i] += hits
 }
 
 // grantReturn is one grant ended by an OP_GRANT: its id and uses.
