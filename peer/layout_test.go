@@ -20,8 +20,8 @@ import (
 //     net, no raft, no gRPC, no memberlist (its simulator, ownership/sim,
 //     may drive it through a raft log).
 //  4. internal/transport, the framed pipe, knows nothing of what it
-//     carries: no ownership, ownership log, policy table, shard, peerpb,
-//     raft or memberlist.
+//     carries: no ownership, ownership log, policy table, membership,
+//     shard, peerpb, raft or memberlist.
 //  5. internal/membership, the memberlist glue, knows nothing of rings,
 //     keys, RPCs or ownership: no ring, shard, ownership, ownlog, policy,
 //     transport, peerpb, gRPC or raft.
@@ -48,7 +48,7 @@ func TestLayout(t *testing.T) {
 		return d == mod+"/peer" || d == mod+"/cmd" || strings.HasPrefix(d, mod+"/cmd/") || d == mod+"/bench" || strings.HasPrefix(d, mod+"/bench/")
 	}
 	isOurs := func(d string) bool {
-		for _, p := range []string{"peer/internal/ownership", "peer/internal/ownlog", "peer/internal/policy", "shard", "peer/peerpb"} {
+		for _, p := range []string{"peer/internal/ownership", "peer/internal/ownlog", "peer/internal/policy", "peer/internal/membership", "shard", "peer/peerpb"} {
 			if d == mod+"/"+p || strings.HasPrefix(d, mod+"/"+p+"/") {
 				return true
 			}
@@ -71,7 +71,7 @@ func TestLayout(t *testing.T) {
 		{"ownership", "raft", isRaft},
 		{"ownership", "gRPC", isGRPC},
 		{"ownership", "memberlist", isMemberlist},
-		{"transport", "ownership, ownlog, policy, shard or peerpb", isOurs},
+		{"transport", "ownership, ownlog, policy, membership, shard or peerpb", isOurs},
 		{"transport", "raft", isRaft},
 		{"transport", "memberlist", isMemberlist},
 		{"membership", "ring, shard, ownership, ownlog, policy, transport or peerpb", isOursBelow},
