@@ -140,11 +140,13 @@ func TestDialHello(t *testing.T) {
 func waitConns(t *testing.T, s *Server, want int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
 	for s.Conns() != want {
 		if time.Now().After(deadline) {
 			t.Fatalf("Conns() = %d after 5 s, want %d", s.Conns(), want)
 		}
-		time.Sleep(time.Millisecond)
+		<-tick.C
 	}
 }
 
