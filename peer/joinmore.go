@@ -29,7 +29,7 @@ func (n *Node) Join(ctx context.Context, addrs []string) (int, error) {
 		return 0, fmt.Errorf("peer: join: %w", err)
 	}
 	// Copies taken in memberlist's callbacks: its own Node values are
-	// rewritten by its goroutines (see gossipAddrs).
+	// rewritten by its goroutines (see membership.Queue.GossipAddrs).
 	known := make(map[string]bool)
 	for _, m := range n.events.GossipAddrs() {
 		known[net.JoinHostPort(m.Addr.String(), fmt.Sprint(m.Port))] = true

@@ -1,7 +1,5 @@
 package peer
 
-import "github.com/ringlimit/ringlimit/peer/internal/membership"
-
 // A member that crashes and restarts on the same address under the same
 // name looks, to gossip, like the same member: memberlist may see nothing
 // but an incarnation bump, and the ring (names and addresses) does not
@@ -13,6 +11,8 @@ import "github.com/ringlimit/ringlimit/peer/internal/membership"
 // reports it joining (again), its client is dropped and the next forward
 // dials afresh. The ring itself is left alone: the member set did not
 // change, and handoff is decided by the ring, not by connections.
+
+import "github.com/ringlimit/ringlimit/peer/internal/membership"
 
 // noteRestarts compares the members' start ids with the last seen ones and
 // drops the client of each member that restarted or (re)joined. Called by
