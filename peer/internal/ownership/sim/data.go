@@ -72,6 +72,9 @@ func (s *sim) client(c int) {
 		return
 	}
 	key := s.keys[s.rng.IntN(len(s.keys))]
+	if s.o.Spread && s.rng.IntN(2) == 0 {
+		key = s.keys[0]
+	}
 	var running []*member
 	for _, id := range s.sortedIDs() {
 		if m := s.members[id]; !m.crashed {
@@ -118,6 +121,12 @@ func (m *member) handle(key string, hops int, reply func(history.Outcome, string
 		m.decide(p, key, reply)
 		return
 	}
+	if hops == 0 && s.o.Spread && key == s.keys[0] {
+		if out, ok := m.spreadDecide(p, key); ok {
+			reply(out, m.id, 0)
+			return
+		}
+	}
 	h := s.members[m.own.Holder(p)]
 	if hops > 0 || h == nil || h == m {
 		reply(history.Unavailable, "", 0)
@@ -153,26 +162,15 @@ func (m *member) decide(p int, key string, reply func(history.Outcome, string, u
 	s := m.s
 	now := max(m.mono(), m.clamp[key])
 	m.clamp[key] = now
-	w := int64(s.o.Window)
-	log := m.stores[p][key]
-	i := 0
-	for i < len(log) && log[i].ts <= now-w {
-		i++
-	}
-	log = log[i:]
-	var n int64
-	for _, e := range log {
-		n += e.hits
-	}
+	log := s.trim(m.stores[p][key], now)
 	epoch := m.own.Table().Parts[p].Epoch
-	if n+1 > s.o.Limit {
+	if s.count(log, now)+1 > s.o.Limit {
 		m.stores[p][key] = log
 		reply(history.Rejected, m.id, epoch)
 		return
 	}
-	m.admSeq++
-	e := entry{ts: now, hits: 1, id: m.admSeq<<16 | uint64(m.raftID&0xffff)}
-	m.stores[p][key] = append(log, e)
+	e := entry{ts: now, hits: 1, id: m.newID()}
+	m.stores[p][key] = insertEntry(log, e)
 	backup, tag := m.own.Backup(p)
 	b := s.members[backup]
 	if backup == "" || m.unreplicated {
@@ -217,13 +215,54 @@ func (b *member) acceptReplica(p int, from string, epoch uint64, key string, e e
 			return true // a duplicate
 		}
 	}
-	// Keep the log in time order: replicas may arrive reordered.
+	// Replicas may arrive reordered: insertEntry keeps time order.
+	b.stores[p][key] = insertEntry(log, e)
+	return true
+}
+
+// newID is a unique id for an admission or a grant made here.
+func (m *member) newID() uint64 {
+	m.admSeq++
+	return m.admSeq<<16 | uint64(m.raftID&0xffff)
+}
+
+// trim drops the entries of log (in time order) that no window at now or
+// later can count: an admission at ts ≤ now − W, and a grant whose charge
+// ended (its lease's end ≤ now − W).
+func (s *sim) trim(log []entry, now int64) []entry {
+	i := 0
+	for i < len(log) && log[i].ts <= now-int64(s.o.Window) {
+		i++
+	}
+	return log[i:]
+}
+
+// count is what log charges the window (now − W, now]: every admission in
+// it, and every grant still charged. A grant is stored at its lease's end
+// u, so the one rule covers both: a grant counts its n units in every
+// window at t with u > t − W, that is until u + W (shard's accounting
+// rule).
+func (s *sim) count(log []entry, now int64) int64 {
+	var n int64
+	for _, e := range log {
+		if e.ts <= now-int64(s.o.Window) {
+			continue
+		}
+		if e.grant && s.o.Mutation == MutGrantLeaseOnly && e.ts <= now {
+			continue // the broken rule: a grant's charge ends with its lease
+		}
+		n += e.hits
+	}
+	return n
+}
+
+// insertEntry inserts e into log in time order (after equal times).
+func insertEntry(log []entry, e entry) []entry {
 	i := len(log)
 	for i > 0 && log[i-1].ts > e.ts {
 		i--
 	}
-	b.stores[p][key] = slices.Insert(log, i, e)
-	return true
+	return slices.Insert(log, i, e)
 }
 
 // sendCopy exports a partition as ages on this member's clock and sends
@@ -237,15 +276,19 @@ func (m *member) sendCopy(a ownership.Action) {
 	}
 	now := m.mono()
 	type aged struct {
-		key  string
-		age  int64
-		hits int64
-		id   uint64
+		key   string
+		age   int64
+		hits  int64
+		id    uint64
+		grant bool
 	}
 	var state []aged
 	for _, key := range sortedKeys(m.stores[a.P]) {
 		for _, e := range m.stores[a.P][key] {
-			state = append(state, aged{key, now - e.ts, e.hits, e.id})
+			if e.grant && s.o.Mutation == MutGrantsNotReplicated {
+				continue
+			}
+			state = append(state, aged{key, now - e.ts, e.hits, e.id, e.grant})
 		}
 	}
 	from, p, epoch, seq := m.id, a.P, a.Epoch, a.Seq
@@ -261,7 +304,7 @@ func (m *member) sendCopy(a ownership.Action) {
 		st := map[string][]entry{}
 		tn := to.mono()
 		for _, x := range state {
-			st[x.key] = append(st[x.key], entry{ts: tn - x.age, hits: x.hits, id: x.id})
+			st[x.key] = append(st[x.key], entry{ts: tn - x.age, hits: x.hits, id: x.id, grant: x.grant})
 		}
 		to.stores[p] = st
 		s.send(to, m, func() {

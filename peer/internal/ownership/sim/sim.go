@@ -1,8 +1,11 @@
 // Package sim is a seeded, single-threaded simulator of a ringlimit
 // cluster's ownership: members that each run the ownership Machine beside
 // an etcd raft node (go.etcd.io/raft/v3, itself a pure state machine),
-// partitions of sliding logs, replication to backups, and clients whose
-// every decision is recorded for the history checker.
+// partitions of sliding logs, replication to backups, a spread key's
+// rights (grants made by its holder, used by other members with no
+// message, returned with their uses; grants.go), and clients whose every
+// decision, a grantee's local ones too, is recorded for the history
+// checker.
 //
 // Everything runs in virtual time on one goroutine: the network delays,
 // drops, duplicates and reorders messages and can be cut in one direction;
@@ -96,6 +99,14 @@ const (
 	// partitions (the hole SetPolicies had: the backup's copy lacked every
 	// admission made while the policy was off).
 	MutNoRecopy
+	// MutGrantLeaseOnly: a holder charges a grant's rights only while
+	// its lease runs, not until the lease's end plus W (a right used just
+	// before the lease ends still counts in the windows after it).
+	MutGrantLeaseOnly
+	// MutGrantsNotReplicated: grants live only at the holder that made
+	// them: neither replicas nor copies carry them, so a takeover's new
+	// holder does not charge the rights its grantees still use.
+	MutGrantsNotReplicated
 )
 
 // Options configure one run. Zero fields take the defaults in brackets.
@@ -113,6 +124,12 @@ type Options struct {
 	Liveness   time.Duration // [2 s]
 	RateBound  float64       // [0.04]: clock rates within 1 ± RateBound
 	Mutation   Mutation
+	// Spread makes the first key (the one faults aim at) a spread key:
+	// members other than its holder ask the holder for rights and admit
+	// from them with no message, as peer's spread keys do, and half of
+	// the clients' requests go to it.
+	Spread bool
+	Lease  time.Duration // [1 s] a grant's lease
 	// NoFault leaves Fault at FaultNone instead of drawing one.
 	NoFault bool
 }
@@ -148,6 +165,9 @@ func (o *Options) defaults() {
 	if o.RateBound == 0 {
 		o.RateBound = 0.04
 	}
+	if o.Lease == 0 {
+		o.Lease = time.Second
+	}
 }
 
 // Result is what one run did and what the checker found.
@@ -170,6 +190,8 @@ type Result struct {
 	// Unavailable is the longest stretch of a key's consecutive
 	// unavailable or unknown answers (virtual time).
 	Unavailable time.Duration
+	// Rights granted to spread the first key, and those admitted from.
+	Granted, Used int64
 }
 
 // Failed reports whether the run broke the promise or an invariant.
@@ -210,6 +232,7 @@ func Run(o Options) Result {
 	w := time.Duration(float64(o.Window) / (1 + o.RateBound))
 	res.Report = history.Check(s.ops, func(string) history.Limits { return history.Limits{Limit: o.Limit, Window: w} }, 3*time.Second)
 	res.Unavailable = s.longestGap()
+	res.Granted, res.Used = s.granted, s.used
 	return res
 }
 
@@ -265,6 +288,8 @@ type sim struct {
 	raftBytes int
 	keys      []string
 	end       int64
+
+	granted, used int64 // rights of the spread key
 }
 
 const (
@@ -356,11 +381,15 @@ type member struct {
 	admSeq          uint64
 	heard           map[string]int64 // member ID → virtual ns last heard through gossip
 	detect          int64
+	rights          map[string]*rights // the spread key's rights, as a grantee
 }
 
+// entry is one admission of hits at ts, or (grant) one grant of hits
+// rights whose lease ends at ts, on the member's clock.
 type entry struct {
 	ts, hits int64
 	id       uint64
+	grant    bool
 }
 
 type pendingSync struct {
@@ -376,7 +405,7 @@ func (m *member) mono() int64 { return int64(float64(m.s.now-m.born) * m.rate) }
 func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *member {
 	m := &member{s: s, name: name, inc: inc, id: fmt.Sprintf("%s.%d", name, inc), raftID: raftID,
 		rate: 1 + s.o.RateBound*(2*s.rng.Float64()-1), born: s.now,
-		clamp: map[string]int64{}, pending: map[uint64]*pendingSync{},
+		clamp: map[string]int64{}, pending: map[uint64]*pendingSync{}, rights: map[string]*rights{},
 		heard: map[string]int64{}, detect: int64(300*time.Millisecond) + s.rng.Int64N(int64(4700*time.Millisecond))}
 	log, err := ownlog.New(ownlog.Config{RaftID: raftID, Ownership: ownership.Config{ID: m.id, Liveness: s.o.Liveness},
 		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters})
