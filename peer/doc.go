@@ -48,9 +48,12 @@
 //     uses rights only inside the lease on its own clock (with the
 //     clock-rate margin) and reports its uses as ages, recorded no
 //     earlier than they happened, which frees the rest. Grants are key
-//     state: replicated before they are handed out, moved with the
-//     partition and charged by a new holder after a takeover. The rules
-//     and the argument are in spread.go and shard's grant.go.
+//     state: under sync replication replicated before they are handed
+//     out, moved with the partition and charged by a new holder after a
+//     takeover (under async or off a takeover may lose the newest, as it
+//     may lose the newest admissions). The rules and the argument are in
+//     spread.go and shard's grant.go; the ownership simulator runs them
+//     under every fault kind (internal/ownership/sim, grants.go).
 //
 // How it is built: this package is the public face (Node, Config,
 // Request and Decision, Client, the errors) and the one place that drives

@@ -292,6 +292,11 @@ func (n *Node) setDecideHookForTest(f func()) { n.decideHook.Store(&f) }
 // nor answered), its unary Replicate fails them Unavailable, unapplied.
 func (n *Node) setReplDropForTest(f func(*peerpb.ReplicateRequest) bool) { n.replDrop.Store(&f) }
 
+// setReplHoldForTest runs f before n applies each replication request it
+// receives; f may block, and the func it returns (if any) runs once the
+// request is applied.
+func (n *Node) setReplHoldForTest(f func(*peerpb.ReplicateRequest) func()) { n.replHold.Store(&f) }
+
 // setCopyUnsentForTest makes n fail, unsent, every copy of a partition
 // it would send that f returns true for (nil: none).
 func (n *Node) setCopyUnsentForTest(f func(pid int, to string) bool) {

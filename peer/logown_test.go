@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
+	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
 // These tests run real nodes (memberlist, gRPC on 127.0.0.1) with
@@ -190,6 +192,7 @@ func agreedHolders(nodes []*Node) string {
 // the backup has taken over (after the holder's liveness expired), the
 // key is still at its limit, and there was never a second decision point.
 func TestLogTakeoverKeepsState(t *testing.T) {
+	t.Parallel()
 	metrics := newHoMetrics()
 	logs := newHoLogs()
 	cfg := logConfig(10, time.Minute)
@@ -340,6 +343,7 @@ func TestLogLeaveMovesState(t *testing.T) {
 // Clients on every node keep asking throughout, and no more than the
 // limit is ever admitted.
 func TestLogSplitHolderAndBackupCutOff(t *testing.T) {
+	t.Parallel()
 	// A limit the cut cannot reach, so that the state after the heal
 	// tells whether any admission was lost or made twice.
 	const limit = 160
@@ -481,6 +485,7 @@ func TestLogSplitHolderAndBackupCutOff(t *testing.T) {
 // other two take its partitions over from the backups; after the heal it
 // is ready again.
 func TestLogIsolatedMemberStopsAndSaysSo(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, 3, logConfig(10, time.Minute))
 	lone := c.nodes[2]
 	held := -1
@@ -561,6 +566,7 @@ func TestLogFounderServesAtOnce(t *testing.T) {
 // old one is ended for good, the backup continues from its copy, and the
 // key stays at its limit throughout.
 func TestLogRestartedHolder(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, 3, logConfig(10, time.Minute))
 	key := Key{Tenant: "acme", Subject: "restart", Policy: "api"}
 	if admitted, _ := allowN(t, c.nodes, key, 48); admitted != 10 {
@@ -658,6 +664,7 @@ func TestLogRaftNeedsPeerAuth(t *testing.T) {
 // TestLogTwoMembersWarn: a cluster that stays at two members says, once,
 // that its log needs both.
 func TestLogTwoMembersWarn(t *testing.T) {
+	t.Parallel()
 	base := logConfig(10, time.Minute)
 	base.LeaseDuration = 200 * time.Millisecond // the warning comes after 10 leases
 	logs := newHoLogs()
@@ -672,6 +679,7 @@ func TestLogTwoMembersWarn(t *testing.T) {
 // majority: the founder takes the learner's partitions over with their
 // state. (With two voters the log stopped for good.)
 func TestLogTwoMembersLearnerCrash(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, 2, logConfig(5, time.Hour))
 	n0, n1 := c.nodes[0], c.nodes[1]
 	waitFor(t, 20*time.Second, "both nodes settled", func() bool { return n0.Settled() && n1.Settled() })
@@ -719,6 +727,7 @@ func TestLogTwoMembersVoterLeaves(t *testing.T) {
 // every member extend at once), so a key held and backed up elsewhere
 // stays decidable.
 func TestLogLeaderCrashKeepsHolders(t *testing.T) {
+	t.Parallel()
 	cfg := logConfig(1_000_000, time.Minute)
 	cfg.LeaseDuration = 2 * time.Second // the default
 	c := startCluster(t, 3, cfg)
@@ -789,6 +798,7 @@ func TestLogLeaderCrashKeepsHolders(t *testing.T) {
 // so that admissions made unreplicated survive the holder's crash once a
 // decision has been answered under sync.
 func TestLogRaiseRecopies(t *testing.T) {
+	t.Parallel()
 	off := logConfig(5, time.Minute)
 	p := off.Policies["api"]
 	p.Replication = ReplicateOff
@@ -978,5 +988,101 @@ func TestLogRaftTrafficMetrics(t *testing.T) {
 	}
 	if conf < 2 {
 		t.Errorf("%d configuration changes counted, want at least 2 (two learners added)", conf)
+	}
+}
+
+// TestLogLateReplicationNotAddedToCopy: an admission decided before a
+// holder fences a partition to copy it may still be on its way to the
+// copy's receiver (async replication, or a sync one not yet answered). A
+// backup adds the admissions it receives to its copy, so one that arrived
+// after a copy that already holds it would count twice. It does not: the
+// command that names the copy the backup's again moves the partition's
+// epoch on, and the late admission, tagged with the old one, is refused.
+// Held here until the backup accepts replication on its new copy.
+func TestLogLateReplicationNotAddedToCopy(t *testing.T) {
+	t.Parallel()
+	cfg := logConfig(1000, time.Minute)
+	cfg.ForwardTimeout = 10 * time.Second
+	p := cfg.Policies["api"]
+	p.Replication = ReplicateAsync
+	cfg.Policies["api"] = p
+	c := startCluster(t, 3, cfg)
+	key := Key{Tenant: "acme", Subject: "in-flight", Policy: "api"}
+	var holder, backup *Node
+	for _, nd := range c.nodes {
+		if nd.lo.self == nd.lo.run.Part(nd.partIDForTest(key)).Holder {
+			holder = nd
+		}
+	}
+	for _, nd := range c.nodes {
+		if nd.Name() == holder.backupForTest(holder.partIDForTest(key)) {
+			backup = nd
+		}
+	}
+	if backup == nil {
+		t.Fatalf("the key's holder %s has no backup", holder.Name())
+	}
+	pid := holder.partIDForTest(key)
+	release, applied := make(chan struct{}), make(chan struct{})
+	var held atomic.Bool
+	backup.setReplHoldForTest(func(req *peerpb.ReplicateRequest) func() {
+		if req.GetSender() != holder.Name() || len(req.GetAdmitsPacked()) == 0 && !hasAdmit(req) || !held.CompareAndSwap(false, true) {
+			return nil
+		}
+		<-release
+		return func() { close(applied) }
+	})
+	ctx := context.Background()
+	if d, err := holder.Allow(ctx, Request{Key: key}); err != nil || !d.Allowed {
+		t.Fatalf("the first admission: %+v, %v", d, err)
+	}
+	waitFor(t, 10*time.Second, "the admission's replication to reach the backup", held.Load)
+	before := backup.copyForTest(pid, holder.Name())
+	// Raising the policy's replication makes every holder copy its
+	// partitions again.
+	raised := make(chan error, len(c.nodes))
+	for _, nd := range c.nodes {
+		go func() { raised <- nd.SetPolicies(logConfig(1000, time.Minute).Policies) }()
+	}
+	// Hold the admission until the backup accepts replication on the
+	// new copy (or a while, if the copy never comes), then let it land.
+	accepts := func() bool {
+		return backup.copyForTest(pid, holder.Name()) != before &&
+			backup.lo.run.AcceptReplica(pid, holder.lo.self, holder.lo.run.Part(pid).Epoch)
+	}
+	tick := time.NewTicker(5 * time.Millisecond)
+	deadline := time.After(15 * time.Second)
+wait:
+	for !accepts() {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			break wait
+		}
+	}
+	tick.Stop()
+	if !accepts() {
+		t.Fatalf("the backup did not accept replication on a new copy of partition %d within 15 s of the raise", pid)
+	}
+	close(release)
+	<-applied
+	for range c.nodes {
+		if err := <-raised; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A second admission, under sync: answered once the backup applied
+	// it, after the first (the pipe applies in order).
+	d := awaitDecision(t, holder, key, "a decision under the raised policy")
+	if !d.Allowed || d.Remaining != 998 {
+		t.Fatalf("the second admission: %+v; want admitted with 998 remaining", d)
+	}
+	runs, ok := backup.ExportForTest(key)
+	var n int64
+	for _, r := range runs {
+		n += r.Count
+	}
+	if !ok || n != 2 {
+		t.Fatalf("the backup's copy counts %d admissions of the key (%v); want 2, as the holder", n, runs)
 	}
 }

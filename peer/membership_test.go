@@ -18,6 +18,7 @@ import (
 // survivors (the leaver announced its drain), an abrupt death as
 // event=failed, each with the ring version, member count and partitions.
 func TestMembershipLogTellsLeaveFromFailure(t *testing.T) {
+	t.Parallel()
 	logs := newHoLogs()
 	c := startClusterWith(t, 4, Config{Gossip: hoGossip}, func(_ int, cfg *Config) {
 		cfg.Logger = slog.New(logs)
@@ -115,6 +116,7 @@ func TestFromStatusMessage(t *testing.T) {
 // failure (a starved host, a lost probe) moves no partition. Once its
 // liveness really lapses it leaves the ring and the failure is logged.
 func TestGossipFailureWaitsForLiveness(t *testing.T) {
+	t.Parallel()
 	logs := newHoLogs()
 	cfg := logConfig(10, time.Minute)
 	c := startClusterWith(t, 3, cfg, func(_ int, cfg *Config) { cfg.Logger = slog.New(logs) })

@@ -101,6 +101,10 @@ type Node struct {
 	// applied nor answered) and for unary Replicate (it fails
 	// Unavailable, unapplied).
 	replDrop atomic.Pointer[func(*peerpb.ReplicateRequest) bool]
+	// replHold, when set (tests only), runs before each replication
+	// request is applied (a pipe's or a unary one); it may block, and the
+	// func it returns, if any, runs once the request is applied.
+	replHold atomic.Pointer[func(*peerpb.ReplicateRequest) func()]
 	// gather is how long a batch of forwards or of replication waits for
 	// the message in flight on its pipe before it takes another slot:
 	// pipeGather (tests lengthen it to make the gathering certain).

@@ -154,6 +154,7 @@ func cutLog(c *cluster, idx int, cut *atomic.Bool) {
 // seeds and n1 and n2 are not alone, so only the failed-member reconnect
 // can heal it.
 func TestReconnectAfterPartition(t *testing.T) {
+	t.Parallel()
 	var cut atomic.Bool
 	c := startClusterWith(t, 3, Config{}, func(i int, cfg *Config) {
 		cfg.GossipProfile = GossipFast // ReconnectInterval 1 s
@@ -205,6 +206,7 @@ func TestReconnectSet(t *testing.T) {
 // n0: alone although it was given seeds, n1 is not ready; once the link is
 // back it rejoins and is ready again.
 func TestReconnectAloneNotReady(t *testing.T) {
+	t.Parallel()
 	var cut atomic.Bool
 	c := startClusterWith(t, 2, Config{}, func(i int, cfg *Config) {
 		cfg.GossipProfile = GossipFast

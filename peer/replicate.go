@@ -593,6 +593,11 @@ type replScratch struct {
 // replicate is Replicate, answering in sc's memory when sc is not nil.
 func (s *server) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peerpb.ReplicateResponse, error) {
 	n := s.n
+	if hold := n.replHold.Load(); hold != nil {
+		if applied := (*hold)(req); applied != nil {
+			defer applied()
+		}
+	}
 	if len(req.GetOps()) > maxWireBatch {
 		return nil, status.Errorf(codes.InvalidArgument, "peer: %d operations exceed %d", len(req.GetOps()), maxWireBatch)
 	}

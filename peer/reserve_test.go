@@ -102,6 +102,7 @@ func TestReserveSettle(t *testing.T) {
 // the new holder settles it, exactly once, and counts its estimate until
 // then.
 func TestReservationSurvivesTakeover(t *testing.T) {
+	t.Parallel()
 	cfg := logConfig(100, time.Minute)
 	cfg.Policies = map[string]PolicyConfig{"tokens": {Limit: 100, Window: time.Minute, Replication: ReplicateSync}}
 	c := startCluster(t, 3, cfg)

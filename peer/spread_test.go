@@ -157,6 +157,7 @@ func TestSpreadHotKey(t *testing.T) {
 // before they were handed out), so the grantee's rights and the new
 // holder's decisions together stay within the limit.
 func TestSpreadGrantSurvivesTakeover(t *testing.T) {
+	t.Parallel()
 	cfg := logConfig(100, time.Minute)
 	cfg.Policies = map[string]PolicyConfig{"hot": {Limit: 100, Window: time.Minute, Spread: SpreadAuto, SpreadThreshold: 1, SpreadLease: 30 * time.Second, Replication: ReplicateSync}}
 	c := startCluster(t, 3, cfg)
