@@ -181,7 +181,6 @@ func slowDetect(mc *memberlist.Config) {
 // the new owner decides. Without Config.Backup the crash resets the key
 // .
 func TestFailureOwnerKilled(t *testing.T) {
-	t.Parallel()
 	const (
 		limit          = 5
 		forwardTimeout = 400 * time.Millisecond

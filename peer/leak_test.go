@@ -3,12 +3,9 @@ package peer
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"reflect"
-	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,18 +22,7 @@ import (
 // member's health is degraded (a node cut off by a test), 1.6 s with the
 // fast profile; goleak's own retries last about half a second. Parallel
 // tests run last, so their clusters close just before the check.
-//
-// The package's parallel tests are clusters that mostly wait, on leases,
-// failure detection and pauses, not on the CPU: unless -test.parallel is
-// given, three of them run at once rather than GOMAXPROCS (two on the
-// 2-core machines the suite is sized for).
 func TestMain(m *testing.M) {
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
-		_ = flag.Set("test.parallel", strconv.Itoa(max(3, runtime.GOMAXPROCS(0))))
-	}
 	code := m.Run()
 	if code == 0 {
 		deadline := time.NewTimer(leakGrace)

@@ -485,6 +485,18 @@ func (lo *logOwner) SendCopy(a ownership.Action) {
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
+		// Admissions decided before the fence may still be on their way
+		// to the receiver (async ones, or sync ones not yet answered). A
+		// backup adds what it receives to its copy, so one that landed
+		// after this copy, which already holds it, would count twice:
+		// wait until the replication queued for the receiver so far is
+		// answered. Past ForwardTimeout the copy goes anyway (a late
+		// admission can then only refuse more, never admit more).
+		bctx, bcancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
+		if err := n.replBarrier(bctx, to); err != nil {
+			n.log.Debug("partition copy sent with replication to the receiver still unanswered", "partition", a.P, "to", to, "err", err)
+		}
+		bcancel()
 		var keys []*peerpb.KeyState
 		if st != nil {
 			now := n.clock()

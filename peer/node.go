@@ -118,6 +118,9 @@ type Node struct {
 	decideHook atomic.Pointer[func()]
 	// pipeBreaks counts streams to peers that broke (tests wait on it).
 	pipeBreaks atomic.Int64
+	// copyBarriers counts copies that waited for the replication queued
+	// to their receiver before exporting (tests read it).
+	copyBarriers atomic.Int64
 	// replSeq numbers replication messages (ReplicateRequest.Seq).
 	replSeq atomic.Uint64
 	// framedOpened counts framed pipes opened to peers; framedServed,

@@ -49,6 +49,9 @@ type replItem struct {
 	// ch is the pooled item's channel, kept across reuse: done is ch when
 	// somebody waits.
 	ch chan error
+	// barrier: not an operation; done yields once every item queued
+	// before it has been answered (replBarrier).
+	barrier bool
 }
 
 // getReplItem returns a cleared item from the node's pool.
@@ -205,6 +208,11 @@ func (c *client) replLoop() {
 			<-r.sem
 			return
 		}
+		if first.barrier {
+			<-r.sem
+			c.awaitReplIdle(first)
+			continue
+		}
 		if len(r.sem) > 1 && len(r.queue) < maxReplBatch-1 {
 			// As in batchLoop: while a message is out, what queues waits
 			// for its answer (or pipeGather) and leaves with it in one
@@ -229,22 +237,68 @@ func (c *client) replLoop() {
 		// The batch, its packing and its answer use a pooled replSend.
 		rs := getReplSend(c)
 		batch := append(rs.batch[:0], first)
+		var bar *replItem // a barrier met while draining: after this batch
 	drain:
 		for len(batch) < maxReplBatch {
 			select {
 			case it := <-r.queue:
+				if it.barrier {
+					bar = it
+					break drain
+				}
 				batch = append(batch, it)
 			default:
 				break drain
 			}
 		}
 		rs.batch = batch
-		if p := r.pipe.get(c, transport.KindReplicate, c.stub.ReplicateStream, replicateID); p != nil && c.sendReplPipe(p, rs) {
-			continue
+		if p := r.pipe.get(c, transport.KindReplicate, c.stub.ReplicateStream, replicateID); p == nil || !c.sendReplPipe(p, rs) {
+			c.sendRepl(batch)
+			rs.release()
+			<-r.sem
 		}
-		c.sendRepl(batch)
-		rs.release()
-		<-r.sem
+		if bar != nil {
+			c.awaitReplIdle(bar)
+		}
+	}
+}
+
+// awaitReplIdle answers the barrier bar once no replication message to
+// c is in flight: every item queued before it has been answered (applied
+// or refused by the backup, or failed here). Called by replLoop, holding
+// no in-flight slot.
+func (c *client) awaitReplIdle(bar *replItem) {
+	r := c.repl
+	for len(r.sem) > 0 {
+		select {
+		case <-r.answered:
+		case <-c.quit:
+			bar.done <- fmt.Errorf("%w: connection to %s closed", ErrUnavailable, c.name)
+			return
+		}
+	}
+	bar.done <- nil
+}
+
+// replBarrier waits until every replication item queued for member to
+// before the call has been answered, or ctx ends.
+func (n *Node) replBarrier(ctx context.Context, to string) error {
+	c, err := n.peerClient(to)
+	if err != nil {
+		return err
+	}
+	n.copyBarriers.Add(1)
+	bar := &replItem{barrier: true, done: make(chan error, 1)}
+	select {
+	case c.repl.queue <- bar:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-bar.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
