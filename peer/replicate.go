@@ -32,7 +32,10 @@ import (
 // The backup's side (server.Replicate) keeps one copy per partition in its
 // own store. A copy is replaced only by a complete copy at a newer epoch;
 // admissions are added to it (merging adds admissions up, so a duplicated
-// message only refuses more, never admits more).
+// message only refuses more, never admits more). So a holder exports a
+// copy only once the replication it queued to the receiver before the
+// fence is answered (replBarrier): an admission landing after a copy that
+// already holds it would count twice.
 
 // replItem is one operation waiting for a batch.
 type replItem struct {
