@@ -253,6 +253,16 @@ func (n *Node) awaitFounded(ctx context.Context) {
 	}
 }
 
+// leaveLog hands on leadership, ends this member's liveness for good
+// and waits, within two leases, until the log no longer counts its vote.
+func (lo *logOwner) leaveLog(ctx context.Context) {
+	tctx, cancel := context.WithTimeout(ctx, time.Second)
+	lo.run.TransferLeadership(tctx)
+	lo.run.Leave(tctx)
+	cancel()
+	lo.awaitRemoved(ctx, 2*lo.n.cfg.LeaseDuration)
+}
+
 // awaitRemoved waits, within ctx and at most d, until the log no longer
 // lists this member as a voter: autopilot promotes a learner in its place
 // first, then removes it. A voter that left before that, while another
@@ -760,7 +770,18 @@ func (lo *logOwner) drain(ctx context.Context) error {
 				backs++
 			}
 		}
-		if v.stopping || len(v.alive) <= 1 {
+		if v.stopping {
+			return nil
+		}
+		if len(v.alive) <= 1 {
+			// Alone as gossip sees it. A voter still hands on its vote
+			// while the log has a leader: gossip cut off while the log's
+			// own transport still reaches the others is not the end of
+			// the cluster, and a voter that left without a word while
+			// another voter is dead leaves the log without a majority.
+			if lo.run.Voter() && lo.run.Voters() > 1 && lo.run.Lead() != 0 {
+				lo.leaveLog(ctx)
+			}
 			return nil
 		}
 		if len(v.alive) == 2 {
@@ -786,11 +807,7 @@ func (lo *logOwner) drain(ctx context.Context) error {
 			// first (the log then has a leader again in a round trip, not
 			// an election timeout), then its liveness, for good, so that
 			// nobody waits for it to expire.
-			tctx, cancel := context.WithTimeout(ctx, time.Second)
-			lo.run.TransferLeadership(tctx)
-			lo.run.Leave(tctx)
-			cancel()
-			lo.awaitRemoved(ctx, 2*n.cfg.LeaseDuration)
+			lo.leaveLog(ctx)
 			return nil
 		}
 		select {
