@@ -1,320 +1,24 @@
 package peer
 
-// The packed batch codec: on CheckStream a batch's items and decisions
-// travel as one bytes field each (CheckRequest.items_packed,
-// CheckResponse.decisions_packed) instead of one nested message per item.
-// Decoding nested messages costs several allocations per item (the item,
-// its key, each string); a packed batch is decoded from one string per
-// batch, its keys' parts are substrings of it, and decisions are plain
-// values. The layout is a count, then per entry its fields in a fixed
-// order: unsigned integers as uvarints, signed ones as zigzag varints,
-// strings as a uvarint length and the bytes, booleans as one byte.
-//
-// Item:     tenant, subject, policy, hits, op, policy count, policies...
-// Decision: status, allowed, limit, remaining, retry_after_ns,
-//           reset_after_ns, owner, ring_version, members_hash, reason,
-//           error, holder_epoch, decided_at_unix_ns, refused_by,
-//           limit count, limits (policy, allowed, limit, remaining,
-//           retry_after_ns, reset_after_ns)...
-//
-// A malformed batch is rejected as a whole (InvalidArgument): every
-// length is checked against what is left, so no input can make the
-// decoder allocate more than the batch's own size or index out of range.
+// The packed admissions and windows of a replication request, in the
+// layout of package wire: peer packs them from its replication queue and
+// its policy table, and applies them to its partitions.
 
 import (
+	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"iter"
 	"slices"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
+	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
-
-var errPacked = errors.New("peer: malformed packed batch")
-
-// wireItem is one decoded request of a batch.
-type wireItem struct {
-	key      Key
-	hits     int64
-	op       peerpb.Op
-	policies []string
-}
-
-// wireDecision is one answer of a batch, the packed form of
-// peerpb.Decision.
-type wireDecision struct {
-	status       peerpb.Status
-	allowed      bool
-	limit        int64
-	remaining    int64
-	retryAfterNs int64
-	resetAfterNs int64
-	owner        string
-	ringVersion  uint64
-	membersHash  uint64
-	reason       peerpb.Reason
-	err          string
-	holderEpoch  uint64
-	decidedAtNs  int64
-	refusedBy    string
-	limits       []PolicyDecision
-}
-
-func appendStr(b []byte, s string) []byte {
-	b = binary.AppendUvarint(b, uint64(len(s)))
-	return append(b, s...)
-}
-
-func appendBool(b []byte, v bool) []byte {
-	if v {
-		return append(b, 1)
-	}
-	return append(b, 0)
-}
-
-// appendItem appends one request of a batch.
-func appendItem(b []byte, it *peerpb.CheckItem) []byte {
-	k := it.GetKey()
-	b = appendStr(b, k.GetTenant())
-	b = appendStr(b, k.GetSubject())
-	b = appendStr(b, k.GetPolicy())
-	b = binary.AppendVarint(b, it.GetHits())
-	b = binary.AppendUvarint(b, uint64(it.GetOp()))
-	b = binary.AppendUvarint(b, uint64(len(it.GetPolicies())))
-	for _, p := range it.GetPolicies() {
-		b = appendStr(b, p)
-	}
-	return b
-}
-
-// appendDecision appends one answer of a batch.
-func appendDecision(b []byte, d *wireDecision) []byte {
-	b = binary.AppendUvarint(b, uint64(d.status))
-	b = appendBool(b, d.allowed)
-	b = binary.AppendVarint(b, d.limit)
-	b = binary.AppendVarint(b, d.remaining)
-	b = binary.AppendVarint(b, d.retryAfterNs)
-	b = binary.AppendVarint(b, d.resetAfterNs)
-	b = appendStr(b, d.owner)
-	b = binary.AppendUvarint(b, d.ringVersion)
-	b = binary.AppendUvarint(b, d.membersHash)
-	b = binary.AppendUvarint(b, uint64(d.reason))
-	b = appendStr(b, d.err)
-	b = binary.AppendUvarint(b, d.holderEpoch)
-	b = binary.AppendVarint(b, d.decidedAtNs)
-	b = appendStr(b, d.refusedBy)
-	b = binary.AppendUvarint(b, uint64(len(d.limits)))
-	for _, l := range d.limits {
-		b = appendStr(b, l.Policy)
-		b = appendBool(b, l.Allowed)
-		b = binary.AppendVarint(b, l.Limit)
-		b = binary.AppendVarint(b, l.Remaining)
-		b = binary.AppendVarint(b, int64(l.RetryAfter))
-		b = binary.AppendVarint(b, int64(l.ResetAfter))
-	}
-	return b
-}
-
-// packedReader decodes a packed batch. Strings are substrings of s, the
-// batch converted once; the first error sticks.
-type packedReader struct {
-	s   string
-	off int
-	err error
-}
-
-func (r *packedReader) uvarint() uint64 {
-	if r.err != nil {
-		return 0
-	}
-	var v uint64
-	for shift := uint(0); ; shift += 7 {
-		if r.off >= len(r.s) || shift > 63 {
-			r.err = errPacked
-			return 0
-		}
-		c := r.s[r.off]
-		r.off++
-		v |= uint64(c&0x7f) << shift
-		if c < 0x80 {
-			return v
-		}
-	}
-}
-
-func (r *packedReader) varint() int64 {
-	u := r.uvarint()
-	return int64(u>>1) ^ -int64(u&1)
-}
-
-func (r *packedReader) bool() bool {
-	if r.err != nil {
-		return false
-	}
-	if r.off >= len(r.s) {
-		r.err = errPacked
-		return false
-	}
-	c := r.s[r.off]
-	r.off++
-	return c != 0
-}
-
-func (r *packedReader) str() string {
-	n := r.uvarint()
-	if r.err != nil {
-		return ""
-	}
-	if n > uint64(len(r.s)-r.off) {
-		r.err = errPacked
-		return ""
-	}
-	s := r.s[r.off : r.off+int(n)]
-	r.off += int(n)
-	return s
-}
-
-// count reads an entry count; each entry takes at least min bytes.
-func (r *packedReader) count(limit, min int) int {
-	n := r.uvarint()
-	if r.err == nil && (n > uint64(limit) || n*uint64(min) > uint64(len(r.s)-r.off)) {
-		r.err = errPacked
-	}
-	if r.err != nil {
-		return 0
-	}
-	return int(n)
-}
-
-// decodeItems decodes a packed request batch into dst's memory.
-func decodeItems(dst []wireItem, b []byte) ([]wireItem, error) {
-	// The keys are substrings of b: a request's bytes are its own (decoding
-	// copies them out of the frame) and nothing writes them afterwards.
-	r := &packedReader{s: unsafeString(b)}
-	n := r.count(maxWireBatch, 6)
-	if r.err != nil {
-		return nil, fmt.Errorf("%w: item count", errPacked)
-	}
-	items := slices.Grow(dst[:0], n)[:n]
-	for i := range items {
-		it := &items[i]
-		*it = wireItem{}
-		it.key = Key{Tenant: r.str(), Subject: r.str(), Policy: r.str()}
-		it.hits = r.varint()
-		it.op = peerpb.Op(r.uvarint())
-		if np := r.count(maxWireBatch, 1); np > 0 {
-			it.policies = make([]string, np)
-			for j := range it.policies {
-				it.policies[j] = r.str()
-			}
-		}
-	}
-	if r.err == nil && r.off != len(r.s) {
-		r.err = errPacked
-	}
-	if r.err != nil {
-		return nil, fmt.Errorf("%w at byte %d", r.err, r.off)
-	}
-	return items, nil
-}
-
-// decodeDecisions decodes a packed answer of want decisions into out.
-// from, the receiver's name, is the usual owner: it is reused rather
-// than allocated per decision.
-func decodeDecisions(b []byte, want int, from string, out []wireDecision) error {
-	r := &packedReader{s: unsafeString(b)}
-	n := r.count(maxWireBatch, 16)
-	if r.err == nil && n != want {
-		return fmt.Errorf("peer: %s answered %d decisions for %d requests", from, n, want)
-	}
-	intern := func(s string) string {
-		if s == from {
-			return from
-		}
-		return clone(s)
-	}
-	for i := 0; i < n && r.err == nil; i++ {
-		d := &out[i]
-		d.status = peerpb.Status(r.uvarint())
-		d.allowed = r.bool()
-		d.limit = r.varint()
-		d.remaining = r.varint()
-		d.retryAfterNs = r.varint()
-		d.resetAfterNs = r.varint()
-		d.owner = intern(r.str())
-		d.ringVersion = r.uvarint()
-		d.membersHash = r.uvarint()
-		d.reason = peerpb.Reason(r.uvarint())
-		d.err = clone(r.str())
-		d.holderEpoch = r.uvarint()
-		d.decidedAtNs = r.varint()
-		d.refusedBy = clone(r.str())
-		d.limits = nil
-		if nl := r.count(maxWireBatch, 6); nl > 0 {
-			d.limits = make([]PolicyDecision, nl)
-			for j := range d.limits {
-				d.limits[j] = PolicyDecision{Policy: clone(r.str()), Allowed: r.bool(), Limit: r.varint(), Remaining: r.varint(),
-					RetryAfter: time.Duration(r.varint()), ResetAfter: time.Duration(r.varint())}
-			}
-		}
-	}
-	if r.err == nil && r.off != len(r.s) {
-		r.err = errPacked
-	}
-	if r.err != nil {
-		return fmt.Errorf("%w: from %s at byte %d", r.err, from, r.off)
-	}
-	return nil
-}
-
-// clone copies s out of the buffer it aliases (nothing for "").
-func clone(s string) string {
-	if s == "" {
-		return ""
-	}
-	return string([]byte(s))
-}
-
-// decisionFromPB converts a nested wire decision.
-func decisionFromPB(d *peerpb.Decision) wireDecision {
-	out := wireDecision{
-		status: d.GetStatus(), allowed: d.GetAllowed(), limit: d.GetLimit(), remaining: d.GetRemaining(),
-		retryAfterNs: d.GetRetryAfterNs(), resetAfterNs: d.GetResetAfterNs(), owner: d.GetOwner(),
-		ringVersion: d.GetRingVersion(), membersHash: d.GetMembersHash(), reason: d.GetReason(), err: d.GetError(),
-		holderEpoch: d.GetHolderEpoch(), decidedAtNs: d.GetDecidedAtUnixNs(), refusedBy: d.GetRefusedBy(),
-	}
-	for _, l := range d.GetLimits() {
-		out.limits = append(out.limits, PolicyDecision{Policy: l.GetPolicy(), Allowed: l.GetAllowed(), Limit: l.GetLimit(), Remaining: l.GetRemaining(),
-			RetryAfter: time.Duration(l.GetRetryAfterNs()), ResetAfter: time.Duration(l.GetResetAfterNs())})
-	}
-	return out
-}
-
-// toPB converts a decision to its nested wire form (unary Check).
-func (d *wireDecision) toPB() *peerpb.Decision {
-	out := &peerpb.Decision{
-		Status: d.status, Allowed: d.allowed, Limit: d.limit, Remaining: d.remaining,
-		RetryAfterNs: d.retryAfterNs, ResetAfterNs: d.resetAfterNs, Owner: d.owner,
-		RingVersion: d.ringVersion, MembersHash: d.membersHash, Reason: d.reason, Error: d.err,
-		HolderEpoch: d.holderEpoch, DecidedAtUnixNs: d.decidedAtNs, RefusedBy: d.refusedBy,
-	}
-	for _, l := range d.limits {
-		out.Limits = append(out.Limits, &peerpb.PolicyDecision{Policy: l.Policy, Allowed: l.Allowed, Limit: l.Limit, Remaining: l.Remaining,
-			RetryAfterNs: int64(l.RetryAfter), ResetAfterNs: int64(l.ResetAfter)})
-	}
-	return out
-}
-
-// unsafeString views b as a string without copying. b must not change
-// while the string is in use: it is a received message's own bytes field.
-func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // Packed admissions (ReplicateRequest.admits_packed): an operation count,
 // then per operation its partition, epoch and entry count, then per entry
@@ -419,9 +123,9 @@ func packAdmits(sc *packScratch, batch []*replItem, now time.Time) (b []byte, op
 				// Ages are relative to now, when the message is built.
 				run.Age += now.Sub(it.at)
 			}
-			b = appendStr(b, it.key.Tenant)
-			b = appendStr(b, it.key.Subject)
-			b = appendStr(b, it.key.Policy)
+			b = wire.AppendString(b, it.key.Tenant)
+			b = wire.AppendString(b, it.key.Subject)
+			b = wire.AppendString(b, it.key.Policy)
 			b = binary.AppendUvarint(b, uint64(it.alg))
 			b = binary.AppendVarint(b, int64(run.Age))
 			b = binary.AppendVarint(b, run.Count)
@@ -462,9 +166,9 @@ func (sc *admitScratch) put() {
 // applyPackedAdmits applies a packed admissions request from sender (sw:
 // what it tells of its policy table) and returns the packed answer.
 func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw senderTable, b []byte, closing bool) ([]byte, error) {
-	r := &packedReader{s: unsafeString(b)} // see decodeItems
-	tab := n.table.Load()                  // once per request
-	nops := r.count(maxWireBatch, 3)
+	r := wire.NewReader(b) // its strings alias b (see wire.NewReader)
+	tab := n.table.Load()  // once per request
+	nops := r.Count(wire.MaxBatch, 3)
 	out = binary.AppendUvarint(slices.Grow(out[:0], 8+16*nops), uint64(nops))
 	// Scratch shared by the operations, and reused by later requests:
 	// applyOpKeys keeps neither (Import copies the runs it merges).
@@ -473,8 +177,8 @@ func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw sende
 	runs, ents := sc.runs[:0], sc.ents[:0]
 	defer func() { sc.runs, sc.ents = runs, ents }()
 	for range nops {
-		part, epoch := r.uvarint(), r.uvarint()
-		ne := r.count(len(r.s), 6)
+		part, epoch := r.Uvarint(), r.Uvarint()
+		ne := r.Count(r.Size(), 6)
 		// Import copies the runs it merges: one slice serves every
 		// operation.
 		if cap(runs) < ne {
@@ -486,9 +190,9 @@ func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw sende
 		runs = runs[:0]
 		ents = ents[:0]
 		for range ne {
-			k := Key{Tenant: r.str(), Subject: r.str(), Policy: r.str()}
-			alg := r.uvarint()
-			runs = append(runs, shard.Run{Age: time.Duration(r.varint()), Count: r.varint()})
+			k := Key{Tenant: r.Str(), Subject: r.Str(), Policy: r.Str()}
+			alg := r.Uvarint()
+			runs = append(runs, shard.Run{Age: time.Duration(r.Varint()), Count: r.Varint()})
 			st := shard.KeyState{Key: k, Algorithm: shard.Algorithm(alg), Runs: runs[len(runs)-1 : len(runs) : len(runs)]}
 			if alg > 255 || st.Validate() != nil {
 				continue // malformed: skipped, as applyOp skips it
@@ -497,7 +201,7 @@ func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw sende
 				ents = append(ents, packedAdmit{st: st, sp: importPolicy(p, sw)})
 			}
 		}
-		if r.err != nil {
+		if r.Err() != nil {
 			break
 		}
 		if part > uint64(^uint32(0)) {
@@ -505,41 +209,12 @@ func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw sende
 		}
 		res := n.applyOpKeys(sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne, seq: seq}, ents, closing)
 		out = binary.AppendUvarint(out, uint64(res.status))
-		out = appendStr(out, res.holder)
+		out = wire.AppendString(out, res.holder)
 		out = binary.AppendUvarint(out, res.epoch)
 		out = binary.AppendUvarint(out, uint64(res.accepted))
 	}
-	if r.err == nil && r.off != len(r.s) {
-		r.err = errPacked
-	}
-	if r.err != nil {
-		return nil, fmt.Errorf("%w at byte %d", r.err, r.off)
-	}
-	return out, nil
-}
-
-// decodeOpResults decodes a packed replication answer of want results,
-// appended to dst.
-func decodeOpResults(dst []peerpb.OpResult, b []byte, want int, from string) ([]peerpb.OpResult, error) {
-	r := &packedReader{s: unsafeString(b)}
-	n := r.count(maxWireBatch, 4)
-	if r.err == nil && n != want {
-		return nil, fmt.Errorf("peer: %s answered %d results for %d operations", from, n, want)
-	}
-	out := slices.Grow(dst[:0], n)[:n]
-	for i := range out {
-		o := &out[i]
-		o.Reset()
-		o.Status = peerpb.OpStatus(r.uvarint())
-		o.Holder = clone(r.str())
-		o.Epoch = r.uvarint()
-		o.Accepted = uint32(r.uvarint())
-	}
-	if r.err == nil && r.off != len(r.s) {
-		r.err = errPacked
-	}
-	if r.err != nil {
-		return nil, fmt.Errorf("%w: from %s at byte %d", r.err, from, r.off)
+	if err := r.End(); err != nil {
+		return nil, fmt.Errorf("%w at byte %d", err, r.Offset())
 	}
 	return out, nil
 }
@@ -568,7 +243,7 @@ func packWindows(tab *policy.Table, names iter.Seq[string]) []byte {
 			continue
 		}
 		seen = append(seen, name)
-		body = appendStr(body, name)
+		body = wire.AppendString(body, name)
 		body = binary.AppendUvarint(body, uint64(p.Shard.Window))
 	}
 	if body == nil {
@@ -583,21 +258,18 @@ func decodeWindows(b []byte) ([]senderWindow, error) {
 	if len(b) == 0 {
 		return nil, nil
 	}
-	r := &packedReader{s: string(b)}
-	n := r.count(maxWireBatch, 2)
+	r := wire.NewReader(bytes.Clone(b)) // a copy: the windows outlive b
+	n := r.Count(wire.MaxBatch, 2)
 	out := make([]senderWindow, 0, n)
 	for range n {
-		name, w := r.str(), r.uvarint()
-		if r.err == nil && (w == 0 || w > uint64(shard.MaxWindow)) {
-			r.err = errPacked
+		name, w := r.Str(), r.Uvarint()
+		if r.Err() == nil && (w == 0 || w > uint64(shard.MaxWindow)) {
+			r.Fail()
 		}
 		out = append(out, senderWindow{policy: name, window: time.Duration(w)})
 	}
-	if r.err == nil && r.off != len(r.s) {
-		r.err = errPacked
-	}
-	if r.err != nil {
-		return nil, fmt.Errorf("%w in windows at byte %d", r.err, r.off)
+	if err := r.End(); err != nil {
+		return nil, fmt.Errorf("%w in windows at byte %d", err, r.Offset())
 	}
 	return out, nil
 }

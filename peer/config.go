@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
+	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -579,8 +580,8 @@ func (c Config) validate() error {
 	if c.ForwardTimeout < 0 {
 		bad("forward timeout %v must not be negative", c.ForwardTimeout)
 	}
-	if c.MaxBatch < 0 || c.MaxBatch > maxWireBatch {
-		bad("max batch %d must be between 1 and %d", c.MaxBatch, maxWireBatch)
+	if c.MaxBatch < 0 || c.MaxBatch > wire.MaxBatch {
+		bad("max batch %d must be between 1 and %d", c.MaxBatch, wire.MaxBatch)
 	}
 	if c.MaxInFlight < 0 {
 		bad("max in flight %d must not be negative", c.MaxInFlight)
@@ -639,4 +640,4 @@ func (c Config) fingerprint() uint64 {
 
 // maxWireBatch is the most items a Check RPC may carry; more is
 // InvalidArgument.
-const maxWireBatch = 4096
+const maxWireBatch = wire.MaxBatch

@@ -60,7 +60,9 @@
 // the parts under internal/, each of which knows nothing of Node:
 // internal/membership (the memberlist glue: gossiped metadata, members
 // and events, joining), internal/transport (framed pipes, the pipe to a
-// peer, the sniffing listener, peer authentication), internal/policy (the
+// peer, the sniffing listener, peer authentication), internal/wire (the
+// packed layout of forwarded batches and replicated admissions, with its
+// bounds-checked reader), internal/policy (the
 // compiled, versioned policy table), internal/ownership and
 // internal/ownlog (the ownership protocol as a state machine, and its raft
 // log), and internal/history (the checker the tests judge histories

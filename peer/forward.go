@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
+	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
@@ -57,7 +58,7 @@ type call struct {
 }
 
 type callResult struct {
-	d   wireDecision
+	d   wire.Decision
 	err error
 }
 
@@ -269,7 +270,7 @@ func (c *client) sendPipe(p *transport.Pipe[peerpb.CheckRequest, peerpb.CheckRes
 	// About 40 bytes per item with short names.
 	b := binary.AppendUvarint(slices.Grow(f.buf[:0], 8+64*len(f.batch)), uint64(len(f.batch)))
 	for _, k := range f.batch {
-		b = appendItem(b, &k.item)
+		b = wire.AppendItem(b, &k.item)
 	}
 	req.ItemsPacked = b
 	if cap(b) <= transport.KeepBuf {
@@ -310,7 +311,7 @@ type fwdSend struct {
 	req   peerpb.CheckRequest
 	batch []*call
 	buf   []byte
-	out   []wireDecision
+	out   []wire.Decision
 	start time.Time
 	// refs counts the fwdSend's users while it is on a pipe.
 	refs atomic.Int32
@@ -334,7 +335,7 @@ func (f *fwdSend) release() {
 	if f.refs.Add(-1) != 0 {
 		return
 	}
-	if cap(f.batch) > maxWireBatch/4 || cap(f.out) > maxWireBatch/4 {
+	if cap(f.batch) > wire.MaxBatch/4 || cap(f.out) > wire.MaxBatch/4 {
 		return
 	}
 	clear(f.batch[:cap(f.batch)])
@@ -385,17 +386,17 @@ func (c *client) send(batch []*call) {
 
 // finish hands each call of batch its decision from resp, or err. The
 // decisions are decoded into out's memory, which it returns for reuse.
-func (c *client) finish(ctx context.Context, batch []*call, resp *peerpb.CheckResponse, err error, start time.Time, out []wireDecision) []wireDecision {
+func (c *client) finish(ctx context.Context, batch []*call, resp *peerpb.CheckResponse, err error, start time.Time, out []wire.Decision) []wire.Decision {
 	out = slices.Grow(out[:0], len(batch))[:len(batch)]
 	switch {
 	case err != nil:
 	case len(resp.GetDecisionsPacked()) > 0:
-		err = decodeDecisions(resp.GetDecisionsPacked(), len(batch), c.name, out)
+		err = wire.DecodeDecisions(resp.GetDecisionsPacked(), len(batch), c.name, out)
 	case len(resp.GetDecisions()) != len(batch):
 		err = fmt.Errorf("peer: %s answered %d decisions for %d requests", c.name, len(resp.GetDecisions()), len(batch))
 	default:
 		for i, d := range resp.GetDecisions() {
-			out[i] = decisionFromPB(d)
+			out[i] = wire.DecisionFromPB(d)
 		}
 	}
 	c.n.metrics.Batch(c.name, len(batch))
@@ -498,38 +499,60 @@ func (c *client) direct(ctx context.Context, r *opReq) callResult {
 		return callResult{err: fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, c.name, withCtxErr(ctx, err))}
 	}
 	c.n.metrics.Forward(c.name, "ok", time.Since(start))
-	d := decisionFromPB(resp.Decisions[0])
+	d := wire.DecisionFromPB(resp.Decisions[0])
 	return callResult{d: d}
 }
 
+// limitsFromWire and limitsToWire convert a multi-policy decision's
+// parts to and from the wire's (the same fields; single-policy decisions
+// have none, so the allocation is the multi-policy path's only).
+func limitsFromWire(ls []wire.Limit) []PolicyDecision {
+	out := make([]PolicyDecision, len(ls))
+	for i, l := range ls {
+		out[i] = PolicyDecision(l)
+	}
+	return out
+}
+
+func limitsToWire(ls []PolicyDecision) []wire.Limit {
+	if len(ls) == 0 {
+		return nil
+	}
+	out := make([]wire.Limit, len(ls))
+	for i, l := range ls {
+		out[i] = wire.Limit(l)
+	}
+	return out
+}
+
 // fromWire turns an owner's wire decision into a Decision or error.
-func fromWire(d *wireDecision, peer string) (Decision, error) {
-	switch d.status {
+func fromWire(d *wire.Decision, peer string) (Decision, error) {
+	switch d.Status {
 	case peerpb.Status_STATUS_OK:
-		r := Reason(d.reason)
+		r := Reason(d.Reason)
 		if r < ReasonAdmitted || r > ReasonSpread || r == ReasonUnavailable {
-			return Decision{}, fmt.Errorf("%w: %s sent reason %d", ErrUnavailable, peer, d.reason)
+			return Decision{}, fmt.Errorf("%w: %s sent reason %d", ErrUnavailable, peer, d.Reason)
 		}
 		out := Decision{
-			Allowed: d.allowed, Limit: d.limit, Remaining: d.remaining,
-			RetryAfter: time.Duration(d.retryAfterNs), ResetAfter: time.Duration(d.resetAfterNs),
-			Reason: r, Owner: d.owner, RingVersion: d.ringVersion, RefusedBy: d.refusedBy,
+			Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
+			RetryAfter: time.Duration(d.RetryAfterNs), ResetAfter: time.Duration(d.ResetAfterNs),
+			Reason: r, Owner: d.Owner, RingVersion: d.RingVersion, RefusedBy: d.RefusedBy,
 		}
-		if ns := d.decidedAtNs; ns != 0 {
+		if ns := d.DecidedAtNs; ns != 0 {
 			out.DecidedAt = time.Unix(0, ns)
 		}
-		if len(d.limits) > 0 {
-			out.Limits = d.limits
+		if len(d.Limits) > 0 {
+			out.Limits = limitsFromWire(d.Limits)
 		}
 		return out, nil
 	case peerpb.Status_STATUS_NOT_OWNER:
-		return Decision{}, &notOwnerError{owner: d.owner, epoch: d.holderEpoch}
+		return Decision{}, &notOwnerError{owner: d.Owner, epoch: d.HolderEpoch}
 	case peerpb.Status_STATUS_INVALID_ARGUMENT:
-		return Decision{}, fmt.Errorf("%w: %s: %s", ErrInvalidKey, peer, d.err)
+		return Decision{}, fmt.Errorf("%w: %s: %s", ErrInvalidKey, peer, d.Err)
 	case peerpb.Status_STATUS_UNKNOWN_POLICY:
-		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnknownPolicy, peer, d.err)
+		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnknownPolicy, peer, d.Err)
 	default:
-		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnavailable, peer, d.err)
+		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnavailable, peer, d.Err)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
+	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
@@ -158,7 +159,7 @@ func TestFramedAuth(t *testing.T) {
 	}
 	defer fc.Close()
 	st := transport.NewStream[peerpb.CheckResponse, peerpb.CheckRequest](fc, ctx, false, nil)
-	b := appendItem(nil, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}, Hits: 2})
+	b := wire.AppendItem(nil, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}, Hits: 2})
 	if err := st.Send(&peerpb.CheckRequest{Sender: "n0", Id: 7, ItemsPacked: append([]byte{1}, b...)}); err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +445,7 @@ func TestFramedHandlerEndsWithConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := transport.NewStream[peerpb.CheckResponse, peerpb.CheckRequest](fc, ctx, false, nil)
-	b := appendItem(nil, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: "t", Subject: "s", Policy: "p"}, Hits: 1})
+	b := wire.AppendItem(nil, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: "t", Subject: "s", Policy: "p"}, Hits: 1})
 	if err := st.Send(&peerpb.CheckRequest{Sender: "other", Id: 1, TimeoutNs: int64(30 * time.Second), ItemsPacked: append([]byte{1}, b...)}); err != nil {
 		t.Fatal(err)
 	}
@@ -515,7 +516,7 @@ func TestFramedWriteTimeout(t *testing.T) {
 	// closed), or after 4000 batches.
 	var items []byte
 	for i := range 500 {
-		items = appendItem(items, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: "t", Subject: fmt.Sprintf("s%d", i), Policy: "p"}, Hits: 1})
+		items = wire.AppendItem(items, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: "t", Subject: fmt.Sprintf("s%d", i), Policy: "p"}, Hits: 1})
 	}
 	packed := append(binary.AppendUvarint(nil, 500), items...)
 	st := transport.NewStream[peerpb.CheckResponse, peerpb.CheckRequest](fc, ctx, false, nil)

@@ -25,6 +25,9 @@ import (
 //  5. internal/membership, the memberlist glue, knows nothing of rings,
 //     keys, RPCs or ownership: no ring, shard, ownership, ownlog, policy,
 //     transport, peerpb, gRPC or raft.
+//  6. internal/wire, the packed batches' layout, decides nothing and
+//     carries nothing: no ownership, ownlog, policy, membership,
+//     transport, raft or memberlist.
 func TestLayout(t *testing.T) {
 	const mod = "github.com/ringlimit/ringlimit"
 	out, err := exec.Command("go", "list", "-e", "-deps", "-f", `{{.ImportPath}} {{join .Deps " "}}`, "./internal/...").Output()
@@ -76,6 +79,11 @@ func TestLayout(t *testing.T) {
 		{"transport", "memberlist", isMemberlist},
 		{"membership", "ring, shard, ownership, ownlog, policy, transport or peerpb", isOursBelow},
 		{"membership", "gRPC", isGRPC},
+		{"wire", "ownership, ownlog, policy, membership or transport", func(d string) bool {
+			return isOursBelow(d) && d != mod+"/shard" && d != mod+"/peer/peerpb" && d != mod+"/ring"
+		}},
+		{"wire", "raft", isRaft},
+		{"wire", "memberlist", isMemberlist},
 		{"membership", "raft", isRaft},
 	}
 	for _, r := range rules {

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
+	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -255,7 +256,7 @@ func (n *Node) forwardLease(ctx context.Context, owner string, r *opReq) (Decisi
 		return Decision{}, fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, c.name, withCtxErr(ctx, err))
 	}
 	n.metrics.Forward(c.name, "ok", time.Since(start))
-	wd := decisionFromPB(resp.GetDecision())
+	wd := wire.DecisionFromPB(resp.GetDecision())
 	d, err := fromWire(&wd, owner)
 	if err != nil {
 		return Decision{}, err
@@ -296,19 +297,19 @@ func (s *server) Lease(ctx context.Context, req *peerpb.LeaseRequest) (*peerpb.L
 			st = peerpb.Status_STATUS_UNKNOWN_POLICY
 		}
 		d := wireError(n, v, st, err)
-		return &peerpb.LeaseResponse{Decision: d.toPB()}, nil
+		return &peerpb.LeaseResponse{Decision: d.ToPB()}, nil
 	}
 	r.lease = req.GetLeaseId()
 	if op == peerpb.Op_OP_SETTLE {
 		if r.actual = req.GetActual(); r.actual < 0 {
 			d := wireError(n, v, peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: actual cost %d must not be negative", ErrInvalidHits, r.actual))
-			return &peerpb.LeaseResponse{Decision: d.toPB()}, nil
+			return &peerpb.LeaseResponse{Decision: d.ToPB()}, nil
 		}
 	}
 	if op == peerpb.Op_OP_GRANT {
 		if len(req.GetReturns()) > shard.MaxGrants {
 			d := wireError(n, v, peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %d grants returned, at most %d", ErrInvalidHits, len(req.GetReturns()), shard.MaxGrants))
-			return &peerpb.LeaseResponse{Decision: d.toPB()}, nil
+			return &peerpb.LeaseResponse{Decision: d.ToPB()}, nil
 		}
 		for _, gr := range req.GetReturns() {
 			ret := grantReturn{id: gr.GetLeaseId(), uses: make([]shard.Run, len(gr.GetUses()))}
@@ -319,11 +320,11 @@ func (s *server) Lease(ctx context.Context, req *peerpb.LeaseRequest) (*peerpb.L
 		}
 	}
 	d, _ := n.decideWireReq(ctx, v, r)
-	resp := &peerpb.LeaseResponse{Decision: d.toPB()}
-	if op == peerpb.Op_OP_GRANT && d.status == peerpb.Status_STATUS_OK {
+	resp := &peerpb.LeaseResponse{Decision: d.ToPB()}
+	if op == peerpb.Op_OP_GRANT && d.Status == peerpb.Status_STATUS_OK {
 		resp.LeaseId, resp.LeaseTtlNs, resp.Granted = r.lease, int64(r.leaseTTL), r.granted
 	}
-	if (op == peerpb.Op_OP_ACQUIRE || op == peerpb.Op_OP_RESERVE) && d.status == peerpb.Status_STATUS_OK && d.allowed {
+	if (op == peerpb.Op_OP_ACQUIRE || op == peerpb.Op_OP_RESERVE) && d.Status == peerpb.Status_STATUS_OK && d.Allowed {
 		resp.LeaseId, resp.LeaseTtlNs = r.lease, int64(r.leaseTTL)
 	}
 	if op == peerpb.Op_OP_SETTLE {

@@ -126,7 +126,7 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ringlimit_batch_size",
 			Help:    "Requests carried by one forwarded RPC, by peer.",
-			Buckets: prometheus.ExponentialBuckets(1, 2, 13), // 1, 2, 4, ..., 4096 (maxWireBatch)
+			Buckets: prometheus.ExponentialBuckets(1, 2, 13), // 1, 2, 4, ..., 4096 (wire.MaxBatch)
 		}, []string{"peer"}),
 		ringVersion: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ringlimit_ring_version",

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
+	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -482,7 +483,7 @@ func (c *client) replResults(resp *peerpb.ReplicateResponse, want int, sc *resul
 		if sc == nil {
 			sc = new(resultScratch)
 		}
-		rs, err := decodeOpResults(sc.rs[:0], b, want, c.name)
+		rs, err := wire.DecodeOpResults(sc.rs[:0], b, want, c.name)
 		if err != nil {
 			return nil, err
 		}
@@ -655,8 +656,8 @@ func (s *server) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peer
 			defer applied()
 		}
 	}
-	if len(req.GetOps()) > maxWireBatch {
-		return nil, status.Errorf(codes.InvalidArgument, "peer: %d operations exceed %d", len(req.GetOps()), maxWireBatch)
+	if len(req.GetOps()) > wire.MaxBatch {
+		return nil, status.Errorf(codes.InvalidArgument, "peer: %d operations exceed %d", len(req.GetOps()), wire.MaxBatch)
 	}
 	closing := n.closing.Load()
 	ws, err := decodeWindows(req.GetWindowsPacked())

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -43,7 +44,7 @@ func TestPackedCodecsReuseMemory(t *testing.T) {
 	// Replication answers: decoded into the previous answer's memory.
 	appendResult := func(b []byte, st peerpb.OpStatus, holder string) []byte {
 		b = binary.AppendUvarint(b, uint64(st))
-		b = appendStr(b, holder)
+		b = wire.AppendString(b, holder)
 		b = binary.AppendUvarint(b, 4)
 		return binary.AppendUvarint(b, 1)
 	}
@@ -76,21 +77,21 @@ func TestPackedCodecsReuseMemory(t *testing.T) {
 	// Forwarded items: decoded into the previous batch's memory.
 	items := binary.AppendUvarint(nil, 3)
 	for i := range 3 {
-		items = appendItem(items, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: "t", Subject: fmt.Sprint("s", i), Policy: "p"}, Hits: 1})
+		items = wire.AppendItem(items, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: "t", Subject: fmt.Sprint("s", i), Policy: "p"}, Hits: 1})
 	}
-	dst, err := decodeItems(nil, items)
+	dst, err := wire.DecodeItems(nil, items)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dst[0].policies = []string{"left over"}
+	dst[0].Policies = []string{"left over"}
 	if a := testing.AllocsPerRun(100, func() {
-		if dst, err = decodeItems(dst, items); err != nil {
+		if dst, err = wire.DecodeItems(dst, items); err != nil {
 			t.Fatal(err)
 		}
 	}); a != 0 {
 		t.Errorf("decodeItems in reused memory allocates %.0f times, want 0", a)
 	}
-	if dst[0].policies != nil || dst[2].key.Subject != "s2" {
+	if dst[0].Policies != nil || dst[2].Key.Subject != "s2" {
 		t.Errorf("decodeItems in reused memory kept the last batch's fields: %+v", dst)
 	}
 }
@@ -139,15 +140,15 @@ func TestCheckInReusedMemory(t *testing.T) {
 	s := &server{n: c.nodes[0]}
 	items := binary.AppendUvarint(nil, 4)
 	for i := range 4 {
-		items = appendItem(items, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: "t", Subject: fmt.Sprint("s", i%2), Policy: "p"}, Hits: 1})
+		items = wire.AppendItem(items, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: "t", Subject: fmt.Sprint("s", i%2), Policy: "p"}, Hits: 1})
 	}
 	req := &peerpb.CheckRequest{Sender: "x", ItemsPacked: items}
 	ctx := context.Background()
 	var sc checkScratch
-	decode := func(resp *peerpb.CheckResponse) []wireDecision {
+	decode := func(resp *peerpb.CheckResponse) []wire.Decision {
 		t.Helper()
-		out := make([]wireDecision, 4)
-		if err := decodeDecisions(resp.GetDecisionsPacked(), 4, "n0", out); err != nil {
+		out := make([]wire.Decision, 4)
+		if err := wire.DecodeDecisions(resp.GetDecisionsPacked(), 4, "n0", out); err != nil {
 			t.Fatal(err)
 		}
 		return out
@@ -162,7 +163,7 @@ func TestCheckInReusedMemory(t *testing.T) {
 		// Limit 2 per key, two of the four items per key: the first round
 		// admits all four, later rounds refuse all.
 		for i, d := range got {
-			if d.status != peerpb.Status_STATUS_OK || d.allowed != (round == 0) {
+			if d.Status != peerpb.Status_STATUS_OK || d.Allowed != (round == 0) {
 				t.Fatalf("round %d item %d: %+v", round, i, d)
 			}
 		}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
+	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -37,7 +38,7 @@ func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.C
 // decides: the answer check returns lives in it, and it is reused once
 // that answer is sent.
 type checkScratch struct {
-	items []wireItem
+	items []wire.Item
 	slots []checkSlot
 	slab  []byte
 	out   []byte
@@ -47,7 +48,7 @@ type checkScratch struct {
 // reset drops what the last batch's items and decisions point to (its
 // request's memory), unless the scratch grew large, when it lets it all go.
 func (sc *checkScratch) reset() {
-	if cap(sc.items) > maxWireBatch/4 || cap(sc.out) > transport.KeepBuf {
+	if cap(sc.items) > wire.MaxBatch/4 || cap(sc.out) > transport.KeepBuf {
 		*sc = checkScratch{}
 		return
 	}
@@ -59,8 +60,8 @@ func (sc *checkScratch) reset() {
 // check is Check, in sc's memory when sc is not nil.
 func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkScratch) (*peerpb.CheckResponse, error) {
 	n := s.n
-	if len(req.GetItems()) > maxWireBatch {
-		return nil, status.Errorf(codes.InvalidArgument, "peer: batch of %d requests exceeds %d", len(req.GetItems()), maxWireBatch)
+	if len(req.GetItems()) > wire.MaxBatch {
+		return nil, status.Errorf(codes.InvalidArgument, "peer: batch of %d requests exceeds %d", len(req.GetItems()), wire.MaxBatch)
 	}
 	if n.ctx.Err() != nil {
 		return nil, status.Error(codes.Unavailable, ErrClosed.Error())
@@ -81,20 +82,20 @@ func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkS
 	if sc == nil {
 		sc = new(checkScratch)
 	}
-	var items []wireItem
+	var items []wire.Item
 	packed := len(req.GetItemsPacked()) > 0
 	if packed {
 		var err error
-		if items, err = decodeItems(sc.items[:0], req.GetItemsPacked()); err != nil {
+		if items, err = wire.DecodeItems(sc.items[:0], req.GetItemsPacked()); err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
 		sc.items = items
 	} else {
-		items = make([]wireItem, len(req.GetItems()))
+		items = make([]wire.Item, len(req.GetItems()))
 		for i, it := range req.GetItems() {
 			pk := it.GetKey()
-			items[i] = wireItem{key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()},
-				hits: it.GetHits(), op: it.GetOp(), policies: it.GetPolicies()}
+			items[i] = wire.Item{Key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()},
+				Hits: it.GetHits(), Op: it.GetOp(), Policies: it.GetPolicies()}
 		}
 	}
 	// The batch's decisions, requests and waits share one allocation, and
@@ -105,7 +106,7 @@ func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkS
 	sc.slots = slots
 	size := 0
 	for i := range items {
-		k := &items[i].key
+		k := &items[i].Key
 		size += 3 + len(k.Tenant) + len(k.Subject) + len(k.Policy)
 	}
 	slab := slices.Grow(sc.slab[:0], size)
@@ -137,21 +138,21 @@ func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkS
 			slots[i].out = wireError(n, v, peerpb.Status_STATUS_UNAVAILABLE, err)
 			continue
 		}
-		n.metrics.Decision(r.p.Name, Reason(slots[i].out.reason), PathRemote)
+		n.metrics.Decision(r.p.Name, Reason(slots[i].out.Reason), PathRemote)
 	}
 	resp := &sc.resp
 	if packed {
 		// About 40 bytes per plain decision.
 		b := binary.AppendUvarint(slices.Grow(sc.out[:0], 8+48*len(slots)), uint64(len(slots)))
 		for i := range slots {
-			b = appendDecision(b, &slots[i].out)
+			b = wire.AppendDecision(b, &slots[i].out)
 		}
 		resp.DecisionsPacked, sc.out = b, b
 		return resp, nil
 	}
 	resp.Decisions = make([]*peerpb.Decision, len(slots))
 	for i := range slots {
-		resp.Decisions[i] = slots[i].out.toPB()
+		resp.Decisions[i] = slots[i].out.ToPB()
 	}
 	return resp, nil
 }
@@ -159,34 +160,34 @@ func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkS
 // checkSlot is one item of a Check batch: its decision, its request, and
 // the request again while the decision waits for a synchronous backup.
 type checkSlot struct {
-	out  wireDecision
+	out  wire.Decision
 	req  opReq
 	wait *opReq
 }
 
 // wireError is the wire answer for an item that was not decided.
-func wireError(n *Node, v *view, st peerpb.Status, err error) wireDecision {
-	return wireDecision{status: st, err: err.Error(), owner: n.name, ringVersion: v.snap.Version(), membersHash: v.snap.MembersHash()}
+func wireError(n *Node, v *view, st peerpb.Status, err error) wire.Decision {
+	return wire.Decision{Status: st, Err: err.Error(), Owner: n.name, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}
 }
 
 // decideWire decides one item as holder. When the decision still waits for
 // a synchronous backup, the returned request's wait is set and the caller
 // must wait for it before answering (and then records the decision's
 // metric); the request is nil when the item was not parsed.
-func (n *Node) decideWire(ctx context.Context, v *view, it *wireItem, r *opReq, slab []byte) (wireDecision, *opReq, []byte) {
-	bad := func(st peerpb.Status, err error) wireDecision { return wireError(n, v, st, err) }
-	if isLeaseOp(it.op) {
+func (n *Node) decideWire(ctx context.Context, v *view, it *wire.Item, r *opReq, slab []byte) (wire.Decision, *opReq, []byte) {
+	bad := func(st peerpb.Status, err error) wire.Decision { return wireError(n, v, st, err) }
+	if isLeaseOp(it.Op) {
 		// Its id would have nowhere to go: Limiter.Lease carries it.
-		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %v travels on Limiter.Lease, one per call", ErrInvalidKey, it.op)), nil, slab
+		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %v travels on Limiter.Lease, one per call", ErrInvalidKey, it.Op)), nil, slab
 	}
-	ek, err := n.parseReqInto(r, it.op, it.key, it.policies, it.hits, slab[len(slab):len(slab)])
+	ek, err := n.parseReqInto(r, it.Op, it.Key, it.Policies, it.Hits, slab[len(slab):len(slab)])
 	switch {
 	case errors.Is(err, ErrUnknownPolicy):
 		return bad(peerpb.Status_STATUS_UNKNOWN_POLICY, err), nil, slab
 	case err != nil:
 		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err), nil, slab
 	}
-	if len(it.policies) == 0 && len(ek) <= cap(slab)-len(slab) {
+	if len(it.Policies) == 0 && len(ek) <= cap(slab)-len(slab) {
 		slab = slab[:len(slab)+len(ek)] // ek was appended in place
 	}
 	r.ek = ek
@@ -196,8 +197,8 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *wireItem, r *opReq, 
 }
 
 // decideWireReq decides the parsed request r (see decideWire).
-func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq) (wireDecision, *opReq) {
-	bad := func(st peerpb.Status, err error) wireDecision { return wireError(n, v, st, err) }
+func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq) (wire.Decision, *opReq) {
+	bad := func(st peerpb.Status, err error) wire.Decision { return wireError(n, v, st, err) }
 	pk := shard.Place(r.ek)
 	pid := v.snap.PartitionOfHash(pk.Hash())
 	pt := &n.pt.parts[pid]
@@ -222,11 +223,11 @@ func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq) (wireDecisi
 			if r.wait == nil {
 				n.metrics.Decision(r.p.Name, d.Reason, PathRemote)
 			}
-			out := wireDecision{
-				status: peerpb.Status_STATUS_OK, allowed: d.Allowed, limit: d.Limit, remaining: d.Remaining,
-				retryAfterNs: int64(d.RetryAfter), resetAfterNs: int64(d.ResetAfter),
-				owner: n.name, ringVersion: d.RingVersion, membersHash: v.snap.MembersHash(), reason: peerpb.Reason(d.Reason),
-				decidedAtNs: d.DecidedAt.UnixNano(), refusedBy: d.RefusedBy, limits: d.Limits,
+			out := wire.Decision{
+				Status: peerpb.Status_STATUS_OK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
+				RetryAfterNs: int64(d.RetryAfter), ResetAfterNs: int64(d.ResetAfter),
+				Owner: n.name, RingVersion: d.RingVersion, MembersHash: v.snap.MembersHash(), Reason: peerpb.Reason(d.Reason),
+				DecidedAtNs: d.DecidedAt.UnixNano(), RefusedBy: d.RefusedBy, Limits: limitsToWire(d.Limits),
 			}
 			return out, r
 		case waitHere:
@@ -240,10 +241,10 @@ func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq) (wireDecisi
 		r, holder, epoch := pt.role, pt.holder, pt.epoch
 		pt.mu.RUnlock()
 		if r == roleHint && holder != n.name {
-			return wireDecision{status: peerpb.Status_STATUS_NOT_OWNER, owner: holder, holderEpoch: epoch, ringVersion: v.snap.Version(), membersHash: v.snap.MembersHash()}, nil
+			return wire.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: holder, HolderEpoch: epoch, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}, nil
 		}
 		if t := v.snap.PartitionOwner(pid); t != n.name {
-			return wireDecision{status: peerpb.Status_STATUS_NOT_OWNER, owner: t, ringVersion: v.snap.Version(), membersHash: v.snap.MembersHash()}, nil
+			return wire.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: t, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}, nil
 		}
 		// We are the target and hold nothing yet: wait for the transfer.
 		if err := n.waitPart(ctx, ch, until); err != nil {

@@ -718,7 +718,7 @@ type CheckRequest struct {
 	// the stream's stand-in for Check's gRPC deadline. Zero means no limit.
 	TimeoutNs int64 `protobuf:"varint,6,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
 	// ItemsPacked, on CheckStream, carries the items in the packed batch
-	// layout (peer/batchcodec.go) instead of items; the answer then carries
+	// layout (peer/internal/wire) instead of items; the answer then carries
 	// decisions_packed. A malformed packing fails the batch with
 	// InvalidArgument.
 	ItemsPacked   []byte `protobuf:"bytes,7,opt,name=items_packed,json=itemsPacked,proto3" json:"items_packed,omitempty"`
@@ -1334,7 +1334,7 @@ type ReplicateRequest struct {
 	// Id, on ReplicateStream, matches the ReplicateResponse to this request.
 	Id uint64 `protobuf:"varint,3,opt,name=id,proto3" json:"id,omitempty"`
 	// AdmitsPacked, on ReplicateStream, carries KIND_ADMIT operations in the
-	// packed layout (peer/batchcodec.go) instead of ops, which is then
+	// packed layout (peer/internal/wire) instead of ops, which is then
 	// empty: operations, each a partition, an epoch and its admissions (one
 	// run per key: tenant, subject, policy, algorithm, age_ns, count). The
 	// answer carries results_packed. A malformed packing fails the request
@@ -1350,7 +1350,7 @@ type ReplicateRequest struct {
 	// WindowsPacked gives the sender's window of the policies its keys name,
 	// when the sender's policy table may differ from the receiver's (a
 	// change rolling out): a count, then that many (policy name, window in
-	// ns) pairs, in the packed layout (peer/batchcodec.go). A receiver keeps
+	// ns) pairs, in the packed layout (peer/internal/wire). A receiver keeps
 	// the copied admissions of a sliding_log or fixed_window key for the
 	// longer of its own window and the sender's, so a raised window that
 	// reaches the holder first is not cut to the backup's older, shorter
