@@ -289,7 +289,6 @@ func TestClusterExactlyLimit(t *testing.T) {
 		{5, 1000, true, false},
 	} {
 		t.Run(fmt.Sprintf("nodes=%d/requests=%d/batching=%v/streams=%v", tc.nodes, tc.requests, tc.batching, !tc.unary), func(t *testing.T) {
-			t.Parallel()
 			base := Config{
 				Policies:        map[string]PolicyConfig{"api": {Limit: 100, Window: time.Minute}},
 				DisableBatching: !tc.batching,
