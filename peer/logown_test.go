@@ -668,7 +668,12 @@ func TestLogTwoMembersWarn(t *testing.T) {
 	base := logConfig(10, time.Minute)
 	base.LeaseDuration = 200 * time.Millisecond // the warning comes after 10 leases
 	logs := newHoLogs()
-	c := startClusterWith(t, 2, base, func(_ int, cfg *Config) { cfg.Logger = slog.New(logs) })
+	base.Logger = slog.New(logs)
+	// Two members, not waited on to settle: leases this short lapse on a
+	// loaded machine, and the warning needs only the view of two.
+	c := &cluster{t: t, base: base}
+	c.add("n0")
+	c.add("n1")
 	waitFor(t, 10*time.Second, "the two-member warning", func() bool {
 		return len(logs.find(c.nodes[0].Name(), "cluster of two members: the ownership log has one voter, so losing that member stops every decision (losing the other, its partitions are taken over); run three or more")) > 0
 	})
@@ -1064,17 +1069,20 @@ func TestLogCopyWaitsForReplication(t *testing.T) {
 		}
 	}
 	// A second admission, under sync: answered once the backup applied
-	// it (the first was applied before).
+	// it (the first was applied before). An attempt that timed out on a
+	// loaded machine may have been admitted too, and replicated ahead of
+	// the one answered: the holder's count is what the backup must match.
 	d := awaitDecision(t, holder, key, "a decision under the raised policy")
-	if !d.Allowed || d.Remaining != 998 {
-		t.Fatalf("the second admission: %+v; want admitted with 998 remaining", d)
+	if !d.Allowed || d.Remaining > 998 {
+		t.Fatalf("the second admission: %+v; want admitted with at most 998 remaining", d)
 	}
+	want := 1000 - d.Remaining
 	runs, ok := backup.ExportForTest(key)
 	var n int64
 	for _, r := range runs {
 		n += r.Count
 	}
-	if !ok || n != 2 {
-		t.Fatalf("the backup's copy counts %d admissions of the key (%v); want 2, as the holder", n, runs)
+	if !ok || n != want {
+		t.Fatalf("the backup's copy counts %d admissions of the key (%v); want %d, as the holder", n, runs, want)
 	}
 }
