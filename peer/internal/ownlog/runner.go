@@ -68,12 +68,15 @@ type Runner struct {
 	self  string
 	pub   atomic.Pointer[published]
 	done  chan struct{}
-	// prev is the last published snapshot, and next the scratch the next
-	// one is built in; both owned by the goroutine. gen is the machine's
+	// prev is the last published snapshot, scratch the next one as it is
+	// built, and parts the scratch its partitions are rebuilt in (nil
+	// once published); all owned by the goroutine. gen is the machine's
 	// Gen when prev's partitions were built (valid once built).
-	prev, next *published
-	gen        uint64
-	built      bool
+	prev    *published
+	scratch published
+	parts   []PartState
+	gen     uint64
+	built   bool
 	// proposed, confChanges and applied count for Traffic; written by
 	// the goroutine, read by anyone.
 	proposed, confChanges, applied atomic.Uint64
@@ -374,13 +377,12 @@ func (r *Runner) carry(out Output) {
 	own := r.m.Own()
 	now := r.mono()
 	// The snapshot is built in scratch memory and published only when it
-	// changed: most calls (heartbeats, ticks) change nothing.
-	if r.next == nil {
-		r.next = &published{parts: make([]PartState, len(r.prev.parts))}
-	}
-	next := r.next
+	// changed: most calls (heartbeats, ticks) change nothing. Its
+	// partitions are rebuilt only when something they come from changed
+	// (the machine's Gen); otherwise it shares the last snapshot's, which
+	// nobody writes again once published.
+	next := &r.scratch
 	next.until, next.leaderless = own.LiveUntil(), 0
-	t := own.Table()
 	next.voters, _ = r.m.Voters(1)
 	next.voter = r.m.Voter()
 	next.lead = int64(r.m.Lead())
@@ -392,36 +394,44 @@ func (r *Runner) carry(out Output) {
 		next.leaderless = now
 	}
 	changed := next.until != r.prev.until || next.voters != r.prev.voters || next.voter != r.prev.voter || next.lead != r.prev.lead
+	rebuilt := false
 	if gen := own.Gen(); r.built && gen == r.gen {
-		// Nothing the partitions' states come from changed (most
-		// messages are heartbeats): the last ones stand.
-		copy(next.parts, r.prev.parts)
+		next.parts = r.prev.parts
 	} else {
-		r.gen, r.built = gen, true
-		for p := range next.parts {
-			pt := t.Parts[p]
-			held, backed := own.DependsOn(p)
-			next.parts[p] = PartState{Holder: pt.Holder, Epoch: pt.Epoch, Backup: pt.Backup, Have: own.Has(p),
-				// MayDecide with the lease left out: readers check it
-				// with their own now.
-				May: own.MayDecide(p, min(now, next.until-1)), Held: held, Backed: backed}
-			changed = changed || next.parts[p] != r.prev.parts[p]
+		r.gen, r.built, rebuilt = gen, true, true
+		if r.parts == nil {
+			r.parts = make([]PartState, len(r.prev.parts))
 		}
+		next.parts = r.parts
+		prev := r.prev.parts
+		// May with the lease left out: readers check it with their own now.
+		own.Standings(min(now, next.until-1), func(p int, pt *ownership.Partition, s ownership.Standing) {
+			st := &next.parts[p]
+			*st = PartState{Holder: pt.Holder, Epoch: pt.Epoch, Backup: pt.Backup, Have: s.Have, May: s.May, Held: s.Held, Backed: s.Backed}
+			changed = changed || *st != prev[p]
+		})
 	}
 	if changed {
-		r.next = nil // published: never written again
-		r.pub.Store(next)
-		for p := range next.parts {
-			if next.parts[p] != r.prev.parts[p] {
+		pub := new(published)
+		*pub = *next
+		if rebuilt {
+			r.parts = nil // published: never written again
+		}
+		r.pub.Store(pub)
+		for p := range pub.parts {
+			if !rebuilt {
+				break // the partitions are the last snapshot's
+			}
+			if pub.parts[p] != r.prev.parts[p] {
 				// A decision that read the old snapshot finishes before
 				// the partition is copied or handed on.
 				g := r.gates(p)
 				g.Lock()
-				r.data.Publish(p, next.parts[p])
+				r.data.Publish(p, pub.parts[p])
 				g.Unlock()
 			}
 		}
-		r.prev = next
+		r.prev = pub
 	}
 	for _, a := range out.Actions {
 		if a.Kind == ownership.SendCopy {

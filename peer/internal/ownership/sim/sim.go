@@ -192,18 +192,21 @@ type Result struct {
 	Unavailable time.Duration
 	// Rights granted to spread the first key, and those admitted from.
 	Granted, Used int64
+	// Misstood counts partitions whose Machine.Standings (what the
+	// runner publishes) differed from the machine's own answers.
+	Misstood int
 }
 
 // Failed reports whether the run broke the promise or an invariant.
 func (r Result) Failed() bool {
-	return len(r.Report.Violations) > 0 || r.Counters.MissingCopy > 0
+	return len(r.Report.Violations) > 0 || r.Counters.MissingCopy > 0 || r.Misstood > 0
 }
 
 // String tells the run in a few lines, with its schedule.
 func (r Result) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d fault %s: %d ops (%d admitted, %d unknown), %d events, %d messages, %d commands, lost %d, missing copies %d, longest unavailable %v\n",
-		r.Seed, r.Fault, r.Report.Ops, r.Report.Admitted, r.Report.Unknown, r.Events, r.Messages, r.Commands, r.Lost, r.Counters.MissingCopy, r.Unavailable)
+	fmt.Fprintf(&b, "seed %d fault %s: %d ops (%d admitted, %d unknown), %d events, %d messages, %d commands, lost %d, missing copies %d, misstood %d, longest unavailable %v\n",
+		r.Seed, r.Fault, r.Report.Ops, r.Report.Admitted, r.Report.Unknown, r.Events, r.Messages, r.Commands, r.Lost, r.Counters.MissingCopy, r.Misstood, r.Unavailable)
 	for _, s := range r.Schedule {
 		fmt.Fprintf(&b, "  %s\n", s)
 	}
@@ -233,6 +236,7 @@ func Run(o Options) Result {
 	res.Report = history.Check(s.ops, func(string) history.Limits { return history.Limits{Limit: o.Limit, Window: w} }, 3*time.Second)
 	res.Unavailable = s.longestGap()
 	res.Granted, res.Used = s.granted, s.used
+	res.Misstood = s.misstood
 	return res
 }
 
@@ -290,6 +294,11 @@ type sim struct {
 	end       int64
 
 	granted, used int64 // rights of the spread key
+
+	// misstood counts partitions whose Machine.Standings differed from
+	// Has, MayDecide and DependsOn asked one by one (checked after every
+	// output a member carries).
+	misstood int
 }
 
 const (
@@ -481,6 +490,13 @@ func (m *member) carry(out ownlog.Output) {
 		s.commands += out.Applied
 	}
 	t := m.own.Table()
+	now := m.mono()
+	m.own.Standings(now, func(p int, _ *ownership.Partition, st ownership.Standing) {
+		held, backed := m.own.DependsOn(p)
+		if st != (ownership.Standing{Have: m.own.Has(p), May: m.own.MayDecide(p, now), Held: held, Backed: backed}) {
+			s.misstood++
+		}
+	})
 	for p := range m.stores {
 		holds := t.Holds(m.id, p)
 		if s.o.Mutation == MutTakeoverEmpty && !m.held[p] && holds && t.Parts[p].Backup == "" && m.wasBackup[p] {

@@ -268,6 +268,9 @@ func runDoubleFault(t *testing.T, f Fault) (n, lost, over int, worst time.Durati
 		if r.Counters.MissingCopy > 0 {
 			t.Errorf("a holding handed without its state:\n%s", r)
 		}
+		if r.Misstood > 0 {
+			t.Errorf("Machine.Standings disagreed with the machine's own answers:\n%s", r)
+		}
 		worst = max(worst, r.Unavailable)
 	}
 	return n, lost, over, worst
