@@ -174,14 +174,17 @@ func (n *Node) parseReqInto(r *opReq, op peerpb.Op, key Key, policies []string, 
 		if len(policies) > shard.MaxMulti {
 			return nil, fmt.Errorf("%w: %d policies, at most %d", ErrInvalidKey, len(policies), shard.MaxMulti)
 		}
+		r.multi = make([]*policy.Entry, 0, len(policies)) // one allocation, not append's growth
 		for i, name := range policies {
 			k := Key{Tenant: key.Tenant, Subject: key.Subject, Policy: name}
-			eki, ok := k.AppendEncoded(nil)
-			if !ok {
-				return nil, fmt.Errorf("%w: %w", ErrInvalidKey, k.Validate())
-			}
 			if i == 0 {
-				ek = eki
+				// The first policy's key places the request.
+				var ok bool
+				if ek, ok = k.AppendEncoded(nil); !ok {
+					return nil, fmt.Errorf("%w: %w", ErrInvalidKey, k.Validate())
+				}
+			} else if err := k.Validate(); err != nil {
+				return nil, fmt.Errorf("%w: %w", ErrInvalidKey, err)
 			}
 			for _, prev := range policies[:i] {
 				if prev == name {

@@ -174,8 +174,9 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 			}
 		}
 	} else if counted > 0 {
-		items := make([]shard.MultiItem, 0, counted)
-		idx := make([]int, 0, counted) // items[j] is r.multi[idx[j]]
+		var itemBuf [shard.MaxMulti]shard.MultiItem
+		var idxBuf [shard.MaxMulti]int
+		items, idx := itemBuf[:0], idxBuf[:0] // idx[j]: items[j] is r.multi[idx[j]]
 		for i, p := range r.multi {
 			if !p.Unlimited {
 				items = append(items, shard.MultiItem{Policy: p.Name, P: p.Shard, Hits: r.hits})

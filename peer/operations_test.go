@@ -390,3 +390,30 @@ func TestLocalPathAllocs(t *testing.T) {
 		t.Fatalf("Node.Allow on the local path allocates %.1f times per call, want 0", a)
 	}
 }
+
+// TestMultiPolicyAllocs bounds a local two-policy check's allocations: the
+// first policy's key encoding (the placement the request keeps), the
+// request's policy list, and the answer's Limits. The store's items and
+// their index stay on the stack.
+func TestMultiPolicyAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	c := startCluster(t, 1, Config{Policies: map[string]PolicyConfig{
+		"p": {Limit: 1 << 40, Window: time.Second},
+		"q": {Limit: 1 << 40, Window: time.Minute},
+	}})
+	nd := c.nodes[0]
+	ctx := context.Background()
+	req := Request{Key: Key{Tenant: "t", Subject: "s"}, Policies: []string{"p", "q"}}
+	if d, err := nd.Allow(ctx, req); err != nil || !d.Allowed || len(d.Limits) != 2 {
+		t.Fatalf("Allow = %+v, %v", d, err)
+	}
+	if a := testing.AllocsPerRun(1000, func() {
+		if _, err := nd.Allow(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}); a > 3 {
+		t.Fatalf("a local two-policy check allocates %.1f times per call, want at most 3", a)
+	}
+}
