@@ -88,6 +88,15 @@ func TestLeaverTrustsRestartedHolder(t *testing.T) {
 		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateSync}},
 	}, slowDetectGossip, func(mc *memberlist.Config) { mc.SuspicionMult = 12 })
 	n0, n1 := c.nodes[0], c.nodes[1]
+	t.Cleanup(func() {
+		if t.Failed() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			for _, nd := range c.live() {
+				t.Logf("%s's log: %s", nd.Name(), nd.lo.run.Describe(ctx))
+			}
+		}
+	})
 	key, pid := keyHeldWithBackup(t, n0, n1, "leaver-restarted-holder", "p")
 	admitted := admitN(t, n0, key, limit)
 	closed := leaveWithTheOnlyCopy(t, n0, n1, pid)

@@ -254,13 +254,20 @@ func (n *Node) awaitFounded(ctx context.Context) {
 }
 
 // leaveLog hands on leadership, ends this member's liveness for good
-// and waits, within two leases, until the log no longer counts its vote.
+// and waits, within four leases, until the log no longer counts its vote
+// (when another voter is down, autopilot removes that one first: a few
+// configuration changes, each a commit).
 func (lo *logOwner) leaveLog(ctx context.Context) {
 	tctx, cancel := context.WithTimeout(ctx, time.Second)
 	lo.run.TransferLeadership(tctx)
 	lo.run.Leave(tctx)
 	cancel()
-	lo.awaitRemoved(ctx, 2*lo.n.cfg.LeaseDuration)
+	if !lo.awaitRemoved(ctx, 4*lo.n.cfg.LeaseDuration) {
+		dctx, dcancel := context.WithTimeout(context.Background(), time.Second)
+		defer dcancel()
+		lo.n.log.Warn("left while still a voter of the ownership log: if another voter is down too, the log has no majority until it is back",
+			"voters", lo.run.Voters(), "log", lo.run.Describe(dctx))
+	}
 }
 
 // awaitRemoved waits, within ctx and at most d, until the log no longer
@@ -268,8 +275,9 @@ func (lo *logOwner) leaveLog(ctx context.Context) {
 // first, then removes it. A voter that left before that, while another
 // voter is down but not yet removed (a crash gossip has not confirmed),
 // would leave the log without a majority: every holder would stop. The
-// last voter is never removed, so it does not wait.
-func (lo *logOwner) awaitRemoved(ctx context.Context, d time.Duration) {
+// last voter is never removed, so it does not wait. It reports whether
+// the member no longer counts as a voter.
+func (lo *logOwner) awaitRemoved(ctx context.Context, d time.Duration) bool {
 	limit := time.NewTimer(d)
 	defer limit.Stop()
 	t := time.NewTicker(20 * time.Millisecond)
@@ -278,11 +286,31 @@ func (lo *logOwner) awaitRemoved(ctx context.Context, d time.Duration) {
 		select {
 		case <-t.C:
 		case <-limit.C:
-			return
+			return false
 		case <-ctx.Done():
-			return
+			return false
 		}
 	}
+	return true
+}
+
+// awaitLeader waits, within ctx and at most d, until the log has a
+// leader this member knows of, and reports whether it has.
+func (lo *logOwner) awaitLeader(ctx context.Context, d time.Duration) bool {
+	limit := time.NewTimer(d)
+	defer limit.Stop()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for lo.run.Lead() == 0 {
+		select {
+		case <-t.C:
+		case <-limit.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
 }
 
 // shutdown stops the member and its transport; idempotent.
@@ -779,7 +807,11 @@ func (lo *logOwner) drain(ctx context.Context) error {
 			// own transport still reaches the others is not the end of
 			// the cluster, and a voter that left without a word while
 			// another voter is dead leaves the log without a majority.
-			if lo.run.Voter() && lo.run.Voters() > 1 && lo.run.Lead() != 0 {
+			// The log may be electing one (its leader has just
+			// crashed, say): wait for one, within two leases.
+			voter := lo.run.Voter() && lo.run.Voters() > 1
+			n.log.Info("leaving while gossip reaches no other member", "voter", voter, "voters", lo.run.Voters(), "leader", lo.run.Lead() != 0)
+			if voter && lo.awaitLeader(ctx, 2*n.cfg.LeaseDuration) {
 				lo.leaveLog(ctx)
 			}
 			return nil

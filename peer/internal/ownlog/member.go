@@ -95,6 +95,13 @@ type Member struct {
 	roster   []Peer
 	out      Output
 	lead     uint64 // the leader last seen
+	// heard is when (the now of Step) this member last had a message
+	// from each raft member; tick and lastTick measure the tick, so that
+	// autopilot can tell a voter that answers from one that is down
+	// without raft's RecentActive, which stays set for up to an election
+	// timeout after a crash and is set for every follower of a new leader.
+	heard          map[uint64]int64
+	tick, lastTick int64
 	// held is the entries other members proposed to this leader since its
 	// last tick, appended together at the next (heldProps).
 	held []*pb.Entry
@@ -120,7 +127,7 @@ func New(cfg Config) (*Member, error) {
 	if cfg.SnapshotEvery == 0 {
 		cfg.SnapshotEvery = 64
 	}
-	m := &Member{cfg: cfg, storage: raft.NewMemoryStorage(), conf: cfg.Bootstrap}
+	m := &Member{cfg: cfg, storage: raft.NewMemoryStorage(), conf: cfg.Bootstrap, heard: map[uint64]int64{}}
 	if cs := cfg.Bootstrap; cs != nil {
 		snap := &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(1), Term: proto.Uint64(1), ConfState: cs}}
 		if err := m.storage.ApplySnapshot(snap); err != nil {
@@ -178,7 +185,10 @@ func (m *Member) TransferLeadership() bool {
 	}
 	st := m.rn.Status()
 	for _, id := range sorted(st.Config.Voters.IDs()) {
-		if id != m.cfg.RaftID && st.Progress[id].Match+m.cfg.SnapshotEvery >= st.HardState.GetCommit() {
+		// One that answers: a transfer to a voter that is down stalls
+		// proposals for an election timeout before raft gives it up.
+		at, heard := m.heard[id]
+		if id != m.cfg.RaftID && heard && (m.tick == 0 || m.lastTick-at <= int64(3*m.cfg.HeartbeatTicks)*m.tick) && st.Progress[id].Match+m.cfg.SnapshotEvery >= st.HardState.GetCommit() {
 			m.rn.TransferLeader(id)
 			return true
 		}
@@ -201,6 +211,10 @@ func (m *Member) SetView(v ownership.View, roster []Peer) {
 
 // Tick advances raft by one tick and runs the machine's periodic steps.
 func (m *Member) Tick(now int64) Output {
+	if m.lastTick != 0 && now > m.lastTick {
+		m.tick = now - m.lastTick
+	}
+	m.lastTick = now
 	m.proposeHeld()
 	m.rn.Tick()
 	m.own.SetLeader(m.Leader(), now)
@@ -227,6 +241,7 @@ func (m *Member) Step(msg *pb.Message, now int64) Output {
 		// committing past this log's end makes raft panic).
 		return m.ready(now)
 	}
+	m.heard[msg.GetFrom()] = now
 	if msg.GetType() == pb.MsgProp && msg.GetFrom() != m.cfg.RaftID && m.Leader() && len(m.held) < heldMax {
 		// Held for the tick: raft sends every follower an append, and
 		// then its commit, for each proposal it is given, so N members
@@ -485,18 +500,71 @@ func (m *Member) autopilot(now int64) {
 			}
 		}
 	}
+	// A voter that answers is one this leader had a message from within
+	// three heartbeats (followers answer every heartbeat); a silent one
+	// it has had none from for an election timeout. Ticks not yet
+	// measured: nobody is silent, and only this member answers.
+	heardWithin := func(id uint64, ticks int) bool {
+		at, ok := m.heard[id]
+		return ok && m.tick > 0 && now-at <= int64(ticks)*m.tick
+	}
+	answers := func(id uint64) bool {
+		return id == m.cfg.RaftID || heardWithin(id, 3*m.cfg.HeartbeatTicks)
+	}
+	silent := func(id uint64) bool {
+		return id != m.cfg.RaftID && m.tick > 0 && !heardWithin(id, m.cfg.ElectionTicks)
+	}
+	// keeps reports whether the voters other than id still have a
+	// majority that answers.
+	keeps := func(id uint64) bool {
+		n, up := 0, 0
+		for v := range voters {
+			if v != id {
+				n++
+				if answers(v) {
+					up++
+				}
+			}
+		}
+		return up > n/2
+	}
+	// Never the last voter: raft cannot run without one, and a log whose
+	// every member leaves ends with them. Done voters that no longer
+	// answer go first. One that still answers (a member leaving) goes
+	// only while the voters left keep a majority that answers: removing
+	// a leaver while another voter is down leaves voters of whom too few
+	// are up, and nothing commits again. While it cannot go, a voter that
+	// does not answer (down, not yet known gone) is removed in its place
+	// first: the change commits with the majority that answers now, and a
+	// member that was only cut off comes back as a learner.
+	waiting := uint64(0)
 	for _, id := range sorted(voters) {
-		// Never the last voter: raft cannot run without one, and a log
-		// whose every member leaves ends with them. The leader leaving
-		// hands leadership on first; its successor removes it.
-		if p, ok := byID[id]; ok && done(p) && len(voters) > 1 {
-			if id == m.cfg.RaftID {
-				m.lastConf = now
-				m.TransferLeadership()
+		p, ok := byID[id]
+		if !ok || !done(p) || len(voters) == 1 {
+			continue
+		}
+		if !silent(id) && !keeps(id) {
+			if waiting == 0 {
+				waiting = id
+			}
+			continue
+		}
+		if id == m.cfg.RaftID {
+			// The leader leaving hands leadership on first; its
+			// successor removes it.
+			m.lastConf = now
+			m.TransferLeadership()
+			return
+		}
+		propose(pb.ConfChangeRemoveNode, id)
+		return
+	}
+	if waiting != 0 {
+		for _, id := range sorted(voters) {
+			if id != waiting && silent(id) {
+				propose(pb.ConfChangeRemoveNode, id)
 				return
 			}
-			propose(pb.ConfChangeRemoveNode, id)
-			return
 		}
 	}
 }

@@ -73,6 +73,24 @@ func (c *cluster) carry(from uint64, out Output) {
 	}
 }
 
+// roster is every member, none gone or leaving.
+func (c *cluster) roster() []Peer {
+	var r []Peer
+	for id := uint64(1); id <= uint64(len(c.members)); id++ {
+		r = append(r, Peer{RaftID: id, Member: c.members[id].Own().ID()})
+	}
+	return r
+}
+
+func slicesContains(s []uint64, v uint64) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
 func (c *cluster) byMember(id string) *Member {
 	for _, m := range c.members {
 		if m.Own().ID() == id {
@@ -240,4 +258,39 @@ func TestLeaderAppendsProposalsTogether(t *testing.T) {
 		t.Fatalf("at rest the leader sent member %d %d entries in %d appends; want several per append", to, entries, appends)
 	}
 	t.Logf("%d entries in %d appends", entries, appends)
+}
+
+// TestLeaverKeepsTheMajority: of voters m1, m2 and m3 (no learner to
+// promote), m3 has crashed unnoticed (no roster says it is gone) and m2
+// leaves gracefully. Removing m2 once its Leave ended it left voters m1
+// and m3, of whom only m1 is up, and nothing committed again. Autopilot
+// removes m3, which does not answer, in its place first, then m2; m1
+// goes on alone.
+func TestLeaverKeepsTheMajority(t *testing.T) {
+	c := newCluster(t, 3)
+	c.run(5 * time.Second)
+	c.down[3] = true
+	ids := []string{"m1", "m2", "m3"}
+	for _, m := range c.members {
+		m.SetView(ownership.View{Members: ids, Target: []string{"m1", "m1", "m1", "m1"}}, c.roster())
+	}
+	c.run(3 * time.Second) // the partitions and backups move off m2
+	for end, i := c.now+int64(10*time.Second), 0; c.members[2].Voter(); i++ {
+		if c.now > end {
+			t.Fatalf("m2 is still a voter 10 s after it left: %s", c.members[1].Describe())
+		}
+		if i%4 == 0 {
+			c.carry(2, c.members[2].Leave(c.now))
+		}
+		c.run(100 * time.Millisecond)
+	}
+	c.down[2] = true
+	before := c.members[1].Own().LiveUntil()
+	c.run(5 * time.Second)
+	if after := c.members[1].Own().LiveUntil(); after <= before {
+		t.Fatalf("m1's liveness no longer extends once m2 left (the log lost its majority): %s", c.members[1].Describe())
+	}
+	if c.members[1].Voter() == false || slicesContains(c.members[1].conf.GetVoters(), 3) {
+		t.Errorf("voters %v; want m1 alone", c.members[1].conf.GetVoters())
+	}
 }
