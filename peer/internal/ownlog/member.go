@@ -434,7 +434,10 @@ func VotersFor(n int) int {
 // short; then a voter gossip reports gone, or leaving with its liveness
 // ended, is removed. Promoting first replaces a voter before it goes: a
 // voter leaving while another is dead but not yet removed would
-// otherwise leave the log without a majority.
+// otherwise leave the log without a majority. With no learner to
+// promote, a leaver that still answers is removed only while the voters
+// left keep a majority that answers, and a silent voter is removed in
+// its place first.
 func (m *Member) autopilot(now int64) {
 	if now-m.lastConf < int64(100*time.Millisecond) {
 		return
