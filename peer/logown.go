@@ -798,11 +798,10 @@ func (lo *logOwner) drain(ctx context.Context) error {
 				backs++
 			}
 		}
-		if v.stopping {
-			return nil
-		}
 		if len(v.alive) <= 1 {
-			// Alone as gossip sees it. A voter still hands on its vote
+			// Alone as gossip sees it (which also makes the view
+			// stopping: no member left to be a target, so this comes
+			// first). A voter still hands on its vote
 			// while the log has a leader: gossip cut off while the log's
 			// own transport still reaches the others is not the end of
 			// the cluster, and a voter that left without a word while
@@ -814,6 +813,11 @@ func (lo *logOwner) drain(ctx context.Context) error {
 			if voter && lo.awaitLeader(ctx, 2*n.cfg.LeaseDuration) {
 				lo.leaveLog(ctx)
 			}
+			return nil
+		}
+		if v.stopping {
+			// Every other member gossip lists is leaving too: the whole
+			// cluster is stopping.
 			return nil
 		}
 		if len(v.alive) == 2 {
