@@ -3,6 +3,7 @@ package ownlog
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -73,6 +74,30 @@ func (c *cluster) carry(from uint64, out Output) {
 	}
 }
 
+// leaveThenCheckMajority has member id leave gracefully, asking Leave
+// again until it is no voter (as Runner.Leave does: a proposal made while
+// the log elects a leader is dropped), within 10 s; then stops it and
+// checks that member other's liveness still extends: the log kept a
+// majority without it.
+func (c *cluster) leaveThenCheckMajority(id, other uint64) {
+	c.t.Helper()
+	for end, i := c.now+int64(10*time.Second), 0; c.members[id].Voter(); i++ {
+		if c.now > end {
+			c.t.Fatalf("m%d is still a voter 10 s after it left: %s", id, c.members[other].Describe())
+		}
+		if i%4 == 0 {
+			c.carry(id, c.members[id].Leave(c.now))
+		}
+		c.run(100 * time.Millisecond)
+	}
+	c.down[id] = true
+	before := c.members[other].Own().LiveUntil()
+	c.run(5 * time.Second)
+	if after := c.members[other].Own().LiveUntil(); after <= before {
+		c.t.Fatalf("m%d's liveness no longer extends once m%d left (the log lost its majority): %s", other, id, c.members[other].Describe())
+	}
+}
+
 // roster is every member, none gone or leaving.
 func (c *cluster) roster() []Peer {
 	var r []Peer
@@ -80,15 +105,6 @@ func (c *cluster) roster() []Peer {
 		r = append(r, Peer{RaftID: id, Member: c.members[id].Own().ID()})
 	}
 	return r
-}
-
-func slicesContains(s []uint64, v uint64) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 func (c *cluster) byMember(id string) *Member {
@@ -182,23 +198,7 @@ func TestLeavingVoterReplacedFirst(t *testing.T) {
 		m.SetView(ownership.View{Members: ids, Target: []string{"m1", "m4", "m1", "m4"}}, roster)
 	}
 	c.run(3 * time.Second) // m2's partitions and backups move off it
-	// Leave is asked again until it is applied, as Runner.Leave does: a
-	// proposal made while the log elects a leader is dropped.
-	for end, i := c.now+int64(10*time.Second), 0; c.members[2].Voter(); i++ {
-		if c.now > end {
-			t.Fatalf("m2 is still a voter 10 s after it left: %s", c.members[1].Describe())
-		}
-		if i%4 == 0 {
-			c.carry(2, c.members[2].Leave(c.now))
-		}
-		c.run(100 * time.Millisecond)
-	}
-	c.down[2] = true
-	before := c.members[1].Own().LiveUntil()
-	c.run(5 * time.Second)
-	if after := c.members[1].Own().LiveUntil(); after <= before {
-		t.Fatalf("m1's liveness no longer extends once m2 left (no majority): %s", c.members[1].Describe())
-	}
+	c.leaveThenCheckMajority(2, 1)
 	if !c.members[4].Voter() {
 		t.Errorf("m4 was not promoted in m2's place: %s", c.members[4].Describe())
 	}
@@ -275,22 +275,8 @@ func TestLeaverKeepsTheMajority(t *testing.T) {
 		m.SetView(ownership.View{Members: ids, Target: []string{"m1", "m1", "m1", "m1"}}, c.roster())
 	}
 	c.run(3 * time.Second) // the partitions and backups move off m2
-	for end, i := c.now+int64(10*time.Second), 0; c.members[2].Voter(); i++ {
-		if c.now > end {
-			t.Fatalf("m2 is still a voter 10 s after it left: %s", c.members[1].Describe())
-		}
-		if i%4 == 0 {
-			c.carry(2, c.members[2].Leave(c.now))
-		}
-		c.run(100 * time.Millisecond)
-	}
-	c.down[2] = true
-	before := c.members[1].Own().LiveUntil()
-	c.run(5 * time.Second)
-	if after := c.members[1].Own().LiveUntil(); after <= before {
-		t.Fatalf("m1's liveness no longer extends once m2 left (the log lost its majority): %s", c.members[1].Describe())
-	}
-	if c.members[1].Voter() == false || slicesContains(c.members[1].conf.GetVoters(), 3) {
+	c.leaveThenCheckMajority(2, 1)
+	if !c.members[1].Voter() || slices.Contains(c.members[1].conf.GetVoters(), 3) {
 		t.Errorf("voters %v; want m1 alone", c.members[1].conf.GetVoters())
 	}
 }

@@ -1,0 +1,154 @@
+package peer
+
+// Leaving the ownership log: a member closing gracefully drains (its
+// holdings and backups move off it), then hands on its vote and ends its
+// liveness for good, so that the log keeps a majority without it.
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// drain lets the machine move every partition this node holds: the node
+// is already out of its own ring, so every target is another member. It
+// waits until the node holds nothing, nobody else is left, or ctx ends.
+func (lo *logOwner) drain(ctx context.Context) error {
+	n := lo.n
+	n.excludeSelf(ctx)
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	// How long, once it holds nothing, the member waits for its holders
+	// to move their backups off it before it leaves anyway.
+	backupWait := max(10*n.cfg.LeaseDuration, 5*time.Second)
+	var emptySince time.Time
+	for {
+		v := n.view.Load()
+		// What depends on this member is the machine's rule (DependsOn):
+		// a vacancy kept for its state counts as held (the log grants it
+		// back, then it moves on), and a copy a holder may yet commit it
+		// backup with counts as backed (until it resolves, that holder's
+		// failure could hand the partition here after this check).
+		_, keys := n.heldPartitions()
+		parts, backs := 0, 0
+		for p := range n.pt.parts {
+			st := lo.run.Part(p)
+			if st.Held {
+				parts++
+			}
+			if st.Backed {
+				backs++
+			}
+		}
+		if len(v.alive) <= 1 {
+			// Alone as gossip sees it (which also makes the view
+			// stopping: no member left to be a target, so this comes
+			// first). A voter still hands on its vote
+			// while the log has a leader: gossip cut off while the log's
+			// own transport still reaches the others is not the end of
+			// the cluster, and a voter that left without a word while
+			// another voter is dead leaves the log without a majority.
+			// The log may be electing one (its leader has just
+			// crashed, say): wait for one, within two leases.
+			voter := lo.run.Voter() && lo.run.Voters() > 1
+			n.log.Info("leaving while gossip reaches no other member", "voter", voter, "voters", lo.run.Voters(), "leader", lo.run.Lead() != 0)
+			if voter && lo.awaitLeader(ctx, 2*n.cfg.LeaseDuration) {
+				lo.leaveLog(ctx)
+			}
+			return nil
+		}
+		if v.stopping {
+			// Every other member gossip lists is leaving too: the whole
+			// cluster is stopping.
+			return nil
+		}
+		if len(v.alive) == 2 {
+			// One other member: it holds everything once this one's
+			// holdings moved, and there is nobody else to back it up.
+			backs = 0
+		}
+		if parts != 0 {
+			emptySince = time.Time{}
+		} else if emptySince.IsZero() {
+			emptySince = time.Now()
+		}
+		if backs > 0 && parts == 0 && time.Since(emptySince) > backupWait {
+			// Holders that cannot copy elsewhere (their copies fail) would
+			// keep a Close without a deadline waiting for good. Ending
+			// this member's liveness makes them pick another backup; until
+			// one has a copy their synchronous policies are unavailable.
+			n.log.Warn("left while still the backup of partitions: their holders copy them elsewhere now that this member's liveness ends", "partitions", backs, "waited", backupWait)
+			backs = 0
+		}
+		if parts == 0 && backs == 0 {
+			// Nothing depends on this member any more. Leadership goes
+			// first (the log then has a leader again in a round trip, not
+			// an election timeout), then its liveness, for good, so that
+			// nobody waits for it to expire.
+			lo.leaveLog(ctx)
+			return nil
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			if parts == 0 {
+				n.log.Warn("left while still the backup of partitions: their holders copy them elsewhere once this member's liveness ends", "partitions", backs)
+				return nil
+			}
+			return fmt.Errorf("peer: %d partitions (%d keys) still held at the close deadline: %w", parts, keys, ctx.Err())
+		}
+	}
+}
+
+// leaveLog hands on leadership, ends this member's liveness for good
+// and waits, within four leases, until the log no longer counts its vote
+// (when another voter is down, autopilot removes that one first: a few
+// configuration changes, each a commit).
+func (lo *logOwner) leaveLog(ctx context.Context) {
+	tctx, cancel := context.WithTimeout(ctx, time.Second)
+	lo.run.TransferLeadership(tctx)
+	lo.run.Leave(tctx)
+	cancel()
+	if !lo.awaitRemoved(ctx, 4*lo.n.cfg.LeaseDuration) {
+		dctx, dcancel := context.WithTimeout(context.Background(), time.Second)
+		defer dcancel()
+		lo.n.log.Warn("left while still a voter of the ownership log: if another voter is down too, the log has no majority until it is back",
+			"voters", lo.run.Voters(), "log", lo.run.Describe(dctx))
+	}
+}
+
+// awaitRemoved waits, within ctx and at most d, until the log no longer
+// lists this member as a voter: autopilot promotes a learner in its place
+// first, then removes it. A voter that left before that, while another
+// voter is down but not yet removed (a crash gossip has not confirmed),
+// would leave the log without a majority: every holder would stop. The
+// last voter is never removed, so it does not wait. It reports whether
+// the member no longer counts as a voter.
+func (lo *logOwner) awaitRemoved(ctx context.Context, d time.Duration) bool {
+	return pollUntil(ctx, d, func() bool { return !lo.run.Voter() || lo.run.Voters() <= 1 })
+}
+
+// awaitLeader waits, within ctx and at most d, until the log has a
+// leader this member knows of, and reports whether it has.
+func (lo *logOwner) awaitLeader(ctx context.Context, d time.Duration) bool {
+	return pollUntil(ctx, d, func() bool { return lo.run.Lead() != 0 })
+}
+
+// pollUntil checks cond every 20 ms until it holds (true), d has passed
+// or ctx ended (false).
+func pollUntil(ctx context.Context, d time.Duration, cond func() bool) bool {
+	limit := time.NewTimer(d)
+	defer limit.Stop()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for !cond() {
+		select {
+		case <-t.C:
+		case <-limit.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
+}
