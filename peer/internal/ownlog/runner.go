@@ -418,11 +418,9 @@ func (r *Runner) carry(out Output) {
 			r.parts = nil // published: never written again
 		}
 		r.pub.Store(pub)
+		// Unless rebuilt, the partitions are the last snapshot's.
 		for p := range pub.parts {
-			if !rebuilt {
-				break // the partitions are the last snapshot's
-			}
-			if pub.parts[p] != r.prev.parts[p] {
+			if rebuilt && pub.parts[p] != r.prev.parts[p] {
 				// A decision that read the old snapshot finishes before
 				// the partition is copied or handed on.
 				g := r.gates(p)
