@@ -540,6 +540,19 @@ func (m *Member) autopilot(now int64) {
 	// does not answer (down, not yet known gone) is removed in its place
 	// first: the change commits with the majority that answers now, and a
 	// member that was only cut off comes back as a learner.
+	// More voters than wanted (a leaver's replacement promoted before it
+	// goes): one that does not answer goes first, while the rest keep a
+	// majority that answers. Four voters of whom one is dead and one
+	// leaving are two of four once the leaver is cut off, and nothing
+	// commits again; three without the dead one keep two of three.
+	if len(voters) > m.voters(live) {
+		for _, id := range sorted(voters) {
+			if silent(id) && keeps(id) {
+				propose(pb.ConfChangeRemoveNode, id)
+				return
+			}
+		}
+	}
 	waiting := uint64(0)
 	for _, id := range sorted(voters) {
 		p, ok := byID[id]

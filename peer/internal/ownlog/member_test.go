@@ -280,3 +280,46 @@ func TestLeaverKeepsTheMajority(t *testing.T) {
 		t.Errorf("voters %v; want m1 alone", c.members[1].conf.GetVoters())
 	}
 }
+
+// TestLeaderLeavingPastADeadVoter: of voters m1, m2, m3 and learner m4,
+// the leader leaves while a follower has crashed unnoticed (no roster
+// says it is gone), and autopilot promotes m4 in the leaver's place:
+// four voters, one dead. Once the others cut the leaver off (gossip
+// declared it failed), two of four were up and nothing committed again.
+// Autopilot removes the dead voter first, so the survivors keep two of
+// three.
+func TestLeaderLeavingPastADeadVoter(t *testing.T) {
+	c := newClusterConf(t, 4, &pb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}})
+	c.run(5 * time.Second)
+	var lead uint64
+	for id := uint64(1); id <= 3; id++ {
+		if c.members[id].Leader() {
+			lead = id
+		}
+	}
+	if lead == 0 {
+		t.Fatal("no leader")
+	}
+	dead := lead%3 + 1
+	live := dead%3 + 1
+	c.down[dead] = true
+	c.run(3 * time.Second) // the dead voter falls silent
+	roster := c.roster()
+	roster[lead-1].Leaving = true
+	for _, m := range c.members {
+		m.SetView(ownership.View{Members: []string{"m1", "m2", "m3", "m4"}, Target: []string{"m4", "m4", "m4", "m4"}}, roster)
+	}
+	for end := c.now + int64(5*time.Second); !c.members[4].Voter(); {
+		if c.now > end {
+			t.Fatalf("m4 not promoted in the leaver's place: %s", c.members[lead].Describe())
+		}
+		c.run(100 * time.Millisecond)
+	}
+	c.run(2 * time.Second)
+	c.down[lead] = true // the others declare the leaver failed
+	before := c.members[live].Own().LiveUntil()
+	c.run(5 * time.Second)
+	if after := c.members[live].Own().LiveUntil(); after <= before {
+		t.Fatalf("m%d's liveness no longer extends once the leaver m%d is cut off beside dead m%d: %s", live, lead, dead, c.members[live].Describe())
+	}
+}
