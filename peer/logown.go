@@ -148,7 +148,7 @@ func newLogOwner(n *Node) (*logOwner, error) {
 // traffic reads the log's counters (lock-free).
 func (lo *logOwner) traffic() RaftTraffic {
 	t := lo.run.Traffic()
-	return RaftTraffic{MessagesSent: t.MsgsSent, BytesSent: t.BytesSent, MessagesDropped: t.MsgsDropped,
+	return RaftTraffic{MessagesSent: t.MsgsSent, BytesSent: t.BytesSent, MessagesDropped: t.MsgsDropped, MessagesShed: t.MsgsShed,
 		Proposals: t.Proposals, ConfChanges: t.ConfChanges, Applied: t.Applied}
 }
 

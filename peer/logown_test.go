@@ -958,7 +958,8 @@ func TestLogRaftTrafficMetrics(t *testing.T) {
 		got := map[string]float64{}
 		for _, s := range []struct{ name, kind string }{
 			{"ringlimit_raft_messages_sent_total", ""}, {"ringlimit_raft_bytes_sent_total", ""},
-			{"ringlimit_raft_messages_dropped_total", ""}, {"ringlimit_raft_proposals_total", "command"},
+			{"ringlimit_raft_messages_dropped_total", ""}, {"ringlimit_raft_messages_shed_total", ""},
+			{"ringlimit_raft_proposals_total", "command"},
 			{"ringlimit_raft_proposals_total", "conf_change"}, {"ringlimit_raft_applied_total", ""},
 		} {
 			v, ok := raftCounter(t, regs[i], s.name, s.kind)
@@ -978,6 +979,7 @@ func TestLogRaftTrafficMetrics(t *testing.T) {
 			{"ringlimit_raft_proposals_totalcommand", before.Proposals, after.Proposals, true},
 			{"ringlimit_raft_applied_total", before.Applied, after.Applied, true},
 			{"ringlimit_raft_messages_dropped_total", before.MessagesDropped, after.MessagesDropped, false},
+			{"ringlimit_raft_messages_shed_total", before.MessagesShed, after.MessagesShed, false},
 			{"ringlimit_raft_proposals_totalconf_change", before.ConfChanges, after.ConfChanges, false},
 		} {
 			if v := got[w.name]; v < float64(w.lo) || v > float64(w.hi) || w.wantAbove && v == 0 {

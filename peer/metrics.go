@@ -95,6 +95,11 @@ type RaftTraffic struct {
 	// MessagesDropped the ones dropped unsent (a full queue, a peer not
 	// reached), which raft sends again.
 	MessagesSent, BytesSent, MessagesDropped uint64
+	// MessagesShed are raft messages this node received and dropped
+	// unread because its log's goroutine was that far behind; raft sends
+	// again, but a count that keeps growing means a node too loaded for
+	// its log's ticks.
+	MessagesShed uint64
 	// Proposals counts the ownership commands this node proposed (its
 	// liveness extensions; as leader, grants, moves and takeovers);
 	// ConfChanges the voter-set changes it proposed as leader.

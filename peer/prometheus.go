@@ -38,6 +38,7 @@ import (
 //	ringlimit_raft_messages_sent_total                 counter, ownership log messages sent (RaftTraffic)
 //	ringlimit_raft_bytes_sent_total                    counter, their marshalled bytes
 //	ringlimit_raft_messages_dropped_total              counter, dropped unsent (raft sends again)
+//	ringlimit_raft_messages_shed_total                 counter, received and dropped unread (log behind)
 //	ringlimit_raft_proposals_total{kind}               counter, command or conf_change
 //	ringlimit_raft_applied_total                       counter, ownership commands applied
 //
@@ -407,8 +408,8 @@ func (m *PrometheusMetrics) raftSource(read func() RaftTraffic) { m.raft.read.St
 // counters live in the log's runner and transport, so nothing is
 // counted twice and the log's paths never call into Prometheus.
 type raftCollector struct {
-	read                                  atomic.Pointer[func() RaftTraffic]
-	msgs, bytes, dropped, proposals, appl *prometheus.Desc
+	read                                        atomic.Pointer[func() RaftTraffic]
+	msgs, bytes, dropped, shed, proposals, appl *prometheus.Desc
 }
 
 func newRaftCollector() *raftCollector {
@@ -416,6 +417,7 @@ func newRaftCollector() *raftCollector {
 		msgs:      prometheus.NewDesc("ringlimit_raft_messages_sent_total", "Ownership log (raft) messages this node sent to its peers.", nil, nil),
 		bytes:     prometheus.NewDesc("ringlimit_raft_bytes_sent_total", "Marshalled bytes of the ownership log messages this node sent (gRPC framing aside).", nil, nil),
 		dropped:   prometheus.NewDesc("ringlimit_raft_messages_dropped_total", "Ownership log messages dropped unsent (queue full or peer not reached); raft sends again.", nil, nil),
+		shed:      prometheus.NewDesc("ringlimit_raft_messages_shed_total", "Ownership log messages this node received and dropped unread because its log was that far behind; raft sends again.", nil, nil),
 		proposals: prometheus.NewDesc("ringlimit_raft_proposals_total", "Proposals this node made to the ownership log, by kind (command, conf_change).", []string{"kind"}, nil),
 		appl:      prometheus.NewDesc("ringlimit_raft_applied_total", "Ownership commands this node applied from the log.", nil, nil),
 	}
@@ -425,6 +427,7 @@ func (c *raftCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.msgs
 	ch <- c.bytes
 	ch <- c.dropped
+	ch <- c.shed
 	ch <- c.proposals
 	ch <- c.appl
 }
@@ -443,6 +446,7 @@ func (c *raftCollector) Collect(ch chan<- prometheus.Metric) {
 		{c.msgs, t.MessagesSent, nil},
 		{c.bytes, t.BytesSent, nil},
 		{c.dropped, t.MessagesDropped, nil},
+		{c.shed, t.MessagesShed, nil},
 		{c.proposals, t.Proposals, []string{"command"}},
 		{c.proposals, t.ConfChanges, []string{"conf_change"}},
 		{c.appl, t.Applied, nil},

@@ -80,6 +80,9 @@ type Runner struct {
 	// proposed, confChanges and applied count for Traffic; written by
 	// the goroutine, read by anyone.
 	proposed, confChanges, applied atomic.Uint64
+	// shed counts received messages dropped because the goroutine was
+	// behind (in full); written by Receive, read by anyone.
+	shed atomic.Uint64
 }
 
 // Traffic is what a member's log has cost it since it started: counters
@@ -90,6 +93,10 @@ type Traffic struct {
 	// MsgsDropped the ones it dropped before sending (queue full, no
 	// stream). Zero for a transport that does not count.
 	MsgsSent, BytesSent, MsgsDropped uint64
+	// MsgsShed are the raft messages this member received and dropped
+	// unread because its goroutine was that far behind (raft sends
+	// again; many of them mean a member too slow for its ticks).
+	MsgsShed uint64
 	// Proposals counts the ownership commands this member proposed and
 	// raft took (a follower's are forwarded to the leader; one may still
 	// be lost with it), ConfChanges the configuration changes it proposed
@@ -115,6 +122,7 @@ func (r *Runner) Traffic() Traffic {
 		t = c.Traffic()
 	}
 	t.Proposals, t.ConfChanges, t.Applied = r.proposed.Load(), r.confChanges.Load(), r.applied.Load()
+	t.MsgsShed = r.shed.Load()
 	return t
 }
 
@@ -200,6 +208,7 @@ func (r *Runner) Receive(msg []byte) {
 	select {
 	case r.in <- msg:
 	default:
+		r.shed.Add(1)
 	}
 }
 

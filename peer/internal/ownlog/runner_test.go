@@ -244,3 +244,21 @@ func checkTraffic(t *testing.T, h *harness, msgs bool) {
 		t.Errorf("%d applied, more than %d members × %d proposals", applied, h.n, proposals)
 	}
 }
+
+// TestRunnerCountsShed: messages received while the runner's queue is full
+// are dropped, and counted (Traffic.MsgsShed), never silently.
+func TestRunnerCountsShed(t *testing.T) {
+	m, err := New(Config{RaftID: 1, Ownership: ownership.Config{ID: "m1", Liveness: time.Second}, Partitions: 4,
+		Bootstrap: &pb.ConfState{Voters: []uint64{1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewRunner(m, nil, nil, 20*time.Millisecond, func() int64 { return 1 }, nil)
+	// Not running: nothing reads the queue.
+	for i := 0; i < cap(r.in)+3; i++ {
+		r.Receive([]byte{byte(i)})
+	}
+	if got := r.Traffic().MsgsShed; got != 3 {
+		t.Fatalf("MsgsShed = %d after %d messages into a queue of %d, want 3", got, cap(r.in)+3, cap(r.in))
+	}
+}
