@@ -105,6 +105,12 @@ type Member struct {
 	// held is the entries other members proposed to this leader since its
 	// last tick, appended together at the next (heldProps).
 	held []*pb.Entry
+	// poke is set when the table, the raft configuration, the leader or
+	// the gossip view changed since the machine's last periodic step: the runner
+	// runs one early (Poke) once no event waits, so that what the change
+	// makes possible (a grant after a join, a handoff after a copy) is
+	// proposed at once instead of at the next tick.
+	poke bool
 }
 
 // heldMax bounds the entries a leader holds for its next tick.
@@ -207,6 +213,7 @@ func (m *Member) Leader() bool { return m.rn.BasicStatus().RaftState == raft.Sta
 func (m *Member) SetView(v ownership.View, roster []Peer) {
 	m.own.SetView(v)
 	m.roster = roster
+	m.poke = true
 }
 
 // Tick advances raft by one tick and runs the machine's periodic steps.
@@ -216,7 +223,19 @@ func (m *Member) Tick(now int64) Output {
 	}
 	m.lastTick = now
 	m.proposeHeld()
+	m.poke = false
 	m.rn.Tick()
+	m.observeLeader(now)
+	m.do(m.own.Tick(now))
+	if m.Leader() {
+		m.autopilot(now)
+	}
+	return m.ready(now)
+}
+
+// observeLeader tells the machine whether this member leads, as raft
+// has it now.
+func (m *Member) observeLeader(now int64) {
 	m.own.SetLeader(m.Leader(), now)
 	if l := m.Lead(); l != m.lead {
 		m.lead = l
@@ -226,9 +245,25 @@ func (m *Member) Tick(now int64) Output {
 			m.own.ExtendSoon()
 		}
 	}
-	m.do(m.own.Tick(now))
-	if m.Leader() {
-		m.autopilot(now)
+}
+
+// Poked reports whether the table, the configuration, the leader or the
+// view changed since the machine's last periodic step (Tick or Poke).
+func (m *Member) Poked() bool { return m.poke }
+
+// Poke runs the machine's periodic steps, and on the leader autopilot,
+// early: when Poked, else it does nothing. Raft's clock does not move
+// (only Tick moves it) and proposals held for the tick stay held. Every
+// step of the machine reads now and is safe at any time; a poke only
+// makes one come sooner.
+func (m *Member) Poke(now int64) Output {
+	if m.poke {
+		m.poke = false
+		m.observeLeader(now)
+		m.do(m.own.Tick(now))
+		if m.Leader() {
+			m.autopilot(now)
+		}
 	}
 	return m.ready(now)
 }
@@ -321,6 +356,9 @@ func (m *Member) do(acts []ownership.Action) {
 func (m *Member) ready(now int64) Output {
 	for m.rn.HasReady() {
 		rd := m.rn.Ready()
+		if rd.SoftState != nil {
+			m.poke = true // the leader or this member's role changed
+		}
 		if !raft.IsEmptySnap(rd.Snapshot) {
 			m.restore(rd.Snapshot, now)
 		}
@@ -356,6 +394,7 @@ func (m *Member) restore(s *pb.Snapshot, now int64) {
 		}
 	}
 	m.conf = s.GetMetadata().GetConfState()
+	m.poke = true
 	m.do(m.own.Restored(t, now))
 }
 
@@ -370,6 +409,7 @@ func (m *Member) apply(e *pb.Entry, now int64) {
 			return // refused alike by every member: it changes nothing
 		}
 		m.out.Applied++
+		m.poke = true
 		m.do(m.own.Apply(c, now))
 	case pb.EntryConfChange:
 		cc := &pb.ConfChange{}
@@ -377,6 +417,7 @@ func (m *Member) apply(e *pb.Entry, now int64) {
 			return
 		}
 		m.conf = m.rn.ApplyConfChange(cc)
+		m.poke = true
 		// A member just added catches up from a snapshot, which raft
 		// refuses unless its configuration names the member: take one now
 		// rather than resend a stale one until the next.

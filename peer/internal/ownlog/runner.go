@@ -342,6 +342,7 @@ func (r *Runner) Run(ctx context.Context) {
 	defer close(r.done)
 	t := time.NewTicker(r.tick)
 	defer t.Stop()
+	poke := make(chan struct{}, 1)
 	for {
 		select {
 		case <-ctx.Done():
@@ -355,6 +356,17 @@ func (r *Runner) Run(ctx context.Context) {
 			}
 		case fn := <-r.ctl:
 			fn()
+		case <-poke:
+			r.carry(r.m.Poke(r.mono()))
+		}
+		if r.m.Poked() && len(r.in) == 0 && len(r.ctl) == 0 {
+			// Caught up, and something changed: the machine's next steps
+			// now rather than at the next tick, taken as an event of
+			// their own (a poke's commits may call for another).
+			select {
+			case poke <- struct{}{}:
+			default:
+			}
 		}
 	}
 }

@@ -262,3 +262,43 @@ func TestRunnerCountsShed(t *testing.T) {
 		t.Fatalf("MsgsShed = %d after %d messages into a queue of %d, want 3", got, cap(r.in)+3, cap(r.in))
 	}
 }
+
+// TestRunnerActsBetweenTicks: what a commit makes possible is proposed as
+// soon as the runner has caught up, not at the next tick. A founder on a
+// tick of an hour still joins, extends its liveness and is granted every
+// partition (each a commit that enables the next), from the view it is
+// given alone.
+func TestRunnerActsBetweenTicks(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	const parts = 4
+	start := time.Now()
+	mono := func() int64 { return int64(time.Since(start)) }
+	m, err := New(Config{RaftID: 1, Ownership: ownership.Config{ID: "m1", Liveness: time.Minute}, Partitions: parts,
+		Bootstrap: &pb.ConfState{Voters: []uint64{1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	net := &memNet{runners: map[uint64]*Runner{}, stopped: map[uint64]bool{}}
+	d := &memData{net: net, from: 1, id: "m1", ids: map[string]uint64{"m1": 1}}
+	r := NewRunner(m, memTransport{net: net, from: 1}, d, time.Hour, mono, nil)
+	d.self = r
+	net.runners[1] = r
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	v := ownership.View{Members: []string{"m1"}, Target: make([]string, parts), Second: make([]string, parts)}
+	for p := range parts {
+		v.Target[p] = "m1"
+	}
+	r.SetView(v, []Peer{{RaftID: 1, Member: "m1"}})
+	deadline := time.Now().Add(10 * time.Second)
+	for p := 0; p < parts; p++ {
+		for !r.MayDecide(p, mono()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("partition %d not decidable by the founder %v after its view, with no tick yet: %+v", p, time.Since(start), r.Part(p))
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
