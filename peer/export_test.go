@@ -233,7 +233,7 @@ func (n *Node) unsettledForTest() string {
 			}
 		}
 	}
-	return fmt.Sprintf("%s: settled %v, voters %d, %d unsettled%s; %s", n.name, n.Settled(), n.lo.run.Voters(), shown, b.String(), n.lo.run.Describe(ctx))
+	return fmt.Sprintf("%s: settled %v, voters %d, %d unsettled%s; raft %+v; %s", n.name, n.Settled(), n.lo.run.Voters(), shown, b.String(), n.RaftTraffic(), n.lo.run.Describe(ctx))
 }
 
 // partForTest describes partition pid as n knows it, for failure messages.
