@@ -61,6 +61,7 @@ func (s *sim) gossip() {
 			v.Target[p], v.Second[p] = best, second
 		}
 		x.log.SetView(v, roster)
+		x.schedPoke()
 	}
 	s.at(int64(gossipTick), s.gossip)
 }

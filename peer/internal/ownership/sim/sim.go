@@ -195,6 +195,9 @@ type Result struct {
 	// Misstood counts partitions whose Machine.Standings (what the
 	// runner publishes) differed from the machine's own answers.
 	Misstood int
+	// Pokes counts the early periodic steps members ran between ticks
+	// (Member.Poke), as a node's runner runs them.
+	Pokes int
 }
 
 // Failed reports whether the run broke the promise or an invariant.
@@ -237,6 +240,7 @@ func Run(o Options) Result {
 	res.Unavailable = s.longestGap()
 	res.Granted, res.Used = s.granted, s.used
 	res.Misstood = s.misstood
+	res.Pokes = s.pokes
 	return res
 }
 
@@ -299,6 +303,7 @@ type sim struct {
 	// Has, MayDecide and DependsOn asked one by one (checked after every
 	// output a member carries).
 	misstood int
+	pokes    int // Member.Poke calls (Result.Pokes)
 }
 
 const (
@@ -391,6 +396,7 @@ type member struct {
 	heard           map[string]int64 // member ID → virtual ns last heard through gossip
 	detect          int64
 	rights          map[string]*rights // the spread key's rights, as a grantee
+	poking          bool               // an early periodic step (Member.Poke) is scheduled
 }
 
 // entry is one admission of hits at ts, or (grant) one grant of hits
@@ -482,6 +488,24 @@ func (m *member) tick() {
 	m.carry(m.log.Tick(m.mono()))
 }
 
+// schedPoke schedules the member's early periodic step (Member.Poke) when
+// a change calls for one, as a node's runner runs it once no event waits:
+// after a short random delay, so that other events may come first.
+func (m *member) schedPoke() {
+	if m.poking || !m.log.Poked() {
+		return
+	}
+	m.poking = true
+	s := m.s
+	s.at(1+s.rng.Int64N(int64(time.Millisecond)), func() {
+		s.deliver(m, func() {
+			m.poking = false
+			s.pokes++
+			m.carry(m.log.Poke(m.mono()))
+		})
+	})
+}
+
 // carry carries out one Output of the member's log: raft messages onto
 // the network, data actions here.
 func (m *member) carry(out ownlog.Output) {
@@ -547,6 +571,7 @@ func (m *member) carry(out ownlog.Output) {
 		}
 		s.send(m, to, step)
 	}
+	m.schedPoke()
 }
 
 func (s *sim) sortedIDs() []string {

@@ -71,6 +71,9 @@ func TestSchedules(t *testing.T) {
 		if r.Failed() {
 			t.Errorf("promise broken (replay: Run(options(%d))):\n%s", seed, r)
 		}
+		if r.Pokes == 0 {
+			t.Errorf("seed %d: no member stepped between ticks (Member.Poke): the simulator must drive what a node's runner does", seed)
+		}
 		if len(r.Report.TimedOut) > 0 {
 			t.Logf("seed %d: the linearizability check timed out on %v (the direct rule still ran)", seed, r.Report.TimedOut)
 		}
