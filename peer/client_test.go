@@ -67,7 +67,6 @@ func placementPartition(key Key, count int) int {
 // documented key → partition mapping matches every node's, and each
 // partition's holder is the node that holds it.
 func TestPlacementRPC(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 3, Config{Policies: clientPolicies})
 	conn, err := grpc.NewClient(c.nodes[1].RPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -111,7 +110,6 @@ func TestPlacementRPC(t *testing.T) {
 // holder (the holder decides, no forward) and that the limit holds
 // exactly through it.
 func TestClientRoutesToHolder(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 3, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes[2])
 	ctx := context.Background()
@@ -156,7 +154,6 @@ func TestClientRoutesToHolder(t *testing.T) {
 // its stream to the leaving node ends without breaking later calls. The
 // limit holds across both changes.
 func TestClientMembershipChange(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 2, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes[0])
 	ctx := context.Background()
@@ -235,7 +232,6 @@ func TestClientMembershipChange(t *testing.T) {
 // stream to it (Unavailable, not a hang), and that the client re-reads
 // the table and decides the node's keys at their new holder.
 func TestClientNodeStopped(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 3, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes...)
 	ctx := context.Background()
@@ -303,7 +299,6 @@ func TestClientBadInput(t *testing.T) {
 // later calls return ErrClosed; the package's leak check sees that its
 // goroutines are gone.
 func TestClientClose(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 2, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes...)
 	ctx := context.Background()
@@ -343,7 +338,6 @@ func TestClientClose(t *testing.T) {
 // language would: several items in one message, answered by id, a bad
 // item failing alone and a key held elsewhere forwarded.
 func TestAllowStreamWire(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 2, Config{Policies: clientPolicies})
 	nd := c.nodes[0]
 	remote := pmKeyOwnedBy(t, nd, "q", c.nodes[1].Name())
@@ -585,7 +579,6 @@ func TestClientDecisionTimeout(t *testing.T) {
 // nothing, a refund giving units back so that exactly as many more are
 // admitted, and the concurrency policy refused with ErrWrongAlgorithm.
 func TestClientPeekRefund(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 3, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes[0])
 	ctx := context.Background()
@@ -646,7 +639,6 @@ func TestClientPeekRefund(t *testing.T) {
 // by the key's holder, and another policy refused with ErrWrongAlgorithm.
 // A Client is a Leaser, so Middleware can take leases through it.
 func TestClientAcquireRelease(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 3, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes[0])
 	var _ Leaser = cl

@@ -422,7 +422,6 @@ func TestFailureStaleView(t *testing.T) {
 // Requests queued behind the lost batch whose callers gave up are not sent
 // when the slot frees: they would be counted with nobody told.
 func TestPipeLostAnswer(t *testing.T) {
-	t.Parallel()
 	const forwardTimeout = 500 * time.Millisecond
 	c := startClusterWith(t, 2, Config{
 		ForwardTimeout: forwardTimeout,
@@ -679,7 +678,6 @@ func TestWindowRaisedOnHolderFirst(t *testing.T) {
 // Messages now carry the sender's policy version, and a backup whose
 // version differs, told no windows, keeps every copied admission.
 func TestWindowRolledBackOnBackupFirst(t *testing.T) {
-	t.Parallel()
 	oldT := map[string]PolicyConfig{"p": {Limit: 4, Window: time.Minute}}
 	newT := map[string]PolicyConfig{"p": {Limit: 4, Window: time.Hour}}
 	clk := &hoClock{}
@@ -748,7 +746,6 @@ func startClockedCrashCluster(t *testing.T, clk *hoClock, pols map[string]Policy
 // backup already applied must not remove it. Before messages were
 // numbered it did, and a holder crash then lost the admission.
 func TestLateReplicationNotApplied(t *testing.T) {
-	t.Parallel()
 	n0, n1, key, pid, epoch, seq := copiedKey(t, "late")
 	if seq == 0 {
 		t.Fatalf("the backup's copy has no message number after an admission")
@@ -821,7 +818,6 @@ func copyUnits(backup, holder *Node, pid int, key Key) int64 {
 // TestReplicateMalformedWindowsRefused: a replication request whose
 // windows are malformed is refused as a whole and changes nothing.
 func TestReplicateMalformedWindowsRefused(t *testing.T) {
-	t.Parallel()
 	n0, n1, key, pid, epoch, _ := copiedKey(t, "mw")
 	st := stateToWire(shard.KeyState{Key: key, Algorithm: shard.SlidingLog, Runs: []shard.Run{{Count: 5}}})
 	srv := &server{n: n1}
@@ -841,7 +837,6 @@ func TestReplicateMalformedWindowsRefused(t *testing.T) {
 // SYNC_BEGIN at epoch 0 is malformed; it is refused and changes nothing
 // (before, the receiver worked out the holder's epoch as 0 − 1, wrapped).
 func TestCopyAtEpochZeroRefused(t *testing.T) {
-	t.Parallel()
 	pols := map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}}
 	c := startCluster(t, 2, Config{Policies: pols})
 	n0, n1 := c.nodes[0], c.nodes[1]

@@ -47,7 +47,6 @@ func badKeys() []struct {
 // and on one owned by the other node, and checks each is refused with the
 // right sentinel and records nothing.
 func TestInputAllow(t *testing.T) {
-	t.Parallel()
 	const limit = 5
 	c := startCluster(t, 2, Config{Policies: map[string]PolicyConfig{"p": {Limit: limit, Window: time.Minute}}})
 	via := c.nodes[0]
@@ -110,7 +109,6 @@ func TestInputAllow(t *testing.T) {
 // TestInputWire sends bad input over gRPC: to the peer service (Check) and
 // to the public RateLimiter service.
 func TestInputWire(t *testing.T) {
-	t.Parallel()
 	const limit = 5
 	c := startCluster(t, 2, Config{Policies: map[string]PolicyConfig{"p": {Limit: limit, Window: time.Minute}}})
 	nd := c.nodes[0]
@@ -303,7 +301,6 @@ func TestInputConfig(t *testing.T) {
 // cluster's: memberlist cannot decrypt its join, so New fails, having
 // released everything it started.
 func TestInputGossipKey(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 1, Config{GossipKey: []byte("0123456789abcdef")})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -387,7 +384,6 @@ func (w *logWatch) Handle(_ context.Context, r slog.Record) error {
 // mismatch and leaves the other out of its ring, so it never owns a key of
 // the cluster's. (Another policy table is no mismatch: TestPolicyRolling.)
 func TestInputFingerprintMismatch(t *testing.T) {
-	t.Parallel()
 	const msg = "member ignored: placement fingerprint differs"
 	watches := []*logWatch{newLogWatch(msg), newLogWatch(msg)}
 	c := startClusterWith(t, 2, Config{

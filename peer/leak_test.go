@@ -54,7 +54,6 @@ const leakGrace = 5 * time.Second
 // TestCloseIdempotent checks that Close can be called repeatedly and
 // concurrently with one result, and that Allow afterwards returns ErrClosed.
 func TestCloseIdempotent(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 2, Config{Policies: map[string]PolicyConfig{"p": {Limit: 5, Window: time.Minute}}})
 	nd := c.nodes[0]
 	local := pmKeyOwnedBy(t, nd, "p", nd.Name())

@@ -133,7 +133,6 @@ func awaitDecision(t *testing.T, nd *Node, key Key, what string) Decision {
 // TestLogClusterExactlyLimit: three log-owned nodes admit exactly the
 // limit of one key through all of them, decided at one point.
 func TestLogClusterExactlyLimit(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 3, logConfig(100, time.Minute))
 	key := Key{Tenant: "acme", Subject: "user-1", Policy: "api"}
 	admitted, owners := allowN(t, c.nodes, key, 300)
@@ -290,7 +289,6 @@ func TestLogTakeoverKeepsState(t *testing.T) {
 // TestLogLeaveMovesState closes the holder gracefully: its partitions
 // move, the key stays at its limit, and the move costs no decision.
 func TestLogLeaveMovesState(t *testing.T) {
-	t.Parallel()
 	metrics := newHoMetrics()
 	cfg := logConfig(10, time.Minute)
 	cfg.Metrics = metrics
@@ -630,7 +628,6 @@ func TestLogLocalPathAllocs(t *testing.T) {
 // authentication as every peer RPC, so a cluster with a peer secret
 // settles and decides.
 func TestLogWithPeerAuth(t *testing.T) {
-	t.Parallel()
 	cfg := logConfig(10, time.Minute)
 	cfg.PeerSecret = []byte("0123456789abcdef0123456789abcdef")
 	c := startCluster(t, 3, cfg)
@@ -709,7 +706,6 @@ func TestLogTwoMembersLearnerCrash(t *testing.T) {
 // two, leaves gracefully: the learner is made a voter before the founder
 // goes, so the log keeps a majority and the member left decides alone.
 func TestLogTwoMembersVoterLeaves(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 2, logConfig(5, time.Hour))
 	n0, n1 := c.nodes[0], c.nodes[1]
 	waitFor(t, 20*time.Second, "both nodes settled", func() bool { return n0.Settled() && n1.Settled() })
@@ -934,7 +930,6 @@ func raftCounter(t *testing.T, reg *prometheus.Registry, name, kind string) (flo
 // and as each node's ringlimit_raft_* counters, and the counts keep
 // growing at rest (heartbeats, liveness extensions).
 func TestLogRaftTrafficMetrics(t *testing.T) {
-	t.Parallel()
 	regs := make([]*prometheus.Registry, 3)
 	c := startClusterWith(t, 3, logConfig(100, time.Minute), func(i int, cfg *Config) {
 		regs[i] = prometheus.NewRegistry()

@@ -17,7 +17,6 @@ import (
 // more than its limit, and each policy's log must hold exactly the admitted
 // requests (none admitted by one policy's log but refused overall).
 func TestMultiPolicyAtomic(t *testing.T) {
-	t.Parallel()
 	const perSecond, perMinute = 5, 12
 	clk := &hoClock{}
 	c := startCluster(t, 3, Config{
@@ -255,7 +254,6 @@ func TestRefundReplicated(t *testing.T) {
 // the resend, and is counted as resent (Forward outcome "resent": it may
 // count twice).
 func TestRefundNotResentAfterUnknownOutcome(t *testing.T) {
-	t.Parallel()
 	m := newHoMetrics()
 	c := startCluster(t, 3, Config{
 		Metrics:        m,

@@ -541,7 +541,6 @@ func TestHandoffJoinLeaveRollingWindow(t *testing.T) {
 // rebased by the admissions' age), not a nanosecond earlier, and be
 // admitted again at t + W.
 func TestHandoffClockSkew(t *testing.T) {
-	t.Parallel()
 	const limit, window = 5, time.Minute
 	for _, tc := range []struct {
 		name     string

@@ -138,7 +138,6 @@ func countIn(ts []int64, t int64, w time.Duration) int {
 // compared round by round with the sequential reference model, exactly, and
 // the owners' logs are compared with the model's at the end.
 func TestPromiseRounds(t *testing.T) {
-	t.Parallel()
 	const (
 		limit          = 10
 		window         = 100 * time.Millisecond
@@ -417,7 +416,6 @@ func TestPromiseFreeRunning(t *testing.T) {
 // hour ahead neither expires the owner's log early nor shifts RetryAfter,
 // and one an hour behind does not extend it.
 func TestPromiseOwnerClock(t *testing.T) {
-	t.Parallel()
 	const (
 		limit  = 3
 		window = 10 * time.Second
@@ -475,7 +473,6 @@ func TestPromiseOwnerClock(t *testing.T) {
 // refusals come back Allowed with ReasonShadow, but only real admissions
 // are recorded, so Remaining and later decisions reflect the real count.
 func TestPromiseShadow(t *testing.T) {
-	t.Parallel()
 	const (
 		limit  = 3
 		window = time.Minute
@@ -577,7 +574,6 @@ func TestDecidedAtIsTheRecordedTime(t *testing.T) {
 // time, the backup's record of the other policy would expire before the
 // holder's, so a takeover could admit it early.
 func TestMultiDecidedAtIsTheRecordedTime(t *testing.T) {
-	t.Parallel()
 	clk := &hoClock{}
 	c := startCluster(t, 2, Config{Clock: clk.Now, Gossip: hoGossip, Policies: map[string]PolicyConfig{
 		"a": {Limit: 10, Window: time.Minute, Resolution: time.Nanosecond},

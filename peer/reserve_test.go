@@ -19,7 +19,6 @@ import (
 // limit), expired unsettled (the estimate stands, a late settle changes
 // nothing), and the bad inputs.
 func TestReserveSettle(t *testing.T) {
-	t.Parallel()
 	clk := &hoClock{}
 	c := startCluster(t, 3, Config{
 		Clock: clk.Now,
@@ -145,7 +144,6 @@ func TestReservationSurvivesTakeover(t *testing.T) {
 // key's holder, and a repeated settle is harmless; the overage is counted
 // in the node's metrics.
 func TestClientReserveSettle(t *testing.T) {
-	t.Parallel()
 	metrics, err := NewPrometheusMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -179,7 +177,6 @@ func TestClientReserveSettle(t *testing.T) {
 // through the node's AuthorizeReset, and decides a batch of independent
 // requests, one bad request failing alone.
 func TestClientResetAndBatch(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t, 3, Config{
 		Policies: map[string]PolicyConfig{"q": {Limit: 2, Window: time.Minute}},
 		AuthorizeReset: func(ctx context.Context) error {

@@ -239,7 +239,6 @@ func TestSpreadConfigErrors(t *testing.T) {
 // holder keeps charging them: no window, by the direct rule over
 // call–return intervals, holds more than the limit across the move.
 func TestSpreadHolderMoves(t *testing.T) {
-	t.Parallel()
 	const limit, window = 200, 300 * time.Millisecond
 	c := startCluster(t, 4, Config{Policies: map[string]PolicyConfig{
 		"hot": {Limit: limit, Window: window, Spread: SpreadAuto, SpreadThreshold: 50, Replication: ReplicateSync},
@@ -318,7 +317,6 @@ func TestSpreadTableCap(t *testing.T) {
 // the holder stops charging too early; the grantee must forward the
 // request instead, and its holder decides it.
 func TestSpreadGranteePausePastDeadline(t *testing.T) {
-	t.Parallel()
 	const lease = 400 * time.Millisecond
 	cfg := logConfig(100, time.Minute)
 	cfg.Policies = map[string]PolicyConfig{"hot": {Limit: 100, Window: time.Minute, Spread: SpreadAuto, SpreadThreshold: 1, SpreadLease: lease, Replication: ReplicateSync}}
