@@ -45,7 +45,9 @@ import (
 // an election after 10 ticks (0.5 s) without a leader, randomized up to
 // twice that. The election must end well within a holder's lease (9/10 of
 // LeaseDuration from its last extension, sent every third of it): a new
-// leader makes every member extend at once.
+// leader makes every member extend at once. What a commit, a new leader
+// or a gossip view makes possible (a grant, a copy, a handoff) does not
+// wait for a tick: the runner acts on it once it has caught up.
 const (
 	logTick      = 50 * time.Millisecond
 	logHeartbeat = 2
