@@ -266,11 +266,21 @@ func (c *cluster) waitMembers(want int) {
 // checks; it never sleeps a fixed time before asserting.
 func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	waitForWhy(t, d, what, cond, nil)
+}
+
+// waitForWhy is waitFor whose failure adds what why says (when not nil)
+// about the state that kept cond from holding.
+func waitForWhy(t testing.TB, d time.Duration, what string, cond func() bool, why func() string) {
+	t.Helper()
 	deadline := time.Now().Add(d)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for !cond() {
 		if time.Now().After(deadline) {
+			if why != nil {
+				t.Fatalf("timed out after %v waiting for %s: %s", d, what, why())
+			}
 			t.Fatalf("timed out after %v waiting for %s", d, what)
 		}
 		<-tick.C

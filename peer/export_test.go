@@ -236,6 +236,25 @@ func (n *Node) unsettledForTest() string {
 	return fmt.Sprintf("%s: settled %v, voters %d, %d unsettled%s; raft %+v; %s", n.name, n.Settled(), n.lo.run.Voters(), shown, b.String(), n.RaftTraffic(), n.lo.run.Describe(ctx))
 }
 
+// heldForTest describes what n still holds and why up to three of those
+// partitions have not moved, for failure messages of a leave.
+func (n *Node) heldForTest() string {
+	parts, keys := n.heldPartitions()
+	var pids []int
+	for p := range n.pt.parts {
+		pt := &n.pt.parts[p]
+		pt.mu.RLock()
+		if (pt.role == roleHolder || pt.role == roleFenced) && len(pids) < 3 {
+			pids = append(pids, p)
+		}
+		pt.mu.RUnlock()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return fmt.Sprintf("%s holds %d partitions (%d keys): %s; raft %+v; %s", n.name, parts, keys,
+		strings.Join(n.lo.run.Explain(ctx, pids), "; "), n.RaftTraffic(), n.lo.run.Describe(ctx))
+}
+
 // partForTest describes partition pid as n knows it, for failure messages.
 func (n *Node) partForTest(pid int) string {
 	v := n.view.Load()

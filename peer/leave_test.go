@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -167,9 +168,31 @@ func leaveWithTheOnlyCopy(t *testing.T, n0, n1 *Node, pid int) <-chan error {
 		defer cancel()
 		closed <- n1.Close(ctx)
 	}()
-	waitFor(t, 20*time.Second, n1.Name()+" to hand on what it holds", func() bool {
+	waitForWhy(t, 20*time.Second, n1.Name()+" to hand on what it holds", func() bool {
 		held, _ := n1.heldPartitions()
 		return held == 0
-	})
+	}, n1.heldForTest)
 	return closed
+}
+
+// TestCloseDeadlineExplainsWhatIsHeld checks that a graceful leave cut
+// short by its deadline says, besides how much it still held, what the
+// partitions wait for: here the copies to their target, which all fail.
+func TestCloseDeadlineExplainsWhatIsHeld(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t, 2, Config{})
+	n1 := c.nodes[1]
+	n1.setCopyUnsentForTest(func(int, string) bool { return true })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	err := n1.Close(ctx)
+	if err == nil {
+		t.Fatal("Close returned nil though no partition could be copied off n1")
+	}
+	t.Logf("Close: %v", err)
+	for _, want := range []string{"still held at the close deadline", `holder "` + n1.lo.self + `"`, `target "` + c.nodes[0].lo.self + `" fresh true`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Close's error %q lacks %q", err, want)
+		}
+	}
 }

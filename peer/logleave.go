@@ -7,6 +7,7 @@ package peer
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -95,7 +96,7 @@ func (lo *logOwner) drain(ctx context.Context) error {
 				n.log.Warn("left while still the backup of partitions: their holders copy them elsewhere once this member's liveness ends", "partitions", backs)
 				return nil
 			}
-			return fmt.Errorf("peer: %d partitions (%d keys) still held at the close deadline: %w", parts, keys, ctx.Err())
+			return fmt.Errorf("peer: %d partitions (%d keys) still held at the close deadline (%s): %w", parts, keys, lo.explainHeld(3), ctx.Err())
 		}
 	}
 }
@@ -151,4 +152,25 @@ func pollUntil(ctx context.Context, d time.Duration, cond func() bool) bool {
 		}
 	}
 	return true
+}
+
+// explainHeld describes up to limit of the partitions that still depend on
+// this member as their holder, as its machine sees them, for the error of
+// a drain its deadline cut short: an operator reads from it what each
+// waits for (a target not yet live, a copy under way, a proposal not yet
+// committed). It asks the runner within a second of its own.
+func (lo *logOwner) explainHeld(limit int) string {
+	var pids []int
+	for p := range lo.n.pt.parts {
+		if lo.run.Part(p).Held && len(pids) < limit {
+			pids = append(pids, p)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	ex := lo.run.Explain(ctx, pids)
+	if ex == nil {
+		return "the ownership log did not answer"
+	}
+	return strings.Join(ex, "; ")
 }

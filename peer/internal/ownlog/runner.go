@@ -244,6 +244,22 @@ func (r *Runner) OfferCopy(ctx context.Context, p int, from string, epoch, seq u
 	return ok
 }
 
+// Explain describes each of the partitions pids as the machine sees them
+// now (ownership.Machine.Explain), from the runner's goroutine, for
+// operators and failure messages; nil when the runner did not answer
+// within ctx.
+func (r *Runner) Explain(ctx context.Context, pids []int) []string {
+	out, _ := ask(ctx, r, func() []string {
+		now, own := r.mono(), r.m.Own()
+		out := make([]string, len(pids))
+		for i, p := range pids {
+			out[i] = own.Explain(p, now)
+		}
+		return out
+	})
+	return out
+}
+
 // Table returns a copy of the applied table, for status pages and tests.
 func (r *Runner) Table(ctx context.Context) (*ownership.Table, bool) {
 	return ask(ctx, r, func() *ownership.Table { return r.m.Own().Table().Clone() })
