@@ -224,9 +224,11 @@ func (m *Machine) Counters() Counters { return m.count }
 // LiveUntil returns the end of the member's own lease (monotonic ns).
 func (m *Machine) LiveUntil() int64 { return m.liveUntil }
 
-// Gen counts the calls that may have changed the table or what MayDecide
-// (its lease aside) and Has answer: while Gen is unchanged, so are they,
-// and a driver that publishes them need not look again.
+// Gen counts the calls that may have changed the table's partitions or
+// a partition's Standing (what MayDecide, its lease aside, Has and
+// DependsOn answer): while Gen is unchanged, so are they, and a driver
+// that publishes them need not look again. Extensions, leadership and
+// most ticks do not move it.
 func (m *Machine) Gen() uint64 { return m.gen }
 
 // SetLeader tells the machine, at now, whether its member leads the log;
@@ -235,7 +237,6 @@ func (m *Machine) Gen() uint64 { return m.gen }
 // Liveness from now: while no leader committed anything (an election)
 // nobody could extend, and ending everyone then would only churn.
 func (m *Machine) SetLeader(leader bool, now int64) {
-	m.gen++
 	if leader && !m.leader {
 		for _, s := range m.seen {
 			s.at = max(s.at, now)
@@ -433,7 +434,12 @@ func (m *Machine) OfferCopy(p int, from string, epoch, seq uint64) bool {
 // member's monotonic time), and returns the actions it implies here. A
 // command the table refuses changes nothing but may still settle a fence.
 func (m *Machine) Apply(c Command, now int64) []Action {
-	m.gen++
+	if c.Kind != Extend {
+		// An extension changes a record's version and, for this
+		// member's own, its lease: no partition, no Standing (the lease
+		// is read apart: LiveUntil).
+		m.gen++
+	}
 	before := m.table.Parts
 	var snapshot []Partition
 	if c.Kind == End {
@@ -671,7 +677,6 @@ func (m *Machine) fresh(id string, now int64) bool {
 // leader, end expired liveness, grant vacant partitions and propose Joins
 // for members gossip lists.
 func (m *Machine) Tick(now int64) []Action {
-	m.gen++
 	var acts []Action
 	self := m.cfg.ID
 	rec, joined := m.table.Members[self]
@@ -688,7 +693,15 @@ func (m *Machine) Tick(now int64) []Action {
 		acts = append(acts, Action{Kind: Propose, Cmd: Command{Kind: Extend, Member: self, Epoch: rec.Epoch, Seq: m.seq}})
 	}
 	for p := range m.parts {
+		// Of what Tick changes, only a fence begun or lifted and a
+		// re-copy owed or done change a Standing (Gen): most ticks
+		// change none, and a runner need not rebuild what it publishes.
+		l := &m.parts[p]
+		fenced, recopy := l.fence != fenceNone, l.recopy
 		acts = m.tickPartition(p, now, acts)
+		if (l.fence != fenceNone) != fenced || l.recopy != recopy {
+			m.gen++
+		}
 	}
 	if m.leader {
 		acts = m.lead(now, acts)

@@ -193,7 +193,8 @@ type Result struct {
 	// Rights granted to spread the first key, and those admitted from.
 	Granted, Used int64
 	// Misstood counts partitions whose Machine.Standings (what the
-	// runner publishes) differed from the machine's own answers.
+	// runner publishes) differed from the machine's own answers, or
+	// changed while Machine.Gen (when the runner rebuilds them) did not.
 	Misstood int
 	// Pokes counts the early periodic steps members ran between ticks
 	// (Member.Poke), as a node's runner runs them.
@@ -300,8 +301,9 @@ type sim struct {
 	granted, used int64 // rights of the spread key
 
 	// misstood counts partitions whose Machine.Standings differed from
-	// Has, MayDecide and DependsOn asked one by one (checked after every
-	// output a member carries).
+	// Has, MayDecide and DependsOn asked one by one, or changed while the
+	// machine's Gen did not (checked after every output a member
+	// carries).
 	misstood int
 	pokes    int // Member.Poke calls (Result.Pokes)
 }
@@ -397,6 +399,18 @@ type member struct {
 	detect          int64
 	rights          map[string]*rights // the spread key's rights, as a grantee
 	poking          bool               // an early periodic step (Member.Poke) is scheduled
+	// stood is each partition as a node's runner last published it, at
+	// the machine's Gen stoodGen (stoodAt: set once).
+	stood    []stood
+	stoodGen uint64
+	stoodAt  bool
+}
+
+// stood is what a node's runner publishes of one partition.
+type stood struct {
+	holder, backup string
+	epoch          uint64
+	st             ownership.Standing
 }
 
 // entry is one admission of hits at ts, or (grant) one grant of hits
@@ -521,6 +535,21 @@ func (m *member) carry(out ownlog.Output) {
 			s.misstood++
 		}
 	})
+	// A node's runner rebuilds what it publishes only when the machine's
+	// Gen moved, with the lease left out (readers check it): a partition
+	// that changed while Gen stood still would be decided on stale.
+	gen := m.own.Gen()
+	if m.stood == nil {
+		m.stood = make([]stood, len(m.stores))
+	}
+	m.own.Standings(min(now, m.own.LiveUntil()-1), func(p int, pt *ownership.Partition, st ownership.Standing) {
+		cur := stood{pt.Holder, pt.Backup, pt.Epoch, st}
+		if m.stoodAt && gen == m.stoodGen && cur != m.stood[p] {
+			s.misstood++
+		}
+		m.stood[p] = cur
+	})
+	m.stoodGen, m.stoodAt = gen, true
 	for p := range m.stores {
 		holds := t.Holds(m.id, p)
 		if s.o.Mutation == MutTakeoverEmpty && !m.held[p] && holds && t.Parts[p].Backup == "" && m.wasBackup[p] {
