@@ -190,7 +190,7 @@ func TestCloseDeadlineExplainsWhatIsHeld(t *testing.T) {
 		t.Fatal("Close returned nil though no partition could be copied off n1")
 	}
 	t.Logf("Close: %v", err)
-	for _, want := range []string{"still held at the close deadline", `holder "` + n1.lo.self + `"`, `target "` + c.nodes[0].lo.self + `" fresh true`} {
+	for _, want := range []string{"still held at the close deadline", `holder "` + n1.lo.self + `"`, `target "` + c.nodes[0].lo.self + `" fresh true`, "term ", " commit "} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("Close's error %q lacks %q", err, want)
 		}

@@ -158,7 +158,8 @@ func pollUntil(ctx context.Context, d time.Duration, cond func() bool) bool {
 // this member as their holder, as its machine sees them, for the error of
 // a drain its deadline cut short: an operator reads from it what each
 // waits for (a target not yet live, a copy under way, a proposal not yet
-// committed). It asks the runner within a second of its own.
+// committed), then the log's state (term, leader, commit). It asks the
+// runner within a second of its own.
 func (lo *logOwner) explainHeld(limit int) string {
 	var pids []int
 	for p := range lo.n.pt.parts {
@@ -172,5 +173,8 @@ func (lo *logOwner) explainHeld(limit int) string {
 	if ex == nil {
 		return "the ownership log did not answer"
 	}
-	return strings.Join(ex, "; ")
+	// The log's state says whether commits still reach this member: a
+	// proposal that never commits, a target never fresh, is one without
+	// a leader or cut off from it.
+	return strings.Join(append(ex, lo.run.Describe(ctx)), "; ")
 }

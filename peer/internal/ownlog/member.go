@@ -177,7 +177,7 @@ func (m *Member) Voters(members int) (have, want int) {
 // learners, commit), for status pages and test failures.
 func (m *Member) Describe() string {
 	st := m.rn.Status()
-	return fmt.Sprintf("raft %016x: %v term %d leader %016x commit %d applied %d voters %v learners %v",
+	return fmt.Sprintf("raft %016x: %v term %d leader %016x commit %d applied %d voters %016x learners %016x",
 		m.cfg.RaftID, st.RaftState, st.HardState.GetTerm(), st.Lead, st.HardState.GetCommit(), m.applied, sorted(st.Config.Voters.IDs()), sorted(st.Config.Learners))
 }
 
