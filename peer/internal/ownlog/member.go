@@ -496,14 +496,6 @@ func (m *Member) autopilot(now int64) {
 			m.out.ConfChanges++
 		}
 	}
-	byID := map[uint64]Peer{}
-	for _, p := range m.roster {
-		byID[p.RaftID] = p
-		if !p.Gone && !p.Leaving && !in(p.RaftID) && m.own.Table().Members[p.Member] != nil {
-			propose(pb.ConfChangeAddLearnerNode, p.RaftID)
-			return
-		}
-	}
 	// A leaving member stays in the log until its liveness has ended: it
 	// must still learn that its holdings and backups moved off it, and
 	// it ends its own liveness last. An incarnation the table ended for
@@ -511,6 +503,18 @@ func (m *Member) autopilot(now int64) {
 	done := func(p Peer) bool {
 		rec := m.own.Table().Members[p.Member]
 		return p.Gone || rec != nil && rec.Ended || p.Leaving && rec == nil
+	}
+	byID := map[uint64]Peer{}
+	for _, p := range m.roster {
+		byID[p.RaftID] = p
+		// Every member the table lists and that is not done is in the
+		// log, a leaver too: one removed as a silent voter (paused,
+		// cut off) while it drained would otherwise never see its moves
+		// commit nor anyone extend, and its leave would stall.
+		if !done(p) && !in(p.RaftID) && m.own.Table().Members[p.Member] != nil {
+			propose(pb.ConfChangeAddLearnerNode, p.RaftID)
+			return
+		}
 	}
 	for _, id := range sorted(learners) {
 		if p, ok := byID[id]; ok && done(p) {

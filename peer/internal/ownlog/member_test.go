@@ -323,3 +323,57 @@ func TestLeaderLeavingPastADeadVoter(t *testing.T) {
 		t.Fatalf("m%d's liveness no longer extends once the leaver m%d is cut off beside dead m%d: %s", live, lead, dead, c.members[live].Describe())
 	}
 }
+
+// TestLeaverCutOffComesBack: of voters m1, m2, m3 and learner m4, m2
+// leaves gracefully and autopilot promotes m4 in its place: four voters,
+// one more than wanted. Then m2, still draining, falls silent for a while
+// (a loaded machine, a stream that broke) and autopilot removes it as the
+// silent voter. Once it answers again it must come back as a learner:
+// until its liveness ends it still holds partitions, and a member the log
+// no longer sends anything never sees its moves commit nor anyone extend,
+// so its graceful leave stalls until its deadline.
+func TestLeaverCutOffComesBack(t *testing.T) {
+	c := newClusterConf(t, 4, &pb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}})
+	c.run(5 * time.Second)
+	var leaver uint64
+	for id := uint64(1); id <= 3; id++ {
+		if !c.members[id].Leader() {
+			leaver = id
+			break
+		}
+	}
+	roster := c.roster()
+	roster[leaver-1].Leaving = true
+	for _, m := range c.members {
+		m.SetView(ownership.View{Members: []string{"m1", "m2", "m3", "m4"}, Target: []string{"m4", "m4", "m4", "m4"}}, roster)
+	}
+	for end := c.now + int64(5*time.Second); !c.members[4].Voter(); {
+		if c.now > end {
+			t.Fatalf("m4 not promoted in the leaver's place: %s", c.members[1].Describe())
+		}
+		c.run(100 * time.Millisecond)
+	}
+	c.down[leaver] = true
+	other := leaver%4 + 1
+	in := func(id uint64) bool {
+		cs := c.members[other].conf
+		return slices.Contains(cs.GetVoters(), id) || slices.Contains(cs.GetLearners(), id)
+	}
+	for end := c.now + int64(5*time.Second); in(leaver); {
+		if c.now > end {
+			t.Fatalf("the silent leaver m%d was not removed: %s", leaver, c.members[other].Describe())
+		}
+		c.run(100 * time.Millisecond)
+	}
+	c.down[leaver] = false
+	lv := c.members[leaver]
+	for end := c.now + int64(5*time.Second); !in(leaver) || !lv.Own().Fresh("m"+fmt.Sprint(other), c.now); {
+		if c.now > end {
+			t.Fatalf("m%d, leaving, answers again but is not back in the log (or does not see m%d extend): %s; its own: %s", leaver, other, c.members[other].Describe(), lv.Describe())
+		}
+		c.run(100 * time.Millisecond)
+	}
+	if lv.Voter() {
+		t.Errorf("the leaver came back as a voter: %s", lv.Describe())
+	}
+}
