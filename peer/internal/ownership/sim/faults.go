@@ -109,6 +109,27 @@ func (s *sim) planFault(warm int64) {
 			victim.leaving = true
 			s.note("leave %s (gracefully: its partitions move first)", victim.id)
 			s.drain(victim, s.now)
+		case FaultLeaverPause:
+			// A voter that holds partitions, not the leader: its
+			// replacement is promoted as it leaves, and with a voter
+			// more than wanted a silent one is removed first.
+			for _, id := range s.sortedIDs() {
+				m := s.members[id]
+				held, _ := m.own.Depends()
+				if m.log.Voter() && !m.log.Leader() && held > 0 {
+					victim = m
+					break
+				}
+			}
+			victim.leaving = true
+			s.note("leave %s (gracefully: its partitions move first)", victim.id)
+			s.drain(victim, s.now)
+			s.at(span(10*time.Millisecond, 150*time.Millisecond), func() {
+				d := span(time.Second, 3*time.Second)
+				victim.paused = s.now + d
+				s.note("pause %s, draining, for %v", victim.id, time.Duration(d))
+				s.extendEnd(d)
+			})
 		case FaultLeave:
 			victim.leaving = true
 			s.note("leave %s (gracefully: its partitions move first)", victim.id)
@@ -125,6 +146,14 @@ func (s *sim) drain(m *member, since int64) {
 	if m.crashed {
 		return
 	}
+	if m.paused > s.now {
+		// A paused process does not run its drain; its deadline, a
+		// caller's context, is pushed back by the pause here, so that
+		// what is checked is whether the leave finishes once it runs.
+		d := m.paused - s.now
+		s.at(d, func() { s.drain(m, since+d) })
+		return
+	}
 	held, backed := m.own.Depends()
 	switch {
 	case held == 0 && (backed == 0 || s.now-since >= int64(2*time.Second)):
@@ -136,6 +165,9 @@ func (s *sim) drain(m *member, since int64) {
 		})
 	case s.now-since >= int64(4*time.Second):
 		s.note("%s stops at its close deadline, holding %d", m.id, held)
+		if held > 0 {
+			s.stalled++
+		}
 		s.crash(m)
 	default:
 		s.at(int64(50*time.Millisecond), func() { s.drain(m, since) })

@@ -63,9 +63,16 @@ const (
 	// and the leaver stops deciding at its close deadline); what it
 	// costs is availability, which Result.Unavailable reports.
 	FaultLeavePause = numFaults + 1
+	// FaultLeaverPause is a graceful leave of a voter (not the leader)
+	// that holds partitions and pauses for 1-3 s while it drains (a loaded machine, a stop-the-world pause):
+	// one fault. Its close deadline waits out the pause, and its leave
+	// must still finish: a leaver the log stopped sending to would see
+	// no move commit, and stop at its deadline holding partitions
+	// (Result.Stalled).
+	FaultLeaverPause = numFaults + 2
 )
 
-var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash", "double crash", "leave while the backup pauses"}
+var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash", "double crash", "leave while the backup pauses", "leave, pausing while it drains"}
 
 func (f Fault) String() string { return faultNames[f] }
 
@@ -199,6 +206,9 @@ type Result struct {
 	// Pokes counts the early periodic steps members ran between ticks
 	// (Member.Poke), as a node's runner runs them.
 	Pokes int
+	// Stalled counts graceful leaves that reached their close deadline
+	// still holding partitions.
+	Stalled int
 }
 
 // Failed reports whether the run broke the promise or an invariant.
@@ -209,8 +219,8 @@ func (r Result) Failed() bool {
 // String tells the run in a few lines, with its schedule.
 func (r Result) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d fault %s: %d ops (%d admitted, %d unknown), %d events, %d messages, %d commands, lost %d, missing copies %d, misstood %d, longest unavailable %v\n",
-		r.Seed, r.Fault, r.Report.Ops, r.Report.Admitted, r.Report.Unknown, r.Events, r.Messages, r.Commands, r.Lost, r.Counters.MissingCopy, r.Misstood, r.Unavailable)
+	fmt.Fprintf(&b, "seed %d fault %s: %d ops (%d admitted, %d unknown), %d events, %d messages, %d commands, lost %d, missing copies %d, misstood %d, stalled leaves %d, longest unavailable %v\n",
+		r.Seed, r.Fault, r.Report.Ops, r.Report.Admitted, r.Report.Unknown, r.Events, r.Messages, r.Commands, r.Lost, r.Counters.MissingCopy, r.Misstood, r.Stalled, r.Unavailable)
 	for _, s := range r.Schedule {
 		fmt.Fprintf(&b, "  %s\n", s)
 	}
@@ -242,6 +252,7 @@ func Run(o Options) Result {
 	res.Granted, res.Used = s.granted, s.used
 	res.Misstood = s.misstood
 	res.Pokes = s.pokes
+	res.Stalled = s.stalled
 	return res
 }
 
@@ -306,6 +317,7 @@ type sim struct {
 	// carries).
 	misstood int
 	pokes    int // Member.Poke calls (Result.Pokes)
+	stalled  int // leaves stopped at their close deadline (Result.Stalled)
 }
 
 const (
