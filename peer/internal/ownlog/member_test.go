@@ -98,6 +98,18 @@ func (c *cluster) leaveThenCheckMajority(id, other uint64) {
 	}
 }
 
+// until runs the cluster 100 ms at a time until cond holds, failing the
+// test with why() after d of virtual time.
+func (c *cluster) until(d time.Duration, cond func() bool, why func() string) {
+	c.t.Helper()
+	for end := c.now + int64(d); !cond(); {
+		if c.now > end {
+			c.t.Fatal(why())
+		}
+		c.run(100 * time.Millisecond)
+	}
+}
+
 // roster is every member, none gone or leaving.
 func (c *cluster) roster() []Peer {
 	var r []Peer
@@ -309,12 +321,7 @@ func TestLeaderLeavingPastADeadVoter(t *testing.T) {
 	for _, m := range c.members {
 		m.SetView(ownership.View{Members: []string{"m1", "m2", "m3", "m4"}, Target: []string{"m4", "m4", "m4", "m4"}}, roster)
 	}
-	for end := c.now + int64(5*time.Second); !c.members[4].Voter(); {
-		if c.now > end {
-			t.Fatalf("m4 not promoted in the leaver's place: %s", c.members[lead].Describe())
-		}
-		c.run(100 * time.Millisecond)
-	}
+	c.until(5*time.Second, c.members[4].Voter, func() string { return "m4 not promoted in the leaver's place: " + c.members[lead].Describe() })
 	c.run(2 * time.Second)
 	c.down[lead] = true // the others declare the leaver failed
 	before := c.members[live].Own().LiveUntil()
@@ -347,12 +354,7 @@ func TestLeaverCutOffComesBack(t *testing.T) {
 	for _, m := range c.members {
 		m.SetView(ownership.View{Members: []string{"m1", "m2", "m3", "m4"}, Target: []string{"m4", "m4", "m4", "m4"}}, roster)
 	}
-	for end := c.now + int64(5*time.Second); !c.members[4].Voter(); {
-		if c.now > end {
-			t.Fatalf("m4 not promoted in the leaver's place: %s", c.members[1].Describe())
-		}
-		c.run(100 * time.Millisecond)
-	}
+	c.until(5*time.Second, c.members[4].Voter, func() string { return "m4 not promoted in the leaver's place: " + c.members[1].Describe() })
 	c.down[leaver] = true
 	other := leaver%4 + 1
 	in := func(id uint64) bool {
