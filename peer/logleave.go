@@ -9,11 +9,16 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 )
 
 // drain lets the machine move every partition this node holds: the node
 // is already out of its own ring, so every target is another member. It
-// waits until the node holds nothing, nobody else is left, or ctx ends.
+// waits until the machine says the member may end its liveness
+// (ownership.Machine.MayLeave: nothing depends on it, or only backups of
+// holders that showed they are alive), the whole cluster is stopping, or
+// ctx ends.
 func (lo *logOwner) drain(ctx context.Context) error {
 	n := lo.n
 	n.excludeSelf(ctx)
@@ -21,77 +26,62 @@ func (lo *logOwner) drain(ctx context.Context) error {
 	defer t.Stop()
 	// How long, once it holds nothing, the member waits for its holders
 	// to move their backups off it before it leaves anyway.
-	backupWait := max(10*n.cfg.LeaseDuration, 5*time.Second)
-	var emptySince time.Time
+	d := ownership.Drain{Since: n.mono(), BackupWait: max(10*n.cfg.LeaseDuration, 5*time.Second)}
+	aloneSaid := false
 	for {
 		v := n.view.Load()
-		// What depends on this member is the machine's rule (DependsOn):
-		// a vacancy kept for its state counts as held (the log grants it
-		// back, then it moves on), and a copy a holder may yet commit it
-		// backup with counts as backed (until it resolves, that holder's
-		// failure could hand the partition here after this check).
-		_, keys := n.heldPartitions()
-		parts, backs := 0, 0
-		for p := range n.pt.parts {
-			st := lo.run.Part(p)
-			if st.Held {
-				parts++
-			}
-			if st.Backed {
-				backs++
-			}
-		}
-		if len(v.alive) <= 1 {
-			// Alone as gossip sees it (which also makes the view
-			// stopping: no member left to be a target, so this comes
-			// first). A voter still hands on its vote
-			// while the log has a leader: gossip cut off while the log's
-			// own transport still reaches the others is not the end of
-			// the cluster, and a voter that left without a word while
-			// another voter is dead leaves the log without a majority.
-			// The log may be electing one (its leader has just
-			// crashed, say): wait for one, within two leases.
-			voter := lo.run.Voter() && lo.run.Voters() > 1
-			n.log.Info("leaving while gossip reaches no other member", "voter", voter, "voters", lo.run.Voters(), "leader", lo.run.Lead() != 0)
-			if voter && lo.awaitLeader(ctx, 2*n.cfg.LeaseDuration) {
-				lo.leaveLog(ctx)
-			}
-			return nil
-		}
-		if v.stopping {
+		d.Alive = len(v.alive)
+		if v.stopping && d.Alive > 1 {
 			// Every other member gossip lists is leaving too: the whole
 			// cluster is stopping.
 			return nil
 		}
-		if len(v.alive) == 2 {
-			// One other member: it holds everything once this one's
-			// holdings moved, and there is nobody else to back it up.
-			backs = 0
-		}
-		if parts != 0 {
-			emptySince = time.Time{}
-		} else if emptySince.IsZero() {
-			emptySince = time.Now()
-		}
-		if backs > 0 && parts == 0 && time.Since(emptySince) > backupWait {
-			// Holders that cannot copy elsewhere (their copies fail) would
-			// keep a Close without a deadline waiting for good. Ending
-			// this member's liveness makes them pick another backup; until
-			// one has a copy their synchronous policies are unavailable.
-			n.log.Warn("left while still the backup of partitions: their holders copy them elsewhere now that this member's liveness ends", "partitions", backs, "waited", backupWait)
-			backs = 0
-		}
-		if parts == 0 && backs == 0 {
-			// Nothing depends on this member any more. Leadership goes
-			// first (the log then has a leader again in a round trip, not
-			// an election timeout), then its liveness, for good, so that
-			// nobody waits for it to expire.
+		// What depends on this member is the machine's rule: a vacancy
+		// kept for its state counts as held (the log grants it back,
+		// then it moves on), and a copy a holder may yet commit it
+		// backup with counts as backed. Gossip alone (a cut, or a view
+		// that lost every member while the log answered late) is no
+		// reason to leave: this member may have the only copy.
+		actx, acancel := context.WithTimeout(ctx, time.Second)
+		verdict, parts, backs, ok := lo.run.MayLeave(actx, d)
+		acancel()
+		if ok && verdict != ownership.Stay {
+			if d.Alive <= 1 {
+				// Alone as gossip sees it. A voter still hands on its
+				// vote while the log has a leader: a voter that left
+				// without a word while another voter is dead leaves the
+				// log without a majority. The log may be electing one
+				// (its leader has just crashed, say): wait for one,
+				// within two leases.
+				voter := lo.run.Voter() && lo.run.Voters() > 1
+				n.log.Info("leaving while gossip reaches no other member", "voter", voter, "voters", lo.run.Voters(), "leader", lo.run.Lead() != 0)
+				if voter && !lo.awaitLeader(ctx, 2*n.cfg.LeaseDuration) {
+					return nil
+				}
+			}
+			if verdict == ownership.GoBacking {
+				// Holders that cannot copy elsewhere (their copies fail)
+				// would keep a Close without a deadline waiting for good.
+				// Ending this member's liveness makes them pick another
+				// backup; until one has a copy their synchronous policies
+				// are unavailable.
+				n.log.Warn("left while still the backup of partitions: their holders copy them elsewhere now that this member's liveness ends", "partitions", backs, "waited", time.Duration(n.mono()-d.Since).Round(time.Millisecond))
+			}
+			// Leadership goes first (the log then has a leader again in
+			// a round trip, not an election timeout), then its liveness,
+			// for good, so that nobody waits for it to expire.
 			lo.leaveLog(ctx)
 			return nil
+		}
+		if d.Alive <= 1 && !aloneSaid && ok {
+			aloneSaid = true
+			n.log.Warn("leaving while gossip reaches no other member, with partitions that depend on this member: waiting for gossip or the close deadline",
+				"held", parts, "backed", backs)
 		}
 		select {
 		case <-t.C:
 		case <-ctx.Done():
+			_, keys := n.heldPartitions()
 			if parts == 0 {
 				n.log.Warn("left while still the backup of partitions: their holders copy them elsewhere once this member's liveness ends", "partitions", backs)
 				return nil

@@ -95,6 +95,7 @@ type logOwner struct {
 
 type logKnown struct {
 	raft     uint64
+	addr     string // its RPC address, as gossip last listed it
 	lastLive int64
 	gone     bool
 	leaving  bool
@@ -103,10 +104,19 @@ type logKnown struct {
 }
 
 // logPeers is what the transport and the replication path look up
-// without locks: raft ID → member name, member name → incarnation.
+// without locks: raft ID → member name, member name → incarnation, and
+// member name → RPC address for the log's transport.
+//
+// The log keeps its own addresses: a member gossip declared failed (or
+// never heard from again, its view cut) is still dialed for raft while
+// it is not gone for good. The log's liveness, not gossip, says who is
+// live; a member whose view lost the others must not thereby lose the log
+// too (it could no longer extend, and would be ended with every backup
+// it keeps).
 type logPeers struct {
 	raft map[uint64]string
 	inc  map[string]string
+	addr map[string]string
 }
 
 // maxKnown bounds the incarnations remembered for the roster.
@@ -128,7 +138,7 @@ func newLogOwner(n *Node) (*logOwner, error) {
 	lo := &logOwner{n: n, self: incarnationID(n.name, n.ops.start), ready: make(chan struct{}, 1), done: make(chan struct{}),
 		known: map[string]*logKnown{}, cur: map[string]string{}, restarts: make([]uint64, n.cfg.Ring.PartitionCount),
 		last: make([]ownlog.PartState, n.cfg.Ring.PartitionCount)}
-	lo.peers.Store(&logPeers{raft: map[uint64]string{}, inc: map[string]string{n.name: lo.self}})
+	lo.peers.Store(&logPeers{raft: map[uint64]string{}, inc: map[string]string{n.name: lo.self}, addr: map[string]string{}})
 	cfg := ownlog.Config{RaftID: n.ops.start, Partitions: n.cfg.Ring.PartitionCount, HeartbeatTicks: logHeartbeat,
 		Ownership: ownership.Config{ID: lo.self, Liveness: n.cfg.LeaseDuration}}
 	if len(n.cfg.Join) == 0 {
@@ -269,11 +279,34 @@ func (lo *logOwner) dial(_ context.Context, to uint64) (grpc.ClientConnInterface
 	if !ok {
 		return nil, fmt.Errorf("%w: raft member %016x", errNoPeer, to)
 	}
-	c, err := lo.n.peerClient(name)
+	addr, ok := lo.peers.Load().addr[name]
+	if !ok {
+		c, err := lo.n.peerClient(name)
+		if err != nil {
+			return nil, err
+		}
+		return c.conn, nil
+	}
+	c, err := lo.n.client(name, addr)
 	if err != nil {
 		return nil, err
 	}
 	return c.conn, nil
+}
+
+// withLogAddrs returns alive with the address of every member the log
+// still dials (logPeers), for dropClients: a client the log's transport
+// uses is not stopped because gossip lost its member.
+func (lo *logOwner) withLogAddrs(alive map[string]string) map[string]string {
+	la := lo.peers.Load().addr
+	out := make(map[string]string, len(alive)+len(la))
+	for name, a := range la {
+		out[name] = a
+	}
+	for name, a := range alive {
+		out[name] = a
+	}
+	return out
 }
 
 // incarnation returns member name's current incarnation ("" if unknown).
@@ -320,8 +353,11 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts map[string]u
 			lo.known[id] = k
 		}
 		k.lastLive, k.leaving = now, !isTarget[name]
+		if a := v.alive[name]; a != "" {
+			k.addr = a
+		}
 	}
-	peers := &logPeers{raft: map[uint64]string{}, inc: map[string]string{}}
+	peers := &logPeers{raft: map[uint64]string{}, inc: map[string]string{}, addr: map[string]string{}}
 	var gone []string
 	var roster []ownlog.Peer
 	for id, k := range lo.known {
@@ -337,6 +373,9 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts map[string]u
 			}
 		} else {
 			peers.raft[k.raft] = memberName(id)
+			if k.addr != "" && id == lo.cur[memberName(id)] {
+				peers.addr[memberName(id)] = k.addr
+			}
 		}
 		roster = append(roster, ownlog.Peer{RaftID: k.raft, Member: id, Gone: g, Leaving: k.leaving && failedFor == 0})
 	}

@@ -173,7 +173,20 @@ func (n *Node) keepFailed(failed, members map[string][]byte) map[string][]byte {
 	var keep map[string][]byte
 	for _, id := range ids {
 		name := byID[id]
-		if !fresh[id] {
+		if fresh == nil && !n.freshLost.Load() {
+			// The log did not answer in time (a loaded runner): no
+			// news is not a lapsed liveness. Keep the member for now;
+			// it is looked at again soon. Dropping it made a loaded
+			// member's view lose every other one at once, and a
+			// leaver alone in its view left with the only copy of a
+			// partition.
+			if keep == nil {
+				keep = make(map[string][]byte)
+			}
+			keep[name] = failed[name]
+			continue
+		}
+		if !fresh[id] || n.freshLost.Load() {
 			n.events.ForgetFailed(name)
 			continue
 		}
@@ -308,7 +321,7 @@ func (n *Node) rebuild() (kept bool) {
 		return
 	}
 	n.metrics.Ring(v.snap.Version(), v.snap.Len())
-	n.dropClients(alive)
+	n.dropClients(n.lo.withLogAddrs(alive))
 	return kept
 }
 

@@ -112,6 +112,10 @@ type Node struct {
 	// copyUnsent, when set (tests only), fails every copy of a partition
 	// this node would send that it returns true for, unsent.
 	copyUnsent atomic.Pointer[func(pid int, to string) bool]
+	// freshLost, when set (tests only), makes the log's freshness of
+	// members gossip declared failed read as lapsed: what a runner that
+	// answers after a lapsed liveness (a log that applies late) reports.
+	freshLost atomic.Bool
 	// decideHook, when set (tests only), runs in decideHere between the
 	// lease check and the decision, and in spreadDecide between spending
 	// rights and the check of their deadline.

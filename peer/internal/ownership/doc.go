@@ -16,7 +16,7 @@
 //   - Machine, one member's side: events in (Tick, Apply, SetView,
 //     CopyAcked, CopyFailed, OfferCopy), actions out (Propose, SendCopy, Reset), and
 //     the decision path's one question, MayDecide, answered from memory
-//     without allocating.
+//     without allocating; a leaver's one question, MayLeave.
 //
 // The rules:
 //
@@ -81,8 +81,14 @@
 //     waits for its state, it backs nothing and no copy it installed at a
 //     partition's current epoch can still be committed by the holder's
 //     SetBackup (which a failure of that holder would then hand on to it).
-//     It refuses new copies, and holders pick as backups and the leader
-//     grants vacancies to members gossip lists (not leaving) first.
+//     MayLeave says when: besides that, only when every partition it
+//     still backs has a holder that extended its liveness since the drain
+//     began and had time to pick another backup, or when no other member
+//     is left that holds anything. Its gossip view is never a reason: a
+//     leaver whose view lost every member may have the only copy of a
+//     restarted holder's state. It refuses new copies, and holders pick
+//     as backups and the leader grants vacancies to members gossip lists
+//     (not leaving) first.
 //
 // The prices: a crashed holder's partitions are unavailable for about one
 // Liveness plus one commit; losing the log's majority stops every holder

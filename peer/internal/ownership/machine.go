@@ -147,6 +147,10 @@ type local struct {
 type seen struct {
 	version, epoch uint64
 	at             int64
+	// extended is when this member applied the record's latest Join or
+	// extension (0: not since its table was restored): proof of life,
+	// unlike at, which a restored table also sets.
+	extended int64
 }
 
 // Counters are the machine's tallies, for metrics and for the simulator's
@@ -418,12 +422,14 @@ func (m *Machine) Apply(c Command, now int64) []Action {
 	case Join:
 		if err == nil {
 			m.noteRecord(c.Member, now)
+			m.seen[c.Member].extended = now
 		}
 	case Extend:
 		if err != nil {
 			break
 		}
 		m.noteRecord(c.Member, now)
+		m.seen[c.Member].extended = now
 		if c.Member == m.cfg.ID {
 			if at, ok := m.sent[c.Seq]; ok {
 				m.liveUntil = max(m.liveUntil, at+int64(float64(m.cfg.Liveness)*HolderShare))

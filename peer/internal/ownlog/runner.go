@@ -280,6 +280,22 @@ func (r *Runner) Fresh(ctx context.Context, ids []string) map[string]bool {
 	return out
 }
 
+// MayLeave asks the machine, on the runner's goroutine, whether a member
+// leaving gracefully may end its liveness now (ownership.Machine.MayLeave),
+// with drain's Since on the runner's clock. ok is false when ctx ended or
+// the runner stopped first: the leaver then stays.
+func (r *Runner) MayLeave(ctx context.Context, d ownership.Drain) (v ownership.LeaveVerdict, held, backed int, ok bool) {
+	type verdict struct {
+		v            ownership.LeaveVerdict
+		held, backed int
+	}
+	a, ok := ask(ctx, r, func() verdict {
+		v, h, b := r.m.Own().MayLeave(d, r.mono())
+		return verdict{v, h, b}
+	})
+	return a.v, a.held, a.backed, ok
+}
+
 // TransferLeadership hands leadership to another voter if this member
 // leads (Member.TransferLeadership), and waits, within ctx, until it no
 // longer leads.

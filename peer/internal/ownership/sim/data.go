@@ -25,7 +25,7 @@ func (s *sim) gossip() {
 		}
 		for _, yid := range ids {
 			y := s.members[yid]
-			if y.crashed || y.paused > s.now || s.cut[[2]string{y.name, x.name}] {
+			if y.crashed || y.paused > s.now || s.cut[[2]string{y.name, x.name}] || s.deaf[x.name] && y != x {
 				continue
 			}
 			x.heard[yid] = s.now
@@ -38,10 +38,14 @@ func (s *sim) gossip() {
 			continue
 		}
 		var view []string
+		x.alive = 0
 		for _, yid := range ids {
 			y := s.members[yid]
-			if at, ok := x.heard[yid]; ok && s.now-at < x.detect && !y.leaving {
-				view = append(view, yid)
+			if at, ok := x.heard[yid]; ok && s.now-at < x.detect {
+				x.alive++ // draining ones too, as peer's view lists them
+				if !y.leaving {
+					view = append(view, yid)
+				}
 			}
 		}
 		v := ownership.View{Members: view, Gone: slices.Clone(s.gone), Target: make([]string, s.o.Partitions), Second: make([]string, s.o.Partitions)}

@@ -3,6 +3,8 @@ package sim
 import (
 	"fmt"
 	"time"
+
+	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 )
 
 // planFault schedules the run's one fault at a random instant after the
@@ -130,6 +132,27 @@ func (s *sim) planFault(warm int64) {
 				s.note("pause %s, draining, for %v", victim.id, time.Duration(d))
 				s.extendEnd(d)
 			})
+		case FaultBackupLeave:
+			b := s.backupOf(victim)
+			if b == nil || b == victim {
+				s.note("%s has no backup to leave", victim.id)
+				break
+			}
+			d := span(2*time.Second, 8*time.Second)
+			s.deaf[b.name] = true
+			s.note("%s hears no gossip for %v", b.id, time.Duration(d))
+			s.at(d, func() {
+				delete(s.deaf, b.name)
+				s.note("%s hears gossip again", b.id)
+			})
+			s.note("crash %s", victim.id)
+			s.crash(victim)
+			m := s.start(victim.name, victim.inc+1, s.newRaftID(), nil)
+			s.note("restart %s as %s", victim.id, m.id)
+			b.leaving, b.closeIn = true, int64(30*time.Second)
+			s.note("leave %s, its backup (gracefully)", b.id)
+			s.drain(b, s.now)
+			s.extendEnd(int64(30 * time.Second))
 		case FaultLeave:
 			victim.leaving = true
 			s.note("leave %s (gracefully: its partitions move first)", victim.id)
@@ -138,10 +161,11 @@ func (s *sim) planFault(warm int64) {
 	})
 }
 
-// drain is a graceful leave as peer's drain does it: once nothing depends
-// on m (Machine.Depends), or only backups after 2 s, it ends its own
-// liveness for good and stops half a second later; at 4 s it stops
-// whatever it holds (a Close deadline).
+// drain is a graceful leave as peer's drain does it: once the machine
+// says it may (Machine.MayLeave, with a backup wait of 2 s), it ends its
+// own liveness for good and stops half a second later; at its close
+// deadline (closeIn, 4 s unless the fault set one) it stops whatever it
+// holds.
 func (s *sim) drain(m *member, since int64) {
 	if m.crashed {
 		return
@@ -154,16 +178,31 @@ func (s *sim) drain(m *member, since int64) {
 		s.at(d, func() { s.drain(m, since+d) })
 		return
 	}
-	held, backed := m.own.Depends()
+	const backupWait = 2 * time.Second
+	var v ownership.LeaveVerdict
+	var held, backed int
+	if s.o.Mutation == MutLeaveOnGossip {
+		held, backed = m.own.Depends()
+		v = ownership.Stay
+		if m.alive <= 1 || held == 0 && (backed == 0 || s.now-since >= int64(backupWait)) {
+			v = ownership.Go
+		}
+	} else {
+		v, held, backed = m.own.MayLeave(ownership.Drain{Since: m.monoAt(since), Alive: m.alive, BackupWait: backupWait}, m.mono())
+	}
+	closeIn := m.closeIn
+	if closeIn == 0 {
+		closeIn = int64(4 * time.Second)
+	}
 	switch {
-	case held == 0 && (backed == 0 || s.now-since >= int64(2*time.Second)):
-		s.note("%s ends its liveness (backs %d)", m.id, backed)
+	case v != ownership.Stay:
+		s.note("%s ends its liveness (%v; holds %d, backs %d, gossip lists %d)", m.id, v, held, backed, m.alive)
 		m.carry(m.log.Leave(m.mono()))
 		s.at(int64(500*time.Millisecond), func() {
 			s.note("%s stops", m.id)
 			s.crash(m)
 		})
-	case s.now-since >= int64(4*time.Second):
+	case s.now-since >= closeIn:
 		s.note("%s stops at its close deadline, holding %d", m.id, held)
 		if held > 0 {
 			s.stalled++

@@ -70,9 +70,17 @@ const (
 	// no move commit, and stop at its deadline holding partitions
 	// (Result.Stalled).
 	FaultLeaverPause = numFaults + 2
+	// FaultBackupLeave is a graceful leave of the first key's backup at
+	// the instant its holder crashes and restarts as a new incarnation
+	// (the old one gone for good at once), while the leaver's gossip
+	// hears nobody for 1-6 s (its log still works): one fault. The
+	// leaver keeps the only copy of the holder's state; it may end its
+	// liveness only once the log handed it the partition and it moved
+	// it on, whatever its gossip view says.
+	FaultBackupLeave = numFaults + 3
 )
 
-var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash", "double crash", "leave while the backup pauses", "leave, pausing while it drains"}
+var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts"}
 
 func (f Fault) String() string { return faultNames[f] }
 
@@ -114,6 +122,11 @@ const (
 	// them: neither replicas nor copies carry them, so a takeover's new
 	// holder does not charge the rights its grantees still use.
 	MutGrantsNotReplicated
+	// MutLeaveOnGossip: the leave rule the drain had before
+	// Machine.MayLeave: a leaver alone in its gossip view ends its
+	// liveness at once, and one that holds nothing ends it after its
+	// backup wait whether or not the holders it backs are alive.
+	MutLeaveOnGossip
 )
 
 // Options configure one run. Zero fields take the defaults in brackets.
@@ -297,6 +310,7 @@ type sim struct {
 
 	// network conditions
 	cut       map[[2]string]bool // (from name, to name) → dropped
+	deaf      map[string]bool    // member names whose gossip hears nobody (the log still works)
 	loss, dup float64
 	maxDelay  int64
 
@@ -327,7 +341,7 @@ const (
 )
 
 func newSim(o Options) *sim {
-	s := &sim{o: o, rng: rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)), members: map[string]*member{}, byRaft: map[uint64]*member{}, cut: map[[2]string]bool{}, maxDelay: int64(2 * time.Millisecond)}
+	s := &sim{o: o, rng: rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)), members: map[string]*member{}, byRaft: map[uint64]*member{}, cut: map[[2]string]bool{}, deaf: map[string]bool{}, maxDelay: int64(2 * time.Millisecond)}
 	s.fault = FaultNone
 	if !o.NoFault {
 		s.fault = o.Fault
@@ -397,6 +411,12 @@ type member struct {
 	// until the change reaches this member).
 	unreplicated bool
 	leaving      bool
+	// alive counts the members the last gossip view listed, this one
+	// included (ownership.Drain.Alive).
+	alive int
+	// closeIn is a leaver's close deadline, virtual ns from its drain's
+	// start (0: 4 s).
+	closeIn int64
 
 	log *ownlog.Member
 	own *ownership.Machine
@@ -441,7 +461,10 @@ type pendingSync struct {
 
 // mono is the member's monotonic clock: it starts at 0 with the process
 // and runs at the member's rate, paused or not.
-func (m *member) mono() int64 { return int64(float64(m.s.now-m.born) * m.rate) }
+func (m *member) mono() int64 { return m.monoAt(m.s.now) }
+
+// monoAt is the member's monotonic clock at virtual time at.
+func (m *member) monoAt(at int64) int64 { return int64(float64(at-m.born) * m.rate) }
 
 func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *member {
 	m := &member{s: s, name: name, inc: inc, id: fmt.Sprintf("%s.%d", name, inc), raftID: raftID,

@@ -165,6 +165,10 @@ func TestMutationsAreCaught(t *testing.T) {
 		// show the uncharged rights, the first at the 14th (with 1 s
 		// leases and a limit of 8: 1 of 80, at the 56th).
 		{"grants are not replicated", MutGrantsNotReplicated, []Fault{FaultCrash, FaultRestart}},
+		// The leave rule before Machine.MayLeave: alone in gossip, or
+		// holding nothing after its backup wait, a leaver went with the
+		// only copy of a restarted holder's partition.
+		{"a leaver goes on its gossip view", MutLeaveOnGossip, []Fault{FaultBackupLeave}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -312,4 +316,30 @@ func runDoubleFault(t *testing.T, f Fault) (n, lost, over int, worst time.Durati
 		worst = max(worst, r.Unavailable)
 	}
 	return n, lost, over, worst
+}
+
+// TestBackupLeavesAsHolderRestarts: the first key's backup leaves
+// gracefully at the instant its holder crashes and restarts as a new
+// incarnation, and the leaver's gossip hears nobody for 2-8 s (its log
+// still works). The leaver has the only copy of the holder's state: it
+// must keep it until the log hands it the partition and it has moved it
+// on, whatever its view says. Nothing may be lost, nor any window go
+// over the limit, nor the leave stall at its deadline.
+func TestBackupLeavesAsHolderRestarts(t *testing.T) {
+	n := max(seeds(t)/10, 6)
+	for seed := uint64(1); seed <= uint64(n); seed++ {
+		o := options(seed)
+		o.Fault, o.NoFault = FaultBackupLeave, false
+		o.Window, o.Limit = 5*time.Second, 8
+		r := run(t, o)
+		if testing.Verbose() {
+			t.Log(r)
+		}
+		if r.Failed() || r.Lost > 0 {
+			t.Errorf("promise broken or state lost:\n%s", r)
+		}
+		if r.Stalled > 0 {
+			t.Errorf("the leave stopped at its close deadline still holding partitions:\n%s", r)
+		}
+	}
 }

@@ -1,0 +1,63 @@
+package ownership
+
+import (
+	"testing"
+	"time"
+)
+
+// TestMayLeave walks a leaver, b, through the rule: it backs a's
+// partition, holds it once a is ended, and is free once it holds and
+// backs nothing; gossip's count of members never lets it go while it
+// holds, nor while the holder it backs may have failed.
+func TestMayLeave(t *testing.T) {
+	const L = int64(2 * time.Second)
+	b := New(Config{ID: "b", Liveness: time.Duration(L)}, 2)
+	apply := func(now int64, cs ...Command) {
+		t.Helper()
+		for _, c := range cs {
+			if err := b.table.Clone().Apply(c); err != nil {
+				t.Fatalf("%v: %v", c, err)
+			}
+			b.Apply(c, now)
+		}
+	}
+	apply(0,
+		Command{Kind: Join, Member: "a"}, Command{Kind: Join, Member: "b"}, Command{Kind: Join, Member: "c"},
+		Command{Kind: Extend, Member: "a", Epoch: 1}, Command{Kind: Extend, Member: "b", Epoch: 1}, Command{Kind: Extend, Member: "c", Epoch: 1},
+		Command{Kind: Grant, P: 0, To: "a", ToEpoch: 1}, Command{Kind: Grant, P: 1, To: "c", ToEpoch: 1})
+	check := func(d Drain, now int64, want LeaveVerdict, why string) {
+		t.Helper()
+		if got, held, backed := b.MayLeave(d, now); got != want {
+			t.Errorf("%s: MayLeave = %v (held %d, backed %d), want %v", why, got, held, backed, want)
+		}
+	}
+	since := int64(100)
+	d := Drain{Since: since, Alive: 3, BackupWait: 10 * time.Second}
+	check(d, since, Go, "holding and backing nothing")
+	apply(since, Command{Kind: SetBackup, Member: "a", P: 0, Epoch: 1, To: "b", Seq: 1})
+	check(d, since, Stay, "backing a, which has not extended since the drain began")
+	for _, alive := range []int{1, 2} {
+		check(Drain{Since: since, Alive: alive, BackupWait: d.BackupWait}, since, Stay, "the same, whatever gossip lists")
+	}
+	apply(since+10, Command{Kind: Extend, Member: "a", Epoch: 1})
+	check(d, since+20, Stay, "backing a live holder, before BackupWait")
+	check(Drain{Since: since, Alive: 2, BackupWait: d.BackupWait}, since+20, GoBacking, "backing a live holder, nobody else to back it")
+	check(d, since+int64(d.BackupWait), Stay, "backing a holder silent for half a liveness, after BackupWait")
+	apply(since+int64(d.BackupWait)-1, Command{Kind: Extend, Member: "a", Epoch: 1})
+	check(d, since+int64(d.BackupWait), GoBacking, "backing a live holder, after BackupWait")
+
+	// a fails: its End hands p0 to b, with the only copy.
+	rec := b.table.Members["a"]
+	apply(since+int64(d.BackupWait)+1, Command{Kind: End, Member: "a", Epoch: rec.Epoch, Version: rec.Version, Ended: true})
+	if !b.table.Holds("b", 0) {
+		t.Fatalf("b does not hold p0 after a's end: %+v", b.table.Parts[0])
+	}
+	for _, alive := range []int{1, 2, 3} {
+		check(Drain{Since: since, Alive: alive, BackupWait: d.BackupWait}, since+int64(time.Minute), Stay, "holding, c still holds a partition")
+	}
+	// c ends too (the cluster stops): alone, b has nobody to hand p0 to.
+	rec = b.table.Members["c"]
+	apply(since+int64(time.Minute), Command{Kind: End, Member: "c", Epoch: rec.Epoch, Version: rec.Version, Ended: true})
+	check(Drain{Since: since, Alive: 1}, since+int64(time.Minute), Go, "alone, no other member live")
+	check(Drain{Since: since, Alive: 3}, since+int64(time.Minute), Stay, "holding, gossip lists others")
+}
