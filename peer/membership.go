@@ -169,6 +169,9 @@ func (n *Node) keepFailed(failed, members map[string][]byte) map[string][]byte {
 		ctx, cancel := context.WithTimeout(n.ctx, time.Second)
 		fresh = n.lo.run.Fresh(ctx, ids)
 		cancel()
+		if n.freshLate.Load() {
+			fresh = nil
+		}
 	}
 	var keep map[string][]byte
 	for _, id := range ids {

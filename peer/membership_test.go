@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,4 +151,44 @@ func TestGossipFailureWaitsForLiveness(t *testing.T) {
 	if !failed {
 		t.Fatalf("the watcher never logged %s's failure with the ring facts", victim.Name())
 	}
+}
+
+// TestLateLivenessAnswerKeepsFailedMembers: a member gossip declares
+// dead stays in the view while the log finds it live. When the log's
+// answer does not come in time (a loaded runner), no news is not a lapsed
+// liveness: the member stays. Dropping every such member at once left a
+// loaded node alone in its view, and a leave then went with the only copy
+// of a partition (TestAloneLeaverKeepsTheOnlyCopy). Once the answer says
+// lapsed, the members go.
+func TestLateLivenessAnswerKeepsFailedMembers(t *testing.T) {
+	t.Parallel()
+	cut := new(atomic.Bool)
+	tap, logger := newLogTap(t)
+	cutGossip := withCutTransport(t, cut)
+	c := startClusterWith(t, 3, Config{}, func(i int, cfg *Config) {
+		cfg.Gossip = hoGossip
+		if i == 1 {
+			cfg.Gossip, cfg.Logger = cutGossip, logger
+		}
+	})
+	n1 := c.nodes[1]
+	n1.freshLate.Store(true)
+	kept := map[string]<-chan map[string]string{}
+	for _, nd := range []*Node{c.nodes[0], c.nodes[2]} {
+		name := nd.Name()
+		kept[name] = tap.on("gossip membership: member declared dead stays on the ring while its liveness holds",
+			func(a map[string]string) bool { return a["node"] == "n1" && a["member"] == name })
+	}
+	cut.Store(true)
+	for name, ch := range kept {
+		waitLog(t, ch, 30*time.Second, "n1 keeping "+name+" once gossip declared it dead")
+	}
+	if got := len(n1.view.Load().alive); got != 3 {
+		t.Fatalf("n1's view lists %d members with the log's answer late, want 3", got)
+	}
+	n1.freshLate.Store(false)
+	n1.freshLost.Store(true)
+	waitFor(t, 30*time.Second, "n1's view to drop the members whose liveness lapsed", func() bool {
+		return len(n1.view.Load().alive) == 1
+	})
 }

@@ -116,6 +116,9 @@ type Node struct {
 	// members gossip declared failed read as lapsed: what a runner that
 	// answers after a lapsed liveness (a log that applies late) reports.
 	freshLost atomic.Bool
+	// freshLate, when set (tests only), makes the log's answer on that
+	// freshness not come in time (a loaded runner).
+	freshLate atomic.Bool
 	// decideHook, when set (tests only), runs in decideHere between the
 	// lease check and the decision, and in spreadDecide between spending
 	// rights and the check of their deadline.
