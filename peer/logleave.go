@@ -81,6 +81,9 @@ func (lo *logOwner) drain(ctx context.Context) error {
 		select {
 		case <-t.C:
 		case <-ctx.Done():
+			// The counts from the published states: the machine's answer
+			// may not have come (ctx ended while it was asked).
+			parts, backs = lo.depends()
 			_, keys := n.heldPartitions()
 			if parts == 0 {
 				n.log.Warn("left while still the backup of partitions: their holders copy them elsewhere once this member's liveness ends", "partitions", backs)
@@ -89,6 +92,22 @@ func (lo *logOwner) drain(ctx context.Context) error {
 			return fmt.Errorf("peer: %d partitions (%d keys) still held at the close deadline (%s): %w", parts, keys, lo.explainHeld(3), ctx.Err())
 		}
 	}
+}
+
+// depends counts the partitions that depend on this member, held and
+// backed (Machine.DependsOn), as the runner last published them:
+// lock-free, whether or not the runner answers now.
+func (lo *logOwner) depends() (held, backed int) {
+	for p := range lo.n.pt.parts {
+		st := lo.run.Part(p)
+		if st.Held {
+			held++
+		}
+		if st.Backed {
+			backed++
+		}
+	}
+	return held, backed
 }
 
 // leaveLog hands on leadership, ends this member's liveness for good
