@@ -265,3 +265,47 @@ func TestAloneLeaverKeepsTheOnlyCopy(t *testing.T) {
 			admitted+after, limit, admitted, after, partsOf(survivors, pid))
 	}
 }
+
+// TestLeaverCutFromGossipKeepsItsVote: n1 begins a graceful leave that
+// cannot finish (its copies all fail), and its gossip is cut: the others'
+// gossip declares it dead, and since it said it was leaving, gone. But
+// its liveness holds: it still extends through the log, and is still one
+// of the log's three voters. Then n0, another voter, crashes. The others
+// used to take n1 for gone at once and stop sending it raft messages: n2
+// alone of three voters could elect nobody, and no holder decided again.
+// A leaver out of gossip stays a member of the log until its liveness
+// ends: n1 and n2 elect a leader and end n0's liveness.
+func TestLeaverCutFromGossipKeepsItsVote(t *testing.T) {
+	t.Parallel()
+	cut := new(atomic.Bool)
+	c := startCutCluster(t, 3, 1, cut, Config{}, hoGossip, func(*memberlist.Config) {})
+	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
+	if v := n2.lo.run.Voters(); v != 3 {
+		t.Fatalf("the log has %d voters, want 3", v)
+	}
+	n1.setCopyUnsentForTest(func(int, string) bool { return true })
+	closed := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	go func() { closed <- n1.Close(ctx) }()
+	waitFor(t, 10*time.Second, "n1 to announce its leave", func() bool {
+		return n1.closing.Load() && !n2.view.Load().snap.Has(n1.Name())
+	})
+	cut.Store(true)
+	waitFor(t, 30*time.Second, "n2's gossip to declare n1 dead", func() bool { return n2.ml.NumMembers() == 2 })
+	n0.KillForTest()
+	waitFor(t, 30*time.Second, "the log to end n0's liveness (n2 holds none of n0's partitions)", func() bool {
+		if n2.lo.run.Lead() == 0 {
+			return false
+		}
+		for _, p := range n2.Ownership().Partitions {
+			if p.Holder == n0.Name() {
+				return false
+			}
+		}
+		return true
+	})
+	cut.Store(false)
+	cancel() // n1's leave cannot finish: its copies all fail
+	awaitLeave(t, closed)
+}

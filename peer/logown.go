@@ -321,7 +321,10 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts map[string]u
 	now := n.mono()
 	lo.mu.Lock()
 	for _, e := range evs {
-		if e.Kind == "left" {
+		// A member that left gossip while its liveness holds (kept: it
+		// is in starts) is still draining, cut off from gossip: the log
+		// keeps talking to it until its liveness ends.
+		if e.Kind == "left" && starts[e.Name] == 0 {
 			if id, ok := lo.cur[e.Name]; ok {
 				if k := lo.known[id]; k != nil {
 					k.gone = true

@@ -214,18 +214,19 @@ func (n *Node) rebuild() (kept bool) {
 		kept = true
 	}
 	for _, e := range evs {
-		if _, ok := keep[e.Name]; ok && e.Kind == "failed" {
-			n.kept[e.Name] = e.Addr
+		if _, ok := keep[e.Name]; ok && (e.Kind == "failed" || e.Kind == "left") {
+			n.kept[e.Name] = e
 		}
 	}
-	for name, addr := range n.kept {
+	for name, e := range n.kept {
 		if _, ok := keep[name]; ok {
 			continue
 		}
 		delete(n.kept, name)
 		if _, back := members[name]; !back {
-			// Its liveness lapsed: the failure gossip saw now counts.
-			evs = append(evs, membership.Event{Kind: "failed", Name: name, Addr: addr})
+			// Its liveness lapsed (or ended): the failure, or the leave,
+			// gossip saw now counts.
+			evs = append(evs, e)
 		}
 	}
 	names := make([]string, 0, len(members))
@@ -307,6 +308,11 @@ func (n *Node) rebuild() (kept bool) {
 		if _, ok := ignored[e.Name]; ok && (e.Kind == "joined" || e.Kind == "updated") {
 			// Gossip knows it, the ring does not: not a join.
 			e.Kind = "ignored"
+		}
+		if _, ok := keep[e.Name]; ok && e.Kind == "left" {
+			n.log.Info("gossip membership: member leaving, out of gossip, stays a member while its liveness holds", "event", e.Kind, "member", e.Name, "member_addr", e.Addr,
+				"ring_version", v.snap.Version(), "members", v.snap.Len(), "partitions_owned", owned)
+			continue
 		}
 		if _, ok := keep[e.Name]; ok && e.Kind == "failed" {
 			n.log.Info("gossip membership: member declared dead stays on the ring while its liveness holds", "event", e.Kind, "member", e.Name, "member_addr", e.Addr,

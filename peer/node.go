@@ -67,7 +67,7 @@ type Node struct {
 	rebuildCh chan struct{}
 	// kept: members gossip declared dead that the ring keeps while their
 	// liveness holds (name → gossip address); the rebuild goroutine's.
-	kept map[string]string
+	kept map[string]membership.Event
 
 	ml        *memberlist.Memberlist
 	delegate  *membership.Delegate
@@ -169,7 +169,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		hot:       shard.NewHotKeys(4*cfg.HotKeys, cfg.HotKeysHalfLife),
 		viewCh:    make(chan struct{}),
 		rebuildCh: make(chan struct{}, 1),
-		kept:      map[string]string{},
+		kept:      map[string]membership.Event{},
 		clients:   make(map[string]*client),
 		closed:    make(chan struct{}),
 	}

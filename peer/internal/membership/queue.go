@@ -34,8 +34,9 @@ type Queue struct {
 	addrs   map[string]memberlist.Node // member name -> copy of its gossip address
 	leaving map[string]bool            // members that said they are leaving
 	// failed keeps the metadata of members memberlist declared dead
-	// (not those that left) until they come back or the rebuild lets
-	// them go (ForgetFailed).
+	// (those that said they were leaving too: they may still be
+	// draining) until they come back or the rebuild lets them go
+	// (ForgetFailed).
 	failed map[string][]byte
 }
 
@@ -90,12 +91,16 @@ func (q *Queue) Apply(kind string, m *memberlist.Node) Event {
 		md, err := DecodeMeta(q.members[m.Name])
 		if !q.leaving[m.Name] && (err != nil || !md.Draining) {
 			e.Kind = "failed"
-			if q.failed == nil {
-				q.failed = make(map[string][]byte)
-			}
-			if raw, ok := q.members[m.Name]; ok && len(q.failed) < MaxEvents {
-				q.failed[m.Name] = raw
-			}
+		}
+		// Either way its metadata is kept for the rebuild, which asks
+		// the ownership log whether its liveness still holds: a member
+		// that said it was leaving may still be draining, cut off from
+		// gossip only; it has left once its liveness ended.
+		if q.failed == nil {
+			q.failed = make(map[string][]byte)
+		}
+		if raw, ok := q.members[m.Name]; ok && len(q.failed) < MaxEvents {
+			q.failed[m.Name] = raw
 		}
 		delete(q.members, m.Name)
 		delete(q.addrs, m.Name)
