@@ -149,10 +149,10 @@ func (s *sim) planFault(warm int64) {
 			s.crash(victim)
 			m := s.start(victim.name, victim.inc+1, s.newRaftID(), nil)
 			s.note("restart %s as %s", victim.id, m.id)
-			b.leaving, b.closeIn = true, int64(30*time.Second)
+			b.leaving, b.closeIn = true, int64(15*time.Second)
 			s.note("leave %s, its backup (gracefully)", b.id)
 			s.drain(b, s.now)
-			s.extendEnd(int64(30 * time.Second))
+			s.extendEnd(int64(7 * time.Second))
 		case FaultLeave:
 			victim.leaving = true
 			s.note("leave %s (gracefully: its partitions move first)", victim.id)
