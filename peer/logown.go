@@ -319,17 +319,33 @@ func (lo *logOwner) incarnation(name string) string { return lo.peers.Load().inc
 func (lo *logOwner) setView(v *view, evs []membership.Event, starts map[string]uint64, targets []string) {
 	n := lo.n
 	now := n.mono()
+	// A member that left gossip is gone for good once the table says it
+	// ended its liveness for good (a completed leave does so before it
+	// leaves gossip). Until then it may still be draining, cut off from
+	// gossip, or the log may be between leaders: the log keeps talking to
+	// it, and counts its vote, as for a member gossip declared failed
+	// (gone after FailedMemberTimeout). Taking its "left" for gone lost
+	// the log its majority when another voter had crashed.
+	var left []string
 	lo.mu.Lock()
 	for _, e := range evs {
-		// A member that left gossip while its liveness holds (kept: it
-		// is in starts) is still draining, cut off from gossip: the log
-		// keeps talking to it until its liveness ends.
 		if e.Kind == "left" && starts[e.Name] == 0 {
 			if id, ok := lo.cur[e.Name]; ok {
-				if k := lo.known[id]; k != nil {
-					k.gone = true
-				}
+				left = append(left, id)
 			}
+		}
+	}
+	lo.mu.Unlock()
+	var ended map[string]bool
+	if len(left) > 0 {
+		ctx, cancel := context.WithTimeout(n.ctx, time.Second)
+		ended = lo.run.Ended(ctx, left)
+		cancel()
+	}
+	lo.mu.Lock()
+	for _, id := range left {
+		if k := lo.known[id]; k != nil && ended[id] {
+			k.gone = true
 		}
 	}
 	isTarget := make(map[string]bool, len(targets))

@@ -296,6 +296,23 @@ func (r *Runner) MayLeave(ctx context.Context, d ownership.Drain) (v ownership.L
 	return a.v, a.held, a.backed, ok
 }
 
+// Ended reports, for each of ids, whether the table has ended that
+// incarnation for good (it left, or a later one runs). Nil when ctx ended
+// or the runner stopped first.
+func (r *Runner) Ended(ctx context.Context, ids []string) map[string]bool {
+	out, _ := ask(ctx, r, func() map[string]bool {
+		t := r.m.Own().Table()
+		out := make(map[string]bool, len(ids))
+		for _, id := range ids {
+			if l := t.Members[id]; l != nil && l.Ended {
+				out[id] = true
+			}
+		}
+		return out
+	})
+	return out
+}
+
 // TransferLeadership hands leadership to another voter if this member
 // leads (Member.TransferLeadership), and waits, within ctx, until it no
 // longer leads.
