@@ -26,16 +26,29 @@ var streamDesc = grpc.StreamDesc{StreamName: streamName, ClientStreams: true}
 
 // Register registers the log's service on s: every message received is
 // handed to deliver (Runner.Receive), which must not block.
-func Register(s grpc.ServiceRegistrar, deliver func(msg []byte)) {
+func Register(s grpc.ServiceRegistrar, deliver func(msg []byte), done <-chan struct{}) {
 	d := streamDesc
 	d.Handler = func(_ any, stream grpc.ServerStream) error {
-		for {
-			m := &wrapperspb.BytesValue{}
-			if err := stream.RecvMsg(m); err != nil {
-				return nil // the sender went away; it opens a new stream
+		// A stream ends when its sender goes away or this member stops
+		// (done): a peer that keeps an idle stream open must not hold up
+		// the server's graceful stop. Returning cancels the stream, which
+		// ends the receiving goroutine.
+		ended := make(chan struct{})
+		go func() {
+			defer close(ended)
+			for {
+				m := &wrapperspb.BytesValue{}
+				if err := stream.RecvMsg(m); err != nil {
+					return // the sender went away; it opens a new stream
+				}
+				deliver(m.GetValue())
 			}
-			deliver(m.GetValue())
+		}()
+		select {
+		case <-ended:
+		case <-done:
 		}
+		return nil
 	}
 	s.RegisterService(&grpc.ServiceDesc{ServiceName: ServiceName, HandlerType: (*any)(nil), Streams: []grpc.StreamDesc{d}}, struct{}{})
 }

@@ -44,7 +44,7 @@ func TestGRPCTakeover(t *testing.T) {
 	}
 	h := startHarness(t, n, 6, func(i uint64, runner func() *Runner) Transport {
 		s := grpc.NewServer()
-		Register(s, func(msg []byte) { runner().Receive(msg) })
+		Register(s, func(msg []byte) { runner().Receive(msg) }, nil)
 		servers[i] = s
 		lis := listeners[i]
 		go func() { _ = s.Serve(lis) }()
