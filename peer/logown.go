@@ -185,7 +185,9 @@ func (t logTransport) Send(to uint64, msg []byte) {
 func (t logTransport) Traffic() ownlog.Traffic { return t.lo.tr.Traffic() }
 
 // register adds the log's service to the node's gRPC server.
-func (lo *logOwner) register(s grpc.ServiceRegistrar) { ownlog.Register(s, lo.run.Receive, lo.n.ctx.Done()) }
+func (lo *logOwner) register(s grpc.ServiceRegistrar) {
+	ownlog.Register(s, lo.run.Receive, lo.n.ctx.Done())
+}
 
 // start runs the member and the readiness refresher on goroutines the node
 // owns; stop ends them.
