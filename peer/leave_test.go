@@ -103,14 +103,7 @@ func TestLeaverTrustsRestartedHolder(t *testing.T) {
 	closed := leaveWithTheOnlyCopy(t, n0, n1, pid)
 	// n1's gossip hears nothing for a while: it learns of no restart.
 	cut.Store(true)
-	gossipAddr, rpcAddr := n0.GossipAddr(), n0.RPCAddr()
-	n0.KillForTest()
-	nodes := c.nodes
-	c.nodes = []*Node{nodes[2]}
-	n0b := c.addWith("n0", func(cfg *Config) {
-		cfg.GossipAddr, cfg.RPCAddr, cfg.Gossip = gossipAddr, rpcAddr, slowDetectGossip
-	})
-	c.nodes = append(nodes, n0b)
+	restartFirst(c, slowDetectGossip)
 	left := false
 	select {
 	case err := <-closed:
@@ -137,6 +130,22 @@ func TestLeaverTrustsRestartedHolder(t *testing.T) {
 		t.Fatalf("%d admissions in one window of limit %d (%d confirmed by n0, synchronously, before it crashed; %d after; n1 left before the restart reached it: %v):\n%s",
 			admitted+after, limit, admitted, after, left, partsOf(survivors, pid))
 	}
+}
+
+// restartFirst kills c's first node and starts a new process under its
+// name on the same addresses, with gossip profile gossip, joining through
+// the third node (the second is the scenes' leaver).
+func restartFirst(c *cluster, gossip func(*memberlist.Config)) {
+	c.t.Helper()
+	n0 := c.nodes[0]
+	gossipAddr, rpcAddr := n0.GossipAddr(), n0.RPCAddr()
+	n0.KillForTest()
+	nodes := c.nodes
+	c.nodes = []*Node{nodes[2]}
+	n0b := c.addWith(n0.Name(), func(cfg *Config) {
+		cfg.GossipAddr, cfg.RPCAddr, cfg.Gossip = gossipAddr, rpcAddr, gossip
+	})
+	c.nodes = append(nodes, n0b)
 }
 
 // awaitLeave waits for the graceful leave leaveWithTheOnlyCopy started
@@ -225,14 +234,7 @@ func TestAloneLeaverKeepsTheOnlyCopy(t *testing.T) {
 	n1.freshLost.Store(true)
 	cut.Store(true)
 	waitFor(t, 30*time.Second, "n1's gossip to find itself alone", func() bool { return len(n1.view.Load().alive) == 1 })
-	gossipAddr, rpcAddr := n0.GossipAddr(), n0.RPCAddr()
-	n0.KillForTest()
-	nodes := c.nodes
-	c.nodes = []*Node{nodes[2]}
-	n0b := c.addWith("n0", func(cfg *Config) {
-		cfg.GossipAddr, cfg.RPCAddr, cfg.Gossip = gossipAddr, rpcAddr, hoGossip
-	})
-	c.nodes = append(nodes, n0b)
+	restartFirst(c, hoGossip)
 	closed := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)

@@ -268,10 +268,21 @@ func TestLeaveWhileBackupPauses(t *testing.T) {
 // again sees none of its moves commit, and stops at its deadline still
 // holding partitions.
 func TestLeaverPausesWhileDraining(t *testing.T) {
+	runLeave(t, FaultLeaverPause, 0, 0)
+}
+
+// runLeave runs a tenth of the seeds (at least 6) with the leave fault f
+// (window and limit set when not zero) and fails t for a broken promise,
+// lost state or a leave stopped at its deadline still holding partitions.
+func runLeave(t *testing.T, f Fault, window time.Duration, limit int64) {
+	t.Helper()
 	n := max(seeds(t)/10, 6)
 	for seed := uint64(1); seed <= uint64(n); seed++ {
 		o := options(seed)
-		o.Fault, o.NoFault = FaultLeaverPause, false
+		o.Fault, o.NoFault = f, false
+		if window > 0 {
+			o.Window, o.Limit = window, limit
+		}
 		r := run(t, o)
 		if testing.Verbose() {
 			t.Log(r)
@@ -326,20 +337,5 @@ func runDoubleFault(t *testing.T, f Fault) (n, lost, over int, worst time.Durati
 // on, whatever its view says. Nothing may be lost, nor any window go
 // over the limit, nor the leave stall at its deadline.
 func TestBackupLeavesAsHolderRestarts(t *testing.T) {
-	n := max(seeds(t)/10, 6)
-	for seed := uint64(1); seed <= uint64(n); seed++ {
-		o := options(seed)
-		o.Fault, o.NoFault = FaultBackupLeave, false
-		o.Window, o.Limit = 5*time.Second, 8
-		r := run(t, o)
-		if testing.Verbose() {
-			t.Log(r)
-		}
-		if r.Failed() || r.Lost > 0 {
-			t.Errorf("promise broken or state lost:\n%s", r)
-		}
-		if r.Stalled > 0 {
-			t.Errorf("the leave stopped at its close deadline still holding partitions:\n%s", r)
-		}
-	}
+	runLeave(t, FaultBackupLeave, 5*time.Second, 8)
 }
