@@ -110,6 +110,7 @@ func TestPlacementRPC(t *testing.T) {
 // holder (the holder decides, no forward) and that the limit holds
 // exactly through it.
 func TestClientRoutesToHolder(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, 3, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes[2])
 	ctx := context.Background()
@@ -154,6 +155,7 @@ func TestClientRoutesToHolder(t *testing.T) {
 // its stream to the leaving node ends without breaking later calls. The
 // limit holds across both changes.
 func TestClientMembershipChange(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, 2, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes[0])
 	ctx := context.Background()
@@ -232,6 +234,7 @@ func TestClientMembershipChange(t *testing.T) {
 // stream to it (Unavailable, not a hang), and that the client re-reads
 // the table and decides the node's keys at their new holder.
 func TestClientNodeStopped(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, 3, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes...)
 	ctx := context.Background()
@@ -579,6 +582,7 @@ func TestClientDecisionTimeout(t *testing.T) {
 // nothing, a refund giving units back so that exactly as many more are
 // admitted, and the concurrency policy refused with ErrWrongAlgorithm.
 func TestClientPeekRefund(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, 3, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes[0])
 	ctx := context.Background()
@@ -639,6 +643,7 @@ func TestClientPeekRefund(t *testing.T) {
 // by the key's holder, and another policy refused with ErrWrongAlgorithm.
 // A Client is a Leaser, so Middleware can take leases through it.
 func TestClientAcquireRelease(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, 3, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes[0])
 	var _ Leaser = cl

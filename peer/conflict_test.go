@@ -13,6 +13,7 @@ import (
 // New must fail with ErrDuplicateName naming the other address, and the
 // established member must keep its place, address and service.
 func TestDuplicateNameRefused(t *testing.T) {
+	t.Parallel()
 	pols := map[string]PolicyConfig{"p": {Limit: 100, Window: time.Minute}}
 	for _, tc := range []struct {
 		name string

@@ -26,6 +26,7 @@ func freeAddr(t *testing.T) string {
 // seed starts once the node has logged its second failed join. New must
 // keep trying and succeed.
 func TestJoinRetriesUntilSeedUp(t *testing.T) {
+	t.Parallel()
 	seedAddr := freeAddr(t)
 	watch, log := newLogTap(t)
 	failed := watch.on("join failed, retrying", func(a map[string]string) bool { return a["attempt"] == "2" })

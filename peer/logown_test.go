@@ -133,6 +133,7 @@ func awaitDecision(t *testing.T, nd *Node, key Key, what string) Decision {
 // TestLogClusterExactlyLimit: three log-owned nodes admit exactly the
 // limit of one key through all of them, decided at one point.
 func TestLogClusterExactlyLimit(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, 3, logConfig(100, time.Minute))
 	key := Key{Tenant: "acme", Subject: "user-1", Policy: "api"}
 	admitted, owners := allowN(t, c.nodes, key, 300)
@@ -289,6 +290,7 @@ func TestLogTakeoverKeepsState(t *testing.T) {
 // TestLogLeaveMovesState closes the holder gracefully: its partitions
 // move, the key stays at its limit, and the move costs no decision.
 func TestLogLeaveMovesState(t *testing.T) {
+	t.Parallel()
 	metrics := newHoMetrics()
 	cfg := logConfig(10, time.Minute)
 	cfg.Metrics = metrics
@@ -628,6 +630,7 @@ func TestLogLocalPathAllocs(t *testing.T) {
 // authentication as every peer RPC, so a cluster with a peer secret
 // settles and decides.
 func TestLogWithPeerAuth(t *testing.T) {
+	t.Parallel()
 	cfg := logConfig(10, time.Minute)
 	cfg.PeerSecret = []byte("0123456789abcdef0123456789abcdef")
 	c := startCluster(t, 3, cfg)
@@ -706,6 +709,7 @@ func TestLogTwoMembersLearnerCrash(t *testing.T) {
 // two, leaves gracefully: the learner is made a voter before the founder
 // goes, so the log keeps a majority and the member left decides alone.
 func TestLogTwoMembersVoterLeaves(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, 2, logConfig(5, time.Hour))
 	n0, n1 := c.nodes[0], c.nodes[1]
 	waitFor(t, 20*time.Second, "both nodes settled", func() bool { return n0.Settled() && n1.Settled() })

@@ -254,6 +254,7 @@ func TestRefundReplicated(t *testing.T) {
 // the resend, and is counted as resent (Forward outcome "resent": it may
 // count twice).
 func TestRefundNotResentAfterUnknownOutcome(t *testing.T) {
+	t.Parallel()
 	m := newHoMetrics()
 	c := startCluster(t, 3, Config{
 		Metrics:        m,

@@ -489,6 +489,7 @@ func TestOwnershipCrashAndRestart(t *testing.T) {
 // by a join: keys of policies with replication off or async, whose
 // admissions the backup may not have, must keep every admission.
 func TestGracefulMoveKeepsUnreplicated(t *testing.T) {
+	t.Parallel()
 	const limit = 10
 	c := startCluster(t, 2, Config{Policies: map[string]PolicyConfig{
 		"off":   {Limit: limit, Window: time.Hour, Replication: ReplicateOff},

@@ -13,6 +13,7 @@ import (
 // restarted member has its partitions back; and the quota is kept (the
 // backup took the partitions over from its copy, not from empty).
 func TestRejoinAfterKill(t *testing.T) {
+	t.Parallel()
 	pols := map[string]PolicyConfig{"p": {Limit: 100, Window: time.Minute}}
 	tap, log := newLogTap(t)
 	c := startClusterWith(t, 2, Config{Policies: pols, Gossip: hoGossip, ForwardTimeout: 2 * time.Second},

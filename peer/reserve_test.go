@@ -144,6 +144,7 @@ func TestReservationSurvivesTakeover(t *testing.T) {
 // key's holder, and a repeated settle is harmless; the overage is counted
 // in the node's metrics.
 func TestClientReserveSettle(t *testing.T) {
+	t.Parallel()
 	metrics, err := NewPrometheusMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -177,6 +178,7 @@ func TestClientReserveSettle(t *testing.T) {
 // through the node's AuthorizeReset, and decides a batch of independent
 // requests, one bad request failing alone.
 func TestClientResetAndBatch(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, 3, Config{
 		Policies: map[string]PolicyConfig{"q": {Limit: 2, Window: time.Minute}},
 		AuthorizeReset: func(ctx context.Context) error {

@@ -11,6 +11,7 @@ import (
 // list that cannot agree (one node counted twice is not a member set of
 // that size) ends with the context's error.
 func TestWaitSettled(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, 3, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
