@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 )
 
 // A graceful leave (Close) under faults: the holder crashing as its backup
@@ -296,16 +298,15 @@ func TestLeaverCutFromGossipKeepsItsVote(t *testing.T) {
 	cut.Store(true)
 	waitFor(t, 30*time.Second, "n2's gossip to declare n1 dead", func() bool { return n2.ml.NumMembers() == 2 })
 	n0.KillForTest()
-	waitFor(t, 30*time.Second, "the log to end n0's liveness (n2 holds none of n0's partitions)", func() bool {
-		if n2.lo.run.Lead() == 0 {
-			return false
-		}
-		for _, p := range n2.Ownership().Partitions {
-			if p.Holder == n0.Name() {
-				return false
-			}
-		}
-		return true
+	// With n0 dead, the log commits only with n1's vote: n2's liveness,
+	// extended by a record sent after the kill, is the proof. (Whether
+	// n0's partitions then move is not this test's question: a machine
+	// loaded enough to let a liveness lapse earlier may leave some with
+	// n0 as their only copy, rightly vacant.)
+	killed := n2.mono()
+	share := int64(float64(n2.cfg.LeaseDuration) * ownership.HolderShare)
+	waitFor(t, 30*time.Second, "the log (n1 and n2, without n0) to commit an extension n2 sent after n0 died", func() bool {
+		return n2.lo.run.Lead() != 0 && n2.lo.run.LiveUntil() > killed+share
 	})
 	cut.Store(false)
 	cancel() // n1's leave cannot finish: its copies all fail
