@@ -522,9 +522,16 @@ func (m *Member) autopilot(now int64) {
 			return
 		}
 	}
+	// How many voters the log wants counts every member not done, a
+	// leaver still draining too: it still holds or backs partitions, and
+	// its vote is what lets the others commit its moves if one of them
+	// crashes. Counting only those staying made a three-member log
+	// with one leaving want a single voter: under load, voters that
+	// fell silent for an election timeout were trimmed down to one,
+	// and when that one crashed nothing committed again.
 	live := 0
 	for _, p := range m.roster {
-		if !p.Gone && !p.Leaving {
+		if !done(p) {
 			live++
 		}
 	}

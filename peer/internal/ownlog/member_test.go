@@ -379,3 +379,35 @@ func TestLeaverCutOffComesBack(t *testing.T) {
 		t.Errorf("the leaver came back as a voter: %s", lv.Describe())
 	}
 }
+
+// TestDrainingLeaverKeepsThreeVoters: of voters m1, m2, m3, a member that
+// is not the leader leaves gracefully (still draining: its liveness holds)
+// and the third falls silent for a while (a loaded machine). The log must
+// keep three voters: counting only the members that stay, it wanted one,
+// removed the silent voter and then the leaver, and when the one voter
+// left crashed, nothing committed again while the leaver still held
+// partitions.
+func TestDrainingLeaverKeepsThreeVoters(t *testing.T) {
+	c := newCluster(t, 3)
+	c.run(5 * time.Second)
+	var lead uint64
+	for id := uint64(1); id <= 3; id++ {
+		if c.members[id].Leader() {
+			lead = id
+		}
+	}
+	if lead == 0 {
+		t.Fatal("no leader")
+	}
+	leaver, quiet := lead%3+1, (lead+1)%3+1
+	roster := c.roster()
+	roster[leaver-1].Leaving = true
+	for _, m := range c.members {
+		m.SetView(ownership.View{Members: []string{"m1", "m2", "m3"}, Target: []string{"m1", "m2", "m3", "m1"}}, roster)
+	}
+	c.down[quiet] = true
+	c.run(5 * time.Second)
+	if v := len(c.members[lead].conf.GetVoters()); v != 3 {
+		t.Fatalf("with m%d leaving and m%d silent, the leader m%d keeps %d voters, want 3: %s", leaver, quiet, lead, v, c.members[lead].Describe())
+	}
+}
