@@ -70,8 +70,7 @@ func (lo *logOwner) drain(ctx context.Context) error {
 			// Leadership goes first (the log then has a leader again in
 			// a round trip, not an election timeout), then its liveness,
 			// for good, so that nobody waits for it to expire.
-			lo.leaveLog(ctx)
-			return nil
+			return lo.leaveLog(ctx)
 		}
 		if d.Alive <= 1 && !aloneSaid && ok {
 			aloneSaid = true
@@ -114,17 +113,31 @@ func (lo *logOwner) depends() (held, backed int) {
 // and waits, within four leases, until the log no longer counts its vote
 // (when another voter is down, autopilot removes that one first: a few
 // configuration changes, each a commit).
-func (lo *logOwner) leaveLog(ctx context.Context) {
+//
+// The end of its liveness must be applied before the member goes. When
+// this step had one second in all, a loaded log could let it go with its
+// leave unapplied: still live in the table, the last voter of a two-member
+// log granted itself the partitions of the other, whose liveness had
+// lapsed for a moment, and went with them and the log's only vote. Close
+// then says so instead of returning nil.
+func (lo *logOwner) leaveLog(ctx context.Context) error {
 	tctx, cancel := context.WithTimeout(ctx, time.Second)
 	lo.run.TransferLeadership(tctx)
-	lo.run.Leave(tctx)
 	cancel()
-	if !lo.awaitRemoved(ctx, 4*lo.n.cfg.LeaseDuration) {
+	wait := 4 * lo.n.cfg.LeaseDuration
+	lctx, lcancel := context.WithTimeout(ctx, wait)
+	left := lo.run.Leave(lctx)
+	lcancel()
+	if !left {
+		return fmt.Errorf("peer: the ownership log did not apply this member's leave within %v (no majority, or the close deadline): its partitions move once its liveness expires", wait)
+	}
+	if !lo.awaitRemoved(ctx, wait) {
 		dctx, dcancel := context.WithTimeout(context.Background(), time.Second)
 		defer dcancel()
 		lo.n.log.Warn("left while still a voter of the ownership log: if another voter is down too, the log has no majority until it is back",
 			"voters", lo.run.Voters(), "log", lo.run.Describe(dctx))
 	}
+	return nil
 }
 
 // awaitRemoved waits, within ctx and at most d, until the log no longer
@@ -132,10 +145,22 @@ func (lo *logOwner) leaveLog(ctx context.Context) {
 // first, then removes it. A voter that left before that, while another
 // voter is down but not yet removed (a crash gossip has not confirmed),
 // would leave the log without a majority: every holder would stop. The
-// last voter is never removed, so it does not wait. It reports whether
-// the member no longer counts as a voter.
+// last voter waits too while another member is live in the table, until
+// that one has its vote (a learner not yet promoted would otherwise be
+// left with a log nobody can commit to); with nobody else live it does
+// not wait. It reports whether the member no longer counts as a voter.
 func (lo *logOwner) awaitRemoved(ctx context.Context, d time.Duration) bool {
-	return pollUntil(ctx, d, func() bool { return !lo.run.Voter() || lo.run.Voters() <= 1 })
+	return pollUntil(ctx, d, func() bool {
+		if !lo.run.Voter() {
+			return true
+		}
+		if lo.run.Voters() > 1 {
+			return false
+		}
+		fctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		return !lo.run.OthersFresh(fctx)
+	})
 }
 
 // awaitLeader waits, within ctx and at most d, until the log has a

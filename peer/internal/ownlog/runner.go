@@ -321,15 +321,31 @@ func (r *Runner) TransferLeadership(ctx context.Context) {
 }
 
 // Leave proposes the end of this member's liveness for good
-// (Machine.Leave) and waits, within ctx, until it is applied.
-func (r *Runner) Leave(ctx context.Context) {
-	r.until(ctx, 4*r.tick, func() bool {
+// (Machine.Leave) and waits, within ctx, until it is applied. It reports
+// whether it was.
+func (r *Runner) Leave(ctx context.Context) bool {
+	return r.until(ctx, 4*r.tick, func() bool {
 		c, ok := r.m.Own().Leave()
 		if ok {
 			r.m.do([]ownership.Action{{Kind: ownership.Propose, Cmd: c}})
 		}
 		return ok
 	})
+}
+
+// OthersFresh reports whether a member of the table other than this one
+// is live and extending (Machine.Fresh); false when ctx ended first.
+func (r *Runner) OthersFresh(ctx context.Context) bool {
+	v, _ := ask(ctx, r, func() bool {
+		now, own := r.mono(), r.m.Own()
+		for id := range own.Table().Members {
+			if id != own.ID() && own.Fresh(id, now) {
+				return true
+			}
+		}
+		return false
+	})
+	return v
 }
 
 // Describe returns Member.Describe, from the runner's goroutine.
@@ -359,21 +375,26 @@ func ask[T any](ctx context.Context, r *Runner, fn func() T) (T, bool) {
 }
 
 // until asks pending, on the runner's goroutine, every wait until it
-// answers false, ctx ends or the runner stops.
-func (r *Runner) until(ctx context.Context, wait time.Duration, pending func() bool) {
+// answers false, ctx ends or the runner stops. It reports whether pending
+// answered false.
+func (r *Runner) until(ctx context.Context, wait time.Duration, pending func() bool) bool {
 	for {
-		if more, ok := ask(ctx, r, pending); !ok || !more {
-			return
+		more, ok := ask(ctx, r, pending)
+		if !ok {
+			return false
+		}
+		if !more {
+			return true
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return
+			return false
 		case <-r.done:
 			t.Stop()
-			return
+			return false
 		}
 	}
 }
