@@ -3,12 +3,9 @@ package peer
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"reflect"
-	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,20 +22,7 @@ import (
 // member's health is degraded (a node cut off by a test), 1.6 s with the
 // fast profile; goleak's own retries last about half a second. Parallel
 // tests run last, so their clusters close just before the check.
-//
-// It also runs twice GOMAXPROCS parallel tests at once, unless
-// -test.parallel is given: the package's parallel tests are clusters that
-// mostly wait on timers (liveness leases, gossip probes, raft elections),
-// so two per core keep the cores busy without starving them (on 2 cores,
-// the parallel tests took 126 s at 2 and 71 s at 4, with 120 s and 106 s
-// of CPU).
 func TestMain(m *testing.M) {
-	flag.Parse()
-	given := false
-	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
-	if !given {
-		_ = flag.Set("test.parallel", strconv.Itoa(2*runtime.GOMAXPROCS(0)))
-	}
 	code := m.Run()
 	if code == 0 {
 		deadline := time.NewTimer(leakGrace)

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -305,8 +306,13 @@ func TestLeaverCutFromGossipKeepsItsVote(t *testing.T) {
 	// n0 as their only copy, rightly vacant.)
 	killed := n2.mono()
 	share := int64(float64(n2.cfg.LeaseDuration) * ownership.HolderShare)
-	waitFor(t, 30*time.Second, "the log (n1 and n2, without n0) to commit an extension n2 sent after n0 died", func() bool {
+	waitForWhy(t, 30*time.Second, "the log (n1 and n2, without n0) to commit an extension n2 sent after n0 died", func() bool {
 		return n2.lo.run.Lead() != 0 && n2.lo.run.LiveUntil() > killed+share
+	}, func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		return fmt.Sprintf("n2 live until %v after the kill\n n1: %s; traffic %+v\n n2: %s; traffic %+v",
+			time.Duration(n2.lo.run.LiveUntil()-killed), n1.lo.run.Describe(ctx), n1.lo.run.Traffic(), n2.lo.run.Describe(ctx), n2.lo.run.Traffic())
 	})
 	cut.Store(false)
 	cancel() // n1's leave cannot finish: its copies all fail
