@@ -478,7 +478,8 @@ func VotersFor(n int) int {
 // otherwise leave the log without a majority. With no learner to
 // promote, a leaver that still answers is removed only while the voters
 // left keep a majority that answers, and a silent voter is removed in
-// its place first.
+// its place first. The voters wanted (VotersFor) count every member not
+// done, a leaver still draining among them.
 func (m *Member) autopilot(now int64) {
 	if now-m.lastConf < int64(100*time.Millisecond) {
 		return
@@ -535,26 +536,6 @@ func (m *Member) autopilot(now int64) {
 			live++
 		}
 	}
-	// Voters that stay: a leaving voter is replaced before it goes, so
-	// that the last voter of a log never leaves with it.
-	staying := 0
-	for id := range voters {
-		if p, ok := byID[id]; !ok || !p.Leaving && !done(p) {
-			staying++
-		}
-	}
-	if staying < m.voters(live) {
-		for _, id := range sorted(learners) {
-			p, ok := byID[id]
-			// Caught up to within a snapshot's worth of entries: a
-			// learner that has to catch up from further back would hold
-			// commits up once it votes.
-			if ok && !p.Gone && !p.Leaving && st.Progress[id].Match+m.cfg.SnapshotEvery >= st.HardState.GetCommit() {
-				propose(pb.ConfChangeAddNode, id)
-				return
-			}
-		}
-	}
 	// A voter that answers is one this leader had a message from within
 	// three heartbeats (followers answer every heartbeat); a silent one
 	// it has had none from for an election timeout. Ticks not yet
@@ -568,6 +549,38 @@ func (m *Member) autopilot(now int64) {
 	}
 	silent := func(id uint64) bool {
 		return id != m.cfg.RaftID && m.tick > 0 && !heardWithin(id, m.cfg.ElectionTicks)
+	}
+	// Voters that stay: a leaving voter is replaced before it goes, so
+	// that the last voter of a log never leaves with it. One that stays
+	// but fell silent (crashed, a new incarnation this leader has not
+	// heard of yet, cut off) is replaced too, by a learner that answers;
+	// then it is trimmed as one voter more than wanted. Kept, it was one
+	// of three voters with a leaver that went at its close deadline, and
+	// the one voter left had no majority.
+	staying, silentStaying := 0, 0
+	for id := range voters {
+		if p, ok := byID[id]; !ok || !p.Leaving && !done(p) {
+			staying++
+			if silent(id) {
+				silentStaying++
+			}
+		}
+	}
+	want := m.voters(live)
+	if staying-silentStaying < want {
+		for _, id := range sorted(learners) {
+			p, ok := byID[id]
+			// Caught up to within a snapshot's worth of entries: a
+			// learner that has to catch up from further back would hold
+			// commits up once it votes.
+			if !ok || p.Gone || p.Leaving || st.Progress[id].Match+m.cfg.SnapshotEvery < st.HardState.GetCommit() {
+				continue
+			}
+			if staying < want || answers(id) {
+				propose(pb.ConfChangeAddNode, id)
+				return
+			}
+		}
 	}
 	// keeps reports whether the voters other than id still have a
 	// majority that answers.

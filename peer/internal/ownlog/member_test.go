@@ -411,3 +411,36 @@ func TestDrainingLeaverKeepsThreeVoters(t *testing.T) {
 		t.Fatalf("with m%d leaving and m%d silent, the leader m%d keeps %d voters, want 3: %s", leaver, quiet, lead, v, c.members[lead].Describe())
 	}
 }
+
+// TestSilentVoterReplacedByLearner: of voters m1, m2, m3 and learner m4,
+// a voter that is not the leader falls silent (crashed, and nobody has
+// told the log it is gone). The learner, which answers, must take its
+// vote: kept, the silent voter was one of three with the leader, and
+// when the leader then went without a word (a leave cut short by its
+// deadline, or a crash) the one voter left had no majority.
+func TestSilentVoterReplacedByLearner(t *testing.T) {
+	c := newClusterConf(t, 4, &pb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}})
+	c.run(5 * time.Second)
+	var lead uint64
+	for id := uint64(1); id <= 3; id++ {
+		if c.members[id].Leader() {
+			lead = id
+		}
+	}
+	if lead == 0 {
+		t.Fatal("no leader")
+	}
+	quiet, other := lead%3+1, (lead+1)%3+1
+	c.down[quiet] = true
+	c.run(5 * time.Second)
+	voters := c.members[lead].conf.GetVoters()
+	if !slices.Contains(voters, 4) || slices.Contains(voters, quiet) || len(voters) != 3 {
+		t.Fatalf("with m%d silent, the leader m%d has voters %v; want the learner m4 in its place: %s", quiet, lead, voters, c.members[lead].Describe())
+	}
+	c.down[lead] = true
+	before := c.members[other].Own().LiveUntil()
+	c.run(5 * time.Second)
+	if after := c.members[other].Own().LiveUntil(); after <= before {
+		t.Fatalf("m%d's liveness no longer extends once the leader m%d is gone too: %s", other, lead, c.members[other].Describe())
+	}
+}
