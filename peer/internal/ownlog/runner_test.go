@@ -292,13 +292,17 @@ func TestRunnerActsBetweenTicks(t *testing.T) {
 		v.Target[p] = "m1"
 	}
 	r.SetView(v, []Peer{{RaftID: 1, Member: "m1"}})
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	step := time.NewTicker(time.Millisecond)
+	defer step.Stop()
 	for p := 0; p < parts; p++ {
 		for !r.MayDecide(p, mono()) {
-			if time.Now().After(deadline) {
+			select {
+			case <-deadline.C:
 				t.Fatalf("partition %d not decidable by the founder %v after its view, with no tick yet: %+v", p, time.Since(start), r.Part(p))
+			case <-step.C:
 			}
-			time.Sleep(time.Millisecond)
 		}
 	}
 }
