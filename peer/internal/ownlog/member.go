@@ -479,7 +479,9 @@ func VotersFor(n int) int {
 // promote, a leaver that still answers is removed only while the voters
 // left keep a majority that answers, and a silent voter is removed in
 // its place first. The voters wanted (VotersFor) count every member not
-// done, a leaver still draining among them.
+// done, a leaver still draining among them; a staying voter that fell
+// silent does not count as one, so a learner that answers is promoted in
+// its place and the silent one is then trimmed.
 func (m *Member) autopilot(now int64) {
 	if now-m.lastConf < int64(100*time.Millisecond) {
 		return

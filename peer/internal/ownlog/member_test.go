@@ -98,6 +98,19 @@ func (c *cluster) leaveThenCheckMajority(id, other uint64) {
 	}
 }
 
+// leader returns the raft ID of the member that leads, failing the test
+// when none does.
+func (c *cluster) leader() uint64 {
+	c.t.Helper()
+	for id, m := range c.members {
+		if m.Leader() {
+			return id
+		}
+	}
+	c.t.Fatal("no leader")
+	return 0
+}
+
 // until runs the cluster 100 ms at a time until cond holds, failing the
 // test with why() after d of virtual time.
 func (c *cluster) until(d time.Duration, cond func() bool, why func() string) {
@@ -245,15 +258,7 @@ func TestStepDropsMessagesForAnotherMember(t *testing.T) {
 func TestLeaderAppendsProposalsTogether(t *testing.T) {
 	c := newCluster(t, 5)
 	c.run(5 * time.Second)
-	var lead uint64
-	for id, m := range c.members {
-		if m.Leader() {
-			lead = id
-		}
-	}
-	if lead == 0 {
-		t.Fatal("no leader")
-	}
+	lead := c.leader()
 	to := lead%5 + 1
 	appends, entries := 0, 0
 	for range 100 { // 10 s at rest
@@ -303,15 +308,7 @@ func TestLeaverKeepsTheMajority(t *testing.T) {
 func TestLeaderLeavingPastADeadVoter(t *testing.T) {
 	c := newClusterConf(t, 4, &pb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}})
 	c.run(5 * time.Second)
-	var lead uint64
-	for id := uint64(1); id <= 3; id++ {
-		if c.members[id].Leader() {
-			lead = id
-		}
-	}
-	if lead == 0 {
-		t.Fatal("no leader")
-	}
+	lead := c.leader()
 	dead := lead%3 + 1
 	live := dead%3 + 1
 	c.down[dead] = true
@@ -390,15 +387,7 @@ func TestLeaverCutOffComesBack(t *testing.T) {
 func TestDrainingLeaverKeepsThreeVoters(t *testing.T) {
 	c := newCluster(t, 3)
 	c.run(5 * time.Second)
-	var lead uint64
-	for id := uint64(1); id <= 3; id++ {
-		if c.members[id].Leader() {
-			lead = id
-		}
-	}
-	if lead == 0 {
-		t.Fatal("no leader")
-	}
+	lead := c.leader()
 	leaver, quiet := lead%3+1, (lead+1)%3+1
 	roster := c.roster()
 	roster[leaver-1].Leaving = true
@@ -421,15 +410,7 @@ func TestDrainingLeaverKeepsThreeVoters(t *testing.T) {
 func TestSilentVoterReplacedByLearner(t *testing.T) {
 	c := newClusterConf(t, 4, &pb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}})
 	c.run(5 * time.Second)
-	var lead uint64
-	for id := uint64(1); id <= 3; id++ {
-		if c.members[id].Leader() {
-			lead = id
-		}
-	}
-	if lead == 0 {
-		t.Fatal("no leader")
-	}
+	lead := c.leader()
 	quiet, other := lead%3+1, (lead+1)%3+1
 	c.down[quiet] = true
 	c.run(5 * time.Second)
