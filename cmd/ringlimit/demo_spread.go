@@ -33,7 +33,9 @@ func (d *demo) spreadHotKey(ctx context.Context, live []*peer.Node) error {
 	var mu sync.Mutex
 	var admitted []op
 	byReason := map[peer.Reason]int{}
-	byNode := map[string]int{}
+	// Per receiving node: its admissions, and those it decided from rights.
+	admittedAt := map[string]int{}
+	spreadAt := map[string]int{}
 	var wg sync.WaitGroup
 	for w := range workers {
 		nd := live[w%len(live)]
@@ -60,7 +62,8 @@ func (d *demo) spreadHotKey(ctx context.Context, live []*peer.Node) error {
 			for r, c := range reasons {
 				byReason[r] += c
 			}
-			byNode[nd.Name()] += len(mine)
+			admittedAt[nd.Name()] += len(mine)
+			spreadAt[nd.Name()] += reasons[peer.ReasonSpread]
 			mu.Unlock()
 		})
 	}
@@ -91,10 +94,22 @@ func (d *demo) spreadHotKey(ctx context.Context, live []*peer.Node) error {
 	_ = tw.Flush()
 	windows := float64(took) / float64(demoSpreadWindow)
 	frac := float64(len(admitted)) / (demoSpreadLimit * windows)
-	// The holder's own callers compete for the same limit, so the
-	// share from rights varies around a half with scheduling (3947 of
-	// 8000 on a loaded machine): more than a third shows the key spread.
-	d.promise(byReason[peer.ReasonSpread] > len(admitted)/3, "%d of %d admissions were decided from rights by the node that received them, with no network on the decision", byReason[peer.ReasonSpread], len(admitted))
+	// How much of the limit each node wins varies with scheduling (the
+	// holder's own callers compete for the same units, and a grant takes
+	// at most half the spare ones): 2658 to 3947 of 8000 came from rights
+	// across runs. What spreading promises is where the other nodes'
+	// admissions are decided: most of them locally, from rights, with
+	// forwarding only while the rate meter warms up or a refill is in
+	// flight (83–93 % from rights over 10 runs, quiet and beside two
+	// busy loops; the promise asks for more than half).
+	others, othersSpread := 0, 0
+	for _, nd := range live {
+		if nd.Name() != owner {
+			others += admittedAt[nd.Name()]
+			othersSpread += spreadAt[nd.Name()]
+		}
+	}
+	d.promise(othersSpread > 0 && othersSpread*2 > others, "%d of the %d admissions at the nodes that do not hold the key were decided there from rights, with no network on the decision (%d of %d in all)", othersSpread, others, byReason[peer.ReasonSpread], len(admitted))
 	d.promise(worst <= demoSpreadLimit && byReason[peer.ReasonUnavailable] == 0, "no window held more than %d (at most %d admissions fit in one; direct window rule over call–return intervals), and the windows stayed full: %.0f%% of the limit admitted over %.1f windows", demoSpreadLimit, worst, 100*frac, windows)
 	return nil
 }

@@ -57,7 +57,7 @@ func TestDemo(t *testing.T) {
 		"✓ 3 leases granted through 2 nodes, the next 2 refused: never more than 3 held",
 		"✓ a release frees its unit at once: the next acquire is granted (0 remaining)",
 		"✓ leases never released came back after their TTL",
-		"admissions were decided from rights by the node that received them",
+		"admissions at the nodes that do not hold the key were decided there from rights",
 		"✓ no window held more than 2000",
 		"all 21 promises held",
 	} {
