@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -46,7 +48,12 @@ func serveProcDrivers(t *testing.T) []loadDriver {
 		t.Fatalf("go build cmd/ringlimit: %v\n%s", err, out)
 	}
 	policies := filepath.Join(dir, "policies.yaml")
-	pol := fmt.Sprintf("policies:\n  - name: %s\n    limit: %d\n    window: 1s\n    resolution: 10ms\n", peerPolicy, int64(1)<<50)
+	// The bench policy, and an Envoy domain whose one descriptor has the
+	// largest limit its file takes (4 294 967 295 a second, never
+	// reached), for the RLS row.
+	pol := fmt.Sprintf("policies:\n  - name: %s\n    limit: %d\n    window: 1s\n    resolution: 10ms\n"+
+		"domains:\n  - domain: %s\n    descriptors:\n      - key: user\n        rate_limit: {window: 1s, requests: %d}\n",
+		peerPolicy, int64(1)<<50, rlsLoadDomain, uint32(1<<32-1))
 	if err := os.WriteFile(policies, []byte(pol), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -76,6 +83,7 @@ func serveProcDrivers(t *testing.T) []loadDriver {
 	return []loadDriver{
 		routedDriver(t, "sidecar-routed procs keys=10000", addrs, pids),
 		unaryProcDriver(t, addrs, pids),
+		rlsProcDriver(t, addrs, pids),
 		httpProcDriver(t, procs, pids),
 	}
 }
@@ -104,6 +112,42 @@ func unaryProcDriver(t *testing.T, addrs []string, pids []int) loadDriver {
 			resp, err := clients[i%len(clients)].Allow(context.Background(), wire[i%len(wire)])
 			if err == nil && !resp.GetAllowed() {
 				err = fmt.Errorf("refused: %v", resp)
+			}
+			return err
+		},
+	}
+}
+
+// rlsLoadDomain is the Envoy domain of the RLS row.
+const rlsLoadDomain = "load"
+
+// rlsProcDriver is the row of Envoy's rate limit filter calling
+// RateLimitService/ShouldRateLimit on any node, as an Envoy fleet does:
+// one descriptor (user=<one of 10 000 subjects>), one connection per
+// process, round-robin, so two calls in three are forwarded once.
+func rlsProcDriver(t *testing.T, addrs []string, pids []int) loadDriver {
+	var clients []rlsv3.RateLimitServiceClient
+	for _, a := range addrs {
+		conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		clients = append(clients, rlsv3.NewRateLimitServiceClient(conn))
+	}
+	keys := loadKeys(10000)
+	wire := make([]*rlsv3.RateLimitRequest, len(keys))
+	for i, k := range keys {
+		wire[i] = &rlsv3.RateLimitRequest{Domain: rlsLoadDomain, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: k.Subject}},
+		}}}
+	}
+	return loadDriver{
+		name: "rls procs keys=10000", pids: pids,
+		call: func(c, i int) error {
+			resp, err := clients[i%len(clients)].ShouldRateLimit(context.Background(), wire[i%len(wire)])
+			if err == nil && resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+				err = fmt.Errorf("not OK: %v", resp)
 			}
 			return err
 		},
