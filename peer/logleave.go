@@ -27,6 +27,19 @@ func (lo *logOwner) drain(ctx context.Context) error {
 	// How long, once it holds nothing, the member waits for its holders
 	// to move their backups off it before it leaves anyway.
 	d := ownership.Drain{Since: n.mono(), BackupWait: max(10*n.cfg.LeaseDuration, 5*time.Second)}
+	// The wait for holders to move their backups off ends a reserve
+	// before ctx's deadline, so that the leave itself (vote, liveness)
+	// has time of its own: when it ended with ctx, the member went a
+	// voter with its liveness running, and the log counted a vote that
+	// was gone until autopilot found it silent. A partition still held
+	// then keeps the drain waiting until ctx ends, as before.
+	backupsDone := ctx.Done()
+	if dl, ok := ctx.Deadline(); ok {
+		reserve := min(time.Until(dl)/3, 2*n.cfg.LeaseDuration)
+		bctx, bcancel := context.WithDeadline(ctx, dl.Add(-reserve))
+		defer bcancel()
+		backupsDone = bctx.Done()
+	}
 	aloneSaid := false
 	for {
 		v := n.view.Load()
@@ -79,6 +92,12 @@ func (lo *logOwner) drain(ctx context.Context) error {
 		}
 		select {
 		case <-t.C:
+		case <-backupsDone:
+			backupsDone = ctx.Done()
+			if held, backs := lo.depends(); held == 0 && ctx.Err() == nil {
+				n.log.Warn("left while still the backup of partitions, at the close deadline's reserve: their holders copy them elsewhere now that this member's liveness ends", "partitions", backs)
+				return lo.leaveLog(ctx)
+			}
 		case <-ctx.Done():
 			// The counts from the published states: the machine's answer
 			// may not have come (ctx ended while it was asked).

@@ -731,6 +731,39 @@ func TestLogTwoMembersVoterLeaves(t *testing.T) {
 	}
 }
 
+// TestLogLeaverBackingAtCloseDeadlineEndsItsLiveness: a member closes
+// with a deadline shorter than its wait for the holders it backs to copy
+// elsewhere (they cannot: their copies to each other fail). It still
+// hands on its vote and ends its liveness before the deadline: when the
+// drain returned at the deadline with only backups left, it went
+// without either, and the log counted a voter that was gone until
+// autopilot found it silent, its holders waiting a lease to re-back.
+func TestLogLeaverBackingAtCloseDeadlineEndsItsLiveness(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t, 3, logConfig(1000, time.Minute))
+	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
+	waitFor(t, 20*time.Second, "all settled", func() bool { return n0.Settled() && n1.Settled() && n2.Settled() })
+	n1.setCopyUnsentForTest(func(_ int, to string) bool { return to == n2.Name() })
+	n2.setCopyUnsentForTest(func(_ int, to string) bool { return to == n1.Name() })
+	// 3 s: shorter than the drain's wait for backups to move (10 leases).
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := n0.Close(ctx)
+	took := time.Since(start)
+	t.Logf("n0's Close: %v after %v", err, took.Round(time.Millisecond))
+	if took > 4*time.Second {
+		t.Fatalf("Close took %v with a 3 s deadline", took)
+	}
+	ectx, ecancel := context.WithTimeout(context.Background(), time.Second)
+	defer ecancel()
+	if ended := n1.lo.run.Ended(ectx, []string{n0.lo.self}); !ended[n0.lo.self] {
+		dctx, dcancel := context.WithTimeout(context.Background(), time.Second)
+		defer dcancel()
+		t.Fatalf("right after n0's Close, n1's table has not ended n0's liveness; log: %s", n1.lo.run.Describe(dctx))
+	}
+}
+
 // TestLogLeaderCrashKeepsHolders kills the log's leader: the election
 // that follows ends within the other holders' leases (a new leader makes
 // every member extend at once), so a key held and backed up elsewhere
