@@ -26,7 +26,7 @@ import (
 // the batcher that coalesces concurrent forwards to it. The connection is
 // dialed lazily by gRPC and closed when the peer leaves or restarts.
 type client struct {
-	n     *Node
+	env   *clientEnv
 	name  string
 	addr  string
 	conn  *grpc.ClientConn
@@ -98,7 +98,7 @@ func (n *Node) client(name, addr string) (*client, error) {
 		return nil, fmt.Errorf("peer: client for %s at %s: %w", name, addr, err)
 	}
 	c := &client{
-		n: n, name: name, addr: addr, conn: conn,
+		env: n.cenv, name: name, addr: addr, conn: conn,
 		stub:     peerpb.NewLimiterClient(conn),
 		queue:    make(chan *call, queueLen),
 		sem:      make(chan struct{}, n.cfg.MaxInFlight),
@@ -155,7 +155,7 @@ const pipeGather = 5 * time.Millisecond
 func (c *client) batchLoop() {
 	gather := time.NewTimer(pipeGather)
 	gather.Stop()
-	defer c.n.wg.Done()
+	defer c.env.wg.Done()
 	defer func() {
 		// Break the pipe, which fails the batches waiting on it; wait for
 		// in-flight batches, then fail whatever is still queued.
@@ -186,8 +186,8 @@ func (c *client) batchLoop() {
 			<-c.sem
 			return
 		}
-		if len(c.sem) > 1 && len(c.queue) < c.n.cfg.MaxBatch-1 {
-			gather.Reset(time.Duration(c.n.gather.Load()))
+		if len(c.sem) > 1 && len(c.queue) < c.env.maxBatch-1 {
+			gather.Reset(time.Duration(c.env.gather.Load()))
 		wait:
 			for len(c.sem) > 1 {
 				select {
@@ -200,7 +200,7 @@ func (c *client) batchLoop() {
 			}
 			gather.Stop()
 		}
-		if len(c.queue) < c.n.cfg.MaxBatch {
+		if len(c.queue) < c.env.maxBatch {
 			// Let callers that are ready to run enqueue first: on a busy
 			// node the batch grows by what they add, and fewer, larger
 			// messages cost far less than the yield.
@@ -213,7 +213,7 @@ func (c *client) batchLoop() {
 			batch = append(batch, first)
 		}
 	drain:
-		for len(batch) < c.n.cfg.MaxBatch {
+		for len(batch) < c.env.maxBatch {
 			select {
 			case k := <-c.queue:
 				if !k.abandoned.Load() {
@@ -234,7 +234,7 @@ func (c *client) batchLoop() {
 		}
 		f.batch = nil // the unary call's now
 		f.release()
-		c.n.wg.Add(1)
+		c.env.wg.Add(1)
 		go c.send(batch)
 	}
 }
@@ -251,8 +251,8 @@ func (c *client) done() {
 
 // checkRequest builds the request for batch.
 func (c *client) checkRequest(batch []*call) *peerpb.CheckRequest {
-	req := &peerpb.CheckRequest{Sender: c.n.name, Items: make([]*peerpb.CheckItem, len(batch))}
-	v := c.n.view.Load()
+	req := &peerpb.CheckRequest{Sender: c.env.self, Items: make([]*peerpb.CheckItem, len(batch))}
+	v := c.env.view.Load()
 	req.RingVersion, req.MembersHash = v.snap.Version(), v.snap.MembersHash()
 	for i, k := range batch {
 		req.Items[i] = &k.item
@@ -264,9 +264,9 @@ func (c *client) checkRequest(batch []*call) *peerpb.CheckRequest {
 // decisions and frees the in-flight slot. It reports false, having sent
 // nothing, when the pipe is broken; f is then still the caller's.
 func (c *client) sendPipe(p *transport.Pipe[peerpb.CheckRequest, peerpb.CheckResponse], f *fwdSend) bool {
-	v := c.n.view.Load()
+	v := c.env.view.Load()
 	req := &f.req
-	req.Sender, req.RingVersion, req.MembersHash, req.TimeoutNs = c.n.name, v.snap.Version(), v.snap.MembersHash(), int64(c.n.cfg.ForwardTimeout)
+	req.Sender, req.RingVersion, req.MembersHash, req.TimeoutNs = c.env.self, v.snap.Version(), v.snap.MembersHash(), int64(c.env.forwardTimeout)
 	// About 40 bytes per item with short names.
 	b := binary.AppendUvarint(slices.Grow(f.buf[:0], 8+64*len(f.batch)), uint64(len(f.batch)))
 	for _, k := range f.batch {
@@ -360,24 +360,24 @@ func (f *fwdSend) Done(resp *peerpb.CheckResponse, err error) {
 		batch := f.batch
 		f.batch = nil
 		f.release()
-		c.n.wg.Add(1)
+		c.env.wg.Add(1)
 		go c.send(batch)
 		return
 	}
 	if err == nil {
 		err = streamErr(resp.GetCode(), resp.GetError())
 	}
-	f.out = c.finish(c.n.ctx, f.batch, resp, err, f.start, f.out)
+	f.out = c.finish(c.env.ctx, f.batch, resp, err, f.start, f.out)
 	f.release()
 	c.done()
 }
 
 // send makes one batch RPC and hands each call its decision.
 func (c *client) send(batch []*call) {
-	defer c.n.wg.Done()
+	defer c.env.wg.Done()
 	defer c.done()
 	req := c.checkRequest(batch)
-	ctx, cancel := context.WithTimeout(c.n.ctx, c.n.cfg.ForwardTimeout)
+	ctx, cancel := context.WithTimeout(c.env.ctx, c.env.forwardTimeout)
 	defer cancel()
 	start := time.Now()
 	resp, err := c.stub.Check(ctx, req)
@@ -399,17 +399,17 @@ func (c *client) finish(ctx context.Context, batch []*call, resp *peerpb.CheckRe
 			out[i] = wire.DecisionFromPB(d)
 		}
 	}
-	c.n.metrics.Batch(c.name, len(batch))
+	c.env.metrics.Batch(c.name, len(batch))
 	if err != nil {
-		c.n.metrics.Forward(c.name, "error", time.Since(start))
-		c.n.warnThrottled("forward failed", "peer", c.name, "batch", len(batch), "err", err)
+		c.env.metrics.Forward(c.name, "error", time.Since(start))
+		c.env.warn("forward failed", "peer", c.name, "batch", len(batch), "err", err)
 		err = fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, c.name, withCtxErr(ctx, err))
 		for _, k := range batch {
 			k.done <- callResult{err: err}
 		}
 		return out
 	}
-	c.n.metrics.Forward(c.name, "ok", time.Since(start))
+	c.env.metrics.Forward(c.name, "ok", time.Since(start))
 	for i, k := range batch {
 		k.done <- callResult{d: out[i]}
 	}
@@ -482,9 +482,9 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (De
 // direct sends one request as its own RPC (batching disabled).
 func (c *client) direct(ctx context.Context, r *opReq) callResult {
 	key := r.key
-	v := c.n.view.Load()
+	v := c.env.view.Load()
 	req := &peerpb.CheckRequest{
-		Sender:      c.n.name,
+		Sender:      c.env.self,
 		RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash(),
 		Items: []*peerpb.CheckItem{{Key: &peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}, Hits: r.hits, Op: r.op, Policies: r.names}},
 	}
@@ -493,12 +493,12 @@ func (c *client) direct(ctx context.Context, r *opReq) callResult {
 	if err == nil && len(resp.Decisions) != 1 {
 		err = fmt.Errorf("peer: %s answered %d decisions for 1 request", c.name, len(resp.Decisions))
 	}
-	c.n.metrics.Batch(c.name, 1)
+	c.env.metrics.Batch(c.name, 1)
 	if err != nil {
-		c.n.metrics.Forward(c.name, "error", time.Since(start))
+		c.env.metrics.Forward(c.name, "error", time.Since(start))
 		return callResult{err: fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, c.name, withCtxErr(ctx, err))}
 	}
-	c.n.metrics.Forward(c.name, "ok", time.Since(start))
+	c.env.metrics.Forward(c.name, "ok", time.Since(start))
 	d := wire.DecisionFromPB(resp.Decisions[0])
 	return callResult{d: d}
 }

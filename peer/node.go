@@ -81,9 +81,11 @@ type Node struct {
 	calls     sync.Pool          // of *call, reused by forwards
 	replItems sync.Pool          // of *replItem, reused by replication
 
-	ctx       context.Context // the node's lifetime; cancelled by Close
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
+	ctx    context.Context // the node's lifetime; cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	// cenv is what each per-peer client takes of this node (clientenv.go).
+	cenv      *clientEnv
 	closing   atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
@@ -245,6 +247,7 @@ func (n *Node) startRPC() error {
 	n.health = health.NewServer()
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	n.setupAuth()
+	n.cenv = n.newClientEnv()
 	n.serveRPC(lis)
 	return nil
 }

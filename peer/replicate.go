@@ -70,9 +70,12 @@ func (n *Node) getReplItem() *replItem {
 // putReplItem returns it to the pool. Only the item's last user may: the
 // waiter once done has yielded (never one that gave up waiting), or the
 // batcher for an item nobody waits for.
-func (n *Node) putReplItem(it *replItem) {
+func (n *Node) putReplItem(it *replItem) { putReplItem(&n.replItems, it) }
+
+// putReplItem returns it to pool, emptied.
+func putReplItem(pool *sync.Pool, it *replItem) {
 	*it = replItem{ch: it.ch}
-	n.replItems.Put(it)
+	pool.Put(it)
 }
 
 // replicator is the batcher of operations to one backup member.
@@ -180,7 +183,7 @@ func admissionRun(p *policy.Entry, sd shard.Decision, hits int64, now time.Time)
 
 // replLoop batches c's replication queue into Replicate RPCs.
 func (c *client) replLoop() {
-	defer c.n.wg.Done()
+	defer c.env.wg.Done()
 	r := c.repl
 	defer func() {
 		r.pipe.close(fmt.Errorf("%w: connection to %s closed", ErrUnavailable, c.name))
@@ -221,7 +224,7 @@ func (c *client) replLoop() {
 			// As in batchLoop: while a message is out, what queues waits
 			// for its answer (or pipeGather) and leaves with it in one
 			// message, instead of one small message each.
-			gather.Reset(time.Duration(c.n.gather.Load()))
+			gather.Reset(time.Duration(c.env.gather.Load()))
 		wait:
 			for len(r.sem) > 1 {
 				select {
@@ -314,8 +317,8 @@ func (c *client) sendReplPipe(p *transport.Pipe[peerpb.ReplicateRequest, peerpb.
 	if allAdmits(batch) {
 		// The common case: admissions only, packed.
 		var b []byte
-		b, rs.ops, rs.opOf = packAdmits(&rs.pack, batch, c.n.clock())
-		rs.packed.Sender, rs.packed.AdmitsPacked = c.n.name, b
+		b, rs.ops, rs.opOf = packAdmits(&rs.pack, batch, c.env.clock())
+		rs.packed.Sender, rs.packed.AdmitsPacked = c.env.self, b
 		rs.req = &rs.packed
 	} else {
 		rs.req, rs.opOf = c.replRequest(batch)
@@ -389,7 +392,7 @@ func (rs *replSend) Done(resp *peerpb.ReplicateResponse, err error) {
 	if err == nil {
 		results, err = c.replResults(resp, len(rs.ops), &rs.res)
 	}
-	c.replFinish(c.n.ctx, rs.batch, rs.ops, rs.opOf, results, err, rs.start)
+	c.replFinish(c.env.ctx, rs.batch, rs.ops, rs.opOf, results, err, rs.start)
 	rs.release()
 	<-c.repl.sem
 	select {
@@ -403,8 +406,8 @@ func (rs *replSend) Done(resp *peerpb.ReplicateResponse, err error) {
 // backup applies none older than one it has applied), and this node's
 // policy version and, while the backup's policy table may differ, windows.
 func (c *client) stamp(req *peerpb.ReplicateRequest, batch []*replItem) {
-	req.Seq = c.n.replSeq.Add(1)
-	c.n.stampPolicies(req, c.name, batchPolicies(batch))
+	req.Seq = c.env.replSeq.Add(1)
+	c.env.stamp(req, c.name, batchPolicies(batch))
 }
 
 // stampPolicies sets req's policy version and windows (see windowsFor)
@@ -522,7 +525,7 @@ const maxReplBatch = 1024
 func (c *client) sendRepl(batch []*replItem) {
 	req, opOf := c.replRequest(batch)
 	c.stamp(req, batch)
-	ctx, cancel := context.WithTimeout(c.n.ctx, c.n.cfg.ForwardTimeout)
+	ctx, cancel := context.WithTimeout(c.env.ctx, c.env.forwardTimeout)
 	defer cancel()
 	start := time.Now()
 	resp, err := c.stub.Replicate(ctx, req)
@@ -537,9 +540,8 @@ func (c *client) sendRepl(batch []*replItem) {
 // replRequest builds the request for batch; opOf maps each item to its
 // operation's index.
 func (c *client) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, opOf []int) {
-	n := c.n
-	now := n.clock()
-	req = &peerpb.ReplicateRequest{Sender: n.name}
+	now := c.env.clock()
+	req = &peerpb.ReplicateRequest{Sender: c.env.self}
 	opOf = make([]int, len(batch))
 	admitOp := map[[2]uint64]int{}
 	for i, it := range batch {
@@ -593,24 +595,24 @@ func (c *client) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, o
 // replFinish applies the results of a batch's operations ops and tells
 // the waiting items; opOf maps each item to its operation.
 func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp, opOf []int, results []*peerpb.OpResult, err error, start time.Time) {
-	n := c.n
+	env := c.env
 	if err != nil {
-		n.metrics.Forward(c.name, "replicate_error", time.Since(start))
-		n.warnThrottled("replication failed", "peer", c.name, "ops", len(ops), "err", err)
+		env.metrics.Forward(c.name, "replicate_error", time.Since(start))
+		env.warn("replication failed", "peer", c.name, "ops", len(ops), "err", err)
 		err = fmt.Errorf("%w: replicate to %s: %w", ErrUnavailable, c.name, withCtxErr(ctx, err))
 		for _, it := range batch {
 			if it.done != nil {
 				it.done <- err
 			} else {
-				n.putReplItem(it)
+				env.putReplItem(it)
 			}
 		}
 		return
 	}
-	n.metrics.Forward(c.name, "replicate_ok", time.Since(start))
+	env.metrics.Forward(c.name, "replicate_ok", time.Since(start))
 	for i, it := range batch {
 		if it.done == nil {
-			n.putReplItem(it)
+			env.putReplItem(it)
 			continue
 		}
 		j := opOf[i]

@@ -112,7 +112,7 @@ func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Conte
 			s.retry = time.Now().Add(pipeUnimplementedPause)
 		}
 	}
-	if c.n.cfg.DisableStreams || time.Now().Before(s.retry) {
+	if c.env.noStreams || time.Now().Before(s.retry) {
 		return nil
 	}
 	if st := c.conn.GetState(); st != connectivity.Ready {
@@ -128,7 +128,7 @@ func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Conte
 	if s.dial != nil {
 		return nil // still dialling: unary RPCs meanwhile
 	}
-	p, err := transport.OpenPipe(c.n.ctx, c.n.pipeConfig(false), open, idOf)
+	p, err := transport.OpenPipe(c.env.ctx, c.env.pipeConfig(false), open, idOf)
 	if err != nil {
 		s.retry = time.Now().Add(pipeRetryPause)
 		return nil
@@ -142,7 +142,7 @@ func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Conte
 // takes a finished dial's outcome (a failed one sets the pause before the
 // next try). It never blocks, and returns nil while dialling.
 func (s *pipeState[Req, Resp]) framedPipe(c *client, kind byte, idOf func(*Resp) uint64) *transport.Pipe[Req, Resp] {
-	if c.n.cfg.DisableFramedPipes || time.Now().Before(s.framedRetry) || c.conn.GetState() != connectivity.Ready {
+	if c.env.noFramed || time.Now().Before(s.framedRetry) || c.conn.GetState() != connectivity.Ready {
 		return nil
 	}
 	if s.dial == nil {
@@ -158,9 +158,9 @@ func (s *pipeState[Req, Resp]) framedPipe(c *client, kind byte, idOf func(*Resp)
 	s.dial = nil
 	s.dialCancel()
 	if res.err == nil {
-		p, err := transport.OpenPipe(c.n.ctx, c.n.pipeConfig(true), transport.Open[Req, Resp](res.fc), idOf)
+		p, err := transport.OpenPipe(c.env.ctx, c.env.pipeConfig(true), transport.Open[Req, Resp](res.fc), idOf)
 		if err == nil {
-			c.n.framedOpened.Add(1)
+			c.env.framedOpened.Add(1)
 			return p
 		}
 		res.fc.Close()
@@ -171,7 +171,7 @@ func (s *pipeState[Req, Resp]) framedPipe(c *client, kind byte, idOf func(*Resp)
 		// An older node, or a proxy that passes only HTTP/2: a gRPC
 		// stream works, and will until the peer is replaced.
 		pause = pipeUnimplementedPause
-		c.n.log.Info("peer takes no framed pipe; using a gRPC stream", "peer", c.name, "err", res.err)
+		c.env.log.Info("peer takes no framed pipe; using a gRPC stream", "peer", c.name, "err", res.err)
 	}
 	s.framedRetry = time.Now().Add(pause)
 	return nil
@@ -180,15 +180,15 @@ func (s *pipeState[Req, Resp]) framedPipe(c *client, kind byte, idOf func(*Resp)
 // startDial dials a framed pipe of kind to c's peer on a goroutine the
 // node owns.
 func (s *pipeState[Req, Resp]) startDial(c *client, kind byte) {
-	ctx, cancel := context.WithCancel(c.n.ctx)
+	ctx, cancel := context.WithCancel(c.env.ctx)
 	ch := make(chan framedResult, 1)
 	s.dial, s.dialCancel = ch, cancel
-	c.n.wg.Add(1)
+	c.env.wg.Add(1)
 	go func() {
-		defer c.n.wg.Done()
-		fc, err := transport.Dial(ctx, c.addr, kind, c.n.ops.auth.Token(), c.n.cfg.ClientTLS)
+		defer c.env.wg.Done()
+		fc, err := transport.Dial(ctx, c.addr, kind, c.env.authToken, c.env.tls)
 		if fc != nil {
-			fc.SetWriteTimeout(c.n.framedWriteTimeout())
+			fc.SetWriteTimeout(c.env.framedWriteTimeout)
 		}
 		ch <- framedResult{fc: fc, err: err}
 	}()
@@ -208,11 +208,6 @@ func (s *pipeState[Req, Resp]) close(err error) {
 		}
 		s.dial = nil
 	}
-}
-
-// pipeConfig is what the node's pipes to peers (framed or not) need.
-func (n *Node) pipeConfig(framed bool) transport.PipeConfig {
-	return transport.PipeConfig{WG: &n.wg, Timeout: n.cfg.ForwardTimeout, Breaks: &n.pipeBreaks, Framed: framed}
 }
 
 func checkID(r *peerpb.CheckResponse) uint64         { return r.GetId() }

@@ -1,0 +1,73 @@
+package peer
+
+import (
+	"context"
+	"crypto/tls"
+	"iter"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ringlimit/ringlimit/peer/internal/transport"
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+)
+
+// clientEnv is everything a per-peer client (forward batching,
+// replication, their pipes) takes from its node, set once when the node
+// starts its RPC server and never changed. The client reaches nothing
+// else of the node: what it reads is here, what it changes is the
+// counters and pools below, and its goroutines join the node's group
+// and end with the node's context.
+type clientEnv struct {
+	ctx     context.Context // the node's lifetime: cancelled by Close
+	wg      *sync.WaitGroup // the node's goroutines; the client's join it
+	self    string          // this node's name, the sender of every request
+	log     *slog.Logger
+	metrics Metrics
+	clock   func() time.Time // the node's clock: replication's ages
+
+	maxBatch           int           // Config.MaxBatch
+	forwardTimeout     time.Duration // Config.ForwardTimeout
+	framedWriteTimeout time.Duration // bounds each write on a framed pipe
+	noStreams          bool          // Config.DisableStreams: unary calls only
+	noFramed           bool          // Config.DisableFramedPipes: gRPC streams only
+	tls                *tls.Config   // Config.ClientTLS
+	authToken          string        // the peer token a framed pipe's hello carries
+
+	view   *atomic.Pointer[view] // the node's current view (ring, members)
+	gather *atomic.Int64         // ns a batch waits for more calls (adapted by the node)
+
+	replSeq      *atomic.Uint64 // numbers replication messages, node-wide
+	framedOpened *atomic.Int64  // framed pipes opened (tests)
+	pipeBreaks   *atomic.Int64  // pipes that broke (tests)
+	replItems    *sync.Pool     // *replItem
+
+	// warn logs a degraded-service warning, throttled node-wide.
+	warn func(msg string, args ...any)
+	// stamp sets a replication message's policy version and, while
+	// member's policy table may differ, the windows of names.
+	stamp func(req *peerpb.ReplicateRequest, member string, names iter.Seq[string])
+}
+
+// newClientEnv is n's clientEnv; called once its peer authentication is
+// set up.
+func (n *Node) newClientEnv() *clientEnv {
+	return &clientEnv{
+		ctx: n.ctx, wg: &n.wg, self: n.name, log: n.log, metrics: n.metrics, clock: n.clock,
+		maxBatch: n.cfg.MaxBatch, forwardTimeout: n.cfg.ForwardTimeout, framedWriteTimeout: n.framedWriteTimeout(),
+		noStreams: n.cfg.DisableStreams, noFramed: n.cfg.DisableFramedPipes, tls: n.cfg.ClientTLS,
+		authToken: n.ops.auth.Token(),
+		view:      &n.view, gather: &n.gather,
+		replSeq: &n.replSeq, framedOpened: &n.framedOpened, pipeBreaks: &n.pipeBreaks, replItems: &n.replItems,
+		warn: n.warnThrottled, stamp: n.stampPolicies,
+	}
+}
+
+// pipeConfig is what the client's pipes to its peer (framed or not) need.
+func (e *clientEnv) pipeConfig(framed bool) transport.PipeConfig {
+	return transport.PipeConfig{WG: e.wg, Timeout: e.forwardTimeout, Breaks: e.pipeBreaks, Framed: framed}
+}
+
+// putReplItem returns it to the node's pool, emptied.
+func (e *clientEnv) putReplItem(it *replItem) { putReplItem(e.replItems, it) }
