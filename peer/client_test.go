@@ -641,12 +641,10 @@ func TestClientPeekRefund(t *testing.T) {
 // 3-node cluster: at most the limit held, a refusal with a RetryAfter, a
 // release freeing a unit once (a second release is harmless), each decided
 // by the key's holder, and another policy refused with ErrWrongAlgorithm.
-// A Client is a Leaser, so Middleware can take leases through it.
 func TestClientAcquireRelease(t *testing.T) {
 	t.Parallel()
 	c := startCluster(t, 3, Config{Policies: clientPolicies})
 	cl := dialForTest(t, c.nodes[0])
-	var _ Leaser = cl
 	ctx := context.Background()
 	for _, holder := range c.nodes {
 		k := pmKeyOwnedBy(t, c.nodes[0], "c", holder.Name())

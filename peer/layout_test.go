@@ -2,6 +2,7 @@ package peer
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -105,6 +106,26 @@ func TestLayout(t *testing.T) {
 			if bad != nil {
 				t.Errorf("%s depends on %s: it must not import %s", strings.TrimPrefix(pkg, mod+"/"), strings.Join(bad, ", "), r.what)
 			}
+		}
+	}
+}
+
+// TestLayoutPublicParts pins that the public packages beside peer
+// (httplimit) use peer's public API only: none imports a package under
+// peer/internal/ (their own imports; peer's are its own business).
+func TestLayoutPublicParts(t *testing.T) {
+	const mod = "github.com/ringlimit/ringlimit"
+	out, err := exec.Command("go", "list", "-e", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./httplimit").Output()
+	if err != nil {
+		t.Fatalf("go list ./httplimit: %v", err)
+	}
+	f := strings.Fields(string(out))
+	if len(f) == 0 || f[0] != mod+"/peer/httplimit" || !slices.Contains(f, mod+"/peer") {
+		t.Fatalf("go list ./httplimit printed %q: not the package and imports this test reads", out)
+	}
+	for _, d := range f[1:] {
+		if strings.HasPrefix(d, mod+"/peer/internal/") {
+			t.Errorf("peer/httplimit imports %s: it must use peer's public API only", d)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -371,11 +372,25 @@ func TestPrometheusNoAllocs(t *testing.T) {
 // TestPrometheusNode checks the metrics a real node reports.
 func TestPrometheusNode(t *testing.T) {
 	m, reg := newPromMetrics(t)
-	clock := newMWClock()
-	n := startMWNode(t, peer.Config{
-		Clock:    clock.Now,
+	// A clock that moves only when told to (off, from t0).
+	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	var off atomic.Int64
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer scancel()
+	n, err := peer.New(sctx, peer.Config{
+		Clock:    func() time.Time { return t0.Add(time.Duration(off.Load())) },
 		Metrics:  m,
 		Policies: map[string]peer.PolicyConfig{"api": {Limit: 5, Window: time.Minute}},
+	})
+	if err != nil {
+		t.Fatalf("peer.New: %v", err)
+	}
+	t.Cleanup(func() {
+		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer ccancel()
+		if err := n.Close(cctx); err != nil {
+			t.Errorf("Close: %v", err)
+		}
 	})
 	ctx := context.Background()
 	// Three subjects; alice sends 7 requests (5 admitted, 2 refused), bob
@@ -452,7 +467,7 @@ func TestPrometheusNode(t *testing.T) {
 	}
 
 	// A window later every key is idle: the sweep reclaims them.
-	clock.Set(2 * time.Minute)
+	off.Store(int64(2 * time.Minute))
 	n.Sweep()
 	checkAll(t, []check{
 		{"ringlimit_keys", nil, 0},

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/peer/httplimit"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
@@ -124,7 +125,7 @@ func (a *httpAPI) rateLimitHeaders(h http.Header, o op, b checkBody, d peer.Deci
 		d.Allowed = true
 	}
 	if len(b.Policies) == 0 {
-		peer.RateLimitHeaders(h, b.Policy, a.policy(b.Policy), d)
+		httplimit.RateLimitHeaders(h, b.Policy, a.policy(b.Policy), d)
 	} else {
 		a.multiHeaders(h, b.Policies, d)
 	}
@@ -142,11 +143,11 @@ func (a *httpAPI) multiHeaders(h http.Header, names []string, d peer.Decision) {
 		// configured quotas only.
 		for _, name := range names {
 			tmp := http.Header{}
-			peer.UnavailableHeaders(tmp, name, a.policy(name))
+			httplimit.UnavailableHeaders(tmp, name, a.policy(name))
 			pols = append(pols, tmp.Get("RateLimit-Policy"))
 		}
 		if !d.Allowed {
-			retry = fmt.Sprint(max(peer.RetryAfterSeconds(d.RetryAfter), 1))
+			retry = fmt.Sprint(max(httplimit.RetryAfterSeconds(d.RetryAfter), 1))
 		}
 	}
 	for _, l := range d.Limits {
@@ -156,7 +157,7 @@ func (a *httpAPI) multiHeaders(h http.Header, names []string, d peer.Decision) {
 			continue
 		}
 		tmp := http.Header{}
-		peer.RateLimitHeaders(tmp, l.Policy, a.policy(l.Policy), peer.Decision{
+		httplimit.RateLimitHeaders(tmp, l.Policy, a.policy(l.Policy), peer.Decision{
 			Allowed: l.Allowed, Limit: l.Limit, Remaining: l.Remaining, RetryAfter: l.RetryAfter, ResetAfter: l.ResetAfter, Reason: d.Reason})
 		pols = append(pols, tmp.Get("RateLimit-Policy"))
 		states = append(states, tmp.Get("RateLimit"))
@@ -252,7 +253,7 @@ func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
 		}
 		a.log.Debug("check unavailable", "policy", strings.Join(names, ","), "err", err)
 		body := checkResponse{Reason: peer.ReasonUnavailable.String(), Error: msg,
-			RetryAfterMs: peer.UnavailableRetryAfter.Milliseconds()}
+			RetryAfterMs: httplimit.UnavailableRetryAfter.Milliseconds()}
 		var pols []string
 		for _, name := range names {
 			pc, known := a.pols.Policy(name)
@@ -261,7 +262,7 @@ func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
 				continue // unknown, or exempt by an unlimited override
 			}
 			tmp := http.Header{}
-			peer.UnavailableHeaders(tmp, name, pc)
+			httplimit.UnavailableHeaders(tmp, name, pc)
 			pols = append(pols, tmp.Get("RateLimit-Policy"))
 			if len(names) > 1 {
 				body.Limits = append(body.Limits, limitResponse{Policy: name, Limit: pc.Limit})
@@ -269,7 +270,7 @@ func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
 				body.Limit = pc.Limit
 			}
 		}
-		h.Set("Retry-After", fmt.Sprint(peer.RetryAfterSeconds(peer.UnavailableRetryAfter)))
+		h.Set("Retry-After", fmt.Sprint(httplimit.RetryAfterSeconds(httplimit.UnavailableRetryAfter)))
 		h.Del("RateLimit")
 		if len(pols) > 0 {
 			h.Set("RateLimit-Policy", strings.Join(pols, ", "))

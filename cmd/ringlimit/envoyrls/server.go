@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/peer/httplimit"
 )
 
 // maxDescriptors bounds one request's descriptors (Envoy sends one per
@@ -388,7 +389,7 @@ func headers(sts []*rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderVa
 			d.RetryAfter = st.GetDurationUntilReset().AsDuration()
 			d.ResetAfter = d.RetryAfter
 		}
-		peer.RateLimitHeaders(h, cl.Name, peer.PolicyConfig{Limit: int64(cl.RequestsPerUnit), Window: window}, d)
+		httplimit.RateLimitHeaders(h, cl.Name, peer.PolicyConfig{Limit: int64(cl.RequestsPerUnit), Window: window}, d)
 		pols = append(pols, h.Get("RateLimit-Policy"))
 		states = append(states, h.Get("RateLimit"))
 	}

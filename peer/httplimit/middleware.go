@@ -1,4 +1,4 @@
-package peer
+package httplimit
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ringlimit/ringlimit/peer"
 )
 
 // KeyFunc derives the quota key of a request from its AUTHENTICATED identity
@@ -31,20 +33,20 @@ import (
 // Subject from raw identities (an email, a UTF-8 name, an address) with
 // shard.KeyPart, which maps any string to a valid part. An unknown policy is
 // a server misconfiguration, answered 500.
-type KeyFunc func(r *http.Request) (key Key, ok bool)
+type KeyFunc func(r *http.Request) (key peer.Key, ok bool)
 
 // Limiter is what Middleware needs from a limiter. *Node implements it.
 type Limiter interface {
 	// Allow decides one request, as Node.Allow.
-	Allow(ctx context.Context, req Request) (Decision, error)
+	Allow(ctx context.Context, req peer.Request) (peer.Decision, error)
 	// Policies returns the policy table, as Node.Policies.
-	Policies() map[string]PolicyConfig
+	Policies() map[string]peer.PolicyConfig
 }
 
 // policyLooker is a Limiter whose table can change (as *Node's, by
 // SetPolicies): the middleware looks each request's policy up in it.
 type policyLooker interface {
-	Policy(name string) (PolicyConfig, bool)
+	Policy(name string) (peer.PolicyConfig, bool)
 }
 
 // MiddlewareConfig configures Middleware.
@@ -134,7 +136,7 @@ func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
 		missing = append(missing, "next handler")
 	}
 	if len(missing) > 0 {
-		m.cfgErr = fmt.Errorf("%w: middleware without %s", ErrInvalidConfig, strings.Join(missing, ", "))
+		m.cfgErr = fmt.Errorf("%w: middleware without %s", peer.ErrInvalidConfig, strings.Join(missing, ", "))
 		return m
 	}
 	if pl, ok := cfg.Limiter.(policyLooker); ok {
@@ -148,15 +150,15 @@ func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
 type middleware struct {
 	cfg      MiddlewareConfig
 	next     http.Handler
-	lookup   policyLooker            // per request, when the limiter has one
-	policies map[string]PolicyConfig // else read once
+	lookup   policyLooker                 // per request, when the limiter has one
+	policies map[string]peer.PolicyConfig // else read once
 	log      *slog.Logger
 	cfgErr   error
 }
 
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if m.cfgErr != nil {
-		m.fail(w, r, Key{}, m.cfgErr)
+		m.fail(w, r, peer.Key{}, m.cfgErr)
 		return
 	}
 	key, ok := m.cfg.Key(r)
@@ -170,11 +172,11 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.fail(w, r, key, &keyError{problem: problem})
 		return
 	}
-	req := Request{Key: key, Hits: 1}
+	req := peer.Request{Key: key, Hits: 1}
 	if m.cfg.Hits != nil {
 		req.Hits = m.cfg.Hits(r)
 	}
-	if pc, ok := m.policy(key.Policy); ok && pc.Algorithm == Concurrency {
+	if pc, ok := m.policy(key.Policy); ok && pc.Algorithm == peer.Concurrency {
 		m.serveLeased(w, r, req, pc)
 		return
 	}
@@ -206,9 +208,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // policy. *Node implements it.
 type Leaser interface {
 	// Acquire takes a lease, as Node.Acquire.
-	Acquire(ctx context.Context, req Request) (Lease, error)
+	Acquire(ctx context.Context, req peer.Request) (peer.Lease, error)
 	// Release ends a lease, as Node.Release.
-	Release(ctx context.Context, key Key, id uint64) (Decision, error)
+	Release(ctx context.Context, key peer.Key, id uint64) (peer.Decision, error)
 }
 
 // serveLeased serves a request of a concurrency policy: it takes a lease
@@ -216,11 +218,11 @@ type Leaser interface {
 // (the release runs in a deferred call, before net/http's recovery). The
 // release does not use the request's context, which ends with the
 // request: a cancelled release would keep the lease until its TTL.
-func (m *middleware) serveLeased(w http.ResponseWriter, r *http.Request, req Request, pc PolicyConfig) {
+func (m *middleware) serveLeased(w http.ResponseWriter, r *http.Request, req peer.Request, pc peer.PolicyConfig) {
 	key := req.Key
 	lz, ok := m.cfg.Limiter.(Leaser)
 	if !ok {
-		m.fail(w, r, key, fmt.Errorf("%w: policy %q is a concurrency policy and the limiter has no Acquire", ErrWrongAlgorithm, key.Policy))
+		m.fail(w, r, key, fmt.Errorf("%w: policy %q is a concurrency policy and the limiter has no Acquire", peer.ErrWrongAlgorithm, key.Policy))
 		return
 	}
 	l, err := lz.Acquire(r.Context(), req)
@@ -251,9 +253,9 @@ func (m *middleware) serveLeased(w http.ResponseWriter, r *http.Request, req Req
 // *Node implements it.
 type Reserver interface {
 	// Reserve admits an estimate, as Node.Reserve.
-	Reserve(ctx context.Context, req Request) (Reservation, error)
+	Reserve(ctx context.Context, req peer.Request) (peer.Reservation, error)
 	// Settle replaces it with the actual cost, as Node.Settle.
-	Settle(ctx context.Context, key Key, id uint64, actual int64) (Settlement, error)
+	Settle(ctx context.Context, key peer.Key, id uint64, actual int64) (peer.Settlement, error)
 }
 
 // costKey is the context key of a request's reported cost (ReportCost).
@@ -277,11 +279,11 @@ func ReportCost(ctx context.Context, units int64) {
 
 // serveReserved serves a request whose cost is known only afterwards:
 // reserve the estimate, serve, settle with the reported cost.
-func (m *middleware) serveReserved(w http.ResponseWriter, r *http.Request, req Request) {
+func (m *middleware) serveReserved(w http.ResponseWriter, r *http.Request, req peer.Request) {
 	key := req.Key
 	rz, ok := m.cfg.Limiter.(Reserver)
 	if !ok {
-		m.fail(w, r, key, fmt.Errorf("%w: SettleAfter and the limiter has no Reserve", ErrInvalidConfig))
+		m.fail(w, r, key, fmt.Errorf("%w: SettleAfter and the limiter has no Reserve", peer.ErrInvalidConfig))
 		return
 	}
 	res, err := rz.Reserve(r.Context(), req)
@@ -314,7 +316,7 @@ func (m *middleware) serveReserved(w http.ResponseWriter, r *http.Request, req R
 }
 
 // policy returns the limiter's current entry for name.
-func (m *middleware) policy(name string) (PolicyConfig, bool) {
+func (m *middleware) policy(name string) (peer.PolicyConfig, bool) {
 	if m.lookup != nil {
 		return m.lookup.Policy(name)
 	}
@@ -324,13 +326,13 @@ func (m *middleware) policy(name string) (PolicyConfig, bool) {
 
 // fail logs err and answers it through OnError, or with the middleware's own
 // body when OnError is nil.
-func (m *middleware) fail(w http.ResponseWriter, r *http.Request, key Key, err error) {
+func (m *middleware) fail(w http.ResponseWriter, r *http.Request, key peer.Key, err error) {
 	status := ErrorStatus(err)
 	ctx := r.Context()
 	switch {
 	case status == http.StatusServiceUnavailable:
 		m.log.DebugContext(ctx, "rate limiter unavailable", "policy", key.Policy, "err", err)
-	case errors.Is(err, ErrInvalidKey):
+	case errors.Is(err, peer.ErrInvalidKey):
 		var ke *keyError
 		problem := "invalid key"
 		if errors.As(err, &ke) {
@@ -339,7 +341,7 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, key Key, err e
 		// The key came from the embedder's KeyFunc: tell its author the fix.
 		m.log.WarnContext(ctx, "invalid rate limit key", "problem", problem, "path", r.URL.Path,
 			"hint", "build Tenant and Subject from raw identities with shard.KeyPart, which maps any string to a valid part")
-	case errors.Is(err, ErrUnknownPolicy):
+	case errors.Is(err, peer.ErrUnknownPolicy):
 		m.log.ErrorContext(ctx, "unknown rate limit policy", "policy", key.Policy, "path", r.URL.Path)
 	default:
 		m.log.ErrorContext(ctx, "rate limit check failed", "policy", key.Policy, "path", r.URL.Path, "err", err)
@@ -375,8 +377,8 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, key Key, err e
 // may be sent to the client.
 type keyError struct{ problem string }
 
-func (e *keyError) Error() string        { return ErrInvalidKey.Error() + ": " + e.problem }
-func (e *keyError) Is(target error) bool { return target == ErrInvalidKey }
+func (e *keyError) Error() string        { return peer.ErrInvalidKey.Error() + ": " + e.problem }
+func (e *keyError) Is(target error) bool { return target == peer.ErrInvalidKey }
 
 // UnavailableRetryAfter is the wait Middleware and the ringlimit server
 // suggest when the limiter could not decide (Retry-After on a 503): about
@@ -389,21 +391,21 @@ const UnavailableRetryAfter = time.Second
 // (UnavailableRetryAfter in seconds), RateLimit-Policy as RateLimitHeaders
 // writes it with the policy's configured limit, and RateLimit-Reason:
 // unavailable. RateLimit is removed: nothing is known of the key's state.
-func UnavailableHeaders(h http.Header, policy string, pc PolicyConfig) {
+func UnavailableHeaders(h http.Header, policy string, pc peer.PolicyConfig) {
 	h.Set("Retry-After", strconv.FormatInt(RetryAfterSeconds(UnavailableRetryAfter), 10))
 	h.Set("RateLimit-Policy", policyField(policy, pc, pc.Limit))
 	h.Del("RateLimit")
-	h.Set("RateLimit-Reason", ReasonUnavailable.String())
+	h.Set("RateLimit-Reason", peer.ReasonUnavailable.String())
 }
 
 // policyField is the RateLimit-Policy value for policy pc with quota limit.
-func policyField(policy string, pc PolicyConfig, limit int64) string {
+func policyField(policy string, pc peer.PolicyConfig, limit int64) string {
 	var buf [128]byte
 	return string(appendPolicyField(buf[:0], policy, pc, limit))
 }
 
 // appendPolicyField appends policyField's value to b.
-func appendPolicyField(b []byte, policy string, pc PolicyConfig, limit int64) []byte {
+func appendPolicyField(b []byte, policy string, pc peer.PolicyConfig, limit int64) []byte {
 	b = appendSFString(b, policy)
 	b = append(b, ";q="...)
 	b = strconv.AppendInt(b, limit, 10)
@@ -447,8 +449,8 @@ var (
 // which is an override's when one covers the key; a key an unlimited
 // override covers gets only "RateLimit-Reason: unlimited". Existing values of these fields are
 // replaced; Retry-After is left alone on an admitted decision.
-func RateLimitHeaders(h http.Header, policy string, pc PolicyConfig, d Decision) {
-	if d.Reason == ReasonUnlimited {
+func RateLimitHeaders(h http.Header, policy string, pc peer.PolicyConfig, d peer.Decision) {
+	if d.Reason == peer.ReasonUnlimited {
 		// No quota applies to the key: nothing to advertise.
 		h.Del("RateLimit-Policy")
 		h.Del("RateLimit")
@@ -463,7 +465,7 @@ func RateLimitHeaders(h http.Header, policy string, pc PolicyConfig, d Decision)
 	// as Header.Set and Header.Del would, with their canonical names.
 	var buf [128]byte
 	h[hdrRateLimitPolicy] = []string{string(appendPolicyField(buf[:0], policy, pc, limit))}
-	if d.Reason != ReasonFailedOpen {
+	if d.Reason != peer.ReasonFailedOpen {
 		t := resetSeconds(pc, d)
 		b := appendSFString(buf[:0], policy)
 		b = append(b, ";r="...)
@@ -478,7 +480,7 @@ func RateLimitHeaders(h http.Header, policy string, pc PolicyConfig, d Decision)
 		delete(h, hdrRateLimit)
 	}
 	switch d.Reason {
-	case ReasonFailedOpen, ReasonFallback, ReasonShadow:
+	case peer.ReasonFailedOpen, peer.ReasonFallback, peer.ReasonShadow:
 		h[hdrRateLimitReason] = []string{d.Reason.String()}
 	default:
 		delete(h, hdrRateLimitReason)
@@ -488,7 +490,7 @@ func RateLimitHeaders(h http.Header, policy string, pc PolicyConfig, d Decision)
 // resetSeconds is RateLimit's t for d (see RateLimitHeaders): ResetAfter
 // when admitted, RetryAfter (at least 1) when refused, in seconds rounded
 // up, and never more than the window in seconds.
-func resetSeconds(pc PolicyConfig, d Decision) int64 {
+func resetSeconds(pc peer.PolicyConfig, d peer.Decision) int64 {
 	t := RetryAfterSeconds(d.ResetAfter)
 	if !d.Allowed {
 		t = max(RetryAfterSeconds(d.RetryAfter), 1)
@@ -521,9 +523,9 @@ func RetryAfterSeconds(d time.Duration) int64 {
 // are server bugs).
 func ErrorStatus(err error) int {
 	switch {
-	case errors.Is(err, ErrUnavailable) || errors.Is(err, ErrClosed):
+	case errors.Is(err, peer.ErrUnavailable) || errors.Is(err, peer.ErrClosed):
 		return http.StatusServiceUnavailable
-	case errors.Is(err, ErrInvalidKey):
+	case errors.Is(err, peer.ErrInvalidKey):
 		return http.StatusBadRequest
 	}
 	return http.StatusInternalServerError
@@ -548,13 +550,13 @@ func DefaultOnError(w http.ResponseWriter, r *http.Request, err error) {
 func errorBodyFor(err error) errorBody {
 	var ke *keyError
 	switch {
-	case errors.Is(err, ErrUnavailable):
-		return errorBody{Error: "rate limiter unavailable", Reason: ReasonUnavailable.String()}
-	case errors.Is(err, ErrClosed):
-		return errorBody{Error: "rate limiter shutting down", Reason: ReasonUnavailable.String()}
+	case errors.Is(err, peer.ErrUnavailable):
+		return errorBody{Error: "rate limiter unavailable", Reason: peer.ReasonUnavailable.String()}
+	case errors.Is(err, peer.ErrClosed):
+		return errorBody{Error: "rate limiter shutting down", Reason: peer.ReasonUnavailable.String()}
 	case errors.As(err, &ke):
 		return errorBody{Error: "invalid rate limit key: " + ke.problem, Reason: "invalid_key"}
-	case errors.Is(err, ErrInvalidKey):
+	case errors.Is(err, peer.ErrInvalidKey):
 		return errorBody{Error: "invalid rate limit key", Reason: "invalid_key"}
 	}
 	return errorBody{Error: "internal error", Reason: "internal"}

@@ -1,4 +1,4 @@
-package peer_test
+package httplimit_test
 
 import (
 	"bytes"
@@ -16,7 +16,18 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/peer/httplimit"
 	"github.com/ringlimit/ringlimit/shard"
+)
+
+// The node and the routed client are what a middleware takes: both
+// decide, take leases and reserve.
+var (
+	_ httplimit.Limiter  = (*peer.Node)(nil)
+	_ httplimit.Leaser   = (*peer.Node)(nil)
+	_ httplimit.Reserver = (*peer.Node)(nil)
+	_ httplimit.Leaser   = (*peer.Client)(nil)
+	_ httplimit.Reserver = (*peer.Client)(nil)
 )
 
 // mwT0 is the fixed epoch of the middleware and metrics tests.
@@ -178,7 +189,7 @@ func TestMiddlewareNode(t *testing.T) {
 		},
 	})
 	next := &mwNext{}
-	srv := httptest.NewServer(peer.Middleware(peer.MiddlewareConfig{Limiter: n, Key: mwTestKey, Hits: mwTestHits}, next))
+	srv := httptest.NewServer(httplimit.Middleware(httplimit.MiddlewareConfig{Limiter: n, Key: mwTestKey, Hits: mwTestHits}, next))
 	defer srv.Close()
 
 	const pol = `"api";q=3;w=60`
@@ -248,7 +259,7 @@ func TestMiddlewareOutcomes(t *testing.T) {
 		"RateLimit-Reason": "unavailable", "Content-Type": "application/json"}
 	tests := []struct {
 		name string
-		lim  peer.Limiter
+		lim  httplimit.Limiter
 		step mwStep
 	}{
 		{"unavailable is 503, never 429", mwFake{err: unavailable},
@@ -291,7 +302,7 @@ func TestMiddlewareOutcomes(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			next := &mwNext{}
-			srv := httptest.NewServer(peer.Middleware(peer.MiddlewareConfig{Limiter: tc.lim, Key: mwTestKey}, next))
+			srv := httptest.NewServer(httplimit.Middleware(httplimit.MiddlewareConfig{Limiter: tc.lim, Key: mwTestKey}, next))
 			defer srv.Close()
 			st := tc.step
 			st.name = tc.name
@@ -305,7 +316,7 @@ func TestMiddlewareOutcomes(t *testing.T) {
 
 func TestMiddlewareOnError(t *testing.T) {
 	var got error
-	h := peer.Middleware(peer.MiddlewareConfig{
+	h := httplimit.Middleware(httplimit.MiddlewareConfig{
 		Limiter: mwFake{err: fmt.Errorf("%w: owner gone", peer.ErrUnavailable)},
 		Key:     mwTestKey,
 		OnError: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -327,7 +338,7 @@ func TestMiddlewareOnError(t *testing.T) {
 	// Without a KeyFunc the handler reports ErrInvalidConfig rather than
 	// panicking.
 	got = nil
-	h = peer.Middleware(peer.MiddlewareConfig{
+	h = httplimit.Middleware(httplimit.MiddlewareConfig{
 		Limiter: mwFake{},
 		OnError: func(w http.ResponseWriter, r *http.Request, err error) { got = err },
 	}, &mwNext{})
@@ -352,7 +363,7 @@ func TestMiddlewareRetryAfterSeconds(t *testing.T) {
 		{time.Minute, 60},
 	}
 	for _, tc := range tests {
-		if got := peer.RetryAfterSeconds(tc.d); got != tc.want {
+		if got := httplimit.RetryAfterSeconds(tc.d); got != tc.want {
 			t.Errorf("RetryAfterSeconds(%v) = %d, want %d", tc.d, got, tc.want)
 		}
 	}
@@ -396,7 +407,7 @@ func TestMiddlewareRateLimitHeaders(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := http.Header{}
 			h.Set("RateLimit-Reason", "stale")
-			peer.RateLimitHeaders(h, tc.policy, tc.pc, tc.d)
+			httplimit.RateLimitHeaders(h, tc.policy, tc.pc, tc.d)
 			if got := h.Get("RateLimit-Policy"); got != tc.wantPolicy {
 				t.Errorf("RateLimit-Policy = %q, want %q", got, tc.wantPolicy)
 			}
@@ -418,7 +429,7 @@ func TestMiddlewareRateLimitHeaders(t *testing.T) {
 func TestMiddlewareLogs(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
-		lim       peer.Limiter
+		lim       httplimit.Limiter
 		user      string
 		policy    string
 		status    int
@@ -437,7 +448,7 @@ func TestMiddlewareLogs(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf bytes.Buffer
 			log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-			h := peer.Middleware(peer.MiddlewareConfig{Limiter: tc.lim, Key: mwTestKey, Logger: log}, &mwNext{})
+			h := httplimit.Middleware(httplimit.MiddlewareConfig{Limiter: tc.lim, Key: mwTestKey, Logger: log}, &mwNext{})
 			req := httptest.NewRequest(http.MethodGet, "/search", nil)
 			req.Header.Set("X-Test-User", tc.user)
 			if tc.policy != "" {
@@ -475,7 +486,7 @@ func TestMiddlewareConcurrency(t *testing.T) {
 	key := peer.Key{Tenant: "t", Subject: "s", Policy: "inflight"}
 	entered := make(chan struct{})
 	proceed := make(chan struct{})
-	h := peer.Middleware(peer.MiddlewareConfig{
+	h := httplimit.Middleware(httplimit.MiddlewareConfig{
 		Limiter: nd,
 		Key:     func(*http.Request) (peer.Key, bool) { return key, true },
 	}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -541,7 +552,7 @@ func TestMiddlewareSettleAfter(t *testing.T) {
 	}})
 	key := peer.Key{Tenant: "t", Subject: "s", Policy: "tokens"}
 	served := 0
-	h := peer.Middleware(peer.MiddlewareConfig{
+	h := httplimit.Middleware(httplimit.MiddlewareConfig{
 		Limiter:     nd,
 		Key:         func(*http.Request) (peer.Key, bool) { return key, true },
 		Hits:        func(*http.Request) int64 { return 30 }, // the estimate
@@ -550,7 +561,7 @@ func TestMiddlewareSettleAfter(t *testing.T) {
 		served++
 		if c := r.URL.Query().Get("cost"); c != "" {
 			n, _ := strconv.ParseInt(c, 10, 64)
-			peer.ReportCost(r.Context(), n)
+			httplimit.ReportCost(r.Context(), n)
 		}
 	}))
 	serve := func(path string) int {
@@ -579,5 +590,5 @@ func TestMiddlewareSettleAfter(t *testing.T) {
 	if code := serve("/?cost=1"); code != http.StatusTooManyRequests || served != before {
 		t.Fatalf("estimate 30 with 8 left: %d, handler ran %d times; want 429 and not served", code, served-before)
 	}
-	peer.ReportCost(context.Background(), 5) // outside the middleware: nothing
+	httplimit.ReportCost(context.Background(), 5) // outside the middleware: nothing
 }

@@ -1,0 +1,18 @@
+// Package httplimit limits HTTP handlers with a ringlimit node: the
+// application's KeyFunc derives each request's key from its authenticated
+// identity, Middleware decides it through a Limiter (a *peer.Node, or a
+// *peer.Client for a process that does not embed one) and answers 429
+// (over limit) or 503 (unavailable: never reported as over limit) with
+// the draft RateLimit-Policy, RateLimit and Retry-After headers.
+// Concurrency policies hold a lease for the handler's run (Leaser); with
+// SettleAfter a reservation is settled with what the handler reports
+// through ReportCost (Reserver).
+//
+// RateLimitHeaders, UnavailableHeaders, RetryAfterSeconds and ErrorStatus
+// are the same answers for other front ends (ringlimit serve's JSON API,
+// its Envoy rate limit service).
+//
+// What it may import: peer's public API and the standard library, never
+// a package under peer/internal (peer's TestLayoutPublicParts pins it);
+// peer cannot import it back.
+package httplimit
