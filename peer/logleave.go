@@ -7,6 +7,7 @@ package peer
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -140,21 +141,37 @@ func (lo *logOwner) depends() (held, backed int) {
 // lapsed for a moment, and went with them and the log's only vote. Close
 // then says so instead of returning nil.
 func (lo *logOwner) leaveLog(ctx context.Context) error {
+	return leaveLog(ctx, lo.run, lo.n.cfg.LeaseDuration, lo.n.log)
+}
+
+// logLeaver is what leaving asks of this member's side of the ownership
+// log (*ownlog.Runner).
+type logLeaver interface {
+	TransferLeadership(ctx context.Context)
+	Leave(ctx context.Context) bool
+	Voter() bool
+	Voters() int
+	OthersFresh(ctx context.Context) bool
+	Describe(ctx context.Context) string
+}
+
+// leaveLog is logOwner.leaveLog over r, with lease the liveness lease.
+func leaveLog(ctx context.Context, r logLeaver, lease time.Duration, log *slog.Logger) error {
 	tctx, cancel := context.WithTimeout(ctx, time.Second)
-	lo.run.TransferLeadership(tctx)
+	r.TransferLeadership(tctx)
 	cancel()
-	wait := 4 * lo.n.cfg.LeaseDuration
+	wait := 4 * lease
 	lctx, lcancel := context.WithTimeout(ctx, wait)
-	left := lo.run.Leave(lctx)
+	left := r.Leave(lctx)
 	lcancel()
 	if !left {
 		return fmt.Errorf("peer: the ownership log did not apply this member's leave within %v (no majority, or the close deadline): its partitions move once its liveness expires", wait)
 	}
-	if !lo.awaitRemoved(ctx, wait) {
+	if !awaitRemoved(ctx, r, wait) {
 		dctx, dcancel := context.WithTimeout(context.Background(), time.Second)
 		defer dcancel()
-		lo.n.log.Warn("left while still a voter of the ownership log: if another voter is down too, the log has no majority until it is back",
-			"voters", lo.run.Voters(), "log", lo.run.Describe(dctx))
+		log.Warn("left while still a voter of the ownership log: if another voter is down too, the log has no majority until it is back",
+			"voters", r.Voters(), "log", r.Describe(dctx))
 	}
 	return nil
 }
@@ -168,17 +185,17 @@ func (lo *logOwner) leaveLog(ctx context.Context) error {
 // that one has its vote (a learner not yet promoted would otherwise be
 // left with a log nobody can commit to); with nobody else live it does
 // not wait. It reports whether the member no longer counts as a voter.
-func (lo *logOwner) awaitRemoved(ctx context.Context, d time.Duration) bool {
+func awaitRemoved(ctx context.Context, r logLeaver, d time.Duration) bool {
 	return pollUntil(ctx, d, func() bool {
-		if !lo.run.Voter() {
+		if !r.Voter() {
 			return true
 		}
-		if lo.run.Voters() > 1 {
+		if r.Voters() > 1 {
 			return false
 		}
 		fctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		defer cancel()
-		return !lo.run.OthersFresh(fctx)
+		return !r.OthersFresh(fctx)
 	})
 }
 
