@@ -111,21 +111,39 @@ func TestLayout(t *testing.T) {
 }
 
 // TestLayoutPublicParts pins that the public packages beside peer
-// (httplimit) use peer's public API only: none imports a package under
-// peer/internal/ (their own imports; peer's are its own business).
+// (httplimit, prommetrics) use peer's public API only, none importing a
+// package under peer/internal/ (their own imports; peer's are its own
+// business), and that peer itself, its parts included, does not depend
+// on Prometheus: the adapter is the one place that knows it.
 func TestLayoutPublicParts(t *testing.T) {
 	const mod = "github.com/ringlimit/ringlimit"
-	out, err := exec.Command("go", "list", "-e", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./httplimit").Output()
+	out, err := exec.Command("go", "list", "-e", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./httplimit", "./prommetrics").Output()
 	if err != nil {
-		t.Fatalf("go list ./httplimit: %v", err)
+		t.Fatalf("go list ./httplimit ./prommetrics: %v", err)
 	}
-	f := strings.Fields(string(out))
-	if len(f) == 0 || f[0] != mod+"/peer/httplimit" || !slices.Contains(f, mod+"/peer") {
-		t.Fatalf("go list ./httplimit printed %q: not the package and imports this test reads", out)
+	seen := 0
+	for line := range strings.Lines(string(out)) {
+		f := strings.Fields(line)
+		if len(f) == 0 || !strings.HasPrefix(f[0], mod+"/peer/") || !slices.Contains(f, mod+"/peer") {
+			t.Fatalf("go list printed %q: not a package and its imports as this test reads them", line)
+		}
+		seen++
+		for _, d := range f[1:] {
+			if strings.HasPrefix(d, mod+"/peer/internal/") {
+				t.Errorf("%s imports %s: it must use peer's public API only", strings.TrimPrefix(f[0], mod+"/"), d)
+			}
+		}
 	}
-	for _, d := range f[1:] {
-		if strings.HasPrefix(d, mod+"/peer/internal/") {
-			t.Errorf("peer/httplimit imports %s: it must use peer's public API only", d)
+	if seen != 2 {
+		t.Fatalf("go list printed %d packages, want 2:\n%s", seen, out)
+	}
+	deps, err := exec.Command("go", "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps .: %v", err)
+	}
+	for d := range strings.Lines(string(deps)) {
+		if strings.HasPrefix(d, "github.com/prometheus/") {
+			t.Errorf("peer depends on %s: Prometheus belongs to peer/prommetrics", strings.TrimSpace(d))
 		}
 	}
 }

@@ -151,8 +151,8 @@ func newLogOwner(n *Node) (*logOwner, error) {
 	lo.member = m
 	lo.tr = ownlog.NewGRPCTransport(lo.dial)
 	lo.run = ownlog.NewRunner(m, logTransport{lo}, lo, logTick, n.mono, func(p int) *sync.RWMutex { return &n.pt.parts[p].mu })
-	if s, ok := n.metrics.(raftSource); ok {
-		s.raftSource(lo.traffic)
+	if s, ok := n.metrics.(RaftTrafficSource); ok {
+		s.RaftTrafficFrom(lo.traffic)
 	}
 	return lo, nil
 }

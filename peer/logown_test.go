@@ -19,7 +19,6 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hashicorp/memberlist"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
@@ -941,40 +940,25 @@ func TestLogSeparateClustersRefuse(t *testing.T) {
 	}
 }
 
-// raftCounter is the value of a ringlimit_raft_* counter on reg (the
-// series with label kind, when kind is not ""), and whether it is there.
-func raftCounter(t *testing.T, reg *prometheus.Registry, name, kind string) (float64, bool) {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatalf("gather: %v", err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if kind == "" || len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == kind {
-				return m.GetCounter().GetValue(), true
-			}
-		}
-	}
-	return 0, false
+// raftRecorder is a Metrics with the optional RaftTrafficFrom: it keeps
+// the read function its node hands it.
+type raftRecorder struct {
+	nopMetrics
+	read atomic.Pointer[func() RaftTraffic]
 }
 
+func (r *raftRecorder) RaftTrafficFrom(read func() RaftTraffic) { r.read.Store(&read) }
+
 // TestLogRaftTrafficMetrics: three log-owned nodes count the log's
-// messages, bytes, proposals and applied commands, in Node.RaftTraffic
-// and as each node's ringlimit_raft_* counters, and the counts keep
-// growing at rest (heartbeats, liveness extensions).
+// messages, bytes, proposals and applied commands in Node.RaftTraffic,
+// the counts keep growing at rest (heartbeats, liveness extensions), and
+// each node hands a Metrics that exports them (RaftTrafficSource, as
+// peer/prommetrics's) a function that reads those same counters.
 func TestLogRaftTrafficMetrics(t *testing.T) {
-	regs := make([]*prometheus.Registry, 3)
+	recs := make([]*raftRecorder, 3)
 	c := startClusterWith(t, 3, logConfig(100, time.Minute), func(i int, cfg *Config) {
-		regs[i] = prometheus.NewRegistry()
-		m, err := NewPrometheusMetrics(regs[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Metrics = m
+		recs[i] = &raftRecorder{}
+		cfg.Metrics = recs[i]
 	})
 	first := make([]RaftTraffic, len(c.nodes))
 	for i, nd := range c.nodes {
@@ -989,38 +973,31 @@ func TestLogRaftTrafficMetrics(t *testing.T) {
 			return now.MessagesSent > first[i].MessagesSent && now.BytesSent > first[i].BytesSent &&
 				now.Proposals > first[i].Proposals && now.Applied > first[i].Applied
 		})
-		// A scrape reads the node's counters then and there: at least what
-		// RaftTraffic said a moment before, and no more than it says after.
-		before := nd.RaftTraffic()
-		got := map[string]float64{}
-		for _, s := range []struct{ name, kind string }{
-			{"ringlimit_raft_messages_sent_total", ""}, {"ringlimit_raft_bytes_sent_total", ""},
-			{"ringlimit_raft_messages_dropped_total", ""}, {"ringlimit_raft_messages_shed_total", ""},
-			{"ringlimit_raft_proposals_total", "command"},
-			{"ringlimit_raft_proposals_total", "conf_change"}, {"ringlimit_raft_applied_total", ""},
-		} {
-			v, ok := raftCounter(t, regs[i], s.name, s.kind)
-			if !ok {
-				t.Fatalf("%s: no %s{%s} series", nd.name, s.name, s.kind)
-			}
-			got[s.name+s.kind] = v
+		// What the Metrics reads is the node's counters then and there:
+		// at least what RaftTraffic said a moment before, and no more
+		// than it says after.
+		read := recs[i].read.Load()
+		if read == nil {
+			t.Fatalf("%s never handed its Metrics a RaftTraffic source", nd.name)
 		}
+		before := nd.RaftTraffic()
+		got := (*read)()
 		after := nd.RaftTraffic()
 		for _, w := range []struct {
-			name      string
-			lo, hi    uint64
-			wantAbove bool
+			name          string
+			lo, v, hi     uint64
+			wantAboveZero bool
 		}{
-			{"ringlimit_raft_messages_sent_total", before.MessagesSent, after.MessagesSent, true},
-			{"ringlimit_raft_bytes_sent_total", before.BytesSent, after.BytesSent, true},
-			{"ringlimit_raft_proposals_totalcommand", before.Proposals, after.Proposals, true},
-			{"ringlimit_raft_applied_total", before.Applied, after.Applied, true},
-			{"ringlimit_raft_messages_dropped_total", before.MessagesDropped, after.MessagesDropped, false},
-			{"ringlimit_raft_messages_shed_total", before.MessagesShed, after.MessagesShed, false},
-			{"ringlimit_raft_proposals_totalconf_change", before.ConfChanges, after.ConfChanges, false},
+			{"messages sent", before.MessagesSent, got.MessagesSent, after.MessagesSent, true},
+			{"bytes sent", before.BytesSent, got.BytesSent, after.BytesSent, true},
+			{"proposals", before.Proposals, got.Proposals, after.Proposals, true},
+			{"applied", before.Applied, got.Applied, after.Applied, true},
+			{"dropped", before.MessagesDropped, got.MessagesDropped, after.MessagesDropped, false},
+			{"shed", before.MessagesShed, got.MessagesShed, after.MessagesShed, false},
+			{"conf changes", before.ConfChanges, got.ConfChanges, after.ConfChanges, false},
 		} {
-			if v := got[w.name]; v < float64(w.lo) || v > float64(w.hi) || w.wantAbove && v == 0 {
-				t.Errorf("%s: %s = %v, want in [%d, %d]%s", nd.name, w.name, v, w.lo, w.hi, map[bool]string{true: ", above 0"}[w.wantAbove])
+			if w.v < w.lo || w.v > w.hi || w.wantAboveZero && w.v == 0 {
+				t.Errorf("%s: the Metrics read %s = %d, want in [%d, %d]%s", nd.name, w.name, w.v, w.lo, w.hi, map[bool]string{true: ", above 0"}[w.wantAboveZero])
 			}
 		}
 	}

@@ -30,7 +30,7 @@ func (p Path) String() string {
 // concurrent use, cheap and never block: they are called on the decision
 // path. Labels passed in are low-cardinality: policy names come from the
 // server's table and peers are member names; keys never appear.
-// NewPrometheusMetrics returns the Prometheus implementation.
+// peer/prommetrics is the Prometheus implementation.
 type Metrics interface {
 	// Decision counts one answer of this node's Allow, or one decision made
 	// as owner for a peer (PathRemote).
@@ -88,7 +88,7 @@ func (nopMetrics) PolicyTable(uint64, bool)              {}
 
 // RaftTraffic is what the ownership log has cost this node since it
 // started: counters that only grow. Node.RaftTraffic returns it, and
-// PrometheusMetrics exports it as the ringlimit_raft_* counters.
+// peer/prommetrics exports it as the ringlimit_raft_* counters.
 type RaftTraffic struct {
 	// MessagesSent and BytesSent are the raft messages this node sent to
 	// its peers and their marshalled size (gRPC framing aside);
@@ -110,9 +110,9 @@ type RaftTraffic struct {
 	Applied uint64
 }
 
-// raftSource is implemented by a Metrics that exports RaftTraffic
-// (PrometheusMetrics): a node in log mode hands it the function that
-// reads its counters, which the Metrics calls when scraped.
-type raftSource interface {
-	raftSource(read func() RaftTraffic)
+// RaftTrafficSource is an optional Metrics method, for a Metrics that
+// exports RaftTraffic (peer/prommetrics has it): a node hands it the
+// function that reads its counters, which the Metrics calls when scraped.
+type RaftTrafficSource interface {
+	RaftTrafficFrom(read func() RaftTraffic)
 }

@@ -120,7 +120,7 @@ func (n *Node) Settle(ctx context.Context, key Key, id uint64, actual int64) (Se
 }
 
 // overageSink is the optional Metrics method that counts settlements'
-// overage (PrometheusMetrics has it).
+// overage (peer/prommetrics has it).
 type overageSink interface {
 	Overage(policy string, units int64)
 }

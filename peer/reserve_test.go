@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -145,10 +143,7 @@ func TestReservationSurvivesTakeover(t *testing.T) {
 // in the node's metrics.
 func TestClientReserveSettle(t *testing.T) {
 	t.Parallel()
-	metrics, err := NewPrometheusMetrics(prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+	metrics := newSinkRecorder()
 	c := startCluster(t, 3, Config{Metrics: metrics, Policies: map[string]PolicyConfig{"tokens": {Limit: 100, Window: time.Minute}}})
 	cl := dialForTest(t, c.nodes[2])
 	ctx := context.Background()
@@ -167,9 +162,9 @@ func TestClientReserveSettle(t *testing.T) {
 	if _, err := cl.Settle(ctx, key, r.ID, -1); !errors.Is(err, ErrInvalidHits) {
 		t.Fatalf("Client.Settle(-1): %v, want ErrInvalidHits", err)
 	}
-	// The nodes share one PrometheusMetrics; the settlement's node
-	// counted its overage once.
-	if got := testutil.ToFloat64(metrics.overage.WithLabelValues("tokens")); got != 15 {
+	// The nodes share one Metrics; the settlement's node counted its
+	// overage once.
+	if got := metrics.overageUnits("tokens"); got != 15 {
 		t.Fatalf("ringlimit_overage_units_total{policy=tokens} = %v, want 15", got)
 	}
 }

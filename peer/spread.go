@@ -117,7 +117,7 @@ type spreadGrant struct {
 // spreadSink is the optional Metrics method that counts rights: event is
 // "granted" (received from a holder), "used" (admitted from them) or
 // "unused" (replaced or expired with rights left: the under-admission
-// spreading costs). PrometheusMetrics has it.
+// spreading costs). peer/prommetrics has it.
 type spreadSink interface {
 	Spread(policy, event string, units int64)
 }

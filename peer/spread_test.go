@@ -8,9 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
 	"github.com/ringlimit/ringlimit/peer/internal/history"
 )
 
@@ -108,10 +105,7 @@ func admittedOps(ops []history.Op) int {
 // stay nearly full (at least 75 % here; about 100 % measured on a quiet
 // machine). The grantees' metrics count rights granted and used.
 func TestSpreadHotKey(t *testing.T) {
-	metrics, err := NewPrometheusMetrics(prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+	metrics := newSinkRecorder()
 	const limit, window = 300, 400 * time.Millisecond
 	c := startCluster(t, 3, Config{Metrics: metrics, Policies: map[string]PolicyConfig{
 		"hot": {Limit: limit, Window: window, Spread: SpreadAuto, SpreadThreshold: 50, Replication: ReplicateSync},
@@ -142,9 +136,8 @@ func TestSpreadHotKey(t *testing.T) {
 	if reasons[ReasonUnavailable] > 0 {
 		t.Fatalf("%d unavailable answers", reasons[ReasonUnavailable])
 	}
-	granted := testutil.ToFloat64(metrics.spread.WithLabelValues("hot", "granted"))
-	used := testutil.ToFloat64(metrics.spread.WithLabelValues("hot", "used"))
-	if granted <= 0 || used != float64(reasons[ReasonSpread]) || used > granted {
+	granted, used := metrics.spreadUnits("hot", "granted"), metrics.spreadUnits("hot", "used")
+	if granted <= 0 || used != int64(reasons[ReasonSpread]) || used > granted {
 		t.Fatalf("metrics: granted %v, used %v; want used = %d spread decisions ≤ granted", granted, used, reasons[ReasonSpread])
 	}
 	if ks := c.nodes[0].SpreadKeys(); len(ks) != 1 || ks[0].Key != key || ks[0].Granted <= 0 {

@@ -29,7 +29,7 @@ type policyReloader struct {
 	path  string
 	node  *peer.Node
 	envoy *envoyrls.Server
-	// metrics is the node's (serve's PrometheusMetrics), told about files
+	// metrics is the node's (serve's prommetrics.Metrics), told about files
 	// that never reach SetPolicies.
 	metrics peer.Metrics
 	log     *slog.Logger

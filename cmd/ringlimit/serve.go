@@ -20,6 +20,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/cmd/ringlimit/envoyrls"
 	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/peer/prommetrics"
 )
 
 // runServe runs one node until ctx is cancelled (SIGTERM or SIGINT in
@@ -96,7 +97,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 	}
-	if cfg.Metrics, err = peer.NewPrometheusMetrics(reg); err != nil {
+	if cfg.Metrics, err = prommetrics.New(reg); err != nil {
 		return fmt.Errorf("serve: metrics: %w", err)
 	}
 

@@ -1,4 +1,4 @@
-package peer
+package prommetrics
 
 import (
 	"errors"
@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ringlimit/ringlimit/peer"
 )
 
-// PrometheusMetrics implements Metrics with Prometheus collectors registered
+// Metrics implements peer.Metrics with Prometheus collectors registered
 // on a registry the caller owns. Build one per Node: two instances on two
 // registries are fully independent, and nothing is registered on the global
 // registry. It is safe for concurrent use; every method is cheap and never
@@ -57,7 +59,7 @@ import (
 // disappear and the series count never exceeds K. Those label values are
 // authenticated identities; restrict access to the metrics endpoint
 // accordingly, or set Config.HotKeys small.
-type PrometheusMetrics struct {
+type Metrics struct {
 	decisions   *prometheus.CounterVec
 	forwards    *prometheus.CounterVec
 	forwardDur  *prometheus.HistogramVec
@@ -89,9 +91,9 @@ type PrometheusMetrics struct {
 	backupC   labelCache[pairLabels, prometheus.Counter]
 }
 
-var _ Metrics = (*PrometheusMetrics)(nil)
+var _ peer.Metrics = (*Metrics)(nil)
 
-// errNilRegisterer is returned by NewPrometheusMetrics for a nil registry.
+// errNilRegisterer is returned by New for a nil registry.
 var errNilRegisterer = errors.New("peer: nil prometheus registerer")
 
 // forwardBuckets spans a loopback hop (tens of µs) to the slowest forward a
@@ -102,15 +104,15 @@ var forwardBuckets = []float64{
 	100e-3, 250e-3, 500e-3, 1,
 }
 
-// NewPrometheusMetrics builds the collectors and registers them on reg. It
+// New builds the collectors and registers them on reg. It
 // returns an error if reg is nil or refuses a collector (for example because
-// another PrometheusMetrics is already registered on it); in that case
+// another Metrics is already registered on it); in that case
 // nothing it registered stays registered.
-func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error) {
+func New(reg prometheus.Registerer) (*Metrics, error) {
 	if reg == nil {
 		return nil, errNilRegisterer
 	}
-	m := &PrometheusMetrics{
+	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ringlimit_decisions_total",
 			Help: "Decisions answered by this node (path local or forwarded) or made as owner for a peer (path remote), by policy and reason.",
@@ -220,72 +222,72 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 
 // Spread counts rights of spread keys (the optional method spread keys
 // call): event is granted, used or unused.
-func (m *PrometheusMetrics) Spread(policy, event string, units int64) {
+func (m *Metrics) Spread(policy, event string, units int64) {
 	m.spread.WithLabelValues(policy, event).Add(float64(units))
 }
 
 // Overage counts units a settlement recorded beyond its reservation's
 // estimate (the optional overage method Node.Settle calls).
-func (m *PrometheusMetrics) Overage(policy string, units int64) {
+func (m *Metrics) Overage(policy string, units int64) {
 	m.overage.WithLabelValues(policy).Add(float64(units))
 }
 
-// Decision implements Metrics.
-func (m *PrometheusMetrics) Decision(policy string, reason Reason, path Path) {
+// Decision implements peer.Metrics.
+func (m *Metrics) Decision(policy string, reason peer.Reason, path peer.Path) {
 	m.decisionC.get(decisionLabels{policy, reason, path}).Inc()
 }
 
-// Forward implements Metrics.
-func (m *PrometheusMetrics) Forward(peer, outcome string, d time.Duration) {
+// Forward implements peer.Metrics.
+func (m *Metrics) Forward(peer, outcome string, d time.Duration) {
 	m.forwardC.get(pairLabels{peer, outcome}).Inc()
 	if outcome != "resent" {
 		m.durationC.get(peer).Observe(d.Seconds())
 	}
 }
 
-// Batch implements Metrics.
-func (m *PrometheusMetrics) Batch(peer string, size int) {
+// Batch implements peer.Metrics.
+func (m *Metrics) Batch(peer string, size int) {
 	m.batchC.get(peer).Observe(float64(size))
 }
 
-// Ring implements Metrics.
-func (m *PrometheusMetrics) Ring(version uint64, members int) {
+// Ring implements peer.Metrics.
+func (m *Metrics) Ring(version uint64, members int) {
 	m.ringVersion.Set(float64(version))
 	m.members.Set(float64(members))
 }
 
-// Keys implements Metrics.
-func (m *PrometheusMetrics) Keys(keys int, bytes int64) {
+// Keys implements peer.Metrics.
+func (m *Metrics) Keys(keys int, bytes int64) {
 	m.keys.Set(float64(keys))
 	m.bytes.Set(float64(bytes))
 }
 
-// Evicted implements Metrics. A count below one is ignored (a counter
+// Evicted implements peer.Metrics. A count below one is ignored (a counter
 // never decreases).
-func (m *PrometheusMetrics) Evicted(n int) {
+func (m *Metrics) Evicted(n int) {
 	if n > 0 {
 		m.evicted.Add(float64(n))
 	}
 }
 
-// Handoff implements Metrics. A negative count is ignored.
-func (m *PrometheusMetrics) Handoff(direction, outcome string, keys int) {
+// Handoff implements peer.Metrics. A negative count is ignored.
+func (m *Metrics) Handoff(direction, outcome string, keys int) {
 	if keys >= 0 {
 		m.handoffC.get(pairLabels{direction, outcome}).Add(float64(keys))
 	}
 }
 
-// Backup implements Metrics. A negative count is ignored.
-func (m *PrometheusMetrics) Backup(direction, outcome string, keys int) {
+// Backup implements peer.Metrics. A negative count is ignored.
+func (m *Metrics) Backup(direction, outcome string, keys int) {
 	if keys >= 0 {
 		m.backupC.get(pairLabels{direction, outcome}).Add(float64(keys))
 	}
 }
 
-// HotKeys implements Metrics: it replaces the exported hot-key series with
+// HotKeys implements peer.Metrics: it replaces the exported hot-key series with
 // one per entry, ranked "1" (heaviest) to len(top). The caller keeps top.
-func (m *PrometheusMetrics) HotKeys(top []HotKey) {
-	snap := make([]HotKey, len(top))
+func (m *Metrics) HotKeys(top []peer.HotKey) {
+	snap := make([]peer.HotKey, len(top))
 	copy(snap, top)
 	m.hot.mu.Lock()
 	m.hot.top = snap
@@ -297,8 +299,8 @@ func (m *PrometheusMetrics) HotKeys(top []HotKey) {
 // children one by one, means a scrape never sees a half-written top-K.
 type hotKeyCollector struct {
 	desc *prometheus.Desc
-	mu   sync.Mutex // guards top
-	top  []HotKey   // never mutated once published
+	mu   sync.Mutex    // guards top
+	top  []peer.HotKey // never mutated once published
 }
 
 func (c *hotKeyCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
@@ -320,8 +322,8 @@ func (c *hotKeyCollector) Collect(ch chan<- prometheus.Metric) {
 
 type decisionLabels struct {
 	policy string
-	reason Reason
-	path   Path
+	reason peer.Reason
+	path   peer.Path
 }
 
 type pairLabels struct{ a, b string }
@@ -372,8 +374,8 @@ func (c *labelCache[K, V]) get(k K) V {
 	return v
 }
 
-// PeerRPCOpen implements Metrics.
-func (m *PrometheusMetrics) PeerRPCOpen(open bool) { m.peerRPCOpen.Set(b2f(open)) }
+// PeerRPCOpen implements peer.Metrics.
+func (m *Metrics) PeerRPCOpen(open bool) { m.peerRPCOpen.Set(b2f(open)) }
 
 func b2f(b bool) float64 {
 	if b {
@@ -382,16 +384,16 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// Ready implements Metrics.
-func (m *PrometheusMetrics) Ready(ready bool, reason string) {
+// Ready implements peer.Metrics.
+func (m *Metrics) Ready(ready bool, reason string) {
 	m.ready.Set(b2f(ready))
-	for _, r := range []string{ReadyReasonClosing, ReadyReasonAlone, ReadyReasonIgnored, ReadyReasonMoving} {
+	for _, r := range []string{peer.ReadyReasonClosing, peer.ReadyReasonAlone, peer.ReadyReasonIgnored, peer.ReadyReasonMoving} {
 		m.unready.WithLabelValues(r).Set(b2f(r == reason))
 	}
 }
 
-// PolicyTable implements Metrics.
-func (m *PrometheusMetrics) PolicyTable(version uint64, ok bool) {
+// PolicyTable implements peer.Metrics.
+func (m *Metrics) PolicyTable(version uint64, ok bool) {
 	// The version is 53 bits (policy.Table.Version), so the float is exact.
 	m.policyVer.Set(float64(version))
 	if ok {
@@ -401,14 +403,15 @@ func (m *PrometheusMetrics) PolicyTable(version uint64, ok bool) {
 	}
 }
 
-// raftSource implements raftSource: read is the node's RaftTraffic.
-func (m *PrometheusMetrics) raftSource(read func() RaftTraffic) { m.raft.read.Store(&read) }
+// RaftTrafficFrom implements peer.RaftTrafficSource: a node in log mode
+// hands it read, which each scrape calls.
+func (m *Metrics) RaftTrafficFrom(read func() peer.RaftTraffic) { m.raft.read.Store(&read) }
 
 // raftCollector exports a node's RaftTraffic, read at each scrape: the
 // counters live in the log's runner and transport, so nothing is
 // counted twice and the log's paths never call into Prometheus.
 type raftCollector struct {
-	read                                        atomic.Pointer[func() RaftTraffic]
+	read                                        atomic.Pointer[func() peer.RaftTraffic]
 	msgs, bytes, dropped, shed, proposals, appl *prometheus.Desc
 }
 

@@ -1,4 +1,4 @@
-package peer_test
+package prommetrics_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/peer/prommetrics"
 )
 
 // promSample finds the series of family name whose labels include want and
@@ -55,12 +56,12 @@ func promSample(t *testing.T, g prometheus.Gatherer, name string, want map[strin
 	return 0, 0, false
 }
 
-func newPromMetrics(t *testing.T) (*peer.PrometheusMetrics, *prometheus.Registry) {
+func newPromMetrics(t *testing.T) (*prommetrics.Metrics, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	m, err := peer.NewPrometheusMetrics(reg)
+	m, err := prommetrics.New(reg)
 	if err != nil {
-		t.Fatalf("NewPrometheusMetrics: %v", err)
+		t.Fatalf("prommetrics.New: %v", err)
 	}
 	return m, reg
 }
@@ -201,8 +202,8 @@ func TestPrometheusBuckets(t *testing.T) {
 
 func TestPrometheusRegistries(t *testing.T) {
 	t.Run("nil registerer", func(t *testing.T) {
-		if m, err := peer.NewPrometheusMetrics(nil); err == nil || m != nil {
-			t.Errorf("NewPrometheusMetrics(nil) = %v, %v; want an error", m, err)
+		if m, err := prommetrics.New(nil); err == nil || m != nil {
+			t.Errorf("prommetrics.New(nil) = %v, %v; want an error", m, err)
 		}
 	})
 	t.Run("two registries are independent", func(t *testing.T) {
@@ -234,10 +235,10 @@ func TestPrometheusRegistries(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m2, err := peer.NewPrometheusMetrics(reg)
+		m2, err := prommetrics.New(reg)
 		var are prometheus.AlreadyRegisteredError
 		if err == nil || m2 != nil || !errors.As(err, &are) {
-			t.Fatalf("second NewPrometheusMetrics = %v, %v; want AlreadyRegisteredError", m2, err)
+			t.Fatalf("second prommetrics.New = %v, %v; want AlreadyRegisteredError", m2, err)
 		}
 		after, err := testutil.GatherAndCount(reg)
 		if err != nil || after != before {
@@ -252,8 +253,8 @@ func TestPrometheusRegistries(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		// Occupy a name registered late in the list.
 		reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "ringlimit_backup_keys_total", Help: "squatter"}))
-		if _, err := peer.NewPrometheusMetrics(reg); err == nil {
-			t.Fatal("NewPrometheusMetrics on a conflicting registry succeeded")
+		if _, err := prommetrics.New(reg); err == nil {
+			t.Fatal("prommetrics.New on a conflicting registry succeeded")
 		}
 		// Nothing it registered may remain: the gauges and the evicted
 		// counter, registered before the conflict, would each show a series.
@@ -263,7 +264,7 @@ func TestPrometheusRegistries(t *testing.T) {
 		}
 		for _, mf := range mfs {
 			if mf.GetName() != "ringlimit_backup_keys_total" {
-				t.Errorf("%s still registered after a failed NewPrometheusMetrics", mf.GetName())
+				t.Errorf("%s still registered after a failed prommetrics.New", mf.GetName())
 			}
 		}
 	})
@@ -477,7 +478,7 @@ func TestPrometheusNode(t *testing.T) {
 
 func BenchmarkPrometheusDecision(b *testing.B) {
 	reg := prometheus.NewRegistry()
-	m, err := peer.NewPrometheusMetrics(reg)
+	m, err := prommetrics.New(reg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -487,4 +488,48 @@ func BenchmarkPrometheusDecision(b *testing.B) {
 			m.Decision("api", peer.ReasonAdmitted, peer.PathLocal)
 		}
 	})
+}
+
+// TestPrometheusRaftTraffic: the ringlimit_raft_* series appear once a
+// node hands its RaftTraffic source, and each scrape reads the source
+// then: every counter is its field.
+func TestPrometheusRaftTraffic(t *testing.T) {
+	m, reg := newPromMetrics(t)
+	var _ peer.RaftTrafficSource = m
+	if _, _, found := promSample(t, reg, "ringlimit_raft_messages_sent_total", nil); found {
+		t.Fatal("ringlimit_raft_messages_sent_total before any source")
+	}
+	tr := peer.RaftTraffic{MessagesSent: 11, BytesSent: 1300, MessagesDropped: 2, MessagesShed: 3, Proposals: 5, ConfChanges: 7, Applied: 17}
+	var scrapes atomic.Int64
+	m.RaftTrafficFrom(func() peer.RaftTraffic {
+		n := scrapes.Add(1)
+		out := tr
+		out.Applied += uint64(n) // a counter that moves between scrapes
+		return out
+	})
+	for scrape := range 2 {
+		for _, w := range []struct {
+			name   string
+			labels map[string]string
+			want   uint64
+		}{
+			{"ringlimit_raft_messages_sent_total", nil, tr.MessagesSent},
+			{"ringlimit_raft_bytes_sent_total", nil, tr.BytesSent},
+			{"ringlimit_raft_messages_dropped_total", nil, tr.MessagesDropped},
+			{"ringlimit_raft_messages_shed_total", nil, tr.MessagesShed},
+			{"ringlimit_raft_proposals_total", map[string]string{"kind": "command"}, tr.Proposals},
+			{"ringlimit_raft_proposals_total", map[string]string{"kind": "conf_change"}, tr.ConfChanges},
+		} {
+			if v, _, found := promSample(t, reg, w.name, w.labels); !found || v != float64(w.want) {
+				t.Errorf("scrape %d: %s%v = %v (found %v), want %d", scrape, w.name, w.labels, v, found, w.want)
+			}
+		}
+		// Each promSample gathers once: the applied counter read in this
+		// gather is the source's value at its call.
+		before := scrapes.Load()
+		v, _, found := promSample(t, reg, "ringlimit_raft_applied_total", nil)
+		if want := float64(tr.Applied) + float64(before+1); !found || v != want {
+			t.Errorf("scrape %d: ringlimit_raft_applied_total = %v, want %v (read at the scrape)", scrape, v, want)
+		}
+	}
 }
