@@ -397,7 +397,7 @@ func resendable(op peerpb.Op) bool {
 // refuses connections or does not answer), not merely whether one call
 // failed.
 func (n *Node) portDead(member string) bool {
-	if h := n.portDeadHook.Load(); h != nil {
+	if h := n.hooks.portDead.Load(); h != nil {
 		return (*h)(member)
 	}
 	c, err := n.peerClient(member)
@@ -502,7 +502,7 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		*d = unlimitedDecision(n.name, v, now)
 		return decided, nil, nil
 	}
-	if h := n.decideHook.Load(); h != nil {
+	if h := n.hooks.decide.Load(); h != nil {
 		(*h)() // tests: a pause between the lease check and the decision
 	}
 	var sd shard.Decision

@@ -314,7 +314,7 @@ type Config struct {
 	// node from before framed pipes did.
 	noFramedServer bool
 	// refuseFramed (tests only) starts the node refusing framed pipes
-	// as Unavailable (Node.refuseFramed).
+	// as Unavailable (Node.hooks.refuseFramed).
 	refuseFramed bool
 	// framedWriteTimeout (tests only) bounds a write on a framed pipe;
 	// zero means framedWriteTimeout's default (Node.framedWriteTimeout).

@@ -174,15 +174,15 @@ func (n *Node) restartRPCForTest() error {
 // member's port is dead (nil: ask the connection).
 func (n *Node) setPortDeadForTest(f func(member string) bool) {
 	if f == nil {
-		n.portDeadHook.Store(nil)
+		n.hooks.portDead.Store(nil)
 		return
 	}
-	n.portDeadHook.Store(&f)
+	n.hooks.portDead.Store(&f)
 }
 
 // setCheckHookForTest makes n's Check handler call f before deciding (for
 // example to hang until the caller gives up).
-func (n *Node) setCheckHookForTest(f func(ctx context.Context)) { n.checkHook.Store(&f) }
+func (n *Node) setCheckHookForTest(f func(ctx context.Context)) { n.hooks.check.Store(&f) }
 
 // partIDForTest returns key's partition.
 func (n *Node) partIDForTest(key Key) int {
@@ -293,10 +293,10 @@ func (n *Node) dropCopyForTest(pid int) {
 // f returns true for (nil: none): they are never answered, as if lost.
 func (n *Node) setStreamDropForTest(f func(*peerpb.CheckRequest) bool) {
 	if f == nil {
-		n.streamDrop.Store(nil)
+		n.hooks.streamDrop.Store(nil)
 		return
 	}
-	n.streamDrop.Store(&f)
+	n.hooks.streamDrop.Store(&f)
 }
 
 // pipeBreaksForTest is how many of n's streams to peers have broken.
@@ -304,26 +304,28 @@ func (n *Node) pipeBreaksForTest() int64 { return n.pipeBreaks.Load() }
 
 // setDecideHookForTest makes n call f in every local decision, between its
 // lease check and the decision itself.
-func (n *Node) setDecideHookForTest(f func()) { n.decideHook.Store(&f) }
+func (n *Node) setDecideHookForTest(f func()) { n.hooks.decide.Store(&f) }
 
 // setReplDropForTest makes n lose the replication requests f returns
 // true for: its ReplicateStream receiver swallows them (neither applied
 // nor answered), its unary Replicate fails them Unavailable, unapplied.
-func (n *Node) setReplDropForTest(f func(*peerpb.ReplicateRequest) bool) { n.replDrop.Store(&f) }
+func (n *Node) setReplDropForTest(f func(*peerpb.ReplicateRequest) bool) { n.hooks.replDrop.Store(&f) }
 
 // setReplHoldForTest runs f before n applies each replication request it
 // receives; f may block, and the func it returns (if any) runs once the
 // request is applied.
-func (n *Node) setReplHoldForTest(f func(*peerpb.ReplicateRequest) func()) { n.replHold.Store(&f) }
+func (n *Node) setReplHoldForTest(f func(*peerpb.ReplicateRequest) func()) {
+	n.hooks.replHold.Store(&f)
+}
 
 // setCopyUnsentForTest makes n fail, unsent, every copy of a partition
 // it would send that f returns true for (nil: none).
 func (n *Node) setCopyUnsentForTest(f func(pid int, to string) bool) {
 	if f == nil {
-		n.copyUnsent.Store(nil)
+		n.hooks.copyUnsent.Store(nil)
 		return
 	}
-	n.copyUnsent.Store(&f)
+	n.hooks.copyUnsent.Store(&f)
 }
 
 // fillForTest merges ks into n's own store of partition pid, which n

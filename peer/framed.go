@@ -47,7 +47,7 @@ func (h pipeHandler) Admit(verified bool, token string) error {
 	if err := h.n.ops.auth.Admit(verified, token); err != nil {
 		return err
 	}
-	if h.n.refuseFramed.Load() {
+	if h.n.hooks.refuseFramed.Load() {
 		return status.Error(codes.Unavailable, "framed pipes refused for now")
 	}
 	return nil

@@ -380,7 +380,7 @@ func TestFramedReplacesGRPCStream(t *testing.T) {
 		t.Fatalf("n0's replication pipe to n1 while n1 refuses framed pipes: %q, want grpc", got)
 	}
 	breaks := n0.pipeBreaksForTest()
-	n1.refuseFramed.Store(false)
+	n1.hooks.refuseFramed.Store(false)
 	// Several callers at once, so requests are in flight on the stream
 	// when the framed pipe takes over.
 	var mu sync.Mutex

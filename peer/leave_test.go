@@ -234,7 +234,7 @@ func TestAloneLeaverKeepsTheOnlyCopy(t *testing.T) {
 	key, pid := keyHeldWithBackup(t, n0, n1, "alone-leaver", "p")
 	admitted := admitN(t, n0, key, limit)
 	n0.setCopyUnsentForTest(func(p int, to string) bool { return p == pid && to != n1.Name() })
-	n1.freshLost.Store(true)
+	n1.hooks.freshLost.Store(true)
 	cut.Store(true)
 	waitFor(t, 30*time.Second, "n1's gossip to find itself alone", func() bool { return len(n1.view.Load().alive) == 1 })
 	restartFirst(c, hoGossip)
@@ -253,7 +253,7 @@ func TestAloneLeaverKeepsTheOnlyCopy(t *testing.T) {
 		t.Logf("n1 left while alone: %v", err)
 	case <-time.After(3 * n1.cfg.LeaseDuration):
 	}
-	n1.freshLost.Store(false)
+	n1.hooks.freshLost.Store(false)
 	cut.Store(false)
 	if !left {
 		awaitLeave(t, closed)

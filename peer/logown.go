@@ -571,7 +571,7 @@ var errCopyUnsent = errors.New("peer: copy not sent (test)")
 // most TransferChunkBytes, and reports whether every request was applied.
 func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string, keys []*peerpb.KeyState) error {
 	n := lo.n
-	if f := n.copyUnsent.Load(); f != nil && (*f)(a.P, to) {
+	if f := n.hooks.copyUnsent.Load(); f != nil && (*f)(a.P, to) {
 		return errCopyUnsent
 	}
 	c, err := n.peerClient(to)

@@ -169,14 +169,14 @@ func (n *Node) keepFailed(failed, members map[string][]byte) map[string][]byte {
 		ctx, cancel := context.WithTimeout(n.ctx, time.Second)
 		fresh = n.lo.run.Fresh(ctx, ids)
 		cancel()
-		if n.freshLate.Load() {
+		if n.hooks.freshLate.Load() {
 			fresh = nil
 		}
 	}
 	var keep map[string][]byte
 	for _, id := range ids {
 		name := byID[id]
-		if fresh == nil && !n.freshLost.Load() {
+		if fresh == nil && !n.hooks.freshLost.Load() {
 			// The log did not answer in time (a loaded runner): no
 			// news is not a lapsed liveness. Keep the member for now;
 			// it is looked at again soon. Dropping it made a loaded
@@ -189,7 +189,7 @@ func (n *Node) keepFailed(failed, members map[string][]byte) map[string][]byte {
 			keep[name] = failed[name]
 			continue
 		}
-		if !fresh[id] || n.freshLost.Load() {
+		if !fresh[id] || n.hooks.freshLost.Load() {
 			n.events.ForgetFailed(name)
 			continue
 		}

@@ -172,7 +172,7 @@ func TestLateLivenessAnswerKeepsFailedMembers(t *testing.T) {
 		}
 	})
 	n1 := c.nodes[1]
-	n1.freshLate.Store(true)
+	n1.hooks.freshLate.Store(true)
 	kept := map[string]<-chan map[string]string{}
 	for _, nd := range []*Node{c.nodes[0], c.nodes[2]} {
 		name := nd.Name()
@@ -186,8 +186,8 @@ func TestLateLivenessAnswerKeepsFailedMembers(t *testing.T) {
 	if got := len(n1.view.Load().alive); got != 3 {
 		t.Fatalf("n1's view lists %d members with the log's answer late, want 3", got)
 	}
-	n1.freshLate.Store(false)
-	n1.freshLost.Store(true)
+	n1.hooks.freshLate.Store(false)
+	n1.hooks.freshLost.Store(true)
 	waitFor(t, 30*time.Second, "n1's view to drop the members whose liveness lapsed", func() bool {
 		return len(n1.view.Load().alive) == 1
 	})

@@ -91,40 +91,12 @@ type Node struct {
 	closeErr  error
 	closed    chan struct{}
 	lastWarn  atomic.Int64 // unix ns of the last throttled warning
-	// portDeadHook, when set (tests only), answers portDead: gRPC reports
-	// a connection its peer closed as idle or failed depending on timing.
-	portDeadHook atomic.Pointer[func(member string) bool]
-	// checkHook, when set (tests only), runs at the start of every Check.
-	checkHook atomic.Pointer[func(context.Context)]
-	// streamDrop, when set (tests only), makes CheckStream swallow every
-	// request it returns true for: received, never answered.
-	streamDrop atomic.Pointer[func(*peerpb.CheckRequest) bool]
-	// replDrop is streamDrop for ReplicateStream (the request is neither
-	// applied nor answered) and for unary Replicate (it fails
-	// Unavailable, unapplied).
-	replDrop atomic.Pointer[func(*peerpb.ReplicateRequest) bool]
-	// replHold, when set (tests only), runs before each replication
-	// request is applied (a pipe's or a unary one); it may block, and the
-	// func it returns, if any, runs once the request is applied.
-	replHold atomic.Pointer[func(*peerpb.ReplicateRequest) func()]
 	// gather is how long a batch of forwards or of replication waits for
 	// the message in flight on its pipe before it takes another slot:
 	// pipeGather (tests lengthen it to make the gathering certain).
 	gather atomic.Int64
-	// copyUnsent, when set (tests only), fails every copy of a partition
-	// this node would send that it returns true for, unsent.
-	copyUnsent atomic.Pointer[func(pid int, to string) bool]
-	// freshLost, when set (tests only), makes the log's freshness of
-	// members gossip declared failed read as lapsed: what a runner that
-	// answers after a lapsed liveness (a log that applies late) reports.
-	freshLost atomic.Bool
-	// freshLate, when set (tests only), makes the log's answer on that
-	// freshness not come in time (a loaded runner).
-	freshLate atomic.Bool
-	// decideHook, when set (tests only), runs in decideHere between the
-	// lease check and the decision, and in spreadDecide between spending
-	// rights and the check of their deadline.
-	decideHook atomic.Pointer[func()]
+	// hooks are the faults tests inject (hooks.go).
+	hooks faultHooks
 	// pipeBreaks counts streams to peers that broke (tests wait on it).
 	pipeBreaks atomic.Int64
 	// copyBarriers counts copies that waited for the replication queued
@@ -136,8 +108,6 @@ type Node struct {
 	// by kind, those peers opened to this node (tests read them).
 	framedOpened atomic.Int64
 	framedServed [3]atomic.Int64
-	// refuseFramed (tests only) refuses framed pipes as Unavailable.
-	refuseFramed atomic.Bool
 
 	ops opsState // restarts, duplicate names, readiness, reconnects, peer auth
 
@@ -278,7 +248,7 @@ func (n *Node) serveRPC(lis net.Listener) {
 	fs := newFramedServer(n)
 	n.grpcSrv = &rpcServer{grpc: srv, framed: fs}
 	var sl net.Listener = lis
-	n.refuseFramed.Store(n.cfg.refuseFramed)
+	n.hooks.refuseFramed.Store(n.cfg.refuseFramed)
 	if !n.cfg.noFramedServer {
 		sl = transport.NewListener(lis, fs, &n.wg)
 	}

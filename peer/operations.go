@@ -55,7 +55,7 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		unlock()
 		return Decision{}, waitHere, ch, nil
 	}
-	if h := n.decideHook.Load(); h != nil {
+	if h := n.hooks.decide.Load(); h != nil {
 		(*h)() // tests: a pause between the lease check and the decision
 	}
 	now := n.clock()

@@ -637,7 +637,7 @@ func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp
 
 // Replicate is the backup's side of replication.
 func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*peerpb.ReplicateResponse, error) {
-	if drop := s.n.replDrop.Load(); drop != nil && (*drop)(req) {
+	if drop := s.n.hooks.replDrop.Load(); drop != nil && (*drop)(req) {
 		return nil, status.Error(codes.Unavailable, "peer: replication request dropped (test)")
 	}
 	return s.replicate(req, nil)
@@ -653,7 +653,7 @@ type replScratch struct {
 // replicate is Replicate, answering in sc's memory when sc is not nil.
 func (s *server) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peerpb.ReplicateResponse, error) {
 	n := s.n
-	if hold := n.replHold.Load(); hold != nil {
+	if hold := n.hooks.replHold.Load(); hold != nil {
 		if applied := (*hold)(req); applied != nil {
 			defer applied()
 		}

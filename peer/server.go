@@ -66,7 +66,7 @@ func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkS
 	if n.ctx.Err() != nil {
 		return nil, status.Error(codes.Unavailable, ErrClosed.Error())
 	}
-	if h := n.checkHook.Load(); h != nil {
+	if h := n.hooks.check.Load(); h != nil {
 		(*h)(ctx)
 	}
 	if err := ctx.Err(); err != nil {

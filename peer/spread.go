@@ -236,7 +236,7 @@ func (n *Node) spreadDecide(v *view, r *opReq, ek []byte, d *Decision) bool {
 		if refill {
 			n.startGrant(k, p)
 		}
-		if h := n.decideHook.Load(); h != nil {
+		if h := n.hooks.decide.Load(); h != nil {
 			(*h)() // tests: a pause between spending the rights and the answer
 		}
 		if n.mono() > g.deadline {

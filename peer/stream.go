@@ -265,7 +265,7 @@ func (s *server) CheckStream(st peerpb.Limiter_CheckStreamServer) error {
 			}
 			return err
 		}
-		if drop := s.n.streamDrop.Load(); drop != nil && (*drop)(req) {
+		if drop := s.n.hooks.streamDrop.Load(); drop != nil && (*drop)(req) {
 			continue
 		}
 		t := checkTask{req: req}
@@ -311,7 +311,7 @@ func (s *server) ReplicateStream(st peerpb.Limiter_ReplicateStreamServer) error 
 			}
 			return err
 		}
-		if drop := s.n.replDrop.Load(); drop != nil && (*drop)(req) {
+		if drop := s.n.hooks.replDrop.Load(); drop != nil && (*drop)(req) {
 			continue
 		}
 		resp, err := s.replicate(req, &sc)
