@@ -322,7 +322,7 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 				// mark it, and route as if it were not the target. A
 				// refund or a reset is not sent again (resendable); the
 				// mark still spares the requests after it.
-				n.markUnreachable(target)
+				n.reach.mark(target, n.mono())
 				if resendable(r.op) {
 					n.metrics.Forward(target, "resent", 0)
 					redirects++
@@ -366,7 +366,7 @@ func (n *Node) routeTarget(v *view, pt *part, pid int, waited time.Duration) str
 		}
 	}
 	t := v.snap.PartitionOwner(pid)
-	if t != n.name && !n.isUnreachable(t) {
+	if t != n.name && !n.reach.is(t, n.mono()) {
 		return t
 	}
 	if t != n.name || waited >= 2*notOwnerPause {

@@ -46,6 +46,7 @@ type Node struct {
 
 	pt       *partTable // every ring partition as this node sees it
 	own      ownState
+	reach    *reachability // members whose gRPC port does not answer (reach.go)
 	fallback *shard.Store
 	spread   spreadTable // this node's spread keys as a grantee (spread.go)
 	hot      *shard.HotKeys
@@ -153,9 +154,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.gather.Store(int64(pipeGather))
 	n.own.starts = make(map[string]uint64)
-	n.own.unreachable = make(map[string]int64)
 	n.own.tookOver = make(map[string]takeoverTally)
-	n.own.checking = make(map[string]bool)
+	// A mark is probed again after ten leases.
+	n.reach = newReachability(int64(10*cfg.LeaseDuration), n.checkReachable, n.log)
 	if cfg.clockIsDefault {
 		n.wall = newWallClock(n.started)
 		n.clock = n.wall.now

@@ -290,7 +290,7 @@ func TestRefundNotResentAfterUnknownOutcome(t *testing.T) {
 		{"admission", func(ctx context.Context) (Decision, error) { return via.Allow(ctx, Request{Key: k}) }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			via.clearUnreachable(holder.Name()) // each case from the same start
+			via.reach.clear(holder.Name()) // each case from the same start
 			before, resentBefore := received.Load(), m.resent.Load()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -308,7 +308,7 @@ func TestRefundNotResentAfterUnknownOutcome(t *testing.T) {
 			if tc.resendOK != (resent > 0) || resent >= got {
 				t.Fatalf("%s reached members %d times and counted %d resends; want resends only for an admission, fewer than the members reached", tc.name, got, resent)
 			}
-			if !via.isUnreachable(holder.Name()) {
+			if !via.reach.is(holder.Name(), via.mono()) {
 				t.Fatalf("after %s, %s has not marked the holder with the dead port unreachable", tc.name, via.Name())
 			}
 		})

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -16,8 +15,9 @@ import (
 
 // This file keeps the node's ownership bookkeeping that is not the log's
 // (logown.go drives the log): the clocks leases are timed on, members
-// whose gRPC port does not answer, the tally of takeovers for the log, the
-// partition stores, and readiness's Settled.
+// whose gRPC port does not answer (probed here; marked in reach.go), the
+// tally of takeovers for the log, the partition stores, and readiness's
+// Settled.
 
 // mono returns the node's monotonic clock in nanoseconds. Leases are timed
 // on it, never on Config.Clock: a paused process does not stop it, and wall
@@ -39,17 +39,6 @@ type ownState struct {
 	// starts is each member's last seen process start id: a new one means
 	// a new process, whose port says nothing of the old one's.
 	starts map[string]uint64
-	// unreachable marks members whose gRPC port does not answer although
-	// gossip lists them (a "ghost": a blocked port, a wedged server), node
-	// monotonic ns when first seen so. Requests for a partition whose
-	// holder is not known go past a marked ring target to its backup; a
-	// mark older than unreachableHold is checked again, and cleared when
-	// the member answers.
-	unreachable map[string]int64
-	// marked is len(unreachable), readable without mu: the request path
-	// asks about unreachable members only when there are any.
-	marked   atomic.Int32
-	checking map[string]bool // reachability checks in flight
 	// tookOver tallies, per failed holder, the partitions (and keys) taken
 	// over and not yet logged: one warning per failed holder once its
 	// takeovers have gone quiet, rather than one per partition.
@@ -64,44 +53,17 @@ type takeoverTally struct {
 	first, last      int64
 }
 
-// unreachableHold is how long after being marked unreachable a member is
-// checked again (and, once it answers, used again as the ring chooses).
-func (n *Node) unreachableHold() int64 { return int64(10 * n.cfg.LeaseDuration) }
-
-// markUnreachable records (or renews) that member's gRPC port did not
-// answer.
-func (n *Node) markUnreachable(member string) {
-	n.own.mu.Lock()
-	defer n.own.mu.Unlock()
-	_, known := n.own.unreachable[member]
-	if known || len(n.own.unreachable) < membership.MaxEvents {
-		n.own.unreachable[member] = n.mono()
-		n.own.marked.Store(int32(len(n.own.unreachable)))
-	}
-	if !known {
-		n.log.Warn("member unreachable over gRPC although gossip lists it: requests for partitions whose holder is not known go past it", "peer", member)
-	}
-}
-
-// checkReachable asks member, on a goroutine of its own, for its gRPC
+// checkReachable asks member, on a goroutine the node owns, for its gRPC
 // health; no answer within ForwardTimeout marks it unreachable, an answer
-// clears the mark. One check per member at a time.
+// clears the mark. One check per member at a time. It is n.reach's probe.
 func (n *Node) checkReachable(member string) {
-	n.own.mu.Lock()
-	if n.own.checking[member] || n.closing.Load() {
-		n.own.mu.Unlock()
+	if n.closing.Load() || !n.reach.claim(member) {
 		return
 	}
-	n.own.checking[member] = true
-	n.own.mu.Unlock()
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
-		defer func() {
-			n.own.mu.Lock()
-			delete(n.own.checking, member)
-			n.own.mu.Unlock()
-		}()
+		defer n.reach.done(member)
 		c, err := n.peerClient(member)
 		if err == nil {
 			ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
@@ -111,35 +73,11 @@ func (n *Node) checkReachable(member string) {
 		switch {
 		case n.ctx.Err() != nil:
 		case err != nil:
-			n.markUnreachable(member)
+			n.reach.mark(member, n.mono())
 		default:
-			n.clearUnreachable(member)
+			n.reach.clear(member)
 		}
 	}()
-}
-
-// clearUnreachable records that member answered.
-func (n *Node) clearUnreachable(member string) {
-	n.own.mu.Lock()
-	defer n.own.mu.Unlock()
-	delete(n.own.unreachable, member)
-	n.own.marked.Store(int32(len(n.own.unreachable)))
-}
-
-// isUnreachable reports whether member is marked unreachable. A mark
-// older than unreachableHold starts a new check (an empty probe, which
-// fences nothing) and stays until the member answers it.
-func (n *Node) isUnreachable(member string) bool {
-	if n.own.marked.Load() == 0 {
-		return false
-	}
-	n.own.mu.Lock()
-	at, ok := n.own.unreachable[member]
-	n.own.mu.Unlock()
-	if ok && n.mono()-at > n.unreachableHold() {
-		n.checkReachable(member)
-	}
-	return ok
 }
 
 // noteIncarnations records members that restarted (a new start id under a
@@ -156,8 +94,7 @@ func (n *Node) noteIncarnations(starts map[string]uint64) {
 		if ok && prev != s {
 			// A new process: whatever its old one's port did says
 			// nothing about this one.
-			delete(n.own.unreachable, name)
-			n.own.marked.Store(int32(len(n.own.unreachable)))
+			n.reach.clear(name)
 		}
 		if ok || len(n.own.starts) < membership.MaxEvents {
 			n.own.starts[name] = s

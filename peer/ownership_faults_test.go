@@ -645,16 +645,16 @@ func TestPauseMidDecision(t *testing.T) {
 func TestRestartClearsUnreachable(t *testing.T) {
 	nd := startCluster(t, 1, Config{}).nodes[0]
 	nd.noteIncarnations(map[string]uint64{"x": 1})
-	nd.markUnreachable("x")
-	if !nd.isUnreachable("x") {
+	nd.reach.mark("x", nd.mono())
+	if !nd.reach.is("x", nd.mono()) {
 		t.Fatal("x not marked")
 	}
 	nd.noteIncarnations(map[string]uint64{"x": 1}) // the same process
-	if !nd.isUnreachable("x") {
+	if !nd.reach.is("x", nd.mono()) {
 		t.Fatal("the mark went without a restart")
 	}
 	nd.noteIncarnations(map[string]uint64{"x": 2}) // a new process
-	if nd.isUnreachable("x") {
+	if nd.reach.is("x", nd.mono()) {
 		t.Fatal("a restarted member is still marked unreachable")
 	}
 }
