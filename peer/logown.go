@@ -476,7 +476,7 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 		n.metrics.Handoff("takeover", "ok", keys)
 		// One Warn per ended member: logTakeovers
 		// sums its takeovers once they have been quiet for a lease.
-		n.tallyTakeover(memberName(prev.Holder), keys)
+		n.tookOver.tally(memberName(prev.Holder), keys, n.mono())
 	case prev.Holder == lo.self && st.Holder != lo.self && st.Holder != "" && st.Backup == lo.self:
 		keys := 0
 		if pt.store != nil {

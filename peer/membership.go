@@ -266,7 +266,7 @@ func (n *Node) rebuild() (kept bool) {
 	}
 	n.notePolicyVersions(pvs)
 	n.noteRestarts(evs, starts)
-	n.noteIncarnations(starts)
+	n.reach.noteStarts(starts, n.name)
 	ignored := n.commitIgnored()
 	if len(alive) == 0 {
 		// Only after our own leave: memberlist no longer lists us. Keep

@@ -44,8 +44,8 @@ type Node struct {
 	// (rebuild goroutine writes, readers copy).
 	memberPolicies atomic.Pointer[map[string]uint64]
 
-	pt       *partTable // every ring partition as this node sees it
-	own      ownState
+	pt       *partTable    // every ring partition as this node sees it
+	tookOver takeovers     // partitions taken over, for their summary lines (takeovers.go)
 	reach    *reachability // members whose gRPC port does not answer (reach.go)
 	fallback *shard.Store
 	spread   spreadTable // this node's spread keys as a grantee (spread.go)
@@ -153,8 +153,6 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.ops.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.gather.Store(int64(pipeGather))
-	n.own.starts = make(map[string]uint64)
-	n.own.tookOver = make(map[string]takeoverTally)
 	// A mark is probed again after ten leases.
 	n.reach = newReachability(int64(10*cfg.LeaseDuration), n.checkReachable, n.log)
 	if cfg.clockIsDefault {

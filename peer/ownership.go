@@ -4,20 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/ringlimit/ringlimit/peer/internal/membership"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
 // This file keeps the node's ownership bookkeeping that is not the log's
 // (logown.go drives the log): the clocks leases are timed on, members
 // whose gRPC port does not answer (probed here; marked in reach.go), the
-// tally of takeovers for the log, the partition stores, and readiness's
-// Settled.
+// takeovers' summary lines (tallied in takeovers.go), the partition
+// stores, and readiness's Settled.
 
 // mono returns the node's monotonic clock in nanoseconds. Leases are timed
 // on it, never on Config.Clock: a paused process does not stop it, and wall
@@ -31,26 +29,6 @@ func (n *Node) now() (time.Time, int64) {
 		return n.wall.read()
 	}
 	return n.clock(), n.mono()
-}
-
-// ownState is the node's ownership bookkeeping besides the partitions.
-type ownState struct {
-	mu sync.Mutex
-	// starts is each member's last seen process start id: a new one means
-	// a new process, whose port says nothing of the old one's.
-	starts map[string]uint64
-	// tookOver tallies, per failed holder, the partitions (and keys) taken
-	// over and not yet logged: one warning per failed holder once its
-	// takeovers have gone quiet, rather than one per partition.
-	tookOver map[string]takeoverTally
-}
-
-// takeoverTally is partitions and keys taken over from one holder, for its
-// summary line: first and last are when the first and the latest were
-// taken over (node monotonic ns).
-type takeoverTally struct {
-	partitions, keys int
-	first, last      int64
 }
 
 // checkReachable asks member, on a goroutine the node owns, for its gRPC
@@ -80,73 +58,19 @@ func (n *Node) checkReachable(member string) {
 	}()
 }
 
-// noteIncarnations records members that restarted (a new start id under a
-// known name). Called by the rebuild goroutine with every live member's
-// start id.
-func (n *Node) noteIncarnations(starts map[string]uint64) {
-	n.own.mu.Lock()
-	defer n.own.mu.Unlock()
-	for name, s := range starts {
-		if name == n.name || s == 0 {
-			continue
-		}
-		prev, ok := n.own.starts[name]
-		if ok && prev != s {
-			// A new process: whatever its old one's port did says
-			// nothing about this one.
-			n.reach.clear(name)
-		}
-		if ok || len(n.own.starts) < membership.MaxEvents {
-			n.own.starts[name] = s
-		}
-	}
-}
-
 // logTakeovers warns once per failed holder whose partitions were taken
 // over, once no more of them have been for a lease (a crash's takeovers
 // spread over several reconcile rounds): how many partitions and keys,
-// over how long, and how long after the lease ended at most. Each
-// partition also has a Debug line. With all, every tally is logged now (the
-// node is closing).
+// over how long. Each partition also has a Debug line. With all, every
+// tally is logged now (the node is closing).
 func (n *Node) logTakeovers(all bool) {
-	n.own.mu.Lock()
-	if len(n.own.tookOver) == 0 {
-		n.own.mu.Unlock()
-		return
-	}
-	now := n.mono()
-	quiet := make(map[string]takeoverTally)
-	for holder, t := range n.own.tookOver {
-		if all || now-t.last >= int64(n.cfg.LeaseDuration) {
-			quiet[holder] = t
-			delete(n.own.tookOver, holder)
-		}
-	}
-	n.own.mu.Unlock()
-	for holder, t := range quiet {
-		attrs := []any{"peer", holder, "partitions", t.partitions, "keys", t.keys, "took", time.Duration(t.last - t.first)}
-		n.log.Warn("partitions taken over from failed holder", attrs...)
+	for holder, t := range n.tookOver.due(n.mono(), int64(n.cfg.LeaseDuration), all) {
+		n.log.Warn("partitions taken over from failed holder", "peer", holder, "partitions", t.partitions, "keys", t.keys, "took", time.Duration(t.last-t.first))
 	}
 }
 
 // rpcTimeout bounds one ownership RPC (one chunk of a copy, a promote).
 func (n *Node) rpcTimeout() time.Duration { return max(10*n.cfg.ForwardTimeout, 5*time.Second) }
-
-// tallyTakeover adds one partition (and its keys) taken over from holder
-// to the tally logTakeovers logs.
-func (n *Node) tallyTakeover(holder string, keys int) {
-	now := n.mono()
-	n.own.mu.Lock()
-	defer n.own.mu.Unlock()
-	t := n.own.tookOver[holder]
-	t.partitions++
-	t.keys += keys
-	if t.first == 0 {
-		t.first = now
-	}
-	t.last = now
-	n.own.tookOver[holder] = t
-}
 
 // newPartStore returns an empty store for one partition's keys. MaxKeys is
 // shared out: each partition may hold twice its even share.

@@ -644,16 +644,16 @@ func TestPauseMidDecision(t *testing.T) {
 // once, not after the mark's next probe ten leases later.
 func TestRestartClearsUnreachable(t *testing.T) {
 	nd := startCluster(t, 1, Config{}).nodes[0]
-	nd.noteIncarnations(map[string]uint64{"x": 1})
+	nd.reach.noteStarts(map[string]uint64{"x": 1}, nd.name)
 	nd.reach.mark("x", nd.mono())
 	if !nd.reach.is("x", nd.mono()) {
 		t.Fatal("x not marked")
 	}
-	nd.noteIncarnations(map[string]uint64{"x": 1}) // the same process
+	nd.reach.noteStarts(map[string]uint64{"x": 1}, nd.name) // the same process
 	if !nd.reach.is("x", nd.mono()) {
 		t.Fatal("the mark went without a restart")
 	}
-	nd.noteIncarnations(map[string]uint64{"x": 2}) // a new process
+	nd.reach.noteStarts(map[string]uint64{"x": 2}, nd.name) // a new process
 	if nd.reach.is("x", nd.mono()) {
 		t.Fatal("a restarted member is still marked unreachable")
 	}

@@ -26,10 +26,13 @@ type reachability struct {
 	// about unreachable members only when there are any.
 	marked   atomic.Int32
 	checking map[string]bool // probes in flight
+	// starts is each member's last seen process start id: a new one means
+	// a new process, whose port says nothing of the old one's.
+	starts map[string]uint64
 }
 
 func newReachability(hold int64, probe func(string), log *slog.Logger) *reachability {
-	return &reachability{hold: hold, probe: probe, log: log, marks: map[string]int64{}, checking: map[string]bool{}}
+	return &reachability{hold: hold, probe: probe, log: log, marks: map[string]int64{}, checking: map[string]bool{}, starts: map[string]uint64{}}
 }
 
 // mark records (or renews) that member's gRPC port did not answer at now.
@@ -87,4 +90,26 @@ func (r *reachability) done(member string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.checking, member)
+}
+
+// noteStarts takes every live member's process start id (self's
+// skipped): a member seen with a new one is a new process, and its mark,
+// if any, goes (usable at once, not after the next probe ten leases
+// later). Called by the node's rebuild goroutine.
+func (r *reachability) noteStarts(starts map[string]uint64, self string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for name, s := range starts {
+		if name == self || s == 0 {
+			continue
+		}
+		prev, ok := r.starts[name]
+		if ok && prev != s {
+			delete(r.marks, name)
+			r.marked.Store(int32(len(r.marks)))
+		}
+		if ok || len(r.starts) < membership.MaxEvents {
+			r.starts[name] = s
+		}
+	}
 }

@@ -37,3 +37,26 @@ func TestReachabilityProbesStaleMarks(t *testing.T) {
 		t.Fatal("a still marked after it answered")
 	}
 }
+
+// TestTakeoversSummedWhenQuiet: takeovers from one holder are summed
+// into one line once none has come for the quiet time (or at once when
+// the node closes), and each is summed once.
+func TestTakeoversSummedWhenQuiet(t *testing.T) {
+	var tk takeovers
+	tk.tally("n1", 3, 10)
+	tk.tally("n1", 4, 20)
+	tk.tally("n2", 1, 25)
+	if due := tk.due(29, 10, false); len(due) != 0 {
+		t.Fatalf("due at 29 (quiet 10): %v; want none yet", due)
+	}
+	due := tk.due(30, 10, false)
+	if want := (takeoverTally{partitions: 2, keys: 7, first: 10, last: 20}); len(due) != 1 || due["n1"] != want {
+		t.Fatalf("due at 30: %v; want n1 alone, %+v", due, want)
+	}
+	if due := tk.due(30, 10, true); len(due) != 1 || due["n2"].partitions != 1 {
+		t.Fatalf("due with all: %v; want n2's one partition (n1's already summed)", due)
+	}
+	if due := tk.due(1000, 10, true); len(due) != 0 {
+		t.Fatalf("due after everything was summed: %v", due)
+	}
+}
