@@ -93,12 +93,7 @@ func serveProcDrivers(t *testing.T) []loadDriver {
 // round-robin, so two calls in three are forwarded once.
 func unaryProcDriver(t *testing.T, addrs []string, pids []int) loadDriver {
 	var clients []peerpb.RateLimiterClient
-	for _, a := range addrs {
-		conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
+	for _, conn := range procConns(t, addrs) {
 		clients = append(clients, peerpb.NewRateLimiterClient(conn))
 	}
 	keys := loadKeys(10000)
@@ -118,6 +113,21 @@ func unaryProcDriver(t *testing.T, addrs []string, pids []int) loadDriver {
 	}
 }
 
+// procConns is one plaintext gRPC connection to each of addrs, closed
+// when t ends.
+func procConns(t *testing.T, addrs []string) []*grpc.ClientConn {
+	conns := make([]*grpc.ClientConn, len(addrs))
+	for i, a := range addrs {
+		conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		conns[i] = conn
+	}
+	return conns
+}
+
 // rlsLoadDomain is the Envoy domain of the RLS row.
 const rlsLoadDomain = "load"
 
@@ -127,12 +137,7 @@ const rlsLoadDomain = "load"
 // process, round-robin, so two calls in three are forwarded once.
 func rlsProcDriver(t *testing.T, addrs []string, pids []int) loadDriver {
 	var clients []rlsv3.RateLimitServiceClient
-	for _, a := range addrs {
-		conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
+	for _, conn := range procConns(t, addrs) {
 		clients = append(clients, rlsv3.NewRateLimitServiceClient(conn))
 	}
 	keys := loadKeys(10000)
