@@ -34,7 +34,7 @@ func (lo *logOwner) drain(ctx context.Context) error {
 	// voter with its liveness running, and the log counted a vote that
 	// was gone until autopilot found it silent. A partition still held
 	// then keeps the drain waiting until ctx ends, as before.
-	backupsDone := ctx.Done()
+	var backupsDone <-chan struct{} // nil (never) without a deadline
 	if dl, ok := ctx.Deadline(); ok {
 		reserve := min(time.Until(dl)/3, 2*n.cfg.LeaseDuration)
 		bctx, bcancel := context.WithDeadline(ctx, dl.Add(-reserve))
@@ -94,7 +94,7 @@ func (lo *logOwner) drain(ctx context.Context) error {
 		select {
 		case <-t.C:
 		case <-backupsDone:
-			backupsDone = ctx.Done()
+			backupsDone = nil
 			if held, backs := lo.depends(); held == 0 && ctx.Err() == nil {
 				n.log.Warn("left while still the backup of partitions, at the close deadline's reserve: their holders copy them elsewhere now that this member's liveness ends", "partitions", backs)
 				return lo.leaveLog(ctx)
