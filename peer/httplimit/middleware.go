@@ -35,15 +35,15 @@ import (
 // a server misconfiguration, answered 500.
 type KeyFunc func(r *http.Request) (key peer.Key, ok bool)
 
-// Limiter is what Middleware needs from a limiter. *Node implements it.
+// Limiter is what Middleware needs from a limiter. *peer.Node implements it.
 type Limiter interface {
-	// Allow decides one request, as Node.Allow.
+	// Allow decides one request, as peer.Node.Allow.
 	Allow(ctx context.Context, req peer.Request) (peer.Decision, error)
-	// Policies returns the policy table, as Node.Policies.
+	// Policies returns the policy table, as peer.Node.Policies.
 	Policies() map[string]peer.PolicyConfig
 }
 
-// policyLooker is a Limiter whose table can change (as *Node's, by
+// policyLooker is a Limiter whose table can change (as *peer.Node's, by
 // SetPolicies): the middleware looks each request's policy up in it.
 type policyLooker interface {
 	Policy(name string) (peer.PolicyConfig, bool)
@@ -51,13 +51,13 @@ type policyLooker interface {
 
 // MiddlewareConfig configures Middleware.
 type MiddlewareConfig struct {
-	// Limiter decides; usually the embedded *Node. Required.
+	// Limiter decides; usually the embedded *peer.Node. Required.
 	Limiter Limiter
 	// Key derives the quota key from the authenticated request. Required.
 	Key KeyFunc
 	// Hits returns the request's cost in units. Nil means 1 for every
 	// request; a result outside 1..limit is a server bug, answered 500
-	// (zero is taken as 1, as by Node.Allow).
+	// (zero is taken as 1, as by peer.Node.Allow).
 	Hits func(r *http.Request) int64
 	// OnError writes the response when the key is invalid or the limiter
 	// returns an error (the request is never passed on). For an unavailable
@@ -69,7 +69,7 @@ type MiddlewareConfig struct {
 	OnError func(w http.ResponseWriter, r *http.Request, err error)
 	// SettleAfter makes the cost known only after next has served the
 	// request (an LLM call's tokens): the middleware reserves Hits, the
-	// estimate, before next (the Limiter must implement Reserver, as *Node
+	// estimate, before next (the Limiter must implement Reserver, as *peer.Node
 	// does, and the policy be a sliding_log policy) and, when next
 	// returns, settles the reservation with the cost next reported with
 	// ReportCost. A handler that reports nothing (or panics first) is
@@ -112,13 +112,13 @@ type MiddlewareConfig struct {
 // ErrInvalidConfig (500 by default) rather than panicking.
 //
 // For a concurrency policy (Algorithm Concurrency) the middleware takes a
-// lease instead (the Limiter must then implement Leaser, as *Node does):
+// lease instead (the Limiter must then implement Leaser, as *peer.Node does):
 // admitted, next serves the request and the lease is released when next
 // returns or panics; at the limit, 429 with {"error":"concurrency limit
 // exceeded",...}; errors as above.
 //
 // The policy is looked up per request when the Limiter has a Policy(name)
-// method (as *Node has: its table can be replaced), else the table is read
+// method (as *peer.Node has: its table can be replaced), else the table is read
 // once, here. The returned handler is safe for concurrent use.
 func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
 	m := &middleware{cfg: cfg, next: next, log: cfg.Logger}
@@ -205,11 +205,11 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // Leaser is what Middleware needs from a limiter for a concurrency
-// policy. *Node implements it.
+// policy. *peer.Node implements it.
 type Leaser interface {
-	// Acquire takes a lease, as Node.Acquire.
+	// Acquire takes a lease, as peer.Node.Acquire.
 	Acquire(ctx context.Context, req peer.Request) (peer.Lease, error)
-	// Release ends a lease, as Node.Release.
+	// Release ends a lease, as peer.Node.Release.
 	Release(ctx context.Context, key peer.Key, id uint64) (peer.Decision, error)
 }
 
@@ -250,11 +250,11 @@ func (m *middleware) serveLeased(w http.ResponseWriter, r *http.Request, req pee
 }
 
 // Reserver is what Middleware needs from a limiter with SettleAfter.
-// *Node implements it.
+// *peer.Node implements it.
 type Reserver interface {
-	// Reserve admits an estimate, as Node.Reserve.
+	// Reserve admits an estimate, as peer.Node.Reserve.
 	Reserve(ctx context.Context, req peer.Request) (peer.Reservation, error)
-	// Settle replaces it with the actual cost, as Node.Settle.
+	// Settle replaces it with the actual cost, as peer.Node.Settle.
 	Settle(ctx context.Context, key peer.Key, id uint64, actual int64) (peer.Settlement, error)
 }
 
@@ -514,9 +514,9 @@ func RetryAfterSeconds(d time.Duration) int64 {
 	return s
 }
 
-// ErrorStatus maps an error from Node.Allow or Middleware to an HTTP status:
+// ErrorStatus maps an error from peer.Node.Allow or Middleware to an HTTP status:
 // 503 Service Unavailable for ErrUnavailable and ErrClosed (the limiter
-// could not decide; never 429), 400 Bad Request for ErrInvalidKey (the
+// could not decide; never 429), 400 Bad Request for peer.ErrInvalidKey (the
 // identity the key was built from cannot be a key part), 500 Internal
 // Server Error for everything else, including ErrInvalidHits and
 // ErrUnknownPolicy (costs and policy names come from server code, so those

@@ -33,11 +33,11 @@ import (
 //	ringlimit_backup_keys_total{direction,outcome}     counter
 //	ringlimit_hot_key_rate{rank,tenant,subject,policy} gauge, hits per second
 //	ringlimit_peer_rpc_open                            gauge, 1 if peer RPCs are unauthenticated
-//	ringlimit_ready                                    gauge, 1 if ready (Node.Ready)
+//	ringlimit_ready                                    gauge, 1 if ready (peer.Node.Ready)
 //	ringlimit_unready_reason{reason}                   gauge, 1 for the current reason
-//	ringlimit_policy_table_version                     gauge, the table in force (Node.PolicyVersion)
+//	ringlimit_policy_table_version                     gauge, the table in force (peer.Node.PolicyVersion)
 //	ringlimit_policy_reloads_total{result}             counter, ok or rejected
-//	ringlimit_raft_messages_sent_total                 counter, ownership log messages sent (RaftTraffic)
+//	ringlimit_raft_messages_sent_total                 counter, ownership log messages sent (peer.RaftTraffic)
 //	ringlimit_raft_bytes_sent_total                    counter, their marshalled bytes
 //	ringlimit_raft_messages_dropped_total              counter, dropped unsent (raft sends again)
 //	ringlimit_raft_messages_shed_total                 counter, received and dropped unread (log behind)
@@ -45,7 +45,7 @@ import (
 //	ringlimit_raft_applied_total                       counter, ownership commands applied
 //
 // The ringlimit_raft_* series appear once a node in log mode
-// (OwnershipLog) has been built with this Metrics, and are read from the
+// (peer.OwnershipLog) has been built with this Metrics, and are read from the
 // node at each scrape.
 //
 // Label cardinality is bounded: policy comes from the server's table, reason
@@ -54,11 +54,11 @@ import (
 // deploy grows by one set of peer series per departed member).
 //
 // ringlimit_hot_key_rate exposes the tenant and subject of the at most K
-// heaviest keys the node owns, K being Config.HotKeys (16 by default): each
+// heaviest keys the node owns, K being peer.Config.HotKeys (16 by default): each
 // HotKeys call replaces the whole set atomically, so keys that cooled down
 // disappear and the series count never exceeds K. Those label values are
 // authenticated identities; restrict access to the metrics endpoint
-// accordingly, or set Config.HotKeys small.
+// accordingly, or set peer.Config.HotKeys small.
 type Metrics struct {
 	decisions   *prometheus.CounterVec
 	forwards    *prometheus.CounterVec
@@ -227,7 +227,7 @@ func (m *Metrics) Spread(policy, event string, units int64) {
 }
 
 // Overage counts units a settlement recorded beyond its reservation's
-// estimate (the optional overage method Node.Settle calls).
+// estimate (the optional overage method peer.Node.Settle calls).
 func (m *Metrics) Overage(policy string, units int64) {
 	m.overage.WithLabelValues(policy).Add(float64(units))
 }
@@ -407,7 +407,7 @@ func (m *Metrics) PolicyTable(version uint64, ok bool) {
 // hands it read, which each scrape calls.
 func (m *Metrics) RaftTrafficFrom(read func() peer.RaftTraffic) { m.raft.read.Store(&read) }
 
-// raftCollector exports a node's RaftTraffic, read at each scrape: the
+// raftCollector exports a node's peer.RaftTraffic, read at each scrape: the
 // counters live in the log's runner and transport, so nothing is
 // counted twice and the log's paths never call into Prometheus.
 type raftCollector struct {
