@@ -67,7 +67,11 @@
 // internal/ownlog (the ownership protocol as a state machine, and its raft
 // log), and internal/history (the checker the tests judge histories
 // with). Each part's package doc says what it owns and may import;
-// TestLayout pins the import rules.
+// TestLayout pins the import rules. Beside it, two public packages use
+// only its public API: httplimit (HTTP middleware, and the RateLimit
+// headers and statuses every front end answers with) and prommetrics (a
+// Metrics of Prometheus collectors); this package imports neither, nor
+// Prometheus (TestLayoutPublicParts).
 //
 // What it does not do: it does not authenticate callers (the embedding
 // application builds Keys from authenticated identity). A hot key that is
