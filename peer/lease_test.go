@@ -17,7 +17,7 @@ func TestLeaseOperations(t *testing.T) {
 	clk := &hoClock{}
 	c := startCluster(t, 3, Config{
 		Clock:          clk.Now,
-		ForwardTimeout: 300 * time.Millisecond,
+		ForwardTimeout: 2 * time.Second, // a loaded machine may be slow to forward; the stopped holder refuses at once
 		Policies: map[string]PolicyConfig{
 			"conc":     {Limit: 2, Window: time.Minute, Algorithm: Concurrency},
 			"rate":     {Limit: 2, Window: time.Minute},
