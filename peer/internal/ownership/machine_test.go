@@ -350,3 +350,45 @@ func copyScene(maxCopyWait time.Duration, parts int) (m *Machine, now int64, cop
 	step(m, m.Apply(Command{Kind: Join, Member: "b"}, now), now)
 	return m, now, copies
 }
+
+// TestLeaverStopsExtending: once a member asks to leave it proposes no
+// more extensions, so the End it proposes, a compare-and-set on its
+// record's version, is not refused by its own extension committed
+// first; asked again, it proposes an End at the current version, which
+// applies. Before, every tick kept extending, and on a loaded log each
+// End could lose to the extension before it.
+func TestLeaverStopsExtending(t *testing.T) {
+	const d = int64(2 * time.Second)
+	m := New(Config{ID: "a", Liveness: time.Duration(d), ExtendEvery: time.Duration(d / 3)}, 1)
+	m.SetView(View{Target: []string{"a"}, Second: []string{""}, Members: []string{"a"}})
+	join(t, m, 0, "a")
+	now := int64(10)
+	step(m, m.Tick(now), now) // an extension, applied
+	end, ok := m.Leave()
+	if !ok {
+		t.Fatal("Leave refused for a live member")
+	}
+	// An extension proposed before the Leave commits first: the End at
+	// the old version is refused.
+	rec := m.Table().Members["a"]
+	m.Apply(Command{Kind: Extend, Member: "a", Epoch: rec.Epoch, Seq: 99}, now+1)
+	m.Apply(end, now+2)
+	if m.Table().Members["a"].Ended {
+		t.Fatal("an End at a version an extension moved on was applied")
+	}
+	for at := now + d/3; at < now+3*d; at += d / 6 {
+		for _, a := range m.Tick(at) {
+			if a.Kind == Propose && a.Cmd.Kind == Extend {
+				t.Fatalf("at %d a member that asked to leave proposed %v", at, a.Cmd)
+			}
+		}
+	}
+	end, ok = m.Leave()
+	if !ok {
+		t.Fatal("second Leave refused")
+	}
+	m.Apply(end, now+3*d)
+	if !m.Table().Members["a"].Ended {
+		t.Fatal("the End at the current version did not apply")
+	}
+}
