@@ -32,11 +32,14 @@ func (lo *logOwner) drain(ctx context.Context) error {
 	// before ctx's deadline, so that the leave itself (vote, liveness)
 	// has time of its own: when it ended with ctx, the member went a
 	// voter with its liveness running, and the log counted a vote that
-	// was gone until autopilot found it silent. A partition still held
-	// then keeps the drain waiting until ctx ends, as before.
+	// was gone until autopilot found it silent. The reserve is half of
+	// what is left, at most the four leases a leave may take (a third, at
+	// most two, was too little for a loaded log to hand on leadership and
+	// apply the End). A partition still held then keeps the drain waiting
+	// until ctx ends, as before.
 	var backupsDone <-chan struct{} // nil (never) without a deadline
 	if dl, ok := ctx.Deadline(); ok {
-		reserve := min(time.Until(dl)/3, 2*n.cfg.LeaseDuration)
+		reserve := min(time.Until(dl)/2, 4*n.cfg.LeaseDuration)
 		bctx, bcancel := context.WithDeadline(ctx, dl.Add(-reserve))
 		defer bcancel()
 		backupsDone = bctx.Done()
