@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -83,7 +81,7 @@ func serveProcDrivers(t *testing.T) []loadDriver {
 	return []loadDriver{
 		routedDriver(t, "sidecar-routed procs keys=10000", addrs, pids),
 		unaryProcDriver(t, addrs, pids),
-		rlsProcDriver(t, addrs, pids),
+		rlsDriver(t, rlsProcsRow, addrs, pids),
 		httpProcDriver(t, procs, pids),
 	}
 }
@@ -130,34 +128,6 @@ func procConns(t *testing.T, addrs []string) []*grpc.ClientConn {
 
 // rlsLoadDomain is the Envoy domain of the RLS row.
 const rlsLoadDomain = "load"
-
-// rlsProcDriver is the row of Envoy's rate limit filter calling
-// RateLimitService/ShouldRateLimit on any node, as an Envoy fleet does:
-// one descriptor (user=<one of 10 000 subjects>), one connection per
-// process, round-robin, so two calls in three are forwarded once.
-func rlsProcDriver(t *testing.T, addrs []string, pids []int) loadDriver {
-	var clients []rlsv3.RateLimitServiceClient
-	for _, conn := range procConns(t, addrs) {
-		clients = append(clients, rlsv3.NewRateLimitServiceClient(conn))
-	}
-	keys := loadKeys(10000)
-	wire := make([]*rlsv3.RateLimitRequest, len(keys))
-	for i, k := range keys {
-		wire[i] = &rlsv3.RateLimitRequest{Domain: rlsLoadDomain, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
-			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: k.Subject}},
-		}}}
-	}
-	return loadDriver{
-		name: "rls procs keys=10000", pids: pids,
-		call: func(c, i int) error {
-			resp, err := clients[i%len(clients)].ShouldRateLimit(context.Background(), wire[i%len(wire)])
-			if err == nil && resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
-				err = fmt.Errorf("not OK: %v", resp)
-			}
-			return err
-		},
-	}
-}
 
 // httpProcDriver is the row of POST /v1/check on any node: keep-alive
 // HTTP/1.1 connections (one per caller and process at most), round-robin

@@ -30,7 +30,11 @@ package bench
 //     from this tree (their CPU time is srv-cpu/op), as a client in
 //     another process would meet them; with it, sidecar procs (unary
 //     Allow to any process, round-robin) and http procs (POST /v1/check
-//     to any process, keep-alive HTTP/1.1).
+//     to any process, keep-alive HTTP/1.1), and rls procs
+//     (ShouldRateLimit to any process);
+//   - envoyproxy/ratelimit+redis (opt-in, RINGLIMIT_RLS_REF=<binary>
+//     with RINGLIMIT_REDIS=1): the reference RLS service, three
+//     processes over one Redis, with the rls procs row's requests.
 //
 // cpu/op is the test process's CPU time (getrusage: user + system) divided
 // by the decisions made; for Redis, srv-cpu/op is redis-server's own CPU
@@ -269,6 +273,9 @@ func TestLoadSideBySide(t *testing.T) {
 			if mode == peer.ReplicateSync && os.Getenv(loadProcsEnv) == "1" {
 				drivers = append(drivers, serveProcDrivers(t)...)
 			}
+			if bin := os.Getenv(rlsRefEnv); mode == peer.ReplicateSync && bin != "" && os.Getenv(redisEnv) == "1" {
+				drivers = append(drivers, rlsRefDriver(t, bin))
+			}
 			return drivers
 		}})
 	}
@@ -297,6 +304,21 @@ func TestLoadSideBySide(t *testing.T) {
 				}
 			}
 			ref := slices.IndexFunc(drivers, func(d loadDriver) bool { return d.name == "redis-lua keys=10000" })
+			rls := slices.IndexFunc(drivers, func(d loadDriver) bool { return d.name == rlsProcsRow })
+			if rlsRef := slices.IndexFunc(drivers, func(d loadDriver) bool { return d.name == rlsRefRow }); rls >= 0 && rlsRef >= 0 {
+				ratio := func(f func(loadResult) float64) float64 {
+					rs := make([]float64, rounds)
+					for r := range rounds {
+						rs[r] = f(results[rls][r]) / f(results[rlsRef][r])
+					}
+					slices.Sort(rs)
+					return rs[rounds/2]
+				}
+				t.Logf("%s / %s, median over rounds: ops/s %.2f×, p99 %.2f×, srv-cpu/op %.2f×", rlsProcsRow, rlsRefRow,
+					ratio(func(r loadResult) float64 { return r.ops }),
+					ratio(func(r loadResult) float64 { return float64(r.p99) }),
+					ratio(func(r loadResult) float64 { return float64(r.srvCPUOp) }))
+			}
 			for i, dr := range drivers {
 				names, pids = append(names, dr.name), append(pids, dr.pids)
 				medians = append(medians, median(results[i]))
