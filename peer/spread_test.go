@@ -3,7 +3,6 @@ package peer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -66,24 +65,6 @@ func hammerSpread(t *testing.T, nodes []*Node, key Key, callers, perCaller int, 
 	}
 	wg.Wait()
 	return ops, reasons
-}
-
-// TestSpreadGrantRecordBeforeSent: a decision whose clock read comes
-// before its grant's request was sent (the grant arrived while the
-// decision waited for the key's lock) records its use in the first bin,
-// and a use past the lease in the last; neither panics (a loaded CI's
-// demo indexed bin -1).
-func TestSpreadGrantRecordBeforeSent(t *testing.T) {
-	g := &spreadGrant{sent: 1000, bin: 10}
-	g.record(950, 2)
-	g.record(1000+10*spreadBins+5, 3)
-	g.record(1015, 1)
-	if g.uses[0] != 2 || g.uses[1] != 1 || g.uses[spreadBins-1] != 3 {
-		t.Fatalf("uses: first %d, second %d, last %d; want 2, 1, 3", g.uses[0], g.uses[1], g.uses[spreadBins-1])
-	}
-	if r := g.report(1000); r[len(r)-1].Age != 0 {
-		t.Fatalf("a report sent before the first bin ended gave age %v; want 0 (never earlier than it happened)", r[len(r)-1].Age)
-	}
 }
 
 // admittedOps counts the ops callers were told were admitted.
@@ -262,45 +243,6 @@ func TestSpreadHolderMoves(t *testing.T) {
 	t.Logf("answers by reason: %v; %d admitted; new holder %s", reasons, admittedOps(ops), owner)
 	if owner == leaver.Name() || reasons[ReasonSpread] == 0 {
 		t.Fatalf("owner %s, %d decisions from rights; want the key moved and spread", owner, reasons[ReasonSpread])
-	}
-}
-
-// TestSpreadTableCap: a node tracks at most maxSpreadKeys spread keys.
-// Past the cap a new key is not tracked (it is forwarded as before), and
-// for a second the full table is not scanned again; once keys have been
-// idle for spreadIdle they are forgotten and new keys are tracked again.
-func TestSpreadTableCap(t *testing.T) {
-	n := &Node{}
-	key := func(i int) (Key, []byte) {
-		k := Key{Tenant: "t", Subject: fmt.Sprintf("s%05d", i), Policy: "hot"}
-		ek, _ := k.AppendEncoded(nil)
-		return k, ek
-	}
-	now := int64(time.Hour)
-	for i := range maxSpreadKeys {
-		k, ek := key(i)
-		if n.spreadLookup(ek, k, now) == nil {
-			t.Fatalf("key %d of %d not tracked", i, maxSpreadKeys)
-		}
-	}
-	k, ek := key(maxSpreadKeys)
-	if n.spreadLookup(ek, k, now) != nil {
-		t.Fatalf("key %d tracked past the cap of %d", maxSpreadKeys, maxSpreadKeys)
-	}
-	if n.spread.fullUntil != now+int64(time.Second) {
-		t.Fatalf("fullUntil = %d, want a second from now (%d)", n.spread.fullUntil, now+int64(time.Second))
-	}
-	if old, oek := key(0); n.spreadLookup(oek, old, now) == nil {
-		t.Fatal("a tracked key is no longer found while the table is full")
-	}
-	// Idle for spreadIdle (the scan runs once the second is over): the
-	// tracked keys are forgotten, the new one is tracked.
-	later := now + int64(spreadIdle) + int64(time.Second) + 1
-	if n.spreadLookup(ek, k, later) == nil {
-		t.Fatal("a new key is not tracked after every other key went idle")
-	}
-	if got := len(n.spread.keys); got != 1 {
-		t.Fatalf("%d keys tracked after the idle ones were forgotten, want 1", got)
 	}
 }
 
