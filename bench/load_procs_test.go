@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -49,9 +50,12 @@ func serveProcDrivers(t *testing.T) []loadDriver {
 	// The bench policy, and an Envoy domain whose one descriptor has the
 	// largest limit its file takes (4 294 967 295 a second, never
 	// reached), for the RLS row.
+	// RINGLIMIT_LOAD_RLS_REPLICATION sets the domain's replication
+	// (default sync): off is the reference row's durability.
+	repl := cmp.Or(os.Getenv("RINGLIMIT_LOAD_RLS_REPLICATION"), "sync")
 	pol := fmt.Sprintf("policies:\n  - name: %s\n    limit: %d\n    window: 1s\n    resolution: 10ms\n"+
-		"domains:\n  - domain: %s\n    descriptors:\n      - key: user\n        rate_limit: {window: 1s, requests: %d}\n",
-		peerPolicy, int64(1)<<50, rlsLoadDomain, uint32(1<<32-1))
+		"domains:\n  - domain: %s\n    replication: %s\n    descriptors:\n      - key: user\n        rate_limit: {window: 1s, requests: %d}\n",
+		peerPolicy, int64(1)<<50, rlsLoadDomain, repl, uint32(1<<32-1))
 	if err := os.WriteFile(policies, []byte(pol), 0o600); err != nil {
 		t.Fatal(err)
 	}

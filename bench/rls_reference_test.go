@@ -24,6 +24,11 @@ import (
 //	(cd /tmp/rlsref && go build -o ratelimit ./src/service_cmd)
 //	RINGLIMIT_RLS_REF=/tmp/rlsref/ratelimit RINGLIMIT_REDIS=1 RINGLIMIT_LOAD=1 \
 //	  RINGLIMIT_LOAD_PROCS=1 go test -count=1 -run LoadSideBySide -v -timeout 20m ./bench/
+//
+// The reference keeps its counters in one Redis with no replica: a
+// restart loses them. RINGLIMIT_LOAD_RLS_REPLICATION=off (or async) runs
+// the rls procs row at that durability (the domain's replication;
+// default sync). RINGLIMIT_LOAD_ONLY=rls,ratelimit keeps the two rows.
 const rlsRefEnv = "RINGLIMIT_RLS_REF"
 
 // rlsRefRow and rlsProcsRow are the two RLS rows; with both, the run

@@ -9,6 +9,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/ringlimit/ringlimit/cmd/ringlimit/envoyrls"
+	"github.com/ringlimit/ringlimit/peer"
 )
 
 // domainsUsage documents the policy file's "domains" section.
@@ -18,6 +19,7 @@ Envoy's RateLimitService/ShouldRateLimit on its gRPC port; see envoyrls):
   domains:
     - domain: edge            # the domain of Envoy's ratelimit filter
       response_headers: true  # add RateLimit-Policy and RateLimit (optional)
+      replication: sync       # sync (default) | async | off, as a policy's
       descriptors:            # as envoyproxy/ratelimit: matched by key and,
         - key: remote_address #   if given, value; no value = any value
           rate_limit: {unit: second, requests_per_unit: 10}
@@ -40,7 +42,7 @@ Envoy's RateLimitService/ShouldRateLimit on its gRPC port; see envoyrls):
 
 // Field lists, in the order the docs give them.
 const (
-	domainFields     = "domain, descriptors, response_headers"
+	domainFields     = "domain, descriptors, response_headers, replication"
 	descriptorFields = "key, value, rate_limit, shadow_mode, descriptors"
 	rateLimitFields  = "unit, requests_per_unit, unit_multiplier, window, requests, unlimited"
 )
@@ -76,6 +78,14 @@ func parseDomains(list *yaml.Node) (*envoyrls.Table, []error) {
 				d.Name, errs = str(where, f, errs)
 			case "response_headers":
 				d.ResponseHeaders, errs = boolean(where, f, errs)
+			case "replication":
+				var r string
+				if r, errs = str(where, f, errs); r != "" {
+					var err error
+					if d.Replication, err = peer.ParseReplication(r); err != nil {
+						errs = append(errs, fmt.Errorf("%s: replication %q at line %d: want sync, async or off", where, r, f.v.Line))
+					}
+				}
 			case "descriptors":
 				var derrs []error
 				d.Descriptors, derrs = parseDescriptors(where+".descriptors", f.v)

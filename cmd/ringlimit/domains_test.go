@@ -23,6 +23,7 @@ func TestEnvoyDomainsConfig(t *testing.T) {
 		in      string
 		want    map[string]time.Duration // generated policy -> window
 		limits  map[string]int64
+		repl    map[string]peer.Replication
 		wantErr []string
 	}{
 		{
@@ -55,6 +56,17 @@ func TestEnvoyDomainsConfig(t *testing.T) {
 			name: "policies and domains together, JSON",
 			in:   `{"policies": [{"name": "api", "limit": 1, "window": "1s"}], "domains": [{"domain": "d", "descriptors": [{"key": "k", "rate_limit": {"window": "1m", "requests": 3}}]}]}`,
 			want: map[string]time.Duration{"api": time.Second, "envoy:d:k": time.Minute},
+		},
+		{
+			name: "a domain's replication reaches each of its limits",
+			in:   "domains:\n  - domain: a\n    replication: async\n    descriptors:\n      - key: k\n        rate_limit: {unit: second, requests_per_unit: 1}\n        descriptors:\n          - key: j\n            rate_limit: {unit: second, requests_per_unit: 2}\n  - domain: s\n    descriptors:\n      - key: k\n        rate_limit: {unit: second, requests_per_unit: 1}\n",
+			want: map[string]time.Duration{"envoy:a:k": time.Second, "envoy:a:k/j": time.Second, "envoy:s:k": time.Second},
+			repl: map[string]peer.Replication{"envoy:a:k": peer.ReplicateAsync, "envoy:a:k/j": peer.ReplicateAsync, "envoy:s:k": peer.ReplicateSync},
+		},
+		{
+			name:    "bad replication",
+			in:      "domains:\n  - domain: d\n    replication: eventually\n    descriptors:\n      - key: k\n        rate_limit: {unit: second, requests_per_unit: 1}\n",
+			wantErr: []string{`domains[0]: replication "eventually" at line 3: want sync, async or off`},
 		},
 		{
 			name:    "unknown unit",
@@ -94,12 +106,12 @@ func TestEnvoyDomainsConfig(t *testing.T) {
 		{
 			name:    "items not maps",
 			in:      "domains:\n  - d\n  - domain: e\n    descriptors:\n      - k\n",
-			wantErr: []string{`domains[0] must be a map of {domain, descriptors, response_headers}, got the string "d" at line 2`, `domains[1].descriptors[0] must be a map of {key, value, rate_limit, shadow_mode, descriptors}, got the string "k" at line 5`},
+			wantErr: []string{`domains[0] must be a map of {domain, descriptors, response_headers, replication}, got the string "d" at line 2`, `domains[1].descriptors[0] must be a map of {key, value, rate_limit, shadow_mode, descriptors}, got the string "k" at line 5`},
 		},
 		{
 			name:    "domains not a list",
 			in:      "domains: {domain: d}\n",
-			wantErr: []string{`"domains" must be a list of {domain, descriptors, response_headers} entries, got a map at line 1`},
+			wantErr: []string{`"domains" must be a list of {domain, descriptors, response_headers, replication} entries, got a map at line 1`},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -127,6 +139,9 @@ func TestEnvoyDomainsConfig(t *testing.T) {
 			for name, w := range tc.want {
 				if got[name].Window != w {
 					t.Errorf("policy %q window %v, want %v (table %v)", name, got[name].Window, w, got)
+				}
+				if r, ok := tc.repl[name]; ok && got[name].Replication != r {
+					t.Errorf("policy %q replication %v, want %v", name, got[name].Replication, r)
 				}
 				if l, ok := tc.limits[name]; ok && got[name].Limit != l {
 					t.Errorf("policy %q limit %d, want %d", name, got[name].Limit, l)

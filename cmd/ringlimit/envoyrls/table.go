@@ -29,6 +29,9 @@ type Domain struct {
 	// ResponseHeaders adds RateLimit-Policy and RateLimit header fields
 	// to the response (response_headers_to_add).
 	ResponseHeaders bool
+	// Replication is how its limits copy admissions to their backup
+	// (peer.PolicyConfig.Replication; the zero value is sync).
+	Replication peer.Replication
 }
 
 // Descriptor is one node of a domain's descriptor tree.
@@ -104,7 +107,7 @@ func Compile(domains []Domain) (*Table, error) {
 		}
 		dt := &domainTable{name: d.Name, tenant: shard.KeyPart(d.Name), root: &node{}, headers: d.ResponseHeaders}
 		t.domains[d.Name] = dt
-		errs = append(errs, t.add(d.Name, dt.root, nil, d.Descriptors)...)
+		errs = append(errs, t.add(d, dt.root, nil, d.Descriptors)...)
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -112,7 +115,8 @@ func Compile(domains []Domain) (*Table, error) {
 	return t, nil
 }
 
-func (t *Table) add(domain string, parent *node, path []entry, ds []Descriptor) []error {
+func (t *Table) add(dom Domain, parent *node, path []entry, ds []Descriptor) []error {
+	domain := dom.Name
 	var errs []error
 	for _, d := range ds {
 		e := entry{key: d.Key, value: d.Value, anyValue: d.Value == ""}
@@ -147,9 +151,9 @@ func (t *Table) add(domain string, parent *node, path []entry, ds []Descriptor) 
 			if _, dup := t.policies[n.policy]; dup {
 				errs = append(errs, fmt.Errorf("envoy descriptor %s: generated policy name %q is taken", where, n.policy))
 			}
-			t.policies[n.policy] = peer.PolicyConfig{Limit: l.Requests, Window: l.Window, Shadow: d.Shadow}
+			t.policies[n.policy] = peer.PolicyConfig{Limit: l.Requests, Window: l.Window, Shadow: d.Shadow, Replication: dom.Replication}
 		}
-		errs = append(errs, t.add(domain, n, p, d.Descriptors)...)
+		errs = append(errs, t.add(dom, n, p, d.Descriptors)...)
 	}
 	return errs
 }
