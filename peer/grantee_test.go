@@ -176,4 +176,3 @@ func TestGranteeTableCap(t *testing.T) {
 		t.Fatalf("%d keys tracked after the idle ones were forgotten, want 1", got)
 	}
 }
-
