@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/connectivity"
 
+	"github.com/ringlimit/ringlimit/peer/internal/grantee"
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
@@ -108,7 +109,7 @@ type opReq struct {
 	// (reserve.go).
 	actual, estimate, overage int64
 	// returns are OP_GRANT's grants to end, granted its answer (spread.go).
-	returns []grantReturn
+	returns []grantee.Return
 	granted int64
 }
 

@@ -52,8 +52,9 @@
 //     out, moved with the partition and charged by a new holder after a
 //     takeover (under async or off a takeover may lose the newest, as it
 //     may lose the newest admissions). The rules and the argument are in
-//     spread.go and shard's grant.go; the ownership simulator runs them
-//     under every fault kind (internal/ownership/sim, grants.go).
+//     spread.go, internal/grantee and shard's grant.go; the ownership
+//     simulator runs the grantee's own code and the holder's rules under
+//     every fault kind (internal/ownership/sim, grants.go).
 //
 // How it is built: this package is the public face (Node, Config,
 // Request and Decision, Client, the errors) and the one place that drives
@@ -62,7 +63,9 @@
 // and events, joining), internal/transport (framed pipes, the pipe to a
 // peer, the sniffing listener, peer authentication), internal/wire (the
 // packed layout of forwarded batches and replicated admissions, with its
-// bounds-checked reader), internal/policy (the
+// bounds-checked reader), internal/grantee (a spread key's rights on
+// the node that uses them, as state with time passed in, which the
+// ownership simulator drives too), internal/policy (the
 // compiled, versioned policy table), internal/ownership and
 // internal/ownlog (the ownership protocol as a state machine, and its raft
 // log), and internal/history (the checker the tests judge histories

@@ -420,11 +420,5 @@ func (n *Node) spreadDeadlineForTest(key Key) int64 {
 	if k == nil {
 		return 0
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	var last int64
-	for _, g := range k.live {
-		last = max(last, g.deadline)
-	}
-	return last
+	return k.Describe(n.mono()).Deadline
 }

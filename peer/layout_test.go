@@ -29,6 +29,9 @@ import (
 //  6. internal/wire, the packed batches' layout, decides nothing and
 //     carries nothing: no ownership, ownlog, policy, membership,
 //     transport, raft or memberlist.
+//  7. internal/grantee, a spread key's rights as state with time passed
+//     in, does no I/O and knows no protocol but its own: of ours only
+//     shard; no net, gRPC, raft or memberlist.
 func TestLayout(t *testing.T) {
 	const mod = "github.com/ringlimit/ringlimit"
 	out, err := exec.Command("go", "list", "-e", "-deps", "-f", `{{.ImportPath}} {{join .Deps " "}}`, "./internal/...").Output()
@@ -86,6 +89,13 @@ func TestLayout(t *testing.T) {
 		{"wire", "raft", isRaft},
 		{"wire", "memberlist", isMemberlist},
 		{"membership", "raft", isRaft},
+		{"grantee", "ownership, ownlog, policy, membership, transport, ring or peerpb", func(d string) bool {
+			return isOursBelow(d) && d != mod+"/shard"
+		}},
+		{"grantee", "net", isNet},
+		{"grantee", "gRPC", isGRPC},
+		{"grantee", "raft", isRaft},
+		{"grantee", "memberlist", isMemberlist},
 	}
 	for _, r := range rules {
 		if r.pkg != "" {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ringlimit/ringlimit/peer/internal/grantee"
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
@@ -242,8 +243,8 @@ func (n *Node) forwardLease(ctx context.Context, owner string, r *opReq) (Decisi
 		Actual:  r.actual,
 	}
 	for _, g := range r.returns {
-		gr := &peerpb.GrantReturn{LeaseId: g.id, Uses: make([]*peerpb.Run, len(g.uses))}
-		for i, u := range g.uses {
+		gr := &peerpb.GrantReturn{LeaseId: g.ID, Uses: make([]*peerpb.Run, len(g.Uses))}
+		for i, u := range g.Uses {
 			gr.Uses[i] = &peerpb.Run{AgeNs: int64(u.Age), Count: u.Count}
 		}
 		req.Returns = append(req.Returns, gr)
@@ -312,9 +313,9 @@ func (s *server) Lease(ctx context.Context, req *peerpb.LeaseRequest) (*peerpb.L
 			return &peerpb.LeaseResponse{Decision: d.ToPB()}, nil
 		}
 		for _, gr := range req.GetReturns() {
-			ret := grantReturn{id: gr.GetLeaseId(), uses: make([]shard.Run, len(gr.GetUses()))}
+			ret := grantee.Return{ID: gr.GetLeaseId(), Uses: make([]shard.Run, len(gr.GetUses()))}
 			for i, u := range gr.GetUses() {
-				ret.uses[i] = shard.Run{Age: time.Duration(max(u.GetAgeNs(), 0)), Count: u.GetCount()}
+				ret.Uses[i] = shard.Run{Age: time.Duration(max(u.GetAgeNs(), 0)), Count: u.GetCount()}
 			}
 			r.returns = append(r.returns, ret)
 		}

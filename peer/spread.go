@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/ringlimit/ringlimit/peer/internal/grantee"
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
@@ -28,7 +29,8 @@ import (
 // holder counts the old holder's outstanding grants until they expire, and
 // a copy or a handoff moves them with the partition.
 //
-// The grantee's rules:
+// The grantee's rules (internal/grantee holds them as state with time
+// passed in; the ownership simulator drives the same code):
 //
 //   - it uses a grant only until 85 % of its lease has passed on its own
 //     monotonic clock, counted from before it sent the request: with clock
@@ -91,17 +93,17 @@ func (n *Node) spreadDecide(v *view, r *opReq, ek []byte, d *Decision) bool {
 	if k == nil {
 		return false
 	}
-	s := k.spend(now, r.hits, p.Config.Threshold())
-	n.spreadMetric(p.Name, "unused", s.unused)
-	if s.refill {
+	s := k.Spend(now, r.hits, p.Config.Threshold())
+	n.spreadMetric(p.Name, "unused", s.Unused)
+	if s.Refill {
 		n.startGrant(k, p)
 	}
 	switch {
-	case s.grant != nil:
+	case s.Grant != nil:
 		if h := n.hooks.decide.Load(); h != nil {
 			(*h)() // tests: a pause between spending the rights and the answer
 		}
-		if n.mono() > s.grant.deadline {
+		if n.mono() > s.Grant.Deadline {
 			// Paused past the grant's deadline since its rights were
 			// checked: admitting now would be an admission the holder
 			// stops charging too early. The use stays recorded (and
@@ -109,11 +111,11 @@ func (n *Node) spreadDecide(v *view, r *opReq, ek []byte, d *Decision) bool {
 			// more); the request is forwarded instead.
 			return false
 		}
-		*d = Decision{Allowed: true, Limit: p.Shard.Limit, Remaining: s.left, Reason: ReasonSpread, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: n.clock()}
+		*d = Decision{Allowed: true, Limit: p.Shard.Limit, Remaining: s.Left, Reason: ReasonSpread, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: n.clock()}
 		n.spreadMetric(p.Name, "used", r.hits)
 		return true
-	case now < s.refusedUntil:
-		*d = Decision{Limit: p.Shard.Limit, RetryAfter: time.Duration(s.refusedUntil - now), Reason: ReasonOverLimit, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: n.clock()}
+	case now < s.RefusedUntil:
+		*d = Decision{Limit: p.Shard.Limit, RetryAfter: time.Duration(s.RefusedUntil - now), Reason: ReasonOverLimit, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: n.clock()}
 		return true
 	}
 	return false
@@ -133,9 +135,9 @@ func (n *Node) startGrant(k *spreadKey, p *policy.Entry) {
 // grants, and installs the answer.
 func (n *Node) requestGrant(k *spreadKey, p *policy.Entry) {
 	lease := p.Config.Lease()
-	want, closed := k.ask(n.mono(), lease, p.Shard.Limit)
+	want, closed := k.Ask(n.mono(), lease, p.Shard.Limit)
 	sent := n.mono()
-	r := opReq{op: peerpb.Op_OP_GRANT, key: k.key, p: p, hits: want, returns: grantReturns(closed, sent)}
+	r := opReq{op: peerpb.Op_OP_GRANT, key: k.key, p: p, hits: want, returns: grantee.Returns(closed, sent)}
 	var buf [shard.MaxEncodedKeyLen]byte
 	ek, _ := k.key.AppendEncoded(buf[:0])
 	r.ek = ek
@@ -146,19 +148,19 @@ func (n *Node) requestGrant(k *spreadKey, p *policy.Entry) {
 	case err != nil || d.Reason != ReasonAdmitted:
 		// Not decided, or not by a holder (a reason such as unavailable
 		// is an error here).
-		k.requeue(closed)
+		k.Requeue(closed)
 		if errors.Is(err, ErrClosed) || err == nil {
 			return
 		}
 		n.warnThrottled("spread: asking for rights failed; deciding through the holder", "policy", p.Name, "err", err)
 	case r.granted <= 0 || r.lease == 0:
-		k.refuse(sent, min(d.RetryAfter, lease/4))
+		k.Refuse(sent, min(d.RetryAfter, lease/4))
 	default:
 		ttl := min(r.leaseTTL, lease)
 		if ttl <= 0 {
 			ttl = lease
 		}
-		n.spreadMetric(p.Name, "unused", k.install(sent, r.lease, r.granted, ttl))
+		n.spreadMetric(p.Name, "unused", k.Install(sent, r.lease, r.granted, ttl))
 		n.spreadMetric(p.Name, "granted", r.granted)
 	}
 }
@@ -177,7 +179,7 @@ func (n *Node) decideGrantLocked(pt *part, pid int, r *opReq, now time.Time, d D
 	}
 	changed := false
 	for _, ret := range r.returns {
-		res, err := pt.store.Return(r.key, p.Shard, ret.id, ret.uses, now)
+		res, err := pt.store.Return(r.key, p.Shard, ret.ID, ret.Uses, now)
 		if err != nil {
 			return d, nil, err
 		}

@@ -3,11 +3,13 @@ package sim
 import (
 	"time"
 
+	"github.com/ringlimit/ringlimit/peer/internal/grantee"
 	"github.com/ringlimit/ringlimit/peer/internal/history"
 )
 
-// This file is a spread key's rights (Options.Spread), modelled on peer's
-// spread.go and shard's grants, so that the simulator's faults and the
+// This file is a spread key's rights (Options.Spread): the holder's side
+// modelled on peer's spread.go and shard's grants, the grantee's side
+// peer's own code, so that the simulator's faults and the
 // history checker test the accounting rule where it is hardest: while
 // holders crash, pause, move and take over.
 //
@@ -19,121 +21,39 @@ import (
 // it; copies carry it like an admission. A return replaces a grant's
 // entry by its uses, recorded at the holder's now minus their ages.
 //
-// The grantee's side, as peer's: it uses a grant only until 85 % of its
-// lease has passed on its own clock, counted from before it asked; it
-// records each use at the end of its 1/64 of the lease and reports the
-// uses as ages shrunk by 10 % with its next request; it holds at most two
-// grants, spends the oldest first, asks for more when it has none or has
-// spent half its newest, and once refused rights refuses the key locally
-// for a quarter of the lease.
+// The grantee's side is peer's own code, internal/grantee's State: it
+// uses a grant only until 85 % of its lease has passed on its own clock,
+// counted from before it asked; it records each use at the end of its
+// 1/64 of the lease and reports the uses as ages shrunk by 10 % with its
+// next request; it holds at most two grants, spends the oldest first,
+// asks for more when it has none or has spent half its newest (or half
+// its lease has passed), and once refused rights refuses the key locally
+// for a quarter of the lease. Only the size asked for is the simulator's
+// own: a random 1 to L, not peer's 1.5 × rate × lease.
 
-const (
-	spreadBins        = 64
-	spreadUseFraction = 0.85
-	spreadAgeFraction = 0.9
-	maxLiveGrants     = 2
-)
-
-// rights is one member's side of the spread key as a grantee.
-type rights struct {
-	live, closed []*held
-	asking       bool
-	refusedUntil int64
-}
-
-// held is one grant held by a grantee; times are on its clock.
-type held struct {
-	id                  uint64
-	n, left             int64
-	sent, deadline, bin int64
-	uses                [spreadBins]int64
-}
-
-// useRun is a report of uses: count units admitted age ago.
-type useRun struct{ age, count int64 }
-
-// ret is a closed grant's report.
-type ret struct {
-	id   uint64
-	uses []useRun
-}
-
-func (g *held) record(now int64) {
-	g.uses[min(max(now-g.sent, 0)/g.bin, spreadBins-1)]++
-}
-
-// report is g's uses as ages at now, each at its bin's end and shrunk
-// for the clock-rate bound: no earlier than it happened on any clock.
-func (g *held) report(now int64) []useRun {
-	var out []useRun
-	for i := spreadBins - 1; i >= 0; i-- {
-		if g.uses[i] == 0 {
-			continue
-		}
-		at := g.sent + int64(i+1)*g.bin
-		out = append(out, useRun{age: int64(spreadAgeFraction * float64(max(now-at, 0))), count: g.uses[i]})
-	}
-	return out
-}
-
-func (r *rights) close(g *held) {
-	r.closed = append(r.closed, g)
-	if len(r.closed) > 8 {
-		r.closed = r.closed[len(r.closed)-8:]
-	}
-}
-
-func (r *rights) due(now int64) bool {
-	if r.asking || now < r.refusedUntil || len(r.live) >= maxLiveGrants {
-		return false
-	}
-	if len(r.live) == 0 {
-		return true
-	}
-	g := r.live[len(r.live)-1]
-	var left int64
-	for _, o := range r.live {
-		left += o.left
-	}
-	return 2*left <= g.n || now-g.sent >= (g.deadline-g.sent)/2
-}
-
-// spreadDecide decides one unit of key from this member's rights, where
-// it would otherwise forward, and asks for rights when due. ok is false
-// when it decided nothing (the caller forwards).
+// spreadDecide decides one unit of key from this member's rights
+// (grantee.State, the code peer runs), where it would otherwise forward,
+// and asks for rights when due. ok is false when it decided nothing (the
+// caller forwards).
 func (m *member) spreadDecide(p int, key string) (history.Outcome, bool) {
+	now := m.mono()
 	r := m.rights[key]
 	if r == nil {
-		r = &rights{}
+		r = grantee.New(now)
 		m.rights[key] = r
 	}
-	now := m.mono()
-	var g *held
-	for len(r.live) > 0 {
-		o := r.live[0]
-		if now <= o.deadline && o.left > 0 {
-			g = o
-			break
-		}
-		r.close(o)
-		r.live = r.live[1:]
-	}
-	if g != nil {
-		g.left--
-		g.record(now)
+	// A threshold of 0: the key is always hot.
+	sp := r.Spend(now, 1, 0)
+	if sp.Grant != nil {
 		m.s.used++
-		if g.left == 0 {
-			r.close(g)
-			r.live = r.live[1:]
-		}
 	}
-	if r.due(now) {
+	if sp.Refill {
 		m.askRights(p, key, r)
 	}
 	switch {
-	case g != nil:
+	case sp.Grant != nil:
 		return history.Admitted, true
-	case now < r.refusedUntil:
+	case now < sp.RefusedUntil:
 		return history.Rejected, true
 	}
 	return 0, false
@@ -141,16 +61,11 @@ func (m *member) spreadDecide(p int, key string) (history.Outcome, bool) {
 
 // askRights sends one grant request, with the reports of the closed
 // grants, to the holder the table names.
-func (m *member) askRights(p int, key string, r *rights) {
+func (m *member) askRights(p int, key string, r *grantee.State) {
 	s := m.s
-	r.asking = true
+	_, closed := r.Ask(m.mono(), s.o.Lease, s.o.Limit)
 	sent := m.mono()
-	closed := r.closed
-	r.closed = nil
-	var rets []ret
-	for _, g := range closed {
-		rets = append(rets, ret{id: g.id, uses: g.report(sent)})
-	}
+	rets := grantee.Returns(closed, sent)
 	want := 1 + s.rng.Int64N(s.o.Limit)
 	done := false
 	answer := func(n int64, id uint64, lease int64) {
@@ -158,23 +73,13 @@ func (m *member) askRights(p int, key string, r *rights) {
 			return
 		}
 		done = true
-		r.asking = false
 		switch {
 		case n < 0: // not decided: the reports go with the next request
-			r.closed = append(closed, r.closed...)
-			if len(r.closed) > 8 {
-				r.closed = r.closed[len(r.closed)-8:]
-			}
+			r.Requeue(closed)
 		case n == 0:
-			r.refusedUntil = sent + int64(s.o.Lease)/4
+			r.Refuse(sent, s.o.Lease/4)
 		default:
-			if len(r.live) >= maxLiveGrants {
-				r.close(r.live[0])
-				r.live = r.live[1:]
-			}
-			ttl := min(lease, int64(s.o.Lease))
-			r.live = append(r.live, &held{id: id, n: n, left: n, sent: sent,
-				deadline: sent + int64(spreadUseFraction*float64(ttl)), bin: max(ttl/spreadBins, 1)})
+			r.Install(sent, id, n, time.Duration(min(lease, int64(s.o.Lease))))
 		}
 	}
 	s.at(int64(clientWait), func() { s.deliver(m, func() { answer(-1, 0, 0) }) })
@@ -193,7 +98,7 @@ func (m *member) askRights(p int, key string, r *rights) {
 // grant ends the returned grants and grants new rights, as the holder's
 // decision: n < 0 when this member may not decide or the backup did not
 // confirm, 0 when no unit is spare.
-func (h *member) grant(p int, key string, want int64, rets []ret, reply func(n int64, id uint64, lease int64)) {
+func (h *member) grant(p int, key string, want int64, rets []grantee.Return, reply func(n int64, id uint64, lease int64)) {
 	s := h.s
 	if !h.mayDecide(p) {
 		reply(-1, 0, 0)
@@ -207,7 +112,7 @@ func (h *member) grant(p int, key string, want int64, rets []ret, reply func(n i
 	for _, rt := range rets {
 		i := -1
 		for j, e := range log {
-			if e.grant && e.id == rt.id {
+			if e.grant && e.id == rt.ID {
 				i = j
 				break
 			}
@@ -217,14 +122,14 @@ func (h *member) grant(p int, key string, want int64, rets []ret, reply func(n i
 		}
 		left := log[i].hits
 		log = append(log[:i:i], log[i+1:]...)
-		removed = append(removed, rt.id)
-		for _, u := range rt.uses {
-			c := min(u.count, left)
+		removed = append(removed, rt.ID)
+		for _, u := range rt.Uses {
+			c := min(u.Count, left)
 			if c <= 0 {
 				break
 			}
 			left -= c
-			e := entry{ts: now - u.age, hits: c, id: h.newID()}
+			e := entry{ts: now - int64(u.Age), hits: c, id: h.newID()}
 			log = insertEntry(log, e)
 			added = append(added, e)
 		}

@@ -28,6 +28,7 @@ import (
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/ringlimit/ringlimit/peer/internal/grantee"
 	"github.com/ringlimit/ringlimit/peer/internal/history"
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
@@ -429,8 +430,8 @@ type member struct {
 	admSeq          uint64
 	heard           map[string]int64 // member ID → virtual ns last heard through gossip
 	detect          int64
-	rights          map[string]*rights // the spread key's rights, as a grantee
-	poking          bool               // an early periodic step (Member.Poke) is scheduled
+	rights          map[string]*grantee.State // the spread key's rights, as a grantee
+	poking          bool                      // an early periodic step (Member.Poke) is scheduled
 	// stood is each partition as a node's runner last published it, at
 	// the machine's Gen stoodGen (stoodAt: set once).
 	stood    []stood
@@ -469,7 +470,7 @@ func (m *member) monoAt(at int64) int64 { return int64(float64(at-m.born) * m.ra
 func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *member {
 	m := &member{s: s, name: name, inc: inc, id: fmt.Sprintf("%s.%d", name, inc), raftID: raftID,
 		rate: 1 + s.o.RateBound*(2*s.rng.Float64()-1), born: s.now,
-		clamp: map[string]int64{}, pending: map[uint64]*pendingSync{}, rights: map[string]*rights{},
+		clamp: map[string]int64{}, pending: map[uint64]*pendingSync{}, rights: map[string]*grantee.State{},
 		heard: map[string]int64{}, detect: int64(300*time.Millisecond) + s.rng.Int64N(int64(4700*time.Millisecond))}
 	log, err := ownlog.New(ownlog.Config{RaftID: raftID, Ownership: ownership.Config{ID: m.id, Liveness: s.o.Liveness},
 		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters})
