@@ -178,6 +178,11 @@ func startServeProc(t *testing.T, bin, name, join, policies string) *serveProc {
 		"--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--join", join, "--policies", policies, "--log-format", "json",
 		"--gossip-profile", "fast", "--exit-on-stdin-eof", "--drain-timeout", "2s")
+	if g := os.Getenv("RINGLIMIT_LOAD_SERVE_GOGC"); g != "" {
+		// Only the serve processes' garbage collector (the reference
+		// and this process keep theirs).
+		cmd.Env = append(os.Environ(), "GOGC="+g)
+	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)

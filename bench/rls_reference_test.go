@@ -29,6 +29,8 @@ import (
 // restart loses them. RINGLIMIT_LOAD_RLS_REPLICATION=off (or async) runs
 // the rls procs row at that durability (the domain's replication;
 // default sync). RINGLIMIT_LOAD_ONLY=rls,ratelimit keeps the two rows.
+// RINGLIMIT_LOAD_SERVE_GOGC=100 runs the serve processes with Go's
+// default collector (GOGC set turns serve's --gc-headroom off).
 const rlsRefEnv = "RINGLIMIT_RLS_REF"
 
 // rlsRefRow and rlsProcsRow are the two RLS rows; with both, the run

@@ -214,6 +214,19 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		close(reloadDone)
 	}
 
+	// The collector's tuner is runServe's too (gctune.go).
+	gcDone := make(chan struct{})
+	if _, set := os.LookupEnv("GOGC"); f.gcHeadroomMiB > 0 && !set {
+		tu, stop := newGCTuner(f.gcHeadroomMiB << 20)
+		go func() {
+			defer close(gcDone)
+			defer stop()
+			tu.run(refreshCtx)
+		}()
+	} else {
+		close(gcDone)
+	}
+
 	var runErr error
 	select {
 	case <-ctx.Done():
@@ -228,6 +241,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	stopRefresh()
 	<-refreshDone
 	<-reloadDone
+	<-gcDone
 
 	// Shutdown must not inherit ctx: it is already cancelled by the signal.
 	drainCtx, cancelDrain := context.WithTimeout(context.WithoutCancel(ctx), f.drainTimeout)

@@ -48,6 +48,12 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
   --tls-ca PATH         dialed by address, so certificates need IP SANs unless
   --tls-server-name N   --tls-server-name names the SAN to verify instead
   --drain-timeout D     how long shutdown may take to hand off keys (default 10s)
+  --gc-headroom MIB     the garbage collector lets the heap grow by at least
+                        this many MiB between collections (by the live
+                        heap when that is larger, as Go's default): fewer
+                        collections on a node with little key state, for
+                        at most this much more memory; 0 disables it, and
+                        so does GOGC in the environment (default 64)
   --join-timeout D      how long start-up keeps retrying the --join seeds
                         (default 30s)
   --peer-pipes M        how nodes carry forwards and replication to each
@@ -154,6 +160,7 @@ type serveFlags struct {
 	adminTokenFile                                                  string
 	gossipAdvertise, grpcAdvertise                                  string
 	drainTimeout, joinTimeout, joinRefresh, policiesPoll            time.Duration
+	gcHeadroomMiB                                                   uint64
 	gossipProfile                                                   peer.GossipProfile
 	ownership                                                       peer.OwnershipMode
 	// Hidden, for the demo's child node and tests: exitOnStdinEOF stops
@@ -181,6 +188,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "")
 	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "")
+	fs.Uint64Var(&f.gcHeadroomMiB, "gc-headroom", 64, "")
 	fs.DurationVar(&f.joinTimeout, "join-timeout", 30*time.Second, "")
 	fs.DurationVar(&f.joinRefresh, "join-refresh", 30*time.Second, "")
 	fs.DurationVar(&f.policiesPoll, "policies-poll", 5*time.Second, "")
@@ -205,6 +213,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	}
 	if f.drainTimeout <= 0 || f.joinTimeout <= 0 {
 		return f, usageError("serve: --drain-timeout and --join-timeout must be positive")
+	}
+	if f.gcHeadroomMiB > 1<<20 {
+		return f, usageError(fmt.Sprintf("serve: --gc-headroom %d MiB is more than 1 TiB", f.gcHeadroomMiB))
 	}
 	if f.joinRefresh < 0 {
 		return f, usageError("serve: --join-refresh must not be negative (0 disables)")

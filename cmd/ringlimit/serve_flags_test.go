@@ -34,6 +34,8 @@ func TestServeConfigErrors(t *testing.T) {
 		{"bad peer pipes", []string{"--peer-pipes", "smoke"}, `peer pipes "smoke": want framed, grpc or unary`},
 		{"bad ownership", []string{"--ownership", "raft"}, `ownership "raft": want log`},
 		{"stray argument", []string{"now"}, `unexpected argument "now"`},
+		{"negative GC headroom", []string{"--gc-headroom", "-1"}, `invalid value "-1" for flag -gc-headroom`},
+		{"GC headroom past 1 TiB", []string{"--gc-headroom", "2000000"}, "--gc-headroom 2000000 MiB is more than 1 TiB"},
 		{"bad address", []string{"--gossip-addr", "nowhere", "--grpc-addr", "127.0.0.1:0", "--http-addr", ""}, "gossip address"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

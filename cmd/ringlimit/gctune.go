@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"runtime/debug"
+	"runtime/metrics"
+	"time"
+)
+
+// serve's garbage collector: Go's default (GOGC=100) collects each time
+// the heap doubles, which for a node whose live heap is a few tens of
+// MiB means a collection every few thousand decisions, and each one's
+// assists and pauses land on the decisions in flight. serve gives the
+// collector a floor of headroom instead: the heap may grow by
+// max(live heap, headroom) between collections. A node whose key state
+// is larger than the headroom collects as Go's default; a small one
+// collects less often, for at most headroom more memory.
+//
+// The rules: GOGC in the environment wins (serve then leaves the
+// collector alone), --gc-headroom 0 disables it, GOMEMLIMIT still
+// bounds the heap, and the percent is re-read from the live heap every
+// gcTuneEvery, changed only when it moves by more than a tenth.
+
+const (
+	gcTuneEvery = time.Second
+	// gcMaxPercent bounds the percent a tiny live heap would ask for.
+	gcMaxPercent = 1000
+)
+
+// gcPercentFor is the GC percent whose heap goal is live + max(live,
+// headroom): at least 100 (Go's default), at most gcMaxPercent.
+func gcPercentFor(live, headroom uint64) int {
+	if headroom <= live {
+		return 100
+	}
+	if live == 0 {
+		return gcMaxPercent
+	}
+	return int(min(headroom*100/live, gcMaxPercent))
+}
+
+// gcTuner sets the GC percent from the live heap: runServe's goroutine
+// runs it until its context ends.
+type gcTuner struct {
+	headroom uint64
+	// live reads the live heap (false when unavailable); set sets the
+	// percent and returns the previous one (debug.SetGCPercent); tick
+	// paces the readings.
+	live func() (uint64, bool)
+	set  func(int) int
+	tick <-chan time.Time
+}
+
+// newGCTuner is the process's tuner, reading the live heap every
+// gcTuneEvery; stop releases its ticker.
+func newGCTuner(headroom uint64) (tu *gcTuner, stop func()) {
+	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	t := time.NewTicker(gcTuneEvery)
+	return &gcTuner{
+		headroom: headroom,
+		live: func() (uint64, bool) {
+			metrics.Read(sample)
+			if sample[0].Value.Kind() != metrics.KindUint64 {
+				return 0, false
+			}
+			return sample[0].Value.Uint64(), true
+		},
+		set:  debug.SetGCPercent,
+		tick: t.C,
+	}, t.Stop
+}
+
+// run tunes until ctx ends, then restores the percent it found.
+func (tu *gcTuner) run(ctx context.Context) {
+	prev := tu.set(100)
+	defer tu.set(prev)
+	cur := 100
+	for {
+		if live, ok := tu.live(); ok {
+			if p := gcPercentFor(live, tu.headroom); p*10 > cur*11 || p*11 < cur*10 {
+				tu.set(p)
+				cur = p
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tu.tick:
+		}
+	}
+}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestGCPercentFor: the heap goal is live + max(live, headroom), so the
+// percent is Go's default once the live heap reaches the headroom, and
+// capped for a tiny one.
+func TestGCPercentFor(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		live, headroom uint64
+		want           int
+	}{
+		{16 * mib, 64 * mib, 400},
+		{32 * mib, 64 * mib, 200},
+		{64 * mib, 64 * mib, 100},
+		{1024 * mib, 64 * mib, 100},
+		{1 * mib, 64 * mib, gcMaxPercent},
+		{0, 64 * mib, gcMaxPercent},
+	} {
+		if got := gcPercentFor(tc.live, tc.headroom); got != tc.want {
+			t.Errorf("gcPercentFor(%d MiB, %d MiB) = %d, want %d", tc.live/mib, tc.headroom/mib, got, tc.want)
+		}
+	}
+}
+
+// TestGCTunerRun: the tuner sets the percent the live heap asks for,
+// leaves it while the heap moves it by a tenth or less, follows a larger
+// move, and puts back the percent it found when its context ends.
+func TestGCTunerRun(t *testing.T) {
+	const mib = 1 << 20
+	live := make(chan uint64)
+	sets := make(chan int, 8)
+	tick := make(chan time.Time)
+	percent := 77
+	tu := &gcTuner{
+		headroom: 64 * mib,
+		live:     func() (uint64, bool) { return <-live, true },
+		set:      func(p int) int { old := percent; percent = p; sets <- p; return old },
+		tick:     tick,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); tu.run(ctx) }()
+	next := func(what string) int {
+		t.Helper()
+		timeout := time.NewTimer(10 * time.Second)
+		defer timeout.Stop()
+		select {
+		case p := <-sets:
+			return p
+		case <-timeout.C:
+			t.Fatalf("no percent set within 10 s: %s", what)
+			return 0
+		}
+	}
+	if p := next("at start"); p != 100 {
+		t.Fatalf("first set %d, want Go's default 100 while the heap is unread", p)
+	}
+	live <- 16 * mib
+	if p := next("16 MiB live"); p != 400 {
+		t.Fatalf("16 MiB live with 64 MiB headroom: set %d, want 400", p)
+	}
+	tick <- time.Time{}
+	live <- 17 * mib // 376: within a tenth of 400
+	tick <- time.Time{}
+	live <- 40 * mib // 160
+	if p := next("40 MiB live"); p != 160 {
+		t.Fatalf("40 MiB live: set %d, want 160 (17 MiB's 376 was within a tenth and left alone)", p)
+	}
+	cancel()
+	// The tuner is in its select, or about to read the heap once more.
+	select {
+	case live <- 40 * mib:
+	case <-done:
+	}
+	<-done
+	if percent != 77 {
+		t.Fatalf("after the tuner stopped the percent is %d, want the 77 it found", percent)
+	}
+}
