@@ -231,6 +231,17 @@ func median(rs []loadResult) loadResult {
 	}
 }
 
+// medianRatio is the median over rounds of f(a[r]) / f(b[r]): two rows
+// compared within each round, so a slow spell of the machine hits both.
+func medianRatio(a, b []loadResult, f func(loadResult) float64) float64 {
+	rs := make([]float64, len(a))
+	for r := range a {
+		rs[r] = f(a[r]) / f(b[r])
+	}
+	slices.Sort(rs)
+	return rs[len(rs)/2]
+}
+
 // loadKeys returns distinct keys of the bench policy.
 func loadKeys(distinct int) []peer.Key {
 	keys := make([]peer.Key, distinct)
@@ -306,30 +317,18 @@ func TestLoadSideBySide(t *testing.T) {
 			ref := slices.IndexFunc(drivers, func(d loadDriver) bool { return d.name == "redis-lua keys=10000" })
 			rls := slices.IndexFunc(drivers, func(d loadDriver) bool { return d.name == rlsProcsRow })
 			if rlsRef := slices.IndexFunc(drivers, func(d loadDriver) bool { return d.name == rlsRefRow }); rls >= 0 && rlsRef >= 0 {
-				ratio := func(f func(loadResult) float64) float64 {
-					rs := make([]float64, rounds)
-					for r := range rounds {
-						rs[r] = f(results[rls][r]) / f(results[rlsRef][r])
-					}
-					slices.Sort(rs)
-					return rs[rounds/2]
-				}
+				a, b := results[rls], results[rlsRef]
 				t.Logf("%s / %s, median over rounds: ops/s %.2f×, p99 %.2f×, srv-cpu/op %.2f×", rlsProcsRow, rlsRefRow,
-					ratio(func(r loadResult) float64 { return r.ops }),
-					ratio(func(r loadResult) float64 { return float64(r.p99) }),
-					ratio(func(r loadResult) float64 { return float64(r.srvCPUOp) }))
+					medianRatio(a, b, func(r loadResult) float64 { return r.ops }),
+					medianRatio(a, b, func(r loadResult) float64 { return float64(r.p99) }),
+					medianRatio(a, b, func(r loadResult) float64 { return float64(r.srvCPUOp) }))
 			}
 			for i, dr := range drivers {
 				names, pids = append(names, dr.name), append(pids, dr.pids)
 				medians = append(medians, median(results[i]))
 				ratio := 0.0
 				if ref >= 0 {
-					rs := make([]float64, rounds)
-					for r := range rounds {
-						rs[r] = results[i][r].ops / results[ref][r].ops
-					}
-					slices.Sort(rs)
-					ratio = rs[rounds/2]
+					ratio = medianRatio(results[i], results[ref], func(r loadResult) float64 { return r.ops })
 				}
 				ratios = append(ratios, ratio)
 			}

@@ -197,14 +197,7 @@ func startRedisReplica(tb testing.TB, master string) int {
 // looks like a lost port race.
 func redisTryStart(tb testing.TB, bin, dir string, attempt int, extra ...string) (addr string, pid int, retry bool, err error) {
 	tb.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", 0, false, err
-	}
-	port := lis.Addr().(*net.TCPAddr).Port
-	if err := lis.Close(); err != nil {
-		return "", 0, false, err
-	}
+	port := freePorts(tb, 1)[0]
 	addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	logPath := filepath.Join(dir, fmt.Sprintf("redis-%d.log", attempt))
 	logf, err := os.Create(logPath)

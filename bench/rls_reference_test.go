@@ -138,7 +138,7 @@ func rlsDriver(t *testing.T, name string, addrs []string, pids []int) loadDriver
 
 // freePorts returns n loopback ports that were free a moment ago (a
 // service that takes a port number, not :0, binds them next).
-func freePorts(t *testing.T, n int) []int {
+func freePorts(tb testing.TB, n int) []int {
 	var ls []net.Listener
 	defer func() {
 		for _, l := range ls {
@@ -149,7 +149,7 @@ func freePorts(t *testing.T, n int) []int {
 	for i := range ports {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			t.Fatal(err)
+			tb.Fatal(err)
 		}
 		ls = append(ls, l)
 		ports[i] = l.Addr().(*net.TCPAddr).Port

@@ -29,27 +29,13 @@ import (
 // holder counts the old holder's outstanding grants until they expire, and
 // a copy or a handoff moves them with the partition.
 //
-// The grantee's rules (internal/grantee holds them as state with time
-// passed in; the ownership simulator drives the same code):
-//
-//   - it uses a grant only until 85 % of its lease has passed on its own
-//     monotonic clock, counted from before it sent the request: with clock
-//     rates within 10 % of each other, every use falls inside the lease on
-//     the holder's clock (the holder's lease starts no earlier than the
-//     request was sent);
-//   - it records each use in one of 64 bins of the lease, at the bin's
-//     end (later than it happened, never earlier), and reports them with
-//     its next request as ages, shrunk by 10 % for the rate bound: the
-//     holder records them no earlier than they happened, frees the rest,
-//     and ends the grant. A grant never reported is charged until its
-//     lease's end plus W (under-admission, never over);
-//   - it asks for more when half the rights are spent or half the lease
-//     has passed, sized to 1.5 × its recent rate × T; the new grant
-//     replaces the old one, whose unused rights come back with the next
-//     report;
-//   - when the holder grants nothing (no spare unit) it refuses the key
-//     locally for min(the holder's RetryAfter, T/4) with ReasonOverLimit,
-//     then asks again; without rights it forwards as before.
+// The grantee's rules, and why each use falls inside the lease on the
+// holder's clock and is recorded there no earlier than it happened, are
+// internal/grantee's package doc (the node and the ownership simulator
+// run that code). The node adds: it asks for 1.5 × its recent rate × T;
+// when the holder grants nothing (no spare unit) it refuses the key
+// locally for min(the holder's RetryAfter, T/4) with ReasonOverLimit,
+// then asks again; without rights it forwards as before.
 //
 // How the holder shares: a grant takes at most half the spare units
 // (rounded up), so the holder's own decisions and the next grantee always

@@ -8,19 +8,19 @@ import (
 )
 
 const (
-	// Bins is the number of use bins of a lease.
-	Bins = 64
-	// UseFraction is the part of a lease a grantee uses, and AgeFraction
+	// bins is the number of use bins of a lease.
+	bins = 64
+	// useFraction is the part of a lease a grantee uses, and ageFraction
 	// the part of an age it reports: both leave the 10 % clock-rate bound
 	// on the safe side.
-	UseFraction = 0.85
-	AgeFraction = 0.9
-	// MaxLive bounds the grants a key uses at once: the one it spends and
+	useFraction = 0.85
+	ageFraction = 0.9
+	// maxLive bounds the grants a key uses at once: the one it spends and
 	// the one it asked for before running out.
-	MaxLive = 2
-	// MaxClosed bounds the closed grants whose reports wait; an older one
+	maxLive = 2
+	// maxClosed bounds the closed grants whose reports wait; an older one
 	// unreported stays charged until its lease's end plus the window.
-	MaxClosed = 8
+	maxClosed = 8
 )
 
 // State is one key's side as a grantee. Its methods are safe for
@@ -34,7 +34,7 @@ type State struct {
 	rate     float64
 	active   bool
 	lastSeen int64
-	// live is the grants in use, oldest first (at most MaxLive):
+	// live is the grants in use, oldest first (at most maxLive):
 	// decisions spend the oldest first.
 	live   []*Grant
 	closed []*Grant // ended grants whose uses are to report
@@ -56,7 +56,7 @@ type Grant struct {
 	sent     int64 // when the request for it was sent
 	Deadline int64 // the last instant of use
 	bin      int64 // ns per use bin
-	uses     [Bins]int64
+	uses     [bins]int64
 }
 
 // Spent is what Spend decided for one request.
@@ -131,7 +131,7 @@ func (s *State) Spend(now, hits int64, threshold float64) Spent {
 // due reports whether a request for rights is due at now. Called with
 // s.mu held.
 func (s *State) due(now int64) bool {
-	if now < s.refusedUntil || len(s.live) >= MaxLive {
+	if now < s.refusedUntil || len(s.live) >= maxLive {
 		return false
 	}
 	if len(s.live) == 0 {
@@ -148,8 +148,8 @@ func (s *State) due(now int64) bool {
 // close queues g's report. Called with s.mu held.
 func (s *State) close(g *Grant) {
 	s.closed = append(s.closed, g)
-	if len(s.closed) > MaxClosed {
-		s.closed = s.closed[len(s.closed)-MaxClosed:]
+	if len(s.closed) > maxClosed {
+		s.closed = s.closed[len(s.closed)-maxClosed:]
 	}
 }
 
@@ -187,14 +187,14 @@ func Returns(closed []*Grant, sent int64) []Return {
 
 // Requeue ends a request that was not decided by a holder: its reports
 // go with the next one (a return is idempotent), the oldest dropped past
-// MaxClosed.
+// maxClosed.
 func (s *State) Requeue(closed []*Grant) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.refilling = false
 	s.closed = append(closed, s.closed...)
-	if len(s.closed) > MaxClosed {
-		s.closed = s.closed[len(s.closed)-MaxClosed:]
+	if len(s.closed) > maxClosed {
+		s.closed = s.closed[len(s.closed)-maxClosed:]
 	}
 }
 
@@ -209,13 +209,13 @@ func (s *State) Refuse(sent int64, retry time.Duration) {
 
 // Install ends a request with a grant of granted rights under lease id,
 // whose lease on the holder is ttl, asked for at sent: usable until
-// UseFraction of ttl has passed since sent. A grant past MaxLive replaces
+// useFraction of ttl has passed since sent. A grant past maxLive replaces
 // the oldest; unused is what that one had left.
 func (s *State) Install(sent int64, id uint64, granted int64, ttl time.Duration) (unused int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.refilling = false
-	if len(s.live) >= MaxLive {
+	if len(s.live) >= maxLive {
 		old := s.live[0]
 		s.close(old)
 		s.live = s.live[1:]
@@ -223,8 +223,8 @@ func (s *State) Install(sent int64, id uint64, granted int64, ttl time.Duration)
 	}
 	s.live = append(s.live, &Grant{
 		ID: id, n: granted, left: granted, sent: sent,
-		Deadline: sent + int64(UseFraction*float64(ttl)),
-		bin:      max(int64(ttl)/Bins, 1),
+		Deadline: sent + int64(useFraction*float64(ttl)),
+		bin:      max(int64(ttl)/bins, 1),
 	})
 	s.granted += granted
 	return unused
@@ -270,12 +270,12 @@ func (s *State) Describe(now int64) Summary {
 // at its bin's end and shrunk for the clock-rate bound.
 func (g *Grant) report(now int64) []shard.Run {
 	var out []shard.Run
-	for i := Bins - 1; i >= 0; i-- {
+	for i := bins - 1; i >= 0; i-- {
 		if g.uses[i] == 0 {
 			continue
 		}
 		at := g.sent + int64(i+1)*g.bin
-		age := time.Duration(AgeFraction * float64(max(now-at, 0)))
+		age := time.Duration(ageFraction * float64(max(now-at, 0)))
 		out = append(out, shard.Run{Age: age, Count: g.uses[i]})
 	}
 	return out
@@ -288,6 +288,6 @@ func (g *Grant) report(now int64) []shard.Run {
 // recorded no earlier than the call began. (Indexing by the negative
 // difference panicked under load.)
 func (g *Grant) record(now, hits int64) {
-	i := min(max(now-g.sent, 0)/g.bin, Bins-1)
+	i := min(max(now-g.sent, 0)/g.bin, bins-1)
 	g.uses[i] += hits
 }

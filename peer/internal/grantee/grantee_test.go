@@ -40,7 +40,7 @@ func TestSpend(t *testing.T) {
 	if unused := k.Install(sent, 7, 4, time.Second); unused != 0 {
 		t.Fatalf("the first grant replaced one with %d rights", unused)
 	}
-	deadline := sent + int64(UseFraction*float64(time.Second))
+	deadline := sent + int64(useFraction*float64(time.Second))
 	for i := range 2 {
 		s := k.Spend(sent+int64(i+1)*gms, 1, threshold)
 		if s.Grant == nil || s.Grant.ID != 7 || s.Left != int64(3-i) || s.Refill != (i == 1) {
@@ -63,7 +63,7 @@ func TestSpend(t *testing.T) {
 	// unused, and the request forwarded.
 	k.refilling = true
 	k.Install(sent+4*gms, 8, 10, time.Second)
-	late := sent + 4*gms + int64(UseFraction*float64(time.Second)) + 1
+	late := sent + 4*gms + int64(useFraction*float64(time.Second)) + 1
 	if s := k.Spend(late, 1, threshold); s.Grant != nil || s.Unused != 10 {
 		t.Fatalf("spend past the deadline: %+v; want forwarded, 10 rights unused", s)
 	}
@@ -89,7 +89,7 @@ func TestRefused(t *testing.T) {
 	}
 }
 
-// TestInstallReplacesOldest: a node uses at most MaxLive
+// TestInstallReplacesOldest: a node uses at most maxLive
 // grants; a third replaces the oldest, whose rights left are unused and
 // whose uses are reported with the next request, at ages no younger than
 // they happened (shrunk only by the clock-rate bound).
@@ -101,7 +101,7 @@ func TestInstallReplacesOldest(t *testing.T) {
 	if unused := k.Install(20*gms, 3, 10, time.Second); unused != 7 {
 		t.Fatalf("the third grant replaced one with %d rights left; want 7", unused)
 	}
-	if len(k.live) != MaxLive || k.live[0].ID != 2 || k.live[1].ID != 3 {
+	if len(k.live) != maxLive || k.live[0].ID != 2 || k.live[1].ID != 3 {
 		t.Fatalf("live grants after the third: %d, want 2 and 3", len(k.live))
 	}
 	_, closed := k.Ask(100*gms, time.Second, 100)
@@ -111,8 +111,8 @@ func TestInstallReplacesOldest(t *testing.T) {
 	}
 	// Used at 5 ms, recorded at its bin's end (1 s / 64 = 15.6 ms), aged
 	// from 100 ms and shrunk by 10 %: at most 90 % of 95 ms.
-	if age := rets[0].Uses[0].Age; age > time.Duration(AgeFraction*float64(95*gms)) || age <= 0 {
-		t.Fatalf("the reported age %v is older than the use (at most %v)", age, time.Duration(AgeFraction*float64(95*gms)))
+	if age := rets[0].Uses[0].Age; age > time.Duration(ageFraction*float64(95*gms)) || age <= 0 {
+		t.Fatalf("the reported age %v is older than the use (at most %v)", age, time.Duration(ageFraction*float64(95*gms)))
 	}
 }
 
@@ -124,10 +124,10 @@ func TestInstallReplacesOldest(t *testing.T) {
 func TestRecordBeforeSent(t *testing.T) {
 	g := &Grant{sent: 1000, bin: 10}
 	g.record(950, 2)
-	g.record(1000+10*Bins+5, 3)
+	g.record(1000+10*bins+5, 3)
 	g.record(1015, 1)
-	if g.uses[0] != 2 || g.uses[1] != 1 || g.uses[Bins-1] != 3 {
-		t.Fatalf("uses: first %d, second %d, last %d; want 2, 1, 3", g.uses[0], g.uses[1], g.uses[Bins-1])
+	if g.uses[0] != 2 || g.uses[1] != 1 || g.uses[bins-1] != 3 {
+		t.Fatalf("uses: first %d, second %d, last %d; want 2, 1, 3", g.uses[0], g.uses[1], g.uses[bins-1])
 	}
 	if r := g.report(1000); r[len(r)-1].Age != 0 {
 		t.Fatalf("a report sent before the first bin ended gave age %v; want 0 (never earlier than it happened)", r[len(r)-1].Age)

@@ -21,14 +21,8 @@ import (
 // it; copies carry it like an admission. A return replaces a grant's
 // entry by its uses, recorded at the holder's now minus their ages.
 //
-// The grantee's side is peer's own code, internal/grantee's State: it
-// uses a grant only until 85 % of its lease has passed on its own clock,
-// counted from before it asked; it records each use at the end of its
-// 1/64 of the lease and reports the uses as ages shrunk by 10 % with its
-// next request; it holds at most two grants, spends the oldest first,
-// asks for more when it has none or has spent half its newest (or half
-// its lease has passed), and once refused rights refuses the key locally
-// for a quarter of the lease. Only the size asked for is the simulator's
+// The grantee's side is peer's own code, internal/grantee's State, whose
+// package doc has its rules. Only the size asked for is the simulator's
 // own: a random 1 to L, not peer's 1.5 × rate × lease.
 
 // spreadDecide decides one unit of key from this member's rights
