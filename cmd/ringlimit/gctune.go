@@ -27,6 +27,13 @@ const (
 	gcMaxPercent = 1000
 )
 
+// gcTuning reports whether serve tunes the collector: a headroom is set
+// and GOGC is not in the environment (lookup is os.LookupEnv).
+func gcTuning(headroomMiB uint64, lookup func(string) (string, bool)) bool {
+	_, set := lookup("GOGC")
+	return headroomMiB > 0 && !set
+}
+
 // gcPercentFor is the GC percent whose heap goal is live + max(live,
 // headroom): at least 100 (Go's default), at most gcMaxPercent.
 func gcPercentFor(live, headroom uint64) int {

@@ -6,6 +6,36 @@ import (
 	"time"
 )
 
+// TestGCTuning: GOGC in the environment, even GOGC=100, or a headroom
+// of 0 leaves Go's collector alone.
+func TestGCTuning(t *testing.T) {
+	env := func(vars ...string) func(string) (string, bool) {
+		return func(k string) (string, bool) {
+			for i := 0; i+1 < len(vars); i += 2 {
+				if vars[i] == k {
+					return vars[i+1], true
+				}
+			}
+			return "", false
+		}
+	}
+	for _, tc := range []struct {
+		headroom uint64
+		lookup   func(string) (string, bool)
+		want     bool
+	}{
+		{64, env(), true},
+		{64, env("GOMEMLIMIT", "1GiB"), true},
+		{64, env("GOGC", "100"), false},
+		{64, env("GOGC", ""), false},
+		{0, env(), false},
+	} {
+		if got := gcTuning(tc.headroom, tc.lookup); got != tc.want {
+			t.Errorf("gcTuning(%d, GOGC %v) = %v, want %v", tc.headroom, func() bool { _, ok := tc.lookup("GOGC"); return ok }(), got, tc.want)
+		}
+	}
+}
+
 // TestGCPercentFor: the heap goal is live + max(live, headroom), so the
 // percent is Go's default once the live heap reaches the headroom, and
 // capped for a tiny one.

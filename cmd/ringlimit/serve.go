@@ -216,7 +216,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 	// The collector's tuner is runServe's too (gctune.go).
 	gcDone := make(chan struct{})
-	if _, set := os.LookupEnv("GOGC"); f.gcHeadroomMiB > 0 && !set {
+	if gcTuning(f.gcHeadroomMiB, os.LookupEnv) {
 		tu, stop := newGCTuner(f.gcHeadroomMiB << 20)
 		go func() {
 			defer close(gcDone)
