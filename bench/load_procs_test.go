@@ -26,6 +26,22 @@ import (
 // processes (see TestLoadSideBySide).
 const loadProcsEnv = "RINGLIMIT_LOAD_PROCS"
 
+// serverProcsEnv sets GOMAXPROCS for every server process the load run
+// starts in Go (the serve processes and the reference RLS service alike):
+// RINGLIMIT_LOAD_SERVER_GOMAXPROCS=1 leaves each one a single running
+// thread, as when every process of the run has cores of its own to
+// share less. This process's own is GOMAXPROCS in its environment.
+const serverProcsEnv = "RINGLIMIT_LOAD_SERVER_GOMAXPROCS"
+
+// serverEnv is env with the server processes' GOMAXPROCS when
+// serverProcsEnv sets one.
+func serverEnv(env []string) []string {
+	if n := os.Getenv(serverProcsEnv); n != "" {
+		return append(env, "GOMAXPROCS="+n)
+	}
+	return env
+}
+
 // serveProc is one `ringlimit serve` process of the load run.
 type serveProc struct {
 	cmd                *exec.Cmd
@@ -178,10 +194,11 @@ func startServeProc(t *testing.T, bin, name, join, policies string) *serveProc {
 		"--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--join", join, "--policies", policies, "--log-format", "json",
 		"--gossip-profile", "fast", "--exit-on-stdin-eof", "--drain-timeout", "2s")
+	cmd.Env = serverEnv(os.Environ())
 	if g := os.Getenv("RINGLIMIT_LOAD_SERVE_GOGC"); g != "" {
 		// Only the serve processes' garbage collector (the reference
 		// and this process keep theirs).
-		cmd.Env = append(os.Environ(), "GOGC="+g)
+		cmd.Env = append(cmd.Env, "GOGC="+g)
 	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

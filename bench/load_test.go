@@ -36,6 +36,16 @@ package bench
 //     with RINGLIMIT_REDIS=1): the reference RLS service, three
 //     processes over one Redis, with the rls procs row's requests.
 //
+// preempt/s is how often the kernel took a core from a running thread of
+// this process or of the server processes (involuntary context switches
+// per second). A Go process that runs as many threads as there are cores
+// (GOMAXPROCS=2 here) loses one whenever another thread wakes, for up to
+// a scheduler tick (4 ms on this kernel), and the goroutines queued on
+// the thread it took wait with it: the embedded row's p99 of 3-4 ms.
+// GOMAXPROCS=1 for this process leaves a core for the rest (the Redis
+// rows' clients run in it too); RINGLIMIT_LOAD_SERVER_GOMAXPROCS=1 does
+// the same for the server processes.
+//
 // cpu/op is the test process's CPU time (getrusage: user + system) divided
 // by the decisions made; for Redis, srv-cpu/op is redis-server's own CPU
 // time (/proc/<pid>/stat) and cpu/op adds it to the client's. Every
@@ -47,6 +57,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -102,6 +113,7 @@ type loadResult struct {
 	p50, p99 time.Duration
 	cpuOp    time.Duration // client process (+ server process) CPU per decision
 	srvCPUOp time.Duration // server process CPU per decision (Redis only)
+	preempt  float64       // involuntary context switches per second, this process and the servers
 }
 
 // loadCall makes decision number i for caller c.
@@ -114,6 +126,29 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// involuntary is how many times the kernel has preempted a thread of this
+// process (getrusage) or of pids (each live thread's
+// nonvoluntary_ctxt_switches in /proc/<pid>/task/*/status).
+func involuntary(pids []int) int64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	n := ru.Nivcsw
+	for _, pid := range pids {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+		for _, f := range tasks {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				continue
+			}
+			if _, v, ok := strings.Cut(string(b), "nonvoluntary_ctxt_switches:"); ok {
+				c, _ := strconv.ParseInt(strings.TrimSpace(strings.SplitN(v, "\n", 2)[0]), 10, 64)
+				n += c
+			}
+		}
+	}
+	return n
 }
 
 // pidsCPU is the sum of pidCPU over pids.
@@ -161,7 +196,7 @@ func runLoad(t *testing.T, d time.Duration, srvPIDs []int, call loadCall) loadRe
 	var failed atomic.Pointer[error]
 	var wg sync.WaitGroup
 	runtime.GC()
-	cpu0, srv0, t0 := processCPU(), pidsCPU(srvPIDs), time.Now()
+	cpu0, srv0, pre0, t0 := processCPU(), pidsCPU(srvPIDs), involuntary(srvPIDs), time.Now()
 	for c := range loadCallers {
 		wg.Go(func() {
 			rec := lat[c]
@@ -191,7 +226,7 @@ func runLoad(t *testing.T, d time.Duration, srvPIDs []int, call loadCall) loadRe
 	stop.Store(true)
 	wg.Wait()
 	elapsed := time.Since(t0)
-	cpu, srv := processCPU()-cpu0, pidsCPU(srvPIDs)-srv0
+	cpu, srv, pre := processCPU()-cpu0, pidsCPU(srvPIDs)-srv0, involuntary(srvPIDs)-pre0
 	if err := failed.Load(); err != nil {
 		t.Fatalf("decision failed: %v", *err)
 	}
@@ -209,6 +244,7 @@ func runLoad(t *testing.T, d time.Duration, srvPIDs []int, call loadCall) loadRe
 	return loadResult{
 		ops: float64(total) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99),
 		cpuOp: (cpu + srv) / time.Duration(total), srvCPUOp: srv / time.Duration(total),
+		preempt: float64(pre) / elapsed.Seconds(),
 	}
 }
 
@@ -228,6 +264,7 @@ func median(rs []loadResult) loadResult {
 		p99:      time.Duration(pick(func(r loadResult) float64 { return float64(r.p99) })),
 		cpuOp:    time.Duration(pick(func(r loadResult) float64 { return float64(r.cpuOp) })),
 		srvCPUOp: time.Duration(pick(func(r loadResult) float64 { return float64(r.srvCPUOp) })),
+		preempt:  pick(func(r loadResult) float64 { return r.preempt }),
 	}
 }
 
@@ -310,7 +347,7 @@ func TestLoadSideBySide(t *testing.T) {
 			for r := range rounds {
 				for i, dr := range drivers {
 					res := runLoad(t, d, dr.pids, dr.call)
-					t.Logf("round %d %-36s %9.0f ops/s p50 %8v p99 %8v cpu/op %v", r+1, dr.name, res.ops, res.p50, res.p99, res.cpuOp)
+					t.Logf("round %d %-36s %9.0f ops/s p50 %8v p99 %8v cpu/op %v preempt/s %.0f", r+1, dr.name, res.ops, res.p50, res.p99, res.cpuOp, res.preempt)
 					results[i] = append(results[i], res)
 				}
 			}
@@ -336,8 +373,8 @@ func TestLoadSideBySide(t *testing.T) {
 	}
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\nmedian of %d rounds of %v, %d callers, GOMAXPROCS=%d\n", rounds, d, loadCallers, runtime.GOMAXPROCS(0))
-	fmt.Fprintf(&sb, "| %-36s | %10s | %9s | %9s | %9s | %11s | %8s |\n", "driver", "ops/s", "p50", "p99", "cpu/op", "srv-cpu/op", "x redis")
-	fmt.Fprintf(&sb, "|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 38), strings.Repeat("-", 12), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 13), strings.Repeat("-", 10))
+	fmt.Fprintf(&sb, "| %-36s | %10s | %9s | %9s | %9s | %11s | %9s | %8s |\n", "driver", "ops/s", "p50", "p99", "cpu/op", "srv-cpu/op", "preempt/s", "x redis")
+	fmt.Fprintf(&sb, "|%s|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 38), strings.Repeat("-", 12), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 11), strings.Repeat("-", 13), strings.Repeat("-", 11), strings.Repeat("-", 10))
 	for i, m := range medians {
 		srv, ratio := "-", "-"
 		if len(pids[i]) > 0 {
@@ -346,8 +383,8 @@ func TestLoadSideBySide(t *testing.T) {
 		if ratios[i] > 0 {
 			ratio = fmt.Sprintf("%.2f", ratios[i])
 		}
-		fmt.Fprintf(&sb, "| %-36s | %10.0f | %9v | %9v | %9v | %11s | %8s |\n", names[i], m.ops,
-			m.p50.Round(time.Microsecond), m.p99.Round(time.Microsecond), m.cpuOp.Round(10*time.Nanosecond), srv, ratio)
+		fmt.Fprintf(&sb, "| %-36s | %10.0f | %9v | %9v | %9v | %11s | %9.0f | %8s |\n", names[i], m.ops,
+			m.p50.Round(time.Microsecond), m.p99.Round(time.Microsecond), m.cpuOp.Round(10*time.Nanosecond), srv, m.preempt, ratio)
 	}
 	sb.WriteString("x redis: median over rounds of ops/s divided by redis-lua keys=10000's in the same round\n")
 	t.Log(sb.String())

@@ -64,7 +64,7 @@ func rlsRefDriver(t *testing.T, bin string) loadDriver {
 	for i := range 3 {
 		ports := freePorts(t, 3)
 		cmd := exec.Command(bin)
-		cmd.Env = append(os.Environ(),
+		cmd.Env = append(serverEnv(os.Environ()),
 			"HOST=127.0.0.1", "GRPC_HOST=127.0.0.1", "DEBUG_HOST=127.0.0.1",
 			"PORT="+strconv.Itoa(ports[0]), "GRPC_PORT="+strconv.Itoa(ports[1]), "DEBUG_PORT="+strconv.Itoa(ports[2]),
 			"REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr,
