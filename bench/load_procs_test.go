@@ -98,18 +98,28 @@ func serveProcDrivers(t *testing.T) []loadDriver {
 	for i, p := range procs {
 		addrs[i], pids[i] = p.grpc, p.cmd.Process.Pid
 	}
+	httpAddrs := make([]string, len(procs))
+	for i, p := range procs {
+		httpAddrs[i] = p.http
+	}
 	return []loadDriver{
 		routedDriver(t, "sidecar-routed procs keys=10000", addrs, pids),
-		unaryProcDriver(t, addrs, pids),
+		unaryProcDriver(t, unaryProcsRow, addrs, pids),
 		rlsDriver(t, rlsProcsRow, addrs, pids),
-		httpProcDriver(t, procs, pids),
+		httpProcDriver(t, httpProcsRow, httpAddrs, pids),
 	}
 }
 
-// unaryProcDriver is the row of a client in another language calling
+// The rows against the serve processes from clients in other languages.
+const (
+	unaryProcsRow = "sidecar procs keys=10000"
+	httpProcsRow  = "http procs keys=10000"
+)
+
+// unaryProcDriver is the row name of a client in another language calling
 // unary RateLimiter.Allow on any node: one connection per process,
 // round-robin, so two calls in three are forwarded once.
-func unaryProcDriver(t *testing.T, addrs []string, pids []int) loadDriver {
+func unaryProcDriver(t *testing.T, name string, addrs []string, pids []int) loadDriver {
 	var clients []peerpb.RateLimiterClient
 	for _, conn := range procConns(t, addrs) {
 		clients = append(clients, peerpb.NewRateLimiterClient(conn))
@@ -120,7 +130,7 @@ func unaryProcDriver(t *testing.T, addrs []string, pids []int) loadDriver {
 		wire[i] = &peerpb.AllowRequest{Key: &peerpb.Key{Tenant: k.Tenant, Subject: k.Subject, Policy: k.Policy}}
 	}
 	return loadDriver{
-		name: "sidecar procs keys=10000", pids: pids,
+		name: name, pids: pids,
 		call: func(c, i int) error {
 			resp, err := clients[i%len(clients)].Allow(context.Background(), wire[i%len(wire)])
 			if err == nil && !resp.GetAllowed() {
@@ -149,10 +159,11 @@ func procConns(t *testing.T, addrs []string) []*grpc.ClientConn {
 // rlsLoadDomain is the Envoy domain of the RLS row.
 const rlsLoadDomain = "load"
 
-// httpProcDriver is the row of POST /v1/check on any node: keep-alive
-// HTTP/1.1 connections (one per caller and process at most), round-robin
-// over the processes. A 200 is an admission; anything else fails the run.
-func httpProcDriver(t *testing.T, procs []*serveProc, pids []int) loadDriver {
+// httpProcDriver is the row name of POST /v1/check on any of the nodes
+// whose HTTP addresses are addrs: keep-alive HTTP/1.1 connections (one
+// per caller and process at most), round-robin over the processes. A 200
+// is an admission; anything else fails the run.
+func httpProcDriver(t *testing.T, name string, addrs []string, pids []int) loadDriver {
 	tr := &http.Transport{MaxIdleConnsPerHost: loadCallers, MaxConnsPerHost: loadCallers, IdleConnTimeout: time.Minute}
 	t.Cleanup(tr.CloseIdleConnections)
 	cl := &http.Client{Transport: tr, Timeout: 10 * time.Second}
@@ -165,12 +176,12 @@ func httpProcDriver(t *testing.T, procs []*serveProc, pids []int) loadDriver {
 		}
 		bodies[i] = b
 	}
-	urls := make([]string, len(procs))
-	for i, p := range procs {
-		urls[i] = "http://" + p.http + "/v1/check"
+	urls := make([]string, len(addrs))
+	for i, a := range addrs {
+		urls[i] = "http://" + a + "/v1/check"
 	}
 	return loadDriver{
-		name: "http procs keys=10000", pids: pids,
+		name: name, pids: pids,
 		call: func(c, i int) error {
 			resp, err := cl.Post(urls[i%len(urls)], "application/json", bytes.NewReader(bodies[i%len(bodies)]))
 			if err != nil {

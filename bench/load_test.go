@@ -34,7 +34,11 @@ package bench
 //     (ShouldRateLimit to any process);
 //   - envoyproxy/ratelimit+redis (opt-in, RINGLIMIT_RLS_REF=<binary>
 //     with RINGLIMIT_REDIS=1): the reference RLS service, three
-//     processes over one Redis, with the rls procs row's requests.
+//     processes over one Redis, with the rls procs row's requests;
+//   - floor unary, rls and http procs (opt-in, RINGLIMIT_LOAD_FLOOR=1
+//     with RINGLIMIT_LOAD_PROCS=1): three processes answering those rows'
+//     requests with a fixed answer (floor_procs_test.go), the transport
+//     alone; the run logs each path's ratio to its floor per round.
 //
 // preempt/s is how often the kernel took a core from a running thread of
 // this process or of the server processes (involuntary context switches
@@ -320,6 +324,9 @@ func TestLoadSideBySide(t *testing.T) {
 			drivers = append(drivers, ringlimitDrivers(t, mode)...)
 			if mode == peer.ReplicateSync && os.Getenv(loadProcsEnv) == "1" {
 				drivers = append(drivers, serveProcDrivers(t)...)
+				if os.Getenv(floorProcsEnv) == "1" {
+					drivers = append(drivers, floorProcDrivers(t)...)
+				}
 			}
 			if bin := os.Getenv(rlsRefEnv); mode == peer.ReplicateSync && bin != "" && os.Getenv(redisEnv) == "1" {
 				drivers = append(drivers, rlsRefDriver(t, bin))
@@ -351,14 +358,20 @@ func TestLoadSideBySide(t *testing.T) {
 					results[i] = append(results[i], res)
 				}
 			}
-			ref := slices.IndexFunc(drivers, func(d loadDriver) bool { return d.name == "redis-lua keys=10000" })
-			rls := slices.IndexFunc(drivers, func(d loadDriver) bool { return d.name == rlsProcsRow })
-			if rlsRef := slices.IndexFunc(drivers, func(d loadDriver) bool { return d.name == rlsRefRow }); rls >= 0 && rlsRef >= 0 {
-				a, b := results[rls], results[rlsRef]
-				t.Logf("%s / %s, median over rounds: ops/s %.2f×, p99 %.2f×, srv-cpu/op %.2f×", rlsProcsRow, rlsRefRow,
-					medianRatio(a, b, func(r loadResult) float64 { return r.ops }),
-					medianRatio(a, b, func(r loadResult) float64 { return float64(r.p99) }),
-					medianRatio(a, b, func(r loadResult) float64 { return float64(r.srvCPUOp) }))
+			row := func(name string) int {
+				return slices.IndexFunc(drivers, func(d loadDriver) bool { return d.name == name })
+			}
+			ref := row("redis-lua keys=10000")
+			// Rows compared within each round: RLS against the reference
+			// service, and each path against its floor.
+			for _, pair := range append([][2]string{{rlsProcsRow, rlsRefRow}}, floorOf...) {
+				if p, f := row(pair[0]), row(pair[1]); p >= 0 && f >= 0 {
+					a, b := results[p], results[f]
+					t.Logf("%s / %s, median over rounds: ops/s %.2f×, p99 %.2f×, srv-cpu/op %.2f×", pair[0], pair[1],
+						medianRatio(a, b, func(r loadResult) float64 { return r.ops }),
+						medianRatio(a, b, func(r loadResult) float64 { return float64(r.p99) }),
+						medianRatio(a, b, func(r loadResult) float64 { return float64(r.srvCPUOp) }))
+				}
 			}
 			for i, dr := range drivers {
 				names, pids = append(names, dr.name), append(pids, dr.pids)
