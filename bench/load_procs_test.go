@@ -120,24 +120,31 @@ const (
 // unary RateLimiter.Allow on any node: one connection per process,
 // round-robin, so two calls in three are forwarded once.
 func unaryProcDriver(t *testing.T, name string, addrs []string, pids []int) loadDriver {
-	var clients []peerpb.RateLimiterClient
-	for _, conn := range procConns(t, addrs) {
-		clients = append(clients, peerpb.NewRateLimiterClient(conn))
-	}
 	keys := loadKeys(10000)
 	wire := make([]*peerpb.AllowRequest, len(keys))
 	for i, k := range keys {
 		wire[i] = &peerpb.AllowRequest{Key: &peerpb.Key{Tenant: k.Tenant, Subject: k.Subject, Policy: k.Policy}}
 	}
+	return grpcRowDriver(t, name, addrs, pids, peerpb.NewRateLimiterClient, func(cl peerpb.RateLimiterClient, i int) error {
+		resp, err := cl.Allow(context.Background(), wire[i%len(wire)])
+		if err == nil && !resp.GetAllowed() {
+			err = fmt.Errorf("refused: %v", resp)
+		}
+		return err
+	})
+}
+
+// grpcRowDriver is a row of unary calls to any of the processes at addrs
+// (pids, whose CPU is counted): one connection and client (newClient)
+// each, call i going to client i mod their number through call.
+func grpcRowDriver[C any](t *testing.T, name string, addrs []string, pids []int, newClient func(grpc.ClientConnInterface) C, call func(cl C, i int) error) loadDriver {
+	var clients []C
+	for _, conn := range procConns(t, addrs) {
+		clients = append(clients, newClient(conn))
+	}
 	return loadDriver{
 		name: name, pids: pids,
-		call: func(c, i int) error {
-			resp, err := clients[i%len(clients)].Allow(context.Background(), wire[i%len(wire)])
-			if err == nil && !resp.GetAllowed() {
-				err = fmt.Errorf("refused: %v", resp)
-			}
-			return err
-		},
+		call: func(_, i int) error { return call(clients[i%len(clients)], i) },
 	}
 }
 

@@ -113,10 +113,6 @@ func rlsRefDriver(t *testing.T, bin string) loadDriver {
 // does: one descriptor (user=<one of 10 000 subjects>) in domain
 // rlsLoadDomain, one connection per process, round-robin.
 func rlsDriver(t *testing.T, name string, addrs []string, pids []int) loadDriver {
-	var clients []rlsv3.RateLimitServiceClient
-	for _, conn := range procConns(t, addrs) {
-		clients = append(clients, rlsv3.NewRateLimitServiceClient(conn))
-	}
 	keys := loadKeys(10000)
 	wire := make([]*rlsv3.RateLimitRequest, len(keys))
 	for i, k := range keys {
@@ -124,16 +120,13 @@ func rlsDriver(t *testing.T, name string, addrs []string, pids []int) loadDriver
 			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: k.Subject}},
 		}}}
 	}
-	return loadDriver{
-		name: name, pids: pids,
-		call: func(c, i int) error {
-			resp, err := clients[i%len(clients)].ShouldRateLimit(context.Background(), wire[i%len(wire)])
-			if err == nil && resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
-				err = fmt.Errorf("not OK: %v", resp)
-			}
-			return err
-		},
-	}
+	return grpcRowDriver(t, name, addrs, pids, rlsv3.NewRateLimitServiceClient, func(cl rlsv3.RateLimitServiceClient, i int) error {
+		resp, err := cl.ShouldRateLimit(context.Background(), wire[i%len(wire)])
+		if err == nil && resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			err = fmt.Errorf("not OK: %v", resp)
+		}
+		return err
+	})
 }
 
 // freePorts returns n loopback ports that were free a moment ago (a
