@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime/debug"
 	"runtime/metrics"
+	"sync"
 	"time"
 )
 
@@ -95,4 +96,30 @@ func (tu *gcTuner) run(ctx context.Context) {
 		case <-tu.tick:
 		}
 	}
+}
+
+// gcTunerSlot is held by the one tuner a process runs. A second serve in
+// the same process (tests run several) leaves the collector to the
+// first, so that neither restores, when it stops, a percent the other
+// set.
+var gcTunerSlot sync.Mutex
+
+// startGCTuner runs newTuner's tuner on a goroutine until ctx ends,
+// unless another tuner of this process is running: started is then
+// false and done is closed already. done closes once the tuner has
+// restored the percent it found.
+func startGCTuner(ctx context.Context, newTuner func() (*gcTuner, func())) (done <-chan struct{}, started bool) {
+	ch := make(chan struct{})
+	if !gcTunerSlot.TryLock() {
+		close(ch)
+		return ch, false
+	}
+	tu, stop := newTuner()
+	go func() {
+		defer close(ch)
+		defer gcTunerSlot.Unlock()
+		defer stop()
+		tu.run(ctx)
+	}()
+	return ch, true
 }

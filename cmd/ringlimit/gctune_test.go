@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 )
@@ -112,4 +113,63 @@ func TestGCTunerRun(t *testing.T) {
 	if percent != 77 {
 		t.Fatalf("after the tuner stopped the percent is %d, want the 77 it found", percent)
 	}
+}
+
+// TestGCTunerOnePerProcess: while one tuner runs, a second is not
+// started (it would restore, when it stopped, the percent the first had
+// set); once the first has stopped and restored its percent, another
+// may start.
+func TestGCTunerOnePerProcess(t *testing.T) {
+	percent := 77
+	var mu sync.Mutex
+	fake := func() (*gcTuner, func()) {
+		return &gcTuner{
+			headroom: 64 << 20,
+			live:     func() (uint64, bool) { return 16 << 20, true },
+			set: func(p int) int {
+				mu.Lock()
+				defer mu.Unlock()
+				old := percent
+				percent = p
+				return old
+			},
+			tick: make(chan time.Time), // never: one reading
+		}, func() {}
+	}
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	done1, ok := startGCTuner(ctx1, fake)
+	if !ok {
+		cancel1()
+		t.Fatal("the first tuner did not start")
+	}
+	newCalled := false
+	done2, ok := startGCTuner(context.Background(), func() (*gcTuner, func()) { newCalled = true; return fake() })
+	if ok || newCalled {
+		cancel1()
+		t.Fatalf("a second tuner started (%v) or was built (%v) while the first ran", ok, newCalled)
+	}
+	select {
+	case <-done2:
+	default:
+		t.Fatal("the tuner that did not start has an open done")
+	}
+	cancel1()
+	select {
+	case <-done1:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first tuner did not stop within 10 s of its context's end")
+	}
+	mu.Lock()
+	got := percent
+	mu.Unlock()
+	if got != 77 {
+		t.Fatalf("after the first tuner stopped the percent is %d, want the 77 it found", got)
+	}
+	ctx3, cancel3 := context.WithCancel(context.Background())
+	done3, ok := startGCTuner(ctx3, fake)
+	cancel3()
+	if !ok {
+		t.Fatal("no tuner could start after the first stopped")
+	}
+	<-done3
 }

@@ -214,17 +214,19 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		close(reloadDone)
 	}
 
-	// The collector's tuner is runServe's too (gctune.go).
-	gcDone := make(chan struct{})
+	// The collector's tuner is runServe's too (gctune.go), one per
+	// process.
+	var gcDone <-chan struct{}
 	if gcTuning(f.gcHeadroomMiB, os.LookupEnv) {
-		tu, stop := newGCTuner(f.gcHeadroomMiB << 20)
-		go func() {
-			defer close(gcDone)
-			defer stop()
-			tu.run(refreshCtx)
-		}()
+		var started bool
+		gcDone, started = startGCTuner(refreshCtx, func() (*gcTuner, func()) { return newGCTuner(f.gcHeadroomMiB << 20) })
+		if !started {
+			nlog.Info("garbage collector left alone: another serve in this process tunes it")
+		}
 	} else {
-		close(gcDone)
+		done := make(chan struct{})
+		close(done)
+		gcDone = done
 	}
 
 	var runErr error
