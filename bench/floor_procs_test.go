@@ -121,7 +121,7 @@ func (floorRLS) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) 
 	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: st}, nil
 }
 
-// floorAnswer is a /v1/check admission's body as serve writes it.
+// floorAnswer is shaped as serve's answer to an admitted /v1/check.
 const floorAnswer = `{"allowed":true,"limit":1125899906842624,"remaining":1125899906842623,"retry_after_ms":0,"reset_after_ms":1000,"owner":"load-0"}` + "\n"
 
 // floorCheck reads the body and answers a fixed admission.

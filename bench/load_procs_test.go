@@ -28,9 +28,9 @@ const loadProcsEnv = "RINGLIMIT_LOAD_PROCS"
 
 // serverProcsEnv sets GOMAXPROCS for every server process the load run
 // starts in Go (the serve processes and the reference RLS service alike):
-// RINGLIMIT_LOAD_SERVER_GOMAXPROCS=1 leaves each one a single running
-// thread, as when every process of the run has cores of its own to
-// share less. This process's own is GOMAXPROCS in its environment.
+// RINGLIMIT_LOAD_SERVER_GOMAXPROCS=1 gives each a single running thread,
+// so that the run's processes compete less for the cores. This process's
+// own is GOMAXPROCS in its environment.
 const serverProcsEnv = "RINGLIMIT_LOAD_SERVER_GOMAXPROCS"
 
 // serverEnv is env with the server processes' GOMAXPROCS when
@@ -116,8 +116,8 @@ const (
 	httpProcsRow  = "http procs keys=10000"
 )
 
-// unaryProcDriver is the row name of a client in another language calling
-// unary RateLimiter.Allow on any node: one connection per process,
+// unaryProcDriver is the row, named name, of a client in another language
+// calling unary RateLimiter.Allow on any node: one connection per process,
 // round-robin, so two calls in three are forwarded once.
 func unaryProcDriver(t *testing.T, name string, addrs []string, pids []int) loadDriver {
 	keys := loadKeys(10000)
@@ -166,8 +166,8 @@ func procConns(t *testing.T, addrs []string) []*grpc.ClientConn {
 // rlsLoadDomain is the Envoy domain of the RLS row.
 const rlsLoadDomain = "load"
 
-// httpProcDriver is the row name of POST /v1/check on any of the nodes
-// whose HTTP addresses are addrs: keep-alive HTTP/1.1 connections (one
+// httpProcDriver is the row, named name, of POST /v1/check on any of the
+// nodes whose HTTP addresses are addrs: keep-alive HTTP/1.1 connections (one
 // per caller and process at most), round-robin over the processes. A 200
 // is an admission; anything else fails the run.
 func httpProcDriver(t *testing.T, name string, addrs []string, pids []int) loadDriver {
