@@ -144,49 +144,57 @@ func floorProcDrivers(t *testing.T) []loadDriver {
 	var grpcAddrs, httpAddrs []string
 	var pids []int
 	for range 3 {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(serverEnv(os.Environ()), floorServerEnv+"=1")
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		exited := make(chan struct{})
-		go func() {
-			_ = cmd.Wait()
-			close(exited)
-		}()
-		t.Cleanup(func() {
-			_ = stdin.Close()
-			select {
-			case <-exited:
-			case <-time.After(10 * time.Second):
-				_ = cmd.Process.Kill()
-				<-exited
-			}
-		})
-		line, err := bufio.NewReader(stdout).ReadString('\n')
-		if err != nil {
-			t.Fatalf("floor server: %v", err)
-		}
-		f := strings.Fields(line)
-		if len(f) != 3 || f[0] != "floor" {
-			t.Fatalf("floor server said %q", line)
-		}
-		grpcAddrs, httpAddrs, pids = append(grpcAddrs, f[1]), append(httpAddrs, f[2]), append(pids, cmd.Process.Pid)
+		g, h, pid := startFloorProc(t)
+		grpcAddrs, httpAddrs, pids = append(grpcAddrs, g), append(httpAddrs, h), append(pids, pid)
 	}
 	return []loadDriver{
 		unaryProcDriver(t, floorUnaryRow, grpcAddrs, pids),
 		rlsDriver(t, floorRLSRow, grpcAddrs, pids),
 		httpProcDriver(t, floorHTTPRow, httpAddrs, pids),
 	}
+}
+
+// startFloorProc starts one floor server (this test binary again),
+// stopped when t ends, and returns its gRPC and HTTP addresses and pid.
+func startFloorProc(t *testing.T) (grpcAddr, httpAddr string, pid int) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(serverEnv(os.Environ()), floorServerEnv+"=1")
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &childProc{cmd: cmd, stdin: stdin, exited: make(chan struct{})}
+	lines := make(chan string, 1)
+	go func() {
+		// The first line names the addresses; Wait only once stdout is
+		// read to its end.
+		line, _ := bufio.NewReader(stdout).ReadString('\n')
+		lines <- line
+		_, _ = io.Copy(io.Discard, stdout)
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	p.stopAtCleanup(t)
+	var line string
+	select {
+	case line = <-lines:
+	case <-time.After(15 * time.Second):
+		t.Fatal("floor server did not name its addresses within 15 s")
+	}
+	f := strings.Fields(line)
+	if len(f) != 3 || f[0] != "floor" {
+		t.Fatalf("floor server said %q", line)
+	}
+	return f[1], f[2], cmd.Process.Pid
 }
 
 // TestFloorServe checks that the floor server answers each path as its
@@ -227,4 +235,28 @@ func TestFloorServe(t *testing.T) {
 		t.Fatal("floor server did not stop when its input ended")
 	}
 	_ = outW.Close()
+}
+
+// TestLoadRunHelpers: the preemption count reads the involuntary field
+// of a thread's status (not the voluntary one before it), and the
+// server processes get GOMAXPROCS only when the run sets one.
+func TestLoadRunHelpers(t *testing.T) {
+	status := "Name:\tx\nvoluntary_ctxt_switches:\t17\nnonvoluntary_ctxt_switches:\t42\n"
+	if got := nonvoluntary(status); got != 42 {
+		t.Errorf("nonvoluntary = %d, want 42", got)
+	}
+	if got := nonvoluntary("Name:\tx\n"); got != 0 {
+		t.Errorf("nonvoluntary without the field = %d, want 0", got)
+	}
+	if own := involuntary(nil); own < 0 || involuntary([]int{os.Getpid()}) < own {
+		t.Errorf("this process counted as a server added less than nothing")
+	}
+	t.Setenv(serverProcsEnv, "")
+	if got := serverEnv([]string{"A=1"}); len(got) != 1 {
+		t.Errorf("serverEnv without %s = %v, want it unchanged", serverProcsEnv, got)
+	}
+	t.Setenv(serverProcsEnv, "1")
+	if got := serverEnv([]string{"A=1"}); len(got) != 2 || got[1] != "GOMAXPROCS=1" {
+		t.Errorf("serverEnv with %s=1 = %v, want GOMAXPROCS=1 added", serverProcsEnv, got)
+	}
 }

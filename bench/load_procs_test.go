@@ -42,12 +42,34 @@ func serverEnv(env []string) []string {
 	return env
 }
 
+// childProc is a server process the load run starts: it stops when its
+// stdin closes.
+type childProc struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	exited chan struct{} // closed once cmd.Wait has returned
+}
+
+// stopAtCleanup stops p when t ends: its stdin closed, then a kill if it
+// has not exited within 10 s.
+func (p *childProc) stopAtCleanup(t *testing.T) {
+	t.Cleanup(func() {
+		_ = p.stdin.Close()
+		timeout := time.NewTimer(10 * time.Second)
+		defer timeout.Stop()
+		select {
+		case <-p.exited:
+		case <-timeout.C:
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+}
+
 // serveProc is one `ringlimit serve` process of the load run.
 type serveProc struct {
-	cmd                *exec.Cmd
-	stdin              io.WriteCloser
+	childProc
 	grpc, http, gossip string
-	exited             chan struct{}
 }
 
 // serveProcDrivers builds cmd/ringlimit, starts three `serve` processes on
@@ -229,7 +251,7 @@ func startServeProc(t *testing.T, bin, name, join, policies string) *serveProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
-	p := &serveProc{cmd: cmd, stdin: stdin, exited: make(chan struct{})}
+	p := &serveProc{childProc: childProc{cmd: cmd, stdin: stdin, exited: make(chan struct{})}}
 	serving := make(chan [3]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -248,18 +270,7 @@ func startServeProc(t *testing.T, bin, name, join, policies string) *serveProc {
 		_ = cmd.Wait()
 		close(p.exited)
 	}()
-	t.Cleanup(func() {
-		// Closing stdin makes serve leave and exit; a kill covers a hang.
-		_ = p.stdin.Close()
-		timeout := time.NewTimer(10 * time.Second)
-		defer timeout.Stop()
-		select {
-		case <-p.exited:
-		case <-timeout.C:
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-	})
+	p.stopAtCleanup(t) // closing stdin makes serve leave and exit
 	timeout := time.NewTimer(15 * time.Second)
 	defer timeout.Stop()
 	select {

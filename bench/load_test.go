@@ -142,16 +142,23 @@ func involuntary(pids []int) int64 {
 	for _, pid := range pids {
 		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
 		for _, f := range tasks {
-			b, err := os.ReadFile(f)
-			if err != nil {
-				continue
-			}
-			if _, v, ok := strings.Cut(string(b), "nonvoluntary_ctxt_switches:"); ok {
-				c, _ := strconv.ParseInt(strings.TrimSpace(strings.SplitN(v, "\n", 2)[0]), 10, 64)
-				n += c
+			if b, err := os.ReadFile(f); err == nil {
+				n += nonvoluntary(string(b))
 			}
 		}
 	}
+	return n
+}
+
+// nonvoluntary is the nonvoluntary_ctxt_switches field of a thread's
+// /proc status text; 0 without one.
+func nonvoluntary(status string) int64 {
+	_, v, ok := strings.Cut(status, "\nnonvoluntary_ctxt_switches:")
+	if !ok {
+		return 0
+	}
+	v, _, _ = strings.Cut(v, "\n")
+	n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 	return n
 }
 
