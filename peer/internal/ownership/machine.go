@@ -360,6 +360,28 @@ func (m *Machine) Raise() {
 	}
 }
 
+// Recopy tells the machine that some admission of partition p, replicated
+// to its backup at partition epoch epoch without waiting (async), did not
+// reach it: the batch failed, timed out or was refused. If this member
+// still holds p at that epoch, p is copied to its backup again before it
+// decides again, exactly as after Raise, so that the backup's state lacks
+// only what is still in flight rather than, until the window passes,
+// every admission of a batch that failed once. A replica tagged with an
+// older epoch needs nothing: the copy that made the current backup was
+// taken from this member's state, failed admissions included. It reports
+// whether a re-copy is now owed.
+func (m *Machine) Recopy(p int, epoch uint64) bool {
+	if p < 0 || p >= len(m.parts) || !m.table.Holds(m.cfg.ID, p) || m.table.Parts[p].Epoch != epoch {
+		return false
+	}
+	l := &m.parts[p]
+	if !l.recopy {
+		m.gen++
+		l.recopy, l.recopyAfter = true, m.seq
+	}
+	return true
+}
+
 // Backup returns the member to replicate p's admissions to and the epoch
 // to tag them with ("" when the partition has no backup).
 func (m *Machine) Backup(p int) (string, uint64) {

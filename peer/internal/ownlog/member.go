@@ -319,6 +319,14 @@ func (m *Member) Raise(now int64) Output {
 	return m.ready(now)
 }
 
+// Recopy tells the machine that an admission of partition p replicated
+// without waiting at epoch did not reach the backup
+// (ownership.Machine.Recopy).
+func (m *Member) Recopy(p int, epoch uint64, now int64) Output {
+	m.own.Recopy(p, epoch)
+	return m.ready(now)
+}
+
 // Leave proposes the end, for good, of this member's liveness
 // (ownership.Machine.Leave), for a member leaving gracefully once nothing
 // depends on it.

@@ -227,6 +227,13 @@ func (r *Runner) Raise(ctx context.Context) {
 	})
 }
 
+// Recopy tells the machine that an admission of partition p replicated
+// without waiting at epoch did not reach the backup (Member.Recopy). It
+// does not wait: the failed batch's sender must not block on the runner.
+func (r *Runner) Recopy(p int, epoch uint64) {
+	r.do(func() { r.carry(r.m.Recopy(p, epoch, r.mono())) })
+}
+
 // CopyAcked tells the machine a copy was installed by its receiver.
 func (r *Runner) CopyAcked(p int, to string, epoch, seq uint64) {
 	r.do(func() { r.carry(r.m.CopyAcked(p, to, epoch, seq, r.mono())) })
