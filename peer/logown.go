@@ -518,6 +518,15 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 // here: a large partition's export (seconds for millions of admissions)
 // must not hold up the runner, whose ticks extend this member's liveness
 // for every partition it holds.
+//
+// The copy carries every key the holder keeps that its current table can
+// decide: a key whose policy the table lacks (removed, the holder keeps
+// its state until swept) or has with another algorithm is left out,
+// because the receiver, which checks each key against its own table,
+// refuses a copy carrying a key it cannot record. Such a key's state is
+// then on the holder only; adding its policy back (or its algorithm) is a
+// raise (replicationRaised), so the partition is copied again, the key
+// included, before it decides again.
 func (lo *logOwner) SendCopy(a ownership.Action) {
 	n := lo.n
 	st := n.pt.parts[a.P].store
@@ -544,6 +553,7 @@ func (lo *logOwner) SendCopy(a ownership.Action) {
 			st.Range(func(k Key) bool {
 				ks, ok := st.Export(k, now)
 				if ok {
+					// Only keys the receiver can record: see above.
 					if p := tab.Lookup(k.Policy); p != nil && p.Shard.Algorithm == ks.Algorithm {
 						keys = append(keys, stateToWire(ks))
 					}
