@@ -37,6 +37,19 @@ import (
 // a partition copy or replicated admission whose algorithm differs from
 // the receiver's table is skipped by the receiver (see decodeState).
 //
+// A policy removed from the table: its keys' state stays too, in the
+// holder's store (and the backup's copy) until each key has been idle for
+// its window and is swept; requests naming the policy are refused as
+// unknown meanwhile. A partition copy carries only the keys its sender's
+// table can decide (a receiver refuses a copy carrying keys it cannot
+// record), so a backup that got its copy while the policy was absent
+// lacks those keys. Adding the policy back, with async or sync
+// replication, is therefore a raise (replicationRaised: a policy the old
+// table lacks, or has with another algorithm, counts as replicated off):
+// every held partition is copied to its backup again, the keys included,
+// before it decides again, and the keys are decided again from the state
+// the holder kept.
+//
 // The node that receives a request still validates it with its own table
 // (unknown policy, hits above the limit) and applies its own
 // OnUnavailable when the holder cannot be reached: those are the caller's
@@ -109,7 +122,15 @@ func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
 }
 
 // replicationRaised reports whether some policy of next replicates more
-// strongly than the same policy in prev (off < async < sync).
+// strongly than the same policy in prev (off < async < sync). A policy
+// prev lacks, or has with another algorithm, counts there as replicated
+// off: its keys may still hold state from before (a removed policy's keys
+// stay in the holder's store, see the top of this file) that no copy made
+// under prev carried, since a copy carries only the keys its sender's
+// table can decide. So adding a policy, or adding one back, with async or
+// sync replication is a raise, and Raise copies every held partition to
+// its backup again, with those keys, before it decides again: under
+// async the backup must lack only what is in flight, under sync nothing.
 func replicationRaised(prev, next *policy.Table) bool {
 	strength := func(r Replication) int {
 		switch r {
@@ -121,7 +142,11 @@ func replicationRaised(prev, next *policy.Table) bool {
 		return 2
 	}
 	for name, c := range next.Configs() {
-		if p := prev.Lookup(name); p != nil && strength(c.Replication) > strength(p.Config.Replication) {
+		was := 0
+		if p := prev.Lookup(name); p != nil && p.Shard.Algorithm == next.Lookup(name).Shard.Algorithm {
+			was = strength(p.Config.Replication)
+		}
+		if strength(c.Replication) > was {
 			return true
 		}
 	}
