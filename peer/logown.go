@@ -526,7 +526,10 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 // refuses a copy carrying a key it cannot record. Such a key's state is
 // then on the holder only; adding its policy back (or its algorithm) is a
 // raise (replicationRaised), so the partition is copied again, the key
-// included, before it decides again.
+// included, before it decides again. A partition that moves to another
+// holder meanwhile leaves the key behind: the new holder decides it again
+// from nothing when the policy comes back. TODO(issue 52): carry every
+// key, which needs the receiver to record keys its table cannot decide.
 func (lo *logOwner) SendCopy(a ownership.Action) {
 	n := lo.n
 	st := n.pt.parts[a.P].store

@@ -48,7 +48,9 @@ import (
 // table lacks, or has with another algorithm, counts as replicated off):
 // every held partition is copied to its backup again, the keys included,
 // before it decides again, and the keys are decided again from the state
-// the holder kept.
+// the holder kept. A partition that moved to another holder while the
+// policy was absent does not bring them along (its copy left them out):
+// there they start again from nothing (TODO(issue 52), see SendCopy).
 //
 // The node that receives a request still validates it with its own table
 // (unknown policy, hits above the limit) and applies its own
