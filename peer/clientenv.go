@@ -48,6 +48,11 @@ type clientEnv struct {
 	// stamp sets a replication message's policy version and, while
 	// member's policy table may differ, the windows of names.
 	stamp func(req *peerpb.ReplicateRequest, member string, names iter.Seq[string])
+	// recopy tells the ownership runner, without blocking, that an item
+	// of partition pid replicated at epoch without waiting did not reach
+	// the backup, so the holder copies the partition to it again
+	// (recopy.go).
+	recopy func(pid int, epoch uint64)
 }
 
 // newClientEnv is n's clientEnv; called once its peer authentication is
@@ -61,6 +66,7 @@ func (n *Node) newClientEnv() *clientEnv {
 		view:      &n.view, gather: &n.gather,
 		replSeq: &n.replSeq, framedOpened: &n.framedOpened, pipeBreaks: &n.pipeBreaks, replItems: &n.replItems,
 		warn: n.warnThrottled, stamp: n.stampPolicies,
+		recopy: newRecopier(n.ctx, &n.wg, n.lo.run.Recopy).note,
 	}
 }
 

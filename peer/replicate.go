@@ -26,9 +26,12 @@ import (
 // Replicate RPC). An admission of a ReplicateSync policy waits for its
 // operation's answer; a ReplicateAsync one does not. A backup applies an
 // admission only where the log's table names it backup of that holder at
-// that epoch; any other answer than OK leaves the admission unconfirmed
-// (the caller of a synchronous one is told unavailable). Holders' leases
-// come from the log's liveness records, never from these answers.
+// that epoch; any other answer than OK leaves the admission unconfirmed:
+// the caller of a synchronous one is told unavailable, and for an
+// asynchronous one (or one never queued, or whose batch failed) the holder
+// copies the partition to the backup again (replFinish, recopy.go).
+// Holders' leases come from the log's liveness records, never from these
+// answers.
 //
 // The backup's side (server.Replicate) keeps one copy per partition in its
 // own store. A copy is replaced only by a complete copy at a newer epoch;
@@ -111,6 +114,7 @@ func (n *Node) replicateAdmission(to string, pid int, epoch uint64, key Key, alg
 func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (*replItem, error) {
 	c, err := n.peerClient(to)
 	if err != nil {
+		n.replUnqueued(pid, epoch, wait)
 		return nil, err
 	}
 	it := n.getReplItem()
@@ -122,6 +126,7 @@ func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key,
 	case c.repl.queue <- it:
 	default:
 		n.putReplItem(it)
+		n.replUnqueued(pid, epoch, wait)
 		return nil, fmt.Errorf("%w: replication queue to %s is full", ErrUnavailable, to)
 	}
 	if !wait {
@@ -135,6 +140,7 @@ func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key,
 func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyState, at time.Time, wait bool) (chan error, error) {
 	c, err := n.peerClient(to)
 	if err != nil {
+		n.replUnqueued(pid, epoch, wait)
 		return nil, err
 	}
 	var done chan error
@@ -147,9 +153,20 @@ func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyStat
 		// Queued, the item is the batcher's: one nobody waits for goes
 		// to the pool once sent, so it is not read here again.
 	default:
+		n.replUnqueued(pid, epoch, wait)
 		return nil, fmt.Errorf("%w: replication queue to %s is full", ErrUnavailable, to)
 	}
 	return done, nil
+}
+
+// replUnqueued handles an item of partition pid at epoch that could not be
+// queued for the backup: a waiter is told by the error its caller returns;
+// an item nobody waits for stands on the holder all the same (its caller
+// goes on), so the backup must get it from a copy of the partition.
+func (n *Node) replUnqueued(pid int, epoch uint64, wait bool) {
+	if !wait {
+		n.cenv.recopy(pid, epoch)
+	}
 }
 
 // admissionRun is the admission just decided at now, as a run to add to the
@@ -192,6 +209,9 @@ func (c *client) replLoop() {
 			case it := <-r.queue:
 				if it.done != nil {
 					it.done <- fmt.Errorf("%w: connection to %s closed", ErrUnavailable, c.name)
+				} else {
+					// Never sent (see replFinish).
+					c.env.recopy(int(it.part), it.epoch)
 				}
 			default:
 				return
@@ -593,7 +613,12 @@ func (c *client) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, o
 }
 
 // replFinish applies the results of a batch's operations ops and tells
-// the waiting items; opOf maps each item to its operation.
+// the waiting items; opOf maps each item to its operation. An item nobody
+// waits for (async) that the backup did not record (the batch failed, or
+// its operation was refused or only partly accepted) stays counted here
+// and is lost to the backup: the holder copies its partition to the
+// backup again (recopy.go), so that a crash of the holder loses it only
+// until that copy, not for the rest of the window.
 func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp, opOf []int, results []*peerpb.OpResult, err error, start time.Time) {
 	env := c.env
 	if err != nil {
@@ -604,35 +629,47 @@ func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp
 			if it.done != nil {
 				it.done <- err
 			} else {
+				env.recopy(int(it.part), it.epoch)
 				env.putReplItem(it)
 			}
 		}
 		return
 	}
-	env.metrics.Forward(c.name, "replicate_ok", time.Since(start))
+	outcome := "replicate_ok"
 	for i, it := range batch {
+		j := opOf[i]
+		r := results[j]
+		refused := r.Status != peerpb.OpStatus_OP_STATUS_OK
+		// The backup skipped some of the operation's keys: a policy its
+		// table does not have, or has with another algorithm (a policy
+		// change rolling out). Which ones is not said, so none of the
+		// operation's admissions is confirmed: each stays counted here,
+		// where it can only refuse more; a waiting caller is told
+		// unavailable, not admitted without a copy, and an async one's
+		// partition is copied again.
+		partly := r.Accepted < ops[j].keys
+		if refused || partly {
+			outcome = "replicate_refused"
+		}
 		if it.done == nil {
+			if refused || partly {
+				env.recopy(int(it.part), it.epoch)
+			}
 			env.putReplItem(it)
 			continue
 		}
-		j := opOf[i]
-		r := results[j]
 		switch {
-		case r.Status != peerpb.OpStatus_OP_STATUS_OK:
+		case refused:
 			it.done <- fmt.Errorf("%w: backup %s answered %v for partition %d", ErrUnavailable, c.name, r.Status, it.part)
-		case r.Accepted < ops[j].keys:
-			// The backup skipped some of the operation's keys: a policy
-			// its table does not have, or has with another algorithm (a
-			// policy change rolling out). Which ones is not said, so none
-			// of the operation's admissions is confirmed: each stays
-			// counted here, where it can only refuse more, and its caller
-			// is told unavailable, not admitted without a copy.
+		case partly:
 			it.done <- fmt.Errorf("%w: backup %s recorded %d of %d keys of partition %d (a policy it does not have, or has with another algorithm)",
 				ErrUnavailable, c.name, r.Accepted, ops[j].keys, it.part)
 		default:
 			it.done <- nil
 		}
 	}
+	// replicate_refused: some operation was answered but not recorded.
+	env.metrics.Forward(c.name, outcome, time.Since(start))
 }
 
 // Replicate is the backup's side of replication.
