@@ -233,8 +233,11 @@ const (
 	// admission (refusals record nothing and are not replicated).
 	ReplicateSync = policy.ReplicateSync
 	// ReplicateAsync answers at once and sends the admission to the backup
-	// in the next batch: a crash loses the admissions still in flight (at
-	// most one batch round trip's worth).
+	// in the next batch: a crash of the holder loses at most the
+	// admissions whose replication the backup had not yet acknowledged. A
+	// failed or refused batch makes the holder copy the partition to its
+	// backup again (the partition is unavailable for that copy), so what a
+	// blip lost is lost until that copy, not for the rest of the window.
 	ReplicateAsync = policy.ReplicateAsync
 	// ReplicateOff never copies admissions: a crash of the holder resets
 	// the policy's keys of its partitions. A graceful move still keeps them.
