@@ -375,6 +375,10 @@ type Config struct {
 	// Node.Reset, called in-process, is not asked. cmd/ringlimit uses it
 	// for --admin-token-file.
 	AuthorizeReset func(ctx context.Context) error
+	// RPCLimits bounds the connections and calls clients (and peers)
+	// hold on the gRPC port, and closes idle and vanished connections;
+	// zero fields take their defaults (see RPCLimits).
+	RPCLimits RPCLimits
 	// JoinTimeout bounds how long New keeps trying to join Join's seeds
 	// when none answers: tries are spaced 100 ms apart, doubling up to 2 s,
 	// and each failure is logged with its attempt number. The ctx passed
@@ -505,6 +509,7 @@ func (c Config) withDefaults() Config {
 	if c.NotOwnerRetries == 0 {
 		c.NotOwnerRetries = 3
 	}
+	c.RPCLimits = c.RPCLimits.WithDefaults()
 	c.GossipKey = append([]byte(nil), c.GossipKey...)
 	c.PeerSecret = append([]byte(nil), c.PeerSecret...)
 	if c.GossipProfile == "" {
@@ -591,6 +596,9 @@ func (c Config) validate() error {
 	}
 	if c.NotOwnerRetries < 0 {
 		bad("not-owner retries %d must not be negative", c.NotOwnerRetries)
+	}
+	for _, p := range c.RPCLimits.problems() {
+		bad("%s", p)
 	}
 	switch len(c.GossipKey) {
 	case 0, 16, 24, 32:

@@ -32,6 +32,9 @@ import (
 //  7. internal/grantee, a spread key's rights as state with time passed
 //     in, does no I/O and knows no protocol but its own: of ours only
 //     shard; no net, gRPC, raft or memberlist.
+//  8. internal/connlimit, the connection bounds, counts connections and
+//     knows nothing of what they carry: none of ours, no gRPC, raft or
+//     memberlist.
 func TestLayout(t *testing.T) {
 	const mod = "github.com/ringlimit/ringlimit"
 	out, err := exec.Command("go", "list", "-e", "-deps", "-f", `{{.ImportPath}} {{join .Deps " "}}`, "./internal/...").Output()
@@ -96,6 +99,10 @@ func TestLayout(t *testing.T) {
 		{"grantee", "gRPC", isGRPC},
 		{"grantee", "raft", isRaft},
 		{"grantee", "memberlist", isMemberlist},
+		{"connlimit", "anything of ringlimit's", func(d string) bool { return strings.HasPrefix(d, mod+"/") }},
+		{"connlimit", "gRPC", isGRPC},
+		{"connlimit", "raft", isRaft},
+		{"connlimit", "memberlist", isMemberlist},
 	}
 	for _, r := range rules {
 		if r.pkg != "" {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ringlimit/ringlimit/peer/internal/connlimit"
 	"github.com/ringlimit/ringlimit/peer/internal/membership"
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
@@ -76,6 +77,7 @@ type Node struct {
 	grpcSrv   *rpcServer
 	health    *health.Server
 	rpcLis    net.Listener
+	rpcConns  *connlimit.Listener // rpcLis within RPCLimits' connection bounds
 
 	clientsMu sync.Mutex
 	clients   map[string]*client // by member name
@@ -236,6 +238,7 @@ func (n *Node) serveRPC(lis net.Listener) {
 	// every worker is busy grpc starts a goroutine as before, so a slow
 	// call never queues another; Stop ends the workers.
 	opts = append(opts, grpc.NumStreamWorkers(rpcStreamWorkers))
+	opts = append(opts, n.cfg.RPCLimits.serverOptions()...)
 	srv := grpc.NewServer(opts...)
 	peerpb.RegisterLimiterServer(srv, &server{n: n})
 	peerpb.RegisterRateLimiterServer(srv, &publicServer{n: n})
@@ -246,10 +249,13 @@ func (n *Node) serveRPC(lis net.Listener) {
 	}
 	fs := newFramedServer(n)
 	n.grpcSrv = &rpcServer{grpc: srv, framed: fs}
-	var sl net.Listener = lis
+	// The connection bounds come first: a framed pipe is a connection
+	// like any other until its hello is read.
+	n.rpcConns = n.limitConns(lis)
+	var sl net.Listener = n.rpcConns
 	n.hooks.refuseFramed.Store(n.cfg.refuseFramed)
 	if !n.cfg.noFramedServer {
-		sl = transport.NewListener(lis, fs, &n.wg)
+		sl = transport.NewListener(sl, fs, &n.wg)
 	}
 	n.wg.Add(1)
 	go func() {

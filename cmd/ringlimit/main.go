@@ -110,7 +110,7 @@ func commandUsage(name string) (string, bool) {
 	case "demo":
 		return demoUsage, true
 	case "serve":
-		return serveUsage + policiesUsage + "\n" + domainsUsage, true
+		return serveUsageText() + policiesUsage + "\n" + domainsUsage, true
 	case "check":
 		return checkUsage, true
 	case "bench":

@@ -81,6 +81,26 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         Unauthenticated, a Warn (at most one per 10 s per
                         transport) and ringlimit_reset_refused_total
 
+  --grpc-max-conns N    connections the gRPC port holds at once, peers'
+                        included (each other member holds 3); one past it
+                        is reset on accept; 0 disables (default %d)
+  --grpc-max-conns-per-ip N
+                        the same from one client IP address; members on
+                        one host share it; 0 disables (default %d)
+  --grpc-max-streams N  calls in progress on one connection; gRPC clients
+                        queue more, others have them refused (default %d).
+                        An idle AllowStream costs ~18 KB: one address can
+                        make the node hold at most per-ip x streams of them
+  --grpc-idle-timeout D close a connection with no call in progress for
+                        this long; 0 disables (default %v)
+  --grpc-keepalive-time D
+                        ping a connection silent this long (default %v)
+  --grpc-keepalive-timeout D
+                        close it, and end its calls, if the ping is not
+                        answered within this (default %v)
+  --grpc-min-ping-interval D
+                        clients pinging more often are closed (default %v)
+
   --gossip-advertise-addr H:P  gossip address peers should use (NAT,
                         0.0.0.0 binds); default: the bound address
   --grpc-advertise-addr H:P    gRPC address peers should dial; default: the
@@ -161,8 +181,12 @@ type serveFlags struct {
 	gossipAdvertise, grpcAdvertise                                  string
 	drainTimeout, joinTimeout, joinRefresh, policiesPoll            time.Duration
 	gcHeadroomMiB                                                   uint64
-	gossipProfile                                                   peer.GossipProfile
-	ownership                                                       peer.OwnershipMode
+	// rpc holds the --grpc-* bounds as flags give them: 0 disables the
+	// connection bounds and the idle timeout (peerConfig maps that to
+	// peer's "no bound").
+	rpc           peer.RPCLimits
+	gossipProfile peer.GossipProfile
+	ownership     peer.OwnershipMode
 	// Hidden, for the demo's child node and tests: exitOnStdinEOF stops
 	// the node when its parent closes stdin (or dies), so a child never
 	// outlives the demo.
@@ -173,7 +197,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	var f serveFlags
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, serveUsage+policiesUsage+"\n"+domainsUsage) }
+	fs.Usage = func() { fmt.Fprint(stderr, serveUsageText()+policiesUsage+"\n"+domainsUsage) }
 	fs.StringVar(&f.name, "name", "", "")
 	fs.StringVar(&f.gossipAddr, "gossip-addr", "127.0.0.1:7946", "")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:8081", "")
@@ -196,6 +220,14 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "")
 	fs.StringVar(&f.adminTokenFile, "admin-token-file", "", "")
 	fs.StringVar(&f.peerPipes, "peer-pipes", "framed", "")
+	def := peer.RPCLimits{}.WithDefaults()
+	fs.IntVar(&f.rpc.MaxConns, "grpc-max-conns", def.MaxConns, "")
+	fs.IntVar(&f.rpc.MaxConnsPerIP, "grpc-max-conns-per-ip", def.MaxConnsPerIP, "")
+	fs.IntVar(&f.rpc.MaxStreams, "grpc-max-streams", def.MaxStreams, "")
+	fs.DurationVar(&f.rpc.IdleTimeout, "grpc-idle-timeout", def.IdleTimeout, "")
+	fs.DurationVar(&f.rpc.KeepaliveTime, "grpc-keepalive-time", def.KeepaliveTime, "")
+	fs.DurationVar(&f.rpc.KeepaliveTimeout, "grpc-keepalive-timeout", def.KeepaliveTimeout, "")
+	fs.DurationVar(&f.rpc.MinPingInterval, "grpc-min-ping-interval", def.MinPingInterval, "")
 	profile := fs.String("gossip-profile", string(peer.GossipLAN), "")
 	ownership := fs.String("ownership", string(peer.OwnershipLog), "")
 	fs.BoolVar(&f.exitOnStdinEOF, "exit-on-stdin-eof", false, "")
@@ -222,6 +254,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	}
 	if f.policiesPoll < 0 {
 		return f, usageError("serve: --policies-poll must not be negative (0 disables)")
+	}
+	if err := checkRPCFlags(f.rpc); err != nil {
+		return f, usageError("serve: " + err.Error())
 	}
 	if _, err := parseJoin(f.join); err != nil {
 		return f, usageError("serve: " + err.Error())
@@ -255,9 +290,48 @@ func (f serveFlags) peerConfig(log *slog.Logger) peer.Config {
 		GossipProfile:       f.gossipProfile,
 		JoinTimeout:         f.joinTimeout,
 		Ownership:           f.ownership,
+		RPCLimits:           f.rpcLimits(),
 	}
 	_ = setPeerPipes(f.peerPipes, &cfg) // checked by parseServeFlags
 	return cfg
+}
+
+// serveUsageText is serveUsage with the --grpc-* defaults filled in.
+func serveUsageText() string {
+	d := peer.RPCLimits{}.WithDefaults()
+	return fmt.Sprintf(serveUsage, d.MaxConns, d.MaxConnsPerIP, d.MaxStreams, d.IdleTimeout, d.KeepaliveTime, d.KeepaliveTimeout, d.MinPingInterval)
+}
+
+// checkRPCFlags checks the --grpc-* bounds as flags give them.
+func checkRPCFlags(l peer.RPCLimits) error {
+	switch {
+	case l.MaxConns < 0 || l.MaxConnsPerIP < 0:
+		return fmt.Errorf("--grpc-max-conns %d and --grpc-max-conns-per-ip %d must not be negative (0 disables)", l.MaxConns, l.MaxConnsPerIP)
+	case l.MaxStreams < 1 || l.MaxStreams > 1<<20:
+		return fmt.Errorf("--grpc-max-streams %d must be between 1 and %d", l.MaxStreams, 1<<20)
+	case l.IdleTimeout < 0:
+		return fmt.Errorf("--grpc-idle-timeout %v must not be negative (0 disables)", l.IdleTimeout)
+	case l.KeepaliveTime < time.Second:
+		return fmt.Errorf("--grpc-keepalive-time %v must be at least 1s", l.KeepaliveTime)
+	case l.KeepaliveTimeout <= 0 || l.MinPingInterval <= 0:
+		return fmt.Errorf("--grpc-keepalive-timeout %v and --grpc-min-ping-interval %v must be positive", l.KeepaliveTimeout, l.MinPingInterval)
+	}
+	return nil
+}
+
+// rpcLimits is the node's RPCLimits from the --grpc-* flags: their 0
+// ("disabled") is peer's negative.
+func (f serveFlags) rpcLimits() peer.RPCLimits {
+	l := f.rpc
+	for _, v := range []*int{&l.MaxConns, &l.MaxConnsPerIP} {
+		if *v == 0 {
+			*v = -1
+		}
+	}
+	if l.IdleTimeout == 0 {
+		l.IdleTimeout = -1
+	}
+	return l
 }
 
 // setPeerPipes sets cfg's peer transport from --peer-pipes.

@@ -37,6 +37,10 @@ func TestServeConfigErrors(t *testing.T) {
 		{"negative GC headroom", []string{"--gc-headroom", "-1"}, `invalid value "-1" for flag -gc-headroom`},
 		{"GC headroom past 1 TiB", []string{"--gc-headroom", "2000000"}, "--gc-headroom 2000000 MiB is more than 1 TiB"},
 		{"bad address", []string{"--gossip-addr", "nowhere", "--grpc-addr", "127.0.0.1:0", "--http-addr", ""}, "gossip address"},
+		{"negative max conns", []string{"--grpc-max-conns", "-1"}, "--grpc-max-conns -1 and --grpc-max-conns-per-ip 64 must not be negative (0 disables)"},
+		{"no streams", []string{"--grpc-max-streams", "0"}, "--grpc-max-streams 0 must be between 1 and"},
+		{"keepalive under a second", []string{"--grpc-keepalive-time", "500ms"}, "--grpc-keepalive-time 500ms must be at least 1s"},
+		{"negative idle timeout", []string{"--grpc-idle-timeout", "-1s"}, "--grpc-idle-timeout -1s must not be negative (0 disables)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
@@ -46,6 +50,37 @@ func TestServeConfigErrors(t *testing.T) {
 			}
 			if code := exitCode(err, io.Discard); code != 1 {
 				t.Errorf("serve %q: exit code %d, want 1", tc.args, code)
+			}
+		})
+	}
+}
+
+// TestServeRPCLimits checks that the --grpc-* flags reach the node's
+// RPCLimits: unset, peer's defaults; 0, no bound (peer's negative).
+func TestServeRPCLimits(t *testing.T) {
+	t.Parallel()
+	def := peer.RPCLimits{}.WithDefaults()
+	for _, tc := range []struct {
+		name string
+		args []string
+		want peer.RPCLimits
+	}{
+		{"defaults", nil, def},
+		{"set", []string{"--grpc-max-conns", "10", "--grpc-max-conns-per-ip", "3", "--grpc-max-streams", "7", "--grpc-idle-timeout", "1m",
+			"--grpc-keepalive-time", "2s", "--grpc-keepalive-timeout", "1s", "--grpc-min-ping-interval", "3s"},
+			peer.RPCLimits{MaxConns: 10, MaxConnsPerIP: 3, MaxStreams: 7, IdleTimeout: time.Minute, KeepaliveTime: 2 * time.Second,
+				KeepaliveTimeout: time.Second, MinPingInterval: 3 * time.Second}},
+		{"disabled", []string{"--grpc-max-conns", "0", "--grpc-max-conns-per-ip", "0", "--grpc-idle-timeout", "0"},
+			peer.RPCLimits{MaxConns: -1, MaxConnsPerIP: -1, MaxStreams: def.MaxStreams, IdleTimeout: -1, KeepaliveTime: def.KeepaliveTime,
+				KeepaliveTimeout: def.KeepaliveTimeout, MinPingInterval: def.MinPingInterval}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := parseServeFlags(tc.args, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := f.peerConfig(nil).RPCLimits; got != tc.want {
+				t.Fatalf("serve %q: RPCLimits %+v, want %+v", tc.args, got, tc.want)
 			}
 		})
 	}
