@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,10 +35,12 @@ func readdTables(r Replication) (with, without map[string]PolicyConfig) {
 	return with, without
 }
 
-// readdConfig is the tests' node config: short leases, so a takeover after
-// a crash waits about a second.
+// readdConfig is the tests' node config: that of the crash tests
+// (startCrashCluster), whose patient failure detection and default leases
+// keep a loaded machine running the race detector from ending live
+// members' holdings.
 func readdConfig(pols map[string]PolicyConfig) Config {
-	return Config{Policies: pols, LeaseDuration: time.Second}
+	return Config{Policies: pols, Gossip: hoGossip, ForwardTimeout: crashForwardTimeout}
 }
 
 // setPoliciesAll sets pols on every live node of c, in order.
@@ -79,9 +83,22 @@ func checkNoneAfterCrash(t *testing.T, c *cluster, holder *Node, key Key, what s
 		}
 	}
 	holder.KillForTest()
+	// Waited for here as well as in survivorAdmits, to say where the
+	// partition is if no survivor takes it over.
+	waitForWhy(t, 30*time.Second, "a survivor to decide the key", func() bool {
+		for _, nd := range rest {
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			_, err := nd.Peek(ctx, Request{Key: key})
+			cancel()
+			if err == nil {
+				return true
+			}
+		}
+		return false
+	}, func() string { return logState(c, key) })
 	admitted, unknown, by := survivorAdmits(t, rest, key, readdLimit, 30*time.Second)
 	if admitted > 0 {
-		t.Fatalf("%s: %d admitted before %s's crash, %d more by %s after it (%d of unknown outcome): %d in a window of %d",
+		t.Fatalf("%s: %d admitted before %s's crash, %d more through %s after it (%d of unknown outcome): %d in a window of %d",
 			what, readdLimit, holder.Name(), admitted, by.Name(), unknown, readdLimit+admitted, readdLimit)
 	}
 }
@@ -194,8 +211,19 @@ func TestReplicationRaised(t *testing.T) {
 				}
 			}
 			if got := replicationRaised(policy.New(tc.prev), policy.New(tc.next)); got != tc.want {
-				t.Fatalf("replicationRaised(%v, %v) = %v, want %v", tc.prev, tc.next, got, tc.want)
+				t.Fatalf("replicationRaised(%s, %s) = %v, want %v", replTable(tc.prev), replTable(tc.next), got, tc.want)
 			}
 		})
 	}
+}
+
+// replTable describes pols by what replicationRaised reads, sorted by
+// name: "o:off/sliding_log p:sync/token_bucket".
+func replTable(pols map[string]PolicyConfig) string {
+	var out []string
+	for name, p := range pols {
+		out = append(out, fmt.Sprintf("%s:%v/%v", name, p.Replication, p.Algorithm))
+	}
+	slices.Sort(out)
+	return "{" + strings.Join(out, " ") + "}"
 }
