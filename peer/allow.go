@@ -61,7 +61,10 @@ func (n *Node) Peek(ctx context.Context, req Request) (Decision, error) {
 // Refund gives back up to req.Hits units (zero means 1) of the key's
 // admissions still inside the window, newest first, never below empty, and
 // returns the key's new state (Reason ReasonRefunded; Allowed reports
-// whether anything was given back). For token_bucket it moves the bucket
+// whether anything was given back). Hits above the policy's limit (for
+// the key, overrides applied) is ErrInvalidHits and changes nothing: the
+// key never holds more. Any caller may refund any key's admissions; on
+// the public gRPC API Config.AuthorizeRefund says who may. For token_bucket it moves the bucket
 // back by that many units' worth, never past full; for fixed_window it
 // lowers the current window's count, never below zero. Decided by the
 // key's holder and replicated like an admission, but answered as done
@@ -221,7 +224,10 @@ func (n *Node) parseReqInto(r *opReq, op peerpb.Op, key Key, policies []string, 
 		return nil, err
 	}
 	r.p = r.p.ForKey(key.Tenant, key.Subject)
-	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK || op == peerpb.Op_OP_ACQUIRE || op == peerpb.Op_OP_RESERVE) && hits > r.p.Shard.Limit && !r.p.Unlimited {
+	// A refund past the limit is refused too: a key never holds more
+	// admissions than its limit, so more can only be a mistake or an
+	// attempt to empty it (issue 53: hits 2^63-1 with no credentials).
+	if (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_PEEK || op == peerpb.Op_OP_ACQUIRE || op == peerpb.Op_OP_RESERVE || op == peerpb.Op_OP_REFUND) && hits > r.p.Shard.Limit && !r.p.Unlimited {
 		return nil, fmt.Errorf("%w: hits %d must be between 1 and the limit %d", ErrInvalidHits, hits, r.p.Shard.Limit)
 	}
 	return ek, nil

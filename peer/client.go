@@ -222,8 +222,13 @@ func (c *Client) Peek(ctx context.Context, req Request) (Decision, error) {
 // Decision is the key's new state (Reason ReasonRefunded; Allowed reports
 // whether anything was given back). An error wrapping ErrUnavailable
 // leaves the refund's outcome unknown: do not refund again on it. A
-// concurrency policy is ErrWrongAlgorithm (use Release). Other errors are
-// Allow's.
+// concurrency policy is ErrWrongAlgorithm (use Release), hits above the
+// policy's limit ErrInvalidHits. A node that guards refunds
+// (Config.AuthorizeRefund; serve's --admin-token-file) refuses a call
+// without the credential it asks for with an Unauthenticated or
+// PermissionDenied status error, returned as it is: nothing was given
+// back. Send the credential with ClientConfig.DialOptions (for a bearer
+// token, grpc.WithPerRPCCredentials). Other errors are Allow's.
 func (c *Client) Refund(ctx context.Context, req Request) (Decision, error) {
 	resp, err := c.unary(ctx, req, 0, peerpb.RateLimiterClient.Refund)
 	if err != nil {

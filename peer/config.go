@@ -375,6 +375,16 @@ type Config struct {
 	// Node.Reset, called in-process, is not asked. cmd/ringlimit uses it
 	// for --admin-token-file.
 	AuthorizeReset func(ctx context.Context) error
+	// AuthorizeRefund, when not nil, is asked before each public
+	// RateLimiter.Refund call runs, as AuthorizeReset is before Reset. A
+	// refund gives back the newest admissions of a key whoever made them
+	// (nothing ties it to the caller that was admitted), so a client that
+	// may refund can undo its key's limit as a reset would, up to the
+	// limit at a time: guard it wherever clients must not. Nil leaves
+	// Refund open like the rest of the public API. Node.Refund, called
+	// in-process, is not asked. cmd/ringlimit uses it for
+	// --admin-token-file and --refund-token-file.
+	AuthorizeRefund func(ctx context.Context) error
 	// RPCLimits bounds the connections and calls clients (and peers)
 	// hold on the gRPC port, and closes idle and vanished connections;
 	// zero fields take their defaults (see RPCLimits).

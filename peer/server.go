@@ -270,8 +270,12 @@ func (s *publicServer) Peek(ctx context.Context, req *peerpb.AllowRequest) (*pee
 	return s.do(ctx, peerpb.Op_OP_PEEK, req)
 }
 
-// Refund gives back units of the key's admissions.
+// Refund gives back units of the key's admissions, once
+// Config.AuthorizeRefund (if set) allows the call.
 func (s *publicServer) Refund(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+	if err := authorize(ctx, s.n.cfg.AuthorizeRefund); err != nil {
+		return nil, err
+	}
 	return s.do(ctx, peerpb.Op_OP_REFUND, req)
 }
 
@@ -279,15 +283,27 @@ func (s *publicServer) Refund(ctx context.Context, req *peerpb.AllowRequest) (*p
 // Without it the public port is the guard: serve it with mutual TLS
 // wherever clients must not reset quotas.
 func (s *publicServer) Reset(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
-	if authorize := s.n.cfg.AuthorizeReset; authorize != nil {
-		if err := authorize(ctx); err != nil {
-			if _, ok := status.FromError(err); !ok {
-				err = status.Error(codes.PermissionDenied, err.Error())
-			}
-			return nil, err
-		}
+	if err := authorize(ctx, s.n.cfg.AuthorizeReset); err != nil {
+		return nil, err
 	}
 	return s.do(ctx, peerpb.Op_OP_RESET, req)
+}
+
+// authorize asks check (nil: anyone may) whether the call may run; its
+// refusal is the call's answer, a gRPC status (PermissionDenied when check
+// returned another error).
+func authorize(ctx context.Context, check func(context.Context) error) error {
+	if check == nil {
+		return nil
+	}
+	err := check(ctx)
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); !ok {
+		err = status.Error(codes.PermissionDenied, err.Error())
+	}
+	return err
 }
 
 // Acquire takes a lease of a concurrency policy.

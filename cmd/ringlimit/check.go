@@ -48,8 +48,10 @@ Flags:
                       policy admits, and only then recorded in all
   --hits N            cost of the request in units (default 1)
   --peek              ask what a check would decide now; records nothing
-  --refund N          give back up to N units of the key's admissions in
-                      the window, newest first (never below empty)
+  --refund N          give back up to N units (at most the policy's limit)
+                      of the key's admissions in the window, newest first
+                      (never below empty); a node with a token needs it
+                      (--admin-token-file)
   --reset             clear the key (an operator action). It needs
                       --admin-token-file (the token serve was started with),
                       or over gRPC a client certificate the node verifies
@@ -68,8 +70,10 @@ Flags:
                       recorded as overage); a reservation not pending
                       changes nothing: exit 0, "nothing to settle"
   --actual N          the actual cost for --settle (0 or more)
-  --admin-token-file PATH  bearer token for --reset, sent as Authorization:
-                      Bearer (also read from RINGLIMIT_ADMIN_TOKEN_FILE)
+  --admin-token-file PATH  bearer token for --reset and --refund (for
+                      --refund a --refund-token-file's token works too),
+                      sent as Authorization: Bearer (also read from
+                      RINGLIMIT_ADMIN_TOKEN_FILE)
   --json              print the answer as JSON (the HTTP API's body)
   --timeout D         overall deadline (default 5s)
   --tls-ca PATH       gRPC over TLS, trusting this CA
@@ -205,8 +209,8 @@ func parseCheckFlags(args []string, stdout, stderr io.Writer) (checkFlags, error
 		return f, usageError("check: --reset takes no --hits")
 	case len(f.policies) > 0 && (f.op == opRefund || f.op == opReset):
 		return f, usageError(fmt.Sprintf("check: --%s works on one --policy, not --policies", f.op))
-	case given["admin-token-file"] && !*reset:
-		return f, usageError("check: --admin-token-file is for --reset")
+	case given["admin-token-file"] && !*reset && !given["refund"]:
+		return f, usageError("check: --admin-token-file is for --reset and --refund")
 	case *reset && f.useHTTP && f.adminTokenFile == "":
 		return f, usageError("check: --reset over --http needs --admin-token-file (or RINGLIMIT_ADMIN_TOKEN_FILE)")
 	}
@@ -413,7 +417,7 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 	if f.op == opSettle {
 		req.LeaseId, req.Actual = f.reservationID, f.actual
 	}
-	if f.op == opReset && f.adminTokenFile != "" {
+	if (f.op == opReset || f.op == opRefund) && f.adminTokenFile != "" {
 		token, err := loadAdminToken(f.adminTokenFile)
 		if err != nil {
 			return checkResponse{}, err
@@ -440,9 +444,9 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 			return checkResponse{}, fmt.Errorf("unknown policy %s", msg)
 		case codes.Unauthenticated:
 			if f.adminTokenFile != "" {
-				return checkResponse{}, fmt.Errorf("the node refused the admin token in %s: %s", f.adminTokenFile, st.Message())
+				return checkResponse{}, fmt.Errorf("the node refused the %s in %s: %s", f.tokenWord(), f.adminTokenFile, st.Message())
 			}
-			return checkResponse{}, fmt.Errorf("the node refused the reset: give --admin-token-file (the token serve was started with): %s", st.Message())
+			return checkResponse{}, fmt.Errorf("the node refused the %s: give --admin-token-file (the token serve was started with): %s", f.op, st.Message())
 		case codes.InvalidArgument:
 			// The node's message names the problem (key or hits) once;
 			// peer.FromStatus would file both under "invalid key".
@@ -526,13 +530,22 @@ func clientCreds(caFile, certFile, keyFile, serverName string) (credentials.Tran
 	return credentials.NewTLS(cfg), nil
 }
 
+// tokenWord names the token --admin-token-file holds for f's operation:
+// a refund may be sent the refund token instead.
+func (f checkFlags) tokenWord() string {
+	if f.op == opRefund {
+		return "token"
+	}
+	return "admin token"
+}
+
 // checkHTTP posts to /v1/check (or /v1/peek, /v1/refund, /v1/reset) and
 // maps the status: 200 and 429 carry a decision, 503 is unavailability,
 // anything else an error with the body's message.
 func checkHTTP(ctx context.Context, f checkFlags) (checkResponse, error) {
 	cb := checkBody{Tenant: f.tenant, Subject: f.subject, Policy: f.policy, Policies: f.policies, Hits: f.hits}
 	var token []byte
-	if f.op == opReset {
+	if f.op == opReset || f.op == opRefund && f.adminTokenFile != "" {
 		var err error
 		if token, err = loadAdminToken(f.adminTokenFile); err != nil {
 			return checkResponse{}, err
@@ -588,7 +601,10 @@ func checkHTTP(ctx context.Context, f checkFlags) (checkResponse, error) {
 	case http.StatusServiceUnavailable:
 		return checkResponse{}, fmt.Errorf("%w: %s", peer.ErrUnavailable, out.Error)
 	case http.StatusUnauthorized:
-		return checkResponse{}, fmt.Errorf("HTTP 401: the node refused the admin token in %s", f.adminTokenFile)
+		if f.adminTokenFile == "" {
+			return checkResponse{}, fmt.Errorf("HTTP 401: the node refused the %s: give --admin-token-file (the token serve was started with)", f.op)
+		}
+		return checkResponse{}, fmt.Errorf("HTTP 401: the node refused the %s in %s", f.tokenWord(), f.adminTokenFile)
 	default:
 		msg := out.Error
 		if jerr != nil || msg == "" {

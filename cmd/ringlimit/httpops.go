@@ -80,8 +80,16 @@ func (a *httpAPI) release(w http.ResponseWriter, r *http.Request) { a.serveOp(w,
 func (a *httpAPI) reserve(w http.ResponseWriter, r *http.Request) { a.serveOp(w, r, opReserve) }
 func (a *httpAPI) settle(w http.ResponseWriter, r *http.Request)  { a.serveOp(w, r, opSettle) }
 
-func (a *httpAPI) peek(w http.ResponseWriter, r *http.Request)   { a.serveOp(w, r, opPeek) }
-func (a *httpAPI) refund(w http.ResponseWriter, r *http.Request) { a.serveOp(w, r, opRefund) }
+func (a *httpAPI) peek(w http.ResponseWriter, r *http.Request) { a.serveOp(w, r, opPeek) }
+
+// refund answers POST /v1/refund: 401 without the refund or admin token
+// when serve has either, else the key's new state.
+func (a *httpAPI) refund(w http.ResponseWriter, r *http.Request) {
+	if a.refundGuard != nil && !a.refundGuard.authorizeHTTP(w, r) {
+		return
+	}
+	a.serveOp(w, r, opRefund)
+}
 
 // reset answers POST /v1/reset: 404 unless serve has an admin token, 401
 // without the right bearer token, else the reset key's new (empty) state.
@@ -90,25 +98,26 @@ func (a *httpAPI) resetKey(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, errorResponse{Error: "/v1/reset is disabled: start serve with --admin-token-file to enable it"})
 		return
 	}
-	if !a.reset.bearerOK(r.Header.Get("Authorization")) {
-		a.reset.refuse("http", r.RemoteAddr)
-		w.Header().Set("WWW-Authenticate", `Bearer realm="ringlimit"`)
-		writeJSON(w, http.StatusUnauthorized, errorResponse{Error: "reset needs the admin token: send Authorization: Bearer <token from --admin-token-file>"})
+	if !a.reset.authorizeHTTP(w, r) {
 		return
 	}
 	a.serveOp(w, r, opReset)
 }
 
-// loadAdminToken reads the reset token: the file's content with
+// loadAdminToken reads the admin token: the file's content with
 // surrounding whitespace removed, which must not be empty.
-func loadAdminToken(path string) ([]byte, error) {
+func loadAdminToken(path string) ([]byte, error) { return loadToken("admin", path) }
+
+// loadToken reads the what token (admin, refund) from path, as
+// loadAdminToken does.
+func loadToken(what, path string) ([]byte, error) {
 	data, err := readSmallFile(path, 4096)
 	if err != nil {
-		return nil, fmt.Errorf("admin token: %w", err)
+		return nil, fmt.Errorf("%s token: %w", what, err)
 	}
 	tok := []byte(strings.TrimSpace(string(data)))
 	if len(tok) == 0 {
-		return nil, fmt.Errorf("admin token file %s is empty: write a long random secret into it", path)
+		return nil, fmt.Errorf("%s token file %s is empty: write a long random secret into it", what, path)
 	}
 	return tok, nil
 }

@@ -73,6 +73,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	envoySrv := new(*envoyrls.Server)
 	cfg.RegisterServices = func(s grpc.ServiceRegistrar, n *peer.Node) {
 		*envoySrv = envoyrls.New(n, envoy, nlog)
+		// Envoy's negative hits are refunds: the same guard (set below,
+		// before New calls this).
+		(*envoySrv).GuardRefunds(cfg.AuthorizeRefund)
 		(*envoySrv).Register(s)
 	}
 	if f.gossipKey != "" {
@@ -101,17 +104,29 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("serve: metrics: %w", err)
 	}
 
-	// One admin token guards Reset over HTTP and gRPC alike.
-	var reset *resetGuard
+	// One admin token guards Reset over HTTP and gRPC alike, and Refund
+	// with the refund token (tokenguard.go says why).
+	var reset, refund *tokenGuard
+	var admin, refundTok []byte
 	if f.adminTokenFile != "" {
-		token, err := loadAdminToken(f.adminTokenFile)
-		if err != nil {
+		if admin, err = loadAdminToken(f.adminTokenFile); err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
-		if reset, err = newResetGuard(token, nlog, reg); err != nil {
+		if reset, err = newResetGuard(admin, nlog, reg); err != nil {
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 		cfg.AuthorizeReset = reset.authorizeGRPC
+	}
+	if f.refundTokenFile != "" {
+		if refundTok, err = loadToken("refund", f.refundTokenFile); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
+	if admin != nil || refundTok != nil {
+		if refund, err = newRefundGuard(admin, refundTok, nlog, reg); err != nil {
+			return fmt.Errorf("serve: metrics: %w", err)
+		}
+		cfg.AuthorizeRefund = refund.authorizeGRPC
 	}
 
 	var httpLis net.Listener
@@ -143,7 +158,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("serve: start node: %w", err)
 	}
 
-	api := &httpAPI{node: node, pols: node, reg: reg, log: nlog, reset: reset}
+	api := &httpAPI{node: node, pols: node, reg: reg, log: nlog, reset: reset, refundGuard: refund}
 	var httpSrv *http.Server
 	httpErr := make(chan error, 1)
 	httpAddr := ""

@@ -77,9 +77,18 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         RateLimiter.Reset (metadata authorization: Bearer
                         <token>, or a client certificate the node verified
                         under --tls-*; without this flag gRPC Reset is open
-                        to whoever reaches the port). Refusals: 401 or
+                        to whoever reaches the port). Refund needs it too
+                        (or --refund-token-file's). Refusals: 401 or
                         Unauthenticated, a Warn (at most one per 10 s per
                         transport) and ringlimit_reset_refused_total
+                        (ringlimit_refund_refused_total)
+  --refund-token-file P file holding a bearer token that Refund accepts
+                        besides the admin token, for services that refund
+                        but must not reset. With either file, POST
+                        /v1/refund and gRPC RateLimiter.Refund need one of
+                        the tokens (or a verified client certificate), as
+                        Reset does: a refund gives back any caller's
+                        admissions. With neither, Refund is open
 
   --grpc-max-conns N    connections the gRPC port holds at once, peers'
                         included (each other member holds 3); one past it
@@ -136,11 +145,14 @@ duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
   POST /v1/peek       a check body -> what /v1/check would answer now,
                       reason "peek"; records nothing; always 200
   POST /v1/refund     {"tenant","subject","policy","hits"} gives back up to
-                      hits (default 1) of the key's admissions in the
-                      window, newest first, never below empty; 200 with the
-                      key's new state, reason "refunded" ("allowed" true),
-                      or "nothing_to_refund" ("allowed" false) when the key
-                      held no admissions to give back
+                      hits (default 1, at most the policy's limit: more is
+                      400 and changes nothing) of the key's admissions in
+                      the window, newest first, never below empty; 200 with
+                      the key's new state, reason "refunded" ("allowed"
+                      true), or "nothing_to_refund" ("allowed" false) when
+                      the key held no admissions to give back. Needs
+                      Authorization: Bearer <refund or admin token> when
+                      serve has either (401 without it)
   POST /v1/acquire    {"tenant","subject","policy","hits"} takes a lease of
                       a concurrency policy -> a /v1/check body plus
                       "lease_id" (a decimal string) and "lease_ttl_ms"; 200
@@ -177,7 +189,7 @@ type serveFlags struct {
 	tlsCert, tlsKey, tlsCA, tlsServerName                           string
 	logFormat, logLevel                                             string
 	peerPipes                                                       string
-	adminTokenFile                                                  string
+	adminTokenFile, refundTokenFile                                 string
 	gossipAdvertise, grpcAdvertise                                  string
 	drainTimeout, joinTimeout, joinRefresh, policiesPoll            time.Duration
 	gcHeadroomMiB                                                   uint64
@@ -219,6 +231,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "")
 	fs.StringVar(&f.logLevel, "log-level", "info", "")
 	fs.StringVar(&f.adminTokenFile, "admin-token-file", "", "")
+	fs.StringVar(&f.refundTokenFile, "refund-token-file", "", "")
 	fs.StringVar(&f.peerPipes, "peer-pipes", "framed", "")
 	def := peer.RPCLimits{}.WithDefaults()
 	fs.IntVar(&f.rpc.MaxConns, "grpc-max-conns", def.MaxConns, "")

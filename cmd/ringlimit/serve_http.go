@@ -36,7 +36,10 @@ type httpAPI struct {
 	draining atomic.Bool
 	// reset guards /v1/reset with the admin token; nil disables the
 	// endpoint (404).
-	reset *resetGuard
+	reset *tokenGuard
+	// refundGuard guards /v1/refund with the refund or admin token; nil
+	// leaves it open (serve has neither token).
+	refundGuard *tokenGuard
 }
 
 // policy returns the node's current entry for name (zero if unknown): the

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -53,21 +55,31 @@ const opsPolicies = `policies:
     limit: 2
     window: 1h
     algorithm: concurrency
+domains:
+  - domain: ops
+    descriptors:
+      - key: user
+        rate_limit: {unit: hour, requests_per_unit: 3}
 `
 
-const opsToken = "s3cret-admin-token"
+const (
+	opsToken       = "s3cret-admin-token"
+	opsRefundToken = "refund-only-token"
+)
 
-// opsCluster starts two serve processes with the admin token (a by flag, b
-// through RINGLIMIT_ADMIN_TOKEN_FILE) and waits until both see both and
-// keys have settled on their holders. It returns the nodes and the token
+// opsCluster starts two serve processes with the admin and refund tokens
+// (a by flag, b through RINGLIMIT_ADMIN_TOKEN_FILE and
+// RINGLIMIT_REFUND_TOKEN_FILE) and waits until both see both and keys
+// have settled on their holders. It returns the nodes and the admin token
 // file.
 func opsCluster(t *testing.T) ([]*serveProc, string) {
 	t.Helper()
 	dir := t.TempDir()
 	pols := writeFile(t, dir, "policies.yaml", opsPolicies)
 	tok := writeFile(t, dir, "admin-token", opsToken+"\n")
-	a := startServe(t, "ops-a", nil, "--policies", pols, "--admin-token-file", tok)
-	b := startServe(t, "ops-b", []string{"RINGLIMIT_ADMIN_TOKEN_FILE=" + tok}, "--policies", pols, "--join", a.gossipAddr)
+	rtok := writeFile(t, dir, "refund-token", opsRefundToken)
+	a := startServe(t, "ops-a", nil, "--policies", pols, "--admin-token-file", tok, "--refund-token-file", rtok)
+	b := startServe(t, "ops-b", []string{"RINGLIMIT_ADMIN_TOKEN_FILE=" + tok, "RINGLIMIT_REFUND_TOKEN_FILE=" + rtok}, "--policies", pols, "--join", a.gossipAddr)
 	nodes := []*serveProc{a, b}
 	waitMembers(t, nodes, 2)
 	waitSettled(t, nodes)
@@ -265,6 +277,8 @@ func TestServeOperations(t *testing.T) {
 	})
 
 	t.Run("refund gives back newest first, never below empty", func(t *testing.T) {
+		// Refunds need a token here: the refund token (or the admin one).
+		refund := []string{"Authorization", "Bearer " + opsRefundToken}
 		const subj = "refunder"
 		first := mustPost(t, a, "/v1/check", keyBody(subj, "big", 2))
 		want(t, "check 2", first, 200, map[string]any{"remaining": 3.0})
@@ -279,7 +293,7 @@ func TestServeOperations(t *testing.T) {
 		want(t, "check 1", second, 200, map[string]any{"remaining": 2.0})
 		tB := int64(second.body["decided_at_unix_ns"].(float64))
 
-		r := mustPost(t, a, "/v1/refund", keyBody(subj, "big", 1))
+		r := mustPost(t, a, "/v1/refund", keyBody(subj, "big", 1), refund...)
 		want(t, "refund 1", r, 200, map[string]any{"allowed": true, "reason": "refunded", "remaining": 3.0})
 		// What is left is the first admission: the state empties one hour
 		// after it, not after the second.
@@ -290,21 +304,62 @@ func TestServeOperations(t *testing.T) {
 		if ra > ifA+1 || ra >= ifB {
 			t.Errorf("after refunding 1: reset_after_ms %d, want about %d (the older admission left), not %d (the newer)", ra, ifA, ifB)
 		}
-		want(t, "refund 10", mustPost(t, b, "/v1/refund", keyBody(subj, "big", 10)), 200,
+		want(t, "refund the limit", mustPost(t, b, "/v1/refund", keyBody(subj, "big", 5), refund...), 200,
 			map[string]any{"allowed": true, "reason": "refunded", "remaining": 5.0, "reset_after_ms": 0.0})
-		want(t, "refund on empty", mustPost(t, a, "/v1/refund", keyBody(subj, "big", 0)), 200,
+		want(t, "refund on empty", mustPost(t, a, "/v1/refund", keyBody(subj, "big", 0), "Authorization", "Bearer "+opsToken), 200,
 			map[string]any{"allowed": false, "reason": "nothing_to_refund", "remaining": 5.0})
 		want(t, "check", mustPost(t, a, "/v1/check", keyBody(subj, "big", 0)), 200, map[string]any{"remaining": 4.0})
-		want(t, "refund, hits absent means 1", mustPost(t, b, "/v1/refund", keyBody(subj, "big", 0)), 200,
+		want(t, "refund, hits absent means 1", mustPost(t, b, "/v1/refund", keyBody(subj, "big", 0), refund...), 200,
 			map[string]any{"allowed": true, "remaining": 5.0})
 		for _, tc := range []struct{ name, body, errPart string }{
 			{"policies", multiBody(subj, "big", "day"), `/v1/refund takes one "policy"`},
 			{"hits 0", `{"tenant":"acme","subject":"x","policy":"big","hits":0}`, "invalid hits 0"},
+			{"hits past the limit", keyBody(subj, "big", 6), "invalid hits 6: must be between 1 and the policy's limit 5"},
 		} {
-			r := mustPost(t, a, "/v1/refund", tc.body)
+			r := mustPost(t, a, "/v1/refund", tc.body, refund...)
 			if msg, _ := r.body["error"].(string); r.status != 400 || !strings.Contains(msg, tc.errPart) {
 				t.Errorf("refund %s: %d %s, want 400 with %q", tc.name, r.status, r.raw, tc.errPart)
 			}
+		}
+	})
+
+	t.Run("refund needs a token and the limit", func(t *testing.T) {
+		// Issue 53: after 5 admitted and a refusal, a refund of 2^63-1
+		// with no credentials answered 200 and undid all five.
+		const subj = "refund-victim"
+		for i := range 6 {
+			r := mustPost(t, nodes[i%2], "/v1/check", keyBody(subj, "big", 0))
+			if wantStatus := map[bool]int{true: 200, false: 429}[i < 5]; r.status != wantStatus {
+				t.Fatalf("check %d: %d %s, want %d", i+1, r.status, r.raw, wantStatus)
+			}
+		}
+		huge := `{"tenant":"acme","subject":"` + subj + `","policy":"big","hits":9223372036854775807}`
+		for _, tc := range []struct {
+			name   string
+			body   string
+			hdr    []string
+			status int
+		}{
+			{"no token", huge, nil, 401},
+			{"wrong token", keyBody(subj, "big", 1), []string{"Authorization", "Bearer nope"}, 401},
+			{"huge hits with the token", huge, []string{"Authorization", "Bearer " + opsRefundToken}, 400},
+		} {
+			for _, p := range nodes {
+				r := mustPost(t, p, "/v1/refund", tc.body, tc.hdr...)
+				if r.status != tc.status {
+					t.Errorf("refund %s on %s: %d %s, want %d", tc.name, p.name, r.status, r.raw, tc.status)
+				}
+			}
+		}
+		want(t, "check after the refused refunds", mustPost(t, b, "/v1/check", keyBody(subj, "big", 0)), 429, nil)
+		// The refund token opens refunds only.
+		if r := mustPost(t, a, "/v1/reset", keyBody(subj, "big", 0), "Authorization", "Bearer "+opsRefundToken); r.status != 401 {
+			t.Errorf("reset with the refund token: %d %s, want 401", r.status, r.raw)
+		}
+		want(t, "refund with the refund token", mustPost(t, a, "/v1/refund", keyBody(subj, "big", 2), "Authorization", "Bearer "+opsRefundToken), 200,
+			map[string]any{"allowed": true, "reason": "refunded", "remaining": 2.0})
+		if !strings.Contains(a.logText(), "refund refused: missing or wrong refund or admin token") {
+			t.Errorf("a logged no refused refund:\n%s", a.logText())
 		}
 	})
 
@@ -453,8 +508,44 @@ func TestServeOperations(t *testing.T) {
 		if rs[0].GetResponse() == nil || rs[3].GetResponse() == nil || codes.Code(rs[1].GetCode()) != codes.NotFound || codes.Code(rs[2].GetCode()) != codes.InvalidArgument {
 			t.Errorf("AllowBatch results: %v", rs)
 		}
-		if resp, err := rl.Refund(ctx, &peerpb.AllowRequest{Key: key("big"), Hits: 1}); err != nil || resp.GetRemaining() != 4 || !resp.GetAllowed() {
-			t.Errorf("Refund: %v, %v; want remaining 4", resp, err)
+		// Refund: the token guards it on gRPC too, and hits past the
+		// limit are refused whoever asks.
+		for _, tc := range []struct {
+			name string
+			auth string
+			hits int64
+			code codes.Code
+		}{
+			{"no token", "", 1, codes.Unauthenticated},
+			{"wrong token", "Bearer nope", 1, codes.Unauthenticated},
+			{"huge hits", "Bearer " + opsRefundToken, 1<<63 - 1, codes.InvalidArgument},
+		} {
+			rctx := ctx
+			if tc.auth != "" {
+				rctx = metadata.AppendToOutgoingContext(ctx, "authorization", tc.auth)
+			}
+			if resp, err := rl.Refund(rctx, &peerpb.AllowRequest{Key: key("big"), Hits: tc.hits}); status.Code(err) != tc.code {
+				t.Errorf("Refund with %s: %v, %v; want %v", tc.name, resp, err, tc.code)
+			}
+		}
+		if resp, err := rl.Refund(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+opsToken), &peerpb.AllowRequest{Key: key("big"), Hits: 1}); err != nil || resp.GetRemaining() != 4 || !resp.GetAllowed() {
+			t.Errorf("Refund with the admin token: %v, %v; want remaining 4", resp, err)
+		}
+		// Envoy's negative hits are refunds: the same guard.
+		rls := rlsv3.NewRateLimitServiceClient(conn)
+		user := func(negative bool) *rlsv3.RateLimitRequest {
+			return &rlsv3.RateLimitRequest{Domain: "ops", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+				{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u"}}, IsNegativeHits: negative}}}
+		}
+		if _, err := rls.ShouldRateLimit(ctx, user(false)); err != nil {
+			t.Errorf("Envoy check: %v", err)
+		}
+		if _, err := rls.ShouldRateLimit(ctx, user(true)); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("Envoy refund without a token: %v, want Unauthenticated", err)
+		}
+		r, err := rls.ShouldRateLimit(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+opsRefundToken), user(true))
+		if err != nil || r.GetStatuses()[0].GetLimitRemaining() != 3 {
+			t.Errorf("Envoy refund with the refund token: %v, %v; want 3 remaining", r, err)
 		}
 		// The admin token guards gRPC Reset too (it reset the key for
 		// a caller with no credentials at all).
@@ -513,10 +604,13 @@ func TestServeOperations(t *testing.T) {
 			{"grpc peek", append(g, "--policy", "small", "--peek"), 0, []string{"WOULD BE ALLOWED", "remaining    0"}, nil},
 			{"http peek hits 2", append(h, "--policy", "small", "--peek", "--hits", "2"), 2, []string{"WOULD BE REFUSED"}, nil},
 			{"grpc multi refused", append(g, "--policies", "big,small", "--hits", "2"), 2, []string{"REFUSED", "refused_by   small"}, nil},
-			{"http refund", append(h, "--policy", "small", "--refund", "1", "--json"), 0, nil, map[string]any{"reason": "refunded", "remaining": 2.0}},
-			{"grpc refund", append(g, "--policy", "small", "--refund", "5"), 0, []string{"REFUNDED", "remaining    3"}, nil},
-			{"grpc refund nothing", append(g, "--policy", "small", "--refund", "1"), 0, []string{"NOTHING TO REFUND", "reason       nothing_to_refund"}, nil},
-			{"http refund nothing json", append(h, "--policy", "small", "--refund", "1", "--json"), 0, nil, map[string]any{"allowed": false, "reason": "nothing_to_refund", "remaining": 3.0}},
+			{"http refund without token", append(h, "--policy", "small", "--refund", "1"), 1, []string{"HTTP 401", "refused the refund: give --admin-token-file"}, nil},
+			{"grpc refund without token", append(g, "--policy", "small", "--refund", "1"), 1, []string{"the node refused the refund: give --admin-token-file"}, nil},
+			{"http refund", append(h, "--policy", "small", "--refund", "1", "--json", "--admin-token-file", tokFile), 0, nil, map[string]any{"reason": "refunded", "remaining": 2.0}},
+			{"grpc refund past the limit", append(g, "--policy", "small", "--refund", "4", "--admin-token-file", tokFile), 1, []string{"hits 4 must be between 1 and the limit 3"}, nil},
+			{"grpc refund", append(g, "--policy", "small", "--refund", "3", "--admin-token-file", tokFile), 0, []string{"REFUNDED", "remaining    3"}, nil},
+			{"grpc refund nothing", append(g, "--policy", "small", "--refund", "1", "--admin-token-file", tokFile), 0, []string{"NOTHING TO REFUND", "reason       nothing_to_refund"}, nil},
+			{"http refund nothing json", append(h, "--policy", "small", "--refund", "1", "--json", "--admin-token-file", tokFile), 0, nil, map[string]any{"allowed": false, "reason": "nothing_to_refund", "remaining": 3.0}},
 			{"grpc reset without token", append(g, "--policy", "big", "--reset"), 1, []string{"the node refused the reset: give --admin-token-file"}, nil},
 			{"grpc reset wrong token", append(g, "--policy", "big", "--reset", "--admin-token-file", badTok), 1, []string{"the node refused the admin token in " + badTok}, nil},
 			{"grpc reset", append(g, "--policy", "big", "--reset", "--admin-token-file", tokFile), 0, []string{"RESET", "remaining    5"}, nil},

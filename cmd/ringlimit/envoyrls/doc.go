@@ -37,7 +37,13 @@
 //     leaf's limit is OVER_LIMIT (it can never fit).
 //   - is_negative_hits: the descriptor's hits are given back (Node.Refund,
 //     newest admissions first, never below empty); its status is OK with
-//     the key's new state.
+//     the key's new state. A refund undoes anyone's admissions, so when
+//     the server guards refunds (Server.GuardRefunds; serve does once it
+//     has an admin or refund token), a request with such a descriptor is
+//     refused whole (the guard's status, Unauthenticated, and nothing
+//     decided) unless the guard allows the call: send the token as Envoy's
+//     grpc_service initial_metadata (authorization: Bearer <token>), or a
+//     client certificate the node verifies.
 //   - Descriptors of one request with the same entry values (so the same
 //     tenant and subject), the same cost and the same shadow_mode are
 //     decided atomically (peer.Request.Policies): either every one of them

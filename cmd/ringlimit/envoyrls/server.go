@@ -45,6 +45,9 @@ type Server struct {
 	l   Limiter
 	t   atomic.Pointer[Table] // replaced whole by SetTable
 	log *slog.Logger
+	// authorizeRefund, when not nil, is asked before a request with a
+	// negative-hits descriptor is decided (GuardRefunds).
+	authorizeRefund func(ctx context.Context) error
 }
 
 // New returns a server deciding with l by table t; log may be nil
@@ -56,6 +59,14 @@ func New(l Limiter, t *Table, log *slog.Logger) *Server {
 	s := &Server{l: l, log: log}
 	s.t.Store(t)
 	return s
+}
+
+// GuardRefunds makes every request with an is_negative_hits descriptor
+// ask authorize first: a non-nil error (a gRPC status, such as
+// Unauthenticated) is the request's answer, and nothing of it is
+// decided. Nil lets anyone refund. Call it before the server serves.
+func (s *Server) GuardRefunds(authorize func(ctx context.Context) error) {
+	s.authorizeRefund = authorize
 }
 
 // SetTable replaces the table for every call that starts afterwards (a
@@ -127,6 +138,12 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			refunds = append(refunds, it)
 		} else {
 			allows = append(allows, it)
+		}
+	}
+	if len(refunds) > 0 && s.authorizeRefund != nil {
+		// Before anything is decided: a refused request changes nothing.
+		if err := s.authorizeRefund(ctx); err != nil {
+			return nil, err
 		}
 	}
 	// The limited descriptors' statuses, built by allow and refund; the

@@ -109,3 +109,64 @@ func TestEnvoyKeys(t *testing.T) {
 		t.Errorf("long policy name is %d bytes, want 128", len(got))
 	}
 }
+
+// counting is a Limiter that records what it was asked and admits all.
+type counting struct{ allows, refunds int }
+
+func (c *counting) Allow(context.Context, peer.Request) (peer.Decision, error) {
+	c.allows++
+	return peer.Decision{Allowed: true, Limit: 5, Remaining: 4}, nil
+}
+func (c *counting) Peek(ctx context.Context, r peer.Request) (peer.Decision, error) {
+	return c.Allow(ctx, r)
+}
+func (c *counting) Refund(context.Context, peer.Request) (peer.Decision, error) {
+	c.refunds++
+	return peer.Decision{Allowed: true, Limit: 5, Remaining: 5}, nil
+}
+
+// TestEnvoyGuardRefunds checks GuardRefunds: a request with a negative-hits
+// descriptor is refused whole with the guard's status, its other
+// descriptors undecided too, unless the guard allows it; a request
+// without one is never asked about.
+func TestEnvoyGuardRefunds(t *testing.T) {
+	t.Parallel()
+	tab, err := Compile([]Domain{{Name: "d", Descriptors: []Descriptor{{Key: "k", Limit: &Limit{Requests: 5, Window: time.Minute}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc := func(v string, negative bool) *ratelimitv3.RateLimitDescriptor {
+		return &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: v}}, IsNegativeHits: negative}
+	}
+	type allowKey struct{}
+	for _, tc := range []struct {
+		name           string
+		descs          []*ratelimitv3.RateLimitDescriptor
+		allowed        bool // the guard's answer
+		code           codes.Code
+		allows, refund int
+	}{
+		{"refund refused", []*ratelimitv3.RateLimitDescriptor{desc("a", true), desc("b", false)}, false, codes.Unauthenticated, 0, 0},
+		{"refund allowed", []*ratelimitv3.RateLimitDescriptor{desc("a", true), desc("b", false)}, true, codes.OK, 1, 1},
+		{"no refund, never asked", []*ratelimitv3.RateLimitDescriptor{desc("b", false)}, false, codes.OK, 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := &counting{}
+			s := New(l, tab, nil)
+			s.GuardRefunds(func(ctx context.Context) error {
+				if ctx.Value(allowKey{}) != nil {
+					return nil
+				}
+				return status.Error(codes.Unauthenticated, "refund needs a token")
+			})
+			ctx := context.Background()
+			if tc.allowed {
+				ctx = context.WithValue(ctx, allowKey{}, true)
+			}
+			_, err := s.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "d", Descriptors: tc.descs})
+			if status.Code(err) != tc.code || l.allows != tc.allows || l.refunds != tc.refund {
+				t.Fatalf("ShouldRateLimit = %v with %d allows and %d refunds; want %v, %d and %d", err, l.allows, l.refunds, tc.code, tc.allows, tc.refund)
+			}
+		})
+	}
+}

@@ -66,3 +66,53 @@ func TestResetGuard(t *testing.T) {
 		t.Errorf("%d warnings for 3 refusals within %v, want 1 naming the caller:\n%s", n, resetWarnEvery, logs.String())
 	}
 }
+
+// TestRefundGuard checks which tokens open Refund: the refund token or the
+// admin token when both are set, the one set otherwise; Reset's guard
+// never takes the refund token. Refusals are counted under the refund's
+// own counter and name what to send.
+func TestRefundGuard(t *testing.T) {
+	t.Parallel()
+	bearer := func(tok string) context.Context {
+		return metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer "+tok))
+	}
+	for _, tc := range []struct {
+		name          string
+		admin, refund []byte
+		ok, refused   []string
+		send          string
+	}{
+		{"both", []byte("adm"), []byte("ref"), []string{"adm", "ref"}, []string{"nope", "adm2"}, "--refund-token-file or --admin-token-file"},
+		{"admin only", []byte("adm"), nil, []string{"adm"}, []string{"ref", "nope"}, "--admin-token-file"},
+		{"refund only", nil, []byte("ref"), []string{"ref"}, []string{"adm", "nope"}, "--refund-token-file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			g, err := newRefundGuard(tc.admin, tc.refund, slog.New(slog.DiscardHandler), reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tok := range tc.ok {
+				if err := g.authorizeGRPC(bearer(tok)); err != nil {
+					t.Errorf("refund with %q: %v, want allowed", tok, err)
+				}
+			}
+			for _, tok := range tc.refused {
+				err := g.authorizeGRPC(bearer(tok))
+				if status.Code(err) != codes.Unauthenticated || !strings.Contains(status.Convert(err).Message(), tc.send) {
+					t.Errorf("refund with %q: %v, want Unauthenticated naming %s", tok, err, tc.send)
+				}
+			}
+			if got := testutil.ToFloat64(g.refused.WithLabelValues("grpc")); got != float64(len(tc.refused)) {
+				t.Errorf("ringlimit_refund_refused_total{transport=grpc} = %v, want %d", got, len(tc.refused))
+			}
+		})
+	}
+	reset, err := newResetGuard([]byte("adm"), slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reset.authorizeGRPC(bearer("ref")); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("reset with the refund token: %v, want Unauthenticated", err)
+	}
+}
