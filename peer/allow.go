@@ -525,6 +525,9 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		if errors.Is(err, shard.ErrInvalidHits) {
 			return decided, nil, fmt.Errorf("%w: %w", ErrInvalidHits, err)
 		}
+		if errors.Is(err, shard.ErrCapacity) {
+			return decided, nil, n.capacityReached(pid, err)
+		}
 		return decided, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	var ri *replItem

@@ -415,8 +415,16 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics receives counters and timings. Nil means none.
 	Metrics Metrics
-	// Store bounds local state (stripes, MaxKeys); zero fields take shard's
-	// defaults.
+	// Store bounds local state; zero fields take shard's defaults.
+	// MaxKeys is the most keys this node holds, its partitions' and its
+	// backup copies' together: each of the ring's partitions may hold
+	// MaxKeys/PartitionCount keys (at least 64) on whichever member holds
+	// or backs it up, so every partition's copy fits on every member with
+	// the same value. The cluster thus holds at most MaxKeys distinct keys
+	// (when its keys spread evenly) whatever its size: raise it with the
+	// keys, not with the members. A new key past its partition's share is
+	// ErrCapacity; keys held are still decided. Zero means shard's default
+	// for each partition (1 048 576: no practical bound).
 	Store shard.Config
 	// SweepInterval is how often idle keys are reclaimed. Zero means 10 s.
 	SweepInterval time.Duration

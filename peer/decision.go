@@ -77,13 +77,18 @@ const (
 	// granted it (a spread key, PolicyConfig.Spread); Remaining is the
 	// rights this node has left, not the key's.
 	ReasonSpread
+	// ReasonCapacity labels, in metrics and HTTP bodies, a request refused
+	// because its key's holder had no room for a new key (fail closed).
+	// Like ReasonUnavailable it is never in a Decision: the error wraps
+	// ErrCapacity.
+	ReasonCapacity
 )
 
-var reasonNames = [...]string{"", "admitted", "over_limit", "shadow", "failed_open", "fallback", "unavailable", "peek", "refunded", "reset", "unlimited", "released", "settled", "spread"}
+var reasonNames = [...]string{"", "admitted", "over_limit", "shadow", "failed_open", "fallback", "unavailable", "peek", "refunded", "reset", "unlimited", "released", "settled", "spread", "capacity"}
 
 // String returns the reason's stable name: admitted, over_limit, shadow,
 // failed_open, fallback, unavailable, peek, refunded, reset, unlimited,
-// released or settled.
+// released, settled, spread or capacity.
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) && r != 0 {
 		return reasonNames[r]

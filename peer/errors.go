@@ -4,6 +4,18 @@ import (
 	"errors"
 )
 
+// capacityError is a request's error when its key's holder has no room for
+// a new key: ErrCapacity and ErrUnavailable, with the store's cause. Its
+// message starts with ErrCapacity's text, which is how it crosses a
+// forward (fromWire).
+type capacityError struct{ cause error }
+
+func (e *capacityError) Error() string {
+	return ErrCapacity.Error() + ": the key's holder has no room for a new key (keys it holds are still decided)"
+}
+
+func (e *capacityError) Unwrap() []error { return []error{ErrCapacity, ErrUnavailable, e.cause} }
+
 var (
 	// ErrUnavailable is returned by Allow when the key's owner could not be
 	// reached in time and the policy fails closed. It is never "over limit":
@@ -34,6 +46,12 @@ var (
 	// concurrency policy (use Acquire and Release), or Acquire or Release
 	// on any other policy.
 	ErrWrongAlgorithm = errors.New("peer: operation does not apply to the policy")
+	// ErrCapacity is returned when the key's holder has no room for a new
+	// key (Config.Store.MaxKeys; serve's --max-keys): keys it holds are
+	// still decided. The error also wraps ErrUnavailable (the limiter
+	// could not decide), so the policy's OnUnavailable applies: fail
+	// closed returns it, fail open admits. It is never over limit.
+	ErrCapacity = errors.New("peer: key capacity reached")
 	// ErrDuplicateName is returned by New when another live member already
 	// uses the node's name.
 	ErrDuplicateName = errors.New("peer: duplicate member name")

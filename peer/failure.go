@@ -98,7 +98,11 @@ func (n *Node) onUnavailable(p *policy.Entry, key Key, hits int64, cause error) 
 		n.metrics.Decision(p.Name, ReasonFallback, PathLocal)
 		return d, nil
 	default:
-		n.metrics.Decision(p.Name, ReasonUnavailable, PathLocal)
+		reason := ReasonUnavailable
+		if errors.Is(cause, ErrCapacity) {
+			reason = ReasonCapacity
+		}
+		n.metrics.Decision(p.Name, reason, PathLocal)
 		if errors.Is(cause, ErrUnavailable) {
 			return Decision{}, cause
 		}
@@ -155,6 +159,14 @@ func (n *Node) fallbackPolicy(p *policy.Entry) shard.Policy {
 		sp.Limit = max(1, p.Shard.Limit/int64(max(1, n.view.Load().snap.Len())))
 	}
 	return sp
+}
+
+// capacityReached is the error of a request for a new key that partition
+// pid's store has no room for (shard.ErrCapacity), warned about (throttled)
+// on the holder, where the operator can act.
+func (n *Node) capacityReached(pid int, cause error) error {
+	n.warnThrottled("key capacity reached: new keys refused", "partition", pid, "max_keys", n.cfg.Store.MaxKeys)
+	return &capacityError{cause: cause}
 }
 
 // warnThrottled logs a degraded-service warning at most once per second per

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -551,6 +552,16 @@ func fromWire(d *wire.Decision, peer string) (Decision, error) {
 		return Decision{}, fmt.Errorf("%w: %s: %s", ErrInvalidKey, peer, d.Err)
 	case peerpb.Status_STATUS_UNKNOWN_POLICY:
 		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnknownPolicy, peer, d.Err)
+	case peerpb.Status_STATUS_UNAVAILABLE:
+		if strings.HasPrefix(d.Err, ErrCapacity.Error()+":") {
+			// The wire has no status of its own for a full holder
+			// (TODO(issue 53): STATUS_CAPACITY when the proto is next
+			// regenerated); the holder's message starts with the
+			// sentinel's text (capacityError), as FromStatus reads
+			// InvalidArgument's.
+			return Decision{}, &capacityError{cause: fmt.Errorf("%s: %s", peer, d.Err)}
+		}
+		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnavailable, peer, d.Err)
 	default:
 		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnavailable, peer, d.Err)
 	}

@@ -103,6 +103,9 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		if errors.Is(err, shard.ErrWrongAlgorithm) {
 			return Decision{}, decided, nil, fmt.Errorf("%w: %w", ErrWrongAlgorithm, err)
 		}
+		if errors.Is(err, shard.ErrCapacity) {
+			return Decision{}, decided, nil, n.capacityReached(pid, err)
+		}
 		if errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidHits) || errors.Is(err, ErrWrongAlgorithm) || errors.Is(err, ErrUnavailable) {
 			return Decision{}, decided, nil, err
 		}

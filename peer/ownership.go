@@ -73,12 +73,15 @@ func (n *Node) logTakeovers(all bool) {
 func (n *Node) rpcTimeout() time.Duration { return max(10*n.cfg.ForwardTimeout, 5*time.Second) }
 
 // newPartStore returns an empty store for one partition's keys. MaxKeys is
-// shared out: each partition may hold twice its even share.
+// shared out evenly: each partition may hold MaxKeys/partitions keys (at
+// least 64), on whichever member holds or backs it up, so that a member
+// holds at most MaxKeys keys however many partitions it has (Config.Store)
+// and any partition's copy fits on any member.
 func (n *Node) newPartStore() *shard.Store {
 	cfg := n.cfg.Store
 	cfg.Stripes = partStripes
 	if cfg.MaxKeys > 0 {
-		cfg.MaxKeys = max(64, 2*cfg.MaxKeys/len(n.pt.parts))
+		cfg.MaxKeys = max(64, cfg.MaxKeys/len(n.pt.parts))
 	}
 	st, err := shard.NewStore(cfg)
 	if err != nil {

@@ -20,13 +20,14 @@ var statusTable = []struct {
 	{ErrUnknownPolicy, codes.NotFound},
 	{ErrWrongAlgorithm, codes.InvalidArgument},
 	{ErrClosed, codes.Unavailable},
+	{ErrCapacity, codes.ResourceExhausted}, // before ErrUnavailable, which it wraps too
 	{ErrUnavailable, codes.Unavailable},
 	{errNotOwner, codes.FailedPrecondition},
 }
 
 // ToStatus converts an error from Allow into a gRPC status error carrying
-// the matching code (Unavailable, InvalidArgument, NotFound) and the
-// message. The sentinel decides the code even when the error also wraps a
+// the matching code (Unavailable, ResourceExhausted for ErrCapacity,
+// InvalidArgument, NotFound) and the message. The sentinel decides the code even when the error also wraps a
 // gRPC status: a forward that timed out is ErrUnavailable wrapping the
 // transport's DeadlineExceeded, and its caller must see Unavailable. An
 // error that wraps no sentinel but is a status (an interceptor's
@@ -49,7 +50,8 @@ func ToStatus(err error) error {
 // FromStatus converts a gRPC status error returned by the RateLimiter
 // service back into an error wrapping the matching sentinel, for clients of
 // a ringlimit server: Unavailable (and any transport failure) wraps
-// ErrUnavailable, NotFound ErrUnknownPolicy, and InvalidArgument
+// ErrUnavailable, ResourceExhausted ErrCapacity (and ErrUnavailable),
+// NotFound ErrUnknownPolicy, and InvalidArgument
 // ErrWrongAlgorithm (an Allow or Refund of a concurrency policy, an Acquire
 // or Release of another), ErrInvalidHits (hits beyond the policy's limit)
 // or else ErrInvalidKey.
@@ -79,6 +81,8 @@ func FromStatus(err error) error {
 		return wrap(ErrInvalidKey)
 	case codes.NotFound:
 		return wrap(ErrUnknownPolicy)
+	case codes.ResourceExhausted:
+		return &capacityError{cause: errors.New(st.Message())}
 	case codes.OK:
 		return nil
 	default:

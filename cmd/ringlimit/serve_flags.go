@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 const serveUsage = `Usage: ringlimit serve [flags]
@@ -48,6 +49,13 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
   --tls-ca PATH         dialed by address, so certificates need IP SANs unless
   --tls-server-name N   --tls-server-name names the SAN to verify instead
   --drain-timeout D     how long shutdown may take to hand off keys (default 10s)
+  --max-keys N          the most keys this node holds (its partitions' and
+                        backup copies together; each partition holds at
+                        most N/partitions wherever it is, so the cluster
+                        holds at most N distinct keys); a new key past it
+                        is refused as capacity (gRPC ResourceExhausted,
+                        HTTP 503 reason "capacity"), never as over limit;
+                        0 disables (default %d)
   --gc-headroom MIB     the garbage collector lets the heap grow by at least
                         this many MiB between collections (by the live
                         heap when that is larger, as Go's default): fewer
@@ -193,6 +201,7 @@ type serveFlags struct {
 	gossipAdvertise, grpcAdvertise                                  string
 	drainTimeout, joinTimeout, joinRefresh, policiesPoll            time.Duration
 	gcHeadroomMiB                                                   uint64
+	maxKeys                                                         int
 	// rpc holds the --grpc-* bounds as flags give them: 0 disables the
 	// connection bounds and the idle timeout (peerConfig maps that to
 	// peer's "no bound").
@@ -225,6 +234,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "")
 	fs.Uint64Var(&f.gcHeadroomMiB, "gc-headroom", 64, "")
+	fs.IntVar(&f.maxKeys, "max-keys", defaultMaxKeys, "")
 	fs.DurationVar(&f.joinTimeout, "join-timeout", 30*time.Second, "")
 	fs.DurationVar(&f.joinRefresh, "join-refresh", 30*time.Second, "")
 	fs.DurationVar(&f.policiesPoll, "policies-poll", 5*time.Second, "")
@@ -258,6 +268,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	}
 	if f.drainTimeout <= 0 || f.joinTimeout <= 0 {
 		return f, usageError("serve: --drain-timeout and --join-timeout must be positive")
+	}
+	if f.maxKeys < 0 {
+		return f, usageError(fmt.Sprintf("serve: --max-keys %d must not be negative (0 disables)", f.maxKeys))
 	}
 	if f.gcHeadroomMiB > 1<<20 {
 		return f, usageError(fmt.Sprintf("serve: --gc-headroom %d MiB is more than 1 TiB", f.gcHeadroomMiB))
@@ -304,15 +317,22 @@ func (f serveFlags) peerConfig(log *slog.Logger) peer.Config {
 		JoinTimeout:         f.joinTimeout,
 		Ownership:           f.ownership,
 		RPCLimits:           f.rpcLimits(),
+		Store:               shard.Config{MaxKeys: f.maxKeys},
 	}
 	_ = setPeerPipes(f.peerPipes, &cfg) // checked by parseServeFlags
 	return cfg
 }
 
+// defaultMaxKeys is --max-keys' default. A million plain keys took 390 MB
+// of heap (600 MB RSS) on a node that held them all (more for sliding
+// logs of many runs); before it, one client with no credentials could
+// grow a node's keys without bound (issue 53: 1 048 576 a partition).
+const defaultMaxKeys = 1_000_000
+
 // serveUsageText is serveUsage with the --grpc-* defaults filled in.
 func serveUsageText() string {
 	d := peer.RPCLimits{}.WithDefaults()
-	return fmt.Sprintf(serveUsage, d.MaxConns, d.MaxConnsPerIP, d.MaxStreams, d.IdleTimeout, d.KeepaliveTime, d.KeepaliveTimeout, d.MinPingInterval)
+	return fmt.Sprintf(serveUsage, defaultMaxKeys, d.MaxConns, d.MaxConnsPerIP, d.MaxStreams, d.IdleTimeout, d.KeepaliveTime, d.KeepaliveTimeout, d.MinPingInterval)
 }
 
 // checkRPCFlags checks the --grpc-* bounds as flags give them.

@@ -41,6 +41,7 @@ func TestServeConfigErrors(t *testing.T) {
 		{"no streams", []string{"--grpc-max-streams", "0"}, "--grpc-max-streams 0 must be between 1 and"},
 		{"keepalive under a second", []string{"--grpc-keepalive-time", "500ms"}, "--grpc-keepalive-time 500ms must be at least 1s"},
 		{"negative idle timeout", []string{"--grpc-idle-timeout", "-1s"}, "--grpc-idle-timeout -1s must not be negative (0 disables)"},
+		{"negative max keys", []string{"--max-keys", "-5"}, "--max-keys -5 must not be negative (0 disables)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
@@ -83,6 +84,24 @@ func TestServeRPCLimits(t *testing.T) {
 				t.Fatalf("serve %q: RPCLimits %+v, want %+v", tc.args, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestServeMaxKeysFlag checks that --max-keys reaches the node's
+// Store.MaxKeys: a million unless given, 0 for none.
+func TestServeMaxKeysFlag(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{{nil, 1_000_000}, {[]string{"--max-keys", "5000"}, 5000}, {[]string{"--max-keys", "0"}, 0}} {
+		f, err := parseServeFlags(tc.args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := f.peerConfig(nil).Store.MaxKeys; got != tc.want {
+			t.Errorf("serve %q: Store.MaxKeys %d, want %d", tc.args, got, tc.want)
+		}
 	}
 }
 

@@ -245,14 +245,20 @@ func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
 		// cause (addresses, refused connections) stays in the node's own
 		// logs; the text claims a timeout only when there was one.
 		msg := "rate limiter unavailable: could not get a decision from the key's owner"
+		reason := peer.ReasonUnavailable
 		switch {
 		case errors.Is(err, peer.ErrClosed):
 			msg = "rate limiter unavailable: node is shutting down"
+		case errors.Is(err, peer.ErrCapacity):
+			// Not over limit, and not a failure to reach the owner: the
+			// owner holds its most keys (--max-keys) and refuses new ones.
+			msg = "rate limiter at capacity: the key's holder holds its most keys (serve --max-keys) and refuses new ones; keys it holds are still decided"
+			reason = peer.ReasonCapacity
 		case errors.Is(err, context.DeadlineExceeded):
 			msg = "rate limiter unavailable: the key's owner could not decide in time"
 		}
 		a.log.Debug("check unavailable", "policy", strings.Join(names, ","), "err", err)
-		body := checkResponse{Reason: peer.ReasonUnavailable.String(), Error: msg,
+		body := checkResponse{Reason: reason.String(), Error: msg,
 			RetryAfterMs: httplimit.UnavailableRetryAfter.Milliseconds()}
 		var pols []string
 		for _, name := range names {
@@ -274,7 +280,7 @@ func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
 		h.Del("RateLimit")
 		if len(pols) > 0 {
 			h.Set("RateLimit-Policy", strings.Join(pols, ", "))
-			h.Set("RateLimit-Reason", peer.ReasonUnavailable.String())
+			h.Set("RateLimit-Reason", reason.String())
 		}
 		return http.StatusServiceUnavailable, body
 	default:

@@ -64,8 +64,9 @@
 //     answers.
 //   - When ringlimit cannot decide (peer.ErrUnavailable, or the node is
 //     closing), ShouldRateLimit returns gRPC status Unavailable, so Envoy's
-//     failure_mode_deny decides. Decisions already made for other groups of
-//     the same request stay recorded.
+//     failure_mode_deny decides; ResourceExhausted when the key's holder
+//     has no room for a new key (peer.ErrCapacity). Decisions already made
+//     for other groups of the same request stay recorded.
 //   - Optional response headers (Domain.ResponseHeaders): RateLimit-Policy
 //     and RateLimit in the IETF draft's form, one item per limited
 //     descriptor, in response_headers_to_add.

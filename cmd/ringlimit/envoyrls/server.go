@@ -375,6 +375,9 @@ func currentLimit(rl *rlsv3.RateLimitResponse_RateLimit, mult *wrapperspb.UInt32
 // otherwise (a generated key or policy the node refused: a bug).
 func (s *Server) grpcError(err error) error {
 	switch {
+	case errors.Is(err, peer.ErrCapacity):
+		s.log.Debug("envoy rls at capacity", "err", err)
+		return status.Error(codes.ResourceExhausted, "ringlimit: key capacity reached: the key's holder refuses new keys (serve --max-keys)")
 	case errors.Is(err, peer.ErrUnavailable), errors.Is(err, peer.ErrClosed):
 		s.log.Debug("envoy rls unavailable", "err", err)
 		return status.Error(codes.Unavailable, "ringlimit: rate limiter unavailable: could not get a decision from the key's owner")
