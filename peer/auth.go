@@ -45,6 +45,13 @@ func (n *Node) setupAuth() {
 	if n.ops.auth.Open() {
 		n.log.Warn("peer RPCs are not authenticated: anyone who reaches the gRPC port can decide, hand off and read limiter state; set Config.PeerSecret (or GossipKey), or require client certificates")
 	}
+	if n.cfg.ServerTLS != nil && len(n.cfg.GossipKey) == 0 {
+		// TLS covers gRPC only: without a key anyone who reaches the
+		// gossip port can join memberlist, read every member's addresses
+		// and, with the fingerprint copied, be placed on the ring and make
+		// every member unready (issue 53 item 4).
+		n.log.Warn("gossip is not encrypted: TLS secures gRPC, not gossip; anyone who reaches the gossip port can join the member list; set Config.GossipKey (serve --gossip-key)")
+	}
 }
 
 // rpcAuthServerOptions are the gRPC server's interceptors that check the

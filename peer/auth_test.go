@@ -152,6 +152,39 @@ func TestAuthOpenWarns(t *testing.T) {
 	}
 }
 
+// TestTLSWithoutGossipKeyWarns checks the start-up warning for a node
+// whose gRPC has TLS but whose gossip has no key (issue 53 item 4: a
+// stranger joined memberlist and was placed on the ring), and its absence
+// once a key is set.
+func TestTLSWithoutGossipKeyWarns(t *testing.T) {
+	server, client, _ := testMutualTLS(t)
+	for _, tc := range []struct {
+		name string
+		key  []byte
+		warn bool
+	}{{"no gossip key", nil, true}, {"gossip key", []byte("0123456789abcdef"), false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			tap, log := newLogTap(t)
+			warned := tap.on("gossip is not encrypted: TLS secures gRPC, not gossip; anyone who reaches the gossip port can join the member list; set Config.GossipKey (serve --gossip-key)", nil)
+			nd, err := New(context.Background(), Config{ServerTLS: server, ClientTLS: client, GossipKey: tc.key, Logger: log})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nd.Close(context.Background())
+			select {
+			case <-warned:
+				if !tc.warn {
+					t.Fatal("warned about unencrypted gossip although a key is set")
+				}
+			default:
+				if tc.warn {
+					t.Fatal("no warning about unencrypted gossip under TLS")
+				}
+			}
+		})
+	}
+}
+
 // TestAuthorizeReset checks that Config.AuthorizeReset guards the public
 // RateLimiter.Reset (it used to answer anyone who reached the port): a
 // refused call resets nothing and gets the hook's status, or
