@@ -32,6 +32,20 @@ type Config struct {
 	// then finish instead of being begun again forever. Zero means
 	// 16·Retry.
 	MaxCopyWait time.Duration
+	// EmptyAfter is how long a vacant partition waits for its Last member
+	// (the one with its state) before the leader may grant it empty
+	// while Last is only out of reach (an aged grant): at least the
+	// longest window any of the partition's keys counts in, plus the
+	// longest lease of a grant of rights, with the clock-rate margin.
+	// Every admission Last made was made before its lease ended, and the
+	// vacancy began after that, so once EmptyAfter has passed since, on
+	// any member's clock, none of them counts in any window and empty is
+	// the partition's state. Zero: never; the partition waits for Last
+	// (or for Last to be gone for good: a later incarnation runs, or it
+	// left). SetEmptyAfter changes it.
+	EmptyAfter time.Duration
+	// Mutation breaks one rule, for the simulator's mutation tests only.
+	Mutation Mutation
 }
 
 // HolderShare is the part of Liveness a member counts on for itself,
@@ -76,6 +90,13 @@ type View struct {
 	// later incarnation of the same member runs. Their records are ended
 	// for good once expired.
 	Gone []string
+	// Failed are incarnations gossip has given up on (failed for longer
+	// than its FailedMemberTimeout) with no later incarnation running.
+	// They may only be cut off, with the state of partitions that wait
+	// for them: a long split is one fault. Their records are ended for
+	// good once expired and no vacancy waits for them; a vacancy that
+	// does waits for them until EmptyAfter.
+	Failed []string
 }
 
 // ActionKind names what the driver must do.
@@ -164,6 +185,10 @@ type Counters struct {
 	Restarts    int // partitions granted to this member empty after being lost
 	// CopyTimeouts counts copies this member gave up waiting for.
 	CopyTimeouts int
+	// Aged counts partitions granted to this member empty by an aged
+	// grant: their Last was out of reach for longer than EmptyAfter, so
+	// nothing was lost.
+	Aged int
 }
 
 // Machine is one member's side of the ownership protocol: it takes events
@@ -198,22 +223,36 @@ type Machine struct {
 	// proposed is when the leader last proposed a command, so that it
 	// proposes each at most once per Retry.
 	proposed map[Command]int64
+	// vacantAt is, per partition, when this member applied the command
+	// that left it vacant (or restored a table in which it was): the
+	// start of the wait for an aged grant (EmptyAfter).
+	vacantAt []int64
+	// emptyAfter is Config.EmptyAfter, ns, as SetEmptyAfter last set it.
+	emptyAfter int64
 }
 
 // New returns the machine of one member for a table of partitions.
 func New(cfg Config, partitions int) *Machine {
 	cfg.defaults()
+	t := NewTable(partitions)
+	t.mut = cfg.Mutation
 	return &Machine{
 		cfg:   cfg,
-		table: NewTable(partitions),
+		table: t,
 		sent:  map[uint64]int64{},
 		seen:  map[string]*seen{},
 		parts: make([]local, partitions),
 
-		proposed: map[Command]int64{},
+		proposed:   map[Command]int64{},
+		vacantAt:   make([]int64, partitions),
+		emptyAfter: int64(cfg.EmptyAfter),
 		copyWait: int64(cfg.Retry),
 	}
 }
+
+// SetEmptyAfter changes Config.EmptyAfter (the driver's longest window
+// or grant lease changed with its policy table).
+func (m *Machine) SetEmptyAfter(d time.Duration) { m.emptyAfter = int64(d) }
 
 // CopyWait returns how long a copy may take now.
 func (m *Machine) CopyWait() time.Duration { return time.Duration(m.copyWait) }
@@ -243,7 +282,7 @@ func (m *Machine) Gen() uint64 { return m.gen }
 // Liveness from now: while no leader committed anything (an election)
 // nobody could extend, and ending everyone then would only churn.
 func (m *Machine) SetLeader(leader bool, now int64) {
-	if leader && !m.leader {
+	if leader && !m.leader && m.cfg.Mutation != MutRestoredNoWait {
 		for _, s := range m.seen {
 			s.at = max(s.at, now)
 		}
@@ -261,7 +300,18 @@ func (m *Machine) SetView(v View) { m.gen++; m.view = v }
 // allocates nothing and is the only question the decision path asks.
 func (m *Machine) MayDecide(p int, now int64) bool {
 	l := &m.parts[p]
+	if m.cfg.Mutation != MutNone {
+		return m.mutMayDecide(l, now) && m.table.Holds(m.cfg.ID, p)
+	}
 	return now < m.liveUntil && l.have && l.fence == fenceNone && !l.recopy && m.table.Holds(m.cfg.ID, p)
+}
+
+// mutMayDecide is MayDecide's own part (the table's aside) with the
+// rule Config.Mutation breaks left out.
+func (m *Machine) mutMayDecide(l *local, now int64) bool {
+	lease := now < m.liveUntil || m.cfg.Mutation == MutLeaseIgnored
+	settled := l.fence == fenceNone && !l.recopy || m.cfg.Mutation == MutFenceIgnored
+	return lease && l.have && settled
 }
 
 // Standing is what one partition's record and this member's own state of
@@ -286,9 +336,13 @@ func (m *Machine) Standings(now int64, fn func(p int, pt *Partition, s Standing)
 		holds := live && pt.Holder == self && pt.HolderEpoch == e
 		held := holds || pt.Holder == "" && pt.Last == self
 		copy := l.copyFrom != "" && l.copyFrom != self && l.copyEpoch == pt.Epoch && pt.Holder != self && pt.Backup != self
+		may := lease && l.have && l.fence == fenceNone && !l.recopy && holds
+		if m.cfg.Mutation != MutNone {
+			may = m.mutMayDecide(l, now) && holds
+		}
 		fn(p, pt, Standing{
 			Have:   l.have,
-			May:    lease && l.have && l.fence == fenceNone && !l.recopy && holds,
+			May:    may,
 			Held:   held,
 			Backed: !held && (pt.Backup == self || copy),
 		})
@@ -400,7 +454,7 @@ func (m *Machine) Holder(p int) string { return m.table.Parts[p].Holder }
 // the holder then answers unavailable rather than report it replicated.
 func (m *Machine) AcceptReplica(p int, from string, epoch uint64) bool {
 	pt := m.table.Parts[p]
-	return pt.Backup == m.cfg.ID && pt.Holder == from && pt.Epoch == epoch && m.parts[p].have
+	return pt.Backup == m.cfg.ID && pt.Holder == from && (pt.Epoch == epoch || m.cfg.Mutation == MutReplicaAnyEpoch) && m.parts[p].have
 }
 
 // OfferCopy reports whether a complete copy of p from a holder, tagged
@@ -414,11 +468,18 @@ func (m *Machine) OfferCopy(p int, from string, epoch, seq uint64) bool {
 	if m.table.Parts[p].Holder == m.cfg.ID {
 		return false
 	}
-	if l.copyFrom == from && (epoch < l.copyEpoch || epoch == l.copyEpoch && seq <= l.copySeq) {
-		return epoch == l.copyEpoch && seq == l.copySeq // a duplicate: acknowledge again
-	}
-	if epoch < m.table.Parts[p].Epoch {
-		return false
+	if m.cfg.Mutation != MutCopyAnyEpoch {
+		// A copy older than the partition's epoch is refused first: a
+		// duplicate of the copy a SetBackup named, delivered after it,
+		// would otherwise be installed again over the admissions
+		// replicated since (the simulator's duplicating network found
+		// it).
+		if epoch < m.table.Parts[p].Epoch {
+			return false
+		}
+		if l.copyFrom == from && (epoch < l.copyEpoch || epoch == l.copyEpoch && seq <= l.copySeq) {
+			return epoch == l.copyEpoch && seq == l.copySeq // a duplicate: acknowledge again
+		}
 	}
 	l.copyFrom, l.copyEpoch, l.copySeq = from, epoch, seq
 	// A copy replaces whatever this member kept: it backs nothing until a
@@ -442,6 +503,10 @@ func (m *Machine) Apply(c Command, now int64) []Action {
 	if c.Kind == End {
 		snapshot = slices.Clone(before)
 	}
+	var lastBefore string
+	if c.Kind == Grant && c.P >= 0 && c.P < len(before) {
+		lastBefore = before[c.P].Last
+	}
 	err := m.table.Apply(c)
 	var acts []Action
 	switch c.Kind {
@@ -458,7 +523,16 @@ func (m *Machine) Apply(c Command, now int64) []Action {
 		m.seen[c.Member].extended = now
 		if c.Member == m.cfg.ID {
 			if at, ok := m.sent[c.Seq]; ok {
-				m.liveUntil = max(m.liveUntil, at+int64(float64(m.cfg.Liveness)*HolderShare))
+				share := HolderShare
+				switch m.cfg.Mutation {
+				case MutHolderShareWhole:
+					share = 1
+				case MutHolderLeaseTriple:
+					share = 3
+				case MutLeaseFromApply:
+					at = now
+				}
+				m.liveUntil = max(m.liveUntil, at+int64(float64(m.cfg.Liveness)*share))
 			}
 			for s := range m.sent {
 				if s <= c.Seq {
@@ -494,13 +568,24 @@ func (m *Machine) Apply(c Command, now int64) []Action {
 				// change that never committed: the holder was fenced from
 				// that copy on, and after a failed copy to its backup it
 				// decides again only once a new copy is the backup's.
-				if old.Backup == m.cfg.ID && (l.have || l.copyFrom == old.Holder && l.copyEpoch == old.Epoch) {
+				// The copy may also be from an earlier epoch of the same
+				// holding: a re-copy whose SetBackup lost to a Keep. A
+				// holder copies to its current backup only when it owes
+				// a re-copy, and decides again only once a SetBackup
+				// names a newer copy (which would have made it ours); so
+				// it decided nothing since but what the backup refused
+				// (answered unavailable under sync; in flight under
+				// async, within that policy's bound; off never counts).
+				if old.Backup == m.cfg.ID && (l.have || l.copyFrom == old.Holder) {
 					l.have = true
 					m.count.Takeovers++
 				} else {
 					m.count.MissingCopy++
 					l.have = false
 				}
+			}
+			if old.Holder != "" && cur.Holder == "" {
+				m.vacantAt[p] = now
 			}
 			if old.Holder == m.cfg.ID && cur.Holder != m.cfg.ID {
 				// Vacant with us as its Last: our state is kept for a
@@ -565,10 +650,17 @@ func (m *Machine) Apply(c Command, now int64) []Action {
 				}
 				l.have = true
 				l.copyFrom, l.copyEpoch, l.copySeq = "", 0, 0
-				if c.Epoch > 0 {
+				switch {
+				case c.Ended:
+					m.count.Aged++
+				case c.Epoch > 0:
 					m.count.Restarts++
 				}
 				acts = append(acts, Action{Kind: Reset, P: c.P})
+			} else if err == nil && lastBefore == m.cfg.ID {
+				// Granted to another (aged, or after this incarnation
+				// ended for good): what we kept is no one's state now.
+				l.have = false
 			}
 		}
 	}
@@ -630,9 +722,20 @@ func (m *Machine) Restored(t *Table, now int64) []Action {
 		}
 	}
 	m.table = t.Clone()
+	m.table.mut = m.cfg.Mutation
 	clear(m.seen)
 	for id := range m.table.Members {
 		m.noteRecord(id, now)
+		if m.cfg.Mutation == MutRestoredNoWait {
+			m.seen[id].at = now - int64(m.cfg.Liveness)
+		}
+	}
+	for p, pt := range m.table.Parts {
+		if pt.Holder == "" {
+			// When it became vacant is not in the table: count from
+			// now, which is later.
+			m.vacantAt[p] = now
+		}
 	}
 	return acts
 }
@@ -654,6 +757,16 @@ func (m *Machine) emptyFresh(t *Table, p int) bool {
 func (m *Machine) expired(id string, now int64) bool {
 	s := m.seen[id]
 	return s != nil && now-s.at >= int64(m.cfg.Liveness)
+}
+
+// endable reports whether the leader may end id's liveness: expired, as
+// every member counts it (MutLeaderEndsEarly counts 0.8 of it).
+func (m *Machine) endable(id string, now int64) bool {
+	if m.cfg.Mutation == MutLeaderEndsEarly {
+		s := m.seen[id]
+		return s != nil && now-s.at >= int64(m.cfg.Liveness)*4/5
+	}
+	return m.expired(id, now)
 }
 
 // Fresh reports whether member id is live in the table and extended
@@ -852,10 +965,15 @@ func (m *Machine) lead(now int64, acts []Action) []Action {
 	for _, id := range ids {
 		rec := m.table.Members[id]
 		s := m.seen[id]
-		if rec.Ended || s == nil || !m.expired(id, now) {
+		if rec.Ended || s == nil || !m.endable(id, now) {
 			continue
 		}
-		gone := slices.Contains(m.view.Gone, id)
+		// Gone for good: it left, or a later incarnation runs. One that
+		// gossip has only given up on (Failed) may come back with its
+		// state, so it is ended for good only once it holds, backs and
+		// is remembered by nothing (ended first, its holdings would
+		// wait for it as their Last).
+		gone := slices.Contains(m.view.Gone, id) || slices.Contains(m.view.Failed, id) && !m.remembers(id) && !m.mattersEnded(id)
 		if !gone && !m.mattersEnded(id) {
 			continue
 		}
@@ -866,13 +984,24 @@ func (m *Machine) lead(now int64, acts []Action) []Action {
 			continue
 		}
 		to := ""
+		aged := false
 		if pt.Last != "" {
 			if _, live := m.table.Live(pt.Last); live {
 				if m.fresh(pt.Last, now) {
 					e, _ := m.table.Live(pt.Last)
 					acts = m.propose(acts, Command{Kind: Grant, Member: pt.Last, P: p, Epoch: pt.Epoch, To: pt.Last, ToEpoch: e}, now)
+					continue
 				}
-				continue
+				// Out of reach: wait for it, unless the vacancy has
+				// outlasted every window its state could count in.
+				waited := m.emptyAfter > 0 && now-m.vacantAt[p] >= m.emptyAfter
+				if m.cfg.Mutation == MutAgedGrantEarly {
+					waited = m.expired(pt.Last, now)
+				}
+				if !waited {
+					continue
+				}
+				aged = true
 			}
 		}
 		if p < len(m.view.Target) && m.fresh(m.view.Target[p], now) {
@@ -891,7 +1020,11 @@ func (m *Machine) lead(now int64, acts []Action) []Action {
 			continue
 		}
 		e, _ := m.table.Live(to)
-		acts = m.propose(acts, Command{Kind: Grant, P: p, Epoch: pt.Epoch, To: to, ToEpoch: e}, now)
+		c := Command{Kind: Grant, P: p, Epoch: pt.Epoch, To: to, ToEpoch: e}
+		if aged {
+			c.Ended, c.Version = true, m.table.Members[pt.Last].Version
+		}
+		acts = m.propose(acts, c, now)
 	}
 	for _, id := range m.view.Members {
 		if m.table.Members[id] == nil && !slices.Contains(m.view.Gone, id) {
@@ -899,6 +1032,17 @@ func (m *Machine) lead(now int64, acts []Action) []Action {
 		}
 	}
 	return acts
+}
+
+// remembers reports whether the table still counts on id's state: a
+// vacancy waits for it.
+func (m *Machine) remembers(id string) bool {
+	for _, pt := range m.table.Parts {
+		if pt.Holder == "" && pt.Last == id {
+			return true
+		}
+	}
+	return false
 }
 
 // mattersEnded reports whether ending id changes anything: it holds or

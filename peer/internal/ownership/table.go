@@ -42,6 +42,11 @@ type Partition struct {
 	// its last state was lost (both its holder and its backup gone: a
 	// double fault). The founding grant does not count.
 	Restarts uint64
+	// Aged counts the times the partition was restarted empty while its
+	// Last member was only out of reach, once the vacancy had lasted
+	// longer than any of its state could count in a window (an aged
+	// grant, see Grant): nothing was lost.
+	Aged uint64
 	// Fresh: the current holding (or, while vacant, the last one) began
 	// with an empty grant, possibly ended and granted back to the same
 	// member since, and no state was handed to another member. A member
@@ -66,6 +71,9 @@ type Partition struct {
 type Table struct {
 	Members map[string]*Liveness
 	Parts   []Partition
+	// mut breaks one rule for the simulator's mutation tests (never set
+	// in a real member; not part of the replicated state).
+	mut Mutation
 }
 
 // NewTable returns an empty table of n partitions, all vacant.
@@ -75,7 +83,7 @@ func NewTable(n int) *Table {
 
 // Clone returns a deep copy.
 func (t *Table) Clone() *Table {
-	c := &Table{Members: make(map[string]*Liveness, len(t.Members)), Parts: slices.Clone(t.Parts)}
+	c := &Table{Members: make(map[string]*Liveness, len(t.Members)), Parts: slices.Clone(t.Parts), mut: t.mut}
 	for id, l := range t.Members {
 		lc := *l
 		c.Members[id] = &lc
@@ -129,7 +137,12 @@ const (
 	SetBackup
 	// Grant gives vacant partition P (at Epoch) to To at ToEpoch: to its
 	// Last member with that member's state, or, when Last is "" (the
-	// founding) or gone for good, empty (a restart, counted).
+	// founding) or gone for good, empty (a restart, counted). With Ended
+	// set it is an aged grant: empty, to anyone, while Last is only out
+	// of reach, once the vacancy outlasted every window its state could
+	// count in; Version names Last's record version its proposer saw
+	// expire, so an extension of Last applied in between refuses it (Last
+	// came back with its state: it is granted the partition instead).
 	Grant
 )
 
@@ -153,7 +166,7 @@ type Command struct {
 	P       int
 	To      string
 	ToEpoch uint64
-	Ended   bool // End: the incarnation is gone for good
+	Ended   bool // End: the incarnation is gone for good; Grant: an aged grant
 }
 
 func (c Command) String() string {
@@ -171,6 +184,9 @@ func (c Command) String() string {
 	case SetBackup:
 		return fmt.Sprintf("set-backup p%d@%d %s backup %s", c.P, c.Epoch, c.Member, c.To)
 	case Grant:
+		if c.Ended {
+			return fmt.Sprintf("aged grant p%d@%d to %s@%d (last v%d)", c.P, c.Epoch, c.To, c.ToEpoch, c.Version)
+		}
 		return fmt.Sprintf("grant p%d@%d to %s@%d", c.P, c.Epoch, c.To, c.ToEpoch)
 	}
 	return c.Kind.String()
@@ -217,10 +233,12 @@ func (t *Table) Apply(c Command) error {
 		l.Version++
 	case End:
 		l := t.Members[c.Member]
-		if l == nil || l.Ended || l.Epoch != c.Epoch || l.Version != c.Version {
+		if l == nil || l.Ended || l.Epoch != c.Epoch || l.Version != c.Version && t.mut != MutEndIgnoresVersion {
 			return refused("end %s at epoch %d version %d: the record moved on", c.Member, c.Epoch, c.Version)
 		}
-		l.Epoch++
+		if t.mut != MutEndKeepsEpoch {
+			l.Epoch++
+		}
 		l.Ended = c.Ended
 		for p := range t.Parts {
 			pt := &t.Parts[p]
@@ -245,7 +263,7 @@ func (t *Table) Apply(c Command) error {
 		}
 	case Move:
 		pt := &t.Parts[c.P]
-		if pt.Epoch != c.Epoch || !t.Holds(c.Member, c.P) {
+		if pt.Epoch != c.Epoch && t.mut != MutMoveIgnoresEpoch || !t.Holds(c.Member, c.P) {
 			return refused("move p%d at epoch %d: the partition moved on", c.P, c.Epoch)
 		}
 		if e, ok := t.Live(c.To); !ok || e != c.ToEpoch || c.To == c.Member {
@@ -263,7 +281,7 @@ func (t *Table) Apply(c Command) error {
 		pt.Epoch++
 	case SetBackup:
 		pt := &t.Parts[c.P]
-		if pt.Epoch != c.Epoch || !t.Holds(c.Member, c.P) {
+		if pt.Epoch != c.Epoch && t.mut != MutSetBackupIgnoresEpoch || !t.Holds(c.Member, c.P) {
 			return refused("set-backup p%d at epoch %d: the partition moved on", c.P, c.Epoch)
 		}
 		if _, ok := t.Live(c.To); !ok || c.To == c.Member {
@@ -280,13 +298,19 @@ func (t *Table) Apply(c Command) error {
 		if e, ok := t.Live(c.To); !ok || e != c.ToEpoch {
 			return refused("grant p%d to %s at epoch %d: not current", c.P, c.To, c.ToEpoch)
 		}
-		if pt.Last != "" {
-			if _, live := t.Live(pt.Last); live && (c.To != pt.Last || c.Member != pt.Last) {
-				return refused("grant p%d to %s: its state is on %s", c.P, c.To, pt.Last)
+		last := t.Members[pt.Last]
+		live := last != nil && !last.Ended
+		switch {
+		case c.Ended:
+			if pt.Last == "" || !live || c.Member != "" || last.Version != c.Version && t.mut != MutAgedGrantIgnoresVersion {
+				return refused("aged grant p%d: its last member %s moved on", c.P, pt.Last)
 			}
-			if c.To != pt.Last {
-				pt.Restarts++
-			}
+			pt.Aged++
+		case pt.Last == "":
+		case live && (c.To != pt.Last || c.Member != pt.Last) && t.mut != MutGrantIgnoresLast:
+			return refused("grant p%d to %s: its state is on %s", c.P, c.To, pt.Last)
+		case c.To != pt.Last:
+			pt.Restarts++
 		}
 		pt.Fresh = c.Member == "" || pt.Fresh && c.Member == pt.Last
 		pt.Holder, pt.HolderEpoch, pt.Backup, pt.Last = c.To, c.ToEpoch, "", ""

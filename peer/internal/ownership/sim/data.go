@@ -48,7 +48,22 @@ func (s *sim) gossip() {
 				}
 			}
 		}
-		v := ownership.View{Members: view, Gone: slices.Clone(s.gone), Target: make([]string, s.o.Partitions), Second: make([]string, s.o.Partitions)}
+		// Failed: not heard from for FailedAfter (crashed, or cut off:
+		// gossip cannot tell), and not gone for good.
+		gone := slices.Clone(s.gone)
+		var failed []string
+		for _, y := range s.all {
+			at, ok := x.heard[y.id]
+			if !ok || s.now-at < int64(s.o.FailedAfter) || slices.Contains(s.gone, y.id) {
+				continue
+			}
+			if s.o.Mutation == MutFailedIsGone {
+				gone = append(gone, y.id)
+			} else {
+				failed = append(failed, y.id)
+			}
+		}
+		v := ownership.View{Members: view, Gone: gone, Failed: failed, Target: make([]string, s.o.Partitions), Second: make([]string, s.o.Partitions)}
 		for p := range s.o.Partitions {
 			var best, second string
 			var bh, sh uint64
@@ -111,7 +126,7 @@ func (s *sim) client(c int) {
 	// The client sits beside its entry member: a request reaches it
 	// unless it is down, and the answer comes back on the same path.
 	s.deliver(entry, func() {
-		entry.handle(key, 0, func(out history.Outcome, owner string, epoch uint64) {
+		entry.handle(key, i, 0, func(out history.Outcome, owner string, epoch uint64) {
 			s.deliver(entry, func() { finish(out, owner, epoch) })
 		})
 	})
@@ -119,11 +134,11 @@ func (s *sim) client(c int) {
 
 // handle decides for key if this member may, else forwards it once to
 // the holder its table names.
-func (m *member) handle(key string, hops int, reply func(history.Outcome, string, uint64)) {
+func (m *member) handle(key string, op, hops int, reply func(history.Outcome, string, uint64)) {
 	s := m.s
 	p := s.partition(key)
 	if m.mayDecide(p) {
-		m.decide(p, key, reply)
+		m.decide(p, key, op, reply)
 		return
 	}
 	if hops == 0 && s.o.Spread && key == s.keys[0] {
@@ -138,7 +153,7 @@ func (m *member) handle(key string, hops int, reply func(history.Outcome, string
 		return
 	}
 	s.send(m, h, func() {
-		h.handle(key, hops+1, func(out history.Outcome, owner string, epoch uint64) {
+		h.handle(key, op, hops+1, func(out history.Outcome, owner string, epoch uint64) {
 			s.send(h, m, func() { reply(out, owner, epoch) })
 		})
 	})
@@ -147,8 +162,6 @@ func (m *member) handle(key string, hops int, reply func(history.Outcome, string
 func (m *member) mayDecide(p int) bool {
 	s := m.s
 	switch s.o.Mutation {
-	case MutNoLease:
-		return m.own.Table().Holds(m.id, p)
 	case MutGossipTakeover:
 		t := m.own.Table().Parts[p]
 		if t.Backup == m.id {
@@ -161,14 +174,23 @@ func (m *member) mayDecide(p int) bool {
 }
 
 // decide is the sliding log's decision at the member's clock, clamped per
-// key so it never runs backward; an admission of a partition with a backup
-// is answered only once the backup has it (sync replication).
-func (m *member) decide(p int, key string, reply func(history.Outcome, string, uint64)) {
+// key so it never runs backward, replicated as the key's policy says: a
+// sync admission is answered only once the backup has it, an async one at
+// once (a replica that fails makes the partition owe a re-copy), an off
+// one is not replicated. A key whose policy this member's table lacks is
+// refused undecided (peer answers an unknown policy with an error).
+func (m *member) decide(p int, key string, op int, reply func(history.Outcome, string, uint64)) {
 	s := m.s
+	pol := m.policies[key]
+	if !pol.present {
+		reply(history.Unavailable, "", 0)
+		return
+	}
 	now := max(m.mono(), m.clamp[key])
 	m.clamp[key] = now
 	log := s.trim(m.stores[p][key], now)
 	epoch := m.own.Table().Parts[p].Epoch
+	s.decided(m, p, epoch)
 	if s.count(log, now)+1 > s.o.Limit {
 		m.stores[p][key] = log
 		reply(history.Rejected, m.id, epoch)
@@ -176,10 +198,34 @@ func (m *member) decide(p int, key string, reply func(history.Outcome, string, u
 	}
 	e := entry{ts: now, hits: 1, id: m.newID()}
 	m.stores[p][key] = insertEntry(log, e)
+	adm := s.admitted(m, p, epoch, key, e.id, pol.mode, op)
 	backup, tag := m.own.Backup(p)
 	b := s.members[backup]
-	if backup == "" || m.unreplicated {
+	if backup == "" || pol.mode == ModeOff {
+		adm.acked = true
 		reply(history.Admitted, m.id, epoch)
+		return
+	}
+	age := now - e.ts
+	from := m.id
+	apply := func() bool {
+		return b.acceptReplica(p, from, tag, key, entry{ts: b.mono() - age, hits: e.hits, id: e.id})
+	}
+	if pol.mode == ModeAsync {
+		adm.acked = true
+		reply(history.Admitted, m.id, epoch)
+		m.asyncPending[e.id] = asyncItem{p: p, epoch: tag}
+		done := func(ok bool) {
+			if _, ok := m.asyncPending[e.id]; !ok {
+				return
+			}
+			delete(m.asyncPending, e.id)
+			if !ok && s.o.Mutation != MutAsyncForget {
+				m.carry(m.log.Recopy(p, tag, m.mono()))
+			}
+		}
+		s.at(int64(ReplicaTimeout), func() { s.deliver(m, func() { done(false) }) })
+		s.replicate(m, b, apply, done)
 		return
 	}
 	ps := &pendingSync{epoch: tag}
@@ -190,23 +236,38 @@ func (m *member) decide(p int, key string, reply func(history.Outcome, string, u
 		}
 		ps.done = true
 		delete(m.pending, e.id)
+		adm.acked = out == history.Admitted
 		reply(out, m.id, epoch)
 	}
-	s.at(int64(500*time.Millisecond/time.Duration(1)), func() { s.deliver(m, func() { answer(history.Unavailable) }) })
+	s.at(int64(ReplicaTimeout), func() { s.deliver(m, func() { answer(history.Unavailable) }) })
+	s.replicate(m, b, apply, func(ok bool) {
+		if ok {
+			answer(history.Admitted)
+		} else {
+			answer(history.Unavailable)
+		}
+	})
+}
+
+// replicate carries one replica from holder m to backup b (nil: gone) and
+// its answer back: done(true) once b applied it, done(false) when b
+// refused it or its batch failed. A share of batches (ReplicaFail) fail at
+// once, as a broken pipe does, and replicas between a blipped pair vanish
+// (FaultBlip); others may be lost, delayed or duplicated like any message.
+func (s *sim) replicate(m, b *member, apply func() bool, done func(ok bool)) {
 	if b == nil {
 		return
 	}
-	age := now - e.ts
-	from := m.id
+	if s.blip[[2]string{m.name, b.name}] {
+		return
+	}
+	if s.rng.Float64() < s.o.ReplicaFail {
+		s.at(int64(time.Millisecond), func() { s.deliver(m, func() { done(false) }) })
+		return
+	}
 	s.send(m, b, func() {
-		ok := b.acceptReplica(p, from, tag, key, entry{ts: b.mono() - age, hits: e.hits, id: e.id})
-		s.send(b, m, func() {
-			if ok {
-				answer(history.Admitted)
-			} else {
-				answer(history.Unavailable)
-			}
-		})
+		ok := apply()
+		s.send(b, m, func() { done(ok) })
 	})
 }
 

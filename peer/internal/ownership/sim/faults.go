@@ -26,12 +26,13 @@ func (s *sim) planFault(warm int64) {
 		switch s.fault {
 		case FaultCrash:
 			s.note("crash %s", victim.id)
-			s.crash(victim)
+			s.crash(victim, false)
 		case FaultRestart:
 			s.note("crash %s", victim.id)
-			s.crash(victim)
+			s.crash(victim, false)
 			s.at(span(500*time.Millisecond, 5*time.Second), func() {
 				m := s.start(victim.name, victim.inc+1, s.newRaftID(), nil)
+				s.gone = append(s.gone, victim.id) // a later incarnation runs
 				s.note("restart %s as %s", victim.id, m.id)
 			})
 		case FaultPause:
@@ -47,8 +48,12 @@ func (s *sim) planFault(warm int64) {
 				s.cutMember(victim.name, true, true, false)
 				s.note("heal %s", victim.id)
 			})
-		case FaultSplit:
+		case FaultSplit, FaultLongSplit:
 			d := span(2*time.Second, 15*time.Second)
+			if s.fault == FaultLongSplit {
+				d = int64(s.o.FailedAfter) + span(time.Second, 15*time.Second)
+				s.extendEnd(d)
+			}
 			small := []string{victim.name}
 			if b := s.backupOf(victim); b != nil && b.name != victim.name {
 				small = append(small, b.name)
@@ -75,30 +80,93 @@ func (s *sim) planFault(warm int64) {
 		case FaultDouble:
 			b := s.backupOf(victim)
 			s.note("crash %s", victim.id)
-			s.crash(victim)
+			s.crash(victim, false)
 			if b != nil && b != victim {
 				s.note("crash %s, its backup", b.id)
-				s.crash(b)
+				s.crash(b, false)
 			}
 		case FaultRaise:
-			s.note("policy replication raised from off to sync")
-			for _, id := range s.sortedIDs() {
-				m := s.members[id]
-				// The new policy table reaches members at slightly
-				// different times, as gossip spreads it.
-				s.at(s.rng.Int64N(int64(300*time.Millisecond)), func() {
-					s.deliver(m, func() {
-						m.unreplicated = false
-						if s.o.Mutation != MutNoRecopy {
-							m.carry(m.log.Raise(m.mono()))
-						}
-					})
-				})
+			s.note("policy replication raised from off to each key's (the first key's to sync)")
+			s.setPolicies(func(i int) policyState {
+				if i == 0 {
+					return policyState{present: true, mode: ModeSync}
+				}
+				return policyState{present: true, mode: s.o.mode(i)}
+			})
+			s.crashLater()
+		case FaultReadd:
+			s.note("policy of %s removed", s.keys[0])
+			s.setPolicies(func(int) policyState { return policyState{} }, 0)
+			s.at(span(300*time.Millisecond, time.Second), func() {
+				m := s.start(fmt.Sprintf("n%d", len(s.all)), 1, s.newRaftID(), nil)
+				s.note("join %s", m.id)
+			})
+			s.at(span(2*time.Second, 4*time.Second), func() {
+				s.note("policy of %s added back with sync replication", s.keys[0])
+				s.setPolicies(func(int) policyState { return policyState{present: true, mode: ModeSync} }, 0)
+				s.crashLater()
+			})
+		case FaultLate:
+			s.note("Move and SetBackup proposals held back 1.2-3s and everything heard up to 600ms late, for 10s")
+			s.late = true
+			for _, m := range s.all {
+				s.slowIn[m.name] = int64(500 * time.Millisecond)
 			}
-			s.at(int64(500*time.Millisecond)+s.rng.Int64N(int64(3500*time.Millisecond)), func() {
-				if v := s.target(); v != nil {
-					s.note("crash %s", v.id)
-					s.crash(v)
+			m := s.start(fmt.Sprintf("n%d", len(s.all)), 1, s.newRaftID(), nil)
+			s.note("join %s", m.id)
+			s.at(int64(10*time.Second), func() {
+				s.late = false
+				clear(s.slowIn)
+				s.note("proposals and messages on time again")
+				s.crashLater()
+			})
+		case FaultSlowCut:
+			slow, d := span(300*time.Millisecond, 1500*time.Millisecond), span(2*time.Second, 5*time.Second)
+			s.note("%s hears everything up to %v late for %v", victim.id, time.Duration(slow), time.Duration(d))
+			s.slowIn[victim.name] = slow
+			s.at(d, func() {
+				delete(s.slowIn, victim.name)
+				cut := span(3*time.Second, 10*time.Second)
+				s.note("isolate %s for %v", victim.id, time.Duration(cut))
+				s.cutMember(victim.name, true, true, true)
+				s.at(cut, func() {
+					s.cutMember(victim.name, true, true, false)
+					s.note("heal %s", victim.id)
+				})
+			})
+		case FaultStall:
+			for _, id := range s.sortedIDs() {
+				if m := s.members[id]; victim.log.Leader() && !m.log.Leader() {
+					if held, _ := m.own.Depends(); held > 0 {
+						victim = m
+					}
+				}
+			}
+			d := span(1700*time.Millisecond, 2700*time.Millisecond)
+			s.note("what %s sends is held for %v; it hears up to 600ms late for 5s", victim.id, time.Duration(d))
+			s.stallTo[victim.name] = s.now + d
+			s.slowIn[victim.name] = int64(500 * time.Millisecond)
+			s.at(int64(5*time.Second), func() {
+				delete(s.slowIn, victim.name)
+				delete(s.stallTo, victim.name)
+			})
+		case FaultBlip:
+			b := s.backupOf(victim)
+			if b == nil || b == victim {
+				s.note("%s has no backup to blip", victim.id)
+				break
+			}
+			d := span(100*time.Millisecond, 600*time.Millisecond)
+			s.note("replication %s → %s vanishes for %v", victim.id, b.id, time.Duration(d))
+			s.blip[[2]string{victim.name, b.name}] = true
+			s.at(d, func() {
+				delete(s.blip, [2]string{victim.name, b.name})
+				s.note("replication %s → %s works again", victim.id, b.id)
+			})
+			s.at(d+span(time.Second, 5*time.Second), func() {
+				if !victim.crashed {
+					s.note("crash %s", victim.id)
+					s.crash(victim, false)
 				}
 			})
 		case FaultLeavePause:
@@ -146,7 +214,7 @@ func (s *sim) planFault(warm int64) {
 				s.note("%s hears gossip again", b.id)
 			})
 			s.note("crash %s", victim.id)
-			s.crash(victim)
+			s.crash(victim, true)
 			m := s.start(victim.name, victim.inc+1, s.newRaftID(), nil)
 			s.note("restart %s as %s", victim.id, m.id)
 			b.leaving, b.closeIn = true, int64(15*time.Second)
@@ -200,14 +268,14 @@ func (s *sim) drain(m *member, since int64) {
 		m.carry(m.log.Leave(m.mono()))
 		s.at(int64(500*time.Millisecond), func() {
 			s.note("%s stops", m.id)
-			s.crash(m)
+			s.crash(m, true)
 		})
 	case s.now-since >= closeIn:
 		s.note("%s stops at its close deadline, holding %d", m.id, held)
 		if held > 0 {
 			s.stalled++
 		}
-		s.crash(m)
+		s.crash(m, true)
 	default:
 		s.at(int64(50*time.Millisecond), func() { s.drain(m, since) })
 	}
@@ -243,10 +311,67 @@ func (s *sim) backupOf(m *member) *member {
 	return s.members[m.own.Table().Parts[p].Backup]
 }
 
-func (s *sim) crash(m *member) {
+// crash stops m for good. gone: gossip learns at once that it is gone
+// for good (it left); otherwise its peers find out only when a later
+// incarnation runs, or give it up after FailedAfter (Failed).
+func (s *sim) crash(m *member, gone bool) {
 	m.crashed = true
 	delete(s.members, m.id)
-	s.gone = append(s.gone, m.id)
+	if gone {
+		s.gone = append(s.gone, m.id)
+	}
+}
+
+// crashLater crashes the first key's holder 0.5-4 s from now.
+func (s *sim) crashLater() {
+	s.at(int64(500*time.Millisecond)+s.rng.Int64N(int64(3500*time.Millisecond)), func() {
+		if v := s.target(); v != nil {
+			s.note("crash %s", v.id)
+			s.crash(v, false)
+		}
+	})
+}
+
+// setPolicies changes the policies of keys (all when none are named) to
+// what next says for each key's index, in every running member, at
+// slightly different times as a policy table's reload reaches them. A
+// member whose change replicates some key more strongly than before (a
+// policy that was absent counts as off) raises (Machine.Raise): its held
+// partitions are copied again before they decide again.
+func (s *sim) setPolicies(next func(i int) policyState, keys ...int) {
+	if len(keys) == 0 {
+		for i := range s.keys {
+			keys = append(keys, i)
+		}
+	}
+	strength := func(st policyState) int {
+		if !st.present {
+			return 0
+		}
+		return 2 - int(st.mode) // off 0, async 1, sync 2
+	}
+	for _, id := range s.sortedIDs() {
+		m := s.members[id]
+		s.at(s.rng.Int64N(int64(300*time.Millisecond)), func() {
+			s.deliver(m, func() {
+				raised, readded := false, false
+				for _, i := range keys {
+					k := s.keys[i]
+					old, st := m.policies[k], next(i)
+					if strength(st) > strength(old) {
+						raised = true
+						readded = readded || !old.present
+					}
+					m.policies[k], m.policyAt[k] = st, s.now
+				}
+				switch {
+				case !raised, s.o.Mutation == MutNoRecopy, readded && s.o.Mutation == MutReaddNoRaise:
+				default:
+					m.carry(m.log.Raise(m.mono()))
+				}
+			})
+		})
+	}
 }
 
 // cutMember drops messages to (in) and from (out) the member's name.

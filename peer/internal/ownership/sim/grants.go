@@ -101,6 +101,7 @@ func (h *member) grant(p int, key string, want int64, rets []grantee.Return, rep
 	now := max(h.mono(), h.clamp[key])
 	h.clamp[key] = now
 	log := s.trim(h.stores[p][key], now)
+	s.decided(h, p, h.own.Table().Parts[p].Epoch)
 	var removed []uint64
 	var added []entry
 	for _, rt := range rets {
@@ -157,7 +158,7 @@ func (h *member) grant(p int, key string, want int64, rets []grantee.Return, rep
 	if n > 0 {
 		s.granted += n
 	}
-	if backup == "" || h.unreplicated {
+	if backup == "" || h.policies[key].mode == ModeOff {
 		reply(n, id, lease)
 		return
 	}

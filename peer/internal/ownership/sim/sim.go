@@ -52,6 +52,36 @@ const (
 	FaultJoin                   // a new member joins under load
 	FaultLeave                  // a member leaves gracefully
 	FaultRaise                  // replication raised from off to sync, then the holder crashes
+	// FaultLongSplit is FaultSplit outlasting FailedAfter, gossip's
+	// FailedMemberTimeout: the big side gives the small side's members
+	// up (Failed, not gone for good) while they hold the state of the
+	// partitions that wait for them.
+	FaultLongSplit
+	// FaultReadd removes the first key's policy from every member's
+	// table, lets a member join meanwhile, adds the policy back with sync
+	// replication, then crashes the key's holder.
+	FaultReadd
+	// FaultBlip drops the replication from the first key's holder to its
+	// backup for 100-600 ms (the pipe breaks and is dialled again), then
+	// crashes the holder 1-5 s later: the blip must have been repaired
+	// (for async keys, by a copy) before the crash.
+	FaultBlip
+	// FaultLate holds back the Move and SetBackup proposals every member
+	// but the leader sends, for 1.2-3 s each (past Retry), and slows what every member
+	// hears by up to 600 ms, for 10 s while a member joins; then the
+	// first key's holder crashes. Moves and SetBackups commit after the
+	// Keeps their holders proposed once they seemed lost; whatever that
+	// left behind must not show when the holder's backup takes over.
+	FaultLate
+	// FaultSlowCut slows everything a member hears by 0.3-1.5 s for 2-5 s,
+	// then cuts it off both ways for 3-10 s (a link that degrades before
+	// it fails): it applies its own commands late, then not at all.
+	FaultSlowCut
+	// FaultStall holds everything a member (not the leader) sends for
+	// 1.7-2.7 s, about one Liveness, then lets it arrive at once, while
+	// what it hears is up to 600 ms late: its extensions reach the
+	// leader about when the leader sees its record expire.
+	FaultStall
 	numFaults
 
 	// FaultDouble crashes a holder and its backup at once: two faults,
@@ -81,7 +111,8 @@ const (
 	FaultBackupLeave = numFaults + 3
 )
 
-var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts"}
+var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash",
+	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts"}
 
 func (f Fault) String() string { return faultNames[f] }
 
@@ -94,15 +125,42 @@ func Faults() []Fault {
 	return fs
 }
 
-// Mutation deliberately breaks one rule of the protocol, so tests can show
-// that the simulator and the checker find what a broken rule admits.
+// Mode is a key's policy's replication, as peer's policies set it.
+type Mode uint8
+
+const (
+	// ModeSync: an admission is answered once the backup has it.
+	ModeSync Mode = iota
+	// ModeAsync: an admission is answered at once and replicated after;
+	// a replica that fails, times out or is refused makes the holder copy
+	// the partition to its backup again before it decides again
+	// (Machine.Recopy), as peer's replication does. A crash may lose
+	// what was still in flight: admissions made within ReplicaTimeout
+	// before the holder stopped deciding.
+	ModeAsync
+	// ModeOff: admissions are not replicated; copies (moves, new backups)
+	// carry them, a takeover loses them.
+	ModeOff
+)
+
+var modeNames = [...]string{"sync", "async", "off"}
+
+func (m Mode) String() string { return modeNames[m] }
+
+// ReplicaTimeout is how long a holder waits for its backup to confirm a
+// replica: a sync admission is then answered unavailable, an async one
+// makes the partition owe a re-copy.
+const ReplicaTimeout = 500 * time.Millisecond
+
+// Mutation deliberately breaks one rule of the data plane or of a
+// driver's (peer's) use of the machine, so tests can show that the
+// simulator and the checker find what a broken rule admits. The
+// machine's own rules are broken through Options.Rule
+// (ownership.Mutation).
 type Mutation uint8
 
 const (
 	MutNone Mutation = iota
-	// MutNoLease: a holder decides while the table names it, whether or
-	// not its liveness lease has run out.
-	MutNoLease
 	// MutGossipTakeover: the rule the log replaced: a backup decides from
 	// its copy as soon as its gossip view has lost the holder. (Synchronous
 	// replication alone defeats it in this simulator: the holder's
@@ -128,6 +186,19 @@ const (
 	// liveness at once, and one that holds nothing ends it after its
 	// backup wait whether or not the holders it backs are alive.
 	MutLeaveOnGossip
+	// MutAsyncForget: an async replica that failed is forgotten (peer's
+	// replication before it called Recopy): the backup lacks it until
+	// the window passes.
+	MutAsyncForget
+	// MutReaddNoRaise: a policy added back (absent from the previous
+	// table) is not a raise, whatever its replication: the backup's copy
+	// lacks what was admitted before unreplicated.
+	MutReaddNoRaise
+	// MutFailedIsGone: a member gossip gave up on (FailedMemberTimeout)
+	// counts as gone for good, so the partitions that wait for it are
+	// restarted empty at once (peer's view before View.Failed).
+	MutFailedIsGone
+	numMutations
 )
 
 // Options configure one run. Zero fields take the defaults in brackets.
@@ -145,6 +216,18 @@ type Options struct {
 	Liveness   time.Duration // [2 s]
 	RateBound  float64       // [0.04]: clock rates within 1 ± RateBound
 	Mutation   Mutation
+	// Rule breaks one rule of the ownership machine itself, in every
+	// member (the mutation catalogue).
+	Rule ownership.Mutation
+	// Modes are the keys' replication, by key index (cycled; [all sync]).
+	// The first key (the one faults aim at) is sync in spread runs.
+	Modes []Mode
+	// FailedAfter is gossip's FailedMemberTimeout: a member not heard
+	// from for this long is Failed in a member's view [10 s].
+	FailedAfter time.Duration
+	// ReplicaFail is the share of replicas whose batch fails at once (a
+	// broken pipe), in every schedule [0.01].
+	ReplicaFail float64
 	// Spread makes the first key (the one faults aim at) a spread key:
 	// members other than its holder ask the holder for rights and admit
 	// from them with no message, as peer's spread keys do, and half of
@@ -189,6 +272,26 @@ func (o *Options) defaults() {
 	if o.Lease == 0 {
 		o.Lease = time.Second
 	}
+	if o.FailedAfter == 0 {
+		o.FailedAfter = 10 * time.Second
+	}
+	if o.ReplicaFail == 0 {
+		o.ReplicaFail = 0.01
+	}
+}
+
+// emptyAfter is the machine's EmptyAfter for these options: the window
+// and a grant's lease with the clock-rate margin, and a Liveness more.
+func (o *Options) emptyAfter() time.Duration {
+	return time.Duration(float64(o.Window+o.Lease)*(1+4*o.RateBound)) + o.Liveness
+}
+
+// mode is key i's replication.
+func (o *Options) mode(i int) Mode {
+	if len(o.Modes) == 0 || i == 0 && o.Spread {
+		return ModeSync
+	}
+	return o.Modes[i%len(o.Modes)]
 }
 
 // Result is what one run did and what the checker found.
@@ -223,23 +326,47 @@ type Result struct {
 	// Stalled counts graceful leaves that reached their close deadline
 	// still holding partitions.
 	Stalled int
+	// Aged counts partitions restarted empty by an aged grant (their
+	// Last out of reach for longer than EmptyAfter): nothing lost.
+	Aged int
+	// Oracle lists what the oracles beside the windows found: two
+	// members deciding for one partition at overlapping instants of true
+	// time, an acknowledged sync admission lost, an async admission lost
+	// beyond what was in flight, a move that lost admissions.
+	Oracle []string
+	// Decisions counts the holders' decisions the overlap oracle saw.
+	Decisions int
+	// LostAsync and LostOff count admissions of async and off keys a
+	// takeover lost, within their bounds (the windows allow them).
+	LostAsync, LostOff int
 }
 
 // Failed reports whether the run broke the promise or an invariant.
 func (r Result) Failed() bool {
-	return len(r.Report.Violations) > 0 || r.Counters.MissingCopy > 0 || r.Misstood > 0
+	return len(r.Report.Violations) > 0 || r.Counters.MissingCopy > 0 || r.Misstood > 0 || len(r.Oracle) > 0
+}
+
+// Caught reports whether a checker of the promise (a window, the
+// overlap and loss oracles, a holding handed without its state, a single
+// fault's restart from empty) failed the run: what a mutation test requires, beside the machine's own
+// consistency check (Misstood).
+func (r Result) Caught() bool {
+	return len(r.Report.Violations) > 0 || r.Counters.MissingCopy > 0 || len(r.Oracle) > 0 || r.Lost > 0 && r.Fault < numFaults
 }
 
 // String tells the run in a few lines, with its schedule.
 func (r Result) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d fault %s: %d ops (%d admitted, %d unknown), %d events, %d messages, %d commands, lost %d, missing copies %d, misstood %d, stalled leaves %d, longest unavailable %v\n",
-		r.Seed, r.Fault, r.Report.Ops, r.Report.Admitted, r.Report.Unknown, r.Events, r.Messages, r.Commands, r.Lost, r.Counters.MissingCopy, r.Misstood, r.Stalled, r.Unavailable)
+	fmt.Fprintf(&b, "seed %d fault %s: %d ops (%d admitted, %d unknown), %d decisions, %d events, %d messages, %d commands, lost %d, aged %d, lost async %d, lost off %d, missing copies %d, misstood %d, stalled leaves %d, longest unavailable %v\n",
+		r.Seed, r.Fault, r.Report.Ops, r.Report.Admitted, r.Report.Unknown, r.Decisions, r.Events, r.Messages, r.Commands, r.Lost, r.Aged, r.LostAsync, r.LostOff, r.Counters.MissingCopy, r.Misstood, r.Stalled, r.Unavailable)
 	for _, s := range r.Schedule {
 		fmt.Fprintf(&b, "  %s\n", s)
 	}
 	for _, v := range r.Report.Violations {
 		fmt.Fprintf(&b, "  VIOLATION %s\n", v)
+	}
+	for _, v := range r.Oracle {
+		fmt.Fprintf(&b, "  ORACLE %s\n", v)
 	}
 	return b.String()
 }
@@ -256,12 +383,19 @@ func Run(o Options) Result {
 		res.Counters.Moves += c.Moves
 		res.Counters.Takeovers += c.Takeovers
 		res.Counters.Restarts += c.Restarts
+		res.Counters.Aged += c.Aged
 	}
 	res.Lost = uint64(res.Counters.Restarts)
+	res.Aged = res.Counters.Aged
+	res.Oracle, res.Decisions = s.checkOracles()
+	res.LostAsync, res.LostOff = s.lostAsync, s.lostOff
 	// The promise is checked on the real (virtual) clock: an owner whose
 	// clock runs fast by the rate bound ends a window early by as much.
+	// A key may go over its limit by the admissions a takeover lost
+	// within their policy's bound (async, off) or with a counted restart,
+	// and by no more.
 	w := time.Duration(float64(o.Window) / (1 + o.RateBound))
-	res.Report = history.Check(s.ops, func(string) history.Limits { return history.Limits{Limit: o.Limit, Window: w} }, 3*time.Second)
+	res.Report = history.Check(s.ops, func(k string) history.Limits { return history.Limits{Limit: o.Limit + s.slack[k], Window: w} }, 3*time.Second)
 	res.Unavailable = s.longestGap()
 	res.Granted, res.Used = s.granted, s.used
 	res.Misstood = s.misstood
@@ -333,6 +467,26 @@ type sim struct {
 	misstood int
 	pokes    int // Member.Poke calls (Result.Pokes)
 	stalled  int // leaves stopped at their close deadline (Result.Stalled)
+
+	// The oracles' records (oracle.go).
+	spans     map[spanKey]*span     // each (partition, member, epoch)'s decisions
+	adms      map[uint64]*admission // every admission decided by a holder, by id
+	losses    []loss                // admissions a new decider's state lacked
+	lostSeen  map[uint64]bool       // admissions counted lost once
+	restarts  map[int]uint64        // each partition's Restarts when last looked at
+	aged      map[int]uint64        // and its Aged
+	slack     map[string]int64      // per key: admissions lost within their bound
+	lostAsync int                   // Result.LostAsync
+	lostOff   int                   // Result.LostOff
+	blip      map[[2]string]bool    // replicas between these (from, to) names vanish
+	late      bool                  // Move and SetBackup proposals are held back (FaultLate)
+	slowIn    map[string]int64      // member names → the most a message to them is slowed
+	stallTo   map[string]int64      // member names → until when what they send is held
+	overlaps  int                   // probes that found two members that may decide
+	overlapAt []string              // the first few
+	probes    int
+	stale     int      // admissions a working backup lacked (checkBackups)
+	staleAt   []string // the first few
 }
 
 const (
@@ -342,7 +496,8 @@ const (
 )
 
 func newSim(o Options) *sim {
-	s := &sim{o: o, rng: rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)), members: map[string]*member{}, byRaft: map[uint64]*member{}, cut: map[[2]string]bool{}, deaf: map[string]bool{}, maxDelay: int64(2 * time.Millisecond)}
+	s := &sim{o: o, rng: rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)), members: map[string]*member{}, byRaft: map[uint64]*member{}, cut: map[[2]string]bool{}, deaf: map[string]bool{}, maxDelay: int64(2 * time.Millisecond),
+		spans: map[spanKey]*span{}, adms: map[uint64]*admission{}, lostSeen: map[uint64]bool{}, restarts: map[int]uint64{}, aged: map[int]uint64{}, slack: map[string]int64{}, blip: map[[2]string]bool{}, slowIn: map[string]int64{}, stallTo: map[string]int64{}}
 	s.fault = FaultNone
 	if !o.NoFault {
 		s.fault = o.Fault
@@ -386,6 +541,7 @@ func (s *sim) run() {
 	}
 	s.planFault(warm)
 	s.at(int64(gossipTick), s.gossip)
+	s.at(int64(probeEvery), s.probe)
 	for s.q.Len() > 0 {
 		e := heap.Pop(&s.q).(*event)
 		if e.at > s.end+int64(3*time.Second) {
@@ -408,9 +564,14 @@ type member struct {
 	born    int64 // virtual ns
 	crashed bool
 	paused  int64 // virtual ns the pause ends (0: running)
-	// unreplicated: the policy's replication is off here (FaultRaise,
-	// until the change reaches this member).
-	unreplicated bool
+	// policies are the keys' policies in this member's table: absent
+	// (removed) or present with a replication; a change reaches members
+	// at different times, as a policy file's reload does.
+	policies map[string]policyState
+	policyAt map[string]int64 // when each key's policy last changed here
+	// asyncPending are the async replicas not confirmed yet, by
+	// admission id.
+	asyncPending map[uint64]asyncItem
 	leaving      bool
 	// alive counts the members the last gossip view listed, this one
 	// included (ownership.Drain.Alive).
@@ -472,7 +633,7 @@ func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *memb
 		rate: 1 + s.o.RateBound*(2*s.rng.Float64()-1), born: s.now,
 		clamp: map[string]int64{}, pending: map[uint64]*pendingSync{}, rights: map[string]*grantee.State{},
 		heard: map[string]int64{}, detect: int64(300*time.Millisecond) + s.rng.Int64N(int64(4700*time.Millisecond))}
-	log, err := ownlog.New(ownlog.Config{RaftID: raftID, Ownership: ownership.Config{ID: m.id, Liveness: s.o.Liveness},
+	log, err := ownlog.New(ownlog.Config{RaftID: raftID, Ownership: ownership.Config{ID: m.id, Liveness: s.o.Liveness, EmptyAfter: s.o.emptyAfter(), Mutation: s.o.Rule},
 		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters})
 	if err != nil {
 		panic(err)
@@ -483,7 +644,27 @@ func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *memb
 	for p := range m.stores {
 		m.stores[p] = map[string][]entry{}
 	}
-	m.unreplicated = s.fault == FaultRaise && s.now == 0
+	m.policies, m.policyAt = map[string]policyState{}, map[string]int64{}
+	m.asyncPending = map[uint64]asyncItem{}
+	for i, k := range s.keys {
+		st := policyState{present: true, mode: s.o.mode(i)}
+		switch {
+		case s.fault == FaultRaise && s.now == 0:
+			st.mode = ModeOff // raised at the fault
+		case s.fault == FaultReadd && i == 0:
+			st.mode = ModeOff // removed, then added back as sync
+		}
+		if s.now > 0 {
+			// A member started later reads the table the others run.
+			for _, o := range s.all {
+				if !o.crashed && o != m {
+					st = o.policies[k]
+					break
+				}
+			}
+		}
+		m.policies[k] = st
+	}
 	s.members[m.id] = m
 	s.all = append(s.all, m)
 	s.byRaft[raftID] = m
@@ -530,6 +711,12 @@ func (s *sim) send(from, to *member, fn func()) {
 	}
 	for range n {
 		d := int64(100*time.Microsecond) + s.rng.Int64N(s.maxDelay)
+		if slow := s.slowIn[to.name]; slow > 0 {
+			d += slow/5 + s.rng.Int64N(slow)
+		}
+		if until := s.stallTo[from.name]; until > s.now {
+			d += until - s.now
+		}
 		s.at(d, func() { s.deliver(to, fn) })
 	}
 }
@@ -634,9 +821,22 @@ func (m *member) carry(out ownlog.Output) {
 			})
 			continue
 		}
+		if msg.GetType() == pb.MsgProp && s.late && !slices.ContainsFunc(msg.Entries, onTime) {
+			// Held back past Retry (FaultLate), each by its own delay.
+			s.messages++
+			s.at(int64(1200*time.Millisecond)+s.rng.Int64N(int64(1800*time.Millisecond)), func() { s.deliver(to, step) })
+			continue
+		}
 		s.send(m, to, step)
 	}
 	m.schedPoke()
+}
+
+// onTime reports whether a proposed entry goes out on time under
+// FaultLate: all but Moves and SetBackups.
+func onTime(e *pb.Entry) bool {
+	c, err := ownership.Decode(e.GetData())
+	return err != nil || c.Kind != ownership.Move && c.Kind != ownership.SetBackup
 }
 
 func (s *sim) sortedIDs() []string {

@@ -1,0 +1,94 @@
+package ownership
+
+// Mutation deliberately breaks one rule of the protocol (Config.Mutation).
+// It exists for one purpose: a simulator that cannot see a broken rule
+// proves nothing, so the simulator's tests switch each of these on in
+// turn and fail when no schedule catches it (mutation testing). A real
+// member never sets one; the zero value breaks nothing.
+//
+// The catalogue holds the rules whose loss alone lets two members decide
+// for one partition at once or lets a window count too little. Rules
+// that guard only availability (a new leader counting every record from
+// its election, say) are not in it: breaking them costs churn, never
+// the promise, and no checker of the promise could see them.
+type Mutation uint8
+
+const (
+	MutNone Mutation = iota
+	// MutLeaseIgnored: a holder decides while the table names it,
+	// whether or not its own lease has run out (rule 2 dropped from
+	// MayDecide and Standings).
+	MutLeaseIgnored
+	// MutHolderShareWhole: the holder counts the whole Liveness for
+	// itself, as the others do: no margin for clock rates.
+	MutHolderShareWhole
+	// MutHolderLeaseTriple: the holder counts three Livenesses.
+	MutHolderLeaseTriple
+	// MutLeaseFromApply: the holder counts its lease from when it
+	// applied its extension, not from when it sent it.
+	MutLeaseFromApply
+	// MutLeaderEndsEarly: the leader ends a member after 0.8·Liveness,
+	// before the member's own lease (0.9·Liveness from an earlier
+	// instant) has run out.
+	MutLeaderEndsEarly
+	// MutRestoredNoWait: a member whose table was restored wholesale (a
+	// snapshot) counts every record as expired at once instead of
+	// counting a whole Liveness from the restore, and a member that
+	// becomes leader does not count every record anew either (each
+	// covers the other: a restored member ends anyone only once it
+	// leads).
+	MutRestoredNoWait
+	// MutEndIgnoresVersion: End is applied even when an extension was
+	// applied after its proposer saw the record expire.
+	MutEndIgnoresVersion
+	// MutEndKeepsEpoch: End hands the partitions on but leaves the
+	// member's liveness epoch as it was, so its holdings seem current.
+	MutEndKeepsEpoch
+	// MutMoveIgnoresEpoch: Move is applied at any partition epoch (a
+	// late Move after the holder's Keep lifted its fence).
+	MutMoveIgnoresEpoch
+	// MutSetBackupIgnoresEpoch: SetBackup is applied at any partition
+	// epoch (a late SetBackup naming a copy older than what the holder
+	// decided since).
+	MutSetBackupIgnoresEpoch
+	// MutGrantIgnoresLast: a vacant partition is granted empty to anyone
+	// while its Last member, with its state, is still live.
+	MutGrantIgnoresLast
+	// MutReplicaAnyEpoch: a backup applies a replicated admission tagged
+	// with any partition epoch.
+	MutReplicaAnyEpoch
+	// MutCopyAnyEpoch: a member accepts a copy older than one it has or
+	// than the partition's epoch.
+	MutCopyAnyEpoch
+	// MutFenceIgnored: a holder decides while its partition is fenced
+	// for a copy, or owes a re-copy.
+	MutFenceIgnored
+	// MutAgedGrantEarly: the leader grants a vacancy empty as soon as
+	// its Last is not fresh, without waiting EmptyAfter.
+	MutAgedGrantEarly
+	// MutAgedGrantIgnoresVersion: an aged grant is applied even when
+	// Last extended its liveness after the proposer saw it expire.
+	MutAgedGrantIgnoresVersion
+	numMutations
+)
+
+var mutationNames = [...]string{"none", "lease ignored", "holder counts the whole liveness", "holder counts three livenesses",
+	"lease counted from apply", "leader ends early", "restored table counts nothing", "end ignores the version",
+	"end keeps the epoch", "move ignores the epoch", "set-backup ignores the epoch", "grant ignores last",
+	"replica of any epoch", "copy of any epoch", "fence ignored", "aged grant early", "aged grant ignores the version"}
+
+func (m Mutation) String() string {
+	if int(m) < len(mutationNames) {
+		return mutationNames[m]
+	}
+	return "mutation?"
+}
+
+// Mutations lists every mutation of the catalogue (MutNone excluded).
+func Mutations() []Mutation {
+	ms := make([]Mutation, 0, numMutations-1)
+	for m := MutNone + 1; m < numMutations; m++ {
+		ms = append(ms, m)
+	}
+	return ms
+}
