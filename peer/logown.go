@@ -15,7 +15,9 @@ import (
 	"github.com/ringlimit/ringlimit/peer/internal/membership"
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 // This file drives ownership in OwnershipLog mode. The rules are the
@@ -63,6 +65,32 @@ func (n *Node) twoMemberGrace() time.Duration { return 10 * n.cfg.LeaseDuration 
 // cut off for a while is still a voter when it comes back; after it,
 // autopilot replaces it as a voter.
 func (n *Node) logFailedGone() time.Duration { return n.cfg.FailedMemberTimeout }
+
+// emptyAfter is how long a vacant partition waits for the member with
+// its state (cut off, or paused) before the log's leader may restart it
+// empty (ownership.Config.EmptyAfter): the longest window a key of any
+// policy in t counts admissions in (a calendar policy's longest period),
+// plus that policy's spread lease, a tenth more for clock rates, plus one
+// LeaseDuration; and never less than was (a policy removed may be added
+// back with its keys' state, which must not have been restarted early).
+func (n *Node) emptyAfter(t *policy.Table, was time.Duration) time.Duration {
+	var longest time.Duration
+	for _, c := range t.Configs() {
+		w := c.Window
+		switch c.Period {
+		case shard.CalendarDay:
+			w = 25 * time.Hour
+		case shard.CalendarWeek:
+			w = 7*24*time.Hour + time.Hour
+		case shard.CalendarMonth:
+			w = 31*24*time.Hour + time.Hour
+		case shard.CalendarYear:
+			w = 366*24*time.Hour + time.Hour
+		}
+		longest = max(longest, w+c.Lease())
+	}
+	return max(was, longest+longest/10+n.cfg.LeaseDuration)
+}
 
 // logOwner is the node's side of log ownership.
 type logOwner struct {
@@ -135,12 +163,13 @@ func memberName(id string) string {
 // newLogOwner makes the node's log member; a node started without Join
 // founds the log as its only voter. Its goroutine starts with start.
 func newLogOwner(n *Node) (*logOwner, error) {
+	n.emptyWait = n.emptyAfter(n.table.Load(), 0)
 	lo := &logOwner{n: n, self: incarnationID(n.name, n.ops.start), ready: make(chan struct{}, 1), done: make(chan struct{}),
 		known: map[string]*logKnown{}, cur: map[string]string{}, restarts: make([]uint64, n.cfg.Ring.PartitionCount),
 		last: make([]ownlog.PartState, n.cfg.Ring.PartitionCount)}
 	lo.peers.Store(&logPeers{raft: map[uint64]string{}, inc: map[string]string{n.name: lo.self}, addr: map[string]string{}})
 	cfg := ownlog.Config{RaftID: n.ops.start, Partitions: n.cfg.Ring.PartitionCount, HeartbeatTicks: logHeartbeat,
-		Ownership: ownership.Config{ID: lo.self, Liveness: n.cfg.LeaseDuration}}
+		Ownership: ownership.Config{ID: lo.self, Liveness: n.cfg.LeaseDuration, EmptyAfter: n.emptyWait}}
 	if len(n.cfg.Join) == 0 {
 		cfg.Bootstrap = &pb.ConfState{Voters: []uint64{n.ops.start}}
 	}
@@ -379,13 +408,24 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts map[string]u
 		}
 	}
 	peers := &logPeers{raft: map[uint64]string{}, inc: map[string]string{}, addr: map[string]string{}}
-	var gone []string
+	var gone, failed []string
 	var roster []ownlog.Peer
 	for id, k := range lo.known {
 		failedFor := time.Duration(now - k.lastLive)
 		g := k.gone || failedFor > n.logFailedGone()
-		if g {
+		// Only a member that left or runs a later incarnation is gone for
+		// good to the ownership table. One gossip gave up on may be cut
+		// off with the state of partitions that wait for it (a long
+		// split is one fault): it is Failed, ended for good only once
+		// nothing waits for it, and a vacancy waits for it until
+		// EmptyAfter.
+		switch {
+		case k.gone:
 			gone = append(gone, id)
+		case g:
+			failed = append(failed, id)
+		}
+		if g {
 			if !k.forgotten {
 				// Raft sends a removed member nothing: its stream and
 				// goroutine would idle until Close.
@@ -408,7 +448,7 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts map[string]u
 	lo.peers.Store(peers)
 
 	parts := n.cfg.Ring.PartitionCount
-	ov := ownership.View{Target: make([]string, parts), Second: make([]string, parts), Gone: gone}
+	ov := ownership.View{Target: make([]string, parts), Second: make([]string, parts), Gone: gone, Failed: failed}
 	for _, t := range targets {
 		if id := peers.inc[t]; id != "" {
 			ov.Members = append(ov.Members, id)

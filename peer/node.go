@@ -41,6 +41,9 @@ type Node struct {
 	// policies.go); policyMu serializes SetPolicies.
 	table    atomic.Pointer[policy.Table]
 	policyMu sync.Mutex
+	// emptyWait is the log's EmptyAfter as SetPolicies last set it (under
+	// policyMu): it only grows.
+	emptyWait time.Duration
 	// memberPolicies maps live members to the policy version they gossip
 	// (rebuild goroutine writes, readers copy).
 	memberPolicies atomic.Pointer[map[string]uint64]

@@ -313,6 +313,10 @@ func (m *Member) CopyFailed(p int, to string, epoch, seq uint64, now int64) Outp
 	return m.ready(now)
 }
 
+// SetEmptyAfter changes how long a vacancy waits for its last holder
+// (ownership.Machine.SetEmptyAfter).
+func (m *Member) SetEmptyAfter(d time.Duration) { m.own.SetEmptyAfter(d) }
+
 // Raise tells the machine a policy's replication became stronger.
 func (m *Member) Raise(now int64) Output {
 	m.own.Raise()

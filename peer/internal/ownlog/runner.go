@@ -227,6 +227,12 @@ func (r *Runner) Raise(ctx context.Context) {
 	})
 }
 
+// SetEmptyAfter changes how long a vacancy waits for its last holder
+// (Member.SetEmptyAfter), in order with other events.
+func (r *Runner) SetEmptyAfter(d time.Duration) {
+	r.do(func() { r.m.SetEmptyAfter(d) })
+}
+
 // Recopy tells the machine that an admission of partition p replicated
 // without waiting at epoch did not reach the backup (Member.Recopy). It
 // does not wait: the failed batch's sender must not block on the runner.
