@@ -246,7 +246,7 @@ func New(cfg Config, partitions int) *Machine {
 		proposed:   map[Command]int64{},
 		vacantAt:   make([]int64, partitions),
 		emptyAfter: int64(cfg.EmptyAfter),
-		copyWait: int64(cfg.Retry),
+		copyWait:   int64(cfg.Retry),
 	}
 }
 
