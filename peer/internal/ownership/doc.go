@@ -38,7 +38,11 @@
 //     and hands each of its partitions to the backup, whose replica has
 //     every synchronously replicated admission. A member cut off from the
 //     log's majority cannot extend, so it stops by rule 2 before anyone
-//     can end it: whatever its gossip view says.
+//     can end it: whatever its gossip view says. The backup's state is its
+//     replica, or a copy it installed from the same holder (a re-copy
+//     whose SetBackup lost to a Keep, at an earlier epoch): a holder
+//     copies to its current backup only when it owes a re-copy, and
+//     decides again only once a SetBackup names a newer copy.
 //  4. A holder moves a partition to its ring target itself: it fences the
 //     partition, copies it, and only once the target confirms the copy
 //     proposes Move at the partition's epoch. A copy that fails (refused,
@@ -54,14 +58,33 @@
 //  5. A holder without a live backup copies the partition to one (fenced,
 //     as in rule 4) and proposes SetBackup. Replicated admissions carry
 //     the partition epoch; a backup applies one only while the table names
-//     it the backup of that holder at exactly that epoch.
+//     it the backup of that holder at exactly that epoch. A copy tagged
+//     with an epoch older than the partition's is refused, even a
+//     duplicate of the one a SetBackup named (installed again, it would
+//     erase what was replicated since). A replica that did not reach the
+//     backup without being waited for (async: the batch failed, timed out
+//     or was refused) makes its holder copy the partition to the backup
+//     again before it decides again (Recopy), so that a blip's loss lasts
+//     until that copy, not the window: a crash loses at most what was in
+//     flight. A policy whose replication is raised, or that is added
+//     (absent counts as off), does the same for every held partition
+//     (Raise).
 //  6. When a holder ends with no live backup, the partition becomes vacant
 //     and remembers the member with its state (Last). It is granted back to
-//     that member with its state when it is live again; only when Last is
-//     gone for good (a later incarnation runs, or it left) is the partition
-//     granted empty, counted in Restarts. A 2 | 3 split that leaves a
-//     holder and its backup on the small side therefore makes their
-//     partitions unavailable until it heals, never empty.
+//     that member with its state when it is live again; when Last is gone
+//     for good (a later incarnation runs, or it left) the partition is
+//     granted empty, counted in Restarts. Gossip giving up on a member
+//     (FailedMemberTimeout: View.Failed) is not gone for good: it may be
+//     cut off with the state, and is ended for good only once it holds,
+//     backs and is Last of nothing. A vacancy waits for it until EmptyAfter
+//     has passed since the vacancy began, on the leader's clock: longer
+//     than any window its state counts in (plus a grant's lease, with the
+//     rate margin), after which empty is the state; then an aged grant
+//     (naming Last's record version, so that Last extending first refuses
+//     it) restarts it empty, counted in Aged, not Restarts. A 2 | 3 split
+//     that leaves a holder and its backup on the small side therefore
+//     makes their partitions unavailable until it heals or their windows
+//     have passed, never empty while anything in them counts.
 //  7. The log's leader reconciles: it ends liveness that expired in its
 //     view, grants vacant partitions, and proposes Joins for members gossip
 //     lists. Safety never depends on who leads: every command is checked
@@ -101,6 +124,10 @@
 // unreplicated meanwhile (the simulator's TestLeaveWhileBackupPauses
 // counts it). A holder whose backup failed decides
 // without replication until a new backup has a copy.
+//
+// Mutation (Config.Mutation) breaks one of these rules on purpose, for the
+// simulator's mutation tests: a simulator that cannot see a broken rule
+// proves nothing. A real member never sets it.
 //
 // What it does not do: it does not run raft (package ownlog joins the
 // machine to an etcd raft node, package sim drives ownlog members in
