@@ -116,8 +116,11 @@
 // The prices: a crashed holder's partitions are unavailable for about one
 // Liveness plus one commit; losing the log's majority stops every holder
 // within one Liveness (fail closed) until a majority is back; losing a
-// holder and its backup for good loses the partition's state (restarted
-// empty by command, counted). So does a holder that leaves (or stops at
+// holder and its backup at once makes the partition unavailable for
+// EmptyAfter (then restarted empty by an aged grant: nothing it held
+// still counts), or loses its state when one of them is known gone for
+// good sooner (a later incarnation without its state runs: restarted
+// empty by command, counted in Restarts). So does a holder that leaves (or stops at
 // its close deadline) while its backup is paused past its own liveness:
 // the log ends the paused backup too, and the backup's copy is not
 // trusted after its liveness ended, since the holder may have decided
