@@ -14,6 +14,38 @@
 // at its own rate within the stated bound. The same Options give the same
 // run, event for event, so a failing seed prints its schedule and replays
 // exactly.
+//
+// What runs as nodes run it, and what is modelled: the ownership rules
+// are peer's own code (ownership.Machine inside ownlog.Member, raft
+// included), and so is the grantee's side of a spread key
+// (internal/grantee). The data plane is modelled on peer's (data.go):
+// each key's policy replicates sync, async or off, mixed in one schedule
+// (Options.Modes); a replica batch fails at once 1 % of the time (a
+// broken pipe), is refused by a backup at another epoch, or vanishes
+// (FaultBlip) and times out; an async replica that fails makes its holder
+// re-copy the partition (Machine.Recopy, as peer's replication does); a
+// policy is removed and added back (FaultReadd) and raised (FaultRaise),
+// a raise re-copying every held partition; gossip gives a member up
+// after FailedAfter (View.Failed) and knows one gone for good only once
+// it left or a later incarnation runs.
+//
+// What is checked (oracle.go), besides the windows (the direct rule and
+// porcupine against the sliding-log model, a key allowed over its limit
+// by exactly the admissions its policy may lose, each checked):
+//   - every 5 ms of true time, no two members may decide for one
+//     partition (MayDecide, as the decision path asks it);
+//   - every 50 ms, a working backup has every admission its holder
+//     acknowledged under sync and every async one no longer in flight;
+//   - when a member first decides for a partition, the admissions its
+//     state lacks: none acknowledged under sync, async ones only if made
+//     within ReplicaTimeout before their holder stopped, none at a move,
+//     none after an aged grant while they could count;
+//   - no holding handed without its state, no single fault restarting a
+//     partition empty.
+//
+// The simulator is itself tested: sim_test.go's catalogue breaks every
+// rule of ownership.Mutation and of this package's Mutation, one at a
+// time, and fails unless a schedule catches each.
 package sim
 
 import (
