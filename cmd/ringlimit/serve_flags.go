@@ -106,7 +106,7 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         one host share it; 0 disables (default %d)
   --grpc-max-streams N  calls in progress on one connection; gRPC clients
                         queue more, others have them refused (default %d).
-                        An idle AllowStream costs ~18 KB: one address can
+                        An idle AllowStream costs ~21 KB: one address can
                         make the node hold at most per-ip x streams of them
   --grpc-idle-timeout D close a connection with no call in progress for
                         this long; 0 disables (default %v)
