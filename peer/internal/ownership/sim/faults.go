@@ -48,6 +48,25 @@ func (s *sim) planFault(warm int64) {
 				s.cutMember(victim.name, true, true, false)
 				s.note("heal %s", victim.id)
 			})
+		case FaultSplitRestart:
+			d := span(3*time.Second, 15*time.Second)
+			small := []string{victim.name}
+			if b := s.backupOf(victim); b != nil && b.name != victim.name {
+				small = append(small, b.name)
+			}
+			s.note("split %v | rest for %v", small, time.Duration(d))
+			s.split(small, true)
+			s.at(span(time.Second, time.Duration(d)), func() {
+				s.note("crash %s", victim.id)
+				s.crash(victim, false)
+				m := s.start(victim.name, victim.inc+1, s.newRaftID(), nil)
+				s.gone = append(s.gone, victim.id)
+				s.note("restart %s as %s, in the split", victim.id, m.id)
+			})
+			s.at(d, func() {
+				s.split(small, false)
+				s.note("heal split")
+			})
 		case FaultSplit, FaultLongSplit:
 			d := span(2*time.Second, 15*time.Second)
 			if s.fault == FaultLongSplit {

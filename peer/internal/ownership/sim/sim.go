@@ -141,10 +141,18 @@ const (
 	// liveness only once the log handed it the partition and it moved
 	// it on, whatever its gossip view says.
 	FaultBackupLeave = numFaults + 3
+	// FaultSplitRestart is a 2 | 3 split with a holder and its backup on
+	// the small side, during which the holder crashes and restarts as a
+	// new incarnation (its old one gone for good): a cut and a crash,
+	// two faults. The backup cut off with it has the state, but a
+	// vacancy remembers one member (Last), and when the log ended the
+	// backup first, that member is the restarted holder: the partition
+	// restarts empty, counted (Result.Lost), never silent.
+	FaultSplitRestart = numFaults + 4
 )
 
 var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash",
-	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts"}
+	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it"}
 
 func (f Fault) String() string { return faultNames[f] }
 

@@ -368,6 +368,15 @@ func TestDoubleFaults(t *testing.T) {
 	}
 }
 
+// TestSplitRestart cuts a holder and its backup off in a 2 | 3 split and
+// restarts the holder as a new incarnation inside it: two faults. A
+// partition whose vacancy remembers the restarted holder loses its state
+// (the backup's copy is not remembered); every such loss must be counted.
+func TestSplitRestart(t *testing.T) {
+	n, lost, over, _ := runDoubleFault(t, FaultSplitRestart)
+	t.Logf("%d splits with the holder restarted inside: %d restarted a partition (counted), %d of them then admitted more than the limit in a window", n, lost, over)
+}
+
 // TestLeaveWhileBackupPauses leaves a holder gracefully while its backup
 // pauses (up to 40 s): two faults at once, outside the promise. The
 // leaver's drain cannot copy to a paused member, so it may stop at its
