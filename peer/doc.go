@@ -61,7 +61,9 @@
 // the parts under internal/, each of which knows nothing of Node:
 // internal/membership (the memberlist glue: gossiped metadata, members
 // and events, joining), internal/transport (framed pipes, the pipe to a
-// peer, the sniffing listener, peer authentication), internal/wire (the
+// peer, the sniffing listener, peer authentication), internal/connlimit
+// (the gRPC port's bounds on connections, in all and per address),
+// internal/wire (the
 // packed layout of forwarded batches and replicated admissions, with its
 // bounds-checked reader), internal/grantee (a spread key's rights on
 // the node that uses them, as state with time passed in, which the
@@ -77,6 +79,9 @@
 // Prometheus (TestLayoutPublicParts).
 //
 // What it does not do: it does not authenticate callers (the embedding
-// application builds Keys from authenticated identity). A hot key that is
+// application builds Keys from authenticated identity); on its gRPC port
+// it only asks Config.AuthorizeReset and AuthorizeRefund before the calls
+// that undo admissions, and bounds what any client can make it hold
+// there (Config.RPCLimits, Store.MaxKeys). A hot key that is
 // not spread is one decision point (HotKeys and metrics report it).
 package peer
