@@ -200,8 +200,11 @@ const (
 	// admission (refusals record nothing and are not replicated).
 	ReplicateSync Replication = iota
 	// ReplicateAsync answers at once and sends the admission to the backup
-	// in the next batch: a crash loses the admissions still in flight (at
-	// most one batch round trip's worth).
+	// in the next batch: a crash of the holder loses at most the
+	// admissions the backup had not yet acknowledged. A batch that fails,
+	// is refused or is never sent makes the holder copy the partition to
+	// its backup again before it decides again (unavailable for that
+	// copy), so a blip's loss lasts until that copy, not the window.
 	ReplicateAsync
 	// ReplicateOff never copies admissions: a crash of the holder resets
 	// the policy's keys of its partitions. A graceful move still keeps them.
