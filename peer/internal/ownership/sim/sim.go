@@ -255,6 +255,10 @@ type Options struct {
 	Duration   time.Duration // [20 s] of virtual time under load
 	Liveness   time.Duration // [2 s]
 	RateBound  float64       // [0.04]: clock rates within 1 ± RateBound
+	// RatesAtBound puts every member's clock rate at 1 − RateBound or
+	// 1 + RateBound (a coin each) instead of anywhere between: a slow
+	// holder beside a fast leader is where a lease's margin is thinnest.
+	RatesAtBound bool
 	Mutation   Mutation
 	// Rule breaks one rule of the ownership machine itself, in every
 	// member (the mutation catalogue).
@@ -670,7 +674,7 @@ func (m *member) monoAt(at int64) int64 { return int64(float64(at-m.born) * m.ra
 
 func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *member {
 	m := &member{s: s, name: name, inc: inc, id: fmt.Sprintf("%s.%d", name, inc), raftID: raftID,
-		rate: 1 + s.o.RateBound*(2*s.rng.Float64()-1), born: s.now,
+		rate: s.rate(), born: s.now,
 		clamp: map[string]int64{}, pending: map[uint64]*pendingSync{}, rights: map[string]*grantee.State{},
 		heard: map[string]int64{}, detect: int64(300*time.Millisecond) + s.rng.Int64N(int64(4700*time.Millisecond))}
 	log, err := ownlog.New(ownlog.Config{RaftID: raftID, Ownership: ownership.Config{ID: m.id, Liveness: s.o.Liveness, EmptyAfter: s.o.emptyAfter(), Mutation: s.o.Rule},
@@ -711,6 +715,18 @@ func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *memb
 	m.heard[m.id] = s.now
 	s.schedTick(m)
 	return m
+}
+
+// rate draws a member's clock rate within the bound (at it, with
+// RatesAtBound).
+func (s *sim) rate() float64 {
+	if s.o.RatesAtBound {
+		if s.rng.IntN(2) == 0 {
+			return 1 - s.o.RateBound
+		}
+		return 1 + s.o.RateBound
+	}
+	return 1 + s.o.RateBound*(2*s.rng.Float64()-1)
 }
 
 func (s *sim) schedTick(m *member) {
