@@ -259,7 +259,7 @@ type Options struct {
 	// 1 + RateBound (a coin each) instead of anywhere between: a slow
 	// holder beside a fast leader is where a lease's margin is thinnest.
 	RatesAtBound bool
-	Mutation   Mutation
+	Mutation     Mutation
 	// Rule breaks one rule of the ownership machine itself, in every
 	// member (the mutation catalogue).
 	Rule ownership.Mutation
