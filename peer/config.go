@@ -372,8 +372,10 @@ type Config struct {
 	// any other error is answered PermissionDenied). Nil leaves Reset open
 	// to whoever reaches the gRPC port, like the rest of the public API
 	// (serve it with mutual TLS where clients must not reset quotas).
-	// Node.Reset, called in-process, is not asked. cmd/ringlimit uses it
-	// for --admin-token-file.
+	// Node.Reset, called in-process, is not asked.
+	// cmd/ringlimit always sets it: the --admin-token-file token or a
+	// verified client certificate, and without the flag only the
+	// certificate.
 	AuthorizeReset func(ctx context.Context) error
 	// AuthorizeRefund, when not nil, is asked before each public
 	// RateLimiter.Refund call runs, as AuthorizeReset is before Reset. A

@@ -56,7 +56,8 @@ Flags:
                       --admin-token-file (the token serve was started with),
                       or over gRPC a client certificate the node verifies
                       (--tls-cert); a node started without a token answers
-                      404 over HTTP and resets for anyone over gRPC
+                      404 over HTTP, and over gRPC resets only for a
+                      verified client certificate
   --acquire           take a lease of --hits units of a concurrency policy;
                       prints its lease_id (a decimal number) and TTL
   --release ID        end lease ID of a concurrency policy (a lease the

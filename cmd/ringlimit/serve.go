@@ -105,17 +105,29 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 
 	// One admin token guards Reset over HTTP and gRPC alike, and Refund
-	// with the refund token (tokenguard.go says why).
+	// with the refund token (tokenguard.go says why). Without the token
+	// gRPC Reset is still guarded, by a guard of no token: only a client
+	// certificate the node verified passes it (issue 53 item 7), and the
+	// HTTP API has no /v1/reset (reset stays nil: 404).
 	var reset, refund *tokenGuard
 	var admin, refundTok []byte
 	if f.adminTokenFile != "" {
 		if admin, err = loadAdminToken(f.adminTokenFile); err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
-		if reset, err = newResetGuard(admin, nlog, reg); err != nil {
-			return fmt.Errorf("serve: metrics: %w", err)
-		}
-		cfg.AuthorizeReset = reset.authorizeGRPC
+	}
+	grpcReset, err := newResetGuard(admin, nlog, reg)
+	if err != nil {
+		return fmt.Errorf("serve: metrics: %w", err)
+	}
+	cfg.AuthorizeReset = grpcReset.authorizeGRPC
+	switch {
+	case admin != nil:
+		reset = grpcReset
+	case cfg.ServerTLS != nil:
+		nlog.Info("reset: only with a client certificate the node verifies (no --admin-token-file): POST /v1/reset answers 404")
+	default:
+		nlog.Info("reset: off (no --admin-token-file): gRPC Reset is refused, POST /v1/reset answers 404")
 	}
 	if f.refundTokenFile != "" {
 		if refundTok, err = loadToken("refund", f.refundTokenFile); err != nil {

@@ -84,8 +84,9 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         this flag /v1/reset answers 404) and gRPC
                         RateLimiter.Reset (metadata authorization: Bearer
                         <token>, or a client certificate the node verified
-                        under --tls-*; without this flag gRPC Reset is open
-                        to whoever reaches the port). Refund needs it too
+                        under --tls-*; without this flag gRPC Reset is
+                        refused except to a verified client certificate,
+                        and serve says so at start). Refund needs it too
                         (or --refund-token-file's). Refusals: 401 or
                         Unauthenticated, a Warn (at most one per 10 s per
                         transport) and ringlimit_reset_refused_total

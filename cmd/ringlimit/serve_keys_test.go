@@ -76,6 +76,14 @@ func TestServeMutualTLS(t *testing.T) {
 	if !owners["tls-a"] || !owners["tls-b"] {
 		t.Errorf("owners %v: want decisions from both nodes (forwarding over mutual TLS)", owners)
 	}
+	// Without --admin-token-file a verified client certificate may still
+	// reset (the port is the guard), and the start-up log says so.
+	if _, err := peerpb.NewRateLimiterClient(conn).Reset(ctx, &peerpb.AllowRequest{Key: &peerpb.Key{Tenant: "acme", Subject: "u0", Policy: "default"}}); err != nil {
+		t.Errorf("Reset with a verified client certificate and no admin token: %v", err)
+	}
+	if !strings.Contains(a.logText(), "reset: only with a client certificate the node verifies") {
+		t.Errorf("start-up log does not say who may reset")
+	}
 	// The check command with and without a client certificate.
 	for _, tc := range []struct {
 		name string

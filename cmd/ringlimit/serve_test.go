@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
@@ -157,6 +159,18 @@ func TestServeHTTPAndGRPC(t *testing.T) {
 			if want := i < 3; resp.GetAllowed() != want || resp.GetOwner() != "solo" {
 				t.Errorf("Allow %d: allowed %v owner %q, want %v from solo", i, resp.GetAllowed(), resp.GetOwner(), want)
 			}
+		}
+		// Without --admin-token-file gRPC Reset is off, as /v1/reset is
+		// (issue 53 item 7: it reset the key for a caller with no
+		// credential), and the start-up log says so.
+		if resp, err := rl.Reset(ctx, &peerpb.AllowRequest{Key: key}); status.Code(err) != codes.Unauthenticated || !strings.Contains(status.Convert(err).Message(), "--admin-token-file") {
+			t.Errorf("Reset with no credential and no admin token: %v, %v; want Unauthenticated naming --admin-token-file", resp, err)
+		}
+		if resp, err := rl.Peek(ctx, &peerpb.AllowRequest{Key: key}); err != nil || resp.GetRemaining() != 0 {
+			t.Errorf("Peek after the refused Reset: %v, %v; want remaining 0 (nothing reset)", resp, err)
+		}
+		if !strings.Contains(p.logText(), `"msg":"reset: off (no --admin-token-file): gRPC Reset is refused, POST /v1/reset answers 404"`) {
+			t.Errorf("start-up log does not say that reset is off")
 		}
 	})
 	t.Run("SIGTERM drains and exits 0", func(t *testing.T) {

@@ -50,9 +50,18 @@ type tokenGuard struct {
 const resetWarnEvery = 10 * time.Second
 
 // newResetGuard returns Reset's guard, of the admin token, registering its
-// counter on reg when reg is not nil.
+// counter on reg when reg is not nil. With admin nil (serve without
+// --admin-token-file) it holds no token: gRPC Reset is then refused to
+// everyone but a caller whose client certificate the node verified (issue
+// 53 item 7: it was open to whoever reached the port, while /v1/reset
+// answered 404). serve keeps such a guard off the HTTP API, where
+// /v1/reset stays 404.
 func newResetGuard(admin []byte, log *slog.Logger, reg prometheus.Registerer) (*tokenGuard, error) {
-	return newTokenGuard("reset", [][]byte{admin}, "admin token", "--admin-token-file", log, reg)
+	var tokens [][]byte
+	if admin != nil {
+		tokens = [][]byte{admin}
+	}
+	return newTokenGuard("reset", tokens, "admin token", "--admin-token-file", log, reg)
 }
 
 // newRefundGuard returns Refund's guard, of the admin token and the
@@ -158,5 +167,8 @@ func (g *tokenGuard) authorizeGRPC(ctx context.Context) error {
 		}
 	}
 	g.refuse("grpc", remote)
+	if len(g.tokens) == 0 {
+		return status.Error(codes.Unauthenticated, fmt.Sprintf("%s is off: the node has no %s (start it with %s), and the caller presented no client certificate the node verified", g.op, g.what, g.send))
+	}
 	return status.Error(codes.Unauthenticated, fmt.Sprintf("%s needs the %s: send metadata authorization: Bearer <token from %s>, or a client certificate the node trusts", g.op, g.what, g.send))
 }

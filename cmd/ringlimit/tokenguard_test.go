@@ -65,6 +65,34 @@ func TestResetGuard(t *testing.T) {
 	if n := strings.Count(logs.String(), "reset refused"); n != 1 || !strings.Contains(logs.String(), "remote_addr=127.0.0.1:4242") {
 		t.Errorf("%d warnings for 3 refusals within %v, want 1 naming the caller:\n%s", n, resetWarnEvery, logs.String())
 	}
+
+	// Without an admin token (serve without --admin-token-file) the guard
+	// holds no token: only a verified client certificate passes (issue 53
+	// item 7: Reset was open to anyone), and the refusal says how to turn
+	// reset on.
+	off, err := newResetGuard(nil, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		auth     string
+		verified bool
+		want     codes.Code
+	}{
+		{"no credentials", "", false, codes.Unauthenticated},
+		{"empty bearer", "Bearer ", false, codes.Unauthenticated},
+		{"any token", "Bearer tok", false, codes.Unauthenticated},
+		{"verified client certificate", "", true, codes.OK},
+	} {
+		err := off.authorizeGRPC(from(tc.auth, tc.verified))
+		if got := status.Code(err); got != tc.want {
+			t.Errorf("no admin token, %s: %v, want %v", tc.name, err, tc.want)
+		}
+		if err != nil && !strings.Contains(status.Convert(err).Message(), "reset is off") {
+			t.Errorf("no admin token, %s: %v, want a message saying reset is off", tc.name, err)
+		}
+	}
 }
 
 // TestRefundGuard checks which tokens open Refund: the refund token or the
