@@ -75,8 +75,8 @@
 //     for good (a later incarnation runs, or it left) the partition is
 //     granted empty, counted in Restarts. Gossip giving up on a member
 //     (FailedMemberTimeout: View.Failed) is not gone for good: it may be
-//     cut off with the state, and is ended for good only once it holds,
-//     backs and is Last of nothing. A vacancy waits for it until EmptyAfter
+//     cut off with the state, or come back to hold again, so it is never
+//     ended for good on that account. A vacancy waits for it until EmptyAfter
 //     has passed since the vacancy began, on the leader's clock: longer
 //     than any window its state counts in (plus a grant's lease, with the
 //     rate margin), after which empty is the state; then an aged grant

@@ -197,14 +197,10 @@ func TestAgedGrantWaits(t *testing.T) {
 	if err := m.table.Apply(*got); err != nil {
 		t.Fatalf("the aged grant was refused: %v", err)
 	}
-	// a and b hold, back and are remembered by nothing now: ended for good.
-	ended := map[string]bool{}
+	// Failed is never gone for good: b may come back (a long split).
 	for _, a := range m.Tick(at + int64(time.Second)) {
 		if a.Kind == Propose && a.Cmd.Kind == End && a.Cmd.Ended {
-			ended[a.Cmd.Member] = true
+			t.Errorf("%s, only failed, was ended for good", a.Cmd.Member)
 		}
-	}
-	if !ended["b"] {
-		t.Errorf("b, failed and remembered by nothing, was not ended for good (proposed %v)", ended)
 	}
 }

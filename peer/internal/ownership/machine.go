@@ -93,9 +93,9 @@ type View struct {
 	// Failed are incarnations gossip has given up on (failed for longer
 	// than its FailedMemberTimeout) with no later incarnation running.
 	// They may only be cut off, with the state of partitions that wait
-	// for them: a long split is one fault. Their records are ended for
-	// good once expired and no vacancy waits for them; a vacancy that
-	// does waits for them until EmptyAfter.
+	// for them: a long split is one fault. They are never ended for good
+	// on that account (ended when they matter, as any expired member); a
+	// vacancy waits for them until EmptyAfter.
 	Failed []string
 }
 
@@ -969,11 +969,12 @@ func (m *Machine) lead(now int64, acts []Action) []Action {
 			continue
 		}
 		// Gone for good: it left, or a later incarnation runs. One that
-		// gossip has only given up on (Failed) may come back with its
-		// state, so it is ended for good only once it holds, backs and
-		// is remembered by nothing (ended first, its holdings would
-		// wait for it as their Last).
-		gone := slices.Contains(m.view.Gone, id) || slices.Contains(m.view.Failed, id) && !m.remembers(id) && !m.mattersEnded(id)
+		// gossip has only given up on (Failed) may come back, with the
+		// state of partitions that wait for it, or to hold again: it is
+		// ended, never for good (an incarnation ended for good can never
+		// extend again, and one cut off by a long split came back to a
+		// log that would not take it).
+		gone := slices.Contains(m.view.Gone, id)
 		if !gone && !m.mattersEnded(id) {
 			continue
 		}
@@ -1032,17 +1033,6 @@ func (m *Machine) lead(now int64, acts []Action) []Action {
 		}
 	}
 	return acts
-}
-
-// remembers reports whether the table still counts on id's state: a
-// vacancy waits for it.
-func (m *Machine) remembers(id string) bool {
-	for _, pt := range m.table.Parts {
-		if pt.Holder == "" && pt.Last == id {
-			return true
-		}
-	}
-	return false
 }
 
 // mattersEnded reports whether ending id changes anything: it holds or
