@@ -19,6 +19,20 @@ import (
 // verifying them). With neither, peer RPCs stay open (as before this
 // check existed), and New logs a warning and reports it through
 // Metrics.PeerRPCOpen. Public RPCs and health are never checked.
+//
+// The token is static: over plaintext it can be captured and replayed,
+// so token mode must run over TLS wherever the network can be listened
+// to. A peer reset needs more than the token (issue 53 item 6): the
+// public Reset is judged once, by Config.AuthorizeReset on the member
+// that received it (the entry), which then forwards it to the holder as
+// a unary Limiter.Check carrying a reset proof (transport.Auth.ResetProof,
+// an HMAC of the key under a key derived from the secret that never
+// travels). The holder decides a peer OP_RESET only with that proof
+// (decideWire): it cannot judge the original caller itself (the
+// credential may be a token it does not have, or a certificate it never
+// saw), so the proof stands for "a member authorized this reset of this
+// key". A reset on a stream or a framed pipe, which carry no per-request
+// metadata, is refused.
 
 // peerService prefixes every peer-only method name.
 const peerService = "/ringlimit.v1.Limiter/"

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
@@ -429,7 +430,20 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (De
 		return Decision{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	var res callResult
-	if n.cfg.DisableBatching {
+	if r.op == peerpb.Op_OP_RESET {
+		// A reset travels alone, as a unary call carrying its proof: this
+		// node authorized it (Config.AuthorizeReset at the public API, or
+		// an in-process Node.Reset), and the holder refuses a peer reset
+		// without the proof (resetProofOK), so that the peer token alone,
+		// captured on a plaintext network, resets nothing (issue 53 item
+		// 6). Streams and framed pipes have no per-request metadata.
+		ctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
+		defer cancel()
+		if proof := n.ops.auth.ResetProof(resetProofInput(key)); proof != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, transport.ResetProofKey, proof)
+		}
+		res = c.direct(ctx, r)
+	} else if n.cfg.DisableBatching {
 		ctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
 		defer cancel()
 		res = c.direct(ctx, r)

@@ -170,6 +170,21 @@ func wireError(n *Node, v *view, st peerpb.Status, err error) wire.Decision {
 	return wire.Decision{Status: st, Err: err.Error(), Owner: n.name, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}
 }
 
+// resetProofInput is what a reset's proof authenticates: the key's
+// canonical encoding, or its parts length-prefixed when it does not
+// encode (it is refused later as invalid all the same).
+func resetProofInput(k Key) []byte {
+	if ek, ok := k.AppendEncoded(nil); ok {
+		return ek
+	}
+	var b []byte
+	for _, s := range []string{k.Tenant, k.Subject, k.Policy} {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
+	}
+	return b
+}
+
 // decideWire decides one item as holder. When the decision still waits for
 // a synchronous backup, the returned request's wait is set and the caller
 // must wait for it before answering (and then records the decision's
@@ -179,6 +194,12 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *wire.Item, r *opReq,
 	if isLeaseOp(it.Op) {
 		// Its id would have nowhere to go: Limiter.Lease carries it.
 		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %v travels on Limiter.Lease, one per call", ErrInvalidKey, it.Op)), nil, slab
+	}
+	if it.Op == peerpb.Op_OP_RESET {
+		if err := n.ops.auth.CheckResetProof(ctx, resetProofInput(it.Key)); err != nil {
+			n.warnThrottled("peer reset refused: no proof of authorization", "err", err)
+			return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %s", ErrInvalidKey, status.Convert(err).Message())), nil, slab
+		}
 	}
 	ek, err := n.parseReqInto(r, it.Op, it.Key, it.Policies, it.Hits, slab[len(slab):len(slab)])
 	switch {
