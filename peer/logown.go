@@ -180,10 +180,27 @@ func newLogOwner(n *Node) (*logOwner, error) {
 	lo.member = m
 	lo.tr = ownlog.NewGRPCTransport(lo.dial)
 	lo.run = ownlog.NewRunner(m, logTransport{lo}, lo, logTick, n.mono, func(p int) *sync.RWMutex { return &n.pt.parts[p].mu })
+	lo.run.SetFrom(lo.fromMember)
 	if s, ok := n.metrics.(RaftTrafficSource); ok {
 		s.RaftTrafficFrom(lo.traffic)
 	}
 	return lo, nil
+}
+
+// fromMember reports whether a raft message from raftID may be stepped:
+// its sender is an incarnation gossip has shown and that is not gone (a
+// member, live or failed but still waited for; logPeers.raft). Others are
+// dropped before raft sees them: raft adopts any message's term before it
+// asks whether the sender is in its configuration, so a forged message
+// from an unknown ID with a huge term deposed the leader (issue 53 item
+// 5). A member that has just joined may see its first messages dropped
+// until its view lists the sender; raft sends them again.
+func (lo *logOwner) fromMember(raftID uint64) bool {
+	if _, ok := lo.peers.Load().raft[raftID]; ok {
+		return true
+	}
+	lo.n.warnThrottled("raft message from a non-member dropped", "raft_id", raftID)
+	return false
 }
 
 // traffic reads the log's counters (lock-free).

@@ -83,7 +83,26 @@ type Runner struct {
 	// shed counts received messages dropped because the goroutine was
 	// behind (in full); written by Receive, read by anyone.
 	shed atomic.Uint64
+	// from, when set (SetFrom, before Run), says whether a received
+	// message's sender is a current member; refused counts the messages
+	// it refused.
+	from    func(raftID uint64) bool
+	refused atomic.Uint64
 }
+
+// SetFrom makes the runner step only messages whose From ok accepts,
+// dropping the rest unread by raft (and counting them in Refused). raft
+// takes any message's term before it asks whether the sender is in its
+// configuration: a forged heartbeat from an unknown ID with a huge term
+// made the voters step down and the log leaderless (issue 53 item 5), so
+// the driver, which knows the current members' raft IDs, filters first.
+// ok runs on the runner's goroutine and must not block. Call it before
+// Run; nil (the default) steps every message.
+func (r *Runner) SetFrom(ok func(raftID uint64) bool) { r.from = ok }
+
+// Refused counts the received messages SetFrom's function refused.
+// Lock-free.
+func (r *Runner) Refused() uint64 { return r.refused.Load() }
 
 // Traffic is what a member's log has cost it since it started: counters
 // that only grow.
@@ -434,7 +453,11 @@ func (r *Runner) Run(ctx context.Context) {
 			r.carry(r.m.Tick(r.mono()))
 		case b := <-r.in:
 			msg := &pb.Message{}
-			if proto.Unmarshal(b, msg) == nil {
+			switch {
+			case proto.Unmarshal(b, msg) != nil:
+			case r.from != nil && !r.from(msg.GetFrom()):
+				r.refused.Add(1)
+			default:
 				r.carry(r.m.Step(msg, r.mono()))
 			}
 		case fn := <-r.ctl:
