@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -149,6 +151,104 @@ func TestDeployManifests(t *testing.T) {
 	if img, _ := dig(c, "image").(string); !strings.HasPrefix(img, "ringlimit:") {
 		t.Errorf("image %q, want the ringlimit image the Dockerfile builds", img)
 	}
+	checkDeploySafety(t, ss, pod, c, mux)
+}
+
+// checkDeploySafety checks what issue 53 item 11 found missing: an odd
+// replica count of 3 or more (the log needs a majority: never 2),
+// OrderedReady (Parallel pods found clusters that never merge), a hard
+// spread over machines, GOMEMLIMIT below the memory limit, and a scrape
+// configuration of /metrics on the http port.
+func checkDeploySafety(t *testing.T, ss, pod, c any, mux *http.ServeMux) {
+	t.Helper()
+	if r, _ := dig(ss, "spec", "replicas").(int); r < 3 || r%2 == 0 {
+		t.Errorf("replicas %v: want 3 or 5 (odd, at least 3; never 2)", dig(ss, "spec", "replicas"))
+	}
+	if p := dig(ss, "spec", "podManagementPolicy"); p != "OrderedReady" {
+		t.Errorf("podManagementPolicy %v: want OrderedReady, stated (Parallel pods found separate clusters)", p)
+	}
+	spread := false
+	for _, tsc := range asList(dig(pod, "topologySpreadConstraints")) {
+		if dig(tsc, "topologyKey") == "kubernetes.io/hostname" && dig(tsc, "whenUnsatisfiable") == "DoNotSchedule" &&
+			dig(tsc, "maxSkew") == 1 && dig(tsc, "labelSelector", "matchLabels", "app.kubernetes.io/name") == "ringlimit" {
+			spread = true
+		}
+	}
+	for _, term := range asList(dig(pod, "affinity", "podAntiAffinity", "requiredDuringSchedulingIgnoredDuringExecution")) {
+		spread = spread || dig(term, "topologyKey") == "kubernetes.io/hostname"
+	}
+	if !spread {
+		t.Error("pods are not spread over machines: want a topologySpreadConstraint on kubernetes.io/hostname (DoNotSchedule, maxSkew 1) or a required podAntiAffinity")
+	}
+
+	limit, err := parseQuantity(fmt.Sprint(dig(c, "resources", "limits", "memory")))
+	if err != nil {
+		t.Errorf("memory limit: %v", err)
+	}
+	var goMem string
+	for _, e := range asList(dig(c, "env")) {
+		if dig(e, "name") == "GOMEMLIMIT" {
+			goMem, _ = dig(e, "value").(string)
+		}
+	}
+	soft, err := parseQuantity(strings.TrimSuffix(goMem, "B"))
+	if err != nil || goMem == "" {
+		t.Errorf("GOMEMLIMIT %q: want one beside the memory limit (%v)", goMem, err)
+	} else if soft < limit*7/10 || soft >= limit {
+		t.Errorf("GOMEMLIMIT %s against a memory limit of %d bytes: want 70-99 %% of it", goMem, limit)
+	}
+
+	// Scraping: the annotations and the PodMonitor name the http port and
+	// a path serve serves.
+	var httpPort int
+	for _, p := range asList(dig(c, "ports")) {
+		if dig(p, "name") == "http" {
+			httpPort, _ = dig(p, "containerPort").(int)
+		}
+	}
+	ann := dig(ss, "spec", "template", "metadata", "annotations")
+	path, _ := dig(ann, "prometheus.io/path").(string)
+	if dig(ann, "prometheus.io/scrape") != "true" || dig(ann, "prometheus.io/port") != fmt.Sprint(httpPort) || path != "/metrics" {
+		t.Errorf("pod annotations %v: want prometheus.io/scrape \"true\", port %d (http), path /metrics", ann, httpPort)
+	}
+	if _, pattern := mux.Handler(httptestRequest("GET", path)); pattern == "" {
+		t.Errorf("the scrape path %q is not served", path)
+	}
+	data, err := os.ReadFile(filepath.Join(deployDir, "monitoring", "podmonitor.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pm map[string]any
+	if err := yaml.Unmarshal(data, &pm); err != nil {
+		t.Fatalf("podmonitor.yaml: %v", err)
+	}
+	ep := dig(pm, "spec", "podMetricsEndpoints", 0)
+	if pm["kind"] != "PodMonitor" || dig(pm, "spec", "selector", "matchLabels", "app.kubernetes.io/name") != "ringlimit" ||
+		dig(ep, "port") != "http" || dig(ep, "path") != "/metrics" {
+		t.Errorf("podmonitor.yaml: %v; want a PodMonitor of the ringlimit pods' http port, /metrics", pm)
+	}
+}
+
+// asList is v as a YAML list (nil when it is not one).
+func asList(v any) []any {
+	l, _ := v.([]any)
+	return l
+}
+
+// parseQuantity reads a Kubernetes memory quantity (bytes, or with a Ki,
+// Mi, Gi suffix) as bytes.
+func parseQuantity(q string) (int64, error) {
+	mult := int64(1)
+	for suffix, m := range map[string]int64{"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30} {
+		if s, ok := strings.CutSuffix(q, suffix); ok {
+			q, mult = s, m
+		}
+	}
+	n, err := strconv.ParseInt(q, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("quantity %q: want a positive number of bytes, Ki, Mi or Gi", q)
+	}
+	return n * mult, nil
 }
 
 func httptestRequest(method, path string) *http.Request {
