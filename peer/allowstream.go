@@ -359,9 +359,12 @@ func (as *allowStream) send(srs []*streamReq) {
 }
 
 // Placement returns this node's placement table: the live members, and for
-// every partition this node if it holds it, else the ring's target. A client that sends each key
-// to that member saves the forward hop; a table out of date costs only the
-// hop (the receiver forwards), never a second decision point.
+// every partition the member that holds it now: this node if it holds it,
+// else the live holder the ownership table names (as this node's applied
+// log publishes it: the member its own requests are forwarded to), else the
+// ring's target. A client that sends each key to that member saves the
+// forward hop; a table out of date costs only the hop (the receiver
+// forwards), never a second decision point.
 func (s *publicServer) Placement(ctx context.Context, _ *peerpb.PlacementRequest) (*peerpb.PlacementResponse, error) {
 	n := s.n
 	if n.stopped.Load() {
@@ -388,17 +391,23 @@ func (s *publicServer) Placement(ctx context.Context, _ *peerpb.PlacementRequest
 		resp.Members[i] = &peerpb.PlacementMember{Name: name, Addr: v.alive[name]}
 	}
 	for pid := range resp.Holders {
-		// This node knows for sure only that it holds a partition; its
-		// records of other holders age (a partition it handed on may have
-		// moved again), while the ring's target is where every partition
-		// settles.
+		// The ownership table, not the ring: after a holder's crash the
+		// ring keeps naming it until gossip declares it dead (seconds),
+		// while the table names its backup as soon as the takeover is
+		// applied. A table's record lags a move by one commit at most;
+		// the member it names then forwards, as the ring's target would.
 		pt := &n.pt.parts[pid]
 		pt.mu.RLock()
-		r := pt.role
+		r, named := pt.role, pt.holder
 		pt.mu.RUnlock()
 		holder := v.snap.PartitionOwner(pid)
-		if r == roleHolder || r == roleFenced {
+		switch r {
+		case roleHolder, roleFenced:
 			holder = n.name
+		case roleHint:
+			if _, ok := v.alive[named]; ok {
+				holder = named
+			}
 		}
 		i, ok := index[holder]
 		if !ok {

@@ -31,11 +31,49 @@ package peer
 // message) and one receiving; one goroutine refreshing the table. Close
 // stops them all.
 //
+// When a holder fails (a crash, kill -9), the client follows the
+// ownership table as a node does, and leaves the failure policy to a node:
+//
+//   - A member's table names each partition's holder as the ownership log
+//     has it (the answering node's published state), not the ring's
+//     target: after a crash the ring keeps the dead member until gossip
+//     declares it dead (seconds), while the table names the backup as
+//     soon as the takeover is applied.
+//   - A member whose port refuses connections (gRPC reports its
+//     connection in transient failure) is skipped, and a stream that
+//     cannot be opened fails at once: its requests go to the next member
+//     in the table, which forwards them to the holder its table names, or
+//     applies the policy's failure choice when nobody can decide, as it
+//     does for its own callers. Its answer names the member that decided,
+//     so the client reads the table again and goes to the new holder
+//     directly once the takeover is applied.
+//   - A check (Allow) that was written to a stream that then broke is sent
+//     once more, to another member: a node resends a forwarded check the
+//     same way (resendable), because a check decided twice only counts
+//     twice — the limiter refuses more, never less. Unary calls (refunds,
+//     resets, leases, settlements) are never sent twice: a refund or a
+//     reset applied twice would undo admissions.
+//
+// Why the failure choice (FailOpen, Fallback, FailClosed) is left to the
+// node the request reaches rather than applied by the client from a copy
+// of the policy table: the table is the cluster's (Config.Policies, with
+// per-tenant overrides and a fallback limit shared among the ring's
+// members), it changes while clients run, and a caller must not be able
+// to choose its own limit or failure policy; a fallback decision needs a
+// node's local log. So the client's part is to get a live node's answer
+// in time: it never waits on a dead member, and its DecisionTimeout's
+// default is twice a node's default ForwardTimeout, so a node's
+// failed-open, fallback or unavailable answer arrives before the client
+// gives up. What the client still answers with ErrUnavailable on its own:
+// no member reachable at all, a request lost twice, and a deadline (the
+// caller's, or DecisionTimeout) shorter than the cluster's ForwardTimeout
+// plus a round trip. A caller with a fail-open policy should treat those
+// as its own fail-open case.
+//
 // What it does not do: it never decides, and it never resends a request
-// that may have reached a node (a request is resent, to another member,
-// only when it was never written to a stream): a request whose stream broke
-// after it was sent returns an error wrapping ErrUnavailable, since the
-// node may have decided it.
+// other than a check that may have reached a node (a request is resent, to
+// another member, when it was never written to a stream, and a check once
+// more when its stream broke after it was written).
 
 import (
 	"context"
@@ -77,7 +115,10 @@ type ClientConfig struct {
 	// whose context has no deadline; a context with a deadline is bounded
 	// by it alone. A call that runs out returns an error wrapping both
 	// ErrUnavailable and context.DeadlineExceeded. Zero (or negative)
-	// means 500 ms, a node's default Config.ForwardTimeout.
+	// means 1 s: twice a node's default Config.ForwardTimeout, so that
+	// when a holder is down the answer of the node that applies the
+	// policy's failure choice (after its ForwardTimeout) arrives first.
+	// With a longer ForwardTimeout on the nodes, set it longer too.
 	DecisionTimeout time.Duration
 }
 
@@ -129,7 +170,7 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		cfg.Timeout = 2 * time.Second
 	}
 	if cfg.DecisionTimeout <= 0 {
-		cfg.DecisionTimeout = defaultForwardTimeout
+		cfg.DecisionTimeout = defaultDecisionTimeout
 	}
 	c := &Client{cfg: cfg, refresh: make(chan struct{}, 1), members: map[string]*memberConn{},
 		timedOut: fmt.Errorf("no answer within the client's DecisionTimeout %v: %w", cfg.DecisionTimeout, context.DeadlineExceeded)}
@@ -174,9 +215,12 @@ func (c *Client) closeMembers() {
 // returns an error wrapping ErrInvalidKey or ErrInvalidHits (before
 // anything is sent, or as the node answered); an unknown policy
 // ErrUnknownPolicy; a concurrency policy ErrWrongAlgorithm (its units are
-// taken with Acquire and given back with Release); a holder that
-// could not decide (and a policy that fails closed), a broken connection
-// or an expired ctx an error wrapping ErrUnavailable (and ctx's error, or
+// taken with Acquire and given back with Release). A holder that cannot
+// decide gets the policy's failure choice from the node the request
+// reached, as Node.Allow does: a Decision with ReasonFailedOpen or
+// ReasonFallback, or (failing closed) an error wrapping ErrUnavailable.
+// No member reachable, a request lost twice with its stream, or an expired
+// ctx is an error wrapping ErrUnavailable (and ctx's error, or
 // context.DeadlineExceeded when DecisionTimeout ran out). After Close it
 // returns ErrClosed.
 func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
@@ -187,15 +231,28 @@ func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	// A request never written to a stream may go elsewhere: to the next
-	// member, which forwards it.
+	// member, which forwards it; so may a check lost with its stream,
+	// once (see the type's doc).
+	resent := false
+	var cause error
 	for try := range len(t.members) {
 		tm := t.members[(at+try)%len(t.members)]
 		m, err := c.member(tm.addr)
 		if err != nil {
 			return Decision{}, err
 		}
-		d, sent, err := m.allow(ctx, req)
-		if !sent && err == nil {
+		if m.down() {
+			cause = fmt.Errorf("%s: connection failed", tm.addr)
+			continue
+		}
+		d, out, err := m.allow(ctx, req)
+		switch {
+		case out == notSent:
+			cause = fmt.Errorf("%s: no stream", tm.addr)
+			c.kickRefresh()
+			continue
+		case out == lost && !resent && ctx.Err() == nil:
+			resent, cause = true, err
 			c.kickRefresh()
 			continue
 		}
@@ -204,7 +261,7 @@ func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
 		}
 		return d, err
 	}
-	return Decision{}, fmt.Errorf("%w: no member could take the request", ErrUnavailable)
+	return Decision{}, fmt.Errorf("%w: no member could take the request: %w", ErrUnavailable, cause)
 }
 
 // Peek answers at the key's holder what Allow would decide now, recording
@@ -357,8 +414,7 @@ func (c *Client) unary(ctx context.Context, req Request, lease uint64, call unar
 	}
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
-	tm := t.members[at]
-	m, err := c.member(tm.addr)
+	tm, m, err := c.pick(t, at)
 	if err != nil {
 		return nil, err
 	}
@@ -388,6 +444,25 @@ func (c *Client) unary(ctx context.Context, req Request, lease uint64, call unar
 	return resp, nil
 }
 
+// pick returns the member at index at of t, or when its connection has
+// failed (see memberConn.down) the next one whose has not, which forwards
+// what it does not hold; the member at at when every one has failed.
+func (c *Client) pick(t *clientTable, at int) (tableMember, *memberConn, error) {
+	for try := range len(t.members) {
+		tm := t.members[(at+try)%len(t.members)]
+		m, err := c.member(tm.addr)
+		if err != nil {
+			return tableMember{}, nil, err
+		}
+		if !m.down() {
+			return tm, m, nil
+		}
+	}
+	tm := t.members[at]
+	m, err := c.member(tm.addr)
+	return tm, m, err
+}
+
 // route checks req before anything is sent and returns the table and the
 // index in it of the key's holder.
 func (c *Client) route(req Request) (*clientTable, int, error) {
@@ -410,10 +485,15 @@ func (c *Client) route(req Request) (*clientTable, int, error) {
 	return t, int(t.holders[xxhash.Sum64(pb)%t.count]), nil
 }
 
+// defaultDecisionTimeout is ClientConfig.DecisionTimeout's zero value:
+// twice a node's default ForwardTimeout (see DecisionTimeout's doc).
+const defaultDecisionTimeout = 2 * defaultForwardTimeout
+
 // bound gives a ctx without a deadline the client's DecisionTimeout, whose
-// cause names it (see ctxErr). A call must never wait longer than a node
-// would: through a takeover the node answers unavailable within its
-// ForwardTimeout, and so does the client.
+// cause names it (see ctxErr). A call must never block: through a takeover
+// the node the request reached answers within its ForwardTimeout (with the
+// policy's failure choice), and the client waits a little longer than
+// that, no more.
 func (c *Client) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
 		return ctx, func() {}
@@ -497,10 +577,11 @@ func (c *Client) refreshLoop() {
 }
 
 // readTable reads a placement table from the first of addrs that answers
-// with a valid one.
+// with a valid one, asking the members whose connection has failed last.
 func (c *Client) readTable(ctx context.Context, addrs []string) (*clientTable, error) {
 	var errs []error
 	seen := map[string]bool{}
+	var up, down []*memberConn
 	for _, addr := range addrs {
 		if seen[addr] {
 			continue
@@ -510,6 +591,14 @@ func (c *Client) readTable(ctx context.Context, addrs []string) (*clientTable, e
 		if err != nil {
 			return nil, err
 		}
+		if m.down() {
+			down = append(down, m)
+		} else {
+			up = append(up, m)
+		}
+	}
+	for _, m := range append(up, down...) {
+		addr := m.addr
 		resp, err := m.stub.Placement(ctx, &peerpb.PlacementRequest{})
 		if err == nil {
 			var t *clientTable

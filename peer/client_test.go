@@ -503,8 +503,8 @@ func dialThroughForTest(t *testing.T, via *Node, cfg ClientConfig) *Client {
 // deadline is bounded by ClientConfig.DecisionTimeout when the holder
 // never answers (and the node's ForwardTimeout is far longer): it returns
 // an error wrapping ErrUnavailable and context.DeadlineExceeded instead of
-// blocking. A caller's own deadline still wins, and zero means the node's
-// default ForwardTimeout.
+// blocking. A caller's own deadline still wins, and zero means twice the
+// node's default ForwardTimeout (a node's failure answer comes first).
 func TestClientDecisionTimeout(t *testing.T) {
 	const forwardTimeout, decisionTimeout = 10 * time.Second, 200 * time.Millisecond
 	c := startCluster(t, 2, Config{Policies: clientPolicies, ForwardTimeout: forwardTimeout})
@@ -572,8 +572,8 @@ func TestClientDecisionTimeout(t *testing.T) {
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "DecisionTimeout") || took < decisionTimeout {
 		t.Fatalf("Peek without a deadline = %v after %v; want ErrUnavailable and context.DeadlineExceeded after DecisionTimeout %v", err, took, decisionTimeout)
 	}
-	if def := dialThroughForTest(t, via, ClientConfig{}); def.cfg.DecisionTimeout != (Config{}).withDefaults().ForwardTimeout {
-		t.Fatalf("zero DecisionTimeout = %v; want the node's default ForwardTimeout %v", def.cfg.DecisionTimeout, (Config{}).withDefaults().ForwardTimeout)
+	if def, fwd := dialThroughForTest(t, via, ClientConfig{}), (Config{}).withDefaults().ForwardTimeout; def.cfg.DecisionTimeout != 2*fwd {
+		t.Fatalf("zero DecisionTimeout = %v; want twice the node's default ForwardTimeout %v", def.cfg.DecisionTimeout, fwd)
 	}
 }
 

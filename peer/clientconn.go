@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/peerpb"
@@ -80,18 +81,31 @@ type clientResult struct {
 
 func (m *memberConn) stop() { m.once.Do(func() { close(m.quit) }) }
 
-// allow sends req on the member's stream and waits for the answer. sent is
-// false, with a nil error, when the request was never written (the member
-// is gone or its stream cannot be opened): it may go elsewhere.
-func (m *memberConn) allow(ctx context.Context, req Request) (d Decision, sent bool, err error) {
+// down reports whether the member's port refused (or did not answer) the
+// last attempt to connect: a crashed member that gossip still lists. gRPC
+// tries again after its backoff, and the member counts as up from then.
+func (m *memberConn) down() bool { return m.conn.GetState() == connectivity.TransientFailure }
+
+// outcome says where a request sent to one member ended.
+type outcome uint8
+
+const (
+	answered outcome = iota // the member answered (a decision or its error), or the call's ctx ended
+	notSent                 // never written to a stream: it may go elsewhere
+	lost                    // written, then the stream broke: the member may have decided it
+)
+
+// allow sends req on the member's stream and waits for the answer: see
+// outcome. A request not answered has an error only when lost.
+func (m *memberConn) allow(ctx context.Context, req Request) (Decision, outcome, error) {
 	k := m.c.calls.Get().(*clientCall)
 	k.req = req
 	select {
 	case m.queue <- k:
 	case <-m.stopped:
-		return Decision{}, false, nil
+		return Decision{}, notSent, nil
 	case <-ctx.Done():
-		return Decision{}, false, fmt.Errorf("%w: %w", ErrUnavailable, ctxErr(ctx))
+		return Decision{}, answered, fmt.Errorf("%w: %w", ErrUnavailable, ctxErr(ctx))
 	}
 	var r clientResult
 	select {
@@ -102,24 +116,24 @@ func (m *memberConn) allow(ctx context.Context, req Request) (d Decision, sent b
 		default:
 			// Queued after the sender left: never sent. k stays in the
 			// queue, so it does not go back to the pool.
-			return Decision{}, false, nil
+			return Decision{}, notSent, nil
 		}
 	case <-ctx.Done():
 		// The answer will land in k.done later: k is not reused.
-		return Decision{}, true, fmt.Errorf("%w: %w", ErrUnavailable, ctxErr(ctx))
+		return Decision{}, answered, fmt.Errorf("%w: %w", ErrUnavailable, ctxErr(ctx))
 	}
 	k.req = Request{}
 	m.c.calls.Put(k)
-	if r.err != nil {
-		return Decision{}, r.sent, r.err
-	}
 	if !r.sent {
-		return Decision{}, false, nil
+		return Decision{}, notSent, nil
+	}
+	if r.err != nil {
+		return Decision{}, lost, r.err
 	}
 	if r.res.GetCode() != 0 {
-		return Decision{}, true, FromStatus(status.Error(codes.Code(r.res.GetCode()), r.res.GetError()))
+		return Decision{}, answered, FromStatus(status.Error(codes.Code(r.res.GetCode()), r.res.GetError()))
 	}
-	return decisionFromWire(r.res.GetResponse()), true, nil
+	return decisionFromWire(r.res.GetResponse()), answered, nil
 }
 
 // sendLoop takes the requests waiting (at least one, at most MaxBatch) and
@@ -201,7 +215,10 @@ func (m *memberConn) stream() *clientStream {
 	}
 	ctx, cancel := context.WithCancel(m.c.ctx)
 	// Opening waits while the connection is being made, not longer than
-	// Timeout.
+	// Timeout, and fails at once when the member's port refuses it (no
+	// WaitForReady): a crashed member's requests then go to another
+	// member at once instead of waiting out Timeout, batch after batch,
+	// for as long as gossip lists it.
 	open, openCancel := context.WithTimeout(ctx, m.c.cfg.Timeout)
 	defer openCancel()
 	type opened struct {
@@ -210,7 +227,7 @@ func (m *memberConn) stream() *clientStream {
 	}
 	ch := make(chan opened, 1)
 	go func() {
-		st, err := m.stub.AllowStream(ctx, grpc.WaitForReady(true))
+		st, err := m.stub.AllowStream(ctx)
 		ch <- opened{st, err}
 	}()
 	var o opened

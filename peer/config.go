@@ -486,8 +486,9 @@ func ParseOwnership(s string) (OwnershipMode, error) {
 // defaultPolicy is the table a zero Config gets.
 var defaultPolicy = PolicyConfig{Limit: 100, Window: time.Minute}
 
-// defaultForwardTimeout is Config.ForwardTimeout's zero value, and
-// ClientConfig.DecisionTimeout's: a client gives up when a node would.
+// defaultForwardTimeout is Config.ForwardTimeout's zero value; a client's
+// DecisionTimeout defaults to twice it, so a node's failure answer comes
+// first.
 const defaultForwardTimeout = 500 * time.Millisecond
 
 // withDefaults returns a copy of c with zero fields filled in. Maps and

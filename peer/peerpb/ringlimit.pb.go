@@ -2585,9 +2585,11 @@ type PlacementResponse struct {
 	// members are the live members, sorted by name.
 	Members []*PlacementMember `protobuf:"bytes,5,rep,name=members,proto3" json:"members,omitempty"`
 	// holders has partition_count entries: for partition p, the index in
-	// members of the answering node if it holds p, else of the ring's
-	// target for p (where p settles; while p moves, the member there
-	// forwards or waits for the transfer).
+	// members of the answering node if it holds p, else of the live member
+	// the ownership table names p's holder (as the answering node applied
+	// it: after a holder's crash, its backup once the takeover is
+	// applied), else of the ring's target for p (where p settles; while p
+	// moves, the member there forwards or waits for the transfer).
 	Holders       []uint32 `protobuf:"varint,6,rep,packed,name=holders,proto3" json:"holders,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
