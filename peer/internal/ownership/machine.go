@@ -152,8 +152,9 @@ type local struct {
 	// have: the member's local state of the partition is complete for its
 	// holding (set when it was granted, moved or handed the partition).
 	have bool
-	// recopy: the partition's replication became stronger (a policy moved
-	// from off or async to sync) after its backup's copy was made, so the
+	// recopy: the partition's replication became stronger (Raise), or an
+	// async replica did not reach the backup (Recopy), after its backup's
+	// copy was made, so the
 	// copy may lack admissions that were never replicated. The holder does
 	// not decide until a copy begun after recopyAfter is the backup's.
 	recopy      bool
@@ -401,8 +402,10 @@ func (m *Machine) Depends() (held, backed int) {
 }
 
 // Raise tells the machine that replication became stronger for some
-// policy (a policy table change took a policy from off or async to
-// sync). Every partition this member holds is copied to its backup again
+// policy (a policy table change took a policy from off to async or sync,
+// or from async to sync, or added one with async or sync replication:
+// an absent policy counts as off). Every partition this member holds is
+// copied to its backup again
 // before it decides again, so that no decision is reported as
 // synchronously replicated while the backup's copy lacks admissions made
 // unreplicated before the change. The partitions are unavailable for that
