@@ -25,7 +25,11 @@
 // (FaultBlip) and times out; an async replica that fails makes its holder
 // re-copy the partition (Machine.Recopy, as peer's replication does); a
 // policy is removed and added back (FaultReadd) and raised (FaultRaise),
-// a raise re-copying every held partition; gossip gives a member up
+// a raise re-copying every held partition (one difference, stated: the
+// simulator's copies carry every key, while peer's leave out the keys of
+// a policy its table lacks, so there a partition that moves, or is taken
+// over, while a policy is removed loses that policy's keys; that is
+// open); gossip gives a member up
 // after FailedAfter (View.Failed) and knows one gone for good only once
 // it left or a later incarnation runs.
 //
