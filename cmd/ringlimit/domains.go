@@ -33,6 +33,12 @@ Envoy's RateLimitService/ShouldRateLimit on its gRPC port; see envoyrls):
           value: internal
           rate_limit: {unlimited: true}
 
+  unknown_domain: error      # top level: the answer to a domain not listed
+                             #   error (default): gRPC NotFound, so Envoy's
+                             #   failure_mode_deny decides; deny: OVER_LIMIT;
+                             #   allow: OK, unlimited (envoyproxy/ratelimit's)
+                             #   each counted and logged (throttled)
+
   unit is second, minute, hour or day (unit_multiplier: N multiplies it).
   Each leaf with a limit becomes policy "envoy:<domain>:<key>[=<value>]/...";
   names starting with "envoy:" are reserved. Not supported: replaces,
@@ -57,6 +63,18 @@ var unsupportedFields = map[string]bool{
 // unitDurations are the units rate_limit accepts.
 var unitDurations = map[string]time.Duration{
 	"second": time.Second, "minute": time.Minute, "hour": time.Hour, "day": 24 * time.Hour,
+}
+
+// parseUnknownDomain reads the top-level "unknown_domain" field.
+func parseUnknownDomain(n *yaml.Node) (envoyrls.UnknownDomain, error) {
+	if n.Kind != yaml.ScalarNode {
+		return 0, fmt.Errorf("\"unknown_domain\" must be error, deny or allow, got %s at line %d", kindOf(n), n.Line)
+	}
+	u, err := envoyrls.ParseUnknownDomain(n.Value)
+	if err != nil {
+		return 0, fmt.Errorf("%w (line %d)", err, n.Line)
+	}
+	return u, nil
 }
 
 // parseDomains reads the "domains" list and compiles it. Errors carry the

@@ -200,3 +200,52 @@ func TestEnvoySeveralLimitsOnOneSubject(t *testing.T) {
 		t.Errorf("user_day after the refused pair: %v, want OK with %d remaining (the refused pair spent nothing of it)", r, 10000-10-1)
 	}
 }
+
+// TestEnvoyUnknownDomainConfig parses the policy file's top-level
+// "unknown_domain": absent is an error answer (the default), each name
+// sets its answer with or without domains, and a wrong value or kind is
+// an error naming the choices and the line.
+func TestEnvoyUnknownDomainConfig(t *testing.T) {
+	t.Parallel()
+	const pol = "policies:\n  - name: p\n    limit: 1\n    window: 1s\n"
+	const dom = "domains:\n  - domain: edge\n    descriptors:\n      - key: k\n        rate_limit: {unit: second, requests_per_unit: 1}\n"
+	for _, tc := range []struct {
+		name    string
+		in      string
+		want    envoyrls.UnknownDomain
+		noTable bool // the file defines no Envoy table (serve answers with the default)
+		wantErr string
+	}{
+		{name: "absent, domains", in: dom, want: envoyrls.UnknownError},
+		{name: "absent, no domains", in: pol, noTable: true},
+		{name: "error", in: "unknown_domain: error\n" + dom, want: envoyrls.UnknownError},
+		{name: "deny", in: dom + "unknown_domain: deny\n", want: envoyrls.UnknownDeny},
+		{name: "allow without domains", in: "unknown_domain: allow\n" + pol, want: envoyrls.UnknownAllow},
+		{name: "wrong value", in: "unknown_domain: ok\n" + dom, wantErr: `unknown_domain "ok": want error (the default), deny or allow (line 1)`},
+		{name: "wrong kind", in: pol + "unknown_domain: [deny]\n", wantErr: `"unknown_domain" must be error, deny or allow, got a list at line 5`},
+		{name: "twice", in: "unknown_domain: deny\nunknown_domain: allow\n" + pol, wantErr: `"unknown_domain" given twice (lines 1 and 2)`},
+		{name: "alone", in: "unknown_domain: deny\n", wantErr: "no policies"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, tab, err := parsePolicyFile([]byte(tc.in))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("parsePolicyFile(%q) = %v, want an error containing %q", tc.in, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("parsePolicyFile(%q): %v", tc.in, err)
+			}
+			if tc.noTable {
+				if tab != nil {
+					t.Fatalf("parsePolicyFile(%q) returned an Envoy table; want none", tc.in)
+				}
+				return
+			}
+			if tab == nil || tab.UnknownDomainAnswer() != tc.want {
+				t.Fatalf("parsePolicyFile(%q): unknown domains answered %v, want %v", tc.in, tab, tc.want)
+			}
+		})
+	}
+}

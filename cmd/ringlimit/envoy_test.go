@@ -196,9 +196,13 @@ func TestEnvoyRLS(t *testing.T) {
 	})
 
 	t.Run("unknown domain and bad requests", func(t *testing.T) {
-		r := call(t, 0, &rlsv3.RateLimitRequest{Domain: "nope", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("client", "c300")}})
-		if r.OverallCode != ok || len(r.Statuses) != 1 || r.Statuses[0].CurrentLimit != nil {
-			t.Errorf("unknown domain: %v, want OK with one status without a limit", r)
+		// The policy file sets no unknown_domain: an error, counted.
+		_, err := clients[0].ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "nope", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("client", "c300")}})
+		if status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), `"nope"`) {
+			t.Errorf("unknown domain: %v, want NotFound naming it", err)
+		}
+		if v := metricValue(t, a, `ringlimit_envoy_unknown_domain_requests_total{answer="error"}`); v != "1" {
+			t.Errorf(`ringlimit_envoy_unknown_domain_requests_total{answer="error"} = %q, want 1`, v)
 		}
 		for _, req := range []*rlsv3.RateLimitRequest{
 			{Domain: "", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("client", "x")}},

@@ -170,7 +170,7 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return nil, nil, errors.New("more than one document: want exactly one")
 	}
-	entries, skip, domainsNode, errs := policyEntries(&doc)
+	entries, skip, domainsNode, unknownNode, errs := policyEntries(&doc)
 	var envoy *envoyrls.Table
 	if domainsNode != nil {
 		var derrs []error
@@ -179,6 +179,18 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 	}
 	if len(entries) == 0 && len(errs) == 0 && envoy == nil {
 		return nil, nil, errors.New("no policies: want a top-level \"policies\" list with at least one entry, or \"domains\"")
+	}
+	if unknownNode != nil {
+		u, err := parseUnknownDomain(unknownNode)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case envoy == nil && len(errs) == 0:
+			envoy, _ = envoyrls.Compile(nil) // no domains: every one is unknown
+			fallthrough
+		case envoy != nil:
+			envoy = envoy.WithUnknownDomain(u)
+		}
 	}
 	out := make(map[string]peer.PolicyConfig, len(entries))
 	for i, e := range entries {
@@ -343,15 +355,15 @@ const overrideFields = "tenant, subject, limit, unlimited"
 // reported in errs, and the fields of the wrong shape marked in skip (the
 // key "" for an entry that is not a map), so that their values are not
 // checked again.
-func policyEntries(doc *yaml.Node) (entries []policyEntry, skip []map[string]bool, domains *yaml.Node, errs []error) {
+func policyEntries(doc *yaml.Node) (entries []policyEntry, skip []map[string]bool, domains, unknown *yaml.Node, errs []error) {
 	root := resolve(doc)
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
 		root = resolve(root.Content[0])
 	}
 	if root.Kind != yaml.MappingNode {
-		return nil, nil, nil, []error{fmt.Errorf("the file must be a map with a \"policies\" list, got %s at line %d", kindOf(root), root.Line)}
+		return nil, nil, nil, nil, []error{fmt.Errorf("the file must be a map with a \"policies\" list, got %s at line %d", kindOf(root), root.Line)}
 	}
-	var list, listKey, domainsKey *yaml.Node
+	var list, listKey, domainsKey, unknownKey *yaml.Node
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], resolve(root.Content[i+1])
 		switch {
@@ -359,8 +371,12 @@ func policyEntries(doc *yaml.Node) (entries []policyEntry, skip []map[string]boo
 			errs = append(errs, fmt.Errorf("\"domains\" given twice (lines %d and %d)", domainsKey.Line, k.Line))
 		case k.Value == "domains":
 			domainsKey, domains = k, v
+		case k.Value == "unknown_domain" && unknownKey != nil:
+			errs = append(errs, fmt.Errorf("\"unknown_domain\" given twice (lines %d and %d)", unknownKey.Line, k.Line))
+		case k.Value == "unknown_domain":
+			unknownKey, unknown = k, v
 		case k.Value != "policies":
-			errs = append(errs, fmt.Errorf("unknown top-level field %q at line %d: the file holds only \"policies\" and \"domains\"", k.Value, k.Line))
+			errs = append(errs, fmt.Errorf("unknown top-level field %q at line %d: the file holds only \"policies\", \"domains\" and \"unknown_domain\"", k.Value, k.Line))
 		case listKey != nil:
 			errs = append(errs, fmt.Errorf("\"policies\" given twice (lines %d and %d)", listKey.Line, k.Line))
 		default:
@@ -368,16 +384,16 @@ func policyEntries(doc *yaml.Node) (entries []policyEntry, skip []map[string]boo
 		}
 	}
 	if list == nil || list.ShortTag() == "!!null" {
-		return nil, nil, domains, errs
+		return nil, nil, domains, unknown, errs
 	}
 	if list.Kind != yaml.SequenceNode {
-		return nil, nil, domains, append(errs, fmt.Errorf("\"policies\" must be a list of {%s} entries, got %s at line %d", policyFields, kindOf(list), list.Line))
+		return nil, nil, domains, unknown, append(errs, fmt.Errorf("\"policies\" must be a list of {%s} entries, got %s at line %d", policyFields, kindOf(list), list.Line))
 	}
 	for i, item := range list.Content {
 		e, shaky, bad := policyEntryOf(i, resolve(item))
 		entries, skip, errs = append(entries, e), append(skip, shaky), append(errs, bad...)
 	}
-	return entries, skip, domains, errs
+	return entries, skip, domains, unknown, errs
 }
 
 // policyEntryOf reads entry i of the policies list, and returns which of

@@ -51,8 +51,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 	cfg := f.peerConfig(log)
 	// Envoy's RateLimitService is always served, on the gRPC port; without
-	// "domains" in the policy file every domain is unknown and answered
-	// OK, as envoyproxy/ratelimit answers an unknown domain.
+	// "domains" in the policy file every domain is unknown, answered as its
+	// unknown_domain says (by default an error, NotFound: envoyrls).
 	envoy, _ := envoyrls.Compile(nil)
 	var policyData []byte // the file's contents in force
 	if f.policies != "" {
@@ -168,6 +168,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cancelStart()
 	if err != nil {
 		return fmt.Errorf("serve: start node: %w", err)
+	}
+	// Envoy requests for an unknown domain, counted by answer.
+	if err := reg.Register(*envoySrv); err != nil {
+		_ = node.Close(context.Background())
+		return fmt.Errorf("serve: metrics: %w", err)
 	}
 
 	api := &httpAPI{node: node, pols: node, reg: reg, log: nlog, reset: reset, refundGuard: refund}

@@ -59,9 +59,16 @@
 //   - overall_code is OVER_LIMIT when any descriptor is.
 //   - shadow_mode: the leaf is decided and counted, but its status is
 //     always OK.
-//   - unlimited, an unknown domain, or a descriptor that matches no leaf
-//     with a limit: status OK with no current_limit, as envoyproxy/ratelimit
-//     answers.
+//   - unlimited, or a descriptor that matches no leaf with a limit: status
+//     OK with no current_limit, as envoyproxy/ratelimit answers.
+//   - A domain the table does not define: the table's UnknownDomain
+//     (Table.WithUnknownDomain; serve reads the policy file's
+//     unknown_domain). The default is an error (NotFound), not
+//     envoyproxy/ratelimit's OK, under which a typo in a domain turned
+//     limiting off without a trace: an error is what Envoy already
+//     handles by its failure_mode_deny and counts among its rate limit
+//     errors. Every such request is counted by answer (the Server is a
+//     prometheus.Collector) and logged at Warn, at most once a second.
 //   - When ringlimit cannot decide (peer.ErrUnavailable, or the node is
 //     closing), ShouldRateLimit returns gRPC status Unavailable, so Envoy's
 //     failure_mode_deny decides; ResourceExhausted when the key's holder

@@ -13,6 +13,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -39,7 +40,9 @@ type Limiter interface {
 
 // Server implements RateLimitService on a Limiter with a Table. It is safe
 // for concurrent use and starts no goroutine of its own beyond one per
-// group of descriptors while a call runs.
+// group of descriptors while a call runs. It is a prometheus.Collector of
+// its unknown-domain counter (unknown.go): register it on the caller's
+// registry.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	l   Limiter
@@ -48,6 +51,11 @@ type Server struct {
 	// authorizeRefund, when not nil, is asked before a request with a
 	// negative-hits descriptor is decided (GuardRefunds).
 	authorizeRefund func(ctx context.Context) error
+	// unknown counts requests for a domain the table lacks, by answer
+	// (unknown.go); lastUnknownLog throttles their Warn to one a second.
+	unknown        [len(unknownDomainNames)]atomic.Uint64
+	lastUnknownLog atomic.Int64
+	unknownDesc    *prometheus.Desc
 }
 
 // New returns a server deciding with l by table t; log may be nil
@@ -56,7 +64,7 @@ func New(l Limiter, t *Table, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{l: l, log: log}
+	s := &Server{l: l, log: log, unknownDesc: newUnknownDesc()}
 	s.t.Store(t)
 	return s
 }
@@ -110,11 +118,13 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors: at most %d", len(descs), maxDescriptors)
 	}
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs))}
-	dt := s.t.Load().domains[req.GetDomain()]
+	t := s.t.Load()
+	dt := t.domains[req.GetDomain()]
 	if dt == nil {
-		// As envoyproxy/ratelimit: an unknown domain limits nothing.
-		okStatuses(resp.Statuses)
-		return resp, nil
+		// Answered as the table says (UnknownDomain), counted and
+		// logged: envoyproxy/ratelimit's silent OK let a typo turn
+		// limiting off unseen.
+		return s.unknownDomain(t, req.GetDomain(), resp)
 	}
 	// A request has a handful of descriptors: their items stay on the
 	// stack unless there are more.

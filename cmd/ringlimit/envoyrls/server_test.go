@@ -39,9 +39,10 @@ func TestEnvoyUnavailableIsGRPCUnavailable(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("ShouldRateLimit with an unavailable limiter = %v, want gRPC Unavailable", err)
 	}
-	// Nothing to decide: no call, no error.
-	if _, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "other", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}}); err != nil {
-		t.Errorf("unknown domain with an unavailable limiter = %v, want OK", err)
+	// An unknown domain is not the limiter's to decide: NotFound (the
+	// default UnknownError), not Unavailable.
+	if _, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "other", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}}); status.Code(err) != codes.NotFound {
+		t.Errorf("unknown domain with an unavailable limiter = %v, want NotFound", err)
 	}
 }
 

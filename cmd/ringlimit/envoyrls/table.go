@@ -66,6 +66,7 @@ type Limit struct {
 type Table struct {
 	domains  map[string]*domainTable
 	policies map[string]peer.PolicyConfig
+	unknown  UnknownDomain // the answer for a domain not in domains
 }
 
 type domainTable struct {
