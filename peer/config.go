@@ -394,7 +394,10 @@ type Config struct {
 	// JoinTimeout bounds how long New keeps trying to join Join's seeds
 	// when none answers: tries are spaced 100 ms apart, doubling up to 2 s,
 	// and each failure is logged with its attempt number. The ctx passed
-	// to New bounds it too. Zero means 30 s.
+	// to New bounds it too. A seed that answers that its gossip key
+	// differs from GossipKey (or that one side has none) ends the join at
+	// once: New returns an error wrapping ErrInvalidConfig that quotes the
+	// answer. Zero means 30 s.
 	JoinTimeout time.Duration
 	// ReconnectInterval is how often the node tries to rejoin members that
 	// failed (memberlist never contacts a member again once it declared it

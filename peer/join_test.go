@@ -80,3 +80,31 @@ func TestJoinTimeout(t *testing.T) {
 		t.Fatalf("New gave up without a logged retry: %v", err)
 	}
 }
+
+// TestJoinKeyMismatchFailsFast starts a node with a gossip key and another
+// without one that joins it: New fails at once (not after JoinTimeout)
+// with an error wrapping ErrInvalidConfig that says the
+// keys differ and quotes the seed's answer.
+func TestJoinKeyMismatchFailsFast(t *testing.T) {
+	seed, err := New(context.Background(), Config{GossipProfile: GossipFast, GossipKey: []byte("0123456789abcdef"), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = seed.Close(context.Background()) })
+	began := time.Now()
+	const joinTimeout = 5 * time.Second
+	nd, err := New(context.Background(), Config{GossipProfile: GossipFast, Join: []string{seed.GossipAddr()}, JoinTimeout: joinTimeout, Logger: testLogger(t)})
+	took := time.Since(began)
+	if err == nil {
+		_ = nd.Close(context.Background())
+		t.Fatal("New without the seed's gossip key joined it")
+	}
+	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "gossip encryption keys differ") ||
+		!strings.Contains(err.Error(), "this node has no gossip key and the seed has one") || !strings.Contains(err.Error(), seed.GossipAddr()) {
+		t.Fatalf("New without the seed's key = %v; want ErrInvalidConfig saying the keys differ, which side lacks one, and the seed", err)
+	}
+	if took >= joinTimeout/2 {
+		t.Fatalf("New failed after %v; want at once, not after JoinTimeout %v", took, joinTimeout)
+	}
+	t.Logf("failed after %v: %v", took.Round(time.Millisecond), err)
+}

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"net"
@@ -100,6 +101,10 @@ func (n *Node) startGossip(ctx context.Context) error {
 		return nil
 	}
 	err = membership.Join(ctx, ml, n.cfg.Join, n.cfg.JoinTimeout, n.log)
+	if errors.Is(err, membership.ErrKeyMismatch) {
+		// This node's GossipKey is not the cluster's: a config error.
+		err = fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	if err == nil {
 		err = n.duplicateName()
 	}

@@ -20,7 +20,9 @@
 //     driver's OnEvent.
 //   - Log, memberlist's standard logger bridged into slog, with repeated
 //     warnings of one kind rate-limited.
-//   - Join, joining seeds with backoff until one answers or a timeout.
+//   - Join, joining seeds with backoff until one answers or a timeout; a
+//     seed that answers that its gossip key differs ends it at once
+//     (ErrKeyMismatch, with which side lacks a key and the answer).
 //
 // What it does not do: it builds no ring, decides no ownership, and knows
 // nothing of the node's RPCs or policies beyond the numbers it gossips.

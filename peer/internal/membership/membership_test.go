@@ -2,9 +2,12 @@ package membership
 
 import (
 	"context"
+	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -158,5 +161,70 @@ func TestQueueLeaveOrFailure(t *testing.T) {
 	}
 	if evs, dropped, _, _ := q.Take(); len(evs) != MaxEvents || dropped != 5 {
 		t.Fatalf("after %d events: %d kept, %d dropped; want %d and 5", MaxEvents+5, len(evs), dropped, MaxEvents)
+	}
+}
+
+// TestJoinKeyMismatch joins real memberlists on 127.0.0.1 whose gossip
+// keys differ (one side without a key, or two different keys): the join
+// fails at once, with an error wrapping ErrKeyMismatch that says which
+// side lacks a key and carries the seed's answer, instead of retrying
+// until the timeout as if no seed had answered. Matching keys join. This
+// also pins memberlist's wording, which is all Join has to go on.
+func TestJoinKeyMismatch(t *testing.T) {
+	t.Parallel()
+	keyA := []byte("0123456789abcdef0123456789abcdef")
+	keyB := []byte("fedcba9876543210fedcba9876543210")
+	start := func(t *testing.T, name string, key []byte) *memberlist.Memberlist {
+		t.Helper()
+		mc := memberlist.DefaultLocalConfig()
+		mc.Name = name
+		mc.BindAddr = "127.0.0.1"
+		mc.BindPort = 0
+		mc.SecretKey = key
+		mc.LogOutput = io.Discard
+		ml, err := memberlist.Create(mc)
+		if err != nil {
+			t.Fatalf("start %s: %v", name, err)
+		}
+		t.Cleanup(func() { _ = ml.Shutdown() })
+		return ml
+	}
+	const timeout = 5 * time.Second
+	for _, tc := range []struct {
+		name       string
+		mine, seed []byte
+		want       string // "" for a join that succeeds
+	}{
+		{"no key here, one on the seed", nil, keyA, "this node has no gossip key and the seed has one"},
+		{"a key here, none on the seed", keyA, nil, "this node has a gossip key and the seed answered without one"},
+		{"different keys", keyA, keyB, "this node and the seed have different gossip keys"},
+		{"the same key", keyA, keyA, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			seed := start(t, "seed", tc.seed)
+			joiner := start(t, "joiner", tc.mine)
+			addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(seed.LocalNode().Port)))
+			logs := &records{}
+			began := time.Now()
+			err := Join(context.Background(), joiner, []string{addr}, timeout, slog.New(logs))
+			took := time.Since(began)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Join with matching keys: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrKeyMismatch) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), addr) {
+				t.Fatalf("Join after %v = %v; want an error wrapping ErrKeyMismatch, saying %q and naming the seed %s", took, err, tc.want, addr)
+			}
+			t.Logf("after %v: %v", took.Round(time.Millisecond), err)
+			if took >= timeout/2 {
+				t.Fatalf("Join failed after %v (timeout %v); want at once", took, timeout)
+			}
+			if strings.Contains(err.Error(), "no seed answered") || strings.Contains(err.Error(), "\n") {
+				t.Errorf("error %q: want one line that does not claim no seed answered", err)
+			}
+		})
 	}
 }
