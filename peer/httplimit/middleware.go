@@ -10,6 +10,7 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer"
@@ -76,11 +77,17 @@ type MiddlewareConfig struct {
 	// charged the estimate: the reservation stays pending until it
 	// expires, and nothing more is sent.
 	SettleAfter bool
-	// Logger receives one line per request the middleware answers with an
-	// error: Warn for an invalid key (the bad part named, never its value),
-	// Error for an unknown policy, invalid hits or any other server-side
-	// failure, and Debug for unavailability (the node logs the cause). It is
-	// called on the request's goroutine. Nil means discard.
+	// Logger receives a line for the requests the middleware answers with
+	// an error: Warn for an invalid key (the bad part named, never its
+	// value), Error for an unknown policy, invalid hits or any other
+	// server-side failure, and Debug for unavailability (the node logs the
+	// cause). Each kind is throttled to one line a second; the next line
+	// of that kind carries "suppressed", the number held back meanwhile,
+	// so a mistyped policy logs once a second, not once a request. It is
+	// called on the request's goroutine. Nil means slog.Default() as it is
+	// when Middleware is called (as peer.Config.Logger), so a
+	// misconfiguration answered 500 is never silent; to discard, pass
+	// slog.New(slog.DiscardHandler).
 	Logger *slog.Logger
 }
 
@@ -121,9 +128,9 @@ type MiddlewareConfig struct {
 // method (as *peer.Node has: its table can be replaced), else the table is read
 // once, here. The returned handler is safe for concurrent use.
 func Middleware(cfg MiddlewareConfig, next http.Handler) http.Handler {
-	m := &middleware{cfg: cfg, next: next, log: cfg.Logger}
+	m := &middleware{cfg: cfg, next: next, log: cfg.Logger, now: time.Now}
 	if m.log == nil {
-		m.log = slog.New(slog.DiscardHandler)
+		m.log = slog.Default()
 	}
 	var missing []string
 	if cfg.Limiter == nil {
@@ -154,6 +161,42 @@ type middleware struct {
 	policies map[string]peer.PolicyConfig // else read once
 	log      *slog.Logger
 	cfgErr   error
+	// now is the throttle's clock (tests replace it); throttle holds, per
+	// kind of failure line, when one was last logged and how many were
+	// held back since.
+	now      func() time.Time
+	throttle [logKinds]struct{ last, held atomic.Int64 }
+}
+
+// The kinds of failure line Middleware throttles separately.
+const (
+	logUnavailable = iota
+	logInvalidKey
+	logUnknownPolicy
+	logFailed
+	logKinds
+)
+
+// logEvery is how often Middleware logs one kind of failure at most.
+const logEvery = time.Second
+
+// logThrottled logs msg at level unless a line of kind was logged less
+// than logEvery ago; then it only counts it, and the next line of kind
+// says how many were held back ("suppressed").
+func (m *middleware) logThrottled(ctx context.Context, kind int, level slog.Level, msg string, args ...any) {
+	if !m.log.Enabled(ctx, level) {
+		return
+	}
+	t := &m.throttle[kind]
+	now, last := m.now().UnixNano(), t.last.Load()
+	if last != 0 && now-last < int64(logEvery) || !t.last.CompareAndSwap(last, now) {
+		t.held.Add(1)
+		return
+	}
+	if n := t.held.Swap(0); n > 0 {
+		args = append(args, "suppressed", n)
+	}
+	m.log.Log(ctx, level, msg, args...)
 }
 
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -331,7 +374,7 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, key peer.Key, 
 	ctx := r.Context()
 	switch {
 	case status == http.StatusServiceUnavailable:
-		m.log.DebugContext(ctx, "rate limiter unavailable", "policy", key.Policy, "err", err)
+		m.logThrottled(ctx, logUnavailable, slog.LevelDebug, "rate limiter unavailable", "policy", key.Policy, "err", err)
 	case errors.Is(err, peer.ErrInvalidKey):
 		var ke *keyError
 		problem := "invalid key"
@@ -339,12 +382,12 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, key peer.Key, 
 			problem = ke.problem
 		}
 		// The key came from the embedder's KeyFunc: tell its author the fix.
-		m.log.WarnContext(ctx, "invalid rate limit key", "problem", problem, "path", r.URL.Path,
+		m.logThrottled(ctx, logInvalidKey, slog.LevelWarn, "invalid rate limit key", "problem", problem, "path", r.URL.Path,
 			"hint", "build Tenant and Subject from raw identities with shard.KeyPart, which maps any string to a valid part")
 	case errors.Is(err, peer.ErrUnknownPolicy):
-		m.log.ErrorContext(ctx, "unknown rate limit policy", "policy", key.Policy, "path", r.URL.Path)
+		m.logThrottled(ctx, logUnknownPolicy, slog.LevelError, "unknown rate limit policy", "policy", key.Policy, "path", r.URL.Path)
 	default:
-		m.log.ErrorContext(ctx, "rate limit check failed", "policy", key.Policy, "path", r.URL.Path, "err", err)
+		m.logThrottled(ctx, logFailed, slog.LevelError, "rate limit check failed", "policy", key.Policy, "path", r.URL.Path, "err", err)
 	}
 	// A 503 tells the client what a 429 would: when to retry and which
 	// quota applies. The policy is unknown only if the node closed before
