@@ -88,7 +88,11 @@ func TestTLSRecipe(t *testing.T) {
 		t.Errorf("the Envoy cluster's sni %q, SAN %q and ALPN %v: want a DNS name of node.pem %v in both, and h2", envoy.sni, envoy.san, envoy.alpn, node.DNSNames)
 	}
 
-	tlsFlags := []string{"--tls-ca", file("ca.pem"), "--tls-cert", file("node.pem"), "--tls-key", file("node.key")}
+	// The Envoy call below names the domain "edge": the policy file
+	// configures it (an unknown domain is an error by default).
+	pols := writeFile(t, dir, "policies.yaml", "policies:\n  - {name: default, limit: 1000, window: 1m}\n"+
+		"domains:\n  - domain: edge\n    descriptors:\n      - key: remote_address\n        rate_limit: {unit: second, requests_per_unit: 100}\n")
+	tlsFlags := []string{"--tls-ca", file("ca.pem"), "--tls-cert", file("node.pem"), "--tls-key", file("node.key"), "--policies", pols}
 	a := startServe(t, "tls-recipe-a", nil, tlsFlags...)
 	b := startServe(t, "tls-recipe-b", nil, append(tlsFlags, "--join", a.gossipAddr)...)
 	nodes := []*serveProc{a, b}
