@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -113,15 +114,21 @@ func TestDeployManifests(t *testing.T) {
 		t.Errorf("terminationGracePeriodSeconds %d does not cover --drain-timeout %v plus leaving", grace, f.drainTimeout)
 	}
 
-	// Probed paths are served by serve's HTTP mux.
-	mux := (&httpAPI{}).routes().(*http.ServeMux)
+	// The HTTP decision API stays on the pod's loopback; the probes and
+	// the scraper use the ops listener (issue 53 item 8).
+	opsPort := checkDeployPorts(t, f, c)
+	// Probed paths are served by serve's ops mux, on the ops port.
+	mux := (&httpAPI{}).opsHandler().(*http.ServeMux)
 	for probe, want := range map[string]string{"readinessProbe": "/readyz", "livenessProbe": "/healthz"} {
 		path, _ := dig(c, probe, "httpGet", "path").(string)
 		if path != want {
 			t.Errorf("%s path %q, want %q", probe, path, want)
 		}
 		if _, pattern := mux.Handler(httptestRequest("GET", path)); pattern == "" {
-			t.Errorf("%s probes %s, which serve does not serve", probe, path)
+			t.Errorf("%s probes %s, which serve's ops listener does not serve", probe, path)
+		}
+		if port := dig(c, probe, "httpGet", "port"); port != "ops" && port != opsPort {
+			t.Errorf("%s probes port %v, want the ops port (ops, %d)", probe, port, opsPort)
 		}
 	}
 	if dig(c, "resources", "requests") == nil || dig(c, "resources", "limits") == nil {
@@ -158,7 +165,7 @@ func TestDeployManifests(t *testing.T) {
 // replica count of 3 or more (the log needs a majority: never 2),
 // OrderedReady (Parallel pods found clusters that never merge), a hard
 // spread over machines, GOMEMLIMIT below the memory limit, and a scrape
-// configuration of /metrics on the http port.
+// configuration of /metrics on the ops port.
 func checkDeploySafety(t *testing.T, ss, pod, c any, mux *http.ServeMux) {
 	t.Helper()
 	if r, _ := dig(ss, "spec", "replicas").(int); r < 3 || r%2 == 0 {
@@ -198,18 +205,18 @@ func checkDeploySafety(t *testing.T, ss, pod, c any, mux *http.ServeMux) {
 		t.Errorf("GOMEMLIMIT %s against a memory limit of %d bytes: want 70-99 %% of it", goMem, limit)
 	}
 
-	// Scraping: the annotations and the PodMonitor name the http port and
-	// a path serve serves.
-	var httpPort int
+	// Scraping: the annotations and the PodMonitor name the ops port and
+	// a path serve's ops listener serves.
+	var opsPort int
 	for _, p := range asList(dig(c, "ports")) {
-		if dig(p, "name") == "http" {
-			httpPort, _ = dig(p, "containerPort").(int)
+		if dig(p, "name") == "ops" {
+			opsPort, _ = dig(p, "containerPort").(int)
 		}
 	}
 	ann := dig(ss, "spec", "template", "metadata", "annotations")
 	path, _ := dig(ann, "prometheus.io/path").(string)
-	if dig(ann, "prometheus.io/scrape") != "true" || dig(ann, "prometheus.io/port") != fmt.Sprint(httpPort) || path != "/metrics" {
-		t.Errorf("pod annotations %v: want prometheus.io/scrape \"true\", port %d (http), path /metrics", ann, httpPort)
+	if opsPort == 0 || dig(ann, "prometheus.io/scrape") != "true" || dig(ann, "prometheus.io/port") != fmt.Sprint(opsPort) || path != "/metrics" {
+		t.Errorf("pod annotations %v: want prometheus.io/scrape \"true\", port %d (ops), path /metrics", ann, opsPort)
 	}
 	if _, pattern := mux.Handler(httptestRequest("GET", path)); pattern == "" {
 		t.Errorf("the scrape path %q is not served", path)
@@ -224,9 +231,38 @@ func checkDeploySafety(t *testing.T, ss, pod, c any, mux *http.ServeMux) {
 	}
 	ep := dig(pm, "spec", "podMetricsEndpoints", 0)
 	if pm["kind"] != "PodMonitor" || dig(pm, "spec", "selector", "matchLabels", "app.kubernetes.io/name") != "ringlimit" ||
-		dig(ep, "port") != "http" || dig(ep, "path") != "/metrics" {
-		t.Errorf("podmonitor.yaml: %v; want a PodMonitor of the ringlimit pods' http port, /metrics", pm)
+		dig(ep, "port") != "ops" || dig(ep, "path") != "/metrics" {
+		t.Errorf("podmonitor.yaml: %v; want a PodMonitor of the ringlimit pods' ops port, /metrics", pm)
 	}
+}
+
+// checkDeployPorts checks the listeners the manifest gives serve (f, the
+// container c): the HTTP decision API on 127.0.0.1 (plaintext and
+// unauthenticated, so off the pod network, and no containerPort for it),
+// and an ops listener on all interfaces whose port is the containerPort
+// named ops. It returns that port.
+func checkDeployPorts(t *testing.T, f serveFlags, c any) int {
+	t.Helper()
+	if host, _, err := net.SplitHostPort(f.httpAddr); err != nil || host != "127.0.0.1" {
+		t.Errorf("--http-addr %q: want 127.0.0.1:PORT (the decision API is unauthenticated: keep it off the pod network)", f.httpAddr)
+	}
+	host, port, err := net.SplitHostPort(f.opsAddr)
+	if err != nil || host != "0.0.0.0" {
+		t.Errorf("--ops-addr %q: want 0.0.0.0:PORT, for the kubelet's probes and Prometheus", f.opsAddr)
+	}
+	var opsPort int
+	for _, p := range asList(dig(c, "ports")) {
+		switch dig(p, "name") {
+		case "ops":
+			opsPort, _ = dig(p, "containerPort").(int)
+		case "http":
+			t.Errorf("container port http %v: the decision API listens on loopback, so it has no port on the pod network", dig(p, "containerPort"))
+		}
+	}
+	if opsPort == 0 || port != strconv.Itoa(opsPort) {
+		t.Errorf("--ops-addr %q, containerPort ops %d: want a port named ops that is --ops-addr's", f.opsAddr, opsPort)
+	}
+	return opsPort
 }
 
 // asList is v as a YAML list (nil when it is not one).

@@ -148,6 +148,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		defer httpLis.Close()
 	}
+	var opsLis net.Listener
+	if f.opsAddr != "" {
+		if opsLis, err = net.Listen("tcp", f.opsAddr); err != nil {
+			return fmt.Errorf("serve: listen ops: %w", err)
+		}
+		defer opsLis.Close()
+	}
 
 	startCtx, cancelStart := context.WithTimeout(ctx, f.joinTimeout)
 	joins, _ := parseJoin(f.join) // checked in parseServeFlags
@@ -176,22 +183,27 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 
 	api := &httpAPI{node: node, pols: node, reg: reg, log: nlog, reset: reset, refundGuard: refund}
-	var httpSrv *http.Server
-	httpErr := make(chan error, 1)
-	httpAddr := ""
+	// Without --ops-addr everything is on --http-addr, as before it
+	// existed; with it, --http-addr serves only the decision API.
+	apiHandler := api.routes()
+	if opsLis != nil {
+		apiHandler = api.apiHandler()
+	}
+	// Both servers report to one channel: the first failure drains.
+	httpErr := make(chan error, 2)
+	httpAddr, opsAddr := "", ""
+	var httpSrv, opsSrv *http.Server
 	if httpLis != nil {
 		httpAddr = httpLis.Addr().String()
-		httpSrv = &http.Server{
-			Handler:           api.routes(),
-			ReadHeaderTimeout: 5 * time.Second,
-			ReadTimeout:       30 * time.Second,
-			WriteTimeout:      30 * time.Second,
-			IdleTimeout:       2 * time.Minute,
-			ErrorLog:          slog.NewLogLogger(nlog.Handler(), slog.LevelWarn),
-		}
+		httpSrv = newHTTPServer(apiHandler, nlog)
 		go func() { httpErr <- httpSrv.Serve(httpLis) }()
 	}
-	log.Info("serving", "node", node.Name(), "http_addr", httpAddr, "grpc_addr", node.RPCAddr(),
+	if opsLis != nil {
+		opsAddr = opsLis.Addr().String()
+		opsSrv = newHTTPServer(api.opsHandler(), nlog)
+		go func() { httpErr <- opsSrv.Serve(opsLis) }()
+	}
+	log.Info("serving", "node", node.Name(), "http_addr", httpAddr, "ops_addr", opsAddr, "grpc_addr", node.RPCAddr(),
 		"gossip_addr", node.GossipAddr(), "members", len(node.Members()), "policies", len(node.Policies()),
 		"policy_version", node.PolicyVersion())
 
@@ -285,12 +297,28 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		// not hand off behave as after a crash.
 		nlog.Error("drain incomplete", "err", err)
 	}
-	if httpSrv != nil {
-		if err := httpSrv.Shutdown(drainCtx); err != nil {
+	for _, srv := range []*http.Server{httpSrv, opsSrv} {
+		if srv == nil {
+			continue
+		}
+		if err := srv.Shutdown(drainCtx); err != nil {
 			nlog.Warn("http shutdown", "err", err)
-			_ = httpSrv.Close()
+			_ = srv.Close()
 		}
 	}
 	nlog.Info("stopped")
 	return runErr
+}
+
+// newHTTPServer is an HTTP server of h with serve's timeouts, logging its
+// errors to log at Warn.
+func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
 }

@@ -27,6 +27,11 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         and grpc.health.v1 (default 127.0.0.1:8081)
   --http-addr H:P       HTTP API, health and metrics; "" disables it
                         (default 127.0.0.1:8080)
+  --ops-addr H:P        serve /healthz, /readyz, /metrics and /debug/* here
+                        instead, and only the decision API (/v1/*) on
+                        --http-addr: the probes and the scraper reach this
+                        port while the API stays on loopback; "" (default)
+                        keeps everything on --http-addr
   --join A,B            gossip addresses of existing members (comma-separated);
                         empty starts a new cluster. Each may also be
                         dns+NAME:PORT (every A/AAAA record of NAME, e.g. a
@@ -195,6 +200,7 @@ duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
 // serveFlags holds serve's configuration after flags and environment.
 type serveFlags struct {
 	name, gossipAddr, grpcAddr, httpAddr, join, policies, gossipKey string
+	opsAddr                                                         string // "": the ops paths stay on httpAddr
 	tlsCert, tlsKey, tlsCA, tlsServerName                           string
 	logFormat, logLevel                                             string
 	peerPipes                                                       string
@@ -226,6 +232,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.gossipAdvertise, "gossip-advertise-addr", "", "")
 	fs.StringVar(&f.grpcAdvertise, "grpc-advertise-addr", "", "")
 	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8080", "")
+	fs.StringVar(&f.opsAddr, "ops-addr", "", "")
 	fs.StringVar(&f.join, "join", "", "")
 	fs.StringVar(&f.policies, "policies", "", "")
 	fs.StringVar(&f.gossipKey, "gossip-key", "", "")
@@ -266,6 +273,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	}
 	if err := applyEnv(fs, os.LookupEnv); err != nil {
 		return f, usageError("serve: " + err.Error())
+	}
+	if f.opsAddr != "" && f.opsAddr == f.httpAddr && !strings.HasSuffix(f.opsAddr, ":0") {
+		return f, usageError(fmt.Sprintf("serve: --ops-addr %s is --http-addr too: give the ops listener a port of its own, or leave --ops-addr empty to serve everything on --http-addr", f.opsAddr))
 	}
 	if f.drainTimeout <= 0 || f.joinTimeout <= 0 {
 		return f, usageError("serve: --drain-timeout and --join-timeout must be positive")

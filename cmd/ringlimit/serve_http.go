@@ -49,8 +49,36 @@ func (a *httpAPI) policy(name string) peer.PolicyConfig {
 	return pc
 }
 
+// routes serves everything on one mux: the decision API and the ops
+// paths together, as serve does without --ops-addr.
 func (a *httpAPI) routes() http.Handler {
 	mux := http.NewServeMux()
+	a.apiRoutes(mux)
+	a.opsRoutes(mux)
+	return mux
+}
+
+// apiHandler serves the decision API alone (/v1/*): --http-addr's
+// handler when --ops-addr is set.
+func (a *httpAPI) apiHandler() http.Handler {
+	mux := http.NewServeMux()
+	a.apiRoutes(mux)
+	return mux
+}
+
+// opsHandler serves the probes, /metrics and /debug/* alone: --ops-addr's
+// handler. They are kept off the decision listener because /debug/hotkeys
+// and /metrics show other tenants' keys, and the probes and the scraper
+// need a port reachable from outside the pod while the decision API need
+// not be (issue 53 item 8).
+func (a *httpAPI) opsHandler() http.Handler {
+	mux := http.NewServeMux()
+	a.opsRoutes(mux)
+	return mux
+}
+
+// apiRoutes registers the decision API on mux.
+func (a *httpAPI) apiRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/check", a.check)
 	mux.HandleFunc("POST /v1/checks", a.checks)
 	mux.HandleFunc("POST /v1/peek", a.peek)
@@ -60,13 +88,17 @@ func (a *httpAPI) routes() http.Handler {
 	mux.HandleFunc("POST /v1/release", a.release)
 	mux.HandleFunc("POST /v1/reserve", a.reserve)
 	mux.HandleFunc("POST /v1/settle", a.settle)
+}
+
+// opsRoutes registers the probes, /metrics and every /debug/* path on
+// mux.
+func (a *httpAPI) opsRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /healthz", a.healthz)
 	mux.HandleFunc("GET /readyz", a.readyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /debug/ring", a.debugRing)
 	mux.HandleFunc("GET /debug/hotkeys", a.debugHotKeys)
 	mux.HandleFunc("GET /debug/ownership", a.debugOwnership)
-	return mux
 }
 
 // bodyBufs holds serveOp's request body buffers.

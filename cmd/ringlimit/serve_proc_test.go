@@ -24,6 +24,7 @@ type serveProc struct {
 	name                           string
 	cmd                            *exec.Cmd
 	httpAddr, grpcAddr, gossipAddr string
+	opsAddr                        string // "" without --ops-addr
 	mu                             sync.Mutex
 	log                            bytes.Buffer
 	exited                         chan struct{} // closed once the process has been reaped
@@ -122,6 +123,7 @@ func launchServe(t *testing.T, name string, cmd *exec.Cmd) *serveProc {
 	select {
 	case rec := <-serving:
 		p.httpAddr, _ = rec["http_addr"].(string)
+		p.opsAddr, _ = rec["ops_addr"].(string)
 		p.grpcAddr, _ = rec["grpc_addr"].(string)
 		p.gossipAddr, _ = rec["gossip_addr"].(string)
 	case <-p.exited:
