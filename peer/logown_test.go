@@ -64,7 +64,7 @@ func logState(c *cluster, key Key) string {
 		ctx, cancel = context.WithTimeout(context.Background(), time.Second)
 		fmt.Fprintf(&b, "%s: %s\n  ", nd.name, nd.lo.run.Describe(ctx))
 		cancel()
-		fmt.Fprintf(&b, "%s: leader %v, live %v, p%d published %+v", nd.name, nd.lo.member.Leader(), nd.lo.run.LiveUntil() > nd.mono(), pid, nd.lo.run.Part(pid))
+		fmt.Fprintf(&b, "%s: leader %v, live %v, p%d published %+v", nd.name, nd.lo.run.Lead() == nd.ops.start, nd.lo.run.LiveUntil() > nd.mono(), pid, nd.lo.run.Part(pid))
 		if tb != nil {
 			fmt.Fprintf(&b, ", table %+v, members", tb.Parts[pid])
 			for id, l := range tb.Members {
