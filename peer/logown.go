@@ -15,9 +15,7 @@ import (
 	"github.com/ringlimit/ringlimit/peer/internal/membership"
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
-	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
-	"github.com/ringlimit/ringlimit/shard"
 )
 
 // This file drives ownership in OwnershipLog mode. The rules are the
@@ -65,32 +63,6 @@ func (n *Node) twoMemberGrace() time.Duration { return 10 * n.cfg.LeaseDuration 
 // cut off for a while is still a voter when it comes back; after it,
 // autopilot replaces it as a voter.
 func (n *Node) logFailedGone() time.Duration { return n.cfg.FailedMemberTimeout }
-
-// emptyAfter is how long a vacant partition waits for the member with
-// its state (cut off, or paused) before the log's leader may restart it
-// empty (ownership.Config.EmptyAfter): the longest window a key of any
-// policy in t counts admissions in (a calendar policy's longest period),
-// plus that policy's spread lease, a tenth more for clock rates, plus one
-// LeaseDuration; and never less than was (a policy removed may be added
-// back with its keys' state, which must not have been restarted early).
-func (n *Node) emptyAfter(t *policy.Table, was time.Duration) time.Duration {
-	var longest time.Duration
-	for _, c := range t.Configs() {
-		w := c.Window
-		switch c.Period {
-		case shard.CalendarDay:
-			w = 25 * time.Hour
-		case shard.CalendarWeek:
-			w = 7*24*time.Hour + time.Hour
-		case shard.CalendarMonth:
-			w = 31*24*time.Hour + time.Hour
-		case shard.CalendarYear:
-			w = 366*24*time.Hour + time.Hour
-		}
-		longest = max(longest, w+c.Lease())
-	}
-	return max(was, longest+longest/10+n.cfg.LeaseDuration)
-}
 
 // logOwner is the node's side of log ownership.
 type logOwner struct {

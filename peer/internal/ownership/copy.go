@@ -85,3 +85,83 @@ func (m *Machine) startCopy(p int, to string, move bool, now int64, acts []Actio
 	l.fence, l.epoch, l.to, l.move, l.seq, l.since, l.wait = fenceCopy, m.table.Parts[p].Epoch, to, move, m.seq, now, m.copyWait
 	return append(acts, Action{Kind: SendCopy, P: p, To: to, Epoch: l.epoch, Seq: l.seq})
 }
+
+// Raise tells the machine that replication became stronger for some
+// policy (a policy table change took a policy from off to async or sync,
+// or from async to sync, or added one with async or sync replication:
+// an absent policy counts as off). Every partition this member holds is
+// copied to its backup again
+// before it decides again, so that no decision is reported as
+// synchronously replicated while the backup's copy lacks admissions made
+// unreplicated before the change. The partitions are unavailable for that
+// copy and one commit.
+func (m *Machine) Raise() {
+	m.gen++
+	for p := range m.parts {
+		m.parts[p].recopy, m.parts[p].recopyAfter = true, m.seq
+	}
+}
+
+// Recopy tells the machine that some admission of partition p, replicated
+// to its backup at partition epoch epoch without waiting (async), did not
+// reach it: the batch failed, timed out or was refused. If this member
+// still holds p at that epoch, p is copied to its backup again before it
+// decides again, exactly as after Raise, so that the backup's state lacks
+// only what is still in flight rather than, until the window passes,
+// every admission of a batch that failed once. A replica tagged with an
+// older epoch needs nothing: the copy that made the current backup was
+// taken from this member's state, failed admissions included. It reports
+// whether a re-copy is now owed.
+func (m *Machine) Recopy(p int, epoch uint64) bool {
+	if p < 0 || p >= len(m.parts) || !m.table.Holds(m.cfg.ID, p) || m.table.Parts[p].Epoch != epoch {
+		return false
+	}
+	l := &m.parts[p]
+	if !l.recopy {
+		m.gen++
+		l.recopy, l.recopyAfter = true, m.seq
+	}
+	return true
+}
+
+// AcceptReplica reports whether an admission of p replicated by from at
+// epoch may be applied to this member's copy: only while the table names
+// this member p's backup and from its holder, at exactly that epoch. A
+// replica of an older holding is refused (its holder was ended or moved
+// on), and so is one from a newer epoch this member has not applied yet:
+// the holder then answers unavailable rather than report it replicated.
+func (m *Machine) AcceptReplica(p int, from string, epoch uint64) bool {
+	pt := m.table.Parts[p]
+	return pt.Backup == m.cfg.ID && pt.Holder == from && (pt.Epoch == epoch || m.cfg.Mutation == MutReplicaAnyEpoch) && m.parts[p].have
+}
+
+// OfferCopy reports whether a complete copy of p from a holder, tagged
+// (epoch, seq), may replace this member's state of p. A member never
+// replaces the state of a partition it holds, nor a newer copy with an
+// older one (copies may be delayed, duplicated and reordered). On true
+// the driver installs the copy and acknowledges it.
+func (m *Machine) OfferCopy(p int, from string, epoch, seq uint64) bool {
+	m.gen++
+	l := &m.parts[p]
+	if m.table.Parts[p].Holder == m.cfg.ID {
+		return false
+	}
+	if m.cfg.Mutation != MutCopyAnyEpoch {
+		// A copy older than the partition's epoch is refused first: a
+		// duplicate of the copy a SetBackup named, delivered after it,
+		// would otherwise be installed again over the admissions
+		// replicated since. (No simulated schedule delivers a
+		// duplicate that late: this order is reasoned, not yet shown.)
+		if epoch < m.table.Parts[p].Epoch {
+			return false
+		}
+		if l.copyFrom == from && (epoch < l.copyEpoch || epoch == l.copyEpoch && seq <= l.copySeq) {
+			return epoch == l.copyEpoch && seq == l.copySeq // a duplicate: acknowledge again
+		}
+	}
+	l.copyFrom, l.copyEpoch, l.copySeq = from, epoch, seq
+	// A copy replaces whatever this member kept: it backs nothing until a
+	// command names it, with this copy.
+	l.have = false
+	return true
+}

@@ -401,44 +401,6 @@ func (m *Machine) Depends() (held, backed int) {
 	return held, backed
 }
 
-// Raise tells the machine that replication became stronger for some
-// policy (a policy table change took a policy from off to async or sync,
-// or from async to sync, or added one with async or sync replication:
-// an absent policy counts as off). Every partition this member holds is
-// copied to its backup again
-// before it decides again, so that no decision is reported as
-// synchronously replicated while the backup's copy lacks admissions made
-// unreplicated before the change. The partitions are unavailable for that
-// copy and one commit.
-func (m *Machine) Raise() {
-	m.gen++
-	for p := range m.parts {
-		m.parts[p].recopy, m.parts[p].recopyAfter = true, m.seq
-	}
-}
-
-// Recopy tells the machine that some admission of partition p, replicated
-// to its backup at partition epoch epoch without waiting (async), did not
-// reach it: the batch failed, timed out or was refused. If this member
-// still holds p at that epoch, p is copied to its backup again before it
-// decides again, exactly as after Raise, so that the backup's state lacks
-// only what is still in flight rather than, until the window passes,
-// every admission of a batch that failed once. A replica tagged with an
-// older epoch needs nothing: the copy that made the current backup was
-// taken from this member's state, failed admissions included. It reports
-// whether a re-copy is now owed.
-func (m *Machine) Recopy(p int, epoch uint64) bool {
-	if p < 0 || p >= len(m.parts) || !m.table.Holds(m.cfg.ID, p) || m.table.Parts[p].Epoch != epoch {
-		return false
-	}
-	l := &m.parts[p]
-	if !l.recopy {
-		m.gen++
-		l.recopy, l.recopyAfter = true, m.seq
-	}
-	return true
-}
-
 // Backup returns the member to replicate p's admissions to and the epoch
 // to tag them with ("" when the partition has no backup).
 func (m *Machine) Backup(p int) (string, uint64) {
@@ -448,48 +410,6 @@ func (m *Machine) Backup(p int) (string, uint64) {
 
 // Holder returns where p's requests go, as the applied table says.
 func (m *Machine) Holder(p int) string { return m.table.Parts[p].Holder }
-
-// AcceptReplica reports whether an admission of p replicated by from at
-// epoch may be applied to this member's copy: only while the table names
-// this member p's backup and from its holder, at exactly that epoch. A
-// replica of an older holding is refused (its holder was ended or moved
-// on), and so is one from a newer epoch this member has not applied yet:
-// the holder then answers unavailable rather than report it replicated.
-func (m *Machine) AcceptReplica(p int, from string, epoch uint64) bool {
-	pt := m.table.Parts[p]
-	return pt.Backup == m.cfg.ID && pt.Holder == from && (pt.Epoch == epoch || m.cfg.Mutation == MutReplicaAnyEpoch) && m.parts[p].have
-}
-
-// OfferCopy reports whether a complete copy of p from a holder, tagged
-// (epoch, seq), may replace this member's state of p. A member never
-// replaces the state of a partition it holds, nor a newer copy with an
-// older one (copies may be delayed, duplicated and reordered). On true
-// the driver installs the copy and acknowledges it.
-func (m *Machine) OfferCopy(p int, from string, epoch, seq uint64) bool {
-	m.gen++
-	l := &m.parts[p]
-	if m.table.Parts[p].Holder == m.cfg.ID {
-		return false
-	}
-	if m.cfg.Mutation != MutCopyAnyEpoch {
-		// A copy older than the partition's epoch is refused first: a
-		// duplicate of the copy a SetBackup named, delivered after it,
-		// would otherwise be installed again over the admissions
-		// replicated since (the simulator's duplicating network found
-		// it).
-		if epoch < m.table.Parts[p].Epoch {
-			return false
-		}
-		if l.copyFrom == from && (epoch < l.copyEpoch || epoch == l.copyEpoch && seq <= l.copySeq) {
-			return epoch == l.copyEpoch && seq == l.copySeq // a duplicate: acknowledge again
-		}
-	}
-	l.copyFrom, l.copyEpoch, l.copySeq = from, epoch, seq
-	// A copy replaces whatever this member kept: it backs nothing until a
-	// command names it, with this copy.
-	l.have = false
-	return true
-}
 
 // Apply applies one committed command to the table, at now (this
 // member's monotonic time), and returns the actions it implies here. A
@@ -755,37 +675,6 @@ func (m *Machine) emptyFresh(t *Table, p int) bool {
 	return pt.Fresh && mine && !l.have && l.copyFrom == ""
 }
 
-// expired reports whether id's liveness has expired in this member's
-// view: a whole Liveness since it applied the record's latest change.
-func (m *Machine) expired(id string, now int64) bool {
-	s := m.seen[id]
-	return s != nil && now-s.at >= int64(m.cfg.Liveness)
-}
-
-// endable reports whether the leader may end id's liveness: expired, as
-// every member counts it (MutLeaderEndsEarly counts 0.8 of it).
-func (m *Machine) endable(id string, now int64) bool {
-	if m.cfg.Mutation == MutLeaderEndsEarly {
-		s := m.seen[id]
-		return s != nil && now-s.at >= int64(m.cfg.Liveness)*4/5
-	}
-	return m.expired(id, now)
-}
-
-// Fresh reports whether member id is live in the table and extended
-// within the last Liveness in this member's view (as fresh, for drivers:
-// a member gossip gave up on that still extends through the log).
-func (m *Machine) Fresh(id string, now int64) bool { return m.fresh(id, now) }
-
-// fresh reports whether id is live in the table and extended within the
-// last Liveness in this member's view: fit to be given a partition.
-func (m *Machine) fresh(id string, now int64) bool {
-	_, ok := m.table.Live(id)
-	// A member that has never extended is not in the log yet (it joins as
-	// a learner once the table lists it): it could not extend a holding.
-	return ok && !m.expired(id, now) && m.seen[id] != nil && m.table.Members[id].Version > 0
-}
-
 // Tick runs the member's periodic steps at now and returns their actions:
 // join and extend its own liveness; as a holder, move partitions toward
 // their targets and keep each one backed up; settle fences; as the
@@ -954,97 +843,4 @@ func (m *Machine) Leave() (Command, bool) {
 	}
 	m.leaving = true
 	return Command{Kind: End, Member: m.cfg.ID, Epoch: rec.Epoch, Version: rec.Version, Ended: true}, true
-}
-
-// lead is the leader's reconciliation: it ends liveness that expired in
-// its view, grants vacant partitions to their targets, and proposes a Join
-// for each member gossip lists that the table does not.
-func (m *Machine) lead(now int64, acts []Action) []Action {
-	ids := make([]string, 0, len(m.table.Members))
-	for id := range m.table.Members {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		rec := m.table.Members[id]
-		s := m.seen[id]
-		if rec.Ended || s == nil || !m.endable(id, now) {
-			continue
-		}
-		// Gone for good: it left, or a later incarnation runs. One that
-		// gossip has only given up on (Failed) may come back, with the
-		// state of partitions that wait for it, or to hold again: it is
-		// ended, never for good (an incarnation ended for good can never
-		// extend again, and one cut off by a long split came back to a
-		// log that would not take it).
-		gone := slices.Contains(m.view.Gone, id)
-		if !gone && !m.mattersEnded(id) {
-			continue
-		}
-		acts = m.propose(acts, Command{Kind: End, Member: id, Epoch: rec.Epoch, Version: rec.Version, Ended: gone}, now)
-	}
-	for p, pt := range m.table.Parts {
-		if pt.Holder != "" {
-			continue
-		}
-		to := ""
-		aged := false
-		if pt.Last != "" {
-			if _, live := m.table.Live(pt.Last); live {
-				if m.fresh(pt.Last, now) {
-					e, _ := m.table.Live(pt.Last)
-					acts = m.propose(acts, Command{Kind: Grant, Member: pt.Last, P: p, Epoch: pt.Epoch, To: pt.Last, ToEpoch: e}, now)
-					continue
-				}
-				// Out of reach: wait for it, unless the vacancy has
-				// outlasted every window its state could count in.
-				waited := m.emptyAfter > 0 && now-m.vacantAt[p] >= m.emptyAfter
-				if m.cfg.Mutation == MutAgedGrantEarly {
-					waited = m.expired(pt.Last, now)
-				}
-				if !waited {
-					continue
-				}
-				aged = true
-			}
-		}
-		if p < len(m.view.Target) && m.fresh(m.view.Target[p], now) {
-			to = m.view.Target[p]
-		} else {
-			// Any fresh member gossip lists (not one that is leaving:
-			// it would end its liveness with the partition), else any
-			// fresh one.
-			for _, id := range ids {
-				if m.fresh(id, now) && (to == "" || m.listed(id) && !m.listed(to)) {
-					to = id
-				}
-			}
-		}
-		if to == "" {
-			continue
-		}
-		e, _ := m.table.Live(to)
-		c := Command{Kind: Grant, P: p, Epoch: pt.Epoch, To: to, ToEpoch: e}
-		if aged {
-			c.Ended, c.Version = true, m.table.Members[pt.Last].Version
-		}
-		acts = m.propose(acts, c, now)
-	}
-	for _, id := range m.view.Members {
-		if m.table.Members[id] == nil && !slices.Contains(m.view.Gone, id) {
-			acts = m.propose(acts, Command{Kind: Join, Member: id}, now)
-		}
-	}
-	return acts
-}
-
-// mattersEnded reports whether ending id changes anything: it holds or
-// backs a partition.
-func (m *Machine) mattersEnded(id string) bool {
-	for _, pt := range m.table.Parts {
-		if pt.Holder == id || pt.Backup == id {
-			return true
-		}
-	}
-	return false
 }
