@@ -24,16 +24,34 @@
 //     holder at its current liveness epoch, the partition's state is here
 //     and complete, no move or backup change is under way, and its own
 //     lease has not ended.
-//  2. A member's lease is HolderShare (9/10) of Liveness counted from when
-//     it *sent* the extension that was then applied. Every other member
-//     counts the whole Liveness from when it *applied* that extension,
-//     which happened later in real time; so the holder stops first while
-//     clock rates differ by less than 10 %. Offsets never matter: each
-//     member measures durations on its own monotonic clock. A member that
-//     replaced its table wholesale (a snapshot, a restart) counts a whole
-//     Liveness for every record from then.
+//  2. A member activates its liveness at each epoch with one Extend
+//     command, then keeps it alive through a session with the log's
+//     leader: a KeepAlive every ExtendEvery, which the log never sees.
+//     The leader answers only once it has confirmed, after the request
+//     arrived, that it still leads (a read a quorum acknowledged) and has
+//     applied the log to that read; it grants while the table names the
+//     member active at that epoch and no End of it that it proposed is
+//     pending. A member's lease is HolderShare (9/10) of Liveness counted
+//     from when it *sent* the extension that was then applied or granted.
+//     The leader counts the whole Liveness from when it *granted* (or
+//     applied) it, which happened later in real time; so the holder stops
+//     first while clock rates differ by less than 10 %. Offsets never
+//     matter: each member measures durations on its own monotonic clock.
+//     A member that becomes leader counts a whole Liveness for every
+//     record from its election, before it ends anyone: any keep-alive an
+//     earlier leader granted was confirmed by a quorum one of whose
+//     members then voted for it, so it was sent before the election. A
+//     member that replaced its table wholesale (a snapshot, a restart)
+//     counts a whole Liveness for every record from then. Members other
+//     than the leader hear no keep-alives: to them a member is fit to be
+//     given a partition while the table names it active, and the leader
+//     ends every active member whose session lapsed (not itself: its own
+//     lapse means it was paused or could not confirm a read, and then a
+//     later leader ends it), so the table tells who is active within
+//     about one Liveness. Only what changes ownership is a command: the
+//     log is quiet at rest, whatever the number of members.
 //  3. Ending a member's liveness (End) names the version its proposer saw
-//     expire; an extension applied in between refuses it. It increments
+//     expire; an Extend applied in between refuses it. It increments
 //     the liveness epoch, which ends all of that member's holdings at once,
 //     and hands each of its partitions to the backup, whose replica has
 //     every synchronously replicated admission. A member cut off from the
@@ -106,8 +124,9 @@
 //     SetBackup (which a failure of that holder would then hand on to it).
 //     MayLeave says when: besides that, only when every partition it
 //     still backs has a holder that extended its liveness since the drain
-//     began and had time to pick another backup, or when no other member
-//     is left that holds anything. Its gossip view is never a reason: a
+//     began (its keep-alives ask the leader when those holders last
+//     extended: Watch) and had time to pick another backup, or when no
+//     other member is left that holds anything. Its gossip view is never a reason: a
 //     leaver whose view lost every member may have the only copy of a
 //     restarted holder's state. It refuses new copies, and holders pick
 //     as backups and the leader grants vacancies to members gossip lists

@@ -33,9 +33,12 @@ func (m *Machine) Fresh(id string, now int64) bool { return m.fresh(id, now) }
 // last Liveness in this member's view: fit to be given a partition.
 func (m *Machine) fresh(id string, now int64) bool {
 	_, ok := m.table.Live(id)
-	// A member that has never extended is not in the log yet (it joins as
-	// a learner once the table lists it): it could not extend a holding.
-	return ok && !m.expired(id, now) && m.seen[id] != nil && m.table.Members[id].Version > 0
+	// A member not active at its epoch has not extended through the log
+	// since it joined or was ended: it could not keep a holding. Only the
+	// leader hears keep-alives; every other member trusts the table,
+	// which the leader keeps (it ends an active member whose session
+	// lapsed).
+	return ok && m.table.Members[id].Active && m.seen[id] != nil && (!m.leader || !m.expired(id, now))
 }
 
 // lead is the leader's reconciliation: it ends liveness that expired in
@@ -53,16 +56,31 @@ func (m *Machine) lead(now int64, acts []Action) []Action {
 		if rec.Ended || s == nil || !m.endable(id, now) {
 			continue
 		}
+		gone := slices.Contains(m.view.Gone, id)
+		if id == m.cfg.ID && !gone {
+			// Its own session lapsed only while this member was paused or
+			// could not confirm it leads (then it cannot commit an End
+			// either): its lease ended with it, and a later leader ends it.
+			continue
+		}
+		if rec.Active && !gone {
+			// Every active member whose session lapsed, whether or not it
+			// holds anything: the table is how the others know who is
+			// alive (they hear no keep-alives).
+			m.ending[id] = [2]uint64{rec.Epoch, rec.Version}
+			acts = m.propose(acts, Command{Kind: End, Member: id, Epoch: rec.Epoch, Version: rec.Version}, now)
+			continue
+		}
 		// Gone for good: it left, or a later incarnation runs. One that
 		// gossip has only given up on (Failed) may come back, with the
 		// state of partitions that wait for it, or to hold again: it is
 		// ended, never for good (an incarnation ended for good can never
 		// extend again, and one cut off by a long split came back to a
 		// log that would not take it).
-		gone := slices.Contains(m.view.Gone, id)
 		if !gone && !m.mattersEnded(id) {
 			continue
 		}
+		m.ending[id] = [2]uint64{rec.Epoch, rec.Version}
 		acts = m.propose(acts, Command{Kind: End, Member: id, Epoch: rec.Epoch, Version: rec.Version, Ended: gone}, now)
 	}
 	for p, pt := range m.table.Parts {

@@ -71,6 +71,7 @@ func (v LeaveVerdict) String() string {
 // or whose view lost everyone while its log answered late, may be the
 // only member with some partition's state.
 func (m *Machine) MayLeave(d Drain, now int64) (v LeaveVerdict, held, backed int) {
+	m.draining = true
 	held, backed = m.Depends()
 	switch {
 	case held == 0 && backed == 0:

@@ -112,6 +112,10 @@ const (
 	SendCopy
 	// Reset: partition P's local state becomes empty (a grant).
 	Reset
+	// KeepAlive: send KeepAlive to the log's leader (this member itself
+	// when it leads) and hand its answer to KeptAlive. Lost requests
+	// and answers cost nothing but the extension.
+	KeepAlive
 )
 
 // Action is one step for the driver. Actions are returned in the order
@@ -123,6 +127,8 @@ type Action struct {
 	To    string
 	Epoch uint64
 	Seq   uint64
+	// KeepAlive is the request, for a KeepAlive action.
+	KeepAlive KeepAliveRequest
 }
 
 // fenceKind is why a held partition is not deciding.
@@ -212,6 +218,14 @@ type Machine struct {
 	// liveness, so that its End (a compare-and-set on the record's
 	// version) is not refused by its own extensions committed first.
 	leaving bool
+	// draining: MayLeave was asked; keep-alives watch the holders of
+	// what this member backs.
+	draining bool
+	// ending is, while this member leads, the record (epoch, version) of
+	// each member whose End it proposed: it grants that record no
+	// keep-alive, so that the End never lands after a grant it did not
+	// wait out.
+	ending map[string][2]uint64
 
 	seen map[string]*seen
 	// gen counts calls that may change the table or a partition's
@@ -240,8 +254,9 @@ func New(cfg Config, partitions int) *Machine {
 	return &Machine{
 		cfg:   cfg,
 		table: t,
-		sent:  map[uint64]int64{},
-		seen:  map[string]*seen{},
+		sent:   map[uint64]int64{},
+		seen:   map[string]*seen{},
+		ending: map[string][2]uint64{},
 		parts: make([]local, partitions),
 
 		proposed:   map[Command]int64{},
@@ -282,11 +297,18 @@ func (m *Machine) Gen() uint64 { return m.gen }
 // A member that has just become leader counts every record's whole
 // Liveness from now: while no leader committed anything (an election)
 // nobody could extend, and ending everyone then would only churn.
+//
+// It is also what makes sessions safe across leaders: a keep-alive granted
+// by an earlier leader was confirmed by a quorum before this member's
+// election, so its member's lease ends within a Liveness of now.
 func (m *Machine) SetLeader(leader bool, now int64) {
-	if leader && !m.leader && m.cfg.Mutation != MutRestoredNoWait {
+	if leader && !m.leader && m.cfg.Mutation != MutRestoredNoWait && m.cfg.Mutation != MutLeaderNoWait {
 		for _, s := range m.seen {
 			s.at = max(s.at, now)
 		}
+	}
+	if !leader {
+		clear(m.ending)
 	}
 	m.leader = leader
 }
@@ -446,21 +468,7 @@ func (m *Machine) Apply(c Command, now int64) []Action {
 		m.seen[c.Member].extended = now
 		if c.Member == m.cfg.ID {
 			if at, ok := m.sent[c.Seq]; ok {
-				share := HolderShare
-				switch m.cfg.Mutation {
-				case MutHolderShareWhole:
-					share = 1
-				case MutHolderLeaseTriple:
-					share = 3
-				case MutLeaseFromApply:
-					at = now
-				}
-				m.liveUntil = max(m.liveUntil, at+int64(float64(m.cfg.Liveness)*share))
-			}
-			for s := range m.sent {
-				if s <= c.Seq {
-					delete(m.sent, s)
-				}
+				m.extendFrom(c.Seq, at, now)
 			}
 		}
 	case End:
@@ -471,6 +479,7 @@ func (m *Machine) Apply(c Command, now int64) []Action {
 		// from its last extension (else the leader would find it fresh
 		// and grant its partitions straight back).
 		m.noteEnd(c.Member)
+		delete(m.ending, c.Member)
 		if c.Member == m.cfg.ID {
 			// Every holding at the old epoch ended; extensions sent at it
 			// are refused when applied.
@@ -694,7 +703,12 @@ func (m *Machine) Tick(now int64) []Action {
 		m.extendAt = now
 		m.seq++
 		m.sent[m.seq] = now
-		acts = append(acts, Action{Kind: Propose, Cmd: Command{Kind: Extend, Member: self, Epoch: rec.Epoch, Seq: m.seq}})
+		if rec.Active {
+			// Active at this epoch: the session keeps it so.
+			acts = append(acts, Action{Kind: KeepAlive, KeepAlive: KeepAliveRequest{Member: self, Epoch: rec.Epoch, Seq: m.seq, Watch: m.watch()}})
+		} else {
+			acts = append(acts, Action{Kind: Propose, Cmd: Command{Kind: Extend, Member: self, Epoch: rec.Epoch, Seq: m.seq}})
+		}
 	}
 	for p := range m.parts {
 		// Of what Tick changes, only a fence begun or lifted and a

@@ -6,13 +6,17 @@ import (
 )
 
 // step applies every proposal in acts, in order, at now, as a one-member
-// log would, and returns the actions the applies gave.
+// log would (answering its own keep-alives as that log's leader), and
+// returns the actions the applies gave.
 func step(m *Machine, acts []Action, now int64) []Action {
 	var out []Action
 	for _, a := range acts {
-		if a.Kind == Propose {
+		switch a.Kind {
+		case Propose:
 			out = append(out, m.Apply(a.Cmd, now)...)
-		} else {
+		case KeepAlive:
+			m.KeptAlive(m.KeepAlive(a.KeepAlive, now), now)
+		default:
 			out = append(out, a)
 		}
 	}

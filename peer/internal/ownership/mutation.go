@@ -69,13 +69,25 @@ const (
 	// MutAgedGrantIgnoresVersion: an aged grant is applied even when
 	// Last extended its liveness after the proposer saw it expire.
 	MutAgedGrantIgnoresVersion
+	// MutLeaderNoWait: a member that becomes leader counts no record's
+	// Liveness anew, so it may end a member whose keep-alive an earlier
+	// leader granted just before.
+	MutLeaderNoWait
+	// MutKeepAliveWhileEnding: the leader grants keep-alives to a member
+	// whose End it has proposed and not yet applied.
+	MutKeepAliveWhileEnding
+	// MutKeepAliveUnconfirmed: the leader's driver answers keep-alives
+	// without confirming that it still leads (no ReadIndex): a leader cut
+	// off from the other voters grants until it notices.
+	MutKeepAliveUnconfirmed
 	numMutations
 )
 
 var mutationNames = [...]string{"none", "lease ignored", "holder counts the whole liveness", "holder counts three livenesses",
 	"lease counted from apply", "leader ends early", "restored table counts nothing", "end ignores the version",
 	"end keeps the epoch", "move ignores the epoch", "set-backup ignores the epoch", "grant ignores last",
-	"replica of any epoch", "copy of any epoch", "fence ignored", "aged grant early", "aged grant ignores the version"}
+	"replica of any epoch", "copy of any epoch", "fence ignored", "aged grant early", "aged grant ignores the version",
+	"new leader counts nothing", "keep-alive while ending", "keep-alive unconfirmed"}
 
 func (m Mutation) String() string {
 	if int(m) < len(mutationNames) {

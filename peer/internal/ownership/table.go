@@ -11,10 +11,18 @@ type Liveness struct {
 	// Epoch is the liveness epoch. Ending a liveness increments it, and
 	// every partition held at the old epoch ends with it, in one command.
 	Epoch uint64
-	// Version counts the extensions applied at any epoch. An End names the
-	// version its proposer saw expire, so an extension applied in between
-	// makes the End fail.
+	// Version counts the Extend commands applied at any epoch. An End
+	// names the version its proposer saw expire, so an Extend applied in
+	// between makes the End fail.
 	Version uint64
+	// Active is set by an Extend at the current epoch and cleared by an
+	// End: the member has shown, through the log, that it is alive at
+	// this epoch, and extends it since through its session with the
+	// log's leader (KeepAlive), which the log never sees. A member is
+	// fit to be given a partition only while active; the leader ends an
+	// active member whose session lapsed, so that every member's table
+	// tells who is active within about one Liveness.
+	Active bool
 	// Ended is set when the incarnation is gone for good (restarted as a
 	// new incarnation, left, or removed by an operator); it never extends
 	// again.
@@ -115,9 +123,11 @@ const (
 	// Join adds Member's liveness record at epoch 1. A member joins once
 	// per incarnation; a second Join is refused.
 	Join Kind = iota + 1
-	// Extend extends Member's liveness at Epoch (Seq identifies the
-	// proposal to its proposer, who counts the extension from when it
-	// sent it). Refused when the epoch is not current.
+	// Extend activates Member's liveness at Epoch (Seq identifies the
+	// proposal to its proposer, who counts its lease from when it sent
+	// it): a member's first extension at each epoch. Later extensions
+	// are keep-alives answered by the log's leader (Machine.KeepAlive),
+	// not commands. Refused when the epoch is not current.
 	Extend
 	// End ends Member's liveness at (Epoch, Version): its epoch grows by
 	// one, each partition it held at Epoch goes to its backup (or is left
@@ -231,6 +241,7 @@ func (t *Table) Apply(c Command) error {
 			return refused("extend %s at epoch %d: not current", c.Member, c.Epoch)
 		}
 		l.Version++
+		l.Active = true
 	case End:
 		l := t.Members[c.Member]
 		if l == nil || l.Ended || l.Epoch != c.Epoch || l.Version != c.Version && t.mut != MutEndIgnoresVersion {
@@ -238,6 +249,7 @@ func (t *Table) Apply(c Command) error {
 		}
 		if t.mut != MutEndKeepsEpoch {
 			l.Epoch++
+			l.Active = false
 		}
 		l.Ended = c.Ended
 		for p := range t.Parts {

@@ -111,6 +111,8 @@ type Member struct {
 	// makes possible (a grant after a join, a handoff after a copy) is
 	// proposed at once instead of at the next tick.
 	poke bool
+	// ka is the leader's keep-alive state (session.go).
+	ka sessions
 }
 
 // heldMax bounds the entries a leader holds for its next tick.
@@ -227,6 +229,7 @@ func (m *Member) Tick(now int64) Output {
 	m.rn.Tick()
 	m.observeLeader(now)
 	m.do(m.own.Tick(now))
+	m.readKeepAlives(now)
 	if m.Leader() {
 		m.autopilot(now)
 	}
@@ -277,6 +280,10 @@ func (m *Member) Step(msg *pb.Message, now int64) Output {
 		return m.ready(now)
 	}
 	m.heard[msg.GetFrom()] = now
+	if IsKeepAlive(msg) {
+		m.stepKeepAlive(msg, now)
+		return m.ready(now)
+	}
 	if msg.GetType() == pb.MsgProp && msg.GetFrom() != m.cfg.RaftID && m.Leader() && len(m.held) < heldMax {
 		// Held for the tick: raft sends every follower an append, and
 		// then its commit, for each proposal it is given, so N members
@@ -353,6 +360,10 @@ func (m *Member) ReportSnapshot(to uint64, ok bool, now int64) Output {
 
 func (m *Member) do(acts []ownership.Action) {
 	for _, a := range acts {
+		if a.Kind == ownership.KeepAlive {
+			m.sendKeepAlive(a.KeepAlive)
+			continue
+		}
 		if a.Kind == ownership.Propose {
 			// A proposal without a known leader is dropped; the machine
 			// proposes again when it still matters.
@@ -385,8 +396,10 @@ func (m *Member) ready(now int64) Output {
 		if n := len(rd.CommittedEntries); n > 0 {
 			m.applied = rd.CommittedEntries[n-1].GetIndex()
 		}
+		m.readState(rd.ReadStates)
 		m.rn.Advance(rd)
 		m.snapshot()
+		m.answerKeepAlives(now)
 	}
 	out := m.out
 	m.out = Output{}
@@ -406,6 +419,7 @@ func (m *Member) restore(s *pb.Snapshot, now int64) {
 		}
 	}
 	m.conf = s.GetMetadata().GetConfState()
+	m.applied = max(m.applied, s.GetMetadata().GetIndex())
 	m.poke = true
 	m.do(m.own.Restored(t, now))
 }

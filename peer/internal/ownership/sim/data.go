@@ -358,7 +358,12 @@ func (m *member) sendCopy(a ownership.Action) {
 		}
 	}
 	from, p, epoch, seq := m.id, a.P, a.Epoch, a.Seq
-	s.send(m, to, func() {
+	send := func(fn func()) { s.send(m, to, fn) }
+	if s.lateCopy {
+		hold := int64(1200*time.Millisecond) + s.rng.Int64N(int64(1800*time.Millisecond))
+		send = func(fn func()) { s.at(hold, func() { s.send(m, to, fn) }) }
+	}
+	send(func() {
 		// A leaving member refuses copies before asking its machine, as
 		// peer's does once Close began.
 		if to.leaving || !to.own.OfferCopy(p, from, epoch, seq) {

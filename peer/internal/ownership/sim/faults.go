@@ -169,6 +169,53 @@ func (s *sim) planFault(warm int64) {
 				delete(s.slowIn, victim.name)
 				delete(s.stallTo, victim.name)
 			})
+		case FaultLeaderSplit:
+			lead := s.leader()
+			if lead == nil || lead == victim {
+				s.note("no leader apart from %s to cut off with it", victim.id)
+				break
+			}
+			d := span(3*time.Second, 15*time.Second)
+			small := []string{lead.name, victim.name}
+			s.note("split %v (leader %s and holder %s) | rest for %v", small, lead.id, victim.id, time.Duration(d))
+			s.split(small, true)
+			s.at(d, func() {
+				s.split(small, false)
+				s.note("heal split")
+			})
+		case FaultLeaderChange:
+			s.note("crash %s", victim.id)
+			s.crash(victim, false)
+			s.at(span(200*time.Millisecond, 2*time.Second), func() {
+				if lead := s.leader(); lead != nil {
+					s.note("crash %s, the leader", lead.id)
+					s.crash(lead, false)
+				}
+			})
+		case FaultLateAnswer:
+			late := span(s.o.Liveness, 2*s.o.Liveness)
+			s.note("keep-alive answers to %s arrive %v-%v late for 3s, then it is muted", victim.id, time.Duration(late), time.Duration(2*late))
+			s.lateAnswer[victim.name] = late
+			s.at(int64(3*time.Second), func() {
+				delete(s.lateAnswer, victim.name)
+				d := span(3*time.Second, 8*time.Second)
+				s.note("mute %s for %v", victim.id, time.Duration(d))
+				s.cutMember(victim.name, false, true, true)
+				s.at(d, func() {
+					s.cutMember(victim.name, false, true, false)
+					s.note("heal %s", victim.id)
+				})
+			})
+		case FaultLateCopy:
+			s.note("copies held back 1.2-3s for 10s")
+			s.lateCopy = true
+			m := s.start(fmt.Sprintf("n%d", len(s.all)), 1, s.newRaftID(), nil)
+			s.note("join %s", m.id)
+			s.at(int64(10*time.Second), func() {
+				s.lateCopy = false
+				s.note("copies on time again")
+				s.crashLater()
+			})
 		case FaultBlip:
 			b := s.backupOf(victim)
 			if b == nil || b == victim {
@@ -323,6 +370,16 @@ func (s *sim) target() *member {
 	}
 	ids := s.sortedIDs()
 	return s.members[ids[s.rng.IntN(len(ids))]]
+}
+
+// leader returns the member that leads the log, nil for none.
+func (s *sim) leader() *member {
+	for _, id := range s.sortedIDs() {
+		if m := s.members[id]; !m.crashed && m.log.Leader() {
+			return m
+		}
+	}
+	return nil
 }
 
 func (s *sim) backupOf(m *member) *member {

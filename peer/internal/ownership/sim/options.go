@@ -57,6 +57,27 @@ const (
 	// what it hears is up to 600 ms late: its extensions reach the
 	// leader about when the leader sees its record expire.
 	FaultStall
+	// FaultLeaderSplit cuts the log's leader and a holder (not the
+	// leader) off from everyone else, both ways, for 3-15 s: the leader
+	// still believes it leads for up to two election timeouts and the
+	// holder still reaches it with keep-alives, which it must not grant
+	// (it cannot confirm a read), while the other side elects a leader
+	// that ends the holder.
+	FaultLeaderSplit
+	// FaultLeaderChange crashes a holder, then the log's leader 0.2-2 s
+	// later, while its End may be on the way: the next leader must wait
+	// out the keep-alives the crashed one granted before it ends anyone.
+	FaultLeaderChange
+	// FaultLateAnswer delays the keep-alive answers to a holder by 1-2
+	// Livenesses for 3 s, then cuts what it sends for 3-8 s: answers
+	// arrive long after the requests they grant, while the leader no
+	// longer hears from it.
+	FaultLateAnswer
+	// FaultLateCopy holds back every copy 1.2-3 s (past the copy's wait,
+	// which then grows) for 10 s while a member joins, then crashes the
+	// first key's holder: copies arrive after newer ones, and after the
+	// partition's epoch moved on.
+	FaultLateCopy
 	numFaults
 
 	// FaultDouble crashes a holder and its backup at once: two faults,
@@ -95,7 +116,7 @@ const (
 )
 
 var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash",
-	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it"}
+	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it"}
 
 func (f Fault) String() string { return faultNames[f] }
 

@@ -258,6 +258,10 @@ type sim struct {
 	late      bool                  // Move and SetBackup proposals are held back (FaultLate)
 	slowIn    map[string]int64      // member names → the most a message to them is slowed
 	stallTo   map[string]int64      // member names → until when what they send is held
+	// lateAnswer: member names → how late keep-alive answers to them
+	// arrive (FaultLateAnswer).
+	lateAnswer map[string]int64
+	lateCopy   bool // copies are held back 1.2-3 s (FaultLateCopy)
 	overlaps  int                   // probes that found two members that may decide
 	overlapAt []string              // the first few
 	probes    int
@@ -273,7 +277,7 @@ const (
 
 func newSim(o Options) *sim {
 	s := &sim{o: o, rng: rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)), members: map[string]*member{}, byRaft: map[uint64]*member{}, cut: map[[2]string]bool{}, deaf: map[string]bool{}, maxDelay: int64(2 * time.Millisecond),
-		spans: map[spanKey]*span{}, adms: map[uint64]*admission{}, lostSeen: map[uint64]bool{}, restarts: map[int]uint64{}, aged: map[int]uint64{}, slack: map[string]int64{}, blip: map[[2]string]bool{}, slowIn: map[string]int64{}, stallTo: map[string]int64{}}
+		spans: map[spanKey]*span{}, adms: map[uint64]*admission{}, lostSeen: map[uint64]bool{}, restarts: map[int]uint64{}, aged: map[int]uint64{}, slack: map[string]int64{}, blip: map[[2]string]bool{}, slowIn: map[string]int64{}, stallTo: map[string]int64{}, lateAnswer: map[string]int64{}}
 	s.fault = FaultNone
 	if !o.NoFault {
 		s.fault = o.Fault
@@ -607,6 +611,11 @@ func (m *member) carry(out ownlog.Output) {
 					m.carry(m.log.ReportSnapshot(id, true, m.mono()))
 				}
 			})
+			continue
+		}
+		if late := s.lateAnswer[to.name]; late > 0 && ownlog.IsKeepAlive(msg) && msg.GetType() == pb.MsgReadIndexResp {
+			s.messages++
+			s.at(late+s.rng.Int64N(late), func() { s.deliver(to, step) })
 			continue
 		}
 		if msg.GetType() == pb.MsgProp && s.late && !slices.ContainsFunc(msg.Entries, onTime) {

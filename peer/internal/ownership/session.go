@@ -1,0 +1,239 @@
+package ownership
+
+// Sessions (rule 2 of the package doc): a member activates its liveness
+// at each epoch with one Extend command, then keeps it alive through a
+// session with the log's leader, which the log never sees. Only what
+// changes ownership is a command, so the log's traffic at rest no longer
+// grows with the members times their extensions.
+//
+// The member sends KeepAlive requests (Tick's KeepAlive action) every
+// ExtendEvery; the leader's driver confirms that it still leads after the
+// request arrived (raft's ReadIndex: a quorum heard from it since) and
+// that it has applied the log up to that read's index, then asks KeepAlive
+// here, which answers from the applied table. The member counts
+// HolderShare of Liveness from when it sent the request (KeptAlive); the
+// leader counts the whole Liveness from when it granted it, which is
+// later. Why it holds:
+//
+//   - The same leader: it never grants a member whose End it proposed
+//     (ending), and proposes an End only a whole Liveness after its last
+//     grant, so the member has stopped first, as with extensions applied
+//     from the log.
+//   - A later leader: the read that confirmed a grant was acknowledged by
+//     a quorum after the request arrived, and a later leader's election
+//     needs votes from a quorum, one of which acknowledged first; so the
+//     request was sent before the later leader was elected, and a new
+//     leader counts every record's whole Liveness from its election
+//     (SetLeader) before it ends anyone. An End proposed by an earlier
+//     leader that commits later is in the log before any read the later
+//     leader confirms, so it is applied before that leader grants: the
+//     member's epoch moved on and the grant is refused.
+//   - An isolated leader that still believes it leads cannot confirm a
+//     read, so it grants nothing.
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+)
+
+// KeepAliveRequest is a member's request to extend its liveness at Epoch.
+// Watch names members whose latest extension the member wants to know of
+// (a leaver, the holders of what it backs: MayLeave).
+type KeepAliveRequest struct {
+	Member     string
+	Epoch, Seq uint64
+	Watch      []string
+}
+
+// KeepAliveAnswer is the leader's answer. Ages are, for the watched
+// members the leader granted since it leads, how long before the answer
+// it last did (ns, on the leader's clock).
+type KeepAliveAnswer struct {
+	Member     string
+	Epoch, Seq uint64
+	Granted    bool
+	Ages       []WatchAge
+}
+
+// WatchAge is one watched member's extension age.
+type WatchAge struct {
+	ID  string
+	Age int64
+}
+
+// KeepAlive is the leader's side of a session: the driver calls it once
+// it has confirmed, after the request arrived, that it leads the log, and
+// has applied the log up to that confirmation. It grants the extension
+// while the table names the member active at the request's epoch and no
+// End of it proposed here is pending, and counts the member's whole
+// Liveness from now.
+func (m *Machine) KeepAlive(r KeepAliveRequest, now int64) KeepAliveAnswer {
+	a := KeepAliveAnswer{Member: r.Member, Epoch: r.Epoch, Seq: r.Seq}
+	rec := m.table.Members[r.Member]
+	if rec == nil || rec.Ended || !rec.Active || rec.Epoch != r.Epoch {
+		return a
+	}
+	if e, ok := m.ending[r.Member]; ok && e == [2]uint64{rec.Epoch, rec.Version} && m.cfg.Mutation != MutKeepAliveWhileEnding {
+		return a
+	}
+	a.Granted = true
+	s := m.seen[r.Member]
+	if s == nil {
+		s = &seen{version: rec.Version, epoch: rec.Epoch}
+		m.seen[r.Member] = s
+	}
+	s.at, s.extended = now, now
+	for _, id := range r.Watch {
+		if w := m.seen[id]; w != nil && w.extended > 0 {
+			a.Ages = append(a.Ages, WatchAge{ID: id, Age: now - w.extended})
+		}
+	}
+	return a
+}
+
+// KeptAlive is the member's side of an answer, at now: a granted
+// extension at the member's current epoch extends its lease to
+// HolderShare of Liveness from when the request was sent; watched ages
+// tell it when the watched members extended, at the latest.
+func (m *Machine) KeptAlive(a KeepAliveAnswer, now int64) {
+	at, ok := m.sent[a.Seq]
+	if !ok || !a.Granted || a.Member != m.cfg.ID {
+		return
+	}
+	for _, w := range a.Ages {
+		// The leader granted w when it answered less w.Age; it answered
+		// after the request was sent, and its clock may run up to 10 %
+		// slow: w extended after at - 1.1·Age on ours.
+		if s := m.seen[w.ID]; s != nil {
+			s.extended = max(s.extended, at-w.Age*11/10)
+		}
+	}
+	rec := m.table.Members[m.cfg.ID]
+	if rec == nil || rec.Ended || rec.Epoch != a.Epoch {
+		// Ended here already: the epoch's holdings are over.
+		return
+	}
+	m.extendFrom(a.Seq, at, now)
+}
+
+// extendFrom extends the member's own lease from the send time at of
+// extension seq (an Extend applied, or a KeepAlive granted).
+func (m *Machine) extendFrom(seq uint64, at, now int64) {
+	share := HolderShare
+	switch m.cfg.Mutation {
+	case MutHolderShareWhole:
+		share = 1
+	case MutHolderLeaseTriple:
+		share = 3
+	case MutLeaseFromApply:
+		at = now
+	}
+	m.liveUntil = max(m.liveUntil, at+int64(float64(m.cfg.Liveness)*share))
+	for s := range m.sent {
+		if s <= seq {
+			delete(m.sent, s)
+		}
+	}
+}
+
+// watch is what a member's keep-alive asks about: while it drains
+// (MayLeave was asked), the holders of the partitions it backs.
+func (m *Machine) watch() []string {
+	if !m.draining {
+		return nil
+	}
+	var ids []string
+	for p := range m.parts {
+		if _, b := m.DependsOn(p); b {
+			if h := m.table.Parts[p].Holder; h != "" && !slices.Contains(ids, h) {
+				ids = append(ids, h)
+			}
+		}
+	}
+	return ids
+}
+
+// sessionVersion is the first byte of an encoded keep-alive.
+const sessionVersion = 1
+
+// Encode appends r's wire form to b.
+func (r KeepAliveRequest) Encode(b []byte) []byte {
+	b = append(b, sessionVersion)
+	b = appendString(b, r.Member)
+	b = binary.AppendUvarint(b, r.Epoch)
+	b = binary.AppendUvarint(b, r.Seq)
+	b = binary.AppendUvarint(b, uint64(len(r.Watch)))
+	for _, id := range r.Watch {
+		b = appendString(b, id)
+	}
+	return b
+}
+
+// DecodeKeepAliveRequest parses a request written by Encode.
+func DecodeKeepAliveRequest(b []byte) (KeepAliveRequest, error) {
+	d := decoder{b: b}
+	var r KeepAliveRequest
+	if v := d.byte(); v != sessionVersion {
+		return r, fmt.Errorf("%w: keep-alive version %d", ErrBadCommand, v)
+	}
+	r.Member = d.string()
+	r.Epoch = d.uvarint()
+	r.Seq = d.uvarint()
+	n := d.uvarint()
+	if n > 1<<16 {
+		return KeepAliveRequest{}, fmt.Errorf("%w: %d watched", ErrBadCommand, n)
+	}
+	for range n {
+		r.Watch = append(r.Watch, d.string())
+	}
+	if d.err != nil || len(d.b) != 0 {
+		return KeepAliveRequest{}, fmt.Errorf("%w: malformed keep-alive", ErrBadCommand)
+	}
+	return r, nil
+}
+
+// Encode appends a's wire form to b.
+func (a KeepAliveAnswer) Encode(b []byte) []byte {
+	b = append(b, sessionVersion)
+	b = appendString(b, a.Member)
+	b = binary.AppendUvarint(b, a.Epoch)
+	b = binary.AppendUvarint(b, a.Seq)
+	if a.Granted {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
+	b = binary.AppendUvarint(b, uint64(len(a.Ages)))
+	for _, w := range a.Ages {
+		b = appendString(b, w.ID)
+		b = binary.AppendUvarint(b, uint64(max(w.Age, 0)))
+	}
+	return b
+}
+
+// DecodeKeepAliveAnswer parses an answer written by Encode.
+func DecodeKeepAliveAnswer(b []byte) (KeepAliveAnswer, error) {
+	d := decoder{b: b}
+	var a KeepAliveAnswer
+	if v := d.byte(); v != sessionVersion {
+		return a, fmt.Errorf("%w: keep-alive version %d", ErrBadCommand, v)
+	}
+	a.Member = d.string()
+	a.Epoch = d.uvarint()
+	a.Seq = d.uvarint()
+	g := d.byte()
+	n := d.uvarint()
+	if n > 1<<16 || g > 1 {
+		return KeepAliveAnswer{}, fmt.Errorf("%w: malformed keep-alive answer", ErrBadCommand)
+	}
+	for range n {
+		id := d.string()
+		a.Ages = append(a.Ages, WatchAge{ID: id, Age: int64(d.uvarint())})
+	}
+	if d.err != nil || len(d.b) != 0 {
+		return KeepAliveAnswer{}, fmt.Errorf("%w: malformed keep-alive answer", ErrBadCommand)
+	}
+	a.Granted = g == 1
+	return a, nil
+}

@@ -1,0 +1,152 @@
+package ownership
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// sessionScene is a leader "a" and an active member "b" that holds
+// nothing: b's record at epoch 1, activated by one Extend.
+func sessionScene(t *testing.T) (m *Machine, now int64) {
+	t.Helper()
+	m = New(Config{ID: "a", Liveness: 2 * time.Second}, 1)
+	m.SetLeader(true, 0)
+	m.SetView(View{Target: []string{"a"}, Members: []string{"a", "b"}})
+	for _, c := range []Command{{Kind: Join, Member: "b"}, {Kind: Extend, Member: "b", Epoch: 1, Seq: 1}} {
+		if err := m.table.Apply(c); err != nil {
+			t.Fatal(err)
+		}
+		m.noteRecord(c.Member, 1)
+	}
+	return m, 1
+}
+
+// TestKeepAliveGrants: the leader grants an active member at its epoch,
+// counting its whole Liveness from the grant; a request at another epoch,
+// or from a member never activated, is refused; and the member counts 9/10
+// of Liveness from its send, not from the answer.
+func TestKeepAliveGrants(t *testing.T) {
+	m, now := sessionScene(t)
+	const live = int64(2 * time.Second)
+	at := now + live/2
+	if a := m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 2}, at); !a.Granted {
+		t.Fatal("active b refused")
+	}
+	if m.expired("b", at+live-1) || !m.expired("b", at+live) {
+		t.Fatal("the leader does not count a whole Liveness from its grant")
+	}
+	for _, r := range []KeepAliveRequest{{Member: "b", Epoch: 2}, {Member: "c", Epoch: 1}} {
+		if m.KeepAlive(r, at).Granted {
+			t.Fatalf("granted %+v", r)
+		}
+	}
+	// The member's side.
+	b := New(Config{ID: "b", Liveness: 2 * time.Second}, 1)
+	_ = b.table.Apply(Command{Kind: Join, Member: "b"})
+	_ = b.table.Apply(Command{Kind: Extend, Member: "b", Epoch: 1})
+	var req KeepAliveRequest
+	for _, a := range b.Tick(100) {
+		if a.Kind == KeepAlive {
+			req = a.KeepAlive
+		}
+	}
+	if req.Member != "b" {
+		t.Fatal("an active member sent no keep-alive")
+	}
+	b.KeptAlive(KeepAliveAnswer{Member: "b", Epoch: 1, Seq: req.Seq, Granted: true}, 100+live/2)
+	if want := 100 + live/10*9; b.LiveUntil() != want {
+		t.Fatalf("lease until %d, want %d: 9/10 of Liveness from the send", b.LiveUntil(), want)
+	}
+	b.KeptAlive(KeepAliveAnswer{Member: "b", Epoch: 1, Seq: req.Seq + 5, Granted: true}, 100+live)
+	if want := 100 + live/10*9; b.LiveUntil() != want {
+		t.Fatalf("an answer to a request never sent moved the lease to %d", b.LiveUntil())
+	}
+}
+
+// TestNoKeepAliveWhileEnding: once the leader has proposed a member's End
+// it grants that record no keep-alive until the End is applied or refused
+// (the record moved on): a grant between the proposal and its commit
+// would let the member decide after the End handed its partitions on.
+// With MutKeepAliveWhileEnding it grants (the mutation is beyond the
+// simulator's reach: the window is one round trip).
+func TestNoKeepAliveWhileEnding(t *testing.T) {
+	for _, mut := range []Mutation{MutNone, MutKeepAliveWhileEnding} {
+		m, now := sessionScene(t)
+		m.cfg.Mutation = mut
+		m.table.Parts[0] = Partition{Holder: "b", HolderEpoch: 1, Epoch: 1}
+		now += int64(3 * time.Second) // b's session lapsed
+		var end Command
+		for _, a := range m.Tick(now) {
+			if a.Kind == Propose && a.Cmd.Kind == End && a.Cmd.Member == "b" {
+				end = a.Cmd
+			}
+		}
+		if end.Kind != End {
+			t.Fatal("the leader did not end b")
+		}
+		granted := m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 9}, now+1).Granted
+		if granted != (mut == MutKeepAliveWhileEnding) {
+			t.Fatalf("%v: keep-alive granted %v while b's End is pending", mut, granted)
+		}
+		if mut != MutNone {
+			continue
+		}
+		// A refused End (an Extend applied first) releases the record.
+		if err := m.table.Apply(Command{Kind: Extend, Member: "b", Epoch: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.table.Apply(end); !errors.Is(err, ErrRefused) {
+			t.Fatalf("End after an Extend: %v", err)
+		}
+		if !m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 10}, now+2).Granted {
+			t.Fatal("b refused after its pending End lost to an Extend")
+		}
+	}
+}
+
+// TestNewLeaderWaits: a member that becomes leader ends nobody until a
+// whole Liveness after its election, whatever it saw before: an earlier
+// leader's grant may have come just before it.
+func TestNewLeaderWaits(t *testing.T) {
+	for _, mut := range []Mutation{MutNone, MutLeaderNoWait} {
+		m, now := sessionScene(t)
+		m.cfg.Mutation = mut
+		m.SetLeader(false, now)
+		m.table.Parts[0] = Partition{Holder: "b", HolderEpoch: 1, Epoch: 1}
+		now += int64(5 * time.Second)
+		m.SetLeader(true, now)
+		ends := 0
+		for _, a := range m.Tick(now + int64(time.Second)) {
+			if a.Kind == Propose && a.Cmd.Kind == End {
+				ends++
+			}
+		}
+		if (ends > 0) != (mut == MutLeaderNoWait) {
+			t.Fatalf("%v: %d Ends a second after the election", mut, ends)
+		}
+	}
+}
+
+// TestKeepAliveCodec: requests and answers survive their wire form;
+// malformed ones are refused.
+func TestKeepAliveCodec(t *testing.T) {
+	r := KeepAliveRequest{Member: "m1", Epoch: 3, Seq: 77, Watch: []string{"m2", "m3"}}
+	got, err := DecodeKeepAliveRequest(r.Encode(nil))
+	if err != nil || got.Member != r.Member || got.Epoch != 3 || got.Seq != 77 || len(got.Watch) != 2 || got.Watch[1] != "m3" {
+		t.Fatalf("request round trip: %+v %v", got, err)
+	}
+	a := KeepAliveAnswer{Member: "m1", Epoch: 3, Seq: 77, Granted: true, Ages: []WatchAge{{ID: "m2", Age: 12345}}}
+	ga, err := DecodeKeepAliveAnswer(a.Encode(nil))
+	if err != nil || !ga.Granted || ga.Seq != 77 || len(ga.Ages) != 1 || ga.Ages[0] != a.Ages[0] {
+		t.Fatalf("answer round trip: %+v %v", ga, err)
+	}
+	for _, b := range [][]byte{nil, {9}, r.Encode(nil)[:4], append(r.Encode(nil), 0)} {
+		if _, err := DecodeKeepAliveRequest(b); !errors.Is(err, ErrBadCommand) {
+			t.Errorf("request %x: %v", b, err)
+		}
+	}
+	if _, err := DecodeKeepAliveAnswer(append(a.Encode(nil), 1)); !errors.Is(err, ErrBadCommand) {
+		t.Errorf("answer with a trailing byte: %v", err)
+	}
+}
