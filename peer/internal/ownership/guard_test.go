@@ -204,3 +204,20 @@ func TestAgedGrantWaits(t *testing.T) {
 		}
 	}
 }
+
+// TestSetBackupOfItsEpoch: a SetBackup proposed at epoch e (naming a copy
+// made then) is refused once a Keep moved the partition on: the holder
+// decided again after the Keep, and the copy lacks what it decided.
+func TestSetBackupOfItsEpoch(t *testing.T) {
+	bites(t, MutSetBackupIgnoresEpoch, func(mut Mutation) bool {
+		tb := twoMembers(mut)
+		_ = tb.Apply(Command{Kind: Join, Member: "c"})
+		_ = tb.Apply(Command{Kind: Extend, Member: "c", Epoch: 1, Seq: 1})
+		e := tb.Parts[0].Epoch
+		late := Command{Kind: SetBackup, Member: "a", P: 0, Epoch: e, To: "c", Seq: 7}
+		if err := tb.Apply(Command{Kind: Keep, Member: "a", P: 0, Epoch: e}); err != nil {
+			panic(err)
+		}
+		return tb.Apply(late) != nil && tb.Parts[0].Backup == "b"
+	})
+}

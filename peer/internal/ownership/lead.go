@@ -37,8 +37,17 @@ func (m *Machine) fresh(id string, now int64) bool {
 	// since it joined or was ended: it could not keep a holding. Only the
 	// leader hears keep-alives; every other member trusts the table,
 	// which the leader keeps (it ends an active member whose session
-	// lapsed).
-	return ok && m.table.Members[id].Active && m.seen[id] != nil && (!m.leader || !m.expired(id, now))
+	// lapsed), while its own keep-alives are granted: a member cut off
+	// from the leader no longer learns of those Ends, so to it nobody is
+	// fresh, as nobody's extensions arrived when they went through the
+	// log.
+	if !ok || !m.table.Members[id].Active || m.seen[id] == nil {
+		return false
+	}
+	if m.leader {
+		return !m.expired(id, now)
+	}
+	return now < m.liveUntil
 }
 
 // lead is the leader's reconciliation: it ends liveness that expired in

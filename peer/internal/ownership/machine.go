@@ -252,12 +252,12 @@ func New(cfg Config, partitions int) *Machine {
 	t := NewTable(partitions)
 	t.mut = cfg.Mutation
 	return &Machine{
-		cfg:   cfg,
-		table: t,
+		cfg:    cfg,
+		table:  t,
 		sent:   map[uint64]int64{},
 		seen:   map[string]*seen{},
 		ending: map[string][2]uint64{},
-		parts: make([]local, partitions),
+		parts:  make([]local, partitions),
 
 		proposed:   map[Command]int64{},
 		vacantAt:   make([]int64, partitions),

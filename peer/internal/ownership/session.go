@@ -54,6 +54,9 @@ type KeepAliveAnswer struct {
 	Epoch, Seq uint64
 	Granted    bool
 	Ages       []WatchAge
+	// Index is the leader's applied log index, set by its driver: a
+	// member whose log is behind it asks to catch up.
+	Index uint64
 }
 
 // WatchAge is one watched member's extension age.
@@ -209,7 +212,7 @@ func (a KeepAliveAnswer) Encode(b []byte) []byte {
 		b = appendString(b, w.ID)
 		b = binary.AppendUvarint(b, uint64(max(w.Age, 0)))
 	}
-	return b
+	return binary.AppendUvarint(b, a.Index)
 }
 
 // DecodeKeepAliveAnswer parses an answer written by Encode.
@@ -231,6 +234,7 @@ func DecodeKeepAliveAnswer(b []byte) (KeepAliveAnswer, error) {
 		id := d.string()
 		a.Ages = append(a.Ages, WatchAge{ID: id, Age: int64(d.uvarint())})
 	}
+	a.Index = d.uvarint()
 	if d.err != nil || len(d.b) != 0 {
 		return KeepAliveAnswer{}, fmt.Errorf("%w: malformed keep-alive answer", ErrBadCommand)
 	}

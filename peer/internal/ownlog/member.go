@@ -113,6 +113,11 @@ type Member struct {
 	poke bool
 	// ka is the leader's keep-alive state (session.go).
 	ka sessions
+	// beat is when the leader last sent each learner a heartbeat;
+	// learners caches the learners of learnersOf (thin).
+	beat       map[uint64]int64
+	learners   map[uint64]bool
+	learnersOf *pb.ConfState
 }
 
 // heldMax bounds the entries a leader holds for its next tick.
@@ -135,7 +140,7 @@ func New(cfg Config) (*Member, error) {
 	if cfg.SnapshotEvery == 0 {
 		cfg.SnapshotEvery = 64
 	}
-	m := &Member{cfg: cfg, storage: raft.NewMemoryStorage(), conf: cfg.Bootstrap, heard: map[uint64]int64{}}
+	m := &Member{cfg: cfg, storage: raft.NewMemoryStorage(), conf: cfg.Bootstrap, heard: map[uint64]int64{}, beat: map[uint64]int64{}, learners: map[uint64]bool{}}
 	if cs := cfg.Bootstrap; cs != nil {
 		snap := &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(1), Term: proto.Uint64(1), ConfState: cs}}
 		if err := m.storage.ApplySnapshot(snap); err != nil {
@@ -230,6 +235,7 @@ func (m *Member) Tick(now int64) Output {
 	m.observeLeader(now)
 	m.do(m.own.Tick(now))
 	m.readKeepAlives(now)
+	m.forwardRelayed()
 	if m.Leader() {
 		m.autopilot(now)
 	}
@@ -389,7 +395,7 @@ func (m *Member) ready(now int64) Output {
 			_ = m.storage.SetHardState(rd.HardState)
 		}
 		_ = m.storage.Append(rd.Entries)
-		m.out.Messages = append(m.out.Messages, rd.Messages...)
+		m.out.Messages = m.thin(m.out.Messages, rd.Messages, now)
 		for _, e := range rd.CommittedEntries {
 			m.apply(e, now)
 		}

@@ -445,3 +445,87 @@ func TestSilentVoterReplacedByLearner(t *testing.T) {
 		t.Fatalf("m%d's liveness no longer extends once the leader m%d is gone too: %s", other, lead, c.members[other].Describe())
 	}
 }
+
+// TestLearnersKeepAliveThroughRelays: learners send their keep-alives to
+// a voter, which relays them to the leader in one message a tick, and
+// hands the answers back: no learner's keep-alive reaches the leader
+// directly, the leader sends learners no heartbeat of a read and few
+// others, and every learner's lease keeps extending.
+func TestLearnersKeepAliveThroughRelays(t *testing.T) {
+	const n = 9
+	cs := &pb.ConfState{Voters: []uint64{1, 2, 3}}
+	for i := uint64(4); i <= n; i++ {
+		cs.Learners = append(cs.Learners, i)
+	}
+	c := newClusterConf(t, n, cs)
+	c.run(5 * time.Second)
+	c.sent = c.sent[:0]
+	lead := c.leader()
+	before := map[uint64]int64{}
+	for i := uint64(1); i <= n; i++ {
+		before[i] = c.members[i].Own().LiveUntil()
+	}
+	direct, batches, learnerBeats := 0, 0, 0
+	for range 100 { // 10 s at rest
+		c.run(100 * time.Millisecond)
+		for _, msg := range c.sent {
+			// Autopilot promotes two learners (5 voters for 9 members).
+			isLearner := func(id uint64) bool { return !c.members[id].Voter() }
+			learner := isLearner(msg.GetFrom()) || isLearner(msg.GetTo())
+			switch {
+			case !IsKeepAlive(msg):
+				if msg.GetType() == pb.MsgHeartbeat && msg.GetFrom() == lead && isLearner(msg.GetTo()) {
+					learnerBeats++
+				}
+			case learner && (msg.GetFrom() == lead || msg.GetTo() == lead):
+				direct++
+			case msg.GetFrom() == lead || msg.GetTo() == lead:
+				batches++
+			}
+		}
+		c.sent = c.sent[:0]
+	}
+	if direct != 0 {
+		t.Fatalf("%d keep-alives between learners and the leader directly; want all relayed", direct)
+	}
+	for i := uint64(1); i <= n; i++ {
+		if until := c.members[i].Own().LiveUntil(); until <= before[i]+int64(9*time.Second) {
+			t.Fatalf("m%d's lease stopped extending: until %d, was %d", i, until, before[i])
+		}
+	}
+	// 4 learners a heartbeat every 5 s each: about 8 in 10 s (not 400).
+	if learnerBeats > 20 {
+		t.Fatalf("the leader sent learners %d heartbeats in 10 s; want about 8", learnerBeats)
+	}
+	t.Logf("leader: %d keep-alive messages (relayed batches and voters'), %d heartbeats to learners in 10 s", batches, learnerBeats)
+}
+
+// TestCutOffLeaderGrantsNothing: a leader cut off from the voters but
+// one, which still reaches it with keep-alives, grants that one nothing:
+// it cannot confirm a read. It believes it leads for up to two election
+// timeouts (CheckQuorum), and a later leader's wait counts only from its
+// own election, so a grant on that belief (MutKeepAliveUnconfirmed)
+// would outlast it. With the mutation the member's lease keeps growing.
+func TestCutOffLeaderGrantsNothing(t *testing.T) {
+	for _, mut := range []ownership.Mutation{ownership.MutNone, ownership.MutKeepAliveUnconfirmed} {
+		c := newCluster(t, 5)
+		for _, m := range c.members {
+			m.cfg.Ownership.Mutation = mut
+		}
+		c.run(5 * time.Second)
+		lead := c.leader()
+		x := lead%5 + 1
+		for id := uint64(1); id <= 5; id++ {
+			if id != lead && id != x {
+				c.down[id] = true
+			}
+		}
+		c.run(300 * time.Millisecond) // reads begun before the cut finish
+		before := c.members[x].Own().LiveUntil()
+		c.run(700 * time.Millisecond)
+		grew := c.members[x].Own().LiveUntil() > before
+		if grew != (mut == ownership.MutKeepAliveUnconfirmed) {
+			t.Fatalf("%v: m%d's lease grew %v while its leader m%d was cut off from the other voters", mut, x, grew, lead)
+		}
+	}
+}

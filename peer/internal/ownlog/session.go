@@ -20,21 +20,27 @@ import (
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 )
 
-// kaMagic marks a keep-alive's Context.
-var kaMagic = []byte("rlka")
+// kaMagic marks a keep-alive's Context; kbMagic a batch of them that a
+// relay forwards to the leader, or of answers the leader sends back.
+var (
+	kaMagic = []byte("rlka")
+	kbMagic = []byte("rlkb")
+)
 
-// kaMax bounds the requests the leader holds for one read: a member
-// extends every ExtendEvery, so this many is thousands of members.
+// kaMax bounds the requests the leader holds for one read, and those a
+// relay holds for its next tick: a member extends every ExtendEvery, so
+// this many is thousands of members.
 const kaMax = 1 << 14
 
-// kaReq is one request waiting for the leader's read; from is 0 for the
-// leader's own.
+// kaReq is one request waiting for the leader's read: from is the member
+// that sent it (0 for the leader's own), via the relay it came through (0
+// when it came directly).
 type kaReq struct {
-	from uint64
-	req  ownership.KeepAliveRequest
+	from, via uint64
+	req       ownership.KeepAliveRequest
 }
 
-// sessions is the leader's keep-alive state.
+// sessions is the leader's keep-alive state, and a relay's.
 type sessions struct {
 	wait      []kaReq // arrived since the outstanding read was issued
 	read      []kaReq // covered by the outstanding read
@@ -43,28 +49,56 @@ type sessions struct {
 	issued    int64 // when the outstanding read was issued
 	index     uint64
 	confirmed bool
+	// relay is, on a voter that does not lead, the requests of learners
+	// to forward to the leader at the next tick, in one message.
+	relay []relayed
+}
+
+type relayed struct {
+	from uint64
+	body []byte
 }
 
 // IsKeepAlive reports whether a raft message is a keep-alive request or
-// answer (for drivers that count traffic by kind).
+// answer, or a relay's batch of them (for drivers that count traffic by
+// kind).
 func IsKeepAlive(msg *pb.Message) bool {
-	t := msg.GetType()
-	return (t == pb.MsgReadIndex || t == pb.MsgReadIndexResp) && bytes.HasPrefix(msg.GetContext(), kaMagic)
+	t, c := msg.GetType(), msg.GetContext()
+	return (t == pb.MsgReadIndex || t == pb.MsgReadIndexResp) && (bytes.HasPrefix(c, kaMagic) || bytes.HasPrefix(c, kbMagic))
 }
 
-// sendKeepAlive sends the machine's keep-alive to the leader, or queues it
-// here when this member leads. Without a known leader it is dropped: the
-// machine extends again soon after one is elected (ExtendSoon).
+// sendKeepAlive sends the machine's keep-alive toward the leader, or
+// queues it here when this member leads. A voter sends it to the leader; a
+// learner to one of the voters (by its raft ID), which relays the
+// keep-alives it gets in one message a tick: the leader then handles a
+// few messages a tick whatever the number of members, instead of two per
+// member and extension. Without a known leader it is dropped: the machine
+// extends again soon after one is elected (ExtendSoon).
 func (m *Member) sendKeepAlive(r ownership.KeepAliveRequest) {
 	lead := m.Lead()
-	switch lead {
-	case 0:
-	case m.cfg.RaftID:
-		m.queueKeepAlive(kaReq{req: r})
-	default:
-		ctx := r.Encode(append([]byte(nil), kaMagic...))
-		m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndex.Enum(), To: proto.Uint64(lead), From: proto.Uint64(m.cfg.RaftID), Context: ctx})
+	if lead == 0 {
+		return
 	}
+	if lead == m.cfg.RaftID {
+		m.queueKeepAlive(kaReq{req: r})
+		return
+	}
+	to := lead
+	if !m.Voter() {
+		// A relay: one of the voters that do not lead, the same for
+		// this member while the voters stay.
+		var relays []uint64
+		for _, v := range m.conf.GetVoters() {
+			if v != lead {
+				relays = append(relays, v)
+			}
+		}
+		if len(relays) > 0 {
+			to = relays[m.cfg.RaftID%uint64(len(relays))]
+		}
+	}
+	ctx := r.Encode(append([]byte(nil), kaMagic...))
+	m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndex.Enum(), To: proto.Uint64(to), From: proto.Uint64(m.cfg.RaftID), Context: ctx})
 }
 
 func (m *Member) queueKeepAlive(q kaReq) {
@@ -75,25 +109,131 @@ func (m *Member) queueKeepAlive(q kaReq) {
 
 // stepKeepAlive handles an intercepted keep-alive message.
 func (m *Member) stepKeepAlive(msg *pb.Message, now int64) {
-	body := msg.GetContext()[len(kaMagic):]
-	if msg.GetType() == pb.MsgReadIndexResp {
-		a, err := ownership.DecodeKeepAliveAnswer(body)
-		if err == nil {
-			m.own.KeptAlive(a, now)
-		}
+	if bytes.HasPrefix(msg.GetContext(), kbMagic) {
+		m.stepBatch(msg, now)
 		return
 	}
-	r, err := ownership.DecodeKeepAliveRequest(body)
-	if err != nil || !m.Leader() {
-		return // a follower answers nothing; the member asks the leader again
+	body := msg.GetContext()[len(kaMagic):]
+	if msg.GetType() == pb.MsgReadIndexResp {
+		m.keptAlive(body, now)
+		return
 	}
-	q := kaReq{from: msg.GetFrom(), req: r}
+	switch {
+	case m.Leader():
+	case m.Voter() && m.Lead() != 0 && len(m.ka.relay) < kaMax:
+		// A learner's, to relay at the next tick.
+		m.ka.relay = append(m.ka.relay, relayed{from: msg.GetFrom(), body: body})
+		return
+	default:
+		return // no leader known: the member asks again
+	}
+	r, err := ownership.DecodeKeepAliveRequest(body)
+	if err != nil {
+		return
+	}
+	m.takeKeepAlive(kaReq{from: msg.GetFrom(), req: r}, now)
+}
+
+// takeKeepAlive queues a request on the leader for its next read.
+func (m *Member) takeKeepAlive(q kaReq, now int64) {
 	if m.cfg.Ownership.Mutation == ownership.MutKeepAliveUnconfirmed {
 		// The broken rule: granted on this member's belief that it leads.
-		m.answer(q, now)
+		m.answerAll([]kaReq{q}, now)
 		return
 	}
 	m.queueKeepAlive(q)
+}
+
+// keptAlive hands an answer to the machine, and asks the leader for what
+// its log lacks when the answer says the leader is ahead.
+func (m *Member) keptAlive(body []byte, now int64) {
+	a, err := ownership.DecodeKeepAliveAnswer(body)
+	if err != nil {
+		return
+	}
+	m.own.KeptAlive(a, now)
+	if last, _ := m.storage.LastIndex(); a.Index > last && m.Lead() != 0 && m.Lead() != m.cfg.RaftID {
+		// Behind the leader, which sends a learner few heartbeats
+		// (thin): answer as to one, so that it sends what we lack.
+		m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgHeartbeatResp.Enum(), To: proto.Uint64(m.Lead()),
+			From: proto.Uint64(m.cfg.RaftID), Term: m.rn.BasicStatus().Term})
+	}
+}
+
+// stepBatch handles a relay's batch: on the leader, requests to queue; on
+// a relay, answers to hand on.
+func (m *Member) stepBatch(msg *pb.Message, now int64) {
+	items, ok := decodeBatch(msg.GetContext()[len(kbMagic):])
+	if !ok {
+		return
+	}
+	if msg.GetType() == pb.MsgReadIndexResp {
+		for _, it := range items {
+			if it.from == m.cfg.RaftID {
+				m.keptAlive(it.body, now)
+				continue
+			}
+			ctx := append(append([]byte(nil), kaMagic...), it.body...)
+			m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndexResp.Enum(), To: proto.Uint64(it.from), From: proto.Uint64(m.cfg.RaftID), Context: ctx})
+		}
+		return
+	}
+	if !m.Leader() {
+		return
+	}
+	for _, it := range items {
+		if r, err := ownership.DecodeKeepAliveRequest(it.body); err == nil {
+			m.takeKeepAlive(kaReq{from: it.from, via: msg.GetFrom(), req: r}, now)
+		}
+	}
+}
+
+// forwardRelayed sends, at a tick, the learners' requests this voter
+// holds to the leader in one message.
+func (m *Member) forwardRelayed() {
+	if len(m.ka.relay) == 0 {
+		return
+	}
+	lead := m.Lead()
+	if lead != 0 && lead != m.cfg.RaftID && m.Voter() {
+		ctx := encodeBatch(append([]byte(nil), kbMagic...), m.ka.relay)
+		m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndex.Enum(), To: proto.Uint64(lead), From: proto.Uint64(m.cfg.RaftID), Context: ctx})
+	}
+	m.ka.relay = m.ka.relay[:0]
+}
+
+func encodeBatch(b []byte, items []relayed) []byte {
+	b = binary.AppendUvarint(b, uint64(len(items)))
+	for _, it := range items {
+		b = binary.AppendUvarint(b, it.from)
+		b = binary.AppendUvarint(b, uint64(len(it.body)))
+		b = append(b, it.body...)
+	}
+	return b
+}
+
+func decodeBatch(b []byte) ([]relayed, bool) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > kaMax {
+		return nil, false
+	}
+	b = b[k:]
+	items := make([]relayed, 0, n)
+	for range n {
+		from, k := binary.Uvarint(b)
+		if k <= 0 {
+			return nil, false
+		}
+		b = b[k:]
+		l, k := binary.Uvarint(b)
+		if k <= 0 || l > uint64(len(b)-k) {
+			return nil, false
+		}
+		b = b[k:]
+		items = append(items, relayed{from: from, body: b[:l]})
+		b = b[l:]
+	}
+	return items, len(b) == 0
 }
 
 // readKeepAlives, at a tick, issues the read that confirms the waiting
@@ -101,7 +241,7 @@ func (m *Member) stepKeepAlive(msg *pb.Message, now int64) {
 // timeout was lost with the leadership.
 func (m *Member) readKeepAlives(now int64) {
 	if !m.Leader() {
-		m.ka = sessions{next: m.ka.next}
+		m.ka = sessions{next: m.ka.next, relay: m.ka.relay}
 		return
 	}
 	if m.ka.ctx != 0 && m.tick > 0 && now-m.ka.issued > int64(m.cfg.ElectionTicks)*m.tick {
@@ -132,18 +272,83 @@ func (m *Member) answerKeepAlives(now int64) {
 	if !m.ka.confirmed || m.applied < m.ka.index {
 		return
 	}
-	for _, q := range m.ka.read {
-		m.answer(q, now)
-	}
+	m.answerAll(m.ka.read, now)
 	m.ka.read, m.ka.ctx, m.ka.confirmed = nil, 0, false
 }
 
-func (m *Member) answer(q kaReq, now int64) {
-	a := m.own.KeepAlive(q.req, now)
-	if q.from == 0 || q.from == m.cfg.RaftID {
-		m.own.KeptAlive(a, now)
-		return
+// answerAll answers requests: its own to the machine, direct ones each in
+// a message, relayed ones in one message per relay.
+func (m *Member) answerAll(qs []kaReq, now int64) {
+	var vias map[uint64][]relayed
+	for _, q := range qs {
+		a := m.own.KeepAlive(q.req, now)
+		a.Index = m.applied
+		switch {
+		case q.from == 0 || q.from == m.cfg.RaftID:
+			m.own.KeptAlive(a, now)
+		case q.via != 0:
+			if vias == nil {
+				vias = map[uint64][]relayed{}
+			}
+			vias[q.via] = append(vias[q.via], relayed{from: q.from, body: a.Encode(nil)})
+		default:
+			ctx := a.Encode(append([]byte(nil), kaMagic...))
+			m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndexResp.Enum(), To: proto.Uint64(q.from), From: proto.Uint64(m.cfg.RaftID), Context: ctx})
+		}
 	}
-	ctx := a.Encode(append([]byte(nil), kaMagic...))
-	m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndexResp.Enum(), To: proto.Uint64(q.from), From: proto.Uint64(m.cfg.RaftID), Context: ctx})
+	for _, via := range sorted(keys(vias)) {
+		ctx := encodeBatch(append([]byte(nil), kbMagic...), vias[via])
+		m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndexResp.Enum(), To: proto.Uint64(via), From: proto.Uint64(m.cfg.RaftID), Context: ctx})
+	}
+}
+
+func keys[V any](mp map[uint64]V) map[uint64]struct{} {
+	set := make(map[uint64]struct{}, len(mp))
+	for k := range mp {
+		set[k] = struct{}{}
+	}
+	return set
+}
+
+// learnerBeatTicks is how many ticks apart the leader sends a learner a
+// heartbeat. A learner neither votes nor counts in a quorum, and every
+// commit reaches it in an append: a heartbeat only tells it the leader
+// is there and lets the leader resend what it lost, which its keep-alive
+// answers do too (they carry the leader's index; a learner behind it
+// answers as to a heartbeat). Once liveness left the log, a heartbeat
+// every other tick to every learner was most of the log's traffic at rest
+// (members² bytes); one every 5 s is a fallback.
+const learnerBeatTicks = 100
+
+// thin appends to out the messages raft wants sent but the heartbeats to
+// learners beyond one every learnerBeatTicks, and every heartbeat of a
+// read (one with a context): a learner's acknowledgement counts in no
+// quorum.
+func (m *Member) thin(out, msgs []*pb.Message, now int64) []*pb.Message {
+	for _, msg := range msgs {
+		if msg.GetType() == pb.MsgHeartbeat && m.learner(msg.GetTo()) {
+			if len(msg.GetContext()) > 0 {
+				continue
+			}
+			if at, ok := m.beat[msg.GetTo()]; ok && m.tick > 0 && now-at < learnerBeatTicks*m.tick {
+				continue
+			}
+			m.beat[msg.GetTo()] = now
+		}
+		out = append(out, msg)
+	}
+	return out
+}
+
+// learner reports whether the applied configuration lists id as a
+// learner.
+func (m *Member) learner(id uint64) bool {
+	if m.conf != m.learnersOf {
+		m.learnersOf = m.conf
+		clear(m.learners)
+		for _, l := range m.conf.GetLearners() {
+			m.learners[l] = true
+		}
+	}
+	return m.learners[id]
 }

@@ -261,12 +261,12 @@ type sim struct {
 	// lateAnswer: member names → how late keep-alive answers to them
 	// arrive (FaultLateAnswer).
 	lateAnswer map[string]int64
-	lateCopy   bool // copies are held back 1.2-3 s (FaultLateCopy)
-	overlaps  int                   // probes that found two members that may decide
-	overlapAt []string              // the first few
-	probes    int
-	stale     int      // admissions a working backup lacked (checkBackups)
-	staleAt   []string // the first few
+	lateCopy   bool     // copies are held back 1.2-3 s (FaultLateCopy)
+	overlaps   int      // probes that found two members that may decide
+	overlapAt  []string // the first few
+	probes     int
+	stale      int      // admissions a working backup lacked (checkBackups)
+	staleAt    []string // the first few
 }
 
 const (
