@@ -206,6 +206,16 @@ func (s *sim) planFault(warm int64) {
 					s.note("heal %s", victim.id)
 				})
 			})
+		case FaultLeaderPause:
+			lead := s.leader()
+			if lead == nil {
+				s.note("no leader to pause")
+				break
+			}
+			d := span(s.o.Liveness/2, 3*s.o.Liveness)
+			lead.paused = s.now + d
+			s.note("pause %s, the leader, for %v", lead.id, time.Duration(d))
+			s.extendEnd(d)
 		case FaultLateCopy:
 			s.note("copies held back 1.2-3s for 10s")
 			s.lateCopy = true

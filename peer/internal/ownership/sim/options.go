@@ -78,6 +78,10 @@ const (
 	// first key's holder: copies arrive after newer ones, and after the
 	// partition's epoch moved on.
 	FaultLateCopy
+	// FaultLeaderPause pauses the log's leader for 0.5-3 Livenesses
+	// while keep-alives wait for its read: it wakes believing it leads,
+	// with requests it took before the pause.
+	FaultLeaderPause
 	numFaults
 
 	// FaultDouble crashes a holder and its backup at once: two faults,
@@ -116,7 +120,7 @@ const (
 )
 
 var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash",
-	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it"}
+	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "leader pauses", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it"}
 
 func (f Fault) String() string { return faultNames[f] }
 

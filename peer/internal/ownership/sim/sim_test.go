@@ -203,7 +203,7 @@ func catalogue() []mutant {
 		{name: "copy of any epoch", rule: ownership.MutCopyAnyEpoch, faults: []Fault{FaultLateCopy, FaultLate, FaultDelay, FaultDuplicate}},
 		{name: "fence ignored", rule: ownership.MutFenceIgnored, faults: []Fault{FaultJoin, FaultLeave, FaultRaise, FaultBlip}},
 		{name: "aged grant early", rule: ownership.MutAgedGrantEarly, faults: []Fault{FaultSplit, FaultLongSplit}},
-		{name: "new leader counts nothing", rule: ownership.MutLeaderNoWait, faults: []Fault{FaultLeaderChange, FaultLeaderSplit}},
+		{name: "new leader counts nothing", rule: ownership.MutLeaderNoWait, faults: []Fault{FaultLeaderChange, FaultLeaderSplit, FaultLeaderPause}},
 		{name: "keep-alive unconfirmed", rule: ownership.MutKeepAliveUnconfirmed,
 			beyond: "a leader cut off steps down within two election timeouts (CheckQuorum) and a later leader waits a Liveness from its election, so an unconfirmed grant outlasts that wait only when the step-down comes later than the election by a tenth of a Liveness and a keep-alive lands in between; FaultLeaderSplit aims at it, 0 of 60 schedules hit it; TestCutOffLeaderGrantsNothing"},
 		{name: "keep-alive while ending", rule: ownership.MutKeepAliveWhileEnding,
