@@ -165,20 +165,16 @@ func OpenWAL(dir, prefix, cluster string, segBytes int64, replay func(index uint
 		w.next = s.h.fields[0]
 		b, last := s.b, i == len(all)-1
 		if !last {
-			// Complete records end where the successor says; anything
-			// after is a write cut by a crash, never acknowledged.
-			end := all[i+1].h.fields[1]
-			if end > uint64(len(b)) || end < uint64(s.off) {
-				return nil, fmt.Errorf("%w: %s: %d bytes, but %s says its complete records end at %d: cut short", ErrCorrupt, s.path, len(b), filepath.Base(all[i+1].path), end)
-			}
-			if tail, err := parseRecords(s.path, b, int(end), true, func([]byte) error {
-				return fmt.Errorf("%w: %s: a complete record after offset %d, where %s says the records end", ErrCorrupt, s.path, end, filepath.Base(all[i+1].path))
-			}); err != nil {
+			var err error
+			if b, err = completeRecords(s.path, b, s.off, all[i+1].path, all[i+1].h); err != nil {
+				// A missing successor makes the lengths disagree too:
+				// say which it is.
+				n := uint64(0)
+				if _, perr := parseRecords(s.path, s.b, s.off, true, func([]byte) error { n++; return nil }); perr == nil && w.next+n != all[i+1].h.fields[0] {
+					return nil, fmt.Errorf("%w: %s: starts at record %d, but %s ends at %d: a segment is missing", ErrCorrupt, all[i+1].path, all[i+1].h.fields[0], s.path, w.next+n)
+				}
 				return nil, err
-			} else if tail != int(end) {
-				return nil, fmt.Errorf("%w: %s: bytes after offset %d", ErrCorrupt, s.path, end)
 			}
-			b = b[:end]
 		}
 		end, err := parseRecords(s.path, b, s.off, last, func(rec []byte) error {
 			if err := replay(w.next, rec); err != nil {
@@ -194,6 +190,26 @@ func OpenWAL(dir, prefix, cluster string, segBytes int64, replay func(index uint
 	}
 	w.durable, w.prevEnd = w.next, prevLen
 	return w, nil
+}
+
+// completeRecords returns segment b up to where its successor (next,
+// with header h) says its complete records end, after checking that what
+// follows is at most one record cut by a crash (never acknowledged).
+func completeRecords(path string, b []byte, off int, next string, h header) ([]byte, error) {
+	end := h.fields[1]
+	if end > uint64(len(b)) || end < uint64(off) {
+		return nil, fmt.Errorf("%w: %s: %d bytes, but %s says its complete records end at %d: cut short", ErrCorrupt, path, len(b), filepath.Base(next), end)
+	}
+	tail, err := parseRecords(path, b, int(end), true, func([]byte) error {
+		return fmt.Errorf("%w: %s: a complete record after offset %d, where %s says the records end", ErrCorrupt, path, end, filepath.Base(next))
+	})
+	if err != nil {
+		return nil, err
+	}
+	if tail != int(end) {
+		return nil, fmt.Errorf("%w: %s: bytes after offset %d", ErrCorrupt, path, end)
+	}
+	return b[:end], nil
 }
 
 // parseRecords calls fn for each record of segment b from offset off and

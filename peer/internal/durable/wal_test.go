@@ -9,7 +9,9 @@ import (
 	"testing"
 )
 
-func rec(i int) []byte { return []byte(fmt.Sprintf("record %d %s", i, bytes.Repeat([]byte{'x'}, i%50))) }
+func rec(i int) []byte {
+	return []byte(fmt.Sprintf("record %d %s", i, bytes.Repeat([]byte{'x'}, i%50)))
+}
 
 // readAll opens prefix in dir and returns its records.
 func readAll(t *testing.T, dir string, segBytes int64) (*WAL, [][]byte) {
