@@ -45,7 +45,7 @@ func OpenDir(path, cluster, member string, start uint64) (*Dir, error) {
 	}
 	d := &Dir{Path: path, Cluster: cluster, Member: member}
 	meta := filepath.Join(path, MetaFile)
-	_, payload, err := readBlob(meta, cluster)
+	_, payload, err := ReadBlob(meta, cluster)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		if ours, _ := hasOurFiles(path); ours != "" {
@@ -79,7 +79,7 @@ func OpenDir(path, cluster, member string, start uint64) (*Dir, error) {
 	if d.Fresh {
 		b := binary.LittleEndian.AppendUint64(nil, d.Start)
 		b = append(b, member...)
-		if err := writeBlob(path, MetaFile, cluster, 0, b); err != nil {
+		if err := WriteBlob(path, MetaFile, cluster, 0, b); err != nil {
 			d.Close()
 			return nil, err
 		}

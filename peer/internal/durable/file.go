@@ -116,16 +116,19 @@ func syncDir(dir string) error {
 // writeFileSync, so any shortfall is damage.
 const blobMagic = "rlblob01"
 
-// writeBlob writes payload to dir/name for cluster, tagged with index.
-func writeBlob(dir, name, cluster string, index uint64, payload []byte) error {
+// WriteBlob writes payload to dir/name for cluster, tagged with index,
+// whole or not at all (a temporary file, fsynced and renamed).
+func WriteBlob(dir, name, cluster string, index uint64, payload []byte) error {
 	b := header{magic: blobMagic, version: FormatVersion, cluster: cluster, fields: []uint64{index, uint64(len(payload))}}.append(nil)
 	b = append(b, payload...)
 	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, crcTable))
 	return writeFileSync(dir, name, b)
 }
 
-// readBlob reads a file writeBlob wrote and checks it whole.
-func readBlob(path, cluster string) (index uint64, payload []byte, err error) {
+// ReadBlob reads a file WriteBlob wrote and checks it whole: a file cut
+// short, damaged, of another cluster or in a newer format is refused with
+// an error naming it.
+func ReadBlob(path, cluster string) (index uint64, payload []byte, err error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, nil, err

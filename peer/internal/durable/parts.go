@@ -49,7 +49,7 @@ func OpenParts(dir, cluster string, segBytes int64) (*Parts, *Recovery, error) {
 	rec := newRecovery()
 	covers := uint64(0)
 	path := filepath.Join(dir, PartsSnapshot)
-	idx, payload, err := readBlob(path, cluster)
+	idx, payload, err := ReadBlob(path, cluster)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 	case err != nil:
@@ -157,7 +157,7 @@ func (p *Parts) Snapshot(wall int64, covers uint64, parts []*peerpb.PartitionOp)
 	if err != nil {
 		return err
 	}
-	if err := writeBlob(p.dir, PartsSnapshot, p.cluster, covers, b); err != nil {
+	if err := WriteBlob(p.dir, PartsSnapshot, p.cluster, covers, b); err != nil {
 		return err
 	}
 	return p.wal.DropBefore(covers)
