@@ -14,9 +14,12 @@
 // Why etcd's raft and not hashicorp/raft: etcd's is itself a pure state
 // machine (Tick, Step, Ready, Advance), so the simulator steps the very
 // code a node runs, message by message; hashicorp/raft runs its own
-// goroutines and timers. Its log lives in memory, as the quota state
-// does: a member that restarts is a new incarnation and a new raft
-// member, catching up from a snapshot.
+// goroutines and timers. Its log lives in memory unless Config.Disk
+// keeps it in a data directory (disk.go; the member then writes and
+// fsyncs it in each call, before the messages it returns may be sent):
+// without one, a member that restarts is a new incarnation and a new raft
+// member, catching up from a snapshot; with one, it resumes as the same
+// raft member.
 package ownlog
 
 import (
