@@ -21,8 +21,8 @@ import (
 // it) before the Ready's messages go out, as raft requires; each
 // snapshot is a file (raft.snap) after which the records it covers are
 // dropped. A member that restarts with it resumes as the same raft
-// member: same ID, same term and vote, same log. Not safe for concurrent
-// use: the member's goroutine owns it.
+// member (same raft ID, term, vote and log) under a new ownership
+// incarnation: knows says why. Not safe for concurrent use: the member's goroutine owns it.
 type Disk struct {
 	dir, cluster string
 	wal          *durable.WAL
@@ -262,6 +262,9 @@ func (m *Member) loadDisk() (bool, error) {
 	if d == nil || d.Empty() {
 		return false, nil
 	}
+	if err := d.knows(m.cfg.Ownership.ID, m.cfg.Partitions); err != nil {
+		return false, err
+	}
 	snap, err := d.load(m.storage)
 	if err != nil {
 		return false, fmt.Errorf("ownlog: resume the log from %s: %w", d.dir, err)
@@ -300,4 +303,40 @@ func (m *Member) diskStopped(now int64) bool {
 		return true
 	}
 	return false
+}
+
+// knows refuses a resumed log that already names member id: a member
+// resumes its log under a new ownership incarnation, its raft ID kept.
+//
+// Why: the machine's knowledge of which partitions' state it has (rule
+// 1's "the state is here", rule 8's Fresh chains) lives in memory and is
+// not in the log. Under its old ID, replaying the log would hand it
+// back holdings, and a Grant replayed or a Fresh chain restored would
+// let it decide from an empty store for partitions it decided for
+// before the crash: admissions lost without a count. As a new
+// incarnation it has nothing in the table: its old self is gone for good
+// (a later incarnation runs), so the log ends it and its partitions go
+// to their backups or, without one, restart empty, counted, exactly as
+// for a member restarted without a data directory; only the log itself
+// (term, vote, entries, voter set) carries over, which is what lets a
+// log whose every voter restarted elect a leader again. Taking the old
+// self's partition state over from disk is a further command the
+// machine does not have yet (TODO(issue 57)).
+func (d *Disk) knows(id string, partitions int) error {
+	refuse := fmt.Errorf("%w: member %q is already in the log in %s: a member resumed from its data directory comes back as a new incarnation (a new ownership ID; its raft ID stays)", ErrConfig, id, d.dir)
+	if s := d.stored.snap; s != nil && len(s.GetData()) > 0 {
+		t := ownership.NewTable(partitions)
+		if err := json.Unmarshal(s.GetData(), t); err == nil && t.Members[id] != nil {
+			return refuse
+		}
+	}
+	for _, e := range d.stored.entries {
+		if e.GetType() != pb.EntryNormal || len(e.GetData()) == 0 {
+			continue
+		}
+		if c, err := ownership.Decode(e.GetData()); err == nil && (c.Member == id || c.To == id) {
+			return refuse
+		}
+	}
+	return nil
 }

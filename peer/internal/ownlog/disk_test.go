@@ -1,11 +1,13 @@
 package ownlog
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,37 +17,49 @@ import (
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 )
 
-// newDiskCluster is newCluster with each member's log in dirs[i-1]: a
-// member whose directory holds a log resumes it.
-func newDiskCluster(t *testing.T, dirs []string, snapEvery uint64) (*cluster, []*Disk) {
+// newDiskCluster is newCluster with member i's log in dirs[i-1] and
+// ownership ID ids[i-1]; gone are earlier incarnations (gossip: a later
+// one runs). A member whose directory holds a log resumes it.
+func newDiskCluster(t *testing.T, dirs, ids, gone []string) *cluster {
 	t.Helper()
 	n := len(dirs)
 	cs := &pb.ConfState{}
-	var ids []string
 	for i := 1; i <= n; i++ {
 		cs.Voters = append(cs.Voters, uint64(i))
-		ids = append(ids, fmt.Sprintf("m%d", i))
 	}
 	c := &cluster{t: t, members: map[uint64]*Member{}, down: map[uint64]bool{}}
-	var disks []*Disk
 	for i := 1; i <= n; i++ {
-		d, err := OpenDisk(dirs[i-1], "c1")
+		m, err := New(diskConfig(t, dirs[i-1], uint64(i), ids[i-1], cs))
 		if err != nil {
 			t.Fatal(err)
 		}
-		disks = append(disks, d)
-		m, err := New(Config{RaftID: uint64(i), Ownership: ownership.Config{ID: ids[i-1]}, Partitions: 4, Bootstrap: cs, Disk: d, SnapshotEvery: snapEvery})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var roster []Peer
-		for j, id := range ids {
-			roster = append(roster, Peer{RaftID: uint64(j + 1), Member: id})
-		}
-		m.SetView(ownership.View{Members: ids, Target: []string{ids[0], ids[1%n], ids[2%n], ids[0]}}, roster)
 		c.members[uint64(i)] = m
 	}
-	return c, disks
+	c.view(ids, gone)
+	return c
+}
+
+func diskConfig(t *testing.T, dir string, raftID uint64, id string, cs *pb.ConfState) Config {
+	t.Helper()
+	d, err := OpenDisk(dir, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return Config{RaftID: raftID, Ownership: ownership.Config{ID: id}, Partitions: 4, Bootstrap: cs, Disk: d, SnapshotEvery: 16}
+}
+
+// view gives every member the view of members ids (raft IDs 1…) with the
+// incarnations gone.
+func (c *cluster) view(ids, gone []string) {
+	var roster []Peer
+	for j, id := range ids {
+		roster = append(roster, Peer{RaftID: uint64(j + 1), Member: id})
+	}
+	n := len(ids)
+	for _, m := range c.members {
+		m.SetView(ownership.View{Members: ids, Gone: gone, Target: []string{ids[0], ids[1%n], ids[2%n], ids[0]}}, roster)
+	}
 }
 
 func tableJSON(t *testing.T, m *Member) string {
@@ -57,108 +71,147 @@ func tableJSON(t *testing.T, m *Member) string {
 	return string(b)
 }
 
+// deciders counts, per partition, the members that may decide for it,
+// failing the test when two may.
+func (c *cluster) deciders() (decided int) {
+	c.t.Helper()
+	for p := range 4 {
+		n := 0
+		for _, m := range c.members {
+			if m.Own().MayDecide(p, c.now) {
+				n++
+			}
+		}
+		if n > 1 {
+			c.t.Fatalf("p%d: %d members decide", p, n)
+		}
+		decided += n
+	}
+	return decided
+}
+
 // TestWholeLogRestarts: three members with their logs on disk all stop at
-// once (their files abandoned as a kill -9 leaves them, mid-run) and
-// start again as the same raft members: each resumes the table it had
-// applied, the log elects a leader and commits again (no new member
-// could have: the old voters are the only ones), and at no step do two
-// members decide for one partition.
+// once (files abandoned as a kill -9 leaves them, mid-run) and start
+// again, each as the same raft member under a new incarnation. Each
+// resumes the table it had applied; the log elects a leader among the
+// old voters (the only ones it has) and commits; the old incarnations
+// are ended and their partitions restart empty, counted in Restarts;
+// and at no step do two members decide for one partition. Resuming
+// under the old ID is refused, with the directory unchanged.
 func TestWholeLogRestarts(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
-	c, _ := newDiskCluster(t, dirs, 16)
+	old := []string{"m1", "m2", "m3"}
+	c := newDiskCluster(t, dirs, old, nil)
 	c.run(5 * time.Second)
+	if c.deciders() != 4 {
+		t.Fatalf("before the crash not every partition is decided: %s", tableJSON(t, c.members[1]))
+	}
 	before := map[uint64]string{}
-	commits := map[uint64]uint64{}
 	for id, m := range c.members {
 		before[id] = tableJSON(t, m)
-		commits[id] = m.rn.Status().HardState.GetCommit()
 	}
-	if commits[1] < 16 {
-		t.Fatalf("commit %d before the crash: want at least one snapshot (16 entries) taken", commits[1])
+	if commit := c.members[1].rn.Status().HardState.GetCommit(); commit < 16 {
+		t.Fatalf("commit %d before the crash: want at least one snapshot (16 entries) taken", commit)
 	}
 	// Every member stops at once; nothing is flushed or closed.
-	c2, _ := newDiskCluster(t, dirs, 16)
+	sum := dirSum(t, dirs[0])
+	d, err := OpenDisk(dirs[0], "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{RaftID: 1, Ownership: ownership.Config{ID: "m1"}, Partitions: 4, Disk: d}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("resuming the log under the ID already in it: %v, want ErrConfig", err)
+	}
+	d.Close()
+	if got := dirSum(t, dirs[0]); got != sum {
+		t.Fatalf("the refused resume changed the directory:\n%s\nwas\n%s", got, sum)
+	}
+	next := []string{"m1b", "m2b", "m3b"}
+	c2 := newDiskCluster(t, dirs, next, old)
 	c2.now = c.now + int64(time.Minute) // monotonic clocks restart anywhere
 	for id, m := range c2.members {
 		c2.carry(id, m.Tick(c2.now))
 		if got := tableJSON(t, m); got != before[id] {
-			t.Fatalf("m%d resumed the table\n%s\nwant the one it had applied\n%s", id, got, before[id])
+			t.Fatalf("raft %d resumed the table\n%s\nwant the one it had applied\n%s", id, got, before[id])
 		}
 	}
-	for end := c2.now + int64(10*time.Second); ; {
-		c2.run(100 * time.Millisecond)
-		for p := range 4 {
-			deciders := 0
-			for _, m := range c2.members {
-				if m.Own().MayDecide(p, c2.now) {
-					deciders++
-				}
-			}
-			if deciders > 1 {
-				t.Fatalf("p%d: %d members decide after the restart", p, deciders)
-			}
-		}
-		leaderCommit := uint64(0)
-		for _, m := range c2.members {
-			if m.Leader() {
-				leaderCommit = m.rn.Status().HardState.GetCommit()
-			}
-		}
-		if leaderCommit > commits[1]+3 {
-			break
-		}
+	for end := c2.now + int64(20*time.Second); c2.deciders() < 4; c2.run(100 * time.Millisecond) {
 		if c2.now > end {
-			t.Fatalf("no leader committing past %d within 10 s of the restart: %s", commits[1], c2.members[1].Describe())
+			t.Fatalf("partitions not all decided 20 s after the restart: %s\n%s", c2.members[1].Describe(), tableJSON(t, c2.members[1]))
 		}
+	}
+	tab := c2.members[1].Own().Table()
+	restarts := 0
+	for _, m := range c2.members {
+		restarts += m.Own().Counters().Restarts
+	}
+	for _, id := range old {
+		if r := tab.Members[id]; r == nil || !r.Ended {
+			t.Errorf("old incarnation %s not ended for good: %+v", id, r)
+		}
+	}
+	if restarts != 4 {
+		t.Errorf("%d partitions counted as restarted empty, want 4 (every holder and backup restarted)", restarts)
 	}
 }
 
-// TestMemberRestartsAlone: one member of three restarts with its log
-// while the others run on; it catches up and the log keeps its
-// majority when another member then stops.
+// TestMemberRestartsAlone: one member of three restarts with its log, as
+// a new incarnation, while the others run on: it catches up, stays a
+// voter, and its old incarnation's partitions go to their backups.
 func TestMemberRestartsAlone(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
-	c, _ := newDiskCluster(t, dirs, 16)
+	c := newDiskCluster(t, dirs, []string{"m1", "m2", "m3"}, nil)
 	c.run(5 * time.Second)
-	d, err := OpenDisk(dirs[2], "c1")
+	r, err := New(diskConfig(t, dirs[2], 3, "m3b", nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m3 := c.members[3]
-	r, err := New(Config{RaftID: 3, Ownership: ownership.Config{ID: "m3"}, Partitions: 4, Disk: d, SnapshotEvery: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.SetView(ownership.View{Members: []string{"m1", "m2", "m3"}, Target: []string{"m1", "m2", "m3", "m1"}}, c.roster())
 	if !r.Voter() {
 		t.Fatalf("m3 restarted without its voter configuration: %s", r.Describe())
 	}
 	c.members[3] = r
-	c.run(3 * time.Second)
+	c.view([]string{"m1", "m2", "m3b"}, []string{"m3"})
+	for end := c.now + int64(20*time.Second); c.deciders() < 4 || r.Own().Table().Members["m3b"] == nil; c.run(100 * time.Millisecond) {
+		if c.now > end {
+			t.Fatalf("partitions not all decided 20 s after m3 restarted: %s\n%s", r.Describe(), tableJSON(t, c.members[1]))
+		}
+	}
+	c.run(time.Second)
 	if got, want := tableJSON(t, r), tableJSON(t, c.members[1]); got != want {
 		t.Fatalf("restarted m3 applied\n%s\nm1\n%s", got, want)
 	}
-	_ = m3
-	c.leaveThenCheckMajority(c.leaderOtherThan(3), 3)
+	takeovers, restarts := 0, 0
+	for _, m := range c.members {
+		takeovers += m.Own().Counters().Takeovers
+		restarts += m.Own().Counters().Restarts
+	}
+	if takeovers == 0 || restarts != 0 {
+		t.Fatalf("m3's partitions: %d taken over by backups, %d restarted empty; want backups to take them, none restarted", takeovers, restarts)
+	}
 }
 
-func (c *cluster) leaderOtherThan(id uint64) uint64 {
-	if l := c.leader(); l != id {
-		return l
+func dirSum(t *testing.T, dir string) string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for o := range c.members {
-		if o != id {
-			return o
+	var out []string
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
 		}
+		out = append(out, fmt.Sprintf("%s %x", e.Name(), sha256.Sum256(b)))
 	}
-	return 0
+	return strings.Join(out, "\n")
 }
 
 // TestBadRaftDir: a damaged raft log is refused with the file named,
 // before the member starts.
 func TestBadRaftDir(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
-	c, _ := newDiskCluster(t, dirs, 16)
+	c := newDiskCluster(t, dirs, []string{"m1", "m2", "m3"}, nil)
 	c.run(3 * time.Second)
 	snap := filepath.Join(dirs[0], RaftSnapshot)
 	b, err := os.ReadFile(snap)
@@ -176,14 +229,5 @@ func TestBadRaftDir(t *testing.T) {
 }
 
 func errorNames(err error, path string) bool {
-	return err != nil && len(path) > 0 && contains(err.Error(), path)
-}
-
-func contains(s, sub string) bool {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return true
-		}
-	}
-	return false
+	return err != nil && strings.Contains(err.Error(), path)
 }
