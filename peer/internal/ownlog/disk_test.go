@@ -12,6 +12,7 @@ import (
 	"time"
 
 	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ringlimit/ringlimit/peer/internal/durable"
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
@@ -230,4 +231,40 @@ func TestBadRaftDir(t *testing.T) {
 
 func errorNames(err error, path string) bool {
 	return err != nil && strings.Contains(err.Error(), path)
+}
+
+// TestDiskFailureStopsMember: once a write to the raft log fails, the
+// member sends nothing more (an answer whose term or vote is not on disk
+// must not go out) and reports why.
+func TestDiskFailureStopsMember(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "raft")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenDisk(dir, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(Config{RaftID: 2, Ownership: ownership.Config{ID: "m2"}, Partitions: 4, Disk: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The directory goes away before the first write (a disk pulled, a
+	// volume unmounted): the first segment cannot be created.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	hb := &pb.Message{Type: pb.MsgHeartbeat.Enum(), From: proto.Uint64(1), To: proto.Uint64(2), Term: proto.Uint64(5)}
+	out := m.Step(hb, int64(time.Second))
+	if len(out.Messages) != 0 || d.Err() == nil {
+		t.Fatalf("after a failed write: %d messages out, Err %v; want none out and the error", len(out.Messages), d.Err())
+	}
+	if !errors.Is(d.Err(), durable.ErrFailed) {
+		t.Fatalf("Err = %v, want it to wrap durable.ErrFailed", d.Err())
+	}
+	out = m.Tick(int64(2 * time.Second))
+	out2 := m.Step(hb, int64(3*time.Second))
+	if len(out.Messages)+len(out2.Messages) != 0 {
+		t.Fatalf("a stopped member sent %d messages", len(out.Messages)+len(out2.Messages))
+	}
 }
