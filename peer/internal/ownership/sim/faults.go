@@ -27,6 +27,8 @@ func (s *sim) planFault(warm int64) {
 		case FaultCrash:
 			s.note("crash %s", victim.id)
 			s.crash(victim, false)
+		case FaultWholeRestart:
+			s.wholeRestart(span)
 		case FaultRestart:
 			s.note("crash %s", victim.id)
 			s.crash(victim, false)
