@@ -30,7 +30,7 @@ type simDisk struct {
 // diskFor opens the data directory of member name, for runs whose fault
 // restarts every member from disk; nil (memory) otherwise.
 func (s *sim) diskFor(name string) *ownlog.Disk {
-	if s.fault != FaultWholeRestart {
+	if s.fault != FaultWholeRestart && s.fault != FaultRestoredBackup {
 		return nil
 	}
 	if s.disk == nil {
@@ -97,18 +97,7 @@ func (s *sim) wholeRestart(span func(lo, hi time.Duration) int64) {
 	s.note("every member crashes at once")
 	for _, id := range s.sortedIDs() {
 		m := s.members[id]
-		kept := map[int]map[string][]entry{}
-		for p := range m.stores {
-			if !m.own.Has(p) {
-				continue
-			}
-			st := map[string][]entry{}
-			for k, log := range m.stores[p] {
-				st[k] = slices.Clone(log)
-			}
-			kept[p] = st
-		}
-		s.disk.kept[m.id], s.disk.crashAt[m.id] = kept, m.mono()
+		s.keep(m)
 		// Abandoned as kill -9 leaves it: the log wrote and fsynced each
 		// Ready before its messages went out; Close flushes nothing more.
 		s.disk.open[m.name].Close()
@@ -168,4 +157,52 @@ func (s *sim) restoreFromDisk(m *member, p int) {
 		m.stores[p][k] = out
 	}
 	s.note("%s restores p%d from %s's data directory (%d entries)", m.id, p, old, n)
+}
+
+// keep records what m's data directory holds of its partition state now:
+// the partitions whose state it has (Machine.Has), under `disk`
+// durability every admission it made.
+func (s *sim) keep(m *member) {
+	kept := map[int]map[string][]entry{}
+	for p := range m.stores {
+		if !m.own.Has(p) {
+			continue
+		}
+		st := map[string][]entry{}
+		for k, log := range m.stores[p] {
+			st[k] = slices.Clone(log)
+		}
+		kept[p] = st
+	}
+	s.disk.kept[m.id], s.disk.crashAt[m.id] = kept, m.mono()
+}
+
+// restoredBackup backs up victim's data directory now, crashes it 2-6 s
+// later and, 0.5-2 s after that, starts it again from the backup: the
+// partition state as it was at the backup, the raft files removed (as a
+// restore must: a raft member whose log or vote went back could vote
+// twice in a term or forget an entry it acknowledged), so it joins the
+// log as a new raft member, the heir of its old incarnation.
+func (s *sim) restoredBackup(victim *member, span func(lo, hi time.Duration) int64) {
+	s.keep(victim)
+	s.note("back up %s's data directory", victim.id)
+	s.extendEnd(int64(10 * time.Second))
+	s.at(span(2*time.Second, 6*time.Second), func() {
+		if victim.crashed {
+			return
+		}
+		s.note("crash %s", victim.id)
+		s.disk.open[victim.name].Close()
+		delete(s.disk.open, victim.name)
+		s.crash(victim, false)
+		s.at(span(500*time.Millisecond, 2*time.Second), func() {
+			if err := os.RemoveAll(filepath.Join(s.disk.root, victim.name)); err != nil {
+				panic(err)
+			}
+			m := s.start(victim.name, victim.inc+1, s.newRaftID(), nil)
+			s.gone = append(s.gone, victim.id) // a later incarnation runs
+			s.disk.heirs[m.id] = victim.id
+			s.note("restart %s from the backup of its data directory as %s (raft files removed)", victim.id, m.id)
+		})
+	})
 }

@@ -52,3 +52,29 @@ func TestWholeRestartFromDisk(t *testing.T) {
 		}
 	}
 }
+
+// TestRestoredBackup: the first key's holder is started again from an
+// old backup of its data directory, its raft files removed (as a restore
+// must). It joins the log as a new raft member and the heir of its old
+// incarnation. Its partitions go to their backups, whose replicas are
+// complete (every key sync): nothing is lost and no window goes over the
+// limit; a partition that had no backup at the crash would come back from
+// the older state, as a counted restart, and only then may a window go
+// over. Every oracle must pass.
+func TestRestoredBackup(t *testing.T) {
+	n := max(seeds(t)/40, 4)
+	for seed := uint64(1); seed <= uint64(n); seed++ {
+		o := options(seed)
+		o.Fault, o.NoFault, o.Modes = FaultRestoredBackup, false, nil
+		o.Window, o.Limit = 30*time.Second, 20
+		r := run(t, o)
+		if len(r.Oracle) > 0 || r.Counters.MissingCopy > 0 || r.Misstood > 0 || len(r.Report.Violations) > 0 && r.Lost == 0 {
+			t.Errorf("seed %d:\n%s", seed, r)
+		} else if testing.Verbose() {
+			t.Logf("seed %d: %d ops, %d admitted, %d takeovers, %d counted restarts, windows over the limit: %d", seed, r.Report.Ops, r.Report.Admitted, r.Counters.Takeovers, r.Lost, len(r.Report.Violations))
+		}
+		if !strings.Contains(strings.Join(r.Schedule, "\n"), "from the backup of its data directory") {
+			t.Errorf("seed %d: the member was not restarted from its backup:\n%s", seed, r)
+		}
+	}
+}
