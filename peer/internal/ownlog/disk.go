@@ -43,6 +43,11 @@ const (
 	RaftSnapshot = "raft.snap"
 	recHard      = 1
 	recEntry     = 2
+	// recSnap marks where a snapshot was taken: the entries logged before
+	// it are the snapshot's, or a suffix it replaced (a follower's
+	// uncommitted entries a leader's snapshot overrode), or written
+	// again after it.
+	recSnap = 3
 )
 
 // OpenDisk reads the raft log in dir (written for cluster) and returns it
@@ -94,6 +99,8 @@ func OpenDisk(dir, cluster string) (*Disk, error) {
 				return fmt.Errorf("%w: %s: record %d: entry %d does not follow the log", durable.ErrCorrupt, filepath.Join(dir, raftPrefix+"-*.wal"), i, e.GetIndex())
 			}
 			d.stored.entries = append(es, e)
+		case recSnap:
+			d.stored.entries = nil
 		default:
 			return fmt.Errorf("%w: %s: record %d of unknown kind %d", durable.ErrCorrupt, filepath.Join(dir, raftPrefix+"-*.wal"), i, b[0])
 		}
@@ -198,14 +205,21 @@ func (d *Disk) saveSnapshot(s *pb.Snapshot, storage *raft.MemoryStorage) error {
 	if err := durable.WriteBlob(d.dir, RaftSnapshot, d.cluster, cut, b); err != nil {
 		return err
 	}
+	marker, err := d.append(recSnap, s.GetMetadata())
+	if err != nil {
+		return err
+	}
 	if storage == nil {
 		// A snapshot from the leader replaces the whole log: nothing
 		// before it counts, and raft hands the entries after it in the
-		// same Ready.
+		// same Ready (saved after the marker).
+		if err := d.wal.Sync(marker); err != nil {
+			return err
+		}
 		return d.wal.DropBefore(cut)
 	}
 	hs, _, _ := storage.InitialState()
-	last := uint64(0)
+	last := marker
 	if !raft.IsEmptyHardState(hs) {
 		if last, err = d.append(recHard, hs); err != nil {
 			return err
@@ -225,10 +239,8 @@ func (d *Disk) saveSnapshot(s *pb.Snapshot, storage *raft.MemoryStorage) error {
 			}
 		}
 	}
-	if d.wal.Next() > cut {
-		if err := d.wal.Sync(last); err != nil {
-			return err
-		}
+	if err := d.wal.Sync(last); err != nil {
+		return err
 	}
 	return d.wal.DropBefore(cut)
 }
@@ -319,9 +331,16 @@ func (m *Member) diskStopped(now int64) bool {
 // to their backups or, without one, restart empty, counted, exactly as
 // for a member restarted without a data directory; only the log itself
 // (term, vote, entries, voter set) carries over, which is what lets a
-// log whose every voter restarted elect a leader again. Taking the old
-// self's partition state over from disk is a further command the
-// machine does not have yet (TODO(issue 57)).
+// log whose every voter restarted elect a leader again. Its old self's
+// partition state comes back through the heir rule (ownership rule 10:
+// View.Heirs), which the driver feeds and restores from disk; peer does
+// not feed it yet (TODO(issue 57)).
+//
+// A raft log must never go back: a member started from a restored copy
+// of its raft files could vote twice in a term or forget an entry it
+// acknowledged, and two leaders could commit different entries. Restore
+// a data directory from a backup only without its raft files (the member
+// then joins the log as a new raft member).
 func (d *Disk) knows(id string, partitions int) error {
 	refuse := fmt.Errorf("%w: member %q is already in the log in %s: a member resumed from its data directory comes back as a new incarnation (a new ownership ID; its raft ID stays)", ErrConfig, id, d.dir)
 	if s := d.stored.snap; s != nil && len(s.GetData()) > 0 {

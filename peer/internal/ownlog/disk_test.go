@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 
@@ -266,5 +267,43 @@ func TestDiskFailureStopsMember(t *testing.T) {
 	out2 := m.Step(hb, int64(3*time.Second))
 	if len(out.Messages)+len(out2.Messages) != 0 {
 		t.Fatalf("a stopped member sent %d messages", len(out.Messages)+len(out2.Messages))
+	}
+}
+
+// TestDiskSnapshotReplacesSuffix: entries a follower logged that a
+// leader's snapshot then replaced (an uncommitted suffix of an old term)
+// do not come back after the snapshot when the member restarts.
+func TestDiskSnapshotReplacesSuffix(t *testing.T) {
+	dir := t.TempDir()
+	d, err := OpenDisk(dir, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ent := func(i, term uint64) *pb.Entry {
+		return &pb.Entry{Index: proto.Uint64(i), Term: proto.Uint64(term), Type: pb.EntryNormal.Enum()}
+	}
+	var old []*pb.Entry
+	for i := uint64(1); i <= 10; i++ {
+		old = append(old, ent(i, 1))
+	}
+	if err := d.save(raft.Ready{HardState: &pb.HardState{Term: proto.Uint64(1), Commit: proto.Uint64(3)}, Entries: old}); err != nil {
+		t.Fatal(err)
+	}
+	snap := &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(5), Term: proto.Uint64(2), ConfState: &pb.ConfState{Voters: []uint64{1, 2, 3}}}}
+	if err := d.save(raft.Ready{HardState: &pb.HardState{Term: proto.Uint64(2), Commit: proto.Uint64(5)}, Snapshot: snap}); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	d, err = OpenDisk(dir, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	var got []string
+	for _, e := range d.stored.entries {
+		got = append(got, fmt.Sprintf("%d@%d", e.GetIndex(), e.GetTerm()))
+	}
+	if len(got) != 0 || d.stored.snap.GetMetadata().GetIndex() != 5 || d.stored.hs.GetTerm() != 2 {
+		t.Fatalf("after the restart: entries %v, snapshot at %d, term %d; want none after the snapshot at 5, term 2", got, d.stored.snap.GetMetadata().GetIndex(), d.stored.hs.GetTerm())
 	}
 }
