@@ -19,7 +19,7 @@
 // fsyncs it in each call, before the messages it returns may be sent):
 // without one, a member that restarts is a new incarnation and a new raft
 // member, catching up from a snapshot; with one, it resumes as the same
-// raft member.
+// raft member under a new ownership incarnation (disk.go says why).
 package ownlog
 
 import (
@@ -61,7 +61,8 @@ type Config struct {
 	SnapshotEvery uint64
 	// Disk keeps the log in a data directory (OpenDisk); nil keeps it in
 	// memory. A member whose Disk holds a log resumes it, as the same
-	// raft member, and ignores Bootstrap.
+	// raft member (RaftID must be the one it had) under an ownership ID
+	// the log does not know yet, and ignores Bootstrap.
 	Disk *Disk
 }
 

@@ -264,7 +264,7 @@ type sim struct {
 	probes    int
 	stale     int      // admissions a working backup lacked (checkBackups)
 	staleAt   []string // the first few
-	disk      *simDisk // FaultWholeRestart's data directories (simdisk.go)
+	disk      *simDisk // data directories of FaultWholeRestart and FaultRestoredBackup (simdisk.go)
 }
 
 const (
