@@ -35,6 +35,10 @@ import (
 //  8. internal/connlimit, the connection bounds, counts connections and
 //     knows nothing of what they carry: none of ours, no gRPC, raft or
 //     memberlist.
+//  9. internal/durable, the data directory, stores what it is given and
+//     decides nothing about ownership: no ownership, ownlog, policy,
+//     membership or transport, no raft or memberlist (ownlog keeps its
+//     raft log through it, not the other way round).
 func TestLayout(t *testing.T) {
 	const mod = "github.com/ringlimit/ringlimit"
 	out, err := exec.Command("go", "list", "-e", "-deps", "-f", `{{.ImportPath}} {{join .Deps " "}}`, "./internal/...").Output()
@@ -103,6 +107,11 @@ func TestLayout(t *testing.T) {
 		{"connlimit", "gRPC", isGRPC},
 		{"connlimit", "raft", isRaft},
 		{"connlimit", "memberlist", isMemberlist},
+		{"durable", "ownership, ownlog, policy, membership or transport", func(d string) bool {
+			return isOursBelow(d) && d != mod+"/shard" && d != mod+"/peer/peerpb" && d != mod+"/ring"
+		}},
+		{"durable", "raft", isRaft},
+		{"durable", "memberlist", isMemberlist},
 	}
 	for _, r := range rules {
 		if r.pkg != "" {

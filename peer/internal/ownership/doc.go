@@ -131,6 +131,16 @@
 //     restarted holder's state. It refuses new copies, and holders pick
 //     as backups and the leader grants vacancies to members gossip lists
 //     (not leaving) first.
+//  10. A member restarted with its data directory is a new incarnation,
+//     the heir of the one whose directory it has (View.Heirs). A vacancy
+//     kept for an incarnation that has ended goes to its heir, once the
+//     heir extends (and waits for it, until EmptyAfter, while gossip
+//     lists it): an empty grant to the table, from which the driver
+//     restores the state the directory holds. Only admissions that were
+//     made are restored, from one member's state, so it refuses no less
+//     than starting empty; and nothing acknowledged under `disk` is lost,
+//     since Last was the last member with the state and nobody decided
+//     for the partition while it was vacant (inherit.go).
 //
 // The prices: a crashed holder's partitions are unavailable for about one
 // Liveness plus one commit; losing the log's majority stops every holder

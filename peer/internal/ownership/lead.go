@@ -117,7 +117,11 @@ func (m *Machine) lead(now int64, acts []Action) []Action {
 				aged = true
 			}
 		}
-		if p < len(m.view.Target) && m.fresh(m.view.Target[p], now) {
+		if h, wait := m.heir(p, pt, now); wait {
+			continue // its heir is coming (inherit.go)
+		} else if h != "" {
+			to = h
+		} else if p < len(m.view.Target) && m.fresh(m.view.Target[p], now) {
 			to = m.view.Target[p]
 		} else {
 			// Any fresh member gossip lists (not one that is leaving:

@@ -97,6 +97,10 @@ type View struct {
 	// on that account (ended when they matter, as any expired member); a
 	// vacancy waits for them until EmptyAfter.
 	Failed []string
+	// Heirs maps an incarnation to the earlier one whose data directory
+	// it restarted with (inherit.go): a vacancy kept for the earlier one
+	// goes to its heir.
+	Heirs map[string]string
 }
 
 // ActionKind names what the driver must do.

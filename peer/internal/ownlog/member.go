@@ -14,9 +14,12 @@
 // Why etcd's raft and not hashicorp/raft: etcd's is itself a pure state
 // machine (Tick, Step, Ready, Advance), so the simulator steps the very
 // code a node runs, message by message; hashicorp/raft runs its own
-// goroutines and timers. Its log lives in memory, as the quota state
-// does: a member that restarts is a new incarnation and a new raft
-// member, catching up from a snapshot.
+// goroutines and timers. Its log lives in memory unless Config.Disk
+// keeps it in a data directory (disk.go; the member then writes and
+// fsyncs it in each call, before the messages it returns may be sent):
+// without one, a member that restarts is a new incarnation and a new raft
+// member, catching up from a snapshot; with one, it resumes as the same
+// raft member under a new ownership incarnation (disk.go says why).
 package ownlog
 
 import (
@@ -56,6 +59,11 @@ type Config struct {
 	// SnapshotEvery is how many applied entries between snapshots; zero
 	// means 64.
 	SnapshotEvery uint64
+	// Disk keeps the log in a data directory (OpenDisk); nil keeps it in
+	// memory. A member whose Disk holds a log resumes it, as the same
+	// raft member (RaftID must be the one it had) under an ownership ID
+	// the log does not know yet, and ignores Bootstrap.
+	Disk *Disk
 }
 
 // Peer is one raft member as gossip describes it, for autopilot.
@@ -105,6 +113,9 @@ type Member struct {
 	// held is the entries other members proposed to this leader since its
 	// last tick, appended together at the next (heldProps).
 	held []*pb.Entry
+	// boot is the snapshot a restarted member found on disk, whose table
+	// the machine is given at the first Ready (restoreTable).
+	boot *pb.Snapshot
 	// poke is set when the table, the raft configuration, the leader or
 	// the gossip view changed since the machine's last periodic step: the runner
 	// runs one early (Poke) once no event waits, so that what the change
@@ -141,10 +152,17 @@ func New(cfg Config) (*Member, error) {
 		cfg.SnapshotEvery = 64
 	}
 	m := &Member{cfg: cfg, storage: raft.NewMemoryStorage(), conf: cfg.Bootstrap, heard: map[uint64]int64{}, beat: map[uint64]int64{}, learners: map[uint64]bool{}}
-	if cs := cfg.Bootstrap; cs != nil {
+	resumed, err := m.loadDisk()
+	if err != nil {
+		return nil, err
+	}
+	if cs := cfg.Bootstrap; cs != nil && !resumed {
 		snap := &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(1), Term: proto.Uint64(1), ConfState: cs}}
 		if err := m.storage.ApplySnapshot(snap); err != nil {
 			return nil, fmt.Errorf("ownlog: bootstrap: %w", err)
+		}
+		if err := m.saveBootstrap(snap); err != nil {
+			return nil, err
 		}
 	}
 	rn, err := raft.NewRawNode(&raft.Config{ID: cfg.RaftID, ElectionTick: cfg.ElectionTicks, HeartbeatTick: cfg.HeartbeatTicks, Storage: m.storage,
@@ -154,7 +172,7 @@ func New(cfg Config) (*Member, error) {
 	}
 	m.rn = rn
 	m.own = ownership.New(cfg.Ownership, cfg.Partitions)
-	if cs := cfg.Bootstrap; cs != nil && len(cs.GetVoters()) == 1 && cs.GetVoters()[0] == cfg.RaftID {
+	if cs := cfg.Bootstrap; cs != nil && !resumed && len(cs.GetVoters()) == 1 && cs.GetVoters()[0] == cfg.RaftID {
 		// The founder alone: lead at once rather than after an election
 		// timeout with nobody to vote against.
 		if err := rn.Campaign(); err != nil {
@@ -383,8 +401,17 @@ func (m *Member) do(acts []ownership.Action) {
 }
 
 func (m *Member) ready(now int64) Output {
+	if m.diskStopped(now) {
+		return Output{}
+	}
 	for m.rn.HasReady() {
 		rd := m.rn.Ready()
+		if m.cfg.Disk != nil && m.cfg.Disk.save(rd) != nil {
+			// Nothing that is not on disk may be acknowledged: no
+			// message goes out, and the member stops (Disk.Err).
+			m.out = Output{}
+			return Output{}
+		}
 		if rd.SoftState != nil {
 			m.poke = true // the leader or this member's role changed
 		}
@@ -469,8 +496,15 @@ func (m *Member) snapshot() {
 	if err != nil {
 		return
 	}
-	if _, err := m.storage.CreateSnapshot(m.applied, m.conf, data); err != nil {
+	snap, err := m.storage.CreateSnapshot(m.applied, m.conf, data)
+	if err != nil {
 		return
+	}
+	if d := m.cfg.Disk; d != nil {
+		if err := d.saveSnapshot(snap, m.storage); err != nil {
+			d.fail(err)
+			return
+		}
 	}
 	m.snapAt = m.applied
 	if keep := m.cfg.SnapshotEvery / 2; m.applied > keep {

@@ -64,6 +64,7 @@ func (s *sim) gossip() {
 			}
 		}
 		v := ownership.View{Members: view, Gone: gone, Failed: failed, Target: make([]string, s.o.Partitions), Second: make([]string, s.o.Partitions)}
+		v.Heirs = s.heirs()
 		for p := range s.o.Partitions {
 			var best, second string
 			var bh, sh uint64

@@ -27,6 +27,10 @@ func (s *sim) planFault(warm int64) {
 		case FaultCrash:
 			s.note("crash %s", victim.id)
 			s.crash(victim, false)
+		case FaultWholeRestart:
+			s.wholeRestart(span)
+		case FaultRestoredBackup:
+			s.restoredBackup(victim, span)
 		case FaultRestart:
 			s.note("crash %s", victim.id)
 			s.crash(victim, false)

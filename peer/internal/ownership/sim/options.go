@@ -117,10 +117,22 @@ const (
 	// backup first, that member is the restarted holder: the partition
 	// restarts empty, counted (Result.Lost), never silent.
 	FaultSplitRestart = numFaults + 4
+	// FaultWholeRestart crashes every member at once and starts each
+	// again from its data directory (simdisk.go): the same raft member
+	// under a new incarnation, the heir of its old one, restoring on
+	// Reset the partition state its old one had; a member new to the
+	// cluster starts with them.
+	FaultWholeRestart = numFaults + 5
+	// FaultRestoredBackup takes a backup of the first key's holder's
+	// data directory, crashes it 2-6 s later, and starts it again from
+	// that backup (simdisk.go): its partition state as it was then, its
+	// raft files removed as a restore must (a raft log must never go
+	// back), so it joins the log as a new raft member.
+	FaultRestoredBackup = numFaults + 6
 )
 
 var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash",
-	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "leader pauses", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it"}
+	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "leader pauses", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it", "every member crashes at once and restarts from disk", "a member restarts from an old backup of its data directory"}
 
 func (f Fault) String() string { return faultNames[f] }
 

@@ -151,6 +151,7 @@ func (r Result) String() string {
 func Run(o Options) Result {
 	o.defaults()
 	s := newSim(o)
+	defer s.removeDisks()
 	s.run()
 	res := Result{Seed: o.Seed, Fault: s.fault, Schedule: s.schedule, Ops: s.ops, Events: s.events, Messages: s.messages, Commands: s.commands, RaftBytes: s.raftBytes}
 	for _, m := range s.all {
@@ -267,6 +268,7 @@ type sim struct {
 	probes     int
 	stale      int      // admissions a working backup lacked (checkBackups)
 	staleAt    []string // the first few
+	disk       *simDisk // data directories of FaultWholeRestart and FaultRestoredBackup (simdisk.go)
 }
 
 const (
@@ -414,7 +416,7 @@ func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *memb
 		clamp: map[string]int64{}, pending: map[uint64]*pendingSync{}, rights: map[string]*grantee.State{},
 		heard: map[string]int64{}, detect: int64(300*time.Millisecond) + s.rng.Int64N(int64(4700*time.Millisecond))}
 	log, err := ownlog.New(ownlog.Config{RaftID: raftID, Ownership: ownership.Config{ID: m.id, Liveness: s.o.Liveness, EmptyAfter: s.o.emptyAfter(), Mutation: s.o.Rule},
-		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters})
+		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters, Disk: s.diskFor(name)})
 	if err != nil {
 		panic(err)
 	}
@@ -578,6 +580,7 @@ func (m *member) carry(out ownlog.Output) {
 			m.sendCopy(a)
 		case ownership.Reset:
 			m.stores[a.P] = map[string][]entry{}
+			s.restoreFromDisk(m, a.P)
 		}
 	}
 	for _, msg := range out.Messages {
