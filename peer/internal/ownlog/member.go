@@ -4,6 +4,20 @@
 // machine in log order, snapshots carry the table, and the leader keeps
 // the voter set (autopilot).
 //
+// Members keep their liveness through keep-alives (session.go), which ride
+// the raft transport but never enter the log: a voter sends its own to
+// the leader, a learner to one of the voters, which relays the learners'
+// keep-alives to the leader in one message a tick. The leader answers a
+// batch once a read of its own (raft's ReadIndex) confirms it still
+// leads. So the leader's messages grow with its voters and ticks, not
+// with the members, and every member, learners included, still receives
+// every command: few, since only ownership changes are commands. Why not
+// keep learners out of raft and send them the table another way: a
+// learner is how a member becomes a voter when one is lost, raft already
+// brings a lagging one up to date (from a snapshot if need be), and at
+// rest a learner now receives nothing but one heartbeat every 5 s and its
+// keep-alive answers.
+//
 // Like the two state machines it joins, a Member starts no goroutine,
 // reads no clock and touches no socket: each call takes the member's
 // monotonic time and returns an Output (raft messages to send, data
