@@ -138,6 +138,9 @@ type Member struct {
 	poke bool
 	// ka is the leader's keep-alive state (session.go).
 	ka sessions
+	// ledTerm is the raft term in which this member was last observed
+	// leading (observeLeader).
+	ledTerm uint64
 	// beat is when the leader last sent each learner a heartbeat;
 	// learners caches the learners of learnersOf (thin).
 	beat       map[uint64]int64
@@ -277,7 +280,19 @@ func (m *Member) Tick(now int64) Output {
 // observeLeader tells the machine whether this member leads, as raft
 // has it now.
 func (m *Member) observeLeader(now int64) {
-	m.own.SetLeader(m.Leader(), now)
+	st := m.rn.BasicStatus()
+	leader := st.RaftState == raft.StateLeader
+	if leader && st.GetTerm() != m.ledTerm {
+		// Leading in another term than when last observed: it lost the
+		// leadership and won it back in between, and another leader may
+		// have granted keep-alives meanwhile. Lead anew (SetLeader waits
+		// a whole Liveness).
+		m.own.SetLeader(false, now)
+	}
+	if leader {
+		m.ledTerm = st.GetTerm()
+	}
+	m.own.SetLeader(leader, now)
 	if l := m.Lead(); l != m.lead {
 		m.lead = l
 		if l != 0 {
