@@ -38,20 +38,29 @@ const kaMax = 1 << 14
 type kaReq struct {
 	from, via uint64
 	req       ownership.KeepAliveRequest
+	again     bool // its first read was lost
 }
 
 // sessions is the leader's keep-alive state, and a relay's.
 type sessions struct {
-	wait      []kaReq // arrived since the outstanding read was issued
-	read      []kaReq // covered by the outstanding read
-	ctx       uint64  // the outstanding read's context (0: none)
-	next      uint64
-	issued    int64 // when the outstanding read was issued
-	index     uint64
-	confirmed bool
+	wait []kaReq // arrived since the last read was issued
+	// reads are the reads issued and not yet answered, oldest first: one
+	// a tick while requests wait, so that a read whose heartbeats were
+	// lost holds up nothing (a later read's quorum confirms it too).
+	reads []*kaRead
+	next  uint64
 	// relay is, on a voter that does not lead, the requests of learners
 	// to forward to the leader at the next tick, in one message.
 	relay []relayed
+}
+
+// kaRead is one read issued by the leader and the requests it covers.
+type kaRead struct {
+	ctx       uint64
+	issued    int64
+	index     uint64
+	confirmed bool
+	reqs      []kaReq
 }
 
 type relayed struct {
@@ -236,44 +245,70 @@ func decodeBatch(b []byte) ([]relayed, bool) {
 	return items, len(b) == 0
 }
 
-// readKeepAlives, at a tick, issues the read that confirms the waiting
-// requests, unless one is outstanding; a read outstanding for an election
-// timeout was lost with the leadership.
+// readKeepAlives, at a tick, issues a read that confirms the waiting
+// requests. A read unanswered for an election timeout was lost with the
+// leadership or its heartbeats: its requests wait for the next read, once;
+// the member extends again soon anyway.
 func (m *Member) readKeepAlives(now int64) {
 	if !m.Leader() {
 		m.ka = sessions{next: m.ka.next, relay: m.ka.relay}
 		return
 	}
-	if m.ka.ctx != 0 && m.tick > 0 && now-m.ka.issued > int64(m.cfg.ElectionTicks)*m.tick {
-		m.ka.read, m.ka.ctx, m.ka.confirmed = nil, 0, false
+	if m.tick > 0 {
+		live := m.ka.reads[:0]
+		for _, r := range m.ka.reads {
+			if now-r.issued > int64(m.cfg.ElectionTicks)*m.tick {
+				for _, q := range r.reqs {
+					if !q.again && len(m.ka.wait) < kaMax {
+						q.again = true
+						m.ka.wait = append(m.ka.wait, q)
+					}
+				}
+				continue
+			}
+			live = append(live, r)
+		}
+		clear(m.ka.reads[len(live):])
+		m.ka.reads = live
 	}
-	if m.ka.ctx != 0 || len(m.ka.wait) == 0 {
+	if len(m.ka.wait) == 0 || len(m.ka.reads) >= 2*m.cfg.ElectionTicks {
 		return
 	}
 	m.ka.next++
-	m.ka.ctx, m.ka.issued = m.ka.next, now
-	m.ka.read, m.ka.wait = m.ka.wait, nil
-	m.rn.ReadIndex(binary.BigEndian.AppendUint64(append([]byte(nil), kaMagic...), m.ka.ctx))
+	m.ka.reads = append(m.ka.reads, &kaRead{ctx: m.ka.next, issued: now, reqs: m.ka.wait})
+	m.ka.wait = nil
+	m.rn.ReadIndex(binary.BigEndian.AppendUint64(append([]byte(nil), kaMagic...), m.ka.next))
 }
 
-// readState notes a confirmed read.
+// readState notes confirmed reads.
 func (m *Member) readState(rs []raft.ReadState) {
 	for _, s := range rs {
 		c := s.RequestCtx
-		if m.ka.ctx != 0 && len(c) == len(kaMagic)+8 && bytes.HasPrefix(c, kaMagic) && binary.BigEndian.Uint64(c[len(kaMagic):]) == m.ka.ctx {
-			m.ka.index, m.ka.confirmed = s.Index, true
+		if len(c) != len(kaMagic)+8 || !bytes.HasPrefix(c, kaMagic) {
+			continue
+		}
+		ctx := binary.BigEndian.Uint64(c[len(kaMagic):])
+		for _, r := range m.ka.reads {
+			if r.ctx == ctx {
+				r.index, r.confirmed = s.Index, true
+			}
 		}
 	}
 }
 
-// answerKeepAlives answers the requests a confirmed read covers once the
+// answerKeepAlives answers the requests of every confirmed read once the
 // log is applied to its index.
 func (m *Member) answerKeepAlives(now int64) {
-	if !m.ka.confirmed || m.applied < m.ka.index {
-		return
+	live := m.ka.reads[:0]
+	for _, r := range m.ka.reads {
+		if r.confirmed && m.applied >= r.index {
+			m.answerAll(r.reqs, now)
+			continue
+		}
+		live = append(live, r)
 	}
-	m.answerAll(m.ka.read, now)
-	m.ka.read, m.ka.ctx, m.ka.confirmed = nil, 0, false
+	clear(m.ka.reads[len(live):])
+	m.ka.reads = live
 }
 
 // answerAll answers requests: its own to the machine, direct ones each in
