@@ -339,7 +339,8 @@ func TestMutationsAreCaught(t *testing.T) {
 }
 
 // TestRaftTraffic reports the ownership log's traffic at rest (no fault,
-// every member extending its liveness every Liveness/3) and through churn
+// every member keeping its liveness through keep-alives, which are raft
+// messages but no commands) and through churn
 // (a holder restarted as a new incarnation: an End, takeovers, a new raft
 // member caught up from a snapshot, moves back) for 3, 16 and 64 members,
 // per second of virtual time.
@@ -361,8 +362,10 @@ func TestRaftTraffic(t *testing.T) {
 			if r.Failed() {
 				t.Errorf("members=%d: %s", n, r)
 			}
-			if perMember := float64(r.Commands) / secs / float64(n); f == FaultNone && perMember > 3 {
-				t.Errorf("members=%d: %.1f commands/s per member at rest, want about 1.5 (one extension per Liveness/3)", n, perMember)
+			// The founding's joins, activations, grants and moves only:
+			// about 5 commands a member over the run, none at rest.
+			if perMember := float64(r.Commands) / secs / float64(n); f == FaultNone && perMember > 0.6 {
+				t.Errorf("members=%d: %.2f commands/s per member over the run, want under 0.6 (no command at rest)", n, perMember)
 			}
 		}
 	}
