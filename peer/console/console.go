@@ -1,6 +1,7 @@
 package console
 
 import (
+	"bytes"
 	"context"
 	"embed"
 	"encoding/json"
@@ -285,6 +286,12 @@ type policyJSON struct {
 	Shadow        bool   `json:"shadow,omitempty"`
 }
 
+// maxEventsShown bounds the events one api/node answer carries: the
+// newest.
+const maxEventsShown = 200
+
+func newest(ev []Event, n int) []Event { return ev[max(len(ev)-n, 0):] }
+
 func (c *Console) snapshot(ctx context.Context, full bool) nodeJSON {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.PeerTimeout)
 	st := c.node.Status(ctx)
@@ -293,7 +300,7 @@ func (c *Console) snapshot(ctx context.Context, full bool) nodeJSON {
 	out := nodeJSON{
 		Name: st.Name, At: now, RPCAddr: st.RPCAddr, Ready: st.Ready, NotReady: st.NotReady, Voter: st.Voter, Term: st.Term,
 		Leader: st.Leader, LivenessLeftMs: st.LivenessLeft.Milliseconds(), Fingerprint: fmt.Sprintf("%016x", st.Fingerprint),
-		PolicyVersion: st.PolicyVersion, RingVersion: st.RingVersion, Events: c.tl.list(), Actions: c.cfg.AdminToken != nil,
+		PolicyVersion: st.PolicyVersion, RingVersion: st.RingVersion, Events: newest(c.tl.list(), maxEventsShown), Actions: c.cfg.AdminToken != nil,
 		Members: []memberJSON{}, Partitions: []partJSON{}, HotKeys: []hotKeyJSON{},
 	}
 	for _, m := range st.Members {
@@ -408,14 +415,26 @@ func (c *Console) serveCluster(w http.ResponseWriter, r *http.Request) {
 		seen[head.Name] = true
 		out.Nodes = append(out.Nodes, a)
 	}
-	b, err := json.Marshal(out)
-	if err != nil {
-		c.writeJSON(w, http.StatusInternalServerError, errorJSON{Error: "internal error"})
-		return
+	// The nodes' answers are JSON already (checked): written as they
+	// are, not re-encoded.
+	var b bytes.Buffer
+	name, _ := json.Marshal(out.Self)
+	unreached, _ := json.Marshal(out.Unreached)
+	b.WriteString(`{"self":`)
+	b.Write(name)
+	b.WriteString(`,"nodes":[`)
+	for i, n := range out.Nodes {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.Write(n)
 	}
-	c.cacheAt, c.cacheVal = time.Now(), b
+	b.WriteString(`],"unreached":`)
+	b.Write(unreached)
+	b.WriteString("}\n")
+	c.cacheAt, c.cacheVal = time.Now(), b.Bytes()
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(b)
+	_, _ = w.Write(c.cacheVal)
 }
 
 func (c *Console) askPeer(ctx context.Context, base string) (json.RawMessage, error) {

@@ -8,12 +8,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer"
 	"github.com/ringlimit/ringlimit/peer/console"
+	"github.com/ringlimit/ringlimit/peer/prommetrics"
 )
 
 // startNode starts a one-node cluster on loopback with rec as its
@@ -224,5 +226,19 @@ func TestClusterFanOut(t *testing.T) {
 	}
 	if len(cl.Nodes) != 1 || cl.Nodes[0].Name != "solo" || len(cl.Unreached) != 2 {
 		t.Errorf("api/cluster: nodes %+v, unreached %+v; want solo once and 2 unreached (garbage, dead)", cl.Nodes, cl.Unreached)
+	}
+}
+
+// TestRecorderKeepsEveryMethod: the Recorder has every method of
+// prommetrics.Metrics, so wrapping it loses none of the optional ones
+// the node looks for (spread rights, overage, raft traffic).
+func TestRecorderKeepsEveryMethod(t *testing.T) {
+	rec := reflect.TypeOf(&console.Recorder{})
+	prom := reflect.TypeOf(&prommetrics.Metrics{})
+	for i := range prom.NumMethod() {
+		m := prom.Method(i)
+		if _, ok := rec.MethodByName(m.Name); !ok {
+			t.Errorf("console.Recorder lacks %s: the node's calls of it would not reach prommetrics", m.Name)
+		}
 	}
 }

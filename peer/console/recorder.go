@@ -27,8 +27,8 @@ const (
 	otherPolicy = "(other)"
 )
 
-// History: one sample a second for 15 minutes, served in buckets of
-// bucketSeconds.
+// History: 15 minutes in buckets of bucketSeconds, each the sum of the
+// Ticks (one a second) within it.
 const (
 	historySeconds = 900
 	bucketSeconds  = 10
@@ -63,17 +63,16 @@ type Recorder struct {
 	lat  [latBuckets]atomic.Uint64
 
 	hmu     sync.Mutex // guards what follows (Tick and readers)
-	hist    []second   // ring of historySeconds samples
-	head    int        // next slot
+	buckets []bucket   // ring of historySeconds/bucketSeconds buckets
 	last    map[string][nOutcomes]uint64
 	lastLat [latBuckets]uint64
 }
 
-// second is what one Tick saw since the previous one.
-type second struct {
-	at   int64 // unix seconds; 0 for an empty slot
-	pols map[string][nOutcomes]uint64
-	lat  [latBuckets]uint64
+// bucket is what the Ticks in one bucketSeconds-long span saw.
+type bucket struct {
+	start int64 // unix second the bucket begins at; 0 for an empty slot
+	pols  map[string][nOutcomes]uint64
+	lat   [latBuckets]uint64
 }
 
 // NewRecorder returns a Recorder passing every call on to inner (nil:
@@ -82,7 +81,7 @@ func NewRecorder(inner peer.Metrics) *Recorder {
 	if inner == nil {
 		inner = nop{}
 	}
-	return &Recorder{inner: inner, pols: map[string]*policyCount{}, hist: make([]second, historySeconds), last: map[string][nOutcomes]uint64{}}
+	return &Recorder{inner: inner, pols: map[string]*policyCount{}, buckets: make([]bucket, historySeconds/bucketSeconds), last: map[string][nOutcomes]uint64{}}
 }
 
 func outcome(r peer.Reason) (int, bool) {
@@ -170,8 +169,24 @@ func (r *Recorder) RaftTrafficFrom(read func() peer.RaftTraffic) {
 	}
 }
 
-// Tick closes the second ending at now: what was counted since the last
-// Tick becomes one sample of the history. The console's goroutine calls
+// Spread and Overage pass peer's optional Metrics methods (rights of
+// spread keys, a settlement's overage) on to the wrapped Metrics when it
+// has them: wrapping must not lose a series.
+func (r *Recorder) Spread(policy, event string, units int64) {
+	if m, ok := r.inner.(interface{ Spread(string, string, int64) }); ok {
+		m.Spread(policy, event, units)
+	}
+}
+
+// Overage: see Spread.
+func (r *Recorder) Overage(policy string, units int64) {
+	if m, ok := r.inner.(interface{ Overage(string, int64) }); ok {
+		m.Overage(policy, units)
+	}
+}
+
+// Tick adds what was counted since the last Tick to the history's bucket
+// of now. The console's goroutine calls
 // it once a second; tests call it directly.
 func (r *Recorder) Tick(now time.Time) {
 	r.mu.RLock()
@@ -190,25 +205,25 @@ func (r *Recorder) Tick(now time.Time) {
 	}
 	r.hmu.Lock()
 	defer r.hmu.Unlock()
-	s := second{at: now.Unix(), pols: make(map[string][nOutcomes]uint64, len(cur))}
+	start := now.Unix() / bucketSeconds * bucketSeconds
+	b := &r.buckets[int(start/bucketSeconds)%len(r.buckets)]
+	if b.start != start {
+		*b = bucket{start: start, pols: map[string][nOutcomes]uint64{}}
+	}
 	for name, v := range cur {
 		prev := r.last[name]
-		var d [nOutcomes]uint64
-		any := false
+		sum := b.pols[name]
 		for i := range v {
-			d[i] = v[i] - prev[i]
-			any = any || d[i] != 0
+			sum[i] += v[i] - prev[i]
 		}
-		if any {
-			s.pols[name] = d
+		if sum != ([nOutcomes]uint64{}) {
+			b.pols[name] = sum
 		}
 	}
 	for i := range lat {
-		s.lat[i] = lat[i] - r.lastLat[i]
+		b.lat[i] += lat[i] - r.lastLat[i]
 	}
 	r.last, r.lastLat = cur, lat
-	r.hist[r.head] = s
-	r.head = (r.head + 1) % len(r.hist)
 }
 
 // Traffic is a node's decisions over the last 15 minutes, in buckets of
@@ -238,24 +253,20 @@ func (r *Recorder) Traffic(now time.Time) Traffic {
 	}
 	r.hmu.Lock()
 	defer r.hmu.Unlock()
-	for _, s := range r.hist {
-		if s.at == 0 || s.at < start || s.at >= end {
+	for _, bk := range r.buckets {
+		if bk.start == 0 || bk.start < start || bk.start >= end {
 			continue
 		}
-		b := int((s.at - start) / bucketSeconds)
-		for name, v := range s.pols {
+		b := int((bk.start - start) / bucketSeconds)
+		for name, v := range bk.pols {
 			series := t.Policies[name]
 			if series == nil {
 				series = make([][nOutcomes]uint64, n)
 				t.Policies[name] = series
 			}
-			for i := range v {
-				series[b][i] += v[i]
-			}
+			series[b] = v
 		}
-		for i := range s.lat {
-			t.Latency[b][i] += s.lat[i]
-		}
+		t.Latency[b] = bk.lat
 	}
 	return t
 }

@@ -113,7 +113,8 @@ func (t *timeline) observe(st peer.NodeStatus, now time.Time) {
 		case p.Gossip == "failed" || p.Gossip == "suspect":
 			ev("back", m.Name, "%s is %s again", m.Name, m.Gossip)
 		}
-		if ok && p.PolicyVersion != m.PolicyVersion && m.Name != st.Name {
+		// A member out of gossip says no version (0): not a change.
+		if ok && p.PolicyVersion != m.PolicyVersion && p.PolicyVersion != 0 && m.PolicyVersion != 0 && m.Name != st.Name {
 			ev("policy", m.Name, "%s runs policy table version %d (was %d)", m.Name, m.PolicyVersion, p.PolicyVersion)
 		}
 		if ok && !p.LivenessEnded && m.LivenessEnded {

@@ -11,7 +11,7 @@ import (
 var t0 = time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
 
 func member(name, gossip string, epoch uint64) peer.MemberStatus {
-	return peer.MemberStatus{Name: name, Gossip: gossip, LivenessEpoch: epoch, SameFingerprint: true}
+	return peer.MemberStatus{Name: name, Gossip: gossip, LivenessEpoch: epoch, PolicyVersion: 1, SameFingerprint: true}
 }
 
 func parts(holders ...string) []peer.PartitionStatus {
@@ -52,6 +52,7 @@ func TestTimeline(t *testing.T) {
 		{"leader change", with(func(s *peer.NodeStatus) { s.Leader, s.Term = "b", 2 }), []string{"leader"}},
 		{"policy reload here", with(func(s *peer.NodeStatus) { s.PolicyVersion = 2 }), []string{"policy"}},
 		{"another member's policy", with(func(s *peer.NodeStatus) { s.Members[1].PolicyVersion = 7 }), []string{"policy"}},
+		{"a failed member's version reads 0", with(func(s *peer.NodeStatus) { s.Members[1].Gossip, s.Members[1].PolicyVersion = "failed", 0 }), []string{"fail"}},
 		{"own liveness lapsed", with(func(s *peer.NodeStatus) { s.LivenessLeft = 0 }), []string{"lapse"}},
 		{"not ready", with(func(s *peer.NodeStatus) { s.Ready, s.NotReady = false, "alone" }), []string{"ready"}},
 	} {

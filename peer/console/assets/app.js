@@ -50,6 +50,8 @@
       last = await r.json();
       byId('status').textContent = '';
       draw(last);
+      // When the first full view was drawn, for the load-time check.
+      if (!document.body.dataset.firstDraw) document.body.dataset.firstDraw = String(Math.round(performance.now()));
     } catch (e) {
       byId('status').textContent = 'no answer from this node: ' + e.message;
     }
@@ -193,7 +195,8 @@
       const pts = series.map((v, i) => `${pad + (i * (w - pad)) / Math.max(series.length - 1, 1)},${h - (maxv ? (v[k] || 0) / maxv * (h - 12) : 0)}`);
       s.append(svg('polyline', { points: pts.join(' '), fill: 'none', stroke: colours[k], 'stroke-width': 1.5 }));
     });
-    const now = series[series.length - 1] || [];
+    // The newest bucket is still filling: label the last full one.
+    const now = series[series.length - 2] || [];
     const head = el('h3', {}, el('b', {}, title));
     names.forEach((n, k) => { const sw = el('i', { class: 'sw' }); sw.style.background = colours[k]; head.append(sw, `${n} ${(now[k] || 0).toFixed(1)}${unit}`); });
     return el('div', { class: 'chart' }, head, s);
