@@ -48,6 +48,10 @@ type Config struct {
 	// Interval is how often the node's status is sampled for the timeline
 	// and its traffic closed into the history. Zero means 1 s.
 	Interval time.Duration
+	// ClusterCache is how long one api/cluster answer is served again,
+	// so that pages refreshing together cost the node and its peers one
+	// gathering. Zero means 900 ms; negative, no caching.
+	ClusterCache time.Duration
 	// Logger receives the reset actions (Info) and peers that did not
 	// answer (Debug). Nil: discard.
 	Logger *slog.Logger
@@ -88,6 +92,9 @@ func New(node *peer.Node, cfg Config) (*Console, error) {
 	}
 	if cfg.Interval == 0 {
 		cfg.Interval = time.Second
+	}
+	if cfg.ClusterCache == 0 {
+		cfg.ClusterCache = 900 * time.Millisecond
 	}
 	if cfg.PeerTimeout < 0 || cfg.Interval < 0 {
 		return nil, fmt.Errorf("console: PeerTimeout %v and Interval %v must not be negative", cfg.PeerTimeout, cfg.Interval)
@@ -356,10 +363,6 @@ type unreachedJSON struct {
 	Error string `json:"error"`
 }
 
-// clusterCache is how long one api/cluster answer is served again: pages
-// refreshing together cost the node and its peers one fan-out.
-const clusterCache = 900 * time.Millisecond
-
 // maxPeerAnswer bounds what is read from one peer.
 const maxPeerAnswer = 4 << 20
 
@@ -372,7 +375,7 @@ const maxPeerAnswer = 4 << 20
 func (c *Console) serveCluster(w http.ResponseWriter, r *http.Request) {
 	c.cacheMu.Lock()
 	defer c.cacheMu.Unlock()
-	if time.Since(c.cacheAt) < clusterCache && c.cacheVal != nil {
+	if time.Since(c.cacheAt) < c.cfg.ClusterCache && c.cacheVal != nil {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(c.cacheVal)
 		return
