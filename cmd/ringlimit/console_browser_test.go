@@ -240,6 +240,15 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("load in the running browser: %.0f bytes transferred, first full draw %.0f ms after navigation start", reload.Bytes, reload.Ms)
+	parts, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(() => {
+		const n = performance.getEntriesByType('navigation')[0];
+		const r = performance.getEntriesByType('resource').map(e => e.name.split('/').pop() + ' ' + Math.round(e.startTime) + '+' + Math.round(e.duration) + ' ms');
+		return 'response end ' + Math.round(n.responseEnd) + ' ms, DOMContentLoaded ' + Math.round(n.domContentLoadedEventEnd) + ' ms; ' + r.join(', ');
+	})()`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("where the time went: %s", parts)
 	if reload.Bytes <= 0 || reload.Bytes > 200_000 {
 		t.Errorf("reload transferred %.0f bytes, want (0, 200 kB]", reload.Bytes)
 	}
