@@ -34,7 +34,7 @@ func parseUIPeers(list string) ([]string, error) {
 // consolePeers returns Config.Peers for serve's console: the --ui-peers
 // URLs when given, else each ring member's gRPC host at this node's ops
 // port (in a StatefulSet every pod listens on the same ports), asked
-// from this node's status each time.
+// from this node's overview each time.
 func consolePeers(list []string, node *peer.Node, opsAddr string) func() []string {
 	if len(list) > 0 {
 		return func() []string { return list }
@@ -47,7 +47,7 @@ func consolePeers(list []string, node *peer.Node, opsAddr string) func() []strin
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
 		var out []string
-		for _, m := range node.Status(ctx).Members {
+		for _, m := range node.Overview(ctx).Members {
 			host, _, err := net.SplitHostPort(m.RPCAddr)
 			if m.Name == node.Name() || err != nil {
 				continue

@@ -10,7 +10,7 @@ import (
 	"github.com/ringlimit/ringlimit/peer/console"
 )
 
-// statusCollector exports, at each scrape, what the node's status and
+// statusCollector exports, at each scrape, what the node's overview and
 // its console's sampling say about ownership: the log's term, leader and
 // lag, this node's liveness, and the partitions by state. They are what
 // the Grafana dashboard and the alert rules (deploy/mixin) read beside
@@ -51,7 +51,7 @@ func b2f(b bool) float64 {
 
 func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	st := c.node.Status(ctx)
+	st := c.node.Overview(ctx)
 	cancel()
 	ch <- prometheus.MustNewConstMetric(c.term, prometheus.GaugeValue, float64(st.Term))
 	ch <- prometheus.MustNewConstMetric(c.leader, prometheus.GaugeValue, b2f(st.Leader == st.Name))

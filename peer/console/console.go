@@ -69,9 +69,10 @@ type Console struct {
 	tl     timeline
 	static map[string]asset
 
-	cacheMu  sync.Mutex
+	cacheMu  sync.Mutex // guards what follows, never held across I/O
 	cacheAt  time.Time
 	cacheVal []byte
+	flight   *flight // the gathering under way, nil when none
 
 	stop chan struct{}
 	done chan struct{}
@@ -151,7 +152,7 @@ func (c *Console) run() {
 // recorder's second.
 func (c *Console) sample(now time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Interval)
-	st := c.node.Status(ctx)
+	st := c.node.Overview(ctx)
 	cancel()
 	c.tl.observe(st, now)
 	if c.cfg.Recorder != nil {
@@ -301,7 +302,7 @@ func newest(ev []Event, n int) []Event { return ev[max(len(ev)-n, 0):] }
 
 func (c *Console) snapshot(ctx context.Context, full bool) nodeJSON {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.PeerTimeout)
-	st := c.node.Status(ctx)
+	st := c.node.Overview(ctx)
 	cancel()
 	now := time.Now()
 	out := nodeJSON{
@@ -374,17 +375,53 @@ const maxPeerAnswer = 4 << 20
 // its ops endpoints.
 func (c *Console) serveCluster(w http.ResponseWriter, r *http.Request) {
 	c.cacheMu.Lock()
-	defer c.cacheMu.Unlock()
-	if time.Since(c.cacheAt) < c.cfg.ClusterCache && c.cacheVal != nil {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(c.cacheVal)
+	if c.cacheVal != nil && time.Since(c.cacheAt) < c.cfg.ClusterCache {
+		b := c.cacheVal
+		c.cacheMu.Unlock()
+		writeRaw(w, b)
 		return
 	}
-	self := c.snapshot(r.Context(), true)
+	f := c.flight
+	if f == nil {
+		// This request gathers; the ones that come meanwhile wait for
+		// its answer rather than gather again.
+		f = &flight{done: make(chan struct{})}
+		c.flight = f
+		c.cacheMu.Unlock()
+		f.val = c.gather(context.WithoutCancel(r.Context()))
+		c.cacheMu.Lock()
+		c.cacheAt, c.cacheVal, c.flight = time.Now(), f.val, nil
+		c.cacheMu.Unlock()
+		close(f.done)
+	} else {
+		c.cacheMu.Unlock()
+		select {
+		case <-f.done:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	writeRaw(w, f.val)
+}
+
+// flight is one gathering of api/cluster; val is set before done closes.
+type flight struct {
+	done chan struct{}
+	val  []byte
+}
+
+func writeRaw(w http.ResponseWriter, b []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}
+
+// gather builds api/cluster's answer: this node's full answer first, then
+// each peer's, asked in parallel within PeerTimeout each.
+func (c *Console) gather(ctx context.Context) []byte {
+	self := c.snapshot(ctx, true)
 	selfJSON, err := json.Marshal(self)
 	if err != nil {
-		c.writeJSON(w, http.StatusInternalServerError, errorJSON{Error: "internal error"})
-		return
+		return []byte(`{"error":"internal error"}`)
 	}
 	out := clusterJSON{Self: self.Name, Nodes: []json.RawMessage{selfJSON}, Unreached: []unreachedJSON{}}
 	var urls []string
@@ -395,7 +432,7 @@ func (c *Console) serveCluster(w http.ResponseWriter, r *http.Request) {
 	errs := make([]error, len(urls))
 	var wg sync.WaitGroup
 	for i, u := range urls {
-		wg.Go(func() { answers[i], errs[i] = c.askPeer(r.Context(), u) })
+		wg.Go(func() { answers[i], errs[i] = c.askPeer(ctx, u) })
 	}
 	wg.Wait()
 	seen := map[string]bool{self.Name: true}
@@ -435,9 +472,7 @@ func (c *Console) serveCluster(w http.ResponseWriter, r *http.Request) {
 	b.WriteString(`],"unreached":`)
 	b.Write(unreached)
 	b.WriteString("}\n")
-	c.cacheAt, c.cacheVal = time.Now(), b.Bytes()
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(c.cacheVal)
+	return b.Bytes()
 }
 
 func (c *Console) askPeer(ctx context.Context, base string) (json.RawMessage, error) {

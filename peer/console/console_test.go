@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -200,12 +201,16 @@ func TestNoActionsWithoutToken(t *testing.T) {
 func TestClusterFanOut(t *testing.T) {
 	n := startNode(t, nil)
 	var self *httptest.Server
-	garbage := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "<html>") }))
+	var asked atomic.Int64
+	garbage := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		asked.Add(1)
+		_, _ = io.WriteString(w, "<html>")
+	}))
 	defer garbage.Close()
 	dead := httptest.NewServer(http.NotFoundHandler())
 	deadURL := dead.URL + "/ui/"
 	dead.Close()
-	c, err := console.New(n, console.Config{Peers: func() []string { return []string{self.URL + "/ui/", garbage.URL + "/ui/", deadURL} }})
+	c, err := console.New(n, console.Config{ClusterCache: time.Hour, Peers: func() []string { return []string{self.URL + "/ui/", garbage.URL + "/ui/", deadURL} }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,6 +231,9 @@ func TestClusterFanOut(t *testing.T) {
 	}
 	if len(cl.Nodes) != 1 || cl.Nodes[0].Name != "solo" || len(cl.Unreached) != 2 {
 		t.Errorf("api/cluster: nodes %+v, unreached %+v; want solo once and 2 unreached (garbage, dead)", cl.Nodes, cl.Unreached)
+	}
+	if again := do(t, c, "GET", "/ui/api/cluster", ""); again.body != g.body || asked.Load() != 1 {
+		t.Errorf("a second api/cluster within ClusterCache asked the peers again (%d asks) or answered differently", asked.Load())
 	}
 }
 

@@ -25,7 +25,7 @@
 //
 // # Where the data comes from
 //
-// Each Console reads its own node (peer.Node.Status, HotKeys, Policies,
+// Each Console reads its own node (peer.Node.Overview, HotKeys, Policies,
 // Peek) and samples it once a second into a bounded timeline (the last
 // 512 events). Traffic comes from a Recorder, a peer.Metrics that wraps
 // the application's own (serve's Prometheus one) and keeps 15 minutes in

@@ -35,7 +35,7 @@ type timeline struct {
 	mu     sync.Mutex
 	events []Event // ring, len ≤ maxEvents
 	head   int     // next slot once full
-	prev   *peer.NodeStatus
+	prev   *peer.Overview
 	// counts, as Counters reports them.
 	counts Counters
 }
@@ -80,7 +80,7 @@ func (t *timeline) counters() Counters {
 
 // observe records what changed between the previous status and st, seen
 // at now.
-func (t *timeline) observe(st peer.NodeStatus, now time.Time) {
+func (t *timeline) observe(st peer.Overview, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	ev := func(kind, member, format string, args ...any) {
@@ -92,11 +92,11 @@ func (t *timeline) observe(st peer.NodeStatus, now time.Time) {
 		ev("start", st.Name, "console started: %d members, %d partitions, leader %s", len(st.Members), len(st.Partitions), orNone(st.Leader))
 		return
 	}
-	was := map[string]peer.MemberStatus{}
+	was := map[string]peer.MemberView{}
 	for _, m := range prev.Members {
 		was[m.Name] = m
 	}
-	now2 := map[string]peer.MemberStatus{}
+	now2 := map[string]peer.MemberView{}
 	for _, m := range st.Members {
 		now2[m.Name] = m
 		p, ok := was[m.Name]
@@ -201,7 +201,7 @@ func (t *timeline) observe(st peer.NodeStatus, now time.Time) {
 // gone), failed in between or is failed: its liveness epoch grew (the
 // log ended it: its partitions go to their backups), or gossip finds it
 // dead, or it is gone without having left.
-func failed(was, now peer.MemberStatus) bool {
+func failed(was, now peer.MemberView) bool {
 	if now.Name == "" {
 		return was.Gossip != "leaving" && !was.LivenessEnded
 	}

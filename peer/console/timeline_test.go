@@ -10,14 +10,14 @@ import (
 
 var t0 = time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
 
-func member(name, gossip string, epoch uint64) peer.MemberStatus {
-	return peer.MemberStatus{Name: name, Gossip: gossip, LivenessEpoch: epoch, PolicyVersion: 1, SameFingerprint: true}
+func member(name, gossip string, epoch uint64) peer.MemberView {
+	return peer.MemberView{Name: name, Gossip: gossip, LivenessEpoch: epoch, PolicyVersion: 1, SameFingerprint: true}
 }
 
-func parts(holders ...string) []peer.PartitionStatus {
-	out := make([]peer.PartitionStatus, len(holders))
+func parts(holders ...string) []peer.PartitionView {
+	out := make([]peer.PartitionView, len(holders))
 	for i, h := range holders {
-		out[i] = peer.PartitionStatus{Partition: i, Holder: h, Target: h}
+		out[i] = peer.PartitionView{Partition: i, Holder: h, Target: h}
 	}
 	return out
 }
@@ -25,9 +25,9 @@ func parts(holders ...string) []peer.PartitionStatus {
 // TestTimeline steps the timeline through pairs of statuses and checks
 // the kinds of events each step adds.
 func TestTimeline(t *testing.T) {
-	base := peer.NodeStatus{Name: "a", Leader: "a", Ready: true, LivenessLeft: time.Second, PolicyVersion: 1,
-		Members: []peer.MemberStatus{member("a", "alive", 1), member("b", "alive", 1), member("c", "alive", 1)}, Partitions: parts("a", "b", "c", "c")}
-	with := func(f func(*peer.NodeStatus)) peer.NodeStatus {
+	base := peer.Overview{Name: "a", Leader: "a", Ready: true, LivenessLeft: time.Second, PolicyVersion: 1,
+		Members: []peer.MemberView{member("a", "alive", 1), member("b", "alive", 1), member("c", "alive", 1)}, Partitions: parts("a", "b", "c", "c")}
+	with := func(f func(*peer.Overview)) peer.Overview {
 		s := base
 		s.Members = slices.Clone(base.Members)
 		s.Partitions = slices.Clone(base.Partitions)
@@ -36,25 +36,25 @@ func TestTimeline(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		next peer.NodeStatus
+		next peer.Overview
 		want []string
 	}{
 		{"nothing changed", base, nil},
-		{"join", with(func(s *peer.NodeStatus) { s.Members = append(s.Members, member("d", "alive", 1)) }), []string{"join"}},
-		{"crash: log ends c, backups take over", with(func(s *peer.NodeStatus) {
+		{"join", with(func(s *peer.Overview) { s.Members = append(s.Members, member("d", "alive", 1)) }), []string{"join"}},
+		{"crash: log ends c, backups take over", with(func(s *peer.Overview) {
 			s.Members[2].LivenessEpoch = 2
 			s.Partitions[2].Holder, s.Partitions[3].Holder = "a", "b"
 		}), []string{"fail", "takeover", "takeover"}},
-		{"gossip declares c dead", with(func(s *peer.NodeStatus) { s.Members[2].Gossip = "failed" }), []string{"fail"}},
-		{"c gone without leaving", with(func(s *peer.NodeStatus) { s.Members = s.Members[:2] }), []string{"fail"}},
-		{"move to a live member", with(func(s *peer.NodeStatus) { s.Partitions[0].Holder = "b" }), []string{"move"}},
-		{"vacant", with(func(s *peer.NodeStatus) { s.Partitions[1].Holder = "" }), []string{"vacant"}},
-		{"leader change", with(func(s *peer.NodeStatus) { s.Leader, s.Term = "b", 2 }), []string{"leader"}},
-		{"policy reload here", with(func(s *peer.NodeStatus) { s.PolicyVersion = 2 }), []string{"policy"}},
-		{"another member's policy", with(func(s *peer.NodeStatus) { s.Members[1].PolicyVersion = 7 }), []string{"policy"}},
-		{"a failed member's version reads 0", with(func(s *peer.NodeStatus) { s.Members[1].Gossip, s.Members[1].PolicyVersion = "failed", 0 }), []string{"fail"}},
-		{"own liveness lapsed", with(func(s *peer.NodeStatus) { s.LivenessLeft = 0 }), []string{"lapse"}},
-		{"not ready", with(func(s *peer.NodeStatus) { s.Ready, s.NotReady = false, "alone" }), []string{"ready"}},
+		{"gossip declares c dead", with(func(s *peer.Overview) { s.Members[2].Gossip = "failed" }), []string{"fail"}},
+		{"c gone without leaving", with(func(s *peer.Overview) { s.Members = s.Members[:2] }), []string{"fail"}},
+		{"move to a live member", with(func(s *peer.Overview) { s.Partitions[0].Holder = "b" }), []string{"move"}},
+		{"vacant", with(func(s *peer.Overview) { s.Partitions[1].Holder = "" }), []string{"vacant"}},
+		{"leader change", with(func(s *peer.Overview) { s.Leader, s.Term = "b", 2 }), []string{"leader"}},
+		{"policy reload here", with(func(s *peer.Overview) { s.PolicyVersion = 2 }), []string{"policy"}},
+		{"another member's policy", with(func(s *peer.Overview) { s.Members[1].PolicyVersion = 7 }), []string{"policy"}},
+		{"a failed member's version reads 0", with(func(s *peer.Overview) { s.Members[1].Gossip, s.Members[1].PolicyVersion = "failed", 0 }), []string{"fail"}},
+		{"own liveness lapsed", with(func(s *peer.Overview) { s.LivenessLeft = 0 }), []string{"lapse"}},
+		{"not ready", with(func(s *peer.Overview) { s.Ready, s.NotReady = false, "alone" }), []string{"ready"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var tl timeline

@@ -13,9 +13,9 @@ import (
 	"github.com/ringlimit/ringlimit/peer/internal/membership"
 )
 
-// MemberStatus is one member as this node sees it, for status pages
+// MemberView is one member as this node sees it, for status pages
 // (peer/console). Read-only: building it changes nothing.
-type MemberStatus struct {
+type MemberView struct {
 	// Name is the member's name; Incarnation its member ID in the
 	// ownership log (name@start), "" when gossip never said.
 	Name, Incarnation string
@@ -38,10 +38,10 @@ type MemberStatus struct {
 	SameFingerprint bool
 }
 
-// NodeStatus is this node's own state and its view of the members, for
+// Overview is this node's own state and its view of the members, for
 // status pages: what /debug/ring and /debug/ownership show, plus the
 // facts only this node knows about itself (voter, its liveness left).
-type NodeStatus struct {
+type Overview struct {
 	Name    string
 	RPCAddr string
 	// Ready and NotReady are Node.Ready's answer.
@@ -66,14 +66,14 @@ type NodeStatus struct {
 	RingVersion   uint64
 	// Members are the ring's members and every other member gossip lists,
 	// sorted by name.
-	Members []MemberStatus
+	Members []MemberView
 	// Partitions is every partition, in order, as this node's applied
 	// table and ring say.
-	Partitions []PartitionStatus
+	Partitions []PartitionView
 }
 
-// PartitionStatus is one partition in NodeStatus.
-type PartitionStatus struct {
+// PartitionView is one partition in Overview.
+type PartitionView struct {
 	Partition int
 	// Holder and Backup are member names from the ownership table ("" for
 	// none: Holder "" is a vacant partition); Epoch its partition epoch.
@@ -90,13 +90,13 @@ type PartitionStatus struct {
 	Keys int
 }
 
-// Status returns the node's status. It asks the ownership log's goroutine
+// Overview returns the node's overview. It asks the ownership log's goroutine
 // for the table and the term, waiting at most until ctx ends (those
 // fields are then zero); everything else is read from published state.
-func (n *Node) Status(ctx context.Context) NodeStatus {
+func (n *Node) Overview(ctx context.Context) Overview {
 	lo, mono := n.lo, n.mono()
 	ready, why := n.Ready()
-	st := NodeStatus{
+	st := Overview{
 		Name: n.name, RPCAddr: n.RPCAddr(), Ready: ready, NotReady: why,
 		Voter: lo.run.Voter(), Fingerprint: n.fp, PolicyVersion: n.PolicyVersion(), RingVersion: n.RingVersion(),
 	}
@@ -113,11 +113,11 @@ func (n *Node) Status(ctx context.Context) NodeStatus {
 	st.Term, st.Commit, st.Applied = logField(desc, "term"), logField(desc, "commit"), logField(desc, "applied")
 	table, _ := lo.run.Table(ctx)
 
-	byName := map[string]*MemberStatus{}
-	add := func(name string) *MemberStatus {
+	byName := map[string]*MemberView{}
+	add := func(name string) *MemberView {
 		m := byName[name]
 		if m == nil {
-			m = &MemberStatus{Name: name, Gossip: "failed", SameFingerprint: true}
+			m = &MemberView{Name: name, Gossip: "failed", SameFingerprint: true}
 			byName[name] = m
 		}
 		return m
@@ -162,7 +162,7 @@ func (n *Node) Status(ctx context.Context) NodeStatus {
 	snap := n.view.Load().snap
 	for p := range n.pt.parts {
 		ps := lo.run.Part(p)
-		out := PartitionStatus{Partition: p, Holder: memberName(ps.Holder), Backup: memberName(ps.Backup), Epoch: ps.Epoch,
+		out := PartitionView{Partition: p, Holder: memberName(ps.Holder), Backup: memberName(ps.Backup), Epoch: ps.Epoch,
 			Target: snap.PartitionOwner(p)}
 		if ps.Holder == lo.self {
 			out.Deciding = lo.run.MayDecide(p, mono)
