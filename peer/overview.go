@@ -7,10 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/hashicorp/memberlist"
-
-	"github.com/ringlimit/ringlimit/peer/internal/membership"
 )
 
 // MemberView is one member as this node sees it, for status pages
@@ -22,20 +18,23 @@ type MemberView struct {
 	// RPCAddr and GossipAddr are the addresses gossip lists for it; ""
 	// once gossip no longer lists it.
 	RPCAddr, GossipAddr string
-	// Gossip is its gossip state here: "alive", "suspect", "failed" (out
-	// of gossip but kept on the ring while its liveness holds) or
-	// "leaving" (it announced a graceful leave).
+	// Gossip is its state here: "alive", "leaving" (alive, announced a
+	// graceful leave: no longer a target), "failed" (out of gossip but
+	// kept on the ring while its liveness holds) or "ignored" (alive in
+	// gossip but left out of the ring: see Ignored).
 	Gossip string
+	// Ignored says why this node leaves a live gossip member out of its
+	// ring (another placement fingerprint, unreadable metadata, another
+	// cluster); "" for the others.
+	Ignored string
 	// LivenessEpoch is its liveness epoch in the ownership table this
 	// node applied, and LivenessEnded whether that record ended for good;
 	// both zero when the table has no record (or did not answer in time).
 	LivenessEpoch uint64
 	LivenessEnded bool
 	// PolicyVersion is the policy table version it gossips (0 from an
-	// older member); SameFingerprint whether its placement fingerprint is
-	// this node's (a member that differs is ignored, never on the ring).
-	PolicyVersion   uint64
-	SameFingerprint bool
+	// older member, or one out of gossip).
+	PolicyVersion uint64
 }
 
 // Overview is this node's own state and its view of the members, for
@@ -113,40 +112,46 @@ func (n *Node) Overview(ctx context.Context) Overview {
 	st.Term, st.Commit, st.Applied = logField(desc, "term"), logField(desc, "commit"), logField(desc, "applied")
 	table, _ := lo.run.Table(ctx)
 
+	// Every source read here is a copy or published state: memberlist's
+	// own Node values are rewritten by its goroutines without a lock.
 	byName := map[string]*MemberView{}
 	add := func(name string) *MemberView {
 		m := byName[name]
 		if m == nil {
-			m = &MemberView{Name: name, Gossip: "failed", SameFingerprint: true}
+			m = &MemberView{Name: name, Gossip: "failed"}
 			byName[name] = m
 		}
 		return m
 	}
-	for _, name := range n.Members() {
+	v := n.view.Load()
+	for _, name := range v.snap.Members() {
 		add(name)
 	}
-	for _, node := range n.ml.Members() {
-		m := add(node.Name)
-		m.GossipAddr = net.JoinHostPort(node.Addr.String(), strconv.Itoa(int(node.Port)))
-		m.Gossip = "alive"
-		if node.State == memberlist.StateSuspect {
-			m.Gossip = "suspect"
-		}
-		md, err := membership.DecodeMeta(node.Meta)
-		if err != nil {
-			m.SameFingerprint = false
-			continue
-		}
-		m.RPCAddr, m.PolicyVersion, m.SameFingerprint = md.RPCAddr, md.Policies, md.Fingerprint == n.fp
-		if md.Draining {
+	for name, addr := range v.alive {
+		m := add(name)
+		m.RPCAddr, m.Gossip = addr, "alive"
+		if !v.snap.Has(name) {
 			m.Gossip = "leaving"
 		}
-		if md.Start != 0 {
-			m.Incarnation = incarnationID(node.Name, md.Start)
+	}
+	n.ops.ready.mu.Lock()
+	for name, why := range n.ops.ready.ignored {
+		m := add(name)
+		m.Gossip, m.Ignored = "ignored", why
+	}
+	n.ops.ready.mu.Unlock()
+	for _, g := range n.events.GossipAddrs() {
+		if m := byName[g.Name]; m != nil {
+			m.GossipAddr = net.JoinHostPort(g.Addr.String(), strconv.Itoa(int(g.Port)))
 		}
 	}
+	pvs := n.MemberPolicyVersions()
+	for name, m := range byName {
+		m.PolicyVersion = pvs[name]
+		m.Incarnation = lo.incarnation(name)
+	}
 	if m := byName[n.name]; m != nil {
-		m.Incarnation, m.PolicyVersion = lo.self, st.PolicyVersion
+		m.Incarnation = lo.self
 	}
 	if table != nil {
 		// A member out of gossip is found in the table by name: its
@@ -159,7 +164,7 @@ func (n *Node) Overview(ctx context.Context) Overview {
 			m.LivenessEpoch, m.LivenessEnded = l.Epoch, l.Ended
 		}
 	}
-	snap := n.view.Load().snap
+	snap := v.snap
 	for p := range n.pt.parts {
 		ps := lo.run.Part(p)
 		out := PartitionView{Partition: p, Holder: memberName(ps.Holder), Backup: memberName(ps.Backup), Epoch: ps.Epoch,

@@ -15,7 +15,7 @@ import (
 // starts it: the first node's console shows every node, each console
 // reached through the others' URLs, and the traffic the nodes decide.
 func TestDemoUI(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	names := []string{"u1", "u2", "u3"}
 	ui, err := newDemoUI("127.0.0.1:0", names, 0)

@@ -248,15 +248,15 @@ type nodeJSON struct {
 }
 
 type memberJSON struct {
-	Name            string `json:"name"`
-	Incarnation     string `json:"incarnation"`
-	RPCAddr         string `json:"rpc_addr"`
-	GossipAddr      string `json:"gossip_addr"`
-	Gossip          string `json:"gossip"`
-	LivenessEpoch   uint64 `json:"liveness_epoch"`
-	LivenessEnded   bool   `json:"liveness_ended"`
-	PolicyVersion   uint64 `json:"policy_version"`
-	SameFingerprint bool   `json:"same_fingerprint"`
+	Name          string `json:"name"`
+	Incarnation   string `json:"incarnation"`
+	RPCAddr       string `json:"rpc_addr"`
+	GossipAddr    string `json:"gossip_addr"`
+	Gossip        string `json:"gossip"`
+	LivenessEpoch uint64 `json:"liveness_epoch"`
+	LivenessEnded bool   `json:"liveness_ended"`
+	PolicyVersion uint64 `json:"policy_version"`
+	Ignored       string `json:"ignored,omitempty"`
 }
 
 type partJSON struct {
@@ -313,7 +313,7 @@ func (c *Console) snapshot(ctx context.Context, full bool) nodeJSON {
 	}
 	for _, m := range st.Members {
 		out.Members = append(out.Members, memberJSON{Name: m.Name, Incarnation: m.Incarnation, RPCAddr: m.RPCAddr, GossipAddr: m.GossipAddr,
-			Gossip: m.Gossip, LivenessEpoch: m.LivenessEpoch, LivenessEnded: m.LivenessEnded, PolicyVersion: m.PolicyVersion, SameFingerprint: m.SameFingerprint})
+			Gossip: m.Gossip, LivenessEpoch: m.LivenessEpoch, LivenessEnded: m.LivenessEnded, PolicyVersion: m.PolicyVersion, Ignored: m.Ignored})
 	}
 	for _, p := range st.Partitions {
 		mine := p.Deciding || p.Fenced

@@ -17,7 +17,7 @@ const maxEvents = 512
 type Event struct {
 	// At is when this node saw it (to the sampling period, a second).
 	At time.Time `json:"at"`
-	// Kind is one of join, leave, suspect, fail, back, takeover, move,
+	// Kind is one of join, leave, ignored, fail, back, takeover, move,
 	// vacant, leader, lapse, policy, ready, start.
 	Kind string `json:"kind"`
 	// Member is the member it is about ("" for none).
@@ -106,11 +106,11 @@ func (t *timeline) observe(st peer.Overview, now time.Time) {
 		case p.Gossip == m.Gossip:
 		case m.Gossip == "failed":
 			ev("fail", m.Name, "%s failed: gossip declared it dead (it stays on the ring while its liveness holds)", m.Name)
-		case m.Gossip == "suspect":
-			ev("suspect", m.Name, "%s suspected by gossip", m.Name)
+		case m.Gossip == "ignored":
+			ev("ignored", m.Name, "%s is left out of the ring: %s", m.Name, m.Ignored)
 		case m.Gossip == "leaving":
 			ev("leave", m.Name, "%s is leaving", m.Name)
-		case p.Gossip == "failed" || p.Gossip == "suspect":
+		case p.Gossip == "failed" || p.Gossip == "ignored":
 			ev("back", m.Name, "%s is %s again", m.Name, m.Gossip)
 		}
 		// A member out of gossip says no version (0): not a change.
@@ -205,7 +205,7 @@ func failed(was, now peer.MemberView) bool {
 	if now.Name == "" {
 		return was.Gossip != "leaving" && !was.LivenessEnded
 	}
-	return now.LivenessEpoch > was.LivenessEpoch && was.LivenessEpoch != 0 || now.Gossip == "failed" || now.Gossip == "suspect"
+	return now.LivenessEpoch > was.LivenessEpoch && was.LivenessEpoch != 0 || now.Gossip == "failed"
 }
 
 // partList says "3 partitions (4, 17, 90)", listing at most 8.

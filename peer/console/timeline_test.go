@@ -11,7 +11,7 @@ import (
 var t0 = time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
 
 func member(name, gossip string, epoch uint64) peer.MemberView {
-	return peer.MemberView{Name: name, Gossip: gossip, LivenessEpoch: epoch, PolicyVersion: 1, SameFingerprint: true}
+	return peer.MemberView{Name: name, Gossip: gossip, LivenessEpoch: epoch, PolicyVersion: 1}
 }
 
 func parts(holders ...string) []peer.PartitionView {
@@ -53,6 +53,9 @@ func TestTimeline(t *testing.T) {
 		{"policy reload here", with(func(s *peer.Overview) { s.PolicyVersion = 2 }), []string{"policy"}},
 		{"another member's policy", with(func(s *peer.Overview) { s.Members[1].PolicyVersion = 7 }), []string{"policy"}},
 		{"a failed member's version reads 0", with(func(s *peer.Overview) { s.Members[1].Gossip, s.Members[1].PolicyVersion = "failed", 0 }), []string{"fail"}},
+		{"ignored", with(func(s *peer.Overview) {
+			s.Members[1].Gossip, s.Members[1].Ignored = "ignored", "placement fingerprint differs"
+		}), []string{"ignored"}},
 		{"own liveness lapsed", with(func(s *peer.Overview) { s.LivenessLeft = 0 }), []string{"lapse"}},
 		{"not ready", with(func(s *peer.Overview) { s.Ready, s.NotReady = false, "alone" }), []string{"ready"}},
 	} {

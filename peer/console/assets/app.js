@@ -83,7 +83,7 @@
       if (n) live += ' · ' + (n.liveness_left_ms > 0 ? ms(n.liveness_left_ms) + ' left' : 'lapsed');
       const pv = n ? n.policy_version : m.policy_version;
       const pvCell = el('td', { class: pv !== polMaj ? 'odd' : '' }, String(pv));
-      const fp = n ? n.fingerprint : (m.same_fingerprint ? self.fingerprint : 'differs');
+      const fp = n ? n.fingerprint : (m.ignored ? 'ignored: ' + m.ignored : 'not reached');
       const fpCell = el('td', { class: fp !== fpMaj ? 'odd' : '' }, fp);
       tr.append(
         el('td', {}, el('i', { class: 'sw' }), m.name),
