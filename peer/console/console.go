@@ -74,8 +74,9 @@ type Console struct {
 	cacheVal []byte
 	flight   *flight // the gathering under way, nil when none
 
-	stop chan struct{}
-	done chan struct{}
+	closeOnce sync.Once
+	stop      chan struct{}
+	done      chan struct{}
 }
 
 type asset struct {
@@ -123,14 +124,11 @@ func New(node *peer.Node, cfg Config) (*Console, error) {
 	return c, nil
 }
 
-// Close stops the sampling goroutine and waits for it. The handler keeps
+// Close stops the sampling goroutine and waits for it; a second Close
+// returns at once. The handler keeps
 // answering from what was sampled last.
 func (c *Console) Close() {
-	select {
-	case <-c.stop:
-	default:
-		close(c.stop)
-	}
+	c.closeOnce.Do(func() { close(c.stop) })
 	<-c.done
 }
 
@@ -148,8 +146,8 @@ func (c *Console) run() {
 	}
 }
 
-// sample feeds the timeline one status of the node and closes the
-// recorder's second.
+// sample feeds the timeline one overview of the node and the recorder's
+// history what was counted since the last sample.
 func (c *Console) sample(now time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Interval)
 	st := c.node.Overview(ctx)
