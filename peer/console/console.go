@@ -125,8 +125,8 @@ func New(node *peer.Node, cfg Config) (*Console, error) {
 }
 
 // Close stops the sampling goroutine and waits for it; a second Close
-// returns at once. The handler keeps
-// answering from what was sampled last.
+// returns at once. The handler keeps answering from what was sampled
+// last.
 func (c *Console) Close() {
 	c.closeOnce.Do(func() { close(c.stop) })
 	<-c.done
