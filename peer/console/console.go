@@ -74,6 +74,14 @@ type Console struct {
 	cacheVal []byte
 	flight   *flight // the gathering under way, nil when none
 
+	// lastMu guards the last sample and the api/node answers built from
+	// it: a page's refresh costs the node an encoding per sample at most,
+	// however many pages ask.
+	lastMu   sync.Mutex
+	lastAt   time.Time
+	lastOv   peer.Overview
+	lastNode [2][]byte // api/node without and with full=1; nil until asked
+
 	closeOnce sync.Once
 	stop      chan struct{}
 	done      chan struct{}
@@ -156,6 +164,28 @@ func (c *Console) sample(now time.Time) {
 	if c.cfg.Recorder != nil {
 		c.cfg.Recorder.Tick(now)
 	}
+	c.lastMu.Lock()
+	c.lastAt, c.lastOv, c.lastNode = now, st, [2][]byte{}
+	c.lastMu.Unlock()
+}
+
+// nodeAnswer returns api/node's answer (full: every partition) as of the
+// last sample, encoding it on the first ask after each sample.
+func (c *Console) nodeAnswer(full bool) []byte {
+	i := 0
+	if full {
+		i = 1
+	}
+	c.lastMu.Lock()
+	defer c.lastMu.Unlock()
+	if c.lastNode[i] == nil {
+		b, err := json.Marshal(c.snapshot(c.lastOv, c.lastAt, full))
+		if err != nil {
+			return []byte(`{"error":"internal error"}`)
+		}
+		c.lastNode[i] = append(b, '\n')
+	}
+	return c.lastNode[i]
 }
 
 // Counters returns what the sampling has counted so far.
@@ -191,7 +221,7 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case route == "api/node" && r.Method == http.MethodGet:
-		c.writeJSON(w, http.StatusOK, c.snapshot(r.Context(), r.URL.Query().Get("full") == "1"))
+		writeRaw(w, c.nodeAnswer(r.URL.Query().Get("full") == "1"))
 	case route == "api/cluster" && r.Method == http.MethodGet:
 		c.serveCluster(w, r)
 	case route == "api/peek" && r.Method == http.MethodGet:
@@ -298,11 +328,10 @@ const maxEventsShown = 200
 
 func newest(ev []Event, n int) []Event { return ev[max(len(ev)-n, 0):] }
 
-func (c *Console) snapshot(ctx context.Context, full bool) nodeJSON {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.PeerTimeout)
-	st := c.node.Overview(ctx)
-	cancel()
-	now := time.Now()
+// snapshot builds api/node's answer from st, sampled at now. Called with
+// lastMu held (it reads no I/O: hot keys, policies and the recorder are
+// in memory).
+func (c *Console) snapshot(st peer.Overview, now time.Time, full bool) nodeJSON {
 	out := nodeJSON{
 		Name: st.Name, At: now, RPCAddr: st.RPCAddr, Ready: st.Ready, NotReady: st.NotReady, Voter: st.Voter, Term: st.Term,
 		Leader: st.Leader, LivenessLeftMs: st.LivenessLeft.Milliseconds(), Fingerprint: fmt.Sprintf("%016x", st.Fingerprint),
@@ -328,7 +357,7 @@ func (c *Console) snapshot(ctx context.Context, full bool) nodeJSON {
 		out.Partitions = append(out.Partitions, pj)
 	}
 	if c.cfg.Recorder != nil {
-		t := c.cfg.Recorder.Traffic(now)
+		t := c.cfg.Recorder.Traffic(time.Now())
 		out.Traffic = &t
 	}
 	for _, h := range c.node.HotKeys() {
@@ -416,12 +445,8 @@ func writeRaw(w http.ResponseWriter, b []byte) {
 // gather builds api/cluster's answer: this node's full answer first, then
 // each peer's, asked in parallel within PeerTimeout each.
 func (c *Console) gather(ctx context.Context) []byte {
-	self := c.snapshot(ctx, true)
-	selfJSON, err := json.Marshal(self)
-	if err != nil {
-		return []byte(`{"error":"internal error"}`)
-	}
-	out := clusterJSON{Self: self.Name, Nodes: []json.RawMessage{selfJSON}, Unreached: []unreachedJSON{}}
+	selfJSON := c.nodeAnswer(true)
+	out := clusterJSON{Self: c.node.Name(), Nodes: []json.RawMessage{selfJSON}, Unreached: []unreachedJSON{}}
 	var urls []string
 	if c.cfg.Peers != nil {
 		urls = c.cfg.Peers()
@@ -433,7 +458,7 @@ func (c *Console) gather(ctx context.Context) []byte {
 		wg.Go(func() { answers[i], errs[i] = c.askPeer(ctx, u) })
 	}
 	wg.Wait()
-	seen := map[string]bool{self.Name: true}
+	seen := map[string]bool{out.Self: true}
 	for i, a := range answers {
 		if errs[i] != nil {
 			c.log.Debug("console peer did not answer", "peer_url", urls[i], "err", errs[i])
