@@ -29,10 +29,13 @@
 // Peek) and samples it once a second into a bounded timeline (the last
 // 512 events). Traffic comes from a Recorder, a peer.Metrics that wraps
 // the application's own (serve's Prometheus one) and keeps 15 minutes in
-// 10-second buckets. The cluster view is gathered by the node the page
+// 10-second buckets. A node's own answer (api/node) is built from its
+// last sample, encoded once per sample however many pages ask, so it is
+// up to a second old. The cluster view is gathered by the node the page
 // asks (api/cluster): it asks each peer's console (Config.Peers) for its
 // api/node over HTTP, in parallel, with a deadline, and caches the
-// answer for 900 ms. Gathering on the server keeps the page on one origin
+// answer for 900 ms (requests meanwhile wait for the gathering under
+// way rather than start another). Gathering on the server keeps the page on one origin
 // (its Content-Security-Policy allows no other, and no node need let
 // other origins read it), needs no new RPC on the peers' authenticated
 // channel (which would open limiter state to every holder of the peer
