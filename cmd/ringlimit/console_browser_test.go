@@ -89,7 +89,7 @@ func consoleCluster(t *testing.T) (nodes []*serveProc, ops []string) {
 	b := startServe(t, "ui-b", nil, append(args(1), "--join", a.gossipAddr)...)
 	c := startServe(t, "ui-c", nil, append(args(2), "--join", a.gossipAddr)...)
 	nodes = []*serveProc{a, b, c}
-	waitFor(t, 20*time.Second, "every node ready with 3 members", func() bool {
+	waitFor(t, 30*time.Second, "every node ready with 3 members", func() bool {
 		for _, p := range nodes {
 			r, err := httpDo("GET", "http://"+p.opsAddr+"/readyz", "")
 			if err != nil || r.status != http.StatusOK || r.body["members"] != float64(3) {

@@ -324,7 +324,7 @@ type policyJSON struct {
 
 // maxEventsShown bounds the events one api/node answer carries: the
 // newest.
-const maxEventsShown = 200
+const maxEventsShown = 100
 
 func newest(ev []Event, n int) []Event { return ev[max(len(ev)-n, 0):] }
 
