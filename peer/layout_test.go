@@ -137,15 +137,15 @@ func TestLayout(t *testing.T) {
 }
 
 // TestLayoutPublicParts pins that the public packages beside peer
-// (httplimit, prommetrics) use peer's public API only, none importing a
+// (httplimit, prommetrics, console) use peer's public API only, none importing a
 // package under peer/internal/ (their own imports; peer's are its own
 // business), and that peer itself, its parts included, does not depend
 // on Prometheus: the adapter is the one place that knows it.
 func TestLayoutPublicParts(t *testing.T) {
 	const mod = "github.com/ringlimit/ringlimit"
-	out, err := exec.Command("go", "list", "-e", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./httplimit", "./prommetrics").Output()
+	out, err := exec.Command("go", "list", "-e", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./httplimit", "./prommetrics", "./console").Output()
 	if err != nil {
-		t.Fatalf("go list ./httplimit ./prommetrics: %v", err)
+		t.Fatalf("go list ./httplimit ./prommetrics ./console: %v", err)
 	}
 	seen := 0
 	for line := range strings.Lines(string(out)) {
@@ -160,8 +160,8 @@ func TestLayoutPublicParts(t *testing.T) {
 			}
 		}
 	}
-	if seen != 2 {
-		t.Fatalf("go list printed %d packages, want 2:\n%s", seen, out)
+	if seen != 3 {
+		t.Fatalf("go list printed %d packages, want 3:\n%s", seen, out)
 	}
 	deps, err := exec.Command("go", "list", "-deps", ".").Output()
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 	"github.com/ringlimit/ringlimit/peer"
 )
 
-const demoUsage = `Usage: ringlimit demo [-v] [--log-level L]
+const demoUsage = `Usage: ringlimit demo [-v] [--log-level L] [--ui] [--ui-addr H:P]
 
 Starts a 3-node ringlimit cluster on 127.0.0.1 inside this process, plus one
 node as a child process (this same binary running "serve"), and walks through
@@ -44,6 +44,12 @@ Flags:
   -v                  also log the nodes' lifecycle (gossip membership,
                       readiness, handoffs): --log-level info
   --log-level L       debug, info, warn or error (default warn)
+  --ui                serve each node's console (the first at --ui-addr),
+                      pause --ui-pause between steps, and keep the cluster
+                      and its consoles up after the walkthrough, with light
+                      traffic, until Ctrl-C
+  --ui-addr H:P       the first node's console (default 127.0.0.1:8400)
+  --ui-pause D        the pause between steps with --ui (default 3s)
 `
 
 // demoPolicies is the demo's policy table. The child node loads the same
@@ -73,6 +79,11 @@ type demo struct {
 	gossipKey []byte
 	held      []string
 	failed    []string
+	// ui serves the nodes' consoles (demo --ui); nil without.
+	ui *demoUI
+	// uiAddr and uiPause are --ui-addr and --ui-pause; "" without --ui.
+	uiAddr  string
+	uiPause time.Duration
 }
 
 // promise records and prints one checked promise.
@@ -104,6 +115,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Usage = func() { fmt.Fprint(stderr, demoUsage) }
 	verbose := fs.Bool("v", false, "")
 	levelName := fs.String("log-level", "warn", "")
+	ui := fs.Bool("ui", false, "")
+	uiAddr := fs.String("ui-addr", "127.0.0.1:8400", "")
+	uiPause := fs.Duration("ui-pause", 3*time.Second, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -128,6 +142,12 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	start := time.Now()
 	d := &demo{out: stdout, log: log, level: level, stderr: stderr}
+	if *ui {
+		if *uiPause < 0 {
+			return usageError("demo: --ui-pause must not be negative")
+		}
+		d.uiAddr, d.uiPause = *uiAddr, *uiPause
+	}
 	fmt.Fprintln(stdout, "ringlimit demo: at most L admissions in any rolling window (t − W, t], cluster-wide")
 
 	d.boundaryBurst()
@@ -160,30 +180,57 @@ func (d *demo) cluster(ctx context.Context) error {
 	}
 	base := peer.Config{Policies: pols, GossipProfile: peer.GossipFast, Logger: d.log, ForwardTimeout: 2 * time.Second, GossipKey: d.gossipKey}
 	fmt.Fprintln(d.out, "\nstarting a 3-node cluster on 127.0.0.1 (gossip and gRPC on ephemeral ports)...")
-	nodes, err := startCluster(ctx, []string{"n1", "n2", "n3"}, base)
+	names := []string{"n1", "n2", "n3"}
+	var each func(*peer.Config)
+	if d.uiAddr != "" {
+		if d.ui, err = newDemoUI(d.uiAddr, names, d.uiPause); err != nil {
+			return err
+		}
+		defer d.ui.close()
+		each = d.ui.configure
+	}
+	nodes, err := startClusterWith(ctx, names, base, each)
 	if err != nil {
 		return err
 	}
 	// Close is idempotent: the leaver, already closed, returns at once.
 	defer closeAll(nodes, 5*time.Second)
+	if d.ui != nil {
+		if err := d.ui.serve(nodes); err != nil {
+			return err
+		}
+		fmt.Fprintf(d.out, "console: open %s (each step waits %v)\n", d.ui.urls[0], d.uiPause)
+		d.ui.step(ctx)
+	}
 
 	if err := d.oneDecisionPoint(ctx, nodes); err != nil {
 		return err
 	}
+	d.ui.step(ctx)
 	leaver, live := nodes[2], nodes[:2]
 	if err := d.gracefulLeave(ctx, live, leaver); err != nil {
 		return err
 	}
+	d.ui.step(ctx)
 	if err := d.crash(ctx, live, filepath.Join(dir, "policies.yaml")); err != nil {
 		return err
 	}
+	d.ui.step(ctx)
 	if err := d.hotKeys(ctx, live); err != nil {
 		return err
 	}
+	d.ui.step(ctx)
 	if err := d.spreadHotKey(ctx, live); err != nil {
 		return err
 	}
-	return d.concurrencyCap(ctx, live)
+	d.ui.step(ctx)
+	if err := d.concurrencyCap(ctx, live); err != nil {
+		return err
+	}
+	if d.ui != nil {
+		d.ui.linger(ctx, live, func(s string) { fmt.Fprintln(d.out, s) })
+	}
+	return nil
 }
 
 // demoPolicyFile writes the demo's table to a temporary policy file and

@@ -43,10 +43,19 @@ func sortedKeys(m map[string]bool) []string {
 // the later ones joining the first, and waits until every node sees all of
 // them. On error it closes what it started.
 func startCluster(ctx context.Context, names []string, base peer.Config) ([]*peer.Node, error) {
+	return startClusterWith(ctx, names, base, nil)
+}
+
+// startClusterWith is startCluster with each node's Config passed to each
+// (when not nil) before the node starts.
+func startClusterWith(ctx context.Context, names []string, base peer.Config, each func(*peer.Config)) ([]*peer.Node, error) {
 	var nodes []*peer.Node
 	for _, name := range names {
 		cfg := base
 		cfg.Name = name
+		if each != nil {
+			each(&cfg)
+		}
 		if len(nodes) > 0 {
 			cfg.Join = []string{nodes[0].GossipAddr()}
 		}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/cmd/ringlimit/envoyrls"
 	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/peer/console"
 	"github.com/ringlimit/ringlimit/peer/prommetrics"
 )
 
@@ -100,9 +101,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 	}
-	if cfg.Metrics, err = prommetrics.New(reg); err != nil {
+	prom, err := prommetrics.New(reg)
+	if err != nil {
 		return fmt.Errorf("serve: metrics: %w", err)
 	}
+	// The console's traffic chart counts what the Prometheus metrics
+	// count, through one Metrics.
+	rec := console.NewRecorder(prom)
+	cfg.Metrics = rec
 
 	// One admin token guards Reset over HTTP and gRPC alike, and Refund
 	// with the refund token (tokenguard.go says why). Without the token
@@ -182,7 +188,24 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("serve: metrics: %w", err)
 	}
 
-	api := &httpAPI{node: node, pols: node, reg: reg, log: nlog, reset: reset, refundGuard: refund}
+	uiPeers, _ := parseUIPeers(f.uiPeers) // checked in parseServeFlags
+	uiAddr := f.opsAddr
+	if opsLis != nil {
+		uiAddr = opsLis.Addr().String()
+	} else if httpLis != nil {
+		uiAddr = httpLis.Addr().String()
+	}
+	cons, err := newServeConsole(node, rec, admin, consolePeers(uiPeers, node, uiAddr), nlog)
+	if err != nil {
+		_ = node.Close(context.Background())
+		return fmt.Errorf("serve: console: %w", err)
+	}
+	if err := reg.Register(newStatusCollector(node, cons)); err != nil {
+		cons.Close()
+		_ = node.Close(context.Background())
+		return fmt.Errorf("serve: metrics: %w", err)
+	}
+	api := &httpAPI{node: node, pols: node, reg: reg, log: nlog, reset: reset, refundGuard: refund, console: cons}
 	// Without --ops-addr everything is on --http-addr, as before it
 	// existed; with it, --http-addr serves only the decision API.
 	apiHandler := api.routes()
@@ -284,6 +307,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		nlog.Error("http server failed: draining", "err", err)
 	}
 	api.draining.Store(true)
+	cons.Close()
 	stopRefresh()
 	<-refreshDone
 	<-reloadDone

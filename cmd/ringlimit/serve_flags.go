@@ -32,6 +32,9 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         --http-addr: the probes and the scraper reach this
                         port while the API stays on loopback; "" (default)
                         keeps everything on --http-addr
+  --ui-peers URL,URL    the other members' consoles (http://H:P/ui/), asked
+                        for their part of /ui/'s cluster view; empty: each
+                        member's gRPC host at this node's --ops-addr port
   --join A,B            gossip addresses of existing members (comma-separated);
                         empty starts a new cluster. Each may also be
                         dns+NAME:PORT (every A/AAAA record of NAME, e.g. a
@@ -189,6 +192,9 @@ duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
   GET  /debug/hotkeys the heaviest keys this node owns, and the spread keys
                       it decides from rights (tenant and subject are
                       shown: keep /debug and /metrics private)
+  GET  /ui/           the console: members, partitions, timeline, traffic,
+                      hot keys, a key inspector, policies (read-only; with
+                      --admin-token-file it can reset a key)
   GET  /debug/ownership
                       ownership mode; this node's
                       member ID, the log's leader and voters, its own
@@ -201,6 +207,7 @@ duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
 type serveFlags struct {
 	name, gossipAddr, grpcAddr, httpAddr, join, policies, gossipKey string
 	opsAddr                                                         string // "": the ops paths stay on httpAddr
+	uiPeers                                                         string
 	tlsCert, tlsKey, tlsCA, tlsServerName                           string
 	logFormat, logLevel                                             string
 	peerPipes                                                       string
@@ -233,6 +240,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.grpcAdvertise, "grpc-advertise-addr", "", "")
 	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8080", "")
 	fs.StringVar(&f.opsAddr, "ops-addr", "", "")
+	fs.StringVar(&f.uiPeers, "ui-peers", "", "")
 	fs.StringVar(&f.join, "join", "", "")
 	fs.StringVar(&f.policies, "policies", "", "")
 	fs.StringVar(&f.gossipKey, "gossip-key", "", "")
@@ -276,6 +284,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	}
 	if f.opsAddr != "" && f.opsAddr == f.httpAddr && !strings.HasSuffix(f.opsAddr, ":0") {
 		return f, usageError(fmt.Sprintf("serve: --ops-addr %s is --http-addr too: give the ops listener a port of its own, or leave --ops-addr empty to serve everything on --http-addr", f.opsAddr))
+	}
+	if _, err := parseUIPeers(f.uiPeers); err != nil {
+		return f, usageError("serve: " + err.Error())
 	}
 	if f.drainTimeout <= 0 || f.joinTimeout <= 0 {
 		return f, usageError("serve: --drain-timeout and --join-timeout must be positive")

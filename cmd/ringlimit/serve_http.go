@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/peer/console"
 )
 
 // maxCheckBody bounds a /v1/check (peek, refund, reset) request body.
@@ -40,6 +41,8 @@ type httpAPI struct {
 	// refundGuard guards /v1/refund with the refund or admin token; nil
 	// leaves it open (serve has neither token).
 	refundGuard *tokenGuard
+	// console is served at /ui/ with the ops paths; nil: no console.
+	console *console.Console
 }
 
 // policy returns the node's current entry for name (zero if unknown): the
@@ -99,6 +102,9 @@ func (a *httpAPI) opsRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /debug/ring", a.debugRing)
 	mux.HandleFunc("GET /debug/hotkeys", a.debugHotKeys)
 	mux.HandleFunc("GET /debug/ownership", a.debugOwnership)
+	if a.console != nil {
+		mountConsole(mux, a.console)
+	}
 }
 
 // bodyBufs holds serveOp's request body buffers.

@@ -9,8 +9,8 @@ import (
 )
 
 // opsPaths are what --ops-addr takes off --http-addr: the probes, the
-// scrape and every /debug/* path.
-var opsPaths = []string{"/healthz", "/readyz", "/metrics", "/debug/ring", "/debug/hotkeys", "/debug/ownership"}
+// scrape, every /debug/* path and the console.
+var opsPaths = []string{"/healthz", "/readyz", "/metrics", "/debug/ring", "/debug/hotkeys", "/debug/ownership", "/ui/", "/ui/api/node"}
 
 const opsCheckBody = `{"tenant":"acme","subject":"alice","policy":"api"}`
 
