@@ -270,7 +270,7 @@ func (m *Member) Tick(now int64) Output {
 	m.observeLeader(now)
 	m.do(m.own.Tick(now))
 	m.readKeepAlives(now)
-	m.forwardRelayed()
+	m.forwardRelayed(now)
 	if m.Leader() {
 		m.autopilot(now)
 	}

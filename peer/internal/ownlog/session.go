@@ -52,6 +52,8 @@ type sessions struct {
 	// relay is, on a voter that does not lead, the requests of learners
 	// to forward to the leader at the next tick, in one message.
 	relay []relayed
+	// last is when the last read was issued, or batch relayed (due).
+	last int64
 }
 
 // kaRead is one read issued by the leader and the requests it covers.
@@ -61,6 +63,18 @@ type kaRead struct {
 	index     uint64
 	confirmed bool
 	reqs      []kaReq
+}
+
+// due reports whether a heartbeat interval passed since the last read
+// or relayed batch, and if so starts the next: keep-alives are read and
+// relayed once a heartbeat, which their lease (a member extends every
+// Liveness/3) does not notice, rather than once a tick.
+func (s *sessions) due(now int64, m *Member) bool {
+	if m.tick > 0 && now-s.last < int64(m.cfg.HeartbeatTicks)*m.tick {
+		return false
+	}
+	s.last = now
+	return true
 }
 
 type relayed struct {
@@ -199,8 +213,11 @@ func (m *Member) stepBatch(msg *pb.Message, now int64) {
 
 // forwardRelayed sends, at a tick, the learners' requests this voter
 // holds to the leader in one message.
-func (m *Member) forwardRelayed() {
+func (m *Member) forwardRelayed(now int64) {
 	if len(m.ka.relay) == 0 {
+		return
+	}
+	if !m.ka.due(now, m) {
 		return
 	}
 	lead := m.Lead()
@@ -251,7 +268,7 @@ func decodeBatch(b []byte) ([]relayed, bool) {
 // the member extends again soon anyway.
 func (m *Member) readKeepAlives(now int64) {
 	if !m.Leader() {
-		m.ka = sessions{next: m.ka.next, relay: m.ka.relay}
+		m.ka = sessions{next: m.ka.next, relay: m.ka.relay, last: m.ka.last}
 		return
 	}
 	if m.tick > 0 {
@@ -271,7 +288,7 @@ func (m *Member) readKeepAlives(now int64) {
 		clear(m.ka.reads[len(live):])
 		m.ka.reads = live
 	}
-	if len(m.ka.wait) == 0 || len(m.ka.reads) >= 2*m.cfg.ElectionTicks {
+	if len(m.ka.wait) == 0 || len(m.ka.reads) >= 2*m.cfg.ElectionTicks || !m.ka.due(now, m) {
 		return
 	}
 	m.ka.next++
