@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
@@ -61,6 +62,16 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         is refused as capacity (gRPC ResourceExhausted,
                         HTTP 503 reason "capacity"), never as over limit;
                         0 disables (default %d)
+  --expected-members N  the most members this cluster is expected to reach;
+                        sets the partition count (ring.PartitionsFor: 271
+                        up to 16 members, beyond that 16 a member, e.g.
+                        16411 for 1024) so every member owns some. Fixed
+                        when the cluster is founded: every member must be
+                        given the same value (one that is not is left out
+                        of the others' rings, /readyz says so) and it
+                        cannot change without resetting every key
+  --partitions N        the partition count itself, instead of
+                        --expected-members (default 271)
   --gc-headroom MIB     the garbage collector lets the heap grow by at least
                         this many MiB between collections (by the live
                         heap when that is larger, as Go's default): fewer
@@ -209,6 +220,9 @@ type serveFlags struct {
 	drainTimeout, joinTimeout, joinRefresh, policiesPoll            time.Duration
 	gcHeadroomMiB                                                   uint64
 	maxKeys                                                         int
+	// partitions is the ring's partition count from --partitions or
+	// --expected-members; 0 is ring's default.
+	partitions int
 	// rpc holds the --grpc-* bounds as flags give them: 0 disables the
 	// connection bounds and the idle timeout (peerConfig maps that to
 	// peer's "no bound").
@@ -243,6 +257,8 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "")
 	fs.Uint64Var(&f.gcHeadroomMiB, "gc-headroom", 64, "")
 	fs.IntVar(&f.maxKeys, "max-keys", defaultMaxKeys, "")
+	partitions := fs.Int("partitions", 0, "")
+	expected := fs.Int("expected-members", 0, "")
 	fs.DurationVar(&f.joinTimeout, "join-timeout", 30*time.Second, "")
 	fs.DurationVar(&f.joinRefresh, "join-refresh", 30*time.Second, "")
 	fs.DurationVar(&f.policiesPoll, "policies-poll", 5*time.Second, "")
@@ -282,6 +298,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	}
 	if f.maxKeys < 0 {
 		return f, usageError(fmt.Sprintf("serve: --max-keys %d must not be negative (0 disables)", f.maxKeys))
+	}
+	if err := f.setPartitions(*partitions, *expected); err != nil {
+		return f, usageError("serve: " + err.Error())
 	}
 	if f.gcHeadroomMiB > 1<<20 {
 		return f, usageError(fmt.Sprintf("serve: --gc-headroom %d MiB is more than 1 TiB", f.gcHeadroomMiB))
@@ -329,9 +348,31 @@ func (f serveFlags) peerConfig(log *slog.Logger) peer.Config {
 		Ownership:           f.ownership,
 		RPCLimits:           f.rpcLimits(),
 		Store:               shard.Config{MaxKeys: f.maxKeys},
+		Ring:                ring.Config{PartitionCount: f.partitions},
 	}
 	_ = setPeerPipes(f.peerPipes, &cfg) // checked by parseServeFlags
 	return cfg
+}
+
+// setPartitions sets f.partitions from --partitions or --expected-members
+// (at most one of them; 0 is "not given").
+func (f *serveFlags) setPartitions(partitions, expected int) error {
+	switch {
+	case partitions != 0 && expected != 0:
+		return fmt.Errorf("--partitions %d and --expected-members %d both set the partition count: give one", partitions, expected)
+	case partitions != 0:
+		if partitions < 1 || partitions > ring.MaxPartitionCount {
+			return fmt.Errorf("--partitions %d must be between 1 and %d", partitions, ring.MaxPartitionCount)
+		}
+		f.partitions = partitions
+	case expected != 0:
+		p, err := ring.PartitionsFor(expected)
+		if err != nil {
+			return fmt.Errorf("--expected-members %d must be between 1 and %d", expected, ring.MaxExpectedMembers)
+		}
+		f.partitions = p
+	}
+	return nil
 }
 
 // defaultMaxKeys is --max-keys' default. A million plain keys took 390 MB
