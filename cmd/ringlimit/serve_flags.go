@@ -65,13 +65,15 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
   --expected-members N  the most members this cluster is expected to reach;
                         sets the partition count (ring.PartitionsFor: 271
                         up to 16 members, beyond that 16 a member, e.g.
-                        16411 for 1024) so every member owns some. Fixed
-                        when the cluster is founded: every member must be
-                        given the same value (one that is not is left out
-                        of the others' rings, /readyz says so) and it
-                        cannot change without resetting every key
-  --partitions N        the partition count itself, instead of
-                        --expected-members (default 271)
+                        16411 for 1024) so every member owns some, and
+                        scales gossip suspicion to the size. Fixed when
+                        the cluster is founded: every member must be
+                        given the same value (one with another partition
+                        count is left out of the others' rings, /readyz
+                        says so) and the count cannot change without
+                        resetting every key
+  --partitions N        the partition count itself, overriding
+                        --expected-members' (default 271)
   --gc-headroom MIB     the garbage collector lets the heap grow by at least
                         this many MiB between collections (by the live
                         heap when that is larger, as Go's default): fewer
@@ -220,9 +222,10 @@ type serveFlags struct {
 	drainTimeout, joinTimeout, joinRefresh, policiesPoll            time.Duration
 	gcHeadroomMiB                                                   uint64
 	maxKeys                                                         int
-	// partitions is the ring's partition count from --partitions or
-	// --expected-members; 0 is ring's default.
-	partitions int
+	// partitions is --partitions (0: from --expected-members, else
+	// ring's default); expectedMembers is --expected-members (0: not
+	// given).
+	partitions, expectedMembers int
 	// rpc holds the --grpc-* bounds as flags give them: 0 disables the
 	// connection bounds and the idle timeout (peerConfig maps that to
 	// peer's "no bound").
@@ -349,29 +352,22 @@ func (f serveFlags) peerConfig(log *slog.Logger) peer.Config {
 		RPCLimits:           f.rpcLimits(),
 		Store:               shard.Config{MaxKeys: f.maxKeys},
 		Ring:                ring.Config{PartitionCount: f.partitions},
+		ExpectedMembers:     f.expectedMembers,
 	}
 	_ = setPeerPipes(f.peerPipes, &cfg) // checked by parseServeFlags
 	return cfg
 }
 
-// setPartitions sets f.partitions from --partitions or --expected-members
-// (at most one of them; 0 is "not given").
+// setPartitions checks --partitions and --expected-members (0: not given)
+// and keeps them.
 func (f *serveFlags) setPartitions(partitions, expected int) error {
-	switch {
-	case partitions != 0 && expected != 0:
-		return fmt.Errorf("--partitions %d and --expected-members %d both set the partition count: give one", partitions, expected)
-	case partitions != 0:
-		if partitions < 1 || partitions > ring.MaxPartitionCount {
-			return fmt.Errorf("--partitions %d must be between 1 and %d", partitions, ring.MaxPartitionCount)
-		}
-		f.partitions = partitions
-	case expected != 0:
-		p, err := ring.PartitionsFor(expected)
-		if err != nil {
-			return fmt.Errorf("--expected-members %d must be between 1 and %d", expected, ring.MaxExpectedMembers)
-		}
-		f.partitions = p
+	if partitions < 0 || partitions > ring.MaxPartitionCount {
+		return fmt.Errorf("--partitions %d must be between 1 and %d", partitions, ring.MaxPartitionCount)
 	}
+	if expected < 0 || expected > ring.MaxExpectedMembers {
+		return fmt.Errorf("--expected-members %d must be between 1 and %d", expected, ring.MaxExpectedMembers)
+	}
+	f.partitions, f.expectedMembers = partitions, expected
 	return nil
 }
 
