@@ -3,7 +3,7 @@ package peer
 // A rolling deploy of a fleet of real `ringlimit serve` processes (issue 54
 // §6), opt-in: RINGLIMIT_FLEET_PROCS=32 (24 to 32; 1 means 32). The test
 // builds cmd/ringlimit, starts that many processes on 127.0.0.1 (distinct
-// ephemeral ports, --expected-members set to the fleet size, the default
+// ports, --expected-members set to the fleet size, the default
 // lan gossip profile and LeaseDuration), puts paced load on every node,
 // then restarts every process in waves of a quarter of the fleet: SIGTERM
 // (a graceful leave: keys handed to their new holders), wait for the exit,
@@ -23,10 +23,12 @@ package peer
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -59,14 +61,14 @@ const fleetPolicies = `policies:
 
 // fleetProc is one serve process of the fleet.
 type fleetProc struct {
-	name                      string
-	http, grpc, gossip        string
-	cmd                       *exec.Cmd
-	stdin                     io.WriteCloser
-	exited                    chan struct{}
-	mu                        sync.Mutex
-	log                       bytes.Buffer // the last lines, trimmed to fleetLogKeep
-	started, serving, readyAt time.Time
+	name               string
+	http, grpc, gossip string
+	cmd                *exec.Cmd
+	stdin              io.WriteCloser
+	exited             chan struct{}
+	mu                 sync.Mutex
+	log                bytes.Buffer // the last lines, trimmed to fleetLogKeep
+	started, readyAt   time.Time
 }
 
 const fleetLogKeep = 64 << 10
@@ -118,14 +120,12 @@ func startFleetProc(t *testing.T, bin, name, policies string, members int, addrs
 			p.log.WriteByte('\n')
 			p.mu.Unlock()
 			var rec struct {
-				Msg                        string
-				HTTPAddr, GRPCAddr, Gossip string
+				Msg      string `json:"msg"`
+				HTTPAddr string `json:"http_addr"`
+				GRPCAddr string `json:"grpc_addr"`
+				Gossip   string `json:"gossip_addr"`
 			}
-			var raw map[string]any
-			if json.Unmarshal(sc.Bytes(), &raw) == nil && raw["msg"] == "serving" {
-				rec.HTTPAddr, _ = raw["http_addr"].(string)
-				rec.GRPCAddr, _ = raw["grpc_addr"].(string)
-				rec.Gossip, _ = raw["gossip_addr"].(string)
+			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "serving" {
 				select {
 				case serving <- [3]string{rec.HTTPAddr, rec.GRPCAddr, rec.Gossip}:
 				default:
@@ -151,7 +151,6 @@ func startFleetProc(t *testing.T, bin, name, policies string, members int, addrs
 	select {
 	case a := <-serving:
 		p.http, p.grpc, p.gossip = a[0], a[1], a[2]
-		p.serving = time.Now()
 	case <-p.exited:
 		t.Fatalf("%s exited before serving (%v):\n%s", name, p.cmd.ProcessState, p.logTail())
 	case <-timeout.C:
@@ -246,16 +245,75 @@ func fleetWaitReady(t *testing.T, h fleetHTTP, nodes []*fleetProc, d time.Durati
 		}
 		if time.Now().After(deadline) {
 			var not []string
+			var first *fleetProc
 			for _, p := range nodes {
 				if !h.ready(p, len(nodes)) {
 					not = append(not, p.name)
+					first = cmp.Or(first, p)
 				}
 			}
-			t.Fatalf("%s: %d nodes not ready with %d members within %v: %v\nlast log of %s:\n%s",
-				what, len(not), len(nodes), d, not, not[0], lastLines(nodes[slices.IndexFunc(nodes, func(p *fleetProc) bool { return p.name == not[0] })].logTail(), 30))
+			if first == nil {
+				return // ready at the last look
+			}
+			t.Fatalf("%s: %d nodes not ready with %d members within %v: %v\nlast log lines of %s:\n%s",
+				what, len(not), len(nodes), d, not, first.name, lastLines(first.logTail(), 30))
 		}
 		<-tick.C
 	}
+}
+
+// lowPorts hands out loopback ports below the kernel's ephemeral range, so
+// that a port a process held before its restart cannot meanwhile become
+// the source port of some outgoing connection (this test's own clients
+// make thousands): each is checked free for TCP and UDP when handed out.
+type lowPorts struct {
+	next, end int
+}
+
+func newLowPorts(t *testing.T) *lowPorts {
+	t.Helper()
+	lo := 32768 // Linux's default start of the ephemeral range
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				lo = v
+			}
+		}
+	}
+	if lo < 12000 {
+		t.Skipf("the ephemeral port range starts at %d: no room below it for the fleet's listeners", lo)
+	}
+	// A random start, so that two runs on one machine rarely meet.
+	start := 10000 + int(time.Now().UnixNano()%int64(lo-12000))
+	return &lowPorts{next: start, end: lo}
+}
+
+// three returns HTTP, gRPC and gossip addresses on free low ports.
+func (l *lowPorts) three(t *testing.T) [3]string {
+	t.Helper()
+	var out [3]string
+	for i := range out {
+		for ; ; l.next++ {
+			if l.next >= l.end {
+				t.Fatalf("no free loopback port left below %d", l.end)
+			}
+			addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(l.next))
+			tl, err := net.Listen("tcp", addr)
+			if err != nil {
+				continue
+			}
+			ul, err := net.ListenPacket("udp", addr)
+			_ = tl.Close()
+			if err != nil {
+				continue
+			}
+			_ = ul.Close()
+			out[i] = addr
+			l.next++
+			break
+		}
+	}
+	return out
 }
 
 func lastLines(s string, n int) string {
@@ -310,13 +368,13 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 	// last one started.
 	t0 := time.Now()
 	nodes := make([]*fleetProc, n)
-	ephemeral := [3]string{"127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"}
+	ports := newLowPorts(t)
 	for i := range n {
 		var join []string
 		if i > 0 {
 			join = []string{nodes[0].gossip, nodes[i-1].gossip}
 		}
-		nodes[i] = startFleetProc(t, bin, fmt.Sprintf("fleet-%02d", i), policies, n, ephemeral, join)
+		nodes[i] = startFleetProc(t, bin, fmt.Sprintf("fleet-%02d", i), policies, n, ports.three(t), join)
 	}
 	fleetWaitReady(t, h, nodes, 3*time.Minute, "start")
 	t.Logf("%d serve processes started and ready in %v", n, time.Since(t0).Round(time.Millisecond))
