@@ -114,6 +114,10 @@ type flapRun struct {
 	// unscaled runs the fast profile as it is (no ExpectedMembers), with
 	// the same partition count, for comparison.
 	unscaled bool
+	// suite uses the suite's test gossip (testGossip: a probe timeout and
+	// suspicion a starved member can answer in) instead of the profile,
+	// for a run inside the loaded race-detector suite.
+	suite bool
 }
 
 // run starts the cluster (the fast gossip profile, scaled to the member
@@ -134,7 +138,13 @@ func (r flapRun) run(t *testing.T) {
 	// for small clusters: gossip first, then the ownership log.
 	c := &cluster{t: t, base: base}
 	for i := range r.members {
-		c.addWith(fmt.Sprintf("n%d", i), func(cfg *Config) { cfg.Gossip = fn.gossip(t) })
+		c.addWith(fmt.Sprintf("n%d", i), func(cfg *Config) {
+			cut := fn.gossip(t)
+			cfg.Gossip = cut
+			if r.suite {
+				cfg.Gossip = func(mc *memberlist.Config) { testGossip(mc); cut(mc) }
+			}
+		})
 	}
 	nodes := c.nodes
 	lease := nodes[0].cfg.LeaseDuration
@@ -241,27 +251,38 @@ func gossipWhole(ctx context.Context, nodes []*Node) bool {
 
 // flapState summarises nodes for a failure message.
 func flapState(nodes []*Node) string {
-	views := map[int]int{}
+	views, rings, why := map[int]int{}, map[int]int{}, map[string]int{}
 	settled := 0
 	for _, nd := range nodes {
 		views[nd.ml.NumMembers()]++
+		rings[len(nd.Members())]++
 		if nd.Settled() {
 			settled++
 		}
+		_, reason := nd.Ready()
+		why[reason]++
 	}
-	return fmt.Sprintf("gossip views (members alive: nodes) %v, %d of %d settled", views, settled, len(nodes))
+	return fmt.Sprintf("gossip views (members alive: nodes) %v, rings (members: nodes) %v, %d of %d settled, unready reasons %v",
+		views, rings, settled, len(nodes), why)
 }
 
 // TestGossipFlapRecovers is the CI-sized flap: 6 members whose gossip
-// flaps for 3 s (one member at a time cut for 1 to 2 s, longer than the
-// fast profile's suspicion, so it is declared failed and must come back)
-// settle within 3 leases of the flap's end.
+// flaps for 4 s (one member at a time cut for 2 to 3 s, longer than the
+// suite's suspicion, so it is declared failed and must come back) settle
+// within 5 leases of the flap's end. It runs in .ci/run's pass without the
+// race detector.
 func TestGossipFlapRecovers(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts 6 members and flaps their gossip for 3 s: skipped with -short")
+		t.Skip("starts 6 members and flaps their gossip for 4 s: skipped with -short")
 	}
-	flapRun{members: 6, flapFor: 3 * time.Second, cutShare: 0.1, minCut: time.Second, maxCut: 2 * time.Second,
-		settleLeases: 3, startIn: 30 * time.Second, seed: 54}.run(t)
+	if raceEnabled {
+		// Under the race detector on a loaded machine the cluster alone
+		// took 25-30 s to settle before any fault; .ci/run runs this test
+		// again without it, where the whole test takes about 7 s.
+		t.Skip("skipped under the race detector (a 6-member start takes half a minute there); .ci/run runs it without")
+	}
+	flapRun{members: 6, flapFor: 4 * time.Second, cutShare: 0.1, minCut: 2 * time.Second, maxCut: 3 * time.Second,
+		settleLeases: 5, startIn: 30 * time.Second, seed: 54, suite: true}.run(t)
 }
 
 // flapMembersEnv opts in to TestGossipFlapAtSize.
