@@ -122,7 +122,8 @@ func BenchmarkRingBackup(b *testing.B) {
 
 // ringNewCases are the ring sizes measured for a rebuild: the lookup sizes
 // plus 64 and 256 members, keeping about 32 partitions per member (primes)
-// from 128 members on. Issue 9 budgets 256 members at 20 ms and 10 MB.
+// from 128 members on, and 1 024 members at ring.PartitionsFor's count (16
+// a member). Issue 9 budgets 256 members at 20 ms and 10 MB.
 var ringNewCases = []struct {
 	members    int
 	partitions int
@@ -132,6 +133,7 @@ var ringNewCases = []struct {
 	{members: 64, partitions: 2053},
 	{members: 128, partitions: 4099},
 	{members: 256, partitions: 8191},
+	{members: 1024, partitions: 16411},
 }
 
 // BenchmarkRingNew measures a full snapshot rebuild, paid on every

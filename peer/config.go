@@ -285,9 +285,18 @@ type Config struct {
 	// different tables; each holder decides with its own. Zero means
 	// {"default": 100 per minute, sliding log, fail closed}.
 	Policies map[string]PolicyConfig
-	// Ring holds the placement parameters; zero fields take ring's defaults.
-	// Every member must use the same values.
+	// Ring holds the placement parameters; zero fields take ring's defaults
+	// (ExpectedMembers sets the partition count). Every member must use
+	// the same values.
 	Ring ring.Config
+	// ExpectedMembers is the most members the cluster is expected to
+	// reach, fixed when it is founded; give every member the same. Beyond
+	// 16 it sets Ring.PartitionCount when that is zero (ring.PartitionsFor:
+	// 16 partitions a member, so none owns nothing) and scales the gossip
+	// profile's suspicion and retransmission to the size
+	// (GossipProfile.ApplySized). Zero means 16 or fewer: 271 partitions
+	// and the profile as it is. At most ring.MaxExpectedMembers.
+	ExpectedMembers int
 	// ForwardTimeout bounds one forwarded request when the caller's context
 	// has no earlier deadline. Zero means 500 ms.
 	ForwardTimeout time.Duration
@@ -520,6 +529,9 @@ func (c Config) withDefaults() Config {
 		pols["default"] = defaultPolicy
 	}
 	c.Policies = pols
+	if c.Ring.PartitionCount == 0 && c.ExpectedMembers > 0 && c.ExpectedMembers <= ring.MaxExpectedMembers {
+		c.Ring.PartitionCount, _ = ring.PartitionsFor(c.ExpectedMembers) // in range: no error
+	}
 	c.Ring = c.Ring.WithDefaults()
 	if c.ForwardTimeout == 0 {
 		c.ForwardTimeout = defaultForwardTimeout
@@ -608,6 +620,9 @@ func (c Config) validate() error {
 	errs = append(errs, validatePolicies(c.Policies)...)
 	if err := c.Ring.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidConfig, err))
+	}
+	if c.ExpectedMembers < 0 || c.ExpectedMembers > ring.MaxExpectedMembers {
+		bad("expected members %d must be between 0 and %d", c.ExpectedMembers, ring.MaxExpectedMembers)
 	}
 	if c.ForwardTimeout < 0 {
 		bad("forward timeout %v must not be negative", c.ForwardTimeout)

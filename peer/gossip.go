@@ -2,6 +2,7 @@ package peer
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -109,4 +110,49 @@ func (p GossipProfile) reconnectInterval() time.Duration {
 	default:
 		return 10 * time.Second
 	}
+}
+
+// Sizing gossip for the cluster. memberlist already scales some timings
+// with the member count N it sees: the suspicion timeout is SuspicionMult
+// × log10(N) probe intervals (at least one), a suspicion nobody confirms
+// lasts SuspicionMaxTimeoutMult times that, each message is retransmitted
+// RetransmitMult × ceil(log10(N+1)) times, and push-pull syncs space out
+// by log2(N/32)+1 above 32 members. It leaves three things fixed: the
+// independent confirmations that shrink a suspicion to its minimum
+// (SuspicionMult − 2: one under fast, two under lan), how much longer an
+// unconfirmed suspicion lasts, and the retransmission base (fast halves
+// lan's 4). A member is probed about once a probe interval whatever N is,
+// so each member's chance of being suspected falsely stays the same, but
+// the cluster has N of them: at 64 members 64 times as many false
+// suspicions a second as at one, and under fast a single confirming
+// prober (itself starved, on a loaded host) declares a live member failed
+// at the minimum timeout. ApplySized raises the three with N, so a false
+// suspicion needs more independent probers to agree and a lone one has
+// longer to be refuted, while a real failure (every prober agrees) is
+// still declared at memberlist's minimum. Holders are not taken over on
+// gossip's word (their liveness in the ownership log expires first), so a
+// slower verdict at size delays where partitions are aimed, not how soon a
+// crashed holder's keys come back.
+
+// sizedFrom is the member count above which ApplySized changes anything:
+// the ring's own threshold for more partitions (ring.PartitionsFor).
+const sizedFrom = 16
+
+// ApplySized is Apply for a cluster expected to reach members members.
+// Up to 16 members (and for 0) it is Apply. Beyond, it keeps at least
+// 2 + ceil(log10(members)) as SuspicionMult (confirmations: 2 up to 100
+// members, 3 up to 1 000, 4 beyond), ceil(log2(members/8)) as
+// SuspicionMaxTimeoutMult (64 members: 3, 1 024: 7) and 4 as
+// RetransmitMult (lan's); a profile that has more keeps its own. With
+// fast at 64 members: suspicion 1.44 s (was 1.08), unconfirmed 4.3 s
+// (was 2.2), 8 retransmissions (was 4).
+func (p GossipProfile) ApplySized(mc *memberlist.Config, members int) {
+	p.Apply(mc)
+	if members <= sizedFrom {
+		return
+	}
+	n := float64(members)
+	mc.SuspicionMult = max(mc.SuspicionMult, 2+int(math.Ceil(math.Log10(n))))
+	mc.SuspicionMaxTimeoutMult = max(mc.SuspicionMaxTimeoutMult, int(math.Ceil(math.Log2(n/8))))
+	mc.RetransmitMult = max(mc.RetransmitMult, 4)
 }

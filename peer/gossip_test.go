@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/ringlimit/ringlimit/ring"
 )
 
 func TestGossipProfileParse(t *testing.T) {
@@ -142,6 +144,64 @@ func waitView(t testing.TB, nd *Node, d time.Duration, what string, cond func() 
 		case <-ch:
 		case <-timer.C:
 			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+	}
+}
+
+// TestGossipApplySized checks ApplySized's rule: the profile unchanged up
+// to 16 members; beyond, at least 2 + ceil(log10 N) as SuspicionMult,
+// ceil(log2(N/8)) as SuspicionMaxTimeoutMult and 4 as RetransmitMult,
+// a profile's larger values kept; the other timings untouched.
+func TestGossipApplySized(t *testing.T) {
+	for _, tc := range []struct {
+		profile                   GossipProfile
+		members                   int
+		mult, maxMult, retransmit int
+	}{
+		{GossipFast, 0, 3, 2, 2},
+		{GossipFast, 16, 3, 2, 2},
+		{GossipFast, 17, 4, 2, 4},
+		{GossipFast, 64, 4, 3, 4},
+		{GossipFast, 256, 5, 5, 4},
+		{GossipFast, 1024, 6, 7, 4},
+		{GossipLAN, 64, 4, 6, 4},
+		{GossipLAN, 1024, 6, 7, 4},
+		{GossipWAN, 1024, 6, 7, 4},
+	} {
+		var plain, sized memberlist.Config
+		tc.profile.Apply(&plain)
+		tc.profile.ApplySized(&sized, tc.members)
+		got := [3]int{sized.SuspicionMult, sized.SuspicionMaxTimeoutMult, sized.RetransmitMult}
+		if want := [3]int{tc.mult, tc.maxMult, tc.retransmit}; got != want {
+			t.Errorf("%s at %d members: SuspicionMult, SuspicionMaxTimeoutMult, RetransmitMult = %v, want %v", tc.profile, tc.members, got, want)
+		}
+		if sized.ProbeInterval != plain.ProbeInterval || sized.ProbeTimeout != plain.ProbeTimeout || sized.GossipInterval != plain.GossipInterval {
+			t.Errorf("%s at %d members: probe and gossip timings changed", tc.profile, tc.members)
+		}
+	}
+}
+
+// TestExpectedMembersConfig: ExpectedMembers sets the partition count
+// when none is given, keeps a given one, and is checked.
+func TestExpectedMembersConfig(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want int
+	}{
+		{Config{}, 271},
+		{Config{ExpectedMembers: 16}, 271},
+		{Config{ExpectedMembers: 64}, 1031},
+		{Config{ExpectedMembers: 1024}, 16411},
+		{Config{ExpectedMembers: 1024, Ring: ring.Config{PartitionCount: 4099}}, 4099},
+	} {
+		if got := tc.cfg.withDefaults().Ring.PartitionCount; got != tc.want {
+			t.Errorf("ExpectedMembers %d, PartitionCount %d: %d partitions, want %d", tc.cfg.ExpectedMembers, tc.cfg.Ring.PartitionCount, got, tc.want)
+		}
+	}
+	for _, bad := range []int{-1, ring.MaxExpectedMembers + 1} {
+		err := Config{ExpectedMembers: bad}.withDefaults().validate()
+		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "expected members") {
+			t.Errorf("ExpectedMembers %d: validate = %v, want ErrInvalidConfig naming expected members", bad, err)
 		}
 	}
 }

@@ -236,6 +236,12 @@ func (lo *logOwner) start() {
 			case <-lo.ready:
 			case <-t.C:
 			}
+			if n.view.Load() == nil {
+				// New starts the log before its first rebuild publishes
+				// a view; that rebuild computes readiness itself. (A
+				// 32-member start under load got here first: nil view.)
+				continue
+			}
 			n.updateReady()
 			n.logTakeovers(false)
 			// A log of two members has one voter: say so once a cluster

@@ -88,7 +88,7 @@ func (n *Node) startGossip(ctx context.Context) error {
 	if len(n.cfg.GossipKey) > 0 {
 		mc.SecretKey = n.cfg.GossipKey
 	}
-	n.cfg.GossipProfile.Apply(mc)
+	n.cfg.GossipProfile.ApplySized(mc, n.cfg.ExpectedMembers)
 	if n.cfg.Gossip != nil {
 		n.cfg.Gossip(mc)
 	}

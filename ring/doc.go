@@ -27,6 +27,11 @@
 //     no lock and allocate nothing, so they are safe on the hot path from any
 //     number of goroutines.
 //
+// Sizing: PartitionsFor gives the partition count for the size a cluster is
+// expected to reach (16 partitions a member past 16 members), chosen when
+// the cluster is founded; size.go says why, TestPartitionSpread measures
+// the spread it gives.
+//
 // What it does not do: it keeps no membership state and never changes a
 // snapshot (a change is a new snapshot from the whole list, published by the
 // caller); it knows nothing of memberlist, gRPC, shard or peer; it starts no

@@ -60,7 +60,9 @@ type Config struct {
 	// PartitionCount is the number of partitions keys are hashed into; a
 	// partition is the unit of ownership and of movement on membership
 	// change. Zero means 271. At most MaxPartitionCount. It should be well
-	// above the member count, or some members own nothing.
+	// above the member count, or some members own nothing: PartitionsFor
+	// gives a count for the size a cluster is expected to reach. It is
+	// fixed for the cluster's life (keys would change partitions).
 	PartitionCount int
 	// ReplicationFactor is the number of virtual nodes per member on the
 	// hash circle. Zero means 20. At most MaxReplicationFactor.

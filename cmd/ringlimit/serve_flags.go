@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
@@ -64,6 +65,18 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         is refused as capacity (gRPC ResourceExhausted,
                         HTTP 503 reason "capacity"), never as over limit;
                         0 disables (default %d)
+  --expected-members N  the most members this cluster is expected to reach;
+                        sets the partition count (ring.PartitionsFor: 271
+                        up to 16 members, beyond that 16 a member, e.g.
+                        16411 for 1024) so every member owns some, and
+                        scales gossip suspicion to the size. Fixed when
+                        the cluster is founded: every member must be
+                        given the same value (one with another partition
+                        count is left out of the others' rings, /readyz
+                        says so) and the count cannot change without
+                        resetting every key
+  --partitions N        the partition count itself, overriding
+                        --expected-members' (default 271)
   --gc-headroom MIB     the garbage collector lets the heap grow by at least
                         this many MiB between collections (by the live
                         heap when that is larger, as Go's default): fewer
@@ -216,6 +229,10 @@ type serveFlags struct {
 	drainTimeout, joinTimeout, joinRefresh, policiesPoll            time.Duration
 	gcHeadroomMiB                                                   uint64
 	maxKeys                                                         int
+	// partitions is --partitions (0: from --expected-members, else
+	// ring's default); expectedMembers is --expected-members (0: not
+	// given).
+	partitions, expectedMembers int
 	// rpc holds the --grpc-* bounds as flags give them: 0 disables the
 	// connection bounds and the idle timeout (peerConfig maps that to
 	// peer's "no bound").
@@ -251,6 +268,8 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "")
 	fs.Uint64Var(&f.gcHeadroomMiB, "gc-headroom", 64, "")
 	fs.IntVar(&f.maxKeys, "max-keys", defaultMaxKeys, "")
+	partitions := fs.Int("partitions", 0, "")
+	expected := fs.Int("expected-members", 0, "")
 	fs.DurationVar(&f.joinTimeout, "join-timeout", 30*time.Second, "")
 	fs.DurationVar(&f.joinRefresh, "join-refresh", 30*time.Second, "")
 	fs.DurationVar(&f.policiesPoll, "policies-poll", 5*time.Second, "")
@@ -293,6 +312,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	}
 	if f.maxKeys < 0 {
 		return f, usageError(fmt.Sprintf("serve: --max-keys %d must not be negative (0 disables)", f.maxKeys))
+	}
+	if err := f.setPartitions(*partitions, *expected); err != nil {
+		return f, usageError("serve: " + err.Error())
 	}
 	if f.gcHeadroomMiB > 1<<20 {
 		return f, usageError(fmt.Sprintf("serve: --gc-headroom %d MiB is more than 1 TiB", f.gcHeadroomMiB))
@@ -340,9 +362,24 @@ func (f serveFlags) peerConfig(log *slog.Logger) peer.Config {
 		Ownership:           f.ownership,
 		RPCLimits:           f.rpcLimits(),
 		Store:               shard.Config{MaxKeys: f.maxKeys},
+		Ring:                ring.Config{PartitionCount: f.partitions},
+		ExpectedMembers:     f.expectedMembers,
 	}
 	_ = setPeerPipes(f.peerPipes, &cfg) // checked by parseServeFlags
 	return cfg
+}
+
+// setPartitions checks --partitions and --expected-members (0: not given)
+// and keeps them.
+func (f *serveFlags) setPartitions(partitions, expected int) error {
+	if partitions < 0 || partitions > ring.MaxPartitionCount {
+		return fmt.Errorf("--partitions %d must be between 1 and %d", partitions, ring.MaxPartitionCount)
+	}
+	if expected < 0 || expected > ring.MaxExpectedMembers {
+		return fmt.Errorf("--expected-members %d must be between 1 and %d", expected, ring.MaxExpectedMembers)
+	}
+	f.partitions, f.expectedMembers = partitions, expected
+	return nil
 }
 
 // defaultMaxKeys is --max-keys' default. A million plain keys took 390 MB

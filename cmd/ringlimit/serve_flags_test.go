@@ -42,6 +42,10 @@ func TestServeConfigErrors(t *testing.T) {
 		{"keepalive under a second", []string{"--grpc-keepalive-time", "500ms"}, "--grpc-keepalive-time 500ms must be at least 1s"},
 		{"negative idle timeout", []string{"--grpc-idle-timeout", "-1s"}, "--grpc-idle-timeout -1s must not be negative (0 disables)"},
 		{"negative max keys", []string{"--max-keys", "-5"}, "--max-keys -5 must not be negative (0 disables)"},
+		{"too many partitions", []string{"--partitions", "70000"}, "--partitions 70000 must be between 1 and 65536"},
+		{"negative partitions", []string{"--partitions", "-3"}, "--partitions -3 must be between 1 and 65536"},
+		{"too many members", []string{"--expected-members", "5000"}, "--expected-members 5000 must be between 1 and 4000"},
+		{"negative members", []string{"--expected-members", "-2"}, "--expected-members -2 must be between 1 and 4000"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
@@ -101,6 +105,34 @@ func TestServeMaxKeysFlag(t *testing.T) {
 		}
 		if got := f.peerConfig(nil).Store.MaxKeys; got != tc.want {
 			t.Errorf("serve %q: Store.MaxKeys %d, want %d", tc.args, got, tc.want)
+		}
+	}
+}
+
+// TestServePartitionsFlags checks that --partitions and --expected-members
+// reach the node's config (Ring.PartitionCount 0 leaves the count to
+// peer's defaults: ring.PartitionsFor of ExpectedMembers, else 271).
+func TestServePartitionsFlags(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args           []string
+		expected, want int
+	}{
+		{nil, 0, 0},
+		{[]string{"--partitions", "1009"}, 0, 1009},
+		{[]string{"--expected-members", "1024"}, 1024, 0},
+		{[]string{"--expected-members", "1024", "--partitions", "4099"}, 1024, 4099},
+	} {
+		f, err := parseServeFlags(tc.args, io.Discard)
+		if err != nil {
+			t.Fatalf("serve %q: %v", tc.args, err)
+		}
+		cfg := f.peerConfig(nil)
+		if cfg.ExpectedMembers != tc.expected {
+			t.Errorf("serve %q: ExpectedMembers %d, want %d", tc.args, cfg.ExpectedMembers, tc.expected)
+		}
+		if got := cfg.Ring.PartitionCount; got != tc.want {
+			t.Errorf("serve %q: Ring.PartitionCount %d, want %d", tc.args, got, tc.want)
 		}
 	}
 }

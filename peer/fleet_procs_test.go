@@ -1,0 +1,616 @@
+package peer
+
+// A rolling deploy of a fleet of real `ringlimit serve` processes (issue 54
+// §6), opt-in: RINGLIMIT_FLEET_PROCS=32 (24 to 32; 1 means 32). The test
+// builds cmd/ringlimit, starts that many processes on 127.0.0.1 (distinct
+// ports, --expected-members set to the fleet size, the default
+// lan gossip profile and LeaseDuration), puts paced load on every node,
+// then restarts every process in waves of a quarter of the fleet: SIGTERM
+// (a graceful leave: keys handed to their new holders), wait for the exit,
+// start it again on the same addresses as a new incarnation, and wait until
+// every node is ready with the whole fleet before the next wave. It reports
+// the history checker's verdict (peer/internal/history: both rules, every
+// key; must be 0 violations), the answers by outcome, the longest a key
+// went without a decision, each restart's drain time and time to ready,
+// and whether a key with a limit no one reaches lost an admission (a reset
+// or a lost copy shows as a remaining count above what the client saw
+// admitted).
+//
+// It is here, in peer's tests, and not beside serve's own process tests,
+// because the checker is internal to peer; it builds the binary like any
+// user would and talks to it over HTTP only.
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/peer/internal/history"
+)
+
+// fleetProcsEnv opts in to TestFleetProcsRollingDeploy and sets the fleet
+// size.
+const fleetProcsEnv = "RINGLIMIT_FLEET_PROCS"
+
+const fleetPolicies = `policies:
+  - name: roll
+    limit: 10
+    window: 2s
+  - name: wide
+    limit: 1000000000
+    window: 1h
+`
+
+// fleetProc is one serve process of the fleet.
+type fleetProc struct {
+	name               string
+	http, grpc, gossip string
+	cmd                *exec.Cmd
+	stdin              io.WriteCloser
+	exited             chan struct{}
+	mu                 sync.Mutex
+	log                bytes.Buffer // the last lines, trimmed to fleetLogKeep
+	started, readyAt   time.Time
+}
+
+const fleetLogKeep = 64 << 10
+
+func (p *fleetProc) logTail() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// startFleetProc starts `bin serve` as name on the given addresses (port 0
+// for new ones), joining join unless empty, and waits for its "serving"
+// line. The process stops when t ends (stdin closed: it leaves and exits;
+// killed if it has not within 20 s).
+func startFleetProc(t *testing.T, bin, name, policies string, members int, addrs [3]string, join []string) *fleetProc {
+	t.Helper()
+	args := []string{"serve", "--name", name,
+		"--http-addr", addrs[0], "--grpc-addr", addrs[1], "--gossip-addr", addrs[2],
+		"--policies", policies, "--log-format", "json", "--exit-on-stdin-eof",
+		"--expected-members", strconv.Itoa(members), "--drain-timeout", "20s"}
+	if len(join) > 0 {
+		args = append(args, "--join", strings.Join(join, ","))
+	}
+	p := &fleetProc{name: name, cmd: exec.Command(bin, args...), exited: make(chan struct{})}
+	p.cmd.Env = os.Environ()
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	p.started = time.Now()
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	serving := make(chan [3]string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+		for sc.Scan() {
+			p.mu.Lock()
+			if p.log.Len() > fleetLogKeep {
+				rest := slices.Clone(p.log.Bytes()[p.log.Len()-fleetLogKeep/2:])
+				p.log.Reset()
+				p.log.Write(rest)
+			}
+			p.log.Write(sc.Bytes())
+			p.log.WriteByte('\n')
+			p.mu.Unlock()
+			var rec struct {
+				Msg      string `json:"msg"`
+				HTTPAddr string `json:"http_addr"`
+				GRPCAddr string `json:"grpc_addr"`
+				Gossip   string `json:"gossip_addr"`
+			}
+			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "serving" {
+				select {
+				case serving <- [3]string{rec.HTTPAddr, rec.GRPCAddr, rec.Gossip}:
+				default:
+				}
+			}
+		}
+		_ = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		_ = p.stdin.Close()
+		timeout := time.NewTimer(20 * time.Second)
+		defer timeout.Stop()
+		select {
+		case <-p.exited:
+		case <-timeout.C:
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+	timeout := time.NewTimer(60 * time.Second)
+	defer timeout.Stop()
+	select {
+	case a := <-serving:
+		p.http, p.grpc, p.gossip = a[0], a[1], a[2]
+	case <-p.exited:
+		t.Fatalf("%s exited before serving (%v):\n%s", name, p.cmd.ProcessState, p.logTail())
+	case <-timeout.C:
+		t.Fatalf("%s did not log \"serving\" within 60 s:\n%s", name, p.logTail())
+	}
+	return p
+}
+
+// fleetHTTP is the test's HTTP client: keep-alive connections to every
+// node, closed when the test ends (no goroutine outlives it).
+type fleetHTTP struct{ c *http.Client }
+
+func newFleetHTTP(t *testing.T) fleetHTTP {
+	tr := &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: 5 * time.Second}
+	t.Cleanup(tr.CloseIdleConnections)
+	return fleetHTTP{c: &http.Client{Transport: tr, Timeout: 5 * time.Second}}
+}
+
+// ready reports whether p answers /readyz 200 with members members.
+func (h fleetHTTP) ready(p *fleetProc, members int) bool {
+	resp, err := h.c.Get("http://" + p.http + "/readyz")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Members int `json:"members"`
+	}
+	return resp.StatusCode == http.StatusOK && json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&body) == nil && body.Members == members
+}
+
+// fleetAnswer is one /v1/check as the client saw it.
+type fleetAnswer struct {
+	status    int
+	err       error
+	remaining int64
+	reason    string
+	owner     string
+}
+
+func (h fleetHTTP) check(p *fleetProc, subject, policy string) fleetAnswer {
+	body := fmt.Sprintf(`{"tenant":"fleet","subject":%q,"policy":%q}`, subject, policy)
+	resp, err := h.c.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(body))
+	if err != nil {
+		return fleetAnswer{err: err}
+	}
+	defer resp.Body.Close()
+	var b struct {
+		Remaining int64  `json:"remaining"`
+		Reason    string `json:"reason"`
+		Owner     string `json:"owner"`
+	}
+	a := fleetAnswer{status: resp.StatusCode}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&b); err != nil {
+		a.err = fmt.Errorf("status %d, unreadable body: %w", resp.StatusCode, err)
+		return a
+	}
+	a.remaining, a.reason, a.owner = b.Remaining, b.Reason, b.Owner
+	return a
+}
+
+// fleetWaitReady waits until every node of nodes is ready with len(nodes)
+// members, polling every 50 ms, and notes for each when it first was.
+func fleetWaitReady(t *testing.T, h fleetHTTP, nodes []*fleetProc, d time.Duration, what string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		waiting := 0
+		for _, p := range nodes {
+			if !p.readyAt.IsZero() {
+				continue
+			}
+			if h.ready(p, len(nodes)) {
+				p.readyAt = time.Now()
+			} else {
+				waiting++
+			}
+		}
+		if waiting == 0 {
+			// Each was ready once; all must be at the same time now.
+			all := true
+			for _, p := range nodes {
+				if !h.ready(p, len(nodes)) {
+					p.readyAt, all = time.Time{}, false
+				}
+			}
+			if all {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			var not []string
+			var first *fleetProc
+			for _, p := range nodes {
+				if !h.ready(p, len(nodes)) {
+					not = append(not, p.name)
+					first = cmp.Or(first, p)
+				}
+			}
+			if first == nil {
+				return // ready at the last look
+			}
+			t.Fatalf("%s: %d nodes not ready with %d members within %v: %v\nlast log lines of %s:\n%s",
+				what, len(not), len(nodes), d, not, first.name, lastLines(first.logTail(), 30))
+		}
+		<-tick.C
+	}
+}
+
+// lowPorts hands out loopback ports below the kernel's ephemeral range, so
+// that a port a process held before its restart cannot meanwhile become
+// the source port of some outgoing connection (this test's own clients
+// make thousands): each is checked free for TCP and UDP when handed out.
+type lowPorts struct {
+	next, end int
+}
+
+func newLowPorts(t *testing.T) *lowPorts {
+	t.Helper()
+	lo := 32768 // Linux's default start of the ephemeral range
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				lo = v
+			}
+		}
+	}
+	if lo < 12000 {
+		t.Skipf("the ephemeral port range starts at %d: no room below it for the fleet's listeners", lo)
+	}
+	// A random start, so that two runs on one machine rarely meet.
+	start := 10000 + int(time.Now().UnixNano()%int64(lo-12000))
+	return &lowPorts{next: start, end: lo}
+}
+
+// three returns HTTP, gRPC and gossip addresses on free low ports.
+func (l *lowPorts) three(t *testing.T) [3]string {
+	t.Helper()
+	var out [3]string
+	for i := range out {
+		for ; ; l.next++ {
+			if l.next >= l.end {
+				t.Fatalf("no free loopback port left below %d", l.end)
+			}
+			addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(l.next))
+			tl, err := net.Listen("tcp", addr)
+			if err != nil {
+				continue
+			}
+			ul, err := net.ListenPacket("udp", addr)
+			_ = tl.Close()
+			if err != nil {
+				continue
+			}
+			_ = ul.Close()
+			out[i] = addr
+			l.next++
+			break
+		}
+	}
+	return out
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// fleetSize reads fleetProcsEnv: 0 when unset.
+func fleetSize(t *testing.T) int {
+	v := os.Getenv(fleetProcsEnv)
+	if v == "" {
+		return 0
+	}
+	if v == "1" {
+		return 32
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 24 || n > 32 {
+		t.Fatalf("%s=%q: want 1 (32 processes) or a fleet size from 24 to 32", fleetProcsEnv, v)
+	}
+	return n
+}
+
+// TestFleetProcsRollingDeploy: see the comment at the top of this file.
+// About three minutes for 32 processes on two cores.
+func TestFleetProcsRollingDeploy(t *testing.T) {
+	n := fleetSize(t)
+	if n == 0 {
+		t.Skipf("set %s=32 (24 to 32) to deploy a fleet of serve processes", fleetProcsEnv)
+	}
+	const (
+		rollLimit  = 10
+		rollWindow = 2 * time.Second
+		wideLimit  = 1_000_000_000
+		waves      = 4
+		subjects   = 16                     // 4/5 of n×10 checks a second on 16 keys: each above its 5 a second
+		pace       = 100 * time.Millisecond // per node: 10 checks a second
+	)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "ringlimit")
+	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, "github.com/ringlimit/ringlimit/cmd/ringlimit")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build cmd/ringlimit: %v\n%s", err, out)
+	}
+	policies := filepath.Join(dir, "policies.yaml")
+	if err := os.WriteFile(policies, []byte(fleetPolicies), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := newFleetHTTP(t)
+
+	// Start: the founder, then the others joining through it and the
+	// last one started.
+	t0 := time.Now()
+	nodes := make([]*fleetProc, n)
+	ports := newLowPorts(t)
+	for i := range n {
+		var join []string
+		if i > 0 {
+			join = []string{nodes[0].gossip, nodes[i-1].gossip}
+		}
+		nodes[i] = startFleetProc(t, bin, fmt.Sprintf("fleet-%02d", i), policies, n, ports.three(t), join)
+	}
+	fleetWaitReady(t, h, nodes, 3*time.Minute, "start")
+	t.Logf("%d serve processes started and ready in %v", n, time.Since(t0).Round(time.Millisecond))
+
+	// Load: one paced client per node, each on its own node; a node that
+	// refuses the connection (it is restarting) is skipped for the next
+	// one, as a load balancer would. Every fifth check is on the wide key.
+	var mu sync.Mutex // guards nodes while a node is replaced, and ops
+	nodeAt := func(i int) *fleetProc {
+		mu.Lock()
+		defer mu.Unlock()
+		return nodes[i%n]
+	}
+	clock := time.Now()
+	since := func() int64 { return int64(time.Since(clock)) }
+	var (
+		ops     []history.Op
+		refused int
+		// unavailable counts the 503 answers by policy.
+		unavailable = map[string]int{}
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	const maxPerClient = 6000 // 10 minutes at the pace: a bound, never reached
+	for c := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(pace)
+			defer tick.Stop()
+			for i := range maxPerClient {
+				subject, policy := fmt.Sprintf("s%03d", (c*7+i)%subjects), "roll"
+				if i%5 == 4 {
+					subject, policy = "wide", "wide"
+				}
+				var a fleetAnswer
+				var call, ret int64
+				for try := range n {
+					call = since()
+					a = h.check(nodeAt(c+try), subject, policy)
+					ret = since()
+					if !errors.Is(a.err, syscall.ECONNREFUSED) {
+						break
+					}
+					mu.Lock()
+					refused++ // never reached a node: nothing taken
+					mu.Unlock()
+				}
+				op := history.Op{Key: subject + "/" + policy, Hits: 1, Call: call, Return: ret, Client: c, Owner: a.owner}
+				switch {
+				case a.err != nil:
+					op.Outcome = history.Unknown
+				case a.status == http.StatusOK:
+					op.Outcome = history.Admitted
+				case a.status == http.StatusTooManyRequests:
+					op.Outcome = history.Rejected
+				case a.status == http.StatusServiceUnavailable && a.reason == "unavailable":
+					// Unknown, not Unavailable: a forward that timed out
+					// may have been decided by the holder all the same
+					// (the answer says the owner could not decide in
+					// time), so the checker must allow both.
+					op.Outcome = history.Unknown
+					mu.Lock()
+					unavailable[policy]++
+					mu.Unlock()
+				default:
+					op.Outcome = history.Unknown
+					t.Errorf("%s through client %d: status %d reason %q", op.Key, c, a.status, a.reason)
+				}
+				mu.Lock()
+				ops = append(ops, op)
+				mu.Unlock()
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+			}
+		}()
+	}
+	loadDone := false
+	endLoad := func() {
+		if !loadDone {
+			loadDone = true
+			close(stop)
+			wg.Wait()
+		}
+	}
+	t.Cleanup(endLoad)
+	warm := time.NewTimer(3 * rollWindow) // every key at its limit before the deploy
+	<-warm.C
+
+	// The rolling deploy.
+	type restart struct {
+		name           string
+		wave           int
+		drain, toReady time.Duration
+	}
+	var restarts []restart
+	deploy0 := time.Now()
+	per := (n + waves - 1) / waves
+	for w := range waves {
+		lo, hi := w*per, min(n, (w+1)*per)
+		wave := slices.Clone(nodes[lo:hi])
+		w0 := time.Now()
+		for _, p := range wave {
+			if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatalf("SIGTERM %s: %v", p.name, err)
+			}
+		}
+		drained := make([]time.Duration, len(wave))
+		for i, p := range wave {
+			timeout := time.NewTimer(60 * time.Second)
+			select {
+			case <-p.exited:
+				drained[i] = time.Since(w0)
+			case <-timeout.C:
+				t.Fatalf("wave %d: %s did not exit within 60 s of SIGTERM:\n%s", w, p.name, lastLines(p.logTail(), 30))
+			}
+			timeout.Stop()
+			if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+				t.Fatalf("wave %d: %s exited %d after SIGTERM, want 0:\n%s", w, p.name, code, lastLines(p.logTail(), 30))
+			}
+		}
+		// Back on the same addresses, joining through live nodes of
+		// other waves.
+		var join []string
+		for j := range 3 {
+			join = append(join, nodes[(hi+j)%n].gossip)
+		}
+		fresh := make([]*fleetProc, len(wave))
+		for i, p := range wave {
+			fresh[i] = startFleetProc(t, bin, p.name, policies, n, [3]string{p.http, p.grpc, p.gossip}, join)
+		}
+		mu.Lock()
+		copy(nodes[lo:hi], fresh)
+		mu.Unlock()
+		fleetWaitReady(t, h, nodes, 3*time.Minute, fmt.Sprintf("wave %d", w))
+		for i, p := range fresh {
+			restarts = append(restarts, restart{name: p.name, wave: w, drain: drained[i], toReady: p.readyAt.Sub(p.started)})
+		}
+		t.Logf("wave %d (%d nodes): drained and exited within %v, all %d ready %v after the SIGTERMs",
+			w, len(wave), slices.Max(drained).Round(time.Millisecond), n, time.Since(w0).Round(time.Millisecond))
+	}
+	deployTook := time.Since(deploy0)
+	cool := time.NewTimer(rollWindow) // traffic after the last wave
+	<-cool.C
+	endLoad()
+
+	// The wide key's final count, through every node: one answer.
+	var last fleetAnswer
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		call := since()
+		last = h.check(nodes[0], "wide", "wide")
+		op := history.Op{Key: "wide/wide", Hits: 1, Call: call, Return: since(), Client: -1, Outcome: history.Unknown}
+		if last.err == nil && last.status == http.StatusOK {
+			op.Outcome = history.Admitted
+		}
+		ops = append(ops, op)
+		if op.Outcome == history.Admitted || time.Now().After(deadline) {
+			break
+		}
+	}
+
+	// Verdicts.
+	limits := func(key string) history.Limits {
+		if strings.HasSuffix(key, "/wide") {
+			return history.Limits{Limit: wideLimit, Window: time.Hour}
+		}
+		return history.Limits{Limit: rollLimit, Window: rollWindow}
+	}
+	rep := history.Check(ops, limits, 10*time.Second)
+	t.Logf("history: %v (of the unknown, %d were 503 unavailable: %v); %d checks refused a connection (node restarting) and went to the next node",
+		rep, unavailable["roll"]+unavailable["wide"], unavailable, refused)
+	if err := rep.Err(); err != nil {
+		t.Error(err)
+	}
+
+	// Unavailability: per key, the longest stretch from an answer that was
+	// not a decision to the next decision.
+	byKey := map[string][]history.Op{}
+	for _, o := range ops {
+		byKey[o.Key] = append(byKey[o.Key], o)
+	}
+	var worst time.Duration
+	var worstKey string
+	for k, kops := range byKey {
+		sort.Slice(kops, func(i, j int) bool { return kops[i].Call < kops[j].Call })
+		var from int64 = -1
+		for _, o := range kops {
+			switch o.Outcome {
+			case history.Admitted, history.Rejected:
+				if from >= 0 {
+					if d := time.Duration(o.Return - from); d > worst {
+						worst, worstKey = d, k
+					}
+					from = -1
+				}
+			default:
+				if from < 0 {
+					from = o.Call
+				}
+			}
+		}
+	}
+	t.Logf("longest a key went without a decision: %v (%s); LeaseDuration is the default 2 s", worst.Round(time.Millisecond), worstKey)
+
+	// The wide key: every admission the client saw must still count.
+	admitted, unknown := 0, 0
+	for _, o := range byKey["wide/wide"] {
+		switch o.Outcome {
+		case history.Admitted:
+			admitted++
+		case history.Unknown:
+			unknown++
+		}
+	}
+	want := int64(wideLimit - admitted)
+	t.Logf("wide key: %d admitted, %d unknown; the cluster reports %d remaining, want %d..%d",
+		admitted, unknown, last.remaining, want-int64(unknown), want)
+	if last.status != http.StatusOK || last.remaining > want || last.remaining < want-int64(unknown) {
+		t.Errorf("wide key lost or double-counted admissions: status %d, %d remaining after %d admissions (%d unknown), want %d..%d",
+			last.status, last.remaining, admitted, unknown, want-int64(unknown), want)
+	}
+
+	// Restarts.
+	var b strings.Builder
+	var toReady, drains []time.Duration
+	for _, r := range restarts {
+		fmt.Fprintf(&b, "  wave %d %s: drained in %v, ready %v after its start\n", r.wave, r.name, r.drain.Round(time.Millisecond), r.toReady.Round(time.Millisecond))
+		toReady, drains = append(toReady, r.toReady), append(drains, r.drain)
+	}
+	slices.Sort(toReady)
+	slices.Sort(drains)
+	t.Logf("rolling deploy of %d processes in %d waves took %v; time to ready median %v, max %v; drain median %v, max %v\n%s",
+		n, waves, deployTook.Round(time.Millisecond), toReady[len(toReady)/2].Round(time.Millisecond), toReady[len(toReady)-1].Round(time.Millisecond),
+		drains[len(drains)/2].Round(time.Millisecond), drains[len(drains)-1].Round(time.Millisecond), b.String())
+}
