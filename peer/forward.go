@@ -94,7 +94,7 @@ func (n *Node) client(name, addr string) (*client, error) {
 	// Fixed flow-control windows turn off gRPC's bandwidth estimation,
 	// which answers data with pings: on a busy pipe of small messages
 	// they were a write and a read in every few.
-	conn, err := grpc.NewClient(addr, append(n.rpcAuthDialOptions(), grpc.WithTransportCredentials(creds),
+	conn, err := grpc.NewClient(addr, append(n.rpcAuthDialOptions(name), grpc.WithTransportCredentials(creds),
 		grpc.WithInitialWindowSize(peerWindow), grpc.WithInitialConnWindowSize(peerWindow))...)
 	if err != nil {
 		return nil, fmt.Errorf("peer: client for %s at %s: %w", name, addr, err)
