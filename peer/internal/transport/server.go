@@ -33,7 +33,7 @@ type Server struct {
 	tls  *tls.Config
 	auth Auth
 	h    Handler
-	log *slog.Logger
+	log  *slog.Logger
 
 	mu      sync.Mutex
 	stopped bool

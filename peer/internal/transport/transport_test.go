@@ -82,10 +82,10 @@ func TestDialHello(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, tc := range []struct {
-		name  string
-		kind  byte
-		cred  Credential
-		want  codes.Code
+		name string
+		kind byte
+		cred Credential
+		want codes.Code
 	}{
 		{"no token", KindCheck, Credential{}, codes.Unauthenticated},
 		{"wrong token", KindReplicate, Credential{Token: "bad"}, codes.PermissionDenied},
