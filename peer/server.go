@@ -5,9 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -419,15 +417,15 @@ func (s *publicServer) do(ctx context.Context, op peerpb.Op, req *peerpb.AllowRe
 	return DecisionToWire(d), nil
 }
 
-// status is ToStatus for the public API: an unknown policy's message also
-// lists this node's policies, as the HTTP API's does, so that a client
-// sees what it may ask for.
+// status is ToStatus for the public API. An unknown policy's message
+// names the policy asked for and not the node's table: the public API
+// answers callers it has not authenticated, and the table's names (other
+// tenants' endpoints, plans) are the operator's (issue 53 item 8).
 func (s *publicServer) status(err error) error {
 	if !errors.Is(err, ErrUnknownPolicy) {
 		return ToStatus(err)
 	}
-	names := slices.Sorted(maps.Keys(s.n.Policies()))
-	return status.Error(codes.NotFound, fmt.Sprintf("%v: this node's policies are %s", err, strings.Join(names, ", ")))
+	return status.Error(codes.NotFound, fmt.Sprintf("%v: not in this node's policy table", err))
 }
 
 // DecisionToWire converts a Decision to the public API's response.
