@@ -2,6 +2,7 @@ package peer
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 
 	"google.golang.org/grpc"
 
@@ -52,6 +53,18 @@ func newPeerAuth(cfg Config) transport.Auth {
 		Protected: []string{peerService, logService},
 	})
 }
+
+// PeerCertName reports whether cert is a peer's by patterns
+// (Config.PeerCertNames): one of its DNS or URI SANs matches one of them,
+// or there are none. serve uses it for its own guards (Reset, Refund), so
+// that Envoy's certificate is not an admin's either.
+func PeerCertName(patterns []string, cert *x509.Certificate) bool {
+	return transport.PeerNameMatch(patterns, cert)
+}
+
+// ValidPeerCertNames reports the first malformed pattern of
+// Config.PeerCertNames.
+func ValidPeerCertNames(patterns []string) error { return transport.ValidPeerNames(patterns) }
 
 // setupAuth sets up peer-RPC authentication once, before the node first
 // serves or dials, logging a warning and reporting it when peer RPCs are
