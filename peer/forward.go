@@ -575,6 +575,12 @@ func fromWire(d *wire.Decision, peer string) (Decision, error) {
 			// InvalidArgument's.
 			return Decision{}, &capacityError{cause: fmt.Errorf("%s: %s", peer, d.Err)}
 		}
+		if strings.HasPrefix(d.Err, ErrUnavailable.Error()+": partition ") && strings.HasSuffix(d.Err, " is moving") {
+			// The holder waited for the partition's move and decided
+			// nothing (its message, from every version: decideWireReq):
+			// the sender asks again (routeInto).
+			return Decision{}, fmt.Errorf("%w: %w: %s: %s", ErrUnavailable, errMoving, peer, d.Err)
+		}
 		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnavailable, peer, d.Err)
 	default:
 		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnavailable, peer, d.Err)
