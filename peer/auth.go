@@ -98,5 +98,5 @@ func (n *Node) rpcAuthServerOptions() []grpc.ServerOption { return n.ops.auth.Se
 // member receiver send a fresh token on every call (none without a
 // secret).
 func (n *Node) rpcAuthDialOptions(receiver string) []grpc.DialOption {
-	return n.ops.auth.DialOptions(receiver)
+	return n.ops.auth.DialOptions(receiver, n.cfg.ClientTLS != nil)
 }

@@ -82,9 +82,9 @@ func TestPeerResetNeedsProof(t *testing.T) {
 		name string
 		md   []string
 	}{
-		{"token only", []string{transport.TokenKey, token()}},
-		{"another key's proof", []string{transport.TokenKey, token(), transport.ResetProofKey, n1.ops.auth.ResetProof(resetProofInput(other))}},
-		{"a made-up proof", []string{transport.TokenKey, token(), transport.ResetProofKey, token()}},
+		{"token only", []string{transport.CallTokenKey, token()}},
+		{"another key's proof", []string{transport.CallTokenKey, token(), transport.ResetProofKey, n1.ops.auth.ResetProof(resetProofInput(other))}},
+		{"a made-up proof", []string{transport.CallTokenKey, token(), transport.ResetProofKey, token()}},
 	} {
 		resp, err := lim.Check(metadata.AppendToOutgoingContext(ctx, tc.md...), &peerpb.CheckRequest{Sender: "n0", Items: []*peerpb.CheckItem{resetItem}})
 		if err != nil || len(resp.GetDecisions()) != 1 || resp.GetDecisions()[0].GetStatus() != peerpb.Status_STATUS_INVALID_ARGUMENT {

@@ -51,9 +51,12 @@ import (
 //
 // The static token of earlier versions (an HMAC of a fixed label, the
 // same on every call) is accepted only on a TLS connection, where it
-// cannot be captured, so that members of the earlier version keep
-// working during a rolling upgrade of a TLS cluster; over plaintext it is
-// refused, and a plaintext cluster with a secret upgrades all at once.
+// cannot be captured, and sent beside the call token only on one, so that
+// members of both versions call each other during a rolling upgrade of a
+// TLS cluster (a framed pipe's v2 hello is refused by an earlier member,
+// whose client then uses a gRPC stream); over plaintext it is neither
+// sent nor accepted, and a plaintext cluster with a secret upgrades all
+// members at once.
 //
 // One operation carries more than the call's token: a peer reset, the
 // one peer operation that clears a key outright, must also carry a reset
@@ -62,7 +65,13 @@ import (
 // Config.AuthorizeReset allowed (or an in-process Node.Reset) makes one,
 // and a framed pipe, whose requests carry no metadata, resets nothing.
 
-// TokenKey is the gRPC metadata key carrying the peer token.
+// CallTokenKey is the gRPC metadata key carrying a peer call's token.
+const CallTokenKey = "ringlimit-peer-call"
+
+// TokenKey is the gRPC metadata key of the static token of earlier
+// versions: sent beside the call token on TLS connections only, for
+// members of an earlier version during a rolling upgrade, and accepted
+// only on TLS connections.
 const TokenKey = "ringlimit-peer-token"
 
 // ResetProofKey is the gRPC metadata key carrying a reset's proof.
@@ -184,9 +193,6 @@ func (a Auth) CheckResetProof(ctx context.Context, key []byte) error {
 // Open reports that peer calls are accepted from anyone.
 func (a Auth) Open() bool { return a.callKey == nil && !a.mtls }
 
-// HasSecret reports whether peers are authenticated by the secret.
-func (a Auth) HasSecret() bool { return a.callKey != nil }
-
 // LegacyToken is the static token earlier versions sent ("" without a
 // secret): accepted only on TLS connections (tests replay it).
 func (a Auth) LegacyToken() string { return a.legacy }
@@ -268,7 +274,9 @@ func (a Auth) check(ctx context.Context, method string) error {
 		return nil
 	}
 	token := ""
-	if got := metadata.ValueFromIncomingContext(ctx, TokenKey); len(got) > 0 {
+	if got := metadata.ValueFromIncomingContext(ctx, CallTokenKey); len(got) > 0 {
+		token = got[0]
+	} else if got := metadata.ValueFromIncomingContext(ctx, TokenKey); len(got) > 0 {
 		token = got[0]
 	}
 	return a.admitToken(cs, method, token)
@@ -330,10 +338,13 @@ func (a Auth) ServerOptions() []grpc.ServerOption {
 }
 
 // DialOptions make a peer client of member receiver send a fresh call
-// token on every call (none without a secret).
-func (a Auth) DialOptions(receiver string) []grpc.DialOption {
+// token on every call (none without a secret); over TLS (tls) the static
+// token of earlier versions too, which members of an earlier version
+// check (a rolling upgrade of a TLS cluster) and TLS keeps from being
+// captured.
+func (a Auth) DialOptions(receiver string, tls bool) []grpc.DialOption {
 	if a.callKey == nil {
 		return nil
 	}
-	return []grpc.DialOption{grpc.WithPerRPCCredentials(a.CallCredentials(receiver))}
+	return []grpc.DialOption{grpc.WithPerRPCCredentials(a.callCredsFor(receiver, tls))}
 }

@@ -14,6 +14,7 @@ import (
 	"math/big"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -57,7 +58,11 @@ func TestAuth(t *testing.T) {
 	call := func(a Auth, method, token string) codes.Code {
 		ctx := context.Background()
 		if token != "" {
-			ctx = metadata.NewIncomingContext(ctx, metadata.Pairs(TokenKey, token))
+			key := TokenKey // the static token's key
+			if strings.HasPrefix(token, callTokenPrefix) {
+				key = CallTokenKey
+			}
+			ctx = metadata.NewIncomingContext(ctx, metadata.Pairs(key, token))
 		}
 		return status.Code(a.check(ctx, method))
 	}
@@ -84,10 +89,10 @@ func TestAuth(t *testing.T) {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
-	if opts := mine.DialOptions("n0"); len(opts) != 1 {
+	if opts := mine.DialOptions("n0", false); len(opts) != 1 {
 		t.Errorf("DialOptions with a secret: %d options, want 1", len(opts))
 	}
-	if opts := open.DialOptions("n0"); len(opts) != 0 {
+	if opts := open.DialOptions("n0", false); len(opts) != 0 {
 		t.Errorf("DialOptions without a secret: %d options, want none", len(opts))
 	}
 }
@@ -166,7 +171,10 @@ func TestCallTokenReplayOverGRPC(t *testing.T) {
 	var captured []string
 	capture := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		mu.Lock()
-		captured = append(captured, metadata.ValueFromIncomingContext(ctx, TokenKey)...)
+		captured = append(captured, metadata.ValueFromIncomingContext(ctx, CallTokenKey)...)
+		if len(metadata.ValueFromIncomingContext(ctx, TokenKey)) > 0 {
+			t.Error("the static token was sent over plaintext")
+		}
 		mu.Unlock()
 		return h(ctx, req)
 	})
@@ -188,7 +196,7 @@ func TestCallTokenReplayOverGRPC(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	peerCli := dial(cliA.DialOptions("n1")...)
+	peerCli := dial(cliA.DialOptions("n1", false)...)
 	if _, err := peerCli.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatalf("a peer call: %v", err)
 	}
@@ -196,7 +204,7 @@ func TestCallTokenReplayOverGRPC(t *testing.T) {
 	tok := captured[0]
 	mu.Unlock()
 	attacker := dial()
-	_, err = attacker.Check(metadata.AppendToOutgoingContext(ctx, TokenKey, tok), &healthpb.HealthCheckRequest{})
+	_, err = attacker.Check(metadata.AppendToOutgoingContext(ctx, CallTokenKey, tok), &healthpb.HealthCheckRequest{})
 	if status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("the captured token replayed: %v, want PermissionDenied", err)
 	}
@@ -346,5 +354,34 @@ func TestPeerNames(t *testing.T) {
 	}
 	if err := ValidPeerNames([]string{"[bad"}); err == nil {
 		t.Error("ValidPeerNames([bad) = nil, want an error")
+	}
+}
+
+// TestCallCredentialsStaticOnlyOverTLS: a peer client sends the static
+// token of earlier versions beside its call token over TLS only (members
+// of both versions call each other during a rolling upgrade of a TLS
+// cluster), never over plaintext, where it could be captured; a member of
+// this version accepts the static token on a TLS connection only.
+func TestCallCredentialsStaticOnlyOverTLS(t *testing.T) {
+	a := NewAuth(AuthConfig{Secret: []byte("k"), Self: "n0"})
+	ctx := credentials.NewContextWithRequestInfo(context.Background(), credentials.RequestInfo{Method: "/p.Peer/Check"})
+	for _, tls := range []bool{false, true} {
+		md, err := a.callCredsFor("n1", tls).GetRequestMetadata(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(md[CallTokenKey], callTokenPrefix) {
+			t.Errorf("tls %v: call token %q", tls, md[CallTokenKey])
+		}
+		if got := md[TokenKey] == a.LegacyToken(); got != tls {
+			t.Errorf("tls %v: static token sent = %v", tls, got)
+		}
+	}
+	srv := NewAuth(AuthConfig{Secret: []byte("k"), Self: "n1", Protected: []string{"/p.Peer/"}})
+	if err := srv.admitToken(&tls.ConnectionState{}, "/p.Peer/Check", a.LegacyToken()); err != nil {
+		t.Errorf("the static token on a TLS connection: %v", err)
+	}
+	if err := srv.admitToken(nil, "/p.Peer/Check", a.LegacyToken()); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("the static token over plaintext: %v, want PermissionDenied", err)
 	}
 }

@@ -39,17 +39,22 @@ func callInput(method, sender, receiver string, session [8]byte, counter uint64,
 	return binary.BigEndian.AppendUint64(b, uint64(ms))
 }
 
-// CallCredentials makes a call token for every call to member receiver:
-// a session of its own, counting from 1.
-func (a Auth) CallCredentials(receiver string) credentials.PerRPCCredentials {
+// callCredsFor makes a call token for every call to member receiver: a
+// session of its own, counting from 1; over TLS (tls) it adds the static
+// token (DialOptions).
+func (a Auth) callCredsFor(receiver string, tls bool) *callCreds {
 	c := &callCreds{a: a, receiver: receiver}
 	_, _ = rand.Read(c.session[:])
+	if tls {
+		c.legacy = a.legacy
+	}
 	return c
 }
 
 type callCreds struct {
 	a        Auth
 	receiver string
+	legacy   string // the static token sent beside (TLS only); "" for none
 	session  [8]byte
 	counter  atomic.Uint64
 }
@@ -60,7 +65,11 @@ func (c *callCreds) GetRequestMetadata(ctx context.Context, _ ...string) (map[st
 	if !ok {
 		return nil, fmt.Errorf("peer: no request info for a call token")
 	}
-	return map[string]string{TokenKey: c.a.callToken(ri.Method, c.receiver, c.session, c.counter.Add(1))}, nil
+	md := map[string]string{CallTokenKey: c.a.callToken(ri.Method, c.receiver, c.session, c.counter.Add(1))}
+	if c.legacy != "" {
+		md[TokenKey] = c.legacy
+	}
+	return md, nil
 }
 
 // RequireTransportSecurity is false: a call token is fresh, so plaintext
