@@ -268,6 +268,12 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 	// cannot be decided at once: the local path reads the clock once, in
 	// decideHere.
 	var waitUntil time.Time
+	// moveUntil bounds the wait for a partition that is moving (fenced
+	// for a transfer, here or at its holder): longer than a forward, so
+	// that callers wait for a graceful move rather than fail (issue 53
+	// item 14: "partition N is moving" during a leave).
+	var moveUntil time.Time
+	prevTarget := "" // the member a not-owner answer came from before the last
 	waited := time.Duration(0)
 	for {
 		v = n.view.Load()
@@ -281,11 +287,12 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 			return nil
 		}
 		if waitUntil.IsZero() {
-			waitUntil = time.Now().Add(n.cfg.ForwardTimeout)
+			now := time.Now()
+			waitUntil, moveUntil = now.Add(n.cfg.ForwardTimeout), now.Add(n.moveWait())
 		}
 		switch st {
 		case waitHere:
-			if err := n.waitPart(ctx, ch, waitUntil); err != nil {
+			if err := n.waitPart(ctx, ch, moveUntil); err != nil {
 				*d, err = n.unavailable(r, fmt.Errorf("%w: partition %d is moving: %w", ErrUnavailable, pid, err))
 				return err
 			}
@@ -322,6 +329,16 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 			return nil
 		}
 		var no *notOwnerError
+		if errors.Is(err, errMoving) && time.Now().Before(moveUntil) {
+			// The holder waited for the move and did not decide: ask
+			// again, where the partition is once it has moved (safe for
+			// every operation: nothing was decided).
+			if err := n.awaitView(ctx, v); err != nil && ctx.Err() != nil {
+				*d, err = n.unavailable(r, errors.Join(err, ctx.Err()))
+				return err
+			}
+			continue
+		}
 		if !errors.As(err, &no) {
 			if redirects < n.cfg.NotOwnerRetries && n.portDead(target) {
 				// Gossip lists the target but its port refuses
@@ -340,21 +357,36 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 			return err
 		}
 		cause = err
-		redirects++
-		if redirects > n.cfg.NotOwnerRetries || time.Now().After(waitUntil) {
+		// A receiver that names the member asked just before it sends the
+		// request back where it came from: two views on either side of a
+		// commit, which ping-ponged a request through its hops.
+		asked := prevTarget
+		prevTarget = target
+		if no.owner != "" && no.owner != target && no.owner != n.name && no.owner != asked {
+			// The log's table is the only record of holders: follow the
+			// receiver's, learn nothing. NotOwnerRetries bounds these
+			// hops.
+			redirects++
+			if redirects > n.cfg.NotOwnerRetries || time.Now().After(moveUntil) {
+				*d, err = n.unavailable(r, cause)
+				return err
+			}
+			redirect = no.owner
+			continue
+		}
+		// The receiver names nobody new (itself, the member asked before
+		// it, or this node): the holder is changing and the views have not
+		// caught up with the log's commit. Wait for this node's view,
+		// within a move's bound (moveWait), rather than spend the hops:
+		// a graceful move answered callers "not owner" when its commit
+		// outlasted three short waits (issue 53 item 14).
+		if time.Now().After(moveUntil) {
 			*d, err = n.unavailable(r, cause)
 			return err
 		}
-		switch {
-		case no.owner != "" && no.owner != target && no.owner != n.name:
-			// The log's table is the only record of holders: follow the
-			// receiver's, learn nothing.
-			redirect = no.owner
-		default:
-			if err := n.awaitView(ctx, v); err != nil {
-				*d, err = n.unavailable(r, errors.Join(cause, err))
-				return err
-			}
+		if err := n.awaitView(ctx, v); err != nil {
+			*d, err = n.unavailable(r, errors.Join(cause, err))
+			return err
 		}
 	}
 }
@@ -456,6 +488,13 @@ func (n *Node) awaitView(ctx context.Context, v *view) error {
 }
 
 const notOwnerPause = 50 * time.Millisecond
+
+// moveWait bounds how long a call waits for a partition that is moving,
+// here or at its holder, before it fails as unavailable: four forward
+// timeouts, at least 2 s (the caller's context may end it sooner). A
+// graceful move (a leave, a join) fences a partition for a copy and a
+// commit; a forward's timeout alone was too short on a loaded machine.
+func (n *Node) moveWait() time.Duration { return max(4*n.cfg.ForwardTimeout, 2*time.Second) }
 
 // notOwnerError is a receiver's "not owner" answer, with the member it
 // believes holds the partition and that holder's epoch (0 when it only

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 
 	"google.golang.org/grpc"
 
@@ -13,16 +14,16 @@ import (
 // service and health) and peers (the Limiter service: forwards, handoff,
 // pull, backup; and the ownership log). A peer RPC changes or reveals
 // limiter state on the owner's word alone, so it is accepted only from
-// authenticated peers (transport.Auth states the rules): by a token
-// derived from Config.PeerSecret, else Config.GossipKey, or by a client
+// authenticated peers (transport.Auth states the rules): by fresh tokens
+// derived from Config.PeerSecret, else Config.GossipKey (one per call,
+// accepted once; a challenge in a framed pipe's hello), or by a client
 // certificate verified under mutual TLS (ServerTLS requiring and
-// verifying them). With neither, peer RPCs stay open (as before this
-// check existed), and New logs a warning and reports it through
-// Metrics.PeerRPCOpen. Public RPCs and health are never checked.
+// verifying them) whose SANs match Config.PeerCertNames. With neither,
+// peer RPCs stay open (as before this check existed), and New logs a
+// warning and reports it through Metrics.PeerRPCOpen. Public RPCs and
+// health are never checked.
 //
-// The token is static: over plaintext it can be captured and replayed,
-// so token mode must run over TLS wherever the network can be listened
-// to. A peer reset needs more than the token (issue 53 item 6): the
+// A peer reset needs more than the call's token (issue 53 item 6): the
 // public Reset is judged once, by Config.AuthorizeReset on the member
 // that received it (the entry), which then forwards it to the holder as
 // a unary Limiter.Check carrying a reset proof (transport.Auth.ResetProof,
@@ -47,8 +48,23 @@ func newPeerAuth(cfg Config) transport.Auth {
 		secret = cfg.GossipKey
 	}
 	mtls := cfg.ServerTLS != nil && cfg.ServerTLS.ClientAuth == tls.RequireAndVerifyClientCert
-	return transport.NewAuth(secret, mtls, peerService, logService)
+	return transport.NewAuth(transport.AuthConfig{
+		Secret: secret, MutualTLS: mtls, PeerNames: cfg.PeerCertNames, Self: cfg.Name,
+		Protected: []string{peerService, logService},
+	})
 }
+
+// PeerCertName reports whether cert is a peer's by patterns
+// (Config.PeerCertNames): one of its DNS or URI SANs matches one of them,
+// or there are none. serve uses it for its own guards (Reset, Refund), so
+// that Envoy's certificate is not an admin's either.
+func PeerCertName(patterns []string, cert *x509.Certificate) bool {
+	return transport.PeerNameMatch(patterns, cert)
+}
+
+// ValidPeerCertNames reports the first malformed pattern of
+// Config.PeerCertNames.
+func ValidPeerCertNames(patterns []string) error { return transport.ValidPeerNames(patterns) }
 
 // setupAuth sets up peer-RPC authentication once, before the node first
 // serves or dials, logging a warning and reporting it when peer RPCs are
@@ -58,6 +74,12 @@ func (n *Node) setupAuth() {
 	n.metrics.PeerRPCOpen(n.ops.auth.Open())
 	if n.ops.auth.Open() {
 		n.log.Warn("peer RPCs are not authenticated: anyone who reaches the gRPC port can decide, hand off and read limiter state; set Config.PeerSecret (or GossipKey), or require client certificates")
+	}
+	if mtls := n.cfg.ServerTLS != nil && n.cfg.ServerTLS.ClientAuth == tls.RequireAndVerifyClientCert; mtls && len(n.cfg.PeerCertNames) == 0 {
+		// Every certificate of the CA would be a peer's: Envoy's client
+		// certificate could forward, replicate, lease and speak raft
+		// (issue 53 item 5).
+		n.log.Warn("every client certificate the CA signed is taken for a peer's: a client of the public API (Envoy, an application) may call peer RPCs; set Config.PeerCertNames (serve --tls-peer-name)")
 	}
 	if n.cfg.ServerTLS != nil && len(n.cfg.GossipKey) == 0 {
 		// TLS covers gRPC only: without a key anyone who reaches the
@@ -72,6 +94,9 @@ func (n *Node) setupAuth() {
 // peer token (setupAuth).
 func (n *Node) rpcAuthServerOptions() []grpc.ServerOption { return n.ops.auth.ServerOptions() }
 
-// rpcAuthDialOptions are the dial options that make a peer client send
-// the token (none without a secret).
-func (n *Node) rpcAuthDialOptions() []grpc.DialOption { return n.ops.auth.DialOptions() }
+// rpcAuthDialOptions are the dial options that make a peer client of
+// member receiver send a fresh token on every call (none without a
+// secret).
+func (n *Node) rpcAuthDialOptions(receiver string) []grpc.DialOption {
+	return n.ops.auth.DialOptions(receiver, n.cfg.ClientTLS != nil)
+}

@@ -27,13 +27,13 @@ type clientEnv struct {
 	metrics Metrics
 	clock   func() time.Time // the node's clock: replication's ages
 
-	maxBatch           int           // Config.MaxBatch
-	forwardTimeout     time.Duration // Config.ForwardTimeout
-	framedWriteTimeout time.Duration // bounds each write on a framed pipe
-	noStreams          bool          // Config.DisableStreams: unary calls only
-	noFramed           bool          // Config.DisableFramedPipes: gRPC streams only
-	tls                *tls.Config   // Config.ClientTLS
-	authToken          string        // the peer token a framed pipe's hello carries
+	maxBatch           int            // Config.MaxBatch
+	forwardTimeout     time.Duration  // Config.ForwardTimeout
+	framedWriteTimeout time.Duration  // bounds each write on a framed pipe
+	noStreams          bool           // Config.DisableStreams: unary calls only
+	noFramed           bool           // Config.DisableFramedPipes: gRPC streams only
+	tls                *tls.Config    // Config.ClientTLS
+	auth               transport.Auth // answers a framed pipe's challenge
 
 	view   *atomic.Pointer[view] // the node's current view (ring, members)
 	gather *atomic.Int64         // ns a batch waits for more calls (adapted by the node)
@@ -62,8 +62,8 @@ func (n *Node) newClientEnv() *clientEnv {
 		ctx: n.ctx, wg: &n.wg, self: n.name, log: n.log, metrics: n.metrics, clock: n.clock,
 		maxBatch: n.cfg.MaxBatch, forwardTimeout: n.cfg.ForwardTimeout, framedWriteTimeout: n.framedWriteTimeout(),
 		noStreams: n.cfg.DisableStreams, noFramed: n.cfg.DisableFramedPipes, tls: n.cfg.ClientTLS,
-		authToken: n.ops.auth.Token(),
-		view:      &n.view, gather: &n.gather,
+		auth: n.ops.auth,
+		view: &n.view, gather: &n.gather,
 		replSeq: &n.replSeq, framedOpened: &n.framedOpened, pipeBreaks: &n.pipeBreaks, replItems: &n.replItems,
 		warn: n.warnThrottled, stamp: n.stampPolicies,
 		recopy: newRecopier(n.ctx, &n.wg, n.lo.run.Recopy).note,

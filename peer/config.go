@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
+	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/shard"
@@ -344,16 +345,31 @@ type Config struct {
 	// authenticates peer RPCs (see PeerSecret).
 	GossipKey []byte
 	// PeerSecret authenticates peer-only RPCs (the ringlimit.v1.Limiter
-	// service: forwards, handoff, pull, backup) on the shared gRPC port:
-	// peers send an HMAC-SHA256 token derived from it with every call, and
-	// calls without the right token are refused (Unauthenticated or
-	// PermissionDenied). Any length; use 32 random bytes. Every member must
-	// use the same secret. Zero means GossipKey; with neither, and no
-	// mutual TLS (ServerTLS.ClientAuth RequireAndVerifyClientCert, which
-	// authenticates peers by certificate), peer RPCs are open to anyone who
-	// reaches the port and New logs a warning. Over plaintext gRPC the
-	// token can be read off the wire: use TLS outside a trusted network.
+	// service: forwards, handoff, pull, backup; the ownership log) on the
+	// shared gRPC port: each call carries a fresh HMAC-SHA256 token
+	// derived from it, accepted once (bound to the method, both members'
+	// names, a session and counter, and a time within 30 s of the
+	// receiver's wall clock), and a framed pipe's hello answers a
+	// challenge of the receiver's; calls without a right token are refused
+	// (Unauthenticated or PermissionDenied). A captured token or hello
+	// cannot be replayed. Any length; use 32 random bytes. Every member
+	// must use the same secret, and members' wall clocks must agree within
+	// 30 s. Zero means GossipKey; with neither, and no mutual TLS
+	// (ServerTLS.ClientAuth RequireAndVerifyClientCert, which authenticates
+	// peers by certificate), peer RPCs are open to anyone who reaches the
+	// port and New logs a warning.
 	PeerSecret []byte
+	// PeerCertNames, under mutual TLS, tell peers' certificates from
+	// clients' of the same CA: a verified certificate is a peer's only if
+	// one of its DNS or URI SANs matches one of these patterns (path.Match:
+	// "*.ringlimit.default.svc.cluster.local",
+	// "spiffe://cluster.local/ns/default/sa/ringlimit"). Any other
+	// certificate of the CA (Envoy's, an application's) may call the
+	// public API but no peer RPC (with PeerSecret set it may still present
+	// the token, as a peer). Nil means every verified certificate is a
+	// peer's, and New logs a warning under mutual TLS. A malformed
+	// pattern is ErrInvalidConfig.
+	PeerCertNames []string
 	// GossipProfile selects memberlist's timings: GossipLAN, GossipFast or
 	// GossipWAN (see each for its failure-detection time). Gossip runs
 	// after it and may adjust single knobs. Every member should use the
@@ -548,6 +564,7 @@ func (c Config) withDefaults() Config {
 	c.RPCLimits = c.RPCLimits.WithDefaults()
 	c.GossipKey = append([]byte(nil), c.GossipKey...)
 	c.PeerSecret = append([]byte(nil), c.PeerSecret...)
+	c.PeerCertNames = append([]string(nil), c.PeerCertNames...)
 	if c.GossipProfile == "" {
 		c.GossipProfile = GossipLAN
 	}
@@ -603,6 +620,9 @@ func (c Config) validate() error {
 	}
 	if _, err := ParseOwnership(string(c.Ownership)); err != nil {
 		bad("%s", strings.TrimPrefix(err.Error(), "peer: "))
+	}
+	if err := transport.ValidPeerNames(c.PeerCertNames); err != nil {
+		bad("%v", err)
 	}
 	for _, a := range []struct{ name, v string }{{"gossip address", c.GossipAddr}, {"rpc address", c.RPCAddr}} {
 		if _, _, err := net.SplitHostPort(a.v); err != nil {

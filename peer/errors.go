@@ -58,4 +58,7 @@ var (
 	// errNotOwner is the receiver's answer when its ring view says another
 	// node owns the key; it never leaves the package.
 	errNotOwner = errors.New("peer: not owner")
+	// errMoving: the holder waited for the partition's move and decided
+	// nothing.
+	errMoving = errors.New("peer: partition moving")
 )

@@ -94,7 +94,7 @@ func (n *Node) client(name, addr string) (*client, error) {
 	// Fixed flow-control windows turn off gRPC's bandwidth estimation,
 	// which answers data with pings: on a busy pipe of small messages
 	// they were a write and a read in every few.
-	conn, err := grpc.NewClient(addr, append(n.rpcAuthDialOptions(), grpc.WithTransportCredentials(creds),
+	conn, err := grpc.NewClient(addr, append(n.rpcAuthDialOptions(name), grpc.WithTransportCredentials(creds),
 		grpc.WithInitialWindowSize(peerWindow), grpc.WithInitialConnWindowSize(peerWindow))...)
 	if err != nil {
 		return nil, fmt.Errorf("peer: client for %s at %s: %w", name, addr, err)
@@ -574,6 +574,12 @@ func fromWire(d *wire.Decision, peer string) (Decision, error) {
 			// sentinel's text (capacityError), as FromStatus reads
 			// InvalidArgument's.
 			return Decision{}, &capacityError{cause: fmt.Errorf("%s: %s", peer, d.Err)}
+		}
+		if strings.HasPrefix(d.Err, ErrUnavailable.Error()+": partition ") && strings.HasSuffix(d.Err, " is moving") {
+			// The holder waited for the partition's move and decided
+			// nothing (its message, from every version: decideWireReq):
+			// the sender asks again (routeInto).
+			return Decision{}, fmt.Errorf("%w: %w: %s: %s", ErrUnavailable, errMoving, peer, d.Err)
 		}
 		return Decision{}, fmt.Errorf("%w: %s: %s", ErrUnavailable, peer, d.Err)
 	default:

@@ -6,7 +6,8 @@ package peer
 // of them:
 //
 //   - Admission by the same rules as peer RPCs (auth.go): a verified
-//     client certificate under mutual TLS, else the token, else open.
+//     peer's certificate under mutual TLS, else the answer to the hello's
+//     challenge, else open.
 //   - An admitted pipe is served by the gRPC streams' own handlers
 //     (CheckStream, ReplicateStream), so every rule of stream.go holds
 //     unchanged on it.
@@ -38,15 +39,12 @@ type pipeHandler struct {
 }
 
 func newFramedServer(n *Node) *transport.Server {
-	return transport.NewServer(n.cfg.ServerTLS, pipeHandler{n: n, srv: &server{n: n}}, n.log)
+	return transport.NewServer(n.cfg.ServerTLS, n.ops.auth, pipeHandler{n: n, srv: &server{n: n}}, n.log)
 }
 
-// Admit takes a hello by the peer RPCs' rules, unless the node refuses
-// framed pipes for now (tests).
-func (h pipeHandler) Admit(verified bool, token string) error {
-	if err := h.n.ops.auth.Admit(verified, token); err != nil {
-		return err
-	}
+// Admit takes a pipe whose hello the node's Auth admitted, unless the
+// node refuses framed pipes for now (tests).
+func (h pipeHandler) Admit() error {
 	if h.n.hooks.refuseFramed.Load() {
 		return status.Error(codes.Unavailable, "framed pipes refused for now")
 	}

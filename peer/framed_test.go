@@ -117,29 +117,33 @@ func TestFramedFallsBackToGRPCStream(t *testing.T) {
 }
 
 // TestFramedAuth dials framed pipes to a node of a cluster with a peer
-// secret: without the token, with a wrong one, or of an unknown kind the
-// hello is refused with the status a peer RPC would get and nothing is
-// decided; with the token a batch is decided.
+// secret: without a credential, with a wrong token, with the static token
+// of earlier versions over plaintext, with another member's challenge
+// answer, or of an unknown kind the hello is refused with the status a
+// peer RPC would get and nothing is decided; with a member's answer to the
+// challenge a batch is decided.
 func TestFramedAuth(t *testing.T) {
 	pols := map[string]PolicyConfig{"p": {Limit: 3, Window: time.Minute}}
 	c := startCluster(t, 2, Config{Policies: pols, PeerSecret: []byte("s3cret")})
 	n1 := c.nodes[1]
-	token := n1.ops.auth.Token()
+	cred := c.nodes[0].ops.auth.PipeCredential("n1")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, tc := range []struct {
-		name  string
-		token string
-		kind  byte
-		want  codes.Code
+		name string
+		cred transport.Credential
+		kind byte
+		want codes.Code
 	}{
-		{"no token", "", transport.KindCheck, codes.Unauthenticated},
-		{"wrong token", "00ff", transport.KindCheck, codes.PermissionDenied},
-		{"wrong token, replication", "00ff", transport.KindReplicate, codes.PermissionDenied},
-		{"unknown kind", token, 9, codes.Unimplemented},
+		{"no token", transport.Credential{}, transport.KindCheck, codes.Unauthenticated},
+		{"wrong token", transport.Credential{Token: "00ff"}, transport.KindCheck, codes.PermissionDenied},
+		{"wrong token, replication", transport.Credential{Token: "00ff"}, transport.KindReplicate, codes.PermissionDenied},
+		{"static token over plaintext", transport.Credential{Token: n1.ops.auth.LegacyToken()}, transport.KindCheck, codes.PermissionDenied},
+		{"answer made for another member", c.nodes[0].ops.auth.PipeCredential("n0"), transport.KindCheck, codes.PermissionDenied},
+		{"unknown kind", cred, 9, codes.Unimplemented},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fc, err := transport.Dial(ctx, n1.RPCAddr(), tc.kind, tc.token, nil)
+			fc, err := transport.Dial(ctx, n1.RPCAddr(), tc.kind, tc.cred, nil)
 			if err == nil {
 				fc.Close()
 				t.Fatalf("framed dial accepted")
@@ -153,9 +157,9 @@ func TestFramedAuth(t *testing.T) {
 	if _, ok := n1.ExportForTest(key); ok {
 		t.Fatalf("n1 holds the key after refused dials")
 	}
-	fc, err := transport.Dial(ctx, n1.RPCAddr(), transport.KindCheck, token, nil)
+	fc, err := transport.Dial(ctx, n1.RPCAddr(), transport.KindCheck, cred, nil)
 	if err != nil {
-		t.Fatalf("framed dial with the token: %v", err)
+		t.Fatalf("framed dial with a member's answer: %v", err)
 	}
 	defer fc.Close()
 	st := transport.NewStream[peerpb.CheckResponse, peerpb.CheckRequest](fc, ctx, false, nil)
@@ -203,7 +207,7 @@ func TestFramedMutualTLS(t *testing.T) {
 		{"plaintext", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fc, err := transport.Dial(ctx, c.nodes[1].RPCAddr(), transport.KindCheck, "", tc.cfg)
+			fc, err := transport.Dial(ctx, c.nodes[1].RPCAddr(), transport.KindCheck, transport.Credential{}, tc.cfg)
 			if err == nil {
 				fc.Close()
 				t.Fatalf("framed dial accepted")
@@ -440,7 +444,7 @@ func TestFramedHandlerEndsWithConnection(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	fc, err := transport.Dial(ctx, nd.RPCAddr(), transport.KindCheck, "", nil)
+	fc, err := transport.Dial(ctx, nd.RPCAddr(), transport.KindCheck, transport.Credential{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -502,7 +506,7 @@ func TestFramedWriteTimeout(t *testing.T) {
 	nd := c.nodes[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	fc, err := transport.Dial(ctx, nd.RPCAddr(), transport.KindCheck, "", nil)
+	fc, err := transport.Dial(ctx, nd.RPCAddr(), transport.KindCheck, transport.Credential{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -320,7 +320,7 @@ func (s *server) Lease(ctx context.Context, req *peerpb.LeaseRequest) (*peerpb.L
 			r.returns = append(r.returns, ret)
 		}
 	}
-	d, _ := n.decideWireReq(ctx, v, r)
+	d, _ := n.decideWireReq(ctx, v, r, n.waitUntil(ctx))
 	resp := &peerpb.LeaseResponse{Decision: d.ToPB()}
 	if op == peerpb.Op_OP_GRANT && d.Status == peerpb.Status_STATUS_OK {
 		resp.LeaseId, resp.LeaseTtlNs, resp.Granted = r.lease, int64(r.leaseTTL), r.granted

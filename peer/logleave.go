@@ -6,6 +6,7 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -89,6 +90,15 @@ func (lo *logOwner) drain(ctx context.Context) error {
 			// for good, so that nobody waits for it to expire.
 			return lo.leaveLog(ctx)
 		}
+		if since := lo.run.Leaderless(); since != 0 && n.mono()-since > int64(noLeaderGiveUp) {
+			// Nothing moves without a leader: no copy commits, no
+			// liveness ends. Waiting out the close deadline only made
+			// Close slow (11 s) and its error long (issue 53 item 14).
+			parts, _ = lo.depends()
+			_, keys := n.heldPartitions()
+			return fmt.Errorf("%w: the ownership log has no leader (%v); %d partitions (%d keys) move once this member's liveness lapses",
+				errNoLeader, time.Duration(n.mono()-since).Round(100*time.Millisecond), parts, keys)
+		}
 		if d.Alive <= 1 && !aloneSaid && ok {
 			aloneSaid = true
 			n.log.Warn("leaving while gossip reaches no other member, with partitions that depend on this member: waiting for gossip or the close deadline",
@@ -115,6 +125,16 @@ func (lo *logOwner) drain(ctx context.Context) error {
 		}
 	}
 }
+
+// noLeaderGiveUp is how long a drain waits for the ownership log to have
+// a leader before it gives up: three election timeouts (logTick: an
+// election after 0.5 to 1 s without a leader), so a log whose leader
+// crashed elects another first, while one without a majority of voters
+// never does.
+const noLeaderGiveUp = 1500 * time.Millisecond
+
+// errNoLeader ends a drain whose log has no leader.
+var errNoLeader = errors.New("peer: left without a graceful drain")
 
 // depends counts the partitions that depend on this member, held and
 // backed (Machine.DependsOn), as the runner last published them:

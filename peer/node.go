@@ -485,13 +485,15 @@ func (n *Node) close(ctx context.Context) error {
 	n.delegate.SetMeta(n.meta(true))
 	_ = n.ml.UpdateNode(200 * time.Millisecond)
 	n.announceLeave()
-	if err := n.lo.drain(ctx); err != nil {
-		errs = append(errs, err)
+	drainErr := n.lo.drain(ctx)
+	if drainErr != nil {
+		errs = append(errs, drainErr)
 	}
 	leaveTimeout := 2 * time.Second
-	if n.view.Load().stopping {
+	if n.view.Load().stopping || errors.Is(drainErr, errNoLeader) {
 		// Every member is leaving: the broadcast is a courtesy to
-		// members that are going too.
+		// members that are going too. Or the log has no leader: most
+		// members are unreachable, and the leave is not graceful anyway.
 		leaveTimeout = 200 * time.Millisecond
 	}
 	if dl, ok := ctx.Deadline(); ok {
@@ -509,7 +511,7 @@ func (n *Node) close(ctx context.Context) error {
 			n.log.Warn("leave not broadcast in time: peers may log this node as failed rather than left", "err", err)
 		}
 	}
-	if v := n.view.Load(); v.snap.Len() > 1 && !v.stopping {
+	if v := n.view.Load(); v.snap.Len() > 1 && !v.stopping && !errors.Is(drainErr, errNoLeader) {
 		// Peers learn of the leave by gossip, a little later. Until then
 		// they still forward to us; keep answering (with "not owner, ask
 		// <new holder>") for a moment rather than refuse their connections.

@@ -12,12 +12,14 @@ import (
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
-// TestPeerResetNeedsProof replays a captured peer token (issue 53 item 6:
-// the token is static, and with it a framed pipe ran a peer OP_RESET
-// without the admin token): on a framed pipe, on a gRPC stream's unary
-// sibling Limiter.Check, and with a proof made for another key, a peer
-// reset is refused and the key keeps its admissions. A reset forwarded by
-// the member that authorized it (Node.Reset through n0) still clears it.
+// TestPeerResetNeedsProof sends peer resets as an authenticated peer
+// that did not authorize them (issue 53 item 6: with a captured token a
+// framed pipe ran a peer OP_RESET without the admin token; tokens are
+// fresh now, TestCallTokenReplayOverGRPC and TestHelloReplay): on a framed
+// pipe, on a unary Limiter.Check without a proof or with another key's, a
+// peer reset is refused and the key keeps its admissions. A reset
+// forwarded by the member that authorized it (Node.Reset through n0)
+// still clears it.
 func TestPeerResetNeedsProof(t *testing.T) {
 	pols := map[string]PolicyConfig{"p": {Limit: 3, Window: time.Minute}}
 	c := startCluster(t, 2, Config{Policies: pols, PeerSecret: []byte("s3cret")})
@@ -25,7 +27,13 @@ func TestPeerResetNeedsProof(t *testing.T) {
 	key := pmKeyOwnedBy(t, n0, "p", "n1")
 	other := key
 	other.Subject += "-other"
-	token := n1.ops.auth.Token()
+	var session [8]byte
+	session[0] = 0xaa
+	calls := uint64(0)
+	token := func() string {
+		calls++
+		return n0.ops.auth.CallTokenForTest("/ringlimit.v1.Limiter/Check", "n1", session, calls)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for range 3 {
@@ -47,10 +55,10 @@ func TestPeerResetNeedsProof(t *testing.T) {
 	wireKey := &peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}
 	resetItem := &peerpb.CheckItem{Key: wireKey, Op: peerpb.Op_OP_RESET}
 
-	// A framed pipe opened with the captured token carries no proof.
-	fc, err := transport.Dial(ctx, n1.RPCAddr(), transport.KindCheck, token, nil)
+	// A framed pipe carries no proof.
+	fc, err := transport.Dial(ctx, n1.RPCAddr(), transport.KindCheck, n0.ops.auth.PipeCredential("n1"), nil)
 	if err != nil {
-		t.Fatalf("framed dial with the token: %v", err)
+		t.Fatalf("framed dial as n0: %v", err)
 	}
 	defer fc.Close()
 	st := transport.NewStream[peerpb.CheckResponse, peerpb.CheckRequest](fc, ctx, false, nil)
@@ -74,9 +82,9 @@ func TestPeerResetNeedsProof(t *testing.T) {
 		name string
 		md   []string
 	}{
-		{"token only", []string{transport.TokenKey, token}},
-		{"another key's proof", []string{transport.TokenKey, token, transport.ResetProofKey, n1.ops.auth.ResetProof(resetProofInput(other))}},
-		{"a made-up proof", []string{transport.TokenKey, token, transport.ResetProofKey, token}},
+		{"token only", []string{transport.CallTokenKey, token()}},
+		{"another key's proof", []string{transport.CallTokenKey, token(), transport.ResetProofKey, n1.ops.auth.ResetProof(resetProofInput(other))}},
+		{"a made-up proof", []string{transport.CallTokenKey, token(), transport.ResetProofKey, token()}},
 	} {
 		resp, err := lim.Check(metadata.AppendToOutgoingContext(ctx, tc.md...), &peerpb.CheckRequest{Sender: "n0", Items: []*peerpb.CheckItem{resetItem}})
 		if err != nil || len(resp.GetDecisions()) != 1 || resp.GetDecisions()[0].GetStatus() != peerpb.Status_STATUS_INVALID_ARGUMENT {

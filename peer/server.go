@@ -5,9 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -113,11 +111,16 @@ func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkS
 	sc.slab = slab
 	// Every item is decided first and the synchronous backups are waited
 	// for afterwards, so the batch's admissions travel to each backup
-	// together. An item is answered only once its backup has it.
+	// together. An item is answered only once its backup has it. Items
+	// that wait for a moving partition share one deadline, the batch's:
+	// each waiting its own half forward timeout in turn made a batch of
+	// a few such items answer after the sender had given up (issue 53
+	// item 14).
+	until := n.waitUntil(ctx)
 	for i := range items {
 		sl := &slots[i]
 		var r *opReq
-		sl.out, r, slab = n.decideWire(ctx, v, &items[i], &sl.req, slab)
+		sl.out, r, slab = n.decideWire(ctx, v, &items[i], &sl.req, slab, until)
 		if r != nil && r.wait != nil {
 			sl.wait = r
 		}
@@ -189,7 +192,7 @@ func resetProofInput(k Key) []byte {
 // a synchronous backup, the returned request's wait is set and the caller
 // must wait for it before answering (and then records the decision's
 // metric); the request is nil when the item was not parsed.
-func (n *Node) decideWire(ctx context.Context, v *view, it *wire.Item, r *opReq, slab []byte) (wire.Decision, *opReq, []byte) {
+func (n *Node) decideWire(ctx context.Context, v *view, it *wire.Item, r *opReq, slab []byte, until time.Time) (wire.Decision, *opReq, []byte) {
 	bad := func(st peerpb.Status, err error) wire.Decision { return wireError(n, v, st, err) }
 	if isLeaseOp(it.Op) {
 		// Its id would have nowhere to go: Limiter.Lease carries it.
@@ -213,23 +216,28 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *wire.Item, r *opReq,
 	}
 	r.ek = ek
 	r.deferWait = true
-	d, r := n.decideWireReq(ctx, v, r)
+	d, r := n.decideWireReq(ctx, v, r, until)
 	return d, r, slab
 }
 
-// decideWireReq decides the parsed request r (see decideWire).
-func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq) (wire.Decision, *opReq) {
-	bad := func(st peerpb.Status, err error) wire.Decision { return wireError(n, v, st, err) }
-	pk := shard.Place(r.ek)
-	pid := v.snap.PartitionOfHash(pk.Hash())
-	pt := &n.pt.parts[pid]
-	// A receiver waits for a partition it holds or is about to hold (a
-	// move in progress), within the sender's deadline and at most half a
-	// forward timeout, so the sender can still act on the answer.
+// waitUntil is how long a receiver waits for a partition it holds or is
+// about to hold (a move in progress): within the sender's deadline and at
+// most half a forward timeout, so the sender can still act on the answer.
+func (n *Node) waitUntil(ctx context.Context) time.Time {
 	until := time.Now().Add(n.cfg.ForwardTimeout / 2)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(until) {
 		until = dl
 	}
+	return until
+}
+
+// decideWireReq decides the parsed request r (see decideWire), waiting
+// for a moving partition until until.
+func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq, until time.Time) (wire.Decision, *opReq) {
+	bad := func(st peerpb.Status, err error) wire.Decision { return wireError(n, v, st, err) }
+	pk := shard.Place(r.ek)
+	pid := v.snap.PartitionOfHash(pk.Hash())
+	pt := &n.pt.parts[pid]
 	for {
 		var d Decision
 		st, ch, err := n.decideHere(ctx, v, pt, pid, r, pk, &d)
@@ -419,15 +427,15 @@ func (s *publicServer) do(ctx context.Context, op peerpb.Op, req *peerpb.AllowRe
 	return DecisionToWire(d), nil
 }
 
-// status is ToStatus for the public API: an unknown policy's message also
-// lists this node's policies, as the HTTP API's does, so that a client
-// sees what it may ask for.
+// status is ToStatus for the public API. An unknown policy's message
+// names the policy asked for and not the node's table: the public API
+// answers callers it has not authenticated, and the table's names (other
+// tenants' endpoints, plans) are the operator's (issue 53 item 8).
 func (s *publicServer) status(err error) error {
 	if !errors.Is(err, ErrUnknownPolicy) {
 		return ToStatus(err)
 	}
-	names := slices.Sorted(maps.Keys(s.n.Policies()))
-	return status.Error(codes.NotFound, fmt.Sprintf("%v: this node's policies are %s", err, strings.Join(names, ", ")))
+	return status.Error(codes.NotFound, fmt.Sprintf("%v: not in this node's policy table", err))
 }
 
 // DecisionToWire converts a Decision to the public API's response.

@@ -186,7 +186,7 @@ func (s *pipeState[Req, Resp]) startDial(c *client, kind byte) {
 	c.env.wg.Add(1)
 	go func() {
 		defer c.env.wg.Done()
-		fc, err := transport.Dial(ctx, c.addr, kind, c.env.authToken, c.env.tls)
+		fc, err := transport.Dial(ctx, c.addr, kind, c.env.auth.PipeCredential(c.name), c.env.tls)
 		if fc != nil {
 			fc.SetWriteTimeout(c.env.framedWriteTimeout)
 		}

@@ -435,11 +435,11 @@ func checkGRPC(ctx context.Context, f checkFlags) (checkResponse, error) {
 		}
 		switch st, _ := status.FromError(err); st.Code() {
 		case codes.NotFound:
-			// Which policy, and the node's policies: the node's message
-			// names them, after its own prefix (nodes before issue 27
-			// name only the policy).
+			// Which policy: the node's message names it, after its own
+			// prefix (nodes before issue 27 say no more; nodes of issue
+			// 27 to 53 listed their policies).
 			msg := strings.TrimPrefix(st.Message(), peer.ErrUnknownPolicy.Error()+": ")
-			if !strings.Contains(msg, "policies are") {
+			if !strings.Contains(msg, "policies are") && !strings.Contains(msg, "policy table") {
 				msg += ": not in the node's policy table"
 			}
 			return checkResponse{}, fmt.Errorf("unknown policy %s", msg)

@@ -60,13 +60,14 @@ func TestCheck(t *testing.T) {
 		{name: "grpc refused", args: grpcArgs, wantCode: 2, wantOut: []string{"REFUSED (over limit)", "over_limit"}},
 		{name: "http json refused", args: append(httpArgs, "--json"), wantCode: 2,
 			wantJSON: map[string]any{"allowed": false, "reason": "over_limit"}},
-		// The node's policies are listed, over gRPC as over HTTP.
+		// The unknown policy is named, over gRPC as over HTTP; the node's
+		// policies are not listed (issue 53 item 8).
 		{name: "grpc unknown policy", args: []string{"--addr", p.grpcAddr, "--tenant", "a", "--subject", "b", "--policy", "nope"}, wantCode: 1,
-			wantOut: []string{`ringlimit: check: unknown policy "nope": this node's policies are api, shared`}},
+			wantOut: []string{`ringlimit: check: unknown policy "nope": not in this node's policy table`}},
 		{name: "grpc multi unknown policy", args: []string{"--addr", p.grpcAddr, "--tenant", "a", "--subject", "b", "--policies", "api,nope"}, wantCode: 1,
-			wantOut: []string{`ringlimit: check: unknown policy "nope": this node's policies are api, shared`}},
+			wantOut: []string{`ringlimit: check: unknown policy "nope": not in this node's policy table`}},
 		{name: "http unknown policy", args: []string{"--addr", p.httpAddr, "--http", "--tenant", "a", "--subject", "b", "--policy", "nope"}, wantCode: 1,
-			wantOut: []string{"HTTP 400", `unknown policy "nope": this node's policies are api, shared`}},
+			wantOut: []string{"HTTP 400", `unknown policy "nope": not in this node's policy table`}},
 		{name: "http invalid hits", args: append(httpArgs, "--hits", "99"), wantCode: 1, wantOut: []string{"invalid hits"}},
 		{name: "grpc invalid key", args: []string{"--addr", p.grpcAddr, "--tenant", "a b", "--subject", "b", "--policy", "api"}, wantCode: 1,
 			wantOut: []string{"ringlimit: check: invalid key: tenant has byte 0x20 at 1 outside visible ASCII; --tenant, --subject and --policy must each be"}},

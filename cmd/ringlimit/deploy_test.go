@@ -137,8 +137,8 @@ func TestDeployManifests(t *testing.T) {
 
 	var headless bool
 	for _, s := range docs["Service"] {
-		if dig(s, "spec", "clusterIP") == "None" {
-			headless = dig(s, "spec", "publishNotReadyAddresses") == true
+		if dig(s, "spec", "clusterIP") == "None" && dig(s, "spec", "publishNotReadyAddresses") == true {
+			headless = true // gossip discovery's (Envoy's, ringlimit-rls, lists ready pods only)
 		}
 	}
 	if !headless {

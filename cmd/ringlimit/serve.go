@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -101,7 +102,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
 	}
-	prom, err := prommetrics.New(reg)
+	prom, err := prommetrics.NewWithOptions(reg, prommetrics.Options{HotKeyNames: f.hotKeyLabels})
 	if err != nil {
 		return fmt.Errorf("serve: metrics: %w", err)
 	}
@@ -126,10 +127,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("serve: metrics: %w", err)
 	}
+	grpcReset.peerNames = cfg.PeerCertNames
 	cfg.AuthorizeReset = grpcReset.authorizeGRPC
 	switch {
 	case admin != nil:
 		reset = grpcReset
+	case cfg.ServerTLS != nil && len(cfg.PeerCertNames) > 0:
+		nlog.Info("reset: only with a peer's client certificate (--tls-peer-name) the node verifies (no --admin-token-file): POST /v1/reset answers 404")
 	case cfg.ServerTLS != nil:
 		nlog.Info("reset: only with a client certificate the node verifies (no --admin-token-file): POST /v1/reset answers 404")
 	default:
@@ -144,6 +148,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if refund, err = newRefundGuard(admin, refundTok, nlog, reg); err != nil {
 			return fmt.Errorf("serve: metrics: %w", err)
 		}
+		refund.peerNames = cfg.PeerCertNames
 		cfg.AuthorizeRefund = refund.authorizeGRPC
 	}
 
@@ -153,6 +158,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return fmt.Errorf("serve: listen http: %w", err)
 		}
 		defer httpLis.Close()
+		if f.httpTLS {
+			// The decision API behind mutual TLS (issue 53 item 8): the
+			// gRPC port's certificate and CA; any client certificate of
+			// the CA, as the public gRPC API takes.
+			httpTLS := cfg.ServerTLS.Clone()
+			httpTLS.NextProtos = []string{"h2", "http/1.1"}
+			httpLis = tls.NewListener(httpLis, httpTLS)
+		}
 	}
 	var opsLis net.Listener
 	if f.opsAddr != "" {
@@ -226,7 +239,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		opsSrv = newHTTPServer(api.opsHandler(), nlog)
 		go func() { httpErr <- opsSrv.Serve(opsLis) }()
 	}
-	log.Info("serving", "node", node.Name(), "http_addr", httpAddr, "ops_addr", opsAddr, "grpc_addr", node.RPCAddr(),
+	log.Info("serving", "node", node.Name(), "http_addr", httpAddr, "http_tls", f.httpTLS, "ops_addr", opsAddr, "grpc_addr", node.RPCAddr(),
 		"gossip_addr", node.GossipAddr(), "members", len(node.Members()), "policies", len(node.Policies()),
 		"policy_version", node.PolicyVersion())
 

@@ -57,6 +57,24 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
   --tls-key PATH        public API); the three flags go together. Peers are
   --tls-ca PATH         dialed by address, so certificates need IP SANs unless
   --tls-server-name N   --tls-server-name names the SAN to verify instead
+  --tls-peer-name LIST  comma-separated patterns (path.Match: '*' is any run
+                        of characters but '/') of a peer certificate's DNS
+                        or URI SANs, e.g. '*.ringlimit.default.svc.cluster.local'
+                        or 'spiffe://cluster.local/ns/default/sa/ringlimit':
+                        a certificate of --tls-ca that matches none (Envoy's,
+                        an application's) may call the public API and Envoy's
+                        service, but no peer RPC, and does not stand for the
+                        admin token. Without it every certificate of the CA
+                        is a peer's and an admin's, and serve warns
+  --http-tls            serve --http-addr's decision API over TLS with the
+                        --tls-* certificate, requiring a client certificate
+                        of --tls-ca (any, not only a peer's); the ops
+                        listener (--ops-addr: probes, /metrics, /debug)
+                        stays plaintext. Needs --tls-*
+  --hot-key-labels      label ringlimit_hot_key_rate with each hot key's
+                        tenant and subject (other tenants' identities, on
+                        /metrics); by default a hot key is named by rank
+                        and policy (/debug/hotkeys names it)
   --drain-timeout D     how long shutdown may take to hand off keys (default 10s)
   --max-keys N          the most keys this node holds (its partitions' and
                         backup copies together; each partition holds at
@@ -145,8 +163,9 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
   --grpc-advertise-addr H:P    gRPC address peers should dial; default: the
                         bound address
 
-The gRPC listener serves peers and clients alike; the HTTP listener is always
-plaintext: bind it to loopback or put it behind a proxy. Peers dial the
+The gRPC listener serves peers and clients alike; the HTTP listener is
+plaintext unless --http-tls: bind it to loopback, put it behind a proxy, or
+give it --http-tls. Peers dial the
 address the gRPC listener is bound to unless --grpc-advertise-addr names
 another, so with a 0.0.0.0 bind set the advertise address.
 
@@ -222,6 +241,8 @@ type serveFlags struct {
 	opsAddr                                                         string // "": the ops paths stay on httpAddr
 	uiPeers                                                         string
 	tlsCert, tlsKey, tlsCA, tlsServerName                           string
+	tlsPeerNames                                                    string // comma-separated
+	httpTLS, hotKeyLabels                                           bool
 	logFormat, logLevel                                             string
 	peerPipes                                                       string
 	adminTokenFile, refundTokenFile                                 string
@@ -265,6 +286,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.tlsKey, "tls-key", "", "")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "")
 	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "")
+	fs.StringVar(&f.tlsPeerNames, "tls-peer-name", "", "")
+	fs.BoolVar(&f.httpTLS, "http-tls", false, "")
+	fs.BoolVar(&f.hotKeyLabels, "hot-key-labels", false, "")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "")
 	fs.Uint64Var(&f.gcHeadroomMiB, "gc-headroom", 64, "")
 	fs.IntVar(&f.maxKeys, "max-keys", defaultMaxKeys, "")
@@ -306,6 +330,12 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	}
 	if _, err := parseUIPeers(f.uiPeers); err != nil {
 		return f, usageError("serve: " + err.Error())
+	}
+	if tls := f.tlsCert != "" || f.tlsKey != "" || f.tlsCA != ""; !tls && (f.httpTLS || f.tlsPeerNames != "") {
+		return f, usageError("serve: --http-tls and --tls-peer-name need mutual TLS (--tls-cert, --tls-key and --tls-ca)")
+	}
+	if err := peer.ValidPeerCertNames(splitList(f.tlsPeerNames)); err != nil {
+		return f, usageError("serve: --tls-peer-name: " + err.Error())
 	}
 	if f.drainTimeout <= 0 || f.joinTimeout <= 0 {
 		return f, usageError("serve: --drain-timeout and --join-timeout must be positive")
@@ -364,6 +394,7 @@ func (f serveFlags) peerConfig(log *slog.Logger) peer.Config {
 		Store:               shard.Config{MaxKeys: f.maxKeys},
 		Ring:                ring.Config{PartitionCount: f.partitions},
 		ExpectedMembers:     f.expectedMembers,
+		PeerCertNames:       splitList(f.tlsPeerNames),
 	}
 	_ = setPeerPipes(f.peerPipes, &cfg) // checked by parseServeFlags
 	return cfg

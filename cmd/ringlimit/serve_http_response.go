@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
 	"strings"
 	"time"
 
@@ -230,7 +229,9 @@ func (a *httpAPI) allowError(h http.Header, b checkBody, err error) (int, any) {
 				break
 			}
 		}
-		return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("unknown policy %q: this node's policies are %s", unknown, policyNames(a.pols.Policies()))}
+		// The table's names are not listed: the decision API answers
+		// callers it has not authenticated (issue 53 item 8).
+		return http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("unknown policy %q: not in this node's policy table", unknown)}
 	case errors.Is(err, peer.ErrInvalidHits):
 		if len(names) > 1 {
 			for _, name := range names {
@@ -302,14 +303,4 @@ func encodingHint(parts ...string) string {
 		}
 	}
 	return ""
-}
-
-// policyNames lists a policy table's names, sorted and comma-separated.
-func policyNames(pols map[string]peer.PolicyConfig) string {
-	names := make([]string, 0, len(pols))
-	for n := range pols {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return strings.Join(names, ", ")
 }

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/ringlimit/ringlimit/peer"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
@@ -92,7 +93,12 @@ func TestTLSRecipe(t *testing.T) {
 	// configures it (an unknown domain is an error by default).
 	pols := writeFile(t, dir, "policies.yaml", "policies:\n  - {name: default, limit: 1000, window: 1m}\n"+
 		"domains:\n  - domain: edge\n    descriptors:\n      - key: remote_address\n        rate_limit: {unit: second, requests_per_unit: 100}\n")
-	tlsFlags := []string{"--tls-ca", file("ca.pem"), "--tls-cert", file("node.pem"), "--tls-key", file("node.key"), "--policies", pols}
+	// --tls-peer-name as README.md's serve line gives it: the node
+	// certificate's DNS name, which the client certificate lacks.
+	tlsFlags := []string{"--tls-ca", file("ca.pem"), "--tls-cert", file("node.pem"), "--tls-key", file("node.key"), "--tls-peer-name", "localhost", "--policies", pols}
+	if client := parseCertFile(t, file("client.pem")); peer.PeerCertName([]string{"localhost"}, client) || !peer.PeerCertName([]string{"localhost"}, node) {
+		t.Errorf("--tls-peer-name localhost: want node.pem a peer's and client.pem not")
+	}
 	a := startServe(t, "tls-recipe-a", nil, tlsFlags...)
 	b := startServe(t, "tls-recipe-b", nil, append(tlsFlags, "--join", a.gossipAddr)...)
 	nodes := []*serveProc{a, b}

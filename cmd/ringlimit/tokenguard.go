@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/ringlimit/ringlimit/peer"
 )
 
 // tokenGuard guards one state-changing operation with bearer tokens on
@@ -40,6 +42,11 @@ type tokenGuard struct {
 	what, send string
 	log        *slog.Logger
 	refused    *prometheus.CounterVec // nil: not counted
+	// peerNames are --tls-peer-name's patterns: a verified client
+	// certificate stands for a token only if it is a peer's (none: every
+	// verified certificate), so that Envoy's certificate of the same CA
+	// is no admin's (issue 53 item 5).
+	peerNames []string
 
 	mu       sync.Mutex
 	lastWarn map[string]time.Time // transport -> last Warn
@@ -157,7 +164,8 @@ func (g *tokenGuard) authorizeGRPC(ctx context.Context) error {
 		if p.Addr != nil {
 			remote = p.Addr.String()
 		}
-		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.PeerCertificates) > 0 &&
+			peer.PeerCertName(g.peerNames, ti.State.PeerCertificates[0]) {
 			return nil
 		}
 	}
@@ -168,7 +176,7 @@ func (g *tokenGuard) authorizeGRPC(ctx context.Context) error {
 	}
 	g.refuse("grpc", remote)
 	if len(g.tokens) == 0 {
-		return status.Error(codes.Unauthenticated, fmt.Sprintf("%s is off: the node has no %s (start it with %s), and the caller presented no client certificate the node verified", g.op, g.what, g.send))
+		return status.Error(codes.Unauthenticated, fmt.Sprintf("%s is off: the node has no %s (start it with %s), and the caller presented no peer's client certificate the node verified", g.op, g.what, g.send))
 	}
 	return status.Error(codes.Unauthenticated, fmt.Sprintf("%s needs the %s: send metadata authorization: Bearer <token from %s>, or a client certificate the node trusts", g.op, g.what, g.send))
 }

@@ -34,7 +34,8 @@ func TestResetGuard(t *testing.T) {
 	from := func(auth string, verified bool) context.Context {
 		p := &grpcpeer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 4242}}
 		if verified {
-			p.AuthInfo = credentials.TLSInfo{State: tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{}}}}
+			leaf := &x509.Certificate{DNSNames: []string{"envoy.default.svc.cluster.local"}}
+			p.AuthInfo = credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: []*x509.Certificate{leaf}, VerifiedChains: [][]*x509.Certificate{{leaf}}}}
 		}
 		ctx := grpcpeer.NewContext(context.Background(), p)
 		if auth != "" {
@@ -92,6 +93,12 @@ func TestResetGuard(t *testing.T) {
 		if err != nil && !strings.Contains(status.Convert(err).Message(), "reset is off") {
 			t.Errorf("no admin token, %s: %v, want a message saying reset is off", tc.name, err)
 		}
+	}
+	// With --tls-peer-name a verified certificate that is not a peer's
+	// (Envoy's) stands for no token (issue 53 item 5).
+	off.peerNames = []string{"*.ringlimit.default.svc.cluster.local"}
+	if err := off.authorizeGRPC(from("", true)); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("no admin token, --tls-peer-name, Envoy's certificate: %v, want Unauthenticated", err)
 	}
 }
 

@@ -31,7 +31,8 @@ import (
 //	ringlimit_evicted_keys_total                       counter
 //	ringlimit_handoff_keys_total{direction,outcome}    counter
 //	ringlimit_backup_keys_total{direction,outcome}     counter
-//	ringlimit_hot_key_rate{rank,tenant,subject,policy} gauge, hits per second
+//	ringlimit_hot_key_rate{rank,policy}                gauge, hits per second
+//	  (with Options.HotKeyNames: {rank,tenant,subject,policy})
 //	ringlimit_peer_rpc_open                            gauge, 1 if peer RPCs are unauthenticated
 //	ringlimit_ready                                    gauge, 1 if ready (peer.Node.Ready)
 //	ringlimit_unready_reason{reason}                   gauge, 1 for the current reason
@@ -53,12 +54,15 @@ import (
 // until the process restarts, so a cluster whose member names change on every
 // deploy grows by one set of peer series per departed member).
 //
-// ringlimit_hot_key_rate exposes the tenant and subject of the at most K
+// ringlimit_hot_key_rate exposes the rate and policy of the at most K
 // heaviest keys the node owns, K being peer.Config.HotKeys (16 by default): each
 // HotKeys call replaces the whole set atomically, so keys that cooled down
-// disappear and the series count never exceeds K. Those label values are
-// authenticated identities; restrict access to the metrics endpoint
-// accordingly, or set peer.Config.HotKeys small.
+// disappear and the series count never exceeds K. By default a key is named
+// by its rank and policy only: its tenant and subject are other tenants'
+// authenticated identities, readable by whoever scrapes (issue 53 item 8);
+// Node.HotKeys (serve's /debug/hotkeys on the ops listener) names them.
+// Options.HotKeyNames adds them as labels; restrict access to the metrics
+// endpoint accordingly.
 type Metrics struct {
 	decisions   *prometheus.CounterVec
 	forwards    *prometheus.CounterVec
@@ -109,6 +113,19 @@ var forwardBuckets = []float64{
 // another Metrics is already registered on it); in that case
 // nothing it registered stays registered.
 func New(reg prometheus.Registerer) (*Metrics, error) {
+	return NewWithOptions(reg, Options{})
+}
+
+// Options change what New exports.
+type Options struct {
+	// HotKeyNames labels ringlimit_hot_key_rate with each key's tenant
+	// and subject (beside rank and policy). Off by default: they are
+	// other tenants' identities.
+	HotKeyNames bool
+}
+
+// NewWithOptions is New with opts.
+func NewWithOptions(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 	if reg == nil {
 		return nil, errNilRegisterer
 	}
@@ -187,11 +204,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "ringlimit_spread_rights_total",
 			Help: "Rights of spread keys at this node as a grantee, by policy and event: granted (received from holders), used (admitted from them), unused (replaced or expired with rights left: the under-admission spreading costs).",
 		}, []string{"policy", "event"}),
-		hot: &hotKeyCollector{desc: prometheus.NewDesc(
-			"ringlimit_hot_key_rate",
-			"Time-decayed hit rate, in hits per second, of the heaviest keys this node owns (at most Config.HotKeys series).",
-			[]string{"rank", "tenant", "subject", "policy"}, nil,
-		)},
+		hot:  newHotKeyCollector(opts.HotKeyNames),
 		raft: newRaftCollector(),
 	}
 	m.decisionC.resolve = func(k decisionLabels) prometheus.Counter {
@@ -298,9 +311,22 @@ func (m *Metrics) HotKeys(top []peer.HotKey) {
 // snapshot under one lock, rather than resetting a GaugeVec and setting its
 // children one by one, means a scrape never sees a half-written top-K.
 type hotKeyCollector struct {
-	desc *prometheus.Desc
-	mu   sync.Mutex    // guards top
-	top  []peer.HotKey // never mutated once published
+	desc  *prometheus.Desc
+	names bool          // tenant and subject labels
+	mu    sync.Mutex    // guards top
+	top   []peer.HotKey // never mutated once published
+}
+
+func newHotKeyCollector(names bool) *hotKeyCollector {
+	labels := []string{"rank", "policy"}
+	if names {
+		labels = []string{"rank", "tenant", "subject", "policy"}
+	}
+	return &hotKeyCollector{names: names, desc: prometheus.NewDesc(
+		"ringlimit_hot_key_rate",
+		"Time-decayed hit rate, in hits per second, of the heaviest keys this node owns (at most Config.HotKeys series).",
+		labels, nil,
+	)}
 }
 
 func (c *hotKeyCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
@@ -312,8 +338,11 @@ func (c *hotKeyCollector) Collect(ch chan<- prometheus.Metric) {
 	for i, h := range top {
 		// Key parts are validated visible ASCII, so NewConstMetric cannot
 		// fail on them; a key that somehow is not is skipped, not panicked on.
-		mt, err := prometheus.NewConstMetric(c.desc, prometheus.GaugeValue, h.Rate,
-			strconv.Itoa(i+1), h.Key.Tenant, h.Key.Subject, h.Key.Policy)
+		values := []string{strconv.Itoa(i + 1), h.Key.Policy}
+		if c.names {
+			values = []string{strconv.Itoa(i + 1), h.Key.Tenant, h.Key.Subject, h.Key.Policy}
+		}
+		mt, err := prometheus.NewConstMetric(c.desc, prometheus.GaugeValue, h.Rate, values...)
 		if err == nil {
 			ch <- mt
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -128,8 +129,8 @@ func TestPrometheusEveryMethod(t *testing.T) {
 		{name: "ringlimit_backup_keys_total", labels: map[string]string{"direction": "restored", "outcome": "ok"}, want: 1},
 		{name: "ringlimit_overage_units_total", labels: map[string]string{"policy": "tokens"}, want: 25},
 		{name: "ringlimit_decisions_total", labels: map[string]string{"policy": "tokens", "reason": "settled", "path": "local"}, want: 1},
-		{name: "ringlimit_hot_key_rate", labels: map[string]string{"rank": "1", "tenant": "acme", "subject": "alice", "policy": "api"}, want: 12.5},
-		{name: "ringlimit_hot_key_rate", labels: map[string]string{"rank": "2", "tenant": "acme", "subject": "bob", "policy": "api"}, want: 3},
+		{name: "ringlimit_hot_key_rate", labels: map[string]string{"rank": "1", "policy": "api"}, want: 12.5},
+		{name: "ringlimit_hot_key_rate", labels: map[string]string{"rank": "2", "policy": "api"}, want: 3},
 	}
 	for _, tc := range tests {
 		t.Run(fmt.Sprint(tc.name, tc.labels), func(t *testing.T) {
@@ -270,8 +271,44 @@ func TestPrometheusRegistries(t *testing.T) {
 	})
 }
 
+// TestPrometheusHotKeyNames: by default the hot-key series name a key by
+// rank and policy only, no tenant or subject anywhere in the exposition
+// (issue 53 item 8: other tenants' identities on /metrics); with
+// Options.HotKeyNames they are labels.
+func TestPrometheusHotKeyNames(t *testing.T) {
+	top := []peer.HotKey{{Key: peer.Key{Tenant: "acme", Subject: "alice", Policy: "api"}, Rate: 7}}
+	for _, names := range []bool{false, true} {
+		reg := prometheus.NewRegistry()
+		m, err := prommetrics.NewWithOptions(reg, prommetrics.Options{HotKeyNames: names})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.HotKeys(top)
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var text strings.Builder
+		for _, mf := range mfs {
+			if mf.GetName() == "ringlimit_hot_key_rate" {
+				text.WriteString(mf.String())
+			}
+		}
+		if got := strings.Contains(text.String(), "alice") || strings.Contains(text.String(), "acme"); got != names {
+			t.Errorf("HotKeyNames %v: tenant or subject in the hot-key series = %v: %s", names, got, text.String())
+		}
+		if !strings.Contains(text.String(), `"api"`) {
+			t.Errorf("HotKeyNames %v: no policy label: %s", names, text.String())
+		}
+	}
+}
+
 func TestPrometheusHotKeysBounded(t *testing.T) {
-	m, reg := newPromMetrics(t)
+	reg := prometheus.NewRegistry()
+	m, err := prommetrics.NewWithOptions(reg, prommetrics.Options{HotKeyNames: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 	hk := func(subject string, rate float64) peer.HotKey {
 		return peer.HotKey{Key: peer.Key{Tenant: "t", Subject: subject, Policy: "api"}, Rate: rate}
 	}

@@ -13,9 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -256,9 +254,8 @@ func netConnOf(c net.Conn) net.Conn {
 }
 
 // Dial opens a framed pipe of kind to addr, over TLS when tlsCfg is set,
-// presenting token (may be empty). A server that does not take it
-// answers ErrRefused.
-func Dial(ctx context.Context, addr string, kind byte, token string, tlsCfg *tls.Config) (*Conn, error) {
+// presenting cred. A server that does not take it answers ErrRefused.
+func Dial(ctx context.Context, addr string, kind byte, cred Credential, tlsCfg *tls.Config) (*Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, SetupTimeout)
 	defer cancel()
 	var d net.Dialer
@@ -294,18 +291,16 @@ func Dial(ctx context.Context, addr string, kind byte, token string, tlsCfg *tls
 		conn = tc
 	}
 	fc := NewConn(conn)
-	if err := fc.WriteRaw(append([]byte{kind}, token...)); err != nil {
+	if err := cred.clientHello(fc, kind); err != nil {
 		return fail(err)
 	}
 	ans, err := fc.ReadFrame(MaxHello)
-	switch {
-	case err != nil:
+	if err != nil {
 		// A server without framed pipes closes the connection.
 		return fail(fmt.Errorf("%w: %w", ErrRefused, err))
-	case len(ans) == 0:
-		return fail(fmt.Errorf("%w: empty answer", ErrRefused))
-	case ans[0] != 0:
-		return fail(fmt.Errorf("%w: %w", ErrRefused, status.Error(codes.Code(ans[0]), string(ans[1:]))))
+	}
+	if err := refusal(ans); err != nil {
+		return fail(err)
 	}
 	if !stop() {
 		return fail(ctx.Err())

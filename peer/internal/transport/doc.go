@@ -9,9 +9,10 @@
 // What it owns:
 //
 //   - The wire: Magic, then TLS when the server has it, then a hello frame
-//     (the pipe's kind, KindCheck or KindReplicate, and the peer token),
-//     answered by one frame (accepted, or refused with a gRPC status code
-//     and message); then each frame is a 4-byte big-endian length and a
+//     (the pipe's kind, KindCheck or KindReplicate, and with a secret a
+//     nonce and the sender's name, answered by the server's challenge and
+//     the client's proof: hello.go), answered by one frame (accepted, or
+//     refused with a gRPC status code and message); then each frame is a 4-byte big-endian length and a
 //     protobuf message. Conn reads and writes frames; Dial opens a pipe.
 //   - Stream: the grpc.BidiStreamingServer a stream handler reads and
 //     answers on, and with the types swapped the grpc.BidiStreamingClient
@@ -21,11 +22,12 @@
 //     pipe) that matches answers to requests by id, answers every
 //     request exactly once, and breaks on a send or receive error or an
 //     answer twice its timeout late.
-//   - Auth, peer authentication: a token derived from the cluster's
-//     secret, or a client certificate verified under mutual TLS, checked
-//     on every call to the protected services (ServerOptions) and on a
-//     framed pipe's hello (Admit); the token sent on every call
-//     (DialOptions).
+//   - Auth, peer authentication: a fresh token per call derived from the
+//     cluster's secret and accepted once (calltoken.go), a challenge in a
+//     framed pipe's hello, or a client certificate verified under mutual
+//     TLS whose SANs match the peer name patterns; checked on every call
+//     to the protected services (ServerOptions) and on every hello; the
+//     tokens made for every call (DialOptions).
 //   - Server and Listener: a framed pipe shares the gRPC port. The
 //     Listener reads the first bytes of every connection: Magic (which
 //     neither an HTTP/2 preface, "PRI ...", nor a TLS record, 0x16 ...,
@@ -41,9 +43,8 @@
 // connection is closed (a frame may be half written).
 //
 // What it does not do: it knows nothing of ownership, policies, keys or
-// which messages it carries. Whether a hello is admitted, and what runs
-// on an admitted pipe, are its Handler's (peer: Auth.Admit, CheckStream
-// and ReplicateStream); which services are the peers' own is its
+// which messages it carries. What runs on an admitted pipe is its
+// Handler's (peer: CheckStream and ReplicateStream); which services are the peers' own is its
 // caller's. The goroutines it starts belong to
 // the WaitGroup its caller passes (the Node's).
 //

@@ -17,10 +17,9 @@ import (
 
 // Handler is what a Server needs from the node it serves for.
 type Handler interface {
-	// Admit decides a hello: verified says the connection's TLS client
-	// certificate was verified, token is what the sender presented. nil
-	// takes the pipe; an error refuses it with the error's gRPC status.
-	Admit(verified bool, token string) error
+	// Admit decides a pipe whose hello the Server's Auth admitted: nil
+	// takes it; an error refuses it with the error's gRPC status.
+	Admit() error
 	// ServePipe runs an admitted pipe of kind (KindCheck or
 	// KindReplicate) on fc until it ends. ctx is the pipe's and cancel
 	// ends it: a Stream made with cancel calls it when the connection
@@ -31,9 +30,10 @@ type Handler interface {
 
 // Server serves the framed pipes that a Listener hands it.
 type Server struct {
-	tls *tls.Config
-	h   Handler
-	log *slog.Logger
+	tls  *tls.Config
+	auth Auth
+	h    Handler
+	log  *slog.Logger
 
 	mu      sync.Mutex
 	stopped bool
@@ -41,10 +41,11 @@ type Server struct {
 	active  sync.WaitGroup        // serving goroutines, for a graceful stop
 }
 
-// NewServer serves pipes for h, over TLS when tlsCfg is set; log gets
-// the pipes that fail to set up or end in error, at debug level.
-func NewServer(tlsCfg *tls.Config, h Handler, log *slog.Logger) *Server {
-	return &Server{tls: tlsCfg, h: h, log: log, conns: map[net.Conn]struct{}{}}
+// NewServer serves pipes for h, over TLS when tlsCfg is set, admitting
+// hellos by auth; log gets the pipes that fail to set up or end in error,
+// at debug level.
+func NewServer(tlsCfg *tls.Config, auth Auth, h Handler, log *slog.Logger) *Server {
+	return &Server{tls: tlsCfg, auth: auth, h: h, log: log, conns: map[net.Conn]struct{}{}}
 }
 
 // Conns counts the connections the server is sniffing or serving.
@@ -117,14 +118,15 @@ func (s *Server) serve(c net.Conn) {
 	}()
 	_ = c.SetDeadline(time.Now().Add(SetupTimeout))
 	conn := c
-	var verified bool
+	var cs *tls.ConnectionState
 	if s.tls != nil {
 		tc := tls.Server(c, s.tls)
 		if err := tc.Handshake(); err != nil {
 			s.log.Debug("framed pipe: TLS handshake failed", "remote", c.RemoteAddr().String(), "err", err)
 			return
 		}
-		verified = len(tc.ConnectionState().VerifiedChains) > 0
+		state := tc.ConnectionState()
+		cs = &state
 		conn = tc
 	}
 	fc := NewConn(conn)
@@ -135,8 +137,16 @@ func (s *Server) serve(c net.Conn) {
 		s.log.Debug("framed pipe: no hello", "remote", c.RemoteAddr().String(), "err", err)
 		return
 	}
-	kind, token := hello[0], string(hello[1:])
-	if err := s.h.Admit(verified, token); err != nil {
+	kind := hello[0]
+	err = s.auth.serverHello(fc, cs, hello)
+	if errors.Is(err, errNoProof) {
+		s.log.Debug("framed pipe: no answer to the challenge", "remote", c.RemoteAddr().String())
+		return
+	}
+	if err == nil {
+		err = s.h.Admit()
+	}
+	if err != nil {
 		st := status.Convert(err)
 		_ = fc.WriteRaw(append([]byte{byte(st.Code())}, st.Message()...))
 		return

@@ -20,19 +20,17 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-// echo admits the token "good" (and any verified client) and answers
-// every message of a pipe with itself, its kind prefixed.
+// echo answers every message of a pipe with itself, its kind prefixed.
+// Its servers admit hellos by srvAuth: the secret "good", member "srv".
 type echo struct{}
 
-func (echo) Admit(verified bool, token string) error {
-	switch {
-	case verified || token == "good":
-		return nil
-	case token == "":
-		return status.Error(codes.Unauthenticated, "no token")
-	}
-	return status.Error(codes.PermissionDenied, "wrong token")
-}
+func (echo) Admit() error { return nil }
+
+var (
+	srvAuth = NewAuth(AuthConfig{Secret: []byte("good"), Self: "srv"})
+	// good is a client's credential for srv.
+	good = NewAuth(AuthConfig{Secret: []byte("good"), Self: "cli"}).PipeCredential("srv")
+)
 
 func (echo) ServePipe(ctx context.Context, cancel context.CancelFunc, kind byte, fc *Conn) error {
 	st := NewStream[wrapperspb.StringValue, wrapperspb.StringValue](fc, ctx, true, cancel)
@@ -65,7 +63,7 @@ func serveWith(t *testing.T, h Handler) (*Listener, *Server) {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	s := NewServer(nil, h, slog.New(slog.DiscardHandler))
+	s := NewServer(nil, srvAuth, h, slog.New(slog.DiscardHandler))
 	l := NewListener(raw, s, &wg)
 	t.Cleanup(func() {
 		l.Close()
@@ -84,16 +82,19 @@ func TestDialHello(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, tc := range []struct {
-		name  string
-		kind  byte
-		token string
-		want  codes.Code
+		name string
+		kind byte
+		cred Credential
+		want codes.Code
 	}{
-		{"no token", KindCheck, "", codes.Unauthenticated},
-		{"wrong token", KindReplicate, "bad", codes.PermissionDenied},
-		{"unknown kind", 9, "good", codes.Unimplemented},
+		{"no token", KindCheck, Credential{}, codes.Unauthenticated},
+		{"wrong token", KindReplicate, Credential{Token: "bad"}, codes.PermissionDenied},
+		{"another secret", KindReplicate, NewAuth(AuthConfig{Secret: []byte("bad"), Self: "cli"}).PipeCredential("srv"), codes.PermissionDenied},
+		{"made for another member", KindReplicate, NewAuth(AuthConfig{Secret: []byte("good"), Self: "cli"}).PipeCredential("other"), codes.PermissionDenied},
+		{"static token over plaintext", KindCheck, Credential{Token: srvAuth.LegacyToken()}, codes.PermissionDenied},
+		{"unknown kind", 9, good, codes.Unimplemented},
 	} {
-		fc, err := Dial(ctx, addr, tc.kind, tc.token, nil)
+		fc, err := Dial(ctx, addr, tc.kind, tc.cred, nil)
 		if err == nil {
 			fc.Close()
 			t.Fatalf("%s: pipe opened, want refused", tc.name)
@@ -102,7 +103,7 @@ func TestDialHello(t *testing.T) {
 			t.Fatalf("%s: %v (code %v), want ErrRefused with %v", tc.name, err, status.Code(err), tc.want)
 		}
 	}
-	fc, err := Dial(ctx, addr, KindReplicate, "good", nil)
+	fc, err := Dial(ctx, addr, KindReplicate, good, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +253,7 @@ func (l *flakyListener) Accept() (net.Conn, error) {
 // own accept loop does, instead of stopping the server's listener.
 func TestListenerRetriesTemporaryErrors(t *testing.T) {
 	var wg sync.WaitGroup
-	fs := NewServer(nil, echo{}, slog.New(slog.DiscardHandler))
+	fs := NewServer(nil, srvAuth, echo{}, slog.New(slog.DiscardHandler))
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -347,7 +348,7 @@ func TestPipe(t *testing.T) {
 	var breaks atomic.Int64
 	const timeout = 100 * time.Millisecond
 	open := func() *Pipe[wrapperspb.StringValue, wrapperspb.StringValue] {
-		fc, err := Dial(ctx, l.Addr().String(), KindCheck, "good", nil)
+		fc, err := Dial(ctx, l.Addr().String(), KindCheck, good, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
