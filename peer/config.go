@@ -319,6 +319,10 @@ type Config struct {
 	// refuseFramed (tests only) starts the node refusing framed pipes
 	// as Unavailable (Node.hooks.refuseFramed).
 	refuseFramed bool
+	// dataDir keeps the ownership log and the directory's identity
+	// (datadir.go); empty keeps everything in memory. Unexported (tests
+	// only) until the partitions' state is kept there too.
+	dataDir string
 	// framedWriteTimeout (tests only) bounds a write on a framed pipe;
 	// zero means framedWriteTimeout's default (Node.framedWriteTimeout).
 	framedWriteTimeout time.Duration

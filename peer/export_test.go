@@ -29,6 +29,7 @@ func (n *Node) KillForTest() {
 		if n.lo != nil {
 			n.lo.shutdown()
 		}
+		n.closeDataDir()
 		n.cancel()
 		n.stopClients()
 		n.wg.Wait()

@@ -24,7 +24,11 @@ import (
 //
 //   - the member ID of this process is its incarnation, name@start (the
 //     random start id gossip carries), and its raft ID is the start id:
-//     a restarted process is a new member and a new raft server;
+//     a restarted process is a new member and a new raft server; with a
+//     data directory (datadir.go) the raft ID is the directory's and
+//     gossip carries it (Meta.RaftID), so a member restarted with its
+//     directory resumes its log as the same raft server under a new
+//     incarnation, heir (Meta.Heir, View.Heirs) of the one before;
 //   - every gossip view becomes the machine's View (ring targets, members,
 //     incarnations gone for good) and autopilot's roster;
 //   - raft messages travel on the node's gRPC port (ownlog.Register),
@@ -140,10 +144,13 @@ func newLogOwner(n *Node) (*logOwner, error) {
 		known: map[string]*logKnown{}, cur: map[string]string{}, restarts: make([]uint64, n.cfg.Ring.PartitionCount),
 		last: make([]ownlog.PartState, n.cfg.Ring.PartitionCount)}
 	lo.peers.Store(&logPeers{raft: map[uint64]string{}, inc: map[string]string{n.name: lo.self}, addr: map[string]string{}})
-	cfg := ownlog.Config{RaftID: n.ops.start, Partitions: n.cfg.Ring.PartitionCount, HeartbeatTicks: logHeartbeat,
+	cfg := ownlog.Config{RaftID: n.raftID(), Partitions: n.cfg.Ring.PartitionCount, HeartbeatTicks: logHeartbeat,
 		Ownership: ownership.Config{ID: lo.self, Liveness: n.cfg.LeaseDuration, EmptyAfter: n.emptyWait}}
+	if n.dd != nil {
+		cfg.Disk = n.dd.raft // a log on disk is resumed; Bootstrap is then ignored
+	}
 	if len(n.cfg.Join) == 0 {
-		cfg.Bootstrap = &pb.ConfState{Voters: []uint64{n.ops.start}}
+		cfg.Bootstrap = &pb.ConfState{Voters: []uint64{n.raftID()}}
 	}
 	m, err := ownlog.New(cfg)
 	if err != nil {
@@ -336,7 +343,9 @@ func (lo *logOwner) incarnation(name string) string { return lo.peers.Load().inc
 // members that may be targets, the incarnations gone for good, and the
 // roster autopilot keeps voters from. starts are the live members' start
 // ids, targets the members that may be targets (live, not draining).
-func (lo *logOwner) setView(v *view, evs []membership.Event, starts map[string]uint64, targets []string) {
+// raftIDs and heirs are, per live member, its raft ID and the start id of
+// the incarnation whose data directory it has (0 for none).
+func (lo *logOwner) setView(v *view, evs []membership.Event, starts, raftIDs, heirs map[string]uint64, targets []string) {
 	n := lo.n
 	now := n.mono()
 	// A member that left gossip is gone for good once the table says it
@@ -389,6 +398,9 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts map[string]u
 				lo.forgetOldest()
 			}
 			k = &logKnown{raft: st}
+			if r := raftIDs[name]; r != 0 {
+				k.raft = r
+			}
 			lo.known[id] = k
 		}
 		k.lastLive, k.leaving = now, !isTarget[name]
@@ -415,7 +427,7 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts map[string]u
 			failed = append(failed, id)
 		}
 		if g {
-			if !k.forgotten {
+			if !k.forgotten && !lo.raftInUse(k.raft, id) {
 				// Raft sends a removed member nothing: its stream and
 				// goroutine would idle until Close.
 				k.forgotten = true
@@ -433,11 +445,14 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts map[string]u
 		peers.inc[name] = id
 	}
 	peers.inc[n.name] = lo.self
+	roster = oneIncarnationPerRaftID(roster)
+	heirOf := lo.heirsLocked(heirs)
+	gone = withHeirsGone(gone, heirOf)
 	lo.mu.Unlock()
 	lo.peers.Store(peers)
 
 	parts := n.cfg.Ring.PartitionCount
-	ov := ownership.View{Target: make([]string, parts), Second: make([]string, parts), Gone: gone, Failed: failed}
+	ov := ownership.View{Target: make([]string, parts), Second: make([]string, parts), Gone: gone, Failed: failed, Heirs: heirOf}
 	for _, t := range targets {
 		if id := peers.inc[t]; id != "" {
 			ov.Members = append(ov.Members, id)

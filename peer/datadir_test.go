@@ -1,0 +1,141 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/peer/internal/durable"
+)
+
+// TestDataDirWholeRestart: three nodes with data directories (the founder
+// and two joiners whose directories are new, which learn their cluster
+// from gossip first) are all killed at once and started again with their
+// directories. Each comes back in its cluster, as the same raft member
+// (the log's voters, on disk, are those raft IDs: without them the log
+// elects no leader and nothing settles), as a new incarnation that
+// gossips the one before as the incarnation it inherits, and the cluster
+// decides again.
+func TestDataDirWholeRestart(t *testing.T) {
+	root := t.TempDir()
+	base := logConfig(5, time.Minute)
+	dirOf := func(i int) string { return filepath.Join(root, fmt.Sprint("n", i)) }
+	c := startClusterWith(t, 3, base, func(i int, cfg *Config) { cfg.dataDir = dirOf(i) })
+	type was struct{ cluster, raft, start uint64 }
+	before := make([]was, 3)
+	for i, nd := range c.nodes {
+		before[i] = was{nd.clusterID.Load(), nd.raftID(), nd.ops.start}
+		if nd.heirOf() != 0 {
+			t.Fatalf("%s: heir of %016x in a new directory", nd.name, nd.heirOf())
+		}
+		if i > 0 && before[i].cluster != before[0].cluster {
+			t.Fatalf("%s: cluster %016x, founder's %016x", nd.name, before[i].cluster, before[0].cluster)
+		}
+	}
+	key := Key{Tenant: "t", Subject: "s", Policy: "api"}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if d, err := c.nodes[1].Allow(ctx, Request{Key: key}); err != nil || !d.Allowed {
+		t.Fatalf("allow before the restart: %+v, %v", d, err)
+	}
+	for _, nd := range c.nodes {
+		nd.KillForTest()
+	}
+
+	c2 := &cluster{t: t, base: base}
+	for i := range 3 {
+		c2.addWith(fmt.Sprint("n", i), func(cfg *Config) { cfg.dataDir = dirOf(i) })
+	}
+	for i, nd := range c2.nodes {
+		if got := nd.clusterID.Load(); got != before[i].cluster {
+			t.Errorf("%s: cluster %016x after the restart, %016x before", nd.name, got, before[i].cluster)
+		}
+		if got := nd.raftID(); got != before[i].raft {
+			t.Errorf("%s: raft ID %016x after the restart, %016x before", nd.name, got, before[i].raft)
+		}
+		if nd.ops.start == before[i].start || nd.heirOf() != before[i].start {
+			t.Errorf("%s: start %016x heir of %016x; want a new start, heir of %016x", nd.name, nd.ops.start, nd.heirOf(), before[i].start)
+		}
+		if !nd.resumed() {
+			t.Errorf("%s: did not resume its log from disk", nd.name)
+		}
+	}
+	waitForWhy(t, 30*time.Second, "the restarted cluster settled", func() bool {
+		for _, nd := range c2.nodes {
+			if !nd.Settled() {
+				return false
+			}
+		}
+		return true
+	}, func() string {
+		var b strings.Builder
+		for _, nd := range c2.nodes {
+			b.WriteString(nd.unsettledForTest() + "\n")
+		}
+		return b.String()
+	})
+	if d, err := c2.nodes[2].Allow(ctx, Request{Key: key}); err != nil || !d.Allowed {
+		t.Fatalf("allow after the restart: %+v, %v", d, err)
+	}
+}
+
+// TestDataDirRefused: a data directory of another member, or with a
+// damaged meta file, stops New with an error naming the file, and the
+// directory is left exactly as it was.
+func TestDataDirRefused(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "d")
+	c := startClusterWith(t, 1, logConfig(5, time.Minute), func(_ int, cfg *Config) { cfg.dataDir = dir })
+	c.nodes[0].KillForTest()
+	meta := filepath.Join(dir, durable.MetaFile)
+	snapshot := func() string {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		for _, e := range ents {
+			data, _ := os.ReadFile(filepath.Join(dir, e.Name()))
+			fmt.Fprintf(&b, "%s %x\n", e.Name(), data)
+		}
+		return b.String()
+	}
+	start := func(name string) error {
+		cfg := logConfig(5, time.Minute)
+		cfg.Name, cfg.dataDir, cfg.Gossip, cfg.Logger = name, dir, testGossip, testLogger(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		nd, err := New(ctx, cfg)
+		if err == nil {
+			nd.KillForTest()
+			t.Fatalf("%s started with a directory it must refuse", name)
+		}
+		return err
+	}
+	was := snapshot()
+	if err := start("other"); !errors.Is(err, durable.ErrOtherCluster) || !strings.Contains(err.Error(), meta) {
+		t.Fatalf("another member's directory: %v; want ErrOtherCluster naming %s", err, meta)
+	}
+	if now := snapshot(); now != was {
+		t.Fatalf("refused directory changed:\n%s\nthen\n%s", was, now)
+	}
+	b, err := os.ReadFile(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-6] ^= 0x10
+	if err := os.WriteFile(meta, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	was = snapshot()
+	if err := start("n0"); !errors.Is(err, durable.ErrCorrupt) || !strings.Contains(err.Error(), meta) {
+		t.Fatalf("flipped byte in the meta file: %v; want ErrCorrupt naming %s", err, meta)
+	}
+	if now := snapshot(); now != was {
+		t.Fatalf("refused directory changed:\n%s\nthen\n%s", was, now)
+	}
+}
