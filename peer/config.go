@@ -244,6 +244,35 @@ const (
 	ReplicateOff = policy.ReplicateOff
 )
 
+// Durability is whether a policy's admissions are kept on the holder's
+// data directory. It is policy.Durability, re-exported; its String method
+// returns "memory", "disk" or "disk_async".
+type Durability = policy.Durability
+
+const (
+	// DurabilityMemory keeps admissions in memory (and on the backup, by
+	// Replication) only: a restart of every member loses them.
+	DurabilityMemory = policy.DurabilityMemory
+	// DurabilityDisk answers an admission only after the key's state is
+	// on the holder's disk, fsynced; concurrent admissions share one
+	// fsync (group commit). Without a data directory: memory.
+	DurabilityDisk = policy.DurabilityDisk
+	// DurabilityDiskAsync answers at once and writes and fsyncs the
+	// holder's log every diskFlushInterval: a restart of every member
+	// loses at most the admissions of the last interval.
+	DurabilityDiskAsync = policy.DurabilityDiskAsync
+)
+
+// ParseDurability parses "memory", "disk" or "disk_async".
+func ParseDurability(s string) (Durability, error) {
+	for d := DurabilityMemory; d <= DurabilityDiskAsync; d++ {
+		if d.String() == s {
+			return d, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown durability %q (want memory, disk or disk_async)", ErrInvalidConfig, s)
+}
+
 // ParseReplication parses "sync", "async" or "off".
 func ParseReplication(s string) (Replication, error) {
 	for r := ReplicateSync; r <= ReplicateOff; r++ {

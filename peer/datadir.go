@@ -58,6 +58,8 @@ type dataDir struct {
 	// resumed: the directory held an ownership log, which the member
 	// resumes.
 	resumed bool
+	// parts is the partitions' state (partlog.go).
+	parts *partLog
 }
 
 // raftID is this member's raft ID: its data directory's first start, or
@@ -137,9 +139,17 @@ func (n *Node) openDataDir() error {
 		d.Close()
 		return fmt.Errorf("peer: data directory %s: %w", path, err)
 	}
+	parts, err := n.openPartLog(path, cl)
+	if err != nil {
+		raft.Close()
+		d.Close()
+		return fmt.Errorf("peer: data directory %s: %w", path, err)
+	}
+	dd.parts = parts
 	// Written after every check passed: a refused directory is left as
 	// it was.
 	if err := durable.WriteBlob(path, lastStartFile, cl, 0, binary.LittleEndian.AppendUint64(nil, n.ops.start)); err != nil {
+		parts.parts.Close()
 		raft.Close()
 		d.Close()
 		return fmt.Errorf("peer: data directory %s: %w", path, err)
@@ -149,6 +159,16 @@ func (n *Node) openDataDir() error {
 	n.log.Info("data directory open", "path", path, "cluster", cl, "raft_id", fmt.Sprintf("%016x", d.Start),
 		"fresh", d.Fresh, "heir_of", fmt.Sprintf("%016x", dd.heir), "log_on_disk", dd.resumed)
 	return nil
+}
+
+// startDataDir starts the partition log's flusher, a goroutine the node
+// owns (it stops with n.ctx).
+func (n *Node) startDataDir() {
+	if n.dd == nil {
+		return
+	}
+	n.wg.Add(1)
+	go n.flushParts()
 }
 
 // resumed reports whether the node resumed an ownership log from its data
@@ -164,6 +184,9 @@ func (n *Node) closeDataDir() {
 	}
 	if err := dd.raft.Close(); err != nil {
 		n.log.Warn("data directory: closing the raft log", "err", err)
+	}
+	if err := dd.parts.parts.Close(); err != nil {
+		n.log.Warn("data directory: closing the partition log", "err", err)
 	}
 	_ = dd.dir.Close()
 	dd.raft = nil

@@ -20,10 +20,16 @@ import (
 // (the log's voters, on disk, are those raft IDs: without them the log
 // elects no leader and nothing settles), as a new incarnation that
 // gossips the one before as the incarnation it inherits, and the cluster
-// decides again.
+// decides again: the keys of a policy with durability disk keep every
+// admission acknowledged before the kill (the heirs restore their old
+// partitions from disk), those of a memory policy start over.
 func TestDataDirWholeRestart(t *testing.T) {
 	root := t.TempDir()
 	base := logConfig(5, time.Minute)
+	base.Policies = map[string]PolicyConfig{
+		"api": {Limit: 5, Window: time.Minute, Durability: DurabilityDisk},
+		"mem": {Limit: 5, Window: time.Minute},
+	}
 	dirOf := func(i int) string { return filepath.Join(root, fmt.Sprint("n", i)) }
 	c := startClusterWith(t, 3, base, func(i int, cfg *Config) { cfg.dataDir = dirOf(i) })
 	type was struct{ cluster, raft, start uint64 }
@@ -37,11 +43,21 @@ func TestDataDirWholeRestart(t *testing.T) {
 			t.Fatalf("%s: cluster %016x, founder's %016x", nd.name, before[i].cluster, before[0].cluster)
 		}
 	}
-	key := Key{Tenant: "t", Subject: "s", Policy: "api"}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	if d, err := c.nodes[1].Allow(ctx, Request{Key: key}); err != nil || !d.Allowed {
-		t.Fatalf("allow before the restart: %+v, %v", d, err)
+	// Every admission acknowledged before the kill: each key's limit, on
+	// keys spread over the partitions (and so over the holders).
+	var keys []Key
+	for i := range 12 {
+		keys = append(keys, Key{Tenant: "t", Subject: fmt.Sprint("s", i), Policy: "api"})
+	}
+	mem := Key{Tenant: "t", Subject: "s0", Policy: "mem"}
+	for i, k := range append(keys, mem) {
+		for j := range 5 {
+			if d, err := c.nodes[(i+j)%3].Allow(ctx, Request{Key: k}); err != nil || !d.Allowed {
+				t.Fatalf("allow %d of %v before the restart: %+v, %v", j, k, d, err)
+			}
+		}
 	}
 	for _, nd := range c.nodes {
 		nd.KillForTest()
@@ -79,8 +95,15 @@ func TestDataDirWholeRestart(t *testing.T) {
 		}
 		return b.String()
 	})
-	if d, err := c2.nodes[2].Allow(ctx, Request{Key: key}); err != nil || !d.Allowed {
-		t.Fatalf("allow after the restart: %+v, %v", d, err)
+	// durability disk: nothing acknowledged was lost, every key is full.
+	for i, k := range keys {
+		if d, err := c2.nodes[i%3].Allow(ctx, Request{Key: k}); err != nil || d.Allowed {
+			t.Errorf("%v after the restart: %+v, %v; want refused (its 5 admissions were on disk)", k, d, err)
+		}
+	}
+	// durability memory: the key starts over, as it always did.
+	if d, err := c2.nodes[2].Allow(ctx, Request{Key: mem}); err != nil || !d.Allowed {
+		t.Fatalf("memory key after the restart: %+v, %v; want admitted (its state was in memory)", d, err)
 	}
 }
 

@@ -490,6 +490,9 @@ func (lo *logOwner) Reset(p int) {
 	pt := &lo.n.pt.parts[p]
 	pt.store = lo.n.newPartStore()
 	pt.rep, pt.next = replica{}, replica{}
+	if lo.n.dd != nil {
+		lo.n.restorePartition(p, lo.member.Own().Table().Parts[p].Epoch, pt.store)
+	}
 	// The runner's goroutine owns the member: its table may be read here.
 	if r := lo.member.Own().Table().Parts[p].Restarts; r > lo.restarts[p] {
 		lo.restarts[p] = r
@@ -546,6 +549,9 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 	default:
 		pt.backup = ""
 		pt.setRoleLocked(roleNone, "", 0)
+	}
+	if n.dd != nil {
+		n.durableTransition(p, prev.Holder == lo.self || prev.Backup == lo.self, st.Holder == lo.self, st.Backup == lo.self, st.Epoch, pt.store)
 	}
 	select {
 	case lo.ready <- struct{}{}:
@@ -754,34 +760,24 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 		}
 		pt.store = nx.store
 		pt.rep = replica{holder: sender, epoch: nx.epoch, copySeq: nx.copySeq, complete: true}
+		if n.dd != nil {
+			// The copy is this backup's state: on disk before it is
+			// acknowledged (partlog.go).
+			if err := n.durableCopy(pid, nx.epoch, nx.store); err != nil {
+				return refused
+			}
+		}
 		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 	case peerpb.PartitionOp_KIND_ADMIT, peerpb.PartitionOp_KIND_REPLACE:
 		if !lo.awaitReplica(pt, pid, from, h.epoch) {
 			return needSync
 		}
-		defer pt.mu.Unlock()
-		if h.seq != 0 {
-			if h.seq < pt.rep.seq {
-				return needSync // delivered late: applying it could undo later ones
-			}
-			pt.rep.seq = h.seq
+		res, idx := lo.applyReplica(pt, pid, h, keys, now)
+		pt.mu.Unlock()
+		if idx != 0 && n.durableSync(idx) != nil {
+			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
-		accepted := 0
-		for _, k := range keys {
-			if h.kind == peerpb.PartitionOp_KIND_REPLACE {
-				pt.store.Delete(k.st.Key)
-				if len(k.st.Runs) == 0 && len(k.st.Reservations) == 0 && len(k.st.Grants) == 0 {
-					accepted++
-					continue
-				}
-			}
-			if err := pt.store.Import(k.st, k.sp, now); err != nil {
-				return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, accepted: uint32(accepted)}
-			}
-			accepted++
-		}
-		n.metrics.Backup("received", "ok", accepted)
-		return opResult{status: peerpb.OpStatus_OP_STATUS_OK, accepted: uint32(accepted)}
+		return res
 	case peerpb.PartitionOp_KIND_HEARTBEAT, peerpb.PartitionOp_KIND_RELEASE:
 		// Sent by members of older releases (their leases and copy
 		// releases): nothing to do here.
@@ -790,6 +786,7 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 		return refused
 	}
 }
+
 
 // awaitReplica locks pt when this member may apply a replica of pid from
 // holder from at epoch, and reports whether it may. A holder replicates at

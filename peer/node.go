@@ -214,6 +214,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		}
 	}
 	n.lo.start()
+	n.startDataDir()
 	n.rebuild()
 	n.wg.Add(2)
 	go n.rebuildLoop()
