@@ -787,7 +787,6 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 	}
 }
 
-
 // awaitReplica locks pt when this member may apply a replica of pid from
 // holder from at epoch, and reports whether it may. A holder replicates at
 // a new epoch (after the SetBackup naming this member) as soon as it has
