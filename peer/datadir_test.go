@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/durable"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 // TestDataDirWholeRestart: three nodes with data directories (the founder
@@ -20,7 +21,8 @@ import (
 // (the log's voters, on disk, are those raft IDs: without them the log
 // elects no leader and nothing settles), as a new incarnation that
 // gossips the one before as the incarnation it inherits, and the cluster
-// decides again: the keys of a policy with durability disk keep every
+// decides again: the keys of policies with durability disk (sliding,
+// calendar and concurrency) keep every
 // admission acknowledged before the kill (the heirs restore their old
 // partitions from disk), those of a memory policy start over.
 func TestDataDirWholeRestart(t *testing.T) {
@@ -29,6 +31,8 @@ func TestDataDirWholeRestart(t *testing.T) {
 	base.Policies = map[string]PolicyConfig{
 		"api": {Limit: 5, Window: time.Minute, Durability: DurabilityDisk},
 		"mem": {Limit: 5, Window: time.Minute},
+		"cal": {Limit: 5, Algorithm: Calendar, Period: shard.CalendarMonth, Durability: DurabilityDisk},
+		"conc": {Limit: 2, Window: time.Minute, Algorithm: Concurrency, Durability: DurabilityDisk},
 	}
 	dirOf := func(i int) string { return filepath.Join(root, fmt.Sprint("n", i)) }
 	c := startClusterWith(t, 3, base, func(i int, cfg *Config) { cfg.dataDir = dirOf(i) })
@@ -49,7 +53,17 @@ func TestDataDirWholeRestart(t *testing.T) {
 	// keys spread over the partitions (and so over the holders).
 	var keys []Key
 	for i := range 12 {
-		keys = append(keys, Key{Tenant: "t", Subject: fmt.Sprint("s", i), Policy: "api"})
+		keys = append(keys, Key{Tenant: "t", Subject: fmt.Sprint("s", i), Policy: "api"}, Key{Tenant: "t", Subject: fmt.Sprint("s", i), Policy: "cal"})
+	}
+	var leases []Key
+	for i := range 6 {
+		k := Key{Tenant: "t", Subject: fmt.Sprint("c", i), Policy: "conc"}
+		leases = append(leases, k)
+		for j := range 2 {
+			if l, err := c.nodes[(i+j)%3].Acquire(ctx, Request{Key: k}); err != nil || !l.Allowed {
+				t.Fatalf("acquire %d of %v before the restart: %+v, %v", j, k, l, err)
+			}
+		}
 	}
 	mem := Key{Tenant: "t", Subject: "s0", Policy: "mem"}
 	for i, k := range append(keys, mem) {
@@ -99,6 +113,11 @@ func TestDataDirWholeRestart(t *testing.T) {
 	for i, k := range keys {
 		if d, err := c2.nodes[i%3].Allow(ctx, Request{Key: k}); err != nil || d.Allowed {
 			t.Errorf("%v after the restart: %+v, %v; want refused (its 5 admissions were on disk)", k, d, err)
+		}
+	}
+	for i, k := range leases {
+		if l, err := c2.nodes[i%3].Acquire(ctx, Request{Key: k}); err != nil || l.Allowed {
+			t.Errorf("%v after the restart: %+v, %v; want refused (its 2 leases were on disk)", k, l, err)
 		}
 	}
 	// durability memory: the key starts over, as it always did.
