@@ -348,10 +348,6 @@ type Config struct {
 	// refuseFramed (tests only) starts the node refusing framed pipes
 	// as Unavailable (Node.hooks.refuseFramed).
 	refuseFramed bool
-	// dataDir keeps the ownership log and the directory's identity
-	// (datadir.go); empty keeps everything in memory. Unexported (tests
-	// only) until the partitions' state is kept there too.
-	dataDir string
 	// framedWriteTimeout (tests only) bounds a write on a framed pipe;
 	// zero means framedWriteTimeout's default (Node.framedWriteTimeout).
 	framedWriteTimeout time.Duration
@@ -489,6 +485,19 @@ type Config struct {
 	// TransferChunkBytes bounds one message of a partition copy. Zero means
 	// 1 MiB.
 	TransferChunkBytes int
+	// DataDir is a directory this node keeps on disk what a restart of
+	// every member at once must not lose: the ownership log (raft's hard
+	// state, entries and snapshots), the cluster id and its raft ID, and
+	// the state of the partitions it holds and backs up for the policies
+	// whose Durability is disk or disk_async. Empty keeps everything in
+	// memory, as before. A node restarted with its DataDir rejoins its
+	// cluster as the same raft member under a new incarnation, and takes
+	// back the partitions its old incarnation held with their state (the
+	// package doc, "Data directory"). The directory must keep the node's
+	// Name; one of another cluster or member, damaged, or written by a
+	// newer version is refused by New with an error naming the file, and
+	// left as it was. One process at a time (locked).
+	DataDir string
 	// Ownership is how partition holders change; the only mode is
 	// OwnershipLog (also ""): by compare-and-set commands in a replicated
 	// log (raft) with liveness leases, which keeps one decision point per

@@ -19,10 +19,9 @@ import (
 	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
 )
 
-// This file gives a node its data directory (Config.dataDir, unexported
-// until the partitions' state is kept there too: issue 57). What it keeps
-// today is the ownership log (ownlog.Disk: raft's hard state, entries and
-// snapshots) and the directory's identity:
+// This file gives a node its data directory (Config.DataDir): the
+// ownership log (ownlog.Disk: raft's hard state, entries and snapshots),
+// the partitions' state (partlog.go) and the directory's identity:
 //
 //   - the cluster id (the founder's random one, or the one a joiner
 //     adopted) is the directory's cluster (durable.OpenDir), read back
@@ -84,7 +83,7 @@ func (n *Node) heirOf() uint64 {
 // n.clusterID. It reports whether the directory is new and the node joins
 // (it must learn its cluster from gossip first).
 func (n *Node) dataDirCluster() (joinFirst bool, err error) {
-	path := n.cfg.dataDir
+	path := n.cfg.DataDir
 	if path == "" {
 		return false, nil
 	}
@@ -107,7 +106,7 @@ func (n *Node) dataDirCluster() (joinFirst bool, err error) {
 // now), records this process as the last to run with it, and opens its
 // raft log.
 func (n *Node) openDataDir() error {
-	path := n.cfg.dataDir
+	path := n.cfg.DataDir
 	if path == "" {
 		return nil
 	}
@@ -254,9 +253,9 @@ func (n *Node) awaitCluster(ctx context.Context) error {
 		select {
 		case <-t.C:
 		case <-ctx.Done():
-			return fmt.Errorf("peer: data directory %s: waiting for the cluster id from gossip: %w", n.cfg.dataDir, ctx.Err())
+			return fmt.Errorf("peer: data directory %s: waiting for the cluster id from gossip: %w", n.cfg.DataDir, ctx.Err())
 		case <-limit.C:
-			return fmt.Errorf("peer: data directory %s: no member gossiped a cluster id within %v", n.cfg.dataDir, max(n.cfg.JoinTimeout, time.Second))
+			return fmt.Errorf("peer: data directory %s: no member gossiped a cluster id within %v", n.cfg.DataDir, max(n.cfg.JoinTimeout, time.Second))
 		}
 	}
 }

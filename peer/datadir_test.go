@@ -29,13 +29,13 @@ func TestDataDirWholeRestart(t *testing.T) {
 	root := t.TempDir()
 	base := logConfig(5, time.Minute)
 	base.Policies = map[string]PolicyConfig{
-		"api": {Limit: 5, Window: time.Minute, Durability: DurabilityDisk},
-		"mem": {Limit: 5, Window: time.Minute},
-		"cal": {Limit: 5, Algorithm: Calendar, Period: shard.CalendarMonth, Durability: DurabilityDisk},
+		"api":  {Limit: 5, Window: time.Minute, Durability: DurabilityDisk},
+		"mem":  {Limit: 5, Window: time.Minute},
+		"cal":  {Limit: 5, Algorithm: Calendar, Period: shard.CalendarMonth, Durability: DurabilityDisk},
 		"conc": {Limit: 2, Window: time.Minute, Algorithm: Concurrency, Durability: DurabilityDisk},
 	}
 	dirOf := func(i int) string { return filepath.Join(root, fmt.Sprint("n", i)) }
-	c := startClusterWith(t, 3, base, func(i int, cfg *Config) { cfg.dataDir = dirOf(i) })
+	c := startClusterWith(t, 3, base, func(i int, cfg *Config) { cfg.DataDir = dirOf(i) })
 	type was struct{ cluster, raft, start uint64 }
 	before := make([]was, 3)
 	for i, nd := range c.nodes {
@@ -79,7 +79,7 @@ func TestDataDirWholeRestart(t *testing.T) {
 
 	c2 := &cluster{t: t, base: base}
 	for i := range 3 {
-		c2.addWith(fmt.Sprint("n", i), func(cfg *Config) { cfg.dataDir = dirOf(i) })
+		c2.addWith(fmt.Sprint("n", i), func(cfg *Config) { cfg.DataDir = dirOf(i) })
 	}
 	for i, nd := range c2.nodes {
 		if got := nd.clusterID.Load(); got != before[i].cluster {
@@ -131,7 +131,7 @@ func TestDataDirWholeRestart(t *testing.T) {
 // directory is left exactly as it was.
 func TestDataDirRefused(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "d")
-	c := startClusterWith(t, 1, logConfig(5, time.Minute), func(_ int, cfg *Config) { cfg.dataDir = dir })
+	c := startClusterWith(t, 1, logConfig(5, time.Minute), func(_ int, cfg *Config) { cfg.DataDir = dir })
 	c.nodes[0].KillForTest()
 	meta := filepath.Join(dir, durable.MetaFile)
 	snapshot := func() string {
@@ -148,7 +148,7 @@ func TestDataDirRefused(t *testing.T) {
 	}
 	start := func(name string) error {
 		cfg := logConfig(5, time.Minute)
-		cfg.Name, cfg.dataDir, cfg.Gossip, cfg.Logger = name, dir, testGossip, testLogger(t)
+		cfg.Name, cfg.DataDir, cfg.Gossip, cfg.Logger = name, dir, testGossip, testLogger(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		nd, err := New(ctx, cfg)
