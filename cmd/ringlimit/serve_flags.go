@@ -53,6 +53,12 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
   --tls-key PATH        public API); the three flags go together. Peers are
   --tls-ca PATH         dialed by address, so certificates need IP SANs unless
   --tls-server-name N   --tls-server-name names the SAN to verify instead
+  --data-dir PATH       keep the ownership log, this node's identity and the
+                        state of its partitions (policies with durability
+                        disk or disk_async) here, so that quotas survive a
+                        restart of every node; needs --name (the directory
+                        belongs to one member); "" (default) keeps all in
+                        memory
   --drain-timeout D     how long shutdown may take to hand off keys (default 10s)
   --max-keys N          the most keys this node holds (its partitions' and
                         backup copies together; each partition holds at
@@ -200,6 +206,7 @@ duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
 // serveFlags holds serve's configuration after flags and environment.
 type serveFlags struct {
 	name, gossipAddr, grpcAddr, httpAddr, join, policies, gossipKey string
+	dataDir                                                         string
 	opsAddr                                                         string // "": the ops paths stay on httpAddr
 	tlsCert, tlsKey, tlsCA, tlsServerName                           string
 	logFormat, logLevel                                             string
@@ -236,6 +243,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.join, "join", "", "")
 	fs.StringVar(&f.policies, "policies", "", "")
 	fs.StringVar(&f.gossipKey, "gossip-key", "", "")
+	fs.StringVar(&f.dataDir, "data-dir", "", "")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "")
@@ -277,6 +285,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	if f.opsAddr != "" && f.opsAddr == f.httpAddr && !strings.HasSuffix(f.opsAddr, ":0") {
 		return f, usageError(fmt.Sprintf("serve: --ops-addr %s is --http-addr too: give the ops listener a port of its own, or leave --ops-addr empty to serve everything on --http-addr", f.opsAddr))
 	}
+	if f.dataDir != "" && f.name == "" {
+		return f, usageError("serve: --data-dir needs --name: the directory belongs to one member, and a random name would not match it after a restart")
+	}
 	if f.drainTimeout <= 0 || f.joinTimeout <= 0 {
 		return f, usageError("serve: --drain-timeout and --join-timeout must be positive")
 	}
@@ -316,6 +327,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 // file, keys, TLS, metrics and joins are added.
 func (f serveFlags) peerConfig(log *slog.Logger) peer.Config {
 	cfg := peer.Config{
+		DataDir:    f.dataDir,
 		Name:       f.name,
 		GossipAddr: f.gossipAddr,
 		RPCAddr:    f.grpcAddr,
