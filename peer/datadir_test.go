@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -179,5 +180,49 @@ func TestDataDirRefused(t *testing.T) {
 	}
 	if now := snapshot(); now != was {
 		t.Fatalf("refused directory changed:\n%s\nthen\n%s", was, now)
+	}
+}
+
+// TestDataDirClockBack: a node restarted with its data directory and a
+// wall clock an hour behind the state it wrote before the kill keeps the
+// restored keys at the instant they were written until its clock passes
+// it: a key at its limit stays refused (the window is counted longer,
+// never shorter), and its decision time never goes back.
+func TestDataDirClockBack(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "d")
+	var clock atomic.Int64
+	clock.Store(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).UnixNano())
+	base := logConfig(3, time.Minute)
+	base.Policies = map[string]PolicyConfig{"api": {Limit: 3, Window: time.Minute, Durability: DurabilityDisk}}
+	base.Clock = func() time.Time { return time.Unix(0, clock.Load()) }
+	base.DataDir = dir
+	c := startCluster(t, 1, base)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key := Key{Tenant: "t", Subject: "s", Policy: "api"}
+	var last time.Time
+	for i := range 3 {
+		d, err := c.nodes[0].Allow(ctx, Request{Key: key})
+		if err != nil || !d.Allowed {
+			t.Fatalf("allow %d: %+v, %v", i, d, err)
+		}
+		last = d.DecidedAt
+	}
+	c.nodes[0].KillForTest()
+	clock.Add(-int64(time.Hour)) // the wall clock stepped back across the restart
+	c2 := startCluster(t, 1, base)
+	waitFor(t, 20*time.Second, "the restarted node settled", c2.nodes[0].Settled)
+	d, err := c2.nodes[0].Allow(ctx, Request{Key: key})
+	if err != nil || d.Allowed {
+		t.Fatalf("after the restart with the clock an hour back: %+v, %v; want refused (3 admissions restored)", d, err)
+	}
+	if d.DecidedAt.Before(last) {
+		t.Fatalf("decided at %v, before the last admission written (%v): time went back for the key", d.DecidedAt, last)
+	}
+	// Once the clock is past the window of what was written, the key
+	// admits again.
+	clock.Add(int64(time.Hour + 2*time.Minute))
+	if d, err := c2.nodes[0].Allow(ctx, Request{Key: key}); err != nil || !d.Allowed {
+		t.Fatalf("a window after the written state: %+v, %v; want admitted", d, err)
 	}
 }

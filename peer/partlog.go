@@ -77,7 +77,7 @@ func (n *Node) openPartLog(path, cluster string) (*partLog, error) {
 	if err != nil {
 		return nil, err
 	}
-	at, back := rec.At(time.Now())
+	at, back := rec.At(n.clock())
 	if back > 0 {
 		n.log.Warn("data directory: the wall clock is behind the newest state written before the restart; restored keys keep that instant until the clock passes it (windows count longer, never shorter)",
 			"behind", back)

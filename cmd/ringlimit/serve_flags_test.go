@@ -42,6 +42,8 @@ func TestServeConfigErrors(t *testing.T) {
 		{"keepalive under a second", []string{"--grpc-keepalive-time", "500ms"}, "--grpc-keepalive-time 500ms must be at least 1s"},
 		{"negative idle timeout", []string{"--grpc-idle-timeout", "-1s"}, "--grpc-idle-timeout -1s must not be negative (0 disables)"},
 		{"negative max keys", []string{"--max-keys", "-5"}, "--max-keys -5 must not be negative (0 disables)"},
+		{"data dir without a name", []string{"--data-dir", filepath.Join(dir, "data")}, "--data-dir needs --name"},
+		{"data dir of a file", []string{"--name", "x", "--data-dir", shortKey, "--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--http-addr", ""}, shortKey},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
