@@ -183,7 +183,8 @@ func TestDataDirRefused(t *testing.T) {
 	}
 }
 
-// TestDataDirClockBack: a node restarted with its data directory and a
+// TestDataDirClockBack: a node restarted with its data directory (a
+// snapshot of its partitions and the log after it) and a
 // wall clock an hour behind the state it wrote before the kill keeps the
 // restored keys at the instant they were written until its clock passes
 // it: a key at its limit stays refused (the window is counted longer,
@@ -199,25 +200,34 @@ func TestDataDirClockBack(t *testing.T) {
 	c := startCluster(t, 1, base)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	key := Key{Tenant: "t", Subject: "s", Policy: "api"}
+	// One key in the snapshot, the other in the log after it: the
+	// restore needs both.
+	key, key2 := Key{Tenant: "t", Subject: "s", Policy: "api"}, Key{Tenant: "t", Subject: "s2", Policy: "api"}
 	var last time.Time
-	for i := range 3 {
-		d, err := c.nodes[0].Allow(ctx, Request{Key: key})
-		if err != nil || !d.Allowed {
-			t.Fatalf("allow %d: %+v, %v", i, d, err)
+	for _, k := range []Key{key, key2} {
+		for i := range 3 {
+			d, err := c.nodes[0].Allow(ctx, Request{Key: k})
+			if err != nil || !d.Allowed {
+				t.Fatalf("allow %d of %v: %+v, %v", i, k, d, err)
+			}
+			last = d.DecidedAt
 		}
-		last = d.DecidedAt
+		if k == key {
+			c.nodes[0].snapshotParts()
+		}
 	}
 	c.nodes[0].KillForTest()
 	clock.Add(-int64(time.Hour)) // the wall clock stepped back across the restart
 	c2 := startCluster(t, 1, base)
 	waitFor(t, 20*time.Second, "the restarted node settled", c2.nodes[0].Settled)
-	d, err := c2.nodes[0].Allow(ctx, Request{Key: key})
-	if err != nil || d.Allowed {
-		t.Fatalf("after the restart with the clock an hour back: %+v, %v; want refused (3 admissions restored)", d, err)
-	}
-	if d.DecidedAt.Before(last) {
-		t.Fatalf("decided at %v, before the last admission written (%v): time went back for the key", d.DecidedAt, last)
+	for _, k := range []Key{key, key2} {
+		d, err := c2.nodes[0].Allow(ctx, Request{Key: k})
+		if err != nil || d.Allowed {
+			t.Fatalf("%v after the restart with the clock an hour back: %+v, %v; want refused (3 admissions restored)", k, d, err)
+		}
+		if d.DecidedAt.Before(last) {
+			t.Fatalf("decided at %v, before the last admission written (%v): time went back for the key", d.DecidedAt, last)
+		}
 	}
 	// Once the clock is past the window of what was written, the key
 	// admits again.

@@ -29,10 +29,10 @@ func (n *Node) KillForTest() {
 		if n.lo != nil {
 			n.lo.shutdown()
 		}
-		n.closeDataDir()
 		n.cancel()
 		n.stopClients()
 		n.wg.Wait()
+		n.closeDataDir()
 		n.gossipLog.Close()
 		close(n.closed)
 	})

@@ -552,7 +552,6 @@ func (n *Node) close(ctx context.Context) error {
 	}
 	n.stopped.Store(true)
 	n.lo.shutdown()
-	n.closeDataDir()
 	n.cancel()
 	stopped := make(chan struct{})
 	go func() { n.grpcSrv.GracefulStop(); close(stopped) }()
@@ -581,6 +580,8 @@ func (n *Node) close(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("peer: goroutines still running at the close deadline: %w", ctx.Err()))
 		}
 	}
+	// After every goroutine and call that could write to it.
+	n.closeDataDir()
 	n.gossipLog.Close()
 	n.log.Info("node closed")
 	return errors.Join(errs...)

@@ -62,6 +62,9 @@ type partLog struct {
 	dirty atomic.Bool
 	// logged counts records since the last snapshot.
 	logged atomic.Uint64
+	// mine[p]: this node holds or backs partition p (guarded by the
+	// partition's lock), for the snapshot.
+	mine []bool
 
 	mu sync.Mutex // guards rec
 	// rec is what the directory held at start, per partition, until the
@@ -82,7 +85,7 @@ func (n *Node) openPartLog(path, cluster string) (*partLog, error) {
 		n.log.Warn("data directory: the wall clock is behind the newest state written before the restart; restored keys keep that instant until the clock passes it (windows count longer, never shorter)",
 			"behind", back)
 	}
-	return &partLog{parts: parts, locks: make([]sync.Mutex, n.cfg.Ring.PartitionCount), rec: rec, wall: at}, nil
+	return &partLog{parts: parts, locks: make([]sync.Mutex, n.cfg.Ring.PartitionCount), mine: make([]bool, n.cfg.Ring.PartitionCount), rec: rec, wall: at}, nil
 }
 
 // durableKey logs key's state in partition pid (this node holds it at
@@ -245,8 +248,8 @@ func (pl *partLog) restoring(started time.Time) bool {
 // partition's grant; a vacancy waits for its heir much less (EmptyAfter).
 const partRestoreWait = 10 * time.Minute
 
-// snapshotParts writes every held partition's state as the snapshot and
-// drops the log records it covers.
+// snapshotParts writes the state of every partition held or backed here
+// as the snapshot and drops the log records it covers.
 func (n *Node) snapshotParts() {
 	pl := n.dd.parts
 	covers := pl.parts.Next() // before the exports: see durable.Parts.Snapshot
@@ -256,7 +259,7 @@ func (n *Node) snapshotParts() {
 	for pid := range n.pt.parts {
 		pt := &n.pt.parts[pid]
 		pt.mu.RLock()
-		if pt.role == roleHolder && pt.store != nil {
+		if pl.mine[pid] && pt.store != nil {
 			var keys []*peerpb.KeyState
 			pt.store.Range(func(k Key) bool {
 				if n.durablePolicy(k.Policy) {
@@ -282,6 +285,7 @@ func (n *Node) snapshotParts() {
 // installed (durableCopy). Called by Publish with the partition's lock
 // held.
 func (n *Node) durableTransition(pid int, had, holds, backs bool, epoch uint64, st *shard.Store) {
+	n.dd.parts.mine[pid] = holds || backs
 	switch {
 	case holds && !had:
 		n.logPartition(pid, epoch, st)
