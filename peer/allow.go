@@ -574,9 +574,21 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	if sd.Allowed && pt.backup != "" && p.Config.Replication != ReplicateOff {
 		ri, rerr = n.replicateAdmissionItem(pt.backup, pid, pt.epoch, key, p.Shard.Algorithm, admissionRun(p, sd, hits, now), now, p.Config.Replication == ReplicateSync)
 	}
+	var didx uint64
+	var derr error
+	if sd.Allowed && p.Config.Durability != DurabilityMemory && n.dd != nil {
+		// Kept on disk (partlog.go); under disk answered once fsynced.
+		didx, derr = n.durableKey(pid, pt.epoch, pt.store, key, p.Config.Durability, now)
+	}
 	pt.mu.RUnlock()
 	if rerr != nil && p.Config.Replication == ReplicateSync {
 		return decided, nil, rerr
+	}
+	if derr == nil && didx != 0 {
+		derr = n.durableSync(didx)
+	}
+	if derr != nil {
+		return decided, nil, derr
 	}
 	if sd.Allowed && p.Config.Replication != ReplicateSync && n.leaseEnded() {
 		return decided, nil, errLeaseEnded

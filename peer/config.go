@@ -245,6 +245,35 @@ const (
 	ReplicateOff = policy.ReplicateOff
 )
 
+// Durability is whether a policy's admissions are kept on the holder's
+// data directory. It is policy.Durability, re-exported; its String method
+// returns "memory", "disk" or "disk_async".
+type Durability = policy.Durability
+
+const (
+	// DurabilityMemory keeps admissions in memory (and on the backup, by
+	// Replication) only: a restart of every member loses them.
+	DurabilityMemory = policy.DurabilityMemory
+	// DurabilityDisk answers an admission only after the key's state is
+	// on the holder's disk, fsynced; concurrent admissions share one
+	// fsync (group commit). Without a data directory: memory.
+	DurabilityDisk = policy.DurabilityDisk
+	// DurabilityDiskAsync answers at once and writes and fsyncs the
+	// holder's log every diskFlushInterval: a restart of every member
+	// loses at most the admissions of the last interval.
+	DurabilityDiskAsync = policy.DurabilityDiskAsync
+)
+
+// ParseDurability parses "memory", "disk" or "disk_async".
+func ParseDurability(s string) (Durability, error) {
+	for d := DurabilityMemory; d <= DurabilityDiskAsync; d++ {
+		if d.String() == s {
+			return d, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown durability %q (want memory, disk or disk_async)", ErrInvalidConfig, s)
+}
+
 // ParseReplication parses "sync", "async" or "off".
 func ParseReplication(s string) (Replication, error) {
 	for r := ReplicateSync; r <= ReplicateOff; r++ {
@@ -481,6 +510,19 @@ type Config struct {
 	// TransferChunkBytes bounds one message of a partition copy. Zero means
 	// 1 MiB.
 	TransferChunkBytes int
+	// DataDir is a directory this node keeps on disk what a restart of
+	// every member at once must not lose: the ownership log (raft's hard
+	// state, entries and snapshots), the cluster id and its raft ID, and
+	// the state of the partitions it holds and backs up for the policies
+	// whose Durability is disk or disk_async. Empty keeps everything in
+	// memory, as before. A node restarted with its DataDir rejoins its
+	// cluster as the same raft member under a new incarnation, and takes
+	// back the partitions its old incarnation held with their state (the
+	// package doc, "Data directory"). The directory must keep the node's
+	// Name; one of another cluster or member, damaged, or written by a
+	// newer version is refused by New with an error naming the file, and
+	// left as it was. One process at a time (locked).
+	DataDir string
 	// Ownership is how partition holders change; the only mode is
 	// OwnershipLog (also ""): by compare-and-set commands in a replicated
 	// log (raft) with liveness leases, which keeps one decision point per

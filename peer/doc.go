@@ -55,6 +55,24 @@
 //     spread.go, internal/grantee and shard's grant.go; the ownership
 //     simulator runs the grantee's own code and the holder's rules under
 //     every fault kind (internal/ownership/sim, grants.go).
+//   - Data directory (Config.DataDir; datadir.go, partlog.go): quotas
+//     survive a restart of every member at once. The ownership log is on
+//     disk (each Ready fsynced before its messages go out); a member
+//     restarted with its directory resumes it as the same raft member
+//     under a new incarnation, which gossips the old one as the one it
+//     inherits, and the ownership machine gives it back the partitions
+//     the log kept for its old self (the heir rule). For a policy with
+//     Durability disk, an admission (or any operation that changes a
+//     key) is answered only once the key's state is fsynced on the
+//     holder's disk and, under sync replication, on the backup's;
+//     concurrent ones share one fsync. disk_async answers at once and
+//     fsyncs every 10 ms. A partition granted to the heir empty is
+//     restored from its directory: restoring what a member of the
+//     partition really had only adds admissions, so it can only refuse
+//     more. Windows across the restart are counted on the wall clock the
+//     state was written with; a clock found behind the newest state
+//     written holds the restored keys at that instant until it passes it
+//     (windows count longer, never shorter).
 //
 // How it is built: this package is the public face (Node, Config,
 // Request and Decision, Client, the errors) and the one place that drives

@@ -32,6 +32,7 @@ func (n *Node) KillForTest() {
 		n.cancel()
 		n.stopClients()
 		n.wg.Wait()
+		n.closeDataDir()
 		n.gossipLog.Close()
 		close(n.closed)
 	})

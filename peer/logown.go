@@ -24,7 +24,11 @@ import (
 //
 //   - the member ID of this process is its incarnation, name@start (the
 //     random start id gossip carries), and its raft ID is the start id:
-//     a restarted process is a new member and a new raft server;
+//     a restarted process is a new member and a new raft server; with a
+//     data directory (datadir.go) the raft ID is the directory's and
+//     gossip carries it (Meta.RaftID), so a member restarted with its
+//     directory resumes its log as the same raft server under a new
+//     incarnation, heir (Meta.Heir, View.Heirs) of the one before;
 //   - every gossip view becomes the machine's View (ring targets, members,
 //     incarnations gone for good) and autopilot's roster;
 //   - raft messages travel on the node's gRPC port (ownlog.Register),
@@ -140,10 +144,13 @@ func newLogOwner(n *Node) (*logOwner, error) {
 		known: map[string]*logKnown{}, cur: map[string]string{}, restarts: make([]uint64, n.cfg.Ring.PartitionCount),
 		last: make([]ownlog.PartState, n.cfg.Ring.PartitionCount)}
 	lo.peers.Store(&logPeers{raft: map[uint64]string{}, inc: map[string]string{n.name: lo.self}, addr: map[string]string{}})
-	cfg := ownlog.Config{RaftID: n.ops.start, Partitions: n.cfg.Ring.PartitionCount, HeartbeatTicks: logHeartbeat,
+	cfg := ownlog.Config{RaftID: n.raftID(), Partitions: n.cfg.Ring.PartitionCount, HeartbeatTicks: logHeartbeat,
 		Ownership: ownership.Config{ID: lo.self, Liveness: n.cfg.LeaseDuration, EmptyAfter: n.emptyWait}}
+	if n.dd != nil {
+		cfg.Disk = n.dd.raft // a log on disk is resumed; Bootstrap is then ignored
+	}
 	if len(n.cfg.Join) == 0 {
-		cfg.Bootstrap = &pb.ConfState{Voters: []uint64{n.ops.start}}
+		cfg.Bootstrap = &pb.ConfState{Voters: []uint64{n.raftID()}}
 	}
 	m, err := ownlog.New(cfg)
 	if err != nil {
@@ -342,7 +349,9 @@ func (lo *logOwner) incarnation(name string) string { return lo.peers.Load().inc
 // members that may be targets, the incarnations gone for good, and the
 // roster autopilot keeps voters from. starts are the live members' start
 // ids, targets the members that may be targets (live, not draining).
-func (lo *logOwner) setView(v *view, evs []membership.Event, starts map[string]uint64, targets []string) {
+// raftIDs and heirs are, per live member, its raft ID and the start id of
+// the incarnation whose data directory it has (0 for none).
+func (lo *logOwner) setView(v *view, evs []membership.Event, starts, raftIDs, heirs map[string]uint64, targets []string) {
 	n := lo.n
 	now := n.mono()
 	// A member that left gossip is gone for good once the table says it
@@ -395,6 +404,9 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts map[string]u
 				lo.forgetOldest()
 			}
 			k = &logKnown{raft: st}
+			if r := raftIDs[name]; r != 0 {
+				k.raft = r
+			}
 			lo.known[id] = k
 		}
 		k.lastLive, k.leaving = now, !isTarget[name]
@@ -421,7 +433,7 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts map[string]u
 			failed = append(failed, id)
 		}
 		if g {
-			if !k.forgotten {
+			if !k.forgotten && !lo.raftInUse(k.raft, id) {
 				// Raft sends a removed member nothing: its stream and
 				// goroutine would idle until Close.
 				k.forgotten = true
@@ -439,11 +451,14 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts map[string]u
 		peers.inc[name] = id
 	}
 	peers.inc[n.name] = lo.self
+	roster = oneIncarnationPerRaftID(roster)
+	heirOf := lo.heirsLocked(heirs)
+	gone = withHeirsGone(gone, heirOf)
 	lo.mu.Unlock()
 	lo.peers.Store(peers)
 
 	parts := n.cfg.Ring.PartitionCount
-	ov := ownership.View{Target: make([]string, parts), Second: make([]string, parts), Gone: gone, Failed: failed}
+	ov := ownership.View{Target: make([]string, parts), Second: make([]string, parts), Gone: gone, Failed: failed, Heirs: heirOf}
 	for _, t := range targets {
 		if id := peers.inc[t]; id != "" {
 			ov.Members = append(ov.Members, id)
@@ -481,6 +496,9 @@ func (lo *logOwner) Reset(p int) {
 	pt := &lo.n.pt.parts[p]
 	pt.store = lo.n.newPartStore()
 	pt.rep, pt.next = replica{}, replica{}
+	if lo.n.dd != nil {
+		lo.n.restorePartition(p, lo.member.Own().Table().Parts[p].Epoch, pt.store)
+	}
 	// The runner's goroutine owns the member: its table may be read here.
 	if r := lo.member.Own().Table().Parts[p].Restarts; r > lo.restarts[p] {
 		lo.restarts[p] = r
@@ -537,6 +555,9 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 	default:
 		pt.backup = ""
 		pt.setRoleLocked(roleNone, "", 0)
+	}
+	if n.dd != nil {
+		n.durableTransition(p, prev.Holder == lo.self || prev.Backup == lo.self, st.Holder == lo.self, st.Backup == lo.self, st.Epoch, pt.store)
 	}
 	select {
 	case lo.ready <- struct{}{}:
@@ -745,34 +766,24 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 		}
 		pt.store = nx.store
 		pt.rep = replica{holder: sender, epoch: nx.epoch, copySeq: nx.copySeq, complete: true}
+		if n.dd != nil {
+			// The copy is this backup's state: on disk before it is
+			// acknowledged (partlog.go).
+			if err := n.durableCopy(pid, nx.epoch, nx.store); err != nil {
+				return refused
+			}
+		}
 		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 	case peerpb.PartitionOp_KIND_ADMIT, peerpb.PartitionOp_KIND_REPLACE:
 		if !lo.awaitReplica(pt, pid, from, h.epoch) {
 			return needSync
 		}
-		defer pt.mu.Unlock()
-		if h.seq != 0 {
-			if h.seq < pt.rep.seq {
-				return needSync // delivered late: applying it could undo later ones
-			}
-			pt.rep.seq = h.seq
+		res, idx := lo.applyReplica(pt, pid, h, keys, now)
+		pt.mu.Unlock()
+		if idx != 0 && n.durableSync(idx) != nil {
+			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
-		accepted := 0
-		for _, k := range keys {
-			if h.kind == peerpb.PartitionOp_KIND_REPLACE {
-				pt.store.Delete(k.st.Key)
-				if len(k.st.Runs) == 0 && len(k.st.Reservations) == 0 && len(k.st.Grants) == 0 {
-					accepted++
-					continue
-				}
-			}
-			if err := pt.store.Import(k.st, k.sp, now); err != nil {
-				return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, accepted: uint32(accepted)}
-			}
-			accepted++
-		}
-		n.metrics.Backup("received", "ok", accepted)
-		return opResult{status: peerpb.OpStatus_OP_STATUS_OK, accepted: uint32(accepted)}
+		return res
 	case peerpb.PartitionOp_KIND_HEARTBEAT, peerpb.PartitionOp_KIND_RELEASE:
 		// Sent by members of older releases (their leases and copy
 		// releases): nothing to do here.

@@ -239,6 +239,7 @@ func (n *Node) rebuild() (kept bool) {
 	draining := n.closing.Load()
 	mine := n.adoptCluster(members)
 	starts := make(map[string]uint64, len(members))
+	raftIDs, heirs := make(map[string]uint64, len(members)), map[string]uint64{}
 	pvs := make(map[string]uint64, len(members))
 	for name, raw := range members {
 		md, err := membership.DecodeMeta(raw)
@@ -263,6 +264,10 @@ func (n *Node) rebuild() (kept bool) {
 		}
 		alive[name] = md.RPCAddr
 		starts[name] = md.Start
+		raftIDs[name] = md.Raft()
+		if md.Heir != 0 {
+			heirs[name] = md.Heir
+		}
 		pvs[name] = md.Policies
 		if md.Draining || name == n.name && draining {
 			continue // never a target
@@ -330,7 +335,7 @@ func (n *Node) rebuild() (kept bool) {
 	if dropped > 0 {
 		n.log.Warn("gossip membership events dropped", "dropped", dropped)
 	}
-	n.lo.setView(v, evs, starts, names)
+	n.lo.setView(v, evs, starts, raftIDs, heirs, names)
 	if !changed {
 		return
 	}

@@ -119,6 +119,8 @@ type Node struct {
 
 	// lo drives ownership through the replicated log (logown.go).
 	lo *logOwner
+	// dd is the data directory (datadir.go); nil without one.
+	dd *dataDir
 }
 
 // New starts a node: it binds the gRPC listener and gossip, joins
@@ -164,10 +166,14 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.wall = newWallClock(n.started)
 		n.clock = n.wall.now
 	}
-	if n.lo, err = newLogOwner(n); err != nil {
+	// A data directory names its cluster (datadir.go); a new one of a
+	// joiner learns it from gossip first.
+	joinFirst, err := n.dataDirCluster()
+	if err != nil {
+		n.cancel()
 		return nil, err
 	}
-	if len(cfg.Join) == 0 {
+	if len(cfg.Join) == 0 && n.clusterID.Load() == 0 {
 		// No one to join: this node starts the cluster and holds every
 		// partition once its log grants them. A node that joins holds
 		// nothing until partitions are transferred to it, and adopts the
@@ -176,29 +182,49 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		_, _ = crand.Read(b[:])
 		n.clusterID.Store(binary.BigEndian.Uint64(b[:]) | 1)
 	}
-
-	if err := n.startRPC(); err != nil {
-		n.cancel()
-		n.lo.shutdown()
-		return nil, err
-	}
-	if err := n.startGossip(ctx); err != nil {
-		n.grpcSrv.Stop()
-		n.cancel()
-		n.lo.shutdown()
-		n.wg.Wait()
-		return nil, err
+	if joinFirst {
+		if err := n.startDataDirJoiner(ctx); err != nil {
+			n.cancel()
+			n.wg.Wait()
+			return nil, err
+		}
+	} else {
+		if err := n.openDataDir(); err != nil {
+			n.cancel()
+			return nil, err
+		}
+		if n.lo, err = newLogOwner(n); err != nil {
+			n.closeDataDir()
+			n.cancel()
+			return nil, err
+		}
+		if err := n.startRPC(); err != nil {
+			n.cancel()
+			n.lo.shutdown()
+			n.closeDataDir()
+			return nil, err
+		}
+		if err := n.startGossip(ctx); err != nil {
+			n.grpcSrv.Stop()
+			n.cancel()
+			n.lo.shutdown()
+			n.wg.Wait()
+			n.closeDataDir()
+			return nil, err
+		}
 	}
 	n.lo.start()
+	n.startDataDir()
 	n.rebuild()
 	n.wg.Add(2)
 	go n.rebuildLoop()
 	go n.every(cfg.SweepInterval, n.Sweep)
 	n.wg.Add(1)
 	go n.every(cfg.ReconnectInterval, n.reconnect)
-	if len(cfg.Join) == 0 {
+	if len(cfg.Join) == 0 && !n.resumed() {
 		// The founder serves once its log has granted it every partition
-		// (an election and a few commits), within ctx.
+		// (an election and a few commits), within ctx. A log resumed
+		// from disk needs its other voters back first.
 		n.awaitFounded(ctx)
 	}
 	n.updateReady()
@@ -280,7 +306,8 @@ func (n *Node) meta(draining bool) membership.Meta {
 	if addr == "" {
 		addr = n.RPCAddr()
 	}
-	return membership.Meta{Fingerprint: n.fp, RPCAddr: addr, Draining: draining, Start: n.ops.start, Cluster: n.clusterID.Load(), Policies: n.table.Load().Version()}
+	return membership.Meta{Fingerprint: n.fp, RPCAddr: addr, Draining: draining, Start: n.ops.start, Cluster: n.clusterID.Load(), Policies: n.table.Load().Version(),
+		RaftID: n.raftID(), Heir: n.heirOf()}
 }
 
 // closeGrace is how long Close waits for the node's goroutines before the
@@ -555,6 +582,8 @@ func (n *Node) close(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("peer: goroutines still running at the close deadline: %w", ctx.Err()))
 		}
 	}
+	// After every goroutine and call that could write to it.
+	n.closeDataDir()
 	n.gossipLog.Close()
 	n.log.Info("node closed")
 	return errors.Join(errs...)

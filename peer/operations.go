@@ -91,7 +91,14 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 	default:
 		err = fmt.Errorf("%w: unknown operation %v", ErrInvalidKey, r.op)
 	}
+	var didx uint64
+	if n.dd != nil && err == nil {
+		didx, err = n.durableOp(pt, pid, r, d.Allowed, now) // partlog.go
+	}
 	unlock()
+	if err == nil && didx != 0 {
+		err = n.durableSync(didx)
+	}
 	if err == nil && d.Allowed && !fenced && (r.op == peerpb.Op_OP_CHECK || r.op == peerpb.Op_OP_ACQUIRE || r.op == peerpb.Op_OP_RESERVE || r.op == peerpb.Op_OP_GRANT && r.granted > 0) && n.leaseEnded() {
 		// As in decideHere: not confirmed without a fencing copy.
 		err = errLeaseEnded

@@ -32,6 +32,9 @@ const policiesUsage = `Policy file (--policies, YAML or JSON; unknown fields are
       resolution: 1ms         # sliding_log timestamp granularity; default 1ms
       shadow: false           # decide and report, but admit everything
       replication: sync       # sync (default) | async | off: copy admissions to the backup
+      durability: memory      # memory (default) | disk | disk_async: keep admissions
+                              # in --data-dir across a restart of every node (disk:
+                              # answered once fsynced; disk_async: fsynced every 10 ms)
       overrides:              # exceptions for exact tenants or (tenant, subject) pairs
         - {tenant: bigco, limit: 10000}                      # every subject of bigco
         - {tenant: acme, subject: internal, unlimited: true} # never limited
@@ -86,6 +89,7 @@ type policyEntry struct {
 	Resolution    string          `yaml:"resolution,omitempty"`
 	Shadow        bool            `yaml:"shadow,omitempty"`
 	Replication   string          `yaml:"replication,omitempty"`
+	Durability    string          `yaml:"durability,omitempty"`
 	Zone          string          `yaml:"zone,omitempty"`
 	Spread        string          `yaml:"spread,omitempty"`
 	SpreadThresh  float64         `yaml:"spread_threshold,omitempty"`
@@ -293,6 +297,13 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 				pc.Replication = r
 			}
 		}
+		if e.Durability != "" {
+			if d, err := peer.ParseDurability(e.Durability); err != nil {
+				bad("durability %q: want memory, disk or disk_async", e.Durability)
+			} else {
+				pc.Durability = d
+			}
+		}
 		if sp, err := peer.ParseSpread(e.Spread); err != nil {
 			bad("spread %q: want off or auto", e.Spread)
 		} else {
@@ -344,7 +355,7 @@ func parsePolicyFile(data []byte) (map[string]peer.PolicyConfig, *envoyrls.Table
 }
 
 // policyFields lists an entry's fields in the order the docs give them.
-const policyFields = "name, limit, window, algorithm, zone, on_unavailable, fallback_limit, resolution, shadow, replication, spread, spread_threshold, spread_lease, overrides"
+const policyFields = "name, limit, window, algorithm, zone, on_unavailable, fallback_limit, resolution, shadow, replication, durability, spread, spread_threshold, spread_lease, overrides"
 
 // overrideFields lists an override's fields.
 const overrideFields = "tenant, subject, limit, unlimited"
@@ -429,6 +440,8 @@ func policyEntryOf(i int, n *yaml.Node) (e policyEntry, shaky map[string]bool, e
 			str = &e.Resolution
 		case "replication":
 			str = &e.Replication
+		case "durability":
+			str = &e.Durability
 		case "zone":
 			str = &e.Zone
 		case "spread":

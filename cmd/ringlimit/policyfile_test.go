@@ -69,6 +69,40 @@ policies:
 			},
 		},
 		{
+			name: "durability",
+			in: `
+policies:
+  - name: monthly
+    limit: 1000
+    window: calendar_month
+    durability: disk
+  - name: api
+    limit: 10
+    window: 1m
+    durability: disk_async
+  - name: quick
+    limit: 10
+    window: 1s
+    durability: memory
+`,
+			want: map[string]peer.PolicyConfig{
+				"monthly": {Limit: 1000, Algorithm: peer.Calendar, Period: peer.CalendarMonth, Durability: peer.DurabilityDisk},
+				"api":     {Limit: 10, Window: time.Minute, Durability: peer.DurabilityDiskAsync},
+				"quick":   {Limit: 10, Window: time.Second},
+			},
+		},
+		{
+			name: "bad durability",
+			in: `
+policies:
+  - name: api
+    limit: 10
+    window: 1m
+    durability: fsync
+`,
+			wantErr: []string{`durability "fsync": want memory, disk or disk_async`},
+		},
+		{
 			name: "bad spread",
 			in: `
 policies:
@@ -155,7 +189,7 @@ policies:
 		{
 			name:    "unknown field in an entry",
 			in:      "policies:\n  - name: api\n    limit: 1\n    window: 1s\n    burst: 5\n",
-			wantErr: []string{`policies[0]: unknown field "burst" at line 5 (want name, limit, window, algorithm, zone, on_unavailable, fallback_limit, resolution, shadow, replication, spread, spread_threshold, spread_lease, overrides)`},
+			wantErr: []string{`policies[0]: unknown field "burst" at line 5 (want name, limit, window, algorithm, zone, on_unavailable, fallback_limit, resolution, shadow, replication, durability, spread, spread_threshold, spread_lease, overrides)`},
 		},
 		{
 			// A reload rejection used to name only the unknown field:
@@ -207,7 +241,7 @@ policies:
 		{
 			name:    "policies is a map, not a list",
 			in:      "policies:\n  api:\n    limit: 1\n    window: 1s\n",
-			wantErr: []string{`"policies" must be a list of {name, limit, window, algorithm, zone, on_unavailable, fallback_limit, resolution, shadow, replication, spread, spread_threshold, spread_lease, overrides} entries, got a map at line 2`},
+			wantErr: []string{`"policies" must be a list of {name, limit, window, algorithm, zone, on_unavailable, fallback_limit, resolution, shadow, replication, durability, spread, spread_threshold, spread_lease, overrides} entries, got a map at line 2`},
 		},
 		{
 			name:    "an entry is not a map",

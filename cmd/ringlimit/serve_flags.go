@@ -75,6 +75,12 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         tenant and subject (other tenants' identities, on
                         /metrics); by default a hot key is named by rank
                         and policy (/debug/hotkeys names it)
+  --data-dir PATH       keep the ownership log, this node's identity and the
+                        state of its partitions (policies with durability
+                        disk or disk_async) here, so that quotas survive a
+                        restart of every node; needs --name (the directory
+                        belongs to one member); "" (default) keeps all in
+                        memory
   --drain-timeout D     how long shutdown may take to hand off keys (default 10s)
   --max-keys N          the most keys this node holds (its partitions' and
                         backup copies together; each partition holds at
@@ -238,6 +244,7 @@ duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
 // serveFlags holds serve's configuration after flags and environment.
 type serveFlags struct {
 	name, gossipAddr, grpcAddr, httpAddr, join, policies, gossipKey string
+	dataDir                                                         string
 	opsAddr                                                         string // "": the ops paths stay on httpAddr
 	uiPeers                                                         string
 	tlsCert, tlsKey, tlsCA, tlsServerName                           string
@@ -282,6 +289,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.StringVar(&f.join, "join", "", "")
 	fs.StringVar(&f.policies, "policies", "", "")
 	fs.StringVar(&f.gossipKey, "gossip-key", "", "")
+	fs.StringVar(&f.dataDir, "data-dir", "", "")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "")
@@ -337,6 +345,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	if err := peer.ValidPeerCertNames(splitList(f.tlsPeerNames)); err != nil {
 		return f, usageError("serve: --tls-peer-name: " + err.Error())
 	}
+	if f.dataDir != "" && f.name == "" {
+		return f, usageError("serve: --data-dir needs --name: the directory belongs to one member, and a random name would not match it after a restart")
+	}
 	if f.drainTimeout <= 0 || f.joinTimeout <= 0 {
 		return f, usageError("serve: --drain-timeout and --join-timeout must be positive")
 	}
@@ -379,6 +390,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 // file, keys, TLS, metrics and joins are added.
 func (f serveFlags) peerConfig(log *slog.Logger) peer.Config {
 	cfg := peer.Config{
+		DataDir:    f.dataDir,
 		Name:       f.name,
 		GossipAddr: f.gossipAddr,
 		RPCAddr:    f.grpcAddr,

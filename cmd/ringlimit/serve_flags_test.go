@@ -46,6 +46,8 @@ func TestServeConfigErrors(t *testing.T) {
 		{"negative partitions", []string{"--partitions", "-3"}, "--partitions -3 must be between 1 and 65536"},
 		{"too many members", []string{"--expected-members", "5000"}, "--expected-members 5000 must be between 1 and 4000"},
 		{"negative members", []string{"--expected-members", "-2"}, "--expected-members -2 must be between 1 and 4000"},
+		{"data dir without a name", []string{"--data-dir", filepath.Join(dir, "data")}, "--data-dir needs --name"},
+		{"data dir of a file", []string{"--name", "x", "--data-dir", shortKey, "--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--http-addr", ""}, shortKey},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer

@@ -265,3 +265,40 @@ func TestOpenDir(t *testing.T) {
 	}
 	d.Close()
 }
+
+// TestDirCluster: a directory reports the cluster it was made for before
+// it is opened; one never used reports none; a meta file missing beside
+// our files, or damaged, is refused; nothing is written.
+func TestDirCluster(t *testing.T) {
+	root := t.TempDir()
+	if c, err := DirCluster(filepath.Join(root, "missing")); c != "" || err != nil {
+		t.Fatalf("missing directory: %q, %v; want none", c, err)
+	}
+	dir := filepath.Join(root, "data")
+	fillDir(t, dir)
+	if c, err := DirCluster(dir); c != "c1" || err != nil {
+		t.Fatalf("DirCluster = %q, %v; want c1", c, err)
+	}
+	meta := filepath.Join(dir, MetaFile)
+	b, err := os.ReadFile(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-6] ^= 1
+	if err := os.WriteFile(meta, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := dirSum(t, dir)
+	if _, err := DirCluster(dir); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), meta) {
+		t.Fatalf("flipped byte: %v; want ErrCorrupt naming %s", err, meta)
+	}
+	if after := dirSum(t, dir); after != before {
+		t.Fatalf("DirCluster changed the directory:\n%s\nthen\n%s", before, after)
+	}
+	if err := os.Remove(meta); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := DirCluster(dir); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), meta) {
+		t.Fatalf("meta missing beside segments: %v; want ErrCorrupt naming %s", err, meta)
+	}
+}

@@ -118,3 +118,44 @@ func (d *Dir) Close() error {
 	d.lock = nil
 	return err
 }
+
+// DirCluster returns the cluster the data directory at path was made for,
+// read from its meta file and checked whole; "" for a directory that has
+// none of our files (missing, empty, or never used), which OpenDir would
+// make fresh. A directory with our files but no meta file, or a damaged
+// or newer meta file, is refused as OpenDir refuses it. Nothing is
+// written.
+func DirCluster(path string) (string, error) {
+	meta := filepath.Join(path, MetaFile)
+	b, err := os.ReadFile(meta)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		ours, err := hasOurFiles(path)
+		if errors.Is(err, os.ErrNotExist) {
+			return "", nil
+		}
+		if err != nil {
+			return "", err
+		}
+		if ours != "" {
+			return "", fmt.Errorf("%w: %s is missing but %s is there", ErrCorrupt, meta, filepath.Join(path, ours))
+		}
+		return "", nil
+	case err != nil:
+		return "", err
+	}
+	cluster := ""
+	if len(b) >= 12 {
+		if cl := int(binary.LittleEndian.Uint16(b[10:])); 12+cl <= len(b) {
+			cluster = string(b[12 : 12+cl])
+		}
+	}
+	// ReadBlob checks the header, the length and the checksum.
+	if _, _, err := ReadBlob(meta, cluster); err != nil {
+		return "", err
+	}
+	if cluster == "" {
+		return "", fmt.Errorf("%w: %s: no cluster", ErrCorrupt, meta)
+	}
+	return cluster, nil
+}

@@ -174,3 +174,7 @@ func KeyToWire(st shard.KeyState) *peerpb.KeyState {
 		Runs:      runs(st.Runs), Reservations: runs(st.Reservations), Grants: runs(st.Grants),
 	}
 }
+
+// Drop forgets partition p's recovered state (restored, or no longer
+// wanted).
+func (r *Recovery) Drop(p uint32) { delete(r.parts, p) }

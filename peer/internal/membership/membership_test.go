@@ -39,13 +39,19 @@ func (h *records) all() []slog.Record {
 }
 
 // TestMetaDecodeVersions checks that the current metadata round-trips with
-// its policy version, and that versions 4 (without one) and 2 (without
-// start and cluster ids) still decode.
+// its policy version, raft id and heir, and that versions 5 (without raft
+// id and heir: its raft ID is its start), 4 (without a policy version) and
+// 2 (without start and cluster ids) still decode.
 func TestMetaDecodeVersions(t *testing.T) {
-	m := Meta{Fingerprint: 42, RPCAddr: "127.0.0.1:9", Draining: true, Start: 7, Cluster: 9, Policies: 11}
+	m := Meta{Fingerprint: 42, RPCAddr: "127.0.0.1:9", Draining: true, Start: 7, Cluster: 9, Policies: 11, RaftID: 13, Heir: 5}
 	got, err := DecodeMeta(m.Encode())
-	if err != nil || got != m {
+	if err != nil || got != m || got.Raft() != 13 {
 		t.Fatalf("decode(encode(%+v)) = %+v, %v", m, got, err)
+	}
+	v5 := append([]byte{5, 1, 0, 0, 0, 0, 0, 0, 0, 42, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 11}, "127.0.0.1:9"...)
+	got, err = DecodeMeta(v5)
+	if want := (Meta{Fingerprint: 42, RPCAddr: "127.0.0.1:9", Draining: true, Start: 7, Cluster: 9, Policies: 11}); err != nil || got != want || got.Raft() != 7 {
+		t.Fatalf("decode(version 5) = %+v, %v; want %+v with raft ID 7", got, err, want)
 	}
 	v4 := append([]byte{4, 1, 0, 0, 0, 0, 0, 0, 0, 42, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 9}, "127.0.0.1:9"...)
 	got, err = DecodeMeta(v4)

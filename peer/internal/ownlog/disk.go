@@ -333,8 +333,8 @@ func (m *Member) diskStopped(now int64) bool {
 // (term, vote, entries, voter set) carries over, which is what lets a
 // log whose every voter restarted elect a leader again. Its old self's
 // partition state comes back through the heir rule (ownership rule 10:
-// View.Heirs), which the driver feeds and restores from disk; peer does
-// not feed it yet (TODO(issue 57)).
+// View.Heirs), which the driver feeds and restores from disk (peer:
+// datadir.go and partlog.go).
 //
 // A raft log must never go back: a member started from a restored copy
 // of its raft files could vote twice in a term or forget an entry it

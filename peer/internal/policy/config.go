@@ -74,6 +74,10 @@ type Config struct {
 	// admissions to the partition's backup before a crash can lose them.
 	// Zero means ReplicateSync.
 	Replication Replication
+	// Durability says whether this policy's admissions are kept on the
+	// holder's data directory (peer's dataDir) so that they survive a
+	// restart of every member. Zero means DurabilityMemory.
+	Durability Durability
 	// Spread lets a hot key be decided by many nodes and stay exact: with
 	// SpreadAuto, a node that forwards more than SpreadThreshold decisions
 	// a second for one key asks the key's holder for rights and decides
@@ -212,6 +216,34 @@ const (
 )
 
 var replicationNames = [...]string{"sync", "async", "off"}
+
+// Durability is whether a policy's admissions are kept on disk. peer
+// re-exports it as peer.Durability.
+type Durability uint8
+
+const (
+	// DurabilityMemory keeps admissions in memory only (and on the
+	// backup, by Replication): a restart of every member loses them.
+	DurabilityMemory Durability = iota
+	// DurabilityDisk answers an admission only after the key's state is
+	// on the holder's disk (fsynced; concurrent admissions share one
+	// fsync). Without a data directory it is DurabilityMemory.
+	DurabilityDisk
+	// DurabilityDiskAsync answers at once; the holder writes and fsyncs
+	// its log every DiskFlushInterval: a restart of every member loses at
+	// most the admissions of the last interval.
+	DurabilityDiskAsync
+)
+
+var durabilityNames = [...]string{"memory", "disk", "disk_async"}
+
+// String returns "memory", "disk" or "disk_async".
+func (d Durability) String() string {
+	if int(d) < len(durabilityNames) {
+		return durabilityNames[d]
+	}
+	return fmt.Sprintf("Durability(%d)", d)
+}
 
 // String returns "sync", "async" or "off".
 func (r Replication) String() string {

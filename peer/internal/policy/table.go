@@ -70,7 +70,7 @@ func New(pols map[string]Config) *Table {
 //   - Overrides, in a canonical order (the same set in any order is the
 //     same table).
 //
-// It leaves out OnUnavailable, FallbackLimit and Replication: they are
+// It leaves out OnUnavailable, FallbackLimit, Replication and Durability: they are
 // applied by the node that cannot reach the holder, or are how the holder
 // keeps its state, never what it decides.
 func (t *Table) Version() uint64 { return t.version }
@@ -231,6 +231,9 @@ func Validate(pols map[string]Config) []error {
 		}
 		if p.Replication > ReplicateOff {
 			bad("policy %q: unknown replication %d", name, p.Replication)
+		}
+		if p.Durability > DurabilityDiskAsync {
+			bad("policy %q: unknown durability %d", name, p.Durability)
 		}
 		switch {
 		case p.Spread > SpreadAuto:

@@ -158,6 +158,7 @@ func TestValidate(t *testing.T) {
 		{"no limit", map[string]Config{"p": {Window: time.Minute}}, []string{`policy "p": `}},
 		{"on_unavailable", map[string]Config{"p": {Limit: 1, Window: time.Minute, OnUnavailable: 9}}, []string{`policy "p": unknown on_unavailable 9`}},
 		{"replication", map[string]Config{"p": {Limit: 1, Window: time.Minute, Replication: 9}}, []string{`policy "p": unknown replication 9`}},
+		{"durability", map[string]Config{"p": {Limit: 1, Window: time.Minute, Durability: 3}}, []string{`policy "p": unknown durability 3`}},
 		{"fallback", map[string]Config{"p": {Limit: 1, Window: time.Minute, FallbackLimit: -1}}, []string{`policy "p": fallback limit -1 must not be negative`}},
 		{"override fields", map[string]Config{"p": {Limit: 1, Window: time.Minute, Overrides: []Override{{Subject: "a b"}}}},
 			[]string{"override 0 (tenant \"\", subject \"a b\"): tenant is missing", "subject must be", "must be positive"}},

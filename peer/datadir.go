@@ -1,0 +1,323 @@
+package peer
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ringlimit/ringlimit/peer/internal/durable"
+	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
+)
+
+// This file gives a node its data directory (Config.DataDir): the
+// ownership log (ownlog.Disk: raft's hard state, entries and snapshots),
+// the partitions' state (partlog.go) and the directory's identity:
+//
+//   - the cluster id (the founder's random one, or the one a joiner
+//     adopted) is the directory's cluster (durable.OpenDir), read back
+//     before anything starts: a member restarted with its directory
+//     belongs to that cluster, and a directory of another cluster, a
+//     damaged one or one of a newer format is refused, unchanged;
+//   - the raft ID is the directory's first start (durable.Dir.Start), kept
+//     across restarts, so that a member restarted with its directory
+//     resumes its log as the same raft member; each process is still a new
+//     ownership incarnation (name@start, with a new random start), as
+//     ownlog's Disk requires;
+//   - lastStartFile names the incarnation that last ran with the
+//     directory: this process gossips it as its Heir, and the ownership
+//     machine's heir rule gives this incarnation the vacancies the log
+//     kept for that one.
+//
+// A joiner whose directory is new does not know its cluster until gossip
+// has told it: it joins gossip first (its RPC port bound, not yet
+// served), adopts the cluster, and only then opens the directory and
+// starts its log member (startDataDirJoiner).
+
+// lastStartFile holds the start id of the last process that ran with the
+// directory.
+const lastStartFile = "last.start"
+
+// dataDir is the node's open data directory.
+type dataDir struct {
+	dir  *durable.Dir
+	raft *ownlog.Disk
+	// heir is the start id of the incarnation that last ran with the
+	// directory (0 for a new directory).
+	heir uint64
+	// resumed: the directory held an ownership log, which the member
+	// resumes.
+	resumed bool
+	// parts is the partitions' state (partlog.go).
+	parts *partLog
+}
+
+// raftID is this member's raft ID: its data directory's first start, or
+// the process's start without one.
+func (n *Node) raftID() uint64 {
+	if n.dd != nil {
+		return n.dd.dir.Start
+	}
+	return n.ops.start
+}
+
+// heirOf is the start id of the incarnation whose data directory this
+// process restarted with (0 for none).
+func (n *Node) heirOf() uint64 {
+	if n.dd != nil {
+		return n.dd.heir
+	}
+	return 0
+}
+
+// dataDirCluster reads the cluster of the node's data directory into
+// n.clusterID. It reports whether the directory is new and the node joins
+// (it must learn its cluster from gossip first).
+func (n *Node) dataDirCluster() (joinFirst bool, err error) {
+	path := n.cfg.DataDir
+	if path == "" {
+		return false, nil
+	}
+	c, err := durable.DirCluster(path)
+	if err != nil {
+		return false, fmt.Errorf("peer: data directory %s: %w", path, err)
+	}
+	if c == "" {
+		return len(n.cfg.Join) > 0, nil
+	}
+	id, err := strconv.ParseUint(c, 16, 64)
+	if err != nil || id == 0 {
+		return false, fmt.Errorf("peer: data directory %s: %w: %s: cluster %q is not a cluster id", path, durable.ErrCorrupt, filepath.Join(path, durable.MetaFile), c)
+	}
+	n.clusterID.Store(id)
+	return false, nil
+}
+
+// openDataDir opens the node's data directory for its cluster (known by
+// now), records this process as the last to run with it, and opens its
+// raft log.
+func (n *Node) openDataDir() error {
+	path := n.cfg.DataDir
+	if path == "" {
+		return nil
+	}
+	cl := fmt.Sprintf("%016x", n.clusterID.Load())
+	d, err := durable.OpenDir(path, cl, n.name, n.ops.start)
+	if err != nil {
+		return fmt.Errorf("peer: data directory %s: %w", path, err)
+	}
+	dd := &dataDir{dir: d}
+	if !d.Fresh {
+		_, b, err := durable.ReadBlob(filepath.Join(path, lastStartFile), cl)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			// The first process made the meta file and stopped before
+			// it wrote this one: it was the directory's first start.
+			dd.heir = d.Start
+		case err != nil:
+			d.Close()
+			return fmt.Errorf("peer: data directory %s: %w", path, err)
+		case len(b) != 8:
+			d.Close()
+			return fmt.Errorf("peer: data directory %s: %w: %s: %d bytes", path, durable.ErrCorrupt, filepath.Join(path, lastStartFile), len(b))
+		default:
+			dd.heir = binary.LittleEndian.Uint64(b)
+		}
+	}
+	raft, err := ownlog.OpenDisk(path, cl)
+	if err != nil {
+		d.Close()
+		return fmt.Errorf("peer: data directory %s: %w", path, err)
+	}
+	parts, err := n.openPartLog(path, cl)
+	if err != nil {
+		raft.Close()
+		d.Close()
+		return fmt.Errorf("peer: data directory %s: %w", path, err)
+	}
+	dd.parts = parts
+	// Written after every check passed: a refused directory is left as
+	// it was.
+	if err := durable.WriteBlob(path, lastStartFile, cl, 0, binary.LittleEndian.AppendUint64(nil, n.ops.start)); err != nil {
+		parts.parts.Close()
+		raft.Close()
+		d.Close()
+		return fmt.Errorf("peer: data directory %s: %w", path, err)
+	}
+	dd.raft, dd.resumed = raft, !raft.Empty()
+	n.dd = dd
+	n.log.Info("data directory open", "path", path, "cluster", cl, "raft_id", fmt.Sprintf("%016x", d.Start),
+		"fresh", d.Fresh, "heir_of", fmt.Sprintf("%016x", dd.heir), "log_on_disk", dd.resumed)
+	return nil
+}
+
+// startDataDir starts the partition log's flusher, a goroutine the node
+// owns (it stops with n.ctx).
+func (n *Node) startDataDir() {
+	if n.dd == nil {
+		return
+	}
+	n.wg.Add(1)
+	go n.flushParts()
+}
+
+// resumed reports whether the node resumed an ownership log from its data
+// directory.
+func (n *Node) resumed() bool { return n.dd != nil && n.dd.resumed }
+
+// closeDataDir closes the raft log and releases the directory; after the
+// log member stopped. Idempotent.
+func (n *Node) closeDataDir() {
+	dd := n.dd
+	if dd == nil || dd.raft == nil {
+		return
+	}
+	if err := dd.raft.Close(); err != nil {
+		n.log.Warn("data directory: closing the raft log", "err", err)
+	}
+	if err := dd.parts.parts.Close(); err != nil {
+		n.log.Warn("data directory: closing the partition log", "err", err)
+	}
+	_ = dd.dir.Close()
+	dd.raft = nil
+}
+
+// startDataDirJoiner starts a joiner whose data directory is new: gossip
+// first, to learn the cluster, then the directory and the log member,
+// then the RPC server (its port bound before gossip, so that gossip
+// carries its address; peers' connections wait in its backlog until it
+// serves). On error everything started has been released.
+func (n *Node) startDataDirJoiner(ctx context.Context) error {
+	lis, err := net.Listen("tcp", n.cfg.RPCAddr)
+	if err != nil {
+		return fmt.Errorf("peer: listen rpc %s: %w", n.cfg.RPCAddr, err)
+	}
+	n.rpcLis = lis
+	if err := n.startGossip(ctx); err != nil {
+		lis.Close()
+		return err
+	}
+	fail := func(err error) error {
+		if n.lo != nil {
+			n.lo.shutdown()
+		}
+		_ = n.ml.Shutdown()
+		n.gossipLog.Close()
+		lis.Close()
+		n.closeDataDir()
+		return err
+	}
+	if err := n.awaitCluster(ctx); err != nil {
+		return fail(err)
+	}
+	if err := n.openDataDir(); err != nil {
+		return fail(err)
+	}
+	// The raft ID (the directory's first start) is this process's start:
+	// the metadata gossiped so far already says so.
+	if n.lo, err = newLogOwner(n); err != nil {
+		return fail(err)
+	}
+	n.health = health.NewServer()
+	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	n.setupAuth()
+	n.cenv = n.newClientEnv()
+	n.serveRPC(lis)
+	return nil
+}
+
+// awaitCluster waits, within ctx and the join timeout, until gossip shows
+// a member of this node's placement with a cluster id, and adopts it.
+func (n *Node) awaitCluster(ctx context.Context) error {
+	limit := time.NewTimer(max(n.cfg.JoinTimeout, time.Second))
+	defer limit.Stop()
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		members := map[string][]byte{}
+		for _, m := range n.ml.Members() {
+			members[m.Name] = m.Meta
+		}
+		if id := n.adoptCluster(members); id != 0 {
+			return nil
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return fmt.Errorf("peer: data directory %s: waiting for the cluster id from gossip: %w", n.cfg.DataDir, ctx.Err())
+		case <-limit.C:
+			return fmt.Errorf("peer: data directory %s: no member gossiped a cluster id within %v", n.cfg.DataDir, max(n.cfg.JoinTimeout, time.Second))
+		}
+	}
+}
+
+// raftInUse reports whether an incarnation other than id that is not gone
+// uses raft ID r (a member restarted with its data directory keeps its
+// raft ID): the log's stream to r is then still needed. Called with
+// lo.mu held.
+func (lo *logOwner) raftInUse(r uint64, id string) bool {
+	for other, k := range lo.known {
+		if other != id && k.raft == r && !k.gone {
+			return true
+		}
+	}
+	return false
+}
+
+// oneIncarnationPerRaftID keeps, of roster entries sharing a raft ID (the
+// incarnations of one member restarted with its data directory), the one
+// not gone (autopilot keys its roster by raft ID: a gone entry would
+// remove the member that resumed that raft ID).
+func oneIncarnationPerRaftID(roster []ownlog.Peer) []ownlog.Peer {
+	live := map[uint64]bool{}
+	for _, p := range roster {
+		if !p.Gone {
+			live[p.RaftID] = true
+		}
+	}
+	out := roster[:0]
+	for _, p := range roster {
+		if p.Gone && live[p.RaftID] {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// heirsLocked is the view's Heirs: each live member's incarnation mapped
+// to the one whose data directory it restarted with. Called with lo.mu
+// held.
+func (lo *logOwner) heirsLocked(heirs map[string]uint64) map[string]string {
+	if len(heirs) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(heirs))
+	for name, h := range heirs {
+		if id, old := lo.cur[name], incarnationID(name, h); id != "" && id != old {
+			out[id] = old
+		}
+	}
+	return out
+}
+
+// withHeirsGone adds to gone every incarnation an heir restarted from: a
+// later incarnation runs with its data directory, so it is gone for good
+// (after a restart of every member nobody saw it end in gossip).
+func withHeirsGone(gone []string, heirOf map[string]string) []string {
+	for _, old := range heirOf {
+		if !slices.Contains(gone, old) {
+			gone = append(gone, old)
+		}
+	}
+	return gone
+}

@@ -1,0 +1,413 @@
+package peer
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ringlimit/ringlimit/peer/internal/durable"
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
+)
+
+// This file keeps the state of the partitions a node holds in its data
+// directory (durable.Parts), for the policies whose Durability is disk or
+// disk_async. What is written, in the form copies already use:
+//
+//   - each admission of such a policy, decided here as holder: the key's
+//     whole state after it, as one KIND_REPLACE operation, logged under
+//     the partition's log lock so that the log's order is the order of
+//     the exports (a later record never holds less than an earlier one
+//     of the same key). Under disk the answer waits for its fsync (group
+//     commit: concurrent admissions share one); under disk_async the
+//     flusher writes and fsyncs the log every diskFlushInterval;
+//   - when this node becomes a partition's holder (a grant, a copy
+//     installed, a takeover with its replica): the partition's whole
+//     state, as a copy (SYNC_BEGIN, one chunk, SYNC_END), so that what
+//     it decides next is logged on top of all it holds;
+//   - when it stops holding one: Forget, so a restart does not count on
+//     state that moved on;
+//   - a snapshot of every partition held, every partSnapshotEvery, after
+//     which the records it covers are dropped.
+//
+// On an empty grant (ownlog's Reset: the heir rule's grant after a
+// restart of every member, or any grant of a vacancy) the node restores
+// the partition's state from what its directory held when it started,
+// once: restoring state this member really had only adds admissions that
+// were made, so it can only refuse more (ownership rule 10).
+//
+// Not yet logged (issue 57): the backup's replica (replicated admissions
+// and copies a backup installs), and the operations paths (refunds,
+// resets, concurrency leases, reservations and grants): those states
+// survive a restart of every member only as far as the holder's last
+// logged admission of each key carried them.
+
+// diskFlushInterval is how often disk_async's log is written and fsynced:
+// the most a restart of every member loses under disk_async is the
+// admissions of one interval.
+const diskFlushInterval = 10 * time.Millisecond
+
+// partSnapshotEvery is how often the partitions' state is snapshotted
+// (and the log before it dropped), when anything was logged since.
+const partSnapshotEvery = time.Minute
+
+// partLog is the node's partition state on disk.
+type partLog struct {
+	parts *durable.Parts
+	// locks serialise, per partition, a key's export with its record.
+	locks []sync.Mutex
+	// dirty: a disk_async record was logged since the last flush.
+	dirty atomic.Bool
+	// logged counts records since the last snapshot.
+	logged atomic.Uint64
+	// mine[p]: this node holds or backs partition p (guarded by the
+	// partition's lock), for the snapshot.
+	mine []bool
+
+	mu sync.Mutex // guards rec
+	// rec is what the directory held at start, per partition, until the
+	// partition's first empty grant restores (or drops) it.
+	rec *durable.Recovery
+	// wall is the instant to restore at (Recovery.At at start).
+	wall time.Time
+}
+
+// openPartLog opens the partition state in the data directory.
+func (n *Node) openPartLog(path, cluster string) (*partLog, error) {
+	parts, rec, err := durable.OpenParts(path, cluster, 0)
+	if err != nil {
+		return nil, err
+	}
+	at, back := rec.At(n.clock())
+	if back > 0 {
+		n.log.Warn("data directory: the wall clock is behind the newest state written before the restart; restored keys keep that instant until the clock passes it (windows count longer, never shorter)",
+			"behind", back)
+	}
+	return &partLog{parts: parts, locks: make([]sync.Mutex, n.cfg.Ring.PartitionCount), mine: make([]bool, n.cfg.Ring.PartitionCount), rec: rec, wall: at}, nil
+}
+
+// durableKey logs key's state in partition pid (this node holds it at
+// epoch) after an admission at now, if its policy keeps admissions on
+// disk; the index to Sync is returned for disk (0: nothing to wait for).
+// Called with the partition's lock held (read).
+func (n *Node) durableKey(pid int, epoch uint64, st *shard.Store, key Key, dur Durability, now time.Time) (uint64, error) {
+	pl := n.dd.parts
+	pl.locks[pid].Lock()
+	ks, ok := st.Export(key, now)
+	if !ok {
+		pl.locks[pid].Unlock()
+		return 0, nil
+	}
+	idx, err := pl.parts.Log(now.UnixNano(), &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_REPLACE, Partition: uint32(pid), Epoch: max(epoch, 1), Keys: []*peerpb.KeyState{stateToWire(ks)}})
+	pl.locks[pid].Unlock()
+	pl.logged.Add(1)
+	if err != nil {
+		return 0, fmt.Errorf("%w: logging the admission to the data directory: %w", ErrUnavailable, err)
+	}
+	if dur == DurabilityDiskAsync {
+		pl.dirty.Store(true)
+		return 0, nil
+	}
+	return idx, nil
+}
+
+// durableSync waits until record idx is on disk (disk durability).
+func (n *Node) durableSync(idx uint64) error {
+	if err := n.dd.parts.parts.Sync(idx); err != nil {
+		return fmt.Errorf("%w: the data directory: %w", ErrUnavailable, err)
+	}
+	return nil
+}
+
+// durablePolicy reports whether policy name keeps admissions on disk.
+func (n *Node) durablePolicy(name string) bool {
+	e := n.table.Load().Lookup(name)
+	return e != nil && e.Config.Durability != DurabilityMemory
+}
+
+// logPartition logs partition pid's whole state (the keys of policies
+// kept on disk) as a copy at epoch. Called with the partition's lock
+// held.
+func (n *Node) logPartition(pid int, epoch uint64, st *shard.Store) {
+	pl := n.dd.parts
+	now := n.clock()
+	var keys []*peerpb.KeyState
+	if st != nil {
+		st.Range(func(k Key) bool {
+			if n.durablePolicy(k.Policy) {
+				if ks, ok := st.Export(k, now); ok {
+					keys = append(keys, stateToWire(ks))
+				}
+			}
+			return true
+		})
+	}
+	part, e := uint32(pid), max(epoch, 1)
+	pl.locks[pid].Lock()
+	defer pl.locks[pid].Unlock()
+	wall := now.UnixNano()
+	ops := []*peerpb.PartitionOp{
+		{Kind: peerpb.PartitionOp_KIND_SYNC_BEGIN, Partition: part, Epoch: e},
+		{Kind: peerpb.PartitionOp_KIND_SYNC_CHUNK, Partition: part, Epoch: e, Keys: keys},
+		{Kind: peerpb.PartitionOp_KIND_SYNC_END, Partition: part, Epoch: e},
+	}
+	for _, op := range ops {
+		if _, err := pl.parts.Log(wall, op); err != nil {
+			n.log.Error("data directory: logging a partition's state failed", "partition", pid, "err", err)
+			return
+		}
+	}
+	pl.logged.Add(3)
+	pl.dirty.Store(true)
+}
+
+// forgetPartition logs that this node no longer holds partition pid.
+// Called with the partition's lock held.
+func (n *Node) forgetPartition(pid int) {
+	pl := n.dd.parts
+	pl.locks[pid].Lock()
+	defer pl.locks[pid].Unlock()
+	if _, err := pl.parts.Forget(n.clock().UnixNano(), uint32(pid)); err != nil {
+		n.log.Error("data directory: logging a partition's release failed", "partition", pid, "err", err)
+	}
+	pl.dirty.Store(true)
+}
+
+// restorePartition fills st (partition pid's new, empty store) with the
+// state the data directory held for it at start, once, and logs it as the
+// partition's state here. Called by ownlog's Reset with the partition's
+// lock held.
+func (n *Node) restorePartition(pid int, epoch uint64, st *shard.Store) {
+	pl := n.dd.parts
+	pl.mu.Lock()
+	var rp *durable.RecoveredPart
+	if pl.rec != nil {
+		rp = pl.rec.Part(uint32(pid))
+		pl.rec.Drop(uint32(pid))
+	}
+	pl.mu.Unlock()
+	if rp != nil {
+		tab := n.table.Load()
+		restored, skipped, err := rp.Restore(st, func(k shard.Key) (shard.Policy, bool) {
+			if e := tab.Lookup(k.Policy); e != nil {
+				return e.Shard, true
+			}
+			return shard.Policy{}, false
+		}, pl.wall)
+		if err != nil {
+			n.log.Error("data directory: restoring a partition failed; it starts with what was restored", "partition", pid, "restored", restored, "err", err)
+		} else {
+			n.log.Info("partition restored from the data directory", "partition", pid, "keys", restored, "skipped", skipped, "complete", rp.Complete)
+		}
+	}
+	n.logPartition(pid, epoch, st)
+}
+
+// flushParts runs until the node stops: it flushes disk_async's records
+// every diskFlushInterval and snapshots the partitions held here every
+// partSnapshotEvery. The node's goroutine.
+func (n *Node) flushParts() {
+	defer n.wg.Done()
+	pl := n.dd.parts
+	t := time.NewTicker(diskFlushInterval)
+	defer t.Stop()
+	lastSnap := time.Now()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if pl.dirty.Swap(false) {
+			if err := pl.parts.Flush(); err != nil {
+				n.warnThrottled("data directory: flushing the partition log failed", "err", err)
+			}
+		}
+		if time.Since(lastSnap) >= partSnapshotEvery && pl.logged.Load() > 0 && !pl.restoring(n.started) {
+			lastSnap = time.Now()
+			n.snapshotParts()
+		}
+	}
+}
+
+// restoring reports whether state read back at start still waits for its
+// partition's grant (the snapshot would drop the records it came from),
+// for at most partRestoreWait after the node started.
+func (pl *partLog) restoring(started time.Time) bool {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	if pl.rec != nil && time.Since(started) >= partRestoreWait {
+		pl.rec = nil // the vacancies it was kept for have restarted elsewhere
+	}
+	return pl.rec != nil && len(pl.rec.Partitions()) > 0
+}
+
+// partRestoreWait is how long state read back at start is kept for its
+// partition's grant; a vacancy waits for its heir much less (EmptyAfter).
+const partRestoreWait = 10 * time.Minute
+
+// snapshotParts writes the state of every partition held or backed here
+// as the snapshot and drops the log records it covers.
+func (n *Node) snapshotParts() {
+	pl := n.dd.parts
+	covers := pl.parts.Next() // before the exports: see durable.Parts.Snapshot
+	pl.logged.Store(0)
+	now := n.clock()
+	var ops []*peerpb.PartitionOp
+	for pid := range n.pt.parts {
+		pt := &n.pt.parts[pid]
+		pt.mu.RLock()
+		if pl.mine[pid] && pt.store != nil {
+			var keys []*peerpb.KeyState
+			pt.store.Range(func(k Key) bool {
+				if n.durablePolicy(k.Policy) {
+					if ks, ok := pt.store.Export(k, now); ok {
+						keys = append(keys, stateToWire(ks))
+					}
+				}
+				return true
+			})
+			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_CHUNK, Partition: uint32(pid), Epoch: max(pt.epoch, 1), Keys: keys})
+		}
+		pt.mu.RUnlock()
+	}
+	if err := pl.parts.Snapshot(now.UnixNano(), covers, ops); err != nil {
+		n.log.Error("data directory: snapshot of the partitions failed", "err", err)
+	}
+}
+
+// durableTransition logs partition pid's state when this node starts
+// holding it without having had it (a grant, a copy it holds at once), and
+// forgets it when it neither holds nor backs it any more (had: it held or
+// backed it before). A backup's state is logged when its copy is
+// installed (durableCopy). Called by Publish with the partition's lock
+// held.
+func (n *Node) durableTransition(pid int, had, holds, backs bool, epoch uint64, st *shard.Store) {
+	n.dd.parts.mine[pid] = holds || backs
+	switch {
+	case holds && !had:
+		n.logPartition(pid, epoch, st)
+	case had && !holds && !backs:
+		n.forgetPartition(pid)
+	}
+}
+
+// durableCopy logs a copy this backup installed as partition pid's state
+// here, and waits until it is on disk when a policy of the table keeps
+// admissions on disk. Called with the partition's lock held.
+func (n *Node) durableCopy(pid int, epoch uint64, st *shard.Store) error {
+	n.logPartition(pid, epoch, st)
+	if n.anyDiskPolicy() {
+		return n.dd.parts.parts.Sync(n.dd.parts.parts.Next() - 1)
+	}
+	return nil
+}
+
+// anyDiskPolicy reports whether a policy of the table has durability
+// disk.
+func (n *Node) anyDiskPolicy() bool {
+	for _, c := range n.table.Load().Configs() {
+		if c.Durability == DurabilityDisk {
+			return true
+		}
+	}
+	return false
+}
+
+// durableReplica logs, on a backup, the state of the replicated keys
+// whose policy keeps admissions on disk, as applied to st (partition pid
+// at epoch); the index returned is to Sync before answering when one of
+// them has durability disk. Called with the partition's lock held.
+func (n *Node) durableReplica(pid int, epoch uint64, st *shard.Store, keys []packedAdmit, now time.Time) (uint64, error) {
+	if n.dd == nil {
+		return 0, nil
+	}
+	pl := n.dd.parts
+	tab := n.table.Load()
+	var wire []*peerpb.KeyState
+	wait := false
+	pl.locks[pid].Lock()
+	defer pl.locks[pid].Unlock()
+	for _, k := range keys {
+		e := tab.Lookup(k.st.Key.Policy)
+		if e == nil || e.Config.Durability == DurabilityMemory {
+			continue
+		}
+		wait = wait || e.Config.Durability == DurabilityDisk
+		ks, ok := st.Export(k.st.Key, now)
+		if !ok {
+			ks = shard.KeyState{Key: k.st.Key, Algorithm: k.st.Algorithm}
+		}
+		wire = append(wire, stateToWire(ks))
+	}
+	if len(wire) == 0 {
+		return 0, nil
+	}
+	idx, err := pl.parts.Log(now.UnixNano(), &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_REPLACE, Partition: uint32(pid), Epoch: max(epoch, 1), Keys: wire})
+	pl.logged.Add(1)
+	if err != nil {
+		return 0, err
+	}
+	if !wait {
+		pl.dirty.Store(true)
+		return 0, nil
+	}
+	return idx, nil
+}
+
+// durableOp logs the state an operation other than a single check left
+// (refund, reset, lease acquire and release, reserve and settle, grant, a
+// multi-policy check) for each of its policies kept on disk; the index
+// returned is to Sync before answering (0: none). A peek, or a check
+// refused, changed nothing. Called with the partition's lock held.
+func (n *Node) durableOp(pt *part, pid int, r *opReq, allowed bool, now time.Time) (uint64, error) {
+	if r.op == peerpb.Op_OP_PEEK || r.op == peerpb.Op_OP_CHECK && !allowed && r.multi == nil {
+		return 0, nil
+	}
+	var last uint64
+	one := func(e *policy.Entry, key Key) error {
+		if e == nil || e.Unlimited || e.Config.Durability == DurabilityMemory {
+			return nil
+		}
+		idx, err := n.durableKeyOrGone(pid, pt.epoch, pt.store, key, e.Config.Durability, now)
+		if idx != 0 {
+			last = idx
+		}
+		return err
+	}
+	if r.multi == nil {
+		return last, one(r.p, r.key)
+	}
+	for _, q := range r.multi {
+		k := r.key
+		k.Policy = q.Name
+		if err := one(q, k); err != nil {
+			return 0, err
+		}
+	}
+	return last, nil
+}
+
+// durableKeyOrGone is durableKey, logging an empty state for a key the
+// operation removed (a reset, the last lease released).
+func (n *Node) durableKeyOrGone(pid int, epoch uint64, st *shard.Store, key Key, dur Durability, now time.Time) (uint64, error) {
+	pl := n.dd.parts
+	pl.locks[pid].Lock()
+	ks, ok := st.Export(key, now)
+	if !ok {
+		ks = shard.KeyState{Key: key}
+	}
+	idx, err := pl.parts.Log(now.UnixNano(), &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_REPLACE, Partition: uint32(pid), Epoch: max(epoch, 1), Keys: []*peerpb.KeyState{stateToWire(ks)}})
+	pl.locks[pid].Unlock()
+	pl.logged.Add(1)
+	if err != nil {
+		return 0, fmt.Errorf("%w: logging to the data directory: %w", ErrUnavailable, err)
+	}
+	if dur == DurabilityDiskAsync {
+		pl.dirty.Store(true)
+		return 0, nil
+	}
+	return idx, nil
+}
