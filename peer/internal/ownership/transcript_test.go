@@ -9,8 +9,9 @@ package ownership
 // writes the new outputs, and the diff shows what changed, step by step.
 //
 // The world: members with one Machine each, one log that every member
-// applies in the same order, and one clock (offsets never matter to the
-// protocol: each member measures durations on its own clock). Nothing
+// applies in the same order, and one clock, starting at 10s (offsets
+// never matter to the protocol: each member measures durations on its
+// own clock). Nothing
 // happens unless a command says so: a member that is not ticked is
 // paused, a proposal not applied is in flight, an answer not delivered
 // is lost.
