@@ -724,14 +724,14 @@ func (s *server) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peer
 	}
 	resp := &peerpb.ReplicateResponse{Results: make([]*peerpb.OpResult, len(req.GetOps()))}
 	for i, op := range req.GetOps() {
-		resp.Results[i] = n.applyOp(req.GetSender(), req.GetSeq(), sw, op, closing)
+		resp.Results[i] = n.applyPartitionOp(req.GetSender(), req.GetSeq(), sw, op, closing)
 	}
 	return resp, nil
 }
 
-// applyOp applies one operation from holder sender to this node's copy;
-// sw is what the sender tells of its policy table.
-func (n *Node) applyOp(sender string, seq uint64, sw senderTable, op *peerpb.PartitionOp, closing bool) *peerpb.OpResult {
+// applyPartitionOp applies one operation from holder sender to this
+// node's copy; sw is what the sender tells of its policy table.
+func (n *Node) applyPartitionOp(sender string, seq uint64, sw senderTable, op *peerpb.PartitionOp, closing bool) *peerpb.OpResult {
 	var keys []packedAdmit
 	for _, w := range op.GetKeys() {
 		st, p, err := n.decodeState(w)

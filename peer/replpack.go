@@ -195,7 +195,7 @@ func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw sende
 			runs = append(runs, shard.Run{Age: time.Duration(r.Varint()), Count: r.Varint()})
 			st := shard.KeyState{Key: k, Algorithm: shard.Algorithm(alg), Runs: runs[len(runs)-1 : len(runs) : len(runs)]}
 			if alg > 255 || st.Validate() != nil {
-				continue // malformed: skipped, as applyOp skips it
+				continue // malformed: skipped, as applyPartitionOp skips it
 			}
 			if p := tab.Lookup(k.Policy); p != nil && p.Shard.Algorithm == st.Algorithm {
 				ents = append(ents, packedAdmit{st: st, sp: importPolicy(p, sw)})

@@ -45,6 +45,10 @@ func startFiveNodeSceneWhere(t *testing.T, pc PolicyConfig, prefix string, lease
 	t.Helper()
 	cut := new(atomic.Bool)
 	c := startClusterWith(t, 5, Config{
+		// 31 partitions rather than 271: the scene needs one partition
+		// that fits, and every partition costs a move and a backup copy
+		// (commands through the log) before the five members settle.
+		Ring:          ring.Config{PartitionCount: 31},
 		LeaseDuration: lease,
 		Policies:      map[string]PolicyConfig{"p": pc},
 		// A synchronous replication on a loaded machine (race detector,
@@ -56,6 +60,8 @@ func startFiveNodeSceneWhere(t *testing.T, pc PolicyConfig, prefix string, lease
 			cutGossip := withCutTransport(t, cut)
 			cfg.Gossip = func(mc *memberlist.Config) {
 				cutGossip(mc)
+				// attackGossip's timings, on the cut transport.
+				mc.ProbeTimeout, mc.SuspicionMult = 250*time.Millisecond, 5
 				mc.SuspicionMaxTimeoutMult = 50
 				if edit0 != nil {
 					edit0(mc)

@@ -64,8 +64,11 @@ func newServeConsole(node *peer.Node, rec *console.Recorder, admin []byte, peers
 	return console.New(node, console.Config{Recorder: rec, AdminToken: admin, Peers: peers, Logger: log})
 }
 
-// mountConsole serves c at /ui/ on mux (and /ui redirects there).
+// mountConsole serves c at /ui/ on mux (and /ui redirects there): its
+// page and reads by GET, its one action (a reset, with the admin token)
+// by POST.
 func mountConsole(mux *http.ServeMux, c *console.Console) {
-	mux.Handle("/ui/", c)
+	mux.Handle("GET /ui/", c)
+	mux.Handle("POST /ui/", c)
 	mux.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
 }

@@ -215,6 +215,21 @@ duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
   POST /v1/release    {"tenant","subject","policy","lease_id"} ends the
                       lease; 200 with reason "released", "allowed" false
                       when the id was unknown or already expired
+  POST /v1/reserve    a check body of a sliding_log policy whose hits is
+                      the estimate of a cost known only after the work ->
+                      a /v1/check body plus "reservation_id" (a decimal
+                      string) and "reservation_ttl_ms" (the policy's
+                      window); 200 admitted, 429 when the estimate does not
+                      fit, 503 unavailable
+  POST /v1/settle     {"tenant","subject","policy","reservation_id",
+                      "actual"} records the actual cost at the
+                      reservation's instant; 200 with reason "settled",
+                      "estimate" and "overage" (actual beyond the
+                      estimate, recorded without admission), or reason
+                      "not_pending", "allowed" false, when the id was
+                      settled already, expired or never made (changes
+                      nothing). A reservation never settled is charged
+                      its estimate
   POST /v1/reset      {"tenant","subject","policy"} clears the key; needs
                       Authorization: Bearer <--admin-token-file's token>
                       (401 without it, 404 when serve has no token); 200
@@ -233,6 +248,9 @@ duplicates, no unknown fields; 400 names the problem, 413 over 64 KiB):
   GET  /ui/           the console: members, partitions, timeline, traffic,
                       hot keys, a key inspector, policies (read-only; with
                       --admin-token-file it can reset a key)
+  GET  /ui            redirects to /ui/
+  POST /ui/           the console's reset of a key (POST /ui/api/reset,
+                      with the admin token; 404 without --admin-token-file)
   GET  /debug/ownership
                       ownership mode; this node's
                       member ID, the log's leader and voters, its own
