@@ -25,10 +25,14 @@ import (
 //     incarnation; a wave begins once the previous one settled, as a
 //     deploy that waits for readiness does.
 //
-// Settled means: every running member has joined the log and none is
-// leaving, and every partition has exactly one member that may decide
+// Settled means: the log has a leader and the voters autopilot wants,
+// all of them running; every running member has joined it and none is
+// leaving; and every partition has exactly one member that may decide
 // for it, the one gossip's placement targets, with a backup that has its
-// state. Clients run throughout, and the whole history is checked as
+// state. A wave waits for it, as a deploy that gates on the cluster's
+// health would: one that began while the log still counted stopped
+// voters (autopilot replaces them one configuration change at a time,
+// after adding every joiner as a learner) could stop a majority of them. Clients run throughout, and the whole history is checked as
 // Run's is (windows, oracles, holdings handed without their state).
 
 // FleetOptions configure a fleet run. Zero fields take the defaults in
@@ -55,6 +59,8 @@ type FleetOptions struct {
 	Liveness time.Duration
 	// Voters is the log's voter count [ownlog.VotersFor(Members): 5].
 	Voters int
+	// RestOnly ends the run after the at-rest phase.
+	RestOnly bool
 }
 
 func (f *FleetOptions) defaults() {
@@ -216,6 +222,10 @@ func (f *fleet) rest() {
 	a := s.snap()
 	s.at(int64(f.o.Rest), func() {
 		f.done("at rest", a, 0)
+		if f.o.RestOnly {
+			f.finish()
+			return
+		}
 		f.churn()
 	})
 }
@@ -453,8 +463,9 @@ func (s *sim) running(name string) *member {
 	return nil
 }
 
-// unsettled says why the cluster has not settled ("": it has): every
-// running member has joined the log and none is leaving, and every
+// unsettled says why the cluster has not settled ("": it has): the log
+// has a leader and the voters autopilot wants, every running member has
+// joined it and none is leaving, and every
 // partition has exactly one member that may decide for it, at gossip's
 // target, with a backup that has its state.
 func (s *sim) unsettled() string {
@@ -472,6 +483,17 @@ func (s *sim) unsettled() string {
 	}
 	if lead == nil {
 		return "no member leads the log"
+	}
+	// Voters as the leader's configuration counts them (a stopped one
+	// too, until autopilot removes it) and as the running members do.
+	voting := 0
+	for _, id := range view {
+		if s.members[id].log.Voter() {
+			voting++
+		}
+	}
+	if have, want := lead.log.Voters(len(view)); have != want || voting != want {
+		return fmt.Sprintf("the log has %d voters, %d of them running; autopilot wants %d", have, voting, want)
 	}
 	t := lead.own.Table()
 	for _, id := range view {
