@@ -406,6 +406,8 @@ type member struct {
 	// decide for (the probes ask these); checkAt is when its next
 	// consistency check is due (checkDue).
 	holding []int
+	heldGen uint64
+	heldAt  bool
 	checkAt int64
 	// leaveLog, when set, ends a drain that may go (faults.go's drain)
 	// in place of its default: fleet.go's leaveLog.
@@ -597,25 +599,27 @@ func (m *member) carry(out ownlog.Output) {
 	// Gen moved, with the lease left out (readers check it): a partition
 	// that changed while Gen stood still would be decided on stale.
 	gen := m.own.Gen()
-	changed := !m.stoodAt || gen != m.stoodGen
 	if m.stood == nil {
 		m.stood = make([]stood, len(m.stores))
 	}
-	if changed || check {
+	if check {
+		same := m.stoodAt && gen == m.stoodGen
 		m.own.Standings(min(now, m.own.LiveUntil()-1), func(p int, pt *ownership.Partition, st ownership.Standing) {
 			cur := stood{pt.Holder, pt.Backup, pt.Epoch, st}
-			if !changed && cur != m.stood[p] {
+			if same && cur != m.stood[p] {
 				s.misstood++
 			}
 			m.stood[p] = cur
 		})
+		m.stoodGen, m.stoodAt = gen, true
 	}
-	m.stoodGen, m.stoodAt = gen, true
-	if changed {
+	if gen != m.heldGen || !m.heldAt {
 		// Whom the table names moves only with Gen.
+		m.heldGen, m.heldAt = gen, true
 		m.holding = m.holding[:0]
+		e, live := t.Live(m.id)
 		for p := range m.stores {
-			holds := t.Holds(m.id, p)
+			holds := live && t.Parts[p].Holder == m.id && t.Parts[p].HolderEpoch == e // t.Holds(m.id, p)
 			if s.o.Mutation == MutTakeoverEmpty && !m.held[p] && holds && t.Parts[p].Backup == "" && m.wasBackup[p] {
 				m.stores[p] = map[string][]entry{} // the broken rule: start empty
 			}
