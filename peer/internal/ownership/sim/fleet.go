@@ -152,7 +152,7 @@ func (r FleetResult) String() string {
 			}
 			fmt.Fprintf(&b, " (waves %s)", strings.Join(ws, ", "))
 		}
-		fmt.Fprintf(&b, ", longest unavailable %v\n    %s\n", p.Unavailable.Round(time.Millisecond), p.Traffic.Rates())
+		fmt.Fprintf(&b, ", longest unavailable %v\n    %s\n    raft: %s\n", p.Unavailable.Round(time.Millisecond), p.Traffic.Rates(), p.Traffic.RaftMix())
 	}
 	res := r.Result
 	fmt.Fprintf(&b, "  %d ops (%d admitted), %d windows over the limit, %d holdings without their state, %d oracle findings, lost %d, misstood %d, stalled leaves %d\n",

@@ -647,6 +647,7 @@ func (m *member) carry(out ownlog.Output) {
 			panic(err)
 		}
 		s.raftBytes += len(wire)
+		s.tr.raftSent(msg.GetType(), len(wire))
 		step := func() {
 			in := &pb.Message{}
 			if err := proto.Unmarshal(wire, in); err != nil {

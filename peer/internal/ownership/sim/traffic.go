@@ -2,8 +2,11 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
+
+	pb "go.etcd.io/raft/v3/raftpb"
 )
 
 // This file counts the simulated network's messages by category, so that
@@ -110,6 +113,7 @@ func (c *Counts) sub(d *Counts) Counts {
 // member's incarnations count as one member, as one machine's do).
 type traffic struct {
 	total  [numCategories]Flow
+	types  map[pb.MessageType]Flow // raft messages sent, by type
 	leader Counts
 	slot   map[string]int
 	byName []Counts
@@ -132,6 +136,16 @@ func (t *traffic) party(m *member) *Counts {
 	return &t.byName[i]
 }
 
+// raftSent counts a raft message of type t sent.
+func (t *traffic) raftSent(typ pb.MessageType, size int) {
+	if t.types == nil {
+		t.types = map[pb.MessageType]Flow{}
+	}
+	f := t.types[typ]
+	f.add(size)
+	t.types[typ] = f
+}
+
 // sent counts a message of size bytes that from sends.
 func (s *sim) sent(c Category, from *member, size int) {
 	s.tr.total[c].add(size)
@@ -151,6 +165,8 @@ type Traffic struct {
 	Total [numCategories]Flow
 	// Commands is the ownership commands the log applied.
 	Commands int64
+	// RaftTypes is the raft messages sent, by type.
+	RaftTypes map[pb.MessageType]Flow
 	// Leader is what the log's leader sent and received.
 	Leader Counts
 	// Members is what each other member sent and received, by name
@@ -165,12 +181,17 @@ type snapshot struct {
 	at       int64
 	total    [numCategories]Flow
 	commands int64
+	types    map[pb.MessageType]Flow
 	leader   Counts
 	byName   []Counts
 }
 
 func (s *sim) snap() snapshot {
-	return snapshot{at: s.now, total: s.tr.total, commands: int64(s.commands), leader: s.tr.leader, byName: append([]Counts(nil), s.tr.byName...)}
+	types := make(map[pb.MessageType]Flow, len(s.tr.types))
+	for k, f := range s.tr.types {
+		types[k] = f
+	}
+	return snapshot{at: s.now, total: s.tr.total, commands: int64(s.commands), types: types, leader: s.tr.leader, byName: append([]Counts(nil), s.tr.byName...)}
 }
 
 // since is the traffic from snapshot a to now.
@@ -178,6 +199,12 @@ func (s *sim) since(a snapshot) Traffic {
 	t := Traffic{Seconds: time.Duration(s.now - a.at).Seconds(), Commands: int64(s.commands) - a.commands, Leader: s.tr.leader.sub(&a.leader), Running: len(s.members)}
 	for k := range numCategories {
 		t.Total[k] = s.tr.total[k].Sub(a.total[k])
+	}
+	t.RaftTypes = map[pb.MessageType]Flow{}
+	for k, f := range s.tr.types {
+		if d := f.Sub(a.types[k]); d.Msgs > 0 {
+			t.RaftTypes[k] = d
+		}
 	}
 	for i := range s.tr.byName {
 		var before Counts
@@ -190,6 +217,26 @@ func (s *sim) since(a snapshot) Traffic {
 		}
 	}
 	return t
+}
+
+// RaftMix is the raft messages sent per second by type, the most first,
+// on one line.
+func (t Traffic) RaftMix() string {
+	type kv struct {
+		k pb.MessageType
+		f Flow
+	}
+	var kvs []kv
+	for k, f := range t.RaftTypes {
+		kvs = append(kvs, kv{k, f})
+	}
+	slices.SortFunc(kvs, func(a, b kv) int { return int(b.f.Msgs - a.f.Msgs) })
+	sec := max(t.Seconds, 1e-9)
+	parts := make([]string, len(kvs))
+	for i, x := range kvs {
+		parts[i] = fmt.Sprintf("%s %.0f/s %s/s", x.k, float64(x.f.Msgs)/sec, bytesize(float64(x.f.Bytes)/sec))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // Rates are a Traffic's figures per second.
