@@ -55,7 +55,9 @@ func TestFleet(t *testing.T) {
 
 // TestFleetSizes runs the fleet at the sizes RINGLIMIT_FLEET lists
 // (comma-separated member counts, e.g. 256,1024): opt-in, beyond CI's
-// budget. RINGLIMIT_FLEET_PHASES=rest stops each after the at-rest phase.
+// budget. RINGLIMIT_FLEET_PHASES=rest stops each after the at-rest phase,
+// and RINGLIMIT_FLEET_REST (a Go duration, 10s unless set) is that
+// phase's length.
 // Each size's phases and figures are logged (go test -v).
 func TestFleetSizes(t *testing.T) {
 	v := os.Getenv("RINGLIMIT_FLEET")
@@ -70,13 +72,21 @@ func TestFleetSizes(t *testing.T) {
 	default:
 		t.Fatalf("RINGLIMIT_FLEET_PHASES=%q: want rest or all", ph)
 	}
+	var rest time.Duration
+	if v := os.Getenv("RINGLIMIT_FLEET_REST"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("RINGLIMIT_FLEET_REST=%q: want a positive Go duration such as 5s", v)
+		}
+		rest = d
+	}
 	for _, s := range strings.Split(v, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 2 {
 			t.Fatalf("RINGLIMIT_FLEET=%q: want comma-separated member counts of at least 2", v)
 		}
 		t.Run("members="+strconv.Itoa(n), func(t *testing.T) {
-			runFleet(t, FleetOptions{Seed: 1, Members: n, RestOnly: restOnly})
+			runFleet(t, FleetOptions{Seed: 1, Members: n, RestOnly: restOnly, Rest: rest})
 		})
 	}
 }
