@@ -115,6 +115,8 @@ type Result struct {
 	// LostAsync and LostOff count admissions of async and off keys a
 	// takeover lost, within their bounds (the windows allow them).
 	LostAsync, LostOff int
+	// Traffic is the whole run's messages by category (traffic.go).
+	Traffic Traffic
 }
 
 // Failed reports whether the run broke the promise or an invariant.
@@ -183,6 +185,7 @@ func (s *sim) result() Result {
 	res.Misstood = s.misstood
 	res.Pokes = s.pokes
 	res.Stalled = s.stalled
+	res.Traffic = s.since(snapshot{})
 	return res
 }
 
