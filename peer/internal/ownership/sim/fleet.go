@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -106,8 +107,9 @@ type Phase struct {
 	// it settled (at rest: over Rest).
 	Traffic Traffic
 	// Settle is how long the cluster took to settle from the phase's
-	// start (the founding: from the start; a rolling deploy: each wave's
-	// in Waves); negative when it did not within FleetOptions.Settle.
+	// start (the founding: from the start; a rolling deploy: the whole
+	// deploy's, each wave's in Waves); negative when it (or a wave) did
+	// not within FleetOptions.Settle.
 	Settle time.Duration
 	Waves  []time.Duration
 	// Unavailable is the longest stretch of one key's consecutive
@@ -278,16 +280,23 @@ func (f *fleet) churn() {
 	}
 	s.note("churn: crash %d members (%d voters), each restarting 1-3s later", len(victims), voters)
 	left := len(victims)
+	settled := func() {
+		f.waitSettled(a.at, func(d int64) {
+			f.done(fmt.Sprintf("churn %.0f %%", 100*f.o.Churn), a, d)
+			f.deploy()
+		})
+	}
+	if left == 0 {
+		settled()
+		return
+	}
 	for _, v := range victims {
 		s.crash(v, false)
 		s.at(int64(time.Second)+s.rng.Int64N(int64(2*time.Second)), func() {
 			s.start(v.name, v.inc+1, s.newRaftID(), nil)
 			s.gone = append(s.gone, v.id) // a later incarnation runs
 			if left--; left == 0 {
-				f.waitSettled(a.at, func(d int64) {
-					f.done(fmt.Sprintf("churn %.0f %%", 100*f.o.Churn), a, d)
-					f.deploy()
-				})
+				settled()
 			}
 		})
 	}
@@ -307,7 +316,11 @@ func (f *fleet) deploy() {
 	var wave func(from int)
 	wave = func(from int) {
 		if from >= len(names) {
-			f.done("rolling deploy", a, s.now-a.at)
+			took := s.now - a.at
+			if slices.Contains(waves, -1) {
+				took = -1
+			}
+			f.done("rolling deploy", a, took)
 			f.phases[len(f.phases)-1].Waves = waves
 			f.finish()
 			return
