@@ -50,6 +50,11 @@
 // The simulator is itself tested: sim_test.go's catalogue breaks every
 // rule of ownership.Mutation and of this package's Mutation, one at a
 // time, and fails unless a schedule catches each.
+//
+// Every message is counted by category, the ownership log's apart from
+// the data plane's (traffic.go), and RunFleet (fleet.go) takes hundreds
+// to thousands of members through a churn and a rolling deploy, timing
+// how long each takes to settle; README.md has the commands and figures.
 package sim
 
 import (
