@@ -411,8 +411,10 @@ type member struct {
 	stoodAt  bool
 	// holding lists the partitions the table named this member holder
 	// of after its last output (held's true ones): the only ones it may
-	// decide for (the probes ask these); checkAt is when its next
-	// consistency check is due (checkDue).
+	// decide for (the probes ask these). It rests on two facts: the
+	// table changes only in calls whose output carry carries, and whom
+	// it names holder moves only with the machine's Gen (heldGen).
+	// checkAt is when its next consistency check is due (checkDue).
 	holding []int
 	heldGen uint64
 	heldAt  bool
