@@ -3,6 +3,7 @@ package sim
 import (
 	"math"
 	"testing"
+	"time"
 
 	pb "go.etcd.io/raft/v3/raftpb"
 )
@@ -17,7 +18,7 @@ func TestTrafficAccounting(t *testing.T) {
 			t.Errorf("category %d has no name in categories", c)
 		}
 	}
-	r := run(t, Options{Seed: 1, NoFault: true, Members: 5})
+	r := run(t, Options{Seed: 1, NoFault: true, Members: 5, Duration: 5 * time.Second})
 	tr := r.Traffic
 	if got := tr.Total[Raft].Bytes; got != int64(r.RaftBytes) {
 		t.Errorf("raft bytes counted %d, the run marshalled %d", got, r.RaftBytes)
