@@ -75,6 +75,7 @@ type logOwner struct {
 	member *ownlog.Member
 	run    *ownlog.Runner
 	tr     *ownlog.GRPCTransport
+	recv   raftReceived // raft messages and bytes received (RaftTraffic)
 	peers  atomic.Pointer[logPeers]
 	// restarts is, per partition, the table's Restarts last logged (the
 	// runner's goroutine only).
@@ -186,6 +187,7 @@ func (lo *logOwner) fromMember(raftID uint64) bool {
 func (lo *logOwner) traffic() RaftTraffic {
 	t := lo.run.Traffic()
 	return RaftTraffic{MessagesSent: t.MsgsSent, BytesSent: t.BytesSent, MessagesDropped: t.MsgsDropped, MessagesShed: t.MsgsShed,
+		MessagesReceived: lo.recv.msgs.Load(), BytesReceived: lo.recv.bytes.Load(),
 		Proposals: t.Proposals, ConfChanges: t.ConfChanges, Applied: t.Applied}
 }
 
@@ -211,7 +213,7 @@ func (t logTransport) Traffic() ownlog.Traffic { return t.lo.tr.Traffic() }
 
 // register adds the log's service to the node's gRPC server.
 func (lo *logOwner) register(s grpc.ServiceRegistrar) {
-	ownlog.Register(s, lo.run.Receive, lo.n.ctx.Done())
+	ownlog.Register(s, lo.recv.counting(lo.run.Receive), lo.n.ctx.Done())
 }
 
 // start runs the member and the readiness refresher on goroutines the node

@@ -966,14 +966,16 @@ func TestLogRaftTrafficMetrics(t *testing.T) {
 	for i, nd := range c.nodes {
 		waitFor(t, 20*time.Second, nd.name+" sending raft messages and applying commands", func() bool {
 			first[i] = nd.RaftTraffic()
-			return first[i].MessagesSent > 0 && first[i].BytesSent > first[i].MessagesSent && first[i].Proposals > 0 && first[i].Applied > 0
+			return first[i].MessagesSent > 0 && first[i].BytesSent > first[i].MessagesSent && first[i].Proposals > 0 && first[i].Applied > 0 &&
+				first[i].MessagesReceived > 0 && first[i].BytesReceived > first[i].MessagesReceived
 		})
 	}
 	for i, nd := range c.nodes {
 		waitFor(t, 20*time.Second, nd.name+"'s raft counters growing", func() bool {
 			now := nd.RaftTraffic()
 			return now.MessagesSent > first[i].MessagesSent && now.BytesSent > first[i].BytesSent &&
-				now.Proposals >= first[i].Proposals && now.Applied >= first[i].Applied
+				now.Proposals >= first[i].Proposals && now.Applied >= first[i].Applied &&
+				now.MessagesReceived > first[i].MessagesReceived && now.BytesReceived > first[i].BytesReceived
 		})
 		// What the Metrics reads is the node's counters then and there:
 		// at least what RaftTraffic said a moment before, and no more
@@ -992,6 +994,8 @@ func TestLogRaftTrafficMetrics(t *testing.T) {
 		}{
 			{"messages sent", before.MessagesSent, got.MessagesSent, after.MessagesSent, true},
 			{"bytes sent", before.BytesSent, got.BytesSent, after.BytesSent, true},
+			{"messages received", before.MessagesReceived, got.MessagesReceived, after.MessagesReceived, true},
+			{"bytes received", before.BytesReceived, got.BytesReceived, after.BytesReceived, true},
 			{"proposals", before.Proposals, got.Proposals, after.Proposals, true},
 			{"applied", before.Applied, got.Applied, after.Applied, true},
 			{"dropped", before.MessagesDropped, got.MessagesDropped, after.MessagesDropped, false},

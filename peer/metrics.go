@@ -95,6 +95,10 @@ type RaftTraffic struct {
 	// MessagesDropped the ones dropped unsent (a full queue, a peer not
 	// reached), which raft sends again.
 	MessagesSent, BytesSent, MessagesDropped uint64
+	// MessagesReceived and BytesReceived are the raft messages that
+	// reached this node from its peers and their size, counted as they
+	// arrive (shed ones too).
+	MessagesReceived, BytesReceived uint64
 	// MessagesShed are raft messages this node received and dropped
 	// unread because its log's goroutine was that far behind; raft sends
 	// again, but a count that keeps growing means a node too loaded for

@@ -40,6 +40,8 @@ import (
 //	ringlimit_policy_reloads_total{result}             counter, ok or rejected
 //	ringlimit_raft_messages_sent_total                 counter, ownership log messages sent (peer.RaftTraffic)
 //	ringlimit_raft_bytes_sent_total                    counter, their marshalled bytes
+//	ringlimit_raft_messages_received_total             counter, ownership log messages received
+//	ringlimit_raft_bytes_received_total                counter, their marshalled bytes
 //	ringlimit_raft_messages_dropped_total              counter, dropped unsent (raft sends again)
 //	ringlimit_raft_messages_shed_total                 counter, received and dropped unread (log behind)
 //	ringlimit_raft_proposals_total{kind}               counter, command or conf_change
@@ -442,6 +444,7 @@ func (m *Metrics) RaftTrafficFrom(read func() peer.RaftTraffic) { m.raft.read.St
 type raftCollector struct {
 	read                                        atomic.Pointer[func() peer.RaftTraffic]
 	msgs, bytes, dropped, shed, proposals, appl *prometheus.Desc
+	msgsIn, bytesIn                             *prometheus.Desc
 }
 
 func newRaftCollector() *raftCollector {
@@ -452,6 +455,8 @@ func newRaftCollector() *raftCollector {
 		shed:      prometheus.NewDesc("ringlimit_raft_messages_shed_total", "Ownership log messages this node received and dropped unread because its log was that far behind; raft sends again.", nil, nil),
 		proposals: prometheus.NewDesc("ringlimit_raft_proposals_total", "Proposals this node made to the ownership log, by kind (command, conf_change).", []string{"kind"}, nil),
 		appl:      prometheus.NewDesc("ringlimit_raft_applied_total", "Ownership commands this node applied from the log.", nil, nil),
+		msgsIn:    prometheus.NewDesc("ringlimit_raft_messages_received_total", "Ownership log (raft) messages that reached this node from its peers.", nil, nil),
+		bytesIn:   prometheus.NewDesc("ringlimit_raft_bytes_received_total", "Marshalled bytes of the ownership log messages this node received (gRPC framing aside).", nil, nil),
 	}
 }
 
@@ -462,6 +467,8 @@ func (c *raftCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.shed
 	ch <- c.proposals
 	ch <- c.appl
+	ch <- c.msgsIn
+	ch <- c.bytesIn
 }
 
 func (c *raftCollector) Collect(ch chan<- prometheus.Metric) {
@@ -482,6 +489,8 @@ func (c *raftCollector) Collect(ch chan<- prometheus.Metric) {
 		{c.proposals, t.Proposals, []string{"command"}},
 		{c.proposals, t.ConfChanges, []string{"conf_change"}},
 		{c.appl, t.Applied, nil},
+		{c.msgsIn, t.MessagesReceived, nil},
+		{c.bytesIn, t.BytesReceived, nil},
 	} {
 		ch <- prometheus.MustNewConstMetric(s.d, prometheus.CounterValue, float64(s.v), s.lv...)
 	}

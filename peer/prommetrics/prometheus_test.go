@@ -536,7 +536,8 @@ func TestPrometheusRaftTraffic(t *testing.T) {
 	if _, _, found := promSample(t, reg, "ringlimit_raft_messages_sent_total", nil); found {
 		t.Fatal("ringlimit_raft_messages_sent_total before any source")
 	}
-	tr := peer.RaftTraffic{MessagesSent: 11, BytesSent: 1300, MessagesDropped: 2, MessagesShed: 3, Proposals: 5, ConfChanges: 7, Applied: 17}
+	tr := peer.RaftTraffic{MessagesSent: 11, BytesSent: 1300, MessagesDropped: 2, MessagesShed: 3, Proposals: 5, ConfChanges: 7, Applied: 17,
+		MessagesReceived: 19, BytesReceived: 2300}
 	var scrapes atomic.Int64
 	m.RaftTrafficFrom(func() peer.RaftTraffic {
 		n := scrapes.Add(1)
@@ -556,6 +557,8 @@ func TestPrometheusRaftTraffic(t *testing.T) {
 			{"ringlimit_raft_messages_shed_total", nil, tr.MessagesShed},
 			{"ringlimit_raft_proposals_total", map[string]string{"kind": "command"}, tr.Proposals},
 			{"ringlimit_raft_proposals_total", map[string]string{"kind": "conf_change"}, tr.ConfChanges},
+			{"ringlimit_raft_messages_received_total", nil, tr.MessagesReceived},
+			{"ringlimit_raft_bytes_received_total", nil, tr.BytesReceived},
 		} {
 			if v, _, found := promSample(t, reg, w.name, w.labels); !found || v != float64(w.want) {
 				t.Errorf("scrape %d: %s%v = %v (found %v), want %d", scrape, w.name, w.labels, v, found, w.want)

@@ -745,6 +745,31 @@ func (m *Member) autopilot(now int64) {
 			}
 		}
 	}
+	// Still more voters than wanted, every one answering and none
+	// leaving (the leaver whose replacement was promoted is gone, or a
+	// silent voter came back after its replacement): one goes, not this
+	// leader, the newest by raft ID, while the rest keep a majority
+	// that answers. Left, a rolling deploy of 32 members ended with 6
+	// voters of 5 wanted, for good.
+	settled := true
+	for id := range voters {
+		if p, ok := byID[id]; ok && (p.Leaving || done(p)) {
+			settled = false // the loops above remove it first
+		}
+	}
+	if settled && len(voters) > m.voters(live) {
+		ids := sorted(voters)
+		for i := len(ids) - 1; i >= 0; i-- {
+			id := ids[i]
+			if p, ok := byID[id]; id == m.cfg.RaftID || !ok || p.Leaving || done(p) {
+				continue
+			}
+			if keeps(id) {
+				propose(pb.ConfChangeRemoveNode, id)
+				return
+			}
+		}
+	}
 }
 
 func sorted(set map[uint64]struct{}) []uint64 {

@@ -23,15 +23,23 @@ func (s *sim) gossip() {
 		if x.crashed || x.paused > s.now {
 			continue
 		}
+		x.growHeard()
 		for _, yid := range ids {
 			y := s.members[yid]
 			if y.crashed || y.paused > s.now || s.cut[[2]string{y.name, x.name}] || s.deaf[x.name] && y != x {
 				continue
 			}
-			x.heard[yid] = s.now
+			x.heard[y.ix] = s.now + 1
 		}
 	}
 	roster := s.roster()
+	// One list of the gone and one set of them for every view: the
+	// machine only reads a view.
+	gone := slices.Clone(s.gone)
+	isGone := make(map[string]bool, len(s.gone))
+	for _, id := range s.gone {
+		isGone[id] = true
+	}
 	for _, xid := range ids {
 		x := s.members[xid]
 		if x.crashed || x.paused > s.now {
@@ -41,7 +49,7 @@ func (s *sim) gossip() {
 		x.alive = 0
 		for _, yid := range ids {
 			y := s.members[yid]
-			if at, ok := x.heard[yid]; ok && s.now-at < x.detect {
+			if at, ok := x.heardAt(y); ok && s.now-at < x.detect {
 				x.alive++ // draining ones too, as peer's view lists them
 				if !y.leaving {
 					view = append(view, yid)
@@ -50,40 +58,44 @@ func (s *sim) gossip() {
 		}
 		// Failed: not heard from for FailedAfter (crashed, or cut off:
 		// gossip cannot tell), and not gone for good.
-		gone := slices.Clone(s.gone)
+		xgone := gone
 		var failed []string
 		for _, y := range s.all {
-			at, ok := x.heard[y.id]
-			if !ok || s.now-at < int64(s.o.FailedAfter) || slices.Contains(s.gone, y.id) {
+			at, ok := x.heardAt(y)
+			if !ok || s.now-at < int64(s.o.FailedAfter) || isGone[y.id] {
 				continue
 			}
 			if s.o.Mutation == MutFailedIsGone {
-				gone = append(gone, y.id)
+				if len(xgone) == len(gone) {
+					xgone = slices.Clone(gone)
+				}
+				xgone = append(xgone, y.id)
 			} else {
 				failed = append(failed, y.id)
 			}
 		}
-		v := ownership.View{Members: view, Gone: gone, Failed: failed, Target: make([]string, s.o.Partitions), Second: make([]string, s.o.Partitions)}
+		v := ownership.View{Members: view, Gone: xgone, Failed: failed}
+		v.Target, v.Second = s.pl.place(view)
 		v.Heirs = s.heirs()
-		for p := range s.o.Partitions {
-			var best, second string
-			var bh, sh uint64
-			for _, id := range view {
-				h := hash(p, id)
-				switch {
-				case best == "" || h > bh:
-					second, sh = best, bh
-					best, bh = id, h
-				case second == "" || h > sh:
-					second, sh = id, h
-				}
-			}
-			v.Target[p], v.Second[p] = best, second
-		}
 		x.log.SetView(v, roster)
 		x.schedPoke()
 	}
 	s.at(int64(gossipTick), s.gossip)
+}
+
+// growHeard makes room in heard for every incarnation so far.
+func (m *member) growHeard() {
+	if n := len(m.s.all); len(m.heard) < n {
+		m.heard = append(m.heard, make([]int64, n-len(m.heard))...)
+	}
+}
+
+// heardAt is when m last heard y through gossip (ok: ever).
+func (m *member) heardAt(y *member) (at int64, ok bool) {
+	if y == nil || y.ix >= len(m.heard) || m.heard[y.ix] == 0 {
+		return 0, false
+	}
+	return m.heard[y.ix] - 1, true
 }
 
 // client runs one client's loop: a key, an entry member, one request,
@@ -153,9 +165,9 @@ func (m *member) handle(key string, op, hops int, reply func(history.Outcome, st
 		reply(history.Unavailable, "", 0)
 		return
 	}
-	s.send(m, h, func() {
+	s.send(Forward, 0, m, h, func() {
 		h.handle(key, op, hops+1, func(out history.Outcome, owner string, epoch uint64) {
-			s.send(h, m, func() { reply(out, owner, epoch) })
+			s.send(Forward, 0, h, m, func() { reply(out, owner, epoch) })
 		})
 	})
 }
@@ -166,7 +178,7 @@ func (m *member) mayDecide(p int) bool {
 	case MutGossipTakeover:
 		t := m.own.Table().Parts[p]
 		if t.Backup == m.id {
-			if at, ok := m.heard[t.Holder]; !ok || s.now-at >= m.detect {
+			if at, ok := m.heardAt(s.byID(t.Holder)); !ok || s.now-at >= m.detect {
 				return true
 			}
 		}
@@ -266,9 +278,9 @@ func (s *sim) replicate(m, b *member, apply func() bool, done func(ok bool)) {
 		s.at(int64(time.Millisecond), func() { s.deliver(m, func() { done(false) }) })
 		return
 	}
-	s.send(m, b, func() {
+	s.send(Replica, 0, m, b, func() {
 		ok := apply()
-		s.send(b, m, func() { done(ok) })
+		s.send(Replica, 0, b, m, func() { done(ok) })
 	})
 }
 
@@ -359,16 +371,16 @@ func (m *member) sendCopy(a ownership.Action) {
 		}
 	}
 	from, p, epoch, seq := m.id, a.P, a.Epoch, a.Seq
-	send := func(fn func()) { s.send(m, to, fn) }
+	send := func(fn func()) { s.send(Copy, 0, m, to, fn) }
 	if s.lateCopy {
 		hold := int64(1200*time.Millisecond) + s.rng.Int64N(int64(1800*time.Millisecond))
-		send = func(fn func()) { s.at(hold, func() { s.send(m, to, fn) }) }
+		send = func(fn func()) { s.at(hold, func() { s.send(Copy, 0, m, to, fn) }) }
 	}
 	send(func() {
 		// A leaving member refuses copies before asking its machine, as
 		// peer's does once Close began.
 		if to.leaving || !to.own.OfferCopy(p, from, epoch, seq) {
-			s.send(to, m, func() {
+			s.send(Copy, 0, to, m, func() {
 				m.carry(m.log.CopyFailed(p, to.id, epoch, seq, m.mono()))
 			})
 			return
@@ -379,7 +391,7 @@ func (m *member) sendCopy(a ownership.Action) {
 			st[x.key] = append(st[x.key], entry{ts: tn - x.age, hits: x.hits, id: x.id, grant: x.grant})
 		}
 		to.stores[p] = st
-		s.send(to, m, func() {
+		s.send(Copy, 0, to, m, func() {
 			m.carry(m.log.CopyAcked(p, to.id, epoch, seq, m.mono()))
 		})
 	})

@@ -345,6 +345,10 @@ func (s *sim) drain(m *member, since int64) {
 	switch {
 	case v != ownership.Stay:
 		s.note("%s ends its liveness (%v; holds %d, backs %d, gossip lists %d)", m.id, v, held, backed, m.alive)
+		if m.leaveLog != nil {
+			m.leaveLog() // a fleet run's leave, as peer's leaveLog does it
+			return
+		}
 		m.carry(m.log.Leave(m.mono()))
 		s.at(int64(500*time.Millisecond), func() {
 			s.note("%s stops", m.id)
@@ -407,6 +411,7 @@ func (s *sim) backupOf(m *member) *member {
 func (s *sim) crash(m *member, gone bool) {
 	m.crashed = true
 	delete(s.members, m.id)
+	s.ids = nil
 	if gone {
 		s.gone = append(s.gone, m.id)
 	}

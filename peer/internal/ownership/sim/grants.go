@@ -82,9 +82,9 @@ func (m *member) askRights(p int, key string, r *grantee.State) {
 		answer(-1, 0, 0)
 		return
 	}
-	s.send(m, h, func() {
+	s.send(Rights, 0, m, h, func() {
 		h.grant(p, key, want, rets, func(n int64, id uint64, lease int64) {
-			s.send(h, m, func() { answer(n, id, lease) })
+			s.send(Rights, 0, h, m, func() { answer(n, id, lease) })
 		})
 	})
 }
@@ -190,9 +190,9 @@ func (h *member) grant(p int, key string, want int64, rets []grantee.Return, rep
 	if b == nil {
 		return
 	}
-	s.send(h, b, func() {
+	s.send(Replica, 0, h, b, func() {
 		ok := b.acceptUpdate(p, from, tag, key, removed, ages)
-		s.send(b, h, func() { ack(ok) })
+		s.send(Replica, 0, b, h, func() { ack(ok) })
 	})
 }
 

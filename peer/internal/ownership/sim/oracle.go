@@ -41,25 +41,38 @@ func (s *sim) probe() {
 	if s.now > s.end {
 		return
 	}
-	ids := s.sortedIDs()
-	for p := range s.o.Partitions {
-		var who []string
-		for _, id := range ids {
-			m := s.members[id]
-			if m.crashed || m.paused > s.now {
-				continue
-			}
-			if m.mayDecide(p) {
-				who = append(who, id)
-			}
+	// Each member is asked only for the partitions its table names it
+	// holder of (candidates): no other may answer yes.
+	who, touched := s.who, s.touched[:0]
+	if who == nil {
+		who = make([][]string, s.o.Partitions)
+		s.who = who
+	}
+	for _, id := range s.sortedIDs() {
+		m := s.members[id]
+		if m.crashed || m.paused > s.now {
+			continue
 		}
-		if len(who) > 1 {
-			s.overlaps++
-			if len(s.overlapAt) < 3 {
-				s.overlapAt = append(s.overlapAt, fmt.Sprintf("p%d: %v may all decide at %v", p, who, dur(s.now)))
+		for _, p := range m.candidates() {
+			if m.mayDecide(p) {
+				if len(who[p]) == 0 {
+					touched = append(touched, p)
+				}
+				who[p] = append(who[p], id)
 			}
 		}
 	}
+	slices.Sort(touched)
+	for _, p := range touched {
+		if len(who[p]) > 1 {
+			s.overlaps++
+			if len(s.overlapAt) < 3 {
+				s.overlapAt = append(s.overlapAt, fmt.Sprintf("p%d: %v may all decide at %v", p, who[p], dur(s.now)))
+			}
+		}
+		who[p] = who[p][:0]
+	}
+	s.touched = touched
 	s.probes++
 	if s.probes%10 == 0 {
 		s.checkBackups()
@@ -79,7 +92,7 @@ func (s *sim) checkBackups() {
 		if h.crashed || h.paused > s.now {
 			continue
 		}
-		for p := range s.o.Partitions {
+		for _, p := range h.candidates() {
 			if !h.mayDecide(p) {
 				continue
 			}

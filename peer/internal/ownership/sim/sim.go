@@ -50,6 +50,11 @@
 // The simulator is itself tested: sim_test.go's catalogue breaks every
 // rule of ownership.Mutation and of this package's Mutation, one at a
 // time, and fails unless a schedule catches each.
+//
+// Every message is counted by category, the ownership log's apart from
+// the data plane's (traffic.go), and RunFleet (fleet.go) takes hundreds
+// to thousands of members through a churn and a rolling deploy, timing
+// how long each takes to settle; README.md has the commands and figures.
 package sim
 
 import (
@@ -115,6 +120,8 @@ type Result struct {
 	// LostAsync and LostOff count admissions of async and off keys a
 	// takeover lost, within their bounds (the windows allow them).
 	LostAsync, LostOff int
+	// Traffic is the whole run's messages by category (traffic.go).
+	Traffic Traffic
 }
 
 // Failed reports whether the run broke the promise or an invariant.
@@ -153,6 +160,12 @@ func Run(o Options) Result {
 	s := newSim(o)
 	defer s.removeDisks()
 	s.run()
+	return s.result()
+}
+
+// result is what the run did and what the checker found.
+func (s *sim) result() Result {
+	o := s.o
 	res := Result{Seed: o.Seed, Fault: s.fault, Schedule: s.schedule, Ops: s.ops, Events: s.events, Messages: s.messages, Commands: s.commands, RaftBytes: s.raftBytes}
 	for _, m := range s.all {
 		c := m.own.Counters()
@@ -178,6 +191,7 @@ func Run(o Options) Result {
 	res.Misstood = s.misstood
 	res.Pokes = s.pokes
 	res.Stalled = s.stalled
+	res.Traffic = s.since(snapshot{})
 	return res
 }
 
@@ -263,12 +277,27 @@ type sim struct {
 	// arrive (FaultLateAnswer).
 	lateAnswer map[string]int64
 	lateCopy   bool     // copies are held back 1.2-3 s (FaultLateCopy)
+	disk       *simDisk // data directories of FaultWholeRestart and FaultRestoredBackup (simdisk.go)
 	overlaps   int      // probes that found two members that may decide
 	overlapAt  []string // the first few
 	probes     int
 	stale      int      // admissions a working backup lacked (checkBackups)
 	staleAt    []string // the first few
-	disk       *simDisk // data directories of FaultWholeRestart and FaultRestoredBackup (simdisk.go)
+
+	// Fleet-size runs and what they measure (placement.go, traffic.go,
+	// fleet.go).
+	pl    *placement // gossip's targets for a view
+	ids   []string   // sortedIDs, until a member starts or stops
+	tr    traffic    // messages and bytes by category and member
+	fleet *fleet     // the fleet run's phases (nil: planFault's one fault)
+	// who and touched are the probe's scratch: per partition, the
+	// members that may decide for it; the partitions with any.
+	who      [][]string
+	touched  []int
+	allParts []int // every partition (candidates under MutGossipTakeover)
+	// checkEvery spaces each member's consistency checks (checkDue; 0:
+	// after every output).
+	checkEvery int64
 }
 
 const (
@@ -279,6 +308,7 @@ const (
 
 func newSim(o Options) *sim {
 	s := &sim{o: o, rng: rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)), members: map[string]*member{}, byRaft: map[uint64]*member{}, cut: map[[2]string]bool{}, deaf: map[string]bool{}, maxDelay: int64(2 * time.Millisecond),
+		pl:    newPlacement(o.Partitions),
 		spans: map[spanKey]*span{}, adms: map[uint64]*admission{}, lostSeen: map[uint64]bool{}, restarts: map[int]uint64{}, aged: map[int]uint64{}, slack: map[string]int64{}, blip: map[[2]string]bool{}, slowIn: map[string]int64{}, stallTo: map[string]int64{}, lateAnswer: map[string]int64{}}
 	s.fault = FaultNone
 	if !o.NoFault {
@@ -321,7 +351,11 @@ func (s *sim) run() {
 	for c := range s.o.Clients {
 		s.at(warm+int64(s.rng.IntN(int(50*time.Millisecond))), func() { s.client(c) })
 	}
-	s.planFault(warm)
+	if s.fleet != nil {
+		s.fleet.plan(warm)
+	} else {
+		s.planFault(warm)
+	}
 	s.at(int64(gossipTick), s.gossip)
 	s.at(int64(probeEvery), s.probe)
 	for s.q.Len() > 0 {
@@ -371,7 +405,8 @@ type member struct {
 	clamp           map[string]int64
 	pending         map[uint64]*pendingSync
 	admSeq          uint64
-	heard           map[string]int64 // member ID → virtual ns last heard through gossip
+	ix              int     // index of this incarnation (placement's)
+	heard           []int64 // by incarnation index: virtual ns + 1 last heard through gossip (0: never)
 	detect          int64
 	rights          map[string]*grantee.State // the spread key's rights, as a grantee
 	poking          bool                      // an early periodic step (Member.Poke) is scheduled
@@ -380,6 +415,19 @@ type member struct {
 	stood    []stood
 	stoodGen uint64
 	stoodAt  bool
+	// holding lists the partitions the table named this member holder
+	// of after its last output (held's true ones): the only ones it may
+	// decide for (the probes ask these). It rests on two facts: the
+	// table changes only in calls whose output carry carries, and whom
+	// it names holder moves only with the machine's Gen (heldGen).
+	// checkAt is when its next consistency check is due (checkDue).
+	holding []int
+	heldGen uint64
+	heldAt  bool
+	checkAt int64
+	// leaveLog, when set, ends a drain that may go (faults.go's drain)
+	// in place of its default: fleet.go's leaveLog.
+	leaveLog func()
 }
 
 // stood is what a node's runner publishes of one partition.
@@ -414,7 +462,7 @@ func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *memb
 	m := &member{s: s, name: name, inc: inc, id: fmt.Sprintf("%s.%d", name, inc), raftID: raftID,
 		rate: s.rate(), born: s.now,
 		clamp: map[string]int64{}, pending: map[uint64]*pendingSync{}, rights: map[string]*grantee.State{},
-		heard: map[string]int64{}, detect: int64(300*time.Millisecond) + s.rng.Int64N(int64(4700*time.Millisecond))}
+		detect: int64(300*time.Millisecond) + s.rng.Int64N(int64(4700*time.Millisecond))}
 	log, err := ownlog.New(ownlog.Config{RaftID: raftID, Ownership: ownership.Config{ID: m.id, Liveness: s.o.Liveness, EmptyAfter: s.o.emptyAfter(), Mutation: s.o.Rule},
 		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters, Disk: s.diskFor(name)})
 	if err != nil {
@@ -450,7 +498,11 @@ func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *memb
 	s.members[m.id] = m
 	s.all = append(s.all, m)
 	s.byRaft[raftID] = m
-	m.heard[m.id] = s.now
+	s.ids = nil
+	s.pl.add(m.id)
+	m.ix = int(s.pl.ix[m.id])
+	m.growHeard()
+	m.heard[m.ix] = s.now + 1
 	s.schedTick(m)
 	return m
 }
@@ -493,9 +545,11 @@ func (s *sim) deliver(m *member, fn func()) {
 	fn()
 }
 
-// send carries fn from one member to another through the network.
-func (s *sim) send(from, to *member, fn func()) {
+// send carries fn, a message of category c and size bytes, from one
+// member to another through the network.
+func (s *sim) send(c Category, size int, from, to *member, fn func()) {
 	s.messages++
+	s.sent(c, from, size)
 	if s.cut[[2]string{from.name, to.name}] || s.rng.Float64() < s.loss {
 		return
 	}
@@ -511,7 +565,7 @@ func (s *sim) send(from, to *member, fn func()) {
 		if until := s.stallTo[from.name]; until > s.now {
 			d += until - s.now
 		}
-		s.at(d, func() { s.deliver(to, fn) })
+		s.at(d, func() { s.deliver(to, func() { s.received(c, to, size); fn() }) })
 	}
 }
 
@@ -546,12 +600,17 @@ func (m *member) carry(out ownlog.Output) {
 	}
 	t := m.own.Table()
 	now := m.mono()
-	m.own.Standings(now, func(p int, _ *ownership.Partition, st ownership.Standing) {
-		held, backed := m.own.DependsOn(p)
-		if st != (ownership.Standing{Have: m.own.Has(p), May: m.own.MayDecide(p, now), Held: held, Backed: backed}) {
-			s.misstood++
-		}
-	})
+	// The machine's own consistency (Result.Misstood) is checked after
+	// every output, or at most every checkEvery in a fleet run.
+	check := m.checkDue()
+	if check {
+		m.own.Standings(now, func(p int, _ *ownership.Partition, st ownership.Standing) {
+			held, backed := m.own.DependsOn(p)
+			if st != (ownership.Standing{Have: m.own.Has(p), May: m.own.MayDecide(p, now), Held: held, Backed: backed}) {
+				s.misstood++
+			}
+		})
+	}
 	// A node's runner rebuilds what it publishes only when the machine's
 	// Gen moved, with the lease left out (readers check it): a partition
 	// that changed while Gen stood still would be decided on stale.
@@ -559,20 +618,32 @@ func (m *member) carry(out ownlog.Output) {
 	if m.stood == nil {
 		m.stood = make([]stood, len(m.stores))
 	}
-	m.own.Standings(min(now, m.own.LiveUntil()-1), func(p int, pt *ownership.Partition, st ownership.Standing) {
-		cur := stood{pt.Holder, pt.Backup, pt.Epoch, st}
-		if m.stoodAt && gen == m.stoodGen && cur != m.stood[p] {
-			s.misstood++
+	if check {
+		same := m.stoodAt && gen == m.stoodGen
+		m.own.Standings(min(now, m.own.LiveUntil()-1), func(p int, pt *ownership.Partition, st ownership.Standing) {
+			cur := stood{pt.Holder, pt.Backup, pt.Epoch, st}
+			if same && cur != m.stood[p] {
+				s.misstood++
+			}
+			m.stood[p] = cur
+		})
+		m.stoodGen, m.stoodAt = gen, true
+	}
+	if gen != m.heldGen || !m.heldAt {
+		// Whom the table names moves only with Gen.
+		m.heldGen, m.heldAt = gen, true
+		m.holding = m.holding[:0]
+		e, live := t.Live(m.id)
+		for p := range m.stores {
+			holds := live && t.Parts[p].Holder == m.id && t.Parts[p].HolderEpoch == e // t.Holds(m.id, p)
+			if s.o.Mutation == MutTakeoverEmpty && !m.held[p] && holds && t.Parts[p].Backup == "" && m.wasBackup[p] {
+				m.stores[p] = map[string][]entry{} // the broken rule: start empty
+			}
+			m.held[p], m.wasBackup[p] = holds, t.Parts[p].Backup == m.id
+			if holds {
+				m.holding = append(m.holding, p)
+			}
 		}
-		m.stood[p] = cur
-	})
-	m.stoodGen, m.stoodAt = gen, true
-	for p := range m.stores {
-		holds := t.Holds(m.id, p)
-		if s.o.Mutation == MutTakeoverEmpty && !m.held[p] && holds && t.Parts[p].Backup == "" && m.wasBackup[p] {
-			m.stores[p] = map[string][]entry{} // the broken rule: start empty
-		}
-		m.held[p], m.wasBackup[p] = holds, t.Parts[p].Backup == m.id
 	}
 	for _, a := range out.Actions {
 		switch a.Kind {
@@ -593,6 +664,7 @@ func (m *member) carry(out ownlog.Output) {
 			panic(err)
 		}
 		s.raftBytes += len(wire)
+		s.tr.raftSent(msg.GetType(), len(wire))
 		step := func() {
 			in := &pb.Message{}
 			if err := proto.Unmarshal(wire, in); err != nil {
@@ -604,30 +676,41 @@ func (m *member) carry(out ownlog.Output) {
 			// A transport sends a snapshot as one stream and tells raft
 			// how that went.
 			id := msg.GetTo()
+			s.sent(Raft, m, len(wire))
 			if s.cut[[2]string{m.name, to.name}] {
 				m.carry(m.log.ReportSnapshot(id, false, m.mono()))
 				continue
 			}
 			s.at(int64(time.Millisecond), func() {
-				s.deliver(to, step)
+				s.deliver(to, func() { s.received(Raft, to, len(wire)); step() })
 				if !m.crashed {
 					m.carry(m.log.ReportSnapshot(id, true, m.mono()))
 				}
 			})
 			continue
 		}
-		if late := s.lateAnswer[to.name]; late > 0 && ownlog.IsKeepAlive(msg) && msg.GetType() == pb.MsgReadIndexResp {
+		cat := Raft
+		if ownlog.IsKeepAlive(msg) {
+			cat = KeepAlive
+		}
+		if late := s.lateAnswer[to.name]; late > 0 && cat == KeepAlive && msg.GetType() == pb.MsgReadIndexResp {
 			s.messages++
-			s.at(late+s.rng.Int64N(late), func() { s.deliver(to, step) })
+			s.sent(cat, m, len(wire))
+			s.at(late+s.rng.Int64N(late), func() {
+				s.deliver(to, func() { s.received(cat, to, len(wire)); step() })
+			})
 			continue
 		}
 		if msg.GetType() == pb.MsgProp && s.late && !slices.ContainsFunc(msg.Entries, onTime) {
 			// Held back past Retry (FaultLate), each by its own delay.
 			s.messages++
-			s.at(int64(1200*time.Millisecond)+s.rng.Int64N(int64(1800*time.Millisecond)), func() { s.deliver(to, step) })
+			s.sent(Raft, m, len(wire))
+			s.at(int64(1200*time.Millisecond)+s.rng.Int64N(int64(1800*time.Millisecond)), func() {
+				s.deliver(to, func() { s.received(Raft, to, len(wire)); step() })
+			})
 			continue
 		}
-		s.send(m, to, step)
+		s.send(cat, len(wire), m, to, step)
 	}
 	m.schedPoke()
 }
@@ -639,13 +722,27 @@ func onTime(e *pb.Entry) bool {
 	return err != nil || c.Kind != ownership.Move && c.Kind != ownership.SetBackup
 }
 
+// sortedIDs returns the running and paused incarnations' IDs in order
+// (shared: read only).
 func (s *sim) sortedIDs() []string {
+	if s.ids != nil {
+		return s.ids
+	}
 	ids := make([]string, 0, len(s.members))
 	for id := range s.members {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
+	s.ids = ids
 	return ids
+}
+
+// byID returns the incarnation id, running or not (nil: none).
+func (s *sim) byID(id string) *member {
+	if ix, ok := s.pl.ix[id]; ok {
+		return s.all[ix]
+	}
+	return nil
 }
 
 // roster is the raft members as gossip eventually tells them, for the
@@ -656,12 +753,6 @@ func (s *sim) roster() []ownlog.Peer {
 		r = append(r, ownlog.Peer{RaftID: m.raftID, Member: m.id, Gone: m.crashed, Leaving: m.leaving})
 	}
 	return r
-}
-
-func hash(p int, id string) uint64 {
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%d/%s", p, id)
-	return h.Sum64()
 }
 
 func (s *sim) partition(key string) int {
