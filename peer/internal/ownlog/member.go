@@ -748,7 +748,7 @@ func (m *Member) autopilot(now int64) {
 	// Still more voters than wanted, every one answering and none
 	// leaving (the leaver whose replacement was promoted is gone, or a
 	// silent voter came back after its replacement): one goes, not this
-	// leader, the newest by raft ID, while the rest keep a majority
+	// leader, the highest raft ID, while the rest keep a majority
 	// that answers. Left, a rolling deploy of 32 members ended with 6
 	// voters of 5 wanted, for good.
 	settled := true
