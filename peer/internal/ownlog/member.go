@@ -148,6 +148,10 @@ type Member struct {
 	learnersOf *pb.ConfState
 }
 
+// stallTicks is how many ticks' worth of silence in a leader's own
+// ticking count as a stall (Machine.Stalled): a quarter second at 50 ms.
+const stallTicks = 5
+
 // heldMax bounds the entries a leader holds for its next tick.
 const heldMax = 256
 
@@ -260,6 +264,12 @@ func (m *Member) SetView(v ownership.View, roster []Peer) {
 
 // Tick advances raft by one tick and runs the machine's periodic steps.
 func (m *Member) Tick(now int64) Output {
+	if m.lastTick != 0 && m.tick > 0 && now-m.lastTick > stallTicks*m.tick && m.Leader() {
+		// Ticks were missed: the member was starved or paused, and
+		// keep-alives may be waiting unread. Nobody is ended for a
+		// lapse this leader could not see (Machine.Stalled).
+		m.own.Stalled(now)
+	}
 	if m.lastTick != 0 && now > m.lastTick {
 		m.tick = now - m.lastTick
 	}
