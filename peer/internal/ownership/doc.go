@@ -40,10 +40,11 @@
 //     A member that becomes leader counts a whole Liveness for every
 //     record from its election, before it ends anyone: any keep-alive an
 //     earlier leader granted was confirmed by a quorum one of whose
-//     members then voted for it, so it was sent before the election. So
-//     does a leader that ran nothing for several ticks (Stalled: starved
-//     or paused, with keep-alives perhaps unread in its inbox); waiting
-//     longer is always safe. A
+//     members then voted for it, so it was sent before the election. A
+//     leader that ran nothing for several ticks (Stalled: starved or
+//     paused, keep-alives perhaps unread in its inbox) ends nobody for a
+//     lapse until it had a few ticks to read them; waiting longer is
+//     always safe. A
 //     member that replaced its table wholesale (a snapshot, a restart)
 //     counts a whole Liveness for every record from then. Members other
 //     than the leader hear no keep-alives: to them a member is fit to be

@@ -319,16 +319,15 @@ func (m *Machine) SetLeader(leader bool, now int64) {
 
 // Stalled tells the leader that it ran nothing for a while (its process
 // starved of CPU, or paused) until now: keep-alives may wait unread in its
-// inbox, so it counts every record's whole Liveness from now, as a new
-// leader does, before it ends anyone. Waiting longer is always safe; its
-// pending Ends stay pending (ending is kept: it still grants none of those
-// records).
-func (m *Machine) Stalled(now int64) {
+// inbox, so it ends nobody for a lapse before grace has passed, time to
+// read them. Waiting longer is always safe; its pending Ends stay pending
+// (ending is kept: it still grants none of those records).
+func (m *Machine) Stalled(now, grace int64) {
 	if !m.leader {
 		return
 	}
 	for _, s := range m.seen {
-		s.at = max(s.at, now)
+		s.at = max(s.at, now+grace-int64(m.cfg.Liveness))
 	}
 }
 

@@ -267,8 +267,10 @@ func (m *Member) Tick(now int64) Output {
 	if m.lastTick != 0 && m.tick > 0 && now-m.lastTick > stallTicks*m.tick && m.Leader() {
 		// Ticks were missed: the member was starved or paused, and
 		// keep-alives may be waiting unread. Nobody is ended for a
-		// lapse this leader could not see (Machine.Stalled).
-		m.own.Stalled(now)
+		// lapse before they are read (Machine.Stalled): a few ticks'
+		// grace, not a whole Liveness, which under a loaded test run's
+		// frequent stalls postponed every End.
+		m.own.Stalled(now, stallTicks*m.tick)
 	}
 	if m.lastTick != 0 && now > m.lastTick {
 		m.tick = now - m.lastTick
