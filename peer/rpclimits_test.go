@@ -194,8 +194,22 @@ func TestRPCStreamsBounded(t *testing.T) {
 			t.Fatalf("stream %d (the %d-th opened) refused: %v; want the first %d served, the rest refused", id, i+1, refused[id], maxStreams)
 		}
 	}
-	if s := allowStreamGoroutines(t); s != maxStreams {
-		t.Fatalf("%d AllowStream calls served, want %d (MaxStreams)", s, maxStreams)
+	// The served streams' handlers start on their own goroutines: wait
+	// (with a deadline) until all of them run, and never more.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s := allowStreamGoroutines(t)
+		if s > maxStreams {
+			t.Fatalf("%d AllowStream calls served, want at most %d (MaxStreams)", s, maxStreams)
+		}
+		if s == maxStreams {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d AllowStream calls served after 10 s, want %d (MaxStreams)", s, maxStreams)
+		}
+		pause := time.NewTimer(10 * time.Millisecond)
+		<-pause.C
 	}
 	checkServed(t, n, "during the flood")
 	t.Logf("%d streams opened: %d served, %d refused; %d goroutines above the baseline", opened, maxStreams, len(refused), runtime.NumGoroutine()-base)
