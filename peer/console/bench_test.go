@@ -57,12 +57,12 @@ func BenchmarkClusterRefresh(b *testing.B) {
 		urls = append(urls, srv.URL+"/ui/")
 		cons = append(cons, c)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(nodes[2].Members()) != 3 || len(nodes[0].Members()) != 3 || !nodes[0].Settled() {
-		if time.Now().After(deadline) {
-			b.Fatal("the three nodes did not settle within 20 s")
-		}
-		time.Sleep(10 * time.Millisecond)
+	// Waits on the cluster's own condition (WaitSettled), with a deadline.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	err := peer.WaitSettled(ctx, nodes, 0)
+	cancel()
+	if err != nil || len(nodes[2].Members()) != 3 || len(nodes[0].Members()) != 3 {
+		b.Fatalf("the three nodes did not settle within 20 s: %v", err)
 	}
 	client := &http.Client{}
 	for _, refresh := range []bool{false, true} {
