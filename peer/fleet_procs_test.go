@@ -35,7 +35,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,6 +48,14 @@ import (
 // fleetProcsEnv opts in to TestFleetProcsRollingDeploy and sets the fleet
 // size.
 const fleetProcsEnv = "RINGLIMIT_FLEET_PROCS"
+
+// fleetProcsLogsEnv names a directory to keep every process's log in
+// (NAME.log) and every check the clients made (ops.jsonl); fleetProcsLogLevelEnv
+// sets the processes' --log-level (debug names each partition that moves).
+const (
+	fleetProcsLogsEnv     = "RINGLIMIT_FLEET_PROCS_LOGS"
+	fleetProcsLogLevelEnv = "RINGLIMIT_FLEET_PROCS_LOG_LEVEL"
+)
 
 const fleetPolicies = `policies:
   - name: roll
@@ -69,6 +76,7 @@ type fleetProc struct {
 	mu                 sync.Mutex
 	log                bytes.Buffer // the last lines, trimmed to fleetLogKeep
 	started, readyAt   time.Time
+	exitedAt           time.Time // set before exited closes
 }
 
 const fleetLogKeep = 64 << 10
@@ -79,21 +87,43 @@ func (p *fleetProc) logTail() string {
 	return p.log.String()
 }
 
+// fleetRun is what every process of one fleet shares.
+type fleetRun struct {
+	bin, policies string
+	members       int
+	// logDir, when set (fleetProcsLogsEnv), receives each process's whole
+	// stderr in NAME.log, a restart's appended to its predecessor's;
+	// logLevel is serve's --log-level (fleetProcsLogLevelEnv, default
+	// info).
+	logDir, logLevel string
+}
+
 // startFleetProc starts `bin serve` as name on the given addresses (port 0
 // for new ones), joining join unless empty, and waits for its "serving"
 // line. The process stops when t ends (stdin closed: it leaves and exits;
-// killed if it has not within 20 s).
-func startFleetProc(t *testing.T, bin, name, policies string, members int, addrs [3]string, join []string) *fleetProc {
+// killed if it has not within 20 s) and, on Linux, is killed if the test
+// process dies first (fleetSysProcAttr), so that an interrupted run leaves
+// no process holding its ports.
+func startFleetProc(t *testing.T, r fleetRun, name string, addrs [3]string, join []string) *fleetProc {
 	t.Helper()
 	args := []string{"serve", "--name", name,
 		"--http-addr", addrs[0], "--grpc-addr", addrs[1], "--gossip-addr", addrs[2],
-		"--policies", policies, "--log-format", "json", "--exit-on-stdin-eof",
-		"--expected-members", strconv.Itoa(members), "--drain-timeout", "20s"}
+		"--policies", r.policies, "--log-format", "json", "--exit-on-stdin-eof",
+		"--expected-members", strconv.Itoa(r.members), "--drain-timeout", "20s",
+		"--log-level", cmp.Or(r.logLevel, "info")}
 	if len(join) > 0 {
 		args = append(args, "--join", strings.Join(join, ","))
 	}
-	p := &fleetProc{name: name, cmd: exec.Command(bin, args...), exited: make(chan struct{})}
+	p := &fleetProc{name: name, cmd: exec.Command(r.bin, args...), exited: make(chan struct{})}
 	p.cmd.Env = os.Environ()
+	p.cmd.SysProcAttr = fleetSysProcAttr()
+	var logFile *os.File
+	if r.logDir != "" {
+		var err error
+		if logFile, err = os.OpenFile(filepath.Join(r.logDir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -119,6 +149,9 @@ func startFleetProc(t *testing.T, bin, name, policies string, members int, addrs
 			p.log.Write(sc.Bytes())
 			p.log.WriteByte('\n')
 			p.mu.Unlock()
+			if logFile != nil {
+				_, _ = logFile.Write(append(sc.Bytes(), '\n'))
+			}
 			var rec struct {
 				Msg      string `json:"msg"`
 				HTTPAddr string `json:"http_addr"`
@@ -133,6 +166,10 @@ func startFleetProc(t *testing.T, bin, name, policies string, members int, addrs
 			}
 		}
 		_ = p.cmd.Wait()
+		if logFile != nil {
+			_ = logFile.Close()
+		}
+		p.exitedAt = time.Now()
 		close(p.exited)
 	}()
 	t.Cleanup(func() {
@@ -338,7 +375,7 @@ func fleetSize(t *testing.T) int {
 }
 
 // TestFleetProcsRollingDeploy: see the comment at the top of this file.
-// About three minutes for 32 processes on two cores.
+// About two to three minutes for 32 processes on two cores.
 func TestFleetProcsRollingDeploy(t *testing.T) {
 	n := fleetSize(t)
 	if n == 0 {
@@ -353,16 +390,22 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 		pace       = 100 * time.Millisecond // per node: 10 checks a second
 	)
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "ringlimit")
-	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, "github.com/ringlimit/ringlimit/cmd/ringlimit")
+	run := fleetRun{bin: filepath.Join(dir, "ringlimit"), policies: filepath.Join(dir, "policies.yaml"), members: n,
+		logDir: os.Getenv(fleetProcsLogsEnv), logLevel: os.Getenv(fleetProcsLogLevelEnv)}
+	if run.logDir != "" {
+		if err := os.MkdirAll(run.logDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", run.bin, "github.com/ringlimit/ringlimit/cmd/ringlimit")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build cmd/ringlimit: %v\n%s", err, out)
 	}
-	policies := filepath.Join(dir, "policies.yaml")
-	if err := os.WriteFile(policies, []byte(fleetPolicies), 0o600); err != nil {
+	if err := os.WriteFile(run.policies, []byte(fleetPolicies), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	h := newFleetHTTP(t)
+	rec := &fleetRecord{clock: time.Now()}
 
 	// Start: the founder, then the others joining through it and the
 	// last one started.
@@ -374,28 +417,20 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 		if i > 0 {
 			join = []string{nodes[0].gossip, nodes[i-1].gossip}
 		}
-		nodes[i] = startFleetProc(t, bin, fmt.Sprintf("fleet-%02d", i), policies, n, ports.three(t), join)
+		nodes[i] = startFleetProc(t, run, fmt.Sprintf("fleet-%02d", i), ports.three(t), join)
 	}
 	fleetWaitReady(t, h, nodes, 3*time.Minute, "start")
-	t.Logf("%d serve processes started and ready in %v", n, time.Since(t0).Round(time.Millisecond))
+	t.Logf("%d serve processes started and ready in %v (load average %s)", n, time.Since(t0).Round(time.Millisecond), loadAverage())
 
 	// Load: one paced client per node, each on its own node; a node that
 	// refuses the connection (it is restarting) is skipped for the next
 	// one, as a load balancer would. Every fifth check is on the wide key.
-	var mu sync.Mutex // guards nodes while a node is replaced, and ops
+	var mu sync.Mutex // guards nodes while a node is replaced
 	nodeAt := func(i int) *fleetProc {
 		mu.Lock()
 		defer mu.Unlock()
 		return nodes[i%n]
 	}
-	clock := time.Now()
-	since := func() int64 { return int64(time.Since(clock)) }
-	var (
-		ops     []history.Op
-		refused int
-		// unavailable counts the 503 answers by policy.
-		unavailable = map[string]int{}
-	)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	const maxPerClient = 6000 // 10 minutes at the pace: a bound, never reached
@@ -412,21 +447,23 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 				}
 				var a fleetAnswer
 				var call, ret int64
+				var to *fleetProc
 				for try := range n {
-					call = since()
-					a = h.check(nodeAt(c+try), subject, policy)
-					ret = since()
+					to = nodeAt(c + try)
+					call = rec.since()
+					a = h.check(to, subject, policy)
+					ret = rec.since()
 					if !errors.Is(a.err, syscall.ECONNREFUSED) {
 						break
 					}
-					mu.Lock()
-					refused++ // never reached a node: nothing taken
-					mu.Unlock()
+					rec.refused.Add(1) // never reached a node: nothing taken
 				}
 				op := history.Op{Key: subject + "/" + policy, Hits: 1, Call: call, Return: ret, Client: c, Owner: a.owner}
+				m := fleetMeta{node: to.name, status: a.status, reason: a.reason}
 				switch {
 				case a.err != nil:
 					op.Outcome = history.Unknown
+					m.err = a.err.Error()
 				case a.status == http.StatusOK:
 					op.Outcome = history.Admitted
 				case a.status == http.StatusTooManyRequests:
@@ -437,16 +474,11 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 					// (the answer says the owner could not decide in
 					// time), so the checker must allow both.
 					op.Outcome = history.Unknown
-					mu.Lock()
-					unavailable[policy]++
-					mu.Unlock()
 				default:
 					op.Outcome = history.Unknown
 					t.Errorf("%s through client %d: status %d reason %q", op.Key, c, a.status, a.reason)
 				}
-				mu.Lock()
-				ops = append(ops, op)
-				mu.Unlock()
+				rec.add(op, m)
 				select {
 				case <-stop:
 					return
@@ -467,34 +499,34 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 	warm := time.NewTimer(3 * rollWindow) // every key at its limit before the deploy
 	<-warm.C
 
-	// The rolling deploy.
-	type restart struct {
-		name           string
-		wave           int
-		drain, toReady time.Duration
-	}
-	var restarts []restart
+	// The rolling deploy, as an orchestrator does it with a readiness
+	// probe: a wave starts only once every node answers /readyz with the
+	// whole fleet (which includes holding exactly its partitions, each
+	// with its backup).
 	deploy0 := time.Now()
 	per := (n + waves - 1) / waves
 	for w := range waves {
 		lo, hi := w*per, min(n, (w+1)*per)
 		wave := slices.Clone(nodes[lo:hi])
+		wv := fleetWave{n: len(wave), loadAverage: loadAverage()}
 		w0 := time.Now()
+		wv.term = rec.at(w0)
 		for _, p := range wave {
 			if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatalf("SIGTERM %s: %v", p.name, err)
 			}
+			rec.event(w0, p.name+" SIGTERM")
 		}
-		drained := make([]time.Duration, len(wave))
-		for i, p := range wave {
+		for _, p := range wave {
 			timeout := time.NewTimer(60 * time.Second)
 			select {
 			case <-p.exited:
-				drained[i] = time.Since(w0)
 			case <-timeout.C:
 				t.Fatalf("wave %d: %s did not exit within 60 s of SIGTERM:\n%s", w, p.name, lastLines(p.logTail(), 30))
 			}
 			timeout.Stop()
+			rec.event(p.exitedAt, p.name+" exited")
+			wv.drains = append(wv.drains, p.exitedAt.Sub(w0))
 			if code := p.cmd.ProcessState.ExitCode(); code != 0 {
 				t.Fatalf("wave %d: %s exited %d after SIGTERM, want 0:\n%s", w, p.name, code, lastLines(p.logTail(), 30))
 			}
@@ -507,38 +539,44 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 		}
 		fresh := make([]*fleetProc, len(wave))
 		for i, p := range wave {
-			fresh[i] = startFleetProc(t, bin, p.name, policies, n, [3]string{p.http, p.grpc, p.gossip}, join)
+			fresh[i] = startFleetProc(t, run, p.name, [3]string{p.http, p.grpc, p.gossip}, join)
+			rec.event(fresh[i].started, p.name+" started")
 		}
 		mu.Lock()
 		copy(nodes[lo:hi], fresh)
 		mu.Unlock()
 		fleetWaitReady(t, h, nodes, 3*time.Minute, fmt.Sprintf("wave %d", w))
-		for i, p := range fresh {
-			restarts = append(restarts, restart{name: p.name, wave: w, drain: drained[i], toReady: p.readyAt.Sub(p.started)})
+		wv.allReady = time.Since(w0)
+		for _, p := range fresh {
+			rec.event(p.readyAt, p.name+" ready")
+			wv.toReady = append(wv.toReady, p.readyAt.Sub(p.started))
 		}
+		rec.waves = append(rec.waves, wv)
 		t.Logf("wave %d (%d nodes): drained and exited within %v, all %d ready %v after the SIGTERMs",
-			w, len(wave), slices.Max(drained).Round(time.Millisecond), n, time.Since(w0).Round(time.Millisecond))
+			w, len(wave), slices.Max(wv.drains).Round(time.Millisecond), n, wv.allReady.Round(time.Millisecond))
 	}
 	deployTook := time.Since(deploy0)
 	cool := time.NewTimer(rollWindow) // traffic after the last wave
 	<-cool.C
 	endLoad()
+	rec.end = rec.since()
 
 	// The wide key's final count, through every node: one answer.
 	var last fleetAnswer
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		call := since()
+		call := rec.since()
 		last = h.check(nodes[0], "wide", "wide")
-		op := history.Op{Key: "wide/wide", Hits: 1, Call: call, Return: since(), Client: -1, Outcome: history.Unknown}
+		op := history.Op{Key: "wide/wide", Hits: 1, Call: call, Return: rec.since(), Client: -1, Outcome: history.Unknown}
 		if last.err == nil && last.status == http.StatusOK {
 			op.Outcome = history.Admitted
 		}
-		ops = append(ops, op)
+		rec.add(op, fleetMeta{node: nodes[0].name, status: last.status, reason: last.reason})
 		if op.Outcome == history.Admitted || time.Now().After(deadline) {
 			break
 		}
 	}
+	ops := rec.ops
 
 	// Verdicts.
 	limits := func(key string) history.Limits {
@@ -548,44 +586,42 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 		return history.Limits{Limit: rollLimit, Window: rollWindow}
 	}
 	rep := history.Check(ops, limits, 10*time.Second)
+	unavailable := map[string]int{}
+	for i, m := range rec.meta {
+		if m.status == http.StatusServiceUnavailable {
+			unavailable[strings.SplitN(ops[i].Key, "/", 2)[1]]++
+		}
+	}
 	t.Logf("history: %v (of the unknown, %d were 503 unavailable: %v); %d checks refused a connection (node restarting) and went to the next node",
-		rep, unavailable["roll"]+unavailable["wide"], unavailable, refused)
+		rep, unavailable["roll"]+unavailable["wide"], unavailable, rec.refused.Load())
 	if err := rep.Err(); err != nil {
 		t.Error(err)
 	}
 
 	// Unavailability: per key, the longest stretch from an answer that was
-	// not a decision to the next decision.
-	byKey := map[string][]history.Op{}
-	for _, o := range ops {
-		byKey[o.Key] = append(byKey[o.Key], o)
+	// not a decision to the next decision; per wave and its worst key's
+	// timeline.
+	gaps := fleetGaps(ops)
+	worst := slices.MaxFunc(append(gaps, fleetGap{}), func(a, b fleetGap) int { return cmp.Compare(a.len(), b.len()) })
+	t.Logf("longest a key went without a decision: %v (%s); LeaseDuration is the default 2 s; slowest decision %v",
+		worst.len().Round(time.Millisecond), worst.key, fleetSlowest(ops).Round(time.Millisecond))
+	t.Log(rec.waveReport(gaps))
+	if worst.key != "" {
+		t.Logf("the worst key's timeline (ms since the load began):\n%s", rec.timeline(worst))
 	}
-	var worst time.Duration
-	var worstKey string
-	for k, kops := range byKey {
-		sort.Slice(kops, func(i, j int) bool { return kops[i].Call < kops[j].Call })
-		var from int64 = -1
-		for _, o := range kops {
-			switch o.Outcome {
-			case history.Admitted, history.Rejected:
-				if from >= 0 {
-					if d := time.Duration(o.Return - from); d > worst {
-						worst, worstKey = d, k
-					}
-					from = -1
-				}
-			default:
-				if from < 0 {
-					from = o.Call
-				}
-			}
+	if run.logDir != "" {
+		if err := rec.writeOps(filepath.Join(run.logDir, "ops.jsonl")); err != nil {
+			t.Error(err)
 		}
+		t.Logf("logs of every process and every check in %s", run.logDir)
 	}
-	t.Logf("longest a key went without a decision: %v (%s); LeaseDuration is the default 2 s", worst.Round(time.Millisecond), worstKey)
 
 	// The wide key: every admission the client saw must still count.
 	admitted, unknown := 0, 0
-	for _, o := range byKey["wide/wide"] {
+	for _, o := range ops {
+		if o.Key != "wide/wide" {
+			continue
+		}
 		switch o.Outcome {
 		case history.Admitted:
 			admitted++
@@ -602,15 +638,13 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 	}
 
 	// Restarts.
-	var b strings.Builder
 	var toReady, drains []time.Duration
-	for _, r := range restarts {
-		fmt.Fprintf(&b, "  wave %d %s: drained in %v, ready %v after its start\n", r.wave, r.name, r.drain.Round(time.Millisecond), r.toReady.Round(time.Millisecond))
-		toReady, drains = append(toReady, r.toReady), append(drains, r.drain)
+	for _, wv := range rec.waves {
+		toReady, drains = append(toReady, wv.toReady...), append(drains, wv.drains...)
 	}
 	slices.Sort(toReady)
 	slices.Sort(drains)
-	t.Logf("rolling deploy of %d processes in %d waves took %v; time to ready median %v, max %v; drain median %v, max %v\n%s",
+	t.Logf("rolling deploy of %d processes in %d waves took %v; time to ready median %v, max %v; drain median %v, max %v; load average now %s",
 		n, waves, deployTook.Round(time.Millisecond), toReady[len(toReady)/2].Round(time.Millisecond), toReady[len(toReady)-1].Round(time.Millisecond),
-		drains[len(drains)/2].Round(time.Millisecond), drains[len(drains)-1].Round(time.Millisecond), b.String())
+		drains[len(drains)/2].Round(time.Millisecond), drains[len(drains)-1].Round(time.Millisecond), loadAverage())
 }
