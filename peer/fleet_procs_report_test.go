@@ -8,9 +8,11 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -262,4 +264,84 @@ func loadAverage() string {
 		return f[0]
 	}
 	return "?"
+}
+
+// fleetWatch polls every node's /metrics every 500 ms until stop closes,
+// and records as events what changes in the ownership log as each node
+// sees it: who leads, who votes, whose own liveness lapsed. It is for
+// diagnosis (on with fleetProcsLogsEnv): 2 × n scrapes a second load the
+// machine a little. The caller waits for done.
+func (r *fleetRecord) watch(h fleetHTTP, nodes func() []*fleetProc, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	type state struct {
+		leader, voter, live bool
+		term                float64
+		lagging             bool // applied the log more than fleetLag entries behind its commit
+	}
+	const fleetLag = 20
+	last := map[*fleetProc]state{}
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for range 2 * 60 * 20 { // 20 minutes: a bound, never reached
+		for _, p := range nodes() {
+			v := h.metrics(p, "ringlimit_log_leader", "ringlimit_log_voter", "ringlimit_liveness_remaining_seconds", "ringlimit_log_term", "ringlimit_log_apply_lag_entries")
+			if v == nil {
+				continue
+			}
+			s := state{leader: v[0] == 1, voter: v[1] == 1, live: v[2] > 0, term: v[3], lagging: v[4] > fleetLag}
+			old, seen := last[p]
+			last[p] = s
+			now := time.Now()
+			if !seen {
+				old = state{live: true}
+			}
+			if s.leader != old.leader {
+				r.event(now, fmt.Sprintf("%s leads the log: %v (term %v)", p.name, s.leader, s.term))
+			}
+			if s.voter != old.voter {
+				r.event(now, fmt.Sprintf("%s votes: %v", p.name, s.voter))
+			}
+			if s.live != old.live {
+				r.event(now, fmt.Sprintf("%s own liveness holds: %v", p.name, s.live))
+			}
+			if s.lagging != old.lagging {
+				r.event(now, fmt.Sprintf("%s applies more than %d entries behind the commit: %v (%v)", p.name, fleetLag, s.lagging, v[4]))
+			}
+		}
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// metrics returns the values of the named unlabelled metrics on p's
+// /metrics, nil if it did not answer with all of them.
+func (h fleetHTTP) metrics(p *fleetProc, names ...string) []float64 {
+	resp, err := h.c.Get("http://" + p.http + "/metrics")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	out := make([]float64, len(names))
+	found := 0
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 4<<20))
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if !ok {
+			continue
+		}
+		if i := slices.Index(names, name); i >= 0 {
+			if f, err := strconv.ParseFloat(val, 64); err == nil {
+				out[i] = f
+				found++
+			}
+		}
+	}
+	if found != len(names) {
+		return nil
+	}
+	return out
 }

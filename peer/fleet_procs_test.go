@@ -96,12 +96,42 @@ type fleetRun struct {
 	// logLevel is serve's --log-level (fleetProcsLogLevelEnv, default
 	// info).
 	logDir, logLevel string
+	procs            *fleetProcs
+}
+
+// fleetProcs is every process the test started, killed together when the
+// test ends: the verdicts are in by then, and 32 graceful leaves one after
+// another would take a minute.
+type fleetProcs struct {
+	mu    sync.Mutex
+	procs []*fleetProc
+}
+
+func newFleetProcs(t *testing.T) *fleetProcs {
+	f := &fleetProcs{}
+	t.Cleanup(func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, p := range f.procs {
+			_ = p.stdin.Close()
+			_ = p.cmd.Process.Kill() // an error: it has exited
+		}
+		for _, p := range f.procs {
+			<-p.exited
+		}
+	})
+	return f
+}
+
+func (f *fleetProcs) add(p *fleetProc) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.procs = append(f.procs, p)
 }
 
 // startFleetProc starts `bin serve` as name on the given addresses (port 0
 // for new ones), joining join unless empty, and waits for its "serving"
-// line. The process stops when t ends (stdin closed: it leaves and exits;
-// killed if it has not within 20 s) and, on Linux, is killed if the test
+// line. The process is killed when t ends (r.procs) and, on Linux, is killed if the test
 // process dies first (fleetSysProcAttr), so that an interrupted run leaves
 // no process holding its ports.
 func startFleetProc(t *testing.T, r fleetRun, name string, addrs [3]string, join []string) *fleetProc {
@@ -133,6 +163,9 @@ func startFleetProc(t *testing.T, r fleetRun, name string, addrs [3]string, join
 	}
 	p.started = time.Now()
 	if err := p.cmd.Start(); err != nil {
+		if logFile != nil {
+			_ = logFile.Close()
+		}
 		t.Fatalf("start %s: %v", name, err)
 	}
 	serving := make(chan [3]string, 1)
@@ -172,17 +205,7 @@ func startFleetProc(t *testing.T, r fleetRun, name string, addrs [3]string, join
 		p.exitedAt = time.Now()
 		close(p.exited)
 	}()
-	t.Cleanup(func() {
-		_ = p.stdin.Close()
-		timeout := time.NewTimer(20 * time.Second)
-		defer timeout.Stop()
-		select {
-		case <-p.exited:
-		case <-timeout.C:
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-	})
+	r.procs.add(p)
 	timeout := time.NewTimer(60 * time.Second)
 	defer timeout.Stop()
 	select {
@@ -391,7 +414,7 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 	)
 	dir := t.TempDir()
 	run := fleetRun{bin: filepath.Join(dir, "ringlimit"), policies: filepath.Join(dir, "policies.yaml"), members: n,
-		logDir: os.Getenv(fleetProcsLogsEnv), logLevel: os.Getenv(fleetProcsLogLevelEnv)}
+		logDir: os.Getenv(fleetProcsLogsEnv), logLevel: os.Getenv(fleetProcsLogLevelEnv), procs: newFleetProcs(t)}
 	if run.logDir != "" {
 		if err := os.MkdirAll(run.logDir, 0o755); err != nil {
 			t.Fatal(err)
@@ -405,7 +428,6 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := newFleetHTTP(t)
-	rec := &fleetRecord{clock: time.Now()}
 
 	// Start: the founder, then the others joining through it and the
 	// last one started.
@@ -425,6 +447,7 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 	// Load: one paced client per node, each on its own node; a node that
 	// refuses the connection (it is restarting) is skipped for the next
 	// one, as a load balancer would. Every fifth check is on the wide key.
+	rec := &fleetRecord{clock: time.Now()}
 	var mu sync.Mutex // guards nodes while a node is replaced
 	nodeAt := func(i int) *fleetProc {
 		mu.Lock()
@@ -487,12 +510,23 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 			}
 		}()
 	}
+	watched := make(chan struct{})
+	if run.logDir != "" {
+		go rec.watch(h, func() []*fleetProc {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(nodes)
+		}, stop, watched)
+	} else {
+		close(watched)
+	}
 	loadDone := false
 	endLoad := func() {
 		if !loadDone {
 			loadDone = true
 			close(stop)
 			wg.Wait()
+			<-watched
 		}
 	}
 	t.Cleanup(endLoad)
