@@ -242,6 +242,20 @@ func (h fleetHTTP) ready(p *fleetProc, members int) bool {
 	return resp.StatusCode == http.StatusOK && json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&body) == nil && body.Members == members
 }
 
+// readyBody is p's /readyz answer, or the error that stood in its way.
+func (h fleetHTTP) readyBody(p *fleetProc) string {
+	resp, err := h.c.Get("http://" + p.http + "/readyz")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if err != nil {
+		return err.Error()
+	}
+	return strings.TrimSpace(string(b))
+}
+
 // fleetAnswer is one /v1/check as the client saw it.
 type fleetAnswer struct {
 	status    int
@@ -308,15 +322,15 @@ func fleetWaitReady(t *testing.T, h fleetHTTP, nodes []*fleetProc, d time.Durati
 			var first *fleetProc
 			for _, p := range nodes {
 				if !h.ready(p, len(nodes)) {
-					not = append(not, p.name)
+					not = append(not, p.name+": "+h.readyBody(p))
 					first = cmp.Or(first, p)
 				}
 			}
 			if first == nil {
 				return // ready at the last look
 			}
-			t.Fatalf("%s: %d nodes not ready with %d members within %v: %v\nlast log lines of %s:\n%s",
-				what, len(not), len(nodes), d, not, first.name, lastLines(first.logTail(), 30))
+			t.Fatalf("%s: %d nodes not ready with %d members within %v:\n%s\nlast log lines of %s:\n%s",
+				what, len(not), len(nodes), d, strings.Join(not, "\n"), first.name, lastLines(first.logTail(), 30))
 		}
 		<-tick.C
 	}
