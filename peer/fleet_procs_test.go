@@ -5,16 +5,23 @@ package peer
 // builds cmd/ringlimit, starts that many processes on 127.0.0.1 (distinct
 // ports, --expected-members set to the fleet size, the default
 // lan gossip profile and LeaseDuration), puts paced load on every node,
-// then restarts every process in waves of a quarter of the fleet: SIGTERM
-// (a graceful leave: keys handed to their new holders), wait for the exit,
-// start it again on the same addresses as a new incarnation, and wait until
-// every node is ready with the whole fleet before the next wave. It reports
-// the history checker's verdict (peer/internal/history: both rules, every
-// key; must be 0 violations), the answers by outcome, the longest a key
-// went without a decision, each restart's drain time and time to ready,
-// and whether a key with a limit no one reaches lost an admission (a reset
-// or a lost copy shows as a remaining count above what the client saw
-// admitted).
+// then restarts every process in waves of a quarter of the fleet, as an
+// orchestrator with a readiness probe does: take the wave out of the
+// clients' rotation, SIGTERM (a graceful leave: keys handed to their new
+// holders), wait for the exit, start it again on the same addresses as a
+// new incarnation, put each back in rotation once /readyz says ready, and
+// start the next wave only when every node is ready with the whole fleet.
+// It reports the history checker's verdict (peer/internal/history: both
+// rules, every key; must be 0 violations), the answers by outcome, the
+// longest a key went without a decision, each restart's drain time and
+// time to ready, the same per wave, and whether a key with a limit no one
+// reaches lost an admission (a reset or a lost copy shows as a remaining
+// count above what the client saw admitted). When a key went without a
+// decision, the worst one's timeline is printed beside the processes'
+// events. RINGLIMIT_FLEET_PROCS_LOGS=dir keeps every process's log and
+// every check, and watches who leads and votes in the ownership log and
+// whose liveness lapsed; RINGLIMIT_FLEET_PROCS_LOG_LEVEL=debug has the
+// processes name every partition they hand on.
 //
 // It is here, in peer's tests, and not beside serve's own process tests,
 // because the checker is internal to peer; it builds the binary like any
@@ -38,6 +45,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -77,6 +85,9 @@ type fleetProc struct {
 	log                bytes.Buffer // the last lines, trimmed to fleetLogKeep
 	started, readyAt   time.Time
 	exitedAt           time.Time // set before exited closes
+	// inRotation: the test's clients send it checks (a load balancer's
+	// endpoint): from when it was first seen ready until its SIGTERM.
+	inRotation atomic.Bool
 }
 
 const fleetLogKeep = 64 << 10
@@ -301,6 +312,7 @@ func fleetWaitReady(t *testing.T, h fleetHTTP, nodes []*fleetProc, d time.Durati
 			}
 			if h.ready(p, len(nodes)) {
 				p.readyAt = time.Now()
+				p.inRotation.Store(true)
 			} else {
 				waiting++
 			}
@@ -458,14 +470,26 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 	fleetWaitReady(t, h, nodes, 3*time.Minute, "start")
 	t.Logf("%d serve processes started and ready in %v (load average %s)", n, time.Since(t0).Round(time.Millisecond), loadAverage())
 
-	// Load: one paced client per node, each on its own node; a node that
-	// refuses the connection (it is restarting) is skipped for the next
-	// one, as a load balancer would. Every fifth check is on the wide key.
+	// Load: one paced client per node, each on its own node while that
+	// node is in rotation, else on the next one that is, as a load
+	// balancer with a readiness probe sends it: a node leaves rotation
+	// before its SIGTERM (Kubernetes takes a terminating pod out of its
+	// Service's endpoints) and its new process joins once it was seen
+	// ready. A node that refuses the connection all the same is skipped
+	// for the next one. Every fifth check is on the wide key.
+	for _, p := range nodes {
+		p.inRotation.Store(true)
+	}
 	rec := &fleetRecord{clock: time.Now()}
 	var mu sync.Mutex // guards nodes while a node is replaced
 	nodeAt := func(i int) *fleetProc {
 		mu.Lock()
 		defer mu.Unlock()
+		for j := range n {
+			if p := nodes[(i+j)%n]; p.inRotation.Load() {
+				return p
+			}
+		}
 		return nodes[i%n]
 	}
 	stop := make(chan struct{})
@@ -560,6 +584,7 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 		w0 := time.Now()
 		wv.term = rec.at(w0)
 		for _, p := range wave {
+			p.inRotation.Store(false)
 			if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatalf("SIGTERM %s: %v", p.name, err)
 			}
