@@ -63,6 +63,9 @@ const fleetProcsEnv = "RINGLIMIT_FLEET_PROCS"
 const (
 	fleetProcsLogsEnv     = "RINGLIMIT_FLEET_PROCS_LOGS"
 	fleetProcsLogLevelEnv = "RINGLIMIT_FLEET_PROCS_LOG_LEVEL"
+	// fleetProcsWavesEnv=index restarts the nodes in waves by index (a
+	// quarter each, whoever votes) instead of fleetWaveOf's.
+	fleetProcsWavesEnv = "RINGLIMIT_FLEET_PROCS_WAVES"
 )
 
 const fleetPolicies = `policies:
@@ -407,6 +410,44 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
+// fleetWaveOf picks the next wave of size nodes among pending (indices
+// into nodes), as a deploy of a raft cluster's servers goes (Consul's and
+// etcd's upgrade guides: one server at a time, the leader last): at most
+// one voter of the ownership log (ringlimit_log_voter on /metrics) per
+// wave, the leader only once no other voter is pending, the rest members
+// that do not vote, in index order. A wave that drained several voters
+// at once, or the leader with them, stalled the log's keep-alive reads
+// while they drained: every member's lease lapsed for seconds (issue 54's
+// rolling-deploy runs). Fewer than size when only voters are left.
+func fleetWaveOf(h fleetHTTP, nodes []*fleetProc, pending []int, size int) []int {
+	var learners, voters []int
+	leader := -1
+	for _, i := range pending {
+		v := h.metrics(nodes[i], "ringlimit_log_voter", "ringlimit_log_leader")
+		switch {
+		case v != nil && v[1] == 1:
+			leader = i
+		case v != nil && v[0] == 1:
+			voters = append(voters, i)
+		default:
+			learners = append(learners, i) // a node that did not answer counts as one
+		}
+	}
+	var wave []int
+	switch {
+	case len(voters) > 0:
+		wave = append(wave, voters[0])
+	case leader >= 0:
+		wave = append(wave, leader)
+	}
+	wave = append(wave, learners[:min(len(learners), size-len(wave))]...)
+	if len(wave) == 0 {
+		return pending[:min(size, len(pending))]
+	}
+	slices.Sort(wave)
+	return wave
+}
+
 // fleetSize reads fleetProcsEnv: 0 when unset.
 func fleetSize(t *testing.T) int {
 	v := os.Getenv(fleetProcsEnv)
@@ -577,9 +618,31 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 	// with its backup).
 	deploy0 := time.Now()
 	per := (n + waves - 1) / waves
-	for w := range waves {
-		lo, hi := w*per, min(n, (w+1)*per)
-		wave := slices.Clone(nodes[lo:hi])
+	byIndex := os.Getenv(fleetProcsWavesEnv) == "index"
+	pending := make([]int, n) // indices of the nodes not yet restarted
+	for i := range pending {
+		pending[i] = i
+	}
+	for w := 0; len(pending) > 0 && w < n; w++ { // a quarter a wave, more waves when voters are many
+		var idx []int
+		if byIndex {
+			idx = pending[:min(per, len(pending))]
+		} else {
+			idx = fleetWaveOf(h, nodes, pending, per)
+		}
+		pending = slices.DeleteFunc(pending, func(i int) bool { return slices.Contains(idx, i) })
+		wave := make([]*fleetProc, len(idx))
+		var voters []string
+		for k, i := range idx {
+			wave[k] = nodes[i]
+			if v := h.metrics(nodes[i], "ringlimit_log_voter", "ringlimit_log_leader"); v != nil && v[0] == 1 {
+				role := " (voter)"
+				if v[1] == 1 {
+					role = " (leader)"
+				}
+				voters = append(voters, nodes[i].name+role)
+			}
+		}
 		wv := fleetWave{n: len(wave), loadAverage: loadAverage()}
 		w0 := time.Now()
 		wv.term = rec.at(w0)
@@ -607,8 +670,10 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 		// Back on the same addresses, joining through live nodes of
 		// other waves.
 		var join []string
-		for j := range 3 {
-			join = append(join, nodes[(hi+j)%n].gossip)
+		for i := 0; i < n && len(join) < 3; i++ {
+			if !slices.Contains(idx, i) {
+				join = append(join, nodes[i].gossip)
+			}
 		}
 		fresh := make([]*fleetProc, len(wave))
 		for i, p := range wave {
@@ -616,7 +681,9 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 			rec.event(fresh[i].started, p.name+" started")
 		}
 		mu.Lock()
-		copy(nodes[lo:hi], fresh)
+		for k, i := range idx {
+			nodes[i] = fresh[k]
+		}
 		mu.Unlock()
 		fleetWaitReady(t, h, nodes, 3*time.Minute, fmt.Sprintf("wave %d", w))
 		wv.allReady = time.Since(w0)
@@ -625,8 +692,8 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 			wv.toReady = append(wv.toReady, p.readyAt.Sub(p.started))
 		}
 		rec.waves = append(rec.waves, wv)
-		t.Logf("wave %d (%d nodes): drained and exited within %v, all %d ready %v after the SIGTERMs",
-			w, len(wave), slices.Max(wv.drains).Round(time.Millisecond), n, wv.allReady.Round(time.Millisecond))
+		t.Logf("wave %d (%d nodes, of the ownership log's voters %v): drained and exited within %v, all %d ready %v after the SIGTERMs",
+			w, len(wave), voters, slices.Max(wv.drains).Round(time.Millisecond), n, wv.allReady.Round(time.Millisecond))
 	}
 	deployTook := time.Since(deploy0)
 	cool := time.NewTimer(rollWindow) // traffic after the last wave
@@ -718,6 +785,6 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 	slices.Sort(toReady)
 	slices.Sort(drains)
 	t.Logf("rolling deploy of %d processes in %d waves took %v; time to ready median %v, max %v; drain median %v, max %v; load average now %s",
-		n, waves, deployTook.Round(time.Millisecond), toReady[len(toReady)/2].Round(time.Millisecond), toReady[len(toReady)-1].Round(time.Millisecond),
+		n, len(rec.waves), deployTook.Round(time.Millisecond), toReady[len(toReady)/2].Round(time.Millisecond), toReady[len(toReady)-1].Round(time.Millisecond),
 		drains[len(drains)/2].Round(time.Millisecond), drains[len(drains)-1].Round(time.Millisecond), loadAverage())
 }
