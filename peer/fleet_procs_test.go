@@ -630,6 +630,8 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 		} else {
 			idx = fleetWaveOf(h, nodes, pending, per)
 		}
+		// A copy: DeleteFunc below shifts pending's array, which idx may share.
+		idx = slices.Clone(idx)
 		pending = slices.DeleteFunc(pending, func(i int) bool { return slices.Contains(idx, i) })
 		wave := make([]*fleetProc, len(idx))
 		var voters []string
