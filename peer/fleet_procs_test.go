@@ -5,16 +5,23 @@ package peer
 // builds cmd/ringlimit, starts that many processes on 127.0.0.1 (distinct
 // ports, --expected-members set to the fleet size, the default
 // lan gossip profile and LeaseDuration), puts paced load on every node,
-// then restarts every process in waves of a quarter of the fleet: SIGTERM
-// (a graceful leave: keys handed to their new holders), wait for the exit,
-// start it again on the same addresses as a new incarnation, and wait until
-// every node is ready with the whole fleet before the next wave. It reports
-// the history checker's verdict (peer/internal/history: both rules, every
-// key; must be 0 violations), the answers by outcome, the longest a key
-// went without a decision, each restart's drain time and time to ready,
-// and whether a key with a limit no one reaches lost an admission (a reset
-// or a lost copy shows as a remaining count above what the client saw
-// admitted).
+// then restarts every process in waves of a quarter of the fleet, as an
+// orchestrator with a readiness probe does: take the wave out of the
+// clients' rotation, SIGTERM (a graceful leave: keys handed to their new
+// holders), wait for the exit, start it again on the same addresses as a
+// new incarnation, put each back in rotation once /readyz says ready, and
+// start the next wave only when every node is ready with the whole fleet.
+// It reports the history checker's verdict (peer/internal/history: both
+// rules, every key; must be 0 violations), the answers by outcome, the
+// longest a key went without a decision, each restart's drain time and
+// time to ready, the same per wave, and whether a key with a limit no one
+// reaches lost an admission (a reset or a lost copy shows as a remaining
+// count above what the client saw admitted). When a key went without a
+// decision, the worst one's timeline is printed beside the processes'
+// events. RINGLIMIT_FLEET_PROCS_LOGS=dir keeps every process's log and
+// every check, and watches who leads and votes in the ownership log and
+// whose liveness lapsed; RINGLIMIT_FLEET_PROCS_LOG_LEVEL=debug has the
+// processes name every partition they hand on.
 //
 // It is here, in peer's tests, and not beside serve's own process tests,
 // because the checker is internal to peer; it builds the binary like any
@@ -35,10 +42,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -49,6 +56,17 @@ import (
 // fleetProcsEnv opts in to TestFleetProcsRollingDeploy and sets the fleet
 // size.
 const fleetProcsEnv = "RINGLIMIT_FLEET_PROCS"
+
+// fleetProcsLogsEnv names a directory to keep every process's log in
+// (NAME.log) and every check the clients made (ops.jsonl); fleetProcsLogLevelEnv
+// sets the processes' --log-level (debug names each partition that moves).
+const (
+	fleetProcsLogsEnv     = "RINGLIMIT_FLEET_PROCS_LOGS"
+	fleetProcsLogLevelEnv = "RINGLIMIT_FLEET_PROCS_LOG_LEVEL"
+	// fleetProcsWavesEnv=index restarts the nodes in waves by index (a
+	// quarter each, whoever votes) instead of fleetWaveOf's.
+	fleetProcsWavesEnv = "RINGLIMIT_FLEET_PROCS_WAVES"
+)
 
 const fleetPolicies = `policies:
   - name: roll
@@ -69,6 +87,10 @@ type fleetProc struct {
 	mu                 sync.Mutex
 	log                bytes.Buffer // the last lines, trimmed to fleetLogKeep
 	started, readyAt   time.Time
+	exitedAt           time.Time // set before exited closes
+	// inRotation: the test's clients send it checks (a load balancer's
+	// endpoint): from when it was first seen ready until its SIGTERM.
+	inRotation atomic.Bool
 }
 
 const fleetLogKeep = 64 << 10
@@ -79,21 +101,73 @@ func (p *fleetProc) logTail() string {
 	return p.log.String()
 }
 
+// fleetRun is what every process of one fleet shares.
+type fleetRun struct {
+	bin, policies string
+	members       int
+	// logDir, when set (fleetProcsLogsEnv), receives each process's whole
+	// stderr in NAME.log, a restart's appended to its predecessor's;
+	// logLevel is serve's --log-level (fleetProcsLogLevelEnv, default
+	// info).
+	logDir, logLevel string
+	procs            *fleetProcs
+}
+
+// fleetProcs is every process the test started, killed together when the
+// test ends: the verdicts are in by then, and 32 graceful leaves one after
+// another would take a minute.
+type fleetProcs struct {
+	mu    sync.Mutex
+	procs []*fleetProc
+}
+
+func newFleetProcs(t *testing.T) *fleetProcs {
+	f := &fleetProcs{}
+	t.Cleanup(func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, p := range f.procs {
+			_ = p.stdin.Close()
+			_ = p.cmd.Process.Kill() // an error: it has exited
+		}
+		for _, p := range f.procs {
+			<-p.exited
+		}
+	})
+	return f
+}
+
+func (f *fleetProcs) add(p *fleetProc) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.procs = append(f.procs, p)
+}
+
 // startFleetProc starts `bin serve` as name on the given addresses (port 0
 // for new ones), joining join unless empty, and waits for its "serving"
-// line. The process stops when t ends (stdin closed: it leaves and exits;
-// killed if it has not within 20 s).
-func startFleetProc(t *testing.T, bin, name, policies string, members int, addrs [3]string, join []string) *fleetProc {
+// line. The process is killed when t ends (r.procs) and, on Linux, is killed if the test
+// process dies first (fleetSysProcAttr), so that an interrupted run leaves
+// no process holding its ports.
+func startFleetProc(t *testing.T, r fleetRun, name string, addrs [3]string, join []string) *fleetProc {
 	t.Helper()
 	args := []string{"serve", "--name", name,
 		"--http-addr", addrs[0], "--grpc-addr", addrs[1], "--gossip-addr", addrs[2],
-		"--policies", policies, "--log-format", "json", "--exit-on-stdin-eof",
-		"--expected-members", strconv.Itoa(members), "--drain-timeout", "20s"}
+		"--policies", r.policies, "--log-format", "json", "--exit-on-stdin-eof",
+		"--expected-members", strconv.Itoa(r.members), "--drain-timeout", "20s",
+		"--log-level", cmp.Or(r.logLevel, "info")}
 	if len(join) > 0 {
 		args = append(args, "--join", strings.Join(join, ","))
 	}
-	p := &fleetProc{name: name, cmd: exec.Command(bin, args...), exited: make(chan struct{})}
+	p := &fleetProc{name: name, cmd: exec.Command(r.bin, args...), exited: make(chan struct{})}
 	p.cmd.Env = os.Environ()
+	p.cmd.SysProcAttr = fleetSysProcAttr()
+	var logFile *os.File
+	if r.logDir != "" {
+		var err error
+		if logFile, err = os.OpenFile(filepath.Join(r.logDir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -103,6 +177,9 @@ func startFleetProc(t *testing.T, bin, name, policies string, members int, addrs
 	}
 	p.started = time.Now()
 	if err := p.cmd.Start(); err != nil {
+		if logFile != nil {
+			_ = logFile.Close()
+		}
 		t.Fatalf("start %s: %v", name, err)
 	}
 	serving := make(chan [3]string, 1)
@@ -119,6 +196,9 @@ func startFleetProc(t *testing.T, bin, name, policies string, members int, addrs
 			p.log.Write(sc.Bytes())
 			p.log.WriteByte('\n')
 			p.mu.Unlock()
+			if logFile != nil {
+				_, _ = logFile.Write(append(sc.Bytes(), '\n'))
+			}
 			var rec struct {
 				Msg      string `json:"msg"`
 				HTTPAddr string `json:"http_addr"`
@@ -133,19 +213,13 @@ func startFleetProc(t *testing.T, bin, name, policies string, members int, addrs
 			}
 		}
 		_ = p.cmd.Wait()
+		if logFile != nil {
+			_ = logFile.Close()
+		}
+		p.exitedAt = time.Now()
 		close(p.exited)
 	}()
-	t.Cleanup(func() {
-		_ = p.stdin.Close()
-		timeout := time.NewTimer(20 * time.Second)
-		defer timeout.Stop()
-		select {
-		case <-p.exited:
-		case <-timeout.C:
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-	})
+	r.procs.add(p)
 	timeout := time.NewTimer(60 * time.Second)
 	defer timeout.Stop()
 	select {
@@ -180,6 +254,20 @@ func (h fleetHTTP) ready(p *fleetProc, members int) bool {
 		Members int `json:"members"`
 	}
 	return resp.StatusCode == http.StatusOK && json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&body) == nil && body.Members == members
+}
+
+// readyBody is p's /readyz answer, or the error that stood in its way.
+func (h fleetHTTP) readyBody(p *fleetProc) string {
+	resp, err := h.c.Get("http://" + p.http + "/readyz")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if err != nil {
+		return err.Error()
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // fleetAnswer is one /v1/check as the client saw it.
@@ -227,6 +315,7 @@ func fleetWaitReady(t *testing.T, h fleetHTTP, nodes []*fleetProc, d time.Durati
 			}
 			if h.ready(p, len(nodes)) {
 				p.readyAt = time.Now()
+				p.inRotation.Store(true)
 			} else {
 				waiting++
 			}
@@ -248,15 +337,15 @@ func fleetWaitReady(t *testing.T, h fleetHTTP, nodes []*fleetProc, d time.Durati
 			var first *fleetProc
 			for _, p := range nodes {
 				if !h.ready(p, len(nodes)) {
-					not = append(not, p.name)
+					not = append(not, p.name+": "+h.readyBody(p))
 					first = cmp.Or(first, p)
 				}
 			}
 			if first == nil {
 				return // ready at the last look
 			}
-			t.Fatalf("%s: %d nodes not ready with %d members within %v: %v\nlast log lines of %s:\n%s",
-				what, len(not), len(nodes), d, not, first.name, lastLines(first.logTail(), 30))
+			t.Fatalf("%s: %d nodes not ready with %d members within %v:\n%s\nlast log lines of %s:\n%s",
+				what, len(not), len(nodes), d, strings.Join(not, "\n"), first.name, lastLines(first.logTail(), 30))
 		}
 		<-tick.C
 	}
@@ -321,6 +410,44 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
+// fleetWaveOf picks the next wave of size nodes among pending (indices
+// into nodes), as a deploy of a raft cluster's servers goes (Consul's and
+// etcd's upgrade guides: one server at a time, the leader last): at most
+// one voter of the ownership log (ringlimit_log_voter on /metrics) per
+// wave, the leader only once no other voter is pending, the rest members
+// that do not vote, in index order. A wave that drained several voters
+// at once, or the leader with them, stalled the log's keep-alive reads
+// while they drained: every member's lease lapsed for seconds (issue 54's
+// rolling-deploy runs). Fewer than size when only voters are left.
+func fleetWaveOf(h fleetHTTP, nodes []*fleetProc, pending []int, size int) []int {
+	var learners, voters []int
+	leader := -1
+	for _, i := range pending {
+		v := h.metrics(nodes[i], "ringlimit_log_voter", "ringlimit_log_leader")
+		switch {
+		case v != nil && v[1] == 1:
+			leader = i
+		case v != nil && v[0] == 1:
+			voters = append(voters, i)
+		default:
+			learners = append(learners, i) // a node that did not answer counts as one
+		}
+	}
+	var wave []int
+	switch {
+	case len(voters) > 0:
+		wave = append(wave, voters[0])
+	case leader >= 0:
+		wave = append(wave, leader)
+	}
+	wave = append(wave, learners[:min(len(learners), size-len(wave))]...)
+	if len(wave) == 0 {
+		return pending[:min(size, len(pending))]
+	}
+	slices.Sort(wave)
+	return wave
+}
+
 // fleetSize reads fleetProcsEnv: 0 when unset.
 func fleetSize(t *testing.T) int {
 	v := os.Getenv(fleetProcsEnv)
@@ -338,7 +465,7 @@ func fleetSize(t *testing.T) int {
 }
 
 // TestFleetProcsRollingDeploy: see the comment at the top of this file.
-// About three minutes for 32 processes on two cores.
+// About two to three minutes for 32 processes on two cores.
 func TestFleetProcsRollingDeploy(t *testing.T) {
 	n := fleetSize(t)
 	if n == 0 {
@@ -353,13 +480,18 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 		pace       = 100 * time.Millisecond // per node: 10 checks a second
 	)
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "ringlimit")
-	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, "github.com/ringlimit/ringlimit/cmd/ringlimit")
+	run := fleetRun{bin: filepath.Join(dir, "ringlimit"), policies: filepath.Join(dir, "policies.yaml"), members: n,
+		logDir: os.Getenv(fleetProcsLogsEnv), logLevel: os.Getenv(fleetProcsLogLevelEnv), procs: newFleetProcs(t)}
+	if run.logDir != "" {
+		if err := os.MkdirAll(run.logDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", run.bin, "github.com/ringlimit/ringlimit/cmd/ringlimit")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build cmd/ringlimit: %v\n%s", err, out)
 	}
-	policies := filepath.Join(dir, "policies.yaml")
-	if err := os.WriteFile(policies, []byte(fleetPolicies), 0o600); err != nil {
+	if err := os.WriteFile(run.policies, []byte(fleetPolicies), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	h := newFleetHTTP(t)
@@ -374,28 +506,33 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 		if i > 0 {
 			join = []string{nodes[0].gossip, nodes[i-1].gossip}
 		}
-		nodes[i] = startFleetProc(t, bin, fmt.Sprintf("fleet-%02d", i), policies, n, ports.three(t), join)
+		nodes[i] = startFleetProc(t, run, fmt.Sprintf("fleet-%02d", i), ports.three(t), join)
 	}
 	fleetWaitReady(t, h, nodes, 3*time.Minute, "start")
-	t.Logf("%d serve processes started and ready in %v", n, time.Since(t0).Round(time.Millisecond))
+	t.Logf("%d serve processes started and ready in %v (load average %s)", n, time.Since(t0).Round(time.Millisecond), loadAverage())
 
-	// Load: one paced client per node, each on its own node; a node that
-	// refuses the connection (it is restarting) is skipped for the next
-	// one, as a load balancer would. Every fifth check is on the wide key.
-	var mu sync.Mutex // guards nodes while a node is replaced, and ops
+	// Load: one paced client per node, each on its own node while that
+	// node is in rotation, else on the next one that is, as a load
+	// balancer with a readiness probe sends it: a node leaves rotation
+	// before its SIGTERM (Kubernetes takes a terminating pod out of its
+	// Service's endpoints) and its new process joins once it was seen
+	// ready. A node that refuses the connection all the same is skipped
+	// for the next one. Every fifth check is on the wide key.
+	for _, p := range nodes {
+		p.inRotation.Store(true)
+	}
+	rec := &fleetRecord{clock: time.Now()}
+	var mu sync.Mutex // guards nodes while a node is replaced
 	nodeAt := func(i int) *fleetProc {
 		mu.Lock()
 		defer mu.Unlock()
+		for j := range n {
+			if p := nodes[(i+j)%n]; p.inRotation.Load() {
+				return p
+			}
+		}
 		return nodes[i%n]
 	}
-	clock := time.Now()
-	since := func() int64 { return int64(time.Since(clock)) }
-	var (
-		ops     []history.Op
-		refused int
-		// unavailable counts the 503 answers by policy.
-		unavailable = map[string]int{}
-	)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	const maxPerClient = 6000 // 10 minutes at the pace: a bound, never reached
@@ -412,21 +549,23 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 				}
 				var a fleetAnswer
 				var call, ret int64
+				var to *fleetProc
 				for try := range n {
-					call = since()
-					a = h.check(nodeAt(c+try), subject, policy)
-					ret = since()
+					to = nodeAt(c + try)
+					call = rec.since()
+					a = h.check(to, subject, policy)
+					ret = rec.since()
 					if !errors.Is(a.err, syscall.ECONNREFUSED) {
 						break
 					}
-					mu.Lock()
-					refused++ // never reached a node: nothing taken
-					mu.Unlock()
+					rec.refused.Add(1) // never reached a node: nothing taken
 				}
 				op := history.Op{Key: subject + "/" + policy, Hits: 1, Call: call, Return: ret, Client: c, Owner: a.owner}
+				m := fleetMeta{node: to.name, status: a.status, reason: a.reason}
 				switch {
 				case a.err != nil:
 					op.Outcome = history.Unknown
+					m.err = a.err.Error()
 				case a.status == http.StatusOK:
 					op.Outcome = history.Admitted
 				case a.status == http.StatusTooManyRequests:
@@ -437,16 +576,11 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 					// (the answer says the owner could not decide in
 					// time), so the checker must allow both.
 					op.Outcome = history.Unknown
-					mu.Lock()
-					unavailable[policy]++
-					mu.Unlock()
 				default:
 					op.Outcome = history.Unknown
 					t.Errorf("%s through client %d: status %d reason %q", op.Key, c, a.status, a.reason)
 				}
-				mu.Lock()
-				ops = append(ops, op)
-				mu.Unlock()
+				rec.add(op, m)
 				select {
 				case <-stop:
 					return
@@ -455,46 +589,82 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 			}
 		}()
 	}
+	watched := make(chan struct{})
+	if run.logDir != "" {
+		go rec.watch(h, func() []*fleetProc {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(nodes)
+		}, stop, watched)
+	} else {
+		close(watched)
+	}
 	loadDone := false
 	endLoad := func() {
 		if !loadDone {
 			loadDone = true
 			close(stop)
 			wg.Wait()
+			<-watched
 		}
 	}
 	t.Cleanup(endLoad)
 	warm := time.NewTimer(3 * rollWindow) // every key at its limit before the deploy
 	<-warm.C
 
-	// The rolling deploy.
-	type restart struct {
-		name           string
-		wave           int
-		drain, toReady time.Duration
-	}
-	var restarts []restart
+	// The rolling deploy, as an orchestrator does it with a readiness
+	// probe: a wave starts only once every node answers /readyz with the
+	// whole fleet (which includes holding exactly its partitions, each
+	// with its backup).
 	deploy0 := time.Now()
 	per := (n + waves - 1) / waves
-	for w := range waves {
-		lo, hi := w*per, min(n, (w+1)*per)
-		wave := slices.Clone(nodes[lo:hi])
+	byIndex := os.Getenv(fleetProcsWavesEnv) == "index"
+	pending := make([]int, n) // indices of the nodes not yet restarted
+	for i := range pending {
+		pending[i] = i
+	}
+	for w := 0; len(pending) > 0 && w < n; w++ { // a quarter a wave, more waves when voters are many
+		var idx []int
+		if byIndex {
+			idx = pending[:min(per, len(pending))]
+		} else {
+			idx = fleetWaveOf(h, nodes, pending, per)
+		}
+		// A copy: DeleteFunc below shifts pending's array, which idx may share.
+		idx = slices.Clone(idx)
+		pending = slices.DeleteFunc(pending, func(i int) bool { return slices.Contains(idx, i) })
+		wave := make([]*fleetProc, len(idx))
+		var voters []string
+		for k, i := range idx {
+			wave[k] = nodes[i]
+			if v := h.metrics(nodes[i], "ringlimit_log_voter", "ringlimit_log_leader"); v != nil && v[0] == 1 {
+				role := " (voter)"
+				if v[1] == 1 {
+					role = " (leader)"
+				}
+				voters = append(voters, nodes[i].name+role)
+			}
+		}
+		wv := fleetWave{n: len(wave), loadAverage: loadAverage()}
 		w0 := time.Now()
+		wv.term = rec.at(w0)
 		for _, p := range wave {
+			p.inRotation.Store(false)
 			if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatalf("SIGTERM %s: %v", p.name, err)
 			}
+			rec.event(w0, p.name+" SIGTERM")
 		}
-		drained := make([]time.Duration, len(wave))
-		for i, p := range wave {
+		for _, p := range wave {
 			timeout := time.NewTimer(60 * time.Second)
 			select {
 			case <-p.exited:
-				drained[i] = time.Since(w0)
 			case <-timeout.C:
 				t.Fatalf("wave %d: %s did not exit within 60 s of SIGTERM:\n%s", w, p.name, lastLines(p.logTail(), 30))
 			}
 			timeout.Stop()
+			rec.event(p.exitedAt, p.name+" exited")
+			wv.drains = append(wv.drains, p.exitedAt.Sub(w0))
 			if code := p.cmd.ProcessState.ExitCode(); code != 0 {
 				t.Fatalf("wave %d: %s exited %d after SIGTERM, want 0:\n%s", w, p.name, code, lastLines(p.logTail(), 30))
 			}
@@ -502,43 +672,53 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 		// Back on the same addresses, joining through live nodes of
 		// other waves.
 		var join []string
-		for j := range 3 {
-			join = append(join, nodes[(hi+j)%n].gossip)
+		for i := 0; i < n && len(join) < 3; i++ {
+			if !slices.Contains(idx, i) {
+				join = append(join, nodes[i].gossip)
+			}
 		}
 		fresh := make([]*fleetProc, len(wave))
 		for i, p := range wave {
-			fresh[i] = startFleetProc(t, bin, p.name, policies, n, [3]string{p.http, p.grpc, p.gossip}, join)
+			fresh[i] = startFleetProc(t, run, p.name, [3]string{p.http, p.grpc, p.gossip}, join)
+			rec.event(fresh[i].started, p.name+" started")
 		}
 		mu.Lock()
-		copy(nodes[lo:hi], fresh)
+		for k, i := range idx {
+			nodes[i] = fresh[k]
+		}
 		mu.Unlock()
 		fleetWaitReady(t, h, nodes, 3*time.Minute, fmt.Sprintf("wave %d", w))
-		for i, p := range fresh {
-			restarts = append(restarts, restart{name: p.name, wave: w, drain: drained[i], toReady: p.readyAt.Sub(p.started)})
+		wv.allReady = time.Since(w0)
+		for _, p := range fresh {
+			rec.event(p.readyAt, p.name+" ready")
+			wv.toReady = append(wv.toReady, p.readyAt.Sub(p.started))
 		}
-		t.Logf("wave %d (%d nodes): drained and exited within %v, all %d ready %v after the SIGTERMs",
-			w, len(wave), slices.Max(drained).Round(time.Millisecond), n, time.Since(w0).Round(time.Millisecond))
+		rec.waves = append(rec.waves, wv)
+		t.Logf("wave %d (%d nodes, of the ownership log's voters %v): drained and exited within %v, all %d ready %v after the SIGTERMs",
+			w, len(wave), voters, slices.Max(wv.drains).Round(time.Millisecond), n, wv.allReady.Round(time.Millisecond))
 	}
 	deployTook := time.Since(deploy0)
 	cool := time.NewTimer(rollWindow) // traffic after the last wave
 	<-cool.C
 	endLoad()
+	rec.end = rec.since()
 
 	// The wide key's final count, through every node: one answer.
 	var last fleetAnswer
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		call := since()
+		call := rec.since()
 		last = h.check(nodes[0], "wide", "wide")
-		op := history.Op{Key: "wide/wide", Hits: 1, Call: call, Return: since(), Client: -1, Outcome: history.Unknown}
+		op := history.Op{Key: "wide/wide", Hits: 1, Call: call, Return: rec.since(), Client: -1, Outcome: history.Unknown}
 		if last.err == nil && last.status == http.StatusOK {
 			op.Outcome = history.Admitted
 		}
-		ops = append(ops, op)
+		rec.add(op, fleetMeta{node: nodes[0].name, status: last.status, reason: last.reason})
 		if op.Outcome == history.Admitted || time.Now().After(deadline) {
 			break
 		}
 	}
+	ops := rec.ops
 
 	// Verdicts.
 	limits := func(key string) history.Limits {
@@ -548,44 +728,42 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 		return history.Limits{Limit: rollLimit, Window: rollWindow}
 	}
 	rep := history.Check(ops, limits, 10*time.Second)
+	unavailable := map[string]int{}
+	for i, m := range rec.meta {
+		if m.status == http.StatusServiceUnavailable {
+			unavailable[strings.SplitN(ops[i].Key, "/", 2)[1]]++
+		}
+	}
 	t.Logf("history: %v (of the unknown, %d were 503 unavailable: %v); %d checks refused a connection (node restarting) and went to the next node",
-		rep, unavailable["roll"]+unavailable["wide"], unavailable, refused)
+		rep, unavailable["roll"]+unavailable["wide"], unavailable, rec.refused.Load())
 	if err := rep.Err(); err != nil {
 		t.Error(err)
 	}
 
 	// Unavailability: per key, the longest stretch from an answer that was
-	// not a decision to the next decision.
-	byKey := map[string][]history.Op{}
-	for _, o := range ops {
-		byKey[o.Key] = append(byKey[o.Key], o)
+	// not a decision to the next decision; per wave and its worst key's
+	// timeline.
+	gaps := fleetGaps(ops)
+	worst := slices.MaxFunc(append(gaps, fleetGap{}), func(a, b fleetGap) int { return cmp.Compare(a.len(), b.len()) })
+	t.Logf("longest a key went without a decision: %v (%s); LeaseDuration is the default 2 s; slowest decision %v",
+		worst.len().Round(time.Millisecond), worst.key, fleetSlowest(ops).Round(time.Millisecond))
+	t.Log(rec.waveReport(gaps))
+	if worst.key != "" {
+		t.Logf("the worst key's timeline (ms since the load began):\n%s", rec.timeline(worst))
 	}
-	var worst time.Duration
-	var worstKey string
-	for k, kops := range byKey {
-		sort.Slice(kops, func(i, j int) bool { return kops[i].Call < kops[j].Call })
-		var from int64 = -1
-		for _, o := range kops {
-			switch o.Outcome {
-			case history.Admitted, history.Rejected:
-				if from >= 0 {
-					if d := time.Duration(o.Return - from); d > worst {
-						worst, worstKey = d, k
-					}
-					from = -1
-				}
-			default:
-				if from < 0 {
-					from = o.Call
-				}
-			}
+	if run.logDir != "" {
+		if err := rec.writeOps(filepath.Join(run.logDir, "ops.jsonl")); err != nil {
+			t.Error(err)
 		}
+		t.Logf("logs of every process and every check in %s", run.logDir)
 	}
-	t.Logf("longest a key went without a decision: %v (%s); LeaseDuration is the default 2 s", worst.Round(time.Millisecond), worstKey)
 
 	// The wide key: every admission the client saw must still count.
 	admitted, unknown := 0, 0
-	for _, o := range byKey["wide/wide"] {
+	for _, o := range ops {
+		if o.Key != "wide/wide" {
+			continue
+		}
 		switch o.Outcome {
 		case history.Admitted:
 			admitted++
@@ -602,15 +780,13 @@ func TestFleetProcsRollingDeploy(t *testing.T) {
 	}
 
 	// Restarts.
-	var b strings.Builder
 	var toReady, drains []time.Duration
-	for _, r := range restarts {
-		fmt.Fprintf(&b, "  wave %d %s: drained in %v, ready %v after its start\n", r.wave, r.name, r.drain.Round(time.Millisecond), r.toReady.Round(time.Millisecond))
-		toReady, drains = append(toReady, r.toReady), append(drains, r.drain)
+	for _, wv := range rec.waves {
+		toReady, drains = append(toReady, wv.toReady...), append(drains, wv.drains...)
 	}
 	slices.Sort(toReady)
 	slices.Sort(drains)
-	t.Logf("rolling deploy of %d processes in %d waves took %v; time to ready median %v, max %v; drain median %v, max %v\n%s",
-		n, waves, deployTook.Round(time.Millisecond), toReady[len(toReady)/2].Round(time.Millisecond), toReady[len(toReady)-1].Round(time.Millisecond),
-		drains[len(drains)/2].Round(time.Millisecond), drains[len(drains)-1].Round(time.Millisecond), b.String())
+	t.Logf("rolling deploy of %d processes in %d waves took %v; time to ready median %v, max %v; drain median %v, max %v; load average now %s",
+		n, len(rec.waves), deployTook.Round(time.Millisecond), toReady[len(toReady)/2].Round(time.Millisecond), toReady[len(toReady)-1].Round(time.Millisecond),
+		drains[len(drains)/2].Round(time.Millisecond), drains[len(drains)-1].Round(time.Millisecond), loadAverage())
 }

@@ -839,16 +839,21 @@ func (lo *logOwner) settled(v *view) bool {
 	if lo.run.Voters() < min(ownlog.VotersFor(len(v.alive)), len(v.alive)) {
 		return false
 	}
+	return lo.unsettled(v) < 0
+}
+
+// unsettled is the first partition that keeps settled false, -1 for none.
+func (lo *logOwner) unsettled(v *view) int {
 	mono := lo.n.mono()
 	for p := range lo.n.pt.parts {
 		st := lo.run.Part(p)
 		mine := st.Holder == lo.self
 		if mine != (v.snap.PartitionOwner(p) == lo.n.name) {
-			return false
+			return p
 		}
 		if mine && (!lo.run.MayDecide(p, mono) || len(v.alive) > 1 && st.Backup == "") {
-			return false
+			return p
 		}
 	}
-	return true
+	return -1
 }

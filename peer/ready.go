@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
@@ -72,8 +73,21 @@ func (n *Node) commitIgnored() map[string]string {
 // ignores live gossip members (another placement fingerprint,
 // unreadable metadata, another cluster), or while partitions are still
 // moving to or from it (Settled). Safe for concurrent use.
+//
+// While partitions move, the reason names the first one that keeps the
+// node unsettled and how it stands here (ownership's Explain): what an
+// operator needs when a node stays unready.
 func (n *Node) Ready() (bool, string) {
-	ok, reason, _ := n.readiness()
+	ok, reason, code := n.readiness()
+	if code == ReadyReasonMoving {
+		if p := n.lo.unsettled(n.view.Load()); p >= 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			if ex := n.lo.run.Explain(ctx, []int{p}); len(ex) == 1 {
+				reason += " (first: " + ex[0] + ")"
+			}
+			cancel()
+		}
+	}
 	return ok, reason
 }
 
