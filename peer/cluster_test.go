@@ -124,6 +124,25 @@ func startClusterWith(t testing.TB, n int, base Config, edit func(i int, cfg *Co
 // timeouts set their own, or give the call a deadline.
 const testForwardTimeout = 3 * time.Second
 
+// testPartitions is the partition count of the test nodes that set
+// neither one nor ExpectedMembers. Every partition of a forming cluster
+// costs a move and a backup copy through the ownership log before the
+// cluster settles: with the default 271, a three-node start under the
+// race detector is most of a cluster test's time, and on a loaded
+// machine it did not settle within a minute. 31 still gives each of
+// five members several partitions; tests of the default set it.
+const testPartitions = 31
+
+// withTestPartitions gives cfg testPartitions unless it chose its
+// partition count (directly or through ExpectedMembers): a node a test
+// starts outside the cluster helper to join a cluster calls it too, so
+// that its placement fingerprint matches the members'.
+func withTestPartitions(cfg *Config) {
+	if cfg.Ring.PartitionCount == 0 && cfg.ExpectedMembers == 0 {
+		cfg.Ring.PartitionCount = testPartitions
+	}
+}
+
 // cleanupCloseTimeout bounds each node's Close in a test's cleanup. A
 // healthy node closes in well under a second; one whose handoffs cannot
 // complete (cut off, stalled, its log without a majority) waited the whole
@@ -152,6 +171,7 @@ func (c *cluster) addWith(name string, edit func(cfg *Config)) *Node {
 	if cfg.ForwardTimeout == 0 {
 		cfg.ForwardTimeout = testForwardTimeout
 	}
+	withTestPartitions(&cfg)
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(c.t)
 	}

@@ -28,8 +28,10 @@ func TestDuplicateNameRefused(t *testing.T) {
 			victim := c.nodes[tc.dup]
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			nd, err := New(ctx, Config{Name: victim.Name(), Policies: pols, GossipProfile: GossipFast,
-				Join: []string{c.nodes[tc.seed].GossipAddr()}, Logger: testLogger(t)})
+			cfg := Config{Name: victim.Name(), Policies: pols, GossipProfile: GossipFast,
+				Join: []string{c.nodes[tc.seed].GossipAddr()}, Logger: testLogger(t)}
+			withTestPartitions(&cfg)
+			nd, err := New(ctx, cfg)
 			if err == nil {
 				_ = nd.Close(context.Background())
 				t.Fatalf("New under the name %q of a live member succeeded", victim.Name())

@@ -81,7 +81,12 @@ func TestGracefulLeaveNoErrors(t *testing.T) {
 	if raceEnabled {
 		forward = testForwardTimeout
 	}
-	c := startCluster(t, 3, Config{Policies: pols, Logger: log, ForwardTimeout: forward})
+	// Leases three times the default: a member starved for longer than a
+	// liveness period (a loaded CI under two busy loops starves one for
+	// seconds) has its liveness ended and its partitions taken over, and
+	// that takeover's warning is no part of a graceful leave. Nothing
+	// here waits for a lease to run out: the leaver ends its own.
+	c := startCluster(t, 3, Config{Policies: pols, Logger: log, ForwardTimeout: forward, LeaseDuration: 6 * time.Second})
 	leaver := c.nodes[2]
 	var leaving atomic.Bool
 	var held atomic.Int64

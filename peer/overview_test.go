@@ -36,8 +36,8 @@ func TestOverview(t *testing.T) {
 				t.Errorf("%s sees member %+v; want alive, with an incarnation, addresses, a live liveness record and its policy version, not ignored", nd.Name(), m)
 			}
 		}
-		if len(o.Partitions) != 271 {
-			t.Fatalf("%s: %d partitions, want 271", nd.Name(), len(o.Partitions))
+		if len(o.Partitions) != nd.cfg.Ring.PartitionCount {
+			t.Fatalf("%s: %d partitions, want every one of %d", nd.Name(), len(o.Partitions), nd.cfg.Ring.PartitionCount)
 		}
 		for _, p := range o.Partitions {
 			mine := p.Holder == nd.Name()

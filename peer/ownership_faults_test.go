@@ -141,6 +141,7 @@ func (c *cluster) addConcurrently(names ...string) []*Node {
 		wg.Go(func() {
 			cfg := c.base
 			cfg.Name = name
+			withTestPartitions(&cfg)
 			if cfg.Gossip == nil {
 				cfg.Gossip = fastGossip
 			}

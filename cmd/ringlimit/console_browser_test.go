@@ -83,7 +83,8 @@ func consoleCluster(t *testing.T) (nodes []*serveProc, ops []string) {
 		urls = append(urls, "http://"+a+"/ui/")
 	}
 	args := func(i int) []string {
-		return []string{"--policies", pols, "--ops-addr", ops[i], "--ui-peers", strings.Join(urls, ","), "--admin-token-file", tok}
+		// The default partition count, as an operator's console shows it.
+		return []string{"--policies", pols, "--ops-addr", ops[i], "--ui-peers", strings.Join(urls, ","), "--admin-token-file", tok, "--partitions", "271"}
 	}
 	a := startServe(t, "ui-a", nil, args(0)...)
 	b := startServe(t, "ui-b", nil, append(args(1), "--join", a.gossipAddr)...)

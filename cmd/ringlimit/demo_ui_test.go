@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer"
+	"github.com/ringlimit/ringlimit/ring"
 )
 
 // TestDemoUI: demo --ui's consoles, on an in-process cluster as the demo
@@ -23,7 +24,11 @@ func TestDemoUI(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ui.close()
-	base := peer.Config{Policies: demoPolicies(), GossipProfile: peer.GossipFast, Logger: slog.New(slog.DiscardHandler)}
+	// testPartitions rather than the demo's 271: what is checked is the
+	// consoles' view of the nodes and their traffic, and each partition
+	// is a move and a copy before the cluster settles.
+	base := peer.Config{Policies: demoPolicies(), GossipProfile: peer.GossipFast, Logger: slog.New(slog.DiscardHandler),
+		Ring: ring.Config{PartitionCount: testPartitions}}
 	nodes, err := startClusterWith(ctx, names, base, ui.configure)
 	if err != nil {
 		t.Fatal(err)

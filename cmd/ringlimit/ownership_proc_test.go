@@ -387,7 +387,8 @@ func logLines(p *serveProc, msg string) []logLine {
 
 // partitionOf is the partition of subject's keys, computed as the nodes
 // do: xxhash64 of the placement bytes (the encoded tenant and subject,
-// without the policy: peer's placement) modulo the default partition count.
+// without the policy: peer's placement) modulo the partition count of
+// startServe's processes (testPartitions).
 func partitionOf(t *testing.T, subject string) int {
 	t.Helper()
 	ek, ok := shard.Key{Tenant: procTenant, Subject: subject, Policy: "probe"}.AppendEncoded(nil)
@@ -396,7 +397,7 @@ func partitionOf(t *testing.T, subject string) int {
 	}
 	n := 1 + int(ek[0])
 	n += 1 + int(ek[n])
-	snap, err := ring.New(ring.Config{}, []string{"any"}, 1)
+	snap, err := ring.New(ring.Config{PartitionCount: testPartitions}, []string{"any"}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,8 +17,9 @@ import (
 )
 
 // TestServeMaxKeys starts serve with --max-keys 1, which leaves each of
-// the 271 partitions its least, 64 keys, and sends distinct keys through
-// /v1/checks until one is refused: that happens within 271 × 64 + 1 keys
+// its testPartitions partitions its least, 64 keys, and sends distinct keys
+// through /v1/checks until one is refused: that happens within
+// testPartitions × 64 + 1 keys
 // (by then some partition must overflow), and the refusal is capacity,
 // not over limit and not a plain unavailability: 503 with reason
 // "capacity" over HTTP, ResourceExhausted over gRPC, counted under
@@ -26,7 +27,7 @@ import (
 func TestServeMaxKeys(t *testing.T) {
 	t.Parallel()
 	p := startServe(t, "capacity", nil, "--max-keys", "1")
-	const bound = 271*64 + 1
+	const bound = testPartitions*64 + 1
 	subject := func(i int) string { return fmt.Sprintf("k%06d", i) }
 	refused, held := "", ""
 	sent := 0

@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -52,9 +54,19 @@ func writeFile(t *testing.T, dir, name, data string) string {
 	return p
 }
 
-// startServe starts a node on loopback with ephemeral ports and fast gossip,
-// and waits for its "serving" line. extra are added flags; env are added
-// environment variables. The process is killed at cleanup if still running.
+// testPartitions is the partition count of the serve processes whose
+// flags set neither --partitions nor --expected-members. Every partition
+// of a forming cluster is a move and a backup copy through the ownership
+// log (under the race detector, in a child per member) before the members
+// settle; with the default 271 that start-up was most of a serve test's
+// time. 31 still gives each of three members several partitions. The
+// README's quick start (TestQuickStart) and the demo run the default.
+const testPartitions = 31
+
+// startServe starts a node on loopback with ephemeral ports, fast gossip
+// and testPartitions (unless extra sets the count), and waits for its
+// "serving" line. extra are added flags; env are added environment
+// variables. The process is killed at cleanup if still running.
 func startServe(t *testing.T, name string, env []string, extra ...string) *serveProc {
 	t.Helper()
 	exe, err := os.Executable()
@@ -64,6 +76,9 @@ func startServe(t *testing.T, name string, env []string, extra ...string) *serve
 	args := append([]string{"serve", "--name", name,
 		"--gossip-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--log-format", "json", "--gossip-profile", "fast", "--drain-timeout", "5s", "--exit-on-stdin-eof"}, extra...)
+	if !slices.Contains(extra, "--partitions") && !slices.Contains(extra, "--expected-members") {
+		args = append(args, "--partitions", strconv.Itoa(testPartitions))
+	}
 	cmd := exec.Command(exe, args...)
 	cmd.Env = append(childEnv(os.Environ()), env...)
 	p := launchServe(t, name, cmd)
