@@ -411,3 +411,17 @@ func (n *Node) durableKeyOrGone(pid int, epoch uint64, st *shard.Store, key Key,
 	}
 	return idx, nil
 }
+
+// awaitDurable waits until the record a batch's decision left in r.durIdx
+// (deferWait, durability disk) is on disk, and clears it. The receiver
+// calls it for each such item after deciding the whole batch: the first
+// call's fsync covers every item logged before it (group commit), so a
+// batch costs one fsync, not one per item.
+func (n *Node) awaitDurable(r *opReq) error {
+	idx := r.durIdx
+	if idx == 0 {
+		return nil
+	}
+	r.durIdx = 0
+	return n.durableSync(idx)
+}

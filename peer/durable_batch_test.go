@@ -1,0 +1,57 @@
+package peer
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+)
+
+// TestDurableBatchOneFsync: a batch of disk admissions received from a
+// peer (Limiter.Check) is decided whole and then waits for the data
+// directory once, so its items share one fsync (group commit within the
+// batch). Answering each item after its own fsync cost one per item: the
+// routed client's decisions/s under disk fell to the fsync rate.
+func TestDurableBatchOneFsync(t *testing.T) {
+	base := logConfig(1000, time.Hour)
+	base.Policies = map[string]PolicyConfig{"api": {Limit: 1000, Window: time.Hour, Durability: DurabilityDisk}}
+	base.DataDir = filepath.Join(t.TempDir(), "d")
+	c := startCluster(t, 1, base)
+	nd := c.nodes[0]
+	const items = 50
+	req := &peerpb.CheckRequest{}
+	for i := range items {
+		req.Items = append(req.Items, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: "t", Subject: fmt.Sprint("s", i), Policy: "api"}, Hits: 1})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	log := nd.dd.parts.parts
+	for round := range 3 {
+		syncs, next := log.Syncs(), log.Next()
+		resp, err := (&server{n: nd}).Check(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, d := range resp.GetDecisions() {
+			if d.GetStatus() != peerpb.Status_STATUS_OK || !d.GetAllowed() {
+				t.Fatalf("round %d item %d: %v", round, i, d)
+			}
+		}
+		if got := log.Next() - next; got != items {
+			t.Fatalf("round %d: %d records logged for %d admissions", round, got, items)
+		}
+		// The flusher (disk_async, partition copies) may add one of its
+		// own; one per item is what this test rules out.
+		if got := log.Syncs() - syncs; got < 1 || got > 2 {
+			t.Fatalf("round %d: %d fsyncs for a batch of %d disk admissions; want 1 (2 with the flusher's)", round, got, items)
+		}
+		if log.Next() > 0 {
+			if err := log.Sync(log.Next() - 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
