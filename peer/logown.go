@@ -782,7 +782,9 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 		}
 		res, idx := lo.applyReplica(pt, pid, h, keys, now)
 		pt.mu.Unlock()
-		if idx != 0 && n.durableSync(idx) != nil {
+		if idx != 0 && h.durIdx != nil {
+			*h.durIdx = max(*h.durIdx, idx) // the message's answer waits
+		} else if idx != 0 && n.durableSync(idx) != nil {
 			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
 		return res
