@@ -96,3 +96,56 @@ func TestDurableAllowAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestDurableReplicaOneFsync: a backup answers a replication message whose
+// operations carry disk admissions of many partitions after one fsync
+// for them all, not one per partition in turn (which held the routed
+// client's disk rate to a tenth of memory's).
+func TestDurableReplicaOneFsync(t *testing.T) {
+	base := logConfig(1000, time.Hour)
+	base.Policies = map[string]PolicyConfig{"api": {Limit: 1000, Window: time.Hour, Durability: DurabilityDisk}}
+	root := t.TempDir()
+	c := startClusterWith(t, 2, base, func(i int, cfg *Config) { cfg.DataDir = filepath.Join(root, fmt.Sprint("n", i)) })
+	var holder, backup *Node
+	req := &peerpb.ReplicateRequest{}
+	for _, b := range c.nodes {
+		for pid := range b.pt.parts {
+			st := b.lo.run.Part(pid)
+			if !b.lo.run.AcceptReplica(pid, st.Holder, st.Epoch) || len(req.Ops) == 20 {
+				continue
+			}
+			backup = b
+			req.Ops = append(req.Ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_REPLACE, Partition: uint32(pid), Epoch: st.Epoch,
+				Keys: []*peerpb.KeyState{{Key: &peerpb.Key{Tenant: "t", Subject: fmt.Sprint("s", pid), Policy: "api"}, Runs: []*peerpb.Run{{AgeNs: 1, Count: 1}}}}})
+		}
+		if backup != nil {
+			break
+		}
+	}
+	if len(req.Ops) < 10 {
+		t.Fatalf("%d partitions backed with a replica accepted; want 10 or more", len(req.Ops))
+	}
+	for _, nd := range c.nodes {
+		if nd != backup {
+			holder = nd
+		}
+	}
+	req.Sender = holder.name
+	log := backup.dd.parts.parts
+	syncs, next := log.Syncs(), log.Next()
+	resp, err := (&server{n: backup}).replicate(req, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range resp.GetResults() {
+		if r.GetStatus() != peerpb.OpStatus_OP_STATUS_OK {
+			t.Fatalf("operation %d: %v", i, r)
+		}
+	}
+	if got := log.Next() - next; got != uint64(len(req.Ops)) {
+		t.Fatalf("%d records logged for %d operations", got, len(req.Ops))
+	}
+	if got := log.Syncs() - syncs; got < 1 || got > 2 {
+		t.Fatalf("%d fsyncs for a message of %d partitions' disk admissions; want 1 (2 with the flusher's)", got, len(req.Ops))
+	}
+}
