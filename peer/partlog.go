@@ -194,9 +194,10 @@ func (n *Node) forgetPartition(pid int) {
 
 // restorePartition fills st (partition pid's new, empty store) with the
 // state the data directory held for it at start, once, and logs it as the
-// partition's state here. Called by ownlog's Reset with the partition's
-// lock held.
-func (n *Node) restorePartition(pid int, epoch uint64, st *shard.Store) {
+// partition's state here. It reports whether the whole state was
+// restored (a complete copy and what followed it). Called by ownlog's
+// Reset with the partition's lock held.
+func (n *Node) restorePartition(pid int, epoch uint64, st *shard.Store) (ok bool) {
 	pl := n.dd.parts
 	pl.mu.Lock()
 	var rp *durable.RecoveredPart
@@ -218,8 +219,10 @@ func (n *Node) restorePartition(pid int, epoch uint64, st *shard.Store) {
 		} else {
 			n.log.Info("partition restored from the data directory", "partition", pid, "keys", restored, "skipped", skipped, "complete", rp.Complete)
 		}
+		ok = err == nil && rp.Complete
 	}
 	n.logPartition(pid, epoch, st)
+	return ok
 }
 
 // flushParts runs until the node stops: it flushes disk_async's records
