@@ -1,12 +1,15 @@
 package peer
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -175,4 +178,51 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestDataDirRestoredNotLogged: after a restart of the whole cluster (one
+// node), a partition whose state came back whole from the data directory
+// is not reported as restarted empty (an Error, and the lost-handoff
+// count, for each of its 271 partitions before), and its key keeps its
+// admission.
+func TestDataDirRestoredNotLogged(t *testing.T) {
+	base := logConfig(restartLimit, time.Hour)
+	base.Policies = map[string]PolicyConfig{"api": {Limit: restartLimit, Window: time.Hour, Durability: DurabilityDisk}}
+	base.DataDir = filepath.Join(t.TempDir(), "d")
+	c := startCluster(t, 1, base)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	k := Key{Tenant: "t", Subject: "s", Policy: "api"}
+	if d, err := c.nodes[0].Allow(ctx, Request{Key: k}); err != nil || !d.Allowed {
+		t.Fatalf("before the restart: %+v, %v", d, err)
+	}
+	c.nodes[0].KillForTest()
+	var logs restartLogBuffer
+	base.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	c2 := startCluster(t, 1, base)
+	d, err := c2.nodes[0].Allow(ctx, Request{Key: k})
+	if err != nil || !d.Allowed || d.Remaining != restartLimit-2 {
+		t.Fatalf("after the restart: %+v, %v; want admitted with %d left (1 restored)", d, err, restartLimit-2)
+	}
+	if s := logs.String(); strings.Contains(s, "restarted empty") || !strings.Contains(s, "partition restored from the data directory") {
+		t.Fatalf("a restart from the data directory logged:\n%s", s)
+	}
+}
+
+// restartLogBuffer is a bytes.Buffer safe for concurrent writers.
+type restartLogBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *restartLogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *restartLogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
