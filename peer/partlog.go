@@ -63,6 +63,10 @@ type partLog struct {
 	dirty atomic.Bool
 	// logged counts records since the last snapshot.
 	logged atomic.Uint64
+	// Tests: timedOff stops the flusher's timed flushes; a channel sent
+	// on flushNow has the flusher flush at once and close it after.
+	timedOff atomic.Bool
+	flushNow chan chan struct{}
 	// mine[p]: this node holds or backs partition p (guarded by the
 	// partition's lock), for the snapshot.
 	mine []bool
@@ -91,7 +95,8 @@ func (n *Node) openPartLog(path, cluster string) (*partLog, error) {
 			"behind", back)
 	}
 	pc := n.cfg.Ring.PartitionCount
-	return &partLog{parts: parts, locks: make([]sync.Mutex, pc), mine: make([]bool, pc), scratch: make([][]shard.KeyState, pc), rec: rec, wall: at}, nil
+	return &partLog{parts: parts, locks: make([]sync.Mutex, pc), mine: make([]bool, pc), scratch: make([][]shard.KeyState, pc), rec: rec, wall: at,
+		flushNow: make(chan chan struct{})}, nil
 }
 
 // keyStates returns n of partition pid's reusable key states, their
@@ -235,15 +240,24 @@ func (n *Node) flushParts() {
 	defer t.Stop()
 	lastSnap := time.Now()
 	for {
+		var done chan struct{}
 		select {
 		case <-n.ctx.Done():
 			return
 		case <-t.C:
+			if pl.timedOff.Load() {
+				continue
+			}
+		case done = <-pl.flushNow:
 		}
 		if pl.dirty.Swap(false) {
 			if err := pl.parts.Flush(); err != nil {
 				n.warnThrottled("data directory: flushing the partition log failed", "err", err)
 			}
+		}
+		if done != nil {
+			close(done)
+			continue
 		}
 		if time.Since(lastSnap) >= partSnapshotEvery && pl.logged.Load() > 0 && !pl.restoring(n.started) {
 			lastSnap = time.Now()
