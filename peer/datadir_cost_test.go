@@ -29,6 +29,11 @@ func TestDurableBatchOneFsync(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	// No timed flush: the batch's own fsync is the only one.
+	nd.dd.parts.timedOff.Store(true)
+	done := make(chan struct{})
+	nd.dd.parts.flushNow <- done
+	<-done
 	log := nd.dd.parts.parts
 	for round := range 3 {
 		syncs, next := log.Syncs(), log.Next()
@@ -41,13 +46,13 @@ func TestDurableBatchOneFsync(t *testing.T) {
 				t.Fatalf("round %d item %d: %v", round, i, d)
 			}
 		}
-		if got := log.Next() - next; got != items {
+		// Partition copies logged as the node took its partitions may
+		// still come in (without an fsync of their own).
+		if got := log.Next() - next; got < items {
 			t.Fatalf("round %d: %d records logged for %d admissions", round, got, items)
 		}
-		// The flusher (disk_async, partition copies) may add one of its
-		// own; one per item is what this test rules out.
-		if got := log.Syncs() - syncs; got < 1 || got > 2 {
-			t.Fatalf("round %d: %d fsyncs for a batch of %d disk admissions; want 1 (2 with the flusher's)", round, got, items)
+		if got := log.Syncs() - syncs; got != 1 {
+			t.Fatalf("round %d: %d fsyncs for a batch of %d disk admissions; want 1", round, got, items)
 		}
 		if log.Next() > 0 {
 			if err := log.Sync(log.Next() - 1); err != nil {
@@ -132,6 +137,10 @@ func TestDurableReplicaOneFsync(t *testing.T) {
 		}
 	}
 	req.Sender = holder.name
+	backup.dd.parts.timedOff.Store(true) // the message's fsync is the only one
+	done := make(chan struct{})
+	backup.dd.parts.flushNow <- done
+	<-done
 	log := backup.dd.parts.parts
 	syncs, next := log.Syncs(), log.Next()
 	resp, err := (&server{n: backup}).replicate(req, nil)
@@ -143,11 +152,11 @@ func TestDurableReplicaOneFsync(t *testing.T) {
 			t.Fatalf("operation %d: %v", i, r)
 		}
 	}
-	if got := log.Next() - next; got != uint64(len(req.Ops)) {
+	if got := log.Next() - next; got < uint64(len(req.Ops)) {
 		t.Fatalf("%d records logged for %d operations", got, len(req.Ops))
 	}
-	if got := log.Syncs() - syncs; got < 1 || got > 2 {
-		t.Fatalf("%d fsyncs for a message of %d partitions' disk admissions; want 1 (2 with the flusher's)", got, len(req.Ops))
+	if got := log.Syncs() - syncs; got != 1 {
+		t.Fatalf("%d fsyncs for a message of %d partitions' disk admissions; want 1", got, len(req.Ops))
 	}
 }
 
