@@ -104,6 +104,10 @@ type opReq struct {
 	// each. The decision must not be answered before wait yields nil.
 	deferWait bool
 	wait      *replItem // its done yields; then the waiter returns it to the pool
+	// durIdx, under deferWait, is the data directory's record the
+	// decision must wait for before it is answered (durability disk), so
+	// a batch's admissions share one fsync: awaitDurable (partlog.go).
+	durIdx uint64
 	// lease is the lease id of OP_RELEASE, and of OP_ACQUIRE once granted
 	// (lease.go).
 	lease    uint64
@@ -584,8 +588,8 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	if rerr != nil && p.Config.Replication == ReplicateSync {
 		return decided, nil, rerr
 	}
-	if derr == nil && didx != 0 {
-		derr = n.durableSync(didx)
+	if derr == nil && didx != 0 && !r.deferWait {
+		derr, didx = n.durableSync(didx), 0
 	}
 	if derr != nil {
 		return decided, nil, derr
@@ -593,6 +597,7 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	if sd.Allowed && p.Config.Replication != ReplicateSync && n.leaseEnded() {
 		return decided, nil, errLeaseEnded
 	}
+	r.durIdx = didx // deferWait: the batch's receiver syncs (awaitDurable)
 	if ri != nil && r.deferWait {
 		r.wait = ri
 	} else if ri != nil {

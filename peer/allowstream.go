@@ -184,7 +184,7 @@ func (as *allowStream) decide(items []*peerpb.AllowStreamItem) {
 			as.goRoute(sr)
 			continue
 		}
-		if sr.r.wait != nil {
+		if sr.r.wait != nil || sr.r.durIdx != 0 {
 			job.waiting = append(job.waiting, sr)
 		} else {
 			job.ready = append(job.ready, sr)
@@ -226,7 +226,7 @@ func (as *allowStream) tryHere(sr *streamReq) bool {
 		return true
 	}
 	sr.d = d
-	if sr.r.wait == nil {
+	if sr.r.wait == nil && sr.r.durIdx == 0 {
 		n.metrics.Decision(sr.r.p.Name, d.Reason, PathLocal)
 		sr.set(nil)
 	}
@@ -275,16 +275,23 @@ func (as *allowStream) collect(srs []*streamReq, job streamJob) []*streamReq {
 	n := as.n
 	srs = append(srs, job.ready...)
 	for _, sr := range job.waiting {
-		var err error
-		select {
-		case err = <-sr.r.wait.done:
-			n.putReplItem(sr.r.wait)
-		case <-as.ctx.Done():
-			err = errors.Join(ErrUnavailable, as.ctx.Err())
-		case <-n.ctx.Done():
-			err = ErrClosed
+		// The fsync here first: it runs while the backup writes its own.
+		err := n.awaitDurable(&sr.r)
+		if sr.r.wait != nil {
+			var rerr error
+			select {
+			case rerr = <-sr.r.wait.done:
+				n.putReplItem(sr.r.wait)
+			case <-as.ctx.Done():
+				rerr = errors.Join(ErrUnavailable, as.ctx.Err())
+			case <-n.ctx.Done():
+				rerr = ErrClosed
+			}
+			sr.r.wait = nil
+			if err == nil {
+				err = rerr
+			}
 		}
-		sr.r.wait = nil
 		if err != nil {
 			// Recorded here but not confirmed by the backup: the failure
 			// policy answers, as it does for Allow.

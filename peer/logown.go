@@ -498,12 +498,16 @@ func (lo *logOwner) Reset(p int) {
 	pt := &lo.n.pt.parts[p]
 	pt.store = lo.n.newPartStore()
 	pt.rep, pt.next = replica{}, replica{}
+	restored := false
 	if lo.n.dd != nil {
-		lo.n.restorePartition(p, lo.member.Own().Table().Parts[p].Epoch, pt.store)
+		restored = lo.n.restorePartition(p, lo.member.Own().Table().Parts[p].Epoch, pt.store)
 	}
 	// The runner's goroutine owns the member: its table may be read here.
 	if r := lo.member.Own().Table().Parts[p].Restarts; r > lo.restarts[p] {
 		lo.restarts[p] = r
+		if restored {
+			return // its state came back from the data directory (logged there)
+		}
 		lo.n.log.Error("partition restarted empty: its holder and its backup are gone for good, so its keys start over (up to each limit again)",
 			"partition", p, "restarts", r)
 		lo.n.metrics.Handoff("lost", "orphaned", 1)
@@ -782,7 +786,9 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 		}
 		res, idx := lo.applyReplica(pt, pid, h, keys, now)
 		pt.mu.Unlock()
-		if idx != 0 && n.durableSync(idx) != nil {
+		if idx != 0 && h.durIdx != nil {
+			*h.durIdx = max(*h.durIdx, idx) // the message's answer waits
+		} else if idx != 0 && n.durableSync(idx) != nil {
 			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
 		return res

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,9 +63,17 @@ type partLog struct {
 	dirty atomic.Bool
 	// logged counts records since the last snapshot.
 	logged atomic.Uint64
+	// Tests: timedOff stops the flusher's timed flushes; a channel sent
+	// on flushNow has the flusher flush at once and close it after.
+	timedOff atomic.Bool
+	flushNow chan chan struct{}
 	// mine[p]: this node holds or backs partition p (guarded by the
 	// partition's lock), for the snapshot.
 	mine []bool
+	// scratch[p] is partition p's reusable key states (guarded by its
+	// lock): an admission is exported into it and encoded straight into
+	// the log's buffer, so logging it allocates nothing (keyStates).
+	scratch [][]shard.KeyState
 
 	mu sync.Mutex // guards rec
 	// rec is what the directory held at start, per partition, until the
@@ -85,7 +94,23 @@ func (n *Node) openPartLog(path, cluster string) (*partLog, error) {
 		n.log.Warn("data directory: the wall clock is behind the newest state written before the restart; restored keys keep that instant until the clock passes it (windows count longer, never shorter)",
 			"behind", back)
 	}
-	return &partLog{parts: parts, locks: make([]sync.Mutex, n.cfg.Ring.PartitionCount), mine: make([]bool, n.cfg.Ring.PartitionCount), rec: rec, wall: at}, nil
+	pc := n.cfg.Ring.PartitionCount
+	return &partLog{parts: parts, locks: make([]sync.Mutex, pc), mine: make([]bool, pc), scratch: make([][]shard.KeyState, pc), rec: rec, wall: at,
+		flushNow: make(chan chan struct{})}, nil
+}
+
+// keyStates returns n of partition pid's reusable key states, their
+// slices' memory kept from earlier use (ExportInto replaces their
+// contents). Called with the partition's log lock held.
+func (pl *partLog) keyStates(pid, n int) []shard.KeyState {
+	pl.scratch[pid] = slices.Grow(pl.scratch[pid][:0], n)[:n]
+	return pl.scratch[pid]
+}
+
+// emptyState makes *ks key's empty state of algorithm alg, keeping its
+// slices' memory.
+func emptyState(ks *shard.KeyState, key Key, alg shard.Algorithm) {
+	*ks = shard.KeyState{Key: key, Algorithm: alg, Runs: ks.Runs[:0], Reservations: ks.Reservations[:0], Grants: ks.Grants[:0]}
 }
 
 // durableKey logs key's state in partition pid (this node holds it at
@@ -95,17 +120,14 @@ func (n *Node) openPartLog(path, cluster string) (*partLog, error) {
 func (n *Node) durableKey(pid int, epoch uint64, st *shard.Store, key Key, dur Durability, now time.Time) (uint64, error) {
 	pl := n.dd.parts
 	pl.locks[pid].Lock()
-	ks, ok := st.Export(key, now)
-	if !ok {
+	ks := pl.keyStates(pid, 1)
+	if !st.ExportInto(key, now, &ks[0]) {
 		pl.locks[pid].Unlock()
 		return 0, nil
 	}
-	idx, err := pl.parts.Log(now.UnixNano(), &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_REPLACE, Partition: uint32(pid), Epoch: max(epoch, 1), Keys: []*peerpb.KeyState{stateToWire(ks)}})
+	idx := pl.parts.LogKeys(now.UnixNano(), uint32(pid), max(epoch, 1), ks)
 	pl.locks[pid].Unlock()
 	pl.logged.Add(1)
-	if err != nil {
-		return 0, fmt.Errorf("%w: logging the admission to the data directory: %w", ErrUnavailable, err)
-	}
 	if dur == DurabilityDiskAsync {
 		pl.dirty.Store(true)
 		return 0, nil
@@ -177,9 +199,10 @@ func (n *Node) forgetPartition(pid int) {
 
 // restorePartition fills st (partition pid's new, empty store) with the
 // state the data directory held for it at start, once, and logs it as the
-// partition's state here. Called by ownlog's Reset with the partition's
-// lock held.
-func (n *Node) restorePartition(pid int, epoch uint64, st *shard.Store) {
+// partition's state here. It reports whether the whole state was
+// restored (a complete copy and what followed it). Called by ownlog's
+// Reset with the partition's lock held.
+func (n *Node) restorePartition(pid int, epoch uint64, st *shard.Store) (ok bool) {
 	pl := n.dd.parts
 	pl.mu.Lock()
 	var rp *durable.RecoveredPart
@@ -201,8 +224,10 @@ func (n *Node) restorePartition(pid int, epoch uint64, st *shard.Store) {
 		} else {
 			n.log.Info("partition restored from the data directory", "partition", pid, "keys", restored, "skipped", skipped, "complete", rp.Complete)
 		}
+		ok = err == nil && rp.Complete
 	}
 	n.logPartition(pid, epoch, st)
+	return ok
 }
 
 // flushParts runs until the node stops: it flushes disk_async's records
@@ -215,15 +240,24 @@ func (n *Node) flushParts() {
 	defer t.Stop()
 	lastSnap := time.Now()
 	for {
+		var done chan struct{}
 		select {
 		case <-n.ctx.Done():
 			return
 		case <-t.C:
+			if pl.timedOff.Load() {
+				continue
+			}
+		case done = <-pl.flushNow:
 		}
 		if pl.dirty.Swap(false) {
 			if err := pl.parts.Flush(); err != nil {
 				n.warnThrottled("data directory: flushing the partition log failed", "err", err)
 			}
+		}
+		if done != nil {
+			close(done)
+			continue
 		}
 		if time.Since(lastSnap) >= partSnapshotEvery && pl.logged.Load() > 0 && !pl.restoring(n.started) {
 			lastSnap = time.Now()
@@ -326,30 +360,27 @@ func (n *Node) durableReplica(pid int, epoch uint64, st *shard.Store, keys []pac
 	}
 	pl := n.dd.parts
 	tab := n.table.Load()
-	var wire []*peerpb.KeyState
 	wait := false
 	pl.locks[pid].Lock()
 	defer pl.locks[pid].Unlock()
+	states := pl.keyStates(pid, len(keys))
+	m := 0
 	for _, k := range keys {
 		e := tab.Lookup(k.st.Key.Policy)
 		if e == nil || e.Config.Durability == DurabilityMemory {
 			continue
 		}
 		wait = wait || e.Config.Durability == DurabilityDisk
-		ks, ok := st.Export(k.st.Key, now)
-		if !ok {
-			ks = shard.KeyState{Key: k.st.Key, Algorithm: k.st.Algorithm}
+		if !st.ExportInto(k.st.Key, now, &states[m]) {
+			emptyState(&states[m], k.st.Key, k.st.Algorithm)
 		}
-		wire = append(wire, stateToWire(ks))
+		m++
 	}
-	if len(wire) == 0 {
+	if m == 0 {
 		return 0, nil
 	}
-	idx, err := pl.parts.Log(now.UnixNano(), &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_REPLACE, Partition: uint32(pid), Epoch: max(epoch, 1), Keys: wire})
+	idx := pl.parts.LogKeys(now.UnixNano(), uint32(pid), max(epoch, 1), states[:m])
 	pl.logged.Add(1)
-	if err != nil {
-		return 0, err
-	}
 	if !wait {
 		pl.dirty.Store(true)
 		return 0, nil
@@ -395,19 +426,30 @@ func (n *Node) durableOp(pt *part, pid int, r *opReq, allowed bool, now time.Tim
 func (n *Node) durableKeyOrGone(pid int, epoch uint64, st *shard.Store, key Key, dur Durability, now time.Time) (uint64, error) {
 	pl := n.dd.parts
 	pl.locks[pid].Lock()
-	ks, ok := st.Export(key, now)
-	if !ok {
-		ks = shard.KeyState{Key: key}
+	ks := pl.keyStates(pid, 1)
+	if !st.ExportInto(key, now, &ks[0]) {
+		emptyState(&ks[0], key, 0)
 	}
-	idx, err := pl.parts.Log(now.UnixNano(), &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_REPLACE, Partition: uint32(pid), Epoch: max(epoch, 1), Keys: []*peerpb.KeyState{stateToWire(ks)}})
+	idx := pl.parts.LogKeys(now.UnixNano(), uint32(pid), max(epoch, 1), ks)
 	pl.locks[pid].Unlock()
 	pl.logged.Add(1)
-	if err != nil {
-		return 0, fmt.Errorf("%w: logging to the data directory: %w", ErrUnavailable, err)
-	}
 	if dur == DurabilityDiskAsync {
 		pl.dirty.Store(true)
 		return 0, nil
 	}
 	return idx, nil
+}
+
+// awaitDurable waits until the record a batch's decision left in r.durIdx
+// (deferWait, durability disk) is on disk, and clears it. The receiver
+// calls it for each such item after deciding the whole batch: the first
+// call's fsync covers every item logged before it (group commit), so a
+// batch costs one fsync, not one per item.
+func (n *Node) awaitDurable(r *opReq) error {
+	idx := r.durIdx
+	if idx == 0 {
+		return nil
+	}
+	r.durIdx = 0
+	return n.durableSync(idx)
 }

@@ -711,9 +711,18 @@ func (s *server) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peer
 		if sc == nil {
 			sc = new(replScratch)
 		}
-		b, err := n.applyPackedAdmits(sc.out[:0], req.GetSender(), req.GetSeq(), sw, req.GetAdmitsPacked(), closing)
+		var durIdx uint64
+		b, err := n.applyPackedAdmits(sc.out[:0], req.GetSender(), req.GetSeq(), sw, req.GetAdmitsPacked(), closing, &durIdx)
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		if durIdx != 0 {
+			// Every operation's replica on disk before any is
+			// acknowledged: a failed write answers none (the holder
+			// copies the partitions again, or fails sync admissions).
+			if err := n.durableSync(durIdx); err != nil {
+				return nil, status.Error(codes.Unavailable, err.Error())
+			}
 		}
 		if cap(b) <= transport.KeepBuf {
 			sc.out = b
@@ -723,15 +732,21 @@ func (s *server) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peer
 		return &sc.resp, nil
 	}
 	resp := &peerpb.ReplicateResponse{Results: make([]*peerpb.OpResult, len(req.GetOps()))}
+	var durIdx uint64
 	for i, op := range req.GetOps() {
-		resp.Results[i] = n.applyPartitionOp(req.GetSender(), req.GetSeq(), sw, op, closing)
+		resp.Results[i] = n.applyPartitionOp(req.GetSender(), req.GetSeq(), sw, op, closing, &durIdx)
+	}
+	if durIdx != 0 {
+		if err := n.durableSync(durIdx); err != nil {
+			return nil, status.Error(codes.Unavailable, err.Error())
+		}
 	}
 	return resp, nil
 }
 
 // applyPartitionOp applies one operation from holder sender to this
 // node's copy; sw is what the sender tells of its policy table.
-func (n *Node) applyPartitionOp(sender string, seq uint64, sw senderTable, op *peerpb.PartitionOp, closing bool) *peerpb.OpResult {
+func (n *Node) applyPartitionOp(sender string, seq uint64, sw senderTable, op *peerpb.PartitionOp, closing bool, durIdx *uint64) *peerpb.OpResult {
 	var keys []packedAdmit
 	for _, w := range op.GetKeys() {
 		st, p, err := n.decodeState(w)
@@ -740,7 +755,7 @@ func (n *Node) applyPartitionOp(sender string, seq uint64, sw senderTable, op *p
 		}
 		keys = append(keys, packedAdmit{st: st, sp: importPolicy(p, sw)})
 	}
-	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: seq}
+	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: seq, durIdx: durIdx}
 	r := n.applyOpKeys(sender, h, keys, closing)
 	return &peerpb.OpResult{Status: r.status, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
 }
@@ -761,6 +776,11 @@ type opHead struct {
 	holderEpoch uint64 // SYNC_BEGIN's HolderEpoch; 0: unknown
 	carried     int    // key states the operation carried, valid or not
 	seq         uint64 // its message's ReplicateRequest.Seq; 0: not numbered
+	// durIdx, if not nil, takes the data directory record an admission's
+	// replica waits for (the largest), so that the message is answered
+	// after one fsync for all its operations (replicate) rather than one
+	// each; nil: the operation waits for its own.
+	durIdx *uint64
 }
 
 // applyOpKeys applies operation h from holder sender; keys are the key

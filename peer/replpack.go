@@ -165,7 +165,9 @@ func (sc *admitScratch) put() {
 
 // applyPackedAdmits applies a packed admissions request from sender (sw:
 // what it tells of its policy table) and returns the packed answer.
-func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw senderTable, b []byte, closing bool) ([]byte, error) {
+// durIdx, if not nil, gathers the data directory record the answer must
+// wait for (see opHead.durIdx).
+func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw senderTable, b []byte, closing bool, durIdx *uint64) ([]byte, error) {
 	r := wire.NewReader(b) // its strings alias b (see wire.NewReader)
 	tab := n.table.Load()  // once per request
 	nops := r.Count(wire.MaxBatch, 3)
@@ -207,7 +209,7 @@ func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw sende
 		if part > uint64(^uint32(0)) {
 			part = uint64(len(n.pt.parts)) // refused below
 		}
-		res := n.applyOpKeys(sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne, seq: seq}, ents, closing)
+		res := n.applyOpKeys(sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne, seq: seq, durIdx: durIdx}, ents, closing)
 		out = binary.AppendUvarint(out, uint64(res.status))
 		out = wire.AppendString(out, res.holder)
 		out = binary.AppendUvarint(out, res.epoch)

@@ -121,7 +121,7 @@ func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkS
 		sl := &slots[i]
 		var r *opReq
 		sl.out, r, slab = n.decideWire(ctx, v, &items[i], &sl.req, slab, until)
-		if r != nil && r.wait != nil {
+		if r != nil && (r.wait != nil || r.durIdx != 0) {
 			sl.wait = r
 		}
 	}
@@ -130,12 +130,19 @@ func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkS
 		if r == nil {
 			continue
 		}
-		var err error
-		select {
-		case err = <-r.wait.done:
-			n.putReplItem(r.wait)
-		case <-ctx.Done():
-			err = fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
+		// The fsync here first: it runs while the backup writes its own.
+		err := n.awaitDurable(r)
+		if r.wait != nil {
+			var rerr error
+			select {
+			case rerr = <-r.wait.done:
+				n.putReplItem(r.wait)
+			case <-ctx.Done():
+				rerr = fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
+			}
+			if err == nil {
+				err = rerr
+			}
 		}
 		if err != nil {
 			slots[i].out = wireError(n, v, peerpb.Status_STATUS_UNAVAILABLE, err)
@@ -249,7 +256,7 @@ func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq, until time.
 				}
 				return bad(peerpb.Status_STATUS_UNAVAILABLE, err), nil
 			}
-			if r.wait == nil {
+			if r.wait == nil && r.durIdx == 0 {
 				n.metrics.Decision(r.p.Name, d.Reason, PathRemote)
 			}
 			out := wire.Decision{

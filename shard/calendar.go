@@ -190,8 +190,8 @@ func (c *calendarWindow) idleAt(int64) int64 {
 	return c.end
 }
 
-func (c *calendarWindow) export(int64) []Run {
-	return []Run{{Age: time.Duration(c.start), Count: c.count}}
+func (c *calendarWindow) export(dst []Run, _ int64) []Run {
+	return append(dst, Run{Age: time.Duration(c.start), Count: c.count})
 }
 
 func (c *calendarWindow) merge(now int64, runs []Run, p Policy) {

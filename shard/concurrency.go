@@ -167,12 +167,12 @@ func (c *leases) idleAt(int64) int64 {
 	return c.l[len(c.l)-1].exp
 }
 
-func (c *leases) export(now int64) []Run {
+func (c *leases) export(out []Run, now int64) []Run {
 	skip, _ := c.expired(now)
 	if skip == len(c.l) {
-		return nil
+		return out
 	}
-	out := make([]Run, 0, len(c.l)-skip)
+	out = slices.Grow(out, len(c.l)-skip)
 	for _, ls := range c.l[skip:] {
 		out = append(out, Run{Age: time.Duration(satSub(now, ls.exp)), Count: ls.n, ID: ls.id})
 	}

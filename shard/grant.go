@@ -307,13 +307,13 @@ func (l *slidingLog) resetAfter(now, w int64) time.Duration {
 // exportGrants returns the outstanding grants as runs: Age is now minus
 // the lease's end (negative while it runs), Count the rights, ID the
 // grant.
-func (l *slidingLog) exportGrants(now int64) []Run {
+func (l *slidingLog) exportGrants(out []Run, now int64) []Run {
 	if l.gr == nil || len(l.gr.l) == 0 {
-		return nil
+		return out
 	}
-	out := make([]Run, len(l.gr.l))
-	for i, g := range l.gr.l {
-		out[i] = Run{Age: time.Duration(satSub(now, g.until)), Count: g.n, ID: g.id}
+	out = slices.Grow(out, len(l.gr.l))
+	for _, g := range l.gr.l {
+		out = append(out, Run{Age: time.Duration(satSub(now, g.until)), Count: g.n, ID: g.id})
 	}
 	return out
 }

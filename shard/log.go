@@ -2,6 +2,7 @@ package shard
 
 import (
 	"math/bits"
+	"slices"
 	"time"
 	"unsafe"
 )
@@ -216,11 +217,11 @@ func (l *slidingLog) idleAt(window int64) int64 {
 	return max(at, satAdd(l.at(l.size-1).ts, window))
 }
 
-func (l *slidingLog) export(now int64) []Run {
-	out := make([]Run, l.size)
-	for i := range out {
+func (l *slidingLog) export(out []Run, now int64) []Run {
+	out = slices.Grow(out, l.size)
+	for i := range l.size {
 		r := l.at(i)
-		out[i] = Run{Age: time.Duration(satSub(now, r.ts)), Count: r.n}
+		out = append(out, Run{Age: time.Duration(satSub(now, r.ts)), Count: r.n})
 	}
 	return out
 }
@@ -443,11 +444,11 @@ func (g *gcra) idleAt(int64) int64 {
 	return satAdd(g.base, ceilDebt(g.debt, g.frac))
 }
 
-func (g *gcra) export(now int64) []Run {
+func (g *gcra) export(dst []Run, now int64) []Run {
 	// Age is now minus the arrival time; the fraction is rounded up, so the
 	// receiver refills no earlier.
 	debt := ceilDebt(g.debt, g.frac)
-	return []Run{{Age: time.Duration(satSub(satSub(now, g.base), debt)), Count: 0}}
+	return append(dst, Run{Age: time.Duration(satSub(satSub(now, g.base), debt)), Count: 0})
 }
 
 func (g *gcra) merge(now int64, runs []Run, p Policy) {
@@ -535,8 +536,8 @@ func (f *fixedWindow) idleAt(window int64) int64 {
 	return satAdd(f.start, window)
 }
 
-func (f *fixedWindow) export(now int64) []Run {
-	return []Run{{Age: time.Duration(satSub(now, f.start)), Count: f.count}}
+func (f *fixedWindow) export(dst []Run, now int64) []Run {
+	return append(dst, Run{Age: time.Duration(satSub(now, f.start)), Count: f.count})
 }
 
 func (f *fixedWindow) merge(now int64, runs []Run, p Policy) {

@@ -217,8 +217,8 @@ type limiter interface {
 	// idleAt returns the time (ns) from which the state is equivalent to a
 	// fresh one and may be reclaimed.
 	idleAt(window int64) int64
-	// export returns the state as runs with ages relative to now.
-	export(now int64) []Run
+	// export appends the state to dst as runs with ages relative to now.
+	export(dst []Run, now int64) []Run
 	// merge folds rebased runs into the state, conservatively (never freeing
 	// quota the sender had used).
 	merge(now int64, runs []Run, p Policy)

@@ -263,13 +263,13 @@ func (l *slidingLog) rebuild(all []run) {
 
 // exportPending returns the pending reservations as runs (Age relative to
 // now, Count the estimate, ID the reservation), oldest first.
-func (l *slidingLog) exportPending(now int64) []Run {
+func (l *slidingLog) exportPending(out []Run, now int64) []Run {
 	if l.pend == nil || len(l.pend.l) == 0 {
-		return nil
+		return out
 	}
-	out := make([]Run, len(l.pend.l))
-	for i, r := range l.pend.l {
-		out[i] = Run{Age: time.Duration(satSub(now, r.ts)), Count: r.n, ID: r.id}
+	out = slices.Grow(out, len(l.pend.l))
+	for _, r := range l.pend.l {
+		out = append(out, Run{Age: time.Duration(satSub(now, r.ts)), Count: r.n, ID: r.id})
 	}
 	return out
 }

@@ -366,33 +366,48 @@ func (s *Store) Bytes() int64 { return s.bytes.Load() }
 // Export returns key's state with ages relative to now, and whether the key
 // is held. The store keeps the key.
 func (s *Store) Export(key Key, now time.Time) (KeyState, bool) {
-	return s.export(key, now, false)
+	var ks KeyState
+	ok := s.export(key, now, false, &ks)
+	return ks, ok
+}
+
+// ExportInto is Export into *dst, reusing the memory of its slices (their
+// contents are replaced): for a caller that exports on every decision
+// (a data directory logging each admission) without allocating. It
+// reports false, leaving *dst's contents unspecified, when the store does
+// not hold the key.
+func (s *Store) ExportInto(key Key, now time.Time, dst *KeyState) bool {
+	return s.export(key, now, false, dst)
 }
 
 // Take is Export followed by removal, atomically: after it returns, this
 // store no longer holds the key (used when ownership moves away).
 func (s *Store) Take(key Key, now time.Time) (KeyState, bool) {
-	return s.export(key, now, true)
+	var ks KeyState
+	ok := s.export(key, now, true, &ks)
+	return ks, ok
 }
 
-func (s *Store) export(key Key, now time.Time, remove bool) (KeyState, bool) {
+// export fills *ks (appending to its slices' memory from length 0).
+func (s *Store) export(key Key, now time.Time, remove bool, ks *KeyState) bool {
 	var buf [MaxEncodedKeyLen]byte
 	ek, ok := key.AppendEncoded(buf[:0])
 	if !ok {
-		return KeyState{}, false
+		return false
 	}
 	st := s.stripeFor(ek)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	e := st.m[string(ek)]
 	if e == nil {
-		return KeyState{}, false
+		return false
 	}
 	t := max(now.UnixNano(), e.last)
-	ks := KeyState{Key: e.key, Algorithm: e.alg, Runs: e.lim.export(t)}
+	ks.Key, ks.Algorithm, ks.Runs = e.key, e.alg, e.lim.export(ks.Runs[:0], t)
+	ks.Reservations, ks.Grants = ks.Reservations[:0], ks.Grants[:0]
 	if l, ok := e.lim.(*slidingLog); ok {
-		ks.Reservations = l.exportPending(t)
-		ks.Grants = l.exportGrants(t)
+		ks.Reservations = l.exportPending(ks.Reservations, t)
+		ks.Grants = l.exportGrants(ks.Grants, t)
 	}
 	// A calendar state is an instant (the period start), not an age.
 	if shift := t - now.UnixNano(); shift > 0 && e.alg != Calendar {
@@ -415,7 +430,7 @@ func (s *Store) export(key Key, now time.Time, remove bool) (KeyState, bool) {
 	if remove {
 		s.removeLocked(st, e)
 	}
-	return ks, true
+	return true
 }
 
 // Import merges an exported state into the store, rebasing ages on now. If

@@ -92,6 +92,7 @@ func BenchmarkAdmit(b *testing.B) {
 				b.SetParallelism(par)
 				b.ResetTimer()
 				b.RunParallel(func(pb *testing.PB) {
+					ks := make([]shard.KeyState, 1)
 					for pb.Next() {
 						k := pool[next.Add(1)&(keys-1)]
 						now := time.Now()
@@ -99,12 +100,12 @@ func BenchmarkAdmit(b *testing.B) {
 						if err != nil || !d.Allowed || dur == "memory" {
 							continue
 						}
-						ks, _ := st.Export(k, now)
-						i, err := parts.Log(now.UnixNano(), &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_REPLACE, Partition: 1, Epoch: 1, Keys: []*peerpb.KeyState{KeyToWire(ks)}})
-						if err != nil {
-							b.Error(err)
-							return
+						// As peer logs an admission: exported into a
+						// reused state, encoded into the log's buffer.
+						if !st.ExportInto(k, now, &ks[0]) {
+							continue
 						}
+						i := parts.LogKeys(now.UnixNano(), 1, 1, ks)
 						if dur == "disk" {
 							if err := parts.Sync(i); err != nil {
 								b.Error(err)

@@ -29,7 +29,7 @@ package ownership
 // to because it restarted with the data directory of pt.Last; wait is set
 // while that member is listed by gossip but not yet fresh.
 func (m *Machine) heir(p int, pt Partition, now int64) (to string, wait bool) {
-	if pt.Last == "" || len(m.view.Heirs) == 0 {
+	if pt.Last == "" || len(m.view.Heirs) == 0 || m.cfg.Mutation == MutHeirIgnored {
 		return "", false
 	}
 	if _, live := m.table.Live(pt.Last); live {

@@ -80,6 +80,12 @@ const (
 	// without confirming that it still leads (no ReadIndex): a leader cut
 	// off from the other voters grants until it notices.
 	MutKeepAliveUnconfirmed
+	// MutHeirIgnored: a vacancy kept for an incarnation that ended goes
+	// to any fresh member, not to the heir that restarted with its data
+	// directory (rule 10, inherit.go): after a restart of every member,
+	// a partition comes back empty or from a member whose copy is not
+	// the last one.
+	MutHeirIgnored
 	numMutations
 )
 
@@ -87,7 +93,7 @@ var mutationNames = [...]string{"none", "lease ignored", "holder counts the whol
 	"lease counted from apply", "leader ends early", "restored table counts nothing", "end ignores the version",
 	"end keeps the epoch", "move ignores the epoch", "set-backup ignores the epoch", "grant ignores last",
 	"replica of any epoch", "copy of any epoch", "fence ignored", "aged grant early", "aged grant ignores the version",
-	"new leader counts nothing", "keep-alive while ending", "keep-alive unconfirmed"}
+	"new leader counts nothing", "keep-alive while ending", "keep-alive unconfirmed", "heir ignored"}
 
 func (m Mutation) String() string {
 	if int(m) < len(mutationNames) {

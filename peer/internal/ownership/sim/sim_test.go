@@ -229,6 +229,11 @@ func catalogue() []mutant {
 		{name: "a policy added back is not a raise", mut: MutReaddNoRaise, faults: []Fault{FaultReadd},
 			tweak: func(o *Options) { o.Window, o.Limit = 20*time.Second, 20 }},
 		{name: "a member gossip gave up on is gone for good", mut: MutFailedIsGone, faults: []Fault{FaultLongSplit}},
+		// A window longer than the restart takes, as
+		// TestWholeRestartFromDisk: what the old incarnations admitted
+		// still counts when the partitions decide again.
+		{name: "heir ignored", rule: ownership.MutHeirIgnored, faults: []Fault{FaultWholeRestart},
+			tweak: func(o *Options) { o.Window, o.Limit = 30*time.Second, 20 }},
 	}
 }
 

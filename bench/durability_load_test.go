@@ -1,0 +1,98 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/peer"
+)
+
+// TestLoadDurability is what keeping admissions on disk costs the routed
+// client (peer.Client: each key straight to its partition's holder, 64
+// callers, 10 000 keys): a 3-node loopback cluster, each node with a data
+// directory, and three policies alike but for their durability (memory,
+// disk_async, disk), all under sync replication, so a disk admission is
+// answered once it is fsynced on the holder and on its backup. The rows
+// run one after another within each round, so a slow spell of the shared
+// machine hits every row of a round; the table gives the medians over the
+// rounds and the median of each round's ratio to memory. Opt-in
+// (RINGLIMIT_LOAD_DURABILITY=1; RINGLIMIT_LOAD_DURATION and
+// RINGLIMIT_LOAD_ROUNDS as for TestLoadSideBySide):
+//
+//	RINGLIMIT_LOAD_DURABILITY=1 RINGLIMIT_LOAD_ROUNDS=5 go test -run TestLoadDurability -v -timeout 10m ./bench/
+func TestLoadDurability(t *testing.T) {
+	if os.Getenv("RINGLIMIT_LOAD_DURABILITY") != "1" {
+		t.Skip("opt-in: RINGLIMIT_LOAD_DURABILITY=1")
+	}
+	d, rounds := loadDuration(t), loadRounds(t)
+	durs := []peer.Durability{peer.DurabilityMemory, peer.DurabilityDiskAsync, peer.DurabilityDisk}
+	base := t.TempDir()
+	nodes := startPeerClusterWith(t, 3, func(cfg *peer.Config) {
+		cfg.DataDir = filepath.Join(base, cfg.Name)
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		for _, dur := range durs {
+			p := cfg.Policies[peerPolicy]
+			p.Durability = dur
+			cfg.Policies[durPolicy(dur)] = p
+		}
+	})
+	addrs := make([]string, len(nodes))
+	for i, nd := range nodes {
+		addrs[i] = nd.RPCAddr()
+	}
+	drivers := make([]loadDriver, len(durs))
+	for i, dur := range durs {
+		drivers[i] = routedPolicyDriver(t, fmt.Sprintf("sidecar-routed keys=10000 repl=sync durability=%v", dur), addrs, durPolicy(dur))
+	}
+	res := make([][]loadResult, len(durs))
+	for r := range rounds {
+		for i, dr := range drivers {
+			res[i] = append(res[i], runLoad(t, d, nil, dr.call))
+			x := res[i][r]
+			t.Logf("round %d %-50s %9.0f ops/s  p50 %v  p99 %v  cpu/op %v", r+1, dr.name, x.ops, x.p50.Round(time.Microsecond), x.p99.Round(time.Microsecond), x.cpuOp.Round(100*time.Nanosecond))
+		}
+	}
+	t.Logf("medians over %d rounds of %v:", rounds, d)
+	t.Logf("| durability | decisions/s | p50 | p99 | CPU/decision | decisions/s ÷ memory's | p99 ÷ memory's |")
+	t.Logf("|---|---|---|---|---|---|---|")
+	for i, dur := range durs {
+		m := median(res[i])
+		t.Logf("| %v | %.0f | %v | %v | %v | %.2f | %.2f |", dur, m.ops, m.p50.Round(10*time.Microsecond), m.p99.Round(10*time.Microsecond), m.cpuOp.Round(100*time.Nanosecond),
+			medianRatio(res[i], res[0], func(r loadResult) float64 { return r.ops }),
+			medianRatio(res[i], res[0], func(r loadResult) float64 { return float64(r.p99) }))
+	}
+}
+
+// durPolicy is the name of the bench policy kept with durability dur.
+func durPolicy(dur peer.Durability) string { return fmt.Sprintf("%s-%v", peerPolicy, dur) }
+
+// routedPolicyDriver is routedDriver's row for 10 000 keys of policy pol.
+func routedPolicyDriver(t *testing.T, name string, addrs []string, pol string) loadDriver {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	routed, err := peer.Dial(ctx, peer.ClientConfig{Addrs: addrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { routed.Close() })
+	keys := loadKeys(10000)
+	for i := range keys {
+		keys[i].Policy = pol
+	}
+	return loadDriver{
+		name: name,
+		call: func(c, i int) error {
+			d, err := routed.Allow(context.Background(), peer.Request{Key: keys[i%len(keys)]})
+			if err == nil && !d.Allowed {
+				err = fmt.Errorf("refused: %+v", d)
+			}
+			return err
+		},
+	}
+}
