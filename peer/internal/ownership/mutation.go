@@ -80,6 +80,10 @@ const (
 	// without confirming that it still leads (no ReadIndex): a leader cut
 	// off from the other voters grants until it notices.
 	MutKeepAliveUnconfirmed
+	// MutLeaseFromLatestSend: a granted keep-alive extends the lease from
+	// when the member sent its latest keep-alive (a retry of one still
+	// unanswered, say), not from when it sent the one granted.
+	MutLeaseFromLatestSend
 	numMutations
 )
 
@@ -87,7 +91,7 @@ var mutationNames = [...]string{"none", "lease ignored", "holder counts the whol
 	"lease counted from apply", "leader ends early", "restored table counts nothing", "end ignores the version",
 	"end keeps the epoch", "move ignores the epoch", "set-backup ignores the epoch", "grant ignores last",
 	"replica of any epoch", "copy of any epoch", "fence ignored", "aged grant early", "aged grant ignores the version",
-	"new leader counts nothing", "keep-alive while ending", "keep-alive unconfirmed"}
+	"new leader counts nothing", "keep-alive while ending", "keep-alive unconfirmed", "lease counted from the latest keep-alive"}
 
 func (m Mutation) String() string {
 	if int(m) < len(mutationNames) {

@@ -144,6 +144,7 @@ type Member struct {
 	// beat is when the leader last sent each learner a heartbeat;
 	// learners caches the learners of learnersOf (thin).
 	beat       map[uint64]int64
+	readBeat   []uint64 // voters a read's heartbeat goes to (thin)
 	learners   map[uint64]bool
 	learnersOf *pb.ConfState
 }
