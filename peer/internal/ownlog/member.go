@@ -304,6 +304,11 @@ func (m *Member) observeLeader(now int64) {
 		m.own.SetLeader(false, now)
 	}
 	if leader {
+		if st.GetTerm() != m.ledTerm {
+			// Leading anew: its latest snapshot may predate a member
+			// added since, which would refuse it.
+			m.snapNow = true
+		}
 		m.ledTerm = st.GetTerm()
 	}
 	m.own.SetLeader(leader, now)
@@ -521,9 +526,13 @@ func (m *Member) apply(e *pb.Entry, now int64) {
 		m.conf = m.rn.ApplyConfChange(cc)
 		m.poke = true
 		// A member just added catches up from a snapshot, which raft
-		// refuses unless its configuration names the member: take one now
-		// rather than resend a stale one until the next.
-		m.snapNow = true
+		// refuses unless its configuration names the member: the leader,
+		// which sends it, takes one now rather than resend a stale one
+		// until the next (a member that becomes leader takes one too:
+		// observeLeader). Only the leader: every member marshalling the
+		// whole table at every change was most of a fleet deploy's work
+		// (a change per joiner and per leaver, members² snapshots).
+		m.snapNow = m.snapNow || m.Leader()
 	}
 }
 
