@@ -224,7 +224,7 @@ func catalogue() []mutant {
 			beyond: "a leader cut off steps down within two election timeouts (CheckQuorum) and a later leader waits a Liveness from its election, so an unconfirmed grant outlasts that wait only when the step-down comes later than the election by a tenth of a Liveness and a keep-alive lands in between; FaultLeaderSplit aims at it, 0 of 60 schedules hit it; TestCutOffLeaderGrantsNothing"},
 		{name: "keep-alive while ending", rule: ownership.MutKeepAliveWhileEnding,
 			beyond: "a keep-alive must be confirmed between the leader's End proposal and its commit (one round trip), and its holder apply the End after its backup; TestNoKeepAliveWhileEnding"},
-		{name: "lease counted from the latest keep-alive", rule: ownership.MutLeaseFromLatestSend, faults: []Fault{FaultSlowCut, FaultLateAnswer, FaultLoss}},
+		{name: "lease counted from the latest keep-alive", rule: ownership.MutLeaseFromLatestSend, faults: []Fault{FaultSlowCut}},
 		{name: "aged grant ignores the version", rule: ownership.MutAgedGrantIgnoresVersion,
 			beyond: "a split must heal within the commit of an aged grant, EmptyAfter after it began; TestAgedGrant"},
 		{name: "a backup takes over on its gossip view", mut: MutGossipTakeover, faults: cut},
