@@ -55,6 +55,9 @@ type sessions struct {
 	relay []relayed
 	// last is when the last read was issued, or batch relayed (due).
 	last int64
+	// sent is the sequence number of this member's latest keep-alive
+	// sent through a relay, answered that of the latest answer it had.
+	sent, answered uint64
 }
 
 // kaRead is one read issued by the leader and the requests it covers.
@@ -117,9 +120,13 @@ func (m *Member) sendKeepAlive(r ownership.KeepAliveRequest) {
 		return
 	}
 	to := lead
-	if !m.Voter() {
+	if !m.Voter() && m.ka.answered >= m.ka.sent {
 		// A relay: one of the voters that do not lead, the same for
-		// this member while the voters stay.
+		// this member while the voters stay. Not when the last one
+		// sent through it is unanswered: that relay may have crashed
+		// (until autopilot replaces it, its learners' sessions would
+		// lapse, ending holder and backup at once), so this one goes
+		// to the leader itself.
 		var relays []uint64
 		for _, v := range m.conf.GetVoters() {
 			if v != lead {
@@ -128,6 +135,7 @@ func (m *Member) sendKeepAlive(r ownership.KeepAliveRequest) {
 		}
 		if len(relays) > 0 {
 			to = relays[m.cfg.RaftID%uint64(len(relays))]
+			m.ka.sent = r.Seq
 		}
 	}
 	ctx := r.Encode(append([]byte(nil), kaMagic...))
@@ -184,6 +192,7 @@ func (m *Member) keptAlive(body []byte, now int64) {
 	if err != nil {
 		return
 	}
+	m.ka.answered = max(m.ka.answered, a.Seq)
 	m.own.KeptAlive(a, now)
 	if last, _ := m.storage.LastIndex(); a.Index > last && m.Lead() != 0 && m.Lead() != m.cfg.RaftID {
 		// Behind the leader, which sends a learner few heartbeats
@@ -278,7 +287,7 @@ func decodeBatch(b []byte) ([]relayed, bool) {
 // the member extends again soon anyway.
 func (m *Member) readKeepAlives(now int64) {
 	if !m.Leader() {
-		m.ka = sessions{next: m.ka.next, relay: m.ka.relay, last: m.ka.last}
+		m.ka = sessions{next: m.ka.next, relay: m.ka.relay, last: m.ka.last, sent: m.ka.sent, answered: m.ka.answered}
 		return
 	}
 	if m.tick > 0 {

@@ -85,7 +85,7 @@ func TestSchedules(t *testing.T) {
 	n := seeds(t)
 	first := firstSeed(t)
 	start := time.Now()
-	var ops, faults, lost int
+	var ops, faults, lost, failed int
 	var events int
 	worst := map[Fault]time.Duration{}
 	for seed := first; seed < first+uint64(n); seed++ {
@@ -101,6 +101,7 @@ func TestSchedules(t *testing.T) {
 			t.Errorf("a single fault lost state:\n%s", r)
 		}
 		if r.Failed() {
+			failed++
 			t.Errorf("promise broken (replay: Run(options(%d))):\n%s", seed, r)
 		}
 		if r.Fault == FaultLeave && r.Stalled > 0 {
@@ -111,6 +112,10 @@ func TestSchedules(t *testing.T) {
 		}
 		if len(r.Report.TimedOut) > 0 {
 			t.Logf("seed %d: the linearizability check timed out on %v (the direct rule still ran)", seed, r.Report.TimedOut)
+		}
+		if done := seed - first + 1; n > 1000 && done%500 == 0 {
+			// A long run tells how far it got (go test -v streams it).
+			t.Logf("%d schedules run (seeds %d-%d) in %v, %d failed", done, first, seed, time.Since(start).Round(time.Second), failed)
 		}
 	}
 	took := time.Since(start)
