@@ -518,10 +518,22 @@ func (m *Member) apply(e *pb.Entry, now int64) {
 		m.out.Applied++
 		m.poke = true
 		m.do(m.own.Apply(c, now))
-	case pb.EntryConfChange:
-		cc := &pb.ConfChange{}
-		if err := proto.Unmarshal(e.GetData(), cc); err != nil {
-			return
+	case pb.EntryConfChange, pb.EntryConfChangeV2:
+		// V2: leaving a joint configuration (a founding one: Config.
+		// Bootstrap), which raft proposes itself.
+		var cc pb.ConfChangeI
+		if e.GetType() == pb.EntryConfChange {
+			v1 := &pb.ConfChange{}
+			if err := proto.Unmarshal(e.GetData(), v1); err != nil {
+				return
+			}
+			cc = v1
+		} else {
+			v2 := &pb.ConfChangeV2{}
+			if err := proto.Unmarshal(e.GetData(), v2); err != nil {
+				return
+			}
+			cc = v2
 		}
 		m.conf = m.rn.ApplyConfChange(cc)
 		m.poke = true
