@@ -674,24 +674,42 @@ func (m *Member) autopilot(now int64) {
 		rec := m.own.Table().Members[p.Member]
 		return p.Gone || rec != nil && rec.Ended || p.Leaving && rec == nil
 	}
+	// Learners join and go once the voters need no change (learnerChange,
+	// at the end): a deploy wave of a fleet brings dozens of each, one
+	// change at a time, and replacing the voters it stops came after all
+	// of them; a wave that held three of five voters stopped them (peer's
+	// leave waits four Livenesses for its vote to go) before their
+	// replacements, and the log lost its majority for good (a simulated
+	// fleet of 128).
 	byID := map[uint64]Peer{}
+	var addLearner, dropLearner uint64
 	for _, p := range m.roster {
 		byID[p.RaftID] = p
 		// Every member the table lists and that is not done is in the
 		// log, a leaver too: one removed as a silent voter (paused,
 		// cut off) while it drained would otherwise never see its moves
 		// commit nor anyone extend, and its leave would stall.
-		if !done(p) && !in(p.RaftID) && m.own.Table().Members[p.Member] != nil {
-			propose(pb.ConfChangeAddLearnerNode, p.RaftID)
-			return
+		if addLearner == 0 && !done(p) && !in(p.RaftID) && m.own.Table().Members[p.Member] != nil {
+			addLearner = p.RaftID
 		}
 	}
 	for _, id := range sorted(learners) {
 		if p, ok := byID[id]; ok && done(p) {
-			propose(pb.ConfChangeRemoveNode, id)
-			return
+			dropLearner = id
+			break
 		}
 	}
+	defer func() {
+		if m.lastConf == now {
+			return // a voter change was proposed (or leadership handed on)
+		}
+		switch {
+		case addLearner != 0:
+			propose(pb.ConfChangeAddLearnerNode, addLearner)
+		case dropLearner != 0:
+			propose(pb.ConfChangeRemoveNode, dropLearner)
+		}
+	}()
 	// How many voters the log wants counts every member not done, a
 	// leaver still draining too: it still holds or backs partitions, and
 	// its vote is what lets the others commit its moves if one of them
