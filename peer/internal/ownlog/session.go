@@ -4,7 +4,7 @@ package ownlog
 // as raft message types raft never sends from its own ReadIndex path: a
 // MsgReadIndex or MsgReadIndexResp whose Context begins with kaMagic. The
 // member intercepts them before raft sees them. The leader collects the
-// requests that arrive and confirms, once per tick, with one ReadIndex of
+// requests that arrive and confirms, once a heartbeat, with one ReadIndex of
 // its own that it still leads (a quorum heard from it after they
 // arrived); once it has applied the log to that read's index, it answers
 // every one of them from its table.
@@ -51,7 +51,7 @@ type sessions struct {
 	reads []*kaRead
 	next  uint64
 	// relay is, on a voter that does not lead, the requests of learners
-	// to forward to the leader at the next tick, in one message.
+	// to forward to the leader every relayBeats heartbeats, in one message.
 	relay []relayed
 	// last is when the last read was issued, or batch relayed (due).
 	last int64
@@ -106,9 +106,9 @@ func IsKeepAlive(msg *pb.Message) bool {
 // sendKeepAlive sends the machine's keep-alive toward the leader, or
 // queues it here when this member leads. A voter sends it to the leader; a
 // learner to one of the voters (by its raft ID), which relays the
-// keep-alives it gets in one message a tick: the leader then handles a
-// few messages a tick whatever the number of members, instead of two per
-// member and extension. Without a known leader it is dropped: the machine
+// keep-alives it gets in one message every two heartbeats: the leader
+// then handles a few messages a tick whatever the number of members,
+// instead of two per member and extension. Without a known leader it is dropped: the machine
 // extends again soon after one is elected (ExtendSoon).
 func (m *Member) sendKeepAlive(r ownership.KeepAliveRequest) {
 	lead := m.Lead()
@@ -162,7 +162,7 @@ func (m *Member) stepKeepAlive(msg *pb.Message, now int64) {
 	switch {
 	case m.Leader():
 	case m.Voter() && m.Lead() != 0 && len(m.ka.relay) < kaMax:
-		// A learner's, to relay at the next tick.
+		// A learner's, to relay with the next batch.
 		m.ka.relay = append(m.ka.relay, relayed{from: msg.GetFrom(), body: body})
 		return
 	default:
