@@ -192,6 +192,9 @@ type mutant struct {
 	faults []Fault
 	spread bool
 	tweak  func(*Options)
+	// budget, when set, is how many schedules this one may take, over
+	// the default (mutationBudget).
+	budget int
 	// beyond, when set, says why no schedule reaches the rule and which
 	// unit test of package ownership pins it instead (it fails with the
 	// rule broken: TestGuards... in guard_test.go).
@@ -205,7 +208,7 @@ func catalogue() []mutant {
 	cut := []Fault{FaultIsolate, FaultPause, FaultSplit, FaultMute, FaultDeaf}
 	return []mutant{
 		{name: "lease ignored", rule: ownership.MutLeaseIgnored, faults: cut},
-		{name: "holder counts the whole liveness", rule: ownership.MutHolderShareWhole, faults: []Fault{FaultIsolate, FaultDeaf}, tweak: atBound},
+		{name: "holder counts the whole liveness", rule: ownership.MutHolderShareWhole, faults: []Fault{FaultIsolate, FaultDeaf}, tweak: func(o *Options) { atBound(o); oftener(o) }},
 		{name: "holder counts three livenesses", rule: ownership.MutHolderLeaseTriple, faults: cut},
 		{name: "lease counted from apply", rule: ownership.MutLeaseFromApply, faults: []Fault{FaultLateAnswer, FaultSlowCut, FaultDelay}},
 		{name: "leader ends early", rule: ownership.MutLeaderEndsEarly, faults: cut},
@@ -221,7 +224,9 @@ func catalogue() []mutant {
 			beyond: "a second guard: the leader proposes a plain grant only when Last is not live, and Last never becomes live again; TestGrantWaitsForLast"},
 		{name: "replica of any epoch", rule: ownership.MutReplicaAnyEpoch,
 			beyond: "the simulator's replicas only add entries, by id, so a stale one is a duplicate; peer's refunds and resets, which a stale replica could undo, are not simulated; TestReplicaOfItsEpoch"},
-		{name: "copy of any epoch", rule: ownership.MutCopyAnyEpoch, faults: []Fault{FaultLateCopy, FaultLate, FaultDelay, FaultDuplicate}},
+		// 38 schedules before sessions' cadence of Liveness/2, 78 since
+		// (with keep-alives every third of a Liveness; more without).
+		{name: "copy of any epoch", rule: ownership.MutCopyAnyEpoch, faults: []Fault{FaultLateCopy, FaultLate, FaultDelay, FaultDuplicate}, tweak: oftener, budget: 100},
 		{name: "fence ignored", rule: ownership.MutFenceIgnored, faults: []Fault{FaultJoin, FaultLeave, FaultRaise, FaultBlip}},
 		{name: "aged grant early", rule: ownership.MutAgedGrantEarly, faults: []Fault{FaultSplit, FaultLongSplit}},
 		{name: "new leader counts nothing", rule: ownership.MutLeaderNoWait, faults: []Fault{FaultLeaderChange, FaultLeaderSplit, FaultLeaderPause}},
@@ -253,6 +258,12 @@ func catalogue() []mutant {
 		{name: "a member gossip gave up on is gone for good", mut: MutFailedIsGone, faults: []Fault{FaultLongSplit}},
 	}
 }
+
+// oftener has members send a keep-alive every third of a Liveness, as
+// before the cadence became Liveness/2: the rule's break shows only when
+// the lease is renewed close to where it fails (the margin lost is a
+// tenth of a Liveness), and 60 schedules no longer reached it at half.
+func oftener(o *Options) { o.ExtendEvery = 2 * time.Second / 3 }
 
 // atBound puts every clock at the stated rate bound (±4 %), fast or
 // slow: a margin that is not there shows when a slow holder is cut off
@@ -323,6 +334,10 @@ func TestMutationsAreCaught(t *testing.T) {
 		reach++
 		t.Run(c.name, func(t *testing.T) {
 			tried, found := 0, false
+			budget := budget
+			if c.budget > budget && os.Getenv("RINGLIMIT_SIM_MUTATION_SEEDS") == "" {
+				budget = c.budget
+			}
 			for seed := uint64(1); tried < budget && !found; seed++ {
 				f := c.faults[int(seed)%len(c.faults)]
 				o := options(seed)
