@@ -26,13 +26,17 @@
 //     lease has not ended.
 //  2. A member activates its liveness at each epoch with one Extend
 //     command, then keeps it alive through a session with the log's
-//     leader: a KeepAlive every ExtendEvery, which the log never sees.
+//     leader: a KeepAlive every ExtendEvery (Liveness/2), and again
+//     KeepAliveRetry (Liveness/5) after one still unanswered, which the
+//     log never sees.
 //     The leader answers only once it has confirmed, after the request
 //     arrived, that it still leads (a read a quorum acknowledged) and has
 //     applied the log to that read; it grants while the table names the
 //     member active at that epoch and no End of it that it proposed is
 //     pending. A member's lease is HolderShare (9/10) of Liveness counted
-//     from when it *sent* the extension that was then applied or granted.
+//     from when it *sent* the extension that was then applied or granted
+//     (that one, by its sequence number: a retry sent after it may be
+//     lost, and then no leader counts from it).
 //     The leader counts the whole Liveness from when it *granted* (or
 //     applied) it, which happened later in real time; so the holder stops
 //     first while clock rates differ by less than 10 %. Offsets never

@@ -17,8 +17,16 @@ type Config struct {
 	// 2 s.
 	Liveness time.Duration
 	// ExtendEvery is how often the member extends its liveness. Zero means
-	// Liveness/3.
+	// Liveness/2.
 	ExtendEvery time.Duration
+	// KeepAliveRetry is how long an unanswered keep-alive waits before
+	// the member sends another. Zero means Liveness/5. With the defaults
+	// a member sends one keep-alive a second (Liveness 2 s) and, when one
+	// or its answer is lost, another 0.4 s later, whose answer (a few
+	// ticks) still comes before the lease of the one before ends
+	// (0.9·Liveness from its send): one loss costs no decision, as with a
+	// keep-alive every Liveness/3, for two thirds of the messages.
+	KeepAliveRetry time.Duration
 	// Retry is how long a fenced partition waits for its Move or SetBackup
 	// to settle before proposing Keep (and again between Keeps), and how
 	// long a copy may take at first. Zero means Liveness/2, at most
@@ -65,7 +73,10 @@ func (c *Config) defaults() {
 		c.Liveness = 2 * time.Second
 	}
 	if c.ExtendEvery == 0 {
-		c.ExtendEvery = c.Liveness / 3
+		c.ExtendEvery = c.Liveness / 2
+	}
+	if c.KeepAliveRetry == 0 {
+		c.KeepAliveRetry = c.Liveness / 5
 	}
 	if c.Retry == 0 {
 		c.Retry = min(c.Liveness/2, MaxRetry)
@@ -717,7 +728,7 @@ func (m *Machine) Tick(now int64) []Action {
 			m.joinAt = now
 			acts = append(acts, Action{Kind: Propose, Cmd: Command{Kind: Join, Member: self}})
 		}
-	case !rec.Ended && !m.leaving && (m.extendAt == 0 || now-m.extendAt >= m.extendInterval(now)):
+	case !rec.Ended && !m.leaving && (m.extendAt == 0 || now-m.extendAt >= m.extendInterval(rec.Active, now)):
 		m.extendAt = now
 		m.seq++
 		m.sent[m.seq] = now
@@ -746,18 +757,23 @@ func (m *Machine) Tick(now int64) []Action {
 }
 
 // extendInterval is ExtendEvery while the member sees its extensions
-// applied. Once its oldest outstanding extension is a whole Liveness old
-// (it can send to the log but not hear from it: an asymmetric cut) it
-// extends only every 2·Liveness, so that the others see it expire and
-// hand its partitions on instead of waiting for a holder that cannot
-// decide.
-func (m *Machine) extendInterval(now int64) int64 {
+// applied, and KeepAliveRetry after a keep-alive (active: its session
+// keeps it) that is still unanswered: a lost one is sent again soon
+// rather than every keep-alive often. Once its oldest outstanding
+// extension is a whole Liveness old (it can send to the log but not hear
+// from it: an asymmetric cut) it extends only every 2·Liveness, so that
+// the others see it expire and hand its partitions on instead of waiting
+// for a holder that cannot decide.
+func (m *Machine) extendInterval(active bool, now int64) int64 {
 	oldest := now
 	for _, at := range m.sent {
 		oldest = min(oldest, at)
 	}
 	if now-oldest >= int64(m.cfg.Liveness) {
 		return 2 * int64(m.cfg.Liveness)
+	}
+	if _, unanswered := m.sent[m.seq]; active && unanswered {
+		return min(int64(m.cfg.KeepAliveRetry), int64(m.cfg.ExtendEvery))
 	}
 	return int64(m.cfg.ExtendEvery)
 }

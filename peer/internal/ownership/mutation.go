@@ -86,6 +86,10 @@ const (
 	// a partition comes back empty or from a member whose copy is not
 	// the last one.
 	MutHeirIgnored
+	// MutLeaseFromLatestSend: a granted keep-alive extends the lease from
+	// when the member sent its latest keep-alive (a retry of one still
+	// unanswered, say), not from when it sent the one granted.
+	MutLeaseFromLatestSend
 	numMutations
 )
 
@@ -93,7 +97,8 @@ var mutationNames = [...]string{"none", "lease ignored", "holder counts the whol
 	"lease counted from apply", "leader ends early", "restored table counts nothing", "end ignores the version",
 	"end keeps the epoch", "move ignores the epoch", "set-backup ignores the epoch", "grant ignores last",
 	"replica of any epoch", "copy of any epoch", "fence ignored", "aged grant early", "aged grant ignores the version",
-	"new leader counts nothing", "keep-alive while ending", "keep-alive unconfirmed", "heir ignored"}
+	"new leader counts nothing", "keep-alive while ending", "keep-alive unconfirmed", "heir ignored",
+	"lease counted from the latest keep-alive"}
 
 func (m Mutation) String() string {
 	if int(m) < len(mutationNames) {

@@ -131,6 +131,10 @@ func (m *Machine) extendFrom(seq uint64, at, now int64) {
 		share = 3
 	case MutLeaseFromApply:
 		at = now
+	case MutLeaseFromLatestSend:
+		for _, t := range m.sent {
+			at = max(at, t)
+		}
 	}
 	m.liveUntil = max(m.liveUntil, at+int64(float64(m.cfg.Liveness)*share))
 	for s := range m.sent {

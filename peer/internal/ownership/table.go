@@ -111,9 +111,14 @@ func (t *Table) Live(id string) (uint64, bool) {
 // Holds reports whether the table names id as p's holder at id's current
 // liveness epoch. It says nothing about whether that liveness has expired.
 func (t *Table) Holds(id string, p int) bool {
-	pt := t.Parts[p]
+	pt := &t.Parts[p]
+	if pt.Holder != id {
+		// Most partitions, for most members: no map lookup (every
+		// member asks this of every partition every tick).
+		return false
+	}
 	e, ok := t.Live(id)
-	return ok && pt.Holder == id && pt.HolderEpoch == e
+	return ok && pt.HolderEpoch == e
 }
 
 // Kind names a command.

@@ -125,7 +125,10 @@ func (w *world) run(t *testing.T, d *datadriven.TestData) string {
 		w.ref = NewTable(parts)
 		w.ref.mut = mut
 		for _, id := range ids {
-			w.ms[id] = New(Config{ID: id, Liveness: w.liveness, Mutation: mut}, parts)
+			// The scripts were written for a keep-alive every third of a
+			// Liveness (the default before Liveness/2): the cadence is no
+			// rule, and their steps count on it.
+			w.ms[id] = New(Config{ID: id, Liveness: w.liveness, ExtendEvery: w.liveness / 3, Mutation: mut}, parts)
 		}
 		c := w.ms[ids[0]].cfg
 		w.printf("now %s; liveness %v (a holder counts %v from its send), extend every %v, retry %v\n",

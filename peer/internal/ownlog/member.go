@@ -144,6 +144,7 @@ type Member struct {
 	// beat is when the leader last sent each learner a heartbeat;
 	// learners caches the learners of learnersOf (thin).
 	beat       map[uint64]int64
+	readBeat   []uint64 // voters a read's heartbeat goes to (thin)
 	learners   map[uint64]bool
 	learnersOf *pb.ConfState
 }
@@ -302,6 +303,11 @@ func (m *Member) observeLeader(now int64) {
 		m.own.SetLeader(false, now)
 	}
 	if leader {
+		if st.GetTerm() != m.ledTerm {
+			// Leading anew: its latest snapshot may predate a member
+			// added since, which would refuse it.
+			m.snapNow = true
+		}
 		m.ledTerm = st.GetTerm()
 	}
 	m.own.SetLeader(leader, now)
@@ -511,17 +517,33 @@ func (m *Member) apply(e *pb.Entry, now int64) {
 		m.out.Applied++
 		m.poke = true
 		m.do(m.own.Apply(c, now))
-	case pb.EntryConfChange:
-		cc := &pb.ConfChange{}
-		if err := proto.Unmarshal(e.GetData(), cc); err != nil {
-			return
+	case pb.EntryConfChange, pb.EntryConfChangeV2:
+		// V2: leaving a joint configuration (a founding one: Config.
+		// Bootstrap), which raft proposes itself.
+		var cc pb.ConfChangeI
+		if e.GetType() == pb.EntryConfChange {
+			v1 := &pb.ConfChange{}
+			if err := proto.Unmarshal(e.GetData(), v1); err != nil {
+				return
+			}
+			cc = v1
+		} else {
+			v2 := &pb.ConfChangeV2{}
+			if err := proto.Unmarshal(e.GetData(), v2); err != nil {
+				return
+			}
+			cc = v2
 		}
 		m.conf = m.rn.ApplyConfChange(cc)
 		m.poke = true
 		// A member just added catches up from a snapshot, which raft
-		// refuses unless its configuration names the member: take one now
-		// rather than resend a stale one until the next.
-		m.snapNow = true
+		// refuses unless its configuration names the member: the leader,
+		// which sends it, takes one now rather than resend a stale one
+		// until the next (a member that becomes leader takes one too:
+		// observeLeader). Only the leader: every member marshalling the
+		// whole table at every change was most of a fleet deploy's work
+		// (a change per joiner and per leaver, members² snapshots).
+		m.snapNow = m.snapNow || m.Leader()
 	}
 }
 
@@ -548,8 +570,8 @@ func (m *Member) snapshot() {
 		}
 	}
 	m.snapAt = m.applied
-	if keep := m.cfg.SnapshotEvery / 2; m.applied > keep {
-		_ = m.storage.Compact(m.applied - keep)
+	if to := m.compactTo(); to > 0 {
+		_ = m.storage.Compact(to)
 	}
 }
 
@@ -614,24 +636,42 @@ func (m *Member) autopilot(now int64) {
 		rec := m.own.Table().Members[p.Member]
 		return p.Gone || rec != nil && rec.Ended || p.Leaving && rec == nil
 	}
+	// Learners join and go once the voters need no change (learnerChange,
+	// at the end): a deploy wave of a fleet brings dozens of each, one
+	// change at a time, and replacing the voters it stops came after all
+	// of them; a wave that held three of five voters stopped them (peer's
+	// leave waits four Livenesses for its vote to go) before their
+	// replacements, and the log lost its majority for good (a simulated
+	// fleet of 128).
 	byID := map[uint64]Peer{}
+	var addLearner, dropLearner uint64
 	for _, p := range m.roster {
 		byID[p.RaftID] = p
 		// Every member the table lists and that is not done is in the
 		// log, a leaver too: one removed as a silent voter (paused,
 		// cut off) while it drained would otherwise never see its moves
 		// commit nor anyone extend, and its leave would stall.
-		if !done(p) && !in(p.RaftID) && m.own.Table().Members[p.Member] != nil {
-			propose(pb.ConfChangeAddLearnerNode, p.RaftID)
-			return
+		if addLearner == 0 && !done(p) && !in(p.RaftID) && m.own.Table().Members[p.Member] != nil {
+			addLearner = p.RaftID
 		}
 	}
 	for _, id := range sorted(learners) {
 		if p, ok := byID[id]; ok && done(p) {
-			propose(pb.ConfChangeRemoveNode, id)
-			return
+			dropLearner = id
+			break
 		}
 	}
+	defer func() {
+		if m.lastConf == now {
+			return // a voter change was proposed (or leadership handed on)
+		}
+		switch {
+		case addLearner != 0:
+			propose(pb.ConfChangeAddLearnerNode, addLearner)
+		case dropLearner != 0:
+			propose(pb.ConfChangeRemoveNode, dropLearner)
+		}
+	}()
 	// How many voters the log wants counts every member not done, a
 	// leaver still draining too: it still holds or backs partitions, and
 	// its vote is what lets the others commit its moves if one of them

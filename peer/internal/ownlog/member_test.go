@@ -522,6 +522,10 @@ func TestCutOffLeaderGrantsNothing(t *testing.T) {
 		}
 		c.run(300 * time.Millisecond) // reads begun before the cut finish
 		before := c.members[x].Own().LiveUntil()
+		// Keep-alives go every second: send one now, while the leader
+		// still believes it leads (CheckQuorum steps it down after an
+		// election timeout or two).
+		c.members[x].Own().ExtendSoon()
 		c.run(700 * time.Millisecond)
 		grew := c.members[x].Own().LiveUntil() > before
 		if grew != (mut == ownership.MutKeepAliveUnconfirmed) {

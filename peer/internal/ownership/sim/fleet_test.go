@@ -35,6 +35,12 @@ func runFleet(t *testing.T, f FleetOptions) FleetResult {
 			t.Errorf("phase %s: no raft message counted", p.Name)
 		}
 	}
+	// At rest the leader is one of the voters, the others relay the
+	// learners' keep-alives, and a learner exchanges less than they do.
+	if rt := r.Phases[1].Traffic.Rates(); rt.Voters != r.Options.Voters-1 || rt.MaxLearnerMsgs == 0 || rt.MaxLearnerMsgs >= rt.MaxMemberMsgs {
+		t.Errorf("at rest: %d voting members besides the leader, want %d; a learner's max %.1f msgs/s, want some and under the max %.1f",
+			rt.Voters, r.Options.Voters-1, rt.MaxLearnerMsgs, rt.MaxMemberMsgs)
+	}
 	if !f.RestOnly && len(r.Phases[3].Waves) != 4 {
 		t.Errorf("rolling deploy in %d waves, want 4 of 25 %%", len(r.Phases[3].Waves))
 	}

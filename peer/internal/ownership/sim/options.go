@@ -234,7 +234,11 @@ type Options struct {
 	Window     time.Duration // [1 s]
 	Duration   time.Duration // [20 s] of virtual time under load
 	Liveness   time.Duration // [2 s]
-	RateBound  float64       // [0.04]: clock rates within 1 ± RateBound
+	// ExtendEvery is the members' keep-alive cadence [the machine's:
+	// Liveness/2]: some mutants show more often with keep-alives sent
+	// more often (catalogue).
+	ExtendEvery time.Duration
+	RateBound   float64 // [0.04]: clock rates within 1 ± RateBound
 	// RatesAtBound puts every member's clock rate at 1 − RateBound or
 	// 1 + RateBound (a coin each) instead of anywhere between: a slow
 	// holder beside a fast leader is where a lease's margin is thinnest.

@@ -323,6 +323,10 @@ func newSim(o Options) *sim {
 	return s
 }
 
+// jointFoundingFrom is the member count above which a fleet run founds
+// its log with a joint configuration (run).
+const jointFoundingFrom = 64
+
 func (s *sim) at(d int64, fn func()) {
 	s.seq++
 	heap.Push(&s.q, &event{at: s.now + d, seq: s.seq, fn: fn})
@@ -345,6 +349,15 @@ func (s *sim) run() {
 		}
 	}
 	cs := &pb.ConfState{Voters: voters, Learners: learners}
+	if s.fleet != nil && s.o.Members > jointFoundingFrom {
+		// A fleet's founding: the voters joint with themselves (the
+		// same majorities), which the first leader leaves at once. etcd
+		// raft restores a plain configuration one member at a time,
+		// copying it at each (members² work a member: at 1 024 members
+		// half a second, times 1 024 founders, BenchmarkConfRestore), and
+		// a joint one with all its learners in one step.
+		cs.VotersOutgoing, cs.AutoLeave = voters, proto.Bool(true)
+	}
 	for i := range s.o.Members {
 		s.start(fmt.Sprintf("n%d", i), 1, uint64(i+1), cs)
 	}
@@ -463,7 +476,7 @@ func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *memb
 		rate: s.rate(), born: s.now,
 		clamp: map[string]int64{}, pending: map[uint64]*pendingSync{}, rights: map[string]*grantee.State{},
 		detect: int64(300*time.Millisecond) + s.rng.Int64N(int64(4700*time.Millisecond))}
-	log, err := ownlog.New(ownlog.Config{RaftID: raftID, Ownership: ownership.Config{ID: m.id, Liveness: s.o.Liveness, EmptyAfter: s.o.emptyAfter(), Mutation: s.o.Rule},
+	log, err := ownlog.New(ownlog.Config{RaftID: raftID, Ownership: ownership.Config{ID: m.id, Liveness: s.o.Liveness, ExtendEvery: s.o.ExtendEvery, EmptyAfter: s.o.emptyAfter(), Mutation: s.o.Rule},
 		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters, Disk: s.diskFor(name)})
 	if err != nil {
 		panic(err)

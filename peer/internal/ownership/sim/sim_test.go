@@ -36,6 +36,21 @@ func seeds(t *testing.T) int {
 	return 260
 }
 
+// firstSeed is TestSchedules' first seed: RINGLIMIT_SIM_FIRST, or 1. A
+// long run is split over processes with it (seeds 1-5000 in one,
+// RINGLIMIT_SIM_FIRST=5001 in another).
+func firstSeed(t *testing.T) uint64 {
+	v := os.Getenv("RINGLIMIT_SIM_FIRST")
+	if v == "" {
+		return 1
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || n < 1 {
+		t.Fatalf("RINGLIMIT_SIM_FIRST=%q: want a positive seed", v)
+	}
+	return n
+}
+
 // options draws a run's shape from its seed: the fault cycles through
 // every kind, and one run in two has a window longer than the liveness
 // period, so that a takeover from an incomplete copy (or a restart from
@@ -68,11 +83,12 @@ func options(seed uint64) Options {
 // and no partition restarted empty (a single fault never loses state).
 func TestSchedules(t *testing.T) {
 	n := seeds(t)
+	first := firstSeed(t)
 	start := time.Now()
-	var ops, faults, lost int
+	var ops, faults, lost, failed int
 	var events int
 	worst := map[Fault]time.Duration{}
-	for seed := uint64(1); seed <= uint64(n); seed++ {
+	for seed := first; seed < first+uint64(n); seed++ {
 		r := run(t, options(seed))
 		ops += len(r.Ops)
 		events += r.Events
@@ -85,6 +101,7 @@ func TestSchedules(t *testing.T) {
 			t.Errorf("a single fault lost state:\n%s", r)
 		}
 		if r.Failed() {
+			failed++
 			t.Errorf("promise broken (replay: Run(options(%d))):\n%s", seed, r)
 		}
 		if r.Fault == FaultLeave && r.Stalled > 0 {
@@ -95,6 +112,10 @@ func TestSchedules(t *testing.T) {
 		}
 		if len(r.Report.TimedOut) > 0 {
 			t.Logf("seed %d: the linearizability check timed out on %v (the direct rule still ran)", seed, r.Report.TimedOut)
+		}
+		if done := seed - first + 1; n > 1000 && done%500 == 0 {
+			// A long run tells how far it got (go test -v streams it).
+			t.Logf("%d schedules run (seeds %d-%d) in %v, %d failed", done, first, seed, time.Since(start).Round(time.Second), failed)
 		}
 	}
 	took := time.Since(start)
@@ -171,6 +192,9 @@ type mutant struct {
 	faults []Fault
 	spread bool
 	tweak  func(*Options)
+	// budget, when set, is how many schedules this one may take, over
+	// the default (mutationBudget).
+	budget int
 	// beyond, when set, says why no schedule reaches the rule and which
 	// unit test of package ownership pins it instead (it fails with the
 	// rule broken: TestGuards... in guard_test.go).
@@ -184,7 +208,7 @@ func catalogue() []mutant {
 	cut := []Fault{FaultIsolate, FaultPause, FaultSplit, FaultMute, FaultDeaf}
 	return []mutant{
 		{name: "lease ignored", rule: ownership.MutLeaseIgnored, faults: cut},
-		{name: "holder counts the whole liveness", rule: ownership.MutHolderShareWhole, faults: []Fault{FaultIsolate, FaultDeaf}, tweak: atBound},
+		{name: "holder counts the whole liveness", rule: ownership.MutHolderShareWhole, faults: []Fault{FaultIsolate, FaultDeaf}, tweak: func(o *Options) { atBound(o); oftener(o) }},
 		{name: "holder counts three livenesses", rule: ownership.MutHolderLeaseTriple, faults: cut},
 		{name: "lease counted from apply", rule: ownership.MutLeaseFromApply, faults: []Fault{FaultLateAnswer, FaultSlowCut, FaultDelay}},
 		{name: "leader ends early", rule: ownership.MutLeaderEndsEarly, faults: cut},
@@ -200,7 +224,9 @@ func catalogue() []mutant {
 			beyond: "a second guard: the leader proposes a plain grant only when Last is not live, and Last never becomes live again; TestGrantWaitsForLast"},
 		{name: "replica of any epoch", rule: ownership.MutReplicaAnyEpoch,
 			beyond: "the simulator's replicas only add entries, by id, so a stale one is a duplicate; peer's refunds and resets, which a stale replica could undo, are not simulated; TestReplicaOfItsEpoch"},
-		{name: "copy of any epoch", rule: ownership.MutCopyAnyEpoch, faults: []Fault{FaultLateCopy, FaultLate, FaultDelay, FaultDuplicate}},
+		// 38 schedules before sessions' cadence of Liveness/2, 78 since
+		// (with keep-alives every third of a Liveness; more without).
+		{name: "copy of any epoch", rule: ownership.MutCopyAnyEpoch, faults: []Fault{FaultLateCopy, FaultLate, FaultDelay, FaultDuplicate}, tweak: oftener, budget: 100},
 		{name: "fence ignored", rule: ownership.MutFenceIgnored, faults: []Fault{FaultJoin, FaultLeave, FaultRaise, FaultBlip}},
 		{name: "aged grant early", rule: ownership.MutAgedGrantEarly, faults: []Fault{FaultSplit, FaultLongSplit}},
 		{name: "new leader counts nothing", rule: ownership.MutLeaderNoWait, faults: []Fault{FaultLeaderChange, FaultLeaderSplit, FaultLeaderPause}},
@@ -208,6 +234,7 @@ func catalogue() []mutant {
 			beyond: "a leader cut off steps down within two election timeouts (CheckQuorum) and a later leader waits a Liveness from its election, so an unconfirmed grant outlasts that wait only when the step-down comes later than the election by a tenth of a Liveness and a keep-alive lands in between; FaultLeaderSplit aims at it, 0 of 60 schedules hit it; TestCutOffLeaderGrantsNothing"},
 		{name: "keep-alive while ending", rule: ownership.MutKeepAliveWhileEnding,
 			beyond: "a keep-alive must be confirmed between the leader's End proposal and its commit (one round trip), and its holder apply the End after its backup; TestNoKeepAliveWhileEnding"},
+		{name: "lease counted from the latest keep-alive", rule: ownership.MutLeaseFromLatestSend, faults: []Fault{FaultSlowCut}},
 		{name: "aged grant ignores the version", rule: ownership.MutAgedGrantIgnoresVersion,
 			beyond: "a split must heal within the commit of an aged grant, EmptyAfter after it began; TestAgedGrant"},
 		{name: "a backup takes over on its gossip view", mut: MutGossipTakeover, faults: cut},
@@ -236,6 +263,12 @@ func catalogue() []mutant {
 			tweak: func(o *Options) { o.Window, o.Limit = 30*time.Second, 20 }},
 	}
 }
+
+// oftener has members send a keep-alive every third of a Liveness, as
+// before the cadence became Liveness/2: the rule's break shows only when
+// the lease is renewed close to where it fails (the margin lost is a
+// tenth of a Liveness), and 60 schedules no longer reached it at half.
+func oftener(o *Options) { o.ExtendEvery = 2 * time.Second / 3 }
 
 // atBound puts every clock at the stated rate bound (±4 %), fast or
 // slow: a margin that is not there shows when a slow holder is cut off
@@ -306,6 +339,10 @@ func TestMutationsAreCaught(t *testing.T) {
 		reach++
 		t.Run(c.name, func(t *testing.T) {
 			tried, found := 0, false
+			budget := budget
+			if c.budget > budget && os.Getenv("RINGLIMIT_SIM_MUTATION_SEEDS") == "" {
+				budget = c.budget
+			}
 			for seed := uint64(1); tried < budget && !found; seed++ {
 				f := c.faults[int(seed)%len(c.faults)]
 				o := options(seed)

@@ -80,6 +80,10 @@ func (f Flow) Sub(g Flow) Flow { return Flow{f.Msgs - g.Msgs, f.Bytes - g.Bytes}
 // Counts are one party's messages, by category, sent and received.
 type Counts struct {
 	Sent, Received [numCategories]Flow
+	// AsVoter is how many of its ownership messages it sent or received
+	// while it voted in the log (without leading it): a relay of
+	// learners' keep-alives.
+	AsVoter int64
 }
 
 // Ownership sums the ownership categories, sent and received.
@@ -110,6 +114,7 @@ func (c *Counts) sub(d *Counts) Counts {
 	for k := range numCategories {
 		r.Sent[k], r.Received[k] = c.Sent[k].Sub(d.Sent[k]), c.Received[k].Sub(d.Received[k])
 	}
+	r.AsVoter = c.AsVoter - d.AsVoter
 	return r
 }
 
@@ -154,12 +159,24 @@ func (t *traffic) raftSent(typ pb.MessageType, size int) {
 // sent counts a message of size bytes that from sends.
 func (s *sim) sent(c Category, from *member, size int) {
 	s.tr.total[c].add(size)
-	s.tr.party(from).Sent[c].add(size)
+	p := s.tr.party(from)
+	p.Sent[c].add(size)
+	s.tr.asVoter(p, c, from)
+}
+
+// asVoter counts in p.AsVoter an ownership message of m's while it votes
+// and does not lead.
+func (t *traffic) asVoter(p *Counts, c Category, m *member) {
+	if c.Ownership() && p != &t.leader && m.log.Voter() {
+		p.AsVoter++
+	}
 }
 
 // received counts a message of size bytes that to runs.
 func (s *sim) received(c Category, to *member, size int) {
-	s.tr.party(to).Received[c].add(size)
+	p := s.tr.party(to)
+	p.Received[c].add(size)
+	s.tr.asVoter(p, c, to)
 }
 
 // Traffic is the network's use over a stretch of virtual time: rates
@@ -256,6 +273,11 @@ type Rates struct {
 	// sent and received, the mean over the members and the most any
 	// sent and received (Max...).
 	MemberMsgs, MemberBytes, MaxMemberMsgs, MaxMemberBytes float64
+	// MaxLearnerMsgs and MaxLearnerBytes: the most a member that never
+	// voted in the stretch sent and received (the others are the voters
+	// that relay learners' keep-alives); Voters is how many did vote.
+	MaxLearnerMsgs, MaxLearnerBytes float64
+	Voters                          int
 	// Members is how many members the per-member figures are over.
 	Members int
 }
@@ -283,6 +305,12 @@ func (t Traffic) Rates() Rates {
 		r.MemberBytes += b
 		r.MaxMemberMsgs = max(r.MaxMemberMsgs, m)
 		r.MaxMemberBytes = max(r.MaxMemberBytes, b)
+		if t.Members[i].AsVoter > 0 {
+			r.Voters++
+		} else {
+			r.MaxLearnerMsgs = max(r.MaxLearnerMsgs, m)
+			r.MaxLearnerBytes = max(r.MaxLearnerBytes, b)
+		}
 	}
 	if r.Members > 0 {
 		r.MemberMsgs /= float64(r.Members)
@@ -294,8 +322,9 @@ func (t Traffic) Rates() Rates {
 // String is the rates on one line.
 func (r Rates) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "ownership %.0f msgs/s %s/s, %.1f commands/s; leader %.0f msgs/s %s/s; per member %.1f msgs/s %s/s (max %.1f msgs/s %s/s, %d members); data plane %.0f msgs/s",
-		r.OwnMsgs, bytesize(r.OwnBytes), r.Commands, r.LeaderMsgs, bytesize(r.LeaderBytes), r.MemberMsgs, bytesize(r.MemberBytes), r.MaxMemberMsgs, bytesize(r.MaxMemberBytes), r.Members, r.DataMsgs)
+	fmt.Fprintf(&b, "ownership %.0f msgs/s %s/s, %.1f commands/s; leader %.0f msgs/s %s/s; per member %.1f msgs/s %s/s (max %.1f msgs/s %s/s; a learner's max %.1f msgs/s %s/s; %d members, %d voting); data plane %.0f msgs/s",
+		r.OwnMsgs, bytesize(r.OwnBytes), r.Commands, r.LeaderMsgs, bytesize(r.LeaderBytes), r.MemberMsgs, bytesize(r.MemberBytes), r.MaxMemberMsgs, bytesize(r.MaxMemberBytes),
+		r.MaxLearnerMsgs, bytesize(r.MaxLearnerBytes), r.Members, r.Voters, r.DataMsgs)
 	return b.String()
 }
 

@@ -18,7 +18,9 @@ func TestTrafficAccounting(t *testing.T) {
 			t.Errorf("category %d has no name in categories", c)
 		}
 	}
-	r := run(t, Options{Seed: 1, NoFault: true, Members: 5, Duration: 5 * time.Second})
+	o := Options{Seed: 1, NoFault: true, Members: 5, Duration: 5 * time.Second}
+	r := run(t, o)
+	o.defaults()
 	tr := r.Traffic
 	// Keep-alives ride the raft transport: the run's raft bytes are both.
 	raftMsgs := tr.Total[Raft].Msgs + tr.Total[KeepAlive].Msgs
@@ -57,6 +59,11 @@ func TestTrafficAccounting(t *testing.T) {
 	// Every member followed before the first election: five count.
 	if rt.LeaderMsgs == 0 || rt.MemberMsgs == 0 || rt.Members != 5 {
 		t.Errorf("rates %+v: want the leader's traffic and five members'", rt)
+	}
+	// Every voter counts as one (the leader too: it followed before the
+	// first election), and the other members as learners.
+	if rt.Voters != o.Voters || rt.MaxLearnerMsgs == 0 || o.Voters >= o.Members {
+		t.Errorf("rates %+v: want %d voting members and learners' figures", rt, o.Voters)
 	}
 	var typed int64
 	for _, f := range tr.RaftTypes {

@@ -1,0 +1,43 @@
+package ownlog
+
+import (
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/tracker"
+)
+
+// catchUpEntries bounds how far behind its applied index the leader keeps
+// the log for a follower that answers (compactTo).
+const catchUpEntries = 1024
+
+// compactTo is the index the log may be compacted to: SnapshotEvery/2
+// entries behind the applied index, and on the leader no further than
+// what a follower it heard from lately still lacks, up to catchUpEntries
+// behind. A follower a few appends behind then catches up from the log,
+// not from a snapshot of the whole table: in a fleet's founding or
+// deploy (hundreds of commands a second, 32 entries kept) most learners
+// were sent one, each with every member and partition, and each costing
+// its receiver a restore of raft's configuration (members² work in etcd
+// raft's confchange.Restore, half a second at 1 024 members).
+func (m *Member) compactTo() uint64 {
+	keep := m.cfg.SnapshotEvery / 2
+	if m.applied <= keep {
+		return 0
+	}
+	to := m.applied - keep
+	if !m.Leader() || m.tick == 0 {
+		return to
+	}
+	floor := m.applied - min(m.applied, catchUpEntries)
+	m.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		// Heard from within two learner heartbeats: a learner at rest
+		// answers only those.
+		at, ok := m.heard[id]
+		if id == m.cfg.RaftID || !ok || m.lastTick-at > 2*learnerBeatTicks*m.tick {
+			return
+		}
+		if pr.Match >= floor && pr.Match < to {
+			to = pr.Match
+		}
+	})
+	return to
+}
