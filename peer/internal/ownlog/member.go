@@ -721,8 +721,13 @@ func (m *Member) autopilot(now int64) {
 			p, ok := byID[id]
 			// Caught up to within a snapshot's worth of entries: a
 			// learner that has to catch up from further back would hold
-			// commits up once it votes.
-			if !ok || p.Gone || p.Leaving || st.Progress[id].Match+m.cfg.SnapshotEvery < st.HardState.GetCommit() {
+			// commits up once it votes. And one that has acknowledged
+			// something (Match > 0): early in a log's life a learner
+			// that never answered is "within a snapshot" too, and
+			// promoted it made a log of two voters, one of which had no
+			// configuration and never voted, so nothing committed again.
+			pr := st.Progress[id]
+			if !ok || p.Gone || p.Leaving || pr.Match == 0 || pr.Match+m.cfg.SnapshotEvery < st.HardState.GetCommit() {
 				continue
 			}
 			if staying < want || answers(id) {

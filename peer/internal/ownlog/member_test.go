@@ -533,3 +533,28 @@ func TestCutOffLeaderGrantsNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestNeverAnsweringLearnerNotPromoted: a log's only voter keeps
+// committing alone while its learners have never answered (their
+// processes still starting, or cut off): autopilot promotes a learner
+// only once it acknowledged something. Promoted at once (early in a
+// log, "within a snapshot's entries" holds for a learner at Match 0), it
+// made two voters of whom one never voted, and nothing committed again.
+func TestNeverAnsweringLearnerNotPromoted(t *testing.T) {
+	c := newClusterConf(t, 3, &pb.ConfState{Voters: []uint64{1}, Learners: []uint64{2, 3}})
+	c.down[2], c.down[3] = true, true
+	c.run(5 * time.Second)
+	if v := c.members[1].conf.GetVoters(); len(v) != 1 {
+		t.Fatalf("m1 promoted learners that never answered: voters %v: %s", v, c.members[1].Describe())
+	}
+	before := c.members[1].Own().LiveUntil()
+	c.run(3 * time.Second)
+	if after := c.members[1].Own().LiveUntil(); after <= before {
+		t.Fatalf("m1 alone no longer extends its liveness: %s", c.members[1].Describe())
+	}
+	c.down[2], c.down[3] = false, false
+	c.run(5 * time.Second)
+	if v := c.members[1].conf.GetVoters(); len(v) != 3 {
+		t.Fatalf("learners that answer are not promoted: voters %v: %s", v, c.members[1].Describe())
+	}
+}
