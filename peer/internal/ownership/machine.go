@@ -658,9 +658,19 @@ func (m *Machine) Restored(t *Table, now int64) []Action {
 		// inside the snapshot: the copy installed here is the one it
 		// names, or this member has nothing the table counts on.
 		l := &m.parts[p]
-		named := pt.Backup == m.cfg.ID || t.Holds(m.cfg.ID, p) && !pt.Fresh
+		holds := t.Holds(m.cfg.ID, p) && !pt.Fresh
+		named := pt.Backup == m.cfg.ID || holds
 		if named && !l.have && pt.CopyFrom != "" && l.copyFrom == pt.CopyFrom && l.copyEpoch == pt.CopyEpoch && l.copySeq == pt.CopySeq {
 			l.have = true
+		}
+		if holds && !l.have && m.tookOver(pt, l) {
+			l.have = true
+		}
+		if t.Holds(m.cfg.ID, p) && !l.have && (l.copyFrom == "" || l.copyEpoch < pt.Epoch) {
+			// Held without its state, and no copy from a later holding
+			// says the log has moved on past the snapshot: as Apply
+			// counts a holding handed without its state.
+			m.count.MissingCopy++
 		}
 		if pt.Backup == m.cfg.ID && pt.CopyFrom == m.cfg.ID && l.fence == fenceProposed && l.move && l.epoch == pt.CopyEpoch && l.seq == pt.CopySeq {
 			// Our own Move: our state is the copy we gave.
@@ -690,6 +700,27 @@ func (m *Machine) Restored(t *Table, now int64) []Action {
 	return acts
 }
 
+// tookOver reports whether this member, which a restored table names
+// holder of a partition (record pt) it has no state of, has the state
+// anyway because it took the partition over as the backup: a copy from
+// the holder that made it the backup (pt.CopyFrom), newer than the one
+// its SetBackup named. That is the copy Apply's End accepts from the
+// ended holder (a move's to this member, or a re-copy, that never
+// committed): the holder was fenced from that copy on, or owed a re-copy
+// and decided nothing the backup applied until a SetBackup named a newer
+// one. After a Move to this member no newer copy from the old holder can
+// exist while the Move's holding lasts (the old holder holds no later
+// epoch of it), so only a takeover passes. Before this, a member caught up
+// by snapshot across such a takeover held the partition without its state
+// for good: it never decides and never moves a partition it has no state
+// of, and nothing ends a holder that keeps its liveness.
+func (m *Machine) tookOver(pt Partition, l *local) bool {
+	if pt.CopyFrom == "" || pt.CopyFrom == m.cfg.ID || l.copyFrom != pt.CopyFrom || l.copyEpoch >= pt.Epoch {
+		return false // (a copy at the current epoch or later is from after the snapshot)
+	}
+	return l.copyEpoch > pt.CopyEpoch || l.copyEpoch == pt.CopyEpoch && l.copySeq > pt.CopySeq
+}
+
 // emptyFresh reports whether this member holds p, or is its Last, in a
 // Fresh chain of holdings (table t) without ever having had its state:
 // having none, and no copy installed, it never decided for it (deciding
@@ -699,7 +730,7 @@ func (m *Machine) Restored(t *Table, now int64) []Action {
 func (m *Machine) emptyFresh(t *Table, p int) bool {
 	pt, l := t.Parts[p], &m.parts[p]
 	mine := t.Holds(m.cfg.ID, p) || pt.Holder == "" && pt.Last == m.cfg.ID
-	return pt.Fresh && mine && !l.have && l.copyFrom == ""
+	return pt.Fresh && mine && !l.have && (l.copyFrom == "" || l.copyEpoch < pt.Epoch)
 }
 
 // Tick runs the member's periodic steps at now and returns their actions:
