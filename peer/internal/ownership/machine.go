@@ -658,12 +658,14 @@ func (m *Machine) Restored(t *Table, now int64) []Action {
 		// inside the snapshot: the copy installed here is the one it
 		// names, or this member has nothing the table counts on.
 		l := &m.parts[p]
-		holds := t.Holds(m.cfg.ID, p) && !pt.Fresh
-		named := pt.Backup == m.cfg.ID || holds
+		// So does one the snapshot names holder, or Last of a vacancy
+		// (it held since: taken over, then ended), outside a Fresh chain.
+		mine := (t.Holds(m.cfg.ID, p) || pt.Holder == "" && pt.Last == m.cfg.ID) && !pt.Fresh
+		named := pt.Backup == m.cfg.ID || mine
 		if named && !l.have && pt.CopyFrom != "" && l.copyFrom == pt.CopyFrom && l.copyEpoch == pt.CopyEpoch && l.copySeq == pt.CopySeq {
 			l.have = true
 		}
-		if holds && !l.have && m.tookOver(pt, l) {
+		if mine && !l.have && m.tookOver(pt, l) {
 			l.have = true
 		}
 		if t.Holds(m.cfg.ID, p) && !l.have && (l.copyFrom == "" || l.copyEpoch < pt.Epoch) {
@@ -701,8 +703,9 @@ func (m *Machine) Restored(t *Table, now int64) []Action {
 }
 
 // tookOver reports whether this member, which a restored table names
-// holder of a partition (record pt) it has no state of, has the state
-// anyway because it took the partition over as the backup: a copy from
+// holder of a partition (record pt) it has no state of, or Last of its
+// vacancy, has the state anyway because it took the partition over as
+// the backup (and, for Last, was ended since): a copy from
 // the holder that made it the backup (pt.CopyFrom), newer than the one
 // its SetBackup named. That is the copy Apply's End accepts from the
 // ended holder (a move's to this member, or a re-copy, that never

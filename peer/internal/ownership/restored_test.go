@@ -56,14 +56,19 @@ func (s *restoredScene) end(id string) {
 func (s *restoredScene) check() {
 	s.t.Helper()
 	s.caught.Restored(s.log, 2)
+	if pt := s.log.Parts[0]; pt.Holder == "" && pt.Last == "b" {
+		// Vacant, kept for b's state: grant it back.
+		s.cut = false
+		s.cmd(Command{Kind: Grant, Member: "b", P: 0, Epoch: pt.Epoch, To: "b", ToEpoch: s.log.Members["b"].Epoch})
+	}
 	if !s.log.Holds("b", 0) {
 		s.t.Fatalf("the scene does not make b the holder: %+v", s.log.Parts[0])
 	}
 	if !s.applied.Has(0) {
 		s.t.Fatalf("b that applied every command has no state for p0: %+v", s.log.Parts[0])
 	}
-	if !s.caught.Has(0) {
-		s.t.Fatalf("b caught up by a snapshot holds p0 without its state (never decides, never moves): %+v", s.log.Parts[0])
+	if !s.caught.Has(0) || s.caught.Counters().MissingCopy != 0 {
+		s.t.Fatalf("b caught up by a snapshot holds p0 without its state (never decides, never moves): %+v, %+v", s.log.Parts[0], s.caught.Counters())
 	}
 }
 
@@ -76,8 +81,9 @@ func (s *restoredScene) check() {
 // p0 for ever without deciding or moving it (the 32-process fleet's start:
 // `holder "fleet-13@…"@2 backup "" …; have false`).
 func TestRestoredTakeoverAfterAMoveCopy(t *testing.T) {
-	for _, late := range []bool{false, true} {
+	for _, c := range []struct{ late, ended bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
 		s := newRestoredScene(t)
+		late := c.late
 		s.cmd(Command{Kind: Grant, P: 0, Epoch: 0, To: "a", ToEpoch: 1})
 		s.copyTo("a", 1)
 		if late {
@@ -87,6 +93,13 @@ func TestRestoredTakeoverAfterAMoveCopy(t *testing.T) {
 		s.copyTo("a", 2) // the move's copy (or a re-copy), never committed
 		s.cut = true
 		s.end("a")
+		if c.ended {
+			// b lapses too (the log's silence lost its keep-alive
+			// answers, say): p0 is vacant, kept for b's state, and
+			// granted back to it once it extends.
+			s.end("b")
+			s.cmd(Command{Kind: Extend, Member: "b", Epoch: 2, Seq: 2})
+		}
 		s.check()
 	}
 }

@@ -284,6 +284,12 @@ type sim struct {
 	stale      int      // admissions a working backup lacked (checkBackups)
 	staleAt    []string // the first few
 
+	// behind is the member the log falls silent to (FaultBehindBackup):
+	// no raft message reaches it, keep-alives and the data plane do;
+	// behindFrom is the holder crashed the instant behind installs a
+	// copy from it.
+	behind, behindFrom *member
+
 	// Fleet-size runs and what they measure (placement.go, traffic.go,
 	// fleet.go).
 	pl    *placement // gossip's targets for a view
@@ -464,7 +470,7 @@ func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *memb
 		clamp: map[string]int64{}, pending: map[uint64]*pendingSync{}, rights: map[string]*grantee.State{},
 		detect: int64(300*time.Millisecond) + s.rng.Int64N(int64(4700*time.Millisecond))}
 	log, err := ownlog.New(ownlog.Config{RaftID: raftID, Ownership: ownership.Config{ID: m.id, Liveness: s.o.Liveness, EmptyAfter: s.o.emptyAfter(), Mutation: s.o.Rule},
-		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters, Disk: s.diskFor(name)})
+		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters, Disk: s.diskFor(name), SnapshotEvery: s.snapshotEvery()})
 	if err != nil {
 		panic(err)
 	}
@@ -550,7 +556,7 @@ func (s *sim) deliver(m *member, fn func()) {
 func (s *sim) send(c Category, size int, from, to *member, fn func()) {
 	s.messages++
 	s.sent(c, from, size)
-	if s.cut[[2]string{from.name, to.name}] || s.rng.Float64() < s.loss {
+	if s.cut[[2]string{from.name, to.name}] || s.rng.Float64() < s.loss || c == Raft && to == s.behind {
 		return
 	}
 	n := 1
@@ -677,7 +683,7 @@ func (m *member) carry(out ownlog.Output) {
 			// how that went.
 			id := msg.GetTo()
 			s.sent(Raft, m, len(wire))
-			if s.cut[[2]string{m.name, to.name}] {
+			if s.cut[[2]string{m.name, to.name}] || to == s.behind {
 				m.carry(m.log.ReportSnapshot(id, false, m.mono()))
 				continue
 			}
