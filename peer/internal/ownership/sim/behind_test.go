@@ -23,7 +23,7 @@ func TestBehindBackupTakesOver(t *testing.T) {
 			t.Errorf("seed %d:\n%s", seed, r)
 		}
 		sched := strings.Join(r.Schedule, "\n")
-		if strings.Contains(sched, "installs a copy of") && r.Counters.Takeovers > 0 {
+		if strings.Contains(sched, "installs a copy of") && strings.Contains(sched, "caught up by a snapshot") {
 			caught++
 		}
 		if testing.Verbose() {
@@ -31,6 +31,6 @@ func TestBehindBackupTakesOver(t *testing.T) {
 		}
 	}
 	if caught == 0 {
-		t.Errorf("no seed crashed a holder as its backup installed a copy")
+		t.Errorf("no seed crashed a holder as its backup installed a copy, the backup then caught up by a snapshot")
 	}
 }

@@ -389,7 +389,7 @@ func (s *sim) behindBackup(victim *member, span func(lo, hi time.Duration) int64
 		s.note("%s has no backup the log can fall silent to", victim.id)
 		return
 	}
-	s.behind, s.behindFrom = b, victim
+	s.behind, s.behindFrom, s.behindWas = b, victim, b
 	s.note("the log falls silent to %s, the backup; %s copies its partitions again", b.id, victim.id)
 	victim.carry(victim.log.Raise(victim.mono()))
 	s.at(span(3*time.Second, 6*time.Second), func() {

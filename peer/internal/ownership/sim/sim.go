@@ -287,8 +287,9 @@ type sim struct {
 	// behind is the member the log falls silent to (FaultBehindBackup):
 	// no raft message reaches it, keep-alives and the data plane do;
 	// behindFrom is the holder crashed the instant behind installs a
-	// copy from it.
-	behind, behindFrom *member
+	// copy from it; behindWas is behind, kept once the log reaches it
+	// again, to note the snapshot that catches it up.
+	behind, behindFrom, behindWas *member
 
 	// Fleet-size runs and what they measure (placement.go, traffic.go,
 	// fleet.go).
@@ -688,7 +689,13 @@ func (m *member) carry(out ownlog.Output) {
 				continue
 			}
 			s.at(int64(time.Millisecond), func() {
-				s.deliver(to, func() { s.received(Raft, to, len(wire)); step() })
+				s.deliver(to, func() {
+					if to == s.behindWas {
+						s.note("%s is caught up by a snapshot", to.id)
+					}
+					s.received(Raft, to, len(wire))
+					step()
+				})
 				if !m.crashed {
 					m.carry(m.log.ReportSnapshot(id, true, m.mono()))
 				}
