@@ -702,18 +702,6 @@ func (m *Machine) Restored(t *Table, now int64) []Action {
 	return acts
 }
 
-// emptyFresh reports whether this member holds p, or is its Last, in a
-// Fresh chain of holdings (table t) without ever having had its state:
-// having none, and no copy installed, it never decided for it (deciding
-// needs the state), and nobody else did either, so the state is empty.
-// This is how a member that learned of an empty grant from a snapshot, not
-// by applying it, starts the partition.
-func (m *Machine) emptyFresh(t *Table, p int) bool {
-	pt, l := t.Parts[p], &m.parts[p]
-	mine := t.Holds(m.cfg.ID, p) || pt.Holder == "" && pt.Last == m.cfg.ID
-	return pt.Fresh && mine && !l.have && (l.copyFrom == "" || l.copyEpoch < pt.Epoch)
-}
-
 // Tick runs the member's periodic steps at now and returns their actions:
 // join and extend its own liveness; as a holder, move partitions toward
 // their targets and keep each one backed up; settle fences; as the

@@ -25,3 +25,18 @@ func (m *Machine) tookOver(pt Partition, l *local) bool {
 	}
 	return l.copyEpoch > pt.CopyEpoch || l.copyEpoch == pt.CopyEpoch && l.copySeq > pt.CopySeq
 }
+
+// emptyFresh reports whether this member holds p, or is its Last, in a
+// Fresh chain of holdings (table t) without ever having had its state:
+// having none, and no copy installed since the chain began (a copy of
+// an earlier holding is older than the partition's epoch; within the
+// chain nobody else held it to copy from), it never decided for it
+// (deciding needs the state), and nobody else did either, so the state
+// is empty.
+// This is how a member that learned of an empty grant from a snapshot, not
+// by applying it, starts the partition.
+func (m *Machine) emptyFresh(t *Table, p int) bool {
+	pt, l := t.Parts[p], &m.parts[p]
+	mine := t.Holds(m.cfg.ID, p) || pt.Holder == "" && pt.Last == m.cfg.ID
+	return pt.Fresh && mine && !l.have && (l.copyFrom == "" || l.copyEpoch < pt.Epoch)
+}
