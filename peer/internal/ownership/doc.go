@@ -121,10 +121,17 @@
 //  8. A member that learns of commands from a snapshot rather than by
 //     applying them still knows what it has: the table records the copy
 //     that made the current backup or holder (CopyFrom, CopyEpoch,
-//     CopySeq), which the member compares with the copy it installed; and
+//     CopySeq), which the member compares with the copy it installed (a
+//     member the snapshot names holder, after a takeover, also has the
+//     state in a later copy from the holder that named it backup: a move's
+//     or a re-copy that never committed, as an applied End accepts); and
 //     a chain of holdings that began with an empty grant, granted back to
 //     the same member since (Fresh), starts empty on a member that never
-//     had its state, since deciding needs the state, so nobody decided.
+//     had its state (any copy it installed is older than the chain, or it
+//     would not be one chain), since deciding needs the state, so nobody
+//     decided. A holder the snapshot leaves without its state counts in
+//     MissingCopy, as an applied command would: it never decides or moves
+//     the partition.
 //  9. A member leaving gracefully ends its own liveness, for good, only
 //     once nothing depends on it (Depends): it holds nothing, no vacancy
 //     waits for its state, it backs nothing and no copy it installed at a

@@ -669,9 +669,21 @@ func (m *Machine) Restored(t *Table, now int64) []Action {
 		// inside the snapshot: the copy installed here is the one it
 		// names, or this member has nothing the table counts on.
 		l := &m.parts[p]
-		named := pt.Backup == m.cfg.ID || t.Holds(m.cfg.ID, p) && !pt.Fresh
+		// So does one the snapshot names holder, or Last of a vacancy
+		// (it held since: taken over, then ended), outside a Fresh chain.
+		mine := (t.Holds(m.cfg.ID, p) || pt.Holder == "" && pt.Last == m.cfg.ID) && !pt.Fresh
+		named := pt.Backup == m.cfg.ID || mine
 		if named && !l.have && pt.CopyFrom != "" && l.copyFrom == pt.CopyFrom && l.copyEpoch == pt.CopyEpoch && l.copySeq == pt.CopySeq {
 			l.have = true
+		}
+		if mine && !l.have && m.tookOver(pt, l) {
+			l.have = true
+		}
+		if t.Holds(m.cfg.ID, p) && !l.have && (l.copyFrom == "" || l.copyEpoch < pt.Epoch) {
+			// Held without its state, and no copy from a later holding
+			// says the log has moved on past the snapshot: as Apply
+			// counts a holding handed without its state.
+			m.count.MissingCopy++
 		}
 		if pt.Backup == m.cfg.ID && pt.CopyFrom == m.cfg.ID && l.fence == fenceProposed && l.move && l.epoch == pt.CopyEpoch && l.seq == pt.CopySeq {
 			// Our own Move: our state is the copy we gave.
@@ -699,18 +711,6 @@ func (m *Machine) Restored(t *Table, now int64) []Action {
 		}
 	}
 	return acts
-}
-
-// emptyFresh reports whether this member holds p, or is its Last, in a
-// Fresh chain of holdings (table t) without ever having had its state:
-// having none, and no copy installed, it never decided for it (deciding
-// needs the state), and nobody else did either, so the state is empty.
-// This is how a member that learned of an empty grant from a snapshot, not
-// by applying it, starts the partition.
-func (m *Machine) emptyFresh(t *Table, p int) bool {
-	pt, l := t.Parts[p], &m.parts[p]
-	mine := t.Holds(m.cfg.ID, p) || pt.Holder == "" && pt.Last == m.cfg.ID
-	return pt.Fresh && mine && !l.have && l.copyFrom == ""
 }
 
 // Tick runs the member's periodic steps at now and returns their actions:

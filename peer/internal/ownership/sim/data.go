@@ -391,6 +391,12 @@ func (m *member) sendCopy(a ownership.Action) {
 			st[x.key] = append(st[x.key], entry{ts: tn - x.age, hits: x.hits, id: x.id, grant: x.grant})
 		}
 		to.stores[p] = st
+		if to == s.behind && m == s.behindFrom && !m.crashed {
+			// Installed, not yet acknowledged: the copy's Move or
+			// SetBackup never commits.
+			s.note("%s installs a copy of p%d from %s (epoch %d, #%d); crash %s", to.id, p, from, epoch, seq, m.id)
+			s.crash(m, false)
+		}
 		s.send(Copy, 0, to, m, func() {
 			m.carry(m.log.CopyAcked(p, to.id, epoch, seq, m.mono()))
 		})

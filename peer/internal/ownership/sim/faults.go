@@ -31,6 +31,8 @@ func (s *sim) planFault(warm int64) {
 			s.wholeRestart(span)
 		case FaultRestoredBackup:
 			s.restoredBackup(victim, span)
+		case FaultBehindBackup:
+			s.behindBackup(victim, span)
 		case FaultRestart:
 			s.note("crash %s", victim.id)
 			s.crash(victim, false)
@@ -375,6 +377,35 @@ func (s *sim) extendEnd(d int64) {
 	if e := s.now + d + int64(8*time.Second); e > s.end {
 		s.end = e
 	}
+}
+
+// behindBackup is FaultBehindBackup's schedule: the log falls silent to
+// victim's backup, victim copies its partitions again and crashes as the
+// backup installs one; the log reaches the backup again 3-6 s later,
+// long after it ended victim, with a snapshot.
+func (s *sim) behindBackup(victim *member, span func(lo, hi time.Duration) int64) {
+	b := s.backupOf(victim)
+	if b == nil || b == victim || b.log.Leader() {
+		s.note("%s has no backup the log can fall silent to", victim.id)
+		return
+	}
+	s.behind, s.behindFrom, s.behindWas = b, victim, b
+	s.note("the log falls silent to %s, the backup; %s copies its partitions again", b.id, victim.id)
+	victim.carry(victim.log.Raise(victim.mono()))
+	s.at(span(3*time.Second, 6*time.Second), func() {
+		s.behind, s.behindFrom = nil, nil
+		s.note("the log reaches %s again", b.id)
+	})
+}
+
+// snapshotEvery is how many applied entries each member's log snapshots
+// after: 4 under FaultBehindBackup, so that a member the log fell silent
+// to for a few seconds is caught up by snapshot; else ownlog's default.
+func (s *sim) snapshotEvery() uint64 {
+	if s.fault == FaultBehindBackup {
+		return 4
+	}
+	return 0
 }
 
 // target is the member the fault hits: the first key's holder, if any.

@@ -129,10 +129,22 @@ const (
 	// raft files removed as a restore must (a raft log must never go
 	// back), so it joins the log as a new raft member.
 	FaultRestoredBackup = numFaults + 6
+	// FaultBehindBackup makes the log fall silent to the first key's
+	// holder's backup (no raft message reaches it; its keep-alives and
+	// the data plane still work), makes the holder copy its partitions
+	// to their backups again (a raise), and crashes it the instant the
+	// backup installs such a copy, before the SetBackup is proposed:
+	// one fault, a holder's crash. The log ends the holder and hands
+	// the partition to the backup, which learns that from a snapshot
+	// (snapshots every 4 entries) once the log reaches it again: it must
+	// take over with the copy it installed (a member caught up by
+	// snapshot across a takeover once held the partition for good
+	// without its state, never deciding).
+	FaultBehindBackup = numFaults + 7
 )
 
 var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash",
-	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "leader pauses", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it", "every member crashes at once and restarts from disk", "a member restarts from an old backup of its data directory"}
+	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "leader pauses", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it", "every member crashes at once and restarts from disk", "a member restarts from an old backup of its data directory", "the log falls silent to a backup, whose holder crashes as it re-copies"}
 
 func (f Fault) String() string { return faultNames[f] }
 

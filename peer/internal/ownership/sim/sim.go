@@ -284,6 +284,13 @@ type sim struct {
 	stale      int      // admissions a working backup lacked (checkBackups)
 	staleAt    []string // the first few
 
+	// behind is the member the log falls silent to (FaultBehindBackup):
+	// no raft message reaches it, keep-alives and the data plane do;
+	// behindFrom is the holder crashed the instant behind installs a
+	// copy from it; behindWas is behind, kept once the log reaches it
+	// again, to note the snapshot that catches it up.
+	behind, behindFrom, behindWas *member
+
 	// Fleet-size runs and what they measure (placement.go, traffic.go,
 	// fleet.go).
 	pl    *placement // gossip's targets for a view
@@ -477,7 +484,7 @@ func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *memb
 		clamp: map[string]int64{}, pending: map[uint64]*pendingSync{}, rights: map[string]*grantee.State{},
 		detect: int64(300*time.Millisecond) + s.rng.Int64N(int64(4700*time.Millisecond))}
 	log, err := ownlog.New(ownlog.Config{RaftID: raftID, Ownership: ownership.Config{ID: m.id, Liveness: s.o.Liveness, ExtendEvery: s.o.ExtendEvery, EmptyAfter: s.o.emptyAfter(), Mutation: s.o.Rule},
-		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters, Disk: s.diskFor(name)})
+		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters, Disk: s.diskFor(name), SnapshotEvery: s.snapshotEvery()})
 	if err != nil {
 		panic(err)
 	}
@@ -563,7 +570,7 @@ func (s *sim) deliver(m *member, fn func()) {
 func (s *sim) send(c Category, size int, from, to *member, fn func()) {
 	s.messages++
 	s.sent(c, from, size)
-	if s.cut[[2]string{from.name, to.name}] || s.rng.Float64() < s.loss {
+	if s.cut[[2]string{from.name, to.name}] || s.rng.Float64() < s.loss || c == Raft && to == s.behind {
 		return
 	}
 	n := 1
@@ -690,12 +697,18 @@ func (m *member) carry(out ownlog.Output) {
 			// how that went.
 			id := msg.GetTo()
 			s.sent(Raft, m, len(wire))
-			if s.cut[[2]string{m.name, to.name}] {
+			if s.cut[[2]string{m.name, to.name}] || to == s.behind {
 				m.carry(m.log.ReportSnapshot(id, false, m.mono()))
 				continue
 			}
 			s.at(int64(time.Millisecond), func() {
-				s.deliver(to, func() { s.received(Raft, to, len(wire)); step() })
+				s.deliver(to, func() {
+					if to == s.behindWas {
+						s.note("%s is caught up by a snapshot", to.id)
+					}
+					s.received(Raft, to, len(wire))
+					step()
+				})
 				if !m.crashed {
 					m.carry(m.log.ReportSnapshot(id, true, m.mono()))
 				}
