@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/ringlimit/ringlimit/peer/internal/grantee"
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
@@ -396,10 +397,10 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 // node is the target and should wait for the transfer (after waiting a
 // while, the ring's next owner, which knows where the partition is).
 func (n *Node) routeTarget(v *view, pt *part, pid int, waited time.Duration) string {
-	pt.mu.RLock()
-	r, holder := pt.role, pt.holder
-	pt.mu.RUnlock()
-	if r == roleHint && holder != n.name {
+	pt.Mu.RLock()
+	r, holder := pt.Role, pt.Holder
+	pt.Mu.RUnlock()
+	if r == partition.RoleHint && holder != n.name {
 		if _, ok := v.alive[holder]; ok {
 			return holder
 		}
@@ -524,27 +525,27 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		return st, ch, err
 	}
 	key, p, hits := r.key, r.p, r.hits
-	pt.mu.RLock()
-	ch := pt.changed
-	switch pt.role {
-	case roleFenced:
-		pt.mu.RUnlock()
+	pt.Mu.RLock()
+	ch := pt.Changed
+	switch pt.Role {
+	case partition.RoleFenced:
+		pt.Mu.RUnlock()
 		return waitHere, ch, nil
-	case roleHolder:
+	case partition.RoleHolder:
 	default:
-		pt.mu.RUnlock()
+		pt.Mu.RUnlock()
 		return remote, ch, nil
 	}
 	now, mono := n.now()
-	if !n.lo.run.MayDecide(pid, mono) || p.Config.Replication == ReplicateSync && pt.backup == "" && len(v.alive) > 1 {
+	if !n.lo.run.MayDecide(pid, mono) || p.Config.Replication == ReplicateSync && pt.Backup == "" && len(v.alive) > 1 {
 		// The lease ended or its renewal is late, or a synchronous
 		// policy waits for the backup the holder is making.
-		pt.mu.RUnlock()
+		pt.Mu.RUnlock()
 		return waitHere, ch, nil
 	}
 	if p.Unlimited {
 		// The holder's table exempts the key: nothing to count or copy.
-		pt.mu.RUnlock()
+		pt.Mu.RUnlock()
 		*d = unlimitedDecision(n.name, v, now)
 		return decided, nil, nil
 	}
@@ -552,7 +553,7 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		(*h)() // tests: a pause between the lease check and the decision
 	}
 	var sd shard.Decision
-	at, err := pt.store.AllowPlaced(pk, p.Shard, hits, now, &sd)
+	at, err := pt.Store.AllowPlaced(pk, p.Shard, hits, now, &sd)
 	if err == nil && at != now.UnixNano() {
 		// The key's clock was ahead of ours (a decision that read the
 		// clock after us took the key's lock before us): the admission is
@@ -560,7 +561,7 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 		now = time.Unix(0, at)
 	}
 	if err != nil {
-		pt.mu.RUnlock()
+		pt.Mu.RUnlock()
 		if errors.Is(err, shard.ErrInvalidHits) {
 			return decided, nil, fmt.Errorf("%w: %w", ErrInvalidHits, err)
 		}
@@ -571,16 +572,16 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, pid int, r *op
 	}
 	var ri *replItem
 	var rerr error
-	if sd.Allowed && pt.backup != "" && p.Config.Replication != ReplicateOff {
-		ri, rerr = n.replicateAdmissionItem(pt.backup, pid, pt.epoch, key, p.Shard.Algorithm, admissionRun(p, sd, hits, now), now, p.Config.Replication == ReplicateSync)
+	if sd.Allowed && pt.Backup != "" && p.Config.Replication != ReplicateOff {
+		ri, rerr = n.replicateAdmissionItem(pt.Backup, pid, pt.Epoch, key, p.Shard.Algorithm, admissionRun(p, sd, hits, now), now, p.Config.Replication == ReplicateSync)
 	}
 	var didx uint64
 	var derr error
 	if sd.Allowed && p.Config.Durability != DurabilityMemory && n.dd != nil {
 		// Kept on disk (partlog.go); under disk answered once fsynced.
-		didx, derr = n.durableKey(pid, pt.epoch, pt.store, key, p.Config.Durability, now)
+		didx, derr = n.durableKey(pid, pt.Epoch, pt.Store, key, p.Config.Durability, now)
 	}
-	pt.mu.RUnlock()
+	pt.Mu.RUnlock()
 	if rerr != nil && p.Config.Replication == ReplicateSync {
 		return decided, nil, rerr
 	}

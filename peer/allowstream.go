@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -397,14 +398,14 @@ func (s *publicServer) Placement(ctx context.Context, _ *peerpb.PlacementRequest
 		// applied. A table's record lags a move by one commit at most;
 		// the member it names then forwards, as the ring's target would.
 		pt := &n.pt.parts[pid]
-		pt.mu.RLock()
-		r, named := pt.role, pt.holder
-		pt.mu.RUnlock()
+		pt.Mu.RLock()
+		r, named := pt.Role, pt.Holder
+		pt.Mu.RUnlock()
 		holder := v.snap.PartitionOwner(pid)
 		switch r {
-		case roleHolder, roleFenced:
+		case partition.RoleHolder, partition.RoleFenced:
 			holder = n.name
-		case roleHint:
+		case partition.RoleHint:
 			if _, ok := v.alive[named]; ok {
 				holder = named
 			}

@@ -798,9 +798,9 @@ func copiedKey(t *testing.T, prefix string) (n0, n1 *Node, key Key, pid int, epo
 	key, pid = keyHeldWithBackup(t, n0, n1, prefix, "p")
 	admitN(t, n0, key, 1)
 	pt := &n1.pt.parts[pid]
-	pt.mu.RLock()
-	seq = pt.rep.seq
-	pt.mu.RUnlock()
+	pt.Mu.RLock()
+	seq = pt.Rep.Seq
+	pt.Mu.RUnlock()
 	return n0, n1, key, pid, n1.replicaEpochForTest(pid), seq
 }
 

@@ -133,7 +133,7 @@ func (n *Node) Release(ctx context.Context, key Key, id uint64) (Decision, error
 func (n *Node) decideLeaseLocked(pt *part, pid int, r *opReq, now time.Time, d Decision) (Decision, []chan error, error) {
 	p := r.p
 	if r.op == peerpb.Op_OP_RELEASE {
-		sd, err := pt.store.Release(r.key, p.Shard, r.lease, now)
+		sd, err := pt.Store.Release(r.key, p.Shard, r.lease, now)
 		if err != nil {
 			return d, nil, err
 		}
@@ -152,7 +152,7 @@ func (n *Node) decideLeaseLocked(pt *part, pid int, r *opReq, now time.Time, d D
 	var err error
 	for range 4 {
 		r.lease = newLeaseID()
-		if sd, err = pt.store.Acquire(r.key, p.Shard, r.hits, r.lease, now); !errors.Is(err, shard.ErrInvalidLease) {
+		if sd, err = pt.Store.Acquire(r.key, p.Shard, r.hits, r.lease, now); !errors.Is(err, shard.ErrInvalidLease) {
 			break
 		}
 	}
@@ -183,14 +183,14 @@ func (n *Node) decideLeaseLocked(pt *part, pid int, r *opReq, now time.Time, d D
 // returned channel yield the backup's answer. A failure to queue matters
 // only when waited for.
 func (n *Node) replicateLeaseLocked(pt *part, pid int, r *opReq, now time.Time, wait bool) (chan error, error) {
-	if pt.backup == "" || r.p.Config.Replication == ReplicateOff {
+	if pt.Backup == "" || r.p.Config.Replication == ReplicateOff {
 		return nil, nil
 	}
-	st, ok := pt.store.Export(r.key, now)
+	st, ok := pt.Store.Export(r.key, now)
 	if !ok {
 		st = shard.KeyState{Key: r.key, Algorithm: r.p.Shard.Algorithm}
 	}
-	w, err := n.replicateState(pt.backup, pid, pt.epoch, st, now, wait)
+	w, err := n.replicateState(pt.Backup, pid, pt.Epoch, st, now, wait)
 	if err != nil && wait {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/ringlimit/ringlimit/peer/internal/membership"
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
@@ -43,7 +44,7 @@ import (
 //   - replicated admissions are applied only where the runner's snapshot
 //     names this member backup of that holder at that epoch.
 //
-// A partition has one local store here, as holder or as backup: pt.store.
+// A partition has one local store here, as holder or as backup: pt.Store.
 
 // logTick is the raft tick: heartbeats every logHeartbeat ticks (100 ms),
 // an election after 10 ticks (0.5 s) without a leader, randomized up to
@@ -159,7 +160,7 @@ func newLogOwner(n *Node) (*logOwner, error) {
 	}
 	lo.member = m
 	lo.tr = ownlog.NewGRPCTransport(lo.dial)
-	lo.run = ownlog.NewRunner(m, logTransport{lo}, lo, logTick, n.mono, func(p int) *sync.RWMutex { return &n.pt.parts[p].mu })
+	lo.run = ownlog.NewRunner(m, logTransport{lo}, lo, logTick, n.mono, func(p int) *sync.RWMutex { return &n.pt.parts[p].Mu })
 	lo.run.SetFrom(lo.fromMember)
 	if s, ok := n.metrics.(RaftTrafficSource); ok {
 		s.RaftTrafficFrom(lo.traffic)
@@ -496,10 +497,10 @@ func (lo *logOwner) forgetOldest() {
 // Called by the runner with the partition's lock held.
 func (lo *logOwner) Reset(p int) {
 	pt := &lo.n.pt.parts[p]
-	pt.store = lo.n.newPartStore()
-	pt.rep, pt.next = replica{}, replica{}
+	pt.Store = lo.n.newPartStore()
+	pt.Rep, pt.Next = replica{}, replica{}
 	if lo.n.dd != nil {
-		lo.n.restorePartition(p, lo.member.Own().Table().Parts[p].Epoch, pt.store)
+		lo.n.restorePartition(p, lo.member.Own().Table().Parts[p].Epoch, pt.Store)
 	}
 	// The runner's goroutine owns the member: its table may be read here.
 	if r := lo.member.Own().Table().Parts[p].Restarts; r > lo.restarts[p] {
@@ -524,8 +525,8 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 		// The holder's liveness ended and its backup, this member, holds
 		// the partition with its replica.
 		keys := 0
-		if pt.store != nil {
-			keys = pt.store.Len()
+		if pt.Store != nil {
+			keys = pt.Store.Len()
 		}
 		n.log.Debug("partition taken over from failed holder", "partition", p, "peer", memberName(prev.Holder), "epoch", st.Epoch, "keys", keys)
 		n.metrics.Handoff("takeover", "ok", keys)
@@ -534,32 +535,32 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 		n.tookOver.tally(memberName(prev.Holder), keys, n.mono())
 	case prev.Holder == lo.self && st.Holder != lo.self && st.Holder != "" && st.Backup == lo.self:
 		keys := 0
-		if pt.store != nil {
-			keys = pt.store.Len()
+		if pt.Store != nil {
+			keys = pt.Store.Len()
 		}
 		n.log.Debug("partition transferred", "partition", p, "peer", memberName(st.Holder), "epoch", st.Epoch, "keys", keys)
 		n.metrics.Handoff("sent", "ok", keys)
 	}
 	switch {
 	case st.Holder == lo.self:
-		r := roleFenced
+		r := partition.RoleFenced
 		if st.May {
-			r = roleHolder
+			r = partition.RoleHolder
 		}
-		if pt.store == nil {
-			pt.store = n.newPartStore()
+		if pt.Store == nil {
+			pt.Store = n.newPartStore()
 		}
-		pt.backup = memberName(st.Backup)
-		pt.setRoleLocked(r, n.name, st.Epoch)
+		pt.Backup = memberName(st.Backup)
+		pt.SetRoleLocked(r, n.name, st.Epoch)
 	case st.Holder != "":
-		pt.backup = ""
-		pt.setRoleLocked(roleHint, memberName(st.Holder), st.Epoch)
+		pt.Backup = ""
+		pt.SetRoleLocked(partition.RoleHint, memberName(st.Holder), st.Epoch)
 	default:
-		pt.backup = ""
-		pt.setRoleLocked(roleNone, "", 0)
+		pt.Backup = ""
+		pt.SetRoleLocked(partition.RoleNone, "", 0)
 	}
 	if n.dd != nil {
-		n.durableTransition(p, prev.Holder == lo.self || prev.Backup == lo.self, st.Holder == lo.self, st.Backup == lo.self, st.Epoch, pt.store)
+		n.durableTransition(p, prev.Holder == lo.self || prev.Backup == lo.self, st.Holder == lo.self, st.Backup == lo.self, st.Epoch, pt.Store)
 	}
 	select {
 	case lo.ready <- struct{}{}:
@@ -590,7 +591,7 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 // key, which needs the receiver to record keys its table cannot decide.
 func (lo *logOwner) SendCopy(a ownership.Action) {
 	n := lo.n
-	st := n.pt.parts[a.P].store
+	st := n.pt.parts[a.P].Store
 	to := memberName(a.To)
 	n.wg.Add(1)
 	go func() {
@@ -712,24 +713,24 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 			// least 1.
 			return refused
 		}
-		pt.mu.Lock()
-		pt.next = replica{holder: sender, epoch: h.epoch, copySeq: h.holderEpoch, store: n.newPartStore()}
-		pt.mu.Unlock()
+		pt.Mu.Lock()
+		pt.Next = replica{Holder: sender, Epoch: h.epoch, CopySeq: h.holderEpoch, Store: n.newPartStore()}
+		pt.Mu.Unlock()
 		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 	case peerpb.PartitionOp_KIND_SYNC_CHUNK:
-		pt.mu.Lock()
-		defer pt.mu.Unlock()
-		if pt.next.holder != sender || pt.next.epoch != h.epoch || pt.next.copySeq != h.holderEpoch || pt.next.store == nil {
+		pt.Mu.Lock()
+		defer pt.Mu.Unlock()
+		if pt.Next.Holder != sender || pt.Next.Epoch != h.epoch || pt.Next.CopySeq != h.holderEpoch || pt.Next.Store == nil {
 			return needSync // not the copy under way: an older one, late
 		}
 		if len(keys) < h.carried {
-			pt.next = replica{} // keys this node cannot record: not a complete copy
+			pt.Next = replica{} // keys this node cannot record: not a complete copy
 			return needSync
 		}
 		accepted := 0
 		for _, k := range keys {
-			if err := pt.next.store.Import(k.st, k.sp, now); err != nil {
-				pt.next = replica{}
+			if err := pt.Next.Store.Import(k.st, k.sp, now); err != nil {
+				pt.Next = replica{}
 				return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, accepted: uint32(accepted)}
 			}
 			accepted++
@@ -742,11 +743,11 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 			// keeps a copy it answered it did not take.
 			return refused
 		}
-		pt.mu.Lock()
-		nx := pt.next
-		dup := pt.rep.complete && pt.rep.holder == sender && pt.rep.epoch == h.epoch && pt.rep.copySeq == h.holderEpoch
-		pt.mu.Unlock()
-		if nx.holder != sender || nx.epoch != h.epoch || nx.copySeq != h.holderEpoch || nx.store == nil {
+		pt.Mu.Lock()
+		nx := pt.Next
+		dup := pt.Rep.Complete && pt.Rep.Holder == sender && pt.Rep.Epoch == h.epoch && pt.Rep.CopySeq == h.holderEpoch
+		pt.Mu.Unlock()
+		if nx.Holder != sender || nx.Epoch != h.epoch || nx.CopySeq != h.holderEpoch || nx.Store == nil {
 			if dup {
 				return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 			}
@@ -755,23 +756,23 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 		// The machine is asked without the partition's lock: the runner
 		// takes it to publish.
 		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
-		ok := lo.run.OfferCopy(ctx, pid, from, nx.epoch, nx.copySeq)
+		ok := lo.run.OfferCopy(ctx, pid, from, nx.Epoch, nx.CopySeq)
 		cancel()
-		pt.mu.Lock()
-		defer pt.mu.Unlock()
-		if pt.next.store != nx.store {
+		pt.Mu.Lock()
+		defer pt.Mu.Unlock()
+		if pt.Next.Store != nx.Store {
 			return needSync // another copy began meanwhile
 		}
-		pt.next = replica{}
+		pt.Next = replica{}
 		if !ok {
 			return refused
 		}
-		pt.store = nx.store
-		pt.rep = replica{holder: sender, epoch: nx.epoch, copySeq: nx.copySeq, complete: true}
+		pt.Store = nx.Store
+		pt.Rep = replica{Holder: sender, Epoch: nx.Epoch, CopySeq: nx.CopySeq, Complete: true}
 		if n.dd != nil {
 			// The copy is this backup's state: on disk before it is
 			// acknowledged (partlog.go).
-			if err := n.durableCopy(pid, nx.epoch, nx.store); err != nil {
+			if err := n.durableCopy(pid, nx.Epoch, nx.Store); err != nil {
 				return refused
 			}
 		}
@@ -781,7 +782,7 @@ func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing
 			return needSync
 		}
 		res, idx := lo.applyReplica(pt, pid, h, keys, now)
-		pt.mu.Unlock()
+		pt.Mu.Unlock()
 		if idx != 0 && n.durableSync(idx) != nil {
 			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
@@ -806,13 +807,13 @@ func (lo *logOwner) awaitReplica(pt *part, pid int, from string, epoch uint64) b
 	n := lo.n
 	var timeout <-chan time.Time
 	for {
-		pt.mu.Lock()
-		if lo.run.AcceptReplica(pid, from, epoch) && pt.store != nil {
+		pt.Mu.Lock()
+		if lo.run.AcceptReplica(pid, from, epoch) && pt.Store != nil {
 			return true
 		}
-		ch := pt.changed
+		ch := pt.Changed
 		behind := lo.run.Part(pid).Epoch < epoch
-		pt.mu.Unlock()
+		pt.Mu.Unlock()
 		if !behind {
 			return false
 		}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/peer/internal/connlimit"
 	"github.com/ringlimit/ringlimit/peer/internal/membership"
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
@@ -389,17 +390,17 @@ func (n *Node) Stats() Stats {
 	var s Stats
 	for i := range n.pt.parts {
 		pt := &n.pt.parts[i]
-		pt.mu.RLock()
-		if pt.store != nil && (pt.role == roleHolder || pt.role == roleFenced) {
+		pt.Mu.RLock()
+		if pt.Store != nil && (pt.Role == partition.RoleHolder || pt.Role == partition.RoleFenced) {
 			s.Partitions++
-			s.Keys += pt.store.Len()
-			s.Bytes += pt.store.Bytes()
+			s.Keys += pt.Store.Len()
+			s.Bytes += pt.Store.Bytes()
 		}
-		if pt.store != nil && pt.role != roleHolder && pt.role != roleFenced && pt.rep.complete {
+		if pt.Store != nil && pt.Role != partition.RoleHolder && pt.Role != partition.RoleFenced && pt.Rep.Complete {
 			// A backup's complete copy is the partition's store.
-			s.ReplicaKeys += pt.store.Len()
+			s.ReplicaKeys += pt.Store.Len()
 		}
-		pt.mu.RUnlock()
+		pt.Mu.RUnlock()
 	}
 	return s
 }
@@ -469,9 +470,9 @@ func (n *Node) Sweep() {
 	ev := n.fallback.Sweep(now, 0)
 	for i := range n.pt.parts {
 		pt := &n.pt.parts[i]
-		pt.mu.RLock()
-		st := pt.store
-		pt.mu.RUnlock()
+		pt.Mu.RLock()
+		st := pt.Store
+		pt.Mu.RUnlock()
 		// A store's own locks cover its sweep (a backup's copy is its
 		// store too); a store that has just been given away is swept
 		// harmlessly.

@@ -7,6 +7,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -23,17 +24,17 @@ import (
 func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *opReq) (Decision, decideStatus, <-chan struct{}, error) {
 	// Lease operations replicate the key's whole state too (lease.go).
 	exclusive := r.op == peerpb.Op_OP_REFUND || r.op == peerpb.Op_OP_RESET || isLeaseOp(r.op)
-	lock, unlock := pt.mu.RLock, pt.mu.RUnlock
+	lock, unlock := pt.Mu.RLock, pt.Mu.RUnlock
 	if exclusive {
-		lock, unlock = pt.mu.Lock, pt.mu.Unlock
+		lock, unlock = pt.Mu.Lock, pt.Mu.Unlock
 	}
 	lock()
-	ch := pt.changed
-	switch pt.role {
-	case roleFenced:
+	ch := pt.Changed
+	switch pt.Role {
+	case partition.RoleFenced:
 		unlock()
 		return Decision{}, waitHere, ch, nil
-	case roleHolder:
+	case partition.RoleHolder:
 	default:
 		unlock()
 		return Decision{}, remote, ch, nil
@@ -51,7 +52,7 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 	for _, q := range r.multi {
 		fenced = fenced || q.Config.Replication == ReplicateSync && !q.Unlimited
 	}
-	if !n.lo.run.MayDecide(pid, n.mono()) || sync && r.op != peerpb.Op_OP_PEEK && pt.backup == "" && len(v.alive) > 1 {
+	if !n.lo.run.MayDecide(pid, n.mono()) || sync && r.op != peerpb.Op_OP_PEEK && pt.Backup == "" && len(v.alive) > 1 {
 		unlock()
 		return Decision{}, waitHere, ch, nil
 	}
@@ -69,11 +70,11 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 		d = unlimitedDecision(n.name, v, now)
 	case r.op == peerpb.Op_OP_PEEK:
 		var sd shard.Decision
-		sd, err = pt.store.Peek(r.key, r.p.Shard, r.hits, now)
+		sd, err = pt.Store.Peek(r.key, r.p.Shard, r.hits, now)
 		d = fillDecision(d, sd, ReasonPeek)
 	case r.op == peerpb.Op_OP_REFUND:
 		var sd shard.Decision
-		sd, err = pt.store.Refund(r.key, r.p.Shard, r.hits, now)
+		sd, err = pt.Store.Refund(r.key, r.p.Shard, r.hits, now)
 		d = fillDecision(d, sd, ReasonRefunded)
 		if err == nil {
 			waits, err = n.replicateStateLocked(pt, pid, r, now)
@@ -85,7 +86,7 @@ func (n *Node) decideOther(ctx context.Context, v *view, pt *part, pid int, r *o
 	case r.op == peerpb.Op_OP_GRANT:
 		d, waits, err = n.decideGrantLocked(pt, pid, r, now, d)
 	case r.op == peerpb.Op_OP_RESET:
-		pt.store.Delete(r.key)
+		pt.Store.Delete(r.key)
 		d = Decision{Allowed: true, Limit: r.p.Shard.Limit, Remaining: r.p.Shard.Limit, Reason: ReasonReset, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: now}
 		waits, err = n.replicateStateLocked(pt, pid, r, now)
 	default:
@@ -174,7 +175,7 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 				continue
 			}
 			k := Key{Tenant: r.key.Tenant, Subject: r.key.Subject, Policy: p.Name}
-			sd, err := pt.store.Peek(k, p.Shard, r.hits, now)
+			sd, err := pt.Store.Peek(k, p.Shard, r.hits, now)
 			if err != nil {
 				return d, nil, err
 			}
@@ -194,7 +195,7 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 			}
 		}
 		var res [shard.MaxMulti]shard.Decision
-		j, at, err := pt.store.AllowMultiAt(r.key.Tenant, r.key.Subject, items, now, res[:len(items)])
+		j, at, err := pt.Store.AllowMultiAt(r.key.Tenant, r.key.Subject, items, now, res[:len(items)])
 		if err == nil && at != now.UnixNano() {
 			// A key's clock was ahead of ours: the decision, and every
 			// admission of it, is recorded at that time (as in
@@ -259,7 +260,7 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 		return d, nil, nil
 	}
 	var waits []chan error
-	if pt.backup == "" {
+	if pt.Backup == "" {
 		return d, nil, nil
 	}
 	for i, p := range r.multi {
@@ -267,7 +268,7 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 			continue
 		}
 		k := Key{Tenant: r.key.Tenant, Subject: r.key.Subject, Policy: p.Name}
-		w, err := n.replicateAdmission(pt.backup, pid, pt.epoch, k, p.Shard.Algorithm, admissionRun(p, out[i], r.hits, now), now, p.Config.Replication == ReplicateSync)
+		w, err := n.replicateAdmission(pt.Backup, pid, pt.Epoch, k, p.Shard.Algorithm, admissionRun(p, out[i], r.hits, now), now, p.Config.Replication == ReplicateSync)
 		if err != nil {
 			if p.Config.Replication == ReplicateSync {
 				return d, nil, err
@@ -285,14 +286,14 @@ func (n *Node) decideMultiLocked(pt *part, pid int, r *opReq, now time.Time, d D
 // reset) for the partition's backup; the caller holds the gate in write
 // mode. A policy with replication off sends nothing.
 func (n *Node) replicateStateLocked(pt *part, pid int, r *opReq, now time.Time) ([]chan error, error) {
-	if pt.backup == "" || r.p.Config.Replication == ReplicateOff {
+	if pt.Backup == "" || r.p.Config.Replication == ReplicateOff {
 		return nil, nil
 	}
-	st, ok := pt.store.Export(r.key, now)
+	st, ok := pt.Store.Export(r.key, now)
 	if !ok {
 		st = shard.KeyState{Key: r.key, Algorithm: r.p.Shard.Algorithm}
 	}
-	w, err := n.replicateState(pt.backup, pid, pt.epoch, st, now, r.p.Config.Replication == ReplicateSync)
+	w, err := n.replicateState(pt.Backup, pid, pt.Epoch, st, now, r.p.Config.Replication == ReplicateSync)
 	if err != nil {
 		// Not queued (the queue is full): the change stands here all the
 		// same (see decideOther); the backup's copy keeps the state of

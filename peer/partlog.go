@@ -258,20 +258,20 @@ func (n *Node) snapshotParts() {
 	var ops []*peerpb.PartitionOp
 	for pid := range n.pt.parts {
 		pt := &n.pt.parts[pid]
-		pt.mu.RLock()
-		if pl.mine[pid] && pt.store != nil {
+		pt.Mu.RLock()
+		if pl.mine[pid] && pt.Store != nil {
 			var keys []*peerpb.KeyState
-			pt.store.Range(func(k Key) bool {
+			pt.Store.Range(func(k Key) bool {
 				if n.durablePolicy(k.Policy) {
-					if ks, ok := pt.store.Export(k, now); ok {
+					if ks, ok := pt.Store.Export(k, now); ok {
 						keys = append(keys, stateToWire(ks))
 					}
 				}
 				return true
 			})
-			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_CHUNK, Partition: uint32(pid), Epoch: max(pt.epoch, 1), Keys: keys})
+			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_CHUNK, Partition: uint32(pid), Epoch: max(pt.Epoch, 1), Keys: keys})
 		}
-		pt.mu.RUnlock()
+		pt.Mu.RUnlock()
 	}
 	if err := pl.parts.Snapshot(now.UnixNano(), covers, ops); err != nil {
 		n.log.Error("data directory: snapshot of the partitions failed", "err", err)
@@ -371,7 +371,7 @@ func (n *Node) durableOp(pt *part, pid int, r *opReq, allowed bool, now time.Tim
 		if e == nil || e.Unlimited || e.Config.Durability == DurabilityMemory {
 			return nil
 		}
-		idx, err := n.durableKeyOrGone(pid, pt.epoch, pt.store, key, e.Config.Durability, now)
+		idx, err := n.durableKeyOrGone(pid, pt.Epoch, pt.Store, key, e.Config.Durability, now)
 		if idx != 0 {
 			last = idx
 		}

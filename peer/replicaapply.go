@@ -13,26 +13,26 @@ import (
 func (lo *logOwner) applyReplica(pt *part, pid int, h opHead, keys []packedAdmit, now time.Time) (opResult, uint64) {
 	n := lo.n
 	if h.seq != 0 {
-		if h.seq < pt.rep.seq {
+		if h.seq < pt.Rep.Seq {
 			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}, 0 // delivered late: applying it could undo later ones
 		}
-		pt.rep.seq = h.seq
+		pt.Rep.Seq = h.seq
 	}
 	accepted := 0
 	for _, k := range keys {
 		if h.kind == peerpb.PartitionOp_KIND_REPLACE {
-			pt.store.Delete(k.st.Key)
+			pt.Store.Delete(k.st.Key)
 			if len(k.st.Runs) == 0 && len(k.st.Reservations) == 0 && len(k.st.Grants) == 0 {
 				accepted++
 				continue
 			}
 		}
-		if err := pt.store.Import(k.st, k.sp, now); err != nil {
+		if err := pt.Store.Import(k.st, k.sp, now); err != nil {
 			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, accepted: uint32(accepted)}, 0
 		}
 		accepted++
 	}
-	idx, err := n.durableReplica(pid, h.epoch, pt.store, keys, now)
+	idx, err := n.durableReplica(pid, h.epoch, pt.Store, keys, now)
 	if err != nil {
 		return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}, 0
 	}

@@ -132,7 +132,7 @@ type overageSink interface {
 func (n *Node) decideReserveLocked(pt *part, pid int, r *opReq, now time.Time, d Decision) (Decision, []chan error, error) {
 	p := r.p
 	if r.op == peerpb.Op_OP_SETTLE {
-		st, err := pt.store.Settle(r.key, p.Shard, r.lease, r.actual, now)
+		st, err := pt.Store.Settle(r.key, p.Shard, r.lease, r.actual, now)
 		if err != nil {
 			return d, nil, err
 		}
@@ -158,7 +158,7 @@ func (n *Node) decideReserveLocked(pt *part, pid int, r *opReq, now time.Time, d
 		r.lease = newLeaseID()
 		// A drawn id already pending is drawn again; a key at
 		// MaxPendingReservations fails every draw.
-		if sd, err = pt.store.Reserve(r.key, p.Shard, r.hits, r.lease, now); !errors.Is(err, shard.ErrInvalidReservation) {
+		if sd, err = pt.Store.Reserve(r.key, p.Shard, r.hits, r.lease, now); !errors.Is(err, shard.ErrInvalidReservation) {
 			break
 		}
 	}

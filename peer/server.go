@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
@@ -266,10 +267,10 @@ func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq, until time.
 			v = n.view.Load()
 			continue
 		}
-		pt.mu.RLock()
-		r, holder, epoch := pt.role, pt.holder, pt.epoch
-		pt.mu.RUnlock()
-		if r == roleHint && holder != n.name {
+		pt.Mu.RLock()
+		r, holder, epoch := pt.Role, pt.Holder, pt.Epoch
+		pt.Mu.RUnlock()
+		if r == partition.RoleHint && holder != n.name {
 			return wire.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: holder, HolderEpoch: epoch, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}, nil
 		}
 		if t := v.snap.PartitionOwner(pid); t != n.name {

@@ -165,7 +165,7 @@ func (n *Node) decideGrantLocked(pt *part, pid int, r *opReq, now time.Time, d D
 	}
 	changed := false
 	for _, ret := range r.returns {
-		res, err := pt.store.Return(r.key, p.Shard, ret.ID, ret.Uses, now)
+		res, err := pt.Store.Return(r.key, p.Shard, ret.ID, ret.Uses, now)
 		if err != nil {
 			return d, nil, err
 		}
@@ -175,7 +175,7 @@ func (n *Node) decideGrantLocked(pt *part, pid int, r *opReq, now time.Time, d D
 	var err error
 	for range 4 {
 		r.lease = newLeaseID()
-		if g, err = pt.store.Grant(r.key, p.Shard, r.hits, p.Config.Lease(), r.lease, now); !errors.Is(err, shard.ErrInvalidReservation) {
+		if g, err = pt.Store.Grant(r.key, p.Shard, r.hits, p.Config.Lease(), r.lease, now); !errors.Is(err, shard.ErrInvalidReservation) {
 			break
 		}
 	}
