@@ -171,7 +171,7 @@ func (as *allowStream) decide(items []*peerpb.AllowStreamItem) {
 			job.ready = append(job.ready, sr)
 			continue
 		}
-		ek, err := n.parseReqInto(&sr.r, peerpb.Op_OP_CHECK, key, req.GetPolicies(), req.GetHits(), slab[len(slab):len(slab)])
+		ek, err := n.parseReqInto(&sr.r, partition.OpCheck, key, req.GetPolicies(), req.GetHits(), slab[len(slab):len(slab)])
 		if err != nil {
 			sr.set(err)
 			job.ready = append(job.ready, sr)
@@ -180,12 +180,12 @@ func (as *allowStream) decide(items []*peerpb.AllowStreamItem) {
 		if len(req.GetPolicies()) == 0 && len(ek) <= cap(slab)-len(slab) {
 			slab = slab[:len(slab)+len(ek)] // ek was appended in place
 		}
-		sr.r.ek = ek
-		if sr.r.multi != nil || !as.tryHere(sr) {
+		sr.r.EK = ek
+		if sr.r.Multi != nil || !as.tryHere(sr) {
 			as.goRoute(sr)
 			continue
 		}
-		if sr.r.wait != nil {
+		if sr.r.Wait != nil {
 			job.waiting = append(job.waiting, sr)
 		} else {
 			job.ready = append(job.ready, sr)
@@ -206,19 +206,19 @@ func (as *allowStream) push(job streamJob) {
 }
 
 // tryHere decides sr on this node if it holds the key's partition and may
-// decide at once; a synchronous backup's answer is left in sr.r.wait. It
+// decide at once; a synchronous backup's answer is left in sr.r.Wait. It
 // reports false when the request must be routed (forwarded, or wait for
 // its partition).
 func (as *allowStream) tryHere(sr *streamReq) bool {
 	n := as.n
 	v := n.view.Load()
-	pk := shard.Place(sr.r.ek)
+	pk := shard.Place(sr.r.EK)
 	pid := v.snap.PartitionOfHash(pk.Hash())
-	sr.r.deferWait = true
+	sr.r.DeferWait = true
 	var d Decision
-	st, _, err := n.decideHere(as.ctx, v, &n.pt.parts[pid], pid, &sr.r, pk, &d)
-	sr.r.deferWait = false
-	if st != decided {
+	st, _, err := n.decideHere(as.ctx, v, &n.pt.parts[pid], &sr.r, pk, &d)
+	sr.r.DeferWait = false
+	if st != partition.Decided {
 		return false
 	}
 	if err != nil {
@@ -227,8 +227,8 @@ func (as *allowStream) tryHere(sr *streamReq) bool {
 		return true
 	}
 	sr.d = d
-	if sr.r.wait == nil {
-		n.metrics.Decision(sr.r.p.Name, d.Reason, PathLocal)
+	if sr.r.Wait == nil {
+		n.metrics.Decision(sr.r.P.Name, d.Reason, PathLocal)
 		sr.set(nil)
 	}
 	return true
@@ -278,20 +278,20 @@ func (as *allowStream) collect(srs []*streamReq, job streamJob) []*streamReq {
 	for _, sr := range job.waiting {
 		var err error
 		select {
-		case err = <-sr.r.wait.done:
-			n.putReplItem(sr.r.wait)
+		case err = <-sr.r.Wait.Done():
+			sr.r.Wait.Release()
 		case <-as.ctx.Done():
 			err = errors.Join(ErrUnavailable, as.ctx.Err())
 		case <-n.ctx.Done():
 			err = ErrClosed
 		}
-		sr.r.wait = nil
+		sr.r.Wait = nil
 		if err != nil {
 			// Recorded here but not confirmed by the backup: the failure
 			// policy answers, as it does for Allow.
 			sr.d, err = n.unavailable(&sr.r, err)
 		} else {
-			n.metrics.Decision(sr.r.p.Name, sr.d.Reason, PathLocal)
+			n.metrics.Decision(sr.r.P.Name, sr.d.Reason, PathLocal)
 		}
 		sr.set(err)
 	}
@@ -318,7 +318,7 @@ func (as *allowStream) goRoute(sr *streamReq) {
 	go func() {
 		defer as.wg.Done()
 		defer func() { <-as.routing }()
-		d, err := as.n.route(as.ctx, &sr.r, sr.r.ek)
+		d, err := as.n.route(as.ctx, &sr.r, sr.r.EK)
 		sr.d = d
 		sr.set(err)
 		as.push(streamJob{ready: []*streamReq{sr}})

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
@@ -421,16 +422,16 @@ func (c *client) finish(ctx context.Context, batch []*call, resp *peerpb.CheckRe
 // forward asks owner to decide. It returns the owner's decision, a
 // *notOwnerError, or an error wrapping ErrUnavailable.
 func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (Decision, error) {
-	if isLeaseOp(r.op) {
+	if r.Op.Spec().OwnRPC {
 		return n.forwardLease(ctx, owner, r)
 	}
-	key, hits := r.key, r.hits
+	key, hits := r.Key, r.Hits
 	c, err := n.peerClient(owner)
 	if err != nil {
 		return Decision{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	var res callResult
-	if r.op == peerpb.Op_OP_RESET {
+	if r.Op == partition.OpReset {
 		// A reset travels alone, as a unary call carrying its proof: this
 		// node authorized it (Config.AuthorizeReset at the public API, or
 		// an in-process Node.Reset), and the holder refuses a peer reset
@@ -458,7 +459,7 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (De
 			k.timer.Reset(n.cfg.ForwardTimeout)
 		}
 		k.key = peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}
-		k.item = peerpb.CheckItem{Key: &k.key, Hits: hits, Op: r.op, Policies: r.names}
+		k.item = peerpb.CheckItem{Key: &k.key, Hits: hits, Op: peerpb.Op(r.Op), Policies: r.Names}
 		select {
 		case c.queue <- k:
 		case <-ctx.Done():
@@ -496,12 +497,12 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (De
 
 // direct sends one request as its own RPC (batching disabled).
 func (c *client) direct(ctx context.Context, r *opReq) callResult {
-	key := r.key
+	key := r.Key
 	v := c.env.view.Load()
 	req := &peerpb.CheckRequest{
 		Sender:      c.env.self,
 		RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash(),
-		Items: []*peerpb.CheckItem{{Key: &peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}, Hits: r.hits, Op: r.op, Policies: r.names}},
+		Items: []*peerpb.CheckItem{{Key: &peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}, Hits: r.Hits, Op: peerpb.Op(r.Op), Policies: r.Names}},
 	}
 	start := time.Now()
 	resp, err := c.stub.Check(ctx, req)

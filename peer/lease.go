@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/peer/internal/grantee"
-	"github.com/ringlimit/ringlimit/peer/internal/policy"
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
@@ -87,18 +86,18 @@ func (n *Node) Acquire(ctx context.Context, req Request) (Lease, error) {
 		return Lease{}, fmt.Errorf("%w: a lease is of one policy", ErrInvalidKey)
 	}
 	var r opReq
-	ek, err := n.parseReqInto(&r, peerpb.Op_OP_ACQUIRE, req.Key, nil, req.Hits, nil)
+	ek, err := n.parseReqInto(&r, partition.OpAcquire, req.Key, nil, req.Hits, nil)
 	if err != nil {
 		return Lease{}, err
 	}
-	r.ek = ek
-	d, err := n.route(ctx, &r, r.ek)
+	r.EK = ek
+	d, err := n.route(ctx, &r, r.EK)
 	if err != nil {
 		return Lease{}, err
 	}
 	l := Lease{Decision: d}
 	if d.Allowed {
-		l.ID, l.TTL = r.lease, r.leaseTTL
+		l.ID, l.TTL = r.Lease, r.LeaseTTL
 	}
 	return l, nil
 }
@@ -114,118 +113,16 @@ func (n *Node) Release(ctx context.Context, key Key, id uint64) (Decision, error
 		return Decision{}, ErrClosed
 	}
 	var r opReq
-	ek, err := n.parseReqInto(&r, peerpb.Op_OP_RELEASE, key, nil, 1, nil)
+	ek, err := n.parseReqInto(&r, partition.OpRelease, key, nil, 1, nil)
 	if err != nil {
 		return Decision{}, err
 	}
-	r.ek, r.lease = ek, id
-	if r.p.Config.OnUnavailable == Fallback {
+	r.EK, r.Lease = ek, id
+	if r.P.Config.OnUnavailable == Fallback {
 		// The lease may have come from this node's fallback store.
-		_, _ = n.fallback.Release(key, n.fallbackPolicy(r.p), id, n.clock())
+		_, _ = n.fallback.Release(key, n.fallbackPolicy(r.P), id, n.clock())
 	}
-	return n.route(ctx, &r, r.ek)
-}
-
-// decideLeaseLocked takes or ends a lease under the partition gate held
-// in write mode, and queues the key's new state for the backup: an
-// acquire is waited for under ReplicateSync, a release never (see the
-// lease rules).
-func (n *Node) decideLeaseLocked(pt *part, pid int, r *opReq, now time.Time, d Decision) (Decision, []chan error, error) {
-	p := r.p
-	if r.op == peerpb.Op_OP_RELEASE {
-		sd, err := pt.Store.Release(r.key, p.Shard, r.lease, now)
-		if err != nil {
-			return d, nil, err
-		}
-		d = fillDecision(d, sd, ReasonReleased)
-		if sd.Allowed {
-			n.replicateLeaseLocked(pt, pid, r, now, false)
-		}
-		return d, nil, nil
-	}
-	r.leaseTTL = p.Shard.Window
-	if p.Unlimited {
-		r.lease = newLeaseID()
-		return unlimitedDecision(n.name, n.view.Load(), now), nil, nil
-	}
-	var sd shard.Decision
-	var err error
-	for range 4 {
-		r.lease = newLeaseID()
-		if sd, err = pt.Store.Acquire(r.key, p.Shard, r.hits, r.lease, now); !errors.Is(err, shard.ErrInvalidLease) {
-			break
-		}
-	}
-	if err != nil {
-		return d, nil, err
-	}
-	d = fillDecision(d, sd, ReasonAdmitted)
-	if !sd.Allowed {
-		d.Reason = ReasonOverLimit
-		if p.Config.Shadow {
-			// Admitted without a lease: its id is released harmlessly.
-			d.Allowed, d.Reason = true, ReasonShadow
-		}
-		return d, nil, nil
-	}
-	w, err := n.replicateLeaseLocked(pt, pid, r, now, p.Config.Replication == ReplicateSync)
-	if err != nil {
-		return d, nil, err
-	}
-	if w == nil {
-		return d, nil, nil
-	}
-	return d, []chan error{w}, nil
-}
-
-// replicateLeaseLocked queues the key's whole state for the partition's
-// backup (the caller holds the gate in write mode); wait makes the
-// returned channel yield the backup's answer. A failure to queue matters
-// only when waited for.
-func (n *Node) replicateLeaseLocked(pt *part, pid int, r *opReq, now time.Time, wait bool) (chan error, error) {
-	if pt.Backup == "" || r.p.Config.Replication == ReplicateOff {
-		return nil, nil
-	}
-	st, ok := pt.Store.Export(r.key, now)
-	if !ok {
-		st = shard.KeyState{Key: r.key, Algorithm: r.p.Shard.Algorithm}
-	}
-	w, err := n.replicateState(pt.Backup, pid, pt.Epoch, st, now, wait)
-	if err != nil && wait {
-		return nil, err
-	}
-	return w, nil
-}
-
-// newLeaseID returns a random lease id, never zero.
-func newLeaseID() uint64 {
-	for {
-		if id := rand.Uint64(); id != 0 {
-			return id
-		}
-	}
-}
-
-// checkLeaseOp refuses an operation that does not apply to p's algorithm.
-func checkLeaseOp(op peerpb.Op, p *policy.Entry) error {
-	lease := op == peerpb.Op_OP_ACQUIRE || op == peerpb.Op_OP_RELEASE
-	conc := p.Shard.Algorithm == shard.Concurrency
-	switch {
-	case op == peerpb.Op_OP_GRANT && p.Config.Spread == SpreadOff:
-		return fmt.Errorf("%w: policy %q does not spread its keys", ErrWrongAlgorithm, p.Name)
-	case (op == peerpb.Op_OP_RESERVE || op == peerpb.Op_OP_SETTLE) && p.Shard.Algorithm != shard.SlidingLog:
-		return fmt.Errorf("%w: policy %q is %v; reserve and settle need a sliding_log policy", ErrWrongAlgorithm, p.Name, p.Shard.Algorithm)
-	case lease && !conc:
-		return fmt.Errorf("%w: policy %q is %v; acquire and release need a concurrency policy", ErrWrongAlgorithm, p.Name, p.Shard.Algorithm)
-	case conc && (op == peerpb.Op_OP_CHECK || op == peerpb.Op_OP_REFUND):
-		return errNeedsLease(p.Name)
-	}
-	return nil
-}
-
-// errNeedsLease is the error of a check or refund of a concurrency policy.
-func errNeedsLease(policy string) error {
-	return fmt.Errorf("%w: policy %q is a concurrency policy: take a lease with Acquire and end it with Release", ErrWrongAlgorithm, policy)
+	return n.route(ctx, &r, r.EK)
 }
 
 // forwardLease asks owner to take or end a lease, as its own RPC.
@@ -238,11 +135,11 @@ func (n *Node) forwardLease(ctx context.Context, owner string, r *opReq) (Decisi
 	defer cancel()
 	req := &peerpb.LeaseRequest{
 		Sender:  n.name,
-		Item:    &peerpb.CheckItem{Key: &peerpb.Key{Tenant: r.key.Tenant, Subject: r.key.Subject, Policy: r.key.Policy}, Hits: r.hits, Op: r.op},
-		LeaseId: r.lease,
-		Actual:  r.actual,
+		Item:    &peerpb.CheckItem{Key: &peerpb.Key{Tenant: r.Key.Tenant, Subject: r.Key.Subject, Policy: r.Key.Policy}, Hits: r.Hits, Op: peerpb.Op(r.Op)},
+		LeaseId: r.Lease,
+		Actual:  r.Actual,
 	}
-	for _, g := range r.returns {
+	for _, g := range r.Returns {
 		gr := &peerpb.GrantReturn{LeaseId: g.ID, Uses: make([]*peerpb.Run, len(g.Uses))}
 		for i, u := range g.Uses {
 			gr.Uses[i] = &peerpb.Run{AgeNs: int64(u.Age), Count: u.Count}
@@ -262,14 +159,14 @@ func (n *Node) forwardLease(ctx context.Context, owner string, r *opReq) (Decisi
 	if err != nil {
 		return Decision{}, err
 	}
-	if (r.op == peerpb.Op_OP_ACQUIRE || r.op == peerpb.Op_OP_RESERVE) && d.Allowed {
-		r.lease, r.leaseTTL = resp.GetLeaseId(), time.Duration(resp.GetLeaseTtlNs())
+	if (r.Op == partition.OpAcquire || r.Op == partition.OpReserve) && d.Allowed {
+		r.Lease, r.LeaseTTL = resp.GetLeaseId(), time.Duration(resp.GetLeaseTtlNs())
 	}
-	if r.op == peerpb.Op_OP_SETTLE {
-		r.estimate, r.overage = resp.GetEstimate(), resp.GetOverage()
+	if r.Op == partition.OpSettle {
+		r.Estimate, r.Overage = resp.GetEstimate(), resp.GetOverage()
 	}
-	if r.op == peerpb.Op_OP_GRANT {
-		r.lease, r.leaseTTL, r.granted = resp.GetLeaseId(), time.Duration(resp.GetLeaseTtlNs()), resp.GetGranted()
+	if r.Op == partition.OpGrant {
+		r.Lease, r.LeaseTTL, r.Granted = resp.GetLeaseId(), time.Duration(resp.GetLeaseTtlNs()), resp.GetGranted()
 	}
 	return d, nil
 }
@@ -286,8 +183,8 @@ func (s *server) Lease(ctx context.Context, req *peerpb.LeaseRequest) (*peerpb.L
 		return nil, status.Error(codes.Unavailable, "peer: node starting")
 	}
 	it := req.GetItem()
-	op := it.GetOp()
-	if !isLeaseOp(op) {
+	op := opFromWire(it.GetOp())
+	if !op.Spec().OwnRPC {
 		return nil, statusInvalid(fmt.Sprintf("lease operation %v", op))
 	}
 	pk := it.GetKey()
@@ -300,14 +197,14 @@ func (s *server) Lease(ctx context.Context, req *peerpb.LeaseRequest) (*peerpb.L
 		d := wireError(n, v, st, err)
 		return &peerpb.LeaseResponse{Decision: d.ToPB()}, nil
 	}
-	r.lease = req.GetLeaseId()
-	if op == peerpb.Op_OP_SETTLE {
-		if r.actual = req.GetActual(); r.actual < 0 {
-			d := wireError(n, v, peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: actual cost %d must not be negative", ErrInvalidHits, r.actual))
+	r.Lease = req.GetLeaseId()
+	if op == partition.OpSettle {
+		if r.Actual = req.GetActual(); r.Actual < 0 {
+			d := wireError(n, v, peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: actual cost %d must not be negative", ErrInvalidHits, r.Actual))
 			return &peerpb.LeaseResponse{Decision: d.ToPB()}, nil
 		}
 	}
-	if op == peerpb.Op_OP_GRANT {
+	if op == partition.OpGrant {
 		if len(req.GetReturns()) > shard.MaxGrants {
 			d := wireError(n, v, peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %d grants returned, at most %d", ErrInvalidHits, len(req.GetReturns()), shard.MaxGrants))
 			return &peerpb.LeaseResponse{Decision: d.ToPB()}, nil
@@ -317,19 +214,19 @@ func (s *server) Lease(ctx context.Context, req *peerpb.LeaseRequest) (*peerpb.L
 			for i, u := range gr.GetUses() {
 				ret.Uses[i] = shard.Run{Age: time.Duration(max(u.GetAgeNs(), 0)), Count: u.GetCount()}
 			}
-			r.returns = append(r.returns, ret)
+			r.Returns = append(r.Returns, ret)
 		}
 	}
 	d, _ := n.decideWireReq(ctx, v, r, n.waitUntil(ctx))
 	resp := &peerpb.LeaseResponse{Decision: d.ToPB()}
-	if op == peerpb.Op_OP_GRANT && d.Status == peerpb.Status_STATUS_OK {
-		resp.LeaseId, resp.LeaseTtlNs, resp.Granted = r.lease, int64(r.leaseTTL), r.granted
+	if op == partition.OpGrant && d.Status == peerpb.Status_STATUS_OK {
+		resp.LeaseId, resp.LeaseTtlNs, resp.Granted = r.Lease, int64(r.LeaseTTL), r.Granted
 	}
-	if (op == peerpb.Op_OP_ACQUIRE || op == peerpb.Op_OP_RESERVE) && d.Status == peerpb.Status_STATUS_OK && d.Allowed {
-		resp.LeaseId, resp.LeaseTtlNs = r.lease, int64(r.leaseTTL)
+	if (op == partition.OpAcquire || op == partition.OpReserve) && d.Status == peerpb.Status_STATUS_OK && d.Allowed {
+		resp.LeaseId, resp.LeaseTtlNs = r.Lease, int64(r.LeaseTTL)
 	}
-	if op == peerpb.Op_OP_SETTLE {
-		resp.Estimate, resp.Overage = r.estimate, r.overage
+	if op == partition.OpSettle {
+		resp.Estimate, resp.Overage = r.Estimate, r.Overage
 	}
 	return resp, nil
 }

@@ -162,6 +162,10 @@ func newLogOwner(n *Node) (*logOwner, error) {
 	lo.tr = ownlog.NewGRPCTransport(lo.dial)
 	lo.run = ownlog.NewRunner(m, logTransport{lo}, lo, logTick, n.mono, func(p int) *sync.RWMutex { return &n.pt.parts[p].Mu })
 	lo.run.SetFrom(lo.fromMember)
+	n.part.Lease = lo.run
+	if n.dd != nil {
+		n.part.Disk = diskLog{n}
+	}
 	if s, ok := n.metrics.(RaftTrafficSource); ok {
 		s.RaftTrafficFrom(lo.traffic)
 	}

@@ -92,7 +92,10 @@ type Node struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	// cenv is what each per-peer client takes of this node (clientenv.go).
-	cenv      *clientEnv
+	cenv *clientEnv
+	// part is what the decisions on this node's partitions are given
+	// (decide.go, internal/partition).
+	part      partition.Env
 	closing   atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
@@ -158,6 +161,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.metrics.PolicyTable(n.table.Load().Version(), true)
 	n.calls.New = func() any { return &call{done: make(chan callResult, 1)} }
 	n.replItems.New = func() any { return &replItem{ch: make(chan error, 1)} }
+	n.part = n.newPartEnv()
 	n.ops.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.gather.Store(int64(pipeGather))

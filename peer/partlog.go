@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/durable"
-	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -355,39 +354,6 @@ func (n *Node) durableReplica(pid int, epoch uint64, st *shard.Store, keys []pac
 		return 0, nil
 	}
 	return idx, nil
-}
-
-// durableOp logs the state an operation other than a single check left
-// (refund, reset, lease acquire and release, reserve and settle, grant, a
-// multi-policy check) for each of its policies kept on disk; the index
-// returned is to Sync before answering (0: none). A peek, or a check
-// refused, changed nothing. Called with the partition's lock held.
-func (n *Node) durableOp(pt *part, pid int, r *opReq, allowed bool, now time.Time) (uint64, error) {
-	if r.op == peerpb.Op_OP_PEEK || r.op == peerpb.Op_OP_CHECK && !allowed && r.multi == nil {
-		return 0, nil
-	}
-	var last uint64
-	one := func(e *policy.Entry, key Key) error {
-		if e == nil || e.Unlimited || e.Config.Durability == DurabilityMemory {
-			return nil
-		}
-		idx, err := n.durableKeyOrGone(pid, pt.Epoch, pt.Store, key, e.Config.Durability, now)
-		if idx != 0 {
-			last = idx
-		}
-		return err
-	}
-	if r.multi == nil {
-		return last, one(r.p, r.key)
-	}
-	for _, q := range r.multi {
-		k := r.key
-		k.Policy = q.Name
-		if err := one(q, k); err != nil {
-			return 0, err
-		}
-	}
-	return last, nil
 }
 
 // durableKeyOrGone is durableKey, logging an empty state for a key the

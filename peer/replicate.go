@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"iter"
-	"math/bits"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -59,6 +58,19 @@ type replItem struct {
 	// barrier: not an operation; done yields once every item queued
 	// before it has been answered (replBarrier).
 	barrier bool
+	// pool is the pool a pooled item goes back to (Release); nil for an
+	// item the garbage collector takes.
+	pool *sync.Pool
+}
+
+// Done yields the backup's answer (partition.Copy).
+func (it *replItem) Done() <-chan error { return it.done }
+
+// Release hands a pooled item back once Done has yielded.
+func (it *replItem) Release() {
+	if it.pool != nil {
+		putReplItem(it.pool, it)
+	}
 }
 
 // getReplItem returns a cleared item from the node's pool.
@@ -67,6 +79,7 @@ func (n *Node) getReplItem() *replItem {
 	if it.ch == nil {
 		it.ch = make(chan error, 1)
 	}
+	it.pool = &n.replItems
 	return it
 }
 
@@ -97,20 +110,10 @@ type replicator struct {
 
 const replQueueLen = 8192
 
-// replicateAdmission queues one admission of key in partition pid at epoch
-// for backup to. It returns a channel that yields the outcome when wait is
-// set, else nil.
-func (n *Node) replicateAdmission(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (chan error, error) {
-	it, err := n.replicateAdmissionItem(to, pid, epoch, key, alg, run, at, wait)
-	if it == nil {
-		return nil, err
-	}
-	return it.done, nil // the item goes to the garbage collector, not the pool
-}
-
-// replicateAdmissionItem is replicateAdmission with a pooled item: when
-// wait is set it returns the item, whose done yields the outcome; the
-// waiter returns it with putReplItem after done yields.
+// replicateAdmissionItem queues one admission of key in partition pid at
+// epoch for backup to, in a pooled item: when wait is set it returns the
+// item, whose Done yields the outcome; the waiter hands it back with
+// Release after Done yields.
 func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (*replItem, error) {
 	c, err := n.peerClient(to)
 	if err != nil {
@@ -137,7 +140,7 @@ func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key,
 
 // replicateState queues key state st (ages relative to at) for backup to
 // as a replacement of the copy's state of that key.
-func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyState, at time.Time, wait bool) (chan error, error) {
+func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyState, at time.Time, wait bool) (*replItem, error) {
 	c, err := n.peerClient(to)
 	if err != nil {
 		n.replUnqueued(pid, epoch, wait)
@@ -156,7 +159,10 @@ func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyStat
 		n.replUnqueued(pid, epoch, wait)
 		return nil, fmt.Errorf("%w: replication queue to %s is full", ErrUnavailable, to)
 	}
-	return done, nil
+	if !wait {
+		return nil, nil
+	}
+	return it, nil
 }
 
 // replUnqueued handles an item of partition pid at epoch that could not be
@@ -166,35 +172,6 @@ func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyStat
 func (n *Node) replUnqueued(pid int, epoch uint64, wait bool) {
 	if !wait {
 		n.cenv.recopy(pid, epoch)
-	}
-}
-
-// admissionRun is the admission just decided at now, as a run to add to the
-// backup's copy: exact for the sliding log, fixed window and calendar, an
-// upper bound on the bucket's debt for the token bucket (the copy refills
-// no earlier).
-func admissionRun(p *policy.Entry, sd shard.Decision, hits int64, now time.Time) shard.Run {
-	switch p.Shard.Algorithm {
-	case shard.TokenBucket:
-		// debt = ceil(hits × W / L), the bucket's fill for hits units.
-		hi, lo := bits.Mul64(uint64(hits), uint64(p.Shard.Window))
-		q, r := bits.Div64(hi%uint64(p.Shard.Limit), lo, uint64(p.Shard.Limit))
-		if r > 0 {
-			q++
-		}
-		return shard.Run{Age: -time.Duration(q)}
-	case shard.FixedWindow:
-		// The window started W − ResetAfter before the decision.
-		return shard.Run{Age: p.Shard.Window - sd.ResetAfter, Count: hits}
-	case shard.Calendar:
-		// Not an age: the start instant of the decided period (see
-		// shard.Calendar). That period ends at now + ResetAfter (now may
-		// trail the key's clamped time, which only moves this instant
-		// earlier inside the period), so its last nanosecond names it.
-		start, _ := p.Shard.Period.Bounds(now.Add(sd.ResetAfter-1), p.Shard.Zone)
-		return shard.Run{Age: time.Duration(start.UnixNano()), Count: hits}
-	default:
-		return shard.Run{Age: 0, Count: hits}
 	}
 }
 

@@ -2,12 +2,10 @@ package peer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/ringlimit/ringlimit/peer/peerpb"
-	"github.com/ringlimit/ringlimit/shard"
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 )
 
 // Reservations: costs known only after the work (an LLM call's tokens).
@@ -69,18 +67,18 @@ func (n *Node) Reserve(ctx context.Context, req Request) (Reservation, error) {
 		return Reservation{}, fmt.Errorf("%w: a reservation is of one policy", ErrInvalidKey)
 	}
 	var r opReq
-	ek, err := n.parseReqInto(&r, peerpb.Op_OP_RESERVE, req.Key, nil, req.Hits, nil)
+	ek, err := n.parseReqInto(&r, partition.OpReserve, req.Key, nil, req.Hits, nil)
 	if err != nil {
 		return Reservation{}, err
 	}
-	r.ek = ek
-	d, err := n.route(ctx, &r, r.ek)
+	r.EK = ek
+	d, err := n.route(ctx, &r, r.EK)
 	if err != nil {
 		return Reservation{}, err
 	}
 	out := Reservation{Decision: d}
 	if d.Allowed {
-		out.ID, out.TTL = r.lease, r.leaseTTL
+		out.ID, out.TTL = r.Lease, r.LeaseTTL
 	}
 	return out, nil
 }
@@ -98,103 +96,29 @@ func (n *Node) Settle(ctx context.Context, key Key, id uint64, actual int64) (Se
 		return Settlement{}, fmt.Errorf("%w: actual cost %d must not be negative", ErrInvalidHits, actual)
 	}
 	var r opReq
-	ek, err := n.parseReqInto(&r, peerpb.Op_OP_SETTLE, key, nil, 1, nil)
+	ek, err := n.parseReqInto(&r, partition.OpSettle, key, nil, 1, nil)
 	if err != nil {
 		return Settlement{}, err
 	}
-	r.ek, r.lease, r.actual = ek, id, actual
-	if r.p.Config.OnUnavailable == Fallback {
+	r.EK, r.Lease, r.Actual = ek, id, actual
+	if r.P.Config.OnUnavailable == Fallback {
 		// The reservation may have come from this node's fallback store.
-		_, _ = n.fallback.Settle(key, n.fallbackPolicy(r.p), id, actual, n.clock())
+		_, _ = n.fallback.Settle(key, n.fallbackPolicy(r.P), id, actual, n.clock())
 	}
-	d, err := n.route(ctx, &r, r.ek)
+	d, err := n.route(ctx, &r, r.EK)
 	if err != nil {
 		return Settlement{}, err
 	}
-	if d.Allowed && r.overage > 0 {
+	if d.Allowed && r.Overage > 0 {
 		if m, ok := n.metrics.(overageSink); ok {
-			m.Overage(r.p.Name, r.overage)
+			m.Overage(r.P.Name, r.Overage)
 		}
 	}
-	return Settlement{Decision: d, Estimate: r.estimate, Overage: r.overage}, nil
+	return Settlement{Decision: d, Estimate: r.Estimate, Overage: r.Overage}, nil
 }
 
 // overageSink is the optional Metrics method that counts settlements'
 // overage (peer/prommetrics has it).
 type overageSink interface {
 	Overage(policy string, units int64)
-}
-
-// decideReserveLocked reserves or settles under the partition gate held
-// in write mode, and queues the key's new state for the backup: a
-// reservation is waited for under ReplicateSync, a settlement's answer is
-// waited for but cannot fail it (decideOther).
-func (n *Node) decideReserveLocked(pt *part, pid int, r *opReq, now time.Time, d Decision) (Decision, []chan error, error) {
-	p := r.p
-	if r.op == peerpb.Op_OP_SETTLE {
-		st, err := pt.Store.Settle(r.key, p.Shard, r.lease, r.actual, now)
-		if err != nil {
-			return d, nil, err
-		}
-		d = fillDecision(d, st.Decision, ReasonSettled)
-		r.estimate, r.overage = st.Estimate, st.Overage
-		if !st.Allowed {
-			return d, nil, nil
-		}
-		w, err := n.replicateLeaseLocked(pt, pid, r, now, true)
-		if err != nil || w == nil {
-			return d, nil, nil
-		}
-		return d, []chan error{w}, nil
-	}
-	r.leaseTTL = p.Shard.Window
-	if p.Unlimited {
-		r.lease = newLeaseID()
-		return unlimitedDecision(n.name, n.view.Load(), now), nil, nil
-	}
-	var sd shard.Decision
-	var err error
-	for range 4 {
-		r.lease = newLeaseID()
-		// A drawn id already pending is drawn again; a key at
-		// MaxPendingReservations fails every draw.
-		if sd, err = pt.Store.Reserve(r.key, p.Shard, r.hits, r.lease, now); !errors.Is(err, shard.ErrInvalidReservation) {
-			break
-		}
-	}
-	if err != nil {
-		if errors.Is(err, shard.ErrInvalidReservation) {
-			// Too many pending: the caller must settle some first.
-			return d, nil, fmt.Errorf("%w: %w", ErrInvalidHits, err)
-		}
-		return d, nil, err
-	}
-	d = fillDecision(d, sd, ReasonAdmitted)
-	if !sd.Allowed {
-		d.Reason = ReasonOverLimit
-		if p.Config.Shadow {
-			// Admitted without a reservation: its id settles harmlessly.
-			d.Allowed, d.Reason = true, ReasonShadow
-		}
-		return d, nil, nil
-	}
-	w, err := n.replicateLeaseLocked(pt, pid, r, now, p.Config.Replication == ReplicateSync)
-	if err != nil {
-		return d, nil, err
-	}
-	if w == nil {
-		return d, nil, nil
-	}
-	return d, []chan error{w}, nil
-}
-
-// isLeaseOp reports whether op carries an id the holder chooses or is
-// given (leases and reservations): such operations travel one per RPC
-// (Limiter.Lease), since the packed batch layout has no id fields.
-func isLeaseOp(op peerpb.Op) bool {
-	switch op {
-	case peerpb.Op_OP_ACQUIRE, peerpb.Op_OP_RELEASE, peerpb.Op_OP_RESERVE, peerpb.Op_OP_SETTLE, peerpb.Op_OP_GRANT:
-		return true
-	}
-	return false
 }

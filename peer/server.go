@@ -122,7 +122,7 @@ func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkS
 		sl := &slots[i]
 		var r *opReq
 		sl.out, r, slab = n.decideWire(ctx, v, &items[i], &sl.req, slab, until)
-		if r != nil && r.wait != nil {
+		if r != nil && r.Wait != nil {
 			sl.wait = r
 		}
 	}
@@ -133,8 +133,8 @@ func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkS
 		}
 		var err error
 		select {
-		case err = <-r.wait.done:
-			n.putReplItem(r.wait)
+		case err = <-r.Wait.Done():
+			r.Wait.Release()
 		case <-ctx.Done():
 			err = fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
 		}
@@ -142,7 +142,7 @@ func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkS
 			slots[i].out = wireError(n, v, peerpb.Status_STATUS_UNAVAILABLE, err)
 			continue
 		}
-		n.metrics.Decision(r.p.Name, Reason(slots[i].out.Reason), PathRemote)
+		n.metrics.Decision(r.P.Name, Reason(slots[i].out.Reason), PathRemote)
 	}
 	resp := &sc.resp
 	if packed {
@@ -195,17 +195,18 @@ func resetProofInput(k Key) []byte {
 // metric); the request is nil when the item was not parsed.
 func (n *Node) decideWire(ctx context.Context, v *view, it *wire.Item, r *opReq, slab []byte, until time.Time) (wire.Decision, *opReq, []byte) {
 	bad := func(st peerpb.Status, err error) wire.Decision { return wireError(n, v, st, err) }
-	if isLeaseOp(it.Op) {
+	op := opFromWire(it.Op)
+	if op.Spec().OwnRPC {
 		// Its id would have nowhere to go: Limiter.Lease carries it.
 		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %v travels on Limiter.Lease, one per call", ErrInvalidKey, it.Op)), nil, slab
 	}
-	if it.Op == peerpb.Op_OP_RESET {
+	if op == partition.OpReset {
 		if err := n.ops.auth.CheckResetProof(ctx, resetProofInput(it.Key)); err != nil {
 			n.warnThrottled("peer reset refused: no proof of authorization", "err", err)
 			return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %s", ErrInvalidKey, status.Convert(err).Message())), nil, slab
 		}
 	}
-	ek, err := n.parseReqInto(r, it.Op, it.Key, it.Policies, it.Hits, slab[len(slab):len(slab)])
+	ek, err := n.parseReqInto(r, op, it.Key, it.Policies, it.Hits, slab[len(slab):len(slab)])
 	switch {
 	case errors.Is(err, ErrUnknownPolicy):
 		return bad(peerpb.Status_STATUS_UNKNOWN_POLICY, err), nil, slab
@@ -215,8 +216,8 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *wire.Item, r *opReq,
 	if len(it.Policies) == 0 && len(ek) <= cap(slab)-len(slab) {
 		slab = slab[:len(slab)+len(ek)] // ek was appended in place
 	}
-	r.ek = ek
-	r.deferWait = true
+	r.EK = ek
+	r.DeferWait = true
 	d, r := n.decideWireReq(ctx, v, r, until)
 	return d, r, slab
 }
@@ -236,22 +237,22 @@ func (n *Node) waitUntil(ctx context.Context) time.Time {
 // for a moving partition until until.
 func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq, until time.Time) (wire.Decision, *opReq) {
 	bad := func(st peerpb.Status, err error) wire.Decision { return wireError(n, v, st, err) }
-	pk := shard.Place(r.ek)
+	pk := shard.Place(r.EK)
 	pid := v.snap.PartitionOfHash(pk.Hash())
 	pt := &n.pt.parts[pid]
 	for {
 		var d Decision
-		st, ch, err := n.decideHere(ctx, v, pt, pid, r, pk, &d)
+		st, ch, err := n.decideHere(ctx, v, pt, r, pk, &d)
 		switch st {
-		case decided:
+		case partition.Decided:
 			if err != nil {
 				if errors.Is(err, ErrInvalidHits) || errors.Is(err, ErrWrongAlgorithm) {
 					return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err), nil
 				}
 				return bad(peerpb.Status_STATUS_UNAVAILABLE, err), nil
 			}
-			if r.wait == nil {
-				n.metrics.Decision(r.p.Name, d.Reason, PathRemote)
+			if r.Wait == nil {
+				n.metrics.Decision(r.P.Name, d.Reason, PathRemote)
 			}
 			out := wire.Decision{
 				Status: peerpb.Status_STATUS_OK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
@@ -260,7 +261,7 @@ func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq, until time.
 				DecidedAtNs: d.DecidedAt.UnixNano(), RefusedBy: d.RefusedBy, Limits: limitsToWire(d.Limits),
 			}
 			return out, r
-		case waitHere:
+		case partition.Wait:
 			if err := n.waitPart(ctx, ch, until); err != nil {
 				return bad(peerpb.Status_STATUS_UNAVAILABLE, fmt.Errorf("%w: partition %d is moving", ErrUnavailable, pid)), nil
 			}
@@ -292,12 +293,12 @@ type publicServer struct {
 }
 
 func (s *publicServer) Allow(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
-	return s.do(ctx, peerpb.Op_OP_CHECK, req)
+	return s.do(ctx, partition.OpCheck, req)
 }
 
 // Peek answers what Allow would decide, consuming nothing.
 func (s *publicServer) Peek(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
-	return s.do(ctx, peerpb.Op_OP_PEEK, req)
+	return s.do(ctx, partition.OpPeek, req)
 }
 
 // Refund gives back units of the key's admissions, once
@@ -306,7 +307,7 @@ func (s *publicServer) Refund(ctx context.Context, req *peerpb.AllowRequest) (*p
 	if err := authorize(ctx, s.n.cfg.AuthorizeRefund); err != nil {
 		return nil, err
 	}
-	return s.do(ctx, peerpb.Op_OP_REFUND, req)
+	return s.do(ctx, partition.OpRefund, req)
 }
 
 // Reset clears a key, once Config.AuthorizeReset (if set) allows the call.
@@ -316,7 +317,7 @@ func (s *publicServer) Reset(ctx context.Context, req *peerpb.AllowRequest) (*pe
 	if err := authorize(ctx, s.n.cfg.AuthorizeReset); err != nil {
 		return nil, err
 	}
-	return s.do(ctx, peerpb.Op_OP_RESET, req)
+	return s.do(ctx, partition.OpReset, req)
 }
 
 // authorize asks check (nil: anyone may) whether the call may run; its
@@ -402,7 +403,7 @@ func (s *publicServer) AllowBatch(ctx context.Context, req *peerpb.AllowBatchReq
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			resp, err := s.do(ctx, peerpb.Op_OP_CHECK, r)
+			resp, err := s.do(ctx, partition.OpCheck, r)
 			if err != nil {
 				st := status.Convert(err)
 				out.Results[i] = &peerpb.AllowBatchResult{Code: int32(st.Code()), Error: st.Message()}
@@ -415,7 +416,7 @@ func (s *publicServer) AllowBatch(ctx context.Context, req *peerpb.AllowBatchReq
 	return out, nil
 }
 
-func (s *publicServer) do(ctx context.Context, op peerpb.Op, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicServer) do(ctx context.Context, op partition.Op, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	if s.n.view.Load() == nil {
 		// Clients can reach a joining node before its first ring is built.
 		return nil, status.Error(codes.Unavailable, "peer: node starting")
