@@ -74,7 +74,7 @@ type streamJob struct {
 const streamJobs = 64
 
 // AllowStream decides a stream of single requests (see the rules above).
-func (s *publicServer) AllowStream(st peerpb.RateLimiter_AllowStreamServer) error {
+func (s *publicService) AllowStream(st peerpb.RateLimiter_AllowStreamServer) error {
 	n := s.n
 	if n.stopped.Load() {
 		return status.Error(codes.Unavailable, ErrClosed.Error())
@@ -366,7 +366,7 @@ func (as *allowStream) send(srs []*streamReq) {
 // ring's target. A client that sends each key to that member saves the
 // forward hop; a table out of date costs only the hop (the receiver
 // forwards), never a second decision point.
-func (s *publicServer) Placement(ctx context.Context, _ *peerpb.PlacementRequest) (*peerpb.PlacementResponse, error) {
+func (s *publicService) Placement(ctx context.Context, _ *peerpb.PlacementRequest) (*peerpb.PlacementResponse, error) {
 	n := s.n
 	if n.stopped.Load() {
 		return nil, status.Error(codes.Unavailable, ErrClosed.Error())

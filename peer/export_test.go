@@ -371,9 +371,9 @@ func (n *Node) pipeForTest(member string) string { return n.pipeKindForTest(memb
 func (n *Node) replPipeForTest(member string) string { return n.pipeKindForTest(member, true) }
 
 func (n *Node) pipeKindForTest(member string, repl bool) string {
-	n.clientsMu.Lock()
-	c := n.clients[member]
-	n.clientsMu.Unlock()
+	n.linksMu.Lock()
+	c := n.links[member]
+	n.linksMu.Unlock()
 	if c == nil {
 		return ""
 	}
@@ -404,9 +404,9 @@ func (n *Node) setGatherForTest(d time.Duration) { n.gather.Store(int64(d)) }
 // replQueuedForTest is how many replication items wait in n's queue to
 // member to (0 without a client for it).
 func (n *Node) replQueuedForTest(to string) int {
-	n.clientsMu.Lock()
-	defer n.clientsMu.Unlock()
-	if c := n.clients[to]; c != nil {
+	n.linksMu.Lock()
+	defer n.linksMu.Unlock()
+	if c := n.links[to]; c != nil {
 		return len(c.repl.queue)
 	}
 	return 0

@@ -25,11 +25,11 @@ import (
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
-// client is the connection to one peer incarnation (name and address) and
+// peerLink is the connection to one peer incarnation (name and address) and
 // the batcher that coalesces concurrent forwards to it. The connection is
 // dialed lazily by gRPC and closed when the peer leaves or restarts.
-type client struct {
-	env   *clientEnv
+type peerLink struct {
+	env   *linkEnv
 	name  string
 	addr  string
 	conn  *grpc.ClientConn
@@ -75,15 +75,15 @@ const peerWindow = 1 << 20
 // client returns the client for member name at addr, creating it (and its
 // batcher goroutine) on first use. A client for an older address of the same
 // name is replaced.
-func (n *Node) client(name, addr string) (*client, error) {
-	n.clientsMu.Lock()
-	defer n.clientsMu.Unlock()
-	if c := n.clients[name]; c != nil {
+func (n *Node) dialLink(name, addr string) (*peerLink, error) {
+	n.linksMu.Lock()
+	defer n.linksMu.Unlock()
+	if c := n.links[name]; c != nil {
 		if c.addr == addr {
 			return c, nil
 		}
 		c.stop()
-		delete(n.clients, name)
+		delete(n.links, name)
 	}
 	if n.ctx.Err() != nil {
 		return nil, ErrClosed
@@ -100,8 +100,8 @@ func (n *Node) client(name, addr string) (*client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peer: client for %s at %s: %w", name, addr, err)
 	}
-	c := &client{
-		env: n.cenv, name: name, addr: addr, conn: conn,
+	c := &peerLink{
+		env: n.linkEnv, name: name, addr: addr, conn: conn,
 		stub:     peerpb.NewLimiterClient(conn),
 		queue:    make(chan *call, queueLen),
 		sem:      make(chan struct{}, n.cfg.MaxInFlight),
@@ -109,35 +109,35 @@ func (n *Node) client(name, addr string) (*client, error) {
 		quit:     make(chan struct{}),
 	}
 	c.repl = &replicator{c: c, queue: make(chan *replItem, replQueueLen), sem: make(chan struct{}, n.cfg.MaxInFlight), answered: make(chan struct{}, 1)}
-	n.clients[name] = c
+	n.links[name] = c
 	n.wg.Add(2)
 	go c.batchLoop()
 	go c.replLoop()
 	return c, nil
 }
 
-// peerClient returns the client of a live member by name.
-func (n *Node) peerClient(name string) (*client, error) {
+// linkTo returns the link to a live member by name.
+func (n *Node) linkTo(name string) (*peerLink, error) {
 	addr, ok := n.view.Load().alive[name]
 	if !ok {
 		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, name, errNoPeer)
 	}
-	return n.client(name, addr)
+	return n.dialLink(name, addr)
 }
 
 // dropClients stops clients of members that left or changed address.
 func (n *Node) dropClients(addrs map[string]string) {
-	n.clientsMu.Lock()
-	defer n.clientsMu.Unlock()
-	for name, c := range n.clients {
+	n.linksMu.Lock()
+	defer n.linksMu.Unlock()
+	for name, c := range n.links {
 		if addrs[name] != c.addr {
 			c.stop()
-			delete(n.clients, name)
+			delete(n.links, name)
 		}
 	}
 }
 
-func (c *client) stop() { c.once.Do(func() { close(c.quit) }) }
+func (c *peerLink) stop() { c.once.Do(func() { close(c.quit) }) }
 
 // pipeGather is how long a batch waits for the batch in flight before it
 // uses another in-flight slot.
@@ -155,7 +155,7 @@ const pipeGather = 5 * time.Millisecond
 // to come; the further slots are for a batch that is slow to answer
 // (a partition on the move), which should not hold the others up for
 // long.
-func (c *client) batchLoop() {
+func (c *peerLink) batchLoop() {
 	gather := time.NewTimer(pipeGather)
 	gather.Stop()
 	defer c.env.wg.Done()
@@ -244,7 +244,7 @@ func (c *client) batchLoop() {
 
 // done ends a batch's flight: it frees the batch's in-flight slot and
 // tells a gathering batchLoop.
-func (c *client) done() {
+func (c *peerLink) done() {
 	<-c.sem
 	select {
 	case c.answered <- struct{}{}:
@@ -253,7 +253,7 @@ func (c *client) done() {
 }
 
 // checkRequest builds the request for batch.
-func (c *client) checkRequest(batch []*call) *peerpb.CheckRequest {
+func (c *peerLink) checkRequest(batch []*call) *peerpb.CheckRequest {
 	req := &peerpb.CheckRequest{Sender: c.env.self, Items: make([]*peerpb.CheckItem, len(batch))}
 	v := c.env.view.Load()
 	req.RingVersion, req.MembersHash = v.snap.Version(), v.snap.MembersHash()
@@ -266,7 +266,7 @@ func (c *client) checkRequest(batch []*call) *peerpb.CheckRequest {
 // sendPipe sends f's batch on p; the pipe's receiver hands out the
 // decisions and frees the in-flight slot. It reports false, having sent
 // nothing, when the pipe is broken; f is then still the caller's.
-func (c *client) sendPipe(p *transport.Pipe[peerpb.CheckRequest, peerpb.CheckResponse], f *fwdSend) bool {
+func (c *peerLink) sendPipe(p *transport.Pipe[peerpb.CheckRequest, peerpb.CheckResponse], f *fwdSend) bool {
 	v := c.env.view.Load()
 	req := &f.req
 	req.Sender, req.RingVersion, req.MembersHash, req.TimeoutNs = c.env.self, v.snap.Version(), v.snap.MembersHash(), int64(c.env.forwardTimeout)
@@ -310,7 +310,7 @@ func sendPooled[Req, Resp any](p *transport.Pipe[Req, Resp], m pooledMsg[Req, Re
 // the memory its packing and its answer use. It is pooled (fwdSendPool)
 // once its sender and its answer are both done with it.
 type fwdSend struct {
-	c     *client
+	c     *peerLink
 	req   peerpb.CheckRequest
 	batch []*call
 	buf   []byte
@@ -323,7 +323,7 @@ type fwdSend struct {
 var fwdSendPool = sync.Pool{New: func() any { return new(fwdSend) }}
 
 // getFwdSend returns a pooled fwdSend for c's batcher (one user).
-func getFwdSend(c *client) *fwdSend {
+func getFwdSend(c *peerLink) *fwdSend {
 	f := fwdSendPool.Get().(*fwdSend)
 	f.c = c
 	f.refs.Store(1)
@@ -376,7 +376,7 @@ func (f *fwdSend) Done(resp *peerpb.CheckResponse, err error) {
 }
 
 // send makes one batch RPC and hands each call its decision.
-func (c *client) send(batch []*call) {
+func (c *peerLink) send(batch []*call) {
 	defer c.env.wg.Done()
 	defer c.done()
 	req := c.checkRequest(batch)
@@ -389,7 +389,7 @@ func (c *client) send(batch []*call) {
 
 // finish hands each call of batch its decision from resp, or err. The
 // decisions are decoded into out's memory, which it returns for reuse.
-func (c *client) finish(ctx context.Context, batch []*call, resp *peerpb.CheckResponse, err error, start time.Time, out []wire.Decision) []wire.Decision {
+func (c *peerLink) finish(ctx context.Context, batch []*call, resp *peerpb.CheckResponse, err error, start time.Time, out []wire.Decision) []wire.Decision {
 	out = slices.Grow(out[:0], len(batch))[:len(batch)]
 	switch {
 	case err != nil:
@@ -426,7 +426,7 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (De
 		return n.forwardLease(ctx, owner, r)
 	}
 	key, hits := r.Key, r.Hits
-	c, err := n.peerClient(owner)
+	c, err := n.linkTo(owner)
 	if err != nil {
 		return Decision{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
@@ -496,7 +496,7 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (De
 }
 
 // direct sends one request as its own RPC (batching disabled).
-func (c *client) direct(ctx context.Context, r *opReq) callResult {
+func (c *peerLink) direct(ctx context.Context, r *opReq) callResult {
 	key := r.Key
 	v := c.env.view.Load()
 	req := &peerpb.CheckRequest{

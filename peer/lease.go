@@ -127,7 +127,7 @@ func (n *Node) Release(ctx context.Context, key Key, id uint64) (Decision, error
 
 // forwardLease asks owner to take or end a lease, as its own RPC.
 func (n *Node) forwardLease(ctx context.Context, owner string, r *opReq) (Decision, error) {
-	c, err := n.peerClient(owner)
+	c, err := n.linkTo(owner)
 	if err != nil {
 		return Decision{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
@@ -173,7 +173,7 @@ func (n *Node) forwardLease(ctx context.Context, owner string, r *opReq) (Decisi
 
 // Lease is the holder's side of forwardLease: one lease operation, decided
 // like a Check item.
-func (s *server) Lease(ctx context.Context, req *peerpb.LeaseRequest) (*peerpb.LeaseResponse, error) {
+func (s *limiterService) Lease(ctx context.Context, req *peerpb.LeaseRequest) (*peerpb.LeaseResponse, error) {
 	n := s.n
 	if n.ctx.Err() != nil {
 		return nil, status.Error(codes.Unavailable, ErrClosed.Error())

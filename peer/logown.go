@@ -321,13 +321,13 @@ func (lo *logOwner) dial(_ context.Context, to uint64) (grpc.ClientConnInterface
 	}
 	addr, ok := lo.peers.Load().addr[name]
 	if !ok {
-		c, err := lo.n.peerClient(name)
+		c, err := lo.n.linkTo(name)
 		if err != nil {
 			return nil, err
 		}
 		return c.conn, nil
 	}
-	c, err := lo.n.client(name, addr)
+	c, err := lo.n.dialLink(name, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -650,7 +650,7 @@ func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string,
 	if f := n.hooks.copyUnsent.Load(); f != nil && (*f)(a.P, to) {
 		return errCopyUnsent
 	}
-	c, err := n.peerClient(to)
+	c, err := n.linkTo(to)
 	if err != nil {
 		return err
 	}
@@ -698,8 +698,8 @@ func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string,
 	return flush(true)
 }
 
-// applyOp is the receiver's side of a copy and of replication.
-func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing bool) opResult {
+// receiveOp is the receiver's side of a copy and of replication.
+func (lo *logOwner) receiveOp(sender string, h opHead, keys []packedAdmit, closing bool) opResult {
 	n := lo.n
 	refused := opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
 	needSync := opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}

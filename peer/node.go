@@ -83,16 +83,16 @@ type Node struct {
 	rpcLis    net.Listener
 	rpcConns  *connlimit.Listener // rpcLis within RPCLimits' connection bounds
 
-	clientsMu sync.Mutex
-	clients   map[string]*client // by member name
-	calls     sync.Pool          // of *call, reused by forwards
-	replItems sync.Pool          // of *replItem, reused by replication
+	linksMu   sync.Mutex
+	links     map[string]*peerLink // by member name
+	calls     sync.Pool            // of *call, reused by forwards
+	replItems sync.Pool            // of *replItem, reused by replication
 
 	ctx    context.Context // the node's lifetime; cancelled by Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	// cenv is what each per-peer client takes of this node (clientenv.go).
-	cenv *clientEnv
+	// linkEnv is what each per-peer link takes of this node (linkenv.go).
+	linkEnv *linkEnv
 	// part is what the decisions on this node's partitions are given
 	// (decide.go, internal/partition).
 	part      partition.Env
@@ -154,7 +154,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		viewCh:    make(chan struct{}),
 		rebuildCh: make(chan struct{}, 1),
 		kept:      map[string]membership.Event{},
-		clients:   make(map[string]*client),
+		links:     make(map[string]*peerLink),
 		closed:    make(chan struct{}),
 	}
 	n.table.Store(policy.New(cfg.Policies))
@@ -252,7 +252,7 @@ func (n *Node) startRPC() error {
 	n.health = health.NewServer()
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	n.setupAuth()
-	n.cenv = n.newClientEnv()
+	n.linkEnv = n.newLinkEnv()
 	n.serveRPC(lis)
 	return nil
 }
@@ -274,8 +274,8 @@ func (n *Node) serveRPC(lis net.Listener) {
 	opts = append(opts, grpc.NumStreamWorkers(rpcStreamWorkers))
 	opts = append(opts, n.cfg.RPCLimits.serverOptions()...)
 	srv := grpc.NewServer(opts...)
-	peerpb.RegisterLimiterServer(srv, &server{n: n})
-	peerpb.RegisterRateLimiterServer(srv, &publicServer{n: n})
+	peerpb.RegisterLimiterServer(srv, &limiterService{n: n})
+	peerpb.RegisterRateLimiterServer(srv, &publicService{n: n})
 	healthpb.RegisterHealthServer(srv, n.health)
 	n.lo.register(srv)
 	if n.cfg.RegisterServices != nil {
@@ -459,11 +459,11 @@ func (n *Node) every(d time.Duration, fn func()) {
 // stopClients stops every peer client (their batchers exit; the node's wg
 // waits for them).
 func (n *Node) stopClients() {
-	n.clientsMu.Lock()
-	defer n.clientsMu.Unlock()
-	for name, c := range n.clients {
+	n.linksMu.Lock()
+	defer n.linksMu.Unlock()
+	for name, c := range n.links {
 		c.stop()
-		delete(n.clients, name)
+		delete(n.links, name)
 	}
 }
 

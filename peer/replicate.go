@@ -96,7 +96,7 @@ func putReplItem(pool *sync.Pool, it *replItem) {
 
 // replicator is the batcher of operations to one backup member.
 type replicator struct {
-	c     *client
+	c     *peerLink
 	queue chan *replItem
 	// answered is nudged by every answer on the pipe; replLoop waits on
 	// it while it gathers, as batchLoop does.
@@ -115,7 +115,7 @@ const replQueueLen = 8192
 // item, whose Done yields the outcome; the waiter hands it back with
 // Release after Done yields.
 func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (*replItem, error) {
-	c, err := n.peerClient(to)
+	c, err := n.linkTo(to)
 	if err != nil {
 		n.replUnqueued(pid, epoch, wait)
 		return nil, err
@@ -141,7 +141,7 @@ func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key,
 // replicateState queues key state st (ages relative to at) for backup to
 // as a replacement of the copy's state of that key.
 func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyState, at time.Time, wait bool) (*replItem, error) {
-	c, err := n.peerClient(to)
+	c, err := n.linkTo(to)
 	if err != nil {
 		n.replUnqueued(pid, epoch, wait)
 		return nil, err
@@ -171,12 +171,12 @@ func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyStat
 // goes on), so the backup must get it from a copy of the partition.
 func (n *Node) replUnqueued(pid int, epoch uint64, wait bool) {
 	if !wait {
-		n.cenv.recopy(pid, epoch)
+		n.linkEnv.recopy(pid, epoch)
 	}
 }
 
 // replLoop batches c's replication queue into Replicate RPCs.
-func (c *client) replLoop() {
+func (c *peerLink) replLoop() {
 	defer c.env.wg.Done()
 	r := c.repl
 	defer func() {
@@ -271,7 +271,7 @@ func (c *client) replLoop() {
 // c is in flight: every item queued before it has been answered (applied
 // or refused by the backup, or failed here). Called by replLoop, holding
 // no in-flight slot.
-func (c *client) awaitReplIdle(bar *replItem) {
+func (c *peerLink) awaitReplIdle(bar *replItem) {
 	r := c.repl
 	for len(r.sem) > 0 {
 		select {
@@ -287,7 +287,7 @@ func (c *client) awaitReplIdle(bar *replItem) {
 // replBarrier waits until every replication item queued for member to
 // before the call has been answered, or ctx ends.
 func (n *Node) replBarrier(ctx context.Context, to string) error {
-	c, err := n.peerClient(to)
+	c, err := n.linkTo(to)
 	if err != nil {
 		return err
 	}
@@ -309,7 +309,7 @@ func (n *Node) replBarrier(ctx context.Context, to string) error {
 // sendReplPipe sends rs's batch on p without waiting; the pipe's receiver
 // applies the answer and frees the slot. It reports false, having sent
 // nothing, when the pipe is broken; rs is then still the caller's.
-func (c *client) sendReplPipe(p *transport.Pipe[peerpb.ReplicateRequest, peerpb.ReplicateResponse], rs *replSend) bool {
+func (c *peerLink) sendReplPipe(p *transport.Pipe[peerpb.ReplicateRequest, peerpb.ReplicateResponse], rs *replSend) bool {
 	batch := rs.batch
 	if allAdmits(batch) {
 		// The common case: admissions only, packed.
@@ -332,7 +332,7 @@ func (c *client) sendReplPipe(p *transport.Pipe[peerpb.ReplicateRequest, peerpb.
 // answer are both done with it: a batch of admissions allocates nothing
 // of its own.
 type replSend struct {
-	c      *client
+	c      *peerLink
 	req    *peerpb.ReplicateRequest // &packed, or built by replRequest
 	packed peerpb.ReplicateRequest
 	batch  []*replItem
@@ -348,7 +348,7 @@ type replSend struct {
 var replSendPool = sync.Pool{New: func() any { return new(replSend) }}
 
 // getReplSend returns a pooled replSend for c's batcher (one user).
-func getReplSend(c *client) *replSend {
+func getReplSend(c *peerLink) *replSend {
 	rs := replSendPool.Get().(*replSend)
 	rs.c = c
 	rs.refs.Store(1)
@@ -402,7 +402,7 @@ func (rs *replSend) Done(resp *peerpb.ReplicateResponse, err error) {
 // number, given here, in the loop that sends them one after another (the
 // backup applies none older than one it has applied), and this node's
 // policy version and, while the backup's policy table may differ, windows.
-func (c *client) stamp(req *peerpb.ReplicateRequest, batch []*replItem) {
+func (c *peerLink) stamp(req *peerpb.ReplicateRequest, batch []*replItem) {
 	req.Seq = c.env.replSeq.Add(1)
 	c.env.stamp(req, c.name, batchPolicies(batch))
 }
@@ -478,7 +478,7 @@ func opsOf(req *peerpb.ReplicateRequest) []replOp {
 // replResults returns the want results of a replication answer, packed or
 // not. A packed answer is decoded into sc when it is not nil (the results
 // are then valid until sc is reused).
-func (c *client) replResults(resp *peerpb.ReplicateResponse, want int, sc *resultScratch) ([]*peerpb.OpResult, error) {
+func (c *peerLink) replResults(resp *peerpb.ReplicateResponse, want int, sc *resultScratch) ([]*peerpb.OpResult, error) {
 	if b := resp.GetResultsPacked(); len(b) > 0 {
 		if sc == nil {
 			sc = new(resultScratch)
@@ -519,7 +519,7 @@ const maxReplBatch = 1024
 
 // sendRepl sends one batch. Consecutive admissions for one partition and
 // epoch, with no operation but admissions between them, share one operation.
-func (c *client) sendRepl(batch []*replItem) {
+func (c *peerLink) sendRepl(batch []*replItem) {
 	req, opOf := c.replRequest(batch)
 	c.stamp(req, batch)
 	ctx, cancel := context.WithTimeout(c.env.ctx, c.env.forwardTimeout)
@@ -536,7 +536,7 @@ func (c *client) sendRepl(batch []*replItem) {
 
 // replRequest builds the request for batch; opOf maps each item to its
 // operation's index.
-func (c *client) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, opOf []int) {
+func (c *peerLink) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, opOf []int) {
 	now := c.env.clock()
 	req = &peerpb.ReplicateRequest{Sender: c.env.self}
 	opOf = make([]int, len(batch))
@@ -596,7 +596,7 @@ func (c *client) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, o
 // and is lost to the backup: the holder copies its partition to the
 // backup again (recopy.go), so that a crash of the holder loses it only
 // until that copy, not for the rest of the window.
-func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp, opOf []int, results []*peerpb.OpResult, err error, start time.Time) {
+func (c *peerLink) replFinish(ctx context.Context, batch []*replItem, ops []replOp, opOf []int, results []*peerpb.OpResult, err error, start time.Time) {
 	env := c.env
 	if err != nil {
 		env.metrics.Forward(c.name, "replicate_error", time.Since(start))
@@ -650,7 +650,7 @@ func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp
 }
 
 // Replicate is the backup's side of replication.
-func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*peerpb.ReplicateResponse, error) {
+func (s *limiterService) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*peerpb.ReplicateResponse, error) {
 	if drop := s.n.hooks.replDrop.Load(); drop != nil && (*drop)(req) {
 		return nil, status.Error(codes.Unavailable, "peer: replication request dropped (test)")
 	}
@@ -665,7 +665,7 @@ type replScratch struct {
 }
 
 // replicate is Replicate, answering in sc's memory when sc is not nil.
-func (s *server) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peerpb.ReplicateResponse, error) {
+func (s *limiterService) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peerpb.ReplicateResponse, error) {
 	n := s.n
 	if hold := n.hooks.replHold.Load(); hold != nil {
 		if applied := (*hold)(req); applied != nil {
@@ -718,7 +718,7 @@ func (n *Node) applyPartitionOp(sender string, seq uint64, sw senderTable, op *p
 		keys = append(keys, packedAdmit{st: st, sp: importPolicy(p, sw)})
 	}
 	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: seq}
-	r := n.applyOpKeys(sender, h, keys, closing)
+	r := n.lo.receiveOp(sender, h, keys, closing)
 	return &peerpb.OpResult{Status: r.status, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
 }
 
@@ -738,12 +738,4 @@ type opHead struct {
 	holderEpoch uint64 // SYNC_BEGIN's HolderEpoch; 0: unknown
 	carried     int    // key states the operation carried, valid or not
 	seq         uint64 // its message's ReplicateRequest.Seq; 0: not numbered
-}
-
-// applyOpKeys applies operation h from holder sender; keys are the key
-// states it carries that are valid here, each with its local policy (a
-// key of a policy this node does not have, or has with another algorithm,
-// is not among them).
-func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing bool) opResult {
-	return n.lo.applyOp(sender, h, keys, closing)
 }

@@ -196,7 +196,7 @@ func (n *Node) portDead(member string) bool {
 	if h := n.hooks.portDead.Load(); h != nil {
 		return (*h)(member)
 	}
-	c, err := n.peerClient(member)
+	c, err := n.linkTo(member)
 	return err == nil && c.conn.GetState() == connectivity.TransientFailure
 }
 

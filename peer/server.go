@@ -19,8 +19,8 @@ import (
 	"github.com/ringlimit/ringlimit/shard"
 )
 
-// server answers peers: it decides, as owner, the requests they forward.
-type server struct {
+// limiterService answers peers: it decides, as owner, the requests they forward.
+type limiterService struct {
 	peerpb.UnimplementedLimiterServer
 	n *Node
 }
@@ -29,7 +29,7 @@ type server struct {
 // its own ring view never decides: it answers STATUS_NOT_OWNER with the
 // member it believes holds the key, so the sender retries there or after
 // refreshing its ring.
-func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.CheckResponse, error) {
+func (s *limiterService) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.CheckResponse, error) {
 	return s.check(ctx, req, nil)
 }
 
@@ -57,7 +57,7 @@ func (sc *checkScratch) reset() {
 }
 
 // check is Check, in sc's memory when sc is not nil.
-func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkScratch) (*peerpb.CheckResponse, error) {
+func (s *limiterService) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkScratch) (*peerpb.CheckResponse, error) {
 	n := s.n
 	if len(req.GetItems()) > wire.MaxBatch {
 		return nil, status.Errorf(codes.InvalidArgument, "peer: batch of %d requests exceeds %d", len(req.GetItems()), wire.MaxBatch)
@@ -285,25 +285,25 @@ func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq, until time.
 	}
 }
 
-// publicServer is the RateLimiter service for clients: any node accepts any
+// publicService is the RateLimiter service for clients: any node accepts any
 // key and routes it like Node.Allow.
-type publicServer struct {
+type publicService struct {
 	peerpb.UnimplementedRateLimiterServer
 	n *Node
 }
 
-func (s *publicServer) Allow(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) Allow(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	return s.do(ctx, partition.OpCheck, req)
 }
 
 // Peek answers what Allow would decide, consuming nothing.
-func (s *publicServer) Peek(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) Peek(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	return s.do(ctx, partition.OpPeek, req)
 }
 
 // Refund gives back units of the key's admissions, once
 // Config.AuthorizeRefund (if set) allows the call.
-func (s *publicServer) Refund(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) Refund(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	if err := authorize(ctx, s.n.cfg.AuthorizeRefund); err != nil {
 		return nil, err
 	}
@@ -313,7 +313,7 @@ func (s *publicServer) Refund(ctx context.Context, req *peerpb.AllowRequest) (*p
 // Reset clears a key, once Config.AuthorizeReset (if set) allows the call.
 // Without it the public port is the guard: serve it with mutual TLS
 // wherever clients must not reset quotas.
-func (s *publicServer) Reset(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) Reset(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	if err := authorize(ctx, s.n.cfg.AuthorizeReset); err != nil {
 		return nil, err
 	}
@@ -338,7 +338,7 @@ func authorize(ctx context.Context, check func(context.Context) error) error {
 }
 
 // Acquire takes a lease of a concurrency policy.
-func (s *publicServer) Acquire(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) Acquire(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	pk := req.GetKey()
 	l, err := s.n.Acquire(ctx, Request{Key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, Hits: req.GetHits(), Policies: req.GetPolicies()})
 	if err != nil {
@@ -350,7 +350,7 @@ func (s *publicServer) Acquire(ctx context.Context, req *peerpb.AllowRequest) (*
 }
 
 // Release ends a lease of a concurrency policy.
-func (s *publicServer) Release(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) Release(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	pk := req.GetKey()
 	d, err := s.n.Release(ctx, Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, req.GetLeaseId())
 	if err != nil {
@@ -361,7 +361,7 @@ func (s *publicServer) Release(ctx context.Context, req *peerpb.AllowRequest) (*
 
 // Reserve admits an estimate of a sliding_log policy, pending under a
 // reservation id.
-func (s *publicServer) Reserve(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) Reserve(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	pk := req.GetKey()
 	r, err := s.n.Reserve(ctx, Request{Key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, Hits: req.GetHits(), Policies: req.GetPolicies()})
 	if err != nil {
@@ -373,7 +373,7 @@ func (s *publicServer) Reserve(ctx context.Context, req *peerpb.AllowRequest) (*
 }
 
 // Settle replaces a reservation's estimate with its actual cost.
-func (s *publicServer) Settle(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) Settle(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	pk := req.GetKey()
 	st, err := s.n.Settle(ctx, Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, req.GetLeaseId(), req.GetActual())
 	if err != nil {
@@ -392,7 +392,7 @@ const MaxBatch = 1000
 const batchParallel = 64
 
 // AllowBatch decides independent requests; one bad item fails alone.
-func (s *publicServer) AllowBatch(ctx context.Context, req *peerpb.AllowBatchRequest) (*peerpb.AllowBatchResponse, error) {
+func (s *publicService) AllowBatch(ctx context.Context, req *peerpb.AllowBatchRequest) (*peerpb.AllowBatchResponse, error) {
 	if n := len(req.GetRequests()); n > MaxBatch {
 		return nil, status.Errorf(codes.InvalidArgument, "peer: batch of %d requests exceeds %d", n, MaxBatch)
 	}
@@ -416,7 +416,7 @@ func (s *publicServer) AllowBatch(ctx context.Context, req *peerpb.AllowBatchReq
 	return out, nil
 }
 
-func (s *publicServer) do(ctx context.Context, op partition.Op, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) do(ctx context.Context, op partition.Op, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	if s.n.view.Load() == nil {
 		// Clients can reach a joining node before its first ring is built.
 		return nil, status.Error(codes.Unavailable, "peer: node starting")
@@ -433,7 +433,7 @@ func (s *publicServer) do(ctx context.Context, op partition.Op, req *peerpb.Allo
 // names the policy asked for and not the node's table: the public API
 // answers callers it has not authenticated, and the table's names (other
 // tenants' endpoints, plans) are the operator's (issue 53 item 8).
-func (s *publicServer) status(err error) error {
+func (s *publicService) status(err error) error {
 	if !errors.Is(err, ErrUnknownPolicy) {
 		return ToStatus(err)
 	}
