@@ -601,3 +601,49 @@ func withCtxErr(ctx context.Context, err error) error {
 	}
 	return err
 }
+
+// forwardLease asks owner to take or end a lease, as its own RPC.
+func (n *Node) forwardLease(ctx context.Context, owner string, r *opReq) (Decision, error) {
+	c, err := n.linkTo(owner)
+	if err != nil {
+		return Decision{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
+	defer cancel()
+	req := &peerpb.LeaseRequest{
+		Sender:  n.name,
+		Item:    &peerpb.CheckItem{Key: &peerpb.Key{Tenant: r.Key.Tenant, Subject: r.Key.Subject, Policy: r.Key.Policy}, Hits: r.Hits, Op: peerpb.Op(r.Op)},
+		LeaseId: r.Lease,
+		Actual:  r.Actual,
+	}
+	for _, g := range r.Returns {
+		gr := &peerpb.GrantReturn{LeaseId: g.ID, Uses: make([]*peerpb.Run, len(g.Uses))}
+		for i, u := range g.Uses {
+			gr.Uses[i] = &peerpb.Run{AgeNs: int64(u.Age), Count: u.Count}
+		}
+		req.Returns = append(req.Returns, gr)
+	}
+	start := time.Now()
+	resp, err := c.stub.Lease(ctx, req)
+	n.metrics.Batch(c.name, 1)
+	if err != nil {
+		n.metrics.Forward(c.name, "error", time.Since(start))
+		return Decision{}, fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, c.name, withCtxErr(ctx, err))
+	}
+	n.metrics.Forward(c.name, "ok", time.Since(start))
+	wd := wire.DecisionFromPB(resp.GetDecision())
+	d, err := fromWire(&wd, owner)
+	if err != nil {
+		return Decision{}, err
+	}
+	if (r.Op == partition.OpAcquire || r.Op == partition.OpReserve) && d.Allowed {
+		r.Lease, r.LeaseTTL = resp.GetLeaseId(), time.Duration(resp.GetLeaseTtlNs())
+	}
+	if r.Op == partition.OpSettle {
+		r.Estimate, r.Overage = resp.GetEstimate(), resp.GetOverage()
+	}
+	if r.Op == partition.OpGrant {
+		r.Lease, r.LeaseTTL, r.Granted = resp.GetLeaseId(), time.Duration(resp.GetLeaseTtlNs()), resp.GetGranted()
+	}
+	return d, nil
+}

@@ -10,7 +10,7 @@ import (
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
-// The operations besides a single-policy check (operations.go) under
+// The operations besides a single-policy check (internal/partition) under
 // faults: a check of several policies one of which is unlimited, a refund
 // or reset reordered in a replication batch, and a refund its backup does
 // not confirm, retried by its caller.

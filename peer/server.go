@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ringlimit/ringlimit/peer/internal/grantee"
 	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/internal/wire"
@@ -456,4 +457,64 @@ func DecisionToWire(d Decision) *peerpb.AllowResponse {
 			RetryAfterNs: int64(l.RetryAfter), ResetAfterNs: int64(l.ResetAfter)})
 	}
 	return out
+}
+
+// Lease is the holder's side of forwardLease: one lease operation, decided
+// like a Check item.
+func (s *limiterService) Lease(ctx context.Context, req *peerpb.LeaseRequest) (*peerpb.LeaseResponse, error) {
+	n := s.n
+	if n.ctx.Err() != nil {
+		return nil, status.Error(codes.Unavailable, ErrClosed.Error())
+	}
+	v := n.view.Load()
+	if v == nil {
+		return nil, status.Error(codes.Unavailable, "peer: node starting")
+	}
+	it := req.GetItem()
+	op := opFromWire(it.GetOp())
+	if !op.Spec().OwnRPC {
+		return nil, statusInvalid(fmt.Sprintf("lease operation %v", op))
+	}
+	pk := it.GetKey()
+	r, err := n.parseReq(op, Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, nil, it.GetHits())
+	if err != nil {
+		st := peerpb.Status_STATUS_INVALID_ARGUMENT
+		if errors.Is(err, ErrUnknownPolicy) {
+			st = peerpb.Status_STATUS_UNKNOWN_POLICY
+		}
+		d := wireError(n, v, st, err)
+		return &peerpb.LeaseResponse{Decision: d.ToPB()}, nil
+	}
+	r.Lease = req.GetLeaseId()
+	if op == partition.OpSettle {
+		if r.Actual = req.GetActual(); r.Actual < 0 {
+			d := wireError(n, v, peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: actual cost %d must not be negative", ErrInvalidHits, r.Actual))
+			return &peerpb.LeaseResponse{Decision: d.ToPB()}, nil
+		}
+	}
+	if op == partition.OpGrant {
+		if len(req.GetReturns()) > shard.MaxGrants {
+			d := wireError(n, v, peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %d grants returned, at most %d", ErrInvalidHits, len(req.GetReturns()), shard.MaxGrants))
+			return &peerpb.LeaseResponse{Decision: d.ToPB()}, nil
+		}
+		for _, gr := range req.GetReturns() {
+			ret := grantee.Return{ID: gr.GetLeaseId(), Uses: make([]shard.Run, len(gr.GetUses()))}
+			for i, u := range gr.GetUses() {
+				ret.Uses[i] = shard.Run{Age: time.Duration(max(u.GetAgeNs(), 0)), Count: u.GetCount()}
+			}
+			r.Returns = append(r.Returns, ret)
+		}
+	}
+	d, _ := n.decideWireReq(ctx, v, r, n.waitUntil(ctx))
+	resp := &peerpb.LeaseResponse{Decision: d.ToPB()}
+	if op == partition.OpGrant && d.Status == peerpb.Status_STATUS_OK {
+		resp.LeaseId, resp.LeaseTtlNs, resp.Granted = r.Lease, int64(r.LeaseTTL), r.Granted
+	}
+	if (op == partition.OpAcquire || op == partition.OpReserve) && d.Status == peerpb.Status_STATUS_OK && d.Allowed {
+		resp.LeaseId, resp.LeaseTtlNs = r.Lease, int64(r.LeaseTTL)
+	}
+	if op == partition.OpSettle {
+		resp.Estimate, resp.Overage = r.Estimate, r.Overage
+	}
+	return resp, nil
 }
