@@ -24,141 +24,171 @@ func (n *Node) route(ctx context.Context, r *opReq, ek []byte) (Decision, error)
 // routeInto is route with its Decision written to *d: the decision is
 // built once, in the caller's memory, rather than copied up through every
 // return on the way (a Decision is too large for registers, and each copy
-// costs more than building it).
+// costs more than building it). Each turn of its loop, top to bottom:
+// decide here; wait for a move here; decide from rights (a spread key);
+// forward to the holder; else retry where the answer points, or the
+// failure policy.
 func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) error {
 	v := n.view.Load()
 	// One hash places the key on the ring and picks its shard stripe.
 	pk := shard.Place(ek)
 	pid := v.snap.PartitionOfHash(pk.Hash())
 	pt := &n.pt.parts[pid]
-	var cause error
-	redirect := ""
-	redirects := 0
-	// The routing deadline is read from the clock only once a request
-	// cannot be decided at once: the local path reads the clock once, in
-	// decideHere.
-	var waitUntil time.Time
-	// moveUntil bounds the wait for a partition that is moving (fenced
-	// for a transfer, here or at its holder): longer than a forward, so
-	// that callers wait for a graceful move rather than fail (issue 53
-	// item 14: "partition N is moving" during a leave).
-	var moveUntil time.Time
-	prevTarget := "" // the member a not-owner answer came from before the last
-	waited := time.Duration(0)
+	var rt routing
 	for {
 		v = n.view.Load()
+		// Decide here.
 		st, ch, err := n.decideHere(ctx, v, pt, r, pk, d)
 		if st == partition.Decided {
 			if err != nil {
-				*d, err = n.unavailable(r, err)
-				return err
+				return n.fail(r, d, err)
 			}
 			n.metrics.Decision(r.P.Name, d.Reason, PathLocal)
 			return nil
 		}
-		if waitUntil.IsZero() {
-			now := time.Now()
-			waitUntil, moveUntil = now.Add(n.cfg.ForwardTimeout), now.Add(n.moveWait())
-		}
-		switch st {
-		case partition.Wait:
-			if err := n.waitPart(ctx, ch, moveUntil); err != nil {
-				*d, err = n.unavailable(r, fmt.Errorf("%w: partition %d is moving: %w", ErrUnavailable, pid, err))
-				return err
+		rt.start(n)
+		// Wait for a move here, or for a transfer to this node.
+		if st == partition.Wait {
+			if err := n.waitPart(ctx, ch, rt.moveUntil); err != nil {
+				return n.fail(r, d, fmt.Errorf("%w: partition %d is moving: %w", ErrUnavailable, pid, err))
 			}
 			continue
 		}
-		target := redirect
-		redirect = ""
-		if target == "" {
-			target = n.routeTarget(v, pt, pid, waited)
-		}
+		target := rt.next(n, v, pt, pid)
 		if target == "" {
 			// This node is the target but not yet the holder: the
 			// transfer is on its way. Wait briefly, then ask around.
 			t0 := time.Now()
-			until := waitUntil
+			until := rt.waitUntil
 			if t := t0.Add(notOwnerPause); t.Before(until) {
 				until = t
 			}
-			if err := n.waitPart(ctx, ch, until); err != nil && time.Now().After(waitUntil) {
-				*d, err = n.unavailable(r, fmt.Errorf("%w: partition %d has no holder yet: %w", ErrUnavailable, pid, err))
-				return err
+			if err := n.waitPart(ctx, ch, until); err != nil && time.Now().After(rt.waitUntil) {
+				return n.fail(r, d, fmt.Errorf("%w: partition %d has no holder yet: %w", ErrUnavailable, pid, err))
 			}
-			waited += time.Since(t0)
+			rt.waited += time.Since(t0)
 			continue
 		}
+		// Decide from rights the holder granted this node.
 		if n.spreadDecide(v, r, ek, d) {
 			n.metrics.Decision(r.P.Name, d.Reason, PathLocal)
 			return nil
 		}
+		// Forward.
 		fd, err := n.forward(ctx, v, target, r)
 		if err == nil {
 			*d = fd
 			n.metrics.Decision(r.P.Name, d.Reason, PathForwarded)
 			return nil
 		}
-		var no *notOwnerError
-		if errors.Is(err, errMoving) && time.Now().Before(moveUntil) {
-			// The holder waited for the move and did not decide: ask
-			// again, where the partition is once it has moved (safe for
-			// every operation: nothing was decided).
-			if err := n.awaitView(ctx, v); err != nil && ctx.Err() != nil {
-				*d, err = n.unavailable(r, errors.Join(err, ctx.Err()))
-				return err
-			}
-			continue
-		}
-		if !errors.As(err, &no) {
-			if redirects < n.cfg.NotOwnerRetries && n.portDead(target) {
-				// Gossip lists the target but its port refuses
-				// connections (a firewall, a wrong advertised address):
-				// mark it, and route as if it were not the target. A
-				// refund or a reset is not sent again (resendable); the
-				// mark still spares the requests after it.
-				n.reach.mark(target, n.mono())
-				if r.Op.Spec().Resendable {
-					n.metrics.Forward(target, "resent", 0)
-					redirects++
-					continue
-				}
-			}
-			*d, err = n.unavailable(r, err)
-			return err
-		}
-		cause = err
-		// A receiver that names the member asked just before it sends the
-		// request back where it came from: two views on either side of a
-		// commit, which ping-ponged a request through its hops.
-		asked := prevTarget
-		prevTarget = target
-		if no.owner != "" && no.owner != target && no.owner != n.name && no.owner != asked {
-			// The log's table is the only record of holders: follow the
-			// receiver's, learn nothing. NotOwnerRetries bounds these
-			// hops.
-			redirects++
-			if redirects > n.cfg.NotOwnerRetries || time.Now().After(moveUntil) {
-				*d, err = n.unavailable(r, cause)
-				return err
-			}
-			redirect = no.owner
-			continue
-		}
-		// The receiver names nobody new (itself, the member asked before
-		// it, or this node): the holder is changing and the views have not
-		// caught up with the log's commit. Wait for this node's view,
-		// within a move's bound (moveWait), rather than spend the hops:
-		// a graceful move answered callers "not owner" when its commit
-		// outlasted three short waits (issue 53 item 14).
-		if time.Now().After(moveUntil) {
-			*d, err = n.unavailable(r, cause)
-			return err
-		}
-		if err := n.awaitView(ctx, v); err != nil {
-			*d, err = n.unavailable(r, errors.Join(cause, err))
-			return err
+		// Else go again where the answer points, or fail.
+		if err := n.afterForward(ctx, &rt, v, target, r, err); err != nil {
+			return n.fail(r, d, err)
 		}
 	}
+}
+
+// fail answers r by the failure policy (failure.go) for cause.
+func (n *Node) fail(r *opReq, d *Decision, cause error) error {
+	var err error
+	*d, err = n.unavailable(r, cause)
+	return err
+}
+
+// routing is one request's route so far: its bounds, once it could not be
+// decided at once, and the answers that redirected it.
+type routing struct {
+	// waitUntil bounds the wait for a holder; moveUntil the wait for a
+	// partition that is moving (fenced for a transfer, here or at its
+	// holder): longer than a forward, so that callers wait for a graceful
+	// move rather than fail (issue 53 item 14: "partition N is moving"
+	// during a leave). Both are read from the clock only once a request
+	// cannot be decided at once: the local path reads the clock once.
+	waitUntil, moveUntil time.Time
+	redirect             string // the member the last answer named, to ask next
+	redirects            int
+	prevTarget           string // the member a not-owner answer came from before the last
+	waited               time.Duration
+}
+
+// start sets the bounds, at the first turn that did not decide.
+func (rt *routing) start(n *Node) {
+	if rt.waitUntil.IsZero() {
+		now := time.Now()
+		rt.waitUntil, rt.moveUntil = now.Add(n.cfg.ForwardTimeout), now.Add(n.moveWait())
+	}
+}
+
+// next is the member to forward to: the one the last answer named, else
+// routeTarget's; "" to wait for a transfer to this node.
+func (rt *routing) next(n *Node, v *view, pt *part, pid int) string {
+	target := rt.redirect
+	rt.redirect = ""
+	if target == "" {
+		target = n.routeTarget(v, pt, pid, rt.waited)
+	}
+	return target
+}
+
+// afterForward reads a forward's failure: nil to route again (the holder
+// was moving, the target's port is dead and r may be resent, or the
+// target named another holder), else the cause to fail with.
+func (n *Node) afterForward(ctx context.Context, rt *routing, v *view, target string, r *opReq, err error) error {
+	if errors.Is(err, errMoving) && time.Now().Before(rt.moveUntil) {
+		// The holder waited for the move and did not decide: ask again,
+		// where the partition is once it has moved (safe for every
+		// operation: nothing was decided).
+		if err := n.awaitView(ctx, v); err != nil && ctx.Err() != nil {
+			return errors.Join(err, ctx.Err())
+		}
+		return nil
+	}
+	var no *notOwnerError
+	if !errors.As(err, &no) {
+		if rt.redirects < n.cfg.NotOwnerRetries && n.portDead(target) {
+			// Gossip lists the target but its port refuses connections
+			// (a firewall, a wrong advertised address): mark it, and
+			// route as if it were not the target. A refund or a reset is
+			// not sent again (resendable); the mark still spares the
+			// requests after it.
+			n.reach.mark(target, n.mono())
+			if r.Op.Spec().Resendable {
+				n.metrics.Forward(target, "resent", 0)
+				rt.redirects++
+				return nil
+			}
+		}
+		return err
+	}
+	cause := err
+	// A receiver that names the member asked just before it sends the
+	// request back where it came from: two views on either side of a
+	// commit, which ping-ponged a request through its hops.
+	asked := rt.prevTarget
+	rt.prevTarget = target
+	if no.owner != "" && no.owner != target && no.owner != n.name && no.owner != asked {
+		// The log's table is the only record of holders: follow the
+		// receiver's, learn nothing. NotOwnerRetries bounds these hops.
+		rt.redirects++
+		if rt.redirects > n.cfg.NotOwnerRetries || time.Now().After(rt.moveUntil) {
+			return cause
+		}
+		rt.redirect = no.owner
+		return nil
+	}
+	// The receiver names nobody new (itself, the member asked before it,
+	// or this node): the holder is changing and the views have not caught
+	// up with the log's commit. Wait for this node's view, within a move's
+	// bound (moveWait), rather than spend the hops: a graceful move
+	// answered callers "not owner" when its commit outlasted three short
+	// waits (issue 53 item 14).
+	if time.Now().After(rt.moveUntil) {
+		return cause
+	}
+	if err := n.awaitView(ctx, v); err != nil {
+		return errors.Join(cause, err)
+	}
+	return nil
 }
 
 // routeTarget is where a request for partition pid goes when this node does
