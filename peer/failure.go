@@ -28,10 +28,10 @@ import (
 // is unlimited in all); peeks, refunds and resets are never answered
 // without their holder.
 func (n *Node) unavailable(r *opReq, cause error) (Decision, error) {
-	if r.Op == partition.OpAcquire || r.Op == partition.OpReserve {
+	switch r.Op.Spec().Fail {
+	case partition.FailLease:
 		return n.acquireUnavailable(r, cause)
-	}
-	if r.Op != partition.OpCheck {
+	case partition.FailNever:
 		// Never answered without the holder, even for an unlimited key.
 		return n.onUnavailable(&policy.Entry{Name: r.P.Name, Shard: r.P.Shard}, r.Key, r.Hits, cause)
 	}
