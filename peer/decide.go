@@ -19,6 +19,7 @@ import (
 func (n *Node) newPartEnv() partition.Env {
 	return partition.Env{
 		Repl:     replicas{n},
+		Now:      n.now,
 		Mono:     n.mono,
 		Capacity: n.capacityReached,
 		Pause:    &n.hooks.decide,
@@ -30,16 +31,15 @@ func (n *Node) newPartEnv() partition.Env {
 // Decide says when it waits or names another holder). pk is r's key
 // placed. *d is written only for a decision.
 func (n *Node) decideHere(ctx context.Context, v *view, pt *part, r *opReq, pk shard.Placed, d *Decision) (partition.Status, <-chan struct{}, error) {
-	now, mono := n.now()
 	var res partition.Result
-	st, ch, err := n.part.Decide(ctx, pt, r, pk, len(v.alive) <= 1, now, mono, &res)
+	st, ch, err := n.part.Decide(ctx, pt, r, pk, len(v.alive) <= 1, &res)
 	if st != partition.Decided || err != nil {
 		return st, ch, err
 	}
 	stamp(d, &res, n.name, v.snap.Version())
 	// Hot keys are sampled: one decision in hotSample records hotSample
 	// times the hits, which keeps the tracker's lock off most decisions.
-	if res.Counted && hotSampled(mono, pk.Hash()) {
+	if res.Counted && hotSampled(res.Mono, pk.Hash()) {
 		n.hot.RecordBytes(pk.Encoded(), r.Hits*hotSample, res.DecidedAt)
 	}
 	return st, nil, nil

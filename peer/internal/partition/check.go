@@ -14,11 +14,12 @@ import (
 // mode, one store decision, the admission's copy queued for the backup
 // before the gate is released, then (outside the gate) the disk and the
 // backup waited for. It allocates nothing.
-func (e *Env) check(ctx context.Context, pt *Part, r *Request, pk shard.Placed, alone bool, now time.Time, mono int64, res *Result) (Status, <-chan struct{}, error) {
+func (e *Env) check(ctx context.Context, pt *Part, r *Request, pk shard.Placed, alone bool, res *Result) (Status, <-chan struct{}, error) {
 	p, hits := r.P, r.Hits
 	pt.Mu.RLock()
 	ch := pt.Changed
-	if st := e.gateLocked(pt, r, alone, mono); st != Decided {
+	st, now, mono := e.gateLocked(pt, r, alone)
+	if st != Decided {
 		pt.Mu.RUnlock()
 		return st, ch, nil
 	}
@@ -26,6 +27,7 @@ func (e *Env) check(ctx context.Context, pt *Part, r *Request, pk shard.Placed, 
 		// The holder's table exempts the key: nothing to count or copy.
 		pt.Mu.RUnlock()
 		res.unlimited(now)
+		res.Mono = mono
 		return Decided, nil, nil
 	}
 	var sd shard.Decision
@@ -86,7 +88,7 @@ func (e *Env) check(ctx context.Context, pt *Part, r *Request, pk shard.Placed, 
 	// in, and the copy stalls on the bytes just written.
 	res.Allowed, res.Limit, res.Remaining = sd.Allowed, sd.Limit, sd.Remaining
 	res.RetryAfter, res.ResetAfter, res.Reason = sd.RetryAfter, sd.ResetAfter, ReasonAdmitted
-	res.DecidedAt, res.Limits, res.RefusedBy, res.Counted = now, nil, "", true
+	res.DecidedAt, res.Limits, res.RefusedBy, res.Counted, res.Mono = now, nil, "", true, mono
 	if !sd.Allowed {
 		res.refused(p)
 	}

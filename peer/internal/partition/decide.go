@@ -32,7 +32,7 @@ type call struct {
 // (in write mode for an exclusive operation), the operation's decision
 // and its copies queued, the disk, the lease again, then the backup's
 // answers.
-func (e *Env) decide(ctx context.Context, pt *Part, r *Request, alone bool, now time.Time, mono int64, res *Result) (Status, <-chan struct{}, error) {
+func (e *Env) decide(ctx context.Context, pt *Part, r *Request, alone bool, res *Result) (Status, <-chan struct{}, error) {
 	spec := r.Op.Spec()
 	if spec.decide == byNone {
 		return Decided, nil, fmt.Errorf("%w: unknown operation %v", ErrInvalidKey, r.Op)
@@ -43,11 +43,12 @@ func (e *Env) decide(ctx context.Context, pt *Part, r *Request, alone bool, now 
 	}
 	lock()
 	ch := pt.Changed
-	if st := e.gateLocked(pt, r, alone, mono); st != Decided {
+	st, now, mono := e.gateLocked(pt, r, alone)
+	if st != Decided {
 		unlock()
 		return st, ch, nil
 	}
-	c := call{e: e, pt: pt, r: *r, now: now, res: Result{DecidedAt: now}}
+	c := call{e: e, pt: pt, r: *r, now: now, res: Result{DecidedAt: now, Mono: mono}}
 	var err error
 	if r.Multi != nil {
 		err = decideMulti(&c)

@@ -61,6 +61,11 @@ type Env struct {
 	Repl  Replicator
 	// Disk is nil when no data directory is kept.
 	Disk Disk
+	// Now reads the node's clock and its monotonic clock for a decision.
+	// It is read under the partition's gate, after the role check: a
+	// reading taken before the gate was waited for could pass the lease
+	// check after the lease ended, and record admissions too early.
+	Now func() (time.Time, int64)
 	// Mono reads the node's monotonic clock: the lease is checked again
 	// after an admission, at the instant the decision is done.
 	Mono func() int64
@@ -86,38 +91,39 @@ const (
 )
 
 // Decide decides r on partition pt, which r's key (placed as pk) belongs
-// to, if this node holds it and may decide at now (mono on the monotonic
-// clock): a Result in *res, or an error for the caller. For Wait and
+// to, if this node holds it and may decide now (Env.Now, read under the
+// partition's gate): a Result in *res, or an error for the caller. For Wait and
 // Remote the channel returned is closed at the partition's next change.
 // alone says this node is the only live member (a synchronous policy then
 // decides without a backup). *res is written only for a decision.
-func (e *Env) Decide(ctx context.Context, pt *Part, r *Request, pk shard.Placed, alone bool, now time.Time, mono int64, res *Result) (Status, <-chan struct{}, error) {
+func (e *Env) Decide(ctx context.Context, pt *Part, r *Request, pk shard.Placed, alone bool, res *Result) (Status, <-chan struct{}, error) {
 	if r.Op == OpCheck && r.Multi == nil {
-		return e.check(ctx, pt, r, pk, alone, now, mono, res)
+		return e.check(ctx, pt, r, pk, alone, res)
 	}
-	return e.decide(ctx, pt, r, alone, now, mono, res)
+	return e.decide(ctx, pt, r, alone, res)
 }
 
 // gateLocked is the one check before every decision, with pt.Mu held:
 // this node holds the partition, its lease lets it decide at mono, and a
 // synchronous policy has its backup (unless this node is alone).
-func (e *Env) gateLocked(pt *Part, r *Request, alone bool, mono int64) Status {
+func (e *Env) gateLocked(pt *Part, r *Request, alone bool) (Status, time.Time, int64) {
 	switch pt.Role {
 	case RoleFenced:
-		return Wait
+		return Wait, time.Time{}, 0
 	case RoleHolder:
 	default:
-		return Remote
+		return Remote, time.Time{}, 0
 	}
+	now, mono := e.Now()
 	if !e.Lease.MayDecide(pt.ID, mono) || r.Op != OpPeek && r.Sync() && pt.Backup == "" && !alone {
 		// The lease ended or its renewal is late, or a synchronous
 		// policy waits for the backup the holder is making.
-		return Wait
+		return Wait, now, mono
 	}
 	if h := e.Pause.Load(); h != nil {
 		(*h)() // tests: a pause between the lease check and the decision
 	}
-	return Decided
+	return Decided, now, mono
 }
 
 // leaseEnded reports whether the lease has ended, now. It is checked

@@ -74,8 +74,11 @@ type fixture struct {
 	pt    *partition.Part
 	lease *fakeLease
 	repl  *fakeRepl
-	mono  int64
-	tab   *policy.Table
+	mono  int64 // the clock after the decision
+	// wall and gateMono are the clocks the gate reads.
+	wall     time.Time
+	gateMono int64
+	tab      *policy.Table
 }
 
 func newFixture(t *testing.T, backup string, pols map[string]policy.Config) *fixture {
@@ -88,6 +91,7 @@ func newFixture(t *testing.T, backup string, pols map[string]policy.Config) *fix
 	f.pt = &partition.NewParts(1)[0]
 	f.pt.Role, f.pt.Holder, f.pt.Epoch, f.pt.Store, f.pt.Backup = partition.RoleHolder, "me", 1, st, backup
 	f.env = &partition.Env{Lease: f.lease, Repl: f.repl, Mono: func() int64 { return f.mono },
+		Now:      func() (time.Time, int64) { return f.wall, f.gateMono },
 		Capacity: func(pid int, err error) error { return err }, Pause: new(atomic.Pointer[func()])}
 	return f
 }
@@ -111,7 +115,8 @@ func (f *fixture) req(t *testing.T, op partition.Op, pol string, hits int64) (*p
 // decide decides r at t0+at with the fixture's mono.
 func (f *fixture) decide(r *partition.Request, pk shard.Placed, at time.Duration, alone bool) (partition.Status, partition.Result, error) {
 	var res partition.Result
-	st, _, err := f.env.Decide(context.Background(), f.pt, r, pk, alone, t0.Add(at), f.mono, &res)
+	f.wall, f.gateMono = t0.Add(at), f.mono
+	st, _, err := f.env.Decide(context.Background(), f.pt, r, pk, alone, &res)
 	return st, res, err
 }
 
@@ -220,7 +225,8 @@ func TestCheck(t *testing.T) {
 				// The gate reads mono as passed in; the check after reads
 				// the fixture's clock, moved to s.mono by the decision.
 				var res partition.Result
-				st, _, err := f.env.Decide(context.Background(), f.pt, r, pk, false, t0.Add(s.at), 0, &res)
+				f.wall, f.gateMono = t0.Add(s.at), 0
+				st, _, err := f.env.Decide(context.Background(), f.pt, r, pk, false, &res)
 				if st != partition.Decided || !errors.Is(err, s.err) || (s.err != nil) != (err != nil) {
 					t.Fatalf("step %d (%+v): status %d, err %v; want decided, err %v", i, s, st, err, s.err)
 				}

@@ -112,6 +112,8 @@ type Result struct {
 	// Counted: a single check counted its hits on the store (what the
 	// hot-key tracker samples).
 	Counted bool
+	// Mono is the monotonic clock's reading the decision was made at.
+	Mono int64
 }
 
 // PolicyDecision is one policy's part of a multi-policy decision (package
