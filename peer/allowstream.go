@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -73,7 +74,7 @@ type streamJob struct {
 const streamJobs = 64
 
 // AllowStream decides a stream of single requests (see the rules above).
-func (s *publicServer) AllowStream(st peerpb.RateLimiter_AllowStreamServer) error {
+func (s *publicService) AllowStream(st peerpb.RateLimiter_AllowStreamServer) error {
 	n := s.n
 	if n.stopped.Load() {
 		return status.Error(codes.Unavailable, ErrClosed.Error())
@@ -170,7 +171,7 @@ func (as *allowStream) decide(items []*peerpb.AllowStreamItem) {
 			job.ready = append(job.ready, sr)
 			continue
 		}
-		ek, err := n.parseReqInto(&sr.r, peerpb.Op_OP_CHECK, key, req.GetPolicies(), req.GetHits(), slab[len(slab):len(slab)])
+		ek, err := n.parseReqInto(&sr.r, partition.OpCheck, key, req.GetPolicies(), req.GetHits(), slab[len(slab):len(slab)])
 		if err != nil {
 			sr.set(err)
 			job.ready = append(job.ready, sr)
@@ -179,12 +180,12 @@ func (as *allowStream) decide(items []*peerpb.AllowStreamItem) {
 		if len(req.GetPolicies()) == 0 && len(ek) <= cap(slab)-len(slab) {
 			slab = slab[:len(slab)+len(ek)] // ek was appended in place
 		}
-		sr.r.ek = ek
-		if sr.r.multi != nil || !as.tryHere(sr) {
+		sr.r.EK = ek
+		if sr.r.Multi != nil || !as.tryHere(sr) {
 			as.goRoute(sr)
 			continue
 		}
-		if sr.r.wait != nil || sr.r.durIdx != 0 {
+		if sr.r.Wait != nil || sr.r.DurIdx != 0 {
 			job.waiting = append(job.waiting, sr)
 		} else {
 			job.ready = append(job.ready, sr)
@@ -205,19 +206,19 @@ func (as *allowStream) push(job streamJob) {
 }
 
 // tryHere decides sr on this node if it holds the key's partition and may
-// decide at once; a synchronous backup's answer is left in sr.r.wait. It
+// decide at once; a synchronous backup's answer is left in sr.r.Wait. It
 // reports false when the request must be routed (forwarded, or wait for
 // its partition).
 func (as *allowStream) tryHere(sr *streamReq) bool {
 	n := as.n
 	v := n.view.Load()
-	pk := shard.Place(sr.r.ek)
+	pk := shard.Place(sr.r.EK)
 	pid := v.snap.PartitionOfHash(pk.Hash())
-	sr.r.deferWait = true
+	sr.r.DeferWait = true
 	var d Decision
-	st, _, err := n.decideHere(as.ctx, v, &n.pt.parts[pid], pid, &sr.r, pk, &d)
-	sr.r.deferWait = false
-	if st != decided {
+	st, _, err := n.decideHere(as.ctx, v, &n.pt.parts[pid], &sr.r, pk, &d)
+	sr.r.DeferWait = false
+	if st != partition.Decided {
 		return false
 	}
 	if err != nil {
@@ -226,8 +227,8 @@ func (as *allowStream) tryHere(sr *streamReq) bool {
 		return true
 	}
 	sr.d = d
-	if sr.r.wait == nil && sr.r.durIdx == 0 {
-		n.metrics.Decision(sr.r.p.Name, d.Reason, PathLocal)
+	if sr.r.Wait == nil && sr.r.DurIdx == 0 {
+		n.metrics.Decision(sr.r.P.Name, d.Reason, PathLocal)
 		sr.set(nil)
 	}
 	return true
@@ -277,17 +278,17 @@ func (as *allowStream) collect(srs []*streamReq, job streamJob) []*streamReq {
 	for _, sr := range job.waiting {
 		// The fsync here first: it runs while the backup writes its own.
 		err := n.awaitDurable(&sr.r)
-		if sr.r.wait != nil {
+		if sr.r.Wait != nil {
 			var rerr error
 			select {
-			case rerr = <-sr.r.wait.done:
-				n.putReplItem(sr.r.wait)
+			case rerr = <-sr.r.Wait.Done():
+				sr.r.Wait.Release()
 			case <-as.ctx.Done():
 				rerr = errors.Join(ErrUnavailable, as.ctx.Err())
 			case <-n.ctx.Done():
 				rerr = ErrClosed
 			}
-			sr.r.wait = nil
+			sr.r.Wait = nil
 			if err == nil {
 				err = rerr
 			}
@@ -297,7 +298,7 @@ func (as *allowStream) collect(srs []*streamReq, job streamJob) []*streamReq {
 			// policy answers, as it does for Allow.
 			sr.d, err = n.unavailable(&sr.r, err)
 		} else {
-			n.metrics.Decision(sr.r.p.Name, sr.d.Reason, PathLocal)
+			n.metrics.Decision(sr.r.P.Name, sr.d.Reason, PathLocal)
 		}
 		sr.set(err)
 	}
@@ -324,7 +325,7 @@ func (as *allowStream) goRoute(sr *streamReq) {
 	go func() {
 		defer as.wg.Done()
 		defer func() { <-as.routing }()
-		d, err := as.n.route(as.ctx, &sr.r, sr.r.ek)
+		d, err := as.n.route(as.ctx, &sr.r, sr.r.EK)
 		sr.d = d
 		sr.set(err)
 		as.push(streamJob{ready: []*streamReq{sr}})
@@ -372,7 +373,7 @@ func (as *allowStream) send(srs []*streamReq) {
 // ring's target. A client that sends each key to that member saves the
 // forward hop; a table out of date costs only the hop (the receiver
 // forwards), never a second decision point.
-func (s *publicServer) Placement(ctx context.Context, _ *peerpb.PlacementRequest) (*peerpb.PlacementResponse, error) {
+func (s *publicService) Placement(ctx context.Context, _ *peerpb.PlacementRequest) (*peerpb.PlacementResponse, error) {
 	n := s.n
 	if n.stopped.Load() {
 		return nil, status.Error(codes.Unavailable, ErrClosed.Error())
@@ -404,14 +405,14 @@ func (s *publicServer) Placement(ctx context.Context, _ *peerpb.PlacementRequest
 		// applied. A table's record lags a move by one commit at most;
 		// the member it names then forwards, as the ring's target would.
 		pt := &n.pt.parts[pid]
-		pt.mu.RLock()
-		r, named := pt.role, pt.holder
-		pt.mu.RUnlock()
+		pt.Mu.RLock()
+		r, named := pt.Role, pt.Holder
+		pt.Mu.RUnlock()
 		holder := v.snap.PartitionOwner(pid)
 		switch r {
-		case roleHolder, roleFenced:
+		case partition.RoleHolder, partition.RoleFenced:
 			holder = n.name
-		case roleHint:
+		case partition.RoleHint:
 			if _, ok := v.alive[named]; ok {
 				holder = named
 			}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -25,7 +26,7 @@ func TestAdmissionRunCalendar(t *testing.T) {
 		if err != nil || !sd.Allowed {
 			t.Fatalf("holder admission %d: %+v, %v", i+1, sd, err)
 		}
-		run := admissionRun(e, sd, 1, at)
+		run := partition.AdmissionRun(e, sd, 1, at)
 		if run.Age != time.Duration(edge.UnixNano()) || run.Count != 1 {
 			t.Fatalf("admissionRun = %+v, want the period start %d, count 1", run, edge.UnixNano())
 		}

@@ -135,7 +135,7 @@ type Client struct {
 	refresh chan struct{} // a table read is wanted (buffered: requests coalesce)
 
 	mu      sync.RWMutex
-	members map[string]*memberConn // by address
+	members map[string]*clientConn // by address
 	closed  bool
 
 	calls    sync.Pool // *clientCall
@@ -172,7 +172,7 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if cfg.DecisionTimeout <= 0 {
 		cfg.DecisionTimeout = defaultDecisionTimeout
 	}
-	c := &Client{cfg: cfg, refresh: make(chan struct{}, 1), members: map[string]*memberConn{},
+	c := &Client{cfg: cfg, refresh: make(chan struct{}, 1), members: map[string]*clientConn{},
 		timedOut: fmt.Errorf("no answer within the client's DecisionTimeout %v: %w", cfg.DecisionTimeout, context.DeadlineExceeded)}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.calls.New = func() any { return &clientCall{done: make(chan clientResult, 1)} }
@@ -203,7 +203,7 @@ func (c *Client) closeMembers() {
 	c.mu.Lock()
 	c.closed = true
 	ms := c.members
-	c.members = map[string]*memberConn{}
+	c.members = map[string]*clientConn{}
 	c.mu.Unlock()
 	for _, m := range ms {
 		m.stop()
@@ -445,9 +445,9 @@ func (c *Client) unary(ctx context.Context, req Request, lease uint64, call unar
 }
 
 // pick returns the member at index at of t, or when its connection has
-// failed (see memberConn.down) the next one whose has not, which forwards
+// failed (see clientConn.down) the next one whose has not, which forwards
 // what it does not hold; the member at at when every one has failed.
-func (c *Client) pick(t *clientTable, at int) (tableMember, *memberConn, error) {
+func (c *Client) pick(t *clientTable, at int) (tableMember, *clientConn, error) {
 	for try := range len(t.members) {
 		tm := t.members[(at+try)%len(t.members)]
 		m, err := c.member(tm.addr)
@@ -562,7 +562,7 @@ func (c *Client) refreshLoop() {
 			keep[m.addr] = true
 		}
 		c.mu.Lock()
-		var gone []*memberConn
+		var gone []*clientConn
 		for addr, m := range c.members {
 			if !keep[addr] {
 				gone = append(gone, m)
@@ -581,7 +581,7 @@ func (c *Client) refreshLoop() {
 func (c *Client) readTable(ctx context.Context, addrs []string) (*clientTable, error) {
 	var errs []error
 	seen := map[string]bool{}
-	var up, down []*memberConn
+	var up, down []*clientConn
 	for _, addr := range addrs {
 		if seen[addr] {
 			continue

@@ -22,7 +22,7 @@ import (
 )
 
 // member returns the connection to the member at addr, creating it.
-func (c *Client) member(addr string) (*memberConn, error) {
+func (c *Client) member(addr string) (*clientConn, error) {
 	c.mu.RLock()
 	m, closed := c.members[addr], c.closed
 	c.mu.RUnlock()
@@ -44,7 +44,7 @@ func (c *Client) member(addr string) (*memberConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peer: client for %s: %w", addr, err)
 	}
-	m = &memberConn{c: c, addr: addr, conn: conn, stub: peerpb.NewRateLimiterClient(conn),
+	m = &clientConn{c: c, addr: addr, conn: conn, stub: peerpb.NewRateLimiterClient(conn),
 		queue: make(chan *clientCall, queueLen), quit: make(chan struct{}), stopped: make(chan struct{})}
 	c.members[addr] = m
 	c.wg.Add(1)
@@ -52,8 +52,8 @@ func (c *Client) member(addr string) (*memberConn, error) {
 	return m, nil
 }
 
-// memberConn is the connection and stream to one member.
-type memberConn struct {
+// clientConn is the connection and stream to one member.
+type clientConn struct {
 	c       *Client
 	addr    string
 	conn    *grpc.ClientConn
@@ -79,12 +79,12 @@ type clientResult struct {
 	err  error
 }
 
-func (m *memberConn) stop() { m.once.Do(func() { close(m.quit) }) }
+func (m *clientConn) stop() { m.once.Do(func() { close(m.quit) }) }
 
 // down reports whether the member's port refused (or did not answer) the
 // last attempt to connect: a crashed member that gossip still lists. gRPC
 // tries again after its backoff, and the member counts as up from then.
-func (m *memberConn) down() bool { return m.conn.GetState() == connectivity.TransientFailure }
+func (m *clientConn) down() bool { return m.conn.GetState() == connectivity.TransientFailure }
 
 // outcome says where a request sent to one member ended.
 type outcome uint8
@@ -97,7 +97,7 @@ const (
 
 // allow sends req on the member's stream and waits for the answer: see
 // outcome. A request not answered has an error only when lost.
-func (m *memberConn) allow(ctx context.Context, req Request) (Decision, outcome, error) {
+func (m *clientConn) allow(ctx context.Context, req Request) (Decision, outcome, error) {
 	k := m.c.calls.Get().(*clientCall)
 	k.req = req
 	select {
@@ -140,7 +140,7 @@ func (m *memberConn) allow(ctx context.Context, req Request) (Decision, outcome,
 // sends them as one message on the member's stream, opening it when
 // needed. On its way out it breaks the stream (answering everything sent)
 // and answers what is still queued as never sent.
-func (m *memberConn) sendLoop() {
+func (m *clientConn) sendLoop() {
 	defer m.c.wg.Done()
 	defer func() {
 		if m.st != nil {
@@ -204,7 +204,7 @@ func (m *memberConn) sendLoop() {
 
 // stream returns a working stream, opening one when there is none; nil
 // when none can be opened (the requests then go elsewhere).
-func (m *memberConn) stream() *clientStream {
+func (m *clientConn) stream() *clientStream {
 	if m.st != nil {
 		if m.st.broken() == nil {
 			return m.st

@@ -1,6 +1,8 @@
 package peer
 
 import (
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
+
 	"context"
 	"sync"
 	"testing"
@@ -32,13 +34,13 @@ func TestPausedHolderNewBackup(t *testing.T) {
 	// partition (its gate is held) until it resumes.
 	pt := &n0.pt.parts[pid]
 	s.cut.Store(true)
-	pt.mu.Lock()
+	pt.Mu.Lock()
 	var resume sync.Once
-	wake := func() { resume.Do(pt.mu.Unlock) }
+	wake := func() { resume.Do(pt.Mu.Unlock) }
 	t.Cleanup(wake)
 	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
 		r, _, _ := n1.roleForTest(pid)
-		return r == roleHolder
+		return r == partition.RoleHolder
 	})
 	s.fillAtN1(t, &confirmed, limit)
 	n1.KillForTest()

@@ -37,7 +37,7 @@ func TestDurableBatchOneFsync(t *testing.T) {
 	log := nd.dd.parts.parts
 	for round := range 3 {
 		syncs, next := log.Syncs(), log.Next()
-		resp, err := (&server{n: nd}).Check(ctx, req)
+		resp, err := (&limiterService{n: nd}).Check(ctx, req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -143,7 +143,7 @@ func TestDurableReplicaOneFsync(t *testing.T) {
 	<-done
 	log := backup.dd.parts.parts
 	syncs, next := log.Syncs(), log.Next()
-	resp, err := (&server{n: backup}).replicate(req, nil)
+	resp, err := (&limiterService{n: backup}).replicate(req, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

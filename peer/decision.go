@@ -3,6 +3,8 @@ package peer
 import (
 	"fmt"
 	"time"
+
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 )
 
 // Request asks for a decision on one key.
@@ -21,19 +23,10 @@ type Request struct {
 	Policies []string
 }
 
-// PolicyDecision is one policy's part of a multi-policy decision.
-type PolicyDecision struct {
-	// Policy is the policy's name.
-	Policy string
-	// Allowed is what this policy alone would answer.
-	Allowed bool
-	// Limit, Remaining, RetryAfter and ResetAfter are as in Decision, for
-	// this policy's key.
-	Limit      int64
-	Remaining  int64
-	RetryAfter time.Duration
-	ResetAfter time.Duration
-}
+// PolicyDecision is one policy's part of a multi-policy decision: its
+// name, what it alone would answer (Allowed), and its Limit, Remaining,
+// RetryAfter and ResetAfter as in Decision, for this policy's key.
+type PolicyDecision = partition.PolicyDecision
 
 // Reason says how a decision was reached.
 type Reason uint8

@@ -77,6 +77,11 @@
 // How it is built: this package is the public face (Node, Config,
 // Request and Decision, Client, the errors) and the one place that drives
 // the parts under internal/, each of which knows nothing of Node:
+// internal/partition (what a node does with a partition's keys: the
+// partition's state, the one operation table, the one gate before every
+// decision, and each operation's decision, with the lease, the
+// replication link and the disk as interfaces it declares; the router,
+// router.go, hands it every request it may decide here),
 // internal/membership (the memberlist glue: gossiped metadata, members
 // and events, joining), internal/transport (framed pipes, the pipe to a
 // peer, the sniffing listener, peer authentication), internal/connlimit

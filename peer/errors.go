@@ -2,6 +2,8 @@ package peer
 
 import (
 	"errors"
+
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 )
 
 // capacityError is a request's error when its key's holder has no room for
@@ -16,6 +18,8 @@ func (e *capacityError) Error() string {
 
 func (e *capacityError) Unwrap() []error { return []error{ErrCapacity, ErrUnavailable, e.cause} }
 
+// The errors a decision can return are internal/partition's very values,
+// so errors.Is matches them whichever package wrapped them.
 var (
 	// ErrUnavailable is returned by Allow when the key's owner could not be
 	// reached in time and the policy fails closed. It is never "over limit":
@@ -24,7 +28,7 @@ var (
 	// context.DeadlineExceeded), the owner may have admitted it: it then
 	// counts against the quota, so the limit still holds, but the caller
 	// cannot know that unit was spent.
-	ErrUnavailable = errors.New("peer: limiter unavailable")
+	ErrUnavailable = partition.ErrUnavailable
 	// ErrClosed is returned by Allow after Close has started. A call
 	// that was in flight when Close stopped the node may have been
 	// decided (its forward sent, its admission made): like
@@ -34,18 +38,18 @@ var (
 	ErrInvalidConfig = errors.New("peer: invalid config")
 	// ErrInvalidKey is returned when a key part is empty, too long or has a
 	// character outside visible ASCII. It wraps shard.ErrInvalidKey's cause.
-	ErrInvalidKey = errors.New("peer: invalid key")
+	ErrInvalidKey = partition.ErrInvalidKey
 	// ErrUnknownPolicy is returned when the request names a policy that is
 	// not in the node's policy table.
 	ErrUnknownPolicy = errors.New("peer: unknown policy")
 	// ErrInvalidHits is returned when hits is negative or exceeds the
 	// policy's limit (it could never be admitted).
-	ErrInvalidHits = errors.New("peer: invalid hits")
+	ErrInvalidHits = partition.ErrInvalidHits
 	// ErrWrongAlgorithm is returned when an operation does not apply to the
 	// policy's algorithm: Allow, a multi-policy check or Refund on a
 	// concurrency policy (use Acquire and Release), or Acquire or Release
 	// on any other policy.
-	ErrWrongAlgorithm = errors.New("peer: operation does not apply to the policy")
+	ErrWrongAlgorithm = partition.ErrWrongAlgorithm
 	// ErrCapacity is returned when the key's holder has no room for a new
 	// key (Config.Store.MaxKeys; serve's --max-keys): keys it holds are
 	// still decided. The error also wraps ErrUnavailable (the limiter

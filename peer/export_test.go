@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/ring"
 	"github.com/ringlimit/ringlimit/shard"
@@ -68,9 +69,9 @@ func (n *Node) SetViewForTest(members []string, addrs map[string]string) (uint64
 func (n *Node) ExportForTest(key Key) (runs []AdmissionRun, ok bool) {
 	now := n.clock()
 	pt := n.partOfForTest(key)
-	pt.mu.RLock()
-	store := pt.store
-	pt.mu.RUnlock()
+	pt.Mu.RLock()
+	store := pt.Store
+	pt.Mu.RUnlock()
 	if store == nil {
 		return nil, false
 	}
@@ -109,9 +110,9 @@ func (n *Node) partOfForTest(key Key) *part {
 // key in it.
 func (n *Node) holdsForTest(key Key) bool {
 	pt := n.partOfForTest(key)
-	pt.mu.RLock()
-	defer pt.mu.RUnlock()
-	return (pt.role == roleHolder || pt.role == roleFenced) && pt.store != nil && pt.store.Has(key)
+	pt.Mu.RLock()
+	defer pt.Mu.RUnlock()
+	return (pt.Role == partition.RoleHolder || pt.Role == partition.RoleFenced) && pt.Store != nil && pt.Store.Has(key)
 }
 
 // decisionPointForTest reports whether n could decide for key now: it
@@ -121,9 +122,9 @@ func (n *Node) decisionPointForTest(key Key) bool {
 		return false
 	}
 	pt := n.partOfForTest(key)
-	pt.mu.RLock()
-	defer pt.mu.RUnlock()
-	return pt.role == roleHolder
+	pt.Mu.RLock()
+	defer pt.Mu.RUnlock()
+	return pt.Role == partition.RoleHolder
 }
 
 // namedHolderForTest reports whether n's table names n key's holder, whether or
@@ -134,9 +135,9 @@ func (n *Node) namedHolderForTest(key Key) bool {
 		return false
 	}
 	pt := n.partOfForTest(key)
-	pt.mu.RLock()
-	defer pt.mu.RUnlock()
-	return pt.role == roleHolder || pt.role == roleFenced
+	pt.Mu.RLock()
+	defer pt.Mu.RUnlock()
+	return pt.Role == partition.RoleHolder || pt.Role == partition.RoleFenced
 }
 
 // backupOwnerForTest returns the member that would own key if its owner
@@ -148,11 +149,11 @@ func (n *Node) backupOwnerForTest(key Key) string {
 }
 
 // holdersForTest returns, per partition, the node's role and epoch.
-func (n *Node) roleForTest(pid int) (role, string, uint64) {
+func (n *Node) roleForTest(pid int) (partition.Role, string, uint64) {
 	pt := &n.pt.parts[pid]
-	pt.mu.RLock()
-	defer pt.mu.RUnlock()
-	return pt.role, pt.holder, pt.epoch
+	pt.Mu.RLock()
+	defer pt.Mu.RUnlock()
+	return pt.Role, pt.Holder, pt.Epoch
 }
 
 // stopRPCForTest stops n's gRPC server at once and leaves gossip running:
@@ -204,9 +205,9 @@ func (n *Node) ringWithForTest(extra string) *ring.Snapshot {
 // backupForTest returns the backup n uses for partition pid it holds.
 func (n *Node) backupForTest(pid int) string {
 	pt := &n.pt.parts[pid]
-	pt.mu.RLock()
-	defer pt.mu.RUnlock()
-	return pt.backup
+	pt.Mu.RLock()
+	defer pt.Mu.RUnlock()
+	return pt.Backup
 }
 
 // sameDecision compares decisions ignoring DecidedAt.
@@ -244,11 +245,11 @@ func (n *Node) heldForTest() string {
 	var pids []int
 	for p := range n.pt.parts {
 		pt := &n.pt.parts[p]
-		pt.mu.RLock()
-		if (pt.role == roleHolder || pt.role == roleFenced) && len(pids) < 3 {
+		pt.Mu.RLock()
+		if (pt.Role == partition.RoleHolder || pt.Role == partition.RoleFenced) && len(pids) < 3 {
 			pids = append(pids, p)
 		}
-		pt.mu.RUnlock()
+		pt.Mu.RUnlock()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -260,11 +261,11 @@ func (n *Node) heldForTest() string {
 func (n *Node) partForTest(pid int) string {
 	v := n.view.Load()
 	pt := &n.pt.parts[pid]
-	pt.mu.RLock()
-	defer pt.mu.RUnlock()
+	pt.Mu.RLock()
+	defer pt.Mu.RUnlock()
 	return fmt.Sprintf("%s: p%d role=%v holder=%s epoch=%d target=%s backup=%s rep=%s@%d complete=%v next=%s@%d",
-		n.name, pid, pt.role, pt.holder, pt.epoch, v.snap.PartitionOwner(pid), pt.backup,
-		pt.rep.holder, pt.rep.epoch, pt.rep.complete, pt.next.holder, pt.next.epoch)
+		n.name, pid, pt.Role, pt.Holder, pt.Epoch, v.snap.PartitionOwner(pid), pt.Backup,
+		pt.Rep.Holder, pt.Rep.Epoch, pt.Rep.Complete, pt.Next.Holder, pt.Next.Epoch)
 }
 
 // unsettledPids lists the partitions that keep n from being settled.
@@ -284,10 +285,10 @@ func (n *Node) unsettledPids() []int {
 // dropCopyForTest makes n forget its copy of partition pid.
 func (n *Node) dropCopyForTest(pid int) {
 	pt := &n.pt.parts[pid]
-	pt.mu.Lock()
-	defer pt.mu.Unlock()
-	pt.rep = replica{}
-	pt.next = replica{}
+	pt.Mu.Lock()
+	defer pt.Mu.Unlock()
+	pt.Rep = replica{}
+	pt.Next = replica{}
 }
 
 // setStreamDropForTest makes n's CheckStream receiver swallow the requests
@@ -338,24 +339,24 @@ func (n *Node) fillForTest(pid int, ks shard.KeyState, policy string, now time.T
 		return fmt.Errorf("no policy %q", policy)
 	}
 	pt := &n.pt.parts[pid]
-	pt.mu.RLock()
-	defer pt.mu.RUnlock()
-	if pt.role != roleHolder {
-		return fmt.Errorf("partition %d is not held here (%v)", pid, pt.role)
+	pt.Mu.RLock()
+	defer pt.Mu.RUnlock()
+	if pt.Role != partition.RoleHolder {
+		return fmt.Errorf("partition %d is not held here (%v)", pid, pt.Role)
 	}
-	return pt.store.Import(ks, p.Shard, now)
+	return pt.Store.Import(ks, p.Shard, now)
 }
 
 // copyForTest returns n's complete copy of partition pid kept for holder,
 // or nil when n keeps none.
 func (n *Node) copyForTest(pid int, holder string) *shard.Store {
 	pt := &n.pt.parts[pid]
-	pt.mu.RLock()
-	defer pt.mu.RUnlock()
-	if !pt.rep.complete || pt.rep.holder != holder {
+	pt.Mu.RLock()
+	defer pt.Mu.RUnlock()
+	if !pt.Rep.Complete || pt.Rep.Holder != holder {
 		return nil
 	}
-	return pt.store // a backup's complete copy is the partition's store
+	return pt.Store // a backup's complete copy is the partition's store
 }
 
 // replicaEpochForTest is the epoch a holder's replication to n, the
@@ -370,9 +371,9 @@ func (n *Node) pipeForTest(member string) string { return n.pipeKindForTest(memb
 func (n *Node) replPipeForTest(member string) string { return n.pipeKindForTest(member, true) }
 
 func (n *Node) pipeKindForTest(member string, repl bool) string {
-	n.clientsMu.Lock()
-	c := n.clients[member]
-	n.clientsMu.Unlock()
+	n.linksMu.Lock()
+	c := n.links[member]
+	n.linksMu.Unlock()
 	if c == nil {
 		return ""
 	}
@@ -403,9 +404,9 @@ func (n *Node) setGatherForTest(d time.Duration) { n.gather.Store(int64(d)) }
 // replQueuedForTest is how many replication items wait in n's queue to
 // member to (0 without a client for it).
 func (n *Node) replQueuedForTest(to string) int {
-	n.clientsMu.Lock()
-	defer n.clientsMu.Unlock()
-	if c := n.clients[to]; c != nil {
+	n.linksMu.Lock()
+	defer n.linksMu.Unlock()
+	if c := n.links[to]; c != nil {
 		return len(c.repl.queue)
 	}
 	return 0

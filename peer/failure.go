@@ -16,8 +16,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
-	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
@@ -28,16 +28,16 @@ import (
 // is unlimited in all); peeks, refunds and resets are never answered
 // without their holder.
 func (n *Node) unavailable(r *opReq, cause error) (Decision, error) {
-	if r.op == peerpb.Op_OP_ACQUIRE || r.op == peerpb.Op_OP_RESERVE {
+	switch r.Op.Spec().Fail {
+	case partition.FailLease:
 		return n.acquireUnavailable(r, cause)
-	}
-	if r.op != peerpb.Op_OP_CHECK {
+	case partition.FailNever:
 		// Never answered without the holder, even for an unlimited key.
-		return n.onUnavailable(&policy.Entry{Name: r.p.Name, Shard: r.p.Shard}, r.key, r.hits, cause)
+		return n.onUnavailable(&policy.Entry{Name: r.P.Name, Shard: r.P.Shard}, r.Key, r.Hits, cause)
 	}
-	p := r.p
+	p := r.P
 	limited := false
-	for _, q := range r.multi {
+	for _, q := range r.Multi {
 		// A policy the key is unlimited in would admit without a
 		// decision (onUnavailable): it must not stand for a limited one,
 		// whose own failure policy holds.
@@ -52,15 +52,15 @@ func (n *Node) unavailable(r *opReq, cause error) (Decision, error) {
 			break
 		}
 	}
-	if r.multi != nil && p.Config.OnUnavailable != FailClosed {
+	if r.Multi != nil && p.Config.OnUnavailable != FailClosed {
 		// Fail open or fall back on the first policy's terms: the local
 		// fallback log is per key, so a multi-policy fallback uses the
 		// first policy's key.
-		k := r.key
+		k := r.Key
 		k.Policy = p.Name
-		return n.onUnavailable(p, k, r.hits, cause)
+		return n.onUnavailable(p, k, r.Hits, cause)
 	}
-	return n.onUnavailable(p, r.key, r.hits, cause)
+	return n.onUnavailable(p, r.Key, r.Hits, cause)
 }
 
 // onUnavailable applies the policy's OnUnavailable to a request whose owner
@@ -113,13 +113,13 @@ func (n *Node) onUnavailable(p *policy.Entry, key Key, hits int64, cause error) 
 // acquireUnavailable applies the policy's OnUnavailable to an acquire (or
 // a reserve) the holder could not decide.
 func (n *Node) acquireUnavailable(r *opReq, cause error) (Decision, error) {
-	p := r.p
+	p := r.P
 	if p.Config.OnUnavailable != Fallback || p.Unlimited || errors.Is(cause, ErrClosed) ||
 		errors.Is(cause, ErrInvalidKey) || errors.Is(cause, ErrInvalidHits) || errors.Is(cause, ErrUnknownPolicy) || errors.Is(cause, ErrWrongAlgorithm) {
-		d, err := n.onUnavailable(p, r.key, r.hits, cause)
+		d, err := n.onUnavailable(p, r.Key, r.Hits, cause)
 		if err == nil && d.Allowed {
 			// Fail open (or an unlimited key): a lease nobody records.
-			r.lease, r.leaseTTL = newLeaseID(), p.Shard.Window
+			r.Lease, r.LeaseTTL = partition.NewLeaseID(), p.Shard.Window
 		}
 		return d, err
 	}
@@ -127,17 +127,17 @@ func (n *Node) acquireUnavailable(r *opReq, cause error) (Decision, error) {
 	sp := n.fallbackPolicy(p)
 	v := n.view.Load()
 	d := Decision{Limit: sp.Limit, Reason: ReasonFallback, Owner: n.name, RingVersion: v.snap.Version()}
-	if r.hits <= sp.Limit {
+	if r.Hits <= sp.Limit {
 		now := n.clock()
 		var sd shard.Decision
 		var err error
 		for range 4 {
-			r.lease = newLeaseID()
-			if r.op == peerpb.Op_OP_RESERVE {
-				if sd, err = n.fallback.Reserve(r.key, sp, r.hits, r.lease, now); !errors.Is(err, shard.ErrInvalidReservation) {
+			r.Lease = partition.NewLeaseID()
+			if r.Op == partition.OpReserve {
+				if sd, err = n.fallback.Reserve(r.Key, sp, r.Hits, r.Lease, now); !errors.Is(err, shard.ErrInvalidReservation) {
 					break
 				}
-			} else if sd, err = n.fallback.Acquire(r.key, sp, r.hits, r.lease, now); !errors.Is(err, shard.ErrInvalidLease) {
+			} else if sd, err = n.fallback.Acquire(r.Key, sp, r.Hits, r.Lease, now); !errors.Is(err, shard.ErrInvalidLease) {
 				break
 			}
 		}
@@ -145,7 +145,7 @@ func (n *Node) acquireUnavailable(r *opReq, cause error) (Decision, error) {
 			return Decision{}, fmt.Errorf("%w: fallback: %w", ErrUnavailable, err)
 		}
 		d.Allowed, d.Remaining, d.RetryAfter, d.ResetAfter, d.DecidedAt = sd.Allowed, sd.Remaining, sd.RetryAfter, sd.ResetAfter, now
-		r.leaseTTL = sp.Window
+		r.LeaseTTL = sp.Window
 	}
 	n.metrics.Decision(p.Name, ReasonFallback, PathLocal)
 	return d, nil

@@ -717,7 +717,7 @@ func TestWindowRolledBackOnBackupFirst(t *testing.T) {
 	clk.Advance(2 * time.Minute)
 	epoch := n1.replicaEpochForTest(pid)
 	st := stateToWire(shard.KeyState{Key: key, Algorithm: shard.SlidingLog, Runs: []shard.Run{{Count: 1}}})
-	resp, err := (&server{n: n1}).Replicate(context.Background(), &peerpb.ReplicateRequest{
+	resp, err := (&limiterService{n: n1}).Replicate(context.Background(), &peerpb.ReplicateRequest{
 		Sender: n0.Name(), Seq: 1 << 50, PolicyVersion: n0.PolicyVersion(),
 		Ops: []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_ADMIT, Partition: uint32(pid), Epoch: epoch, Keys: []*peerpb.KeyState{st}}},
 	})
@@ -752,7 +752,7 @@ func TestLateReplicationNotApplied(t *testing.T) {
 	}
 	// Far ahead of n0's own numbers, so its traffic does not interleave.
 	base := seq + 1<<40
-	srv := &server{n: n1}
+	srv := &limiterService{n: n1}
 	state := func(count int64) *peerpb.KeyState {
 		st := shard.KeyState{Key: key, Algorithm: shard.SlidingLog}
 		if count > 0 {
@@ -798,9 +798,9 @@ func copiedKey(t *testing.T, prefix string) (n0, n1 *Node, key Key, pid int, epo
 	key, pid = keyHeldWithBackup(t, n0, n1, prefix, "p")
 	admitN(t, n0, key, 1)
 	pt := &n1.pt.parts[pid]
-	pt.mu.RLock()
-	seq = pt.rep.seq
-	pt.mu.RUnlock()
+	pt.Mu.RLock()
+	seq = pt.Rep.Seq
+	pt.Mu.RUnlock()
 	return n0, n1, key, pid, n1.replicaEpochForTest(pid), seq
 }
 
@@ -820,7 +820,7 @@ func copyUnits(backup, holder *Node, pid int, key Key) int64 {
 func TestReplicateMalformedWindowsRefused(t *testing.T) {
 	n0, n1, key, pid, epoch, _ := copiedKey(t, "mw")
 	st := stateToWire(shard.KeyState{Key: key, Algorithm: shard.SlidingLog, Runs: []shard.Run{{Count: 5}}})
-	srv := &server{n: n1}
+	srv := &limiterService{n: n1}
 	_, err := srv.Replicate(context.Background(), &peerpb.ReplicateRequest{
 		Sender: n0.Name(), Seq: 1 << 50, WindowsPacked: []byte{1, 1, 'p', 0},
 		Ops: []*peerpb.PartitionOp{{Kind: peerpb.PartitionOp_KIND_ADMIT, Partition: uint32(pid), Epoch: epoch, Keys: []*peerpb.KeyState{st}}},
@@ -842,7 +842,7 @@ func TestCopyAtEpochZeroRefused(t *testing.T) {
 	n0, n1 := c.nodes[0], c.nodes[1]
 	const pid = 7
 	role, holder, epoch := n1.roleForTest(pid)
-	resp, err := (&server{n: n1}).Replicate(context.Background(), &peerpb.ReplicateRequest{Sender: n0.Name(), Ops: []*peerpb.PartitionOp{{
+	resp, err := (&limiterService{n: n1}).Replicate(context.Background(), &peerpb.ReplicateRequest{Sender: n0.Name(), Ops: []*peerpb.PartitionOp{{
 		Kind: peerpb.PartitionOp_KIND_SYNC_BEGIN, Partition: pid, Epoch: 0,
 	}}})
 	if err != nil || len(resp.GetResults()) != 1 || resp.GetResults()[0].GetStatus() != peerpb.OpStatus_OP_STATUS_REFUSED {

@@ -19,16 +19,17 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
-// client is the connection to one peer incarnation (name and address) and
+// peerLink is the connection to one peer incarnation (name and address) and
 // the batcher that coalesces concurrent forwards to it. The connection is
 // dialed lazily by gRPC and closed when the peer leaves or restarts.
-type client struct {
-	env   *clientEnv
+type peerLink struct {
+	env   *linkEnv
 	name  string
 	addr  string
 	conn  *grpc.ClientConn
@@ -74,15 +75,15 @@ const peerWindow = 1 << 20
 // client returns the client for member name at addr, creating it (and its
 // batcher goroutine) on first use. A client for an older address of the same
 // name is replaced.
-func (n *Node) client(name, addr string) (*client, error) {
-	n.clientsMu.Lock()
-	defer n.clientsMu.Unlock()
-	if c := n.clients[name]; c != nil {
+func (n *Node) dialLink(name, addr string) (*peerLink, error) {
+	n.linksMu.Lock()
+	defer n.linksMu.Unlock()
+	if c := n.links[name]; c != nil {
 		if c.addr == addr {
 			return c, nil
 		}
 		c.stop()
-		delete(n.clients, name)
+		delete(n.links, name)
 	}
 	if n.ctx.Err() != nil {
 		return nil, ErrClosed
@@ -99,8 +100,8 @@ func (n *Node) client(name, addr string) (*client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peer: client for %s at %s: %w", name, addr, err)
 	}
-	c := &client{
-		env: n.cenv, name: name, addr: addr, conn: conn,
+	c := &peerLink{
+		env: n.linkEnv, name: name, addr: addr, conn: conn,
 		stub:     peerpb.NewLimiterClient(conn),
 		queue:    make(chan *call, queueLen),
 		sem:      make(chan struct{}, n.cfg.MaxInFlight),
@@ -108,35 +109,35 @@ func (n *Node) client(name, addr string) (*client, error) {
 		quit:     make(chan struct{}),
 	}
 	c.repl = &replicator{c: c, queue: make(chan *replItem, replQueueLen), sem: make(chan struct{}, n.cfg.MaxInFlight), answered: make(chan struct{}, 1)}
-	n.clients[name] = c
+	n.links[name] = c
 	n.wg.Add(2)
 	go c.batchLoop()
 	go c.replLoop()
 	return c, nil
 }
 
-// peerClient returns the client of a live member by name.
-func (n *Node) peerClient(name string) (*client, error) {
+// linkTo returns the link to a live member by name.
+func (n *Node) linkTo(name string) (*peerLink, error) {
 	addr, ok := n.view.Load().alive[name]
 	if !ok {
 		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, name, errNoPeer)
 	}
-	return n.client(name, addr)
+	return n.dialLink(name, addr)
 }
 
 // dropClients stops clients of members that left or changed address.
 func (n *Node) dropClients(addrs map[string]string) {
-	n.clientsMu.Lock()
-	defer n.clientsMu.Unlock()
-	for name, c := range n.clients {
+	n.linksMu.Lock()
+	defer n.linksMu.Unlock()
+	for name, c := range n.links {
 		if addrs[name] != c.addr {
 			c.stop()
-			delete(n.clients, name)
+			delete(n.links, name)
 		}
 	}
 }
 
-func (c *client) stop() { c.once.Do(func() { close(c.quit) }) }
+func (c *peerLink) stop() { c.once.Do(func() { close(c.quit) }) }
 
 // pipeGather is how long a batch waits for the batch in flight before it
 // uses another in-flight slot.
@@ -154,7 +155,7 @@ const pipeGather = 5 * time.Millisecond
 // to come; the further slots are for a batch that is slow to answer
 // (a partition on the move), which should not hold the others up for
 // long.
-func (c *client) batchLoop() {
+func (c *peerLink) batchLoop() {
 	gather := time.NewTimer(pipeGather)
 	gather.Stop()
 	defer c.env.wg.Done()
@@ -243,7 +244,7 @@ func (c *client) batchLoop() {
 
 // done ends a batch's flight: it frees the batch's in-flight slot and
 // tells a gathering batchLoop.
-func (c *client) done() {
+func (c *peerLink) done() {
 	<-c.sem
 	select {
 	case c.answered <- struct{}{}:
@@ -252,7 +253,7 @@ func (c *client) done() {
 }
 
 // checkRequest builds the request for batch.
-func (c *client) checkRequest(batch []*call) *peerpb.CheckRequest {
+func (c *peerLink) checkRequest(batch []*call) *peerpb.CheckRequest {
 	req := &peerpb.CheckRequest{Sender: c.env.self, Items: make([]*peerpb.CheckItem, len(batch))}
 	v := c.env.view.Load()
 	req.RingVersion, req.MembersHash = v.snap.Version(), v.snap.MembersHash()
@@ -265,7 +266,7 @@ func (c *client) checkRequest(batch []*call) *peerpb.CheckRequest {
 // sendPipe sends f's batch on p; the pipe's receiver hands out the
 // decisions and frees the in-flight slot. It reports false, having sent
 // nothing, when the pipe is broken; f is then still the caller's.
-func (c *client) sendPipe(p *transport.Pipe[peerpb.CheckRequest, peerpb.CheckResponse], f *fwdSend) bool {
+func (c *peerLink) sendPipe(p *transport.Pipe[peerpb.CheckRequest, peerpb.CheckResponse], f *fwdSend) bool {
 	v := c.env.view.Load()
 	req := &f.req
 	req.Sender, req.RingVersion, req.MembersHash, req.TimeoutNs = c.env.self, v.snap.Version(), v.snap.MembersHash(), int64(c.env.forwardTimeout)
@@ -309,7 +310,7 @@ func sendPooled[Req, Resp any](p *transport.Pipe[Req, Resp], m pooledMsg[Req, Re
 // the memory its packing and its answer use. It is pooled (fwdSendPool)
 // once its sender and its answer are both done with it.
 type fwdSend struct {
-	c     *client
+	c     *peerLink
 	req   peerpb.CheckRequest
 	batch []*call
 	buf   []byte
@@ -322,7 +323,7 @@ type fwdSend struct {
 var fwdSendPool = sync.Pool{New: func() any { return new(fwdSend) }}
 
 // getFwdSend returns a pooled fwdSend for c's batcher (one user).
-func getFwdSend(c *client) *fwdSend {
+func getFwdSend(c *peerLink) *fwdSend {
 	f := fwdSendPool.Get().(*fwdSend)
 	f.c = c
 	f.refs.Store(1)
@@ -375,7 +376,7 @@ func (f *fwdSend) Done(resp *peerpb.CheckResponse, err error) {
 }
 
 // send makes one batch RPC and hands each call its decision.
-func (c *client) send(batch []*call) {
+func (c *peerLink) send(batch []*call) {
 	defer c.env.wg.Done()
 	defer c.done()
 	req := c.checkRequest(batch)
@@ -388,7 +389,7 @@ func (c *client) send(batch []*call) {
 
 // finish hands each call of batch its decision from resp, or err. The
 // decisions are decoded into out's memory, which it returns for reuse.
-func (c *client) finish(ctx context.Context, batch []*call, resp *peerpb.CheckResponse, err error, start time.Time, out []wire.Decision) []wire.Decision {
+func (c *peerLink) finish(ctx context.Context, batch []*call, resp *peerpb.CheckResponse, err error, start time.Time, out []wire.Decision) []wire.Decision {
 	out = slices.Grow(out[:0], len(batch))[:len(batch)]
 	switch {
 	case err != nil:
@@ -421,16 +422,16 @@ func (c *client) finish(ctx context.Context, batch []*call, resp *peerpb.CheckRe
 // forward asks owner to decide. It returns the owner's decision, a
 // *notOwnerError, or an error wrapping ErrUnavailable.
 func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (Decision, error) {
-	if isLeaseOp(r.op) {
+	if r.Op.Spec().OwnRPC {
 		return n.forwardLease(ctx, owner, r)
 	}
-	key, hits := r.key, r.hits
-	c, err := n.peerClient(owner)
+	key, hits := r.Key, r.Hits
+	c, err := n.linkTo(owner)
 	if err != nil {
 		return Decision{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	var res callResult
-	if r.op == peerpb.Op_OP_RESET {
+	if r.Op == partition.OpReset {
 		// A reset travels alone, as a unary call carrying its proof: this
 		// node authorized it (Config.AuthorizeReset at the public API, or
 		// an in-process Node.Reset), and the holder refuses a peer reset
@@ -458,7 +459,7 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (De
 			k.timer.Reset(n.cfg.ForwardTimeout)
 		}
 		k.key = peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}
-		k.item = peerpb.CheckItem{Key: &k.key, Hits: hits, Op: r.op, Policies: r.names}
+		k.item = peerpb.CheckItem{Key: &k.key, Hits: hits, Op: peerpb.Op(r.Op), Policies: r.Names}
 		select {
 		case c.queue <- k:
 		case <-ctx.Done():
@@ -495,13 +496,13 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (De
 }
 
 // direct sends one request as its own RPC (batching disabled).
-func (c *client) direct(ctx context.Context, r *opReq) callResult {
-	key := r.key
+func (c *peerLink) direct(ctx context.Context, r *opReq) callResult {
+	key := r.Key
 	v := c.env.view.Load()
 	req := &peerpb.CheckRequest{
 		Sender:      c.env.self,
 		RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash(),
-		Items: []*peerpb.CheckItem{{Key: &peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}, Hits: r.hits, Op: r.op, Policies: r.names}},
+		Items: []*peerpb.CheckItem{{Key: &peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}, Hits: r.Hits, Op: peerpb.Op(r.Op), Policies: r.Names}},
 	}
 	start := time.Now()
 	resp, err := c.stub.Check(ctx, req)
@@ -599,4 +600,50 @@ func withCtxErr(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: %w", err, context.DeadlineExceeded)
 	}
 	return err
+}
+
+// forwardLease asks owner to take or end a lease, as its own RPC.
+func (n *Node) forwardLease(ctx context.Context, owner string, r *opReq) (Decision, error) {
+	c, err := n.linkTo(owner)
+	if err != nil {
+		return Decision{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
+	defer cancel()
+	req := &peerpb.LeaseRequest{
+		Sender:  n.name,
+		Item:    &peerpb.CheckItem{Key: &peerpb.Key{Tenant: r.Key.Tenant, Subject: r.Key.Subject, Policy: r.Key.Policy}, Hits: r.Hits, Op: peerpb.Op(r.Op)},
+		LeaseId: r.Lease,
+		Actual:  r.Actual,
+	}
+	for _, g := range r.Returns {
+		gr := &peerpb.GrantReturn{LeaseId: g.ID, Uses: make([]*peerpb.Run, len(g.Uses))}
+		for i, u := range g.Uses {
+			gr.Uses[i] = &peerpb.Run{AgeNs: int64(u.Age), Count: u.Count}
+		}
+		req.Returns = append(req.Returns, gr)
+	}
+	start := time.Now()
+	resp, err := c.stub.Lease(ctx, req)
+	n.metrics.Batch(c.name, 1)
+	if err != nil {
+		n.metrics.Forward(c.name, "error", time.Since(start))
+		return Decision{}, fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, c.name, withCtxErr(ctx, err))
+	}
+	n.metrics.Forward(c.name, "ok", time.Since(start))
+	wd := wire.DecisionFromPB(resp.GetDecision())
+	d, err := fromWire(&wd, owner)
+	if err != nil {
+		return Decision{}, err
+	}
+	if (r.Op == partition.OpAcquire || r.Op == partition.OpReserve) && d.Allowed {
+		r.Lease, r.LeaseTTL = resp.GetLeaseId(), time.Duration(resp.GetLeaseTtlNs())
+	}
+	if r.Op == partition.OpSettle {
+		r.Estimate, r.Overage = resp.GetEstimate(), resp.GetOverage()
+	}
+	if r.Op == partition.OpGrant {
+		r.Lease, r.LeaseTTL, r.Granted = resp.GetLeaseId(), time.Duration(resp.GetLeaseTtlNs()), resp.GetGranted()
+	}
+	return d, nil
 }

@@ -35,11 +35,11 @@ import (
 // pipeHandler is the node's transport.Handler.
 type pipeHandler struct {
 	n   *Node
-	srv *server
+	srv *limiterService
 }
 
 func newFramedServer(n *Node) *transport.Server {
-	return transport.NewServer(n.cfg.ServerTLS, n.ops.auth, pipeHandler{n: n, srv: &server{n: n}}, n.log)
+	return transport.NewServer(n.cfg.ServerTLS, n.ops.auth, pipeHandler{n: n, srv: &limiterService{n: n}}, n.log)
 }
 
 // Admit takes a pipe whose hello the node's Auth admitted, unless the

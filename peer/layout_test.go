@@ -39,6 +39,10 @@ import (
 //     decides nothing about ownership: no ownership, ownlog, policy,
 //     membership or transport, no raft or memberlist (ownlog keeps its
 //     raft log through it, not the other way round).
+//  10. internal/partition, what a node does with a partition's keys,
+//     decides on memory it is given, with time passed in: no net, gRPC,
+//     raft, memberlist, transport, ownership log or peerpb (the wire);
+//     its collaborators are interfaces it declares.
 func TestLayout(t *testing.T) {
 	const mod = "github.com/ringlimit/ringlimit"
 	out, err := exec.Command("go", "list", "-e", "-deps", "-f", `{{.ImportPath}} {{join .Deps " "}}`, "./internal/...").Output()
@@ -112,6 +116,18 @@ func TestLayout(t *testing.T) {
 		}},
 		{"durable", "raft", isRaft},
 		{"durable", "memberlist", isMemberlist},
+		{"partition", "net", isNet},
+		{"partition", "gRPC", isGRPC},
+		{"partition", "raft", isRaft},
+		{"partition", "memberlist", isMemberlist},
+		{"partition", "transport, ownlog, membership or peerpb", func(d string) bool {
+			for _, p := range []string{"peer/internal/transport", "peer/internal/ownlog", "peer/internal/membership", "peer/peerpb"} {
+				if d == mod+"/"+p {
+					return true
+				}
+			}
+			return false
+		}},
 	}
 	for _, r := range rules {
 		if r.pkg != "" {

@@ -15,6 +15,7 @@ import (
 	"github.com/ringlimit/ringlimit/peer/internal/membership"
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
@@ -43,7 +44,7 @@ import (
 //   - replicated admissions are applied only where the runner's snapshot
 //     names this member backup of that holder at that epoch.
 //
-// A partition has one local store here, as holder or as backup: pt.store.
+// A partition has one local store here, as holder or as backup: pt.Store.
 
 // logTick is the raft tick: heartbeats every logHeartbeat ticks (100 ms),
 // an election after 10 ticks (0.5 s) without a leader, randomized up to
@@ -159,8 +160,12 @@ func newLogOwner(n *Node) (*logOwner, error) {
 	}
 	lo.member = m
 	lo.tr = ownlog.NewGRPCTransport(lo.dial)
-	lo.run = ownlog.NewRunner(m, logTransport{lo}, lo, logTick, n.mono, func(p int) *sync.RWMutex { return &n.pt.parts[p].mu })
+	lo.run = ownlog.NewRunner(m, logTransport{lo}, lo, logTick, n.mono, func(p int) *sync.RWMutex { return &n.pt.parts[p].Mu })
 	lo.run.SetFrom(lo.fromMember)
+	n.part.Lease = lo.run
+	if n.dd != nil {
+		n.part.Disk = diskLog{n}
+	}
 	if s, ok := n.metrics.(RaftTrafficSource); ok {
 		s.RaftTrafficFrom(lo.traffic)
 	}
@@ -316,13 +321,13 @@ func (lo *logOwner) dial(_ context.Context, to uint64) (grpc.ClientConnInterface
 	}
 	addr, ok := lo.peers.Load().addr[name]
 	if !ok {
-		c, err := lo.n.peerClient(name)
+		c, err := lo.n.linkTo(name)
 		if err != nil {
 			return nil, err
 		}
 		return c.conn, nil
 	}
-	c, err := lo.n.client(name, addr)
+	c, err := lo.n.dialLink(name, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -496,11 +501,11 @@ func (lo *logOwner) forgetOldest() {
 // Called by the runner with the partition's lock held.
 func (lo *logOwner) Reset(p int) {
 	pt := &lo.n.pt.parts[p]
-	pt.store = lo.n.newPartStore()
-	pt.rep, pt.next = replica{}, replica{}
+	pt.Store = lo.n.newPartStore()
+	pt.Rep, pt.Next = replica{}, replica{}
 	restored := false
 	if lo.n.dd != nil {
-		restored = lo.n.restorePartition(p, lo.member.Own().Table().Parts[p].Epoch, pt.store)
+		restored = lo.n.restorePartition(p, lo.member.Own().Table().Parts[p].Epoch, pt.Store)
 	}
 	// The runner's goroutine owns the member: its table may be read here.
 	if r := lo.member.Own().Table().Parts[p].Restarts; r > lo.restarts[p] {
@@ -528,8 +533,8 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 		// The holder's liveness ended and its backup, this member, holds
 		// the partition with its replica.
 		keys := 0
-		if pt.store != nil {
-			keys = pt.store.Len()
+		if pt.Store != nil {
+			keys = pt.Store.Len()
 		}
 		n.log.Debug("partition taken over from failed holder", "partition", p, "peer", memberName(prev.Holder), "epoch", st.Epoch, "keys", keys)
 		n.metrics.Handoff("takeover", "ok", keys)
@@ -538,32 +543,32 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 		n.tookOver.tally(memberName(prev.Holder), keys, n.mono())
 	case prev.Holder == lo.self && st.Holder != lo.self && st.Holder != "" && st.Backup == lo.self:
 		keys := 0
-		if pt.store != nil {
-			keys = pt.store.Len()
+		if pt.Store != nil {
+			keys = pt.Store.Len()
 		}
 		n.log.Debug("partition transferred", "partition", p, "peer", memberName(st.Holder), "epoch", st.Epoch, "keys", keys)
 		n.metrics.Handoff("sent", "ok", keys)
 	}
 	switch {
 	case st.Holder == lo.self:
-		r := roleFenced
+		r := partition.RoleFenced
 		if st.May {
-			r = roleHolder
+			r = partition.RoleHolder
 		}
-		if pt.store == nil {
-			pt.store = n.newPartStore()
+		if pt.Store == nil {
+			pt.Store = n.newPartStore()
 		}
-		pt.backup = memberName(st.Backup)
-		pt.setRoleLocked(r, n.name, st.Epoch)
+		pt.Backup = memberName(st.Backup)
+		pt.SetRoleLocked(r, n.name, st.Epoch)
 	case st.Holder != "":
-		pt.backup = ""
-		pt.setRoleLocked(roleHint, memberName(st.Holder), st.Epoch)
+		pt.Backup = ""
+		pt.SetRoleLocked(partition.RoleHint, memberName(st.Holder), st.Epoch)
 	default:
-		pt.backup = ""
-		pt.setRoleLocked(roleNone, "", 0)
+		pt.Backup = ""
+		pt.SetRoleLocked(partition.RoleNone, "", 0)
 	}
 	if n.dd != nil {
-		n.durableTransition(p, prev.Holder == lo.self || prev.Backup == lo.self, st.Holder == lo.self, st.Backup == lo.self, st.Epoch, pt.store)
+		n.durableTransition(p, prev.Holder == lo.self || prev.Backup == lo.self, st.Holder == lo.self, st.Backup == lo.self, st.Epoch, pt.Store)
 	}
 	select {
 	case lo.ready <- struct{}{}:
@@ -594,7 +599,7 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 // key, which needs the receiver to record keys its table cannot decide.
 func (lo *logOwner) SendCopy(a ownership.Action) {
 	n := lo.n
-	st := n.pt.parts[a.P].store
+	st := n.pt.parts[a.P].Store
 	to := memberName(a.To)
 	n.wg.Add(1)
 	go func() {
@@ -649,7 +654,7 @@ func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string,
 	if f := n.hooks.copyUnsent.Load(); f != nil && (*f)(a.P, to) {
 		return errCopyUnsent
 	}
-	c, err := n.peerClient(to)
+	c, err := n.linkTo(to)
 	if err != nil {
 		return err
 	}
@@ -695,146 +700,6 @@ func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string,
 		size += sz
 	}
 	return flush(true)
-}
-
-// applyOp is the receiver's side of a copy and of replication.
-func (lo *logOwner) applyOp(sender string, h opHead, keys []packedAdmit, closing bool) opResult {
-	n := lo.n
-	refused := opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
-	needSync := opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
-	pid := int(h.part)
-	from := lo.incarnation(sender)
-	if pid >= len(n.pt.parts) || sender == "" || sender == n.name || from == "" {
-		return refused
-	}
-	pt := &n.pt.parts[pid]
-	now := n.clock()
-	switch h.kind {
-	case peerpb.PartitionOp_KIND_SYNC_BEGIN:
-		if closing || h.epoch == 0 {
-			// Epoch 0 names no holding: every grant makes the epoch at
-			// least 1.
-			return refused
-		}
-		pt.mu.Lock()
-		pt.next = replica{holder: sender, epoch: h.epoch, copySeq: h.holderEpoch, store: n.newPartStore()}
-		pt.mu.Unlock()
-		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
-	case peerpb.PartitionOp_KIND_SYNC_CHUNK:
-		pt.mu.Lock()
-		defer pt.mu.Unlock()
-		if pt.next.holder != sender || pt.next.epoch != h.epoch || pt.next.copySeq != h.holderEpoch || pt.next.store == nil {
-			return needSync // not the copy under way: an older one, late
-		}
-		if len(keys) < h.carried {
-			pt.next = replica{} // keys this node cannot record: not a complete copy
-			return needSync
-		}
-		accepted := 0
-		for _, k := range keys {
-			if err := pt.next.store.Import(k.st, k.sp, now); err != nil {
-				pt.next = replica{}
-				return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, accepted: uint32(accepted)}
-			}
-			accepted++
-		}
-		n.metrics.Backup("received", "ok", accepted)
-		return opResult{status: peerpb.OpStatus_OP_STATUS_OK, accepted: uint32(accepted)}
-	case peerpb.PartitionOp_KIND_SYNC_END:
-		if closing {
-			// Refused before the machine is asked, so a leaving node never
-			// keeps a copy it answered it did not take.
-			return refused
-		}
-		pt.mu.Lock()
-		nx := pt.next
-		dup := pt.rep.complete && pt.rep.holder == sender && pt.rep.epoch == h.epoch && pt.rep.copySeq == h.holderEpoch
-		pt.mu.Unlock()
-		if nx.holder != sender || nx.epoch != h.epoch || nx.copySeq != h.holderEpoch || nx.store == nil {
-			if dup {
-				return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
-			}
-			return needSync
-		}
-		// The machine is asked without the partition's lock: the runner
-		// takes it to publish.
-		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
-		ok := lo.run.OfferCopy(ctx, pid, from, nx.epoch, nx.copySeq)
-		cancel()
-		pt.mu.Lock()
-		defer pt.mu.Unlock()
-		if pt.next.store != nx.store {
-			return needSync // another copy began meanwhile
-		}
-		pt.next = replica{}
-		if !ok {
-			return refused
-		}
-		pt.store = nx.store
-		pt.rep = replica{holder: sender, epoch: nx.epoch, copySeq: nx.copySeq, complete: true}
-		if n.dd != nil {
-			// The copy is this backup's state: on disk before it is
-			// acknowledged (partlog.go).
-			if err := n.durableCopy(pid, nx.epoch, nx.store); err != nil {
-				return refused
-			}
-		}
-		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
-	case peerpb.PartitionOp_KIND_ADMIT, peerpb.PartitionOp_KIND_REPLACE:
-		if !lo.awaitReplica(pt, pid, from, h.epoch) {
-			return needSync
-		}
-		res, idx := lo.applyReplica(pt, pid, h, keys, now)
-		pt.mu.Unlock()
-		if idx != 0 && h.durIdx != nil {
-			*h.durIdx = max(*h.durIdx, idx) // the message's answer waits
-		} else if idx != 0 && n.durableSync(idx) != nil {
-			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
-		}
-		return res
-	case peerpb.PartitionOp_KIND_HEARTBEAT, peerpb.PartitionOp_KIND_RELEASE:
-		// Sent by members of older releases (their leases and copy
-		// releases): nothing to do here.
-		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
-	default:
-		return refused
-	}
-}
-
-// awaitReplica locks pt when this member may apply a replica of pid from
-// holder from at epoch, and reports whether it may. A holder replicates at
-// a new epoch (after the SetBackup naming this member) as soon as it has
-// applied the command, which may be a moment before this member has: a
-// replica from a newer epoch than the one applied here waits for the log
-// to catch up, within half a ForwardTimeout, rather than fail the
-// holder's decision. On false pt is not locked.
-func (lo *logOwner) awaitReplica(pt *part, pid int, from string, epoch uint64) bool {
-	n := lo.n
-	var timeout <-chan time.Time
-	for {
-		pt.mu.Lock()
-		if lo.run.AcceptReplica(pid, from, epoch) && pt.store != nil {
-			return true
-		}
-		ch := pt.changed
-		behind := lo.run.Part(pid).Epoch < epoch
-		pt.mu.Unlock()
-		if !behind {
-			return false
-		}
-		if timeout == nil {
-			t := time.NewTimer(n.cfg.ForwardTimeout / 2)
-			defer t.Stop()
-			timeout = t.C
-		}
-		select {
-		case <-ch:
-		case <-timeout:
-			return false
-		case <-n.ctx.Done():
-			return false
-		}
-	}
 }
 
 // settled is Settled: the log has the voters autopilot keeps

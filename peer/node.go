@@ -20,6 +20,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/peer/internal/connlimit"
 	"github.com/ringlimit/ringlimit/peer/internal/membership"
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
@@ -82,16 +83,19 @@ type Node struct {
 	rpcLis    net.Listener
 	rpcConns  *connlimit.Listener // rpcLis within RPCLimits' connection bounds
 
-	clientsMu sync.Mutex
-	clients   map[string]*client // by member name
-	calls     sync.Pool          // of *call, reused by forwards
-	replItems sync.Pool          // of *replItem, reused by replication
+	linksMu   sync.Mutex
+	links     map[string]*peerLink // by member name
+	calls     sync.Pool            // of *call, reused by forwards
+	replItems sync.Pool            // of *replItem, reused by replication
 
 	ctx    context.Context // the node's lifetime; cancelled by Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	// cenv is what each per-peer client takes of this node (clientenv.go).
-	cenv      *clientEnv
+	// linkEnv is what each per-peer link takes of this node (linkenv.go).
+	linkEnv *linkEnv
+	// part is what the decisions on this node's partitions are given
+	// (decide.go, internal/partition).
+	part      partition.Env
 	closing   atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
@@ -150,13 +154,14 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		viewCh:    make(chan struct{}),
 		rebuildCh: make(chan struct{}, 1),
 		kept:      map[string]membership.Event{},
-		clients:   make(map[string]*client),
+		links:     make(map[string]*peerLink),
 		closed:    make(chan struct{}),
 	}
 	n.table.Store(policy.New(cfg.Policies))
 	n.metrics.PolicyTable(n.table.Load().Version(), true)
 	n.calls.New = func() any { return &call{done: make(chan callResult, 1)} }
 	n.replItems.New = func() any { return &replItem{ch: make(chan error, 1)} }
+	n.part = n.newPartEnv()
 	n.ops.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.gather.Store(int64(pipeGather))
@@ -247,7 +252,7 @@ func (n *Node) startRPC() error {
 	n.health = health.NewServer()
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	n.setupAuth()
-	n.cenv = n.newClientEnv()
+	n.linkEnv = n.newLinkEnv()
 	n.serveRPC(lis)
 	return nil
 }
@@ -269,8 +274,8 @@ func (n *Node) serveRPC(lis net.Listener) {
 	opts = append(opts, grpc.NumStreamWorkers(rpcStreamWorkers))
 	opts = append(opts, n.cfg.RPCLimits.serverOptions()...)
 	srv := grpc.NewServer(opts...)
-	peerpb.RegisterLimiterServer(srv, &server{n: n})
-	peerpb.RegisterRateLimiterServer(srv, &publicServer{n: n})
+	peerpb.RegisterLimiterServer(srv, &limiterService{n: n})
+	peerpb.RegisterRateLimiterServer(srv, &publicService{n: n})
 	healthpb.RegisterHealthServer(srv, n.health)
 	n.lo.register(srv)
 	if n.cfg.RegisterServices != nil {
@@ -389,17 +394,17 @@ func (n *Node) Stats() Stats {
 	var s Stats
 	for i := range n.pt.parts {
 		pt := &n.pt.parts[i]
-		pt.mu.RLock()
-		if pt.store != nil && (pt.role == roleHolder || pt.role == roleFenced) {
+		pt.Mu.RLock()
+		if pt.Store != nil && (pt.Role == partition.RoleHolder || pt.Role == partition.RoleFenced) {
 			s.Partitions++
-			s.Keys += pt.store.Len()
-			s.Bytes += pt.store.Bytes()
+			s.Keys += pt.Store.Len()
+			s.Bytes += pt.Store.Bytes()
 		}
-		if pt.store != nil && pt.role != roleHolder && pt.role != roleFenced && pt.rep.complete {
+		if pt.Store != nil && pt.Role != partition.RoleHolder && pt.Role != partition.RoleFenced && pt.Rep.Complete {
 			// A backup's complete copy is the partition's store.
-			s.ReplicaKeys += pt.store.Len()
+			s.ReplicaKeys += pt.Store.Len()
 		}
-		pt.mu.RUnlock()
+		pt.Mu.RUnlock()
 	}
 	return s
 }
@@ -454,11 +459,11 @@ func (n *Node) every(d time.Duration, fn func()) {
 // stopClients stops every peer client (their batchers exit; the node's wg
 // waits for them).
 func (n *Node) stopClients() {
-	n.clientsMu.Lock()
-	defer n.clientsMu.Unlock()
-	for name, c := range n.clients {
+	n.linksMu.Lock()
+	defer n.linksMu.Unlock()
+	for name, c := range n.links {
 		c.stop()
-		delete(n.clients, name)
+		delete(n.links, name)
 	}
 }
 
@@ -469,9 +474,9 @@ func (n *Node) Sweep() {
 	ev := n.fallback.Sweep(now, 0)
 	for i := range n.pt.parts {
 		pt := &n.pt.parts[i]
-		pt.mu.RLock()
-		st := pt.store
-		pt.mu.RUnlock()
+		pt.Mu.RLock()
+		st := pt.Store
+		pt.Mu.RUnlock()
 		// A store's own locks cover its sweep (a backup's copy is its
 		// store too); a store that has just been given away is swept
 		// harmlessly.

@@ -10,7 +10,7 @@ import (
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
-// The operations besides a single-policy check (operations.go) under
+// The operations besides a single-policy check (internal/partition) under
 // faults: a check of several policies one of which is unlimited, a refund
 // or reset reordered in a replication batch, and a refund its backup does
 // not confirm, retried by its caller.
@@ -134,8 +134,8 @@ func holdReplication(t *testing.T, backup *Node, sender string) (arm func(), ent
 // copy).
 func heldUnits(nd *Node, key Key) int64 {
 	pt := nd.partOfForTest(key)
-	pt.mu.Lock() // a barrier: decisions hold the gate until they have queued their copy
-	pt.mu.Unlock()
+	pt.Mu.Lock() // a barrier: decisions hold the gate until they have queued their copy
+	pt.Mu.Unlock()
 	runs, _ := nd.ExportForTest(key)
 	var sum int64
 	for _, r := range runs {

@@ -352,7 +352,7 @@ func TestPublicAllowAllocs(t *testing.T) {
 		t.Skip("the race detector allocates")
 	}
 	c := startCluster(t, 1, Config{Policies: map[string]PolicyConfig{"p": {Limit: 1 << 40, Window: time.Second}}})
-	s := &publicServer{n: c.nodes[0]}
+	s := &publicService{n: c.nodes[0]}
 	ctx := context.Background()
 	req := &peerpb.AllowRequest{Key: &peerpb.Key{Tenant: "t", Subject: "s", Policy: "p"}}
 	if resp, err := s.Allow(ctx, req); err != nil || !resp.GetAllowed() {
@@ -372,7 +372,7 @@ func TestPublicAllowAllocs(t *testing.T) {
 // costs the node past the transport.
 func BenchmarkPublicAllowLocal(b *testing.B) {
 	c := startCluster(b, 1, Config{Policies: map[string]PolicyConfig{"p": {Limit: 1 << 50, Window: time.Second}}})
-	s := &publicServer{n: c.nodes[0]}
+	s := &publicService{n: c.nodes[0]}
 	ctx := context.Background()
 	req := &peerpb.AllowRequest{Key: &peerpb.Key{Tenant: "t", Subject: "s", Policy: "p"}}
 	b.ReportAllocs()

@@ -173,11 +173,11 @@ func (n *Node) Overview(ctx context.Context) Overview {
 			out.Deciding = lo.run.MayDecide(p, mono)
 			out.Fenced = !out.Deciding
 			pt := &n.pt.parts[p]
-			pt.mu.RLock()
-			if pt.store != nil {
-				out.Keys = pt.store.Len()
+			pt.Mu.RLock()
+			if pt.Store != nil {
+				out.Keys = pt.Store.Len()
 			}
-			pt.mu.RUnlock()
+			pt.Mu.RUnlock()
 		}
 		st.Partitions = append(st.Partitions, out)
 	}

@@ -8,6 +8,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
@@ -42,7 +43,7 @@ func (n *Node) checkReachable(member string) {
 	go func() {
 		defer n.wg.Done()
 		defer n.reach.done(member)
-		c, err := n.peerClient(member)
+		c, err := n.linkTo(member)
 		if err == nil {
 			ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
 			_, err = healthpb.NewHealthClient(c.conn).Check(ctx, &healthpb.HealthCheckRequest{})
@@ -99,14 +100,14 @@ const partStripes = 16
 func (n *Node) heldPartitions() (parts, keys int) {
 	for i := range n.pt.parts {
 		pt := &n.pt.parts[i]
-		pt.mu.RLock()
-		if pt.role == roleHolder || pt.role == roleFenced {
+		pt.Mu.RLock()
+		if pt.Role == partition.RoleHolder || pt.Role == partition.RoleFenced {
 			parts++
-			if pt.store != nil {
-				keys += pt.store.Len()
+			if pt.Store != nil {
+				keys += pt.Store.Len()
 			}
 		}
-		pt.mu.RUnlock()
+		pt.Mu.RUnlock()
 	}
 	return parts, keys
 }

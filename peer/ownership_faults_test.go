@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
@@ -379,7 +380,7 @@ func TestOwnershipLargePartition(t *testing.T) {
 		t.Fatal("no joiner name takes the partition")
 	}
 	c.waitMembers(3)
-	if r, _, _ := target.roleForTest(pid); r != roleHolder {
+	if r, _, _ := target.roleForTest(pid); r != partition.RoleHolder {
 		t.Fatalf("the joiner %s does not hold partition %d after settling (%v)", target.Name(), pid, r)
 	}
 	// The policy replicates asynchronously (to fill quickly), so a crash
@@ -689,7 +690,7 @@ func pausedDecisionAfterTakeover(t *testing.T, n0, n1 *Node, pid, limit int, do 
 	// decision of n0's, not the new holder's).
 	waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
 		r, _, _ := n1.roleForTest(pid)
-		return r == roleHolder
+		return r == partition.RoleHolder
 	})
 	// Admit on n1 until it refuses one as over the limit; a call that
 	// fails (unavailable for a moment on a loaded machine) is asked again.

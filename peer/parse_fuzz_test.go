@@ -33,14 +33,14 @@ func FuzzParseRequest(f *testing.F) {
 			policies = strings.Split(pols, ",")
 		}
 		key := Key{Tenant: tenant, Subject: subject, Policy: pol}
-		r, err := n.parseReq(peerpb.Op(op), key, policies, hits)
+		r, err := n.parseReq(opFromWire(peerpb.Op(op)), key, policies, hits)
 		if err != nil {
 			if !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidHits) && !errors.Is(err, ErrUnknownPolicy) {
 				t.Fatalf("parseReq(%d, %+v, %q, %d) = %v: not an input error", op, key, policies, hits, err)
 			}
 			return
 		}
-		if len(r.ek) == 0 || r.hits < 1 || r.p == nil {
+		if len(r.EK) == 0 || r.Hits < 1 || r.P == nil {
 			t.Fatalf("accepted %+v: incomplete", r)
 		}
 		names := policies
@@ -55,8 +55,8 @@ func FuzzParseRequest(f *testing.F) {
 			if k := (Key{Tenant: tenant, Subject: subject, Policy: name}); k.Validate() != nil {
 				t.Fatalf("accepted invalid key %+v", k)
 			}
-			if (r.op == peerpb.Op_OP_CHECK || r.op == peerpb.Op_OP_PEEK) && r.hits > p.Shard.Limit {
-				t.Fatalf("accepted hits %d above %q's limit %d", r.hits, name, p.Shard.Limit)
+			if r.Op.Spec().Bounded && r.Hits > p.Shard.Limit {
+				t.Fatalf("accepted hits %d above %q's limit %d", r.Hits, name, p.Shard.Limit)
 			}
 		}
 	})

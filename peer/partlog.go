@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/durable"
-	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -292,20 +291,20 @@ func (n *Node) snapshotParts() {
 	var ops []*peerpb.PartitionOp
 	for pid := range n.pt.parts {
 		pt := &n.pt.parts[pid]
-		pt.mu.RLock()
-		if pl.mine[pid] && pt.store != nil {
+		pt.Mu.RLock()
+		if pl.mine[pid] && pt.Store != nil {
 			var keys []*peerpb.KeyState
-			pt.store.Range(func(k Key) bool {
+			pt.Store.Range(func(k Key) bool {
 				if n.durablePolicy(k.Policy) {
-					if ks, ok := pt.store.Export(k, now); ok {
+					if ks, ok := pt.Store.Export(k, now); ok {
 						keys = append(keys, stateToWire(ks))
 					}
 				}
 				return true
 			})
-			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_CHUNK, Partition: uint32(pid), Epoch: max(pt.epoch, 1), Keys: keys})
+			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_CHUNK, Partition: uint32(pid), Epoch: max(pt.Epoch, 1), Keys: keys})
 		}
-		pt.mu.RUnlock()
+		pt.Mu.RUnlock()
 	}
 	if err := pl.parts.Snapshot(now.UnixNano(), covers, ops); err != nil {
 		n.log.Error("data directory: snapshot of the partitions failed", "err", err)
@@ -388,39 +387,6 @@ func (n *Node) durableReplica(pid int, epoch uint64, st *shard.Store, keys []pac
 	return idx, nil
 }
 
-// durableOp logs the state an operation other than a single check left
-// (refund, reset, lease acquire and release, reserve and settle, grant, a
-// multi-policy check) for each of its policies kept on disk; the index
-// returned is to Sync before answering (0: none). A peek, or a check
-// refused, changed nothing. Called with the partition's lock held.
-func (n *Node) durableOp(pt *part, pid int, r *opReq, allowed bool, now time.Time) (uint64, error) {
-	if r.op == peerpb.Op_OP_PEEK || r.op == peerpb.Op_OP_CHECK && !allowed && r.multi == nil {
-		return 0, nil
-	}
-	var last uint64
-	one := func(e *policy.Entry, key Key) error {
-		if e == nil || e.Unlimited || e.Config.Durability == DurabilityMemory {
-			return nil
-		}
-		idx, err := n.durableKeyOrGone(pid, pt.epoch, pt.store, key, e.Config.Durability, now)
-		if idx != 0 {
-			last = idx
-		}
-		return err
-	}
-	if r.multi == nil {
-		return last, one(r.p, r.key)
-	}
-	for _, q := range r.multi {
-		k := r.key
-		k.Policy = q.Name
-		if err := one(q, k); err != nil {
-			return 0, err
-		}
-	}
-	return last, nil
-}
-
 // durableKeyOrGone is durableKey, logging an empty state for a key the
 // operation removed (a reset, the last lease released).
 func (n *Node) durableKeyOrGone(pid int, epoch uint64, st *shard.Store, key Key, dur Durability, now time.Time) (uint64, error) {
@@ -440,16 +406,16 @@ func (n *Node) durableKeyOrGone(pid int, epoch uint64, st *shard.Store, key Key,
 	return idx, nil
 }
 
-// awaitDurable waits until the record a batch's decision left in r.durIdx
+// awaitDurable waits until the record a batch's decision left in r.DurIdx
 // (deferWait, durability disk) is on disk, and clears it. The receiver
 // calls it for each such item after deciding the whole batch: the first
 // call's fsync covers every item logged before it (group commit), so a
 // batch costs one fsync, not one per item.
 func (n *Node) awaitDurable(r *opReq) error {
-	idx := r.durIdx
+	idx := r.DurIdx
 	if idx == 0 {
 		return nil
 	}
-	r.durIdx = 0
+	r.DurIdx = 0
 	return n.durableSync(idx)
 }

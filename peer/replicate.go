@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"iter"
-	"math/bits"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -59,6 +58,19 @@ type replItem struct {
 	// barrier: not an operation; done yields once every item queued
 	// before it has been answered (replBarrier).
 	barrier bool
+	// pool is the pool a pooled item goes back to (Release); nil for an
+	// item the garbage collector takes.
+	pool *sync.Pool
+}
+
+// Done yields the backup's answer (partition.Copy).
+func (it *replItem) Done() <-chan error { return it.done }
+
+// Release hands a pooled item back once Done has yielded.
+func (it *replItem) Release() {
+	if it.pool != nil {
+		putReplItem(it.pool, it)
+	}
 }
 
 // getReplItem returns a cleared item from the node's pool.
@@ -67,6 +79,7 @@ func (n *Node) getReplItem() *replItem {
 	if it.ch == nil {
 		it.ch = make(chan error, 1)
 	}
+	it.pool = &n.replItems
 	return it
 }
 
@@ -83,7 +96,7 @@ func putReplItem(pool *sync.Pool, it *replItem) {
 
 // replicator is the batcher of operations to one backup member.
 type replicator struct {
-	c     *client
+	c     *peerLink
 	queue chan *replItem
 	// answered is nudged by every answer on the pipe; replLoop waits on
 	// it while it gathers, as batchLoop does.
@@ -97,22 +110,12 @@ type replicator struct {
 
 const replQueueLen = 8192
 
-// replicateAdmission queues one admission of key in partition pid at epoch
-// for backup to. It returns a channel that yields the outcome when wait is
-// set, else nil.
-func (n *Node) replicateAdmission(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (chan error, error) {
-	it, err := n.replicateAdmissionItem(to, pid, epoch, key, alg, run, at, wait)
-	if it == nil {
-		return nil, err
-	}
-	return it.done, nil // the item goes to the garbage collector, not the pool
-}
-
-// replicateAdmissionItem is replicateAdmission with a pooled item: when
-// wait is set it returns the item, whose done yields the outcome; the
-// waiter returns it with putReplItem after done yields.
+// replicateAdmissionItem queues one admission of key in partition pid at
+// epoch for backup to, in a pooled item: when wait is set it returns the
+// item, whose Done yields the outcome; the waiter hands it back with
+// Release after Done yields.
 func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (*replItem, error) {
-	c, err := n.peerClient(to)
+	c, err := n.linkTo(to)
 	if err != nil {
 		n.replUnqueued(pid, epoch, wait)
 		return nil, err
@@ -137,8 +140,8 @@ func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key,
 
 // replicateState queues key state st (ages relative to at) for backup to
 // as a replacement of the copy's state of that key.
-func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyState, at time.Time, wait bool) (chan error, error) {
-	c, err := n.peerClient(to)
+func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyState, at time.Time, wait bool) (*replItem, error) {
+	c, err := n.linkTo(to)
 	if err != nil {
 		n.replUnqueued(pid, epoch, wait)
 		return nil, err
@@ -156,7 +159,10 @@ func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyStat
 		n.replUnqueued(pid, epoch, wait)
 		return nil, fmt.Errorf("%w: replication queue to %s is full", ErrUnavailable, to)
 	}
-	return done, nil
+	if !wait {
+		return nil, nil
+	}
+	return it, nil
 }
 
 // replUnqueued handles an item of partition pid at epoch that could not be
@@ -165,41 +171,12 @@ func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyStat
 // goes on), so the backup must get it from a copy of the partition.
 func (n *Node) replUnqueued(pid int, epoch uint64, wait bool) {
 	if !wait {
-		n.cenv.recopy(pid, epoch)
-	}
-}
-
-// admissionRun is the admission just decided at now, as a run to add to the
-// backup's copy: exact for the sliding log, fixed window and calendar, an
-// upper bound on the bucket's debt for the token bucket (the copy refills
-// no earlier).
-func admissionRun(p *policy.Entry, sd shard.Decision, hits int64, now time.Time) shard.Run {
-	switch p.Shard.Algorithm {
-	case shard.TokenBucket:
-		// debt = ceil(hits × W / L), the bucket's fill for hits units.
-		hi, lo := bits.Mul64(uint64(hits), uint64(p.Shard.Window))
-		q, r := bits.Div64(hi%uint64(p.Shard.Limit), lo, uint64(p.Shard.Limit))
-		if r > 0 {
-			q++
-		}
-		return shard.Run{Age: -time.Duration(q)}
-	case shard.FixedWindow:
-		// The window started W − ResetAfter before the decision.
-		return shard.Run{Age: p.Shard.Window - sd.ResetAfter, Count: hits}
-	case shard.Calendar:
-		// Not an age: the start instant of the decided period (see
-		// shard.Calendar). That period ends at now + ResetAfter (now may
-		// trail the key's clamped time, which only moves this instant
-		// earlier inside the period), so its last nanosecond names it.
-		start, _ := p.Shard.Period.Bounds(now.Add(sd.ResetAfter-1), p.Shard.Zone)
-		return shard.Run{Age: time.Duration(start.UnixNano()), Count: hits}
-	default:
-		return shard.Run{Age: 0, Count: hits}
+		n.linkEnv.recopy(pid, epoch)
 	}
 }
 
 // replLoop batches c's replication queue into Replicate RPCs.
-func (c *client) replLoop() {
+func (c *peerLink) replLoop() {
 	defer c.env.wg.Done()
 	r := c.repl
 	defer func() {
@@ -294,7 +271,7 @@ func (c *client) replLoop() {
 // c is in flight: every item queued before it has been answered (applied
 // or refused by the backup, or failed here). Called by replLoop, holding
 // no in-flight slot.
-func (c *client) awaitReplIdle(bar *replItem) {
+func (c *peerLink) awaitReplIdle(bar *replItem) {
 	r := c.repl
 	for len(r.sem) > 0 {
 		select {
@@ -310,7 +287,7 @@ func (c *client) awaitReplIdle(bar *replItem) {
 // replBarrier waits until every replication item queued for member to
 // before the call has been answered, or ctx ends.
 func (n *Node) replBarrier(ctx context.Context, to string) error {
-	c, err := n.peerClient(to)
+	c, err := n.linkTo(to)
 	if err != nil {
 		return err
 	}
@@ -332,7 +309,7 @@ func (n *Node) replBarrier(ctx context.Context, to string) error {
 // sendReplPipe sends rs's batch on p without waiting; the pipe's receiver
 // applies the answer and frees the slot. It reports false, having sent
 // nothing, when the pipe is broken; rs is then still the caller's.
-func (c *client) sendReplPipe(p *transport.Pipe[peerpb.ReplicateRequest, peerpb.ReplicateResponse], rs *replSend) bool {
+func (c *peerLink) sendReplPipe(p *transport.Pipe[peerpb.ReplicateRequest, peerpb.ReplicateResponse], rs *replSend) bool {
 	batch := rs.batch
 	if allAdmits(batch) {
 		// The common case: admissions only, packed.
@@ -355,7 +332,7 @@ func (c *client) sendReplPipe(p *transport.Pipe[peerpb.ReplicateRequest, peerpb.
 // answer are both done with it: a batch of admissions allocates nothing
 // of its own.
 type replSend struct {
-	c      *client
+	c      *peerLink
 	req    *peerpb.ReplicateRequest // &packed, or built by replRequest
 	packed peerpb.ReplicateRequest
 	batch  []*replItem
@@ -371,7 +348,7 @@ type replSend struct {
 var replSendPool = sync.Pool{New: func() any { return new(replSend) }}
 
 // getReplSend returns a pooled replSend for c's batcher (one user).
-func getReplSend(c *client) *replSend {
+func getReplSend(c *peerLink) *replSend {
 	rs := replSendPool.Get().(*replSend)
 	rs.c = c
 	rs.refs.Store(1)
@@ -425,7 +402,7 @@ func (rs *replSend) Done(resp *peerpb.ReplicateResponse, err error) {
 // number, given here, in the loop that sends them one after another (the
 // backup applies none older than one it has applied), and this node's
 // policy version and, while the backup's policy table may differ, windows.
-func (c *client) stamp(req *peerpb.ReplicateRequest, batch []*replItem) {
+func (c *peerLink) stamp(req *peerpb.ReplicateRequest, batch []*replItem) {
 	req.Seq = c.env.replSeq.Add(1)
 	c.env.stamp(req, c.name, batchPolicies(batch))
 }
@@ -501,7 +478,7 @@ func opsOf(req *peerpb.ReplicateRequest) []replOp {
 // replResults returns the want results of a replication answer, packed or
 // not. A packed answer is decoded into sc when it is not nil (the results
 // are then valid until sc is reused).
-func (c *client) replResults(resp *peerpb.ReplicateResponse, want int, sc *resultScratch) ([]*peerpb.OpResult, error) {
+func (c *peerLink) replResults(resp *peerpb.ReplicateResponse, want int, sc *resultScratch) ([]*peerpb.OpResult, error) {
 	if b := resp.GetResultsPacked(); len(b) > 0 {
 		if sc == nil {
 			sc = new(resultScratch)
@@ -542,7 +519,7 @@ const maxReplBatch = 1024
 
 // sendRepl sends one batch. Consecutive admissions for one partition and
 // epoch, with no operation but admissions between them, share one operation.
-func (c *client) sendRepl(batch []*replItem) {
+func (c *peerLink) sendRepl(batch []*replItem) {
 	req, opOf := c.replRequest(batch)
 	c.stamp(req, batch)
 	ctx, cancel := context.WithTimeout(c.env.ctx, c.env.forwardTimeout)
@@ -559,7 +536,7 @@ func (c *client) sendRepl(batch []*replItem) {
 
 // replRequest builds the request for batch; opOf maps each item to its
 // operation's index.
-func (c *client) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, opOf []int) {
+func (c *peerLink) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, opOf []int) {
 	now := c.env.clock()
 	req = &peerpb.ReplicateRequest{Sender: c.env.self}
 	opOf = make([]int, len(batch))
@@ -619,7 +596,7 @@ func (c *client) replRequest(batch []*replItem) (req *peerpb.ReplicateRequest, o
 // and is lost to the backup: the holder copies its partition to the
 // backup again (recopy.go), so that a crash of the holder loses it only
 // until that copy, not for the rest of the window.
-func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp, opOf []int, results []*peerpb.OpResult, err error, start time.Time) {
+func (c *peerLink) replFinish(ctx context.Context, batch []*replItem, ops []replOp, opOf []int, results []*peerpb.OpResult, err error, start time.Time) {
 	env := c.env
 	if err != nil {
 		env.metrics.Forward(c.name, "replicate_error", time.Since(start))
@@ -673,7 +650,7 @@ func (c *client) replFinish(ctx context.Context, batch []*replItem, ops []replOp
 }
 
 // Replicate is the backup's side of replication.
-func (s *server) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*peerpb.ReplicateResponse, error) {
+func (s *limiterService) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*peerpb.ReplicateResponse, error) {
 	if drop := s.n.hooks.replDrop.Load(); drop != nil && (*drop)(req) {
 		return nil, status.Error(codes.Unavailable, "peer: replication request dropped (test)")
 	}
@@ -688,7 +665,7 @@ type replScratch struct {
 }
 
 // replicate is Replicate, answering in sc's memory when sc is not nil.
-func (s *server) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peerpb.ReplicateResponse, error) {
+func (s *limiterService) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peerpb.ReplicateResponse, error) {
 	n := s.n
 	if hold := n.hooks.replHold.Load(); hold != nil {
 		if applied := (*hold)(req); applied != nil {
@@ -756,7 +733,7 @@ func (n *Node) applyPartitionOp(sender string, seq uint64, sw senderTable, op *p
 		keys = append(keys, packedAdmit{st: st, sp: importPolicy(p, sw)})
 	}
 	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: seq, durIdx: durIdx}
-	r := n.applyOpKeys(sender, h, keys, closing)
+	r := n.lo.receiveOp(sender, h, keys, closing)
 	return &peerpb.OpResult{Status: r.status, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
 }
 
@@ -781,12 +758,4 @@ type opHead struct {
 	// after one fsync for all its operations (replicate) rather than one
 	// each; nil: the operation waits for its own.
 	durIdx *uint64
-}
-
-// applyOpKeys applies operation h from holder sender; keys are the key
-// states it carries that are valid here, each with its local policy (a
-// key of a policy this node does not have, or has with another algorithm,
-// is not among them).
-func (n *Node) applyOpKeys(sender string, h opHead, keys []packedAdmit, closing bool) opResult {
-	return n.lo.applyOp(sender, h, keys, closing)
 }

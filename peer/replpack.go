@@ -173,7 +173,7 @@ func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw sende
 	nops := r.Count(wire.MaxBatch, 3)
 	out = binary.AppendUvarint(slices.Grow(out[:0], 8+16*nops), uint64(nops))
 	// Scratch shared by the operations, and reused by later requests:
-	// applyOpKeys keeps neither (Import copies the runs it merges).
+	// receiveOp keeps neither (Import copies the runs it merges).
 	sc := admitScratchPool.Get().(*admitScratch)
 	defer sc.put()
 	runs, ents := sc.runs[:0], sc.ents[:0]
@@ -209,7 +209,7 @@ func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw sende
 		if part > uint64(^uint32(0)) {
 			part = uint64(len(n.pt.parts)) // refused below
 		}
-		res := n.applyOpKeys(sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne, seq: seq, durIdx: durIdx}, ents, closing)
+		res := n.lo.receiveOp(sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne, seq: seq, durIdx: durIdx}, ents, closing)
 		out = binary.AppendUvarint(out, uint64(res.status))
 		out = wire.AppendString(out, res.holder)
 		out = binary.AppendUvarint(out, res.epoch)

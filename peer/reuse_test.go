@@ -52,7 +52,7 @@ func TestPackedCodecsReuseMemory(t *testing.T) {
 	results = appendResult(results, peerpb.OpStatus_OP_STATUS_OK, "")
 	results = appendResult(results, peerpb.OpStatus_OP_STATUS_STALE, "n2")
 	var rs resultScratch
-	c := &client{name: "n1"}
+	c := &peerLink{name: "n1"}
 	resp := &peerpb.ReplicateResponse{ResultsPacked: results}
 	for range 2 {
 		got, err := c.replResults(resp, 2, &rs)
@@ -101,7 +101,7 @@ func TestPackedCodecsReuseMemory(t *testing.T) {
 // the sender is still encoding the message, so a message is pooled, and
 // its memory cleared, only once both are done with it.
 func TestPipeMessageOutlivesAnswer(t *testing.T) {
-	c := &client{name: "n1"}
+	c := &peerLink{name: "n1"}
 	f := getFwdSend(c)
 	k := &call{}
 	f.batch = append(f.batch, k)
@@ -137,7 +137,7 @@ func TestPipeMessageOutlivesAnswer(t *testing.T) {
 // a batch of refusals allocates nothing.
 func TestCheckInReusedMemory(t *testing.T) {
 	c := startCluster(t, 1, Config{Policies: map[string]PolicyConfig{"p": {Limit: 2, Window: time.Hour, Replication: ReplicateOff}}})
-	s := &server{n: c.nodes[0]}
+	s := &limiterService{n: c.nodes[0]}
 	items := binary.AppendUvarint(nil, 4)
 	for i := range 4 {
 		items = wire.AppendItem(items, &peerpb.CheckItem{Key: &peerpb.Key{Tenant: "t", Subject: fmt.Sprint("s", i%2), Policy: "p"}, Hits: 1})

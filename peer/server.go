@@ -12,14 +12,16 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ringlimit/ringlimit/peer/internal/grantee"
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
-// server answers peers: it decides, as owner, the requests they forward.
-type server struct {
+// limiterService answers peers: it decides, as owner, the requests they forward.
+type limiterService struct {
 	peerpb.UnimplementedLimiterServer
 	n *Node
 }
@@ -28,7 +30,7 @@ type server struct {
 // its own ring view never decides: it answers STATUS_NOT_OWNER with the
 // member it believes holds the key, so the sender retries there or after
 // refreshing its ring.
-func (s *server) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.CheckResponse, error) {
+func (s *limiterService) Check(ctx context.Context, req *peerpb.CheckRequest) (*peerpb.CheckResponse, error) {
 	return s.check(ctx, req, nil)
 }
 
@@ -56,7 +58,7 @@ func (sc *checkScratch) reset() {
 }
 
 // check is Check, in sc's memory when sc is not nil.
-func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkScratch) (*peerpb.CheckResponse, error) {
+func (s *limiterService) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkScratch) (*peerpb.CheckResponse, error) {
 	n := s.n
 	if len(req.GetItems()) > wire.MaxBatch {
 		return nil, status.Errorf(codes.InvalidArgument, "peer: batch of %d requests exceeds %d", len(req.GetItems()), wire.MaxBatch)
@@ -121,7 +123,7 @@ func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkS
 		sl := &slots[i]
 		var r *opReq
 		sl.out, r, slab = n.decideWire(ctx, v, &items[i], &sl.req, slab, until)
-		if r != nil && (r.wait != nil || r.durIdx != 0) {
+		if r != nil && (r.Wait != nil || r.DurIdx != 0) {
 			sl.wait = r
 		}
 	}
@@ -132,11 +134,11 @@ func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkS
 		}
 		// The fsync here first: it runs while the backup writes its own.
 		err := n.awaitDurable(r)
-		if r.wait != nil {
+		if r.Wait != nil {
 			var rerr error
 			select {
-			case rerr = <-r.wait.done:
-				n.putReplItem(r.wait)
+			case rerr = <-r.Wait.Done():
+				r.Wait.Release()
 			case <-ctx.Done():
 				rerr = fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
 			}
@@ -148,7 +150,7 @@ func (s *server) check(ctx context.Context, req *peerpb.CheckRequest, sc *checkS
 			slots[i].out = wireError(n, v, peerpb.Status_STATUS_UNAVAILABLE, err)
 			continue
 		}
-		n.metrics.Decision(r.p.Name, Reason(slots[i].out.Reason), PathRemote)
+		n.metrics.Decision(r.P.Name, Reason(slots[i].out.Reason), PathRemote)
 	}
 	resp := &sc.resp
 	if packed {
@@ -201,17 +203,18 @@ func resetProofInput(k Key) []byte {
 // metric); the request is nil when the item was not parsed.
 func (n *Node) decideWire(ctx context.Context, v *view, it *wire.Item, r *opReq, slab []byte, until time.Time) (wire.Decision, *opReq, []byte) {
 	bad := func(st peerpb.Status, err error) wire.Decision { return wireError(n, v, st, err) }
-	if isLeaseOp(it.Op) {
+	op := opFromWire(it.Op)
+	if op.Spec().OwnRPC {
 		// Its id would have nowhere to go: Limiter.Lease carries it.
 		return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %v travels on Limiter.Lease, one per call", ErrInvalidKey, it.Op)), nil, slab
 	}
-	if it.Op == peerpb.Op_OP_RESET {
+	if op == partition.OpReset {
 		if err := n.ops.auth.CheckResetProof(ctx, resetProofInput(it.Key)); err != nil {
 			n.warnThrottled("peer reset refused: no proof of authorization", "err", err)
 			return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %s", ErrInvalidKey, status.Convert(err).Message())), nil, slab
 		}
 	}
-	ek, err := n.parseReqInto(r, it.Op, it.Key, it.Policies, it.Hits, slab[len(slab):len(slab)])
+	ek, err := n.parseReqInto(r, op, it.Key, it.Policies, it.Hits, slab[len(slab):len(slab)])
 	switch {
 	case errors.Is(err, ErrUnknownPolicy):
 		return bad(peerpb.Status_STATUS_UNKNOWN_POLICY, err), nil, slab
@@ -221,8 +224,8 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *wire.Item, r *opReq,
 	if len(it.Policies) == 0 && len(ek) <= cap(slab)-len(slab) {
 		slab = slab[:len(slab)+len(ek)] // ek was appended in place
 	}
-	r.ek = ek
-	r.deferWait = true
+	r.EK = ek
+	r.DeferWait = true
 	d, r := n.decideWireReq(ctx, v, r, until)
 	return d, r, slab
 }
@@ -242,22 +245,22 @@ func (n *Node) waitUntil(ctx context.Context) time.Time {
 // for a moving partition until until.
 func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq, until time.Time) (wire.Decision, *opReq) {
 	bad := func(st peerpb.Status, err error) wire.Decision { return wireError(n, v, st, err) }
-	pk := shard.Place(r.ek)
+	pk := shard.Place(r.EK)
 	pid := v.snap.PartitionOfHash(pk.Hash())
 	pt := &n.pt.parts[pid]
 	for {
 		var d Decision
-		st, ch, err := n.decideHere(ctx, v, pt, pid, r, pk, &d)
+		st, ch, err := n.decideHere(ctx, v, pt, r, pk, &d)
 		switch st {
-		case decided:
+		case partition.Decided:
 			if err != nil {
 				if errors.Is(err, ErrInvalidHits) || errors.Is(err, ErrWrongAlgorithm) {
 					return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, err), nil
 				}
 				return bad(peerpb.Status_STATUS_UNAVAILABLE, err), nil
 			}
-			if r.wait == nil && r.durIdx == 0 {
-				n.metrics.Decision(r.p.Name, d.Reason, PathRemote)
+			if r.Wait == nil && r.DurIdx == 0 {
+				n.metrics.Decision(r.P.Name, d.Reason, PathRemote)
 			}
 			out := wire.Decision{
 				Status: peerpb.Status_STATUS_OK, Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
@@ -266,17 +269,17 @@ func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq, until time.
 				DecidedAtNs: d.DecidedAt.UnixNano(), RefusedBy: d.RefusedBy, Limits: limitsToWire(d.Limits),
 			}
 			return out, r
-		case waitHere:
+		case partition.Wait:
 			if err := n.waitPart(ctx, ch, until); err != nil {
 				return bad(peerpb.Status_STATUS_UNAVAILABLE, fmt.Errorf("%w: partition %d is moving", ErrUnavailable, pid)), nil
 			}
 			v = n.view.Load()
 			continue
 		}
-		pt.mu.RLock()
-		r, holder, epoch := pt.role, pt.holder, pt.epoch
-		pt.mu.RUnlock()
-		if r == roleHint && holder != n.name {
+		pt.Mu.RLock()
+		r, holder, epoch := pt.Role, pt.Holder, pt.Epoch
+		pt.Mu.RUnlock()
+		if r == partition.RoleHint && holder != n.name {
 			return wire.Decision{Status: peerpb.Status_STATUS_NOT_OWNER, Owner: holder, HolderEpoch: epoch, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}, nil
 		}
 		if t := v.snap.PartitionOwner(pid); t != n.name {
@@ -290,39 +293,39 @@ func (n *Node) decideWireReq(ctx context.Context, v *view, r *opReq, until time.
 	}
 }
 
-// publicServer is the RateLimiter service for clients: any node accepts any
+// publicService is the RateLimiter service for clients: any node accepts any
 // key and routes it like Node.Allow.
-type publicServer struct {
+type publicService struct {
 	peerpb.UnimplementedRateLimiterServer
 	n *Node
 }
 
-func (s *publicServer) Allow(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
-	return s.do(ctx, peerpb.Op_OP_CHECK, req)
+func (s *publicService) Allow(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+	return s.do(ctx, partition.OpCheck, req)
 }
 
 // Peek answers what Allow would decide, consuming nothing.
-func (s *publicServer) Peek(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
-	return s.do(ctx, peerpb.Op_OP_PEEK, req)
+func (s *publicService) Peek(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+	return s.do(ctx, partition.OpPeek, req)
 }
 
 // Refund gives back units of the key's admissions, once
 // Config.AuthorizeRefund (if set) allows the call.
-func (s *publicServer) Refund(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) Refund(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	if err := authorize(ctx, s.n.cfg.AuthorizeRefund); err != nil {
 		return nil, err
 	}
-	return s.do(ctx, peerpb.Op_OP_REFUND, req)
+	return s.do(ctx, partition.OpRefund, req)
 }
 
 // Reset clears a key, once Config.AuthorizeReset (if set) allows the call.
 // Without it the public port is the guard: serve it with mutual TLS
 // wherever clients must not reset quotas.
-func (s *publicServer) Reset(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) Reset(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	if err := authorize(ctx, s.n.cfg.AuthorizeReset); err != nil {
 		return nil, err
 	}
-	return s.do(ctx, peerpb.Op_OP_RESET, req)
+	return s.do(ctx, partition.OpReset, req)
 }
 
 // authorize asks check (nil: anyone may) whether the call may run; its
@@ -343,7 +346,7 @@ func authorize(ctx context.Context, check func(context.Context) error) error {
 }
 
 // Acquire takes a lease of a concurrency policy.
-func (s *publicServer) Acquire(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) Acquire(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	pk := req.GetKey()
 	l, err := s.n.Acquire(ctx, Request{Key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, Hits: req.GetHits(), Policies: req.GetPolicies()})
 	if err != nil {
@@ -355,7 +358,7 @@ func (s *publicServer) Acquire(ctx context.Context, req *peerpb.AllowRequest) (*
 }
 
 // Release ends a lease of a concurrency policy.
-func (s *publicServer) Release(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) Release(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	pk := req.GetKey()
 	d, err := s.n.Release(ctx, Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, req.GetLeaseId())
 	if err != nil {
@@ -366,7 +369,7 @@ func (s *publicServer) Release(ctx context.Context, req *peerpb.AllowRequest) (*
 
 // Reserve admits an estimate of a sliding_log policy, pending under a
 // reservation id.
-func (s *publicServer) Reserve(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) Reserve(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	pk := req.GetKey()
 	r, err := s.n.Reserve(ctx, Request{Key: Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, Hits: req.GetHits(), Policies: req.GetPolicies()})
 	if err != nil {
@@ -378,7 +381,7 @@ func (s *publicServer) Reserve(ctx context.Context, req *peerpb.AllowRequest) (*
 }
 
 // Settle replaces a reservation's estimate with its actual cost.
-func (s *publicServer) Settle(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) Settle(ctx context.Context, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	pk := req.GetKey()
 	st, err := s.n.Settle(ctx, Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, req.GetLeaseId(), req.GetActual())
 	if err != nil {
@@ -397,7 +400,7 @@ const MaxBatch = 1000
 const batchParallel = 64
 
 // AllowBatch decides independent requests; one bad item fails alone.
-func (s *publicServer) AllowBatch(ctx context.Context, req *peerpb.AllowBatchRequest) (*peerpb.AllowBatchResponse, error) {
+func (s *publicService) AllowBatch(ctx context.Context, req *peerpb.AllowBatchRequest) (*peerpb.AllowBatchResponse, error) {
 	if n := len(req.GetRequests()); n > MaxBatch {
 		return nil, status.Errorf(codes.InvalidArgument, "peer: batch of %d requests exceeds %d", n, MaxBatch)
 	}
@@ -408,7 +411,7 @@ func (s *publicServer) AllowBatch(ctx context.Context, req *peerpb.AllowBatchReq
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			resp, err := s.do(ctx, peerpb.Op_OP_CHECK, r)
+			resp, err := s.do(ctx, partition.OpCheck, r)
 			if err != nil {
 				st := status.Convert(err)
 				out.Results[i] = &peerpb.AllowBatchResult{Code: int32(st.Code()), Error: st.Message()}
@@ -421,7 +424,7 @@ func (s *publicServer) AllowBatch(ctx context.Context, req *peerpb.AllowBatchReq
 	return out, nil
 }
 
-func (s *publicServer) do(ctx context.Context, op peerpb.Op, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
+func (s *publicService) do(ctx context.Context, op partition.Op, req *peerpb.AllowRequest) (*peerpb.AllowResponse, error) {
 	if s.n.view.Load() == nil {
 		// Clients can reach a joining node before its first ring is built.
 		return nil, status.Error(codes.Unavailable, "peer: node starting")
@@ -438,7 +441,7 @@ func (s *publicServer) do(ctx context.Context, op peerpb.Op, req *peerpb.AllowRe
 // names the policy asked for and not the node's table: the public API
 // answers callers it has not authenticated, and the table's names (other
 // tenants' endpoints, plans) are the operator's (issue 53 item 8).
-func (s *publicServer) status(err error) error {
+func (s *publicService) status(err error) error {
 	if !errors.Is(err, ErrUnknownPolicy) {
 		return ToStatus(err)
 	}
@@ -461,4 +464,64 @@ func DecisionToWire(d Decision) *peerpb.AllowResponse {
 			RetryAfterNs: int64(l.RetryAfter), ResetAfterNs: int64(l.ResetAfter)})
 	}
 	return out
+}
+
+// Lease is the holder's side of forwardLease: one lease operation, decided
+// like a Check item.
+func (s *limiterService) Lease(ctx context.Context, req *peerpb.LeaseRequest) (*peerpb.LeaseResponse, error) {
+	n := s.n
+	if n.ctx.Err() != nil {
+		return nil, status.Error(codes.Unavailable, ErrClosed.Error())
+	}
+	v := n.view.Load()
+	if v == nil {
+		return nil, status.Error(codes.Unavailable, "peer: node starting")
+	}
+	it := req.GetItem()
+	op := opFromWire(it.GetOp())
+	if !op.Spec().OwnRPC {
+		return nil, statusInvalid(fmt.Sprintf("lease operation %v", op))
+	}
+	pk := it.GetKey()
+	r, err := n.parseReq(op, Key{Tenant: pk.GetTenant(), Subject: pk.GetSubject(), Policy: pk.GetPolicy()}, nil, it.GetHits())
+	if err != nil {
+		st := peerpb.Status_STATUS_INVALID_ARGUMENT
+		if errors.Is(err, ErrUnknownPolicy) {
+			st = peerpb.Status_STATUS_UNKNOWN_POLICY
+		}
+		d := wireError(n, v, st, err)
+		return &peerpb.LeaseResponse{Decision: d.ToPB()}, nil
+	}
+	r.Lease = req.GetLeaseId()
+	if op == partition.OpSettle {
+		if r.Actual = req.GetActual(); r.Actual < 0 {
+			d := wireError(n, v, peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: actual cost %d must not be negative", ErrInvalidHits, r.Actual))
+			return &peerpb.LeaseResponse{Decision: d.ToPB()}, nil
+		}
+	}
+	if op == partition.OpGrant {
+		if len(req.GetReturns()) > shard.MaxGrants {
+			d := wireError(n, v, peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %d grants returned, at most %d", ErrInvalidHits, len(req.GetReturns()), shard.MaxGrants))
+			return &peerpb.LeaseResponse{Decision: d.ToPB()}, nil
+		}
+		for _, gr := range req.GetReturns() {
+			ret := grantee.Return{ID: gr.GetLeaseId(), Uses: make([]shard.Run, len(gr.GetUses()))}
+			for i, u := range gr.GetUses() {
+				ret.Uses[i] = shard.Run{Age: time.Duration(max(u.GetAgeNs(), 0)), Count: u.GetCount()}
+			}
+			r.Returns = append(r.Returns, ret)
+		}
+	}
+	d, _ := n.decideWireReq(ctx, v, r, n.waitUntil(ctx))
+	resp := &peerpb.LeaseResponse{Decision: d.ToPB()}
+	if op == partition.OpGrant && d.Status == peerpb.Status_STATUS_OK {
+		resp.LeaseId, resp.LeaseTtlNs, resp.Granted = r.Lease, int64(r.LeaseTTL), r.Granted
+	}
+	if (op == partition.OpAcquire || op == partition.OpReserve) && d.Status == peerpb.Status_STATUS_OK && d.Allowed {
+		resp.LeaseId, resp.LeaseTtlNs = r.Lease, int64(r.LeaseTTL)
+	}
+	if op == partition.OpSettle {
+		resp.Estimate, resp.Overage = r.Estimate, r.Overage
+	}
+	return resp, nil
 }

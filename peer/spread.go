@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/grantee"
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
-	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
@@ -70,16 +70,16 @@ func (n *Node) spreadMetric(pol, event string, units int64) {
 // not, the caller forwards as before. Called only where r would be
 // forwarded.
 func (n *Node) spreadDecide(v *view, r *opReq, ek []byte, d *Decision) bool {
-	p := r.p
-	if p.Config.Spread == SpreadOff || r.op != peerpb.Op_OP_CHECK || r.multi != nil || p.Unlimited || p.Config.Shadow {
+	p := r.P
+	if p.Config.Spread == SpreadOff || r.Op != partition.OpCheck || r.Multi != nil || p.Unlimited || p.Config.Shadow {
 		return false
 	}
 	now := n.mono()
-	k := n.spread.lookup(ek, r.key, now)
+	k := n.spread.lookup(ek, r.Key, now)
 	if k == nil {
 		return false
 	}
-	s := k.Spend(now, r.hits, p.Config.Threshold())
+	s := k.Spend(now, r.Hits, p.Config.Threshold())
 	n.spreadMetric(p.Name, "unused", s.Unused)
 	if s.Refill {
 		n.startGrant(k, p)
@@ -98,7 +98,7 @@ func (n *Node) spreadDecide(v *view, r *opReq, ek []byte, d *Decision) bool {
 			return false
 		}
 		*d = Decision{Allowed: true, Limit: p.Shard.Limit, Remaining: s.Left, Reason: ReasonSpread, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: n.clock()}
-		n.spreadMetric(p.Name, "used", r.hits)
+		n.spreadMetric(p.Name, "used", r.Hits)
 		return true
 	case now < s.RefusedUntil:
 		*d = Decision{Limit: p.Shard.Limit, RetryAfter: time.Duration(s.RefusedUntil - now), Reason: ReasonOverLimit, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: n.clock()}
@@ -123,10 +123,10 @@ func (n *Node) requestGrant(k *spreadKey, p *policy.Entry) {
 	lease := p.Config.Lease()
 	want, closed := k.Ask(n.mono(), lease, p.Shard.Limit)
 	sent := n.mono()
-	r := opReq{op: peerpb.Op_OP_GRANT, key: k.key, p: p, hits: want, returns: grantee.Returns(closed, sent)}
+	r := opReq{Op: partition.OpGrant, Key: k.key, P: p, Hits: want, Returns: grantee.Returns(closed, sent)}
 	var buf [shard.MaxEncodedKeyLen]byte
 	ek, _ := k.key.AppendEncoded(buf[:0])
-	r.ek = ek
+	r.EK = ek
 	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
 	d, err := n.route(ctx, &r, ek)
 	cancel()
@@ -139,65 +139,16 @@ func (n *Node) requestGrant(k *spreadKey, p *policy.Entry) {
 			return
 		}
 		n.warnThrottled("spread: asking for rights failed; deciding through the holder", "policy", p.Name, "err", err)
-	case r.granted <= 0 || r.lease == 0:
+	case r.Granted <= 0 || r.Lease == 0:
 		k.Refuse(sent, min(d.RetryAfter, lease/4))
 	default:
-		ttl := min(r.leaseTTL, lease)
+		ttl := min(r.LeaseTTL, lease)
 		if ttl <= 0 {
 			ttl = lease
 		}
-		n.spreadMetric(p.Name, "unused", k.Install(sent, r.lease, r.granted, ttl))
-		n.spreadMetric(p.Name, "granted", r.granted)
+		n.spreadMetric(p.Name, "unused", k.Install(sent, r.Lease, r.Granted, ttl))
+		n.spreadMetric(p.Name, "granted", r.Granted)
 	}
-}
-
-// decideGrantLocked ends the returned grants and grants new rights under
-// the partition gate held in write mode, and queues the key's new state
-// for the backup: a grant is waited for under ReplicateSync, so a
-// takeover's new holder charges it.
-func (n *Node) decideGrantLocked(pt *part, pid int, r *opReq, now time.Time, d Decision) (Decision, []chan error, error) {
-	p := r.p
-	if p.Config.Spread == SpreadOff || p.Unlimited {
-		// The holder's table does not spread this policy (a table change
-		// under way): grant nothing, so the grantee forwards.
-		d.Limit, d.Reason = p.Shard.Limit, ReasonAdmitted
-		return d, nil, nil
-	}
-	changed := false
-	for _, ret := range r.returns {
-		res, err := pt.store.Return(r.key, p.Shard, ret.ID, ret.Uses, now)
-		if err != nil {
-			return d, nil, err
-		}
-		changed = changed || res.Found
-	}
-	var g shard.GrantResult
-	var err error
-	for range 4 {
-		r.lease = newLeaseID()
-		if g, err = pt.store.Grant(r.key, p.Shard, r.hits, p.Config.Lease(), r.lease, now); !errors.Is(err, shard.ErrInvalidReservation) {
-			break
-		}
-	}
-	if err != nil {
-		return d, nil, err
-	}
-	d = fillDecision(d, g.Decision, ReasonAdmitted)
-	r.granted, r.leaseTTL = g.Granted, p.Config.Lease()
-	if g.Granted == 0 {
-		r.lease = 0
-	}
-	if g.Granted == 0 && !changed {
-		return d, nil, nil
-	}
-	w, err := n.replicateLeaseLocked(pt, pid, r, now, g.Granted > 0 && p.Config.Replication == ReplicateSync)
-	if err != nil {
-		return d, nil, err
-	}
-	if w == nil {
-		return d, nil, nil
-	}
-	return d, []chan error{w}, nil
 }
 
 // SpreadKeys lists the keys this node tracks for spreading, most active

@@ -1,6 +1,8 @@
 package peer
 
 import (
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
+
 	"context"
 	"errors"
 	"fmt"
@@ -50,7 +52,7 @@ func TestFromStatusInvalidArgument(t *testing.T) {
 		err  error
 		want error
 	}{
-		{"wrong algorithm", errNeedsLease("inflight"), ErrWrongAlgorithm},
+		{"wrong algorithm", partition.ErrNeedsLease("inflight"), ErrWrongAlgorithm},
 		{"invalid hits", fmt.Errorf("%w: hits 6 exceed policy %q's limit 5", ErrInvalidHits, "p"), ErrInvalidHits},
 		{"invalid key", fmt.Errorf("%w: tenant is empty", ErrInvalidKey), ErrInvalidKey},
 		{"bare message", status.Error(codes.InvalidArgument, "bad input"), ErrInvalidKey},

@@ -88,7 +88,7 @@ func (s *pipeState[Req, Resp]) set(p *transport.Pipe[Req, Resp]) {
 // get returns a working pipe, opening one if the connection is ready, or
 // nil: then the caller sends a unary RPC. It prefers a framed pipe of
 // kind, and uses a gRPC stream when the peer does not take one.
-func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error), idOf func(*Resp) uint64) *transport.Pipe[Req, Resp] {
+func (s *pipeState[Req, Resp]) get(c *peerLink, kind byte, open func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error), idOf func(*Resp) uint64) *transport.Pipe[Req, Resp] {
 	if s.p != nil {
 		err := s.p.Err()
 		if err == nil {
@@ -141,7 +141,7 @@ func (s *pipeState[Req, Resp]) get(c *client, kind byte, open func(context.Conte
 // starts a dial if none is under way and framed pipes may be tried, and
 // takes a finished dial's outcome (a failed one sets the pause before the
 // next try). It never blocks, and returns nil while dialling.
-func (s *pipeState[Req, Resp]) framedPipe(c *client, kind byte, idOf func(*Resp) uint64) *transport.Pipe[Req, Resp] {
+func (s *pipeState[Req, Resp]) framedPipe(c *peerLink, kind byte, idOf func(*Resp) uint64) *transport.Pipe[Req, Resp] {
 	if c.env.noFramed || time.Now().Before(s.framedRetry) || c.conn.GetState() != connectivity.Ready {
 		return nil
 	}
@@ -179,7 +179,7 @@ func (s *pipeState[Req, Resp]) framedPipe(c *client, kind byte, idOf func(*Resp)
 
 // startDial dials a framed pipe of kind to c's peer on a goroutine the
 // node owns.
-func (s *pipeState[Req, Resp]) startDial(c *client, kind byte) {
+func (s *pipeState[Req, Resp]) startDial(c *peerLink, kind byte) {
 	ctx, cancel := context.WithCancel(c.env.ctx)
 	ch := make(chan framedResult, 1)
 	s.dial, s.dialCancel = ch, cancel
@@ -228,7 +228,7 @@ type checkTask struct {
 // CheckStream is the receiver's side of a sender's forward pipe: one loop
 // receives, a fixed set of workers decide (through Check, so every rule of
 // Check holds) and answer. The workers end with the stream.
-func (s *server) CheckStream(st peerpb.Limiter_CheckStreamServer) error {
+func (s *limiterService) CheckStream(st peerpb.Limiter_CheckStreamServer) error {
 	ctx := st.Context()
 	tasks := make(chan checkTask, checkStreamWorkers)
 	var sendMu sync.Mutex // a stream takes one Send at a time
@@ -281,7 +281,7 @@ func (s *server) CheckStream(st peerpb.Limiter_CheckStreamServer) error {
 }
 
 // checkStreamOne decides one batch of a CheckStream.
-func (s *server) checkStreamOne(ctx context.Context, t checkTask, sc *checkScratch, bc *batchCtx) *peerpb.CheckResponse {
+func (s *limiterService) checkStreamOne(ctx context.Context, t checkTask, sc *checkScratch, bc *batchCtx) *peerpb.CheckResponse {
 	if !t.deadline.IsZero() {
 		bc.begin(t.deadline)
 		defer bc.finish()
@@ -299,7 +299,7 @@ func (s *server) checkStreamOne(ctx context.Context, t checkTask, sc *checkScrat
 // ReplicateStream is the backup's side of a holder's replication pipe:
 // requests are applied one after another in arrival order, through
 // Replicate.
-func (s *server) ReplicateStream(st peerpb.Limiter_ReplicateStreamServer) error {
+func (s *limiterService) ReplicateStream(st peerpb.Limiter_ReplicateStreamServer) error {
 	// Answers share sc's memory: each is encoded by Send before the next
 	// request is applied.
 	var sc replScratch

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
@@ -176,7 +177,7 @@ func TestTakeoverClockSkew(t *testing.T) {
 				n0.KillForTest()
 				waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
 					r, _, _ := n1.roleForTest(pid)
-					return r == roleHolder
+					return r == partition.RoleHolder
 				})
 				clk.Advance(free.Add(-time.Millisecond).Sub(clk.Now()))
 				for i := range 2 * limit {

@@ -13,13 +13,13 @@ import (
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
-// clientEnv is everything a per-peer client (forward batching,
+// linkEnv is everything a per-peer client (forward batching,
 // replication, their pipes) takes from its node, set once when the node
 // starts its RPC server and never changed. The client reaches nothing
 // else of the node: what it reads is here, what it changes is the
 // counters and pools below, and its goroutines join the node's group
 // and end with the node's context.
-type clientEnv struct {
+type linkEnv struct {
 	ctx     context.Context // the node's lifetime: cancelled by Close
 	wg      *sync.WaitGroup // the node's goroutines; the client's join it
 	self    string          // this node's name, the sender of every request
@@ -55,10 +55,10 @@ type clientEnv struct {
 	recopy func(pid int, epoch uint64)
 }
 
-// newClientEnv is n's clientEnv; called once its peer authentication is
+// newLinkEnv is n's linkEnv; called once its peer authentication is
 // set up.
-func (n *Node) newClientEnv() *clientEnv {
-	return &clientEnv{
+func (n *Node) newLinkEnv() *linkEnv {
+	return &linkEnv{
 		ctx: n.ctx, wg: &n.wg, self: n.name, log: n.log, metrics: n.metrics, clock: n.clock,
 		maxBatch: n.cfg.MaxBatch, forwardTimeout: n.cfg.ForwardTimeout, framedWriteTimeout: n.framedWriteTimeout(),
 		noStreams: n.cfg.DisableStreams, noFramed: n.cfg.DisableFramedPipes, tls: n.cfg.ClientTLS,
@@ -71,9 +71,9 @@ func (n *Node) newClientEnv() *clientEnv {
 }
 
 // pipeConfig is what the client's pipes to its peer (framed or not) need.
-func (e *clientEnv) pipeConfig(framed bool) transport.PipeConfig {
+func (e *linkEnv) pipeConfig(framed bool) transport.PipeConfig {
 	return transport.PipeConfig{WG: e.wg, Timeout: e.forwardTimeout, Breaks: e.pipeBreaks, Framed: framed}
 }
 
 // putReplItem returns it to the node's pool, emptied.
-func (e *clientEnv) putReplItem(it *replItem) { putReplItem(e.replItems, it) }
+func (e *linkEnv) putReplItem(it *replItem) { putReplItem(e.replItems, it) }

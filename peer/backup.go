@@ -1,0 +1,188 @@
+package peer
+
+// The backup's side of ownership: what a member does with the copies and
+// the replication a partition's holder sends it (receiveOp, the one
+// entry), until a complete copy becomes the partition's store
+// (internal/partition.Part's Rep and Next) and each later admission is
+// added to it (applyReplica).
+
+import (
+	"context"
+	"time"
+
+	"github.com/ringlimit/ringlimit/peer/peerpb"
+)
+
+// receiveOp is the receiver's side of a copy and of replication.
+func (lo *logOwner) receiveOp(sender string, h opHead, keys []packedAdmit, closing bool) opResult {
+	n := lo.n
+	refused := opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
+	needSync := opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
+	pid := int(h.part)
+	from := lo.incarnation(sender)
+	if pid >= len(n.pt.parts) || sender == "" || sender == n.name || from == "" {
+		return refused
+	}
+	pt := &n.pt.parts[pid]
+	now := n.clock()
+	switch h.kind {
+	case peerpb.PartitionOp_KIND_SYNC_BEGIN:
+		if closing || h.epoch == 0 {
+			// Epoch 0 names no holding: every grant makes the epoch at
+			// least 1.
+			return refused
+		}
+		pt.Mu.Lock()
+		pt.Next = replica{Holder: sender, Epoch: h.epoch, CopySeq: h.holderEpoch, Store: n.newPartStore()}
+		pt.Mu.Unlock()
+		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
+	case peerpb.PartitionOp_KIND_SYNC_CHUNK:
+		pt.Mu.Lock()
+		defer pt.Mu.Unlock()
+		if pt.Next.Holder != sender || pt.Next.Epoch != h.epoch || pt.Next.CopySeq != h.holderEpoch || pt.Next.Store == nil {
+			return needSync // not the copy under way: an older one, late
+		}
+		if len(keys) < h.carried {
+			pt.Next = replica{} // keys this node cannot record: not a complete copy
+			return needSync
+		}
+		accepted := 0
+		for _, k := range keys {
+			if err := pt.Next.Store.Import(k.st, k.sp, now); err != nil {
+				pt.Next = replica{}
+				return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, accepted: uint32(accepted)}
+			}
+			accepted++
+		}
+		n.metrics.Backup("received", "ok", accepted)
+		return opResult{status: peerpb.OpStatus_OP_STATUS_OK, accepted: uint32(accepted)}
+	case peerpb.PartitionOp_KIND_SYNC_END:
+		if closing {
+			// Refused before the machine is asked, so a leaving node never
+			// keeps a copy it answered it did not take.
+			return refused
+		}
+		pt.Mu.Lock()
+		nx := pt.Next
+		dup := pt.Rep.Complete && pt.Rep.Holder == sender && pt.Rep.Epoch == h.epoch && pt.Rep.CopySeq == h.holderEpoch
+		pt.Mu.Unlock()
+		if nx.Holder != sender || nx.Epoch != h.epoch || nx.CopySeq != h.holderEpoch || nx.Store == nil {
+			if dup {
+				return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
+			}
+			return needSync
+		}
+		// The machine is asked without the partition's lock: the runner
+		// takes it to publish.
+		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
+		ok := lo.run.OfferCopy(ctx, pid, from, nx.Epoch, nx.CopySeq)
+		cancel()
+		pt.Mu.Lock()
+		defer pt.Mu.Unlock()
+		if pt.Next.Store != nx.Store {
+			return needSync // another copy began meanwhile
+		}
+		pt.Next = replica{}
+		if !ok {
+			return refused
+		}
+		pt.Store = nx.Store
+		pt.Rep = replica{Holder: sender, Epoch: nx.Epoch, CopySeq: nx.CopySeq, Complete: true}
+		if n.dd != nil {
+			// The copy is this backup's state: on disk before it is
+			// acknowledged (partlog.go).
+			if err := n.durableCopy(pid, nx.Epoch, nx.Store); err != nil {
+				return refused
+			}
+		}
+		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
+	case peerpb.PartitionOp_KIND_ADMIT, peerpb.PartitionOp_KIND_REPLACE:
+		if !lo.awaitReplica(pt, pid, from, h.epoch) {
+			return needSync
+		}
+		res, idx := lo.applyReplica(pt, pid, h, keys, now)
+		pt.Mu.Unlock()
+		if idx != 0 && h.durIdx != nil {
+			*h.durIdx = max(*h.durIdx, idx) // the message's answer waits
+		} else if idx != 0 && n.durableSync(idx) != nil {
+			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
+		}
+		return res
+	case peerpb.PartitionOp_KIND_HEARTBEAT, peerpb.PartitionOp_KIND_RELEASE:
+		// Sent by members of older releases (their leases and copy
+		// releases): nothing to do here.
+		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
+	default:
+		return refused
+	}
+}
+
+// awaitReplica locks pt when this member may apply a replica of pid from
+// holder from at epoch, and reports whether it may. A holder replicates at
+// a new epoch (after the SetBackup naming this member) as soon as it has
+// applied the command, which may be a moment before this member has: a
+// replica from a newer epoch than the one applied here waits for the log
+// to catch up, within half a ForwardTimeout, rather than fail the
+// holder's decision. On false pt is not locked.
+func (lo *logOwner) awaitReplica(pt *part, pid int, from string, epoch uint64) bool {
+	n := lo.n
+	var timeout <-chan time.Time
+	for {
+		pt.Mu.Lock()
+		if lo.run.AcceptReplica(pid, from, epoch) && pt.Store != nil {
+			return true
+		}
+		ch := pt.Changed
+		behind := lo.run.Part(pid).Epoch < epoch
+		pt.Mu.Unlock()
+		if !behind {
+			return false
+		}
+		if timeout == nil {
+			t := time.NewTimer(n.cfg.ForwardTimeout / 2)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-ch:
+		case <-timeout:
+			return false
+		case <-n.ctx.Done():
+			return false
+		}
+	}
+}
+
+// applyReplica applies replicated admissions to the backup's store (pt
+// locked by awaitReplica) and, with a data directory, logs the keys of
+// policies kept on disk: idx is the record to Sync before answering (0:
+// none to wait for).
+func (lo *logOwner) applyReplica(pt *part, pid int, h opHead, keys []packedAdmit, now time.Time) (opResult, uint64) {
+	n := lo.n
+	if h.seq != 0 {
+		if h.seq < pt.Rep.Seq {
+			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}, 0 // delivered late: applying it could undo later ones
+		}
+		pt.Rep.Seq = h.seq
+	}
+	accepted := 0
+	for _, k := range keys {
+		if h.kind == peerpb.PartitionOp_KIND_REPLACE {
+			pt.Store.Delete(k.st.Key)
+			if len(k.st.Runs) == 0 && len(k.st.Reservations) == 0 && len(k.st.Grants) == 0 {
+				accepted++
+				continue
+			}
+		}
+		if err := pt.Store.Import(k.st, k.sp, now); err != nil {
+			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC, accepted: uint32(accepted)}, 0
+		}
+		accepted++
+	}
+	idx, err := n.durableReplica(pid, h.epoch, pt.Store, keys, now)
+	if err != nil {
+		return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}, 0
+	}
+	n.metrics.Backup("received", "ok", accepted)
+	return opResult{status: peerpb.OpStatus_OP_STATUS_OK, accepted: uint32(accepted)}, idx
+}
