@@ -676,7 +676,7 @@ func (m *Machine) Restored(t *Table, now int64) []Action {
 		if named && !l.have && pt.CopyFrom != "" && l.copyFrom == pt.CopyFrom && l.copyEpoch == pt.CopyEpoch && l.copySeq == pt.CopySeq {
 			l.have = true
 		}
-		if mine && !l.have && m.tookOver(pt, l) {
+		if mine && !l.have && m.cfg.Mutation != MutRestoredForgetsTakeover && m.tookOver(pt, l) {
 			l.have = true
 		}
 		if t.Holds(m.cfg.ID, p) && !l.have && (l.copyFrom == "" || l.copyEpoch < pt.Epoch) {

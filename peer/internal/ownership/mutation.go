@@ -90,6 +90,11 @@ const (
 	// when the member sent its latest keep-alive (a retry of one still
 	// unanswered, say), not from when it sent the one granted.
 	MutLeaseFromLatestSend
+	// MutRestoredForgetsTakeover: a member caught up by a snapshot across
+	// its takeover of a partition, as the backup, does not count the copy
+	// it installed from the ended holder (restored.go's tookOver): it
+	// holds the partition without its state for good.
+	MutRestoredForgetsTakeover
 	numMutations
 )
 
@@ -98,7 +103,7 @@ var mutationNames = [...]string{"none", "lease ignored", "holder counts the whol
 	"end keeps the epoch", "move ignores the epoch", "set-backup ignores the epoch", "grant ignores last",
 	"replica of any epoch", "copy of any epoch", "fence ignored", "aged grant early", "aged grant ignores the version",
 	"new leader counts nothing", "keep-alive while ending", "keep-alive unconfirmed", "heir ignored",
-	"lease counted from the latest keep-alive"}
+	"lease counted from the latest keep-alive", "restored forgets the takeover"}
 
 func (m Mutation) String() string {
 	if int(m) < len(mutationNames) {

@@ -235,6 +235,9 @@ func catalogue() []mutant {
 		{name: "keep-alive while ending", rule: ownership.MutKeepAliveWhileEnding,
 			beyond: "a keep-alive must be confirmed between the leader's End proposal and its commit (one round trip), and its holder apply the End after its backup; TestNoKeepAliveWhileEnding"},
 		{name: "lease counted from the latest keep-alive", rule: ownership.MutLeaseFromLatestSend, faults: []Fault{FaultSlowCut}},
+		// A liveness break, not a safety one: the member left without the
+		// state counts a missing copy, which fails a schedule.
+		{name: "restored forgets the takeover", rule: ownership.MutRestoredForgetsTakeover, faults: []Fault{FaultBehindBackup}},
 		{name: "aged grant ignores the version", rule: ownership.MutAgedGrantIgnoresVersion,
 			beyond: "a split must heal within the commit of an aged grant, EmptyAfter after it began; TestAgedGrant"},
 		{name: "a backup takes over on its gossip view", mut: MutGossipTakeover, faults: cut},
