@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -48,7 +47,7 @@ func TestLoadDurability(t *testing.T) {
 	}
 	drivers := make([]loadDriver, len(durs))
 	for i, dur := range durs {
-		drivers[i] = routedPolicyDriver(t, fmt.Sprintf("sidecar-routed keys=10000 repl=sync durability=%v", dur), addrs, durPolicy(dur))
+		drivers[i] = routedDriver(t, fmt.Sprintf("sidecar-routed keys=10000 repl=sync durability=%v", dur), addrs, nil, durPolicy(dur))
 	}
 	res := make([][]loadResult, len(durs))
 	for r := range rounds {
@@ -71,28 +70,3 @@ func TestLoadDurability(t *testing.T) {
 
 // durPolicy is the name of the bench policy kept with durability dur.
 func durPolicy(dur peer.Durability) string { return fmt.Sprintf("%s-%v", peerPolicy, dur) }
-
-// routedPolicyDriver is routedDriver's row for 10 000 keys of policy pol.
-func routedPolicyDriver(t *testing.T, name string, addrs []string, pol string) loadDriver {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	routed, err := peer.Dial(ctx, peer.ClientConfig{Addrs: addrs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { routed.Close() })
-	keys := loadKeys(10000)
-	for i := range keys {
-		keys[i].Policy = pol
-	}
-	return loadDriver{
-		name: name,
-		call: func(c, i int) error {
-			d, err := routed.Allow(context.Background(), peer.Request{Key: keys[i%len(keys)]})
-			if err == nil && !d.Allowed {
-				err = fmt.Errorf("refused: %+v", d)
-			}
-			return err
-		},
-	}
-}

@@ -125,7 +125,7 @@ func serveProcDrivers(t *testing.T) []loadDriver {
 		httpAddrs[i] = p.http
 	}
 	return []loadDriver{
-		routedDriver(t, "sidecar-routed procs keys=10000", addrs, pids),
+		routedDriver(t, "sidecar-routed procs keys=10000", addrs, pids, ""),
 		unaryProcDriver(t, unaryProcsRow, addrs, pids),
 		rlsDriver(t, rlsProcsRow, addrs, pids),
 		httpProcDriver(t, httpProcsRow, httpAddrs, pids),

@@ -536,7 +536,7 @@ func ringlimitDrivers(t *testing.T, mode peer.Replication) []loadDriver {
 	for i, nd := range nodes {
 		addrs[i] = nd.RPCAddr()
 	}
-	out = append(out, routedDriver(t, fmt.Sprintf("sidecar-routed keys=10000 repl=%v", mode), addrs, nil))
+	out = append(out, routedDriver(t, fmt.Sprintf("sidecar-routed keys=10000 repl=%v", mode), addrs, nil, ""))
 	out = append(out, loadDriver{
 		name: fmt.Sprintf("embedded keys=10000 repl=%v", mode),
 		call: func(c, i int) error {
@@ -551,9 +551,10 @@ func ringlimitDrivers(t *testing.T, mode peer.Replication) []loadDriver {
 }
 
 // routedDriver is the row of peer.Client (Placement + AllowStream) against
-// the nodes at addrs, 10 000 keys; pids are server processes to count the
-// CPU of. The client closes when t ends.
-func routedDriver(t *testing.T, name string, addrs []string, pids []int) loadDriver {
+// the nodes at addrs, 10 000 keys (of policy pol, or the bench's default
+// when ""); pids are server processes to count the CPU of. The client
+// closes when t ends.
+func routedDriver(t *testing.T, name string, addrs []string, pids []int, pol string) loadDriver {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	routed, err := peer.Dial(ctx, peer.ClientConfig{Addrs: addrs})
@@ -562,6 +563,11 @@ func routedDriver(t *testing.T, name string, addrs []string, pids []int) loadDri
 	}
 	t.Cleanup(func() { routed.Close() })
 	keys := loadKeys(10000)
+	if pol != "" {
+		for i := range keys {
+			keys[i].Policy = pol
+		}
+	}
 	return loadDriver{
 		name: name,
 		pids: pids,

@@ -112,28 +112,6 @@ func emptyState(ks *shard.KeyState, key Key, alg shard.Algorithm) {
 	*ks = shard.KeyState{Key: key, Algorithm: alg, Runs: ks.Runs[:0], Reservations: ks.Reservations[:0], Grants: ks.Grants[:0]}
 }
 
-// durableKey logs key's state in partition pid (this node holds it at
-// epoch) after an admission at now, if its policy keeps admissions on
-// disk; the index to Sync is returned for disk (0: nothing to wait for).
-// Called with the partition's lock held (read).
-func (n *Node) durableKey(pid int, epoch uint64, st *shard.Store, key Key, dur Durability, now time.Time) (uint64, error) {
-	pl := n.dd.parts
-	pl.locks[pid].Lock()
-	ks := pl.keyStates(pid, 1)
-	if !st.ExportInto(key, now, &ks[0]) {
-		pl.locks[pid].Unlock()
-		return 0, nil
-	}
-	idx := pl.parts.LogKeys(now.UnixNano(), uint32(pid), max(epoch, 1), ks)
-	pl.locks[pid].Unlock()
-	pl.logged.Add(1)
-	if dur == DurabilityDiskAsync {
-		pl.dirty.Store(true)
-		return 0, nil
-	}
-	return idx, nil
-}
-
 // durableSync waits until record idx is on disk (disk durability).
 func (n *Node) durableSync(idx uint64) error {
 	if err := n.dd.parts.parts.Sync(idx); err != nil {
@@ -387,8 +365,11 @@ func (n *Node) durableReplica(pid int, epoch uint64, st *shard.Store, keys []pac
 	return idx, nil
 }
 
-// durableKeyOrGone is durableKey, logging an empty state for a key the
-// operation removed (a reset, the last lease released).
+// durableKeyOrGone logs key's state in partition pid (this node holds it
+// at epoch) after an operation at now, an empty state for a key the
+// operation removed (a reset, the last lease released); the index to
+// Sync is returned for disk (0: nothing to wait for). Called with the
+// partition's lock held.
 func (n *Node) durableKeyOrGone(pid int, epoch uint64, st *shard.Store, key Key, dur Durability, now time.Time) (uint64, error) {
 	pl := n.dd.parts
 	pl.locks[pid].Lock()
