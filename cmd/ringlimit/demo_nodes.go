@@ -68,7 +68,7 @@ func startClusterWith(ctx context.Context, names []string, base peer.Config, eac
 		}
 		nodes = append(nodes, nd)
 	}
-	err := waitUntil(ctx, 30*time.Second, fmt.Sprintf("every node to see %d members and hold its partitions", len(names)), func() bool {
+	err := waitUntil(ctx, time.Minute, fmt.Sprintf("every node to see %d members and hold its partitions", len(names)), func() bool {
 		for _, nd := range nodes {
 			if len(nd.Members()) != len(names) || !nd.Settled() {
 				return false

@@ -27,7 +27,10 @@ func TestMain(m *testing.M) {
 // fast gossip timings that CPU starvation could turn into false failure
 // suspicions.
 func TestDemo(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	// On a machine loaded to 5 runnable threads a core it took up to 30 s
+	// under the race detector: the bounds leave it twice that, to catch a
+	// step that hangs rather than a slow machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var out, errOut bytes.Buffer
 	start := time.Now()
@@ -36,8 +39,8 @@ func TestDemo(t *testing.T) {
 	if err != nil {
 		t.Fatalf("demo returned %v after %v\nstdout:\n%s\nstderr:\n%s", err, took, out.String(), errOut.String())
 	}
-	if took > 30*time.Second {
-		t.Errorf("demo took %v, want under 30s", took)
+	if took > time.Minute {
+		t.Errorf("demo took %v, want under a minute", took)
 	}
 	for _, want := range []string{
 		"✓ fixed window admits 200 around its edge",
@@ -71,10 +74,17 @@ func TestDemo(t *testing.T) {
 	// The terminal stays readable: by default only warnings, and a crash
 	// is one summary line per survivor, not one line per partition (the
 	// demo used to print 152 log lines, 80 of them per-partition
-	// takeovers, between its tables).
+	// takeovers, between its tables). memberlist's own warnings (probes
+	// and suspicions, which a starved machine raises; throttled, each
+	// repeat counted on one line) are not the demo's and count apart.
 	logLines := strings.Split(strings.TrimSpace(errOut.String()), "\n")
-	summaries := 0
+	summaries, own, gossip := 0, 0, 0
 	for _, l := range logLines {
+		if strings.Contains(l, "component=memberlist") {
+			gossip++
+		} else {
+			own++
+		}
 		switch {
 		case strings.Contains(l, "level=INFO") || strings.Contains(l, "level=DEBUG") || strings.Contains(l, `"level":"INFO"`):
 			t.Errorf("demo logged below Warn by default: %s", l)
@@ -84,17 +94,21 @@ func TestDemo(t *testing.T) {
 			t.Errorf("demo cluster runs without peer authentication: %s", l)
 		case strings.Contains(l, "cluster of two members"):
 			t.Errorf("demo's three-member cluster warned about two members: %s", l)
-		case strings.Contains(l, `msg="partitions taken over from failed holder"`):
+		case strings.Contains(l, `msg="partitions taken over from failed holder"`) && strings.Contains(l, "peer=n4"):
 			summaries++
+		case strings.Contains(l, `msg="partitions taken over from failed holder"`):
+			// A live member whose session lapsed: the machine starved it
+			// past its liveness (and the log ended it, as it should).
+			t.Logf("a takeover not of the crashed n4: %s", l)
 		}
 	}
 	if summaries == 0 || summaries > 2 {
-		t.Errorf("demo logged %d takeover summaries for its crash, want one per survivor that took over (1 or 2):\n%s", summaries, errOut.String())
+		t.Errorf("demo logged %d takeover summaries for its crash of n4, want one per survivor that took over (1 or 2):\n%s", summaries, errOut.String())
 	}
-	if len(logLines) > 20 {
-		t.Errorf("demo logged %d lines by default, want at most 20:\n%s", len(logLines), errOut.String())
+	if own > 20 {
+		t.Errorf("demo logged %d lines by default besides memberlist's, want at most 20:\n%s", own, errOut.String())
 	}
-	t.Logf("demo took %v, %d lines of output, %d of log", took, strings.Count(out.String(), "\n"), len(logLines))
+	t.Logf("demo took %v, %d lines of output, %d of log (%d of them memberlist's)", took, strings.Count(out.String(), "\n"), len(logLines), gossip)
 }
 
 func TestRunDispatch(t *testing.T) {
