@@ -82,6 +82,9 @@ Flags (each also read from RINGLIMIT_<FLAG>, e.g. RINGLIMIT_GOSSIP_ADDR):
                         belongs to one member); "" (default) keeps all in
                         memory
   --drain-timeout D     how long shutdown may take to hand off keys (default 10s)
+  --forward-timeout D   how long a request waits for its key's owner when
+                        the caller set no earlier deadline; past it the
+                        policy's failure mode answers (default 500ms)
   --max-keys N          the most keys this node holds (its partitions' and
                         backup copies together; each partition holds at
                         most N/partitions wherever it is, so the cluster
@@ -273,6 +276,7 @@ type serveFlags struct {
 	adminTokenFile, refundTokenFile                                 string
 	gossipAdvertise, grpcAdvertise                                  string
 	drainTimeout, joinTimeout, joinRefresh, policiesPoll            time.Duration
+	forwardTimeout                                                  time.Duration
 	gcHeadroomMiB                                                   uint64
 	maxKeys                                                         int
 	// partitions is --partitions (0: from --expected-members, else
@@ -316,6 +320,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	fs.BoolVar(&f.httpTLS, "http-tls", false, "")
 	fs.BoolVar(&f.hotKeyLabels, "hot-key-labels", false, "")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "")
+	fs.DurationVar(&f.forwardTimeout, "forward-timeout", 500*time.Millisecond, "")
 	fs.Uint64Var(&f.gcHeadroomMiB, "gc-headroom", 64, "")
 	fs.IntVar(&f.maxKeys, "max-keys", defaultMaxKeys, "")
 	partitions := fs.Int("partitions", 0, "")
@@ -366,8 +371,8 @@ func parseServeFlags(args []string, stderr io.Writer) (serveFlags, error) {
 	if f.dataDir != "" && f.name == "" {
 		return f, usageError("serve: --data-dir needs --name: the directory belongs to one member, and a random name would not match it after a restart")
 	}
-	if f.drainTimeout <= 0 || f.joinTimeout <= 0 {
-		return f, usageError("serve: --drain-timeout and --join-timeout must be positive")
+	if f.drainTimeout <= 0 || f.joinTimeout <= 0 || f.forwardTimeout <= 0 {
+		return f, usageError("serve: --drain-timeout, --join-timeout and --forward-timeout must be positive")
 	}
 	if f.maxKeys < 0 {
 		return f, usageError(fmt.Sprintf("serve: --max-keys %d must not be negative (0 disables)", f.maxKeys))
@@ -419,6 +424,7 @@ func (f serveFlags) peerConfig(log *slog.Logger) peer.Config {
 		Logger:              log,
 		GossipProfile:       f.gossipProfile,
 		JoinTimeout:         f.joinTimeout,
+		ForwardTimeout:      f.forwardTimeout,
 		Ownership:           f.ownership,
 		RPCLimits:           f.rpcLimits(),
 		Store:               shard.Config{MaxKeys: f.maxKeys},

@@ -42,6 +42,7 @@ func TestServeConfigErrors(t *testing.T) {
 		{"keepalive under a second", []string{"--grpc-keepalive-time", "500ms"}, "--grpc-keepalive-time 500ms must be at least 1s"},
 		{"negative idle timeout", []string{"--grpc-idle-timeout", "-1s"}, "--grpc-idle-timeout -1s must not be negative (0 disables)"},
 		{"negative max keys", []string{"--max-keys", "-5"}, "--max-keys -5 must not be negative (0 disables)"},
+		{"no forward timeout", []string{"--forward-timeout", "0s"}, "--forward-timeout must be positive"},
 		{"too many partitions", []string{"--partitions", "70000"}, "--partitions 70000 must be between 1 and 65536"},
 		{"negative partitions", []string{"--partitions", "-3"}, "--partitions -3 must be between 1 and 65536"},
 		{"too many members", []string{"--expected-members", "5000"}, "--expected-members 5000 must be between 1 and 4000"},
