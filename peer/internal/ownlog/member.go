@@ -37,6 +37,7 @@
 package ownlog
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -66,6 +67,8 @@ type Config struct {
 	// live members: 1 for two, 3, or 5 from 5 members on.
 	Voters int
 	// ElectionTicks is the raft election timeout in ticks; zero means 10.
+	// Timing derives it, and HeartbeatTicks, from the liveness: what a
+	// node and the simulator run.
 	ElectionTicks int
 	// HeartbeatTicks is how many ticks between the leader's heartbeats;
 	// zero means 1.
@@ -144,9 +147,32 @@ type Member struct {
 	// beat is when the leader last sent each learner a heartbeat;
 	// learners caches the learners of learnersOf (thin).
 	beat       map[uint64]int64
-	readBeat   []uint64 // voters a read's heartbeat goes to (thin)
+	readBeat   map[uint64]int64 // when a read's heartbeat last went to each voter (thin)
 	learners   map[uint64]bool
 	learnersOf *pb.ConfState
+}
+
+// Timing is the raft timing for members whose liveness (the ownership
+// Liveness, peer's LeaseDuration) is liveness, in ticks of tick: a
+// heartbeat every Liveness/10 and an election timeout of Liveness/4
+// (raft draws each follower's from one to two of them), at 2 s a
+// heartbeat every 200 ms and an election after 0.5-1 s. What bounds them
+// is the lease, not raft's habit of ten heartbeats an election: a new
+// leader makes every member extend at once, so an election must end
+// well within a holder's lease (9/10 of Liveness from its last
+// keep-alive, sent every half of it), and a crashed leader's own
+// partitions wait for an election and then a whole Liveness. A keep-alive
+// is answered within a few heartbeats (a relay's batch, then the leader's
+// read: session.go), well within the lease's margin. Faster heartbeats
+// cost every voter and the leader messages at rest for nothing: at 2 s, a
+// heartbeat every 100 ms was most of what a small fleet exchanged.
+func Timing(liveness, tick time.Duration) (heartbeatTicks, electionTicks int) {
+	if tick <= 0 || liveness <= 0 {
+		return 1, 10
+	}
+	heartbeatTicks = max(int((liveness/10+tick/2)/tick), 1)
+	electionTicks = max(int((liveness/4+tick/2)/tick), 2*heartbeatTicks)
+	return heartbeatTicks, electionTicks
 }
 
 // stallTicks is how many ticks' worth of silence in a leader's own
@@ -173,7 +199,7 @@ func New(cfg Config) (*Member, error) {
 	if cfg.SnapshotEvery == 0 {
 		cfg.SnapshotEvery = 64
 	}
-	m := &Member{cfg: cfg, storage: raft.NewMemoryStorage(), conf: cfg.Bootstrap, heard: map[uint64]int64{}, beat: map[uint64]int64{}, learners: map[uint64]bool{}}
+	m := &Member{cfg: cfg, storage: raft.NewMemoryStorage(), conf: cfg.Bootstrap, heard: map[uint64]int64{}, beat: map[uint64]int64{}, readBeat: map[uint64]int64{}, learners: map[uint64]bool{}}
 	resumed, err := m.loadDisk()
 	if err != nil {
 		return nil, err
@@ -354,6 +380,12 @@ func (m *Member) Step(msg *pb.Message, now int64) Output {
 	if IsKeepAlive(msg) {
 		m.stepKeepAlive(msg, now)
 		return m.ready(now)
+	}
+	if msg.GetType() == pb.MsgHeartbeatResp && bytes.HasPrefix(msg.GetContext(), kpMagic) {
+		var ok bool
+		if msg, ok = m.uncarry(msg, now); !ok {
+			return m.ready(now)
+		}
 	}
 	if msg.GetType() == pb.MsgProp && msg.GetFrom() != m.cfg.RaftID && m.Leader() && len(m.held) < heldMax {
 		// Held for the tick: raft sends every follower an append, and
