@@ -5,11 +5,12 @@
 // the voter set (autopilot).
 //
 // Members keep their liveness through keep-alives (session.go), which ride
-// the raft transport but never enter the log: a voter sends its own to
-// the leader, a learner to one of the voters, which relays the learners'
-// keep-alives to the leader in one message a tick. The leader answers a
-// batch once a read of its own (raft's ReadIndex) confirms it still
-// leads. So the leader's messages grow with its voters and ticks, not
+// the raft transport but never enter the log: a learner sends its own to
+// one of the voters, and a voter carries its own and the learners' to the
+// leader in its next answer to a heartbeat. The leader answers a batch
+// once a read of its own (raft's ReadIndex) confirms it still leads; its
+// reads' heartbeats are the voters' heartbeats, one every Liveness/10
+// (Timing). So the leader's messages grow with its voters and ticks, not
 // with the members, and every member, learners included, still receives
 // every command: few, since only ownership changes are commands. Why not
 // keep learners out of raft and send them the table another way: a

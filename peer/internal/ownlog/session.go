@@ -2,12 +2,14 @@ package ownlog
 
 // Keep-alives (the ownership package's sessions) ride the raft transport
 // as raft message types raft never sends from its own ReadIndex path: a
-// MsgReadIndex or MsgReadIndexResp whose Context begins with kaMagic. The
-// member intercepts them before raft sees them. The leader collects the
+// MsgReadIndex or MsgReadIndexResp whose Context begins with kaMagic, or
+// inside a voter's answer to the leader's heartbeat (carry). The member
+// intercepts them before raft sees them. The leader collects the
 // requests that arrive and confirms, once a heartbeat, with one ReadIndex of
 // its own that it still leads (a quorum heard from it after they
 // arrived); once it has applied the log to that read's index, it answers
-// every one of them from its table.
+// every one of them from its table. Where a request travelled changes
+// nothing of that: it is confirmed by a read issued after it arrived.
 
 import (
 	"bytes"
@@ -110,12 +112,15 @@ func IsKeepAlive(msg *pb.Message) bool {
 }
 
 // sendKeepAlive sends the machine's keep-alive toward the leader, or
-// queues it here when this member leads. A voter sends it to the leader; a
-// learner to one of the voters (by its raft ID), which relays the
-// keep-alives it gets in one message every two heartbeats: the leader
-// then handles a few messages a tick whatever the number of members,
-// instead of two per member and extension. Without a known leader it is dropped: the machine
-// extends again soon after one is elected (ExtendSoon).
+// queues it here when this member leads. A voter holds it for its next
+// answer to the leader's heartbeat to carry (carry; a heartbeat interval
+// at most, the reads' heartbeats coming one a heartbeat while keep-alives
+// wait); a learner sends it to one of the voters (by its raft ID), which
+// relays the keep-alives it gets the same way: the leader then handles
+// its voters' heartbeat answers and a few answers whatever the number of
+// members, instead of two messages per member and extension. Without a
+// known leader it is dropped: the machine extends again soon after one is
+// elected (ExtendSoon).
 func (m *Member) sendKeepAlive(r ownership.KeepAliveRequest) {
 	lead := m.Lead()
 	if lead == 0 {
