@@ -42,7 +42,8 @@ const kaMax = 1 << 14
 type kaReq struct {
 	from, via uint64
 	req       ownership.KeepAliveRequest
-	again     bool // its first read was lost
+	again     bool  // its first read was lost
+	at        int64 // when it arrived here (0: this member's own, sent as it is answered)
 }
 
 // sessions is the leader's keep-alive state, and a relay's.
@@ -189,7 +190,7 @@ func (m *Member) stepKeepAlive(msg *pb.Message, now int64) {
 	if err != nil {
 		return
 	}
-	m.takeKeepAlive(kaReq{from: msg.GetFrom(), req: r}, now)
+	m.takeKeepAlive(kaReq{from: msg.GetFrom(), req: r, at: now}, now)
 }
 
 // takeKeepAlive queues a request on the leader for its next read.
@@ -242,7 +243,7 @@ func (m *Member) stepBatch(msg *pb.Message, now int64) {
 	}
 	for _, it := range items {
 		if r, err := ownership.DecodeKeepAliveRequest(it.body); err == nil {
-			m.takeKeepAlive(kaReq{from: it.from, via: msg.GetFrom(), req: r}, now)
+			m.takeKeepAlive(kaReq{from: it.from, via: msg.GetFrom(), req: r, at: now}, now)
 		}
 	}
 }
@@ -312,7 +313,7 @@ func (m *Member) uncarry(msg *pb.Message, now int64) (*pb.Message, bool) {
 	if m.Leader() {
 		for _, it := range items {
 			if r, err := ownership.DecodeKeepAliveRequest(it.body); err == nil {
-				m.takeKeepAlive(kaReq{from: it.from, via: msg.GetFrom(), req: r}, now)
+				m.takeKeepAlive(kaReq{from: it.from, via: msg.GetFrom(), req: r, at: now}, now)
 			}
 		}
 	}
@@ -429,7 +430,11 @@ func (m *Member) answerKeepAlives(now int64) {
 func (m *Member) answerAll(qs []kaReq, now int64) {
 	var vias map[uint64][]relayed
 	for _, q := range qs {
-		a := m.own.KeepAlive(q.req, now)
+		at := q.at
+		if at == 0 {
+			at = now
+		}
+		a := m.own.KeepAlive(q.req, at, now)
 		a.Index = m.applied
 		switch {
 		case q.from == 0 || q.from == m.cfg.RaftID:

@@ -212,6 +212,7 @@ func catalogue() []mutant {
 		{name: "holder counts three livenesses", rule: ownership.MutHolderLeaseTriple, faults: cut},
 		{name: "lease counted from apply", rule: ownership.MutLeaseFromApply, faults: []Fault{FaultLateAnswer, FaultSlowCut, FaultDelay}},
 		{name: "leader ends early", rule: ownership.MutLeaderEndsEarly, faults: cut},
+		{name: "leader counts from an earlier keep-alive", rule: ownership.MutLeaderFromEarlier, faults: cut},
 		{name: "restored table counts nothing", rule: ownership.MutRestoredNoWait,
 			beyond: "a member restored from a snapshot must then be elected: two faults; TestRestoredCountsAWholeLiveness"},
 		{name: "end ignores the version", rule: ownership.MutEndIgnoresVersion,
