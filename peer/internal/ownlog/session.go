@@ -470,9 +470,9 @@ func keys[V any](mp map[uint64]V) map[uint64]struct{} {
 // keep-alive answers do too (they carry the leader's index; a learner
 // behind it answers as to a heartbeat). Once liveness left the log, a
 // heartbeat every other tick to every learner was most of the log's
-// traffic at rest (members² bytes); one every 5 s (at a 2 s Liveness) is
+// traffic at rest (members² bytes); one every 10 s (at a 2 s Liveness) is
 // a fallback.
-const learnerBeats = 25
+const learnerBeats = 50
 
 // learnerBeat is learnerBeats heartbeat intervals in ns, 0 while the tick
 // is not measured yet.
