@@ -49,7 +49,8 @@ import (
 // logTick is the raft tick. The heartbeat and the election timeout come
 // from LeaseDuration (ownlog.Timing, as the simulator derives them): at
 // 2 s a heartbeat every 200 ms, an election after 0.5 s without a leader,
-// randomized up to twice that. The election must end well within a
+// randomized up to twice that (a shorter lease keeps 100 ms and 0.5 s,
+// the floors). The election must end well within a
 // holder's lease (9/10 of LeaseDuration from its last keep-alive, sent
 // every half of it): a new leader makes every member extend at once.
 // What a commit, a new leader or a gossip view makes possible (a grant, a

@@ -51,8 +51,8 @@ func TestKeepAliveAroundADeadRelay(t *testing.T) {
 
 // TestTiming: a heartbeat every Liveness/10 and an election timeout of
 // Liveness/4, in ticks, whatever the tick: the same times in a node (50 ms
-// ticks) and in the simulator (100 ms); never an election within two
-// heartbeats.
+// ticks) and in the simulator (100 ms); never faster than 100 ms and
+// 0.5 s, nor an election within two heartbeats.
 func TestTiming(t *testing.T) {
 	for _, c := range []struct {
 		live, tick     time.Duration
@@ -61,8 +61,10 @@ func TestTiming(t *testing.T) {
 		{2 * time.Second, 50 * time.Millisecond, 4, 10},
 		{2 * time.Second, 100 * time.Millisecond, 2, 5},
 		{10 * time.Second, 50 * time.Millisecond, 20, 50},
-		{300 * time.Millisecond, 50 * time.Millisecond, 1, 2},
-		{50 * time.Millisecond, 100 * time.Millisecond, 1, 2},
+		// Shorter leases keep the floors: 100 ms and 0.5 s.
+		{time.Second, 50 * time.Millisecond, 2, 10},
+		{200 * time.Millisecond, 50 * time.Millisecond, 2, 10},
+		{200 * time.Millisecond, 300 * time.Millisecond, 1, 2},
 		{2 * time.Second, 0, 1, 10},
 	} {
 		beat, election := Timing(c.live, c.tick)
