@@ -61,7 +61,7 @@ type sessions struct {
 	// when the oldest of them arrived.
 	relay     []relayed
 	relayFrom int64
-	// last is when the last read was issued, or batch relayed (due).
+	// last is when the last read was issued (due).
 	last int64
 	// sent is the sequence number of this member's latest keep-alive
 	// sent through a relay, answered that of the latest answer it had.
@@ -78,11 +78,10 @@ type kaRead struct {
 }
 
 // due reports whether beats heartbeat intervals passed since the last
-// read or relayed batch, and if so starts the next: keep-alives are read
-// once a heartbeat and relayed once every relayBeats, which their lease
-// does not notice (a keep-alive is answered within about four heartbeats,
-// and the member counts 0.9·Liveness from its send), rather than once a
-// tick.
+// read, and if so starts the next: keep-alives are read once a heartbeat,
+// which their lease does not notice (a keep-alive is answered within about
+// three heartbeats, and the member counts 0.9·Liveness from its send),
+// rather than once a tick; the reads' heartbeats are then the voters'.
 func (s *sessions) due(now int64, m *Member, beats int) bool {
 	if m.tick > 0 && now-s.last < int64(beats*m.cfg.HeartbeatTicks)*m.tick {
 		return false
