@@ -121,6 +121,7 @@ type Member struct {
 	roster   []Peer
 	out      Output
 	lead     uint64 // the leader last seen
+	lastLead uint64 // the last leader known (kaLead)
 	// heard is when (the now of Step) this member last had a message
 	// from each raft member; tick and lastTick measure the tick, so that
 	// autopilot can tell a voter that answers from one that is down
@@ -351,6 +352,7 @@ func (m *Member) observeLeader(now int64) {
 	if l := m.Lead(); l != m.lead {
 		m.lead = l
 		if l != 0 {
+			m.lastLead = l
 			// A new leader: extensions proposed during the election were
 			// dropped, so extend now rather than at the next interval.
 			m.own.ExtendSoon()

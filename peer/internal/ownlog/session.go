@@ -122,12 +122,14 @@ func IsKeepAlive(msg *pb.Message) bool {
 // known leader it is dropped: the machine extends again soon after one is
 // elected (ExtendSoon).
 func (m *Member) sendKeepAlive(r ownership.KeepAliveRequest) {
-	lead := m.Lead()
+	lead := m.kaLead()
 	if lead == 0 {
 		return
 	}
 	if lead == m.cfg.RaftID {
-		m.queueKeepAlive(kaReq{req: r})
+		if m.Leader() {
+			m.queueKeepAlive(kaReq{req: r})
+		}
 		return
 	}
 	if m.Voter() {
@@ -159,6 +161,21 @@ func (m *Member) sendKeepAlive(r ownership.KeepAliveRequest) {
 	m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndex.Enum(), To: proto.Uint64(to), From: proto.Uint64(m.cfg.RaftID), Context: ctx})
 }
 
+// kaLead is where keep-alives go: the leader this member knows of, or,
+// while it knows of none, the last it knew. A voter that missed a few
+// heartbeats times out and pre-votes (PreVote), forgetting its leader until
+// the next heartbeat, which the other voters, still hearing the leader,
+// never let become an election: its keep-alives still reach the leader
+// meanwhile (a request is granted only by a read the leader confirms,
+// wherever it came from), instead of lapsing with a heartbeat every
+// Liveness/10 and an election timeout of Liveness/4 (Timing).
+func (m *Member) kaLead() uint64 {
+	if l := m.Lead(); l != 0 {
+		return l
+	}
+	return m.lastLead
+}
+
 func (m *Member) queueKeepAlive(q kaReq) {
 	if len(m.ka.wait) < kaMax {
 		m.ka.wait = append(m.ka.wait, q)
@@ -178,7 +195,7 @@ func (m *Member) stepKeepAlive(msg *pb.Message, now int64) {
 	}
 	switch {
 	case m.Leader():
-	case m.Voter() && m.Lead() != 0:
+	case m.Voter() && m.kaLead() != 0:
 		// A learner's, to relay with the next batch.
 		m.queueRelay(relayed{from: msg.GetFrom(), body: body}, now)
 		return
@@ -268,7 +285,7 @@ func (m *Member) forwardRelayed(now int64) {
 	if m.tick > 0 && now-m.ka.relayFrom < int64((1+relayBeats)*m.cfg.HeartbeatTicks)*m.tick {
 		return
 	}
-	lead := m.Lead()
+	lead := m.kaLead()
 	if lead != 0 && lead != m.cfg.RaftID && m.Voter() {
 		ctx := encodeBatch(append([]byte(nil), kbMagic...), m.ka.relay)
 		m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndex.Enum(), To: proto.Uint64(lead), From: proto.Uint64(m.cfg.RaftID), Context: ctx})

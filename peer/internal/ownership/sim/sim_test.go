@@ -227,7 +227,12 @@ func catalogue() []mutant {
 			beyond: "the simulator's replicas only add entries, by id, so a stale one is a duplicate; peer's refunds and resets, which a stale replica could undo, are not simulated; TestReplicaOfItsEpoch"},
 		// 38 schedules before sessions' cadence of Liveness/2, 78 since
 		// (with keep-alives every third of a Liveness; more without).
-		{name: "copy of any epoch", rule: ownership.MutCopyAnyEpoch, faults: []Fault{FaultLateCopy, FaultLate, FaultDelay, FaultDuplicate}, tweak: oftener, budget: 100},
+		// Since the heartbeat came from the lease (200 ms, an election
+		// after 0.5-1 s) few schedules reach it: of the first 120 of
+		// each, 1 of late copies (with oftener or without), 1 of late
+		// proposals (without oftener only), none of delay, duplicate,
+		// loss, join, leave or restart; the gate runs late copies alone.
+		{name: "copy of any epoch", rule: ownership.MutCopyAnyEpoch, faults: []Fault{FaultLateCopy}, tweak: oftener, budget: 100},
 		{name: "fence ignored", rule: ownership.MutFenceIgnored, faults: []Fault{FaultJoin, FaultLeave, FaultRaise, FaultBlip}},
 		{name: "aged grant early", rule: ownership.MutAgedGrantEarly, faults: []Fault{FaultSplit, FaultLongSplit}},
 		{name: "new leader counts nothing", rule: ownership.MutLeaderNoWait, faults: []Fault{FaultLeaderChange, FaultLeaderSplit, FaultLeaderPause}},
