@@ -162,18 +162,23 @@ func (m *Member) sendKeepAlive(r ownership.KeepAliveRequest) {
 }
 
 // kaLead is where keep-alives go: the leader this member knows of, or,
-// while it knows of none, the last it knew. A voter that missed a few
+// while it only pre-votes, the last it knew. A voter that missed a few
 // heartbeats times out and pre-votes (PreVote), forgetting its leader until
 // the next heartbeat, which the other voters, still hearing the leader,
 // never let become an election: its keep-alives still reach the leader
 // meanwhile (a request is granted only by a read the leader confirms,
 // wherever it came from), instead of lapsing with a heartbeat every
-// Liveness/10 and an election timeout of Liveness/4 (Timing).
+// Liveness/10 and an election timeout of Liveness/4 (Timing). Once an
+// election is under way (a candidate) they wait for its leader.
 func (m *Member) kaLead() uint64 {
-	if l := m.Lead(); l != 0 {
-		return l
+	st := m.rn.BasicStatus()
+	if st.Lead != 0 {
+		return st.Lead
 	}
-	return m.lastLead
+	if st.RaftState == raft.StatePreCandidate {
+		return m.lastLead
+	}
+	return 0
 }
 
 func (m *Member) queueKeepAlive(q kaReq) {
