@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/raft/v3"
+
 	pb "go.etcd.io/raft/v3/raftpb"
 )
 
@@ -143,14 +145,20 @@ func TestVoterKeepAlivesRideHeartbeats(t *testing.T) {
 		before[i] = c.members[i].Own().LiveUntil()
 	}
 	// The leader's heartbeats to one voter are lost: it hears nothing to
-	// answer, and sends what it holds on its own.
-	standalone, _ = rest(time.Second+time.Second/2, func(msg *pb.Message) bool {
+	// answer, and sends what it holds on its own; for 3 s, past its
+	// election timeout, so that it pre-votes (the others, hearing the
+	// leader, refuse) and knows no leader, and its keep-alives still go
+	// to the last it knew.
+	standalone, _ = rest(3*time.Second, func(msg *pb.Message) bool {
 		return msg.GetFrom() == lead && msg.GetTo() == voter && msg.GetType() == pb.MsgHeartbeat
 	})
 	if standalone == 0 {
 		t.Fatalf("no keep-alive message from a voter whose heartbeats were lost")
 	}
-	if until := c.members[voter].Own().LiveUntil(); until <= before[voter] {
-		t.Fatalf("m%d's lease stopped extending without heartbeats: until %d, was %d", voter, until, before[voter])
+	if st := c.members[voter].rn.BasicStatus(); st.RaftState != raft.StatePreCandidate || c.leader() != lead {
+		t.Fatalf("m%d is %v, the leader m%d; want a pre-candidate beside the same leader m%d", voter, st.RaftState, c.leader(), lead)
+	}
+	if until := c.members[voter].Own().LiveUntil(); until <= c.now {
+		t.Fatalf("m%d's lease lapsed while it pre-voted without heartbeats: until %d at %d", voter, until, c.now)
 	}
 }
