@@ -46,17 +46,17 @@ import (
 //
 // A partition has one local store here, as holder or as backup: pt.Store.
 
-// logTick is the raft tick: heartbeats every logHeartbeat ticks (100 ms),
-// an election after 10 ticks (0.5 s) without a leader, randomized up to
-// twice that. The election must end well within a holder's lease (9/10 of
-// LeaseDuration from its last extension, sent every third of it): a new
-// leader makes every member extend at once. What a commit, a new leader
-// or a gossip view makes possible (a grant, a copy, a handoff) does not
-// wait for a tick: the runner acts on it once it has caught up.
-const (
-	logTick      = 50 * time.Millisecond
-	logHeartbeat = 2
-)
+// logTick is the raft tick. The heartbeat and the election timeout come
+// from LeaseDuration (ownlog.Timing, as the simulator derives them): at
+// 2 s a heartbeat every 200 ms, an election after 0.5 s without a leader,
+// randomized up to twice that (a shorter lease keeps 100 ms and 0.5 s,
+// the floors). The election must end well within a
+// holder's lease (9/10 of LeaseDuration from its last keep-alive, sent
+// every half of it): a new leader makes every member extend at once.
+// What a commit, a new leader or a gossip view makes possible (a grant, a
+// copy, a handoff) does not wait for a tick: the runner acts on it once
+// it has caught up.
+const logTick = 50 * time.Millisecond
 
 // twoMemberGrace is how long a cluster that grew to two members stays two
 // before the node warns: a three-member cluster starting up is two for a
@@ -146,7 +146,8 @@ func newLogOwner(n *Node) (*logOwner, error) {
 		known: map[string]*logKnown{}, cur: map[string]string{}, restarts: make([]uint64, n.cfg.Ring.PartitionCount),
 		last: make([]ownlog.PartState, n.cfg.Ring.PartitionCount)}
 	lo.peers.Store(&logPeers{raft: map[uint64]string{}, inc: map[string]string{n.name: lo.self}, addr: map[string]string{}})
-	cfg := ownlog.Config{RaftID: n.raftID(), Partitions: n.cfg.Ring.PartitionCount, HeartbeatTicks: logHeartbeat,
+	beat, election := ownlog.Timing(n.cfg.LeaseDuration, logTick)
+	cfg := ownlog.Config{RaftID: n.raftID(), Partitions: n.cfg.Ring.PartitionCount, HeartbeatTicks: beat, ElectionTicks: election,
 		Ownership: ownership.Config{ID: lo.self, Liveness: n.cfg.LeaseDuration, EmptyAfter: n.emptyWait}}
 	if n.dd != nil {
 		cfg.Disk = n.dd.raft // a log on disk is resumed; Bootstrap is then ignored

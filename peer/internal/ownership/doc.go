@@ -37,9 +37,12 @@
 //     from when it *sent* the extension that was then applied or granted
 //     (that one, by its sequence number: a retry sent after it may be
 //     lost, and then no leader counts from it).
-//     The leader counts the whole Liveness from when it *granted* (or
-//     applied) it, which happened later in real time; so the holder stops
-//     first while clock rates differ by less than 10 %. Offsets never
+//     The leader counts the whole Liveness from when the keep-alive it
+//     granted *arrived* (its driver took it in: directly, or carried by a
+//     voter's heartbeat answer, or relayed) or the extension was applied,
+//     which happened later in real time; so the holder stops first while
+//     clock rates differ by less than 10 %. (Not from the grant, a read
+//     later: that only put off a crashed holder's End by the read.) Offsets never
 //     matter: each member measures durations on its own monotonic clock.
 //     A member that becomes leader counts a whole Liveness for every
 //     record from its election, before it ends anyone: any keep-alive an

@@ -194,6 +194,8 @@ type seen struct {
 	// extension (0: not since its table was restored): proof of life,
 	// unlike at, which a restored table also sets.
 	extended int64
+	// arrived is when the latest keep-alive granted here arrived.
+	arrived int64
 }
 
 // Counters are the machine's tallies, for metrics and for the simulator's

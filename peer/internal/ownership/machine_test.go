@@ -15,7 +15,7 @@ func step(m *Machine, acts []Action, now int64) []Action {
 		case Propose:
 			out = append(out, m.Apply(a.Cmd, now)...)
 		case KeepAlive:
-			m.KeptAlive(m.KeepAlive(a.KeepAlive, now), now)
+			m.KeptAlive(m.KeepAlive(a.KeepAlive, now, now), now)
 		default:
 			out = append(out, a)
 		}

@@ -95,6 +95,10 @@ const (
 	// it installed from the ended holder (restored.go's tookOver): it
 	// holds the partition without its state for good.
 	MutRestoredForgetsTakeover
+	// MutLeaderFromEarlier: the leader counts a granted keep-alive's
+	// Liveness from when the member's previous keep-alive arrived, not
+	// the one granted: from before the member sent it.
+	MutLeaderFromEarlier
 	numMutations
 )
 
@@ -103,7 +107,7 @@ var mutationNames = [...]string{"none", "lease ignored", "holder counts the whol
 	"end keeps the epoch", "move ignores the epoch", "set-backup ignores the epoch", "grant ignores last",
 	"replica of any epoch", "copy of any epoch", "fence ignored", "aged grant early", "aged grant ignores the version",
 	"new leader counts nothing", "keep-alive while ending", "keep-alive unconfirmed", "heir ignored",
-	"lease counted from the latest keep-alive", "restored forgets the takeover"}
+	"lease counted from the latest keep-alive", "restored forgets the takeover", "leader counts from an earlier keep-alive"}
 
 func (m Mutation) String() string {
 	if int(m) < len(mutationNames) {

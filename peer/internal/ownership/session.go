@@ -12,13 +12,14 @@ package ownership
 // that it has applied the log up to that read's index, then asks KeepAlive
 // here, which answers from the applied table. The member counts
 // HolderShare of Liveness from when it sent the request (KeptAlive); the
-// leader counts the whole Liveness from when it granted it, which is
-// later. Why it holds:
+// leader counts the whole Liveness from when the request arrived, which
+// is later. Why it holds:
 //
 //   - The same leader: it never grants a member whose End it proposed
-//     (ending), and proposes an End only a whole Liveness after its last
-//     grant, so the member has stopped first, as with extensions applied
-//     from the log.
+//     (ending), and proposes an End only a whole Liveness after the
+//     arrival of the last request it granted, which the member sent
+//     earlier, so the member has stopped first, as with extensions
+//     applied from the log.
 //   - A later leader: the read that confirmed a grant was acknowledged by
 //     a quorum after the request arrived, and a later leader's election
 //     needs votes from a quorum, one of which acknowledged first; so the
@@ -66,12 +67,15 @@ type WatchAge struct {
 }
 
 // KeepAlive is the leader's side of a session: the driver calls it once
-// it has confirmed, after the request arrived, that it leads the log, and
-// has applied the log up to that confirmation. It grants the extension
-// while the table names the member active at the request's epoch and no
-// End of it proposed here is pending, and counts the member's whole
-// Liveness from now.
-func (m *Machine) KeepAlive(r KeepAliveRequest, now int64) KeepAliveAnswer {
+// it has confirmed, after the request arrived (at arrived, on this
+// member's clock: when the driver took it in, at most now), that it leads
+// the log, and has applied the log up to that confirmation. It grants the
+// extension while the table names the member active at the request's
+// epoch and no End of it proposed here is pending, and counts the
+// member's whole Liveness from when the request arrived: after the member
+// sent it, which is what the member counts from. Counting from the grant,
+// a read later, only put off a crashed holder's End by that read.
+func (m *Machine) KeepAlive(r KeepAliveRequest, arrived, now int64) KeepAliveAnswer {
 	a := KeepAliveAnswer{Member: r.Member, Epoch: r.Epoch, Seq: r.Seq}
 	rec := m.table.Members[r.Member]
 	if rec == nil || rec.Ended || !rec.Active || rec.Epoch != r.Epoch {
@@ -86,7 +90,14 @@ func (m *Machine) KeepAlive(r KeepAliveRequest, now int64) KeepAliveAnswer {
 		s = &seen{version: rec.Version, epoch: rec.Epoch}
 		m.seen[r.Member] = s
 	}
-	s.at, s.extended = now, now
+	arrived = min(arrived, now)
+	from := arrived
+	if m.cfg.Mutation == MutLeaderFromEarlier && s.arrived > 0 {
+		// The broken rule: from the arrival of the member's previous
+		// keep-alive, sent before the one granted.
+		from = s.arrived
+	}
+	s.at, s.extended, s.arrived = max(s.at, from), now, arrived
 	for _, id := range r.Watch {
 		if w := m.seen[id]; w != nil && w.extended > 0 {
 			a.Ages = append(a.Ages, WatchAge{ID: id, Age: now - w.extended})

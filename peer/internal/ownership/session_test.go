@@ -23,21 +23,21 @@ func sessionScene(t *testing.T) (m *Machine, now int64) {
 }
 
 // TestKeepAliveGrants: the leader grants an active member at its epoch,
-// counting its whole Liveness from the grant; a request at another epoch,
+// counting its whole Liveness from the request's arrival (here, the grant); a request at another epoch,
 // or from a member never activated, is refused; and the member counts 9/10
 // of Liveness from its send, not from the answer.
 func TestKeepAliveGrants(t *testing.T) {
 	m, now := sessionScene(t)
 	const live = int64(2 * time.Second)
 	at := now + live/2
-	if a := m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 2}, at); !a.Granted {
+	if a := m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 2}, at, at); !a.Granted {
 		t.Fatal("active b refused")
 	}
 	if m.expired("b", at+live-1) || !m.expired("b", at+live) {
 		t.Fatal("the leader does not count a whole Liveness from its grant")
 	}
 	for _, r := range []KeepAliveRequest{{Member: "b", Epoch: 2}, {Member: "c", Epoch: 1}} {
-		if m.KeepAlive(r, at).Granted {
+		if m.KeepAlive(r, at, at).Granted {
 			t.Fatalf("granted %+v", r)
 		}
 	}
@@ -85,7 +85,7 @@ func TestNoKeepAliveWhileEnding(t *testing.T) {
 		if end.Kind != End {
 			t.Fatal("the leader did not end b")
 		}
-		granted := m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 9}, now+1).Granted
+		granted := m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 9}, now+1, now+1).Granted
 		if granted != (mut == MutKeepAliveWhileEnding) {
 			t.Fatalf("%v: keep-alive granted %v while b's End is pending", mut, granted)
 		}
@@ -99,7 +99,7 @@ func TestNoKeepAliveWhileEnding(t *testing.T) {
 		if err := m.table.Apply(end); !errors.Is(err, ErrRefused) {
 			t.Fatalf("End after an Extend: %v", err)
 		}
-		if !m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 10}, now+2).Granted {
+		if !m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 10}, now+2, now+2).Granted {
 			t.Fatal("b refused after its pending End lost to an Extend")
 		}
 	}
@@ -174,7 +174,34 @@ func TestStalledLeaderWaits(t *testing.T) {
 		t.Fatal("b not ended once the grace had passed")
 	}
 	m.Stalled(now+grace+1, grace)
-	if m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 3}, now+grace+2).Granted {
+	if m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 3}, now+grace+2, now+grace+2).Granted {
 		t.Fatal("a stall forgot the End pending for b: its keep-alive was granted")
+	}
+}
+
+// TestKeepAliveCountsFromArrival: the leader counts a granted keep-alive's
+// Liveness from when the request arrived, not from the grant a read later
+// (a crashed holder's End is not put off by the read), and never from
+// before it arrived: from an earlier keep-alive's arrival
+// (MutLeaderFromEarlier) it would end the member while its lease, counted
+// from a later send, still runs.
+func TestKeepAliveCountsFromArrival(t *testing.T) {
+	const live = int64(2 * time.Second)
+	for _, mut := range []Mutation{MutNone, MutLeaderFromEarlier} {
+		m, now := sessionScene(t)
+		m.cfg.Mutation = mut
+		first := now + live/2
+		m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 2}, first, first+live/10)
+		arrived := first + live/2
+		if a := m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 3}, arrived, arrived+live/10); !a.Granted {
+			t.Fatal("active b refused")
+		}
+		early := m.expired("b", arrived+live-1)
+		if mut == MutNone && (early || !m.expired("b", arrived+live)) {
+			t.Fatal("the leader does not count a whole Liveness from the granted request's arrival")
+		}
+		if mut == MutLeaderFromEarlier && !early {
+			t.Fatal("the mutation changed nothing")
+		}
 	}
 }

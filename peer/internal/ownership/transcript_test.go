@@ -361,7 +361,7 @@ func (w *world) keepAlive(t *testing.T, ids []string, lost bool) {
 			return false
 		}
 		r := s.a.KeepAlive
-		a := l.KeepAlive(r, w.now)
+		a := l.KeepAlive(r, w.now, w.now)
 		verdict := "refused"
 		if a.Granted {
 			verdict = "granted"

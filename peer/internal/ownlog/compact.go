@@ -32,7 +32,7 @@ func (m *Member) compactTo() uint64 {
 		// Heard from within two learner heartbeats: a learner at rest
 		// answers only those.
 		at, ok := m.heard[id]
-		if id == m.cfg.RaftID || !ok || m.lastTick-at > 2*learnerBeatTicks*m.tick {
+		if id == m.cfg.RaftID || !ok || m.lastTick-at > 2*m.learnerBeat() {
 			return
 		}
 		if pr.Match >= floor && pr.Match < to {

@@ -5,11 +5,12 @@
 // the voter set (autopilot).
 //
 // Members keep their liveness through keep-alives (session.go), which ride
-// the raft transport but never enter the log: a voter sends its own to
-// the leader, a learner to one of the voters, which relays the learners'
-// keep-alives to the leader in one message a tick. The leader answers a
-// batch once a read of its own (raft's ReadIndex) confirms it still
-// leads. So the leader's messages grow with its voters and ticks, not
+// the raft transport but never enter the log: a learner sends its own to
+// one of the voters, and a voter carries its own and the learners' to the
+// leader in its next answer to a heartbeat. The leader answers a batch
+// once a read of its own (raft's ReadIndex) confirms it still leads; its
+// reads' heartbeats are the voters' heartbeats, one every Liveness/10
+// (Timing). So the leader's messages grow with its voters and ticks, not
 // with the members, and every member, learners included, still receives
 // every command: few, since only ownership changes are commands. Why not
 // keep learners out of raft and send them the table another way: a
@@ -37,6 +38,7 @@
 package ownlog
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -66,6 +68,8 @@ type Config struct {
 	// live members: 1 for two, 3, or 5 from 5 members on.
 	Voters int
 	// ElectionTicks is the raft election timeout in ticks; zero means 10.
+	// Timing derives it, and HeartbeatTicks, from the liveness: what a
+	// node and the simulator run.
 	ElectionTicks int
 	// HeartbeatTicks is how many ticks between the leader's heartbeats;
 	// zero means 1.
@@ -117,6 +121,7 @@ type Member struct {
 	roster   []Peer
 	out      Output
 	lead     uint64 // the leader last seen
+	lastLead uint64 // the last leader known (kaLead)
 	// heard is when (the now of Step) this member last had a message
 	// from each raft member; tick and lastTick measure the tick, so that
 	// autopilot can tell a voter that answers from one that is down
@@ -144,7 +149,7 @@ type Member struct {
 	// beat is when the leader last sent each learner a heartbeat;
 	// learners caches the learners of learnersOf (thin).
 	beat       map[uint64]int64
-	readBeat   []uint64 // voters a read's heartbeat goes to (thin)
+	readBeat   map[uint64]int64 // when a read's heartbeat last went to each voter (thin)
 	learners   map[uint64]bool
 	learnersOf *pb.ConfState
 }
@@ -173,7 +178,7 @@ func New(cfg Config) (*Member, error) {
 	if cfg.SnapshotEvery == 0 {
 		cfg.SnapshotEvery = 64
 	}
-	m := &Member{cfg: cfg, storage: raft.NewMemoryStorage(), conf: cfg.Bootstrap, heard: map[uint64]int64{}, beat: map[uint64]int64{}, learners: map[uint64]bool{}}
+	m := &Member{cfg: cfg, storage: raft.NewMemoryStorage(), conf: cfg.Bootstrap, heard: map[uint64]int64{}, beat: map[uint64]int64{}, readBeat: map[uint64]int64{}, learners: map[uint64]bool{}}
 	resumed, err := m.loadDisk()
 	if err != nil {
 		return nil, err
@@ -314,6 +319,7 @@ func (m *Member) observeLeader(now int64) {
 	if l := m.Lead(); l != m.lead {
 		m.lead = l
 		if l != 0 {
+			m.lastLead = l
 			// A new leader: extensions proposed during the election were
 			// dropped, so extend now rather than at the next interval.
 			m.own.ExtendSoon()
@@ -354,6 +360,12 @@ func (m *Member) Step(msg *pb.Message, now int64) Output {
 	if IsKeepAlive(msg) {
 		m.stepKeepAlive(msg, now)
 		return m.ready(now)
+	}
+	if msg.GetType() == pb.MsgHeartbeatResp && bytes.HasPrefix(msg.GetContext(), kpMagic) {
+		var ok bool
+		if msg, ok = m.uncarry(msg, now); !ok {
+			return m.ready(now)
+		}
 	}
 	if msg.GetType() == pb.MsgProp && msg.GetFrom() != m.cfg.RaftID && m.Leader() && len(m.held) < heldMax {
 		// Held for the tick: raft sends every follower an append, and

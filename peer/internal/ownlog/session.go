@@ -2,17 +2,18 @@ package ownlog
 
 // Keep-alives (the ownership package's sessions) ride the raft transport
 // as raft message types raft never sends from its own ReadIndex path: a
-// MsgReadIndex or MsgReadIndexResp whose Context begins with kaMagic. The
-// member intercepts them before raft sees them. The leader collects the
+// MsgReadIndex or MsgReadIndexResp whose Context begins with kaMagic, or
+// inside a voter's answer to the leader's heartbeat (carry). The member
+// intercepts them before raft sees them. The leader collects the
 // requests that arrive and confirms, once a heartbeat, with one ReadIndex of
 // its own that it still leads (a quorum heard from it after they
 // arrived); once it has applied the log to that read's index, it answers
-// every one of them from its table.
+// every one of them from its table. Where a request travelled changes
+// nothing of that: it is confirmed by a read issued after it arrived.
 
 import (
 	"bytes"
 	"encoding/binary"
-	"slices"
 
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -22,10 +23,12 @@ import (
 )
 
 // kaMagic marks a keep-alive's Context; kbMagic a batch of them that a
-// relay forwards to the leader, or of answers the leader sends back.
+// relay forwards to the leader, or of answers the leader sends back;
+// kpMagic a voter's heartbeat answer that carries such a batch (carry).
 var (
 	kaMagic = []byte("rlka")
 	kbMagic = []byte("rlkb")
+	kpMagic = []byte("rlkp")
 )
 
 // kaMax bounds the requests the leader holds for one read, and those a
@@ -39,7 +42,8 @@ const kaMax = 1 << 14
 type kaReq struct {
 	from, via uint64
 	req       ownership.KeepAliveRequest
-	again     bool // its first read was lost
+	again     bool  // its first read was lost
+	at        int64 // when it arrived here (0: this member's own, sent as it is answered)
 }
 
 // sessions is the leader's keep-alive state, and a relay's.
@@ -50,10 +54,14 @@ type sessions struct {
 	// lost holds up nothing (a later read's quorum confirms it too).
 	reads []*kaRead
 	next  uint64
-	// relay is, on a voter that does not lead, the requests of learners
-	// to forward to the leader every relayBeats heartbeats, in one message.
-	relay []relayed
-	// last is when the last read was issued, or batch relayed (due).
+	// relay is, on a voter that does not lead, its own request and those
+	// of learners, for the leader: carried by its next heartbeat answer
+	// (carry), or in a message of their own once they waited relayBeats
+	// heartbeat intervals more than that (forwardRelayed). relayFrom is
+	// when the oldest of them arrived.
+	relay     []relayed
+	relayFrom int64
+	// last is when the last read was issued (due).
 	last int64
 	// sent is the sequence number of this member's latest keep-alive
 	// sent through a relay, answered that of the latest answer it had.
@@ -70,11 +78,10 @@ type kaRead struct {
 }
 
 // due reports whether beats heartbeat intervals passed since the last
-// read or relayed batch, and if so starts the next: keep-alives are read
-// once a heartbeat and relayed once every relayBeats, which their lease
-// does not notice (a keep-alive is answered within about four heartbeats,
-// and the member counts 0.9·Liveness from its send), rather than once a
-// tick.
+// read, and if so starts the next: keep-alives are read once a heartbeat,
+// which their lease does not notice (a keep-alive is answered within about
+// three heartbeats, and the member counts 0.9·Liveness from its send),
+// rather than once a tick; the reads' heartbeats are then the voters'.
 func (s *sessions) due(now int64, m *Member, beats int) bool {
 	if m.tick > 0 && now-s.last < int64(beats*m.cfg.HeartbeatTicks)*m.tick {
 		return false
@@ -83,12 +90,13 @@ func (s *sessions) due(now int64, m *Member, beats int) bool {
 	return true
 }
 
-// relayBeats is how many heartbeat intervals a relay gathers learners'
-// keep-alives for before it forwards them in one message: two halved
-// what relays and the leader exchange (with 4 relays, 40 messages a
-// second at the leader instead of 80 whatever the members), for up to
-// one more heartbeat before an answer.
-const relayBeats = 2
+// relayBeats is how many heartbeat intervals a relay's requests wait,
+// beyond the one in which the leader's next heartbeat normally comes to
+// carry them back in its answer, before the relay sends them in a message
+// of their own: a leader whose heartbeats stopped (an election), or a
+// voter the leader sends none (its reads stopped, its plain heartbeats
+// lost).
+const relayBeats = 1
 
 type relayed struct {
 	from uint64
@@ -104,23 +112,34 @@ func IsKeepAlive(msg *pb.Message) bool {
 }
 
 // sendKeepAlive sends the machine's keep-alive toward the leader, or
-// queues it here when this member leads. A voter sends it to the leader; a
-// learner to one of the voters (by its raft ID), which relays the
-// keep-alives it gets in one message every two heartbeats: the leader
-// then handles a few messages a tick whatever the number of members,
-// instead of two per member and extension. Without a known leader it is dropped: the machine
-// extends again soon after one is elected (ExtendSoon).
+// queues it here when this member leads. A voter holds it for its next
+// answer to the leader's heartbeat to carry (carry; a heartbeat interval
+// at most, the reads' heartbeats coming one a heartbeat while keep-alives
+// wait); a learner sends it to one of the voters (by its raft ID), which
+// relays the keep-alives it gets the same way: the leader then handles
+// its voters' heartbeat answers and a few answers whatever the number of
+// members, instead of two messages per member and extension. Without a
+// known leader it is dropped: the machine extends again soon after one is
+// elected (ExtendSoon).
 func (m *Member) sendKeepAlive(r ownership.KeepAliveRequest) {
-	lead := m.Lead()
+	lead := m.kaLead()
 	if lead == 0 {
 		return
 	}
 	if lead == m.cfg.RaftID {
-		m.queueKeepAlive(kaReq{req: r})
+		if m.Leader() {
+			m.queueKeepAlive(kaReq{req: r})
+		}
+		return
+	}
+	if m.Voter() {
+		// Carried to the leader with the learners' by the next
+		// heartbeat answer: no message of its own.
+		m.queueRelay(relayed{from: m.cfg.RaftID, body: r.Encode(nil)}, m.lastTick)
 		return
 	}
 	to := lead
-	if !m.Voter() && m.ka.answered >= m.ka.sent {
+	if m.ka.answered >= m.ka.sent {
 		// A relay: one of the voters that do not lead, the same for
 		// this member while the voters stay. Not when the last one
 		// sent through it is unanswered: that relay may have crashed
@@ -142,6 +161,26 @@ func (m *Member) sendKeepAlive(r ownership.KeepAliveRequest) {
 	m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndex.Enum(), To: proto.Uint64(to), From: proto.Uint64(m.cfg.RaftID), Context: ctx})
 }
 
+// kaLead is where keep-alives go: the leader this member knows of, or,
+// while it only pre-votes, the last it knew. A voter that missed a few
+// heartbeats times out and pre-votes (PreVote), forgetting its leader until
+// the next heartbeat, which the other voters, still hearing the leader,
+// never let become an election: its keep-alives still reach the leader
+// meanwhile (a request is granted only by a read the leader confirms,
+// wherever it came from), instead of lapsing with a heartbeat every
+// Liveness/10 and an election timeout of Liveness/4 (Timing). Once an
+// election is under way (a candidate) they wait for its leader.
+func (m *Member) kaLead() uint64 {
+	st := m.rn.BasicStatus()
+	if st.Lead != 0 {
+		return st.Lead
+	}
+	if st.RaftState == raft.StatePreCandidate {
+		return m.lastLead
+	}
+	return 0
+}
+
 func (m *Member) queueKeepAlive(q kaReq) {
 	if len(m.ka.wait) < kaMax {
 		m.ka.wait = append(m.ka.wait, q)
@@ -161,9 +200,9 @@ func (m *Member) stepKeepAlive(msg *pb.Message, now int64) {
 	}
 	switch {
 	case m.Leader():
-	case m.Voter() && m.Lead() != 0 && len(m.ka.relay) < kaMax:
+	case m.Voter() && m.kaLead() != 0:
 		// A learner's, to relay with the next batch.
-		m.ka.relay = append(m.ka.relay, relayed{from: msg.GetFrom(), body: body})
+		m.queueRelay(relayed{from: msg.GetFrom(), body: body}, now)
 		return
 	default:
 		return // no leader known: the member asks again
@@ -172,7 +211,7 @@ func (m *Member) stepKeepAlive(msg *pb.Message, now int64) {
 	if err != nil {
 		return
 	}
-	m.takeKeepAlive(kaReq{from: msg.GetFrom(), req: r}, now)
+	m.takeKeepAlive(kaReq{from: msg.GetFrom(), req: r, at: now}, now)
 }
 
 // takeKeepAlive queues a request on the leader for its next read.
@@ -225,26 +264,86 @@ func (m *Member) stepBatch(msg *pb.Message, now int64) {
 	}
 	for _, it := range items {
 		if r, err := ownership.DecodeKeepAliveRequest(it.body); err == nil {
-			m.takeKeepAlive(kaReq{from: it.from, via: msg.GetFrom(), req: r}, now)
+			m.takeKeepAlive(kaReq{from: it.from, via: msg.GetFrom(), req: r, at: now}, now)
 		}
 	}
 }
 
-// forwardRelayed sends, at a tick, the learners' requests this voter
-// holds to the leader in one message.
+// queueRelay holds a request for the leader on a voter.
+func (m *Member) queueRelay(r relayed, now int64) {
+	if len(m.ka.relay) >= kaMax {
+		return
+	}
+	if len(m.ka.relay) == 0 {
+		m.ka.relayFrom = now
+	}
+	m.ka.relay = append(m.ka.relay, r)
+}
+
+// forwardRelayed sends, at a tick, the requests this voter holds to the
+// leader in one message, once they waited relayBeats heartbeat intervals
+// more than a heartbeat answer normally takes to carry them.
 func (m *Member) forwardRelayed(now int64) {
 	if len(m.ka.relay) == 0 {
 		return
 	}
-	if !m.ka.due(now, m, relayBeats) {
+	if m.tick > 0 && now-m.ka.relayFrom < int64((1+relayBeats)*m.cfg.HeartbeatTicks)*m.tick {
 		return
 	}
-	lead := m.Lead()
+	lead := m.kaLead()
 	if lead != 0 && lead != m.cfg.RaftID && m.Voter() {
 		ctx := encodeBatch(append([]byte(nil), kbMagic...), m.ka.relay)
 		m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndex.Enum(), To: proto.Uint64(lead), From: proto.Uint64(m.cfg.RaftID), Context: ctx})
 	}
 	m.ka.relay = m.ka.relay[:0]
+}
+
+// carry puts the requests this voter holds for the leader into msg, its
+// answer to the leader's heartbeat (raft sends one a heartbeat interval,
+// a read's while keep-alives wait): kpMagic, the answer's own context
+// (length first), then the batch. The leader takes them out before raft
+// sees the answer (uncarry), so a voter's keep-alive and its learners'
+// cost no message of their own. It returns msg, or a copy that carries.
+func (m *Member) carry(msg *pb.Message) *pb.Message {
+	if len(m.ka.relay) == 0 || msg.GetType() != pb.MsgHeartbeatResp || msg.GetTo() != m.Lead() || !m.Voter() {
+		return msg
+	}
+	c := proto.Clone(msg).(*pb.Message)
+	b := append([]byte(nil), kpMagic...)
+	b = binary.AppendUvarint(b, uint64(len(msg.GetContext())))
+	b = append(b, msg.GetContext()...)
+	c.Context = encodeBatch(b, m.ka.relay)
+	m.ka.relay = m.ka.relay[:0]
+	return c
+}
+
+// uncarry, on the leader, queues the requests a voter's heartbeat answer
+// carries (carry) and returns the answer as raft sent it; ok is false
+// for a malformed one, which is dropped whole.
+func (m *Member) uncarry(msg *pb.Message, now int64) (*pb.Message, bool) {
+	b := msg.GetContext()[len(kpMagic):]
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > uint64(len(b)-k) {
+		return nil, false
+	}
+	ctx, rest := b[k:k+int(n)], b[k+int(n):]
+	items, ok := decodeBatch(rest)
+	if !ok {
+		return nil, false
+	}
+	if m.Leader() {
+		for _, it := range items {
+			if r, err := ownership.DecodeKeepAliveRequest(it.body); err == nil {
+				m.takeKeepAlive(kaReq{from: it.from, via: msg.GetFrom(), req: r, at: now}, now)
+			}
+		}
+	}
+	c := proto.Clone(msg).(*pb.Message)
+	c.Context = nil
+	if len(ctx) > 0 {
+		c.Context = append([]byte(nil), ctx...)
+	}
+	return c, true
 }
 
 func encodeBatch(b []byte, items []relayed) []byte {
@@ -287,7 +386,7 @@ func decodeBatch(b []byte) ([]relayed, bool) {
 // the member extends again soon anyway.
 func (m *Member) readKeepAlives(now int64) {
 	if !m.Leader() {
-		m.ka = sessions{next: m.ka.next, relay: m.ka.relay, last: m.ka.last, sent: m.ka.sent, answered: m.ka.answered}
+		m.ka = sessions{next: m.ka.next, relay: m.ka.relay, relayFrom: m.ka.relayFrom, last: m.ka.last, sent: m.ka.sent, answered: m.ka.answered}
 		return
 	}
 	if m.tick > 0 {
@@ -352,7 +451,11 @@ func (m *Member) answerKeepAlives(now int64) {
 func (m *Member) answerAll(qs []kaReq, now int64) {
 	var vias map[uint64][]relayed
 	for _, q := range qs {
-		a := m.own.KeepAlive(q.req, now)
+		at := q.at
+		if at == 0 {
+			at = now
+		}
+		a := m.own.KeepAlive(q.req, at, now)
 		a.Index = m.applied
 		switch {
 		case q.from == 0 || q.from == m.cfg.RaftID:
@@ -381,46 +484,58 @@ func keys[V any](mp map[uint64]V) map[uint64]struct{} {
 	return set
 }
 
-// learnerBeatTicks is how many ticks apart the leader sends a learner a
-// heartbeat. A learner neither votes nor counts in a quorum, and every
-// commit reaches it in an append: a heartbeat only tells it the leader
-// is there and lets the leader resend what it lost, which its keep-alive
-// answers do too (they carry the leader's index; a learner behind it
-// answers as to a heartbeat). Once liveness left the log, a heartbeat
-// every other tick to every learner was most of the log's traffic at rest
-// (members² bytes); one every 5 s is a fallback.
-const learnerBeatTicks = 100
+// learnerBeats is how many heartbeat intervals apart the leader sends a
+// learner a heartbeat. A learner neither votes nor counts in a quorum, and
+// every commit reaches it in an append: a heartbeat only tells it the
+// leader is there and lets the leader resend what it lost, which its
+// keep-alive answers do too (they carry the leader's index; a learner
+// behind it answers as to a heartbeat). Once liveness left the log, a
+// heartbeat every other tick to every learner was most of the log's
+// traffic at rest (members² bytes); one every 10 s (at a 2 s Liveness) is
+// a fallback.
+const learnerBeats = 50
+
+// learnerBeat is learnerBeats heartbeat intervals in ns, 0 while the tick
+// is not measured yet.
+func (m *Member) learnerBeat() int64 {
+	return int64(learnerBeats*m.cfg.HeartbeatTicks) * m.tick
+}
 
 // thin appends to out the messages raft wants sent but the heartbeats to
-// learners beyond one every learnerBeatTicks, and every heartbeat of a
+// learners beyond one every learnerBeats heartbeats, and every heartbeat of a
 // read (one with a context): a learner's acknowledgement counts in no
-// quorum. Nor does it send a voter a plain heartbeat in the same batch as
-// a read's: the read's heartbeat carries the same commit index, resets
-// the same election timer and is answered as one, so the plain one
-// repeats it (the leader issues a read a heartbeat while keep-alives
-// wait, which is always in a fleet: it halved what a voter exchanges
-// with the leader). Raft's safety never rests on a heartbeat arriving.
+// quorum. Nor does it send a voter a plain heartbeat within a heartbeat
+// interval of a read's (in the same batch or since): the read's heartbeat
+// carries the same commit index, resets the same election timer and is
+// answered as one, so the plain one repeats it. The leader issues a read
+// a heartbeat while keep-alives wait, which is always in a fleet, so the
+// reads are the voters' heartbeats; raft's own, on its own phase, went out
+// beside them, twice what a voter needs. A voter still hears from the
+// leader within two heartbeat intervals, well within an election timeout
+// (Timing). Raft's safety never rests on a heartbeat arriving.
 func (m *Member) thin(out, msgs []*pb.Message, now int64) []*pb.Message {
-	m.readBeat = m.readBeat[:0]
 	for _, msg := range msgs {
 		if msg.GetType() == pb.MsgHeartbeat && len(msg.GetContext()) > 0 && !m.learner(msg.GetTo()) {
-			m.readBeat = append(m.readBeat, msg.GetTo())
+			m.readBeat[msg.GetTo()] = now
 		}
 	}
+	beat := int64(m.cfg.HeartbeatTicks) * m.tick
 	for _, msg := range msgs {
-		if msg.GetType() == pb.MsgHeartbeat && len(msg.GetContext()) == 0 && slices.Contains(m.readBeat, msg.GetTo()) {
-			continue
+		if msg.GetType() == pb.MsgHeartbeat && len(msg.GetContext()) == 0 {
+			if at, ok := m.readBeat[msg.GetTo()]; ok && (at == now || now-at < beat) {
+				continue
+			}
 		}
 		if msg.GetType() == pb.MsgHeartbeat && m.learner(msg.GetTo()) {
 			if len(msg.GetContext()) > 0 {
 				continue
 			}
-			if at, ok := m.beat[msg.GetTo()]; ok && m.tick > 0 && now-at < learnerBeatTicks*m.tick {
+			if at, ok := m.beat[msg.GetTo()]; ok && m.tick > 0 && now-at < m.learnerBeat() {
 				continue
 			}
 			m.beat[msg.GetTo()] = now
 		}
-		out = append(out, msg)
+		out = append(out, m.carry(msg))
 	}
 	return out
 }

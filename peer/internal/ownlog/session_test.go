@@ -1,8 +1,11 @@
 package ownlog
 
 import (
+	"bytes"
 	"testing"
 	"time"
+
+	"go.etcd.io/raft/v3"
 
 	pb "go.etcd.io/raft/v3/raftpb"
 )
@@ -45,5 +48,117 @@ func TestKeepAliveAroundADeadRelay(t *testing.T) {
 	rec = c.members[lead].Own().Table().Members[learner.Own().ID()]
 	if rec == nil || rec.Epoch != epoch || rec.Ended || learner.Own().LiveUntil() <= c.now {
 		t.Fatalf("the learner's session lapsed while its relays were dead: record %+v (epoch was %d), lease until %d at %d", rec, epoch, learner.Own().LiveUntil(), c.now)
+	}
+}
+
+// TestTiming: a heartbeat every Liveness/10 and an election timeout of
+// Liveness/4, in ticks, whatever the tick: the same times in a node (50 ms
+// ticks) and in the simulator (100 ms); never faster than 100 ms and
+// 0.5 s, nor an election within two heartbeats.
+func TestTiming(t *testing.T) {
+	for _, c := range []struct {
+		live, tick     time.Duration
+		beat, election int
+	}{
+		{2 * time.Second, 50 * time.Millisecond, 4, 10},
+		{2 * time.Second, 100 * time.Millisecond, 2, 5},
+		{10 * time.Second, 50 * time.Millisecond, 20, 50},
+		// Shorter leases keep the floors: 100 ms and 0.5 s.
+		{time.Second, 50 * time.Millisecond, 2, 10},
+		{200 * time.Millisecond, 50 * time.Millisecond, 2, 10},
+		{200 * time.Millisecond, 300 * time.Millisecond, 1, 2},
+		{2 * time.Second, 0, 1, 10},
+	} {
+		beat, election := Timing(c.live, c.tick)
+		if beat != c.beat || election != c.election {
+			t.Errorf("Timing(%v, %v) = %d, %d ticks; want %d, %d", c.live, c.tick, beat, election, c.beat, c.election)
+		}
+	}
+}
+
+// TestVoterKeepAlivesRideHeartbeats: at rest a voter's keep-alive, and
+// the learners' it relays, reach the leader in its heartbeat answers, not
+// in messages of their own, and every lease keeps extending; when the
+// leader's heartbeats stop reaching one voter, that voter sends them in a
+// message of their own and its lease still extends.
+func TestVoterKeepAlivesRideHeartbeats(t *testing.T) {
+	const n = 7
+	cs := &pb.ConfState{Voters: []uint64{1, 2, 3}}
+	for i := uint64(4); i <= n; i++ {
+		cs.Learners = append(cs.Learners, i)
+	}
+	c := newClusterConf(t, n, cs)
+	c.run(5 * time.Second)
+	lead := c.leader()
+	var voter uint64
+	for i := uint64(1); i <= n; i++ {
+		if i != lead && c.members[i].Voter() {
+			voter = i
+			break
+		}
+	}
+	if lead == 0 || voter == 0 {
+		t.Fatalf("leader %d, another voter %d", lead, voter)
+	}
+	// step delivers one message, or drops it when drop says so.
+	step := func(drop func(*pb.Message) bool) (standalone, carried int) {
+		for len(c.inbox) > 0 {
+			msg := c.inbox[0]
+			c.inbox = c.inbox[1:]
+			if drop(msg) {
+				continue
+			}
+			if msg.GetTo() == lead && c.members[msg.GetFrom()].Voter() {
+				switch {
+				case IsKeepAlive(msg):
+					standalone++
+				case msg.GetType() == pb.MsgHeartbeatResp && bytes.HasPrefix(msg.GetContext(), kpMagic):
+					carried++
+				}
+			}
+			c.carry(msg.GetTo(), c.members[msg.GetTo()].Step(msg, c.now))
+		}
+		return standalone, carried
+	}
+	rest := func(d time.Duration, drop func(*pb.Message) bool) (standalone, carried int) {
+		for end := c.now + int64(d); c.now < end; c.now += int64(100 * time.Millisecond) {
+			for id := uint64(1); id <= n; id++ {
+				c.carry(id, c.members[id].Tick(c.now))
+			}
+			s, k := step(drop)
+			standalone, carried = standalone+s, carried+k
+		}
+		return standalone, carried
+	}
+	before := map[uint64]int64{}
+	for i := uint64(1); i <= n; i++ {
+		before[i] = c.members[i].Own().LiveUntil()
+	}
+	standalone, carried := rest(5*time.Second, func(*pb.Message) bool { return false })
+	if standalone != 0 || carried == 0 {
+		t.Fatalf("at rest: %d keep-alive messages from voters to the leader, %d heartbeat answers carrying them; want none and some", standalone, carried)
+	}
+	for i := uint64(1); i <= n; i++ {
+		if until := c.members[i].Own().LiveUntil(); until <= before[i]+int64(4*time.Second) {
+			t.Fatalf("m%d's lease stopped extending: until %d, was %d", i, until, before[i])
+		}
+		before[i] = c.members[i].Own().LiveUntil()
+	}
+	// The leader's heartbeats to one voter are lost: it hears nothing to
+	// answer, and sends what it holds on its own; for 3 s, past its
+	// election timeout, so that it pre-votes (the others, hearing the
+	// leader, refuse) and knows no leader, and its keep-alives still go
+	// to the last it knew.
+	standalone, _ = rest(3*time.Second, func(msg *pb.Message) bool {
+		return msg.GetFrom() == lead && msg.GetTo() == voter && msg.GetType() == pb.MsgHeartbeat
+	})
+	if standalone == 0 {
+		t.Fatalf("no keep-alive message from a voter whose heartbeats were lost")
+	}
+	if st := c.members[voter].rn.BasicStatus(); st.RaftState != raft.StatePreCandidate || c.leader() != lead {
+		t.Fatalf("m%d is %v, the leader m%d; want a pre-candidate beside the same leader m%d", voter, st.RaftState, c.leader(), lead)
+	}
+	if until := c.members[voter].Own().LiveUntil(); until <= c.now {
+		t.Fatalf("m%d's lease lapsed while it pre-voted without heartbeats: until %d at %d", voter, until, c.now)
 	}
 }

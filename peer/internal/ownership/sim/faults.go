@@ -25,8 +25,17 @@ func (s *sim) planFault(warm int64) {
 		victim := s.target()
 		switch s.fault {
 		case FaultCrash:
-			s.note("crash %s", victim.id)
+			if victim.log.Leader() {
+				s.note("crash %s (it leads the log)", victim.id)
+			} else {
+				s.note("crash %s", victim.id)
+			}
 			s.crash(victim, false)
+		case FaultLeaderCrash:
+			if lead := s.leader(); lead != nil {
+				s.note("crash %s, the leader", lead.id)
+				s.crash(lead, false)
+			}
 		case FaultWholeRestart:
 			s.wholeRestart(span)
 		case FaultRestoredBackup:

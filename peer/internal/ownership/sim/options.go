@@ -141,10 +141,16 @@ const (
 	// snapshot across a takeover once held the partition for good
 	// without its state, never deciding).
 	FaultBehindBackup = numFaults + 7
+	// FaultLeaderCrash crashes the log's leader for good: its own
+	// holdings wait for an election, then for the new leader to wait out
+	// the keep-alives the crashed one may have granted (a whole Liveness
+	// from its election) before it ends it. TestFailoverTimes measures
+	// how long its keys are unavailable.
+	FaultLeaderCrash = numFaults + 8
 )
 
 var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash",
-	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "leader pauses", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it", "every member crashes at once and restarts from disk", "a member restarts from an old backup of its data directory", "the log falls silent to a backup, whose holder crashes as it re-copies"}
+	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "leader pauses", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it", "every member crashes at once and restarts from disk", "a member restarts from an old backup of its data directory", "the log falls silent to a backup, whose holder crashes as it re-copies", "the leader crashes"}
 
 func (f Fault) String() string { return faultNames[f] }
 
