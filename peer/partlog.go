@@ -120,6 +120,26 @@ func (n *Node) durableSync(idx uint64) error {
 	return nil
 }
 
+// durablePending reports whether a request of srs waits for a data
+// directory record not yet on disk.
+func (n *Node) durablePending(srs []*streamReq) bool {
+	for _, sr := range srs {
+		if sr.r.DurIdx != 0 && !n.dd.parts.parts.Synced(sr.r.DurIdx) {
+			return true
+		}
+	}
+	return false
+}
+
+// diskPolicy reports whether policy name has durability disk.
+func (n *Node) diskPolicy(name string) bool {
+	if n.dd == nil {
+		return false
+	}
+	e := n.table.Load().Lookup(name)
+	return e != nil && e.Config.Durability == DurabilityDisk
+}
+
 // durablePolicy reports whether policy name keeps admissions on disk.
 func (n *Node) durablePolicy(name string) bool {
 	e := n.table.Load().Lookup(name)

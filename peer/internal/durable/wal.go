@@ -292,6 +292,13 @@ func (w *WAL) Sync(index uint64) error {
 	}
 }
 
+// Synced reports whether record index is on disk.
+func (w *WAL) Synced(index uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.durable > index
+}
+
 // Flush writes and fsyncs every record appended so far. The disk_async
 // driver calls it every flush interval.
 func (w *WAL) Flush() error {
