@@ -70,7 +70,7 @@ func (n *Node) newLinkEnv() *linkEnv {
 		replSeq: &n.replSeq, framedOpened: &n.framedOpened, pipeBreaks: &n.pipeBreaks, replItems: &n.replItems,
 		warn: n.warnThrottled, stamp: n.stampPolicies,
 		recopy:     newRecopier(n.ctx, &n.wg, n.lo.run.Recopy).note,
-		diskPolicy: n.diskPolicy,
+		diskPolicy: func(name string) bool { return n.dd.diskPolicy(n.table.Load(), name) },
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/durable"
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -120,23 +121,27 @@ func (n *Node) durableSync(idx uint64) error {
 	return nil
 }
 
-// durablePending reports whether a request of srs waits for a data
-// directory record not yet on disk.
-func (n *Node) durablePending(srs []*streamReq) bool {
+// pending reports whether a request of srs waits for a data directory
+// record not yet on disk (never, without a data directory).
+func (dd *dataDir) pending(srs []*streamReq) bool {
+	if dd == nil {
+		return false
+	}
 	for _, sr := range srs {
-		if sr.r.DurIdx != 0 && !n.dd.parts.parts.Synced(sr.r.DurIdx) {
+		if sr.r.DurIdx != 0 && !dd.parts.parts.Synced(sr.r.DurIdx) {
 			return true
 		}
 	}
 	return false
 }
 
-// diskPolicy reports whether policy name has durability disk.
-func (n *Node) diskPolicy(name string) bool {
-	if n.dd == nil {
+// diskPolicy reports whether policy name of tab has durability disk
+// (never, without a data directory).
+func (dd *dataDir) diskPolicy(tab *policy.Table, name string) bool {
+	if dd == nil {
 		return false
 	}
-	e := n.table.Load().Lookup(name)
+	e := tab.Lookup(name)
 	return e != nil && e.Config.Durability == DurabilityDisk
 }
 
