@@ -261,6 +261,12 @@ func (as *allowStream) answer() {
 		for len(srs) < MaxBatch {
 			select {
 			case job := <-as.jobs:
+				if len(srs) > 0 && as.n.dd.pending(job.waiting) {
+					// The answers gathered do not wait for this job's
+					// fsync: each would wait one more.
+					as.send(srs)
+					srs = srs[:0]
+				}
 				srs = as.collect(srs, job)
 			default:
 				break gather

@@ -138,7 +138,8 @@ func (n *Node) openDataDir() error {
 		d.Close()
 		return fmt.Errorf("peer: data directory %s: %w", path, err)
 	}
-	parts, err := n.openPartLog(path, cl)
+	parts, err := openPartLog(partEnv{ctx: n.ctx, wg: &n.wg, clock: n.clock, started: n.started, table: &n.table, pt: n.pt, log: n.log, warn: n.warnThrottled},
+		path, cl, n.cfg.Ring.PartitionCount)
 	if err != nil {
 		raft.Close()
 		d.Close()
@@ -167,7 +168,7 @@ func (n *Node) startDataDir() {
 		return
 	}
 	n.wg.Add(1)
-	go n.flushParts()
+	go n.dd.parts.run()
 }
 
 // resumed reports whether the node resumed an ownership log from its data

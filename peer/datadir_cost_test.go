@@ -143,7 +143,7 @@ func TestDurableReplicaOneFsync(t *testing.T) {
 	<-done
 	log := backup.dd.parts.parts
 	syncs, next := log.Syncs(), log.Next()
-	resp, err := (&limiterService{n: backup}).replicate(req, nil)
+	resp, err := (&limiterService{n: backup}).replicate(req, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

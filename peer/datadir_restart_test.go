@@ -58,7 +58,7 @@ func TestDataDirRestartTime(t *testing.T) {
 	}
 	nd = restartTimed(t, base, probe, used, "every key in the log")
 
-	nd.snapshotParts()
+	nd.dd.parts.snapshot()
 	// A tenth of the keys admitted again, after the snapshot; the probes
 	// are keys not probed before, among them where the partition has one.
 	again := keys[:n/10]

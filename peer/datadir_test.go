@@ -213,7 +213,7 @@ func TestDataDirClockBack(t *testing.T) {
 			last = d.DecidedAt
 		}
 		if k == key {
-			c.nodes[0].snapshotParts()
+			c.nodes[0].dd.parts.snapshot()
 		}
 	}
 	c.nodes[0].KillForTest()

@@ -53,6 +53,9 @@ type linkEnv struct {
 	// the backup, so the holder copies the partition to it again
 	// (recopy.go).
 	recopy func(pid int, epoch uint64)
+	// diskPolicy reports whether policy name's admissions are answered
+	// only once on disk (durability disk).
+	diskPolicy func(name string) bool
 }
 
 // newLinkEnv is n's linkEnv; called once its peer authentication is
@@ -66,7 +69,8 @@ func (n *Node) newLinkEnv() *linkEnv {
 		view: &n.view, gather: &n.gather,
 		replSeq: &n.replSeq, framedOpened: &n.framedOpened, pipeBreaks: &n.pipeBreaks, replItems: &n.replItems,
 		warn: n.warnThrottled, stamp: n.stampPolicies,
-		recopy: newRecopier(n.ctx, &n.wg, n.lo.run.Recopy).note,
+		recopy:     newRecopier(n.ctx, &n.wg, n.lo.run.Recopy).note,
+		diskPolicy: func(name string) bool { return n.dd.diskPolicy(n.table.Load(), name) },
 	}
 }
 

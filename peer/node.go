@@ -387,6 +387,9 @@ type Stats struct {
 	// ReplicaKeys is the number of keys in the copies this node keeps as a
 	// backup.
 	ReplicaKeys int
+	// DataDirSyncs is how many fsyncs the data directory's partition log
+	// has done since the node started (0 without a data directory).
+	DataDirSyncs uint64
 }
 
 // Stats returns the local stores' sizes.
@@ -405,6 +408,9 @@ func (n *Node) Stats() Stats {
 			s.ReplicaKeys += pt.Store.Len()
 		}
 		pt.Mu.RUnlock()
+	}
+	if n.dd != nil && n.dd.parts != nil {
+		s.DataDirSyncs = n.dd.parts.parts.Syncs()
 	}
 	return s
 }

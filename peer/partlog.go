@@ -1,13 +1,16 @@
 package peer
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/durable"
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -55,6 +58,7 @@ const partSnapshotEvery = time.Minute
 
 // partLog is the node's partition state on disk.
 type partLog struct {
+	env   partEnv
 	parts *durable.Parts
 	// locks serialise, per partition, a key's export with its record.
 	locks []sync.Mutex
@@ -82,19 +86,33 @@ type partLog struct {
 	wall time.Time
 }
 
-// openPartLog opens the partition state in the data directory.
-func (n *Node) openPartLog(path, cluster string) (*partLog, error) {
+// partEnv is what the partition log takes from its node, set once when
+// the data directory opens.
+type partEnv struct {
+	ctx     context.Context // the node's lifetime: the flusher stops with it
+	wg      *sync.WaitGroup // the node's goroutines: the flusher joins it
+	clock   func() time.Time
+	started time.Time // the node's start (partRestoreWait)
+	table   *atomic.Pointer[policy.Table]
+	pt      *partTable // the partitions, for the snapshot
+	log     *slog.Logger
+	warn    func(msg string, args ...any) // throttled node-wide
+}
+
+// openPartLog opens the partition state in the data directory, for a
+// ring of partitions partitions.
+func openPartLog(env partEnv, path, cluster string, partitions int) (*partLog, error) {
 	parts, rec, err := durable.OpenParts(path, cluster, 0)
 	if err != nil {
 		return nil, err
 	}
-	at, back := rec.At(n.clock())
+	at, back := rec.At(env.clock())
 	if back > 0 {
-		n.log.Warn("data directory: the wall clock is behind the newest state written before the restart; restored keys keep that instant until the clock passes it (windows count longer, never shorter)",
+		env.log.Warn("data directory: the wall clock is behind the newest state written before the restart; restored keys keep that instant until the clock passes it (windows count longer, never shorter)",
 			"behind", back)
 	}
-	pc := n.cfg.Ring.PartitionCount
-	return &partLog{parts: parts, locks: make([]sync.Mutex, pc), mine: make([]bool, pc), scratch: make([][]shard.KeyState, pc), rec: rec, wall: at,
+	pc := partitions
+	return &partLog{env: env, parts: parts, locks: make([]sync.Mutex, pc), mine: make([]bool, pc), scratch: make([][]shard.KeyState, pc), rec: rec, wall: at,
 		flushNow: make(chan chan struct{})}, nil
 }
 
@@ -120,22 +138,45 @@ func (n *Node) durableSync(idx uint64) error {
 	return nil
 }
 
+// pending reports whether a request of srs waits for a data directory
+// record not yet on disk (never, without a data directory).
+func (dd *dataDir) pending(srs []*streamReq) bool {
+	if dd == nil {
+		return false
+	}
+	for _, sr := range srs {
+		if sr.r.DurIdx != 0 && !dd.parts.parts.Synced(sr.r.DurIdx) {
+			return true
+		}
+	}
+	return false
+}
+
+// diskPolicy reports whether policy name of tab has durability disk
+// (never, without a data directory).
+func (dd *dataDir) diskPolicy(tab *policy.Table, name string) bool {
+	if dd == nil {
+		return false
+	}
+	e := tab.Lookup(name)
+	return e != nil && e.Config.Durability == DurabilityDisk
+}
+
 // durablePolicy reports whether policy name keeps admissions on disk.
-func (n *Node) durablePolicy(name string) bool {
-	e := n.table.Load().Lookup(name)
+func (pl *partLog) durablePolicy(name string) bool {
+	e := pl.env.table.Load().Lookup(name)
 	return e != nil && e.Config.Durability != DurabilityMemory
 }
 
 // logPartition logs partition pid's whole state (the keys of policies
 // kept on disk) as a copy at epoch. Called with the partition's lock
 // held.
-func (n *Node) logPartition(pid int, epoch uint64, st *shard.Store) {
-	pl := n.dd.parts
-	now := n.clock()
+func (pl *partLog) logPartition(pid int, epoch uint64, st *shard.Store) {
+	now := pl.env.clock()
 	var keys []*peerpb.KeyState
 	if st != nil {
 		st.Range(func(k Key) bool {
-			if n.durablePolicy(k.Policy) {
+			if pl.durablePolicy(k.Policy) {
 				if ks, ok := st.Export(k, now); ok {
 					keys = append(keys, stateToWire(ks))
 				}
@@ -154,7 +195,7 @@ func (n *Node) logPartition(pid int, epoch uint64, st *shard.Store) {
 	}
 	for _, op := range ops {
 		if _, err := pl.parts.Log(wall, op); err != nil {
-			n.log.Error("data directory: logging a partition's state failed", "partition", pid, "err", err)
+			pl.env.log.Error("data directory: logging a partition's state failed", "partition", pid, "err", err)
 			return
 		}
 	}
@@ -162,14 +203,13 @@ func (n *Node) logPartition(pid int, epoch uint64, st *shard.Store) {
 	pl.dirty.Store(true)
 }
 
-// forgetPartition logs that this node no longer holds partition pid.
-// Called with the partition's lock held.
-func (n *Node) forgetPartition(pid int) {
-	pl := n.dd.parts
+// forget logs that this node no longer holds partition pid. Called
+// with the partition's lock held.
+func (pl *partLog) forget(pid int) {
 	pl.locks[pid].Lock()
 	defer pl.locks[pid].Unlock()
-	if _, err := pl.parts.Forget(n.clock().UnixNano(), uint32(pid)); err != nil {
-		n.log.Error("data directory: logging a partition's release failed", "partition", pid, "err", err)
+	if _, err := pl.parts.Forget(pl.env.clock().UnixNano(), uint32(pid)); err != nil {
+		pl.env.log.Error("data directory: logging a partition's release failed", "partition", pid, "err", err)
 	}
 	pl.dirty.Store(true)
 }
@@ -203,23 +243,22 @@ func (n *Node) restorePartition(pid int, epoch uint64, st *shard.Store) (ok bool
 		}
 		ok = err == nil && rp.Complete
 	}
-	n.logPartition(pid, epoch, st)
+	pl.logPartition(pid, epoch, st)
 	return ok
 }
 
-// flushParts runs until the node stops: it flushes disk_async's records
-// every diskFlushInterval and snapshots the partitions held here every
-// partSnapshotEvery. The node's goroutine.
-func (n *Node) flushParts() {
-	defer n.wg.Done()
-	pl := n.dd.parts
+// run runs until the node stops: it flushes disk_async's records every
+// diskFlushInterval and snapshots the partitions held here every
+// partSnapshotEvery. The node's goroutine (startDataDir).
+func (pl *partLog) run() {
+	defer pl.env.wg.Done()
 	t := time.NewTicker(diskFlushInterval)
 	defer t.Stop()
 	lastSnap := time.Now()
 	for {
 		var done chan struct{}
 		select {
-		case <-n.ctx.Done():
+		case <-pl.env.ctx.Done():
 			return
 		case <-t.C:
 			if pl.timedOff.Load() {
@@ -229,16 +268,16 @@ func (n *Node) flushParts() {
 		}
 		if pl.dirty.Swap(false) {
 			if err := pl.parts.Flush(); err != nil {
-				n.warnThrottled("data directory: flushing the partition log failed", "err", err)
+				pl.env.warn("data directory: flushing the partition log failed", "err", err)
 			}
 		}
 		if done != nil {
 			close(done)
 			continue
 		}
-		if time.Since(lastSnap) >= partSnapshotEvery && pl.logged.Load() > 0 && !pl.restoring(n.started) {
+		if time.Since(lastSnap) >= partSnapshotEvery && pl.logged.Load() > 0 && !pl.restoring(pl.env.started) {
 			lastSnap = time.Now()
-			n.snapshotParts()
+			pl.snapshot()
 		}
 	}
 }
@@ -259,21 +298,20 @@ func (pl *partLog) restoring(started time.Time) bool {
 // partition's grant; a vacancy waits for its heir much less (EmptyAfter).
 const partRestoreWait = 10 * time.Minute
 
-// snapshotParts writes the state of every partition held or backed here
-// as the snapshot and drops the log records it covers.
-func (n *Node) snapshotParts() {
-	pl := n.dd.parts
+// snapshot writes the state of every partition held or backed here as
+// the snapshot and drops the log records it covers.
+func (pl *partLog) snapshot() {
 	covers := pl.parts.Next() // before the exports: see durable.Parts.Snapshot
 	pl.logged.Store(0)
-	now := n.clock()
+	now := pl.env.clock()
 	var ops []*peerpb.PartitionOp
-	for pid := range n.pt.parts {
-		pt := &n.pt.parts[pid]
+	for pid := range pl.env.pt.parts {
+		pt := &pl.env.pt.parts[pid]
 		pt.Mu.RLock()
 		if pl.mine[pid] && pt.Store != nil {
 			var keys []*peerpb.KeyState
 			pt.Store.Range(func(k Key) bool {
-				if n.durablePolicy(k.Policy) {
+				if pl.durablePolicy(k.Policy) {
 					if ks, ok := pt.Store.Export(k, now); ok {
 						keys = append(keys, stateToWire(ks))
 					}
@@ -285,7 +323,7 @@ func (n *Node) snapshotParts() {
 		pt.Mu.RUnlock()
 	}
 	if err := pl.parts.Snapshot(now.UnixNano(), covers, ops); err != nil {
-		n.log.Error("data directory: snapshot of the partitions failed", "err", err)
+		pl.env.log.Error("data directory: snapshot of the partitions failed", "err", err)
 	}
 }
 
@@ -299,9 +337,9 @@ func (n *Node) durableTransition(pid int, had, holds, backs bool, epoch uint64, 
 	n.dd.parts.mine[pid] = holds || backs
 	switch {
 	case holds && !had:
-		n.logPartition(pid, epoch, st)
+		n.dd.parts.logPartition(pid, epoch, st)
 	case had && !holds && !backs:
-		n.forgetPartition(pid)
+		n.dd.parts.forget(pid)
 	}
 }
 
@@ -309,8 +347,8 @@ func (n *Node) durableTransition(pid int, had, holds, backs bool, epoch uint64, 
 // here, and waits until it is on disk when a policy of the table keeps
 // admissions on disk. Called with the partition's lock held.
 func (n *Node) durableCopy(pid int, epoch uint64, st *shard.Store) error {
-	n.logPartition(pid, epoch, st)
-	if n.anyDiskPolicy() {
+	n.dd.parts.logPartition(pid, epoch, st)
+	if n.dd.parts.anyDiskPolicy() {
 		return n.dd.parts.parts.Sync(n.dd.parts.parts.Next() - 1)
 	}
 	return nil
@@ -318,8 +356,8 @@ func (n *Node) durableCopy(pid int, epoch uint64, st *shard.Store) error {
 
 // anyDiskPolicy reports whether a policy of the table has durability
 // disk.
-func (n *Node) anyDiskPolicy() bool {
-	for _, c := range n.table.Load().Configs() {
+func (pl *partLog) anyDiskPolicy() bool {
+	for _, c := range pl.env.table.Load().Configs() {
 		if c.Durability == DurabilityDisk {
 			return true
 		}

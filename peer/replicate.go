@@ -217,10 +217,13 @@ func (c *peerLink) replLoop() {
 			c.awaitReplIdle(first)
 			continue
 		}
-		if len(r.sem) > 1 && len(r.queue) < maxReplBatch-1 {
+		if len(r.sem) > 1 && len(r.queue) < maxReplBatch-1 && !(first.done != nil && c.env.diskPolicy(first.key.Policy)) {
 			// As in batchLoop: while a message is out, what queues waits
 			// for its answer (or pipeGather) and leaves with it in one
-			// message, instead of one small message each.
+			// message, instead of one small message each. Not an
+			// admission waited for on the backup's disk: the backup
+			// applies it while it syncs the message out, and it joins the
+			// next fsync (replAnswers) instead of one after that.
 			gather.Reset(time.Duration(c.env.gather.Load()))
 		wait:
 			for len(r.sem) > 1 {
@@ -654,7 +657,7 @@ func (s *limiterService) Replicate(_ context.Context, req *peerpb.ReplicateReque
 	if drop := s.n.hooks.replDrop.Load(); drop != nil && (*drop)(req) {
 		return nil, status.Error(codes.Unavailable, "peer: replication request dropped (test)")
 	}
-	return s.replicate(req, nil)
+	return s.replicate(req, nil, nil)
 }
 
 // replScratch is a ReplicateStream's memory for its answers: the answer
@@ -665,7 +668,11 @@ type replScratch struct {
 }
 
 // replicate is Replicate, answering in sc's memory when sc is not nil.
-func (s *limiterService) replicate(req *peerpb.ReplicateRequest, sc *replScratch) (*peerpb.ReplicateResponse, error) {
+// With deferIdx not nil, the answer is not waited for the data directory:
+// *deferIdx is set to the record it must wait for (0: none), and the caller
+// syncs it before sending the answer (ReplicateStream's pipelined
+// answers).
+func (s *limiterService) replicate(req *peerpb.ReplicateRequest, sc *replScratch, deferIdx *uint64) (*peerpb.ReplicateResponse, error) {
 	n := s.n
 	if hold := n.hooks.replHold.Load(); hold != nil {
 		if applied := (*hold)(req); applied != nil {
@@ -693,7 +700,9 @@ func (s *limiterService) replicate(req *peerpb.ReplicateRequest, sc *replScratch
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
-		if durIdx != 0 {
+		if durIdx != 0 && deferIdx != nil {
+			*deferIdx = durIdx
+		} else if durIdx != 0 {
 			// Every operation's replica on disk before any is
 			// acknowledged: a failed write answers none (the holder
 			// copies the partitions again, or fails sync admissions).
@@ -713,7 +722,9 @@ func (s *limiterService) replicate(req *peerpb.ReplicateRequest, sc *replScratch
 	for i, op := range req.GetOps() {
 		resp.Results[i] = n.applyPartitionOp(req.GetSender(), req.GetSeq(), sw, op, closing, &durIdx)
 	}
-	if durIdx != 0 {
+	if durIdx != 0 && deferIdx != nil {
+		*deferIdx = durIdx
+	} else if durIdx != 0 {
 		if err := n.durableSync(durIdx); err != nil {
 			return nil, status.Error(codes.Unavailable, err.Error())
 		}

@@ -298,29 +298,35 @@ func (s *limiterService) checkStreamOne(ctx context.Context, t checkTask, sc *ch
 
 // ReplicateStream is the backup's side of a holder's replication pipe:
 // requests are applied one after another in arrival order, through
-// Replicate.
+// Replicate; their answers are sent in the same order, each once its
+// records are on disk (replAnswers: the next request is applied while
+// the data directory syncs, so its records join the next fsync).
 func (s *limiterService) ReplicateStream(st peerpb.Limiter_ReplicateStreamServer) error {
-	// Answers share sc's memory: each is encoded by Send before the next
-	// request is applied.
-	var sc replScratch
+	ra := newReplAnswers(s.n, st)
+	defer ra.close()
 	for {
+		if err := ra.failed(); err != nil {
+			return err
+		}
 		req, err := st.Recv()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				return nil
+				return ra.close()
 			}
 			return err
 		}
 		if drop := s.n.hooks.replDrop.Load(); drop != nil && (*drop)(req) {
 			continue
 		}
-		resp, err := s.replicate(req, &sc)
+		sc := ra.scratch()
+		var idx uint64
+		resp, err := s.replicate(req, sc, &idx)
 		if err != nil {
 			st := status.Convert(err)
 			resp = &peerpb.ReplicateResponse{Code: int32(st.Code()), Error: st.Message()}
 		}
 		resp.Id = req.GetId()
-		if err := st.Send(resp); err != nil {
+		if err := ra.answer(sc, resp, idx); err != nil {
 			return err
 		}
 	}

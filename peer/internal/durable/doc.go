@@ -11,7 +11,10 @@
 //     length (twice, the second inverted) and a CRC-32C, with group commit:
 //     Append buffers, Sync waits for an fsync that serves every record
 //     appended before it began, Flush writes everything now (a driver
-//     flushing every N ms for disk_async calls it on its ticker).
+//     flushing every N ms for disk_async calls it on its ticker). Records
+//     appended while an fsync runs are written and fsynced beside it (two
+//     at a time), and count as on disk only once the earlier fsync has
+//     ended too.
 //   - WriteBlob/ReadBlob: whole files (snapshots, the meta file) written
 //     to a temporary file, fsynced and renamed.
 //   - Parts: partition state as the operations copies and replication

@@ -131,6 +131,9 @@ func (p *Parts) Forget(wall int64, part uint32) (uint64, error) {
 // Sync waits until record index is on disk (group commit: WAL.Sync).
 func (p *Parts) Sync(index uint64) error { return p.wal.Sync(index) }
 
+// Synced reports whether record index is on disk.
+func (p *Parts) Synced(index uint64) bool { return p.wal.Synced(index) }
+
 // Flush writes and fsyncs every record logged so far (disk_async).
 func (p *Parts) Flush() error { return p.wal.Flush() }
 

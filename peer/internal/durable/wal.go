@@ -41,9 +41,14 @@ const DefaultSegmentBytes = 64 << 20
 // WAL is an append-only log of records in segment files, with group
 // commit: Append buffers a record in memory and returns its index; Sync
 // waits until it is on disk, and one fsync serves every record appended
-// before it began, whoever waits for them. It starts no goroutine: a
-// driver that wants records flushed without waiting (disk_async) calls
-// Flush on its own ticker. Safe for concurrent use.
+// before it began, whoever waits for them. Flushes are pipelined: records
+// appended while an fsync runs are written at once and fsynced beside it
+// (at most maxFlights fsyncs at a time), so a record waits for its own
+// fsync, not for the one running to end first; a record counts as on
+// disk only once every fsync begun before its own has ended too. It
+// starts no goroutine: a driver that wants records flushed without
+// waiting (disk_async) calls Flush on its own ticker. Safe for
+// concurrent use.
 type WAL struct {
 	dir, prefix, cluster string
 	segBytes             int64
@@ -51,24 +56,49 @@ type WAL struct {
 	mu   sync.Mutex
 	cond sync.Cond
 	// buf holds the records appended and not yet handed to a flush;
-	// spare is the buffer the last flush handed back.
+	// spare is the buffer the last write handed back.
 	buf, spare []byte
 	// next is the index of the next record; durable the index of the
-	// first record not yet fsynced.
-	next, durable uint64
-	flushing      bool
-	err           error
+	// first record not yet fsynced; taken the index of the first record
+	// not yet handed to a flush.
+	next, durable, taken uint64
+	// flights are the flushes begun and not yet counted, oldest first
+	// (head, n of them in the ring): each the index its records end at
+	// and whether its fsync has ended. starting: a flush is waiting for
+	// wmu to take the buffer. fsyncing counts fsyncs running.
+	flights  [maxFlights]flight
+	head, n  int
+	starting bool
+	fsyncing int
+	err      error
 	// segs are the segments on disk, oldest first; the last is the one
 	// being appended to once f is open. prevEnd is the complete length
 	// of the last segment found at open (the next segment's header field).
 	segs    []segment
 	prevEnd uint64
-	// f, size: the segment being appended to and its length, owned by
-	// the flush in progress (flushing); nil until the first flush.
+	// wmu orders the flushes' writes: a flush takes the buffer and writes
+	// it holding wmu (so records reach the file in their order), and
+	// starts a new segment holding it. f, size: the segment being
+	// appended to and its length, guarded by wmu; nil until the first
+	// flush.
+	wmu  sync.Mutex
 	f    *os.File
 	size int64
 	// syncs counts fsyncs of records, for tests and metrics.
 	syncs uint64
+	// fsync syncs a segment (tests hold it).
+	fsync func(*os.File) error
+}
+
+// maxFlights bounds the fsyncs a WAL runs at a time. Two: while one runs,
+// what is appended meanwhile is written and fsynced beside it; the kernel
+// overlaps them (ext4 commits both in one journal transaction when they
+// meet).
+const maxFlights = 2
+
+type flight struct {
+	upto uint64
+	done bool
 }
 
 type segment struct {
@@ -131,7 +161,7 @@ func OpenWAL(dir, prefix, cluster string, segBytes int64, replay func(index uint
 	if err != nil {
 		return nil, err
 	}
-	w := &WAL{dir: dir, prefix: prefix, cluster: cluster, segBytes: segBytes, segs: segs}
+	w := &WAL{dir: dir, prefix: prefix, cluster: cluster, segBytes: segBytes, segs: segs, fsync: (*os.File).Sync}
 	w.cond.L = &w.mu
 	// Headers first: each segment's complete length is in its
 	// successor's header.
@@ -188,7 +218,7 @@ func OpenWAL(dir, prefix, cluster string, segBytes int64, replay func(index uint
 		}
 		prevLen = uint64(end)
 	}
-	w.durable, w.prevEnd = w.next, prevLen
+	w.durable, w.taken, w.prevEnd = w.next, w.next, prevLen
 	return w, nil
 }
 
@@ -269,9 +299,9 @@ func (w *WAL) Next() uint64 {
 }
 
 // Sync waits until record index is on disk. Concurrent callers share
-// fsyncs: while one runs, records appended meanwhile gather for the next
-// (group commit). It returns an error wrapping ErrFailed once any write
-// failed.
+// fsyncs: while one runs, records appended meanwhile gather for the next,
+// which starts at once beside it (pipelined group commit). It returns an
+// error wrapping ErrFailed once any write failed.
 func (w *WAL) Sync(index uint64) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -284,12 +314,19 @@ func (w *WAL) Sync(index uint64) error {
 			return w.err
 		case w.durable > index:
 			return nil
-		case !w.flushing:
+		case index >= w.taken && w.n < maxFlights && !w.starting:
 			w.flushLocked()
 		default:
 			w.cond.Wait()
 		}
 	}
+}
+
+// Synced reports whether record index is on disk.
+func (w *WAL) Synced(index uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.durable > index
 }
 
 // Flush writes and fsyncs every record appended so far. The disk_async
@@ -311,51 +348,106 @@ func (w *WAL) Syncs() uint64 {
 	return w.syncs
 }
 
-// flushLocked writes what is buffered, with w.mu held on entry and exit
-// but released during the I/O; only one runs at a time (flushing).
+// flushLocked writes what is buffered and fsyncs it, with w.mu held on
+// entry and exit but released during the I/O. Up to maxFlights run at
+// once; their writes are in the order they took the buffer (wmu), and
+// durable moves past a flush's records only once every flush begun
+// before it has ended.
 func (w *WAL) flushLocked() {
-	w.flushing = true
+	w.starting = true
+	w.mu.Unlock()
+	w.wmu.Lock()
+	w.mu.Lock()
+	w.starting = false
+	if w.err != nil || w.taken == w.next {
+		// Another flush took the records meanwhile.
+		w.mu.Unlock()
+		w.wmu.Unlock()
+		w.mu.Lock()
+		w.cond.Broadcast()
+		return
+	}
 	buf, upto := w.buf, w.next
 	w.buf = w.spare[:0]
+	w.spare = nil
+	w.taken = upto
+	slot := (w.head + w.n) % maxFlights
+	w.flights[slot] = flight{upto: upto}
+	w.n++
 	w.mu.Unlock()
-	err := w.write(buf, upto)
+
+	f, err := w.write(buf, upto)
+	full := err == nil && w.size >= w.segBytes
 	w.mu.Lock()
-	w.flushing = false
 	w.spare = buf[:0]
+	if err == nil {
+		w.fsyncing++
+	}
+	w.mu.Unlock()
+	if !full {
+		w.wmu.Unlock()
+	}
+	if err == nil {
+		err = w.fsync(f)
+		w.mu.Lock()
+		w.fsyncing--
+		w.cond.Broadcast()
+		w.mu.Unlock()
+	}
+	if full {
+		// A new segment once no other fsync uses this one.
+		if err == nil {
+			err = w.nextSegment(upto)
+		}
+		w.wmu.Unlock()
+	}
+	w.mu.Lock()
+	w.flights[slot].done = true
 	if err != nil {
-		w.err = fmt.Errorf("%w: %w", ErrFailed, err)
+		if w.err == nil {
+			w.err = fmt.Errorf("%w: %w", ErrFailed, err)
+		}
 	} else {
-		w.durable = upto
 		w.syncs++
+	}
+	for w.n > 0 && w.flights[w.head].done {
+		w.durable = max(w.durable, w.flights[w.head].upto)
+		w.head = (w.head + 1) % maxFlights
+		w.n--
 	}
 	w.cond.Broadcast()
 }
 
 // write appends buf (records up to index upto) to the current segment,
-// fsyncs it, and starts a new segment once it is full. Called only by
-// the one flush in progress.
-func (w *WAL) write(buf []byte, upto uint64) error {
+// creating the first one, and returns the file to fsync. Called holding
+// wmu.
+func (w *WAL) write(buf []byte, upto uint64) (*os.File, error) {
 	if w.f == nil {
 		first := upto - uint64(countRecords(buf))
 		if err := w.newSegment(first, w.prevEnd); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if _, err := w.f.Write(buf); err != nil {
-		return err
-	}
-	if err := w.f.Sync(); err != nil {
-		return err
+		return nil, err
 	}
 	w.size += int64(len(buf))
-	if w.size >= w.segBytes {
-		if err := w.f.Close(); err != nil {
-			return err
-		}
-		w.f = nil
-		return w.newSegment(upto, uint64(w.size))
+	return w.f, nil
+}
+
+// nextSegment closes the full segment, once no fsync of it runs, and
+// starts the next, whose first record is upto. Called holding wmu.
+func (w *WAL) nextSegment(upto uint64) error {
+	w.mu.Lock()
+	for w.fsyncing > 0 {
+		w.cond.Wait()
 	}
-	return nil
+	w.mu.Unlock()
+	if err := w.f.Close(); err != nil {
+		return err
+	}
+	w.f = nil
+	return w.newSegment(upto, uint64(w.size))
 }
 
 // countRecords counts the records in buf.
@@ -414,18 +506,20 @@ func (w *WAL) DropBefore(index uint64) error {
 func (w *WAL) Close() error {
 	err := w.Flush()
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	for w.flushing {
+	for w.n > 0 || w.starting {
 		w.cond.Wait()
 	}
+	if w.err == nil {
+		w.err = fmt.Errorf("%w: closed", ErrFailed)
+	}
+	w.mu.Unlock()
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
 	if w.f != nil {
 		if cerr := w.f.Close(); err == nil {
 			err = cerr
 		}
 		w.f = nil
-	}
-	if w.err == nil {
-		w.err = fmt.Errorf("%w: closed", ErrFailed)
 	}
 	return err
 }

@@ -6,7 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func rec(i int) []byte {
@@ -176,4 +180,135 @@ func TestWALFailsForGood(t *testing.T) {
 	if err := w.Sync(j); !errors.Is(err, ErrFailed) {
 		t.Fatalf("second Sync after a failed write: %v, want ErrFailed", err)
 	}
+}
+
+// TestWALPipelined: a record appended while an fsync runs is written and
+// fsynced at once beside it, not after it; and it counts as on disk only
+// once the fsync begun before its own has ended too (a record is never
+// reported durable while an earlier one may still be lost).
+func TestWALPipelined(t *testing.T) {
+	w, _ := readAll(t, t.TempDir(), 0)
+	entered := make(chan int, 4)
+	release := []chan struct{}{make(chan struct{}), make(chan struct{})}
+	released := make([]bool, len(release))
+	free := func(i int) {
+		if !released[i] {
+			released[i] = true
+			close(release[i])
+		}
+	}
+	defer func() {
+		// On failure too: Close waits for the held fsyncs.
+		free(0)
+		free(1)
+		w.Close()
+	}()
+	var calls atomic.Int32
+	w.fsync = func(f *os.File) error {
+		c := int(calls.Add(1)) - 1
+		entered <- c
+		if c < len(release) {
+			<-release[c]
+		}
+		return f.Sync()
+	}
+	wait := func(what string) int {
+		t.Helper()
+		select {
+		case c := <-entered:
+			return c
+		case <-time.After(10 * time.Second):
+			t.Fatalf("timed out waiting for %s", what)
+			return 0
+		}
+	}
+	r0 := w.Append(rec(0))
+	done0 := make(chan error, 1)
+	go func() { done0 <- w.Sync(r0) }()
+	wait("the first fsync")
+	r1 := w.Append(rec(1))
+	r2 := w.Append(rec(2))
+	done1 := make(chan error, 1)
+	go func() { done1 <- w.Sync(r2) }()
+	// The second fsync starts while the first still runs.
+	wait("the second fsync, beside the first")
+	if w.Synced(r0) || w.Synced(r1) {
+		t.Fatal("a record reported on disk before its fsync ended")
+	}
+	free(1) // the second ends first: not yet on disk
+	deadline := time.Now().Add(10 * time.Second)
+	for w.Syncs() < 1 && time.Now().Before(deadline) {
+		runtime.Gosched()
+	}
+	if w.Syncs() != 1 {
+		t.Fatalf("%d fsyncs ended; want the second one", w.Syncs())
+	}
+	select {
+	case err := <-done1:
+		t.Fatalf("Sync of records after the running fsync returned (%v) before it ended", err)
+	default:
+	}
+	if w.Synced(r1) || w.Synced(r2) {
+		t.Fatal("records reported on disk while an fsync begun before theirs still runs")
+	}
+	free(0)
+	for _, ch := range []chan error{done0, done1} {
+		if err := <-ch; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !w.Synced(r2) {
+		t.Fatal("record 2 not on disk after both fsyncs")
+	}
+	// A third record, appended with no fsync running, starts its own.
+	r3 := w.Append(rec(3))
+	if err := w.Sync(r3); err != nil {
+		t.Fatal(err)
+	}
+	if c := wait("the third fsync"); c != 2 || w.Syncs() != 3 {
+		t.Fatalf("fsync call %d, %d fsyncs; want 3", c, w.Syncs())
+	}
+}
+
+// TestWALPipelinedSegments: many writers syncing at once through small
+// segments (each flush may start a segment while another's fsync runs)
+// leave every record on disk, in order.
+func TestWALPipelinedSegments(t *testing.T) {
+	dir := t.TempDir()
+	w, _ := readAll(t, dir, 300)
+	const writers, each = 8, 40
+	var mu sync.Mutex // appends in rec order: record i is rec(i)
+	next := 0
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				mu.Lock()
+				i := w.Append(rec(next))
+				next++
+				mu.Unlock()
+				if err := w.Sync(i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	segs, _ := listSegments(dir, "log")
+	if len(segs) < 5 {
+		t.Fatalf("%d segments of 300 bytes, want many", len(segs))
+	}
+	_, got := readAll(t, dir, 300)
+	checkRecs(t, got, writers*each)
 }
