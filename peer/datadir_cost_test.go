@@ -3,6 +3,7 @@ package peer
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -93,12 +94,22 @@ func TestDurableAllowAllocs(t *testing.T) {
 		if logged := nd.dd.parts.parts.Next() - next; logged < 50 {
 			t.Fatalf("%s: %d records logged for 50 admissions", pol, logged)
 		}
-		if a := testing.AllocsPerRun(200, func() {
-			if _, err := nd.Allow(ctx, req); err != nil {
-				t.Fatal(err)
-			}
-		}); a != 0 {
-			t.Fatalf("Node.Allow of a %s policy allocates %.1f times per call, want 0", pol, a)
+		// AllocsPerRun counts the whole process's allocations, the
+		// node's own goroutines' too (ticks, gossip, the flusher), and a
+		// disk decision waits for an fsync: on a loaded machine those
+		// can add up to one a call. They only add, so the least of three
+		// measurements is the decision's own; an allocation on the
+		// decision path shows in all three.
+		least := math.Inf(1)
+		for range 3 {
+			least = min(least, testing.AllocsPerRun(300, func() {
+				if _, err := nd.Allow(ctx, req); err != nil {
+					t.Fatal(err)
+				}
+			}))
+		}
+		if least != 0 {
+			t.Fatalf("Node.Allow of a %s policy allocates %.1f times per call, want 0", pol, least)
 		}
 	}
 }
