@@ -224,7 +224,7 @@ func (n *Node) startDataDirJoiner(ctx context.Context) error {
 	}
 	// The raft ID (the directory's first start) is this process's start:
 	// the metadata gossiped so far already says so.
-	if n.lo, err = newLogOwner(n); err != nil {
+	if err = n.openOwner(); err != nil {
 		return fail(err)
 	}
 	n.health = health.NewServer()

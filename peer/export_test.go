@@ -241,7 +241,7 @@ func (n *Node) unsettledForTest() string {
 // heldForTest describes what n still holds and why up to three of those
 // partitions have not moved, for failure messages of a leave.
 func (n *Node) heldForTest() string {
-	parts, keys := n.heldPartitions()
+	parts, keys := heldPartitions(n.pt.parts)
 	var pids []int
 	for p := range n.pt.parts {
 		pt := &n.pt.parts[p]

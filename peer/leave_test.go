@@ -181,7 +181,7 @@ func leaveWithTheOnlyCopy(t *testing.T, n0, n1 *Node, pid int) <-chan error {
 		closed <- n1.Close(ctx)
 	}()
 	waitForWhy(t, 20*time.Second, n1.Name()+" to hand on what it holds", func() bool {
-		held, _ := n1.heldPartitions()
+		held, _ := heldPartitions(n1.pt.parts)
 		return held == 0
 	}, n1.heldForTest)
 	return closed

@@ -42,15 +42,11 @@ type Node struct {
 	// policies.go); policyMu serializes SetPolicies.
 	table    atomic.Pointer[policy.Table]
 	policyMu sync.Mutex
-	// emptyWait is the log's EmptyAfter as SetPolicies last set it (under
-	// policyMu): it only grows.
-	emptyWait time.Duration
 	// memberPolicies maps live members to the policy version they gossip
 	// (rebuild goroutine writes, readers copy).
 	memberPolicies atomic.Pointer[map[string]uint64]
 
 	pt       *partTable    // every ring partition as this node sees it
-	tookOver takeovers     // partitions taken over, for their summary lines (takeovers.go)
 	reach    *reachability // members whose gRPC port does not answer (reach.go)
 	fallback *shard.Store
 	spread   spreadTable // this node's spread keys as a grantee (spread.go)
@@ -198,7 +194,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 			n.cancel()
 			return nil, err
 		}
-		if n.lo, err = newLogOwner(n); err != nil {
+		if err := n.openOwner(); err != nil {
 			n.closeDataDir()
 			n.cancel()
 			return nil, err
@@ -230,7 +226,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		// The founder serves once its log has granted it every partition
 		// (an election and a few commits), within ctx. A log resumed
 		// from disk needs its other voters back first.
-		n.awaitFounded(ctx)
+		n.lo.awaitFounded(ctx)
 	}
 	n.updateReady()
 	n.log.Info("node started", "gossip_addr", n.GossipAddr(), "rpc_addr", n.RPCAddr(), "members", n.view.Load().snap.Len())

@@ -15,8 +15,7 @@ import (
 // This file keeps the node's ownership bookkeeping that is not the log's
 // (logown.go drives the log): the clocks leases are timed on, members
 // whose gRPC port does not answer (probed here; marked in reach.go), the
-// takeovers' summary lines (tallied in takeovers.go), the partition
-// stores, and readiness's Settled.
+// partition stores, and readiness's Settled.
 
 // mono returns the node's monotonic clock in nanoseconds. Leases are timed
 // on it, never on Config.Clock: a paused process does not stop it, and wall
@@ -59,20 +58,6 @@ func (n *Node) checkReachable(member string) {
 	}()
 }
 
-// logTakeovers warns once per failed holder whose partitions were taken
-// over, once no more of them have been for a lease (a crash's takeovers
-// spread over several reconcile rounds): how many partitions and keys,
-// over how long. Each partition also has a Debug line. With all, every
-// tally is logged now (the node is closing).
-func (n *Node) logTakeovers(all bool) {
-	for holder, t := range n.tookOver.due(n.mono(), int64(n.cfg.LeaseDuration), all) {
-		n.log.Warn("partitions taken over from failed holder", "peer", holder, "partitions", t.partitions, "keys", t.keys, "took", time.Duration(t.last-t.first))
-	}
-}
-
-// rpcTimeout bounds one ownership RPC (one chunk of a copy, a promote).
-func (n *Node) rpcTimeout() time.Duration { return max(10*n.cfg.ForwardTimeout, 5*time.Second) }
-
 // newPartStore returns an empty store for one partition's keys. MaxKeys is
 // shared out evenly: each partition may hold MaxKeys/partitions keys (at
 // least 64), on whichever member holds or backs it up, so that a member
@@ -95,21 +80,21 @@ func (n *Node) newPartStore() *shard.Store {
 // partStripes is the lock stripes of one partition's store.
 const partStripes = 16
 
-// heldPartitions counts the partitions this node holds or is moving, and
-// their keys.
-func (n *Node) heldPartitions() (parts, keys int) {
-	for i := range n.pt.parts {
-		pt := &n.pt.parts[i]
+// heldPartitions counts the partitions of parts this node holds or is
+// moving, and their keys.
+func heldPartitions(parts []part) (held, keys int) {
+	for i := range parts {
+		pt := &parts[i]
 		pt.Mu.RLock()
 		if pt.Role == partition.RoleHolder || pt.Role == partition.RoleFenced {
-			parts++
+			held++
 			if pt.Store != nil {
 				keys += pt.Store.Len()
 			}
 		}
 		pt.Mu.RUnlock()
 	}
-	return parts, keys
+	return held, keys
 }
 
 var errNoPeer = errors.New("peer: member not in view")

@@ -30,16 +30,20 @@ type PartitionInfo struct {
 // Ownership returns ownership as this node sees it: the applied table as
 // last published (every member's agrees once it has applied the same
 // commands).
-func (n *Node) Ownership() OwnershipInfo {
-	lo, mono := n.lo, n.mono()
+func (n *Node) Ownership() OwnershipInfo { return n.lo.info() }
+
+// info is Node.Ownership.
+func (lo *logOwner) info() OwnershipInfo {
+	e := lo.env
+	mono := e.mono()
 	info := OwnershipInfo{Mode: OwnershipLog, Member: lo.self, Voters: lo.run.Voters(), Live: mono < lo.run.LiveUntil()}
 	if id := lo.run.Lead(); id != 0 {
 		info.Leader = lo.peers.Load().raft[id]
-		if id == n.ops.start {
-			info.Leader = n.name
+		if id == e.start {
+			info.Leader = e.name
 		}
 	}
-	for p := range n.pt.parts {
+	for p := range e.parts {
 		st := lo.run.Part(p)
 		info.Partitions = append(info.Partitions, PartitionInfo{
 			Partition: p, Holder: memberName(st.Holder), Backup: memberName(st.Backup), Epoch: st.Epoch,

@@ -111,8 +111,7 @@ func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
 	// A longer window (or spread lease) makes vacancies wait longer for
 	// their last holder before an aged grant; a shorter one never
 	// shortens the wait (emptyAfter).
-	n.emptyWait = n.emptyAfter(t, n.emptyWait)
-	n.lo.run.SetEmptyAfter(n.emptyWait)
+	n.lo.setEmptyAfter(n.emptyAfter(t, 0))
 	if raised {
 		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
 		n.lo.run.Raise(ctx)
