@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/memberlist"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -58,26 +57,16 @@ type Node struct {
 	wall *wallClock
 	// stopped is set once Close has stopped the node: calls get ErrClosed.
 	stopped atomic.Bool
-	// clusterID names the cluster this node belongs to (see membership.Meta.Cluster).
-	clusterID atomic.Uint64
+	// view is the current ring and members, published by gossip.
+	view atomic.Pointer[view]
+	// gossip is the membership (membership.go): memberlist, its events,
+	// the cluster id, the views it rebuilds.
+	gossip *gossip
 
-	view      atomic.Pointer[view]
-	viewMu    sync.Mutex    // guards viewCh and version
-	viewCh    chan struct{} // closed and replaced on each publish
-	version   uint64
-	events    membership.Queue
-	rebuildCh chan struct{}
-	// kept: members gossip declared dead that the ring keeps while their
-	// liveness holds (name → gossip address); the rebuild goroutine's.
-	kept map[string]membership.Event
-
-	ml        *memberlist.Memberlist
-	delegate  *membership.Delegate
-	gossipLog *membership.Log
-	grpcSrv   *rpcServer
-	health    *health.Server
-	rpcLis    net.Listener
-	rpcConns  *connlimit.Listener // rpcLis within RPCLimits' connection bounds
+	grpcSrv  *rpcServer
+	health   *health.Server
+	rpcLis   net.Listener
+	rpcConns *connlimit.Listener // rpcLis within RPCLimits' connection bounds
 
 	linksMu   sync.Mutex
 	links     map[string]*peerLink // by member name
@@ -137,21 +126,18 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	n := &Node{
-		cfg:       cfg,
-		name:      cfg.Name,
-		log:       cfg.Logger.With("node", cfg.Name),
-		clock:     cfg.Clock,
-		metrics:   cfg.Metrics,
-		fp:        cfg.fingerprint(),
-		pt:        newPartTable(cfg.Ring.PartitionCount),
-		started:   time.Now(),
-		fallback:  fallback,
-		hot:       shard.NewHotKeys(4*cfg.HotKeys, cfg.HotKeysHalfLife),
-		viewCh:    make(chan struct{}),
-		rebuildCh: make(chan struct{}, 1),
-		kept:      map[string]membership.Event{},
-		links:     make(map[string]*peerLink),
-		closed:    make(chan struct{}),
+		cfg:      cfg,
+		name:     cfg.Name,
+		log:      cfg.Logger.With("node", cfg.Name),
+		clock:    cfg.Clock,
+		metrics:  cfg.Metrics,
+		fp:       cfg.fingerprint(),
+		pt:       newPartTable(cfg.Ring.PartitionCount),
+		started:  time.Now(),
+		fallback: fallback,
+		hot:      shard.NewHotKeys(4*cfg.HotKeys, cfg.HotKeysHalfLife),
+		links:    make(map[string]*peerLink),
+		closed:   make(chan struct{}),
 	}
 	n.table.Store(policy.New(cfg.Policies))
 	n.metrics.PolicyTable(n.table.Load().Version(), true)
@@ -160,6 +146,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.part = n.newPartEnv()
 	n.ops.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.gossip = newGossip(n.newGossipEnv())
 	n.gather.Store(int64(pipeGather))
 	// A mark is probed again after ten leases.
 	n.reach = newReachability(int64(10*cfg.LeaseDuration), n.checkReachable, n.log)
@@ -174,14 +161,14 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.cancel()
 		return nil, err
 	}
-	if len(cfg.Join) == 0 && n.clusterID.Load() == 0 {
+	if len(cfg.Join) == 0 && n.gossip.clusterID.Load() == 0 {
 		// No one to join: this node starts the cluster and holds every
 		// partition once its log grants them. A node that joins holds
 		// nothing until partitions are transferred to it, and adopts the
 		// cluster's id.
 		var b [8]byte
 		_, _ = crand.Read(b[:])
-		n.clusterID.Store(binary.BigEndian.Uint64(b[:]) | 1)
+		n.gossip.clusterID.Store(binary.BigEndian.Uint64(b[:]) | 1)
 	}
 	if joinFirst {
 		if err := n.startDataDirJoiner(ctx); err != nil {
@@ -205,7 +192,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 			n.closeDataDir()
 			return nil, err
 		}
-		if err := n.startGossip(ctx); err != nil {
+		if err := n.gossip.start(ctx); err != nil {
 			n.grpcSrv.Stop()
 			n.cancel()
 			n.lo.shutdown()
@@ -216,12 +203,12 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.lo.start()
 	n.startDataDir()
-	n.rebuild()
+	n.gossip.rebuild()
 	n.wg.Add(2)
-	go n.rebuildLoop()
+	go n.gossip.rebuildLoop()
 	go n.every(cfg.SweepInterval, n.Sweep)
 	n.wg.Add(1)
-	go n.every(cfg.ReconnectInterval, n.reconnect)
+	go n.every(cfg.ReconnectInterval, n.gossip.reconnect)
 	if len(cfg.Join) == 0 && !n.resumed() {
 		// The founder serves once its log has granted it every partition
 		// (an election and a few commits), within ctx. A log resumed
@@ -307,7 +294,7 @@ func (n *Node) meta(draining bool) membership.Meta {
 	if addr == "" {
 		addr = n.RPCAddr()
 	}
-	return membership.Meta{Fingerprint: n.fp, RPCAddr: addr, Draining: draining, Start: n.ops.start, Cluster: n.clusterID.Load(), Policies: n.table.Load().Version(),
+	return membership.Meta{Fingerprint: n.fp, RPCAddr: addr, Draining: draining, Start: n.ops.start, Cluster: n.gossip.clusterID.Load(), Policies: n.table.Load().Version(),
 		RaftID: n.raftID(), Heir: n.heirOf()}
 }
 
@@ -342,7 +329,7 @@ func (n *Node) RPCAddr() string { return n.rpcLis.Addr().String() }
 
 // GossipAddr returns the bound gossip address (host:port).
 func (n *Node) GossipAddr() string {
-	ln := n.ml.LocalNode()
+	ln := n.gossip.ml.LocalNode()
 	return net.JoinHostPort(ln.Addr.String(), fmt.Sprint(ln.Port))
 }
 
@@ -510,9 +497,9 @@ func (n *Node) close(ctx context.Context) error {
 	var errs []error
 	// Announce the drain first, so peers log our departure as a leave,
 	// not a failure. Best effort: a slow gossip only changes the log line.
-	n.delegate.SetMeta(n.meta(true))
-	_ = n.ml.UpdateNode(200 * time.Millisecond)
-	n.announceLeave()
+	n.gossip.delegate.SetMeta(n.meta(true))
+	_ = n.gossip.ml.UpdateNode(200 * time.Millisecond)
+	n.gossip.announceLeave()
 	drainErr := n.lo.drain(ctx)
 	if drainErr != nil {
 		errs = append(errs, drainErr)
@@ -527,7 +514,7 @@ func (n *Node) close(ctx context.Context) error {
 	if dl, ok := ctx.Deadline(); ok {
 		leaveTimeout = max(min(time.Until(dl), leaveTimeout), 10*time.Millisecond)
 	}
-	if err := n.ml.Leave(leaveTimeout); err != nil {
+	if err := n.gossip.ml.Leave(leaveTimeout); err != nil {
 		if n.view.Load().stopping {
 			// Every member is leaving: nobody is left to hear it.
 			n.log.Debug("leave not broadcast: every member is leaving", "err", err)
@@ -550,7 +537,7 @@ func (n *Node) close(ctx context.Context) error {
 		}
 		t.Stop()
 	}
-	if err := n.ml.Shutdown(); err != nil {
+	if err := n.gossip.ml.Shutdown(); err != nil {
 		errs = append(errs, fmt.Errorf("peer: shut down gossip: %w", err))
 	}
 	n.stopped.Store(true)
@@ -585,7 +572,7 @@ func (n *Node) close(ctx context.Context) error {
 	}
 	// After every goroutine and call that could write to it.
 	n.closeDataDir()
-	n.gossipLog.Close()
+	n.gossip.mlLog.Close()
 	n.log.Info("node closed")
 	return errors.Join(errs...)
 }

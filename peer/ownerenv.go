@@ -89,7 +89,7 @@ func (n *Node) openOwner() error {
 			return n.dialLink(name, addr)
 		},
 		barrier: n.replBarrier, stamp: n.stampPolicies, warn: n.warnThrottled, ready: n.updateReady,
-		leaveRing: n.excludeSelf,
+		leaveRing: n.gossip.excludeSelf,
 	}
 	if n.dd != nil {
 		e.disk, e.restore, e.transition = n.dd.raft, n.restorePartition, n.durableTransition

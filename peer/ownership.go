@@ -99,27 +99,6 @@ func heldPartitions(parts []part) (held, keys int) {
 
 var errNoPeer = errors.New("peer: member not in view")
 
-// excludeSelf rebuilds the node's ring without itself (it is draining, so
-// it is nobody's target) and waits, briefly, for the new view. When every
-// member is leaving (this one the last), the rebuild keeps the ring and
-// marks the view stopping: that view ends the wait too.
-func (n *Node) excludeSelf(ctx context.Context) {
-	ch := n.viewChanged()
-	n.nudge()
-	t := time.NewTimer(200 * time.Millisecond)
-	defer t.Stop()
-	for v := n.view.Load(); v.snap.Has(n.name) && !v.stopping; v = n.view.Load() {
-		select {
-		case <-ch:
-			ch = n.viewChanged()
-		case <-t.C:
-			return // no other member: the ring keeps only us
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
 // Settled reports whether ownership on this node matches its ring: it
 // holds, not fenced, every partition its ring names it the target of, each
 // with its backup copy in place when the ring has another member, and

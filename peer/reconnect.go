@@ -37,11 +37,11 @@ type failedMember struct {
 
 // noteReconnect updates the set from one membership event. Called from
 // memberlist's callbacks; never blocks.
-func (n *Node) noteReconnect(e membership.Event) {
-	if e.Name == n.name {
+func (g *gossip) noteReconnect(e membership.Event) {
+	if e.Name == g.env.name {
 		return
 	}
-	r := &n.ops.reconnect
+	r := &g.retry
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch e.Kind {
@@ -68,16 +68,16 @@ func (n *Node) noteReconnect(e membership.Event) {
 // random), and the seeds if the node knows no other member. Runs on the
 // node's reconnect goroutine every Config.ReconnectInterval; each join is
 // bounded by memberlist's TCPTimeout.
-func (n *Node) reconnect() {
-	if n.closing.Load() {
+func (g *gossip) reconnect() {
+	if g.env.closing.Load() {
 		return
 	}
 	now := time.Now()
-	r := &n.ops.reconnect
+	r := &g.retry
 	r.mu.Lock()
 	var names []string
 	for name, f := range r.failed {
-		if now.Sub(f.at) > n.cfg.ReconnectTimeout {
+		if now.Sub(f.at) > g.env.cfg.ReconnectTimeout {
 			delete(r.failed, name)
 			continue
 		}
@@ -90,17 +90,17 @@ func (n *Node) reconnect() {
 	}
 	r.mu.Unlock()
 	if addr != "" {
-		if _, err := n.ml.Join([]string{addr}); err != nil {
-			n.log.Debug("reconnect to failed member failed", "peer", name, "member_addr", addr, "err", err)
+		if _, err := g.ml.Join([]string{addr}); err != nil {
+			g.env.log.Debug("reconnect to failed member failed", "peer", name, "member_addr", addr, "err", err)
 		} else {
-			n.log.Info("reconnected to failed member", "peer", name, "member_addr", addr)
+			g.env.log.Info("reconnected to failed member", "peer", name, "member_addr", addr)
 		}
 	}
-	if len(n.cfg.Join) > 0 && n.ml.NumMembers() <= 1 && !n.closing.Load() {
-		if _, err := n.ml.Join(n.cfg.Join); err != nil {
-			n.log.Debug("rejoin through seeds failed", "seeds", n.cfg.Join, "err", err)
+	if len(g.env.cfg.Join) > 0 && g.ml.NumMembers() <= 1 && !g.env.closing.Load() {
+		if _, err := g.ml.Join(g.env.cfg.Join); err != nil {
+			g.env.log.Debug("rejoin through seeds failed", "seeds", g.env.cfg.Join, "err", err)
 		} else {
-			n.log.Info("rejoined through seeds", "seeds", n.cfg.Join)
+			g.env.log.Info("rejoined through seeds", "seeds", g.env.cfg.Join)
 		}
 	}
 }

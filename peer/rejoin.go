@@ -18,22 +18,22 @@ import "github.com/ringlimit/ringlimit/peer/internal/membership"
 // drops the client of each member that restarted or (re)joined. Called by
 // the rebuild goroutine with the pending events and the start ids of the
 // members in the new view.
-func (n *Node) noteRestarts(evs []membership.Event, starts map[string]uint64) {
+func (g *gossip) noteRestarts(evs []membership.Event, starts map[string]uint64) {
 	for name, s := range starts {
-		if name == n.name {
+		if name == g.env.name {
 			continue
 		}
-		if prev, ok := n.ops.starts[name]; ok && prev != s {
-			n.resetClient(name)
-			n.log.Info("peer restarted", "peer", name)
+		if prev, ok := g.starts[name]; ok && prev != s {
+			g.env.resetLink(name)
+			g.env.log.Info("peer restarted", "peer", name)
 		}
 	}
 	for _, e := range evs {
-		if e.Kind == "joined" && e.Name != n.name {
-			n.resetClient(e.Name)
+		if e.Kind == "joined" && e.Name != g.env.name {
+			g.env.resetLink(e.Name)
 		}
 	}
-	n.ops.starts = starts
+	g.starts = starts
 }
 
 // resetClient stops and forgets the client of member name, if any: its
