@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,7 +16,9 @@ import (
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
 	"github.com/ringlimit/ringlimit/peer/internal/partition"
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 // This file drives ownership in OwnershipLog mode. The rules are the
@@ -68,6 +70,65 @@ func (lo *logOwner) twoMemberGrace() time.Duration { return 10 * lo.env.lease }
 // cut off for a while is still a voter when it comes back; after it,
 // autopilot replaces it as a voter.
 func (lo *logOwner) logFailedGone() time.Duration { return lo.env.failedGone }
+
+// ownerEnv is everything the ownership driver (logOwner: the log, its
+// view of the members, copies sent, takeovers, the leave) takes from its
+// node, set once when the node opens its log and never changed. The
+// driver reaches nothing else of the node: what it reads is here, what it
+// changes is the partitions' published state (under each partition's
+// lock) and what the funcs below do, and its goroutines join the node's
+// group and end with the node's context.
+type ownerEnv struct {
+	ctx     context.Context // the node's lifetime: cancelled by Close
+	wg      *sync.WaitGroup // the node's goroutines; the driver's join it
+	name    string          // this node's member name
+	start   uint64          // this process's start id (its incarnation)
+	raftID  uint64          // this member's raft ID (datadir.go)
+	log     *slog.Logger
+	metrics Metrics
+	clock   func() time.Time // the node's clock: a copy's ages
+	mono    func() int64     // the node's monotonic clock: leases
+
+	parts          []part        // every ring partition, as the node publishes it
+	lease          time.Duration // Config.LeaseDuration
+	failedGone     time.Duration // Config.FailedMemberTimeout
+	forwardTimeout time.Duration // Config.ForwardTimeout
+	chunkBytes     int           // Config.TransferChunkBytes
+	founder        bool          // started without Join: founds the log
+	emptyAfter     time.Duration // the log's first EmptyAfter (policies.go)
+	disk           *ownlog.Disk  // the log on disk; nil without a data directory
+
+	view  *atomic.Pointer[view]         // the node's current view (ring, members)
+	table *atomic.Pointer[policy.Table] // the node's policy table: what a copy carries
+	// copyUnsent (tests) fails the copies it returns true for.
+	copyUnsent *atomic.Pointer[func(pid int, to string) bool]
+
+	// newStore is an empty store for one partition's keys.
+	newStore func() *shard.Store
+	// restore refills st with partition pid's state at epoch from the
+	// data directory and reports whether it did; transition tells the
+	// data directory of a change of this member's part in pid. Both nil
+	// without a data directory.
+	restore    func(pid int, epoch uint64, st *shard.Store) bool
+	transition func(pid int, had, holds, backs bool, epoch uint64, st *shard.Store)
+	// linkConn is the connection and Limiter stub of the per-peer link
+	// to member name (dialled at addr when addr is set, else at the
+	// address its view lists).
+	linkConn func(name, addr string) (*grpc.ClientConn, peerpb.LimiterClient, error)
+	// barrier waits until the replication queued to member to is
+	// answered, within ctx (replicate.go).
+	barrier func(ctx context.Context, to string) error
+	// stamp sets a replication message's policy version and the windows
+	// of the policies its operations carry (replicate.go).
+	stamp func(req *peerpb.ReplicateRequest, member string)
+	// warn logs a degraded-service warning, throttled node-wide.
+	warn func(msg string, args ...any)
+	// ready recomputes the node's readiness (ready.go).
+	ready func()
+	// leaveRing takes this node out of its own ring and waits, briefly,
+	// for the view without it (membership.go).
+	leaveRing func(ctx context.Context)
+}
 
 // logOwner is the node's side of log ownership: it drives the log's
 // member, mirrors what it publishes into the node's partitions, sends
@@ -137,16 +198,6 @@ type logPeers struct {
 // maxKnown bounds the incarnations remembered for the roster.
 const maxKnown = 4096
 
-func incarnationID(name string, start uint64) string { return fmt.Sprintf("%s@%016x", name, start) }
-
-// memberName is the member name of incarnation id ("" for "").
-func memberName(id string) string {
-	if i := strings.LastIndexByte(id, '@'); i >= 0 {
-		return id[:i]
-	}
-	return id
-}
-
 // newLogOwner makes the node's log member; a node started without Join
 // founds the log as its only voter. Its goroutine starts with start.
 func newLogOwner(e *ownerEnv) (*logOwner, error) {
@@ -206,12 +257,6 @@ func (lo *logOwner) traffic() RaftTraffic {
 	return RaftTraffic{MessagesSent: t.MsgsSent, BytesSent: t.BytesSent, MessagesDropped: t.MsgsDropped, MessagesShed: t.MsgsShed,
 		MessagesReceived: lo.recv.msgs.Load(), BytesReceived: lo.recv.bytes.Load(),
 		Proposals: t.Proposals, ConfChanges: t.ConfChanges, Applied: t.Applied}
-}
-
-// RaftTraffic returns what the ownership log has cost this node so far.
-// Lock-free and cheap: fine to poll.
-func (n *Node) RaftTraffic() RaftTraffic {
-	return n.lo.traffic()
 }
 
 // logTransport is the transport the runner sends through: the gRPC one,
@@ -347,11 +392,11 @@ func (lo *logOwner) dial(_ context.Context, to uint64) (grpc.ClientConnInterface
 		return nil, fmt.Errorf("%w: raft member %016x", errNoPeer, to)
 	}
 	// The log's own address when it keeps one (logPeers), else the view's.
-	c, err := lo.env.link(name, lo.peers.Load().addr[name])
+	conn, _, err := lo.env.linkConn(name, lo.peers.Load().addr[name])
 	if err != nil {
 		return nil, err
 	}
-	return c.conn, nil
+	return conn, nil
 }
 
 // withLogAddrs returns alive with the address of every member the log
@@ -675,7 +720,7 @@ func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string,
 	if f := e.copyUnsent.Load(); f != nil && (*f)(a.P, to) {
 		return errCopyUnsent
 	}
-	c, err := e.link(to, "")
+	_, stub, err := e.linkConn(to, "")
 	if err != nil {
 		return err
 	}
@@ -687,8 +732,8 @@ func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string,
 			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_END, Partition: part, Epoch: epoch, HolderEpoch: a.Seq})
 		}
 		req := &peerpb.ReplicateRequest{Sender: e.name, Ops: ops}
-		e.stamp(req, to, opsPolicies(ops))
-		resp, err := c.stub.Replicate(ctx, req)
+		e.stamp(req, to)
+		resp, err := stub.Replicate(ctx, req)
 		if err != nil {
 			return withCtxErr(ctx, err)
 		}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +43,9 @@ type gossip struct {
 	starts map[string]uint64
 	// retry is the set of failed members to rejoin (reconnect.go).
 	retry reconnectState
+	// conflict records another member claiming this node's name
+	// (conflict.go).
+	conflict conflictState
 
 	viewMu  sync.Mutex    // guards viewCh and version
 	viewCh  chan struct{} // closed and replaced on each publish
@@ -86,40 +90,25 @@ type gossipEnv struct {
 	// that is news; commitIgnored publishes the rebuild's (ready.go).
 	ignore        func(name, why string) bool
 	commitIgnored func() map[string]string
-	// conflict notes another member claiming this node's name;
-	// duplicateName reports one (conflict.go).
-	conflict      func(existing, other *memberlist.Node)
-	duplicateName func() error
 	// ready recomputes the node's readiness (ready.go).
 	ready func()
-}
-
-// newGossipEnv is n's gossipEnv; called once in New, before the
-// ownership driver is open (the funcs that reach it read n.lo when
-// called).
-func (n *Node) newGossipEnv() *gossipEnv {
-	return &gossipEnv{
-		ctx: n.ctx, wg: &n.wg, name: n.name, log: n.log, metrics: n.metrics, cfg: &n.cfg, fp: n.fp,
-		closing: &n.closing, view: &n.view, hooks: &n.hooks,
-		meta:  n.meta,
-		fresh: func(ctx context.Context, ids []string) map[string]bool { return n.lo.run.Fresh(ctx, ids) },
-		ownerView: func(v *view, evs []membership.Event, starts, raftIDs, heirs map[string]uint64, targets []string) {
-			n.lo.setView(v, evs, starts, raftIDs, heirs, targets)
-		},
-		logAddrs:       func(alive map[string]string) map[string]string { return n.lo.withLogAddrs(alive) },
-		dropLinks:      n.dropClients,
-		resetLink:      n.resetClient,
-		policyVersions: n.notePolicyVersions,
-		reachStarts:    func(starts map[string]uint64) { n.reach.noteStarts(starts, n.name) },
-		ignore:         n.ignore, commitIgnored: n.commitIgnored,
-		conflict: n.noteConflict, duplicateName: n.duplicateName,
-		ready: n.updateReady,
-	}
 }
 
 // newGossip is the node's membership, not yet started (start).
 func newGossip(e *gossipEnv) *gossip {
 	return &gossip{env: e, rebuildCh: make(chan struct{}, 1), kept: map[string]membership.Event{}, viewCh: make(chan struct{})}
+}
+
+// incarnationID is the ID of member name's process started as start:
+// name@start, the member ID in the ownership log.
+func incarnationID(name string, start uint64) string { return fmt.Sprintf("%s@%016x", name, start) }
+
+// memberName is the member name of incarnation id ("" for "").
+func memberName(id string) string {
+	if i := strings.LastIndexByte(id, '@'); i >= 0 {
+		return id[:i]
+	}
+	return id
 }
 
 // view is one published ring with the addresses needed to reach its members.
@@ -182,7 +171,7 @@ func (g *gossip) start(ctx context.Context) error {
 		mc.AdvertiseAddr = ah
 		mc.AdvertisePort, _ = strconv.Atoi(ap)
 	}
-	d := &membership.Delegate{Queue: &g.events, OnEvent: func(e membership.Event) { g.noteReconnect(e); g.nudge() }, OnConflict: g.env.conflict}
+	d := &membership.Delegate{Queue: &g.events, OnEvent: func(e membership.Event) { g.noteReconnect(e); g.nudge() }, OnConflict: g.noteConflict}
 	d.SetMeta(g.env.meta(false))
 	g.delegate = d
 	mc.Delegate = d
@@ -212,7 +201,7 @@ func (g *gossip) start(ctx context.Context) error {
 		err = fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if err == nil {
-		err = g.env.duplicateName()
+		err = g.conflict.err(g.env.name)
 	}
 	if err != nil {
 		// Shutdown, not Leave: after a name conflict a leave would
@@ -502,6 +491,83 @@ func (g *gossip) excludeSelf(ctx context.Context) {
 			return // no other member: the ring keeps only us
 		case <-ctx.Done():
 			return
+		}
+	}
+}
+
+// Restarts. A member that crashes and restarts on the same address under the same
+// name looks, to gossip, like the same member: memberlist may see nothing
+// but an incarnation bump, and the ring (names and addresses) does not
+// change. Our cached gRPC connection to it, though, has been failing since
+// the crash and sits in gRPC's reconnect backoff (1 s, growing), so the
+// first forwards after the restart would fail with "connection refused"
+// although the member is serving. Each process therefore gossips a random
+// start id (membership.Meta.Start); when a member's start id changes, or memberlist
+// reports it joining (again), its client is dropped and the next forward
+// dials afresh. The ring itself is left alone: the member set did not
+// change, and handoff is decided by the ring, not by connections.
+
+// noteRestarts compares the members' start ids with the last seen ones and
+// drops the client of each member that restarted or (re)joined. Called by
+// the rebuild goroutine with the pending events and the start ids of the
+// members in the new view.
+func (g *gossip) noteRestarts(evs []membership.Event, starts map[string]uint64) {
+	for name, s := range starts {
+		if name == g.env.name {
+			continue
+		}
+		if prev, ok := g.starts[name]; ok && prev != s {
+			g.env.resetLink(name)
+			g.env.log.Info("peer restarted", "peer", name)
+		}
+	}
+	for _, e := range evs {
+		if e.Kind == "joined" && e.Name != g.env.name {
+			g.env.resetLink(e.Name)
+		}
+	}
+	g.starts = starts
+}
+
+// noteConflict is the membership delegate's OnConflict: another member
+// claims this node's name. Called on memberlist's goroutines; never
+// blocks.
+func (g *gossip) noteConflict(existing, other *memberlist.Node) {
+	if g.conflict.note(g.env.name, existing, other) {
+		g.env.log.Warn("another member uses this node's name", "member_addr", other.Address())
+	}
+}
+
+// noteReconnect updates the reconnect set (reconnect.go) from one
+// membership event. Called from memberlist's callbacks; never blocks.
+func (g *gossip) noteReconnect(e membership.Event) {
+	if e.Name == g.env.name {
+		return
+	}
+	g.retry.note(e)
+}
+
+// reconnect makes one round: it joins one remembered failed member (at
+// random), and the seeds if the node knows no other member. Runs on the
+// node's reconnect goroutine every Config.ReconnectInterval; each join is
+// bounded by memberlist's TCPTimeout.
+func (g *gossip) reconnect() {
+	if g.env.closing.Load() {
+		return
+	}
+	name, addr := g.retry.pick(time.Now(), g.env.cfg.ReconnectTimeout)
+	if addr != "" {
+		if _, err := g.ml.Join([]string{addr}); err != nil {
+			g.env.log.Debug("reconnect to failed member failed", "peer", name, "member_addr", addr, "err", err)
+		} else {
+			g.env.log.Info("reconnected to failed member", "peer", name, "member_addr", addr)
+		}
+	}
+	if len(g.env.cfg.Join) > 0 && g.ml.NumMembers() <= 1 && !g.env.closing.Load() {
+		if _, err := g.ml.Join(g.env.cfg.Join); err != nil {
+			g.env.log.Debug("rejoin through seeds failed", "seeds", g.env.cfg.Join, "err", err)
+		} else {
+			g.env.log.Info("rejoined through seeds", "seeds", g.env.cfg.Join)
 		}
 	}
 }

@@ -8,15 +8,12 @@ import (
 )
 
 // opsState holds the node's operational state beyond placement: its
-// process start id, the members' last seen start ids, name conflicts,
-// readiness, the reconnect set and peer-RPC authentication. Each part is
+// process start id, readiness and peer-RPC authentication. Each part is
 // documented in its own file.
 type opsState struct {
 	// start is this process's id, gossiped in meta; never zero, so a
 	// version 2 member (start 0) never looks like us.
 	start uint64
-	// conflict records another member claiming our name (conflict.go).
-	conflict conflictState
 	// auth is the peer-RPC authentication, set in New (auth.go).
 	auth transport.Auth
 	// ready is the readiness bookkeeping (ready.go).

@@ -52,3 +52,9 @@ func (lo *logOwner) info() OwnershipInfo {
 	}
 	return info
 }
+
+// RaftTraffic returns what the ownership log has cost this node so far.
+// Lock-free and cheap: fine to poll.
+func (n *Node) RaftTraffic() RaftTraffic {
+	return n.lo.traffic()
+}
