@@ -40,7 +40,7 @@ func (n *Node) openOwner() error {
 		stamp: func(req *peerpb.ReplicateRequest, member string) {
 			n.stampPolicies(req, member, opsPolicies(req.Ops))
 		},
-		leaveRing: n.gossip.excludeSelf,
+		leaveRing: n.gossiper.excludeSelf,
 	}
 	if n.dd != nil {
 		e.disk, e.restore, e.transition = n.dd.raft, n.restorePartition, n.durableTransition
@@ -57,11 +57,11 @@ func (n *Node) openOwner() error {
 	return nil
 }
 
-// newGossipEnv is n's gossipEnv; called once in New, before the
+// newGossiperEnv is n's gossiperEnv; called once in New, before the
 // ownership driver is open (the funcs that reach it read n.lo when
 // called).
-func (n *Node) newGossipEnv() *gossipEnv {
-	return &gossipEnv{
+func (n *Node) newGossiperEnv() *gossiperEnv {
+	return &gossiperEnv{
 		ctx: n.ctx, wg: &n.wg, name: n.name, log: n.log, metrics: n.metrics, cfg: &n.cfg, fp: n.fp,
 		closing: &n.closing, view: &n.view, hooks: &n.hooks,
 		meta:  n.meta,

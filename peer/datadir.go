@@ -98,7 +98,7 @@ func (n *Node) dataDirCluster() (joinFirst bool, err error) {
 	if err != nil || id == 0 {
 		return false, fmt.Errorf("peer: data directory %s: %w: %s: cluster %q is not a cluster id", path, durable.ErrCorrupt, filepath.Join(path, durable.MetaFile), c)
 	}
-	n.gossip.clusterID.Store(id)
+	n.gossiper.clusterID.Store(id)
 	return false, nil
 }
 
@@ -110,7 +110,7 @@ func (n *Node) openDataDir() error {
 	if path == "" {
 		return nil
 	}
-	cl := fmt.Sprintf("%016x", n.gossip.clusterID.Load())
+	cl := fmt.Sprintf("%016x", n.gossiper.clusterID.Load())
 	d, err := durable.OpenDir(path, cl, n.name, n.ops.start)
 	if err != nil {
 		return fmt.Errorf("peer: data directory %s: %w", path, err)
@@ -202,7 +202,7 @@ func (n *Node) startDataDirJoiner(ctx context.Context) error {
 		return fmt.Errorf("peer: listen rpc %s: %w", n.cfg.RPCAddr, err)
 	}
 	n.rpcLis = lis
-	if err := n.gossip.start(ctx); err != nil {
+	if err := n.gossiper.start(ctx); err != nil {
 		lis.Close()
 		return err
 	}
@@ -210,8 +210,8 @@ func (n *Node) startDataDirJoiner(ctx context.Context) error {
 		if n.lo != nil {
 			n.lo.shutdown()
 		}
-		_ = n.gossip.ml.Shutdown()
-		n.gossip.mlLog.Close()
+		_ = n.gossiper.ml.Shutdown()
+		n.gossiper.mlLog.Close()
 		lis.Close()
 		n.closeDataDir()
 		return err
@@ -244,10 +244,10 @@ func (n *Node) awaitCluster(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		members := map[string][]byte{}
-		for _, m := range n.gossip.ml.Members() {
+		for _, m := range n.gossiper.ml.Members() {
 			members[m.Name] = m.Meta
 		}
-		if id := n.gossip.adoptCluster(members); id != 0 {
+		if id := n.gossiper.adoptCluster(members); id != 0 {
 			return nil
 		}
 		select {

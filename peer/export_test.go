@@ -26,7 +26,7 @@ func (n *Node) KillForTest() {
 		n.stopped.Store(true)
 		n.grpcSrv.Stop()
 		// Shutdown, not Leave: the peers must see a silent member.
-		_ = n.gossip.ml.Shutdown()
+		_ = n.gossiper.ml.Shutdown()
 		if n.lo != nil {
 			n.lo.shutdown()
 		}
@@ -34,7 +34,7 @@ func (n *Node) KillForTest() {
 		n.stopClients()
 		n.wg.Wait()
 		n.closeDataDir()
-		n.gossip.mlLog.Close()
+		n.gossiper.mlLog.Close()
 		close(n.closed)
 	})
 }
@@ -45,7 +45,7 @@ func (n *Node) KillForTest() {
 // gossip reports the next membership change. It returns the view's ring
 // version.
 func (n *Node) SetViewForTest(members []string, addrs map[string]string) (uint64, error) {
-	g := n.gossip
+	g := n.gossiper
 	g.viewMu.Lock()
 	defer g.viewMu.Unlock()
 	snap, err := ring.New(n.cfg.Ring, members, g.version+1)
@@ -98,7 +98,7 @@ func (n *Node) Fingerprint() uint64 { return n.fp }
 
 // GossipMembers returns how many members n's memberlist knows, whatever
 // their fingerprint.
-func (n *Node) GossipMembers() int { return n.gossip.ml.NumMembers() }
+func (n *Node) GossipMembers() int { return n.gossiper.ml.NumMembers() }
 
 // partOfForTest returns the partition key belongs to on n.
 func (n *Node) partOfForTest(key Key) *part {

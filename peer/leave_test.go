@@ -297,7 +297,7 @@ func TestLeaverCutFromGossipKeepsItsVote(t *testing.T) {
 		return n1.closing.Load() && !n2.view.Load().snap.Has(n1.Name())
 	})
 	cut.Store(true)
-	waitFor(t, 30*time.Second, "n2's gossip to declare n1 dead", func() bool { return n2.gossip.ml.NumMembers() == 2 })
+	waitFor(t, 30*time.Second, "n2's gossip to declare n1 dead", func() bool { return n2.gossiper.ml.NumMembers() == 2 })
 	n0.KillForTest()
 	// With n0 dead, the log commits only with n1's vote: n2's liveness,
 	// extended by a record sent after the kill, is the proof. (Whether

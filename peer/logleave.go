@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 )
 
 // drain lets the machine move every partition this node holds: the node
@@ -270,4 +271,21 @@ func (lo *logOwner) explainHeld(limit int) string {
 	// proposal that never commits, a target never fresh, is one without
 	// a leader or cut off from it.
 	return strings.Join(append(ex, lo.run.Describe(ctx)), "; ")
+}
+
+// heldPartitions counts the partitions of parts this node holds or is
+// moving, and their keys.
+func heldPartitions(parts []part) (held, keys int) {
+	for i := range parts {
+		pt := &parts[i]
+		pt.Mu.RLock()
+		if pt.Role == partition.RoleHolder || pt.Role == partition.RoleFenced {
+			held++
+			if pt.Store != nil {
+				keys += pt.Store.Len()
+			}
+		}
+		pt.Mu.RUnlock()
+	}
+	return held, keys
 }

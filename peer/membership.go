@@ -19,12 +19,12 @@ import (
 	"github.com/ringlimit/ringlimit/ring"
 )
 
-// gossip is the node's membership: memberlist, the events it reports,
+// gossiper is the node's membership: memberlist, the events it reports,
 // the failed members it rejoins (reconnect.go), and the views (rings)
 // rebuilt from the whole member list and published to n.view. It takes
 // what it needs of the node through env.
-type gossip struct {
-	env *gossipEnv
+type gossiper struct {
+	env *gossiperEnv
 
 	ml       *memberlist.Memberlist
 	delegate *membership.Delegate
@@ -52,11 +52,11 @@ type gossip struct {
 	version uint64
 }
 
-// gossipEnv is what the membership takes from its node, set once in New.
+// gossiperEnv is what the membership takes from its node, set once in New.
 // The funcs that reach the ownership driver (fresh, ownerView, logAddrs)
 // are called only by the rebuild goroutine, which starts after the
 // driver is open.
-type gossipEnv struct {
+type gossiperEnv struct {
 	ctx     context.Context // the node's lifetime: cancelled by Close
 	wg      *sync.WaitGroup // the node's goroutines; the rebuild loop joins it
 	name    string          // this node's member name
@@ -95,8 +95,8 @@ type gossipEnv struct {
 }
 
 // newGossip is the node's membership, not yet started (start).
-func newGossip(e *gossipEnv) *gossip {
-	return &gossip{env: e, rebuildCh: make(chan struct{}, 1), kept: map[string]membership.Event{}, viewCh: make(chan struct{})}
+func newGossiper(e *gossiperEnv) *gossiper {
+	return &gossiper{env: e, rebuildCh: make(chan struct{}, 1), kept: map[string]membership.Event{}, viewCh: make(chan struct{})}
 }
 
 // incarnationID is the ID of member name's process started as start:
@@ -132,7 +132,7 @@ type view struct {
 // their logs say "left" rather than "failed". Bounded by memberlist's
 // TCPTimeout per member; members are told concurrently; failures only cost
 // the log line.
-func (g *gossip) announceLeave() {
+func (g *gossiper) announceLeave() {
 	msg := membership.LeavingMsg(g.env.name)
 	var wg sync.WaitGroup
 	for _, m := range g.events.GossipAddrs() {
@@ -148,14 +148,14 @@ func (g *gossip) announceLeave() {
 	wg.Wait()
 }
 
-func (g *gossip) nudge() {
+func (g *gossiper) nudge() {
 	select {
 	case g.rebuildCh <- struct{}{}:
 	default:
 	}
 }
 
-func (g *gossip) start(ctx context.Context) error {
+func (g *gossiper) start(ctx context.Context) error {
 	host, portStr, _ := net.SplitHostPort(g.env.cfg.GossipAddr)
 	port, err := strconv.Atoi(portStr)
 	if err != nil {
@@ -216,7 +216,7 @@ func (g *gossip) start(ctx context.Context) error {
 // rebuildLoop rebuilds the ring whenever memberlist reports a change,
 // and while it keeps members gossip declared dead (rebuild), again every
 // quarter lease until it lets them go.
-func (g *gossip) rebuildLoop() {
+func (g *gossiper) rebuildLoop() {
 	defer g.env.wg.Done()
 	recheck := time.NewTimer(time.Hour)
 	recheck.Stop()
@@ -245,7 +245,7 @@ func (g *gossip) rebuildLoop() {
 // member leaves the ring: once its liveness has lapsed here (or it came
 // back, or it restarted under a new incarnation). Members let go are
 // forgotten.
-func (g *gossip) keepFailed(failed, members map[string][]byte) map[string][]byte {
+func (g *gossiper) keepFailed(failed, members map[string][]byte) map[string][]byte {
 	if len(failed) == 0 {
 		return nil
 	}
@@ -306,7 +306,7 @@ func (g *gossip) keepFailed(failed, members map[string][]byte) map[string][]byte
 // membership" line per event. It reports whether it kept members gossip
 // declared dead whose liveness holds (keepFailed): those are looked at
 // again soon.
-func (g *gossip) rebuild() (kept bool) {
+func (g *gossiper) rebuild() (kept bool) {
 	evs, dropped, members, failed := g.events.Take()
 	keep := g.keepFailed(failed, members)
 	for name, raw := range keep {
@@ -478,7 +478,7 @@ func sameAlive(v *view, alive map[string]string) bool {
 // it is nobody's target) and waits, briefly, for the new view. When every
 // member is leaving (this one the last), the rebuild keeps the ring and
 // marks the view stopping: that view ends the wait too.
-func (g *gossip) excludeSelf(ctx context.Context) {
+func (g *gossiper) excludeSelf(ctx context.Context) {
 	ch := g.viewChanged()
 	g.nudge()
 	t := time.NewTimer(200 * time.Millisecond)
@@ -511,7 +511,7 @@ func (g *gossip) excludeSelf(ctx context.Context) {
 // drops the client of each member that restarted or (re)joined. Called by
 // the rebuild goroutine with the pending events and the start ids of the
 // members in the new view.
-func (g *gossip) noteRestarts(evs []membership.Event, starts map[string]uint64) {
+func (g *gossiper) noteRestarts(evs []membership.Event, starts map[string]uint64) {
 	for name, s := range starts {
 		if name == g.env.name {
 			continue
@@ -532,7 +532,7 @@ func (g *gossip) noteRestarts(evs []membership.Event, starts map[string]uint64) 
 // noteConflict is the membership delegate's OnConflict: another member
 // claims this node's name. Called on memberlist's goroutines; never
 // blocks.
-func (g *gossip) noteConflict(existing, other *memberlist.Node) {
+func (g *gossiper) noteConflict(existing, other *memberlist.Node) {
 	if g.conflict.note(g.env.name, existing, other) {
 		g.env.log.Warn("another member uses this node's name", "member_addr", other.Address())
 	}
@@ -540,7 +540,7 @@ func (g *gossip) noteConflict(existing, other *memberlist.Node) {
 
 // noteReconnect updates the reconnect set (reconnect.go) from one
 // membership event. Called from memberlist's callbacks; never blocks.
-func (g *gossip) noteReconnect(e membership.Event) {
+func (g *gossiper) noteReconnect(e membership.Event) {
 	if e.Name == g.env.name {
 		return
 	}
@@ -551,7 +551,7 @@ func (g *gossip) noteReconnect(e membership.Event) {
 // random), and the seeds if the node knows no other member. Runs on the
 // node's reconnect goroutine every Config.ReconnectInterval; each join is
 // bounded by memberlist's TCPTimeout.
-func (g *gossip) reconnect() {
+func (g *gossiper) reconnect() {
 	if g.env.closing.Load() {
 		return
 	}
@@ -573,7 +573,7 @@ func (g *gossip) reconnect() {
 }
 
 // viewChanged returns a channel closed at the next publish.
-func (g *gossip) viewChanged() <-chan struct{} {
+func (g *gossiper) viewChanged() <-chan struct{} {
 	g.viewMu.Lock()
 	defer g.viewMu.Unlock()
 	return g.viewCh
@@ -594,7 +594,7 @@ func (g *gossip) viewChanged() <-chan struct{} {
 // With log ownership no cluster gives way: each keeps its own log and
 // ignores the other's members, and both sides are not ready.
 // Called by the rebuild goroutine.
-func (g *gossip) adoptCluster(members map[string][]byte) uint64 {
+func (g *gossiper) adoptCluster(members map[string][]byte) uint64 {
 	mine := g.clusterID.Load()
 	count := map[uint64]int{}
 	for name, raw := range members {

@@ -59,9 +59,9 @@ type Node struct {
 	stopped atomic.Bool
 	// view is the current ring and members, published by gossip.
 	view atomic.Pointer[view]
-	// gossip is the membership (membership.go): memberlist, its events,
+	// gossiper is the membership (membership.go): memberlist, its events,
 	// the cluster id, the views it rebuilds.
-	gossip *gossip
+	gossiper *gossiper
 
 	grpcSrv  *rpcServer
 	health   *health.Server
@@ -146,7 +146,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.part = n.newPartEnv()
 	n.ops.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.gossip = newGossip(n.newGossipEnv())
+	n.gossiper = newGossiper(n.newGossiperEnv())
 	n.gather.Store(int64(pipeGather))
 	// A mark is probed again after ten leases.
 	n.reach = newReachability(int64(10*cfg.LeaseDuration), n.checkReachable, n.log)
@@ -161,14 +161,14 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.cancel()
 		return nil, err
 	}
-	if len(cfg.Join) == 0 && n.gossip.clusterID.Load() == 0 {
+	if len(cfg.Join) == 0 && n.gossiper.clusterID.Load() == 0 {
 		// No one to join: this node starts the cluster and holds every
 		// partition once its log grants them. A node that joins holds
 		// nothing until partitions are transferred to it, and adopts the
 		// cluster's id.
 		var b [8]byte
 		_, _ = crand.Read(b[:])
-		n.gossip.clusterID.Store(binary.BigEndian.Uint64(b[:]) | 1)
+		n.gossiper.clusterID.Store(binary.BigEndian.Uint64(b[:]) | 1)
 	}
 	if joinFirst {
 		if err := n.startDataDirJoiner(ctx); err != nil {
@@ -192,7 +192,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 			n.closeDataDir()
 			return nil, err
 		}
-		if err := n.gossip.start(ctx); err != nil {
+		if err := n.gossiper.start(ctx); err != nil {
 			n.grpcSrv.Stop()
 			n.cancel()
 			n.lo.shutdown()
@@ -203,12 +203,12 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.lo.start()
 	n.startDataDir()
-	n.gossip.rebuild()
+	n.gossiper.rebuild()
 	n.wg.Add(2)
-	go n.gossip.rebuildLoop()
+	go n.gossiper.rebuildLoop()
 	go n.every(cfg.SweepInterval, n.Sweep)
 	n.wg.Add(1)
-	go n.every(cfg.ReconnectInterval, n.gossip.reconnect)
+	go n.every(cfg.ReconnectInterval, n.gossiper.reconnect)
 	if len(cfg.Join) == 0 && !n.resumed() {
 		// The founder serves once its log has granted it every partition
 		// (an election and a few commits), within ctx. A log resumed
@@ -294,7 +294,7 @@ func (n *Node) meta(draining bool) membership.Meta {
 	if addr == "" {
 		addr = n.RPCAddr()
 	}
-	return membership.Meta{Fingerprint: n.fp, RPCAddr: addr, Draining: draining, Start: n.ops.start, Cluster: n.gossip.clusterID.Load(), Policies: n.table.Load().Version(),
+	return membership.Meta{Fingerprint: n.fp, RPCAddr: addr, Draining: draining, Start: n.ops.start, Cluster: n.gossiper.clusterID.Load(), Policies: n.table.Load().Version(),
 		RaftID: n.raftID(), Heir: n.heirOf()}
 }
 
@@ -329,7 +329,7 @@ func (n *Node) RPCAddr() string { return n.rpcLis.Addr().String() }
 
 // GossipAddr returns the bound gossip address (host:port).
 func (n *Node) GossipAddr() string {
-	ln := n.gossip.ml.LocalNode()
+	ln := n.gossiper.ml.LocalNode()
 	return net.JoinHostPort(ln.Addr.String(), fmt.Sprint(ln.Port))
 }
 
@@ -497,9 +497,9 @@ func (n *Node) close(ctx context.Context) error {
 	var errs []error
 	// Announce the drain first, so peers log our departure as a leave,
 	// not a failure. Best effort: a slow gossip only changes the log line.
-	n.gossip.delegate.SetMeta(n.meta(true))
-	_ = n.gossip.ml.UpdateNode(200 * time.Millisecond)
-	n.gossip.announceLeave()
+	n.gossiper.delegate.SetMeta(n.meta(true))
+	_ = n.gossiper.ml.UpdateNode(200 * time.Millisecond)
+	n.gossiper.announceLeave()
 	drainErr := n.lo.drain(ctx)
 	if drainErr != nil {
 		errs = append(errs, drainErr)
@@ -514,7 +514,7 @@ func (n *Node) close(ctx context.Context) error {
 	if dl, ok := ctx.Deadline(); ok {
 		leaveTimeout = max(min(time.Until(dl), leaveTimeout), 10*time.Millisecond)
 	}
-	if err := n.gossip.ml.Leave(leaveTimeout); err != nil {
+	if err := n.gossiper.ml.Leave(leaveTimeout); err != nil {
 		if n.view.Load().stopping {
 			// Every member is leaving: nobody is left to hear it.
 			n.log.Debug("leave not broadcast: every member is leaving", "err", err)
@@ -537,7 +537,7 @@ func (n *Node) close(ctx context.Context) error {
 		}
 		t.Stop()
 	}
-	if err := n.gossip.ml.Shutdown(); err != nil {
+	if err := n.gossiper.ml.Shutdown(); err != nil {
 		errs = append(errs, fmt.Errorf("peer: shut down gossip: %w", err))
 	}
 	n.stopped.Store(true)
@@ -572,7 +572,7 @@ func (n *Node) close(ctx context.Context) error {
 	}
 	// After every goroutine and call that could write to it.
 	n.closeDataDir()
-	n.gossip.mlLog.Close()
+	n.gossiper.mlLog.Close()
 	n.log.Info("node closed")
 	return errors.Join(errs...)
 }

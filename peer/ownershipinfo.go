@@ -58,3 +58,12 @@ func (lo *logOwner) info() OwnershipInfo {
 func (n *Node) RaftTraffic() RaftTraffic {
 	return n.lo.traffic()
 }
+
+// Settled reports whether ownership on this node matches its ring: it
+// holds, not fenced, every partition its ring names it the target of, each
+// with its backup copy in place when the ring has another member, and
+// holds none that belong to another member. A cluster whose members are
+// all settled (and agree on the members) has finished moving partitions.
+func (n *Node) Settled() bool {
+	return n.lo.settled(n.view.Load())
+}

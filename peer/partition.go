@@ -1,7 +1,10 @@
 package peer
 
 import (
+	"fmt"
+
 	"github.com/ringlimit/ringlimit/peer/internal/partition"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 // Partitions. A key belongs to the ring partition of its (tenant,
@@ -42,3 +45,25 @@ func placement(ek []byte) []byte {
 	n += 1 + int(ek[n])
 	return ek[:n]
 }
+
+// newPartStore returns an empty store for one partition's keys. MaxKeys is
+// shared out evenly: each partition may hold MaxKeys/partitions keys (at
+// least 64), on whichever member holds or backs it up, so that a member
+// holds at most MaxKeys keys however many partitions it has (Config.Store)
+// and any partition's copy fits on any member.
+func (n *Node) newPartStore() *shard.Store {
+	cfg := n.cfg.Store
+	cfg.Stripes = partStripes
+	if cfg.MaxKeys > 0 {
+		cfg.MaxKeys = max(64, cfg.MaxKeys/len(n.pt.parts))
+	}
+	st, err := shard.NewStore(cfg)
+	if err != nil {
+		// cfg was validated in New; NewStore only fails on bad values.
+		panic(fmt.Sprintf("peer: partition store: %v", err))
+	}
+	return st
+}
+
+// partStripes is the lock stripes of one partition's store.
+const partStripes = 16

@@ -123,8 +123,8 @@ func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
 	}
 	// Gossip the new version. Best effort: it also travels with the next
 	// push/pull of our metadata.
-	n.gossip.delegate.SetMeta(n.meta(n.closing.Load()))
-	_ = n.gossip.ml.UpdateNode(200 * time.Millisecond)
+	n.gossiper.delegate.SetMeta(n.meta(n.closing.Load()))
+	_ = n.gossiper.ml.UpdateNode(200 * time.Millisecond)
 	return nil
 }
 

@@ -185,7 +185,7 @@ func TestReconnectAfterPartition(t *testing.T) {
 // remembered, graceful leaves and rejoins forget, the set is bounded and
 // entries older than ReconnectTimeout are dropped.
 func TestReconnectSet(t *testing.T) {
-	g := newGossip(&gossipEnv{name: "self", cfg: &Config{ReconnectTimeout: time.Hour}})
+	g := newGossiper(&gossiperEnv{name: "self", cfg: &Config{ReconnectTimeout: time.Hour}})
 	g.noteReconnect(membership.Event{Kind: "failed", Name: "a", Addr: "127.0.0.1:1"})
 	g.noteReconnect(membership.Event{Kind: "failed", Name: "b", Addr: "127.0.0.1:2"})
 	g.noteReconnect(membership.Event{Kind: "left", Name: "b"})
