@@ -22,7 +22,7 @@ func (n *Node) openOwner() error {
 		parts: n.pt.parts, lease: n.cfg.LeaseDuration, failedGone: n.cfg.FailedMemberTimeout, forwardTimeout: n.cfg.ForwardTimeout,
 		chunkBytes: n.cfg.TransferChunkBytes, founder: len(n.cfg.Join) == 0, emptyAfter: n.emptyAfter(n.table.Load(), 0),
 		view: &n.view, table: &n.table, copyUnsent: &n.hooks.copyUnsent,
-		newStore: n.newPartStore,
+		newStore: n.pt.newStore,
 		linkConn: func(name, addr string) (*grpc.ClientConn, peerpb.LimiterClient, error) {
 			var c *peerLink
 			var err error

@@ -33,7 +33,7 @@ func (n *Node) receiveOp(sender string, h opHead, keys []packedAdmit, closing bo
 			return refused
 		}
 		pt.Mu.Lock()
-		pt.Next = replica{Holder: sender, Epoch: h.epoch, CopySeq: h.holderEpoch, Store: n.newPartStore()}
+		pt.Next = replica{Holder: sender, Epoch: h.epoch, CopySeq: h.holderEpoch, Store: n.pt.newStore()}
 		pt.Mu.Unlock()
 		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 	case peerpb.PartitionOp_KIND_SYNC_CHUNK:

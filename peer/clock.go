@@ -58,17 +58,3 @@ func (c *wallClock) now() time.Time {
 	t, _ := c.read()
 	return t
 }
-
-// mono returns the node's monotonic clock in nanoseconds. Leases are timed
-// on it, never on Config.Clock: a paused process does not stop it, and wall
-// clock steps cannot move it.
-func (n *Node) mono() int64 { return int64(time.Since(n.started)) }
-
-// now returns the node clock and the monotonic clock for one decision,
-// reading the system clock once when Config.Clock is the default.
-func (n *Node) now() (time.Time, int64) {
-	if n.wall != nil {
-		return n.wall.read()
-	}
-	return n.clock(), n.mono()
-}

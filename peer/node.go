@@ -132,7 +132,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		clock:    cfg.Clock,
 		metrics:  cfg.Metrics,
 		fp:       cfg.fingerprint(),
-		pt:       newPartTable(cfg.Ring.PartitionCount),
+		pt:       newPartTable(cfg.Ring.PartitionCount, cfg.Store),
 		started:  time.Now(),
 		fallback: fallback,
 		hot:      shard.NewHotKeys(4*cfg.HotKeys, cfg.HotKeysHalfLife),
@@ -437,6 +437,47 @@ func (n *Node) every(d time.Duration, fn func()) {
 			fn()
 		}
 	}
+}
+
+// mono returns the node's monotonic clock in nanoseconds. Leases are timed
+// on it, never on Config.Clock: a paused process does not stop it, and wall
+// clock steps cannot move it.
+func (n *Node) mono() int64 { return int64(time.Since(n.started)) }
+
+// now returns the node clock and the monotonic clock for one decision,
+// reading the system clock once when Config.Clock is the default.
+func (n *Node) now() (time.Time, int64) {
+	if n.wall != nil {
+		return n.wall.read()
+	}
+	return n.clock(), n.mono()
+}
+
+// checkReachable asks member, on a goroutine the node owns, for its gRPC
+// health; no answer within ForwardTimeout marks it unreachable, an answer
+// clears the mark. One check per member at a time. It is n.reach's probe.
+func (n *Node) checkReachable(member string) {
+	if n.closing.Load() || !n.reach.claim(member) {
+		return
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		defer n.reach.done(member)
+		c, err := n.linkTo(member)
+		if err == nil {
+			ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
+			_, err = healthpb.NewHealthClient(c.conn).Check(ctx, &healthpb.HealthCheckRequest{})
+			cancel()
+		}
+		switch {
+		case n.ctx.Err() != nil:
+		case err != nil:
+			n.reach.mark(member, n.mono())
+		default:
+			n.reach.clear(member)
+		}
+	}()
 }
 
 // stopClients stops every peer client (their batchers exit; the node's wg

@@ -22,6 +22,7 @@ import (
 // replication and the decision path read memory only.
 type partTable struct {
 	parts []part
+	store shard.Config // Config.Store: each partition's store is made from it (newStore)
 }
 
 // part is one partition as this node sees it (internal/partition).
@@ -30,8 +31,8 @@ type part = partition.Part
 // replica is a copy of a partition from its holder, on its backup.
 type replica = partition.Replica
 
-func newPartTable(n int) *partTable {
-	return &partTable{parts: partition.NewParts(n)}
+func newPartTable(n int, store shard.Config) *partTable {
+	return &partTable{parts: partition.NewParts(n), store: store}
 }
 
 // placementScheme names how keys map to partitions; it is part of the
@@ -46,16 +47,16 @@ func placement(ek []byte) []byte {
 	return ek[:n]
 }
 
-// newPartStore returns an empty store for one partition's keys. MaxKeys is
+// newStore returns an empty store for one partition's keys. MaxKeys is
 // shared out evenly: each partition may hold MaxKeys/partitions keys (at
 // least 64), on whichever member holds or backs it up, so that a member
 // holds at most MaxKeys keys however many partitions it has (Config.Store)
 // and any partition's copy fits on any member.
-func (n *Node) newPartStore() *shard.Store {
-	cfg := n.cfg.Store
+func (t *partTable) newStore() *shard.Store {
+	cfg := t.store
 	cfg.Stripes = partStripes
 	if cfg.MaxKeys > 0 {
-		cfg.MaxKeys = max(64, cfg.MaxKeys/len(n.pt.parts))
+		cfg.MaxKeys = max(64, cfg.MaxKeys/len(t.parts))
 	}
 	st, err := shard.NewStore(cfg)
 	if err != nil {

@@ -1,12 +1,9 @@
 package peer
 
 import (
-	"context"
 	"log/slog"
 	"sync"
 	"sync/atomic"
-
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ringlimit/ringlimit/peer/internal/membership"
 )
@@ -115,31 +112,4 @@ func (r *reachability) noteStarts(starts map[string]uint64, self string) {
 			r.starts[name] = s
 		}
 	}
-}
-
-// checkReachable asks member, on a goroutine the node owns, for its gRPC
-// health; no answer within ForwardTimeout marks it unreachable, an answer
-// clears the mark. One check per member at a time. It is n.reach's probe.
-func (n *Node) checkReachable(member string) {
-	if n.closing.Load() || !n.reach.claim(member) {
-		return
-	}
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		defer n.reach.done(member)
-		c, err := n.linkTo(member)
-		if err == nil {
-			ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
-			_, err = healthpb.NewHealthClient(c.conn).Check(ctx, &healthpb.HealthCheckRequest{})
-			cancel()
-		}
-		switch {
-		case n.ctx.Err() != nil:
-		case err != nil:
-			n.reach.mark(member, n.mono())
-		default:
-			n.reach.clear(member)
-		}
-	}()
 }
