@@ -37,7 +37,7 @@ func (n *Node) openOwner() error {
 			return c.conn, c.stub, nil
 		},
 		barrier: n.replBarrier, warn: n.warnThrottled, ready: n.updateReady,
-		stamp: func(req *peerpb.ReplicateRequest, member string) {
+		policyStamp: func(req *peerpb.ReplicateRequest, member string) {
 			n.stampPolicies(req, member, opsPolicies(req.Ops))
 		},
 		leaveRing: n.gossiper.excludeSelf,

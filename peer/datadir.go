@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"time"
 
@@ -258,66 +257,4 @@ func (n *Node) awaitCluster(ctx context.Context) error {
 			return fmt.Errorf("peer: data directory %s: no member gossiped a cluster id within %v", n.cfg.DataDir, max(n.cfg.JoinTimeout, time.Second))
 		}
 	}
-}
-
-// raftInUse reports whether an incarnation other than id that is not gone
-// uses raft ID r (a member restarted with its data directory keeps its
-// raft ID): the log's stream to r is then still needed. Called with
-// lo.mu held.
-func (lo *logOwner) raftInUse(r uint64, id string) bool {
-	for other, k := range lo.known {
-		if other != id && k.raft == r && !k.gone {
-			return true
-		}
-	}
-	return false
-}
-
-// oneIncarnationPerRaftID keeps, of roster entries sharing a raft ID (the
-// incarnations of one member restarted with its data directory), the one
-// not gone (autopilot keys its roster by raft ID: a gone entry would
-// remove the member that resumed that raft ID).
-func oneIncarnationPerRaftID(roster []ownlog.Peer) []ownlog.Peer {
-	live := map[uint64]bool{}
-	for _, p := range roster {
-		if !p.Gone {
-			live[p.RaftID] = true
-		}
-	}
-	out := roster[:0]
-	for _, p := range roster {
-		if p.Gone && live[p.RaftID] {
-			continue
-		}
-		out = append(out, p)
-	}
-	return out
-}
-
-// heirsLocked is the view's Heirs: each live member's incarnation mapped
-// to the one whose data directory it restarted with. Called with lo.mu
-// held.
-func (lo *logOwner) heirsLocked(heirs map[string]uint64) map[string]string {
-	if len(heirs) == 0 {
-		return nil
-	}
-	out := make(map[string]string, len(heirs))
-	for name, h := range heirs {
-		if id, old := lo.cur[name], incarnationID(name, h); id != "" && id != old {
-			out[id] = old
-		}
-	}
-	return out
-}
-
-// withHeirsGone adds to gone every incarnation an heir restarted from: a
-// later incarnation runs with its data directory, so it is gone for good
-// (after a restart of every member nobody saw it end in gossip).
-func withHeirsGone(gone []string, heirOf map[string]string) []string {
-	for _, old := range heirOf {
-		if !slices.Contains(gone, old) {
-			gone = append(gone, old)
-		}
-	}
-	return gone
 }

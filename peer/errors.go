@@ -66,6 +66,3 @@ var (
 	// nothing.
 	errMoving = errors.New("peer: partition moving")
 )
-
-// errNoPeer is a member that is not in this node's view.
-var errNoPeer = errors.New("peer: member not in view")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -118,9 +119,9 @@ type ownerEnv struct {
 	// barrier waits until the replication queued to member to is
 	// answered, within ctx (replicate.go).
 	barrier func(ctx context.Context, to string) error
-	// stamp sets a replication message's policy version and the windows
-	// of the policies its operations carry (replicate.go).
-	stamp func(req *peerpb.ReplicateRequest, member string)
+	// policyStamp sets a replication message's policy version and the
+	// windows of the policies its operations carry (replicate.go).
+	policyStamp func(req *peerpb.ReplicateRequest, member string)
 	// warn logs a degraded-service warning, throttled node-wide.
 	warn func(msg string, args ...any)
 	// ready recomputes the node's readiness (ready.go).
@@ -133,7 +134,8 @@ type ownerEnv struct {
 // logOwner is the node's side of log ownership: it drives the log's
 // member, mirrors what it publishes into the node's partitions, sends
 // the copies it asks for and leaves the log on Close (logleave.go). It
-// takes what it needs of the node through env (ownerenv.go).
+// takes what it needs of the node through env (ownerEnv, built in
+// assemble.go).
 type logOwner struct {
 	env    *ownerEnv
 	self   string // this incarnation's member ID
@@ -547,6 +549,68 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts, raftIDs, he
 	lo.run.SetView(ov, roster)
 }
 
+// raftInUse reports whether an incarnation other than id that is not gone
+// uses raft ID r (a member restarted with its data directory keeps its
+// raft ID): the log's stream to r is then still needed. Called with
+// lo.mu held.
+func (lo *logOwner) raftInUse(r uint64, id string) bool {
+	for other, k := range lo.known {
+		if other != id && k.raft == r && !k.gone {
+			return true
+		}
+	}
+	return false
+}
+
+// oneIncarnationPerRaftID keeps, of roster entries sharing a raft ID (the
+// incarnations of one member restarted with its data directory), the one
+// not gone (autopilot keys its roster by raft ID: a gone entry would
+// remove the member that resumed that raft ID).
+func oneIncarnationPerRaftID(roster []ownlog.Peer) []ownlog.Peer {
+	live := map[uint64]bool{}
+	for _, p := range roster {
+		if !p.Gone {
+			live[p.RaftID] = true
+		}
+	}
+	out := roster[:0]
+	for _, p := range roster {
+		if p.Gone && live[p.RaftID] {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// heirsLocked is the view's Heirs: each live member's incarnation mapped
+// to the one whose data directory it restarted with. Called with lo.mu
+// held.
+func (lo *logOwner) heirsLocked(heirs map[string]uint64) map[string]string {
+	if len(heirs) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(heirs))
+	for name, h := range heirs {
+		if id, old := lo.cur[name], incarnationID(name, h); id != "" && id != old {
+			out[id] = old
+		}
+	}
+	return out
+}
+
+// withHeirsGone adds to gone every incarnation an heir restarted from: a
+// later incarnation runs with its data directory, so it is gone for good
+// (after a restart of every member nobody saw it end in gossip).
+func withHeirsGone(gone []string, heirOf map[string]string) []string {
+	for _, old := range heirOf {
+		if !slices.Contains(gone, old) {
+			gone = append(gone, old)
+		}
+	}
+	return gone
+}
+
 // forgetOldest drops the gone incarnation seen live longest ago. Called
 // with mu held.
 func (lo *logOwner) forgetOldest() {
@@ -732,7 +796,7 @@ func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string,
 			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_END, Partition: part, Epoch: epoch, HolderEpoch: a.Seq})
 		}
 		req := &peerpb.ReplicateRequest{Sender: e.name, Ops: ops}
-		e.stamp(req, to)
+		e.policyStamp(req, to)
 		resp, err := stub.Replicate(ctx, req)
 		if err != nil {
 			return withCtxErr(ctx, err)

@@ -111,6 +111,9 @@ func memberName(id string) string {
 	return id
 }
 
+// errNoPeer is a member that is not in this node's view.
+var errNoPeer = errors.New("peer: member not in view")
+
 // view is one published ring with the addresses needed to reach its members.
 // Published views are never mutated.
 type view struct {
