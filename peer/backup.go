@@ -14,8 +14,8 @@ import (
 )
 
 // receiveOp is the receiver's side of a copy and of replication.
-func (lo *logOwner) receiveOp(sender string, h opHead, keys []packedAdmit, closing bool) opResult {
-	n := lo.n
+func (n *Node) receiveOp(sender string, h opHead, keys []packedAdmit, closing bool) opResult {
+	lo := n.lo
 	refused := opResult{status: peerpb.OpStatus_OP_STATUS_REFUSED}
 	needSync := opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 	pid := int(h.part)
@@ -33,7 +33,7 @@ func (lo *logOwner) receiveOp(sender string, h opHead, keys []packedAdmit, closi
 			return refused
 		}
 		pt.Mu.Lock()
-		pt.Next = replica{Holder: sender, Epoch: h.epoch, CopySeq: h.holderEpoch, Store: n.newPartStore()}
+		pt.Next = replica{Holder: sender, Epoch: h.epoch, CopySeq: h.holderEpoch, Store: n.pt.newStore()}
 		pt.Mu.Unlock()
 		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 	case peerpb.PartitionOp_KIND_SYNC_CHUNK:
@@ -97,10 +97,10 @@ func (lo *logOwner) receiveOp(sender string, h opHead, keys []packedAdmit, closi
 		}
 		return opResult{status: peerpb.OpStatus_OP_STATUS_OK}
 	case peerpb.PartitionOp_KIND_ADMIT, peerpb.PartitionOp_KIND_REPLACE:
-		if !lo.awaitReplica(pt, pid, from, h.epoch) {
+		if !n.awaitReplica(pt, pid, from, h.epoch) {
 			return needSync
 		}
-		res, idx := lo.applyReplica(pt, pid, h, keys, now)
+		res, idx := n.applyReplica(pt, pid, h, keys, now)
 		pt.Mu.Unlock()
 		if idx != 0 && h.durIdx != nil {
 			*h.durIdx = max(*h.durIdx, idx) // the message's answer waits
@@ -124,8 +124,8 @@ func (lo *logOwner) receiveOp(sender string, h opHead, keys []packedAdmit, closi
 // replica from a newer epoch than the one applied here waits for the log
 // to catch up, within half a ForwardTimeout, rather than fail the
 // holder's decision. On false pt is not locked.
-func (lo *logOwner) awaitReplica(pt *part, pid int, from string, epoch uint64) bool {
-	n := lo.n
+func (n *Node) awaitReplica(pt *part, pid int, from string, epoch uint64) bool {
+	lo := n.lo
 	var timeout <-chan time.Time
 	for {
 		pt.Mu.Lock()
@@ -157,8 +157,7 @@ func (lo *logOwner) awaitReplica(pt *part, pid int, from string, epoch uint64) b
 // locked by awaitReplica) and, with a data directory, logs the keys of
 // policies kept on disk: idx is the record to Sync before answering (0:
 // none to wait for).
-func (lo *logOwner) applyReplica(pt *part, pid int, h opHead, keys []packedAdmit, now time.Time) (opResult, uint64) {
-	n := lo.n
+func (n *Node) applyReplica(pt *part, pid int, h opHead, keys []packedAdmit, now time.Time) (opResult, uint64) {
 	if h.seq != 0 {
 		if h.seq < pt.Rep.Seq {
 			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}, 0 // delivered late: applying it could undo later ones

@@ -24,31 +24,31 @@ type conflictState struct {
 	addr string // gossip address of the other claimant; "" if none seen
 }
 
-// noteConflict is the membership delegate's OnConflict. It is called on
-// memberlist's goroutines (during Join, on New's) and never blocks.
-func (n *Node) noteConflict(existing, other *memberlist.Node) {
-	if existing.Name != n.name {
-		return // two other members; memberlist logs it on every claim
+// note records other as a claimant of name self (existing is the
+// member memberlist knows under the name) and reports whether it is the
+// first one seen. Called on memberlist's goroutines (during Join, on
+// New's); never blocks.
+func (c *conflictState) note(self string, existing, other *memberlist.Node) (first bool) {
+	if existing.Name != self {
+		return false // two other members; memberlist logs it on every claim
 	}
-	n.ops.conflict.mu.Lock()
-	first := n.ops.conflict.addr == ""
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	first = c.addr == ""
 	if first {
-		n.ops.conflict.addr = other.Address()
+		c.addr = other.Address()
 	}
-	n.ops.conflict.mu.Unlock()
-	if first {
-		n.log.Warn("another member uses this node's name", "member_addr", other.Address())
-	}
+	return first
 }
 
-// duplicateName returns an error wrapping ErrDuplicateName if a member
-// with this node's name was seen at another address, else nil.
-func (n *Node) duplicateName() error {
-	n.ops.conflict.mu.Lock()
-	defer n.ops.conflict.mu.Unlock()
-	if n.ops.conflict.addr == "" {
+// err returns an error wrapping ErrDuplicateName if a member with name
+// self was seen at another address, else nil.
+func (c *conflictState) err(self string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.addr == "" {
 		return nil
 	}
 	return fmt.Errorf("%w: %q is already the name of the member at %s; give this node another name (Config.Name, serve --name)",
-		ErrDuplicateName, n.name, n.ops.conflict.addr)
+		ErrDuplicateName, self, c.addr)
 }

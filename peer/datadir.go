@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"time"
 
@@ -98,7 +97,7 @@ func (n *Node) dataDirCluster() (joinFirst bool, err error) {
 	if err != nil || id == 0 {
 		return false, fmt.Errorf("peer: data directory %s: %w: %s: cluster %q is not a cluster id", path, durable.ErrCorrupt, filepath.Join(path, durable.MetaFile), c)
 	}
-	n.clusterID.Store(id)
+	n.gossiper.clusterID.Store(id)
 	return false, nil
 }
 
@@ -110,7 +109,7 @@ func (n *Node) openDataDir() error {
 	if path == "" {
 		return nil
 	}
-	cl := fmt.Sprintf("%016x", n.clusterID.Load())
+	cl := fmt.Sprintf("%016x", n.gossiper.clusterID.Load())
 	d, err := durable.OpenDir(path, cl, n.name, n.ops.start)
 	if err != nil {
 		return fmt.Errorf("peer: data directory %s: %w", path, err)
@@ -203,7 +202,7 @@ func (n *Node) startDataDirJoiner(ctx context.Context) error {
 		return fmt.Errorf("peer: listen rpc %s: %w", n.cfg.RPCAddr, err)
 	}
 	n.rpcLis = lis
-	if err := n.startGossip(ctx); err != nil {
+	if err := n.gossiper.start(ctx); err != nil {
 		lis.Close()
 		return err
 	}
@@ -211,8 +210,8 @@ func (n *Node) startDataDirJoiner(ctx context.Context) error {
 		if n.lo != nil {
 			n.lo.shutdown()
 		}
-		_ = n.ml.Shutdown()
-		n.gossipLog.Close()
+		_ = n.gossiper.ml.Shutdown()
+		n.gossiper.mlLog.Close()
 		lis.Close()
 		n.closeDataDir()
 		return err
@@ -225,7 +224,7 @@ func (n *Node) startDataDirJoiner(ctx context.Context) error {
 	}
 	// The raft ID (the directory's first start) is this process's start:
 	// the metadata gossiped so far already says so.
-	if n.lo, err = newLogOwner(n); err != nil {
+	if err = n.openOwner(); err != nil {
 		return fail(err)
 	}
 	n.health = health.NewServer()
@@ -245,10 +244,10 @@ func (n *Node) awaitCluster(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		members := map[string][]byte{}
-		for _, m := range n.ml.Members() {
+		for _, m := range n.gossiper.ml.Members() {
 			members[m.Name] = m.Meta
 		}
-		if id := n.adoptCluster(members); id != 0 {
+		if id := n.gossiper.adoptCluster(members); id != 0 {
 			return nil
 		}
 		select {
@@ -259,66 +258,4 @@ func (n *Node) awaitCluster(ctx context.Context) error {
 			return fmt.Errorf("peer: data directory %s: no member gossiped a cluster id within %v", n.cfg.DataDir, max(n.cfg.JoinTimeout, time.Second))
 		}
 	}
-}
-
-// raftInUse reports whether an incarnation other than id that is not gone
-// uses raft ID r (a member restarted with its data directory keeps its
-// raft ID): the log's stream to r is then still needed. Called with
-// lo.mu held.
-func (lo *logOwner) raftInUse(r uint64, id string) bool {
-	for other, k := range lo.known {
-		if other != id && k.raft == r && !k.gone {
-			return true
-		}
-	}
-	return false
-}
-
-// oneIncarnationPerRaftID keeps, of roster entries sharing a raft ID (the
-// incarnations of one member restarted with its data directory), the one
-// not gone (autopilot keys its roster by raft ID: a gone entry would
-// remove the member that resumed that raft ID).
-func oneIncarnationPerRaftID(roster []ownlog.Peer) []ownlog.Peer {
-	live := map[uint64]bool{}
-	for _, p := range roster {
-		if !p.Gone {
-			live[p.RaftID] = true
-		}
-	}
-	out := roster[:0]
-	for _, p := range roster {
-		if p.Gone && live[p.RaftID] {
-			continue
-		}
-		out = append(out, p)
-	}
-	return out
-}
-
-// heirsLocked is the view's Heirs: each live member's incarnation mapped
-// to the one whose data directory it restarted with. Called with lo.mu
-// held.
-func (lo *logOwner) heirsLocked(heirs map[string]uint64) map[string]string {
-	if len(heirs) == 0 {
-		return nil
-	}
-	out := make(map[string]string, len(heirs))
-	for name, h := range heirs {
-		if id, old := lo.cur[name], incarnationID(name, h); id != "" && id != old {
-			out[id] = old
-		}
-	}
-	return out
-}
-
-// withHeirsGone adds to gone every incarnation an heir restarted from: a
-// later incarnation runs with its data directory, so it is gone for good
-// (after a restart of every member nobody saw it end in gossip).
-func withHeirsGone(gone []string, heirOf map[string]string) []string {
-	for _, old := range heirOf {
-		if !slices.Contains(gone, old) {
-			gone = append(gone, old)
-		}
-	}
-	return gone
 }

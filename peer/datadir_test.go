@@ -40,7 +40,7 @@ func TestDataDirWholeRestart(t *testing.T) {
 	type was struct{ cluster, raft, start uint64 }
 	before := make([]was, 3)
 	for i, nd := range c.nodes {
-		before[i] = was{nd.clusterID.Load(), nd.raftID(), nd.ops.start}
+		before[i] = was{nd.gossiper.clusterID.Load(), nd.raftID(), nd.ops.start}
 		if nd.heirOf() != 0 {
 			t.Fatalf("%s: heir of %016x in a new directory", nd.name, nd.heirOf())
 		}
@@ -83,7 +83,7 @@ func TestDataDirWholeRestart(t *testing.T) {
 		c2.addWith(fmt.Sprint("n", i), func(cfg *Config) { cfg.DataDir = dirOf(i) })
 	}
 	for i, nd := range c2.nodes {
-		if got := nd.clusterID.Load(); got != before[i].cluster {
+		if got := nd.gossiper.clusterID.Load(); got != before[i].cluster {
 			t.Errorf("%s: cluster %016x after the restart, %016x before", nd.name, got, before[i].cluster)
 		}
 		if got := nd.raftID(); got != before[i].raft {

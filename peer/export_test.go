@@ -26,7 +26,7 @@ func (n *Node) KillForTest() {
 		n.stopped.Store(true)
 		n.grpcSrv.Stop()
 		// Shutdown, not Leave: the peers must see a silent member.
-		_ = n.ml.Shutdown()
+		_ = n.gossiper.ml.Shutdown()
 		if n.lo != nil {
 			n.lo.shutdown()
 		}
@@ -34,7 +34,7 @@ func (n *Node) KillForTest() {
 		n.stopClients()
 		n.wg.Wait()
 		n.closeDataDir()
-		n.gossipLog.Close()
+		n.gossiper.mlLog.Close()
 		close(n.closed)
 	})
 }
@@ -45,20 +45,21 @@ func (n *Node) KillForTest() {
 // gossip reports the next membership change. It returns the view's ring
 // version.
 func (n *Node) SetViewForTest(members []string, addrs map[string]string) (uint64, error) {
-	n.viewMu.Lock()
-	defer n.viewMu.Unlock()
-	snap, err := ring.New(n.cfg.Ring, members, n.version+1)
+	g := n.gossiper
+	g.viewMu.Lock()
+	defer g.viewMu.Unlock()
+	snap, err := ring.New(n.cfg.Ring, members, g.version+1)
 	if err != nil {
 		return 0, fmt.Errorf("build test view: %w", err)
 	}
-	n.version++
+	g.version++
 	cp := make(map[string]string, len(addrs))
 	for k, v := range addrs {
 		cp[k] = v
 	}
 	n.view.Store(&view{snap: snap, alive: cp, since: time.Now()})
-	close(n.viewCh)
-	n.viewCh = make(chan struct{})
+	close(g.viewCh)
+	g.viewCh = make(chan struct{})
 	return snap.Version(), nil
 }
 
@@ -97,7 +98,7 @@ func (n *Node) Fingerprint() uint64 { return n.fp }
 
 // GossipMembers returns how many members n's memberlist knows, whatever
 // their fingerprint.
-func (n *Node) GossipMembers() int { return n.ml.NumMembers() }
+func (n *Node) GossipMembers() int { return n.gossiper.ml.NumMembers() }
 
 // partOfForTest returns the partition key belongs to on n.
 func (n *Node) partOfForTest(key Key) *part {
@@ -241,7 +242,7 @@ func (n *Node) unsettledForTest() string {
 // heldForTest describes what n still holds and why up to three of those
 // partitions have not moved, for failure messages of a leave.
 func (n *Node) heldForTest() string {
-	parts, keys := n.heldPartitions()
+	parts, keys := heldPartitions(n.pt.parts)
 	var pids []int
 	for p := range n.pt.parts {
 		pt := &n.pt.parts[p]

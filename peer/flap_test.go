@@ -196,7 +196,7 @@ func (r flapRun) run(t *testing.T) {
 			cuts++
 		}
 		for _, nd := range nodes {
-			fewest = min(fewest, nd.ml.NumMembers())
+			fewest = min(fewest, nd.gossiper.ml.NumMembers())
 		}
 	}
 	fn.healAll()
@@ -236,7 +236,7 @@ func gossipWhole(ctx context.Context, nodes []*Node) bool {
 	for {
 		all := true
 		for _, nd := range nodes {
-			all = all && nd.ml.NumMembers() == len(nodes)
+			all = all && nd.gossiper.ml.NumMembers() == len(nodes)
 		}
 		if all {
 			return true
@@ -254,7 +254,7 @@ func flapState(nodes []*Node) string {
 	views, rings, why := map[int]int{}, map[int]int{}, map[string]int{}
 	settled := 0
 	for _, nd := range nodes {
-		views[nd.ml.NumMembers()]++
+		views[nd.gossiper.ml.NumMembers()]++
 		rings[len(nd.Members())]++
 		if nd.Settled() {
 			settled++

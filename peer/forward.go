@@ -137,6 +137,18 @@ func (n *Node) dropClients(addrs map[string]string) {
 	}
 }
 
+// resetClient stops and forgets the client of member name, if any: its
+// connection may be stuck in reconnect backoff to a previous incarnation.
+// Calls queued on it fail as unavailable; the next forward dials afresh.
+func (n *Node) resetClient(name string) {
+	n.linksMu.Lock()
+	defer n.linksMu.Unlock()
+	if c := n.links[name]; c != nil {
+		c.stop()
+		delete(n.links, name)
+	}
+}
+
 func (c *peerLink) stop() { c.once.Do(func() { close(c.quit) }) }
 
 // pipeGather is how long a batch waits for the batch in flight before it

@@ -136,7 +136,7 @@ func waitView(t testing.TB, nd *Node, d time.Duration, what string, cond func() 
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
-		ch := nd.viewChanged()
+		ch := nd.gossiper.viewChanged()
 		if cond() {
 			return
 		}

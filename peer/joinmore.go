@@ -31,7 +31,7 @@ func (n *Node) Join(ctx context.Context, addrs []string) (int, error) {
 	// Copies taken in memberlist's callbacks: its own Node values are
 	// rewritten by its goroutines (see membership.Queue.GossipAddrs).
 	known := make(map[string]bool)
-	for _, m := range n.events.GossipAddrs() {
+	for _, m := range n.gossiper.events.GossipAddrs() {
 		known[net.JoinHostPort(m.Addr.String(), fmt.Sprint(m.Port))] = true
 	}
 	var fresh []string
@@ -43,7 +43,7 @@ func (n *Node) Join(ctx context.Context, addrs []string) (int, error) {
 	if len(fresh) == 0 {
 		return 0, nil
 	}
-	joined, err := n.ml.Join(fresh)
+	joined, err := n.gossiper.ml.Join(fresh)
 	if err != nil {
 		return joined, fmt.Errorf("peer: join %v: %w", fresh, err)
 	}

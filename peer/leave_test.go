@@ -181,7 +181,7 @@ func leaveWithTheOnlyCopy(t *testing.T, n0, n1 *Node, pid int) <-chan error {
 		closed <- n1.Close(ctx)
 	}()
 	waitForWhy(t, 20*time.Second, n1.Name()+" to hand on what it holds", func() bool {
-		held, _ := n1.heldPartitions()
+		held, _ := heldPartitions(n1.pt.parts)
 		return held == 0
 	}, n1.heldForTest)
 	return closed
@@ -297,7 +297,7 @@ func TestLeaverCutFromGossipKeepsItsVote(t *testing.T) {
 		return n1.closing.Load() && !n2.view.Load().snap.Has(n1.Name())
 	})
 	cut.Store(true)
-	waitFor(t, 30*time.Second, "n2's gossip to declare n1 dead", func() bool { return n2.ml.NumMembers() == 2 })
+	waitFor(t, 30*time.Second, "n2's gossip to declare n1 dead", func() bool { return n2.gossiper.ml.NumMembers() == 2 })
 	n0.KillForTest()
 	// With n0 dead, the log commits only with n1's vote: n2's liveness,
 	// extended by a record sent after the kill, is the proof. (Whether

@@ -8,11 +8,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
 	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
+	"github.com/ringlimit/ringlimit/peer/internal/partition"
 )
 
 // drain lets the machine move every partition this node holds: the node
@@ -22,13 +24,13 @@ import (
 // holders that showed they are alive), the whole cluster is stopping, or
 // ctx ends.
 func (lo *logOwner) drain(ctx context.Context) error {
-	n := lo.n
-	n.excludeSelf(ctx)
+	e := lo.env
+	e.leaveRing(ctx)
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	// How long, once it holds nothing, the member waits for its holders
 	// to move their backups off it before it leaves anyway.
-	d := ownership.Drain{Since: n.mono(), BackupWait: max(10*n.cfg.LeaseDuration, 5*time.Second)}
+	d := ownership.Drain{Since: e.mono(), BackupWait: max(10*e.lease, 5*time.Second)}
 	// The wait for holders to move their backups off ends a reserve
 	// before ctx's deadline, so that the leave itself (vote, liveness)
 	// has time of its own: when it ended with ctx, the member went a
@@ -40,14 +42,14 @@ func (lo *logOwner) drain(ctx context.Context) error {
 	// until ctx ends, as before.
 	var backupsDone <-chan struct{} // nil (never) without a deadline
 	if dl, ok := ctx.Deadline(); ok {
-		reserve := min(time.Until(dl)/2, 4*n.cfg.LeaseDuration)
+		reserve := min(time.Until(dl)/2, 4*e.lease)
 		bctx, bcancel := context.WithDeadline(ctx, dl.Add(-reserve))
 		defer bcancel()
 		backupsDone = bctx.Done()
 	}
 	aloneSaid := false
 	for {
-		v := n.view.Load()
+		v := e.view.Load()
 		d.Alive = len(v.alive)
 		if v.stopping && d.Alive > 1 {
 			// Every other member gossip lists is leaving too: the whole
@@ -72,8 +74,8 @@ func (lo *logOwner) drain(ctx context.Context) error {
 				// (its leader has just crashed, say): wait for one,
 				// within two leases.
 				voter := lo.run.Voter() && lo.run.Voters() > 1
-				n.log.Info("leaving while gossip reaches no other member", "voter", voter, "voters", lo.run.Voters(), "leader", lo.run.Lead() != 0)
-				if voter && !lo.awaitLeader(ctx, 2*n.cfg.LeaseDuration) {
+				e.log.Info("leaving while gossip reaches no other member", "voter", voter, "voters", lo.run.Voters(), "leader", lo.run.Lead() != 0)
+				if voter && !lo.awaitLeader(ctx, 2*e.lease) {
 					return nil
 				}
 			}
@@ -83,25 +85,25 @@ func (lo *logOwner) drain(ctx context.Context) error {
 				// Ending this member's liveness makes them pick another
 				// backup; until one has a copy their synchronous policies
 				// are unavailable.
-				n.log.Warn("left while still the backup of partitions: their holders copy them elsewhere now that this member's liveness ends", "partitions", backs, "waited", time.Duration(n.mono()-d.Since).Round(time.Millisecond))
+				e.log.Warn("left while still the backup of partitions: their holders copy them elsewhere now that this member's liveness ends", "partitions", backs, "waited", time.Duration(e.mono()-d.Since).Round(time.Millisecond))
 			}
 			// Leadership goes first (the log then has a leader again in
 			// a round trip, not an election timeout), then its liveness,
 			// for good, so that nobody waits for it to expire.
 			return lo.leaveLog(ctx)
 		}
-		if since := lo.run.Leaderless(); since != 0 && n.mono()-since > int64(noLeaderGiveUp) {
+		if since := lo.run.Leaderless(); since != 0 && e.mono()-since > int64(noLeaderGiveUp(e.lease)) {
 			// Nothing moves without a leader: no copy commits, no
 			// liveness ends. Waiting out the close deadline only made
 			// Close slow (11 s) and its error long (issue 53 item 14).
 			parts, _ = lo.depends()
-			_, keys := n.heldPartitions()
+			_, keys := heldPartitions(e.parts)
 			return fmt.Errorf("%w: the ownership log has no leader (%v); %d partitions (%d keys) move once this member's liveness lapses",
-				errNoLeader, time.Duration(n.mono()-since).Round(100*time.Millisecond), parts, keys)
+				errNoLeader, time.Duration(e.mono()-since).Round(100*time.Millisecond), parts, keys)
 		}
 		if d.Alive <= 1 && !aloneSaid && ok {
 			aloneSaid = true
-			n.log.Warn("leaving while gossip reaches no other member, with partitions that depend on this member: waiting for gossip or the close deadline",
+			e.log.Warn("leaving while gossip reaches no other member, with partitions that depend on this member: waiting for gossip or the close deadline",
 				"held", parts, "backed", backs)
 		}
 		select {
@@ -109,16 +111,16 @@ func (lo *logOwner) drain(ctx context.Context) error {
 		case <-backupsDone:
 			backupsDone = nil
 			if held, backs := lo.depends(); held == 0 && ctx.Err() == nil {
-				n.log.Warn("left while still the backup of partitions, at the close deadline's reserve: their holders copy them elsewhere now that this member's liveness ends", "partitions", backs)
+				e.log.Warn("left while still the backup of partitions, at the close deadline's reserve: their holders copy them elsewhere now that this member's liveness ends", "partitions", backs)
 				return lo.leaveLog(ctx)
 			}
 		case <-ctx.Done():
 			// The counts from the published states: the machine's answer
 			// may not have come (ctx ended while it was asked).
 			parts, backs = lo.depends()
-			_, keys := n.heldPartitions()
+			_, keys := heldPartitions(e.parts)
 			if parts == 0 {
-				n.log.Warn("left while still the backup of partitions: their holders copy them elsewhere once this member's liveness ends", "partitions", backs)
+				e.log.Warn("left while still the backup of partitions: their holders copy them elsewhere once this member's liveness ends", "partitions", backs)
 				return nil
 			}
 			return fmt.Errorf("peer: %d partitions (%d keys) still held at the close deadline (%s): %w", parts, keys, lo.explainHeld(3), ctx.Err())
@@ -127,11 +129,14 @@ func (lo *logOwner) drain(ctx context.Context) error {
 }
 
 // noLeaderGiveUp is how long a drain waits for the ownership log to have
-// a leader before it gives up: three election timeouts (logTick: an
-// election after 0.5 to 1 s without a leader), so a log whose leader
-// crashed elects another first, while one without a majority of voters
-// never does.
-const noLeaderGiveUp = 1500 * time.Millisecond
+// a leader before it gives up: three election timeouts (ownlog.Timing:
+// at a 2 s lease an election after 0.5 to 1 s without a leader, so 1.5 s),
+// so a log whose leader crashed elects another first, while one without
+// a majority of voters never does.
+func noLeaderGiveUp(lease time.Duration) time.Duration {
+	_, election := ownlog.Timing(lease, logTick)
+	return 3 * time.Duration(election) * logTick
+}
 
 // errNoLeader ends a drain whose log has no leader.
 var errNoLeader = errors.New("peer: left without a graceful drain")
@@ -140,7 +145,7 @@ var errNoLeader = errors.New("peer: left without a graceful drain")
 // backed (Machine.DependsOn), as the runner last published them:
 // lock-free, whether or not the runner answers now.
 func (lo *logOwner) depends() (held, backed int) {
-	for p := range lo.n.pt.parts {
+	for p := range lo.env.parts {
 		st := lo.run.Part(p)
 		if st.Held {
 			held++
@@ -164,7 +169,7 @@ func (lo *logOwner) depends() (held, backed int) {
 // lapsed for a moment, and went with them and the log's only vote. Close
 // then says so instead of returning nil.
 func (lo *logOwner) leaveLog(ctx context.Context) error {
-	return leaveLog(ctx, lo.run, lo.n.cfg.LeaseDuration, lo.n.log)
+	return leaveLog(ctx, lo.run, lo.env.lease, lo.env.log)
 }
 
 // logLeaver is what leaving asks of this member's side of the ownership
@@ -255,7 +260,7 @@ func pollUntil(ctx context.Context, d time.Duration, cond func() bool) bool {
 // runner within a second of its own.
 func (lo *logOwner) explainHeld(limit int) string {
 	var pids []int
-	for p := range lo.n.pt.parts {
+	for p := range lo.env.parts {
 		if lo.run.Part(p).Held && len(pids) < limit {
 			pids = append(pids, p)
 		}
@@ -270,4 +275,21 @@ func (lo *logOwner) explainHeld(limit int) string {
 	// proposal that never commits, a target never fresh, is one without
 	// a leader or cut off from it.
 	return strings.Join(append(ex, lo.run.Describe(ctx)), "; ")
+}
+
+// heldPartitions counts the partitions of parts this node holds or is
+// moving, and their keys.
+func heldPartitions(parts []part) (held, keys int) {
+	for i := range parts {
+		pt := &parts[i]
+		pt.Mu.RLock()
+		if pt.Role == partition.RoleHolder || pt.Role == partition.RoleFenced {
+			held++
+			if pt.Store != nil {
+				keys += pt.Store.Len()
+			}
+		}
+		pt.Mu.RUnlock()
+	}
+	return held, keys
 }

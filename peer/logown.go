@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,7 +17,9 @@ import (
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
 	"github.com/ringlimit/ringlimit/peer/internal/partition"
+	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 // This file drives ownership in OwnershipLog mode. The rules are the
@@ -61,17 +64,80 @@ const logTick = 50 * time.Millisecond
 // twoMemberGrace is how long a cluster that grew to two members stays two
 // before the node warns: a three-member cluster starting up is two for a
 // moment (its third member joining) and is not warned about.
-func (n *Node) twoMemberGrace() time.Duration { return 10 * n.cfg.LeaseDuration }
+func (lo *logOwner) twoMemberGrace() time.Duration { return 10 * lo.env.lease }
 
 // logFailedGone is how long a member that gossip reports failed (not
 // left) stays in autopilot's roster as a live member, so that a member
 // cut off for a while is still a voter when it comes back; after it,
 // autopilot replaces it as a voter.
-func (n *Node) logFailedGone() time.Duration { return n.cfg.FailedMemberTimeout }
+func (lo *logOwner) logFailedGone() time.Duration { return lo.env.failedGone }
 
-// logOwner is the node's side of log ownership.
+// ownerEnv is everything the ownership driver (logOwner: the log, its
+// view of the members, copies sent, takeovers, the leave) takes from its
+// node, set once when the node opens its log and never changed. The
+// driver reaches nothing else of the node: what it reads is here, what it
+// changes is the partitions' published state (under each partition's
+// lock) and what the funcs below do, and its goroutines join the node's
+// group and end with the node's context.
+type ownerEnv struct {
+	ctx     context.Context // the node's lifetime: cancelled by Close
+	wg      *sync.WaitGroup // the node's goroutines; the driver's join it
+	name    string          // this node's member name
+	start   uint64          // this process's start id (its incarnation)
+	raftID  uint64          // this member's raft ID (datadir.go)
+	log     *slog.Logger
+	metrics Metrics
+	clock   func() time.Time // the node's clock: a copy's ages
+	mono    func() int64     // the node's monotonic clock: leases
+
+	parts          []part        // every ring partition, as the node publishes it
+	lease          time.Duration // Config.LeaseDuration
+	failedGone     time.Duration // Config.FailedMemberTimeout
+	forwardTimeout time.Duration // Config.ForwardTimeout
+	chunkBytes     int           // Config.TransferChunkBytes
+	founder        bool          // started without Join: founds the log
+	emptyAfter     time.Duration // the log's first EmptyAfter (policies.go)
+	disk           *ownlog.Disk  // the log on disk; nil without a data directory
+
+	view  *atomic.Pointer[view]         // the node's current view (ring, members)
+	table *atomic.Pointer[policy.Table] // the node's policy table: what a copy carries
+	// copyUnsent (tests) fails the copies it returns true for.
+	copyUnsent *atomic.Pointer[func(pid int, to string) bool]
+
+	// newStore is an empty store for one partition's keys.
+	newStore func() *shard.Store
+	// restore refills st with partition pid's state at epoch from the
+	// data directory and reports whether it did; transition tells the
+	// data directory of a change of this member's part in pid. Both nil
+	// without a data directory.
+	restore    func(pid int, epoch uint64, st *shard.Store) bool
+	transition func(pid int, had, holds, backs bool, epoch uint64, st *shard.Store)
+	// linkConn is the connection and Limiter stub of the per-peer link
+	// to member name (dialled at addr when addr is set, else at the
+	// address its view lists).
+	linkConn func(name, addr string) (*grpc.ClientConn, peerpb.LimiterClient, error)
+	// barrier waits until the replication queued to member to is
+	// answered, within ctx (replicate.go).
+	barrier func(ctx context.Context, to string) error
+	// policyStamp sets a replication message's policy version and the
+	// windows of the policies its operations carry (replicate.go).
+	policyStamp func(req *peerpb.ReplicateRequest, member string)
+	// warn logs a degraded-service warning, throttled node-wide.
+	warn func(msg string, args ...any)
+	// ready recomputes the node's readiness (ready.go).
+	ready func()
+	// leaveRing takes this node out of its own ring and waits, briefly,
+	// for the view without it (membership.go).
+	leaveRing func(ctx context.Context)
+}
+
+// logOwner is the node's side of log ownership: it drives the log's
+// member, mirrors what it publishes into the node's partitions, sends
+// the copies it asks for and leaves the log on Close (logleave.go). It
+// takes what it needs of the node through env (ownerEnv, built in
+// assemble.go).
 type logOwner struct {
-	n      *Node
+	env    *ownerEnv
 	self   string // this incarnation's member ID
 	member *ownlog.Member
 	run    *ownlog.Runner
@@ -90,6 +156,12 @@ type logOwner struct {
 	raftDrop atomic.Pointer[func(to uint64) bool]
 	stop     context.CancelFunc
 	done     chan struct{}
+	// tookOver is the partitions taken over, for their summary lines
+	// (takeovers.go).
+	tookOver takeovers
+	// emptyWait is the log's EmptyAfter as the node's policies last set
+	// it (setEmptyAfter): it only grows.
+	emptyWait time.Duration
 
 	mu sync.Mutex // guards what follows (rebuild's bookkeeping)
 	// known is every incarnation gossip has shown, with its raft ID and
@@ -128,32 +200,22 @@ type logPeers struct {
 // maxKnown bounds the incarnations remembered for the roster.
 const maxKnown = 4096
 
-func incarnationID(name string, start uint64) string { return fmt.Sprintf("%s@%016x", name, start) }
-
-// memberName is the member name of incarnation id ("" for "").
-func memberName(id string) string {
-	if i := strings.LastIndexByte(id, '@'); i >= 0 {
-		return id[:i]
-	}
-	return id
-}
-
 // newLogOwner makes the node's log member; a node started without Join
 // founds the log as its only voter. Its goroutine starts with start.
-func newLogOwner(n *Node) (*logOwner, error) {
-	n.emptyWait = n.emptyAfter(n.table.Load(), 0)
-	lo := &logOwner{n: n, self: incarnationID(n.name, n.ops.start), ready: make(chan struct{}, 1), done: make(chan struct{}),
-		known: map[string]*logKnown{}, cur: map[string]string{}, restarts: make([]uint64, n.cfg.Ring.PartitionCount),
-		last: make([]ownlog.PartState, n.cfg.Ring.PartitionCount)}
-	lo.peers.Store(&logPeers{raft: map[uint64]string{}, inc: map[string]string{n.name: lo.self}, addr: map[string]string{}})
-	beat, election := ownlog.Timing(n.cfg.LeaseDuration, logTick)
-	cfg := ownlog.Config{RaftID: n.raftID(), Partitions: n.cfg.Ring.PartitionCount, HeartbeatTicks: beat, ElectionTicks: election,
-		Ownership: ownership.Config{ID: lo.self, Liveness: n.cfg.LeaseDuration, EmptyAfter: n.emptyWait}}
-	if n.dd != nil {
-		cfg.Disk = n.dd.raft // a log on disk is resumed; Bootstrap is then ignored
+func newLogOwner(e *ownerEnv) (*logOwner, error) {
+	parts := len(e.parts)
+	lo := &logOwner{env: e, self: incarnationID(e.name, e.start), ready: make(chan struct{}, 1), done: make(chan struct{}),
+		known: map[string]*logKnown{}, cur: map[string]string{}, restarts: make([]uint64, parts),
+		last: make([]ownlog.PartState, parts), emptyWait: e.emptyAfter}
+	lo.peers.Store(&logPeers{raft: map[uint64]string{}, inc: map[string]string{e.name: lo.self}, addr: map[string]string{}})
+	beat, election := ownlog.Timing(e.lease, logTick)
+	cfg := ownlog.Config{RaftID: e.raftID, Partitions: parts, HeartbeatTicks: beat, ElectionTicks: election,
+		Ownership: ownership.Config{ID: lo.self, Liveness: e.lease, EmptyAfter: lo.emptyWait}}
+	if e.disk != nil {
+		cfg.Disk = e.disk // a log on disk is resumed; Bootstrap is then ignored
 	}
-	if len(n.cfg.Join) == 0 {
-		cfg.Bootstrap = &pb.ConfState{Voters: []uint64{n.raftID()}}
+	if e.founder {
+		cfg.Bootstrap = &pb.ConfState{Voters: []uint64{e.raftID}}
 	}
 	m, err := ownlog.New(cfg)
 	if err != nil {
@@ -161,16 +223,19 @@ func newLogOwner(n *Node) (*logOwner, error) {
 	}
 	lo.member = m
 	lo.tr = ownlog.NewGRPCTransport(lo.dial)
-	lo.run = ownlog.NewRunner(m, logTransport{lo}, lo, logTick, n.mono, func(p int) *sync.RWMutex { return &n.pt.parts[p].Mu })
+	lo.run = ownlog.NewRunner(m, logTransport{lo}, lo, logTick, e.mono, func(p int) *sync.RWMutex { return &e.parts[p].Mu })
 	lo.run.SetFrom(lo.fromMember)
-	n.part.Lease = lo.run
-	if n.dd != nil {
-		n.part.Disk = diskLog{n}
-	}
-	if s, ok := n.metrics.(RaftTrafficSource); ok {
+	if s, ok := e.metrics.(RaftTrafficSource); ok {
 		s.RaftTrafficFrom(lo.traffic)
 	}
 	return lo, nil
+}
+
+// setEmptyAfter raises the log's EmptyAfter to d (a policy table's
+// emptyAfter); it never lowers it. Called under the node's policyMu.
+func (lo *logOwner) setEmptyAfter(d time.Duration) {
+	lo.emptyWait = max(lo.emptyWait, d)
+	lo.run.SetEmptyAfter(lo.emptyWait)
 }
 
 // fromMember reports whether a raft message from raftID may be stepped:
@@ -185,7 +250,7 @@ func (lo *logOwner) fromMember(raftID uint64) bool {
 	if _, ok := lo.peers.Load().raft[raftID]; ok {
 		return true
 	}
-	lo.n.warnThrottled("raft message from a non-member dropped", "raft_id", raftID)
+	lo.env.warn("raft message from a non-member dropped", "raft_id", raftID)
 	return false
 }
 
@@ -195,12 +260,6 @@ func (lo *logOwner) traffic() RaftTraffic {
 	return RaftTraffic{MessagesSent: t.MsgsSent, BytesSent: t.BytesSent, MessagesDropped: t.MsgsDropped, MessagesShed: t.MsgsShed,
 		MessagesReceived: lo.recv.msgs.Load(), BytesReceived: lo.recv.bytes.Load(),
 		Proposals: t.Proposals, ConfChanges: t.ConfChanges, Applied: t.Applied}
-}
-
-// RaftTraffic returns what the ownership log has cost this node so far.
-// Lock-free and cheap: fine to poll.
-func (n *Node) RaftTraffic() RaftTraffic {
-	return n.lo.traffic()
 }
 
 // logTransport is the transport the runner sends through: the gRPC one,
@@ -219,26 +278,26 @@ func (t logTransport) Traffic() ownlog.Traffic { return t.lo.tr.Traffic() }
 
 // register adds the log's service to the node's gRPC server.
 func (lo *logOwner) register(s grpc.ServiceRegistrar) {
-	ownlog.Register(s, lo.recv.counting(lo.run.Receive), lo.n.ctx.Done())
+	ownlog.Register(s, lo.recv.counting(lo.run.Receive), lo.env.ctx.Done())
 }
 
 // start runs the member and the readiness refresher on goroutines the node
 // owns; stop ends them.
 func (lo *logOwner) start() {
-	ctx, cancel := context.WithCancel(lo.n.ctx)
+	e := lo.env
+	ctx, cancel := context.WithCancel(e.ctx)
 	lo.stop = cancel
-	n := lo.n
-	n.wg.Add(2)
+	e.wg.Add(2)
 	go func() {
-		defer n.wg.Done()
+		defer e.wg.Done()
 		defer close(lo.done)
 		lo.run.Run(ctx)
 	}()
 	go func() {
-		defer n.wg.Done()
+		defer e.wg.Done()
 		// Readiness also changes with time alone (a log without a leader
 		// for too long): look again every lease.
-		t := time.NewTicker(n.cfg.LeaseDuration)
+		t := time.NewTicker(e.lease)
 		defer t.Stop()
 		warned := false
 		var twoSince time.Time
@@ -246,56 +305,71 @@ func (lo *logOwner) start() {
 		for {
 			select {
 			case <-ctx.Done():
-				n.logTakeovers(true) // the summaries not yet due
+				lo.logTakeovers(true) // the summaries not yet due
 				return
 			case <-lo.ready:
 			case <-t.C:
 			}
-			if n.view.Load() == nil {
+			if e.view.Load() == nil {
 				// New starts the log before its first rebuild publishes
 				// a view; that rebuild computes readiness itself. (A
 				// 32-member start under load got here first: nil view.)
 				continue
 			}
-			n.updateReady()
-			n.logTakeovers(false)
+			e.ready()
+			lo.logTakeovers(false)
 			// A log of two members has one voter: say so once a cluster
 			// has stayed at two members (a three-member cluster starting
 			// up is two for a moment).
-			switch v := n.view.Load(); {
+			switch v := e.view.Load(); {
 			case len(v.alive) != 2:
 				twoSince, twoWarned = time.Time{}, false
 			case twoSince.IsZero():
 				twoSince = time.Now()
-			case !twoWarned && time.Since(twoSince) >= n.twoMemberGrace():
+			case !twoWarned && time.Since(twoSince) >= lo.twoMemberGrace():
 				twoWarned = true
-				n.log.Warn("cluster of two members: the ownership log has one voter, so losing that member stops every decision (losing the other, its partitions are taken over); run three or more",
+				e.log.Warn("cluster of two members: the ownership log has one voter, so losing that member stops every decision (losing the other, its partitions are taken over); run three or more",
 					"two_since", twoSince.UTC().Format(time.RFC3339))
 			}
 			since := lo.run.Leaderless()
 			switch {
-			case since != 0 && !warned && n.mono()-since > 2*int64(n.cfg.LeaseDuration):
+			case since != 0 && !warned && e.mono()-since > 2*int64(e.lease):
 				warned = true
-				n.log.Warn("ownership log has no leader: a majority of its voters is unreachable; no holder decides until it is back (restart the cluster to recover from voters lost for good)",
-					"for", time.Duration(n.mono()-since).Round(time.Second))
+				e.log.Warn("ownership log has no leader: a majority of its voters is unreachable; no holder decides until it is back (restart the cluster to recover from voters lost for good)",
+					"for", time.Duration(e.mono()-since).Round(time.Second))
 			case since == 0 && warned:
 				warned = false
-				n.log.Info("ownership log has a leader again")
+				e.log.Info("ownership log has a leader again")
 			}
 		}
 	}()
 }
 
+// logTakeovers warns once per failed holder whose partitions were taken
+// over, once no more of them have been for a lease (a crash's takeovers
+// spread over several reconcile rounds): how many partitions and keys,
+// over how long. Each partition also has a Debug line. With all, every
+// tally is logged now (the node is closing).
+func (lo *logOwner) logTakeovers(all bool) {
+	e := lo.env
+	for holder, t := range lo.tookOver.due(e.mono(), int64(e.lease), all) {
+		e.log.Warn("partitions taken over from failed holder", "peer", holder, "partitions", t.partitions, "keys", t.keys, "took", time.Duration(t.last-t.first))
+	}
+}
+
+// rpcTimeout bounds one ownership RPC (one chunk of a copy).
+func (lo *logOwner) rpcTimeout() time.Duration { return max(10*lo.env.forwardTimeout, 5*time.Second) }
+
 // awaitFounded waits, within ctx and at most 10 s, until the founder holds
 // every partition: its log elected it, it joined and extended, and the
 // grants committed. A founder that is not settled by then still starts:
 // requests wait for the grants within their deadlines.
-func (n *Node) awaitFounded(ctx context.Context) {
+func (lo *logOwner) awaitFounded(ctx context.Context) {
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
 	limit := time.NewTimer(10 * time.Second)
 	defer limit.Stop()
-	for !n.Settled() {
+	for !lo.settled(lo.env.view.Load()) {
 		select {
 		case <-t.C:
 		case <-ctx.Done():
@@ -320,19 +394,12 @@ func (lo *logOwner) dial(_ context.Context, to uint64) (grpc.ClientConnInterface
 	if !ok {
 		return nil, fmt.Errorf("%w: raft member %016x", errNoPeer, to)
 	}
-	addr, ok := lo.peers.Load().addr[name]
-	if !ok {
-		c, err := lo.n.linkTo(name)
-		if err != nil {
-			return nil, err
-		}
-		return c.conn, nil
-	}
-	c, err := lo.n.dialLink(name, addr)
+	// The log's own address when it keeps one (logPeers), else the view's.
+	conn, _, err := lo.env.linkConn(name, lo.peers.Load().addr[name])
 	if err != nil {
 		return nil, err
 	}
-	return c.conn, nil
+	return conn, nil
 }
 
 // withLogAddrs returns alive with the address of every member the log
@@ -360,8 +427,8 @@ func (lo *logOwner) incarnation(name string) string { return lo.peers.Load().inc
 // raftIDs and heirs are, per live member, its raft ID and the start id of
 // the incarnation whose data directory it has (0 for none).
 func (lo *logOwner) setView(v *view, evs []membership.Event, starts, raftIDs, heirs map[string]uint64, targets []string) {
-	n := lo.n
-	now := n.mono()
+	e := lo.env
+	now := e.mono()
 	// A member that left gossip is gone for good once the table says it
 	// ended its liveness for good (a completed leave does so before it
 	// leaves gossip). Until then it may still be draining, cut off from
@@ -381,7 +448,7 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts, raftIDs, he
 	lo.mu.Unlock()
 	var ended map[string]bool
 	if len(left) > 0 {
-		ctx, cancel := context.WithTimeout(n.ctx, time.Second)
+		ctx, cancel := context.WithTimeout(e.ctx, time.Second)
 		ended = lo.run.Ended(ctx, left)
 		cancel()
 	}
@@ -427,7 +494,7 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts, raftIDs, he
 	var roster []ownlog.Peer
 	for id, k := range lo.known {
 		failedFor := time.Duration(now - k.lastLive)
-		g := k.gone || failedFor > n.logFailedGone()
+		g := k.gone || failedFor > lo.logFailedGone()
 		// Only a member that left or runs a later incarnation is gone for
 		// good to the ownership table. One gossip gave up on may be cut
 		// off with the state of partitions that wait for it (a long
@@ -458,14 +525,14 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts, raftIDs, he
 	for name, id := range lo.cur {
 		peers.inc[name] = id
 	}
-	peers.inc[n.name] = lo.self
+	peers.inc[e.name] = lo.self
 	roster = oneIncarnationPerRaftID(roster)
 	heirOf := lo.heirsLocked(heirs)
 	gone = withHeirsGone(gone, heirOf)
 	lo.mu.Unlock()
 	lo.peers.Store(peers)
 
-	parts := n.cfg.Ring.PartitionCount
+	parts := len(e.parts)
 	ov := ownership.View{Target: make([]string, parts), Second: make([]string, parts), Gone: gone, Failed: failed, Heirs: heirOf}
 	for _, t := range targets {
 		if id := peers.inc[t]; id != "" {
@@ -481,6 +548,68 @@ func (lo *logOwner) setView(v *view, evs []membership.Event, starts, raftIDs, he
 		}
 	}
 	lo.run.SetView(ov, roster)
+}
+
+// raftInUse reports whether an incarnation other than id that is not gone
+// uses raft ID r (a member restarted with its data directory keeps its
+// raft ID): the log's stream to r is then still needed. Called with
+// lo.mu held.
+func (lo *logOwner) raftInUse(r uint64, id string) bool {
+	for other, k := range lo.known {
+		if other != id && k.raft == r && !k.gone {
+			return true
+		}
+	}
+	return false
+}
+
+// oneIncarnationPerRaftID keeps, of roster entries sharing a raft ID (the
+// incarnations of one member restarted with its data directory), the one
+// not gone (autopilot keys its roster by raft ID: a gone entry would
+// remove the member that resumed that raft ID).
+func oneIncarnationPerRaftID(roster []ownlog.Peer) []ownlog.Peer {
+	live := map[uint64]bool{}
+	for _, p := range roster {
+		if !p.Gone {
+			live[p.RaftID] = true
+		}
+	}
+	out := roster[:0]
+	for _, p := range roster {
+		if p.Gone && live[p.RaftID] {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// heirsLocked is the view's Heirs: each live member's incarnation mapped
+// to the one whose data directory it restarted with. Called with lo.mu
+// held.
+func (lo *logOwner) heirsLocked(heirs map[string]uint64) map[string]string {
+	if len(heirs) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(heirs))
+	for name, h := range heirs {
+		if id, old := lo.cur[name], incarnationID(name, h); id != "" && id != old {
+			out[id] = old
+		}
+	}
+	return out
+}
+
+// withHeirsGone adds to gone every incarnation an heir restarted from: a
+// later incarnation runs with its data directory, so it is gone for good
+// (after a restart of every member nobody saw it end in gossip).
+func withHeirsGone(gone []string, heirOf map[string]string) []string {
+	for _, old := range heirOf {
+		if !slices.Contains(gone, old) {
+			gone = append(gone, old)
+		}
+	}
+	return gone
 }
 
 // forgetOldest drops the gone incarnation seen live longest ago. Called
@@ -501,12 +630,13 @@ func (lo *logOwner) forgetOldest() {
 // Reset empties partition p's local state: it was granted here empty.
 // Called by the runner with the partition's lock held.
 func (lo *logOwner) Reset(p int) {
-	pt := &lo.n.pt.parts[p]
-	pt.Store = lo.n.newPartStore()
+	e := lo.env
+	pt := &e.parts[p]
+	pt.Store = e.newStore()
 	pt.Rep, pt.Next = replica{}, replica{}
 	restored := false
-	if lo.n.dd != nil {
-		restored = lo.n.restorePartition(p, lo.member.Own().Table().Parts[p].Epoch, pt.Store)
+	if e.restore != nil {
+		restored = e.restore(p, lo.member.Own().Table().Parts[p].Epoch, pt.Store)
 	}
 	// The runner's goroutine owns the member: its table may be read here.
 	if r := lo.member.Own().Table().Parts[p].Restarts; r > lo.restarts[p] {
@@ -514,19 +644,19 @@ func (lo *logOwner) Reset(p int) {
 		if restored {
 			return // its state came back from the data directory (logged there)
 		}
-		lo.n.log.Error("partition restarted empty: its holder and its backup are gone for good, so its keys start over (up to each limit again)",
+		e.log.Error("partition restarted empty: its holder and its backup are gone for good, so its keys start over (up to each limit again)",
 			"partition", p, "restarts", r)
-		lo.n.metrics.Handoff("lost", "orphaned", 1)
+		e.metrics.Handoff("lost", "orphaned", 1)
 		return
 	}
-	lo.n.log.Debug("partition granted here empty", "partition", p)
+	e.log.Debug("partition granted here empty", "partition", p)
 }
 
 // Publish mirrors partition p's applied record into the node's partition
 // table. Called by the runner with the partition's lock held.
 func (lo *logOwner) Publish(p int, st ownlog.PartState) {
-	n := lo.n
-	pt := &n.pt.parts[p]
+	e := lo.env
+	pt := &e.parts[p]
 	prev := lo.last[p]
 	lo.last[p] = st
 	switch {
@@ -537,18 +667,18 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 		if pt.Store != nil {
 			keys = pt.Store.Len()
 		}
-		n.log.Debug("partition taken over from failed holder", "partition", p, "peer", memberName(prev.Holder), "epoch", st.Epoch, "keys", keys)
-		n.metrics.Handoff("takeover", "ok", keys)
+		e.log.Debug("partition taken over from failed holder", "partition", p, "peer", memberName(prev.Holder), "epoch", st.Epoch, "keys", keys)
+		e.metrics.Handoff("takeover", "ok", keys)
 		// One Warn per ended member: logTakeovers
 		// sums its takeovers once they have been quiet for a lease.
-		n.tookOver.tally(memberName(prev.Holder), keys, n.mono())
+		lo.tookOver.tally(memberName(prev.Holder), keys, e.mono())
 	case prev.Holder == lo.self && st.Holder != lo.self && st.Holder != "" && st.Backup == lo.self:
 		keys := 0
 		if pt.Store != nil {
 			keys = pt.Store.Len()
 		}
-		n.log.Debug("partition transferred", "partition", p, "peer", memberName(st.Holder), "epoch", st.Epoch, "keys", keys)
-		n.metrics.Handoff("sent", "ok", keys)
+		e.log.Debug("partition transferred", "partition", p, "peer", memberName(st.Holder), "epoch", st.Epoch, "keys", keys)
+		e.metrics.Handoff("sent", "ok", keys)
 	}
 	switch {
 	case st.Holder == lo.self:
@@ -557,10 +687,10 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 			r = partition.RoleHolder
 		}
 		if pt.Store == nil {
-			pt.Store = n.newPartStore()
+			pt.Store = e.newStore()
 		}
 		pt.Backup = memberName(st.Backup)
-		pt.SetRoleLocked(r, n.name, st.Epoch)
+		pt.SetRoleLocked(r, e.name, st.Epoch)
 	case st.Holder != "":
 		pt.Backup = ""
 		pt.SetRoleLocked(partition.RoleHint, memberName(st.Holder), st.Epoch)
@@ -568,8 +698,8 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 		pt.Backup = ""
 		pt.SetRoleLocked(partition.RoleNone, "", 0)
 	}
-	if n.dd != nil {
-		n.durableTransition(p, prev.Holder == lo.self || prev.Backup == lo.self, st.Holder == lo.self, st.Backup == lo.self, st.Epoch, pt.Store)
+	if e.transition != nil {
+		e.transition(p, prev.Holder == lo.self || prev.Backup == lo.self, st.Holder == lo.self, st.Backup == lo.self, st.Epoch, pt.Store)
 	}
 	select {
 	case lo.ready <- struct{}{}:
@@ -599,12 +729,12 @@ func (lo *logOwner) Publish(p int, st ownlog.PartState) {
 // from nothing when the policy comes back. TODO(issue 52): carry every
 // key, which needs the receiver to record keys its table cannot decide.
 func (lo *logOwner) SendCopy(a ownership.Action) {
-	n := lo.n
-	st := n.pt.parts[a.P].Store
+	e := lo.env
+	st := e.parts[a.P].Store
 	to := memberName(a.To)
-	n.wg.Add(1)
+	e.wg.Add(1)
 	go func() {
-		defer n.wg.Done()
+		defer e.wg.Done()
 		// Admissions decided before the fence may still be on their way
 		// to the receiver (async ones, or sync ones not yet answered). A
 		// backup adds what it receives to its copy, so one that landed
@@ -612,15 +742,15 @@ func (lo *logOwner) SendCopy(a ownership.Action) {
 		// wait until the replication queued for the receiver so far is
 		// answered. Past ForwardTimeout the copy goes anyway (a late
 		// admission can then only refuse more, never admit more).
-		bctx, bcancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
-		if err := n.replBarrier(bctx, to); err != nil {
-			n.log.Debug("partition copy sent with replication to the receiver still unanswered", "partition", a.P, "to", to, "err", err)
+		bctx, bcancel := context.WithTimeout(e.ctx, e.forwardTimeout)
+		if err := e.barrier(bctx, to); err != nil {
+			e.log.Debug("partition copy sent with replication to the receiver still unanswered", "partition", a.P, "to", to, "err", err)
 		}
 		bcancel()
 		var keys []*peerpb.KeyState
 		if st != nil {
-			now := n.clock()
-			tab := n.table.Load()
+			now := e.clock()
+			tab := e.table.Load()
 			st.Range(func(k Key) bool {
 				ks, ok := st.Export(k, now)
 				if ok {
@@ -629,18 +759,18 @@ func (lo *logOwner) SendCopy(a ownership.Action) {
 						keys = append(keys, stateToWire(ks))
 					}
 				}
-				return n.ctx.Err() == nil
+				return e.ctx.Err() == nil
 			})
 		}
-		ctx, cancel := context.WithTimeout(n.ctx, n.rpcTimeout())
+		ctx, cancel := context.WithTimeout(e.ctx, lo.rpcTimeout())
 		defer cancel()
 		if err := lo.sendCopy(ctx, a, to, keys); err != nil {
-			n.log.Debug("partition copy failed", "partition", a.P, "to", to, "err", err)
-			n.metrics.Backup("sent", "error", 1)
+			e.log.Debug("partition copy failed", "partition", a.P, "to", to, "err", err)
+			e.metrics.Backup("sent", "error", 1)
 			lo.run.CopyFailed(a.P, a.To, a.Epoch, a.Seq)
 			return
 		}
-		n.metrics.Backup("sent", "ok", 1)
+		e.metrics.Backup("sent", "ok", 1)
 		lo.run.CopyAcked(a.P, a.To, a.Epoch, a.Seq)
 	}()
 }
@@ -651,11 +781,11 @@ var errCopyUnsent = errors.New("peer: copy not sent (test)")
 // sendCopy sends keys as one copy of a.P to member to, in requests of at
 // most TransferChunkBytes, and reports whether every request was applied.
 func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string, keys []*peerpb.KeyState) error {
-	n := lo.n
-	if f := n.hooks.copyUnsent.Load(); f != nil && (*f)(a.P, to) {
+	e := lo.env
+	if f := e.copyUnsent.Load(); f != nil && (*f)(a.P, to) {
 		return errCopyUnsent
 	}
-	c, err := n.linkTo(to)
+	_, stub, err := e.linkConn(to, "")
 	if err != nil {
 		return err
 	}
@@ -666,9 +796,9 @@ func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string,
 		if last {
 			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_END, Partition: part, Epoch: epoch, HolderEpoch: a.Seq})
 		}
-		req := &peerpb.ReplicateRequest{Sender: n.name, Ops: ops}
-		n.stampPolicies(req, to, opsPolicies(ops))
-		resp, err := c.stub.Replicate(ctx, req)
+		req := &peerpb.ReplicateRequest{Sender: e.name, Ops: ops}
+		e.policyStamp(req, to)
+		resp, err := stub.Replicate(ctx, req)
 		if err != nil {
 			return withCtxErr(ctx, err)
 		}
@@ -688,7 +818,7 @@ func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string,
 	}
 	for _, w := range keys {
 		sz := 64 + len(w.GetKey().GetTenant()) + len(w.GetKey().GetSubject()) + len(w.GetKey().GetPolicy()) + 12*len(w.GetRuns())
-		if size+sz > n.cfg.TransferChunkBytes && size > 0 {
+		if size+sz > e.chunkBytes && size > 0 {
 			if err := flush(false); err != nil {
 				return err
 			}
@@ -716,11 +846,11 @@ func (lo *logOwner) settled(v *view) bool {
 
 // unsettled is the first partition that keeps settled false, -1 for none.
 func (lo *logOwner) unsettled(v *view) int {
-	mono := lo.n.mono()
-	for p := range lo.n.pt.parts {
+	mono := lo.env.mono()
+	for p := range lo.env.parts {
 		st := lo.run.Part(p)
 		mine := st.Holder == lo.self
-		if mine != (v.snap.PartitionOwner(p) == lo.n.name) {
+		if mine != (v.snap.PartitionOwner(p) == lo.env.name) {
 			return p
 		}
 		if mine && (!lo.run.MayDecide(p, mono) || len(v.alive) > 1 && st.Backup == "") {

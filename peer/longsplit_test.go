@@ -250,7 +250,7 @@ func TestLongSplitNeverRestartsEmpty(t *testing.T) {
 		}
 		nudged = time.Now()
 		for _, nd := range big {
-			nd.nudge()
+			nd.gossiper.nudge()
 		}
 	}
 	overLimit := func() {

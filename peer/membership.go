@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -15,6 +18,101 @@ import (
 	"github.com/ringlimit/ringlimit/peer/internal/membership"
 	"github.com/ringlimit/ringlimit/ring"
 )
+
+// gossiper is the node's membership: memberlist, the events it reports,
+// the failed members it rejoins (reconnect.go), and the views (rings)
+// rebuilt from the whole member list and published to n.view. It takes
+// what it needs of the node through env.
+type gossiper struct {
+	env *gossiperEnv
+
+	ml       *memberlist.Memberlist
+	delegate *membership.Delegate
+	mlLog    *membership.Log // memberlist's log lines, bridged to slog
+	events   membership.Queue
+	// clusterID names the cluster this node belongs to (see
+	// membership.Meta.Cluster).
+	clusterID atomic.Uint64
+
+	rebuildCh chan struct{} // nudged by memberlist's callbacks
+	// kept: members gossip declared dead that the ring keeps while their
+	// liveness holds (name → gossip address); the rebuild goroutine's.
+	kept map[string]membership.Event
+	// starts maps member names to the start id last seen in their meta.
+	// Only the rebuild goroutine (or New, before it starts) touches it.
+	starts map[string]uint64
+	// retry is the set of failed members to rejoin (reconnect.go).
+	retry reconnectState
+	// conflict records another member claiming this node's name
+	// (conflict.go).
+	conflict conflictState
+
+	viewMu  sync.Mutex    // guards viewCh and version
+	viewCh  chan struct{} // closed and replaced on each publish
+	version uint64
+}
+
+// gossiperEnv is what the membership takes from its node, set once in New.
+// The funcs that reach the ownership driver (fresh, ownerView, logAddrs)
+// are called only by the rebuild goroutine, which starts after the
+// driver is open.
+type gossiperEnv struct {
+	ctx     context.Context // the node's lifetime: cancelled by Close
+	wg      *sync.WaitGroup // the node's goroutines; the rebuild loop joins it
+	name    string          // this node's member name
+	log     *slog.Logger
+	metrics Metrics
+	cfg     *Config // the node's config: gossip, join, ring and lease settings
+	fp      uint64  // the placement fingerprint members must share
+	closing *atomic.Bool
+	view    *atomic.Pointer[view] // where views are published
+	hooks   *faultHooks           // freshLate, freshLost (tests)
+
+	// meta is what this node gossips about itself.
+	meta func(draining bool) membership.Meta
+	// fresh asks the ownership log which of the incarnations ids are
+	// live and extending, within ctx (nil: no answer in time).
+	fresh func(ctx context.Context, ids []string) map[string]bool
+	// ownerView passes a rebuilt view on to the ownership driver
+	// (logOwner.setView); logAddrs adds the addresses its log still
+	// dials (logOwner.withLogAddrs).
+	ownerView func(v *view, evs []membership.Event, starts, raftIDs, heirs map[string]uint64, targets []string)
+	logAddrs  func(alive map[string]string) map[string]string
+	// dropLinks stops the per-peer links of members not in addrs;
+	// resetLink stops the one of member name (it restarted).
+	dropLinks func(addrs map[string]string)
+	resetLink func(name string)
+	// policyVersions takes the policy version each live member gossips;
+	// reachStarts their start ids (reach.go).
+	policyVersions func(pvs map[string]uint64)
+	reachStarts    func(starts map[string]uint64)
+	// ignore notes a member left out of the ring, and reports whether
+	// that is news; commitIgnored publishes the rebuild's (ready.go).
+	ignore        func(name, why string) bool
+	commitIgnored func() map[string]string
+	// ready recomputes the node's readiness (ready.go).
+	ready func()
+}
+
+// newGossip is the node's membership, not yet started (start).
+func newGossiper(e *gossiperEnv) *gossiper {
+	return &gossiper{env: e, rebuildCh: make(chan struct{}, 1), kept: map[string]membership.Event{}, viewCh: make(chan struct{})}
+}
+
+// incarnationID is the ID of member name's process started as start:
+// name@start, the member ID in the ownership log.
+func incarnationID(name string, start uint64) string { return fmt.Sprintf("%s@%016x", name, start) }
+
+// memberName is the member name of incarnation id ("" for "").
+func memberName(id string) string {
+	if i := strings.LastIndexByte(id, '@'); i >= 0 {
+		return id[:i]
+	}
+	return id
+}
+
+// errNoPeer is a member that is not in this node's view.
+var errNoPeer = errors.New("peer: member not in view")
 
 // view is one published ring with the addresses needed to reach its members.
 // Published views are never mutated.
@@ -37,82 +135,82 @@ type view struct {
 // their logs say "left" rather than "failed". Bounded by memberlist's
 // TCPTimeout per member; members are told concurrently; failures only cost
 // the log line.
-func (n *Node) announceLeave() {
-	msg := membership.LeavingMsg(n.name)
+func (g *gossiper) announceLeave() {
+	msg := membership.LeavingMsg(g.env.name)
 	var wg sync.WaitGroup
-	for _, m := range n.events.GossipAddrs() {
-		if m.Name == n.name {
+	for _, m := range g.events.GossipAddrs() {
+		if m.Name == g.env.name {
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = n.ml.SendReliable(&m, msg)
+			_ = g.ml.SendReliable(&m, msg)
 		}()
 	}
 	wg.Wait()
 }
 
-func (n *Node) nudge() {
+func (g *gossiper) nudge() {
 	select {
-	case n.rebuildCh <- struct{}{}:
+	case g.rebuildCh <- struct{}{}:
 	default:
 	}
 }
 
-func (n *Node) startGossip(ctx context.Context) error {
-	host, portStr, _ := net.SplitHostPort(n.cfg.GossipAddr)
+func (g *gossiper) start(ctx context.Context) error {
+	host, portStr, _ := net.SplitHostPort(g.env.cfg.GossipAddr)
 	port, err := strconv.Atoi(portStr)
 	if err != nil {
 		return fmt.Errorf("%w: gossip port %q: %v", ErrInvalidConfig, portStr, err)
 	}
 	mc := memberlist.DefaultLANConfig()
-	mc.Name = n.name
+	mc.Name = g.env.name
 	mc.BindAddr = host
 	mc.BindPort = port
 	mc.AdvertisePort = port
-	if n.cfg.GossipAdvertiseAddr != "" {
-		ah, ap, _ := net.SplitHostPort(n.cfg.GossipAdvertiseAddr)
+	if g.env.cfg.GossipAdvertiseAddr != "" {
+		ah, ap, _ := net.SplitHostPort(g.env.cfg.GossipAdvertiseAddr)
 		mc.AdvertiseAddr = ah
 		mc.AdvertisePort, _ = strconv.Atoi(ap)
 	}
-	d := &membership.Delegate{Queue: &n.events, OnEvent: func(e membership.Event) { n.noteReconnect(e); n.nudge() }, OnConflict: n.noteConflict}
-	d.SetMeta(n.meta(false))
-	n.delegate = d
+	d := &membership.Delegate{Queue: &g.events, OnEvent: func(e membership.Event) { g.noteReconnect(e); g.nudge() }, OnConflict: g.noteConflict}
+	d.SetMeta(g.env.meta(false))
+	g.delegate = d
 	mc.Delegate = d
 	mc.Events = d
 	mc.Conflict = d
-	n.gossipLog = membership.NewLog(n.log)
-	mc.Logger = log.New(n.gossipLog, "", 0)
+	g.mlLog = membership.NewLog(g.env.log)
+	mc.Logger = log.New(g.mlLog, "", 0)
 	mc.LogOutput = nil
-	if len(n.cfg.GossipKey) > 0 {
-		mc.SecretKey = n.cfg.GossipKey
+	if len(g.env.cfg.GossipKey) > 0 {
+		mc.SecretKey = g.env.cfg.GossipKey
 	}
-	n.cfg.GossipProfile.ApplySized(mc, n.cfg.ExpectedMembers)
-	if n.cfg.Gossip != nil {
-		n.cfg.Gossip(mc)
+	g.env.cfg.GossipProfile.ApplySized(mc, g.env.cfg.ExpectedMembers)
+	if g.env.cfg.Gossip != nil {
+		g.env.cfg.Gossip(mc)
 	}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
-		return fmt.Errorf("peer: start gossip on %s: %w", n.cfg.GossipAddr, err)
+		return fmt.Errorf("peer: start gossip on %s: %w", g.env.cfg.GossipAddr, err)
 	}
-	n.ml = ml
-	if len(n.cfg.Join) == 0 {
+	g.ml = ml
+	if len(g.env.cfg.Join) == 0 {
 		return nil
 	}
-	err = membership.Join(ctx, ml, n.cfg.Join, n.cfg.JoinTimeout, n.log)
+	err = membership.Join(ctx, ml, g.env.cfg.Join, g.env.cfg.JoinTimeout, g.env.log)
 	if errors.Is(err, membership.ErrKeyMismatch) {
 		// This node's GossipKey is not the cluster's: a config error.
 		err = fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if err == nil {
-		err = n.duplicateName()
+		err = g.conflict.err(g.env.name)
 	}
 	if err != nil {
 		// Shutdown, not Leave: after a name conflict a leave would
 		// announce the established member's departure.
 		_ = ml.Shutdown()
-		n.gossipLog.Close()
+		g.mlLog.Close()
 		return err
 	}
 	return nil
@@ -121,22 +219,22 @@ func (n *Node) startGossip(ctx context.Context) error {
 // rebuildLoop rebuilds the ring whenever memberlist reports a change,
 // and while it keeps members gossip declared dead (rebuild), again every
 // quarter lease until it lets them go.
-func (n *Node) rebuildLoop() {
-	defer n.wg.Done()
+func (g *gossiper) rebuildLoop() {
+	defer g.env.wg.Done()
 	recheck := time.NewTimer(time.Hour)
 	recheck.Stop()
 	defer recheck.Stop()
 	for {
 		select {
-		case <-n.ctx.Done():
+		case <-g.env.ctx.Done():
 			return
-		case <-n.rebuildCh:
+		case <-g.rebuildCh:
 		case <-recheck.C:
 		}
-		if n.rebuild() {
-			recheck.Reset(n.cfg.LeaseDuration / 4)
+		if g.rebuild() {
+			recheck.Reset(g.env.cfg.LeaseDuration / 4)
 		}
-		n.updateReady()
+		g.env.ready()
 	}
 }
 
@@ -150,7 +248,7 @@ func (n *Node) rebuildLoop() {
 // member leaves the ring: once its liveness has lapsed here (or it came
 // back, or it restarted under a new incarnation). Members let go are
 // forgotten.
-func (n *Node) keepFailed(failed, members map[string][]byte) map[string][]byte {
+func (g *gossiper) keepFailed(failed, members map[string][]byte) map[string][]byte {
 	if len(failed) == 0 {
 		return nil
 	}
@@ -162,7 +260,7 @@ func (n *Node) keepFailed(failed, members map[string][]byte) map[string][]byte {
 		}
 		md, err := membership.DecodeMeta(raw)
 		if err != nil || md.Start == 0 {
-			n.events.ForgetFailed(name)
+			g.events.ForgetFailed(name)
 			continue
 		}
 		id := incarnationID(name, md.Start)
@@ -171,17 +269,17 @@ func (n *Node) keepFailed(failed, members map[string][]byte) map[string][]byte {
 	}
 	var fresh map[string]bool
 	if len(ids) > 0 {
-		ctx, cancel := context.WithTimeout(n.ctx, time.Second)
-		fresh = n.lo.run.Fresh(ctx, ids)
+		ctx, cancel := context.WithTimeout(g.env.ctx, time.Second)
+		fresh = g.env.fresh(ctx, ids)
 		cancel()
-		if n.hooks.freshLate.Load() {
+		if g.env.hooks.freshLate.Load() {
 			fresh = nil
 		}
 	}
 	var keep map[string][]byte
 	for _, id := range ids {
 		name := byID[id]
-		if fresh == nil && !n.hooks.freshLost.Load() {
+		if fresh == nil && !g.env.hooks.freshLost.Load() {
 			// The log did not answer in time (a loaded runner): no
 			// news is not a lapsed liveness. Keep the member for now;
 			// it is looked at again soon. Dropping it made a loaded
@@ -194,8 +292,8 @@ func (n *Node) keepFailed(failed, members map[string][]byte) map[string][]byte {
 			keep[name] = failed[name]
 			continue
 		}
-		if !fresh[id] || n.hooks.freshLost.Load() {
-			n.events.ForgetFailed(name)
+		if !fresh[id] || g.env.hooks.freshLost.Load() {
+			g.events.ForgetFailed(name)
 			continue
 		}
 		if keep == nil {
@@ -211,23 +309,23 @@ func (n *Node) keepFailed(failed, members map[string][]byte) map[string][]byte {
 // membership" line per event. It reports whether it kept members gossip
 // declared dead whose liveness holds (keepFailed): those are looked at
 // again soon.
-func (n *Node) rebuild() (kept bool) {
-	evs, dropped, members, failed := n.events.Take()
-	keep := n.keepFailed(failed, members)
+func (g *gossiper) rebuild() (kept bool) {
+	evs, dropped, members, failed := g.events.Take()
+	keep := g.keepFailed(failed, members)
 	for name, raw := range keep {
 		members[name] = raw
 		kept = true
 	}
 	for _, e := range evs {
 		if _, ok := keep[e.Name]; ok && (e.Kind == "failed" || e.Kind == "left") {
-			n.kept[e.Name] = e
+			g.kept[e.Name] = e
 		}
 	}
-	for name, e := range n.kept {
+	for name, e := range g.kept {
 		if _, ok := keep[name]; ok {
 			continue
 		}
-		delete(n.kept, name)
+		delete(g.kept, name)
 		if _, back := members[name]; !back {
 			// Its liveness lapsed (or ended): the failure, or the leave,
 			// gossip saw now counts.
@@ -236,8 +334,8 @@ func (n *Node) rebuild() (kept bool) {
 	}
 	names := make([]string, 0, len(members))
 	alive := make(map[string]string)
-	draining := n.closing.Load()
-	mine := n.adoptCluster(members)
+	draining := g.env.closing.Load()
+	mine := g.adoptCluster(members)
 	starts := make(map[string]uint64, len(members))
 	raftIDs, heirs := make(map[string]uint64, len(members)), map[string]uint64{}
 	pvs := make(map[string]uint64, len(members))
@@ -245,19 +343,19 @@ func (n *Node) rebuild() (kept bool) {
 		md, err := membership.DecodeMeta(raw)
 		switch {
 		case err != nil:
-			if n.ignore(name, "unreadable metadata") {
-				n.log.Warn("member ignored", "peer", name, "err", err)
+			if g.env.ignore(name, "unreadable metadata") {
+				g.env.log.Warn("member ignored", "peer", name, "err", err)
 			}
 			continue
-		case md.Fingerprint != n.fp:
-			if n.ignore(name, "placement fingerprint differs") {
-				n.log.Warn("member ignored: placement fingerprint differs", "peer", name,
-					"fingerprint", fmt.Sprintf("%016x", md.Fingerprint), "want", fmt.Sprintf("%016x", n.fp))
+		case md.Fingerprint != g.env.fp:
+			if g.env.ignore(name, "placement fingerprint differs") {
+				g.env.log.Warn("member ignored: placement fingerprint differs", "peer", name,
+					"fingerprint", fmt.Sprintf("%016x", md.Fingerprint), "want", fmt.Sprintf("%016x", g.env.fp))
 			}
 			continue
 		case md.Cluster != 0 && mine != 0 && md.Cluster != mine:
-			if n.ignore(name, "member of another cluster (started separately; restart one side with Join pointing at the other)") {
-				n.log.Warn("member ignored: it belongs to another cluster, founded separately", "peer", name,
+			if g.env.ignore(name, "member of another cluster (started separately; restart one side with Join pointing at the other)") {
+				g.env.log.Warn("member ignored: it belongs to another cluster, founded separately", "peer", name,
 					"cluster", fmt.Sprintf("%016x", md.Cluster), "want", fmt.Sprintf("%016x", mine))
 			}
 			continue
@@ -269,50 +367,50 @@ func (n *Node) rebuild() (kept bool) {
 			heirs[name] = md.Heir
 		}
 		pvs[name] = md.Policies
-		if md.Draining || name == n.name && draining {
+		if md.Draining || name == g.env.name && draining {
 			continue // never a target
 		}
 		names = append(names, name)
 	}
-	n.notePolicyVersions(pvs)
-	n.noteRestarts(evs, starts)
-	n.reach.noteStarts(starts, n.name)
-	ignored := n.commitIgnored()
+	g.env.policyVersions(pvs)
+	g.noteRestarts(evs, starts)
+	g.env.reachStarts(starts)
+	ignored := g.env.commitIgnored()
 	if len(alive) == 0 {
 		// Only after our own leave: memberlist no longer lists us. Keep
 		// the last ring; the node is shutting down.
 		return
 	}
-	old := n.view.Load()
+	old := g.env.view.Load()
 	now := time.Now()
 	stopping := len(names) == 0
-	n.viewMu.Lock()
+	g.viewMu.Lock()
 	changed := old == nil || old.stopping != stopping || !sameAlive(old, alive) || !stopping && !sameTargets(old, names)
 	v := old
 	if changed {
 		snap := old.snapOrNil()
 		if len(names) > 0 {
 			var err error
-			snap, err = ring.New(n.cfg.Ring, names, n.version+1)
+			snap, err = ring.New(g.env.cfg.Ring, names, g.version+1)
 			if err != nil {
-				n.viewMu.Unlock()
+				g.viewMu.Unlock()
 				// Only an impossible member list gets here; keep the old
 				// ring rather than route nowhere.
-				n.log.Error("ring rebuild failed", "err", err, "members", len(names))
+				g.env.log.Error("ring rebuild failed", "err", err, "members", len(names))
 				return
 			}
-			n.version++
+			g.version++
 		}
 		v = &view{snap: snap, alive: alive, since: now, stopping: stopping}
-		n.view.Store(v)
-		close(n.viewCh)
-		n.viewCh = make(chan struct{})
+		g.env.view.Store(v)
+		close(g.viewCh)
+		g.viewCh = make(chan struct{})
 	}
-	n.viewMu.Unlock()
+	g.viewMu.Unlock()
 
-	owned := v.snap.PartitionsOwned(n.name)
+	owned := v.snap.PartitionsOwned(g.env.name)
 	if len(evs) == 0 && changed && old == nil {
-		evs = []membership.Event{{Kind: "joined", Name: n.name}}
+		evs = []membership.Event{{Kind: "joined", Name: g.env.name}}
 	}
 	for _, e := range evs {
 		if _, ok := ignored[e.Name]; ok && (e.Kind == "joined" || e.Kind == "updated") {
@@ -320,27 +418,27 @@ func (n *Node) rebuild() (kept bool) {
 			e.Kind = "ignored"
 		}
 		if _, ok := keep[e.Name]; ok && e.Kind == "left" {
-			n.log.Info("gossip membership: member leaving, out of gossip, stays a member while its liveness holds", "event", e.Kind, "member", e.Name, "member_addr", e.Addr,
+			g.env.log.Info("gossip membership: member leaving, out of gossip, stays a member while its liveness holds", "event", e.Kind, "member", e.Name, "member_addr", e.Addr,
 				"ring_version", v.snap.Version(), "members", v.snap.Len(), "partitions_owned", owned)
 			continue
 		}
 		if _, ok := keep[e.Name]; ok && e.Kind == "failed" {
-			n.log.Info("gossip membership: member declared dead stays on the ring while its liveness holds", "event", e.Kind, "member", e.Name, "member_addr", e.Addr,
+			g.env.log.Info("gossip membership: member declared dead stays on the ring while its liveness holds", "event", e.Kind, "member", e.Name, "member_addr", e.Addr,
 				"ring_version", v.snap.Version(), "members", v.snap.Len(), "partitions_owned", owned)
 			continue
 		}
-		n.log.Info("gossip membership", "event", e.Kind, "member", e.Name, "member_addr", e.Addr,
+		g.env.log.Info("gossip membership", "event", e.Kind, "member", e.Name, "member_addr", e.Addr,
 			"ring_version", v.snap.Version(), "members", v.snap.Len(), "partitions_owned", owned)
 	}
 	if dropped > 0 {
-		n.log.Warn("gossip membership events dropped", "dropped", dropped)
+		g.env.log.Warn("gossip membership events dropped", "dropped", dropped)
 	}
-	n.lo.setView(v, evs, starts, raftIDs, heirs, names)
+	g.env.ownerView(v, evs, starts, raftIDs, heirs, names)
 	if !changed {
 		return
 	}
-	n.metrics.Ring(v.snap.Version(), v.snap.Len())
-	n.dropClients(n.lo.withLogAddrs(alive))
+	g.env.metrics.Ring(v.snap.Version(), v.snap.Len())
+	g.env.dropLinks(g.env.logAddrs(alive))
 	return kept
 }
 
@@ -379,11 +477,109 @@ func sameAlive(v *view, alive map[string]string) bool {
 	return true
 }
 
+// excludeSelf rebuilds the node's ring without itself (it is draining, so
+// it is nobody's target) and waits, briefly, for the new view. When every
+// member is leaving (this one the last), the rebuild keeps the ring and
+// marks the view stopping: that view ends the wait too.
+func (g *gossiper) excludeSelf(ctx context.Context) {
+	ch := g.viewChanged()
+	g.nudge()
+	t := time.NewTimer(200 * time.Millisecond)
+	defer t.Stop()
+	for v := g.env.view.Load(); v.snap.Has(g.env.name) && !v.stopping; v = g.env.view.Load() {
+		select {
+		case <-ch:
+			ch = g.viewChanged()
+		case <-t.C:
+			return // no other member: the ring keeps only us
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// Restarts. A member that crashes and restarts on the same address under the same
+// name looks, to gossip, like the same member: memberlist may see nothing
+// but an incarnation bump, and the ring (names and addresses) does not
+// change. Our cached gRPC connection to it, though, has been failing since
+// the crash and sits in gRPC's reconnect backoff (1 s, growing), so the
+// first forwards after the restart would fail with "connection refused"
+// although the member is serving. Each process therefore gossips a random
+// start id (membership.Meta.Start); when a member's start id changes, or memberlist
+// reports it joining (again), its client is dropped and the next forward
+// dials afresh. The ring itself is left alone: the member set did not
+// change, and handoff is decided by the ring, not by connections.
+
+// noteRestarts compares the members' start ids with the last seen ones and
+// drops the client of each member that restarted or (re)joined. Called by
+// the rebuild goroutine with the pending events and the start ids of the
+// members in the new view.
+func (g *gossiper) noteRestarts(evs []membership.Event, starts map[string]uint64) {
+	for name, s := range starts {
+		if name == g.env.name {
+			continue
+		}
+		if prev, ok := g.starts[name]; ok && prev != s {
+			g.env.resetLink(name)
+			g.env.log.Info("peer restarted", "peer", name)
+		}
+	}
+	for _, e := range evs {
+		if e.Kind == "joined" && e.Name != g.env.name {
+			g.env.resetLink(e.Name)
+		}
+	}
+	g.starts = starts
+}
+
+// noteConflict is the membership delegate's OnConflict: another member
+// claims this node's name. Called on memberlist's goroutines; never
+// blocks.
+func (g *gossiper) noteConflict(existing, other *memberlist.Node) {
+	if g.conflict.note(g.env.name, existing, other) {
+		g.env.log.Warn("another member uses this node's name", "member_addr", other.Address())
+	}
+}
+
+// noteReconnect updates the reconnect set (reconnect.go) from one
+// membership event. Called from memberlist's callbacks; never blocks.
+func (g *gossiper) noteReconnect(e membership.Event) {
+	if e.Name == g.env.name {
+		return
+	}
+	g.retry.note(e)
+}
+
+// reconnect makes one round: it joins one remembered failed member (at
+// random), and the seeds if the node knows no other member. Runs on the
+// node's reconnect goroutine every Config.ReconnectInterval; each join is
+// bounded by memberlist's TCPTimeout.
+func (g *gossiper) reconnect() {
+	if g.env.closing.Load() {
+		return
+	}
+	name, addr := g.retry.pick(time.Now(), g.env.cfg.ReconnectTimeout)
+	if addr != "" {
+		if _, err := g.ml.Join([]string{addr}); err != nil {
+			g.env.log.Debug("reconnect to failed member failed", "peer", name, "member_addr", addr, "err", err)
+		} else {
+			g.env.log.Info("reconnected to failed member", "peer", name, "member_addr", addr)
+		}
+	}
+	if len(g.env.cfg.Join) > 0 && g.ml.NumMembers() <= 1 && !g.env.closing.Load() {
+		if _, err := g.ml.Join(g.env.cfg.Join); err != nil {
+			g.env.log.Debug("rejoin through seeds failed", "seeds", g.env.cfg.Join, "err", err)
+		} else {
+			g.env.log.Info("rejoined through seeds", "seeds", g.env.cfg.Join)
+		}
+	}
+}
+
 // viewChanged returns a channel closed at the next publish.
-func (n *Node) viewChanged() <-chan struct{} {
-	n.viewMu.Lock()
-	defer n.viewMu.Unlock()
-	return n.viewCh
+func (g *gossiper) viewChanged() <-chan struct{} {
+	g.viewMu.Lock()
+	defer g.viewMu.Unlock()
+	return g.viewCh
 }
 
 // adoptCluster returns the node's cluster id. A node that joined and has
@@ -401,16 +597,16 @@ func (n *Node) viewChanged() <-chan struct{} {
 // With log ownership no cluster gives way: each keeps its own log and
 // ignores the other's members, and both sides are not ready.
 // Called by the rebuild goroutine.
-func (n *Node) adoptCluster(members map[string][]byte) uint64 {
-	mine := n.clusterID.Load()
+func (g *gossiper) adoptCluster(members map[string][]byte) uint64 {
+	mine := g.clusterID.Load()
 	count := map[uint64]int{}
 	for name, raw := range members {
 		md, err := membership.DecodeMeta(raw)
-		if err != nil || md.Fingerprint != n.fp {
+		if err != nil || md.Fingerprint != g.env.fp {
 			continue
 		}
 		id := md.Cluster
-		if name == n.name {
+		if name == g.env.name {
 			id = mine
 		}
 		if id != 0 {
@@ -432,10 +628,10 @@ func (n *Node) adoptCluster(members map[string][]byte) uint64 {
 		// ready) until one side restarts with Join pointing at the other.
 		return mine
 	}
-	n.clusterID.Store(best)
+	g.clusterID.Store(best)
 	mine = best
-	n.delegate.SetMeta(n.meta(n.closing.Load()))
+	g.delegate.SetMeta(g.env.meta(g.env.closing.Load()))
 	// Best effort: the id also travels with the next gossip of our meta.
-	_ = n.ml.UpdateNode(100 * time.Millisecond)
+	_ = g.ml.UpdateNode(100 * time.Millisecond)
 	return mine
 }

@@ -125,7 +125,7 @@ func TestGossipFailureWaitsForLiveness(t *testing.T) {
 	version := watcher.view.Load().snap.Version()
 	// The watcher's gossip declares the victim dead; the victim is fine
 	// and keeps extending its liveness through the log.
-	watcher.delegate.NotifyLeave(&memberlist.Node{Name: victim.Name()})
+	watcher.gossiper.delegate.NotifyLeave(&memberlist.Node{Name: victim.Name()})
 	waitFor(t, 5*time.Second, "the watcher to log the false failure", func() bool {
 		return len(logs.find(watcher.Name(), "gossip membership: member declared dead stays on the ring while its liveness holds")) > 0
 	})

@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/memberlist"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -42,15 +41,11 @@ type Node struct {
 	// policies.go); policyMu serializes SetPolicies.
 	table    atomic.Pointer[policy.Table]
 	policyMu sync.Mutex
-	// emptyWait is the log's EmptyAfter as SetPolicies last set it (under
-	// policyMu): it only grows.
-	emptyWait time.Duration
 	// memberPolicies maps live members to the policy version they gossip
 	// (rebuild goroutine writes, readers copy).
 	memberPolicies atomic.Pointer[map[string]uint64]
 
 	pt       *partTable    // every ring partition as this node sees it
-	tookOver takeovers     // partitions taken over, for their summary lines (takeovers.go)
 	reach    *reachability // members whose gRPC port does not answer (reach.go)
 	fallback *shard.Store
 	spread   spreadTable // this node's spread keys as a grantee (spread.go)
@@ -62,26 +57,16 @@ type Node struct {
 	wall *wallClock
 	// stopped is set once Close has stopped the node: calls get ErrClosed.
 	stopped atomic.Bool
-	// clusterID names the cluster this node belongs to (see membership.Meta.Cluster).
-	clusterID atomic.Uint64
+	// view is the current ring and members, published by gossip.
+	view atomic.Pointer[view]
+	// gossiper is the membership (membership.go): memberlist, its events,
+	// the cluster id, the views it rebuilds.
+	gossiper *gossiper
 
-	view      atomic.Pointer[view]
-	viewMu    sync.Mutex    // guards viewCh and version
-	viewCh    chan struct{} // closed and replaced on each publish
-	version   uint64
-	events    membership.Queue
-	rebuildCh chan struct{}
-	// kept: members gossip declared dead that the ring keeps while their
-	// liveness holds (name → gossip address); the rebuild goroutine's.
-	kept map[string]membership.Event
-
-	ml        *memberlist.Memberlist
-	delegate  *membership.Delegate
-	gossipLog *membership.Log
-	grpcSrv   *rpcServer
-	health    *health.Server
-	rpcLis    net.Listener
-	rpcConns  *connlimit.Listener // rpcLis within RPCLimits' connection bounds
+	grpcSrv  *rpcServer
+	health   *health.Server
+	rpcLis   net.Listener
+	rpcConns *connlimit.Listener // rpcLis within RPCLimits' connection bounds
 
 	linksMu   sync.Mutex
 	links     map[string]*peerLink // by member name
@@ -141,21 +126,18 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	n := &Node{
-		cfg:       cfg,
-		name:      cfg.Name,
-		log:       cfg.Logger.With("node", cfg.Name),
-		clock:     cfg.Clock,
-		metrics:   cfg.Metrics,
-		fp:        cfg.fingerprint(),
-		pt:        newPartTable(cfg.Ring.PartitionCount),
-		started:   time.Now(),
-		fallback:  fallback,
-		hot:       shard.NewHotKeys(4*cfg.HotKeys, cfg.HotKeysHalfLife),
-		viewCh:    make(chan struct{}),
-		rebuildCh: make(chan struct{}, 1),
-		kept:      map[string]membership.Event{},
-		links:     make(map[string]*peerLink),
-		closed:    make(chan struct{}),
+		cfg:      cfg,
+		name:     cfg.Name,
+		log:      cfg.Logger.With("node", cfg.Name),
+		clock:    cfg.Clock,
+		metrics:  cfg.Metrics,
+		fp:       cfg.fingerprint(),
+		pt:       newPartTable(cfg.Ring.PartitionCount, cfg.Store),
+		started:  time.Now(),
+		fallback: fallback,
+		hot:      shard.NewHotKeys(4*cfg.HotKeys, cfg.HotKeysHalfLife),
+		links:    make(map[string]*peerLink),
+		closed:   make(chan struct{}),
 	}
 	n.table.Store(policy.New(cfg.Policies))
 	n.metrics.PolicyTable(n.table.Load().Version(), true)
@@ -164,6 +146,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.part = n.newPartEnv()
 	n.ops.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.gossiper = newGossiper(n.newGossiperEnv())
 	n.gather.Store(int64(pipeGather))
 	// A mark is probed again after ten leases.
 	n.reach = newReachability(int64(10*cfg.LeaseDuration), n.checkReachable, n.log)
@@ -178,14 +161,14 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.cancel()
 		return nil, err
 	}
-	if len(cfg.Join) == 0 && n.clusterID.Load() == 0 {
+	if len(cfg.Join) == 0 && n.gossiper.clusterID.Load() == 0 {
 		// No one to join: this node starts the cluster and holds every
 		// partition once its log grants them. A node that joins holds
 		// nothing until partitions are transferred to it, and adopts the
 		// cluster's id.
 		var b [8]byte
 		_, _ = crand.Read(b[:])
-		n.clusterID.Store(binary.BigEndian.Uint64(b[:]) | 1)
+		n.gossiper.clusterID.Store(binary.BigEndian.Uint64(b[:]) | 1)
 	}
 	if joinFirst {
 		if err := n.startDataDirJoiner(ctx); err != nil {
@@ -198,7 +181,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 			n.cancel()
 			return nil, err
 		}
-		if n.lo, err = newLogOwner(n); err != nil {
+		if err := n.openOwner(); err != nil {
 			n.closeDataDir()
 			n.cancel()
 			return nil, err
@@ -209,7 +192,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 			n.closeDataDir()
 			return nil, err
 		}
-		if err := n.startGossip(ctx); err != nil {
+		if err := n.gossiper.start(ctx); err != nil {
 			n.grpcSrv.Stop()
 			n.cancel()
 			n.lo.shutdown()
@@ -220,17 +203,17 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.lo.start()
 	n.startDataDir()
-	n.rebuild()
+	n.gossiper.rebuild()
 	n.wg.Add(2)
-	go n.rebuildLoop()
+	go n.gossiper.rebuildLoop()
 	go n.every(cfg.SweepInterval, n.Sweep)
 	n.wg.Add(1)
-	go n.every(cfg.ReconnectInterval, n.reconnect)
+	go n.every(cfg.ReconnectInterval, n.gossiper.reconnect)
 	if len(cfg.Join) == 0 && !n.resumed() {
 		// The founder serves once its log has granted it every partition
 		// (an election and a few commits), within ctx. A log resumed
 		// from disk needs its other voters back first.
-		n.awaitFounded(ctx)
+		n.lo.awaitFounded(ctx)
 	}
 	n.updateReady()
 	n.log.Info("node started", "gossip_addr", n.GossipAddr(), "rpc_addr", n.RPCAddr(), "members", n.view.Load().snap.Len())
@@ -311,7 +294,7 @@ func (n *Node) meta(draining bool) membership.Meta {
 	if addr == "" {
 		addr = n.RPCAddr()
 	}
-	return membership.Meta{Fingerprint: n.fp, RPCAddr: addr, Draining: draining, Start: n.ops.start, Cluster: n.clusterID.Load(), Policies: n.table.Load().Version(),
+	return membership.Meta{Fingerprint: n.fp, RPCAddr: addr, Draining: draining, Start: n.ops.start, Cluster: n.gossiper.clusterID.Load(), Policies: n.table.Load().Version(),
 		RaftID: n.raftID(), Heir: n.heirOf()}
 }
 
@@ -346,7 +329,7 @@ func (n *Node) RPCAddr() string { return n.rpcLis.Addr().String() }
 
 // GossipAddr returns the bound gossip address (host:port).
 func (n *Node) GossipAddr() string {
-	ln := n.ml.LocalNode()
+	ln := n.gossiper.ml.LocalNode()
 	return net.JoinHostPort(ln.Addr.String(), fmt.Sprint(ln.Port))
 }
 
@@ -462,6 +445,47 @@ func (n *Node) every(d time.Duration, fn func()) {
 	}
 }
 
+// mono returns the node's monotonic clock in nanoseconds. Leases are timed
+// on it, never on Config.Clock: a paused process does not stop it, and wall
+// clock steps cannot move it.
+func (n *Node) mono() int64 { return int64(time.Since(n.started)) }
+
+// now returns the node clock and the monotonic clock for one decision,
+// reading the system clock once when Config.Clock is the default.
+func (n *Node) now() (time.Time, int64) {
+	if n.wall != nil {
+		return n.wall.read()
+	}
+	return n.clock(), n.mono()
+}
+
+// checkReachable asks member, on a goroutine the node owns, for its gRPC
+// health; no answer within ForwardTimeout marks it unreachable, an answer
+// clears the mark. One check per member at a time. It is n.reach's probe.
+func (n *Node) checkReachable(member string) {
+	if n.closing.Load() || !n.reach.claim(member) {
+		return
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		defer n.reach.done(member)
+		c, err := n.linkTo(member)
+		if err == nil {
+			ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
+			_, err = healthpb.NewHealthClient(c.conn).Check(ctx, &healthpb.HealthCheckRequest{})
+			cancel()
+		}
+		switch {
+		case n.ctx.Err() != nil:
+		case err != nil:
+			n.reach.mark(member, n.mono())
+		default:
+			n.reach.clear(member)
+		}
+	}()
+}
+
 // stopClients stops every peer client (their batchers exit; the node's wg
 // waits for them).
 func (n *Node) stopClients() {
@@ -520,9 +544,9 @@ func (n *Node) close(ctx context.Context) error {
 	var errs []error
 	// Announce the drain first, so peers log our departure as a leave,
 	// not a failure. Best effort: a slow gossip only changes the log line.
-	n.delegate.SetMeta(n.meta(true))
-	_ = n.ml.UpdateNode(200 * time.Millisecond)
-	n.announceLeave()
+	n.gossiper.delegate.SetMeta(n.meta(true))
+	_ = n.gossiper.ml.UpdateNode(200 * time.Millisecond)
+	n.gossiper.announceLeave()
 	drainErr := n.lo.drain(ctx)
 	if drainErr != nil {
 		errs = append(errs, drainErr)
@@ -537,7 +561,7 @@ func (n *Node) close(ctx context.Context) error {
 	if dl, ok := ctx.Deadline(); ok {
 		leaveTimeout = max(min(time.Until(dl), leaveTimeout), 10*time.Millisecond)
 	}
-	if err := n.ml.Leave(leaveTimeout); err != nil {
+	if err := n.gossiper.ml.Leave(leaveTimeout); err != nil {
 		if n.view.Load().stopping {
 			// Every member is leaving: nobody is left to hear it.
 			n.log.Debug("leave not broadcast: every member is leaving", "err", err)
@@ -560,7 +584,7 @@ func (n *Node) close(ctx context.Context) error {
 		}
 		t.Stop()
 	}
-	if err := n.ml.Shutdown(); err != nil {
+	if err := n.gossiper.ml.Shutdown(); err != nil {
 		errs = append(errs, fmt.Errorf("peer: shut down gossip: %w", err))
 	}
 	n.stopped.Store(true)
@@ -595,7 +619,7 @@ func (n *Node) close(ctx context.Context) error {
 	}
 	// After every goroutine and call that could write to it.
 	n.closeDataDir()
-	n.gossipLog.Close()
+	n.gossiper.mlLog.Close()
 	n.log.Info("node closed")
 	return errors.Join(errs...)
 }

@@ -140,7 +140,7 @@ func (n *Node) Overview(ctx context.Context) Overview {
 		m.Gossip, m.Ignored = "ignored", why
 	}
 	n.ops.ready.mu.Unlock()
-	for _, g := range n.events.GossipAddrs() {
+	for _, g := range n.gossiper.events.GossipAddrs() {
 		if m := byName[g.Name]; m != nil {
 			m.GossipAddr = net.JoinHostPort(g.Addr.String(), strconv.Itoa(int(g.Port)))
 		}

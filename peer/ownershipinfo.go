@@ -30,16 +30,20 @@ type PartitionInfo struct {
 // Ownership returns ownership as this node sees it: the applied table as
 // last published (every member's agrees once it has applied the same
 // commands).
-func (n *Node) Ownership() OwnershipInfo {
-	lo, mono := n.lo, n.mono()
+func (n *Node) Ownership() OwnershipInfo { return n.lo.info() }
+
+// info is Node.Ownership.
+func (lo *logOwner) info() OwnershipInfo {
+	e := lo.env
+	mono := e.mono()
 	info := OwnershipInfo{Mode: OwnershipLog, Member: lo.self, Voters: lo.run.Voters(), Live: mono < lo.run.LiveUntil()}
 	if id := lo.run.Lead(); id != 0 {
 		info.Leader = lo.peers.Load().raft[id]
-		if id == n.ops.start {
-			info.Leader = n.name
+		if id == e.start {
+			info.Leader = e.name
 		}
 	}
-	for p := range n.pt.parts {
+	for p := range e.parts {
 		st := lo.run.Part(p)
 		info.Partitions = append(info.Partitions, PartitionInfo{
 			Partition: p, Holder: memberName(st.Holder), Backup: memberName(st.Backup), Epoch: st.Epoch,
@@ -47,4 +51,19 @@ func (n *Node) Ownership() OwnershipInfo {
 		})
 	}
 	return info
+}
+
+// RaftTraffic returns what the ownership log has cost this node so far.
+// Lock-free and cheap: fine to poll.
+func (n *Node) RaftTraffic() RaftTraffic {
+	return n.lo.traffic()
+}
+
+// Settled reports whether ownership on this node matches its ring: it
+// holds, not fenced, every partition its ring names it the target of, each
+// with its backup copy in place when the ring has another member, and
+// holds none that belong to another member. A cluster whose members are
+// all settled (and agree on the members) has finished moving partitions.
+func (n *Node) Settled() bool {
+	return n.lo.settled(n.view.Load())
 }

@@ -1,7 +1,10 @@
 package peer
 
 import (
+	"fmt"
+
 	"github.com/ringlimit/ringlimit/peer/internal/partition"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 // Partitions. A key belongs to the ring partition of its (tenant,
@@ -19,6 +22,7 @@ import (
 // replication and the decision path read memory only.
 type partTable struct {
 	parts []part
+	store shard.Config // Config.Store: each partition's store is made from it (newStore)
 }
 
 // part is one partition as this node sees it (internal/partition).
@@ -27,8 +31,8 @@ type part = partition.Part
 // replica is a copy of a partition from its holder, on its backup.
 type replica = partition.Replica
 
-func newPartTable(n int) *partTable {
-	return &partTable{parts: partition.NewParts(n)}
+func newPartTable(n int, store shard.Config) *partTable {
+	return &partTable{parts: partition.NewParts(n), store: store}
 }
 
 // placementScheme names how keys map to partitions; it is part of the
@@ -42,3 +46,25 @@ func placement(ek []byte) []byte {
 	n += 1 + int(ek[n])
 	return ek[:n]
 }
+
+// newStore returns an empty store for one partition's keys. MaxKeys is
+// shared out evenly: each partition may hold MaxKeys/partitions keys (at
+// least 64), on whichever member holds or backs it up, so that a member
+// holds at most MaxKeys keys however many partitions it has (Config.Store)
+// and any partition's copy fits on any member.
+func (t *partTable) newStore() *shard.Store {
+	cfg := t.store
+	cfg.Stripes = partStripes
+	if cfg.MaxKeys > 0 {
+		cfg.MaxKeys = max(64, cfg.MaxKeys/len(t.parts))
+	}
+	st, err := shard.NewStore(cfg)
+	if err != nil {
+		// cfg was validated in New; NewStore only fails on bad values.
+		panic(fmt.Sprintf("peer: partition store: %v", err))
+	}
+	return st
+}
+
+// partStripes is the lock stripes of one partition's store.
+const partStripes = 16

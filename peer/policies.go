@@ -111,8 +111,7 @@ func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
 	// A longer window (or spread lease) makes vacancies wait longer for
 	// their last holder before an aged grant; a shorter one never
 	// shortens the wait (emptyAfter).
-	n.emptyWait = n.emptyAfter(t, n.emptyWait)
-	n.lo.run.SetEmptyAfter(n.emptyWait)
+	n.lo.setEmptyAfter(n.emptyAfter(t, 0))
 	if raised {
 		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
 		n.lo.run.Raise(ctx)
@@ -124,8 +123,8 @@ func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
 	}
 	// Gossip the new version. Best effort: it also travels with the next
 	// push/pull of our metadata.
-	n.delegate.SetMeta(n.meta(n.closing.Load()))
-	_ = n.ml.UpdateNode(200 * time.Millisecond)
+	n.gossiper.delegate.SetMeta(n.meta(n.closing.Load()))
+	_ = n.gossiper.ml.UpdateNode(200 * time.Millisecond)
 	return nil
 }
 

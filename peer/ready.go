@@ -105,7 +105,7 @@ func (n *Node) readiness() (ok bool, reason, code string) {
 		}
 		return false, fmt.Sprintf("ignoring %d live gossip member(s) left out of the ring: %s", len(ign), strings.Join(parts, ", ")), ReadyReasonIgnored
 	}
-	if len(n.cfg.Join) > 0 && n.ml.NumMembers() <= 1 {
+	if len(n.cfg.Join) > 0 && n.gossiper.ml.NumMembers() <= 1 {
 		return false, fmt.Sprintf("alone: no live member reached through the seeds %v", n.cfg.Join), ReadyReasonAlone
 	}
 	if since := n.lo.run.Leaderless(); since != 0 && n.mono()-since > 2*int64(n.cfg.LeaseDuration) {

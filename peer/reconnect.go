@@ -35,13 +35,9 @@ type failedMember struct {
 	at   time.Time // when it was declared failed (wall clock)
 }
 
-// noteReconnect updates the set from one membership event. Called from
-// memberlist's callbacks; never blocks.
-func (n *Node) noteReconnect(e membership.Event) {
-	if e.Name == n.name {
-		return
-	}
-	r := &n.ops.reconnect
+// note updates the set from one membership event (of another member).
+// Called from memberlist's callbacks; never blocks.
+func (r *reconnectState) note(e membership.Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch e.Kind {
@@ -64,43 +60,23 @@ func (n *Node) noteReconnect(e membership.Event) {
 	}
 }
 
-// reconnect makes one round: it joins one remembered failed member (at
-// random), and the seeds if the node knows no other member. Runs on the
-// node's reconnect goroutine every Config.ReconnectInterval; each join is
-// bounded by memberlist's TCPTimeout.
-func (n *Node) reconnect() {
-	if n.closing.Load() {
-		return
-	}
-	now := time.Now()
-	r := &n.ops.reconnect
+// pick forgets the members declared failed longer than timeout before
+// now and returns one of the others at random ("", "" for none), with
+// its gossip address.
+func (r *reconnectState) pick(now time.Time, timeout time.Duration) (name, addr string) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	var names []string
 	for name, f := range r.failed {
-		if now.Sub(f.at) > n.cfg.ReconnectTimeout {
+		if now.Sub(f.at) > timeout {
 			delete(r.failed, name)
 			continue
 		}
 		names = append(names, name)
 	}
-	var name, addr string
 	if len(names) > 0 {
 		name = names[rand.IntN(len(names))]
 		addr = r.failed[name].addr
 	}
-	r.mu.Unlock()
-	if addr != "" {
-		if _, err := n.ml.Join([]string{addr}); err != nil {
-			n.log.Debug("reconnect to failed member failed", "peer", name, "member_addr", addr, "err", err)
-		} else {
-			n.log.Info("reconnected to failed member", "peer", name, "member_addr", addr)
-		}
-	}
-	if len(n.cfg.Join) > 0 && n.ml.NumMembers() <= 1 && !n.closing.Load() {
-		if _, err := n.ml.Join(n.cfg.Join); err != nil {
-			n.log.Debug("rejoin through seeds failed", "seeds", n.cfg.Join, "err", err)
-		} else {
-			n.log.Info("rejoined through seeds", "seeds", n.cfg.Join)
-		}
-	}
+	return name, addr
 }

@@ -185,19 +185,19 @@ func TestReconnectAfterPartition(t *testing.T) {
 // remembered, graceful leaves and rejoins forget, the set is bounded and
 // entries older than ReconnectTimeout are dropped.
 func TestReconnectSet(t *testing.T) {
-	n := &Node{name: "self", cfg: Config{ReconnectTimeout: time.Hour}}
-	n.noteReconnect(membership.Event{Kind: "failed", Name: "a", Addr: "127.0.0.1:1"})
-	n.noteReconnect(membership.Event{Kind: "failed", Name: "b", Addr: "127.0.0.1:2"})
-	n.noteReconnect(membership.Event{Kind: "left", Name: "b"})
-	n.noteReconnect(membership.Event{Kind: "failed", Name: "self", Addr: "127.0.0.1:3"})
-	if got := len(n.ops.reconnect.failed); got != 1 || n.ops.reconnect.failed["a"].addr != "127.0.0.1:1" {
-		t.Fatalf("failed set = %v, want only a", n.ops.reconnect.failed)
+	g := newGossiper(&gossiperEnv{name: "self", cfg: &Config{ReconnectTimeout: time.Hour}})
+	g.noteReconnect(membership.Event{Kind: "failed", Name: "a", Addr: "127.0.0.1:1"})
+	g.noteReconnect(membership.Event{Kind: "failed", Name: "b", Addr: "127.0.0.1:2"})
+	g.noteReconnect(membership.Event{Kind: "left", Name: "b"})
+	g.noteReconnect(membership.Event{Kind: "failed", Name: "self", Addr: "127.0.0.1:3"})
+	if got := len(g.retry.failed); got != 1 || g.retry.failed["a"].addr != "127.0.0.1:1" {
+		t.Fatalf("failed set = %v, want only a", g.retry.failed)
 	}
-	n.noteReconnect(membership.Event{Kind: "joined", Name: "a"})
+	g.noteReconnect(membership.Event{Kind: "joined", Name: "a"})
 	for i := range maxReconnect + 10 {
-		n.noteReconnect(membership.Event{Kind: "failed", Name: string(rune('A' + i)), Addr: "127.0.0.1:9"})
+		g.noteReconnect(membership.Event{Kind: "failed", Name: string(rune('A' + i)), Addr: "127.0.0.1:9"})
 	}
-	if got := len(n.ops.reconnect.failed); got != maxReconnect {
+	if got := len(g.retry.failed); got != maxReconnect {
 		t.Fatalf("failed set holds %d members, want the bound %d", got, maxReconnect)
 	}
 }

@@ -744,7 +744,7 @@ func (n *Node) applyPartitionOp(sender string, seq uint64, sw senderTable, op *p
 		keys = append(keys, packedAdmit{st: st, sp: importPolicy(p, sw)})
 	}
 	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: seq, durIdx: durIdx}
-	r := n.lo.receiveOp(sender, h, keys, closing)
+	r := n.receiveOp(sender, h, keys, closing)
 	return &peerpb.OpResult{Status: r.status, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
 }
 

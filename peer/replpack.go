@@ -209,7 +209,7 @@ func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw sende
 		if part > uint64(^uint32(0)) {
 			part = uint64(len(n.pt.parts)) // refused below
 		}
-		res := n.lo.receiveOp(sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne, seq: seq, durIdx: durIdx}, ents, closing)
+		res := n.receiveOp(sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne, seq: seq, durIdx: durIdx}, ents, closing)
 		out = binary.AppendUvarint(out, uint64(res.status))
 		out = wire.AppendString(out, res.holder)
 		out = binary.AppendUvarint(out, res.epoch)

@@ -256,7 +256,7 @@ func (n *Node) waitPart(ctx context.Context, ch <-chan struct{}, until time.Time
 // awaitView waits until the node's view differs from v, bounded by ctx and a
 // short pause (the other side may have caught up instead).
 func (n *Node) awaitView(ctx context.Context, v *view) error {
-	ch := n.viewChanged()
+	ch := n.gossiper.viewChanged()
 	if n.view.Load() != v {
 		return nil
 	}
