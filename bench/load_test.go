@@ -80,10 +80,24 @@ import (
 )
 
 const (
-	loadEnv     = "RINGLIMIT_LOAD"
-	loadCallers = 64
-	loadLatCap  = 1 << 15 // latency samples kept per caller (newest win)
+	loadEnv    = "RINGLIMIT_LOAD"
+	loadLatCap = 1 << 15 // latency samples kept per caller (newest win)
 )
+
+// loadCallers is how many callers each driver runs: 64, or
+// RINGLIMIT_LOAD_CALLERS (a positive integer) to see how a driver's rate
+// follows the requests in flight (a disk-bound one does).
+var loadCallers = func() int {
+	s := os.Getenv("RINGLIMIT_LOAD_CALLERS")
+	if s == "" {
+		return 64
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		panic(fmt.Sprintf("RINGLIMIT_LOAD_CALLERS=%q must be a positive integer", s))
+	}
+	return n
+}()
 
 // loadDuration is how long each driver runs per round:
 // RINGLIMIT_LOAD_DURATION (a Go duration), default 3 s.
