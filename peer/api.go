@@ -189,7 +189,7 @@ func (n *Node) Release(ctx context.Context, key Key, id uint64) (Decision, error
 	r.EK, r.Lease = ek, id
 	if r.P.Config.OnUnavailable == Fallback {
 		// The lease may have come from this node's fallback store.
-		_, _ = n.fallback.Release(key, n.fallbackPolicy(r.P), id, n.clock())
+		_, _ = n.failure.fallback.Release(key, n.failure.fallbackPolicy(r.P), id, n.clock())
 	}
 	return n.route(ctx, &r, r.EK)
 }
@@ -289,7 +289,7 @@ func (n *Node) Settle(ctx context.Context, key Key, id uint64, actual int64) (Se
 	r.EK, r.Lease, r.Actual = ek, id, actual
 	if r.P.Config.OnUnavailable == Fallback {
 		// The reservation may have come from this node's fallback store.
-		_, _ = n.fallback.Settle(key, n.fallbackPolicy(r.P), id, actual, n.clock())
+		_, _ = n.failure.fallback.Settle(key, n.failure.fallbackPolicy(r.P), id, actual, n.clock())
 	}
 	d, err := n.route(ctx, &r, r.EK)
 	if err != nil {

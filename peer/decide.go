@@ -21,7 +21,7 @@ func (n *Node) newPartEnv() partition.Env {
 		Repl:     replicas{n},
 		Now:      n.now,
 		Mono:     n.mono,
-		Capacity: n.capacityReached,
+		Capacity: n.failure.capacityReached,
 		Pause:    &n.hooks.decide,
 	}
 }

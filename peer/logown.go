@@ -184,7 +184,7 @@ func (lo *logOwner) fromMember(raftID uint64) bool {
 	if _, ok := lo.peers.Load().raft[raftID]; ok {
 		return true
 	}
-	lo.n.warnThrottled("raft message from a non-member dropped", "raft_id", raftID)
+	lo.n.warns.warn("raft message from a non-member dropped", "raft_id", raftID)
 	return false
 }
 

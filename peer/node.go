@@ -52,10 +52,12 @@ type Node struct {
 	pt       *partTable    // every ring partition as this node sees it
 	tookOver takeovers     // partitions taken over, for their summary lines (takeovers.go)
 	reach    *reachability // members whose gRPC port does not answer (reach.go)
-	fallback *shard.Store
-	spread   spreadTable // this node's spread keys as a grantee (spread.go)
-	hot      *shard.HotKeys
-	started  time.Time // origin of the monotonic clock (mono)
+	// fail answers what a holder could not decide, with the local
+	// fallback log (failure.go).
+	failure failurePolicy
+	spread  spreadTable // this node's spread keys as a grantee (spread.go)
+	hot     *shard.HotKeys
+	started time.Time // origin of the monotonic clock (mono)
 	// wall is the default clock (clock.go), set when Config.Clock is
 	// nil: one reading then serves as both the decision time and the
 	// lease clock.
@@ -100,7 +102,7 @@ type Node struct {
 	closeOnce sync.Once
 	closeErr  error
 	closed    chan struct{}
-	lastWarn  atomic.Int64 // unix ns of the last throttled warning
+	warns     warnThrottle // degraded-service warnings, at most one a second
 	// gather is how long a batch of forwards or of replication waits for
 	// the message in flight on its pipe before it takes another slot:
 	// pipeGather (tests lengthen it to make the gathering certain).
@@ -149,7 +151,6 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		fp:        cfg.fingerprint(),
 		pt:        newPartTable(cfg.Ring.PartitionCount),
 		started:   time.Now(),
-		fallback:  fallback,
 		hot:       shard.NewHotKeys(4*cfg.HotKeys, cfg.HotKeysHalfLife),
 		viewCh:    make(chan struct{}),
 		rebuildCh: make(chan struct{}, 1),
@@ -171,6 +172,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.wall = newWallClock(n.started)
 		n.clock = n.wall.now
 	}
+	n.warns.log = n.log
+	n.failure = failurePolicy{fallback: fallback, env: failEnv{
+		self: n.name, metrics: n.metrics, clock: n.clock, view: &n.view, warn: n.warns.warn, maxKeys: cfg.Store.MaxKeys,
+	}}
 	// A data directory names its cluster (datadir.go); a new one of a
 	// joiner learns it from gossip first.
 	joinFirst, err := n.dataDirCluster()
@@ -471,7 +476,7 @@ func (n *Node) stopClients() {
 // calls it every SweepInterval; tests may call it directly.
 func (n *Node) Sweep() {
 	now := n.clock()
-	ev := n.fallback.Sweep(now, 0)
+	ev := n.failure.fallback.Sweep(now, 0)
 	for i := range n.pt.parts {
 		pt := &n.pt.parts[i]
 		pt.Mu.RLock()

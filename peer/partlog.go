@@ -229,7 +229,7 @@ func (n *Node) flushParts() {
 		}
 		if pl.dirty.Swap(false) {
 			if err := pl.parts.Flush(); err != nil {
-				n.warnThrottled("data directory: flushing the partition log failed", "err", err)
+				n.warns.warn("data directory: flushing the partition log failed", "err", err)
 			}
 		}
 		if done != nil {

@@ -91,7 +91,7 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 // fail answers r by the failure policy (failure.go) for cause.
 func (n *Node) fail(r *opReq, d *Decision, cause error) error {
 	var err error
-	*d, err = n.unavailable(r, cause)
+	*d, err = n.failure.unavailable(r, cause)
 	return err
 }
 

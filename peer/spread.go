@@ -138,7 +138,7 @@ func (n *Node) requestGrant(k *spreadKey, p *policy.Entry) {
 		if errors.Is(err, ErrClosed) || err == nil {
 			return
 		}
-		n.warnThrottled("spread: asking for rights failed; deciding through the holder", "policy", p.Name, "err", err)
+		n.warns.warn("spread: asking for rights failed; deciding through the holder", "policy", p.Name, "err", err)
 	case r.Granted <= 0 || r.Lease == 0:
 		k.Refuse(sent, min(d.RetryAfter, lease/4))
 	default:
