@@ -416,9 +416,9 @@ func (n *Node) replQueuedForTest(to string) int {
 // n holds for key, 0 when it holds none.
 func (n *Node) spreadDeadlineForTest(key Key) int64 {
 	ek, _ := key.AppendEncoded(nil)
-	n.spread.mu.RLock()
-	k := n.spread.keys[string(ek)]
-	n.spread.mu.RUnlock()
+	n.spread.table.mu.RLock()
+	k := n.spread.table.keys[string(ek)]
+	n.spread.table.mu.RUnlock()
 	if k == nil {
 		return 0
 	}

@@ -55,7 +55,7 @@ type Node struct {
 	// fail answers what a holder could not decide, with the local
 	// fallback log (failure.go).
 	failure failurePolicy
-	spread  spreadTable // this node's spread keys as a grantee (spread.go)
+	spread  spreader // this node's spread keys as a grantee (spread.go)
 	hot     *shard.HotKeys
 	started time.Time // origin of the monotonic clock (mono)
 	// wall is the default clock (clock.go), set when Config.Clock is
@@ -176,6 +176,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.failure = failurePolicy{fallback: fallback, env: failEnv{
 		self: n.name, metrics: n.metrics, clock: n.clock, view: &n.view, warn: n.warns.warn, maxKeys: cfg.Store.MaxKeys,
 	}}
+	n.spread.env = spreadEnv{
+		ctx: n.ctx, wg: &n.wg, self: n.name, metrics: n.metrics, clock: n.clock, mono: n.mono,
+		pause: &n.hooks.decide, forwardTimeout: cfg.ForwardTimeout, warn: n.warns.warn, route: n.route,
+	}
 	// A data directory names its cluster (datadir.go); a new one of a
 	// joiner learns it from gossip first.
 	joinFirst, err := n.dataDirCluster()

@@ -70,7 +70,7 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 			continue
 		}
 		// Decide from rights the holder granted this node.
-		if n.spreadDecide(v, r, ek, d) {
+		if n.spread.decide(v, r, ek, d) {
 			n.metrics.Decision(r.P.Name, d.Reason, PathLocal)
 			return nil
 		}
