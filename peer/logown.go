@@ -256,7 +256,7 @@ func (lo *logOwner) start() {
 				// 32-member start under load got here first: nil view.)
 				continue
 			}
-			n.updateReady()
+			n.ops.ready.update()
 			n.logTakeovers(false)
 			// A log of two members has one voter: say so once a cluster
 			// has stayed at two members (a three-member cluster starting

@@ -908,7 +908,7 @@ func TestLogSeparateClustersRefuse(t *testing.T) {
 	}
 	for _, nd := range []*Node{na, nb} {
 		waitFor(t, 10*time.Second, nd.Name()+" not ready for ignoring the other cluster", func() bool {
-			ok, _, code := nd.readiness()
+			ok, _, code := nd.ops.ready.readiness()
 			return !ok && code == ReadyReasonIgnored
 		})
 		if len(logs.find(nd.Name(), "member ignored: it belongs to another cluster, founded separately")) == 0 {

@@ -136,7 +136,7 @@ func (n *Node) rebuildLoop() {
 		if n.rebuild() {
 			recheck.Reset(n.cfg.LeaseDuration / 4)
 		}
-		n.updateReady()
+		n.ops.ready.update()
 	}
 }
 
@@ -245,18 +245,18 @@ func (n *Node) rebuild() (kept bool) {
 		md, err := membership.DecodeMeta(raw)
 		switch {
 		case err != nil:
-			if n.ignore(name, "unreadable metadata") {
+			if n.ops.ready.ignore(name, "unreadable metadata") {
 				n.log.Warn("member ignored", "peer", name, "err", err)
 			}
 			continue
 		case md.Fingerprint != n.fp:
-			if n.ignore(name, "placement fingerprint differs") {
+			if n.ops.ready.ignore(name, "placement fingerprint differs") {
 				n.log.Warn("member ignored: placement fingerprint differs", "peer", name,
 					"fingerprint", fmt.Sprintf("%016x", md.Fingerprint), "want", fmt.Sprintf("%016x", n.fp))
 			}
 			continue
 		case md.Cluster != 0 && mine != 0 && md.Cluster != mine:
-			if n.ignore(name, "member of another cluster (started separately; restart one side with Join pointing at the other)") {
+			if n.ops.ready.ignore(name, "member of another cluster (started separately; restart one side with Join pointing at the other)") {
 				n.log.Warn("member ignored: it belongs to another cluster, founded separately", "peer", name,
 					"cluster", fmt.Sprintf("%016x", md.Cluster), "want", fmt.Sprintf("%016x", mine))
 			}
@@ -277,7 +277,7 @@ func (n *Node) rebuild() (kept bool) {
 	n.notePolicyVersions(pvs)
 	n.noteRestarts(evs, starts)
 	n.reach.noteStarts(starts, n.name)
-	ignored := n.commitIgnored()
+	ignored := n.ops.ready.commitIgnored()
 	if len(alive) == 0 {
 		// Only after our own leave: memberlist no longer lists us. Keep
 		// the last ring; the node is shutting down.

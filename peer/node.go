@@ -180,6 +180,16 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		ctx: n.ctx, wg: &n.wg, self: n.name, metrics: n.metrics, clock: n.clock, mono: n.mono,
 		pause: &n.hooks.decide, forwardTimeout: cfg.ForwardTimeout, warn: n.warns.warn, route: n.route,
 	}
+	// gossip, the ownership log and the health service start later in
+	// New: readiness reads them through closures.
+	n.ops.ready.env = readyEnv{
+		closing: n.closing.Load, join: cfg.Join,
+		members:    func() int { return n.ml.NumMembers() },
+		leaderless: func() int64 { return n.lo.run.Leaderless() },
+		mono:       n.mono, lease: cfg.LeaseDuration, settled: n.Settled,
+		serving: func(st healthpb.HealthCheckResponse_ServingStatus) { n.health.SetServingStatus("", st) },
+		metrics: n.metrics, log: n.log,
+	}
 	// A data directory names its cluster (datadir.go); a new one of a
 	// joiner learns it from gossip first.
 	joinFirst, err := n.dataDirCluster()
@@ -241,7 +251,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		// from disk needs its other voters back first.
 		n.awaitFounded(ctx)
 	}
-	n.updateReady()
+	n.ops.ready.update()
 	n.log.Info("node started", "gossip_addr", n.GossipAddr(), "rpc_addr", n.RPCAddr(), "members", n.view.Load().snap.Len())
 	return n, nil
 }
@@ -519,7 +529,7 @@ func (n *Node) Close(ctx context.Context) error {
 
 func (n *Node) close(ctx context.Context) error {
 	n.closing.Store(true)
-	n.updateReady() // not serving from here on
+	n.ops.ready.update() // not serving from here on
 	var errs []error
 	// Announce the drain first, so peers log our departure as a leave,
 	// not a failure. Best effort: a slow gossip only changes the log line.

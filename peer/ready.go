@@ -3,6 +3,7 @@ package peer
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -32,8 +33,26 @@ const (
 	ReadyReasonNoLog = "no_ownership_log"
 )
 
+// readyEnv is what readiness reads of its node, set once in New.
+type readyEnv struct {
+	closing func() bool // the node is closing
+	join    []string    // Config.Join: the seeds it was given
+	// members is how many live members gossip knows, itself included.
+	members func() int
+	// leaderless is when (mono) the ownership log was last seen without
+	// a leader; 0 while it has one.
+	leaderless func() int64
+	mono       func() int64
+	lease      time.Duration // Config.LeaseDuration
+	settled    func() bool   // the node holds what its ring gives it (Node.Settled)
+	serving    func(healthpb.HealthCheckResponse_ServingStatus)
+	metrics    Metrics
+	log        *slog.Logger
+}
+
 // readyState is the node's readiness bookkeeping.
 type readyState struct {
+	env readyEnv
 	// pending collects the members the current rebuild ignores, with why;
 	// prevIgnored is the previous rebuild's. Rebuild goroutine only.
 	pending, prevIgnored map[string]string
@@ -46,8 +65,7 @@ type readyState struct {
 // ignore notes that the running rebuild leaves member name out of the
 // ring, and reports whether that is news (it was not ignored, or for
 // another reason, by the previous rebuild) and so worth a warning.
-func (n *Node) ignore(name, why string) bool {
-	r := &n.ops.ready
+func (r *readyState) ignore(name, why string) bool {
 	if r.pending == nil {
 		r.pending = make(map[string]string)
 	}
@@ -57,8 +75,7 @@ func (n *Node) ignore(name, why string) bool {
 
 // commitIgnored publishes the running rebuild's ignored members and
 // returns them.
-func (n *Node) commitIgnored() map[string]string {
-	r := &n.ops.ready
+func (r *readyState) commitIgnored() map[string]string {
 	ign := r.pending
 	r.pending, r.prevIgnored = nil, ign
 	r.mu.Lock()
@@ -78,7 +95,7 @@ func (n *Node) commitIgnored() map[string]string {
 // node unsettled and how it stands here (ownership's Explain): what an
 // operator needs when a node stays unready.
 func (n *Node) Ready() (bool, string) {
-	ok, reason, code := n.readiness()
+	ok, reason, code := n.ops.ready.readiness()
 	if code == ReadyReasonMoving {
 		if p := n.lo.unsettled(n.view.Load()); p >= 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
@@ -91,13 +108,16 @@ func (n *Node) Ready() (bool, string) {
 	return ok, reason
 }
 
-func (n *Node) readiness() (ok bool, reason, code string) {
-	if n.closing.Load() {
+// readiness is whether the node is ready, and if not, why and the
+// reason's code.
+func (r *readyState) readiness() (ok bool, reason, code string) {
+	env := &r.env
+	if env.closing() {
 		return false, "closing: leaving the cluster", ReadyReasonClosing
 	}
-	n.ops.ready.mu.Lock()
-	ign := n.ops.ready.ignored
-	n.ops.ready.mu.Unlock()
+	r.mu.Lock()
+	ign := r.ignored
+	r.mu.Unlock()
 	if len(ign) > 0 {
 		parts := make([]string, 0, len(ign))
 		for _, name := range slices.Sorted(maps.Keys(ign)) {
@@ -105,24 +125,23 @@ func (n *Node) readiness() (ok bool, reason, code string) {
 		}
 		return false, fmt.Sprintf("ignoring %d live gossip member(s) left out of the ring: %s", len(ign), strings.Join(parts, ", ")), ReadyReasonIgnored
 	}
-	if len(n.cfg.Join) > 0 && n.ml.NumMembers() <= 1 {
-		return false, fmt.Sprintf("alone: no live member reached through the seeds %v", n.cfg.Join), ReadyReasonAlone
+	if len(env.join) > 0 && env.members() <= 1 {
+		return false, fmt.Sprintf("alone: no live member reached through the seeds %v", env.join), ReadyReasonAlone
 	}
-	if since := n.lo.run.Leaderless(); since != 0 && n.mono()-since > 2*int64(n.cfg.LeaseDuration) {
-		return false, fmt.Sprintf("no leader of the ownership log for %v: a majority of its voters is unreachable, so no partition can change holder and every holder stops within one lease", time.Duration(n.mono()-since).Round(time.Second)), ReadyReasonNoLog
+	if since := env.leaderless(); since != 0 && env.mono()-since > 2*int64(env.lease) {
+		return false, fmt.Sprintf("no leader of the ownership log for %v: a majority of its voters is unreachable, so no partition can change holder and every holder stops within one lease", time.Duration(env.mono()-since).Round(time.Second)), ReadyReasonNoLog
 	}
-	if !n.Settled() {
+	if !env.settled() {
 		return false, "partitions moving: this node does not yet hold exactly the partitions its ring gives it, each with its backup copy", ReadyReasonMoving
 	}
 	return true, "", ""
 }
 
-// updateReady recomputes readiness and, when it changed, logs it, reports
-// it to Metrics and sets the gRPC health status. Called from New and after
+// update recomputes readiness and, when it changed, logs it, reports it
+// to Metrics and sets the gRPC health status. Called from New and after
 // each rebuild.
-func (n *Node) updateReady() {
-	ok, reason, code := n.readiness()
-	r := &n.ops.ready
+func (r *readyState) update() {
+	ok, reason, code := r.readiness()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if reason == r.last {
@@ -133,11 +152,11 @@ func (n *Node) updateReady() {
 	if !ok {
 		st = healthpb.HealthCheckResponse_NOT_SERVING
 	}
-	n.health.SetServingStatus("", st)
-	n.metrics.Ready(ok, code)
+	r.env.serving(st)
+	r.env.metrics.Ready(ok, code)
 	if ok {
-		n.log.Info("readiness changed", "ready", true)
+		r.env.log.Info("readiness changed", "ready", true)
 	} else {
-		n.log.Info("readiness changed", "ready", false, "reason", reason)
+		r.env.log.Info("readiness changed", "ready", false, "reason", reason)
 	}
 }
