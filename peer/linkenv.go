@@ -65,7 +65,7 @@ func (n *Node) newLinkEnv() *linkEnv {
 		auth: n.ops.auth,
 		view: &n.view, gather: &n.gather,
 		replSeq: &n.replSeq, framedOpened: &n.framedOpened, pipeBreaks: &n.pipeBreaks, replItems: &n.replItems,
-		warn: n.warns.warn, stamp: n.stampPolicies,
+		warn: n.warns.warn, stamp: n.table.stamp,
 		recopy: newRecopier(n.ctx, &n.wg, n.lo.run.Recopy).note,
 	}
 }

@@ -141,13 +141,13 @@ func memberName(id string) string {
 // newLogOwner makes the node's log member; a node started without Join
 // founds the log as its only voter. Its goroutine starts with start.
 func newLogOwner(n *Node) (*logOwner, error) {
-	n.emptyWait = n.emptyAfter(n.table.Load(), 0)
+	emptyWait := n.table.growEmptyWait(n.table.Load())
 	lo := &logOwner{n: n, self: incarnationID(n.name, n.ops.start), ready: make(chan struct{}, 1), done: make(chan struct{}),
 		known: map[string]*logKnown{}, cur: map[string]string{}, restarts: make([]uint64, n.cfg.Ring.PartitionCount),
 		last: make([]ownlog.PartState, n.cfg.Ring.PartitionCount)}
 	lo.peers.Store(&logPeers{raft: map[uint64]string{}, inc: map[string]string{n.name: lo.self}, addr: map[string]string{}})
 	cfg := ownlog.Config{RaftID: n.raftID(), Partitions: n.cfg.Ring.PartitionCount, HeartbeatTicks: logHeartbeat,
-		Ownership: ownership.Config{ID: lo.self, Liveness: n.cfg.LeaseDuration, EmptyAfter: n.emptyWait}}
+		Ownership: ownership.Config{ID: lo.self, Liveness: n.cfg.LeaseDuration, EmptyAfter: emptyWait}}
 	if n.dd != nil {
 		cfg.Disk = n.dd.raft // a log on disk is resumed; Bootstrap is then ignored
 	}
@@ -666,7 +666,7 @@ func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string,
 			ops = append(ops, &peerpb.PartitionOp{Kind: peerpb.PartitionOp_KIND_SYNC_END, Partition: part, Epoch: epoch, HolderEpoch: a.Seq})
 		}
 		req := &peerpb.ReplicateRequest{Sender: n.name, Ops: ops}
-		n.stampPolicies(req, to, opsPolicies(ops))
+		n.table.stamp(req, to, opsPolicies(ops))
 		resp, err := c.stub.Replicate(ctx, req)
 		if err != nil {
 			return withCtxErr(ctx, err)

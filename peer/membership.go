@@ -274,7 +274,7 @@ func (n *Node) rebuild() (kept bool) {
 		}
 		names = append(names, name)
 	}
-	n.notePolicyVersions(pvs)
+	n.table.noteMembers(pvs)
 	n.noteRestarts(evs, starts)
 	n.reach.noteStarts(starts, n.name)
 	ignored := n.ops.ready.commitIgnored()

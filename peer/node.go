@@ -38,16 +38,9 @@ type Node struct {
 	clock   func() time.Time
 	metrics Metrics
 	fp      uint64
-	// table is the current policy table, loaded once per request (see
-	// policies.go); policyMu serializes SetPolicies.
-	table    atomic.Pointer[policy.Table]
-	policyMu sync.Mutex
-	// emptyWait is the log's EmptyAfter as SetPolicies last set it (under
-	// policyMu): it only grows.
-	emptyWait time.Duration
-	// memberPolicies maps live members to the policy version they gossip
-	// (rebuild goroutine writes, readers copy).
-	memberPolicies atomic.Pointer[map[string]uint64]
+	// table is the policy table, loaded once per request, with the
+	// versions the members gossip (policies.go).
+	table policyTable
 
 	pt       *partTable    // every ring partition as this node sees it
 	tookOver takeovers     // partitions taken over, for their summary lines (takeovers.go)
@@ -158,6 +151,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		links:     make(map[string]*peerLink),
 		closed:    make(chan struct{}),
 	}
+	n.table.env = policyEnv{self: n.name, log: n.log, lease: cfg.LeaseDuration}
 	n.table.Store(policy.New(cfg.Policies))
 	n.metrics.PolicyTable(n.table.Load().Version(), true)
 	n.calls.New = func() any { return &call{done: make(chan callResult, 1)} }

@@ -4,9 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
+	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
+	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
@@ -23,7 +28,7 @@ import (
 // version is gossiped beside it and reported, never compared.
 //
 // The table on the decision path is an immutable policy.Table behind an
-// atomic pointer (Node.table), loaded once per request: no lock, no
+// atomic pointer (Node.table's Load), loaded once per request: no lock, no
 // allocation. A new table is built whole and swapped in (SetPolicies);
 // requests already holding the old one finish with it.
 //
@@ -58,6 +63,35 @@ import (
 // OnUnavailable when the holder cannot be reached: those are the caller's
 // side, never the holder's decision.
 
+// policyEnv is what a node's policy table takes of the node, set once in
+// New.
+type policyEnv struct {
+	self  string // this node's name
+	log   *slog.Logger
+	lease time.Duration // Config.LeaseDuration, in emptyAfter
+}
+
+// policyTable is the node's policy table and what goes with it: the
+// table in force, the policy versions the members gossip, and the wait
+// for a vacancy's last holder that the table's windows set.
+type policyTable struct {
+	env policyEnv
+	cur atomic.Pointer[policy.Table]
+	// mu serializes SetPolicies; emptyWait is the log's EmptyAfter as
+	// SetPolicies last set it (under mu): it only grows.
+	mu        sync.Mutex
+	emptyWait time.Duration
+	// members maps live members to the policy version they gossip
+	// (rebuild goroutine writes, readers copy).
+	members atomic.Pointer[map[string]uint64]
+}
+
+// Load returns the table in force: no lock, no allocation.
+func (t *policyTable) Load() *policy.Table { return t.cur.Load() }
+
+// Store puts tab in force (New; SetPolicies swaps).
+func (t *policyTable) Store(tab *policy.Table) { t.cur.Store(tab) }
+
 // validatePolicies reports every problem of a policy table, each wrapping
 // ErrInvalidConfig.
 func validatePolicies(pols map[string]PolicyConfig) []error {
@@ -81,8 +115,8 @@ func validatePolicies(pols map[string]PolicyConfig) []error {
 // peer/policies.go says what that means for each algorithm). Safe for
 // concurrent use; calls are applied one at a time.
 func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
-	n.policyMu.Lock()
-	defer n.policyMu.Unlock()
+	n.table.mu.Lock()
+	defer n.table.mu.Unlock()
 	if n.stopped.Load() {
 		return ErrClosed
 	}
@@ -107,12 +141,11 @@ func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
 		n.lo.run.Raise(ctx)
 		cancel()
 	}
-	old := n.table.Swap(t)
+	old := n.table.cur.Swap(t)
 	// A longer window (or spread lease) makes vacancies wait longer for
 	// their last holder before an aged grant; a shorter one never
 	// shortens the wait (emptyAfter).
-	n.emptyWait = n.emptyAfter(t, n.emptyWait)
-	n.lo.run.SetEmptyAfter(n.emptyWait)
+	n.lo.run.SetEmptyAfter(n.table.growEmptyWait(t))
 	if raised {
 		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
 		n.lo.run.Raise(ctx)
@@ -180,7 +213,7 @@ func (n *Node) Policy(name string) (PolicyConfig, bool) {
 // gossips, by member name (this node included); 0 for a member that does
 // not gossip one (an older version). The caller owns the map.
 func (n *Node) MemberPolicyVersions() map[string]uint64 {
-	m := n.memberPolicies.Load()
+	m := n.table.members.Load()
 	out := make(map[string]uint64, 1)
 	if m != nil {
 		for k, v := range *m {
@@ -191,23 +224,53 @@ func (n *Node) MemberPolicyVersions() map[string]uint64 {
 	return out
 }
 
-// notePolicyVersions publishes the policy versions the live members gossip
-// and logs, once per change, a member whose version differs from ours (a
+// noteMembers publishes the policy versions the live members gossip and
+// logs, once per change, a member whose version differs from ours (a
 // rolling change in progress, or a node left behind). Rebuild goroutine
 // only.
-func (n *Node) notePolicyVersions(pvs map[string]uint64) {
-	prev := n.memberPolicies.Load()
-	mine := n.PolicyVersion()
+func (t *policyTable) noteMembers(pvs map[string]uint64) {
+	prev := t.members.Load()
+	mine := t.Load().Version()
 	for name, v := range pvs {
-		if name == n.name || v == mine {
+		if name == t.env.self || v == mine {
 			continue
 		}
 		if prev != nil && (*prev)[name] == v {
 			continue
 		}
-		n.log.Info("member runs another policy table", "peer", name, "policy_version", v, "want", mine)
+		t.env.log.Info("member runs another policy table", "peer", name, "policy_version", v, "want", mine)
 	}
-	n.memberPolicies.Store(&pvs)
+	t.members.Store(&pvs)
+}
+
+// stamp sets req's policy version and windows (see windowsFor) from one
+// reading of the table; req goes to member.
+func (t *policyTable) stamp(req *peerpb.ReplicateRequest, member string, names iter.Seq[string]) {
+	tab := t.Load()
+	req.PolicyVersion = tab.Version()
+	req.WindowsPacked = t.windowsFor(tab, member, names)
+}
+
+// windowsFor returns the windows_packed field of a replication message to
+// member naming the policies names yields: this node's windows (table tab)
+// for them while member's policy table may differ from this node's (it
+// gossips another version, or none yet), else nil.
+func (t *policyTable) windowsFor(tab *policy.Table, member string, names iter.Seq[string]) []byte {
+	if m := t.members.Load(); m != nil {
+		if v, ok := (*m)[member]; ok && v == tab.Version() {
+			return nil
+		}
+	}
+	return packWindows(tab, names)
+}
+
+// growEmptyWait sets the log's EmptyAfter for table tab (emptyAfter) and
+// returns it: a longer window (or spread lease) makes vacancies wait
+// longer for their last holder before an aged grant; a shorter one never
+// shortens the wait. Called by newLogOwner, then under mu.
+func (t *policyTable) growEmptyWait(tab *policy.Table) time.Duration {
+	t.emptyWait = t.emptyAfter(tab, t.emptyWait)
+	return t.emptyWait
 }
 
 // emptyAfter is how long a vacant partition waits for the member with
@@ -217,9 +280,9 @@ func (n *Node) notePolicyVersions(pvs map[string]uint64) {
 // plus that policy's spread lease, a tenth more for clock rates, plus one
 // LeaseDuration; and never less than was (a policy removed may be added
 // back with its keys' state, which must not have been restarted early).
-func (n *Node) emptyAfter(t *policy.Table, was time.Duration) time.Duration {
+func (t *policyTable) emptyAfter(tab *policy.Table, was time.Duration) time.Duration {
 	var longest time.Duration
-	for _, c := range t.Configs() {
+	for _, c := range tab.Configs() {
 		w := c.Window
 		switch c.Period {
 		case shard.CalendarDay:
@@ -233,5 +296,5 @@ func (n *Node) emptyAfter(t *policy.Table, was time.Duration) time.Duration {
 		}
 		longest = max(longest, w+c.Lease())
 	}
-	return max(was, longest+longest/10+n.cfg.LeaseDuration)
+	return max(was, longest+longest/10+t.env.lease)
 }

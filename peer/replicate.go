@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
@@ -405,27 +404,6 @@ func (rs *replSend) Done(resp *peerpb.ReplicateResponse, err error) {
 func (c *peerLink) stamp(req *peerpb.ReplicateRequest, batch []*replItem) {
 	req.Seq = c.env.replSeq.Add(1)
 	c.env.stamp(req, c.name, batchPolicies(batch))
-}
-
-// stampPolicies sets req's policy version and windows (see windowsFor)
-// from one reading of the table.
-func (n *Node) stampPolicies(req *peerpb.ReplicateRequest, member string, names iter.Seq[string]) {
-	tab := n.table.Load()
-	req.PolicyVersion = tab.Version()
-	req.WindowsPacked = n.windowsFor(tab, member, names)
-}
-
-// windowsFor returns the windows_packed field of a replication message to
-// member naming the policies names yields: this node's windows (table tab)
-// for them while member's policy table may differ from this node's (it
-// gossips another version, or none yet), else nil.
-func (n *Node) windowsFor(tab *policy.Table, member string, names iter.Seq[string]) []byte {
-	if m := n.memberPolicies.Load(); m != nil {
-		if v, ok := (*m)[member]; ok && v == tab.Version() {
-			return nil
-		}
-	}
-	return packWindows(tab, names)
 }
 
 // batchPolicies yields the policy of each key batch carries.
