@@ -230,7 +230,7 @@ func (n *Node) startDataDirJoiner(ctx context.Context) error {
 	n.health = health.NewServer()
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	n.setupAuth()
-	n.linkEnv = n.newLinkEnv()
+	n.links.env = n.newLinkEnv()
 	n.serveRPC(lis)
 	return nil
 }

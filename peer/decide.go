@@ -77,7 +77,7 @@ func hotSampled(mono int64, placementHash uint64) bool {
 type replicas struct{ n *Node }
 
 func (rp replicas) Admission(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (partition.Copy, error) {
-	it, err := rp.n.replicateAdmissionItem(to, pid, epoch, key, alg, run, at, wait)
+	it, err := rp.n.links.replicateAdmissionItem(to, pid, epoch, key, alg, run, at, wait)
 	if it == nil {
 		return nil, err
 	}
@@ -85,7 +85,7 @@ func (rp replicas) Admission(to string, pid int, epoch uint64, key Key, alg shar
 }
 
 func (rp replicas) State(to string, pid int, epoch uint64, st shard.KeyState, at time.Time, wait bool) (partition.Copy, error) {
-	it, err := rp.n.replicateState(to, pid, epoch, st, at, wait)
+	it, err := rp.n.links.replicateState(to, pid, epoch, st, at, wait)
 	if it == nil {
 		return nil, err
 	}

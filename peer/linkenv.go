@@ -28,6 +28,8 @@ type linkEnv struct {
 	clock   func() time.Time // the node's clock: replication's ages
 
 	maxBatch           int            // Config.MaxBatch
+	maxInFlight        int            // Config.MaxInFlight: batches in flight per link
+	noBatching         bool           // Config.DisableBatching: a forward is its own call
 	forwardTimeout     time.Duration  // Config.ForwardTimeout
 	framedWriteTimeout time.Duration  // bounds each write on a framed pipe
 	noStreams          bool           // Config.DisableStreams: unary calls only
@@ -55,16 +57,16 @@ type linkEnv struct {
 	recopy func(pid int, epoch uint64)
 }
 
-// newLinkEnv is n's linkEnv; called once its peer authentication is
-// set up.
+// newLinkEnv is n's linkEnv, pointing at the counters and pools of its
+// links (n.links); called once its peer authentication is set up.
 func (n *Node) newLinkEnv() *linkEnv {
 	return &linkEnv{
 		ctx: n.ctx, wg: &n.wg, self: n.name, log: n.log, metrics: n.metrics, clock: n.clock,
-		maxBatch: n.cfg.MaxBatch, forwardTimeout: n.cfg.ForwardTimeout, framedWriteTimeout: n.framedWriteTimeout(),
+		maxBatch: n.cfg.MaxBatch, maxInFlight: n.cfg.MaxInFlight, noBatching: n.cfg.DisableBatching, forwardTimeout: n.cfg.ForwardTimeout, framedWriteTimeout: n.framedWriteTimeout(),
 		noStreams: n.cfg.DisableStreams, noFramed: n.cfg.DisableFramedPipes, tls: n.cfg.ClientTLS,
 		auth: n.ops.auth,
-		view: &n.view, gather: &n.gather,
-		replSeq: &n.replSeq, framedOpened: &n.framedOpened, pipeBreaks: &n.pipeBreaks, replItems: &n.replItems,
+		view: &n.view, gather: &n.links.gather,
+		replSeq: &n.links.replSeq, framedOpened: &n.links.framedOpened, pipeBreaks: &n.links.pipeBreaks, replItems: &n.links.replItems,
 		warn: n.warns.warn, stamp: n.table.stamp,
 		recopy: newRecopier(n.ctx, &n.wg, n.lo.run.Recopy).note,
 	}

@@ -321,13 +321,13 @@ func (lo *logOwner) dial(_ context.Context, to uint64) (grpc.ClientConnInterface
 	}
 	addr, ok := lo.peers.Load().addr[name]
 	if !ok {
-		c, err := lo.n.linkTo(name)
+		c, err := lo.n.links.to(name)
 		if err != nil {
 			return nil, err
 		}
 		return c.conn, nil
 	}
-	c, err := lo.n.dialLink(name, addr)
+	c, err := lo.n.links.dial(name, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -612,7 +612,7 @@ func (lo *logOwner) SendCopy(a ownership.Action) {
 		// answered. Past ForwardTimeout the copy goes anyway (a late
 		// admission can then only refuse more, never admit more).
 		bctx, bcancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
-		if err := n.replBarrier(bctx, to); err != nil {
+		if err := n.links.replBarrier(bctx, to); err != nil {
 			n.log.Debug("partition copy sent with replication to the receiver still unanswered", "partition", a.P, "to", to, "err", err)
 		}
 		bcancel()
@@ -654,7 +654,7 @@ func (lo *logOwner) sendCopy(ctx context.Context, a ownership.Action, to string,
 	if f := n.hooks.copyUnsent.Load(); f != nil && (*f)(a.P, to) {
 		return errCopyUnsent
 	}
-	c, err := n.linkTo(to)
+	c, err := n.links.to(to)
 	if err != nil {
 		return err
 	}

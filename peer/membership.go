@@ -340,7 +340,7 @@ func (n *Node) rebuild() (kept bool) {
 		return
 	}
 	n.metrics.Ring(v.snap.Version(), v.snap.Len())
-	n.dropClients(n.lo.withLogAddrs(alive))
+	n.links.drop(n.lo.withLogAddrs(alive))
 	return kept
 }
 

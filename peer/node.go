@@ -78,16 +78,13 @@ type Node struct {
 	rpcLis    net.Listener
 	rpcConns  *connlimit.Listener // rpcLis within RPCLimits' connection bounds
 
-	linksMu   sync.Mutex
-	links     map[string]*peerLink // by member name
-	calls     sync.Pool            // of *call, reused by forwards
-	replItems sync.Pool            // of *replItem, reused by replication
+	// links are the node's links to its peers: forwarding, replication
+	// and what they share (forward.go).
+	links peerLinks
 
 	ctx    context.Context // the node's lifetime; cancelled by Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	// linkEnv is what each per-peer link takes of this node (linkenv.go).
-	linkEnv *linkEnv
 	// part is what the decisions on this node's partitions are given
 	// (decide.go, internal/partition).
 	part      partition.Env
@@ -96,22 +93,10 @@ type Node struct {
 	closeErr  error
 	closed    chan struct{}
 	warns     warnThrottle // degraded-service warnings, at most one a second
-	// gather is how long a batch of forwards or of replication waits for
-	// the message in flight on its pipe before it takes another slot:
-	// pipeGather (tests lengthen it to make the gathering certain).
-	gather atomic.Int64
 	// hooks are the faults tests inject (hooks.go).
 	hooks faultHooks
-	// pipeBreaks counts streams to peers that broke (tests wait on it).
-	pipeBreaks atomic.Int64
-	// copyBarriers counts copies that waited for the replication queued
-	// to their receiver before exporting (tests read it).
-	copyBarriers atomic.Int64
-	// replSeq numbers replication messages (ReplicateRequest.Seq).
-	replSeq atomic.Uint64
-	// framedOpened counts framed pipes opened to peers; framedServed,
-	// by kind, those peers opened to this node (tests read them).
-	framedOpened atomic.Int64
+	// framedServed counts, by kind, the framed pipes peers opened to
+	// this node (tests read them).
 	framedServed [3]atomic.Int64
 
 	ops opsState // restarts, duplicate names, readiness, reconnects, peer auth
@@ -148,18 +133,15 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		viewCh:    make(chan struct{}),
 		rebuildCh: make(chan struct{}, 1),
 		kept:      map[string]membership.Event{},
-		links:     make(map[string]*peerLink),
 		closed:    make(chan struct{}),
 	}
 	n.table.env = policyEnv{self: n.name, log: n.log, lease: cfg.LeaseDuration}
 	n.table.Store(policy.New(cfg.Policies))
 	n.metrics.PolicyTable(n.table.Load().Version(), true)
-	n.calls.New = func() any { return &call{done: make(chan callResult, 1)} }
-	n.replItems.New = func() any { return &replItem{ch: make(chan error, 1)} }
+	n.links.init()
 	n.part = n.newPartEnv()
 	n.ops.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.gather.Store(int64(pipeGather))
 	// A mark is probed again after ten leases.
 	n.reach = newReachability(int64(10*cfg.LeaseDuration), n.checkReachable, n.log)
 	if cfg.clockIsDefault {
@@ -265,7 +247,7 @@ func (n *Node) startRPC() error {
 	n.health = health.NewServer()
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	n.setupAuth()
-	n.linkEnv = n.newLinkEnv()
+	n.links.env = n.newLinkEnv()
 	n.serveRPC(lis)
 	return nil
 }
@@ -469,17 +451,6 @@ func (n *Node) every(d time.Duration, fn func()) {
 	}
 }
 
-// stopClients stops every peer client (their batchers exit; the node's wg
-// waits for them).
-func (n *Node) stopClients() {
-	n.linksMu.Lock()
-	defer n.linksMu.Unlock()
-	for name, c := range n.links {
-		c.stop()
-		delete(n.links, name)
-	}
-}
-
 // Sweep reclaims idle keys and refreshes key and hot-key metrics. The node
 // calls it every SweepInterval; tests may call it directly.
 func (n *Node) Sweep() {
@@ -581,7 +552,7 @@ func (n *Node) close(ctx context.Context) error {
 		n.grpcSrv.Stop()
 		<-stopped
 	}
-	n.stopClients()
+	n.links.stopAll()
 	// Every goroutine the node started stops on n.ctx; wait for them, but
 	// never forever: a goroutine stuck past the deadline (plus a grace for
 	// RPCs cut short just now) is a bug to report, not a reason to hang the

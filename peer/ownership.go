@@ -43,7 +43,7 @@ func (n *Node) checkReachable(member string) {
 	go func() {
 		defer n.wg.Done()
 		defer n.reach.done(member)
-		c, err := n.linkTo(member)
+		c, err := n.links.to(member)
 		if err == nil {
 			ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
 			_, err = healthpb.NewHealthClient(c.conn).Check(ctx, &healthpb.HealthCheckRequest{})

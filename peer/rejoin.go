@@ -40,10 +40,5 @@ func (n *Node) noteRestarts(evs []membership.Event, starts map[string]uint64) {
 // connection may be stuck in reconnect backoff to a previous incarnation.
 // Calls queued on it fail as unavailable; the next forward dials afresh.
 func (n *Node) resetClient(name string) {
-	n.linksMu.Lock()
-	defer n.linksMu.Unlock()
-	if c := n.links[name]; c != nil {
-		c.stop()
-		delete(n.links, name)
-	}
+	n.links.dropMember(name)
 }

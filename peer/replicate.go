@@ -72,22 +72,19 @@ func (it *replItem) Release() {
 	}
 }
 
-// getReplItem returns a cleared item from the node's pool.
-func (n *Node) getReplItem() *replItem {
-	it := n.replItems.Get().(*replItem)
+// getReplItem returns a cleared item from the links' pool.
+func (l *peerLinks) getReplItem() *replItem {
+	it := l.replItems.Get().(*replItem)
 	if it.ch == nil {
 		it.ch = make(chan error, 1)
 	}
-	it.pool = &n.replItems
+	it.pool = &l.replItems
 	return it
 }
 
-// putReplItem returns it to the pool. Only the item's last user may: the
-// waiter once done has yielded (never one that gave up waiting), or the
-// batcher for an item nobody waits for.
-func (n *Node) putReplItem(it *replItem) { putReplItem(&n.replItems, it) }
-
-// putReplItem returns it to pool, emptied.
+// putReplItem returns it to pool, emptied. Only the item's last user may:
+// the waiter once done has yielded (never one that gave up waiting), or
+// the batcher for an item nobody waits for.
 func putReplItem(pool *sync.Pool, it *replItem) {
 	*it = replItem{ch: it.ch}
 	pool.Put(it)
@@ -113,13 +110,13 @@ const replQueueLen = 8192
 // epoch for backup to, in a pooled item: when wait is set it returns the
 // item, whose Done yields the outcome; the waiter hands it back with
 // Release after Done yields.
-func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (*replItem, error) {
-	c, err := n.linkTo(to)
+func (l *peerLinks) replicateAdmissionItem(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (*replItem, error) {
+	c, err := l.to(to)
 	if err != nil {
-		n.replUnqueued(pid, epoch, wait)
+		l.replUnqueued(pid, epoch, wait)
 		return nil, err
 	}
-	it := n.getReplItem()
+	it := l.getReplItem()
 	it.kind, it.part, it.epoch, it.at, it.run, it.key, it.alg = peerpb.PartitionOp_KIND_ADMIT, uint32(pid), epoch, at, run, key, alg
 	if wait {
 		it.done = it.ch
@@ -127,8 +124,8 @@ func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key,
 	select {
 	case c.repl.queue <- it:
 	default:
-		n.putReplItem(it)
-		n.replUnqueued(pid, epoch, wait)
+		putReplItem(&l.replItems, it)
+		l.replUnqueued(pid, epoch, wait)
 		return nil, fmt.Errorf("%w: replication queue to %s is full", ErrUnavailable, to)
 	}
 	if !wait {
@@ -139,10 +136,10 @@ func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key,
 
 // replicateState queues key state st (ages relative to at) for backup to
 // as a replacement of the copy's state of that key.
-func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyState, at time.Time, wait bool) (*replItem, error) {
-	c, err := n.linkTo(to)
+func (l *peerLinks) replicateState(to string, pid int, epoch uint64, st shard.KeyState, at time.Time, wait bool) (*replItem, error) {
+	c, err := l.to(to)
 	if err != nil {
-		n.replUnqueued(pid, epoch, wait)
+		l.replUnqueued(pid, epoch, wait)
 		return nil, err
 	}
 	var done chan error
@@ -155,7 +152,7 @@ func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyStat
 		// Queued, the item is the batcher's: one nobody waits for goes
 		// to the pool once sent, so it is not read here again.
 	default:
-		n.replUnqueued(pid, epoch, wait)
+		l.replUnqueued(pid, epoch, wait)
 		return nil, fmt.Errorf("%w: replication queue to %s is full", ErrUnavailable, to)
 	}
 	if !wait {
@@ -168,9 +165,9 @@ func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyStat
 // queued for the backup: a waiter is told by the error its caller returns;
 // an item nobody waits for stands on the holder all the same (its caller
 // goes on), so the backup must get it from a copy of the partition.
-func (n *Node) replUnqueued(pid int, epoch uint64, wait bool) {
+func (l *peerLinks) replUnqueued(pid int, epoch uint64, wait bool) {
 	if !wait {
-		n.linkEnv.recopy(pid, epoch)
+		l.env.recopy(pid, epoch)
 	}
 }
 
@@ -285,12 +282,12 @@ func (c *peerLink) awaitReplIdle(bar *replItem) {
 
 // replBarrier waits until every replication item queued for member to
 // before the call has been answered, or ctx ends.
-func (n *Node) replBarrier(ctx context.Context, to string) error {
-	c, err := n.linkTo(to)
+func (l *peerLinks) replBarrier(ctx context.Context, to string) error {
+	c, err := l.to(to)
 	if err != nil {
 		return err
 	}
-	n.copyBarriers.Add(1)
+	l.copyBarriers.Add(1)
 	bar := &replItem{barrier: true, done: make(chan error, 1)}
 	select {
 	case c.repl.queue <- bar:

@@ -75,7 +75,7 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 			return nil
 		}
 		// Forward.
-		fd, err := n.forward(ctx, v, target, r)
+		fd, err := n.links.forward(ctx, v, target, r)
 		if err == nil {
 			*d = fd
 			n.metrics.Decision(r.P.Name, d.Reason, PathForwarded)
@@ -226,7 +226,7 @@ func (n *Node) portDead(member string) bool {
 	if h := n.hooks.portDead.Load(); h != nil {
 		return (*h)(member)
 	}
-	c, err := n.linkTo(member)
+	c, err := n.links.to(member)
 	return err == nil && c.conn.GetState() == connectivity.TransientFailure
 }
 
