@@ -664,7 +664,8 @@ func (s *limiterService) replicate(req *peerpb.ReplicateRequest, sc *replScratch
 			sc = new(replScratch)
 		}
 		var durIdx uint64
-		b, err := n.applyPackedAdmits(sc.out[:0], req.GetSender(), req.GetSeq(), sw, req.GetAdmitsPacked(), closing, &durIdx)
+		a := replicaApply{lo: n.lo, table: &n.table, parts: len(n.pt.parts), sender: req.GetSender(), seq: req.GetSeq(), sw: sw, closing: closing, durIdx: &durIdx}
+		b, err := a.packed(sc.out[:0], req.GetAdmitsPacked())
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
@@ -685,8 +686,9 @@ func (s *limiterService) replicate(req *peerpb.ReplicateRequest, sc *replScratch
 	}
 	resp := &peerpb.ReplicateResponse{Results: make([]*peerpb.OpResult, len(req.GetOps()))}
 	var durIdx uint64
+	a := replicaApply{lo: n.lo, table: &n.table, parts: len(n.pt.parts), sender: req.GetSender(), seq: req.GetSeq(), sw: sw, closing: closing, durIdx: &durIdx}
 	for i, op := range req.GetOps() {
-		resp.Results[i] = n.applyPartitionOp(req.GetSender(), req.GetSeq(), sw, op, closing, &durIdx)
+		resp.Results[i] = a.op(op)
 	}
 	if durIdx != 0 {
 		if err := n.durableSync(durIdx); err != nil {
@@ -696,19 +698,33 @@ func (s *limiterService) replicate(req *peerpb.ReplicateRequest, sc *replScratch
 	return resp, nil
 }
 
-// applyPartitionOp applies one operation from holder sender to this
-// node's copy; sw is what the sender tells of its policy table.
-func (n *Node) applyPartitionOp(sender string, seq uint64, sw senderTable, op *peerpb.PartitionOp, closing bool, durIdx *uint64) *peerpb.OpResult {
+// replicaApply is the backup's side of one replication message from the
+// holder sender: it decodes the message's operations against this node's
+// policy table and hands each to the ownership log's driver, which keeps
+// the copies (receiveOp, backup.go).
+type replicaApply struct {
+	lo      *logOwner
+	table   *policyTable
+	parts   int // the ring's partitions: a larger number is refused
+	sender  string
+	seq     uint64      // the message's ReplicateRequest.Seq
+	sw      senderTable // what the sender tells of its policy table
+	closing bool        // this node is closing
+	durIdx  *uint64     // see opHead.durIdx
+}
+
+// op applies one operation to this node's copy.
+func (a *replicaApply) op(op *peerpb.PartitionOp) *peerpb.OpResult {
 	var keys []packedAdmit
 	for _, w := range op.GetKeys() {
-		st, p, err := n.decodeState(w)
+		st, p, err := a.table.decodeState(w)
 		if err != nil || p == nil {
 			continue // malformed, or a policy this node does not have
 		}
-		keys = append(keys, packedAdmit{st: st, sp: importPolicy(p, sw)})
+		keys = append(keys, packedAdmit{st: st, sp: importPolicy(p, a.sw)})
 	}
-	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: seq, durIdx: durIdx}
-	r := n.lo.receiveOp(sender, h, keys, closing)
+	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: a.seq, durIdx: a.durIdx}
+	r := a.lo.receiveOp(a.sender, h, keys, a.closing)
 	return &peerpb.OpResult{Status: r.status, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
 }
 
