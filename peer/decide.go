@@ -36,7 +36,7 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, r *opReq, pk s
 	if st != partition.Decided || err != nil {
 		return st, ch, err
 	}
-	stamp(d, &res, n.name, v.snap.Version())
+	stampDecision(d, &res, n.name, v.snap.Version())
 	// Hot keys are sampled: one decision in hotSample records hotSample
 	// times the hits, which keeps the tracker's lock off most decisions.
 	if res.Counted && hotSampled(res.Mono, pk.Hash()) {
@@ -45,10 +45,10 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, r *opReq, pk s
 	return st, nil, nil
 }
 
-// stamp writes res into *d, decided by owner at ring version. Field by
+// stampDecision writes res into *d, decided by owner at ring version. Field by
 // field: a composite literal is built aside and then copied in, and the
 // copy stalls on the bytes just written.
-func stamp(d *Decision, res *partition.Result, owner string, version uint64) {
+func stampDecision(d *Decision, res *partition.Result, owner string, version uint64) {
 	d.Allowed, d.Limit, d.Remaining = res.Allowed, res.Limit, res.Remaining
 	d.RetryAfter, d.ResetAfter, d.Reason = res.RetryAfter, res.ResetAfter, Reason(res.Reason)
 	d.Owner, d.RingVersion, d.DecidedAt = owner, version, res.DecidedAt

@@ -57,21 +57,6 @@ type linkEnv struct {
 	recopy func(pid int, epoch uint64)
 }
 
-// newLinkEnv is n's linkEnv, pointing at the counters and pools of its
-// links (n.links); called once its peer authentication is set up.
-func (n *Node) newLinkEnv() *linkEnv {
-	return &linkEnv{
-		ctx: n.ctx, wg: &n.wg, self: n.name, log: n.log, metrics: n.metrics, clock: n.clock,
-		maxBatch: n.cfg.MaxBatch, maxInFlight: n.cfg.MaxInFlight, noBatching: n.cfg.DisableBatching, forwardTimeout: n.cfg.ForwardTimeout, framedWriteTimeout: n.framedWriteTimeout(),
-		noStreams: n.cfg.DisableStreams, noFramed: n.cfg.DisableFramedPipes, tls: n.cfg.ClientTLS,
-		auth: n.ops.auth,
-		view: &n.view, gather: &n.links.gather,
-		replSeq: &n.links.replSeq, framedOpened: &n.links.framedOpened, pipeBreaks: &n.links.pipeBreaks, replItems: &n.links.replItems,
-		warn: n.warns.warn, stamp: n.table.stamp,
-		recopy: newRecopier(n.ctx, &n.wg, n.lo.run.Recopy).note,
-	}
-}
-
 // pipeConfig is what the client's pipes to its peer (framed or not) need.
 func (e *linkEnv) pipeConfig(framed bool) transport.PipeConfig {
 	return transport.PipeConfig{WG: e.wg, Timeout: e.forwardTimeout, Breaks: e.pipeBreaks, Framed: framed}

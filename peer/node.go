@@ -135,7 +135,20 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		kept:      map[string]membership.Event{},
 		closed:    make(chan struct{}),
 	}
-	n.table.env = policyEnv{self: n.name, log: n.log, lease: cfg.LeaseDuration}
+	n.table.env = policyEnv{
+		self: n.name, log: n.log, metrics: n.metrics, lease: cfg.LeaseDuration, stopped: n.stopped.Load,
+		// The ownership log and gossip start later in New.
+		raise: func() {
+			ctx, cancel := context.WithTimeout(n.ctx, cfg.ForwardTimeout)
+			n.lo.run.Raise(ctx)
+			cancel()
+		},
+		setEmptyAfter: func(d time.Duration) { n.lo.run.SetEmptyAfter(d) },
+		gossip: func() {
+			n.delegate.SetMeta(n.meta(n.closing.Load()))
+			_ = n.ml.UpdateNode(200 * time.Millisecond)
+		},
+	}
 	n.table.Store(policy.New(cfg.Policies))
 	n.metrics.PolicyTable(n.table.Load().Version(), true)
 	n.links.init()
@@ -250,6 +263,21 @@ func (n *Node) startRPC() error {
 	n.links.env = n.newLinkEnv()
 	n.serveRPC(lis)
 	return nil
+}
+
+// newLinkEnv is n's linkEnv, pointing at the counters and pools of its
+// links (n.links); called once its peer authentication is set up.
+func (n *Node) newLinkEnv() *linkEnv {
+	return &linkEnv{
+		ctx: n.ctx, wg: &n.wg, self: n.name, log: n.log, metrics: n.metrics, clock: n.clock,
+		maxBatch: n.cfg.MaxBatch, maxInFlight: n.cfg.MaxInFlight, noBatching: n.cfg.DisableBatching, forwardTimeout: n.cfg.ForwardTimeout, framedWriteTimeout: n.framedWriteTimeout(),
+		noStreams: n.cfg.DisableStreams, noFramed: n.cfg.DisableFramedPipes, tls: n.cfg.ClientTLS,
+		auth: n.ops.auth,
+		view: &n.view, gather: &n.links.gather,
+		replSeq: &n.links.replSeq, framedOpened: &n.links.framedOpened, pipeBreaks: &n.links.pipeBreaks, replItems: &n.links.replItems,
+		warn: n.warns.warn, stamp: n.table.stamp,
+		recopy: newRecopier(n.ctx, &n.wg, n.lo.run.Recopy).note,
+	}
 }
 
 // serveRPC makes the node's gRPC server (its services and n.health) and

@@ -1,7 +1,6 @@
 package peer
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"iter"
@@ -66,9 +65,19 @@ import (
 // policyEnv is what a node's policy table takes of the node, set once in
 // New.
 type policyEnv struct {
-	self  string // this node's name
-	log   *slog.Logger
-	lease time.Duration // Config.LeaseDuration, in emptyAfter
+	self    string // this node's name
+	log     *slog.Logger
+	metrics Metrics
+	lease   time.Duration // Config.LeaseDuration, in emptyAfter
+	stopped func() bool   // Close has stopped the node
+	// raise has the ownership log copy every held partition to its
+	// backup again before it decides again, within ForwardTimeout.
+	raise func()
+	// setEmptyAfter gives the ownership log a new EmptyAfter.
+	setEmptyAfter func(time.Duration)
+	// gossip puts the node's metadata, with the table's version, into
+	// gossip (best effort).
+	gossip func()
 }
 
 // policyTable is the node's policy table and what goes with it: the
@@ -104,20 +113,12 @@ func validatePolicies(pols map[string]PolicyConfig) []error {
 	return errs
 }
 
-// SetPolicies replaces the node's policy table with a copy of pols, at
-// once, for every request that starts afterwards (requests in progress
-// finish with the table they started with). An invalid table returns an
-// error wrapping ErrInvalidConfig, naming every problem, and the node
-// keeps its table. Either way the outcome is reported to
-// Metrics.PolicyTable. The new table's version is gossiped to the other
-// members, which keep using this node as a holder whatever table they run
-// (a change keeps each key's state; the comment at the top of
-// peer/policies.go says what that means for each algorithm). Safe for
-// concurrent use; calls are applied one at a time.
-func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
-	n.table.mu.Lock()
-	defer n.table.mu.Unlock()
-	if n.stopped.Load() {
+// set replaces the table with a copy of pols (SetPolicies says how).
+func (t *policyTable) set(pols map[string]PolicyConfig) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	env := &t.env
+	if env.stopped() {
 		return ErrClosed
 	}
 	cp := make(map[string]PolicyConfig, len(pols))
@@ -125,11 +126,11 @@ func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
 		cp[k] = v
 	}
 	if errs := validatePolicies(cp); len(errs) > 0 {
-		n.metrics.PolicyTable(n.table.Load().Version(), false)
+		env.metrics.PolicyTable(t.Load().Version(), false)
 		return errors.Join(errs...)
 	}
-	t := policy.New(cp)
-	raised := replicationRaised(n.table.Load(), t)
+	tab := policy.New(cp)
+	raised := replicationRaised(t.Load(), tab)
 	if raised {
 		// Log ownership: a policy replicated more strongly than before
 		// must not be answered as such while the backup's copy lacks the
@@ -137,28 +138,23 @@ func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
 		// stops until a copy begun after this point is its backup's; the
 		// second Raise, after the swap, covers decisions made under the
 		// old table between the first copy and the swap.
-		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
-		n.lo.run.Raise(ctx)
-		cancel()
+		env.raise()
 	}
-	old := n.table.cur.Swap(t)
+	old := t.cur.Swap(tab)
 	// A longer window (or spread lease) makes vacancies wait longer for
 	// their last holder before an aged grant; a shorter one never
 	// shortens the wait (emptyAfter).
-	n.lo.run.SetEmptyAfter(n.table.growEmptyWait(t))
+	env.setEmptyAfter(t.growEmptyWait(tab))
 	if raised {
-		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
-		n.lo.run.Raise(ctx)
-		cancel()
+		env.raise()
 	}
-	n.metrics.PolicyTable(t.Version(), true)
-	if old.Version() != t.Version() {
-		n.log.Info("policy table changed", "policy_version", t.Version(), "previous_version", old.Version(), "policies", t.Len())
+	env.metrics.PolicyTable(tab.Version(), true)
+	if old.Version() != tab.Version() {
+		env.log.Info("policy table changed", "policy_version", tab.Version(), "previous_version", old.Version(), "policies", tab.Len())
 	}
 	// Gossip the new version. Best effort: it also travels with the next
 	// push/pull of our metadata.
-	n.delegate.SetMeta(n.meta(n.closing.Load()))
-	_ = n.ml.UpdateNode(200 * time.Millisecond)
+	env.gossip()
 	return nil
 }
 
@@ -194,36 +190,6 @@ func replicationRaised(prev, next *policy.Table) bool {
 	return false
 }
 
-// PolicyVersion returns the version of the node's current policy table: a
-// hash of what changes a holder's decision (53 bits, never zero). Two
-// members with the same version decide alike.
-func (n *Node) PolicyVersion() uint64 { return n.table.Load().Version() }
-
-// Policy returns the current table's entry for name. Safe for concurrent
-// use; it neither locks nor allocates.
-func (n *Node) Policy(name string) (PolicyConfig, bool) {
-	p := n.table.Load().Lookup(name)
-	if p == nil {
-		return PolicyConfig{}, false
-	}
-	return p.Config, true
-}
-
-// MemberPolicyVersions returns the policy table version each live member
-// gossips, by member name (this node included); 0 for a member that does
-// not gossip one (an older version). The caller owns the map.
-func (n *Node) MemberPolicyVersions() map[string]uint64 {
-	m := n.table.members.Load()
-	out := make(map[string]uint64, 1)
-	if m != nil {
-		for k, v := range *m {
-			out[k] = v
-		}
-	}
-	out[n.name] = n.PolicyVersion()
-	return out
-}
-
 // noteMembers publishes the policy versions the live members gossip and
 // logs, once per change, a member whose version differs from ours (a
 // rolling change in progress, or a node left behind). Rebuild goroutine
@@ -241,6 +207,20 @@ func (t *policyTable) noteMembers(pvs map[string]uint64) {
 		t.env.log.Info("member runs another policy table", "peer", name, "policy_version", v, "want", mine)
 	}
 	t.members.Store(&pvs)
+}
+
+// memberVersions returns the policy table version each live member
+// gossips, this node's included (Node.MemberPolicyVersions).
+func (t *policyTable) memberVersions() map[string]uint64 {
+	m := t.members.Load()
+	out := make(map[string]uint64, 1)
+	if m != nil {
+		for k, v := range *m {
+			out[k] = v
+		}
+	}
+	out[t.env.self] = t.Load().Version()
+	return out
 }
 
 // stamp sets req's policy version and windows (see windowsFor) from one

@@ -1,7 +1,6 @@
 package peer
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -82,30 +81,6 @@ func (r *readyState) commitIgnored() map[string]string {
 	r.ignored = ign
 	r.mu.Unlock()
 	return ign
-}
-
-// Ready reports whether the node is part of the cluster, and if not, why
-// (the reason is empty when ready). It is not ready while closing, while
-// it was given Join seeds but knows no other live member, while it
-// ignores live gossip members (another placement fingerprint,
-// unreadable metadata, another cluster), or while partitions are still
-// moving to or from it (Settled). Safe for concurrent use.
-//
-// While partitions move, the reason names the first one that keeps the
-// node unsettled and how it stands here (ownership's Explain): what an
-// operator needs when a node stays unready.
-func (n *Node) Ready() (bool, string) {
-	ok, reason, code := n.ops.ready.readiness()
-	if code == ReadyReasonMoving {
-		if p := n.lo.unsettled(n.view.Load()); p >= 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-			if ex := n.lo.run.Explain(ctx, []int{p}); len(ex) == 1 {
-				reason += " (first: " + ex[0] + ")"
-			}
-			cancel()
-		}
-	}
-	return ok, reason
 }
 
 // readiness is whether the node is ready, and if not, why and the

@@ -282,16 +282,3 @@ const notOwnerPause = 50 * time.Millisecond
 // graceful move (a leave, a join) fences a partition for a copy and a
 // commit; a forward's timeout alone was too short on a loaded machine.
 func (n *Node) moveWait() time.Duration { return max(4*n.cfg.ForwardTimeout, 2*time.Second) }
-
-// notOwnerError is a receiver's "not owner" answer, with the member it
-// believes holds the partition and that holder's epoch (0 when it only
-// names its ring's target).
-type notOwnerError struct {
-	owner string
-	epoch uint64
-}
-
-func (e *notOwnerError) Error() string {
-	return fmt.Sprintf("peer: not owner (holder %q, epoch %d)", e.owner, e.epoch)
-}
-func (e *notOwnerError) Unwrap() error { return errNotOwner }

@@ -177,8 +177,5 @@ func (sp *spreader) requestGrant(k *spreadKey, p *policy.Entry) {
 	}
 }
 
-// SpreadKeys lists the keys this node tracks for spreading, most active
-// first (for /debug/hotkeys).
-func (n *Node) SpreadKeys() []SpreadKey {
-	return n.spread.table.list(n.mono())
-}
+// keys lists the keys tracked for spreading, most active first.
+func (sp *spreader) keys() []SpreadKey { return sp.table.list(sp.env.mono()) }
