@@ -139,7 +139,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		self: n.name, log: n.log, metrics: n.metrics, lease: cfg.LeaseDuration, stopped: n.stopped.Load,
 		// The ownership log and gossip start later in New.
 		raise: func() {
-			ctx, cancel := context.WithTimeout(n.ctx, cfg.ForwardTimeout)
+			ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
 			n.lo.run.Raise(ctx)
 			cancel()
 		},
