@@ -335,7 +335,7 @@ func (lo *logOwner) dial(_ context.Context, to uint64) (grpc.ClientConnInterface
 }
 
 // withLogAddrs returns alive with the address of every member the log
-// still dials (logPeers), for dropClients: a client the log's transport
+// still dials (logPeers), for peerLinks.drop: a link the log's transport
 // uses is not stopped because gossip lost its member.
 func (lo *logOwner) withLogAddrs(alive map[string]string) map[string]string {
 	la := lo.peers.Load().addr

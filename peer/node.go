@@ -45,7 +45,7 @@ type Node struct {
 	pt       *partTable    // every ring partition as this node sees it
 	tookOver takeovers     // partitions taken over, for their summary lines (takeovers.go)
 	reach    *reachability // members whose gRPC port does not answer (reach.go)
-	// fail answers what a holder could not decide, with the local
+	// failure answers what a holder could not decide, with the local
 	// fallback log (failure.go).
 	failure failurePolicy
 	spread  spreader // this node's spread keys as a grantee (spread.go)
