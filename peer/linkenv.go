@@ -13,12 +13,13 @@ import (
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
-// linkEnv is everything a per-peer client (forward batching,
-// replication, their pipes) takes from its node, set once when the node
-// starts its RPC server and never changed. The client reaches nothing
-// else of the node: what it reads is here, what it changes is the
-// counters and pools below, and its goroutines join the node's group
-// and end with the node's context.
+// linkEnv is everything the links to peers (peerLinks and each
+// peerLink: forward batching, replication, their pipes) take from their
+// node, set once when the node starts its RPC server and never changed.
+// The links reach nothing else of the node: what they read is here, what
+// they change is the counters and pools below (peerLinks' own), and
+// their goroutines join the node's group and end with the node's
+// context.
 type linkEnv struct {
 	ctx     context.Context // the node's lifetime: cancelled by Close
 	wg      *sync.WaitGroup // the node's goroutines; the client's join it
@@ -62,5 +63,5 @@ func (e *linkEnv) pipeConfig(framed bool) transport.PipeConfig {
 	return transport.PipeConfig{WG: e.wg, Timeout: e.forwardTimeout, Breaks: e.pipeBreaks, Framed: framed}
 }
 
-// putReplItem returns it to the node's pool, emptied.
+// putReplItem returns it to the links' pool, emptied.
 func (e *linkEnv) putReplItem(it *replItem) { putReplItem(e.replItems, it) }
