@@ -222,7 +222,7 @@ func (as *allowStream) tryHere(sr *streamReq) bool {
 		return false
 	}
 	if err != nil {
-		sr.d, err = n.unavailable(&sr.r, err)
+		sr.d, err = n.failure.unavailable(&sr.r, err)
 		sr.set(err)
 		return true
 	}
@@ -302,7 +302,7 @@ func (as *allowStream) collect(srs []*streamReq, job streamJob) []*streamReq {
 		if err != nil {
 			// Recorded here but not confirmed by the backup: the failure
 			// policy answers, as it does for Allow.
-			sr.d, err = n.unavailable(&sr.r, err)
+			sr.d, err = n.failure.unavailable(&sr.r, err)
 		} else {
 			n.metrics.Decision(sr.r.P.Name, sr.d.Reason, PathLocal)
 		}

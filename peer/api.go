@@ -11,7 +11,9 @@ import (
 
 // The public API: each call parses its request (request.go) and hands it
 // to the router (router.go); what an operation does at the key's holder is
-// internal/partition's operation table.
+// internal/partition's operation table. The node's policy table, its
+// spread keys and its readiness are asked for here too, and answered by
+// their parts (policies.go, spread.go, ready.go).
 
 // Allow decides one request. It routes the key to its owner (this node, or a
 // peer over gRPC), and returns the owner's decision. Over limit is a
@@ -189,7 +191,7 @@ func (n *Node) Release(ctx context.Context, key Key, id uint64) (Decision, error
 	r.EK, r.Lease = ek, id
 	if r.P.Config.OnUnavailable == Fallback {
 		// The lease may have come from this node's fallback store.
-		_, _ = n.fallback.Release(key, n.fallbackPolicy(r.P), id, n.clock())
+		_, _ = n.failure.fallback.Release(key, n.failure.fallbackPolicy(r.P), id, n.clock())
 	}
 	return n.route(ctx, &r, r.EK)
 }
@@ -289,7 +291,7 @@ func (n *Node) Settle(ctx context.Context, key Key, id uint64, actual int64) (Se
 	r.EK, r.Lease, r.Actual = ek, id, actual
 	if r.P.Config.OnUnavailable == Fallback {
 		// The reservation may have come from this node's fallback store.
-		_, _ = n.fallback.Settle(key, n.fallbackPolicy(r.P), id, actual, n.clock())
+		_, _ = n.failure.fallback.Settle(key, n.failure.fallbackPolicy(r.P), id, actual, n.clock())
 	}
 	d, err := n.route(ctx, &r, r.EK)
 	if err != nil {
@@ -307,4 +309,64 @@ func (n *Node) Settle(ctx context.Context, key Key, id uint64, actual int64) (Se
 // overage (peer/prommetrics has it).
 type overageSink interface {
 	Overage(policy string, units int64)
+}
+
+// SetPolicies replaces the node's policy table with a copy of pols, at
+// once, for every request that starts afterwards (requests in progress
+// finish with the table they started with). An invalid table returns an
+// error wrapping ErrInvalidConfig, naming every problem, and the node
+// keeps its table. Either way the outcome is reported to
+// Metrics.PolicyTable. The new table's version is gossiped to the other
+// members, which keep using this node as a holder whatever table they run
+// (a change keeps each key's state; the comment at the top of
+// peer/policies.go says what that means for each algorithm). Safe for
+// concurrent use; calls are applied one at a time.
+func (n *Node) SetPolicies(pols map[string]PolicyConfig) error { return n.table.set(pols) }
+
+// PolicyVersion returns the version of the node's current policy table: a
+// hash of what changes a holder's decision (53 bits, never zero). Two
+// members with the same version decide alike.
+func (n *Node) PolicyVersion() uint64 { return n.table.Load().Version() }
+
+// Policy returns the current table's entry for name. Safe for concurrent
+// use; it neither locks nor allocates.
+func (n *Node) Policy(name string) (PolicyConfig, bool) {
+	p := n.table.Load().Lookup(name)
+	if p == nil {
+		return PolicyConfig{}, false
+	}
+	return p.Config, true
+}
+
+// MemberPolicyVersions returns the policy table version each live member
+// gossips, by member name (this node included); 0 for a member that does
+// not gossip one (an older version). The caller owns the map.
+func (n *Node) MemberPolicyVersions() map[string]uint64 { return n.table.memberVersions() }
+
+// SpreadKeys lists the keys this node tracks for spreading, most active
+// first (for /debug/hotkeys).
+func (n *Node) SpreadKeys() []SpreadKey { return n.spread.keys() }
+
+// Ready reports whether the node is part of the cluster, and if not, why
+// (the reason is empty when ready). It is not ready while closing, while
+// it was given Join seeds but knows no other live member, while it
+// ignores live gossip members (another placement fingerprint,
+// unreadable metadata, another cluster), or while partitions are still
+// moving to or from it (Settled). Safe for concurrent use.
+//
+// While partitions move, the reason names the first one that keeps the
+// node unsettled and how it stands here (ownership's Explain): what an
+// operator needs when a node stays unready.
+func (n *Node) Ready() (bool, string) {
+	ok, reason, code := n.ops.ready.readiness()
+	if code == ReadyReasonMoving {
+		if p := n.lo.unsettled(n.view.Load()); p >= 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			if ex := n.lo.run.Explain(ctx, []int{p}); len(ex) == 1 {
+				reason += " (first: " + ex[0] + ")"
+			}
+			cancel()
+		}
+	}
+	return ok, reason
 }

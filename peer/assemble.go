@@ -20,25 +20,25 @@ func (n *Node) openOwner() error {
 		ctx: n.ctx, wg: &n.wg, name: n.name, start: n.ops.start, raftID: n.raftID(), log: n.log, metrics: n.metrics,
 		clock: n.clock, mono: n.mono,
 		parts: n.pt.parts, lease: n.cfg.LeaseDuration, failedGone: n.cfg.FailedMemberTimeout, forwardTimeout: n.cfg.ForwardTimeout,
-		chunkBytes: n.cfg.TransferChunkBytes, founder: len(n.cfg.Join) == 0, emptyAfter: n.emptyAfter(n.table.Load(), 0),
+		chunkBytes: n.cfg.TransferChunkBytes, founder: len(n.cfg.Join) == 0, emptyAfter: n.table.growEmptyWait(n.table.Load()),
 		view: &n.view, table: &n.table, copyUnsent: &n.hooks.copyUnsent,
 		newStore: n.pt.newStore,
 		linkConn: func(name, addr string) (*grpc.ClientConn, peerpb.LimiterClient, error) {
 			var c *peerLink
 			var err error
 			if addr == "" {
-				c, err = n.linkTo(name)
+				c, err = n.links.to(name)
 			} else {
-				c, err = n.dialLink(name, addr)
+				c, err = n.links.dial(name, addr)
 			}
 			if err != nil {
 				return nil, nil, err
 			}
 			return c.conn, c.stub, nil
 		},
-		barrier: n.replBarrier, warn: n.warnThrottled, ready: n.updateReady,
+		barrier: n.links.replBarrier, warn: n.warns.warn, ready: n.ops.ready.update,
 		policyStamp: func(req *peerpb.ReplicateRequest, member string) {
-			n.stampPolicies(req, member, opsPolicies(req.Ops))
+			n.table.stamp(req, member, opsPolicies(req.Ops))
 		},
 		leaveRing: n.gossiper.excludeSelf,
 	}
@@ -70,11 +70,11 @@ func (n *Node) newGossiperEnv() *gossiperEnv {
 			n.lo.setView(v, evs, starts, raftIDs, heirs, targets)
 		},
 		logAddrs:       func(alive map[string]string) map[string]string { return n.lo.withLogAddrs(alive) },
-		dropLinks:      n.dropClients,
-		resetLink:      n.resetClient,
-		policyVersions: n.notePolicyVersions,
+		dropLinks:      n.links.drop,
+		resetLink:      n.links.dropMember,
+		policyVersions: n.table.noteMembers,
 		reachStarts:    func(starts map[string]uint64) { n.reach.noteStarts(starts, n.name) },
-		ignore:         n.ignore, commitIgnored: n.commitIgnored,
-		ready: n.updateReady,
+		ignore:         n.ops.ready.ignore, commitIgnored: n.ops.ready.commitIgnored,
+		ready: n.ops.ready.update,
 	}
 }

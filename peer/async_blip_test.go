@@ -49,7 +49,7 @@ func TestAsyncBlipRecopied(t *testing.T) {
 		warmed++
 		ctx, cancel := context.WithTimeout(context.Background(), 4*blipForwardTimeout)
 		defer cancel()
-		return n0.replBarrier(ctx, n1.Name()) == nil && copyUnits(n1, n0, wpid, warm) == warmed
+		return n0.links.replBarrier(ctx, n1.Name()) == nil && copyUnits(n1, n0, wpid, warm) == warmed
 	}
 	// Replication goes on a stream once one is open; until then, on
 	// unary calls.
@@ -75,7 +75,7 @@ func TestAsyncBlipRecopied(t *testing.T) {
 	// stream's watchdog gives up on the swallowed messages.
 	bctx, bcancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer bcancel()
-	if err := n0.replBarrier(bctx, n1.Name()); err != nil {
+	if err := n0.links.replBarrier(bctx, n1.Name()); err != nil {
 		t.Fatalf("n0's replication to n1 still unanswered after the blip: %v", err)
 	}
 	blip.Store(false)

@@ -4,12 +4,19 @@ package peer
 // the replication a partition's holder sends it (receiveOp, the one
 // entry), until a complete copy becomes the partition's store
 // (internal/partition.Part's Rep and Next) and each later admission is
-// added to it (applyReplica).
+// added to it (applyReplica). The Replicate RPC's handler is here too:
+// it decodes a message's operations (replicaApply) and hands each to
+// receiveOp.
 
 import (
 	"context"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ringlimit/ringlimit/peer/internal/transport"
+	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
@@ -184,4 +191,86 @@ func (n *Node) applyReplica(pt *part, pid int, h opHead, keys []packedAdmit, now
 	}
 	n.metrics.Backup("received", "ok", accepted)
 	return opResult{status: peerpb.OpStatus_OP_STATUS_OK, accepted: uint32(accepted)}, idx
+}
+
+// Replicate is the backup's side of replication.
+func (s *limiterService) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*peerpb.ReplicateResponse, error) {
+	if drop := s.n.hooks.replDrop.Load(); drop != nil && (*drop)(req) {
+		return nil, status.Error(codes.Unavailable, "peer: replication request dropped (test)")
+	}
+	return s.replicate(req, nil, nil)
+}
+
+// replScratch is a ReplicateStream's memory for its answers: the answer
+// replicate returns lives in it, and it is reused once that is sent.
+type replScratch struct {
+	out  []byte
+	resp peerpb.ReplicateResponse
+}
+
+// replicate is Replicate, answering in sc's memory when sc is not nil.
+// With deferIdx not nil, the answer is not waited for the data directory:
+// *deferIdx is set to the record it must wait for (0: none), and the caller
+// syncs it before sending the answer (ReplicateStream's pipelined
+// answers).
+func (s *limiterService) replicate(req *peerpb.ReplicateRequest, sc *replScratch, deferIdx *uint64) (*peerpb.ReplicateResponse, error) {
+	n := s.n
+	if hold := n.hooks.replHold.Load(); hold != nil {
+		if applied := (*hold)(req); applied != nil {
+			defer applied()
+		}
+	}
+	if len(req.GetOps()) > wire.MaxBatch {
+		return nil, status.Errorf(codes.InvalidArgument, "peer: %d operations exceed %d", len(req.GetOps()), wire.MaxBatch)
+	}
+	closing := n.closing.Load()
+	ws, err := decodeWindows(req.GetWindowsPacked())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	sw := senderTable{windows: ws}
+	if v := req.GetPolicyVersion(); len(ws) == 0 && v != 0 && v != n.PolicyVersion() {
+		sw.unknown = true
+	}
+	if len(req.GetAdmitsPacked()) > 0 {
+		if sc == nil {
+			sc = new(replScratch)
+		}
+		var durIdx uint64
+		a := replicaApply{n: n, table: &n.table, parts: len(n.pt.parts), sender: req.GetSender(), seq: req.GetSeq(), sw: sw, closing: closing, durIdx: &durIdx}
+		b, err := a.packed(sc.out[:0], req.GetAdmitsPacked())
+		if err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		if durIdx != 0 && deferIdx != nil {
+			*deferIdx = durIdx
+		} else if durIdx != 0 {
+			// Every operation's replica on disk before any is
+			// acknowledged: a failed write answers none (the holder
+			// copies the partitions again, or fails sync admissions).
+			if err := n.durableSync(durIdx); err != nil {
+				return nil, status.Error(codes.Unavailable, err.Error())
+			}
+		}
+		if cap(b) <= transport.KeepBuf {
+			sc.out = b
+		}
+		sc.resp.Reset()
+		sc.resp.ResultsPacked = b
+		return &sc.resp, nil
+	}
+	resp := &peerpb.ReplicateResponse{Results: make([]*peerpb.OpResult, len(req.GetOps()))}
+	var durIdx uint64
+	a := replicaApply{n: n, table: &n.table, parts: len(n.pt.parts), sender: req.GetSender(), seq: req.GetSeq(), sw: sw, closing: closing, durIdx: &durIdx}
+	for i, op := range req.GetOps() {
+		resp.Results[i] = a.op(op)
+	}
+	if durIdx != 0 && deferIdx != nil {
+		*deferIdx = durIdx
+	} else if durIdx != 0 {
+		if err := n.durableSync(durIdx); err != nil {
+			return nil, status.Error(codes.Unavailable, err.Error())
+		}
+	}
+	return resp, nil
 }

@@ -137,7 +137,7 @@ func (n *Node) openDataDir() error {
 		d.Close()
 		return fmt.Errorf("peer: data directory %s: %w", path, err)
 	}
-	parts, err := openPartLog(partEnv{ctx: n.ctx, wg: &n.wg, clock: n.clock, started: n.started, table: &n.table, pt: n.pt, log: n.log, warn: n.warnThrottled},
+	parts, err := openPartLog(partEnv{ctx: n.ctx, wg: &n.wg, clock: n.clock, started: n.started, table: &n.table, pt: n.pt, log: n.log, warn: n.warns.warn},
 		path, cl, n.cfg.Ring.PartitionCount)
 	if err != nil {
 		raft.Close()
@@ -230,7 +230,7 @@ func (n *Node) startDataDirJoiner(ctx context.Context) error {
 	n.health = health.NewServer()
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	n.setupAuth()
-	n.linkEnv = n.newLinkEnv()
+	n.links.env = n.newLinkEnv()
 	n.serveRPC(lis)
 	return nil
 }

@@ -21,7 +21,7 @@ func (n *Node) newPartEnv() partition.Env {
 		Repl:     replicas{n},
 		Now:      n.now,
 		Mono:     n.mono,
-		Capacity: n.capacityReached,
+		Capacity: n.failure.capacityReached,
 		Pause:    &n.hooks.decide,
 	}
 }
@@ -36,7 +36,7 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, r *opReq, pk s
 	if st != partition.Decided || err != nil {
 		return st, ch, err
 	}
-	stamp(d, &res, n.name, v.snap.Version())
+	stampDecision(d, &res, n.name, v.snap.Version())
 	// Hot keys are sampled: one decision in hotSample records hotSample
 	// times the hits, which keeps the tracker's lock off most decisions.
 	if res.Counted && hotSampled(res.Mono, pk.Hash()) {
@@ -45,10 +45,10 @@ func (n *Node) decideHere(ctx context.Context, v *view, pt *part, r *opReq, pk s
 	return st, nil, nil
 }
 
-// stamp writes res into *d, decided by owner at ring version. Field by
+// stampDecision writes res into *d, decided by owner at ring version. Field by
 // field: a composite literal is built aside and then copied in, and the
 // copy stalls on the bytes just written.
-func stamp(d *Decision, res *partition.Result, owner string, version uint64) {
+func stampDecision(d *Decision, res *partition.Result, owner string, version uint64) {
 	d.Allowed, d.Limit, d.Remaining = res.Allowed, res.Limit, res.Remaining
 	d.RetryAfter, d.ResetAfter, d.Reason = res.RetryAfter, res.ResetAfter, Reason(res.Reason)
 	d.Owner, d.RingVersion, d.DecidedAt = owner, version, res.DecidedAt
@@ -77,7 +77,7 @@ func hotSampled(mono int64, placementHash uint64) bool {
 type replicas struct{ n *Node }
 
 func (rp replicas) Admission(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (partition.Copy, error) {
-	it, err := rp.n.replicateAdmissionItem(to, pid, epoch, key, alg, run, at, wait)
+	it, err := rp.n.links.replicateAdmissionItem(to, pid, epoch, key, alg, run, at, wait)
 	if it == nil {
 		return nil, err
 	}
@@ -85,7 +85,7 @@ func (rp replicas) Admission(to string, pid int, epoch uint64, key Key, alg shar
 }
 
 func (rp replicas) State(to string, pid int, epoch uint64, st shard.KeyState, at time.Time, wait bool) (partition.Copy, error) {
-	it, err := rp.n.replicateState(to, pid, epoch, st, at, wait)
+	it, err := rp.n.links.replicateState(to, pid, epoch, st, at, wait)
 	if it == nil {
 		return nil, err
 	}

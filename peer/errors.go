@@ -2,6 +2,7 @@ package peer
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/ringlimit/ringlimit/peer/internal/partition"
 )
@@ -66,3 +67,16 @@ var (
 	// nothing.
 	errMoving = errors.New("peer: partition moving")
 )
+
+// notOwnerError is a receiver's "not owner" answer, with the member it
+// believes holds the partition and that holder's epoch (0 when it only
+// names its ring's target).
+type notOwnerError struct {
+	owner string
+	epoch uint64
+}
+
+func (e *notOwnerError) Error() string {
+	return fmt.Sprintf("peer: not owner (holder %q, epoch %d)", e.owner, e.epoch)
+}
+func (e *notOwnerError) Unwrap() error { return errNotOwner }

@@ -31,7 +31,7 @@ func (n *Node) KillForTest() {
 			n.lo.shutdown()
 		}
 		n.cancel()
-		n.stopClients()
+		n.links.stopAll()
 		n.wg.Wait()
 		n.closeDataDir()
 		n.gossiper.mlLog.Close()
@@ -303,7 +303,7 @@ func (n *Node) setStreamDropForTest(f func(*peerpb.CheckRequest) bool) {
 }
 
 // pipeBreaksForTest is how many of n's streams to peers have broken.
-func (n *Node) pipeBreaksForTest() int64 { return n.pipeBreaks.Load() }
+func (n *Node) pipeBreaksForTest() int64 { return n.links.pipeBreaks.Load() }
 
 // setDecideHookForTest makes n call f in every local decision, between its
 // lease check and the decision itself.
@@ -372,9 +372,9 @@ func (n *Node) pipeForTest(member string) string { return n.pipeKindForTest(memb
 func (n *Node) replPipeForTest(member string) string { return n.pipeKindForTest(member, true) }
 
 func (n *Node) pipeKindForTest(member string, repl bool) string {
-	n.linksMu.Lock()
-	c := n.links[member]
-	n.linksMu.Unlock()
+	n.links.mu.Lock()
+	c := n.links.m[member]
+	n.links.mu.Unlock()
 	if c == nil {
 		return ""
 	}
@@ -400,14 +400,14 @@ func (n *Node) framedConnsForTest() int {
 
 // setGatherForTest sets how long n's batches wait for the message in
 // flight on their pipe before taking another slot.
-func (n *Node) setGatherForTest(d time.Duration) { n.gather.Store(int64(d)) }
+func (n *Node) setGatherForTest(d time.Duration) { n.links.gather.Store(int64(d)) }
 
 // replQueuedForTest is how many replication items wait in n's queue to
 // member to (0 without a client for it).
 func (n *Node) replQueuedForTest(to string) int {
-	n.linksMu.Lock()
-	defer n.linksMu.Unlock()
-	if c := n.links[to]; c != nil {
+	n.links.mu.Lock()
+	defer n.links.mu.Unlock()
+	if c := n.links.m[to]; c != nil {
 		return len(c.repl.queue)
 	}
 	return 0
@@ -417,9 +417,9 @@ func (n *Node) replQueuedForTest(to string) int {
 // n holds for key, 0 when it holds none.
 func (n *Node) spreadDeadlineForTest(key Key) int64 {
 	ek, _ := key.AppendEncoded(nil)
-	n.spread.mu.RLock()
-	k := n.spread.keys[string(ek)]
-	n.spread.mu.RUnlock()
+	n.spread.table.mu.RLock()
+	k := n.spread.table.keys[string(ek)]
+	n.spread.table.mu.RUnlock()
 	if k == nil {
 		return 0
 	}

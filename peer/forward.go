@@ -72,80 +72,127 @@ const queueLen = 4096
 // partition copies are chunked well below it.
 const peerWindow = 1 << 20
 
-// client returns the client for member name at addr, creating it (and its
-// batcher goroutine) on first use. A client for an older address of the same
-// name is replaced.
-func (n *Node) dialLink(name, addr string) (*peerLink, error) {
-	n.linksMu.Lock()
-	defer n.linksMu.Unlock()
-	if c := n.links[name]; c != nil {
+// peerLinks is the node's links to its peers, one per member
+// incarnation, and what they share: the pools of forwarded calls and of
+// replication items, the numbering of replication messages, the gather
+// time and the counters tests read. Its links take what they need of the
+// node from env (linkenv.go).
+type peerLinks struct {
+	// env is set once the node's peer authentication is (startRPC),
+	// before anything dials.
+	env *linkEnv
+
+	mu sync.Mutex
+	m  map[string]*peerLink // by member name
+
+	calls     sync.Pool // of *call, reused by forwards
+	replItems sync.Pool // of *replItem, reused by replication
+	// replSeq numbers replication messages (ReplicateRequest.Seq).
+	replSeq atomic.Uint64
+	// gather is how long a batch of forwards or of replication waits for
+	// the message in flight on its pipe before it takes another slot:
+	// pipeGather (tests lengthen it to make the gathering certain).
+	gather atomic.Int64
+	// pipeBreaks counts streams to peers that broke (tests wait on it);
+	// framedOpened the framed pipes opened to peers (tests read it).
+	pipeBreaks, framedOpened atomic.Int64
+	// copyBarriers counts copies that waited for the replication queued
+	// to their receiver before exporting (tests read it).
+	copyBarriers atomic.Int64
+}
+
+// init readies l for use; env comes later.
+func (l *peerLinks) init() {
+	l.m = make(map[string]*peerLink)
+	l.calls.New = func() any { return &call{done: make(chan callResult, 1)} }
+	l.replItems.New = func() any { return &replItem{ch: make(chan error, 1)} }
+	l.gather.Store(int64(pipeGather))
+}
+
+// dial returns the link to member name at addr, creating it (and its
+// batcher goroutines) on first use. A link to an older address of the
+// same name is replaced.
+func (l *peerLinks) dial(name, addr string) (*peerLink, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c := l.m[name]; c != nil {
 		if c.addr == addr {
 			return c, nil
 		}
 		c.stop()
-		delete(n.links, name)
+		delete(l.m, name)
 	}
-	if n.ctx.Err() != nil {
+	env := l.env
+	if env.ctx.Err() != nil {
 		return nil, ErrClosed
 	}
 	creds := insecure.NewCredentials()
-	if n.cfg.ClientTLS != nil {
-		creds = credentials.NewTLS(n.cfg.ClientTLS)
+	if env.tls != nil {
+		creds = credentials.NewTLS(env.tls)
 	}
 	// Fixed flow-control windows turn off gRPC's bandwidth estimation,
 	// which answers data with pings: on a busy pipe of small messages
 	// they were a write and a read in every few.
-	conn, err := grpc.NewClient(addr, append(n.rpcAuthDialOptions(name), grpc.WithTransportCredentials(creds),
+	conn, err := grpc.NewClient(addr, append(env.auth.DialOptions(name, env.tls != nil), grpc.WithTransportCredentials(creds),
 		grpc.WithInitialWindowSize(peerWindow), grpc.WithInitialConnWindowSize(peerWindow))...)
 	if err != nil {
 		return nil, fmt.Errorf("peer: client for %s at %s: %w", name, addr, err)
 	}
 	c := &peerLink{
-		env: n.linkEnv, name: name, addr: addr, conn: conn,
+		env: env, name: name, addr: addr, conn: conn,
 		stub:     peerpb.NewLimiterClient(conn),
 		queue:    make(chan *call, queueLen),
-		sem:      make(chan struct{}, n.cfg.MaxInFlight),
+		sem:      make(chan struct{}, env.maxInFlight),
 		answered: make(chan struct{}, 1),
 		quit:     make(chan struct{}),
 	}
-	c.repl = &replicator{c: c, queue: make(chan *replItem, replQueueLen), sem: make(chan struct{}, n.cfg.MaxInFlight), answered: make(chan struct{}, 1)}
-	n.links[name] = c
-	n.wg.Add(2)
+	c.repl = &replicator{c: c, queue: make(chan *replItem, replQueueLen), sem: make(chan struct{}, env.maxInFlight), answered: make(chan struct{}, 1)}
+	l.m[name] = c
+	env.wg.Add(2)
 	go c.batchLoop()
 	go c.replLoop()
 	return c, nil
 }
 
-// linkTo returns the link to a live member by name.
-func (n *Node) linkTo(name string) (*peerLink, error) {
-	addr, ok := n.view.Load().alive[name]
+// to returns the link to a live member by name.
+func (l *peerLinks) to(name string) (*peerLink, error) {
+	addr, ok := l.env.view.Load().alive[name]
 	if !ok {
 		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, name, errNoPeer)
 	}
-	return n.dialLink(name, addr)
+	return l.dial(name, addr)
 }
 
-// dropClients stops clients of members that left or changed address.
-func (n *Node) dropClients(addrs map[string]string) {
-	n.linksMu.Lock()
-	defer n.linksMu.Unlock()
-	for name, c := range n.links {
+// drop stops the links to members that left or changed address.
+func (l *peerLinks) drop(addrs map[string]string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for name, c := range l.m {
 		if addrs[name] != c.addr {
 			c.stop()
-			delete(n.links, name)
+			delete(l.m, name)
 		}
 	}
 }
 
-// resetClient stops and forgets the client of member name, if any: its
-// connection may be stuck in reconnect backoff to a previous incarnation.
-// Calls queued on it fail as unavailable; the next forward dials afresh.
-func (n *Node) resetClient(name string) {
-	n.linksMu.Lock()
-	defer n.linksMu.Unlock()
-	if c := n.links[name]; c != nil {
+// dropMember stops the link to member name, if there is one.
+func (l *peerLinks) dropMember(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c := l.m[name]; c != nil {
 		c.stop()
-		delete(n.links, name)
+		delete(l.m, name)
+	}
+}
+
+// stopAll stops every link (their batchers exit; the node's wg waits for
+// them).
+func (l *peerLinks) stopAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for name, c := range l.m {
+		c.stop()
+		delete(l.m, name)
 	}
 }
 
@@ -433,12 +480,13 @@ func (c *peerLink) finish(ctx context.Context, batch []*call, resp *peerpb.Check
 
 // forward asks owner to decide. It returns the owner's decision, a
 // *notOwnerError, or an error wrapping ErrUnavailable.
-func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (Decision, error) {
+func (l *peerLinks) forward(ctx context.Context, v *view, owner string, r *opReq) (Decision, error) {
 	if r.Op.Spec().OwnRPC {
-		return n.forwardLease(ctx, owner, r)
+		return l.forwardLease(ctx, owner, r)
 	}
 	key, hits := r.Key, r.Hits
-	c, err := n.linkTo(owner)
+	env := l.env
+	c, err := l.to(owner)
 	if err != nil {
 		return Decision{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
@@ -450,25 +498,25 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (De
 		// without the proof (resetProofOK), so that the peer token alone,
 		// captured on a plaintext network, resets nothing (issue 53 item
 		// 6). Streams and framed pipes have no per-request metadata.
-		ctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
+		ctx, cancel := context.WithTimeout(ctx, env.forwardTimeout)
 		defer cancel()
-		if proof := n.ops.auth.ResetProof(resetProofInput(key)); proof != "" {
+		if proof := env.auth.ResetProof(resetProofInput(key)); proof != "" {
 			ctx = metadata.AppendToOutgoingContext(ctx, transport.ResetProofKey, proof)
 		}
 		res = c.direct(ctx, r)
-	} else if n.cfg.DisableBatching {
-		ctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
+	} else if env.noBatching {
+		ctx, cancel := context.WithTimeout(ctx, env.forwardTimeout)
 		defer cancel()
 		res = c.direct(ctx, r)
 	} else {
 		// ForwardTimeout is enforced with the call's pooled timer rather
 		// than a derived context: this path runs per request, and a
 		// context.WithTimeout costs several allocations each time.
-		k := n.calls.Get().(*call)
+		k := l.calls.Get().(*call)
 		if k.timer == nil {
-			k.timer = time.NewTimer(n.cfg.ForwardTimeout)
+			k.timer = time.NewTimer(env.forwardTimeout)
 		} else {
-			k.timer.Reset(n.cfg.ForwardTimeout)
+			k.timer.Reset(env.forwardTimeout)
 		}
 		k.key = peerpb.Key{Tenant: key.Tenant, Subject: key.Subject, Policy: key.Policy}
 		k.item = peerpb.CheckItem{Key: &k.key, Hits: hits, Op: peerpb.Op(r.Op), Policies: r.Names}
@@ -476,20 +524,20 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (De
 		case c.queue <- k:
 		case <-ctx.Done():
 			k.timer.Stop()
-			n.calls.Put(k)
+			l.calls.Put(k)
 			return Decision{}, fmt.Errorf("%w: queue to %s: %w", ErrUnavailable, owner, ctx.Err())
 		case <-k.timer.C:
-			n.calls.Put(k)
+			l.calls.Put(k)
 			return Decision{}, fmt.Errorf("%w: queue to %s: %w", ErrUnavailable, owner, context.DeadlineExceeded)
 		case <-c.quit:
 			k.timer.Stop()
-			n.calls.Put(k)
+			l.calls.Put(k)
 			return Decision{}, fmt.Errorf("%w: connection to %s closed", ErrUnavailable, owner)
 		}
 		select {
 		case res = <-k.done:
 			k.timer.Stop()
-			n.calls.Put(k)
+			l.calls.Put(k)
 		case <-ctx.Done():
 			// The batch still holds k and will answer into its buffered
 			// channel; k is left to the garbage collector, not the pool.
@@ -498,7 +546,7 @@ func (n *Node) forward(ctx context.Context, v *view, owner string, r *opReq) (De
 			return Decision{}, fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, owner, ctx.Err())
 		case <-k.timer.C:
 			k.abandoned.Store(true)
-			return Decision{}, fmt.Errorf("%w: forward to %s: no answer within %v: %w", ErrUnavailable, owner, n.cfg.ForwardTimeout, context.DeadlineExceeded)
+			return Decision{}, fmt.Errorf("%w: forward to %s: no answer within %v: %w", ErrUnavailable, owner, env.forwardTimeout, context.DeadlineExceeded)
 		}
 	}
 	if res.err != nil {
@@ -615,15 +663,15 @@ func withCtxErr(ctx context.Context, err error) error {
 }
 
 // forwardLease asks owner to take or end a lease, as its own RPC.
-func (n *Node) forwardLease(ctx context.Context, owner string, r *opReq) (Decision, error) {
-	c, err := n.linkTo(owner)
+func (l *peerLinks) forwardLease(ctx context.Context, owner string, r *opReq) (Decision, error) {
+	c, err := l.to(owner)
 	if err != nil {
 		return Decision{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
+	ctx, cancel := context.WithTimeout(ctx, l.env.forwardTimeout)
 	defer cancel()
 	req := &peerpb.LeaseRequest{
-		Sender:  n.name,
+		Sender:  l.env.self,
 		Item:    &peerpb.CheckItem{Key: &peerpb.Key{Tenant: r.Key.Tenant, Subject: r.Key.Subject, Policy: r.Key.Policy}, Hits: r.Hits, Op: peerpb.Op(r.Op)},
 		LeaseId: r.Lease,
 		Actual:  r.Actual,
@@ -637,12 +685,12 @@ func (n *Node) forwardLease(ctx context.Context, owner string, r *opReq) (Decisi
 	}
 	start := time.Now()
 	resp, err := c.stub.Lease(ctx, req)
-	n.metrics.Batch(c.name, 1)
+	l.env.metrics.Batch(c.name, 1)
 	if err != nil {
-		n.metrics.Forward(c.name, "error", time.Since(start))
+		l.env.metrics.Forward(c.name, "error", time.Since(start))
 		return Decision{}, fmt.Errorf("%w: forward to %s: %w", ErrUnavailable, c.name, withCtxErr(ctx, err))
 	}
-	n.metrics.Forward(c.name, "ok", time.Since(start))
+	l.env.metrics.Forward(c.name, "ok", time.Since(start))
 	wd := wire.DecisionFromPB(resp.GetDecision())
 	d, err := fromWire(&wd, owner)
 	if err != nil {

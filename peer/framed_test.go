@@ -77,7 +77,7 @@ func TestFramedPipesCarryForwards(t *testing.T) {
 	if repl == 0 {
 		t.Errorf("no member served a framed replication pipe (sync replication sends every admission)")
 	}
-	if got := c.nodes[0].framedOpened.Load() + c.nodes[2].framedOpened.Load(); got == 0 {
+	if got := c.nodes[0].links.framedOpened.Load() + c.nodes[2].links.framedOpened.Load(); got == 0 {
 		t.Errorf("the forwarding members opened no framed pipe")
 	}
 }

@@ -39,7 +39,7 @@ type faultHooks struct {
 	// (a loaded runner).
 	freshLate atomic.Bool
 	// decide runs in decideHere between the lease check and the decision,
-	// and in spreadDecide between spending rights and the check of their
+	// and in spreader.decide between spending rights and the check of their
 	// deadline.
 	decide atomic.Pointer[func()]
 	// refuseFramed refuses framed pipes as Unavailable (set from

@@ -61,12 +61,12 @@ func stateFromWire(ks *peerpb.KeyState) (shard.KeyState, error) {
 // belongs to. A malformed state is an error; a state whose policy is
 // unknown here or uses another algorithm comes back with a nil policy, for
 // the caller to refuse or skip.
-func (n *Node) decodeState(ks *peerpb.KeyState) (shard.KeyState, *policy.Entry, error) {
+func (t *policyTable) decodeState(ks *peerpb.KeyState) (shard.KeyState, *policy.Entry, error) {
 	st, err := stateFromWire(ks)
 	if err != nil {
 		return st, nil, err
 	}
-	p := n.table.Load().Lookup(st.Key.Policy)
+	p := t.Load().Lookup(st.Key.Policy)
 	if p == nil || p.Shard.Algorithm != st.Algorithm {
 		return st, nil, nil
 	}

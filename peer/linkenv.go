@@ -13,12 +13,13 @@ import (
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
-// linkEnv is everything a per-peer client (forward batching,
-// replication, their pipes) takes from its node, set once when the node
-// starts its RPC server and never changed. The client reaches nothing
-// else of the node: what it reads is here, what it changes is the
-// counters and pools below, and its goroutines join the node's group
-// and end with the node's context.
+// linkEnv is everything the links to peers (peerLinks and each
+// peerLink: forward batching, replication, their pipes) take from their
+// node, set once when the node starts its RPC server and never changed.
+// The links reach nothing else of the node: what they read is here, what
+// they change is the counters and pools below (peerLinks' own), and
+// their goroutines join the node's group and end with the node's
+// context.
 type linkEnv struct {
 	ctx     context.Context // the node's lifetime: cancelled by Close
 	wg      *sync.WaitGroup // the node's goroutines; the client's join it
@@ -28,6 +29,8 @@ type linkEnv struct {
 	clock   func() time.Time // the node's clock: replication's ages
 
 	maxBatch           int            // Config.MaxBatch
+	maxInFlight        int            // Config.MaxInFlight: batches in flight per link
+	noBatching         bool           // Config.DisableBatching: a forward is its own call
 	forwardTimeout     time.Duration  // Config.ForwardTimeout
 	framedWriteTimeout time.Duration  // bounds each write on a framed pipe
 	noStreams          bool           // Config.DisableStreams: unary calls only
@@ -58,26 +61,10 @@ type linkEnv struct {
 	diskPolicy func(name string) bool
 }
 
-// newLinkEnv is n's linkEnv; called once its peer authentication is
-// set up.
-func (n *Node) newLinkEnv() *linkEnv {
-	return &linkEnv{
-		ctx: n.ctx, wg: &n.wg, self: n.name, log: n.log, metrics: n.metrics, clock: n.clock,
-		maxBatch: n.cfg.MaxBatch, forwardTimeout: n.cfg.ForwardTimeout, framedWriteTimeout: n.framedWriteTimeout(),
-		noStreams: n.cfg.DisableStreams, noFramed: n.cfg.DisableFramedPipes, tls: n.cfg.ClientTLS,
-		auth: n.ops.auth,
-		view: &n.view, gather: &n.gather,
-		replSeq: &n.replSeq, framedOpened: &n.framedOpened, pipeBreaks: &n.pipeBreaks, replItems: &n.replItems,
-		warn: n.warnThrottled, stamp: n.stampPolicies,
-		recopy:     newRecopier(n.ctx, &n.wg, n.lo.run.Recopy).note,
-		diskPolicy: func(name string) bool { return n.dd.diskPolicy(n.table.Load(), name) },
-	}
-}
-
 // pipeConfig is what the client's pipes to its peer (framed or not) need.
 func (e *linkEnv) pipeConfig(framed bool) transport.PipeConfig {
 	return transport.PipeConfig{WG: e.wg, Timeout: e.forwardTimeout, Breaks: e.pipeBreaks, Framed: framed}
 }
 
-// putReplItem returns it to the node's pool, emptied.
+// putReplItem returns it to the links' pool, emptied.
 func (e *linkEnv) putReplItem(it *replItem) { putReplItem(e.replItems, it) }

@@ -17,7 +17,6 @@ import (
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
 	"github.com/ringlimit/ringlimit/peer/internal/partition"
-	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
@@ -99,8 +98,8 @@ type ownerEnv struct {
 	emptyAfter     time.Duration // the log's first EmptyAfter (policies.go)
 	disk           *ownlog.Disk  // the log on disk; nil without a data directory
 
-	view  *atomic.Pointer[view]         // the node's current view (ring, members)
-	table *atomic.Pointer[policy.Table] // the node's policy table: what a copy carries
+	view  *atomic.Pointer[view] // the node's current view (ring, members)
+	table *policyTable          // the node's policy table: what a copy carries
 	// copyUnsent (tests) fails the copies it returns true for.
 	copyUnsent *atomic.Pointer[func(pid int, to string) bool]
 
@@ -159,9 +158,6 @@ type logOwner struct {
 	// tookOver is the partitions taken over, for their summary lines
 	// (takeovers.go).
 	tookOver takeovers
-	// emptyWait is the log's EmptyAfter as the node's policies last set
-	// it (setEmptyAfter): it only grows.
-	emptyWait time.Duration
 
 	mu sync.Mutex // guards what follows (rebuild's bookkeeping)
 	// known is every incarnation gossip has shown, with its raft ID and
@@ -206,11 +202,11 @@ func newLogOwner(e *ownerEnv) (*logOwner, error) {
 	parts := len(e.parts)
 	lo := &logOwner{env: e, self: incarnationID(e.name, e.start), ready: make(chan struct{}, 1), done: make(chan struct{}),
 		known: map[string]*logKnown{}, cur: map[string]string{}, restarts: make([]uint64, parts),
-		last: make([]ownlog.PartState, parts), emptyWait: e.emptyAfter}
+		last: make([]ownlog.PartState, parts)}
 	lo.peers.Store(&logPeers{raft: map[uint64]string{}, inc: map[string]string{e.name: lo.self}, addr: map[string]string{}})
 	beat, election := ownlog.Timing(e.lease, logTick)
 	cfg := ownlog.Config{RaftID: e.raftID, Partitions: parts, HeartbeatTicks: beat, ElectionTicks: election,
-		Ownership: ownership.Config{ID: lo.self, Liveness: e.lease, EmptyAfter: lo.emptyWait}}
+		Ownership: ownership.Config{ID: lo.self, Liveness: e.lease, EmptyAfter: e.emptyAfter}}
 	if e.disk != nil {
 		cfg.Disk = e.disk // a log on disk is resumed; Bootstrap is then ignored
 	}
@@ -229,13 +225,6 @@ func newLogOwner(e *ownerEnv) (*logOwner, error) {
 		s.RaftTrafficFrom(lo.traffic)
 	}
 	return lo, nil
-}
-
-// setEmptyAfter raises the log's EmptyAfter to d (a policy table's
-// emptyAfter); it never lowers it. Called under the node's policyMu.
-func (lo *logOwner) setEmptyAfter(d time.Duration) {
-	lo.emptyWait = max(lo.emptyWait, d)
-	lo.run.SetEmptyAfter(lo.emptyWait)
 }
 
 // fromMember reports whether a raft message from raftID may be stepped:
@@ -403,7 +392,7 @@ func (lo *logOwner) dial(_ context.Context, to uint64) (grpc.ClientConnInterface
 }
 
 // withLogAddrs returns alive with the address of every member the log
-// still dials (logPeers), for dropClients: a client the log's transport
+// still dials (logPeers), for peerLinks.drop: a link the log's transport
 // uses is not stopped because gossip lost its member.
 func (lo *logOwner) withLogAddrs(alive map[string]string) map[string]string {
 	la := lo.peers.Load().addr

@@ -908,7 +908,7 @@ func TestLogSeparateClustersRefuse(t *testing.T) {
 	}
 	for _, nd := range []*Node{na, nb} {
 		waitFor(t, 10*time.Second, nd.Name()+" not ready for ignoring the other cluster", func() bool {
-			ok, _, code := nd.readiness()
+			ok, _, code := nd.ops.ready.readiness()
 			return !ok && code == ReadyReasonIgnored
 		})
 		if len(logs.find(nd.Name(), "member ignored: it belongs to another cluster, founded separately")) == 0 {
@@ -1071,14 +1071,14 @@ func TestLogCopyWaitsForReplication(t *testing.T) {
 	before := backup.copyForTest(pid, holder.Name())
 	// Raising the policy's replication makes every holder copy its
 	// partitions again.
-	barriers := holder.copyBarriers.Load()
+	barriers := holder.links.copyBarriers.Load()
 	raised := make(chan error, len(c.nodes))
 	for _, nd := range c.nodes {
 		go func() { raised <- nd.SetPolicies(logConfig(1000, time.Minute).Policies) }()
 	}
 	// The re-copy to the backup waits for the held admission's answer.
 	waitFor(t, 10*time.Second, "a copy to wait for the replication in flight", func() bool {
-		return holder.copyBarriers.Load() > barriers
+		return holder.links.copyBarriers.Load() > barriers
 	})
 	if backup.copyForTest(pid, holder.Name()) != before {
 		t.Fatalf("the backup installed a new copy of partition %d while an admission to it was in flight", pid)

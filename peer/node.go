@@ -37,20 +37,18 @@ type Node struct {
 	clock   func() time.Time
 	metrics Metrics
 	fp      uint64
-	// table is the current policy table, loaded once per request (see
-	// policies.go); policyMu serializes SetPolicies.
-	table    atomic.Pointer[policy.Table]
-	policyMu sync.Mutex
-	// memberPolicies maps live members to the policy version they gossip
-	// (rebuild goroutine writes, readers copy).
-	memberPolicies atomic.Pointer[map[string]uint64]
+	// table is the policy table, loaded once per request, with the
+	// versions the members gossip (policies.go).
+	table policyTable
 
-	pt       *partTable    // every ring partition as this node sees it
-	reach    *reachability // members whose gRPC port does not answer (reach.go)
-	fallback *shard.Store
-	spread   spreadTable // this node's spread keys as a grantee (spread.go)
-	hot      *shard.HotKeys
-	started  time.Time // origin of the monotonic clock (mono)
+	pt    *partTable    // every ring partition as this node sees it
+	reach *reachability // members whose gRPC port does not answer (reach.go)
+	// failure answers what a holder could not decide, with the local
+	// fallback log (failure.go).
+	failure failurePolicy
+	spread  spreader // this node's spread keys as a grantee (spread.go)
+	hot     *shard.HotKeys
+	started time.Time // origin of the monotonic clock (mono)
 	// wall is the default clock (clock.go), set when Config.Clock is
 	// nil: one reading then serves as both the decision time and the
 	// lease clock.
@@ -68,16 +66,13 @@ type Node struct {
 	rpcLis   net.Listener
 	rpcConns *connlimit.Listener // rpcLis within RPCLimits' connection bounds
 
-	linksMu   sync.Mutex
-	links     map[string]*peerLink // by member name
-	calls     sync.Pool            // of *call, reused by forwards
-	replItems sync.Pool            // of *replItem, reused by replication
+	// links are the node's links to its peers: forwarding, replication
+	// and what they share (forward.go).
+	links peerLinks
 
 	ctx    context.Context // the node's lifetime; cancelled by Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	// linkEnv is what each per-peer link takes of this node (linkenv.go).
-	linkEnv *linkEnv
 	// part is what the decisions on this node's partitions are given
 	// (decide.go, internal/partition).
 	part      partition.Env
@@ -85,23 +80,11 @@ type Node struct {
 	closeOnce sync.Once
 	closeErr  error
 	closed    chan struct{}
-	lastWarn  atomic.Int64 // unix ns of the last throttled warning
-	// gather is how long a batch of forwards or of replication waits for
-	// the message in flight on its pipe before it takes another slot:
-	// pipeGather (tests lengthen it to make the gathering certain).
-	gather atomic.Int64
+	warns     warnThrottle // degraded-service warnings, at most one a second
 	// hooks are the faults tests inject (hooks.go).
 	hooks faultHooks
-	// pipeBreaks counts streams to peers that broke (tests wait on it).
-	pipeBreaks atomic.Int64
-	// copyBarriers counts copies that waited for the replication queued
-	// to their receiver before exporting (tests read it).
-	copyBarriers atomic.Int64
-	// replSeq numbers replication messages (ReplicateRequest.Seq).
-	replSeq atomic.Uint64
-	// framedOpened counts framed pipes opened to peers; framedServed,
-	// by kind, those peers opened to this node (tests read them).
-	framedOpened atomic.Int64
+	// framedServed counts, by kind, the framed pipes peers opened to
+	// this node (tests read them).
 	framedServed [3]atomic.Int64
 
 	ops opsState // restarts, duplicate names, readiness, reconnects, peer auth
@@ -126,33 +109,61 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	n := &Node{
-		cfg:      cfg,
-		name:     cfg.Name,
-		log:      cfg.Logger.With("node", cfg.Name),
-		clock:    cfg.Clock,
-		metrics:  cfg.Metrics,
-		fp:       cfg.fingerprint(),
-		pt:       newPartTable(cfg.Ring.PartitionCount, cfg.Store),
-		started:  time.Now(),
-		fallback: fallback,
-		hot:      shard.NewHotKeys(4*cfg.HotKeys, cfg.HotKeysHalfLife),
-		links:    make(map[string]*peerLink),
-		closed:   make(chan struct{}),
+		cfg:     cfg,
+		name:    cfg.Name,
+		log:     cfg.Logger.With("node", cfg.Name),
+		clock:   cfg.Clock,
+		metrics: cfg.Metrics,
+		fp:      cfg.fingerprint(),
+		pt:      newPartTable(cfg.Ring.PartitionCount, cfg.Store),
+		started: time.Now(),
+		hot:     shard.NewHotKeys(4*cfg.HotKeys, cfg.HotKeysHalfLife),
+		closed:  make(chan struct{}),
+	}
+	n.table.env = policyEnv{
+		self: n.name, log: n.log, metrics: n.metrics, lease: cfg.LeaseDuration, stopped: n.stopped.Load,
+		// The ownership log and gossip start later in New.
+		raise: func() {
+			ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
+			n.lo.run.Raise(ctx)
+			cancel()
+		},
+		setEmptyAfter: func(d time.Duration) { n.lo.run.SetEmptyAfter(d) },
+		gossip: func() {
+			n.gossiper.delegate.SetMeta(n.meta(n.closing.Load()))
+			_ = n.gossiper.ml.UpdateNode(200 * time.Millisecond)
+		},
 	}
 	n.table.Store(policy.New(cfg.Policies))
 	n.metrics.PolicyTable(n.table.Load().Version(), true)
-	n.calls.New = func() any { return &call{done: make(chan callResult, 1)} }
-	n.replItems.New = func() any { return &replItem{ch: make(chan error, 1)} }
+	n.links.init()
 	n.part = n.newPartEnv()
 	n.ops.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.gossiper = newGossiper(n.newGossiperEnv())
-	n.gather.Store(int64(pipeGather))
 	// A mark is probed again after ten leases.
 	n.reach = newReachability(int64(10*cfg.LeaseDuration), n.checkReachable, n.log)
 	if cfg.clockIsDefault {
 		n.wall = newWallClock(n.started)
 		n.clock = n.wall.now
+	}
+	n.warns.log = n.log
+	n.failure = failurePolicy{fallback: fallback, env: failEnv{
+		self: n.name, metrics: n.metrics, clock: n.clock, view: &n.view, warn: n.warns.warn, maxKeys: cfg.Store.MaxKeys,
+	}}
+	n.spread.env = spreadEnv{
+		ctx: n.ctx, wg: &n.wg, self: n.name, metrics: n.metrics, clock: n.clock, mono: n.mono,
+		pause: &n.hooks.decide, forwardTimeout: cfg.ForwardTimeout, warn: n.warns.warn, route: n.route,
+	}
+	// gossip, the ownership log and the health service start later in
+	// New: readiness reads them through closures.
+	n.ops.ready.env = readyEnv{
+		closing: n.closing.Load, join: cfg.Join,
+		members:    func() int { return n.gossiper.ml.NumMembers() },
+		leaderless: func() int64 { return n.lo.run.Leaderless() },
+		mono:       n.mono, lease: cfg.LeaseDuration, settled: n.Settled,
+		serving: func(st healthpb.HealthCheckResponse_ServingStatus) { n.health.SetServingStatus("", st) },
+		metrics: n.metrics, log: n.log,
 	}
 	// A data directory names its cluster (datadir.go); a new one of a
 	// joiner learns it from gossip first.
@@ -215,7 +226,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		// from disk needs its other voters back first.
 		n.lo.awaitFounded(ctx)
 	}
-	n.updateReady()
+	n.ops.ready.update()
 	n.log.Info("node started", "gossip_addr", n.GossipAddr(), "rpc_addr", n.RPCAddr(), "members", n.view.Load().snap.Len())
 	return n, nil
 }
@@ -235,9 +246,24 @@ func (n *Node) startRPC() error {
 	n.health = health.NewServer()
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	n.setupAuth()
-	n.linkEnv = n.newLinkEnv()
+	n.links.env = n.newLinkEnv()
 	n.serveRPC(lis)
 	return nil
+}
+
+// newLinkEnv is n's linkEnv, pointing at the counters and pools of its
+// links (n.links); called once its peer authentication is set up.
+func (n *Node) newLinkEnv() *linkEnv {
+	return &linkEnv{
+		ctx: n.ctx, wg: &n.wg, self: n.name, log: n.log, metrics: n.metrics, clock: n.clock,
+		maxBatch: n.cfg.MaxBatch, maxInFlight: n.cfg.MaxInFlight, noBatching: n.cfg.DisableBatching, forwardTimeout: n.cfg.ForwardTimeout, framedWriteTimeout: n.framedWriteTimeout(),
+		noStreams: n.cfg.DisableStreams, noFramed: n.cfg.DisableFramedPipes, tls: n.cfg.ClientTLS,
+		auth: n.ops.auth,
+		view: &n.view, gather: &n.links.gather,
+		replSeq: &n.links.replSeq, framedOpened: &n.links.framedOpened, pipeBreaks: &n.links.pipeBreaks, replItems: &n.links.replItems,
+		warn: n.warns.warn, stamp: n.table.stamp,
+		recopy: newRecopier(n.ctx, &n.wg, n.lo.run.Recopy).note,
+	}
 }
 
 // serveRPC makes the node's gRPC server (its services and n.health) and
@@ -470,7 +496,7 @@ func (n *Node) checkReachable(member string) {
 	go func() {
 		defer n.wg.Done()
 		defer n.reach.done(member)
-		c, err := n.linkTo(member)
+		c, err := n.links.to(member)
 		if err == nil {
 			ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
 			_, err = healthpb.NewHealthClient(c.conn).Check(ctx, &healthpb.HealthCheckRequest{})
@@ -486,22 +512,11 @@ func (n *Node) checkReachable(member string) {
 	}()
 }
 
-// stopClients stops every peer client (their batchers exit; the node's wg
-// waits for them).
-func (n *Node) stopClients() {
-	n.linksMu.Lock()
-	defer n.linksMu.Unlock()
-	for name, c := range n.links {
-		c.stop()
-		delete(n.links, name)
-	}
-}
-
 // Sweep reclaims idle keys and refreshes key and hot-key metrics. The node
 // calls it every SweepInterval; tests may call it directly.
 func (n *Node) Sweep() {
 	now := n.clock()
-	ev := n.fallback.Sweep(now, 0)
+	ev := n.failure.fallback.Sweep(now, 0)
 	for i := range n.pt.parts {
 		pt := &n.pt.parts[i]
 		pt.Mu.RLock()
@@ -540,7 +555,7 @@ func (n *Node) Close(ctx context.Context) error {
 
 func (n *Node) close(ctx context.Context) error {
 	n.closing.Store(true)
-	n.updateReady() // not serving from here on
+	n.ops.ready.update() // not serving from here on
 	var errs []error
 	// Announce the drain first, so peers log our departure as a leave,
 	// not a failure. Best effort: a slow gossip only changes the log line.
@@ -598,7 +613,7 @@ func (n *Node) close(ctx context.Context) error {
 		n.grpcSrv.Stop()
 		<-stopped
 	}
-	n.stopClients()
+	n.links.stopAll()
 	// Every goroutine the node started stops on n.ctx; wait for them, but
 	// never forever: a goroutine stuck past the deadline (plus a grace for
 	// RPCs cut short just now) is a bug to report, not a reason to hang the

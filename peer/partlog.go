@@ -93,7 +93,7 @@ type partEnv struct {
 	wg      *sync.WaitGroup // the node's goroutines: the flusher joins it
 	clock   func() time.Time
 	started time.Time // the node's start (partRestoreWait)
-	table   *atomic.Pointer[policy.Table]
+	table   *policyTable
 	pt      *partTable // the partitions, for the snapshot
 	log     *slog.Logger
 	warn    func(msg string, args ...any) // throttled node-wide

@@ -1,12 +1,16 @@
 package peer
 
 import (
-	"context"
 	"errors"
 	"fmt"
+	"iter"
+	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
+	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
@@ -23,7 +27,7 @@ import (
 // version is gossiped beside it and reported, never compared.
 //
 // The table on the decision path is an immutable policy.Table behind an
-// atomic pointer (Node.table), loaded once per request: no lock, no
+// atomic pointer (Node.table's Load), loaded once per request: no lock, no
 // allocation. A new table is built whole and swapped in (SetPolicies);
 // requests already holding the old one finish with it.
 //
@@ -58,6 +62,45 @@ import (
 // OnUnavailable when the holder cannot be reached: those are the caller's
 // side, never the holder's decision.
 
+// policyEnv is what a node's policy table takes of the node, set once in
+// New.
+type policyEnv struct {
+	self    string // this node's name
+	log     *slog.Logger
+	metrics Metrics
+	lease   time.Duration // Config.LeaseDuration, in emptyAfter
+	stopped func() bool   // Close has stopped the node
+	// raise has the ownership log copy every held partition to its
+	// backup again before it decides again, within ForwardTimeout.
+	raise func()
+	// setEmptyAfter gives the ownership log a new EmptyAfter.
+	setEmptyAfter func(time.Duration)
+	// gossip puts the node's metadata, with the table's version, into
+	// gossip (best effort).
+	gossip func()
+}
+
+// policyTable is the node's policy table and what goes with it: the
+// table in force, the policy versions the members gossip, and the wait
+// for a vacancy's last holder that the table's windows set.
+type policyTable struct {
+	env policyEnv
+	cur atomic.Pointer[policy.Table]
+	// mu serializes SetPolicies; emptyWait is the log's EmptyAfter as
+	// SetPolicies last set it (under mu): it only grows.
+	mu        sync.Mutex
+	emptyWait time.Duration
+	// members maps live members to the policy version they gossip
+	// (rebuild goroutine writes, readers copy).
+	members atomic.Pointer[map[string]uint64]
+}
+
+// Load returns the table in force: no lock, no allocation.
+func (t *policyTable) Load() *policy.Table { return t.cur.Load() }
+
+// Store puts tab in force (New; SetPolicies swaps).
+func (t *policyTable) Store(tab *policy.Table) { t.cur.Store(tab) }
+
 // validatePolicies reports every problem of a policy table, each wrapping
 // ErrInvalidConfig.
 func validatePolicies(pols map[string]PolicyConfig) []error {
@@ -70,20 +113,12 @@ func validatePolicies(pols map[string]PolicyConfig) []error {
 	return errs
 }
 
-// SetPolicies replaces the node's policy table with a copy of pols, at
-// once, for every request that starts afterwards (requests in progress
-// finish with the table they started with). An invalid table returns an
-// error wrapping ErrInvalidConfig, naming every problem, and the node
-// keeps its table. Either way the outcome is reported to
-// Metrics.PolicyTable. The new table's version is gossiped to the other
-// members, which keep using this node as a holder whatever table they run
-// (a change keeps each key's state; the comment at the top of
-// peer/policies.go says what that means for each algorithm). Safe for
-// concurrent use; calls are applied one at a time.
-func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
-	n.policyMu.Lock()
-	defer n.policyMu.Unlock()
-	if n.stopped.Load() {
+// set replaces the table with a copy of pols (SetPolicies says how).
+func (t *policyTable) set(pols map[string]PolicyConfig) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	env := &t.env
+	if env.stopped() {
 		return ErrClosed
 	}
 	cp := make(map[string]PolicyConfig, len(pols))
@@ -91,11 +126,11 @@ func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
 		cp[k] = v
 	}
 	if errs := validatePolicies(cp); len(errs) > 0 {
-		n.metrics.PolicyTable(n.table.Load().Version(), false)
+		env.metrics.PolicyTable(t.Load().Version(), false)
 		return errors.Join(errs...)
 	}
-	t := policy.New(cp)
-	raised := replicationRaised(n.table.Load(), t)
+	tab := policy.New(cp)
+	raised := replicationRaised(t.Load(), tab)
 	if raised {
 		// Log ownership: a policy replicated more strongly than before
 		// must not be answered as such while the backup's copy lacks the
@@ -103,28 +138,23 @@ func (n *Node) SetPolicies(pols map[string]PolicyConfig) error {
 		// stops until a copy begun after this point is its backup's; the
 		// second Raise, after the swap, covers decisions made under the
 		// old table between the first copy and the swap.
-		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
-		n.lo.run.Raise(ctx)
-		cancel()
+		env.raise()
 	}
-	old := n.table.Swap(t)
+	old := t.cur.Swap(tab)
 	// A longer window (or spread lease) makes vacancies wait longer for
 	// their last holder before an aged grant; a shorter one never
 	// shortens the wait (emptyAfter).
-	n.lo.setEmptyAfter(n.emptyAfter(t, 0))
+	env.setEmptyAfter(t.growEmptyWait(tab))
 	if raised {
-		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
-		n.lo.run.Raise(ctx)
-		cancel()
+		env.raise()
 	}
-	n.metrics.PolicyTable(t.Version(), true)
-	if old.Version() != t.Version() {
-		n.log.Info("policy table changed", "policy_version", t.Version(), "previous_version", old.Version(), "policies", t.Len())
+	env.metrics.PolicyTable(tab.Version(), true)
+	if old.Version() != tab.Version() {
+		env.log.Info("policy table changed", "policy_version", tab.Version(), "previous_version", old.Version(), "policies", tab.Len())
 	}
 	// Gossip the new version. Best effort: it also travels with the next
 	// push/pull of our metadata.
-	n.gossiper.delegate.SetMeta(n.meta(n.closing.Load()))
-	_ = n.gossiper.ml.UpdateNode(200 * time.Millisecond)
+	env.gossip()
 	return nil
 }
 
@@ -160,53 +190,67 @@ func replicationRaised(prev, next *policy.Table) bool {
 	return false
 }
 
-// PolicyVersion returns the version of the node's current policy table: a
-// hash of what changes a holder's decision (53 bits, never zero). Two
-// members with the same version decide alike.
-func (n *Node) PolicyVersion() uint64 { return n.table.Load().Version() }
-
-// Policy returns the current table's entry for name. Safe for concurrent
-// use; it neither locks nor allocates.
-func (n *Node) Policy(name string) (PolicyConfig, bool) {
-	p := n.table.Load().Lookup(name)
-	if p == nil {
-		return PolicyConfig{}, false
+// noteMembers publishes the policy versions the live members gossip and
+// logs, once per change, a member whose version differs from ours (a
+// rolling change in progress, or a node left behind). Rebuild goroutine
+// only.
+func (t *policyTable) noteMembers(pvs map[string]uint64) {
+	prev := t.members.Load()
+	mine := t.Load().Version()
+	for name, v := range pvs {
+		if name == t.env.self || v == mine {
+			continue
+		}
+		if prev != nil && (*prev)[name] == v {
+			continue
+		}
+		t.env.log.Info("member runs another policy table", "peer", name, "policy_version", v, "want", mine)
 	}
-	return p.Config, true
+	t.members.Store(&pvs)
 }
 
-// MemberPolicyVersions returns the policy table version each live member
-// gossips, by member name (this node included); 0 for a member that does
-// not gossip one (an older version). The caller owns the map.
-func (n *Node) MemberPolicyVersions() map[string]uint64 {
-	m := n.memberPolicies.Load()
+// memberVersions returns the policy table version each live member
+// gossips, this node's included (Node.MemberPolicyVersions).
+func (t *policyTable) memberVersions() map[string]uint64 {
+	m := t.members.Load()
 	out := make(map[string]uint64, 1)
 	if m != nil {
 		for k, v := range *m {
 			out[k] = v
 		}
 	}
-	out[n.name] = n.PolicyVersion()
+	out[t.env.self] = t.Load().Version()
 	return out
 }
 
-// notePolicyVersions publishes the policy versions the live members gossip
-// and logs, once per change, a member whose version differs from ours (a
-// rolling change in progress, or a node left behind). Rebuild goroutine
-// only.
-func (n *Node) notePolicyVersions(pvs map[string]uint64) {
-	prev := n.memberPolicies.Load()
-	mine := n.PolicyVersion()
-	for name, v := range pvs {
-		if name == n.name || v == mine {
-			continue
+// stamp sets req's policy version and windows (see windowsFor) from one
+// reading of the table; req goes to member.
+func (t *policyTable) stamp(req *peerpb.ReplicateRequest, member string, names iter.Seq[string]) {
+	tab := t.Load()
+	req.PolicyVersion = tab.Version()
+	req.WindowsPacked = t.windowsFor(tab, member, names)
+}
+
+// windowsFor returns the windows_packed field of a replication message to
+// member naming the policies names yields: this node's windows (table tab)
+// for them while member's policy table may differ from this node's (it
+// gossips another version, or none yet), else nil.
+func (t *policyTable) windowsFor(tab *policy.Table, member string, names iter.Seq[string]) []byte {
+	if m := t.members.Load(); m != nil {
+		if v, ok := (*m)[member]; ok && v == tab.Version() {
+			return nil
 		}
-		if prev != nil && (*prev)[name] == v {
-			continue
-		}
-		n.log.Info("member runs another policy table", "peer", name, "policy_version", v, "want", mine)
 	}
-	n.memberPolicies.Store(&pvs)
+	return packWindows(tab, names)
+}
+
+// growEmptyWait sets the log's EmptyAfter for table tab (emptyAfter) and
+// returns it: a longer window (or spread lease) makes vacancies wait
+// longer for their last holder before an aged grant; a shorter one never
+// shortens the wait. Called by newLogOwner, then under mu.
+func (t *policyTable) growEmptyWait(tab *policy.Table) time.Duration {
+	t.emptyWait = t.emptyAfter(tab, t.emptyWait)
+	return t.emptyWait
 }
 
 // emptyAfter is how long a vacant partition waits for the member with
@@ -216,9 +260,9 @@ func (n *Node) notePolicyVersions(pvs map[string]uint64) {
 // plus that policy's spread lease, a tenth more for clock rates, plus one
 // LeaseDuration; and never less than was (a policy removed may be added
 // back with its keys' state, which must not have been restarted early).
-func (n *Node) emptyAfter(t *policy.Table, was time.Duration) time.Duration {
+func (t *policyTable) emptyAfter(tab *policy.Table, was time.Duration) time.Duration {
 	var longest time.Duration
-	for _, c := range t.Configs() {
+	for _, c := range tab.Configs() {
 		w := c.Window
 		switch c.Period {
 		case shard.CalendarDay:
@@ -232,5 +276,5 @@ func (n *Node) emptyAfter(t *policy.Table, was time.Duration) time.Duration {
 		}
 		longest = max(longest, w+c.Lease())
 	}
-	return max(was, longest+longest/10+n.cfg.LeaseDuration)
+	return max(was, longest+longest/10+t.env.lease)
 }

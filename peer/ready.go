@@ -1,8 +1,8 @@
 package peer
 
 import (
-	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -32,8 +32,26 @@ const (
 	ReadyReasonNoLog = "no_ownership_log"
 )
 
+// readyEnv is what readiness reads of its node, set once in New.
+type readyEnv struct {
+	closing func() bool // the node is closing
+	join    []string    // Config.Join: the seeds it was given
+	// members is how many live members gossip knows, itself included.
+	members func() int
+	// leaderless is when (mono) the ownership log was last seen without
+	// a leader; 0 while it has one.
+	leaderless func() int64
+	mono       func() int64
+	lease      time.Duration // Config.LeaseDuration
+	settled    func() bool   // the node holds what its ring gives it (Node.Settled)
+	serving    func(healthpb.HealthCheckResponse_ServingStatus)
+	metrics    Metrics
+	log        *slog.Logger
+}
+
 // readyState is the node's readiness bookkeeping.
 type readyState struct {
+	env readyEnv
 	// pending collects the members the current rebuild ignores, with why;
 	// prevIgnored is the previous rebuild's. Rebuild goroutine only.
 	pending, prevIgnored map[string]string
@@ -46,8 +64,7 @@ type readyState struct {
 // ignore notes that the running rebuild leaves member name out of the
 // ring, and reports whether that is news (it was not ignored, or for
 // another reason, by the previous rebuild) and so worth a warning.
-func (n *Node) ignore(name, why string) bool {
-	r := &n.ops.ready
+func (r *readyState) ignore(name, why string) bool {
 	if r.pending == nil {
 		r.pending = make(map[string]string)
 	}
@@ -57,8 +74,7 @@ func (n *Node) ignore(name, why string) bool {
 
 // commitIgnored publishes the running rebuild's ignored members and
 // returns them.
-func (n *Node) commitIgnored() map[string]string {
-	r := &n.ops.ready
+func (r *readyState) commitIgnored() map[string]string {
 	ign := r.pending
 	r.pending, r.prevIgnored = nil, ign
 	r.mu.Lock()
@@ -67,37 +83,16 @@ func (n *Node) commitIgnored() map[string]string {
 	return ign
 }
 
-// Ready reports whether the node is part of the cluster, and if not, why
-// (the reason is empty when ready). It is not ready while closing, while
-// it was given Join seeds but knows no other live member, while it
-// ignores live gossip members (another placement fingerprint,
-// unreadable metadata, another cluster), or while partitions are still
-// moving to or from it (Settled). Safe for concurrent use.
-//
-// While partitions move, the reason names the first one that keeps the
-// node unsettled and how it stands here (ownership's Explain): what an
-// operator needs when a node stays unready.
-func (n *Node) Ready() (bool, string) {
-	ok, reason, code := n.readiness()
-	if code == ReadyReasonMoving {
-		if p := n.lo.unsettled(n.view.Load()); p >= 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-			if ex := n.lo.run.Explain(ctx, []int{p}); len(ex) == 1 {
-				reason += " (first: " + ex[0] + ")"
-			}
-			cancel()
-		}
-	}
-	return ok, reason
-}
-
-func (n *Node) readiness() (ok bool, reason, code string) {
-	if n.closing.Load() {
+// readiness is whether the node is ready, and if not, why and the
+// reason's code.
+func (r *readyState) readiness() (ok bool, reason, code string) {
+	env := &r.env
+	if env.closing() {
 		return false, "closing: leaving the cluster", ReadyReasonClosing
 	}
-	n.ops.ready.mu.Lock()
-	ign := n.ops.ready.ignored
-	n.ops.ready.mu.Unlock()
+	r.mu.Lock()
+	ign := r.ignored
+	r.mu.Unlock()
 	if len(ign) > 0 {
 		parts := make([]string, 0, len(ign))
 		for _, name := range slices.Sorted(maps.Keys(ign)) {
@@ -105,24 +100,23 @@ func (n *Node) readiness() (ok bool, reason, code string) {
 		}
 		return false, fmt.Sprintf("ignoring %d live gossip member(s) left out of the ring: %s", len(ign), strings.Join(parts, ", ")), ReadyReasonIgnored
 	}
-	if len(n.cfg.Join) > 0 && n.gossiper.ml.NumMembers() <= 1 {
-		return false, fmt.Sprintf("alone: no live member reached through the seeds %v", n.cfg.Join), ReadyReasonAlone
+	if len(env.join) > 0 && env.members() <= 1 {
+		return false, fmt.Sprintf("alone: no live member reached through the seeds %v", env.join), ReadyReasonAlone
 	}
-	if since := n.lo.run.Leaderless(); since != 0 && n.mono()-since > 2*int64(n.cfg.LeaseDuration) {
-		return false, fmt.Sprintf("no leader of the ownership log for %v: a majority of its voters is unreachable, so no partition can change holder and every holder stops within one lease", time.Duration(n.mono()-since).Round(time.Second)), ReadyReasonNoLog
+	if since := env.leaderless(); since != 0 && env.mono()-since > 2*int64(env.lease) {
+		return false, fmt.Sprintf("no leader of the ownership log for %v: a majority of its voters is unreachable, so no partition can change holder and every holder stops within one lease", time.Duration(env.mono()-since).Round(time.Second)), ReadyReasonNoLog
 	}
-	if !n.Settled() {
+	if !env.settled() {
 		return false, "partitions moving: this node does not yet hold exactly the partitions its ring gives it, each with its backup copy", ReadyReasonMoving
 	}
 	return true, "", ""
 }
 
-// updateReady recomputes readiness and, when it changed, logs it, reports
-// it to Metrics and sets the gRPC health status. Called from New and after
+// update recomputes readiness and, when it changed, logs it, reports it
+// to Metrics and sets the gRPC health status. Called from New and after
 // each rebuild.
-func (n *Node) updateReady() {
-	ok, reason, code := n.readiness()
-	r := &n.ops.ready
+func (r *readyState) update() {
+	ok, reason, code := r.readiness()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if reason == r.last {
@@ -133,11 +127,11 @@ func (n *Node) updateReady() {
 	if !ok {
 		st = healthpb.HealthCheckResponse_NOT_SERVING
 	}
-	n.health.SetServingStatus("", st)
-	n.metrics.Ready(ok, code)
+	r.env.serving(st)
+	r.env.metrics.Ready(ok, code)
 	if ok {
-		n.log.Info("readiness changed", "ready", true)
+		r.env.log.Info("readiness changed", "ready", true)
 	} else {
-		n.log.Info("readiness changed", "ready", false, "reason", reason)
+		r.env.log.Info("readiness changed", "ready", false, "reason", reason)
 	}
 }

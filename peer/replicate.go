@@ -9,10 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
-	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
@@ -73,22 +69,19 @@ func (it *replItem) Release() {
 	}
 }
 
-// getReplItem returns a cleared item from the node's pool.
-func (n *Node) getReplItem() *replItem {
-	it := n.replItems.Get().(*replItem)
+// getReplItem returns a cleared item from the links' pool.
+func (l *peerLinks) getReplItem() *replItem {
+	it := l.replItems.Get().(*replItem)
 	if it.ch == nil {
 		it.ch = make(chan error, 1)
 	}
-	it.pool = &n.replItems
+	it.pool = &l.replItems
 	return it
 }
 
-// putReplItem returns it to the pool. Only the item's last user may: the
-// waiter once done has yielded (never one that gave up waiting), or the
-// batcher for an item nobody waits for.
-func (n *Node) putReplItem(it *replItem) { putReplItem(&n.replItems, it) }
-
-// putReplItem returns it to pool, emptied.
+// putReplItem returns it to pool, emptied. Only the item's last user may:
+// the waiter once done has yielded (never one that gave up waiting), or
+// the batcher for an item nobody waits for.
 func putReplItem(pool *sync.Pool, it *replItem) {
 	*it = replItem{ch: it.ch}
 	pool.Put(it)
@@ -114,13 +107,13 @@ const replQueueLen = 8192
 // epoch for backup to, in a pooled item: when wait is set it returns the
 // item, whose Done yields the outcome; the waiter hands it back with
 // Release after Done yields.
-func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (*replItem, error) {
-	c, err := n.linkTo(to)
+func (l *peerLinks) replicateAdmissionItem(to string, pid int, epoch uint64, key Key, alg shard.Algorithm, run shard.Run, at time.Time, wait bool) (*replItem, error) {
+	c, err := l.to(to)
 	if err != nil {
-		n.replUnqueued(pid, epoch, wait)
+		l.replUnqueued(pid, epoch, wait)
 		return nil, err
 	}
-	it := n.getReplItem()
+	it := l.getReplItem()
 	it.kind, it.part, it.epoch, it.at, it.run, it.key, it.alg = peerpb.PartitionOp_KIND_ADMIT, uint32(pid), epoch, at, run, key, alg
 	if wait {
 		it.done = it.ch
@@ -128,8 +121,8 @@ func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key,
 	select {
 	case c.repl.queue <- it:
 	default:
-		n.putReplItem(it)
-		n.replUnqueued(pid, epoch, wait)
+		putReplItem(&l.replItems, it)
+		l.replUnqueued(pid, epoch, wait)
 		return nil, fmt.Errorf("%w: replication queue to %s is full", ErrUnavailable, to)
 	}
 	if !wait {
@@ -140,10 +133,10 @@ func (n *Node) replicateAdmissionItem(to string, pid int, epoch uint64, key Key,
 
 // replicateState queues key state st (ages relative to at) for backup to
 // as a replacement of the copy's state of that key.
-func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyState, at time.Time, wait bool) (*replItem, error) {
-	c, err := n.linkTo(to)
+func (l *peerLinks) replicateState(to string, pid int, epoch uint64, st shard.KeyState, at time.Time, wait bool) (*replItem, error) {
+	c, err := l.to(to)
 	if err != nil {
-		n.replUnqueued(pid, epoch, wait)
+		l.replUnqueued(pid, epoch, wait)
 		return nil, err
 	}
 	var done chan error
@@ -156,7 +149,7 @@ func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyStat
 		// Queued, the item is the batcher's: one nobody waits for goes
 		// to the pool once sent, so it is not read here again.
 	default:
-		n.replUnqueued(pid, epoch, wait)
+		l.replUnqueued(pid, epoch, wait)
 		return nil, fmt.Errorf("%w: replication queue to %s is full", ErrUnavailable, to)
 	}
 	if !wait {
@@ -169,9 +162,9 @@ func (n *Node) replicateState(to string, pid int, epoch uint64, st shard.KeyStat
 // queued for the backup: a waiter is told by the error its caller returns;
 // an item nobody waits for stands on the holder all the same (its caller
 // goes on), so the backup must get it from a copy of the partition.
-func (n *Node) replUnqueued(pid int, epoch uint64, wait bool) {
+func (l *peerLinks) replUnqueued(pid int, epoch uint64, wait bool) {
 	if !wait {
-		n.linkEnv.recopy(pid, epoch)
+		l.env.recopy(pid, epoch)
 	}
 }
 
@@ -289,12 +282,12 @@ func (c *peerLink) awaitReplIdle(bar *replItem) {
 
 // replBarrier waits until every replication item queued for member to
 // before the call has been answered, or ctx ends.
-func (n *Node) replBarrier(ctx context.Context, to string) error {
-	c, err := n.linkTo(to)
+func (l *peerLinks) replBarrier(ctx context.Context, to string) error {
+	c, err := l.to(to)
 	if err != nil {
 		return err
 	}
-	n.copyBarriers.Add(1)
+	l.copyBarriers.Add(1)
 	bar := &replItem{barrier: true, done: make(chan error, 1)}
 	select {
 	case c.repl.queue <- bar:
@@ -408,27 +401,6 @@ func (rs *replSend) Done(resp *peerpb.ReplicateResponse, err error) {
 func (c *peerLink) stamp(req *peerpb.ReplicateRequest, batch []*replItem) {
 	req.Seq = c.env.replSeq.Add(1)
 	c.env.stamp(req, c.name, batchPolicies(batch))
-}
-
-// stampPolicies sets req's policy version and windows (see windowsFor)
-// from one reading of the table.
-func (n *Node) stampPolicies(req *peerpb.ReplicateRequest, member string, names iter.Seq[string]) {
-	tab := n.table.Load()
-	req.PolicyVersion = tab.Version()
-	req.WindowsPacked = n.windowsFor(tab, member, names)
-}
-
-// windowsFor returns the windows_packed field of a replication message to
-// member naming the policies names yields: this node's windows (table tab)
-// for them while member's policy table may differ from this node's (it
-// gossips another version, or none yet), else nil.
-func (n *Node) windowsFor(tab *policy.Table, member string, names iter.Seq[string]) []byte {
-	if m := n.memberPolicies.Load(); m != nil {
-		if v, ok := (*m)[member]; ok && v == tab.Version() {
-			return nil
-		}
-	}
-	return packWindows(tab, names)
 }
 
 // batchPolicies yields the policy of each key batch carries.
@@ -652,99 +624,33 @@ func (c *peerLink) replFinish(ctx context.Context, batch []*replItem, ops []repl
 	env.metrics.Forward(c.name, outcome, time.Since(start))
 }
 
-// Replicate is the backup's side of replication.
-func (s *limiterService) Replicate(_ context.Context, req *peerpb.ReplicateRequest) (*peerpb.ReplicateResponse, error) {
-	if drop := s.n.hooks.replDrop.Load(); drop != nil && (*drop)(req) {
-		return nil, status.Error(codes.Unavailable, "peer: replication request dropped (test)")
-	}
-	return s.replicate(req, nil, nil)
+// replicaApply is the backup's side of one replication message from the
+// holder sender: it decodes the message's operations against this node's
+// policy table and hands each to the ownership log's driver, which keeps
+// the copies (receiveOp, backup.go).
+type replicaApply struct {
+	n       *Node // its receiveOp keeps the copies (backup.go)
+	table   *policyTable
+	parts   int // the ring's partitions: a larger number is refused
+	sender  string
+	seq     uint64      // the message's ReplicateRequest.Seq
+	sw      senderTable // what the sender tells of its policy table
+	closing bool        // this node is closing
+	durIdx  *uint64     // see opHead.durIdx
 }
 
-// replScratch is a ReplicateStream's memory for its answers: the answer
-// replicate returns lives in it, and it is reused once that is sent.
-type replScratch struct {
-	out  []byte
-	resp peerpb.ReplicateResponse
-}
-
-// replicate is Replicate, answering in sc's memory when sc is not nil.
-// With deferIdx not nil, the answer is not waited for the data directory:
-// *deferIdx is set to the record it must wait for (0: none), and the caller
-// syncs it before sending the answer (ReplicateStream's pipelined
-// answers).
-func (s *limiterService) replicate(req *peerpb.ReplicateRequest, sc *replScratch, deferIdx *uint64) (*peerpb.ReplicateResponse, error) {
-	n := s.n
-	if hold := n.hooks.replHold.Load(); hold != nil {
-		if applied := (*hold)(req); applied != nil {
-			defer applied()
-		}
-	}
-	if len(req.GetOps()) > wire.MaxBatch {
-		return nil, status.Errorf(codes.InvalidArgument, "peer: %d operations exceed %d", len(req.GetOps()), wire.MaxBatch)
-	}
-	closing := n.closing.Load()
-	ws, err := decodeWindows(req.GetWindowsPacked())
-	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	}
-	sw := senderTable{windows: ws}
-	if v := req.GetPolicyVersion(); len(ws) == 0 && v != 0 && v != n.PolicyVersion() {
-		sw.unknown = true
-	}
-	if len(req.GetAdmitsPacked()) > 0 {
-		if sc == nil {
-			sc = new(replScratch)
-		}
-		var durIdx uint64
-		b, err := n.applyPackedAdmits(sc.out[:0], req.GetSender(), req.GetSeq(), sw, req.GetAdmitsPacked(), closing, &durIdx)
-		if err != nil {
-			return nil, status.Error(codes.InvalidArgument, err.Error())
-		}
-		if durIdx != 0 && deferIdx != nil {
-			*deferIdx = durIdx
-		} else if durIdx != 0 {
-			// Every operation's replica on disk before any is
-			// acknowledged: a failed write answers none (the holder
-			// copies the partitions again, or fails sync admissions).
-			if err := n.durableSync(durIdx); err != nil {
-				return nil, status.Error(codes.Unavailable, err.Error())
-			}
-		}
-		if cap(b) <= transport.KeepBuf {
-			sc.out = b
-		}
-		sc.resp.Reset()
-		sc.resp.ResultsPacked = b
-		return &sc.resp, nil
-	}
-	resp := &peerpb.ReplicateResponse{Results: make([]*peerpb.OpResult, len(req.GetOps()))}
-	var durIdx uint64
-	for i, op := range req.GetOps() {
-		resp.Results[i] = n.applyPartitionOp(req.GetSender(), req.GetSeq(), sw, op, closing, &durIdx)
-	}
-	if durIdx != 0 && deferIdx != nil {
-		*deferIdx = durIdx
-	} else if durIdx != 0 {
-		if err := n.durableSync(durIdx); err != nil {
-			return nil, status.Error(codes.Unavailable, err.Error())
-		}
-	}
-	return resp, nil
-}
-
-// applyPartitionOp applies one operation from holder sender to this
-// node's copy; sw is what the sender tells of its policy table.
-func (n *Node) applyPartitionOp(sender string, seq uint64, sw senderTable, op *peerpb.PartitionOp, closing bool, durIdx *uint64) *peerpb.OpResult {
+// op applies one operation to this node's copy.
+func (a *replicaApply) op(op *peerpb.PartitionOp) *peerpb.OpResult {
 	var keys []packedAdmit
 	for _, w := range op.GetKeys() {
-		st, p, err := n.decodeState(w)
+		st, p, err := a.table.decodeState(w)
 		if err != nil || p == nil {
 			continue // malformed, or a policy this node does not have
 		}
-		keys = append(keys, packedAdmit{st: st, sp: importPolicy(p, sw)})
+		keys = append(keys, packedAdmit{st: st, sp: importPolicy(p, a.sw)})
 	}
-	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: seq, durIdx: durIdx}
-	r := n.receiveOp(sender, h, keys, closing)
+	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: a.seq, durIdx: a.durIdx}
+	r := a.n.receiveOp(a.sender, h, keys, a.closing)
 	return &peerpb.OpResult{Status: r.status, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
 }
 

@@ -145,7 +145,7 @@ type packedAdmit struct {
 	sp shard.Policy
 }
 
-// admitScratch is applyPackedAdmits's scratch.
+// admitScratch is replicaApply.packed's scratch.
 type admitScratch struct {
 	runs []shard.Run
 	ents []packedAdmit
@@ -163,13 +163,12 @@ func (sc *admitScratch) put() {
 	admitScratchPool.Put(sc)
 }
 
-// applyPackedAdmits applies a packed admissions request from sender (sw:
-// what it tells of its policy table) and returns the packed answer.
-// durIdx, if not nil, gathers the data directory record the answer must
-// wait for (see opHead.durIdx).
-func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw senderTable, b []byte, closing bool, durIdx *uint64) ([]byte, error) {
+// packed applies a packed admissions request and returns the packed
+// answer, in out's memory. a.durIdx, if not nil, gathers the data
+// directory record the answer must wait for (see opHead.durIdx).
+func (a *replicaApply) packed(out []byte, b []byte) ([]byte, error) {
 	r := wire.NewReader(b) // its strings alias b (see wire.NewReader)
-	tab := n.table.Load()  // once per request
+	tab := a.table.Load()  // once per request
 	nops := r.Count(wire.MaxBatch, 3)
 	out = binary.AppendUvarint(slices.Grow(out[:0], 8+16*nops), uint64(nops))
 	// Scratch shared by the operations, and reused by later requests:
@@ -197,19 +196,19 @@ func (n *Node) applyPackedAdmits(out []byte, sender string, seq uint64, sw sende
 			runs = append(runs, shard.Run{Age: time.Duration(r.Varint()), Count: r.Varint()})
 			st := shard.KeyState{Key: k, Algorithm: shard.Algorithm(alg), Runs: runs[len(runs)-1 : len(runs) : len(runs)]}
 			if alg > 255 || st.Validate() != nil {
-				continue // malformed: skipped, as applyPartitionOp skips it
+				continue // malformed: skipped, as replicaApply.op skips it
 			}
 			if p := tab.Lookup(k.Policy); p != nil && p.Shard.Algorithm == st.Algorithm {
-				ents = append(ents, packedAdmit{st: st, sp: importPolicy(p, sw)})
+				ents = append(ents, packedAdmit{st: st, sp: importPolicy(p, a.sw)})
 			}
 		}
 		if r.Err() != nil {
 			break
 		}
 		if part > uint64(^uint32(0)) {
-			part = uint64(len(n.pt.parts)) // refused below
+			part = uint64(a.parts) // refused below
 		}
-		res := n.receiveOp(sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne, seq: seq, durIdx: durIdx}, ents, closing)
+		res := a.n.receiveOp(a.sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne, seq: a.seq, durIdx: a.durIdx}, ents, a.closing)
 		out = binary.AppendUvarint(out, uint64(res.status))
 		out = wire.AppendString(out, res.holder)
 		out = binary.AppendUvarint(out, res.epoch)

@@ -70,12 +70,12 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 			continue
 		}
 		// Decide from rights the holder granted this node.
-		if n.spreadDecide(v, r, ek, d) {
+		if n.spread.decide(v, r, ek, d) {
 			n.metrics.Decision(r.P.Name, d.Reason, PathLocal)
 			return nil
 		}
 		// Forward.
-		fd, err := n.forward(ctx, v, target, r)
+		fd, err := n.links.forward(ctx, v, target, r)
 		if err == nil {
 			*d = fd
 			n.metrics.Decision(r.P.Name, d.Reason, PathForwarded)
@@ -91,7 +91,7 @@ func (n *Node) routeInto(ctx context.Context, r *opReq, ek []byte, d *Decision) 
 // fail answers r by the failure policy (failure.go) for cause.
 func (n *Node) fail(r *opReq, d *Decision, cause error) error {
 	var err error
-	*d, err = n.unavailable(r, cause)
+	*d, err = n.failure.unavailable(r, cause)
 	return err
 }
 
@@ -226,7 +226,7 @@ func (n *Node) portDead(member string) bool {
 	if h := n.hooks.portDead.Load(); h != nil {
 		return (*h)(member)
 	}
-	c, err := n.linkTo(member)
+	c, err := n.links.to(member)
 	return err == nil && c.conn.GetState() == connectivity.TransientFailure
 }
 
@@ -282,16 +282,3 @@ const notOwnerPause = 50 * time.Millisecond
 // graceful move (a leave, a join) fences a partition for a copy and a
 // commit; a forward's timeout alone was too short on a loaded machine.
 func (n *Node) moveWait() time.Duration { return max(4*n.cfg.ForwardTimeout, 2*time.Second) }
-
-// notOwnerError is a receiver's "not owner" answer, with the member it
-// believes holds the partition and that holder's epoch (0 when it only
-// names its ring's target).
-type notOwnerError struct {
-	owner string
-	epoch uint64
-}
-
-func (e *notOwnerError) Error() string {
-	return fmt.Sprintf("peer: not owner (holder %q, epoch %d)", e.owner, e.epoch)
-}
-func (e *notOwnerError) Unwrap() error { return errNotOwner }

@@ -138,7 +138,7 @@ func (l RPCLimits) serverOptions() []grpc.ServerOption {
 func (n *Node) limitConns(lis net.Listener) *connlimit.Listener {
 	l := n.cfg.RPCLimits
 	return connlimit.New(lis, l.MaxConns, l.MaxConnsPerIP, func(remote net.Addr, why connlimit.Refusal) {
-		n.warnThrottled("rpc connection refused: too many connections", "remote_addr", remote.String(), "bound", why.String(),
+		n.warns.warn("rpc connection refused: too many connections", "remote_addr", remote.String(), "bound", why.String(),
 			"max_conns", l.MaxConns, "max_conns_per_ip", l.MaxConnsPerIP)
 	})
 }

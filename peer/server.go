@@ -210,7 +210,7 @@ func (n *Node) decideWire(ctx context.Context, v *view, it *wire.Item, r *opReq,
 	}
 	if op == partition.OpReset {
 		if err := n.ops.auth.CheckResetProof(ctx, resetProofInput(it.Key)); err != nil {
-			n.warnThrottled("peer reset refused: no proof of authorization", "err", err)
+			n.warns.warn("peer reset refused: no proof of authorization", "err", err)
 			return bad(peerpb.Status_STATUS_INVALID_ARGUMENT, fmt.Errorf("%w: %s", ErrInvalidKey, status.Convert(err).Message())), nil, slab
 		}
 	}

@@ -3,6 +3,8 @@ package peer
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/grantee"
@@ -55,41 +57,65 @@ type spreadSink interface {
 	Spread(policy, event string, units int64)
 }
 
-func (n *Node) spreadMetric(pol, event string, units int64) {
+// spreadEnv is what a node's spreader takes of it, set once in New.
+type spreadEnv struct {
+	ctx     context.Context // the node's lifetime: grant requests end with it
+	wg      *sync.WaitGroup // the node's goroutines; grant requests join it
+	self    string          // this node's name, the Owner of its answers
+	metrics Metrics
+	clock   func() time.Time // decisions' DecidedAt
+	mono    func() int64     // the node's monotonic clock: rights' deadlines
+	// pause is the tests' hook between spending rights and the answer
+	// (faultHooks.decide).
+	pause          *atomic.Pointer[func()]
+	forwardTimeout time.Duration // Config.ForwardTimeout, bounding a grant request
+	warn           func(msg string, args ...any)
+	// route sends a grant request to the key's holder (the node's router).
+	route func(ctx context.Context, r *opReq, ek []byte) (Decision, error)
+}
+
+// spreader is this node's side of spread keys as a grantee: the table of
+// keys and their rights, and the grant requests it sends.
+type spreader struct {
+	env   spreadEnv
+	table spreadTable
+}
+
+func (s *spreader) metric(pol, event string, units int64) {
 	if units == 0 {
 		return
 	}
-	if m, ok := n.metrics.(spreadSink); ok {
+	if m, ok := s.env.metrics.(spreadSink); ok {
 		m.Spread(pol, event, units)
 	}
 }
 
-// spreadDecide decides r locally from rights when its policy spreads and
+// decide decides r locally from rights when its policy spreads and
 // this node holds usable rights (or was just refused rights), and starts
 // a grant request when one is due. It reports whether it wrote *d; when
 // not, the caller forwards as before. Called only where r would be
 // forwarded.
-func (n *Node) spreadDecide(v *view, r *opReq, ek []byte, d *Decision) bool {
+func (sp *spreader) decide(v *view, r *opReq, ek []byte, d *Decision) bool {
 	p := r.P
 	if p.Config.Spread == SpreadOff || r.Op != partition.OpCheck || r.Multi != nil || p.Unlimited || p.Config.Shadow {
 		return false
 	}
-	now := n.mono()
-	k := n.spread.lookup(ek, r.Key, now)
+	now := sp.env.mono()
+	k := sp.table.lookup(ek, r.Key, now)
 	if k == nil {
 		return false
 	}
 	s := k.Spend(now, r.Hits, p.Config.Threshold())
-	n.spreadMetric(p.Name, "unused", s.Unused)
+	sp.metric(p.Name, "unused", s.Unused)
 	if s.Refill {
-		n.startGrant(k, p)
+		sp.startGrant(k, p)
 	}
 	switch {
 	case s.Grant != nil:
-		if h := n.hooks.decide.Load(); h != nil {
+		if h := sp.env.pause.Load(); h != nil {
 			(*h)() // tests: a pause between spending the rights and the answer
 		}
-		if n.mono() > s.Grant.Deadline {
+		if sp.env.mono() > s.Grant.Deadline {
 			// Paused past the grant's deadline since its rights were
 			// checked: admitting now would be an admission the holder
 			// stops charging too early. The use stays recorded (and
@@ -97,11 +123,11 @@ func (n *Node) spreadDecide(v *view, r *opReq, ek []byte, d *Decision) bool {
 			// more); the request is forwarded instead.
 			return false
 		}
-		*d = Decision{Allowed: true, Limit: p.Shard.Limit, Remaining: s.Left, Reason: ReasonSpread, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: n.clock()}
-		n.spreadMetric(p.Name, "used", r.Hits)
+		*d = Decision{Allowed: true, Limit: p.Shard.Limit, Remaining: s.Left, Reason: ReasonSpread, Owner: sp.env.self, RingVersion: v.snap.Version(), DecidedAt: sp.env.clock()}
+		sp.metric(p.Name, "used", r.Hits)
 		return true
 	case now < s.RefusedUntil:
-		*d = Decision{Limit: p.Shard.Limit, RetryAfter: time.Duration(s.RefusedUntil - now), Reason: ReasonOverLimit, Owner: n.name, RingVersion: v.snap.Version(), DecidedAt: n.clock()}
+		*d = Decision{Limit: p.Shard.Limit, RetryAfter: time.Duration(s.RefusedUntil - now), Reason: ReasonOverLimit, Owner: sp.env.self, RingVersion: v.snap.Version(), DecidedAt: sp.env.clock()}
 		return true
 	}
 	return false
@@ -109,26 +135,26 @@ func (n *Node) spreadDecide(v *view, r *opReq, ek []byte, d *Decision) bool {
 
 // startGrant asks k's holder for rights on a goroutine of the node's;
 // the caller has set k.refilling.
-func (n *Node) startGrant(k *spreadKey, p *policy.Entry) {
-	n.wg.Add(1)
+func (sp *spreader) startGrant(k *spreadKey, p *policy.Entry) {
+	sp.env.wg.Add(1)
 	go func() {
-		defer n.wg.Done()
-		n.requestGrant(k, p)
+		defer sp.env.wg.Done()
+		sp.requestGrant(k, p)
 	}()
 }
 
 // requestGrant sends one OP_GRANT for k, with the reports of its closed
 // grants, and installs the answer.
-func (n *Node) requestGrant(k *spreadKey, p *policy.Entry) {
+func (sp *spreader) requestGrant(k *spreadKey, p *policy.Entry) {
 	lease := p.Config.Lease()
-	want, closed := k.Ask(n.mono(), lease, p.Shard.Limit)
-	sent := n.mono()
+	want, closed := k.Ask(sp.env.mono(), lease, p.Shard.Limit)
+	sent := sp.env.mono()
 	r := opReq{Op: partition.OpGrant, Key: k.key, P: p, Hits: want, Returns: grantee.Returns(closed, sent)}
 	var buf [shard.MaxEncodedKeyLen]byte
 	ek, _ := k.key.AppendEncoded(buf[:0])
 	r.EK = ek
-	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
-	d, err := n.route(ctx, &r, ek)
+	ctx, cancel := context.WithTimeout(sp.env.ctx, sp.env.forwardTimeout)
+	d, err := sp.env.route(ctx, &r, ek)
 	cancel()
 	switch {
 	case err != nil || d.Reason != ReasonAdmitted:
@@ -138,7 +164,7 @@ func (n *Node) requestGrant(k *spreadKey, p *policy.Entry) {
 		if errors.Is(err, ErrClosed) || err == nil {
 			return
 		}
-		n.warnThrottled("spread: asking for rights failed; deciding through the holder", "policy", p.Name, "err", err)
+		sp.env.warn("spread: asking for rights failed; deciding through the holder", "policy", p.Name, "err", err)
 	case r.Granted <= 0 || r.Lease == 0:
 		k.Refuse(sent, min(d.RetryAfter, lease/4))
 	default:
@@ -146,13 +172,10 @@ func (n *Node) requestGrant(k *spreadKey, p *policy.Entry) {
 		if ttl <= 0 {
 			ttl = lease
 		}
-		n.spreadMetric(p.Name, "unused", k.Install(sent, r.Lease, r.Granted, ttl))
-		n.spreadMetric(p.Name, "granted", r.Granted)
+		sp.metric(p.Name, "unused", k.Install(sent, r.Lease, r.Granted, ttl))
+		sp.metric(p.Name, "granted", r.Granted)
 	}
 }
 
-// SpreadKeys lists the keys this node tracks for spreading, most active
-// first (for /debug/hotkeys).
-func (n *Node) SpreadKeys() []SpreadKey {
-	return n.spread.list(n.mono())
-}
+// keys lists the keys tracked for spreading, most active first.
+func (sp *spreader) keys() []SpreadKey { return sp.table.list(sp.env.mono()) }
