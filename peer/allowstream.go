@@ -283,7 +283,7 @@ func (as *allowStream) collect(srs []*streamReq, job streamJob) []*streamReq {
 	srs = append(srs, job.ready...)
 	for _, sr := range job.waiting {
 		// The fsync here first: it runs while the backup writes its own.
-		err := n.awaitDurable(&sr.r)
+		err := n.dd.await(&sr.r)
 		if sr.r.Wait != nil {
 			var rerr error
 			select {

@@ -43,7 +43,7 @@ func (n *Node) openOwner() error {
 		leaveRing: n.gossiper.excludeSelf,
 	}
 	if n.dd != nil {
-		e.disk, e.restore, e.transition = n.dd.raft, n.restorePartition, n.durableTransition
+		e.disk, e.restore, e.transition = n.dd.raft, n.dd.parts.restore, n.dd.parts.transition
 	}
 	lo, err := newLogOwner(e)
 	if err != nil {
@@ -52,7 +52,7 @@ func (n *Node) openOwner() error {
 	n.lo = lo
 	n.part.Lease = lo.run
 	if n.dd != nil {
-		n.part.Disk = diskLog{n}
+		n.part.Disk = diskLog{n.dd}
 	}
 	return nil
 }

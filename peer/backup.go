@@ -98,7 +98,7 @@ func (n *Node) receiveOp(sender string, h opHead, keys []packedAdmit, closing bo
 		if n.dd != nil {
 			// The copy is this backup's state: on disk before it is
 			// acknowledged (partlog.go).
-			if err := n.durableCopy(pid, nx.Epoch, nx.Store); err != nil {
+			if err := n.dd.parts.copied(pid, nx.Epoch, nx.Store); err != nil {
 				return refused
 			}
 		}
@@ -111,7 +111,7 @@ func (n *Node) receiveOp(sender string, h opHead, keys []packedAdmit, closing bo
 		pt.Mu.Unlock()
 		if idx != 0 && h.durIdx != nil {
 			*h.durIdx = max(*h.durIdx, idx) // the message's answer waits
-		} else if idx != 0 && n.durableSync(idx) != nil {
+		} else if idx != 0 && n.dd.sync(idx) != nil {
 			return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}
 		}
 		return res
@@ -185,7 +185,7 @@ func (n *Node) applyReplica(pt *part, pid int, h opHead, keys []packedAdmit, now
 		}
 		accepted++
 	}
-	idx, err := n.durableReplica(pid, h.epoch, pt.Store, keys, now)
+	idx, err := n.dd.replica(pid, h.epoch, pt.Store, keys, now)
 	if err != nil {
 		return opResult{status: peerpb.OpStatus_OP_STATUS_NEED_SYNC}, 0
 	}
@@ -248,7 +248,7 @@ func (s *limiterService) replicate(req *peerpb.ReplicateRequest, sc *replScratch
 			// Every operation's replica on disk before any is
 			// acknowledged: a failed write answers none (the holder
 			// copies the partitions again, or fails sync admissions).
-			if err := n.durableSync(durIdx); err != nil {
+			if err := n.dd.sync(durIdx); err != nil {
 				return nil, status.Error(codes.Unavailable, err.Error())
 			}
 		}
@@ -268,7 +268,7 @@ func (s *limiterService) replicate(req *peerpb.ReplicateRequest, sc *replScratch
 	if durIdx != 0 && deferIdx != nil {
 		*deferIdx = durIdx
 	} else if durIdx != 0 {
-		if err := n.durableSync(durIdx); err != nil {
+		if err := n.dd.sync(durIdx); err != nil {
 			return nil, status.Error(codes.Unavailable, err.Error())
 		}
 	}

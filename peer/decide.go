@@ -93,10 +93,10 @@ func (rp replicas) State(to string, pid int, epoch uint64, st shard.KeyState, at
 }
 
 // diskLog is the data directory as the decisions use it (partition.Disk).
-type diskLog struct{ n *Node }
+type diskLog struct{ dd *dataDir }
 
 func (dl diskLog) Log(pid int, epoch uint64, st *shard.Store, key Key, dur Durability, now time.Time) (uint64, error) {
-	return dl.n.durableKeyOrGone(pid, epoch, st, key, dur, now)
+	return dl.dd.parts.keyOrGone(pid, epoch, st, key, dur, now)
 }
 
-func (dl diskLog) Sync(idx uint64) error { return dl.n.durableSync(idx) }
+func (dl diskLog) Sync(idx uint64) error { return dl.dd.sync(idx) }

@@ -130,9 +130,9 @@ func emptyState(ks *shard.KeyState, key Key, alg shard.Algorithm) {
 	*ks = shard.KeyState{Key: key, Algorithm: alg, Runs: ks.Runs[:0], Reservations: ks.Reservations[:0], Grants: ks.Grants[:0]}
 }
 
-// durableSync waits until record idx is on disk (disk durability).
-func (n *Node) durableSync(idx uint64) error {
-	if err := n.dd.parts.parts.Sync(idx); err != nil {
+// sync waits until record idx is on disk (disk durability).
+func (dd *dataDir) sync(idx uint64) error {
+	if err := dd.parts.parts.Sync(idx); err != nil {
 		return fmt.Errorf("%w: the data directory: %w", ErrUnavailable, err)
 	}
 	return nil
@@ -214,13 +214,12 @@ func (pl *partLog) forget(pid int) {
 	pl.dirty.Store(true)
 }
 
-// restorePartition fills st (partition pid's new, empty store) with the
+// restore fills st (partition pid's new, empty store) with the
 // state the data directory held for it at start, once, and logs it as the
 // partition's state here. It reports whether the whole state was
 // restored (a complete copy and what followed it). Called by ownlog's
 // Reset with the partition's lock held.
-func (n *Node) restorePartition(pid int, epoch uint64, st *shard.Store) (ok bool) {
-	pl := n.dd.parts
+func (pl *partLog) restore(pid int, epoch uint64, st *shard.Store) (ok bool) {
 	pl.mu.Lock()
 	var rp *durable.RecoveredPart
 	if pl.rec != nil {
@@ -229,7 +228,7 @@ func (n *Node) restorePartition(pid int, epoch uint64, st *shard.Store) (ok bool
 	}
 	pl.mu.Unlock()
 	if rp != nil {
-		tab := n.table.Load()
+		tab := pl.env.table.Load()
 		restored, skipped, err := rp.Restore(st, func(k shard.Key) (shard.Policy, bool) {
 			if e := tab.Lookup(k.Policy); e != nil {
 				return e.Shard, true
@@ -237,9 +236,9 @@ func (n *Node) restorePartition(pid int, epoch uint64, st *shard.Store) (ok bool
 			return shard.Policy{}, false
 		}, pl.wall)
 		if err != nil {
-			n.log.Error("data directory: restoring a partition failed; it starts with what was restored", "partition", pid, "restored", restored, "err", err)
+			pl.env.log.Error("data directory: restoring a partition failed; it starts with what was restored", "partition", pid, "restored", restored, "err", err)
 		} else {
-			n.log.Info("partition restored from the data directory", "partition", pid, "keys", restored, "skipped", skipped, "complete", rp.Complete)
+			pl.env.log.Info("partition restored from the data directory", "partition", pid, "keys", restored, "skipped", skipped, "complete", rp.Complete)
 		}
 		ok = err == nil && rp.Complete
 	}
@@ -327,29 +326,29 @@ func (pl *partLog) snapshot() {
 	}
 }
 
-// durableTransition logs partition pid's state when this node starts
+// transition logs partition pid's state when this node starts
 // holding it without having had it (a grant, a copy it holds at once), and
 // forgets it when it neither holds nor backs it any more (had: it held or
 // backed it before). A backup's state is logged when its copy is
-// installed (durableCopy). Called by Publish with the partition's lock
+// installed (copied). Called by Publish with the partition's lock
 // held.
-func (n *Node) durableTransition(pid int, had, holds, backs bool, epoch uint64, st *shard.Store) {
-	n.dd.parts.mine[pid] = holds || backs
+func (pl *partLog) transition(pid int, had, holds, backs bool, epoch uint64, st *shard.Store) {
+	pl.mine[pid] = holds || backs
 	switch {
 	case holds && !had:
-		n.dd.parts.logPartition(pid, epoch, st)
+		pl.logPartition(pid, epoch, st)
 	case had && !holds && !backs:
-		n.dd.parts.forget(pid)
+		pl.forget(pid)
 	}
 }
 
-// durableCopy logs a copy this backup installed as partition pid's state
+// copied logs a copy this backup installed as partition pid's state
 // here, and waits until it is on disk when a policy of the table keeps
 // admissions on disk. Called with the partition's lock held.
-func (n *Node) durableCopy(pid int, epoch uint64, st *shard.Store) error {
-	n.dd.parts.logPartition(pid, epoch, st)
-	if n.dd.parts.anyDiskPolicy() {
-		return n.dd.parts.parts.Sync(n.dd.parts.parts.Next() - 1)
+func (pl *partLog) copied(pid int, epoch uint64, st *shard.Store) error {
+	pl.logPartition(pid, epoch, st)
+	if pl.anyDiskPolicy() {
+		return pl.parts.Sync(pl.parts.Next() - 1)
 	}
 	return nil
 }
@@ -365,16 +364,16 @@ func (pl *partLog) anyDiskPolicy() bool {
 	return false
 }
 
-// durableReplica logs, on a backup, the state of the replicated keys
+// replica logs, on a backup, the state of the replicated keys
 // whose policy keeps admissions on disk, as applied to st (partition pid
 // at epoch); the index returned is to Sync before answering when one of
 // them has durability disk. Called with the partition's lock held.
-func (n *Node) durableReplica(pid int, epoch uint64, st *shard.Store, keys []packedAdmit, now time.Time) (uint64, error) {
-	if n.dd == nil {
+func (dd *dataDir) replica(pid int, epoch uint64, st *shard.Store, keys []packedAdmit, now time.Time) (uint64, error) {
+	if dd == nil {
 		return 0, nil
 	}
-	pl := n.dd.parts
-	tab := n.table.Load()
+	pl := dd.parts
+	tab := pl.env.table.Load()
 	wait := false
 	pl.locks[pid].Lock()
 	defer pl.locks[pid].Unlock()
@@ -403,13 +402,12 @@ func (n *Node) durableReplica(pid int, epoch uint64, st *shard.Store, keys []pac
 	return idx, nil
 }
 
-// durableKeyOrGone logs key's state in partition pid (this node holds it
+// keyOrGone logs key's state in partition pid (this node holds it
 // at epoch) after an operation at now, an empty state for a key the
 // operation removed (a reset, the last lease released); the index to
 // Sync is returned for disk (0: nothing to wait for). Called with the
 // partition's lock held.
-func (n *Node) durableKeyOrGone(pid int, epoch uint64, st *shard.Store, key Key, dur Durability, now time.Time) (uint64, error) {
-	pl := n.dd.parts
+func (pl *partLog) keyOrGone(pid int, epoch uint64, st *shard.Store, key Key, dur Durability, now time.Time) (uint64, error) {
 	pl.locks[pid].Lock()
 	ks := pl.keyStates(pid, 1)
 	if !st.ExportInto(key, now, &ks[0]) {
@@ -425,16 +423,16 @@ func (n *Node) durableKeyOrGone(pid int, epoch uint64, st *shard.Store, key Key,
 	return idx, nil
 }
 
-// awaitDurable waits until the record a batch's decision left in r.DurIdx
+// await waits until the record a batch's decision left in r.DurIdx
 // (deferWait, durability disk) is on disk, and clears it. The receiver
 // calls it for each such item after deciding the whole batch: the first
 // call's fsync covers every item logged before it (group commit), so a
 // batch costs one fsync, not one per item.
-func (n *Node) awaitDurable(r *opReq) error {
+func (dd *dataDir) await(r *opReq) error {
 	idx := r.DurIdx
 	if idx == 0 {
 		return nil
 	}
 	r.DurIdx = 0
-	return n.durableSync(idx)
+	return dd.sync(idx)
 }

@@ -98,7 +98,7 @@ func (ra *replAnswers) send() {
 			// Every operation's replica on disk before any is
 			// acknowledged: a failed write answers none (the holder
 			// copies the partitions again, or fails sync admissions).
-			if err := ra.n.durableSync(a.idx); err != nil {
+			if err := ra.n.dd.sync(a.idx); err != nil {
 				st := status.New(codes.Unavailable, err.Error())
 				resp = &peerpb.ReplicateResponse{Id: a.resp.GetId(), Code: int32(st.Code()), Error: st.Message()}
 			}

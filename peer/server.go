@@ -133,7 +133,7 @@ func (s *limiterService) check(ctx context.Context, req *peerpb.CheckRequest, sc
 			continue
 		}
 		// The fsync here first: it runs while the backup writes its own.
-		err := n.awaitDurable(r)
+		err := n.dd.await(r)
 		if r.Wait != nil {
 			var rerr error
 			select {
