@@ -262,7 +262,8 @@ func (n *Node) newLinkEnv() *linkEnv {
 		view: &n.view, gather: &n.links.gather,
 		replSeq: &n.links.replSeq, framedOpened: &n.links.framedOpened, pipeBreaks: &n.links.pipeBreaks, replItems: &n.links.replItems,
 		warn: n.warns.warn, stamp: n.table.stamp,
-		recopy: newRecopier(n.ctx, &n.wg, n.lo.run.Recopy).note,
+		recopy:     newRecopier(n.ctx, &n.wg, n.lo.run.Recopy).note,
+		diskPolicy: func(name string) bool { return n.dd.diskPolicy(n.table.Load(), name) },
 	}
 }
 
