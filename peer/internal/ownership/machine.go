@@ -196,7 +196,7 @@ type seen struct {
 	extended int64
 	// arrived is when the latest keep-alive granted here arrived.
 	arrived int64
-	// heard is when the latest keep-alive not yet answered arrived (Heard).
+	// heard is when the latest keep-alive not yet granted arrived (Heard).
 	heard int64
 }
 

@@ -265,4 +265,15 @@ func TestHeardKeepAliveNotEnded(t *testing.T) {
 	if !ends(m, 2*live-1) {
 		t.Fatal("b not ended a Liveness after its keep-alive's arrival")
 	}
+	// The grant ends what Heard held: a leader counting from an earlier
+	// keep-alive (MutLeaderFromEarlier) is not put right by the one it
+	// heard and granted since (else the simulator could not see it).
+	m, _ = sessionScene(t)
+	m.cfg.Mutation = MutLeaderFromEarlier
+	m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 2}, live/2, live/2)
+	m.Heard(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 3}, live)
+	m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 3}, live, live+10)
+	if !ends(m, live/2+live) {
+		t.Fatal("a Heard keep-alive outlived its grant")
+	}
 }
