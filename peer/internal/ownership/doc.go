@@ -51,7 +51,10 @@
 //     leader that ran nothing for several ticks (Stalled: starved or
 //     paused, keep-alives perhaps unread in its inbox) ends nobody for a
 //     lapse until it had a few ticks to read them; waiting longer is
-//     always safe. A
+//     always safe. Nor does a leader end a member for a lapse within a
+//     Liveness of a keep-alive of it, at its epoch, that arrived and waits
+//     for the read that confirms it (Heard: the member is alive, however
+//     long reads take on a starved machine), until a grant answers it. A
 //     member that replaced its table wholesale (a snapshot, a restart)
 //     counts a whole Liveness for every record from then. Members other
 //     than the leader hear no keep-alives: to them a member is fit to be

@@ -15,11 +15,17 @@ func (m *Machine) expired(id string, now int64) bool {
 }
 
 // endable reports whether the leader may end id's liveness: expired, as
-// every member counts it (MutLeaderEndsEarly counts 0.8 of it).
+// every member counts it (MutLeaderEndsEarly counts 0.8 of it), and no
+// keep-alive of it heard within the last Liveness waits for its read.
 func (m *Machine) endable(id string, now int64) bool {
 	if m.cfg.Mutation == MutLeaderEndsEarly {
 		s := m.seen[id]
 		return s != nil && now-s.at >= int64(m.cfg.Liveness)*4/5
+	}
+	if s := m.seen[id]; s != nil && s.heard > s.at && now-s.heard < int64(m.cfg.Liveness) {
+		// Its keep-alive waits here for the read that confirms it
+		// (Heard): alive, however long the read takes.
+		return false
 	}
 	return m.expired(id, now)
 }

@@ -196,6 +196,8 @@ type seen struct {
 	extended int64
 	// arrived is when the latest keep-alive granted here arrived.
 	arrived int64
+	// heard is when the latest keep-alive not yet granted arrived (Heard).
+	heard int64
 }
 
 // Counters are the machine's tallies, for metrics and for the simulator's

@@ -98,12 +98,35 @@ func (m *Machine) KeepAlive(r KeepAliveRequest, arrived, now int64) KeepAliveAns
 		from = s.arrived
 	}
 	s.at, s.extended, s.arrived = max(s.at, from), now, arrived
+	if s.heard <= arrived {
+		s.heard = 0 // answered: the grant counts now, not Heard
+	}
 	for _, id := range r.Watch {
 		if w := m.seen[id]; w != nil && w.extended > 0 {
 			a.Ages = append(a.Ages, WatchAge{ID: id, Age: now - w.extended})
 		}
 	}
 	return a
+}
+
+// Heard tells the leader, at now, that keep-alive r arrived and waits for
+// the read that confirms it: a member whose keep-alive waits in the
+// leader's hands is alive, so the leader ends it for no lapse until a
+// whole Liveness after it heard it (the read is then long lost; the
+// member asks again before). Without it, a leader whose reads took long
+// (a starved machine: every read waits for a heartbeat's quorum) ended
+// members, at start-up too, whose keep-alive it held unanswered, and
+// their partitions were taken over from live holders. It lasts until a
+// grant answers a keep-alive that arrived as late (the grant counts then,
+// rule 2). Waiting longer is always safe; an End already pending stays
+// pending, and the member is not made fit for a partition by it (only a
+// grant does that).
+func (m *Machine) Heard(r KeepAliveRequest, now int64) {
+	rec, s := m.table.Members[r.Member], m.seen[r.Member]
+	if !m.leader || rec == nil || s == nil || rec.Ended || !rec.Active || rec.Epoch != r.Epoch {
+		return
+	}
+	s.heard = max(s.heard, now)
 }
 
 // KeptAlive is the member's side of an answer, at now: a granted

@@ -205,3 +205,75 @@ func TestKeepAliveCountsFromArrival(t *testing.T) {
 		}
 	}
 }
+
+// TestHeardKeepAliveNotEnded: a leader holding a member's keep-alive that
+// no read has confirmed yet ends it for no lapse (the member is alive;
+// under a starved run the read took seconds and live holders were taken
+// over), until a whole Liveness after it heard it; a keep-alive at an
+// older epoch, or heard by a member that does not lead, postpones nothing.
+func TestHeardKeepAliveNotEnded(t *testing.T) {
+	const live = int64(2 * time.Second)
+	ends := func(m *Machine, at int64) bool {
+		for _, a := range m.Tick(at) {
+			if a.Kind == Propose && a.Cmd.Kind == End && a.Cmd.Member == "b" {
+				return true
+			}
+		}
+		return false
+	}
+	for _, tc := range []struct {
+		name     string
+		epoch    uint64
+		leader   bool
+		heardAt  int64 // after b's Extend applied at 1
+		tickAt   int64
+		wantEnds bool
+	}{
+		{"nothing heard: lapsed", 0, true, 0, live + 1, true},
+		{"heard, read unconfirmed: alive", 1, true, live - 1, live + 1, false},
+		{"heard, a Liveness ago: lapsed", 1, true, live - 1, 2*live - 1, true},
+		{"heard just before the tick", 1, true, live, live + 1, false},
+		{"heard at an older epoch", 7, true, live - 1, live + 1, true},
+		{"heard while not leading", 1, false, live - 1, live + 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, _ := sessionScene(t)
+			m.table.Parts[0] = Partition{Holder: "b", HolderEpoch: 1, Epoch: 1}
+			if tc.epoch != 0 {
+				if !tc.leader {
+					m.SetLeader(false, 0)
+				}
+				m.Heard(KeepAliveRequest{Member: "b", Epoch: tc.epoch, Seq: 2}, tc.heardAt)
+				m.SetLeader(true, 0)
+			}
+			if got := ends(m, tc.tickAt); got != tc.wantEnds {
+				t.Fatalf("End of b at %v (heard at %v, epoch %d): %v, want %v", time.Duration(tc.tickAt), time.Duration(tc.heardAt), tc.epoch, got, tc.wantEnds)
+			}
+		})
+	}
+	// Once the read confirms it, the grant counts as before: b is fresh
+	// for a whole Liveness from the request's arrival (rule 2), not from
+	// the grant a read later.
+	m, _ := sessionScene(t)
+	m.Heard(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 2}, live-1)
+	if !m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 2}, live-1, live+10).Granted {
+		t.Fatal("the heard keep-alive was refused when its read was confirmed")
+	}
+	if ends(m, 2*live-2) {
+		t.Fatal("b ended within a Liveness of its keep-alive's arrival")
+	}
+	if !ends(m, 2*live-1) {
+		t.Fatal("b not ended a Liveness after its keep-alive's arrival")
+	}
+	// The grant ends what Heard held: a leader counting from an earlier
+	// keep-alive (MutLeaderFromEarlier) is not put right by the one it
+	// heard and granted since (else the simulator could not see it).
+	m, _ = sessionScene(t)
+	m.cfg.Mutation = MutLeaderFromEarlier
+	m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 2}, live/2, live/2)
+	m.Heard(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 3}, live)
+	m.KeepAlive(KeepAliveRequest{Member: "b", Epoch: 1, Seq: 3}, live, live+10)
+	if !ends(m, live/2+live) {
+		t.Fatal("a Heard keep-alive outlived its grant")
+	}
+}

@@ -221,6 +221,9 @@ func (m *Member) takeKeepAlive(q kaReq, now int64) {
 		m.answerAll([]kaReq{q}, now)
 		return
 	}
+	// Alive, whatever the read that confirms it takes: the leader ends
+	// it for no lapse meanwhile (ownership.Machine.Heard).
+	m.own.Heard(q.req, now)
 	m.queueKeepAlive(q)
 }
 

@@ -7,6 +7,8 @@ import (
 
 	"go.etcd.io/raft/v3"
 
+	"github.com/ringlimit/ringlimit/peer/internal/ownership"
+
 	pb "go.etcd.io/raft/v3/raftpb"
 )
 
@@ -160,5 +162,59 @@ func TestVoterKeepAlivesRideHeartbeats(t *testing.T) {
 	}
 	if until := c.members[voter].Own().LiveUntil(); until <= c.now {
 		t.Fatalf("m%d's lease lapsed while it pre-voted without heartbeats: until %d at %d", voter, until, c.now)
+	}
+}
+
+// TestHeldKeepAliveKeepsItsMember: a keep-alive the leader took in and
+// holds for a read that does not come (on a starved machine reads took
+// seconds) keeps its member from being ended for a Liveness from its
+// arrival (ownership.Machine.Heard, from takeKeepAlive); once that has
+// passed with nothing granted, the member is ended as before.
+func TestHeldKeepAliveKeepsItsMember(t *testing.T) {
+	c := newCluster(t, 3)
+	c.run(5 * time.Second)
+	lead := c.leader()
+	var b uint64
+	for id := uint64(1); id <= 3 && b == 0; id++ {
+		if id != lead {
+			b = id
+		}
+	}
+	bID := c.members[b].Own().ID()
+	rec := c.members[lead].Own().Table().Members[bID]
+	if rec == nil || !rec.Active || rec.Ended {
+		t.Fatalf("%s is not live after the founding: %+v", bID, rec)
+	}
+	epoch, live := rec.Epoch, int64(2*time.Second) // ownership's default Liveness, which newCluster keeps
+	ended := func() bool {
+		r := c.members[lead].Own().Table().Members[bID]
+		return r == nil || r.Ended || r.Epoch != epoch
+	}
+	// From now on b's keep-alives reach nobody (nor ride its heartbeat
+	// answers), but for one the leader takes in at held and never reads.
+	start, held := c.now, c.now+live/2
+	for end := start + 2*live; c.now < end && !ended(); c.now += int64(100 * time.Millisecond) {
+		if c.now >= held && c.now < held+int64(100*time.Millisecond) {
+			l := c.members[lead]
+			l.takeKeepAlive(kaReq{from: b, req: ownership.KeepAliveRequest{Member: bID, Epoch: epoch, Seq: 1 << 40}, at: c.now}, c.now)
+			l.ka.wait = l.ka.wait[:len(l.ka.wait)-1] // its read never comes
+		}
+		for id := uint64(1); id <= 3; id++ {
+			c.carry(id, c.members[id].Tick(c.now))
+		}
+		for len(c.inbox) > 0 {
+			msg := c.inbox[0]
+			c.inbox = c.inbox[1:]
+			if msg.GetFrom() == b && (IsKeepAlive(msg) || msg.GetType() == pb.MsgHeartbeatResp && bytes.HasPrefix(msg.GetContext(), kpMagic)) {
+				continue
+			}
+			c.carry(msg.GetTo(), c.members[msg.GetTo()].Step(msg, c.now))
+		}
+	}
+	if !ended() {
+		t.Fatalf("%s not ended 2 Livenesses after its keep-alives stopped", bID)
+	}
+	if at := c.now - held; at < live {
+		t.Fatalf("%s ended %v after the leader took in its keep-alive, within a Liveness (%v)", bID, time.Duration(at), time.Duration(live))
 	}
 }
