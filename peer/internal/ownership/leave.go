@@ -55,7 +55,7 @@ func (v LeaveVerdict) String() string {
 //   - Nothing depends on it: go.
 //   - Gossip lists no other member, and no other member the table keeps
 //     live (not ended, not gone for good in the view) holds or backs a
-//     partition: go. The others left or failed and the log ended them;
+//     partition or is active: go. The others left or failed and the log ended them;
 //     there is nobody to hand anything to.
 //   - It holds a partition, or a vacancy waits for its state: stay. Ending
 //     it would end the holding, and the state with it when no live
@@ -93,10 +93,20 @@ func (m *Machine) MayLeave(d Drain, now int64) (v LeaveVerdict, held, backed int
 	return Stay, held, backed
 }
 
-// othersLive reports whether a member besides this one holds or backs a
-// partition at a liveness the table has not ended, and is not gone for
-// good in the view: a member a cut-off leaver may yet reach again.
+// othersLive reports whether a member besides this one, not gone for
+// good in the view, holds or backs a partition at a liveness the table
+// has not ended, or is active (it extended at its current epoch and its
+// session has not lapsed): a member a cut-off leaver may yet reach again,
+// and hand what it holds. An active member that holds nothing counts: a
+// loaded log lets sessions lapse, and the leader's ends then hand every
+// partition to this member, while the others, active again at their next
+// epoch, hold nothing yet.
 func (m *Machine) othersLive() bool {
+	for id, l := range m.table.Members {
+		if id != m.cfg.ID && l.Active && !l.Ended && !slices.Contains(m.view.Gone, id) {
+			return true
+		}
+	}
 	for _, pt := range m.table.Parts {
 		for _, id := range [2]string{pt.Holder, pt.Backup} {
 			if id == "" || id == m.cfg.ID || slices.Contains(m.view.Gone, id) {

@@ -61,3 +61,51 @@ func TestMayLeave(t *testing.T) {
 	check(Drain{Since: since, Alive: 1}, since+int64(time.Minute), Go, "alone, no other member live")
 	check(Drain{Since: since, Alive: 3}, since+int64(time.Minute), Stay, "holding, gossip lists others")
 }
+
+// TestMayLeaveAloneWhileOthersActive: b, alone in its gossip view, holds
+// p0 with its only copy (a's liveness lapsed on a loaded log and was
+// ended, handing p0 to its backup b), and c's lapse left p1 vacant.
+// Both extended again at their next epoch: they hold nothing, but the
+// log finds them alive and can hand them what b holds. b stays; it used
+// to go (the others held nothing), and its End restarted p0 empty. Once
+// their liveness ends again and they do not come back, b is alone for
+// good and goes.
+func TestMayLeaveAloneWhileOthersActive(t *testing.T) {
+	const L = int64(2 * time.Second)
+	b := New(Config{ID: "b", Liveness: time.Duration(L)}, 2)
+	apply := func(now int64, cs ...Command) {
+		t.Helper()
+		for _, c := range cs {
+			if err := b.table.Clone().Apply(c); err != nil {
+				t.Fatalf("%v: %v", c, err)
+			}
+			b.Apply(c, now)
+		}
+	}
+	end := func(now int64, id string) {
+		t.Helper()
+		rec := b.table.Members[id]
+		apply(now, Command{Kind: End, Member: id, Epoch: rec.Epoch, Version: rec.Version})
+	}
+	apply(0,
+		Command{Kind: Join, Member: "a"}, Command{Kind: Join, Member: "b"}, Command{Kind: Join, Member: "c"},
+		Command{Kind: Extend, Member: "a", Epoch: 1}, Command{Kind: Extend, Member: "b", Epoch: 1}, Command{Kind: Extend, Member: "c", Epoch: 1},
+		Command{Kind: Grant, P: 0, To: "a", ToEpoch: 1}, Command{Kind: Grant, P: 1, To: "c", ToEpoch: 1},
+		Command{Kind: SetBackup, Member: "a", P: 0, Epoch: 1, To: "b", Seq: 1})
+	now := 10 * L
+	end(now, "a")
+	end(now, "c")
+	if !b.table.Holds("b", 0) || b.table.Parts[1].Holder != "" {
+		t.Fatalf("after a's and c's ends: p0 %+v, p1 %+v; want p0 held by b, p1 vacant", b.table.Parts[0], b.table.Parts[1])
+	}
+	apply(now, Command{Kind: Extend, Member: "a", Epoch: 2}, Command{Kind: Extend, Member: "c", Epoch: 2})
+	alone := Drain{Since: now, Alive: 1, BackupWait: 10 * time.Second}
+	if got, held, backed := b.MayLeave(alone, now+1); got != Stay {
+		t.Errorf("alone in gossip, holding p0 while a and c are active again: MayLeave = %v (held %d, backed %d), want stay", got, held, backed)
+	}
+	end(now+L, "a")
+	end(now+L, "c")
+	if got, held, backed := b.MayLeave(alone, now+L); got != Go {
+		t.Errorf("alone, a and c ended and not back: MayLeave = %v (held %d, backed %d), want go", got, held, backed)
+	}
+}
