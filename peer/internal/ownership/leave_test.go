@@ -65,10 +65,11 @@ func TestMayLeave(t *testing.T) {
 // TestMayLeaveAloneWhileOthersActive: b, alone in its gossip view, holds
 // p0 with its only copy (a's liveness lapsed on a loaded log and was
 // ended, handing p0 to its backup b), and c's lapse left p1 vacant.
-// Both extended again at their next epoch: they hold nothing, but the
-// log finds them alive and can hand them what b holds. b stays; it used
-// to go (the others held nothing), and its End restarted p0 empty. Once
-// their liveness ends again and they do not come back, b is alone for
+// Neither a nor c holds anything, but the log may yet hand them what b
+// holds: b stays while they are active again at their next epoch, and
+// for two Liveness after their ends before they are. It used to go at
+// once (nobody else held anything), and its End restarted p0 empty. Once
+// they are ended and have not come back for two Liveness, b is alone for
 // good and goes.
 func TestMayLeaveAloneWhileOthersActive(t *testing.T) {
 	const L = int64(2 * time.Second)
@@ -87,6 +88,13 @@ func TestMayLeaveAloneWhileOthersActive(t *testing.T) {
 		rec := b.table.Members[id]
 		apply(now, Command{Kind: End, Member: id, Epoch: rec.Epoch, Version: rec.Version})
 	}
+	alone := Drain{Since: 0, Alive: 1, BackupWait: 10 * time.Second}
+	check := func(now int64, want LeaveVerdict, why string) {
+		t.Helper()
+		if got, held, backed := b.MayLeave(alone, now); got != want {
+			t.Errorf("%s: MayLeave = %v (held %d, backed %d), want %v", why, got, held, backed, want)
+		}
+	}
 	apply(0,
 		Command{Kind: Join, Member: "a"}, Command{Kind: Join, Member: "b"}, Command{Kind: Join, Member: "c"},
 		Command{Kind: Extend, Member: "a", Epoch: 1}, Command{Kind: Extend, Member: "b", Epoch: 1}, Command{Kind: Extend, Member: "c", Epoch: 1},
@@ -98,14 +106,12 @@ func TestMayLeaveAloneWhileOthersActive(t *testing.T) {
 	if !b.table.Holds("b", 0) || b.table.Parts[1].Holder != "" {
 		t.Fatalf("after a's and c's ends: p0 %+v, p1 %+v; want p0 held by b, p1 vacant", b.table.Parts[0], b.table.Parts[1])
 	}
-	apply(now, Command{Kind: Extend, Member: "a", Epoch: 2}, Command{Kind: Extend, Member: "c", Epoch: 2})
-	alone := Drain{Since: now, Alive: 1, BackupWait: 10 * time.Second}
-	if got, held, backed := b.MayLeave(alone, now+1); got != Stay {
-		t.Errorf("alone in gossip, holding p0 while a and c are active again: MayLeave = %v (held %d, backed %d), want stay", got, held, backed)
-	}
-	end(now+L, "a")
-	end(now+L, "c")
-	if got, held, backed := b.MayLeave(alone, now+L); got != Go {
-		t.Errorf("alone, a and c ended and not back: MayLeave = %v (held %d, backed %d), want go", got, held, backed)
-	}
+	check(now+1, Stay, "alone in gossip, holding p0, a and c ended a moment ago")
+	apply(now+L, Command{Kind: Extend, Member: "a", Epoch: 2}, Command{Kind: Extend, Member: "c", Epoch: 2})
+	check(now+10*L, Stay, "alone in gossip, holding p0, a and c active again (holding nothing)")
+	now += 10 * L
+	end(now, "a")
+	end(now, "c")
+	check(now+2*L-1, Stay, "a and c ended again, within two Liveness")
+	check(now+2*L, Go, "a and c ended two Liveness ago and not back: alone for good")
 }
