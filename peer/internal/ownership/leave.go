@@ -98,8 +98,8 @@ func (m *Machine) MayLeave(d Drain, now int64) (v LeaveVerdict, held, backed int
 // good in the view, holds or backs a partition at a liveness the table
 // has not ended, or is active (it extended at its current epoch and its
 // session has not lapsed), or had its liveness ended (not for good: a
-// record ended for good is skipped) less than two Liveness ago: a member a cut-off leaver may yet reach again,
-// and hand what it holds. A loaded log lets sessions lapse; the leader's
+// record ended for good is skipped) less than two Liveness ago: a member
+// a cut-off leaver may yet reach again, and hand what it holds. A loaded log lets sessions lapse; the leader's
 // ends then hand every partition to this member, while the others hold
 // nothing and extend again at their next epoch a moment later. Counting
 // only holders and backups, a leaver alone in gossip went with the only
