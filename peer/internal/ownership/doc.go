@@ -147,7 +147,10 @@
 //     still backs has a holder that extended its liveness since the drain
 //     began (its keep-alives ask the leader when those holders last
 //     extended: Watch) and had time to pick another backup, or when no
-//     other member is left that holds anything. Its gossip view is never a reason: a
+//     other member is left that holds anything, is active, or was ended
+//     (not for good) within two Liveness (a member whose liveness lapsed
+//     on a loaded log and was ended extends again at its next epoch,
+//     holding nothing yet: it can take what the leaver holds). Its gossip view is never a reason: a
 //     leaver whose view lost every member may have the only copy of a
 //     restarted holder's state. It refuses new copies, and holders pick
 //     as backups and the leader grants vacancies to members gossip lists

@@ -55,7 +55,8 @@ func (v LeaveVerdict) String() string {
 //   - Nothing depends on it: go.
 //   - Gossip lists no other member, and no other member the table keeps
 //     live (not ended, not gone for good in the view) holds or backs a
-//     partition: go. The others left or failed and the log ended them;
+//     partition, is active, or was ended (not for good) within two
+//     Liveness: go. The others left or failed and the log ended them;
 //     there is nobody to hand anything to.
 //   - It holds a partition, or a vacancy waits for its state: stay. Ending
 //     it would end the holding, and the state with it when no live
@@ -76,7 +77,7 @@ func (m *Machine) MayLeave(d Drain, now int64) (v LeaveVerdict, held, backed int
 	switch {
 	case held == 0 && backed == 0:
 		return Go, held, backed
-	case d.Alive <= 1 && !m.othersLive():
+	case d.Alive <= 1 && !m.othersLive(now):
 		return Go, held, backed
 	case held > 0:
 		return Stay, held, backed
@@ -93,10 +94,28 @@ func (m *Machine) MayLeave(d Drain, now int64) (v LeaveVerdict, held, backed int
 	return Stay, held, backed
 }
 
-// othersLive reports whether a member besides this one holds or backs a
-// partition at a liveness the table has not ended, and is not gone for
-// good in the view: a member a cut-off leaver may yet reach again.
-func (m *Machine) othersLive() bool {
+// othersLive reports whether a member besides this one, not gone for
+// good in the view, holds or backs a partition at a liveness the table
+// has not ended, or is active (it extended at its current epoch and its
+// session has not lapsed), or had its liveness ended (not for good: a
+// record ended for good is skipped) less than two Liveness ago: a member
+// a cut-off leaver may yet reach again, and hand what it holds. A loaded log lets sessions lapse; the leader's
+// ends then hand every partition to this member, while the others hold
+// nothing and extend again at their next epoch a moment later. Counting
+// only holders and backups, a leaver alone in gossip went with the only
+// copy and the log restarted its partitions empty.
+func (m *Machine) othersLive(now int64) bool {
+	for id, l := range m.table.Members {
+		if id == m.cfg.ID || l.Ended || slices.Contains(m.view.Gone, id) {
+			continue
+		}
+		if l.Active {
+			return true
+		}
+		if s := m.seen[id]; s != nil && s.ended > 0 && now-s.ended < 2*int64(m.cfg.Liveness) {
+			return true
+		}
+	}
 	for _, pt := range m.table.Parts {
 		for _, id := range [2]string{pt.Holder, pt.Backup} {
 			if id == "" || id == m.cfg.ID || slices.Contains(m.view.Gone, id) {

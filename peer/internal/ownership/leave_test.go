@@ -61,3 +61,57 @@ func TestMayLeave(t *testing.T) {
 	check(Drain{Since: since, Alive: 1}, since+int64(time.Minute), Go, "alone, no other member live")
 	check(Drain{Since: since, Alive: 3}, since+int64(time.Minute), Stay, "holding, gossip lists others")
 }
+
+// TestMayLeaveAloneWhileOthersActive: b, alone in its gossip view, holds
+// p0 with its only copy (a's liveness lapsed on a loaded log and was
+// ended, handing p0 to its backup b), and c's lapse left p1 vacant.
+// Neither a nor c holds anything, but the log may yet hand them what b
+// holds: b stays while they are active again at their next epoch, and
+// for two Liveness after their ends before they are. It used to go at
+// once (nobody else held anything), and its End restarted p0 empty. Once
+// they are ended and have not come back for two Liveness, b is alone for
+// good and goes.
+func TestMayLeaveAloneWhileOthersActive(t *testing.T) {
+	const L = int64(2 * time.Second)
+	b := New(Config{ID: "b", Liveness: time.Duration(L)}, 2)
+	apply := func(now int64, cs ...Command) {
+		t.Helper()
+		for _, c := range cs {
+			if err := b.table.Clone().Apply(c); err != nil {
+				t.Fatalf("%v: %v", c, err)
+			}
+			b.Apply(c, now)
+		}
+	}
+	end := func(now int64, id string) {
+		t.Helper()
+		rec := b.table.Members[id]
+		apply(now, Command{Kind: End, Member: id, Epoch: rec.Epoch, Version: rec.Version})
+	}
+	alone := Drain{Since: 0, Alive: 1, BackupWait: 10 * time.Second}
+	check := func(now int64, want LeaveVerdict, why string) {
+		t.Helper()
+		if got, held, backed := b.MayLeave(alone, now); got != want {
+			t.Errorf("%s: MayLeave = %v (held %d, backed %d), want %v", why, got, held, backed, want)
+		}
+	}
+	apply(0,
+		Command{Kind: Join, Member: "a"}, Command{Kind: Join, Member: "b"}, Command{Kind: Join, Member: "c"},
+		Command{Kind: Extend, Member: "a", Epoch: 1}, Command{Kind: Extend, Member: "b", Epoch: 1}, Command{Kind: Extend, Member: "c", Epoch: 1},
+		Command{Kind: Grant, P: 0, To: "a", ToEpoch: 1}, Command{Kind: Grant, P: 1, To: "c", ToEpoch: 1},
+		Command{Kind: SetBackup, Member: "a", P: 0, Epoch: 1, To: "b", Seq: 1})
+	now := 10 * L
+	end(now, "a")
+	end(now, "c")
+	if !b.table.Holds("b", 0) || b.table.Parts[1].Holder != "" {
+		t.Fatalf("after a's and c's ends: p0 %+v, p1 %+v; want p0 held by b, p1 vacant", b.table.Parts[0], b.table.Parts[1])
+	}
+	check(now+1, Stay, "alone in gossip, holding p0, a and c ended a moment ago")
+	apply(now+L, Command{Kind: Extend, Member: "a", Epoch: 2}, Command{Kind: Extend, Member: "c", Epoch: 2})
+	check(now+10*L, Stay, "alone in gossip, holding p0, a and c active again (holding nothing)")
+	now += 10 * L
+	end(now, "a")
+	end(now, "c")
+	check(now+2*L-1, Stay, "a and c ended again, within two Liveness")
+	check(now+2*L, Go, "a and c ended two Liveness ago and not back: alone for good")
+}

@@ -198,6 +198,7 @@ type seen struct {
 	arrived int64
 	// heard is when the latest keep-alive not yet granted arrived (Heard).
 	heard int64
+	ended int64 // when the record's latest End was applied here (othersLive)
 }
 
 // Counters are the machine's tallies, for metrics and for the simulator's
@@ -511,7 +512,7 @@ func (m *Machine) Apply(c Command, now int64) []Action {
 		// An End is no sign of life: the member's expiry keeps counting
 		// from its last extension (else the leader would find it fresh
 		// and grant its partitions straight back).
-		m.noteEnd(c.Member)
+		m.noteEnd(c.Member, now)
 		delete(m.ending, c.Member)
 		if c.Member == m.cfg.ID {
 			// Every holding at the old epoch ended; extensions sent at it
@@ -645,12 +646,12 @@ func (m *Machine) noteRecord(id string, now int64) {
 	s.version, s.epoch, s.at = l.Version, l.Epoch, now
 }
 
-func (m *Machine) noteEnd(id string) {
+func (m *Machine) noteEnd(id string, now int64) {
 	l, s := m.table.Members[id], m.seen[id]
 	if l == nil || s == nil {
 		return
 	}
-	s.version, s.epoch = l.Version, l.Epoch
+	s.version, s.epoch, s.ended = l.Version, l.Epoch, now
 }
 
 // Restored tells the machine that its table was replaced wholesale (a
