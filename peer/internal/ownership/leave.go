@@ -99,11 +99,12 @@ func (m *Machine) MayLeave(d Drain, now int64) (v LeaveVerdict, held, backed int
 // has not ended, or is active (it extended at its current epoch and its
 // session has not lapsed), or had its liveness ended (not for good: a
 // record ended for good is skipped) less than two Liveness ago: a member
-// a cut-off leaver may yet reach again, and hand what it holds. A loaded log lets sessions lapse; the leader's
-// ends then hand every partition to this member, while the others hold
-// nothing and extend again at their next epoch a moment later. Counting
-// only holders and backups, a leaver alone in gossip went with the only
-// copy and the log restarted its partitions empty.
+// a cut-off leaver may yet reach again, and hand what it holds. A loaded
+// log lets sessions lapse; the leader's ends then hand every partition to
+// this member, while the others hold nothing and extend again at their
+// next epoch a moment later. Counting only holders and backups, a leaver
+// alone in gossip went with the only copy and the log restarted its
+// partitions empty.
 func (m *Machine) othersLive(now int64) bool {
 	for id, l := range m.table.Members {
 		if id == m.cfg.ID || l.Ended || slices.Contains(m.view.Gone, id) {
