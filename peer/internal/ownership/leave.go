@@ -107,6 +107,9 @@ func (m *Machine) MayLeave(d Drain, now int64) (v LeaveVerdict, held, backed int
 // partitions empty.
 func (m *Machine) othersLive(now int64) bool {
 	for id, l := range m.table.Members {
+		if m.cfg.Mutation == MutAloneLeaverCountsHolders {
+			break
+		}
 		if id == m.cfg.ID || l.Ended || slices.Contains(m.view.Gone, id) {
 			continue
 		}

@@ -72,8 +72,25 @@ func TestMayLeave(t *testing.T) {
 // they are ended and have not come back for two Liveness, b is alone for
 // good and goes.
 func TestMayLeaveAloneWhileOthersActive(t *testing.T) {
+	aloneLeaverScene(t, MutNone)
+}
+
+// TestMayLeaveAloneBrokenRuleCaught: with the rule broken on purpose
+// (MutAloneLeaverCountsHolders), the scene above lets the leaver go with
+// the only copy of p0 a moment after the others were ended.
+func TestMayLeaveAloneBrokenRuleCaught(t *testing.T) {
+	inner := &testing.T{}
+	done := make(chan struct{})
+	go func() { defer close(done); aloneLeaverScene(inner, MutAloneLeaverCountsHolders) }()
+	<-done
+	if !inner.Failed() {
+		t.Fatal("the alone leaver's scene passes with the rule broken: it proves nothing")
+	}
+}
+
+func aloneLeaverScene(t *testing.T, mut Mutation) {
 	const L = int64(2 * time.Second)
-	b := New(Config{ID: "b", Liveness: time.Duration(L)}, 2)
+	b := New(Config{ID: "b", Liveness: time.Duration(L), Mutation: mut}, 2)
 	apply := func(now int64, cs ...Command) {
 		t.Helper()
 		for _, c := range cs {

@@ -99,6 +99,12 @@ const (
 	// Liveness from when the member's previous keep-alive arrived, not
 	// the one granted: from before the member sent it.
 	MutLeaderFromEarlier
+	// MutAloneLeaverCountsHolders: a leaver alone in gossip goes when no
+	// other member holds or backs a partition, though others are active
+	// in the table (or were ended a moment ago) and hold nothing only
+	// because the leader ended their lapsed sessions: it goes with the
+	// only copy, and the log restarts the partitions empty.
+	MutAloneLeaverCountsHolders
 	numMutations
 )
 
@@ -107,7 +113,8 @@ var mutationNames = [...]string{"none", "lease ignored", "holder counts the whol
 	"end keeps the epoch", "move ignores the epoch", "set-backup ignores the epoch", "grant ignores last",
 	"replica of any epoch", "copy of any epoch", "fence ignored", "aged grant early", "aged grant ignores the version",
 	"new leader counts nothing", "keep-alive while ending", "keep-alive unconfirmed", "heir ignored",
-	"lease counted from the latest keep-alive", "restored forgets the takeover", "leader counts from an earlier keep-alive"}
+	"lease counted from the latest keep-alive", "restored forgets the takeover", "leader counts from an earlier keep-alive",
+	"alone leaver counts only holders"}
 
 func (m Mutation) String() string {
 	if int(m) < len(mutationNames) {

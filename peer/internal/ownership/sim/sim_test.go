@@ -213,6 +213,8 @@ func catalogue() []mutant {
 		{name: "lease counted from apply", rule: ownership.MutLeaseFromApply, faults: []Fault{FaultLateAnswer, FaultSlowCut, FaultDelay}},
 		{name: "leader ends early", rule: ownership.MutLeaderEndsEarly, faults: cut},
 		{name: "leader counts from an earlier keep-alive", rule: ownership.MutLeaderFromEarlier, faults: cut},
+		{name: "alone leaver counts only holders", rule: ownership.MutAloneLeaverCountsHolders,
+			beyond: "the leaver must be alone in gossip while the log's leader ends every other member's lapsed session (a starved machine: raft still commits, keep-alives do not arrive), so that it holds every partition and the others, active again, hold nothing: no single fault of the simulator starves keep-alives alone; TestMayLeaveAloneWhileOthersActive, TestMayLeaveAloneBrokenRuleCaught"},
 		{name: "restored table counts nothing", rule: ownership.MutRestoredNoWait,
 			beyond: "a member restored from a snapshot must then be elected: two faults; TestRestoredCountsAWholeLiveness"},
 		{name: "end ignores the version", rule: ownership.MutEndIgnoresVersion,
