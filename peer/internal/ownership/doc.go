@@ -31,7 +31,12 @@
 //     log never sees.
 //     The leader answers only once it has confirmed, after the request
 //     arrived, that it still leads (a read a quorum acknowledged) and has
-//     applied the log to that read; it grants while the table names the
+//     applied the log to that read; or, of at most three voters, once a
+//     voter's heartbeat answer in the leader's term carried the request
+//     (its own, or a learner's it relays), the leader having applied the
+//     log to its commit index, an entry of its term committed: the carrier
+//     acknowledged the term after the request was sent, and the leader and
+//     it are a quorum (ownlog's carrierConfirms); it grants while the table names the
 //     member active at that epoch and no End of it that it proposed is
 //     pending. A member's lease is HolderShare (9/10) of Liveness counted
 //     from when it *sent* the extension that was then applied or granted
@@ -168,7 +173,11 @@
 //
 // The prices: a crashed holder's partitions are unavailable for about one
 // Liveness plus one commit; losing the log's majority stops every holder
-// within one Liveness (fail closed) until a majority is back; losing a
+// within one Liveness (fail closed) until a majority is back: the log has
+// 3 voters from 3 to 63 members, so it survives one voter's failure
+// there, and 5 from 64 members on, two (ownlog.VotersFor: five voters
+// exchange twice the heartbeats, which below 64 members made more than
+// a member's share of the traffic at rest); losing a
 // holder and its backup at once makes the partition unavailable for
 // EmptyAfter (then restarted empty by an aged grant: nothing it held
 // still counts), or loses its state when one of them is known gone for

@@ -105,6 +105,12 @@ const (
 	// because the leader ended their lapsed sessions: it goes with the
 	// only copy, and the log restarts the partitions empty.
 	MutAloneLeaverCountsHolders
+	// MutCarrierIsQuorum: the leader grants a keep-alive carried by a
+	// voter's heartbeat answer at once whatever the voter count, as if
+	// the carrier and the leader were a quorum (they are of at most
+	// three voters: ownlog's session.go): a leader cut off with one voter
+	// of five grants it until CheckQuorum steps it down.
+	MutCarrierIsQuorum
 	numMutations
 )
 
@@ -114,7 +120,7 @@ var mutationNames = [...]string{"none", "lease ignored", "holder counts the whol
 	"replica of any epoch", "copy of any epoch", "fence ignored", "aged grant early", "aged grant ignores the version",
 	"new leader counts nothing", "keep-alive while ending", "keep-alive unconfirmed", "heir ignored",
 	"lease counted from the latest keep-alive", "restored forgets the takeover", "leader counts from an earlier keep-alive",
-	"alone leaver counts only holders"}
+	"alone leaver counts only holders", "a carrier counts as a quorum"}
 
 func (m Mutation) String() string {
 	if int(m) < len(mutationNames) {

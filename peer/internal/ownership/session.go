@@ -31,6 +31,13 @@ package ownership
 //     member's epoch moved on and the grant is refused.
 //   - An isolated leader that still believes it leads cannot confirm a
 //     read, so it grants nothing.
+//   - Of at most three voters, the driver may take a voter's heartbeat
+//     answer in the leader's term that carries requests as their read:
+//     the voter sent it after them, and it and the leader are a quorum,
+//     neither of which had voted for a later leader then (ownlog's
+//     carrierConfirms). Of more voters they are not a quorum: a leader
+//     cut off with one voter of five would grant on it
+//     (MutCarrierIsQuorum).
 
 import (
 	"encoding/binary"

@@ -3,17 +3,21 @@ package ownlog
 // Keep-alives (the ownership package's sessions) ride the raft transport
 // as raft message types raft never sends from its own ReadIndex path: a
 // MsgReadIndex or MsgReadIndexResp whose Context begins with kaMagic, or
-// inside a voter's answer to the leader's heartbeat (carry). The member
+// inside a voter's answer to the leader's heartbeat (carry), or answers
+// inside the leader's next heartbeat to that voter (carryBack). The member
 // intercepts them before raft sees them. The leader collects the
 // requests that arrive and confirms, once a heartbeat, with one ReadIndex of
 // its own that it still leads (a quorum heard from it after they
 // arrived); once it has applied the log to that read's index, it answers
 // every one of them from its table. Where a request travelled changes
 // nothing of that: it is confirmed by a read issued after it arrived.
+// But one: among at most three voters, a request a voter's heartbeat
+// answer carried is confirmed by that answer (carrierConfirms).
 
 import (
 	"bytes"
 	"encoding/binary"
+	"slices"
 
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -24,11 +28,14 @@ import (
 
 // kaMagic marks a keep-alive's Context; kbMagic a batch of them that a
 // relay forwards to the leader, or of answers the leader sends back;
-// kpMagic a voter's heartbeat answer that carries such a batch (carry).
+// kpMagic a voter's heartbeat answer that carries such a batch (carry);
+// kqMagic the leader's heartbeat that carries a batch of answers back
+// (carryBack).
 var (
 	kaMagic = []byte("rlka")
 	kbMagic = []byte("rlkb")
 	kpMagic = []byte("rlkp")
+	kqMagic = []byte("rlkq")
 )
 
 // kaMax bounds the requests the leader holds for one read, and those a
@@ -66,6 +73,13 @@ type sessions struct {
 	// sent is the sequence number of this member's latest keep-alive
 	// sent through a relay, answered that of the latest answer it had.
 	sent, answered uint64
+	// back is, on the leader, the answers to keep-alives that voters'
+	// heartbeat answers carried and that were granted at once
+	// (carrierConfirms), by voter, for the leader's next heartbeat to
+	// that voter to carry back (carryBack); backFrom is when the oldest
+	// of a voter's was granted (sendBack).
+	back     map[uint64][]relayed
+	backFrom map[uint64]int64
 }
 
 // kaRead is one read issued by the leader and the requests it covers.
@@ -252,14 +266,7 @@ func (m *Member) stepBatch(msg *pb.Message, now int64) {
 		return
 	}
 	if msg.GetType() == pb.MsgReadIndexResp {
-		for _, it := range items {
-			if it.from == m.cfg.RaftID {
-				m.keptAlive(it.body, now)
-				continue
-			}
-			ctx := append(append([]byte(nil), kaMagic...), it.body...)
-			m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndexResp.Enum(), To: proto.Uint64(it.from), From: proto.Uint64(m.cfg.RaftID), Context: ctx})
-		}
+		m.handOn(items, now)
 		return
 	}
 	if !m.Leader() {
@@ -269,6 +276,19 @@ func (m *Member) stepBatch(msg *pb.Message, now int64) {
 		if r, err := ownership.DecodeKeepAliveRequest(it.body); err == nil {
 			m.takeKeepAlive(kaReq{from: it.from, via: msg.GetFrom(), req: r, at: now}, now)
 		}
+	}
+}
+
+// handOn hands a batch of answers from the leader to the machine (this
+// member's own) and to the learners they are for.
+func (m *Member) handOn(items []relayed, now int64) {
+	for _, it := range items {
+		if it.from == m.cfg.RaftID {
+			m.keptAlive(it.body, now)
+			continue
+		}
+		ctx := append(append([]byte(nil), kaMagic...), it.body...)
+		m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndexResp.Enum(), To: proto.Uint64(it.from), From: proto.Uint64(m.cfg.RaftID), Context: ctx})
 	}
 }
 
@@ -308,44 +328,168 @@ func (m *Member) forwardRelayed(now int64) {
 // sees the answer (uncarry), so a voter's keep-alive and its learners'
 // cost no message of their own. It returns msg, or a copy that carries.
 func (m *Member) carry(msg *pb.Message) *pb.Message {
+	if msg.GetType() == pb.MsgHeartbeat {
+		return m.carryBack(msg)
+	}
 	if len(m.ka.relay) == 0 || msg.GetType() != pb.MsgHeartbeatResp || msg.GetTo() != m.Lead() || !m.Voter() {
 		return msg
 	}
-	c := proto.Clone(msg).(*pb.Message)
-	b := append([]byte(nil), kpMagic...)
-	b = binary.AppendUvarint(b, uint64(len(msg.GetContext())))
-	b = append(b, msg.GetContext()...)
-	c.Context = encodeBatch(b, m.ka.relay)
+	c := withBatch(msg, kpMagic, m.ka.relay)
 	m.ka.relay = m.ka.relay[:0]
 	return c
 }
 
-// uncarry, on the leader, queues the requests a voter's heartbeat answer
-// carries (carry) and returns the answer as raft sent it; ok is false
-// for a malformed one, which is dropped whole.
-func (m *Member) uncarry(msg *pb.Message, now int64) (*pb.Message, bool) {
-	b := msg.GetContext()[len(kpMagic):]
+// withBatch returns a copy of msg whose context is magic, msg's own
+// context (length first), then items.
+func withBatch(msg *pb.Message, magic []byte, items []relayed) *pb.Message {
+	c := proto.Clone(msg).(*pb.Message)
+	b := append([]byte(nil), magic...)
+	b = binary.AppendUvarint(b, uint64(len(msg.GetContext())))
+	b = append(b, msg.GetContext()...)
+	c.Context = encodeBatch(b, items)
+	return c
+}
+
+// withoutBatch undoes withBatch: it returns msg as raft sent it and the
+// batch; ok is false for a malformed one, which is dropped whole.
+func withoutBatch(msg *pb.Message, magic []byte) (*pb.Message, []relayed, bool) {
+	b := msg.GetContext()[len(magic):]
 	n, k := binary.Uvarint(b)
 	if k <= 0 || n > uint64(len(b)-k) {
-		return nil, false
+		return nil, nil, false
 	}
 	ctx, rest := b[k:k+int(n)], b[k+int(n):]
 	items, ok := decodeBatch(rest)
 	if !ok {
-		return nil, false
-	}
-	if m.Leader() {
-		for _, it := range items {
-			if r, err := ownership.DecodeKeepAliveRequest(it.body); err == nil {
-				m.takeKeepAlive(kaReq{from: it.from, via: msg.GetFrom(), req: r, at: now}, now)
-			}
-		}
+		return nil, nil, false
 	}
 	c := proto.Clone(msg).(*pb.Message)
 	c.Context = nil
 	if len(ctx) > 0 {
 		c.Context = append([]byte(nil), ctx...)
 	}
+	return c, items, true
+}
+
+// carrierConfirms reports whether msg, a voter's answer to this leader's
+// heartbeat, confirms the keep-alives it carries by itself. It does when
+// the leader and that voter are a quorum of the configuration (at most
+// three voters, none outgoing) and the answer is of the leader's term:
+// the voter sent it after the requests it carries were sent (its own, or
+// a learner's it relays), still in this term, and the leader took it
+// while it still leads, so neither had voted for a later leader when the
+// requests were sent, and any later leader's election needs one of their
+// votes. That is what a read confirms (session.go of package ownership,
+// rule 2), a heartbeat interval sooner. As a read, the grant answers from
+// the table applied up to the commit index, once an entry of this term is
+// committed; until then the requests wait for a read.
+func (m *Member) carrierConfirms(msg *pb.Message) bool {
+	st := m.rn.BasicStatus()
+	if st.RaftState != raft.StateLeader || msg.GetTerm() != st.HardState.GetTerm() {
+		return false
+	}
+	voters := m.conf.GetVoters()
+	if !slices.Contains(voters, msg.GetFrom()) || !slices.Contains(voters, m.cfg.RaftID) || len(m.conf.GetVotersOutgoing()) > 0 {
+		return false
+	}
+	if len(voters) > 3 && m.cfg.Ownership.Mutation != ownership.MutCarrierIsQuorum {
+		return false
+	}
+	commit := st.HardState.GetCommit()
+	if t, err := m.storage.Term(commit); err != nil || t != st.HardState.GetTerm() {
+		return false
+	}
+	return m.applied >= commit
+}
+
+// grantCarried answers at once a keep-alive that a voter's heartbeat
+// answer carried (carrierConfirms). The answer waits for the leader's
+// next heartbeat to that voter, a heartbeat interval at most (carryBack),
+// so that it costs no message of its own: the request then took as long
+// as one a read confirms and answers in a message of its own.
+func (m *Member) grantCarried(q kaReq, now int64) {
+	a := m.own.KeepAlive(q.req, q.at, now)
+	a.Index = m.applied
+	if m.ka.back == nil {
+		m.ka.back, m.ka.backFrom = map[uint64][]relayed{}, map[uint64]int64{}
+	}
+	if len(m.ka.back[q.via]) == 0 {
+		m.ka.backFrom[q.via] = now
+	}
+	if len(m.ka.back[q.via]) < kaMax {
+		m.ka.back[q.via] = append(m.ka.back[q.via], relayed{from: q.from, body: a.Encode(nil)})
+	}
+}
+
+// carryBack puts the answers the leader holds for a voter into msg, its
+// heartbeat to that voter: kqMagic, the heartbeat's own context (length
+// first), then the batch. The voter takes them out before raft sees the
+// heartbeat (Step). It returns msg, or a copy that carries.
+func (m *Member) carryBack(msg *pb.Message) *pb.Message {
+	items := m.ka.back[msg.GetTo()]
+	if len(items) == 0 || !m.Leader() {
+		return msg
+	}
+	c := withBatch(msg, kqMagic, items)
+	delete(m.ka.back, msg.GetTo())
+	delete(m.ka.backFrom, msg.GetTo())
+	return c
+}
+
+// sendBack sends, at a tick, the answers held for a voter in a message of
+// their own once they waited relayBeats heartbeat intervals more than
+// the next heartbeat normally takes to carry them: a voter the leader
+// sends no heartbeat (demoted to a learner meanwhile, say).
+func (m *Member) sendBack(now int64) {
+	if len(m.ka.back) == 0 {
+		return
+	}
+	for _, via := range sorted(keys(m.ka.back)) {
+		if m.tick > 0 && now-m.ka.backFrom[via] < int64((1+relayBeats)*m.cfg.HeartbeatTicks)*m.tick {
+			continue
+		}
+		ctx := encodeBatch(append([]byte(nil), kbMagic...), m.ka.back[via])
+		m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndexResp.Enum(), To: proto.Uint64(via), From: proto.Uint64(m.cfg.RaftID), Context: ctx})
+		delete(m.ka.back, via)
+		delete(m.ka.backFrom, via)
+	}
+}
+
+// uncarry, on the leader, takes the requests a voter's heartbeat answer
+// carries (carry) and returns the answer as raft sent it; ok is false
+// for a malformed one, which is dropped whole.
+func (m *Member) uncarry(msg *pb.Message, now int64) (*pb.Message, bool) {
+	c, items, ok := withoutBatch(msg, kpMagic)
+	if !ok {
+		return nil, false
+	}
+	if m.Leader() {
+		confirmed := m.carrierConfirms(msg)
+		for _, it := range items {
+			r, err := ownership.DecodeKeepAliveRequest(it.body)
+			if err != nil {
+				continue
+			}
+			q := kaReq{from: it.from, via: msg.GetFrom(), req: r, at: now}
+			if confirmed {
+				m.grantCarried(q, now)
+			} else {
+				m.takeKeepAlive(q, now)
+			}
+		}
+	}
+	return c, true
+}
+
+// uncarryBack, on a voter, hands on the answers the leader's heartbeat
+// carries (carryBack) and returns the heartbeat as raft sent it; ok is
+// false for a malformed one, which is dropped whole.
+func (m *Member) uncarryBack(msg *pb.Message, now int64) (*pb.Message, bool) {
+	c, items, ok := withoutBatch(msg, kqMagic)
+	if !ok {
+		return nil, false
+	}
+	m.handOn(items, now)
 	return c, true
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"go.etcd.io/raft/v3"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 
@@ -80,7 +81,8 @@ func TestTiming(t *testing.T) {
 
 // TestVoterKeepAlivesRideHeartbeats: at rest a voter's keep-alive, and
 // the learners' it relays, reach the leader in its heartbeat answers, not
-// in messages of their own, and every lease keeps extending; when the
+// in messages of their own, their answers come back in the leader's
+// heartbeats, and every lease keeps extending; when the
 // leader's heartbeats stop reaching one voter, that voter sends them in a
 // message of their own and its lease still extends.
 func TestVoterKeepAlivesRideHeartbeats(t *testing.T) {
@@ -136,9 +138,27 @@ func TestVoterKeepAlivesRideHeartbeats(t *testing.T) {
 	for i := uint64(1); i <= n; i++ {
 		before[i] = c.members[i].Own().LiveUntil()
 	}
-	standalone, carried := rest(5*time.Second, func(*pb.Message) bool { return false })
+	// Answers back: of three voters, the leader and the carrier are a
+	// quorum, so the leader grants at once and its next heartbeat to the
+	// voter carries the answers (carryBack).
+	back, backCarried := 0, 0
+	countBack := func(msg *pb.Message) bool {
+		if msg.GetFrom() == lead && c.members[msg.GetTo()].Voter() {
+			switch {
+			case IsKeepAlive(msg):
+				back++
+			case msg.GetType() == pb.MsgHeartbeat && bytes.HasPrefix(msg.GetContext(), kqMagic):
+				backCarried++
+			}
+		}
+		return false
+	}
+	standalone, carried := rest(5*time.Second, countBack)
 	if standalone != 0 || carried == 0 {
 		t.Fatalf("at rest: %d keep-alive messages from voters to the leader, %d heartbeat answers carrying them; want none and some", standalone, carried)
+	}
+	if back != 0 || backCarried == 0 {
+		t.Fatalf("at rest: %d keep-alive answers from the leader to voters in messages of their own, %d heartbeats carrying them; want none and some", back, backCarried)
 	}
 	for i := uint64(1); i <= n; i++ {
 		if until := c.members[i].Own().LiveUntil(); until <= before[i]+int64(4*time.Second) {
@@ -216,5 +236,67 @@ func TestHeldKeepAliveKeepsItsMember(t *testing.T) {
 	}
 	if at := c.now - held; at < live {
 		t.Fatalf("%s ended %v after the leader took in its keep-alive, within a Liveness (%v)", bID, time.Duration(at), time.Duration(live))
+	}
+}
+
+// answers counts the keep-alive answers msg carries: one in a message of
+// its own, those of a relay's batch, those a heartbeat carries back.
+func answers(msg *pb.Message) int {
+	ctx := msg.GetContext()
+	switch {
+	case IsKeepAlive(msg) && msg.GetType() == pb.MsgReadIndexResp && bytes.HasPrefix(ctx, kbMagic):
+		items, _ := decodeBatch(ctx[len(kbMagic):])
+		return len(items)
+	case IsKeepAlive(msg) && msg.GetType() == pb.MsgReadIndexResp:
+		return 1
+	case msg.GetType() == pb.MsgHeartbeat && bytes.HasPrefix(ctx, kqMagic):
+		_, items, _ := withoutBatch(msg, kqMagic)
+		return len(items)
+	}
+	return 0
+}
+
+// TestCarrierConfirms: a voter's heartbeat answer confirms the keep-alives
+// it carries by itself only on the leader, in the leader's term, from a
+// voter, among at most three voters (the leader and the carrier are then
+// a quorum); of five voters it takes a read, unless the rule is broken
+// (MutCarrierIsQuorum).
+func TestCarrierConfirms(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		voters int
+		mut    ownership.Mutation
+		edit   func(msg *pb.Message, lead, other uint64)
+		onLead bool
+		want   bool
+	}{
+		{"of three voters, in the term", 3, ownership.MutNone, nil, true, true},
+		{"of an earlier term", 3, ownership.MutNone, func(msg *pb.Message, _, _ uint64) { msg.Term = proto.Uint64(msg.GetTerm() - 1) }, true, false},
+		{"from a member that does not vote", 3, ownership.MutNone, func(msg *pb.Message, _, _ uint64) { msg.From = proto.Uint64(9) }, true, false},
+		{"on a member that does not lead", 3, ownership.MutNone, nil, false, false},
+		{"of five voters", 5, ownership.MutNone, nil, true, false},
+		{"of five voters, the rule broken", 5, ownership.MutCarrierIsQuorum, nil, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, tc.voters)
+			for _, m := range c.members {
+				m.cfg.Voters = tc.voters
+				m.cfg.Ownership.Mutation = tc.mut
+			}
+			c.run(5 * time.Second)
+			lead := c.leader()
+			other := lead%uint64(tc.voters) + 1
+			to := c.members[lead]
+			if !tc.onLead {
+				to = c.members[other]
+			}
+			msg := &pb.Message{Type: pb.MsgHeartbeatResp.Enum(), From: proto.Uint64(other), To: proto.Uint64(lead), Term: proto.Uint64(c.members[lead].rn.BasicStatus().HardState.GetTerm())}
+			if tc.edit != nil {
+				tc.edit(msg, lead, other)
+			}
+			if got := to.carrierConfirms(msg); got != tc.want {
+				t.Fatalf("carrierConfirms = %v, want %v (leader m%d, voters %v)", got, tc.want, lead, c.members[lead].conf.GetVoters())
+			}
+		})
 	}
 }

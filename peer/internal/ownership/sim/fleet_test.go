@@ -36,8 +36,10 @@ func runFleet(t *testing.T, f FleetOptions) FleetResult {
 		}
 	}
 	// At rest the leader is one of the voters, the others relay the
-	// learners' keep-alives, and a learner exchanges less than they do.
-	if rt := r.Phases[1].Traffic.Rates(); rt.Voters != r.Options.Voters-1 || rt.MaxLearnerMsgs == 0 || rt.MaxLearnerMsgs >= rt.MaxMemberMsgs {
+	// learners' keep-alives, and a learner (if any) exchanges less than
+	// they do.
+	learners := r.Options.Members > r.Options.Voters
+	if rt := r.Phases[1].Traffic.Rates(); rt.Voters != r.Options.Voters-1 || learners && (rt.MaxLearnerMsgs == 0 || rt.MaxLearnerMsgs >= rt.MaxMemberMsgs) {
 		t.Errorf("at rest: %d voting members besides the leader, want %d; a learner's max %.1f msgs/s, want some and under the max %.1f",
 			rt.Voters, r.Options.Voters-1, rt.MaxLearnerMsgs, rt.MaxMemberMsgs)
 	}
