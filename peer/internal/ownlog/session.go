@@ -125,6 +125,13 @@ func IsKeepAlive(msg *pb.Message) bool {
 	return (t == pb.MsgReadIndex || t == pb.MsgReadIndexResp) && (bytes.HasPrefix(c, kaMagic) || bytes.HasPrefix(c, kbMagic))
 }
 
+// CarriesAnswers reports whether a raft message carries keep-alive
+// answers: one of its own, a batch, or the leader's heartbeat that
+// carries a batch back (carryBack); for drivers that delay or drop them.
+func CarriesAnswers(msg *pb.Message) bool {
+	return IsKeepAlive(msg) && msg.GetType() == pb.MsgReadIndexResp || msg.GetType() == pb.MsgHeartbeat && bytes.HasPrefix(msg.GetContext(), kqMagic)
+}
+
 // sendKeepAlive sends the machine's keep-alive toward the leader, or
 // queues it here when this member leads. A voter holds it for its next
 // answer to the leader's heartbeat to carry (carry; a heartbeat interval

@@ -68,7 +68,9 @@ const (
 	// later, while its End may be on the way: the next leader must wait
 	// out the keep-alives the crashed one granted before it ends anyone.
 	FaultLeaderChange
-	// FaultLateAnswer delays the keep-alive answers to a holder by 1-2
+	// FaultLateAnswer delays the keep-alive answers to a holder (in
+	// messages of their own, or in the leader's heartbeats that carry
+	// them back to a voter) by 1-2
 	// Livenesses for 3 s, then cuts what it sends for 3-8 s: answers
 	// arrive long after the requests they grant, while the leader no
 	// longer hears from it.

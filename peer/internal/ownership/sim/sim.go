@@ -720,7 +720,7 @@ func (m *member) carry(out ownlog.Output) {
 		if ownlog.IsKeepAlive(msg) {
 			cat = KeepAlive
 		}
-		if late := s.lateAnswer[to.name]; late > 0 && cat == KeepAlive && msg.GetType() == pb.MsgReadIndexResp {
+		if late := s.lateAnswer[to.name]; late > 0 && ownlog.CarriesAnswers(msg) {
 			s.messages++
 			s.sent(cat, m, len(wire))
 			s.at(late+s.rng.Int64N(late), func() {
