@@ -365,10 +365,15 @@ func (m *Member) Step(msg *pb.Message, now int64) Output {
 		m.stepKeepAlive(msg, now)
 		return m.ready(now)
 	}
-	if msg.GetType() == pb.MsgHeartbeatResp && bytes.HasPrefix(msg.GetContext(), kpMagic) {
-		var ok bool
-		if msg, ok = m.uncarry(msg, now); !ok {
-			return m.ready(now)
+	if msg.GetType() == pb.MsgHeartbeatResp {
+		for _, magic := range carriers {
+			if bytes.HasPrefix(msg.GetContext(), magic) {
+				var ok bool
+				if msg, ok = m.uncarry(msg, magic, now); !ok {
+					return m.ready(now)
+				}
+				break
+			}
 		}
 	}
 	if msg.GetType() == pb.MsgHeartbeat && bytes.HasPrefix(msg.GetContext(), kqMagic) {

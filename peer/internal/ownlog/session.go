@@ -28,14 +28,21 @@ import (
 
 // kaMagic marks a keep-alive's Context; kbMagic a batch of them that a
 // relay forwards to the leader, or of answers the leader sends back;
-// kpMagic a voter's heartbeat answer that carries such a batch (carry);
-// kqMagic the leader's heartbeat that carries a batch of answers back
-// (carryBack).
+// krMagic a voter's heartbeat answer that carries such a batch (carry)
+// and takes answers back in the leader's heartbeats: kqMagic, the
+// leader's heartbeat that carries a batch of answers back (carryBack).
+// kpMagic is a heartbeat answer that carries a batch from a voter that
+// predates carryBack, which takes its answers in a message of their own:
+// in a rolling upgrade, a voter that did not know kqMagic would hand the
+// heartbeat to raft whole and its answers would be lost.
 var (
 	kaMagic = []byte("rlka")
 	kbMagic = []byte("rlkb")
 	kpMagic = []byte("rlkp")
 	kqMagic = []byte("rlkq")
+	krMagic = []byte("rlkr")
+	// carriers are the heartbeat answers' magics that carry a batch.
+	carriers = [][]byte{krMagic, kpMagic}
 )
 
 // kaMax bounds the requests the leader holds for one read, and those a
@@ -341,7 +348,7 @@ func (m *Member) carry(msg *pb.Message) *pb.Message {
 	if len(m.ka.relay) == 0 || msg.GetType() != pb.MsgHeartbeatResp || msg.GetTo() != m.Lead() || !m.Voter() {
 		return msg
 	}
-	c := withBatch(msg, kpMagic, m.ka.relay)
+	c := withBatch(msg, krMagic, m.ka.relay)
 	m.ka.relay = m.ka.relay[:0]
 	return c
 }
@@ -455,20 +462,34 @@ func (m *Member) sendBack(now int64) {
 		if m.tick > 0 && now-m.ka.backFrom[via] < int64((1+relayBeats)*m.cfg.HeartbeatTicks)*m.tick {
 			continue
 		}
-		ctx := encodeBatch(append([]byte(nil), kbMagic...), m.ka.back[via])
-		m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndexResp.Enum(), To: proto.Uint64(via), From: proto.Uint64(m.cfg.RaftID), Context: ctx})
-		delete(m.ka.back, via)
-		delete(m.ka.backFrom, via)
+		m.sendBackTo(via)
 	}
 }
 
+// sendBackTo sends the answers held for voter via in a message of their
+// own.
+func (m *Member) sendBackTo(via uint64) {
+	if len(m.ka.back[via]) == 0 {
+		return
+	}
+	ctx := encodeBatch(append([]byte(nil), kbMagic...), m.ka.back[via])
+	m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgReadIndexResp.Enum(), To: proto.Uint64(via), From: proto.Uint64(m.cfg.RaftID), Context: ctx})
+	delete(m.ka.back, via)
+	delete(m.ka.backFrom, via)
+}
+
 // uncarry, on the leader, takes the requests a voter's heartbeat answer
-// carries (carry) and returns the answer as raft sent it; ok is false
-// for a malformed one, which is dropped whole.
-func (m *Member) uncarry(msg *pb.Message, now int64) (*pb.Message, bool) {
-	c, items, ok := withoutBatch(msg, kpMagic)
+// carries (carry, under magic: krMagic or kpMagic) and returns the answer
+// as raft sent it; ok is false for a malformed one, which is dropped
+// whole.
+func (m *Member) uncarry(msg *pb.Message, magic []byte, now int64) (*pb.Message, bool) {
+	c, items, ok := withoutBatch(msg, magic)
 	if !ok {
 		return nil, false
+	}
+	if bytes.Equal(magic, kpMagic) {
+		// A voter that takes no answers back in heartbeats.
+		defer m.sendBackTo(msg.GetFrom())
 	}
 	if m.Leader() {
 		confirmed := m.carrierConfirms(msg)

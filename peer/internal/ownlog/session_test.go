@@ -116,7 +116,7 @@ func TestVoterKeepAlivesRideHeartbeats(t *testing.T) {
 				switch {
 				case IsKeepAlive(msg):
 					standalone++
-				case msg.GetType() == pb.MsgHeartbeatResp && bytes.HasPrefix(msg.GetContext(), kpMagic):
+				case msg.GetType() == pb.MsgHeartbeatResp && bytes.HasPrefix(msg.GetContext(), krMagic):
 					carried++
 				}
 			}
@@ -225,7 +225,7 @@ func TestHeldKeepAliveKeepsItsMember(t *testing.T) {
 		for len(c.inbox) > 0 {
 			msg := c.inbox[0]
 			c.inbox = c.inbox[1:]
-			if msg.GetFrom() == b && (IsKeepAlive(msg) || msg.GetType() == pb.MsgHeartbeatResp && bytes.HasPrefix(msg.GetContext(), kpMagic)) {
+			if msg.GetFrom() == b && (IsKeepAlive(msg) || msg.GetType() == pb.MsgHeartbeatResp && bytes.HasPrefix(msg.GetContext(), krMagic)) {
 				continue
 			}
 			c.carry(msg.GetTo(), c.members[msg.GetTo()].Step(msg, c.now))
@@ -298,5 +298,46 @@ func TestCarrierConfirms(t *testing.T) {
 				t.Fatalf("carrierConfirms = %v, want %v (leader m%d, voters %v)", got, tc.want, lead, c.members[lead].conf.GetVoters())
 			}
 		})
+	}
+}
+
+// TestVoterBeforeCarryBack: a voter that predates carryBack carries its
+// keep-alive in a heartbeat answer marked kpMagic and would hand a
+// heartbeat that carries answers to raft whole, losing them: the leader
+// sends it its answers in a message of their own, and its lease keeps
+// extending.
+func TestVoterBeforeCarryBack(t *testing.T) {
+	c := newCluster(t, 3)
+	c.run(5 * time.Second)
+	lead := c.leader()
+	old := lead%3 + 1
+	before := c.members[old].Own().LiveUntil()
+	back, kq := 0, 0
+	for end := c.now + int64(5*time.Second); c.now < end; c.now += int64(100 * time.Millisecond) {
+		for id := uint64(1); id <= 3; id++ {
+			c.carry(id, c.members[id].Tick(c.now))
+		}
+		for len(c.inbox) > 0 {
+			msg := c.inbox[0]
+			c.inbox = c.inbox[1:]
+			if msg.GetFrom() == old && bytes.HasPrefix(msg.GetContext(), krMagic) {
+				msg.Context = append(append([]byte(nil), kpMagic...), msg.GetContext()[len(krMagic):]...)
+			}
+			if msg.GetFrom() == lead && msg.GetTo() == old {
+				switch {
+				case msg.GetType() == pb.MsgHeartbeat && bytes.HasPrefix(msg.GetContext(), kqMagic):
+					kq++
+				case CarriesAnswers(msg):
+					back += answers(msg)
+				}
+			}
+			c.carry(msg.GetTo(), c.members[msg.GetTo()].Step(msg, c.now))
+		}
+	}
+	if kq != 0 || back == 0 {
+		t.Fatalf("to the voter m%d before carryBack, the leader m%d sent %d heartbeats carrying answers and %d answers in messages; want none and some", old, lead, kq, back)
+	}
+	if until := c.members[old].Own().LiveUntil(); until <= before+int64(4*time.Second) {
+		t.Fatalf("m%d's lease stopped extending: until %d, was %d", old, until, before)
 	}
 }
