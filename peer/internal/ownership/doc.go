@@ -36,9 +36,9 @@
 //     (its own, or a learner's it relays), the leader having applied the
 //     log to its commit index, an entry of its term committed: the carrier
 //     acknowledged the term after the request was sent, and the leader and
-//     it are a quorum (ownlog's carrierConfirms); it grants while the table names the
-//     member active at that epoch and no End of it that it proposed is
-//     pending. A member's lease is HolderShare (9/10) of Liveness counted
+//     it are a quorum (ownlog's carrierConfirms); it grants while the
+//     table names the member active at that epoch and no End of it that
+//     it proposed is pending. A member's lease is HolderShare (9/10) of Liveness counted
 //     from when it *sent* the extension that was then applied or granted
 //     (that one, by its sequence number: a retry sent after it may be
 //     lost, and then no leader counts from it).
@@ -177,7 +177,9 @@
 // 3 voters from 3 to 63 members, so it survives one voter's failure
 // there, and 5 from 64 members on, two (ownlog.VotersFor: five voters
 // exchange twice the heartbeats, which below 64 members made more than
-// a member's share of the traffic at rest); losing a
+// a member's share of the traffic at rest); and a split keeps the log on
+// the side with two of the three voters, even the smaller one (5 members
+// split 2 | 3 may keep it on the 2, and the 3's holders stop); losing a
 // holder and its backup at once makes the partition unavailable for
 // EmptyAfter (then restarted empty by an aged grant: nothing it held
 // still counts), or loses its state when one of them is known gone for
