@@ -400,6 +400,8 @@ type Stats struct {
 	// DataDirSyncs is how many fsyncs the data directory's partition log
 	// has done since the node started (0 without a data directory).
 	DataDirSyncs uint64
+	// DataDirSyncTime is the wall time those fsyncs took, added up.
+	DataDirSyncTime time.Duration
 }
 
 // Stats returns the local stores' sizes.
@@ -421,6 +423,7 @@ func (n *Node) Stats() Stats {
 	}
 	if n.dd != nil && n.dd.parts != nil {
 		s.DataDirSyncs = n.dd.parts.parts.Syncs()
+		s.DataDirSyncTime = n.dd.parts.parts.SyncTime()
 	}
 	return s
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -142,6 +143,9 @@ func (p *Parts) Next() uint64 { return p.wal.Next() }
 
 // Syncs returns how many fsyncs of records the log has done.
 func (p *Parts) Syncs() uint64 { return p.wal.Syncs() }
+
+// SyncTime returns the wall time the log's fsyncs took, added up.
+func (p *Parts) SyncTime() time.Duration { return p.wal.SyncTime() }
 
 // Snapshot writes parts (one KIND_SYNC_CHUNK op per partition held or
 // backed here whose state is complete, with its whole state, ages

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Segment files hold a WAL's records: a header (magic "rlwalseg", the
@@ -84,8 +85,10 @@ type WAL struct {
 	wmu  sync.Mutex
 	f    *os.File
 	size int64
-	// syncs counts fsyncs of records, for tests and metrics.
-	syncs uint64
+	// syncs counts fsyncs of records, for tests and metrics; syncTime
+	// is their wall time, added up (two at once count twice).
+	syncs    uint64
+	syncTime time.Duration
 	// fsync syncs a segment (tests hold it).
 	fsync func(*os.File) error
 }
@@ -348,6 +351,14 @@ func (w *WAL) Syncs() uint64 {
 	return w.syncs
 }
 
+// SyncTime returns the wall time those fsyncs took, added up: divided by
+// Syncs, what one fsync costs on this disk under this load.
+func (w *WAL) SyncTime() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.syncTime
+}
+
 // flushLocked writes what is buffered and fsyncs it, with w.mu held on
 // entry and exit but released during the I/O. Up to maxFlights run at
 // once; their writes are in the order they took the buffer (wmu), and
@@ -387,8 +398,11 @@ func (w *WAL) flushLocked() {
 	if !full {
 		w.wmu.Unlock()
 	}
+	var took time.Duration
 	if err == nil {
+		t0 := time.Now()
 		err = w.fsync(f)
+		took = time.Since(t0)
 		w.mu.Lock()
 		w.fsyncing--
 		w.cond.Broadcast()
@@ -409,6 +423,7 @@ func (w *WAL) flushLocked() {
 		}
 	} else {
 		w.syncs++
+		w.syncTime += took
 	}
 	for w.n > 0 && w.flights[w.head].done {
 		w.durable = max(w.durable, w.flights[w.head].upto)
