@@ -354,31 +354,20 @@ func TestLogSplitHolderAndBackupCutOff(t *testing.T) {
 	// the fast profile's 200 ms the ring flapped and never settled).
 	cfg.Gossip = func(mc *memberlist.Config) { GossipLAN.Apply(mc) }
 	c := startCluster(t, 5, cfg)
-	byName := map[string]*Node{}
-	for _, nd := range c.nodes {
-		byName[nd.name] = nd
-	}
-	// The small side lacks the log's majority: of 5 members 3 vote
-	// (ownlog.VotersFor), so a key whose holder and backup are not both
-	// voters (two of three on the small side would keep the log there).
-	var key Key
-	var pid int
-	var holder, backup *Node
-	for i := 0; holder == nil || backup == nil || holder.lo.run.Voter() && backup.lo.run.Voter(); i++ {
-		if i == 100 {
-			t.Fatalf("no key of 100 whose holder and backup are not both voters")
-		}
-		key = Key{Tenant: "acme", Subject: fmt.Sprintf("split-%d", i), Policy: "api"}
-		pid = c.nodes[0].partIDForTest(key)
-		st := c.nodes[0].lo.run.Part(pid)
-		holder, backup = byName[memberName(st.Holder)], byName[memberName(st.Backup)]
-	}
+	key := Key{Tenant: "acme", Subject: "split", Policy: "api"}
 	const pre = 32
 	if admitted, _ := allowN(t, c.nodes[:1], key, pre); admitted != pre {
 		t.Fatalf("admitted %d of %d before the cut, want all", admitted, pre)
 	}
-	if st := c.nodes[0].lo.run.Part(pid); byName[memberName(st.Holder)] != holder || byName[memberName(st.Backup)] != backup {
-		t.Fatalf("partition %d moved before the cut: holder %q backup %q", pid, st.Holder, st.Backup)
+	pid := c.nodes[0].partIDForTest(key)
+	byName := map[string]*Node{}
+	for _, nd := range c.nodes {
+		byName[nd.name] = nd
+	}
+	st := c.nodes[0].lo.run.Part(pid)
+	holder, backup := byName[memberName(st.Holder)], byName[memberName(st.Backup)]
+	if holder == nil || backup == nil {
+		t.Fatalf("partition %d: holder %q backup %q", pid, st.Holder, st.Backup)
 	}
 	small := map[uint64]bool{holder.ops.start: true, backup.ops.start: true}
 	for _, nd := range c.nodes {

@@ -174,12 +174,13 @@
 // The prices: a crashed holder's partitions are unavailable for about one
 // Liveness plus one commit; losing the log's majority stops every holder
 // within one Liveness (fail closed) until a majority is back: the log has
-// 3 voters from 3 to 63 members, so it survives one voter's failure
-// there, and 5 from 64 members on, two (ownlog.VotersFor: five voters
-// exchange twice the heartbeats, which below 64 members made more than
-// a member's share of the traffic at rest); and a split keeps the log on
-// the side with two of the three voters, even the smaller one (5 members
-// split 2 | 3 may keep it on the 2, and the 3's holders stop); losing a
+// 3 voters at 3 and 4 members and from 13 to 63, so it survives one
+// voter's failure there, and 5 from 5 to 12 members and from 64 on, two
+// (ownlog.VotersFor: five voters exchange twice the heartbeats, which
+// from 13 to 63 members made more than a member's share of the traffic
+// at rest); and a split keeps the log on the side with a majority of
+// the voters, even the smaller one (16 members split 7 | 9 may keep it
+// on the 7 with two of the three voters, and the 9's holders stop); losing a
 // holder and its backup at once makes the partition unavailable for
 // EmptyAfter (then restarted empty by an aged grant: nothing it held
 // still counts), or loses its state when one of them is known gone for

@@ -68,7 +68,7 @@ type Config struct {
 	// joins a running log (the leader adds it as a learner).
 	Bootstrap *pb.ConfState
 	// Voters is the voter count autopilot keeps; zero means VotersFor the
-	// live members: 1 for two, 3, or 5 from 64 members on.
+	// live members: 1 for two, 3, 5 from 5 members, 3 from 13, 5 from 64.
 	Voters int
 	// ElectionTicks is the raft election timeout in ticks; zero means 10.
 	// Timing derives it, and HeartbeatTicks, from the liveness: what a
@@ -602,8 +602,8 @@ func (m *Member) snapshot() {
 	}
 }
 
-// voters is how many voters autopilot keeps for n members: 3, 5 from 64
-// members, and 1 for two. A log of two voters stops when either member
+// voters is how many voters autopilot keeps for n members (VotersFor:
+// 3, 5 from 5 members, 3 from 13, 5 from 64), and 1 for two. A log of two voters stops when either member
 // does (a majority of two is both); of one voter and a learner it keeps
 // going when the learner does.
 func (m *Member) voters(n int) int {
@@ -619,13 +619,20 @@ func (m *Member) voters(n int) int {
 // heartbeat interval each (Timing), what a member's keep-alives cost five
 // times over, and only among at most three are the leader and a voter a
 // quorum, so that a heartbeat answer confirms the keep-alives it carries
-// (session.go): with 5 voters from 5 members on, 16 members exchanged 6.2
-// ownership messages a second each at rest and the leader 3.3 per member,
-// over the 5 and 2 a member may cost; with 3 voters, 4.8 and 1.5. From 64
-// members on, where 5 voters' heartbeats are a small share, 5.
+// (session.go): with 5 voters, 16 members exchanged 6.2 ownership
+// messages a second each at rest and the leader 3.3 per member, over the
+// 5 and 2 a member may cost; with 3 voters, 4.8 and 1.5. Below 13 members
+// no count meets those (3 voters' heartbeats alone are 20 messages a
+// second at the leader), so a small cluster keeps 5 voters from 5
+// members, and survives two of them failing at once; from 13 members to
+// 63, 3; from 64 on, where 5 voters' heartbeats are a small share, 5.
 func VotersFor(n int) int {
 	switch {
 	case n >= 64:
+		return 5
+	case n >= 13:
+		return 3
+	case n >= 5:
 		return 5
 	case n <= 2:
 		return 1

@@ -86,7 +86,7 @@ func TestTiming(t *testing.T) {
 // leader's heartbeats stop reaching one voter, that voter sends them in a
 // message of their own and its lease still extends.
 func TestVoterKeepAlivesRideHeartbeats(t *testing.T) {
-	const n = 7
+	const n = 13 // 3 voters (VotersFor), where answers ride heartbeats
 	cs := &pb.ConfState{Voters: []uint64{1, 2, 3}}
 	for i := uint64(4); i <= n; i++ {
 		cs.Learners = append(cs.Learners, i)
