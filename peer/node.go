@@ -425,13 +425,6 @@ func (n *Node) Stats() Stats {
 	return s
 }
 
-// HotKey is one of the heaviest keys this node decided for as owner.
-type HotKey struct {
-	Key Key
-	// Rate is the decayed hit rate, in hits per second.
-	Rate float64
-}
-
 // HotKeys returns up to Config.HotKeys of the heaviest keys this node holds,
 // heaviest first, by time-decayed hit rate. The caller owns the slice.
 //

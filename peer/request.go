@@ -15,10 +15,6 @@ import (
 // Parsing is here and nowhere else; what is true of each operation is
 // internal/partition's operation table.
 
-// opReq is one validated request: an operation on one key, or a check of
-// several policies of one tenant and subject (internal/partition).
-type opReq = partition.Request
-
 // do validates req for op and routes it.
 func (n *Node) do(ctx context.Context, op partition.Op, req Request) (Decision, error) {
 	if op == partition.OpCheck && len(req.Policies) == 0 {

@@ -392,10 +392,6 @@ func (s *publicService) Settle(ctx context.Context, req *peerpb.AllowRequest) (*
 	return out, nil
 }
 
-// MaxBatch is the most requests one AllowBatch call (or HTTP /v1/checks
-// body) may carry.
-const MaxBatch = 1000
-
 // batchParallel bounds the requests of one AllowBatch decided at once.
 const batchParallel = 64
 
