@@ -57,6 +57,12 @@ const (
 	pipeUnimplementedPause = time.Minute
 )
 
+// framedResult is the outcome of a framed pipe's dial.
+type framedResult struct {
+	fc  *transport.Conn
+	err error
+}
+
 // pipeState is a client loop's pipe of one kind and when it may next try
 // to open one.
 type pipeState[Req, Resp any] struct {
