@@ -87,6 +87,9 @@ func putReplItem(pool *sync.Pool, it *replItem) {
 	pool.Put(it)
 }
 
+// putReplItem returns it to the links' pool, emptied.
+func (e *linkEnv) putReplItem(it *replItem) { putReplItem(e.replItems, it) }
+
 // replicator is the batcher of operations to one backup member.
 type replicator struct {
 	c     *peerLink
@@ -622,36 +625,6 @@ func (c *peerLink) replFinish(ctx context.Context, batch []*replItem, ops []repl
 	}
 	// replicate_refused: some operation was answered but not recorded.
 	env.metrics.Forward(c.name, outcome, time.Since(start))
-}
-
-// replicaApply is the backup's side of one replication message from the
-// holder sender: it decodes the message's operations against this node's
-// policy table and hands each to the ownership log's driver, which keeps
-// the copies (receiveOp, backup.go).
-type replicaApply struct {
-	n       *Node // its receiveOp keeps the copies (backup.go)
-	table   *policyTable
-	parts   int // the ring's partitions: a larger number is refused
-	sender  string
-	seq     uint64      // the message's ReplicateRequest.Seq
-	sw      senderTable // what the sender tells of its policy table
-	closing bool        // this node is closing
-	durIdx  *uint64     // see opHead.durIdx
-}
-
-// op applies one operation to this node's copy.
-func (a *replicaApply) op(op *peerpb.PartitionOp) *peerpb.OpResult {
-	var keys []packedAdmit
-	for _, w := range op.GetKeys() {
-		st, p, err := a.table.decodeState(w)
-		if err != nil || p == nil {
-			continue // malformed, or a policy this node does not have
-		}
-		keys = append(keys, packedAdmit{st: st, sp: importPolicy(p, a.sw)})
-	}
-	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: a.seq, durIdx: a.durIdx}
-	r := a.n.receiveOp(a.sender, h, keys, a.closing)
-	return &peerpb.OpResult{Status: r.status, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
 }
 
 // opResult is the backup's answer to one operation (peerpb.OpResult).
