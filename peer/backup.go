@@ -13,6 +13,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -225,6 +226,24 @@ func (a *replicaApply) op(op *peerpb.PartitionOp) *peerpb.OpResult {
 	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: a.seq, durIdx: a.durIdx}
 	r := a.n.receiveOp(a.sender, h, keys, a.closing)
 	return &peerpb.OpResult{Status: r.status, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
+}
+
+// admitScratch is replicaApply.packed's scratch.
+type admitScratch struct {
+	runs []shard.Run
+	ents []packedAdmit
+}
+
+var admitScratchPool = sync.Pool{New: func() any { return new(admitScratch) }}
+
+// put drops the keys and policies sc points to and pools it, unless it
+// grew large.
+func (sc *admitScratch) put() {
+	if cap(sc.ents) > maxReplBatch || cap(sc.runs) > maxReplBatch {
+		return
+	}
+	clear(sc.ents[:cap(sc.ents)])
+	admitScratchPool.Put(sc)
 }
 
 // packed applies a packed admissions request and returns the packed

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"iter"
 	"runtime"
@@ -395,6 +396,107 @@ func (rs *replSend) Done(resp *peerpb.ReplicateResponse, err error) {
 	case c.repl.answered <- struct{}{}:
 	default:
 	}
+}
+
+// packScratch is packAdmits's memory, reused by later batches: what it
+// returns is valid until then.
+type packScratch struct {
+	ints []int
+	ops  []replOp
+	buf  []byte
+}
+
+// packAdmits packs batch, all of it KIND_ADMIT, with ages made relative to
+// now, into sc. It returns the operations in packed order and, per item,
+// its operation's index.
+func packAdmits(sc *packScratch, batch []*replItem, now time.Time) (b []byte, ops []replOp, opOf []int) {
+	// One slice for the four index slices: opOf (kept by the caller until
+	// the answer), then scratch for the counting sort.
+	need := 4*len(batch) + 2
+	if cap(sc.ints) < need {
+		sc.ints = make([]int, need)
+	}
+	ints := sc.ints[:need]
+	clear(ints)
+	opOf, ints = ints[:len(batch):len(batch)], ints[len(batch):]
+	ops = sc.ops[:0]
+	// A batch spans few partitions as a rule: a linear search finds an
+	// operation faster than a map costs to build, up to a few dozen.
+	var index map[replOp]int
+	if len(batch) > 32 {
+		index = make(map[replOp]int, len(batch))
+	}
+	for i, it := range batch {
+		o := replOp{part: it.part, epoch: it.epoch}
+		j := -1
+		if index != nil {
+			if k, ok := index[o]; ok {
+				j = k
+			}
+		} else {
+			for k := range ops {
+				if ops[k] == o {
+					j = k
+					break
+				}
+			}
+		}
+		if j < 0 {
+			j = len(ops)
+			if index != nil {
+				index[o] = j
+			}
+			ops = append(ops, o)
+		}
+		opOf[i] = j
+	}
+	// Items in operation order, by counting sort: start[j] is where
+	// operation j's items begin in order.
+	start, ints := ints[:len(ops)+1], ints[len(ops)+1:]
+	for _, j := range opOf {
+		start[j+1]++
+	}
+	for j := range ops {
+		start[j+1] += start[j]
+	}
+	order, next := ints[:len(batch)], ints[len(batch):len(batch)+len(ops)]
+	copy(next, start[:len(ops)])
+	for i, j := range opOf {
+		order[next[j]] = i
+		next[j]++
+	}
+	for j := range ops {
+		ops[j].keys = uint32(start[j+1] - start[j])
+	}
+	b = sc.buf[:0]
+	if cap(b) < 8+48*len(batch) {
+		b = make([]byte, 0, 8+48*len(batch))
+	}
+	b = binary.AppendUvarint(b, uint64(len(ops)))
+	for j, o := range ops {
+		b = binary.AppendUvarint(b, uint64(o.part))
+		b = binary.AppendUvarint(b, o.epoch)
+		b = binary.AppendUvarint(b, uint64(start[j+1]-start[j]))
+		for _, i := range order[start[j]:start[j+1]] {
+			it := batch[i]
+			run := it.run
+			if it.alg != shard.TokenBucket {
+				// Ages are relative to now, when the message is built.
+				run.Age += now.Sub(it.at)
+			}
+			b = wire.AppendString(b, it.key.Tenant)
+			b = wire.AppendString(b, it.key.Subject)
+			b = wire.AppendString(b, it.key.Policy)
+			b = binary.AppendUvarint(b, uint64(it.alg))
+			b = binary.AppendVarint(b, int64(run.Age))
+			b = binary.AppendVarint(b, run.Count)
+		}
+	}
+	if cap(b) <= transport.KeepBuf {
+		sc.buf = b
+	}
+	sc.ops = ops
+	return b, ops, opOf
 }
 
 // stamp readies req, the replication message of batch, for sending: its
