@@ -201,9 +201,9 @@ func (n *Node) applyReplica(pt *part, pid int, h opHead, keys []packedAdmit, now
 // replicaApply is the backup's side of one replication message from the
 // holder sender: it decodes the message's operations against this node's
 // policy table and hands each to the ownership log's driver, which keeps
-// the copies (receiveOp, backup.go).
+// the copies (receiveOp).
 type replicaApply struct {
-	n       *Node // its receiveOp keeps the copies (backup.go)
+	n       *Node // its receiveOp keeps the copies
 	table   *policyTable
 	parts   int // the ring's partitions: a larger number is refused
 	sender  string

@@ -141,7 +141,7 @@ type dataDir struct {
 	// resumed: the directory held an ownership log, which the member
 	// resumes.
 	resumed bool
-	// parts is the partitions' state (partlog.go).
+	// parts is the partitions' state (partLog).
 	parts *partLog
 }
 
