@@ -234,6 +234,20 @@ func (as *allowStream) tryHere(sr *streamReq) bool {
 	return true
 }
 
+// pending reports whether a request of srs waits for a data directory
+// record not yet on disk (never, without a data directory).
+func (dd *dataDir) pending(srs []*streamReq) bool {
+	if dd == nil {
+		return false
+	}
+	for _, sr := range srs {
+		if sr.r.DurIdx != 0 && !dd.parts.parts.Synced(sr.r.DurIdx) {
+			return true
+		}
+	}
+	return false
+}
+
 // answer is the stream's one sender: it takes the jobs waiting, waits for
 // their admissions' backups (in order: one backup's answers come in the
 // order it was sent), and sends all their answers in one message, until

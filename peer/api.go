@@ -50,6 +50,29 @@ func (n *Node) Allow(ctx context.Context, req Request) (Decision, error) {
 	return d, err
 }
 
+// do validates req for op and routes it.
+func (n *Node) do(ctx context.Context, op partition.Op, req Request) (Decision, error) {
+	if op == partition.OpCheck && len(req.Policies) == 0 {
+		// Allow's single-policy path keeps the key's encoding on the
+		// stack: every caller's check (the public API's too,
+		// TestPublicAllowAllocs) allocates nothing for it.
+		return n.Allow(ctx, req)
+	}
+	if n.stopped.Load() {
+		return Decision{}, ErrClosed
+	}
+	// r stays on this stack. Its key's encoding does not: escape analysis
+	// sees the key's strings leak (to replication, the fallback store)
+	// through r and moves all of r's contents, ek too, to the heap.
+	var r opReq
+	ek, err := n.parseReqInto(&r, op, req.Key, req.Policies, req.Hits, nil)
+	if err != nil {
+		return Decision{}, err
+	}
+	r.EK = ek
+	return n.route(ctx, &r, r.EK)
+}
+
 // Peek answers what Allow would decide now for req, recording nothing: the
 // Decision's Reason is ReasonPeek and Allowed says whether the request
 // would be admitted. It goes to the key's holder like Allow; when the

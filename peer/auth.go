@@ -3,8 +3,7 @@ package peer
 import (
 	"crypto/tls"
 	"crypto/x509"
-
-	"google.golang.org/grpc"
+	"encoding/binary"
 
 	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
@@ -66,37 +65,17 @@ func PeerCertName(patterns []string, cert *x509.Certificate) bool {
 // Config.PeerCertNames.
 func ValidPeerCertNames(patterns []string) error { return transport.ValidPeerNames(patterns) }
 
-// setupAuth sets up peer-RPC authentication once, before the node first
-// serves or dials, logging a warning and reporting it when peer RPCs are
-// open. It is never written again, so every dial reads it without locks.
-func (n *Node) setupAuth() {
-	n.ops.auth = newPeerAuth(n.cfg)
-	n.metrics.PeerRPCOpen(n.ops.auth.Open())
-	if n.ops.auth.Open() {
-		n.log.Warn("peer RPCs are not authenticated: anyone who reaches the gRPC port can decide, hand off and read limiter state; set Config.PeerSecret (or GossipKey), or require client certificates")
+// resetProofInput is what a reset's proof authenticates: the key's
+// canonical encoding, or its parts length-prefixed when it does not
+// encode (it is refused later as invalid all the same).
+func resetProofInput(k Key) []byte {
+	if ek, ok := k.AppendEncoded(nil); ok {
+		return ek
 	}
-	if mtls := n.cfg.ServerTLS != nil && n.cfg.ServerTLS.ClientAuth == tls.RequireAndVerifyClientCert; mtls && len(n.cfg.PeerCertNames) == 0 {
-		// Every certificate of the CA would be a peer's: Envoy's client
-		// certificate could forward, replicate, lease and speak raft
-		// (issue 53 item 5).
-		n.log.Warn("every client certificate the CA signed is taken for a peer's: a client of the public API (Envoy, an application) may call peer RPCs; set Config.PeerCertNames (serve --tls-peer-name)")
+	var b []byte
+	for _, s := range []string{k.Tenant, k.Subject, k.Policy} {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
 	}
-	if n.cfg.ServerTLS != nil && len(n.cfg.GossipKey) == 0 {
-		// TLS covers gRPC only: without a key anyone who reaches the
-		// gossip port can join memberlist, read every member's addresses
-		// and, with the fingerprint copied, be placed on the ring and make
-		// every member unready (issue 53 item 4).
-		n.log.Warn("gossip is not encrypted: TLS secures gRPC, not gossip; anyone who reaches the gossip port can join the member list; set Config.GossipKey (serve --gossip-key)")
-	}
-}
-
-// rpcAuthServerOptions are the gRPC server's interceptors that check the
-// peer token (setupAuth).
-func (n *Node) rpcAuthServerOptions() []grpc.ServerOption { return n.ops.auth.ServerOptions() }
-
-// rpcAuthDialOptions are the dial options that make a peer client of
-// member receiver send a fresh token on every call (none without a
-// secret).
-func (n *Node) rpcAuthDialOptions(receiver string) []grpc.DialOption {
-	return n.ops.auth.DialOptions(receiver, n.cfg.ClientTLS != nil)
+	return b
 }

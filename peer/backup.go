@@ -10,6 +10,10 @@ package peer
 
 import (
 	"context"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -18,6 +22,7 @@ import (
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/internal/wire"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
+	"github.com/ringlimit/ringlimit/shard"
 )
 
 // receiveOp is the receiver's side of a copy and of replication.
@@ -191,6 +196,111 @@ func (n *Node) applyReplica(pt *part, pid int, h opHead, keys []packedAdmit, now
 	}
 	n.metrics.Backup("received", "ok", accepted)
 	return opResult{status: peerpb.OpStatus_OP_STATUS_OK, accepted: uint32(accepted)}, idx
+}
+
+// replicaApply is the backup's side of one replication message from the
+// holder sender: it decodes the message's operations against this node's
+// policy table and hands each to the ownership log's driver, which keeps
+// the copies (receiveOp).
+type replicaApply struct {
+	n       *Node // its receiveOp keeps the copies
+	table   *policyTable
+	parts   int // the ring's partitions: a larger number is refused
+	sender  string
+	seq     uint64      // the message's ReplicateRequest.Seq
+	sw      senderTable // what the sender tells of its policy table
+	closing bool        // this node is closing
+	durIdx  *uint64     // see opHead.durIdx
+}
+
+// op applies one operation to this node's copy.
+func (a *replicaApply) op(op *peerpb.PartitionOp) *peerpb.OpResult {
+	var keys []packedAdmit
+	for _, w := range op.GetKeys() {
+		st, p, err := a.table.decodeState(w)
+		if err != nil || p == nil {
+			continue // malformed, or a policy this node does not have
+		}
+		keys = append(keys, packedAdmit{st: st, sp: importPolicy(p, a.sw)})
+	}
+	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: a.seq, durIdx: a.durIdx}
+	r := a.n.receiveOp(a.sender, h, keys, a.closing)
+	return &peerpb.OpResult{Status: r.status, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
+}
+
+// admitScratch is replicaApply.packed's scratch.
+type admitScratch struct {
+	runs []shard.Run
+	ents []packedAdmit
+}
+
+var admitScratchPool = sync.Pool{New: func() any { return new(admitScratch) }}
+
+// put drops the keys and policies sc points to and pools it, unless it
+// grew large.
+func (sc *admitScratch) put() {
+	if cap(sc.ents) > maxReplBatch || cap(sc.runs) > maxReplBatch {
+		return
+	}
+	clear(sc.ents[:cap(sc.ents)])
+	admitScratchPool.Put(sc)
+}
+
+// packed applies a packed admissions request and returns the packed
+// answer, in out's memory. a.durIdx, if not nil, gathers the data
+// directory record the answer must wait for (see opHead.durIdx).
+func (a *replicaApply) packed(out []byte, b []byte) ([]byte, error) {
+	r := wire.NewReader(b) // its strings alias b (see wire.NewReader)
+	tab := a.table.Load()  // once per request
+	nops := r.Count(wire.MaxBatch, 3)
+	out = binary.AppendUvarint(slices.Grow(out[:0], 8+16*nops), uint64(nops))
+	// Scratch shared by the operations, and reused by later requests:
+	// receiveOp keeps neither (Import copies the runs it merges).
+	sc := admitScratchPool.Get().(*admitScratch)
+	defer sc.put()
+	runs, ents := sc.runs[:0], sc.ents[:0]
+	defer func() { sc.runs, sc.ents = runs, ents }()
+	for range nops {
+		part, epoch := r.Uvarint(), r.Uvarint()
+		ne := r.Count(r.Size(), 6)
+		// Import copies the runs it merges: one slice serves every
+		// operation.
+		if cap(runs) < ne {
+			runs = make([]shard.Run, 0, ne)
+		}
+		if cap(ents) < ne {
+			ents = make([]packedAdmit, 0, ne)
+		}
+		runs = runs[:0]
+		ents = ents[:0]
+		for range ne {
+			k := Key{Tenant: r.Str(), Subject: r.Str(), Policy: r.Str()}
+			alg := r.Uvarint()
+			runs = append(runs, shard.Run{Age: time.Duration(r.Varint()), Count: r.Varint()})
+			st := shard.KeyState{Key: k, Algorithm: shard.Algorithm(alg), Runs: runs[len(runs)-1 : len(runs) : len(runs)]}
+			if alg > 255 || st.Validate() != nil {
+				continue // malformed: skipped, as replicaApply.op skips it
+			}
+			if p := tab.Lookup(k.Policy); p != nil && p.Shard.Algorithm == st.Algorithm {
+				ents = append(ents, packedAdmit{st: st, sp: importPolicy(p, a.sw)})
+			}
+		}
+		if r.Err() != nil {
+			break
+		}
+		if part > uint64(^uint32(0)) {
+			part = uint64(a.parts) // refused below
+		}
+		res := a.n.receiveOp(a.sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne, seq: a.seq, durIdx: a.durIdx}, ents, a.closing)
+		out = binary.AppendUvarint(out, uint64(res.status))
+		out = wire.AppendString(out, res.holder)
+		out = binary.AppendUvarint(out, res.epoch)
+		out = binary.AppendUvarint(out, uint64(res.accepted))
+	}
+	if err := r.End(); err != nil {
+		return nil, fmt.Errorf("%w at byte %d", err, r.Offset())
+	}
+	return out, nil
 }
 
 // Replicate is the backup's side of replication.

@@ -444,6 +444,37 @@ func (c *Client) unary(ctx context.Context, req Request, lease uint64, call unar
 	return resp, nil
 }
 
+// member returns the connection to the member at addr, creating it.
+func (c *Client) member(addr string) (*clientConn, error) {
+	c.mu.RLock()
+	m, closed := c.members[addr], c.closed
+	c.mu.RUnlock()
+	if m != nil {
+		return m, nil
+	}
+	if closed {
+		return nil, ErrClosed
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if m := c.members[addr]; m != nil {
+		return m, nil
+	}
+	conn, err := grpc.NewClient(addr, c.cfg.DialOptions...)
+	if err != nil {
+		return nil, fmt.Errorf("peer: client for %s: %w", addr, err)
+	}
+	m = &clientConn{c: c, addr: addr, conn: conn, stub: peerpb.NewRateLimiterClient(conn),
+		queue: make(chan *clientCall, queueLen), quit: make(chan struct{}), stopped: make(chan struct{})}
+	c.members[addr] = m
+	c.wg.Add(1)
+	go m.sendLoop()
+	return m, nil
+}
+
 // pick returns the member at index at of t, or when its connection has
 // failed (see clientConn.down) the next one whose has not, which forwards
 // what it does not hold; the member at at when every one has failed.

@@ -21,37 +21,6 @@ import (
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
-// member returns the connection to the member at addr, creating it.
-func (c *Client) member(addr string) (*clientConn, error) {
-	c.mu.RLock()
-	m, closed := c.members[addr], c.closed
-	c.mu.RUnlock()
-	if m != nil {
-		return m, nil
-	}
-	if closed {
-		return nil, ErrClosed
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil, ErrClosed
-	}
-	if m := c.members[addr]; m != nil {
-		return m, nil
-	}
-	conn, err := grpc.NewClient(addr, c.cfg.DialOptions...)
-	if err != nil {
-		return nil, fmt.Errorf("peer: client for %s: %w", addr, err)
-	}
-	m = &clientConn{c: c, addr: addr, conn: conn, stub: peerpb.NewRateLimiterClient(conn),
-		queue: make(chan *clientCall, queueLen), quit: make(chan struct{}), stopped: make(chan struct{})}
-	c.members[addr] = m
-	c.wg.Add(1)
-	go m.sendLoop()
-	return m, nil
-}
-
 // clientConn is the connection and stream to one member.
 type clientConn struct {
 	c       *Client

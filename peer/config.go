@@ -23,21 +23,6 @@ import (
 	"github.com/ringlimit/ringlimit/shard"
 )
 
-// Key identifies one quota. It is shard.Key, re-exported so an embedder
-// imports one package:
-//
-//	type Key struct {
-//		Tenant  string // the customer or application the quota belongs to
-//		Subject string // the authenticated account (never a client-chosen string)
-//		Policy  string // the name of an entry in Config.Policies
-//	}
-//
-// Each part is 1 to 128 bytes of visible ASCII (0x21 to 0x7E); anything
-// else is ErrInvalidKey. shard.KeyPart turns any string (an email, a UTF-8
-// name, an address) into a valid, collision-free part. Keys are placed by
-// Tenant and Subject: every policy of one subject has the same holder.
-type Key = shard.Key
-
 // Algorithm is shard.Algorithm, re-exported.
 type Algorithm = shard.Algorithm
 
@@ -731,6 +716,18 @@ func (c Config) validate() error {
 		bad("store stripes %d and max keys %d must not be negative", c.Store.Stripes, c.Store.MaxKeys)
 	}
 	return errors.Join(errs...)
+}
+
+// validatePolicies reports every problem of a policy table, each wrapping
+// ErrInvalidConfig.
+func validatePolicies(pols map[string]PolicyConfig) []error {
+	errs := policy.Validate(pols)
+	for i, err := range errs {
+		// %s, not %w: the problem wraps nothing, and the result unwraps to
+		// ErrInvalidConfig alone, as every other Config problem does.
+		errs[i] = fmt.Errorf("%w: %s", ErrInvalidConfig, err)
+	}
+	return errs
 }
 
 // fingerprint identifies the cluster-wide placement contract: the ring

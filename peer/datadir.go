@@ -1,18 +1,12 @@
 package peer
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
-	"time"
-
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ringlimit/ringlimit/peer/internal/durable"
 	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
@@ -45,20 +39,6 @@ import (
 // lastStartFile holds the start id of the last process that ran with the
 // directory.
 const lastStartFile = "last.start"
-
-// dataDir is the node's open data directory.
-type dataDir struct {
-	dir  *durable.Dir
-	raft *ownlog.Disk
-	// heir is the start id of the incarnation that last ran with the
-	// directory (0 for a new directory).
-	heir uint64
-	// resumed: the directory held an ownership log, which the member
-	// resumes.
-	resumed bool
-	// parts is the partitions' state (partlog.go).
-	parts *partLog
-}
 
 // raftID is this member's raft ID: its data directory's first start, or
 // the process's start without one.
@@ -189,73 +169,4 @@ func (n *Node) closeDataDir() {
 	}
 	_ = dd.dir.Close()
 	dd.raft = nil
-}
-
-// startDataDirJoiner starts a joiner whose data directory is new: gossip
-// first, to learn the cluster, then the directory and the log member,
-// then the RPC server (its port bound before gossip, so that gossip
-// carries its address; peers' connections wait in its backlog until it
-// serves). On error everything started has been released.
-func (n *Node) startDataDirJoiner(ctx context.Context) error {
-	lis, err := net.Listen("tcp", n.cfg.RPCAddr)
-	if err != nil {
-		return fmt.Errorf("peer: listen rpc %s: %w", n.cfg.RPCAddr, err)
-	}
-	n.rpcLis = lis
-	if err := n.gossiper.start(ctx); err != nil {
-		lis.Close()
-		return err
-	}
-	fail := func(err error) error {
-		if n.lo != nil {
-			n.lo.shutdown()
-		}
-		_ = n.gossiper.ml.Shutdown()
-		n.gossiper.mlLog.Close()
-		lis.Close()
-		n.closeDataDir()
-		return err
-	}
-	if err := n.awaitCluster(ctx); err != nil {
-		return fail(err)
-	}
-	if err := n.openDataDir(); err != nil {
-		return fail(err)
-	}
-	// The raft ID (the directory's first start) is this process's start:
-	// the metadata gossiped so far already says so.
-	if err = n.openOwner(); err != nil {
-		return fail(err)
-	}
-	n.health = health.NewServer()
-	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	n.setupAuth()
-	n.links.env = n.newLinkEnv()
-	n.serveRPC(lis)
-	return nil
-}
-
-// awaitCluster waits, within ctx and the join timeout, until gossip shows
-// a member of this node's placement with a cluster id, and adopts it.
-func (n *Node) awaitCluster(ctx context.Context) error {
-	limit := time.NewTimer(max(n.cfg.JoinTimeout, time.Second))
-	defer limit.Stop()
-	t := time.NewTicker(5 * time.Millisecond)
-	defer t.Stop()
-	for {
-		members := map[string][]byte{}
-		for _, m := range n.gossiper.ml.Members() {
-			members[m.Name] = m.Meta
-		}
-		if id := n.gossiper.adoptCluster(members); id != 0 {
-			return nil
-		}
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return fmt.Errorf("peer: data directory %s: waiting for the cluster id from gossip: %w", n.cfg.DataDir, ctx.Err())
-		case <-limit.C:
-			return fmt.Errorf("peer: data directory %s: no member gossiped a cluster id within %v", n.cfg.DataDir, max(n.cfg.JoinTimeout, time.Second))
-		}
-	}
 }

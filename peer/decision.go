@@ -5,7 +5,23 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/partition"
+	"github.com/ringlimit/ringlimit/shard"
 )
+
+// Key identifies one quota. It is shard.Key, re-exported so an embedder
+// imports one package:
+//
+//	type Key struct {
+//		Tenant  string // the customer or application the quota belongs to
+//		Subject string // the authenticated account (never a client-chosen string)
+//		Policy  string // the name of an entry in Config.Policies
+//	}
+//
+// Each part is 1 to 128 bytes of visible ASCII (0x21 to 0x7E); anything
+// else is ErrInvalidKey. shard.KeyPart turns any string (an email, a UTF-8
+// name, an address) into a valid, collision-free part. Keys are placed by
+// Tenant and Subject: every policy of one subject has the same holder.
+type Key = shard.Key
 
 // Request asks for a decision on one key.
 type Request struct {
@@ -22,6 +38,10 @@ type Request struct {
 	// placed by tenant and subject, so one holder decides all of them.
 	Policies []string
 }
+
+// MaxBatch is the most requests one AllowBatch call (or HTTP /v1/checks
+// body) may carry.
+const MaxBatch = 1000
 
 // PolicyDecision is one policy's part of a multi-policy decision: its
 // name, what it alone would answer (Allowed), and its Limit, Remaining,

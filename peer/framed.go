@@ -24,7 +24,6 @@ import (
 	"context"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -66,27 +65,6 @@ func (h pipeHandler) ServePipe(ctx context.Context, cancel context.CancelFunc, k
 	return nil
 }
 
-// rpcServer is the node's RPC server: gRPC, and framed pipes beside it.
-type rpcServer struct {
-	grpc   *grpc.Server
-	framed *transport.Server
-}
-
-// Stop ends every RPC and pipe at once.
-func (s *rpcServer) Stop() {
-	s.framed.Stop(false)
-	s.grpc.Stop()
-}
-
-// GracefulStop stops accepting, lets gRPC calls finish and answers what
-// framed pipes have read.
-func (s *rpcServer) GracefulStop() {
-	done := make(chan struct{})
-	go func() { s.framed.Stop(true); close(done) }()
-	s.grpc.GracefulStop()
-	<-done
-}
-
 // framedWriteTimeout bounds each write on a framed pipe: 10 s, or four
 // forward timeouts if that is longer. A write blocks only while the peer
 // reads nothing (its buffers are full); by then its callers have long
@@ -97,10 +75,4 @@ func (n *Node) framedWriteTimeout() time.Duration {
 		return d
 	}
 	return max(10*time.Second, 4*n.cfg.ForwardTimeout)
-}
-
-// framedResult is the outcome of a framed pipe's dial.
-type framedResult struct {
-	fc  *transport.Conn
-	err error
 }

@@ -65,6 +65,3 @@ type linkEnv struct {
 func (e *linkEnv) pipeConfig(framed bool) transport.PipeConfig {
 	return transport.PipeConfig{WG: e.wg, Timeout: e.forwardTimeout, Breaks: e.pipeBreaks, Framed: framed}
 }
-
-// putReplItem returns it to the links' pool, emptied.
-func (e *linkEnv) putReplItem(it *replItem) { putReplItem(e.replItems, it) }

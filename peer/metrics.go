@@ -120,3 +120,10 @@ type RaftTraffic struct {
 type RaftTrafficSource interface {
 	RaftTrafficFrom(read func() RaftTraffic)
 }
+
+// HotKey is one of the heaviest keys this node decided for as owner.
+type HotKey struct {
+	Key Key
+	// Rate is the decayed hit rate, in hits per second.
+	Rate float64
+}

@@ -2,9 +2,6 @@ package peer
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -13,16 +10,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ringlimit/ringlimit/peer/internal/connlimit"
-	"github.com/ringlimit/ringlimit/peer/internal/membership"
 	"github.com/ringlimit/ringlimit/peer/internal/partition"
-	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/internal/transport"
-	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
@@ -95,243 +88,29 @@ type Node struct {
 	dd *dataDir
 }
 
-// New starts a node: it binds the gRPC listener and gossip, joins
-// cfg.Join, and returns once the node serves. ctx bounds start-up and the
-// initial join only, never the node's lifetime. On error everything started
-// has been released. Config problems wrap ErrInvalidConfig.
-func New(ctx context.Context, cfg Config) (*Node, error) {
-	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
-	fallback, err := shard.NewStore(cfg.Store)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-	}
-	n := &Node{
-		cfg:     cfg,
-		name:    cfg.Name,
-		log:     cfg.Logger.With("node", cfg.Name),
-		clock:   cfg.Clock,
-		metrics: cfg.Metrics,
-		fp:      cfg.fingerprint(),
-		pt:      newPartTable(cfg.Ring.PartitionCount, cfg.Store),
-		started: time.Now(),
-		hot:     shard.NewHotKeys(4*cfg.HotKeys, cfg.HotKeysHalfLife),
-		closed:  make(chan struct{}),
-	}
-	n.table.env = policyEnv{
-		self: n.name, log: n.log, metrics: n.metrics, lease: cfg.LeaseDuration, stopped: n.stopped.Load,
-		// The ownership log and gossip start later in New.
-		raise: func() {
-			ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ForwardTimeout)
-			n.lo.run.Raise(ctx)
-			cancel()
-		},
-		setEmptyAfter: func(d time.Duration) { n.lo.run.SetEmptyAfter(d) },
-		gossip: func() {
-			n.gossiper.delegate.SetMeta(n.meta(n.closing.Load()))
-			_ = n.gossiper.ml.UpdateNode(200 * time.Millisecond)
-		},
-	}
-	n.table.Store(policy.New(cfg.Policies))
-	n.metrics.PolicyTable(n.table.Load().Version(), true)
-	n.links.init()
-	n.part = n.newPartEnv()
-	n.ops.init()
-	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.gossiper = newGossiper(n.newGossiperEnv())
-	// A mark is probed again after ten leases.
-	n.reach = newReachability(int64(10*cfg.LeaseDuration), n.checkReachable, n.log)
-	if cfg.clockIsDefault {
-		n.wall = newWallClock(n.started)
-		n.clock = n.wall.now
-	}
-	n.warns.log = n.log
-	n.failure = failurePolicy{fallback: fallback, env: failEnv{
-		self: n.name, metrics: n.metrics, clock: n.clock, view: &n.view, warn: n.warns.warn, maxKeys: cfg.Store.MaxKeys,
-	}}
-	n.spread.env = spreadEnv{
-		ctx: n.ctx, wg: &n.wg, self: n.name, metrics: n.metrics, clock: n.clock, mono: n.mono,
-		pause: &n.hooks.decide, forwardTimeout: cfg.ForwardTimeout, warn: n.warns.warn, route: n.route,
-	}
-	// gossip, the ownership log and the health service start later in
-	// New: readiness reads them through closures.
-	n.ops.ready.env = readyEnv{
-		closing: n.closing.Load, join: cfg.Join,
-		members:    func() int { return n.gossiper.ml.NumMembers() },
-		leaderless: func() int64 { return n.lo.run.Leaderless() },
-		mono:       n.mono, lease: cfg.LeaseDuration, settled: n.Settled,
-		serving: func(st healthpb.HealthCheckResponse_ServingStatus) { n.health.SetServingStatus("", st) },
-		metrics: n.metrics, log: n.log,
-	}
-	// A data directory names its cluster (datadir.go); a new one of a
-	// joiner learns it from gossip first.
-	joinFirst, err := n.dataDirCluster()
-	if err != nil {
-		n.cancel()
-		return nil, err
-	}
-	if len(cfg.Join) == 0 && n.gossiper.clusterID.Load() == 0 {
-		// No one to join: this node starts the cluster and holds every
-		// partition once its log grants them. A node that joins holds
-		// nothing until partitions are transferred to it, and adopts the
-		// cluster's id.
-		var b [8]byte
-		_, _ = crand.Read(b[:])
-		n.gossiper.clusterID.Store(binary.BigEndian.Uint64(b[:]) | 1)
-	}
-	if joinFirst {
-		if err := n.startDataDirJoiner(ctx); err != nil {
-			n.cancel()
-			n.wg.Wait()
-			return nil, err
-		}
-	} else {
-		if err := n.openDataDir(); err != nil {
-			n.cancel()
-			return nil, err
-		}
-		if err := n.openOwner(); err != nil {
-			n.closeDataDir()
-			n.cancel()
-			return nil, err
-		}
-		if err := n.startRPC(); err != nil {
-			n.cancel()
-			n.lo.shutdown()
-			n.closeDataDir()
-			return nil, err
-		}
-		if err := n.gossiper.start(ctx); err != nil {
-			n.grpcSrv.Stop()
-			n.cancel()
-			n.lo.shutdown()
-			n.wg.Wait()
-			n.closeDataDir()
-			return nil, err
-		}
-	}
-	n.lo.start()
-	n.startDataDir()
-	n.gossiper.rebuild()
-	n.wg.Add(2)
-	go n.gossiper.rebuildLoop()
-	go n.every(cfg.SweepInterval, n.Sweep)
-	n.wg.Add(1)
-	go n.every(cfg.ReconnectInterval, n.gossiper.reconnect)
-	if len(cfg.Join) == 0 && !n.resumed() {
-		// The founder serves once its log has granted it every partition
-		// (an election and a few commits), within ctx. A log resumed
-		// from disk needs its other voters back first.
-		n.lo.awaitFounded(ctx)
-	}
-	n.ops.ready.update()
-	n.log.Info("node started", "gossip_addr", n.GossipAddr(), "rpc_addr", n.RPCAddr(), "members", n.view.Load().snap.Len())
-	return n, nil
+// rpcServer is the node's RPC server: gRPC, and framed pipes beside it.
+type rpcServer struct {
+	grpc   *grpc.Server
+	framed *transport.Server
 }
 
-// rpcStreamWorkers is the gRPC server's standing goroutines: enough for
-// issue 9's 64 concurrent callers on one connection (BenchmarkUnaryAllow,
-// callers=64: 11 % less CPU a call and 9–10 % more calls a second than a
-// goroutine per call; 4 workers gained nothing measurable).
-const rpcStreamWorkers = 64
-
-func (n *Node) startRPC() error {
-	lis, err := net.Listen("tcp", n.cfg.RPCAddr)
-	if err != nil {
-		return fmt.Errorf("peer: listen rpc %s: %w", n.cfg.RPCAddr, err)
-	}
-	n.rpcLis = lis
-	n.health = health.NewServer()
-	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	n.setupAuth()
-	n.links.env = n.newLinkEnv()
-	n.serveRPC(lis)
-	return nil
+// Stop ends every RPC and pipe at once.
+func (s *rpcServer) Stop() {
+	s.framed.Stop(false)
+	s.grpc.Stop()
 }
 
-// newLinkEnv is n's linkEnv, pointing at the counters and pools of its
-// links (n.links); called once its peer authentication is set up.
-func (n *Node) newLinkEnv() *linkEnv {
-	return &linkEnv{
-		ctx: n.ctx, wg: &n.wg, self: n.name, log: n.log, metrics: n.metrics, clock: n.clock,
-		maxBatch: n.cfg.MaxBatch, maxInFlight: n.cfg.MaxInFlight, noBatching: n.cfg.DisableBatching, forwardTimeout: n.cfg.ForwardTimeout, framedWriteTimeout: n.framedWriteTimeout(),
-		noStreams: n.cfg.DisableStreams, noFramed: n.cfg.DisableFramedPipes, tls: n.cfg.ClientTLS,
-		auth: n.ops.auth,
-		view: &n.view, gather: &n.links.gather,
-		replSeq: &n.links.replSeq, framedOpened: &n.links.framedOpened, pipeBreaks: &n.links.pipeBreaks, replItems: &n.links.replItems,
-		warn: n.warns.warn, stamp: n.table.stamp,
-		recopy:     newRecopier(n.ctx, &n.wg, n.lo.run.Recopy).note,
-		diskPolicy: func(name string) bool { return n.dd.diskPolicy(n.table.Load(), name) },
-	}
-}
-
-// serveRPC makes the node's gRPC server (its services and n.health) and
-// serves lis on a goroutine the node owns.
-func (n *Node) serveRPC(lis net.Listener) {
-	var opts []grpc.ServerOption
-	if n.cfg.ServerTLS != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.ServerTLS)))
-	}
-	opts = append(opts, n.rpcAuthServerOptions()...)
-	opts = append(opts, grpc.InitialWindowSize(peerWindow), grpc.InitialConnWindowSize(peerWindow))
-	// Each call on a goroutine of a standing pool, not a new one: a new
-	// goroutine's stack grew to a decision's depth on every unary, RLS
-	// and peer call (copystack was 7 % of a unary benchmark's CPU). When
-	// every worker is busy grpc starts a goroutine as before, so a slow
-	// call never queues another; Stop ends the workers.
-	opts = append(opts, grpc.NumStreamWorkers(rpcStreamWorkers))
-	opts = append(opts, n.cfg.RPCLimits.serverOptions()...)
-	srv := grpc.NewServer(opts...)
-	peerpb.RegisterLimiterServer(srv, &limiterService{n: n})
-	peerpb.RegisterRateLimiterServer(srv, &publicService{n: n})
-	healthpb.RegisterHealthServer(srv, n.health)
-	n.lo.register(srv)
-	if n.cfg.RegisterServices != nil {
-		n.cfg.RegisterServices(srv, n)
-	}
-	fs := newFramedServer(n)
-	n.grpcSrv = &rpcServer{grpc: srv, framed: fs}
-	// The connection bounds come first: a framed pipe is a connection
-	// like any other until its hello is read.
-	n.rpcConns = n.limitConns(lis)
-	var sl net.Listener = n.rpcConns
-	n.hooks.refuseFramed.Store(n.cfg.refuseFramed)
-	if !n.cfg.noFramedServer {
-		sl = transport.NewListener(sl, fs, &n.wg)
-	}
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		// Serve returns when the server stops; any other error leaves the
-		// node unable to serve peers, which gossip will soon reflect.
-		if err := srv.Serve(sl); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			n.log.Error("rpc server stopped", "err", err)
-		}
-	}()
+// GracefulStop stops accepting, lets gRPC calls finish and answers what
+// framed pipes have read.
+func (s *rpcServer) GracefulStop() {
+	done := make(chan struct{})
+	go func() { s.framed.Stop(true); close(done) }()
+	s.grpc.GracefulStop()
+	<-done
 }
 
 // Name returns the node's member name.
 func (n *Node) Name() string { return n.name }
-
-// meta is what this node gossips about itself.
-func (n *Node) meta(draining bool) membership.Meta {
-	addr := n.cfg.RPCAdvertiseAddr
-	if addr == "" {
-		addr = n.RPCAddr()
-	}
-	return membership.Meta{Fingerprint: n.fp, RPCAddr: addr, Draining: draining, Start: n.ops.start, Cluster: n.gossiper.clusterID.Load(), Policies: n.table.Load().Version(),
-		RaftID: n.raftID(), Heir: n.heirOf()}
-}
-
-// closeGrace is how long Close waits for the node's goroutines before the
-// caller's deadline counts (their RPCs have just been cut short).
-const closeGrace = 2 * time.Second
-
-// leaveLinger is how long a leaving node keeps serving redirects after
-// announcing its leave; a few gossip rounds at LAN timings.
-const leaveLinger = 200 * time.Millisecond
 
 // RingInfo describes the node's current ring, read from one snapshot.
 type RingInfo struct {
@@ -426,13 +205,6 @@ func (n *Node) Stats() Stats {
 		s.DataDirSyncTime = n.dd.parts.parts.SyncTime()
 	}
 	return s
-}
-
-// HotKey is one of the heaviest keys this node decided for as owner.
-type HotKey struct {
-	Key Key
-	// Rate is the decayed hit rate, in hits per second.
-	Rate float64
 }
 
 // HotKeys returns up to Config.HotKeys of the heaviest keys this node holds,
@@ -539,106 +311,4 @@ func (n *Node) Sweep() {
 	st := n.Stats()
 	n.metrics.Keys(st.Keys, st.Bytes)
 	n.metrics.HotKeys(n.HotKeys())
-}
-
-// Close leaves the cluster gracefully: it announces that it is leaving (no
-// partition targets it any more), transfers every partition it holds to
-// its new holder within ctx's deadline (calls made meanwhile are still
-// routed: they wait for the move or go to the new holder), leaves gossip,
-// stops the gRPC server and waits for every goroutine the node started;
-// from then on calls return ErrClosed. It is idempotent and safe while Allow calls
-// are in flight; later calls return the first call's result.
-func (n *Node) Close(ctx context.Context) error {
-	n.closeOnce.Do(func() {
-		n.closeErr = n.close(ctx)
-		close(n.closed)
-	})
-	<-n.closed
-	return n.closeErr
-}
-
-func (n *Node) close(ctx context.Context) error {
-	n.closing.Store(true)
-	n.ops.ready.update() // not serving from here on
-	var errs []error
-	// Announce the drain first, so peers log our departure as a leave,
-	// not a failure. Best effort: a slow gossip only changes the log line.
-	n.gossiper.delegate.SetMeta(n.meta(true))
-	_ = n.gossiper.ml.UpdateNode(200 * time.Millisecond)
-	n.gossiper.announceLeave()
-	drainErr := n.lo.drain(ctx)
-	if drainErr != nil {
-		errs = append(errs, drainErr)
-	}
-	leaveTimeout := 2 * time.Second
-	if n.view.Load().stopping || errors.Is(drainErr, errNoLeader) {
-		// Every member is leaving: the broadcast is a courtesy to
-		// members that are going too. Or the log has no leader: most
-		// members are unreachable, and the leave is not graceful anyway.
-		leaveTimeout = 200 * time.Millisecond
-	}
-	if dl, ok := ctx.Deadline(); ok {
-		leaveTimeout = max(min(time.Until(dl), leaveTimeout), 10*time.Millisecond)
-	}
-	if err := n.gossiper.ml.Leave(leaveTimeout); err != nil {
-		if n.view.Load().stopping {
-			// Every member is leaving: nobody is left to hear it.
-			n.log.Debug("leave not broadcast: every member is leaving", "err", err)
-		} else {
-			// Not an error of Close: the drain has moved everything off
-			// and ended this member's liveness in the log, and its
-			// metadata already says it is draining. Peers that miss the
-			// broadcast log the departure as a failure instead.
-			n.log.Warn("leave not broadcast in time: peers may log this node as failed rather than left", "err", err)
-		}
-	}
-	if v := n.view.Load(); v.snap.Len() > 1 && !v.stopping && !errors.Is(drainErr, errNoLeader) {
-		// Peers learn of the leave by gossip, a little later. Until then
-		// they still forward to us; keep answering (with "not owner, ask
-		// <new holder>") for a moment rather than refuse their connections.
-		t := time.NewTimer(leaveLinger)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-		}
-		t.Stop()
-	}
-	if err := n.gossiper.ml.Shutdown(); err != nil {
-		errs = append(errs, fmt.Errorf("peer: shut down gossip: %w", err))
-	}
-	n.stopped.Store(true)
-	n.lo.shutdown()
-	n.cancel()
-	stopped := make(chan struct{})
-	go func() { n.grpcSrv.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-ctx.Done():
-		n.grpcSrv.Stop()
-		<-stopped
-	}
-	n.links.stopAll()
-	// Every goroutine the node started stops on n.ctx; wait for them, but
-	// never forever: a goroutine stuck past the deadline (plus a grace for
-	// RPCs cut short just now) is a bug to report, not a reason to hang the
-	// caller's shutdown.
-	waited := make(chan struct{})
-	go func() { n.wg.Wait(); close(waited) }()
-	grace := time.NewTimer(closeGrace)
-	defer grace.Stop()
-	select {
-	case <-waited:
-	case <-grace.C:
-		select {
-		case <-waited:
-		case <-ctx.Done():
-			n.log.Error("node goroutines did not stop by the close deadline")
-			errs = append(errs, fmt.Errorf("peer: goroutines still running at the close deadline: %w", ctx.Err()))
-		}
-	}
-	// After every goroutine and call that could write to it.
-	n.closeDataDir()
-	n.gossiper.mlLog.Close()
-	n.log.Info("node closed")
-	return errors.Join(errs...)
 }

@@ -31,6 +31,10 @@ type part = partition.Part
 // replica is a copy of a partition from its holder, on its backup.
 type replica = partition.Replica
 
+// opReq is one validated request: an operation on one key, or a check of
+// several policies of one tenant and subject (internal/partition).
+type opReq = partition.Request
+
 func newPartTable(n int, store shard.Config) *partTable {
 	return &partTable{parts: partition.NewParts(n), store: store}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/durable"
+	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
@@ -130,26 +131,26 @@ func emptyState(ks *shard.KeyState, key Key, alg shard.Algorithm) {
 	*ks = shard.KeyState{Key: key, Algorithm: alg, Runs: ks.Runs[:0], Reservations: ks.Reservations[:0], Grants: ks.Grants[:0]}
 }
 
+// dataDir is the node's open data directory.
+type dataDir struct {
+	dir  *durable.Dir
+	raft *ownlog.Disk
+	// heir is the start id of the incarnation that last ran with the
+	// directory (0 for a new directory).
+	heir uint64
+	// resumed: the directory held an ownership log, which the member
+	// resumes.
+	resumed bool
+	// parts is the partitions' state (partLog).
+	parts *partLog
+}
+
 // sync waits until record idx is on disk (disk durability).
 func (dd *dataDir) sync(idx uint64) error {
 	if err := dd.parts.parts.Sync(idx); err != nil {
 		return fmt.Errorf("%w: the data directory: %w", ErrUnavailable, err)
 	}
 	return nil
-}
-
-// pending reports whether a request of srs waits for a data directory
-// record not yet on disk (never, without a data directory).
-func (dd *dataDir) pending(srs []*streamReq) bool {
-	if dd == nil {
-		return false
-	}
-	for _, sr := range srs {
-		if sr.r.DurIdx != 0 && !dd.parts.parts.Synced(sr.r.DurIdx) {
-			return true
-		}
-	}
-	return false
 }
 
 // diskPolicy reports whether policy name of tab has durability disk

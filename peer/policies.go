@@ -2,7 +2,6 @@ package peer
 
 import (
 	"errors"
-	"fmt"
 	"iter"
 	"log/slog"
 	"sync"
@@ -100,18 +99,6 @@ func (t *policyTable) Load() *policy.Table { return t.cur.Load() }
 
 // Store puts tab in force (New; SetPolicies swaps).
 func (t *policyTable) Store(tab *policy.Table) { t.cur.Store(tab) }
-
-// validatePolicies reports every problem of a policy table, each wrapping
-// ErrInvalidConfig.
-func validatePolicies(pols map[string]PolicyConfig) []error {
-	errs := policy.Validate(pols)
-	for i, err := range errs {
-		// %s, not %w: the problem wraps nothing, and the result unwraps to
-		// ErrInvalidConfig alone, as every other Config problem does.
-		errs[i] = fmt.Errorf("%w: %s", ErrInvalidConfig, err)
-	}
-	return errs
-}
 
 // set replaces the table with a copy of pols (SetPolicies says how).
 func (t *policyTable) set(pols map[string]PolicyConfig) error {

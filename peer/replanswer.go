@@ -1,6 +1,8 @@
 package peer
 
 import (
+	"errors"
+	"io"
 	"sync"
 	"sync/atomic"
 
@@ -14,6 +16,42 @@ import (
 // holder keeps at most MaxInFlight messages out; past the bound the
 // stream stops reading until an answer is sent.
 const replAnswerDepth = 8
+
+// ReplicateStream is the backup's side of a holder's replication pipe:
+// requests are applied one after another in arrival order, through
+// Replicate; their answers are sent in the same order, each once its
+// records are on disk (replAnswers: the next request is applied while
+// the data directory syncs, so its records join the next fsync).
+func (s *limiterService) ReplicateStream(st peerpb.Limiter_ReplicateStreamServer) error {
+	ra := newReplAnswers(s.n, st)
+	defer ra.close()
+	for {
+		if err := ra.failed(); err != nil {
+			return err
+		}
+		req, err := st.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return ra.close()
+			}
+			return err
+		}
+		if drop := s.n.hooks.replDrop.Load(); drop != nil && (*drop)(req) {
+			continue
+		}
+		sc := ra.scratch()
+		var idx uint64
+		resp, err := s.replicate(req, sc, &idx)
+		if err != nil {
+			st := status.Convert(err)
+			resp = &peerpb.ReplicateResponse{Code: int32(st.Code()), Error: st.Message()}
+		}
+		resp.Id = req.GetId()
+		if err := ra.answer(sc, resp, idx); err != nil {
+			return err
+		}
+	}
+}
 
 // replAnswers sends a ReplicateStream's answers in the order of their
 // requests. An answer whose operations logged a record the backup must

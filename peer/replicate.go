@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"iter"
 	"runtime"
@@ -86,6 +87,9 @@ func putReplItem(pool *sync.Pool, it *replItem) {
 	*it = replItem{ch: it.ch}
 	pool.Put(it)
 }
+
+// putReplItem returns it to the links' pool, emptied.
+func (e *linkEnv) putReplItem(it *replItem) { putReplItem(e.replItems, it) }
 
 // replicator is the batcher of operations to one backup member.
 type replicator struct {
@@ -394,6 +398,107 @@ func (rs *replSend) Done(resp *peerpb.ReplicateResponse, err error) {
 	}
 }
 
+// packScratch is packAdmits's memory, reused by later batches: what it
+// returns is valid until then.
+type packScratch struct {
+	ints []int
+	ops  []replOp
+	buf  []byte
+}
+
+// packAdmits packs batch, all of it KIND_ADMIT, with ages made relative to
+// now, into sc. It returns the operations in packed order and, per item,
+// its operation's index.
+func packAdmits(sc *packScratch, batch []*replItem, now time.Time) (b []byte, ops []replOp, opOf []int) {
+	// One slice for the four index slices: opOf (kept by the caller until
+	// the answer), then scratch for the counting sort.
+	need := 4*len(batch) + 2
+	if cap(sc.ints) < need {
+		sc.ints = make([]int, need)
+	}
+	ints := sc.ints[:need]
+	clear(ints)
+	opOf, ints = ints[:len(batch):len(batch)], ints[len(batch):]
+	ops = sc.ops[:0]
+	// A batch spans few partitions as a rule: a linear search finds an
+	// operation faster than a map costs to build, up to a few dozen.
+	var index map[replOp]int
+	if len(batch) > 32 {
+		index = make(map[replOp]int, len(batch))
+	}
+	for i, it := range batch {
+		o := replOp{part: it.part, epoch: it.epoch}
+		j := -1
+		if index != nil {
+			if k, ok := index[o]; ok {
+				j = k
+			}
+		} else {
+			for k := range ops {
+				if ops[k] == o {
+					j = k
+					break
+				}
+			}
+		}
+		if j < 0 {
+			j = len(ops)
+			if index != nil {
+				index[o] = j
+			}
+			ops = append(ops, o)
+		}
+		opOf[i] = j
+	}
+	// Items in operation order, by counting sort: start[j] is where
+	// operation j's items begin in order.
+	start, ints := ints[:len(ops)+1], ints[len(ops)+1:]
+	for _, j := range opOf {
+		start[j+1]++
+	}
+	for j := range ops {
+		start[j+1] += start[j]
+	}
+	order, next := ints[:len(batch)], ints[len(batch):len(batch)+len(ops)]
+	copy(next, start[:len(ops)])
+	for i, j := range opOf {
+		order[next[j]] = i
+		next[j]++
+	}
+	for j := range ops {
+		ops[j].keys = uint32(start[j+1] - start[j])
+	}
+	b = sc.buf[:0]
+	if cap(b) < 8+48*len(batch) {
+		b = make([]byte, 0, 8+48*len(batch))
+	}
+	b = binary.AppendUvarint(b, uint64(len(ops)))
+	for j, o := range ops {
+		b = binary.AppendUvarint(b, uint64(o.part))
+		b = binary.AppendUvarint(b, o.epoch)
+		b = binary.AppendUvarint(b, uint64(start[j+1]-start[j]))
+		for _, i := range order[start[j]:start[j+1]] {
+			it := batch[i]
+			run := it.run
+			if it.alg != shard.TokenBucket {
+				// Ages are relative to now, when the message is built.
+				run.Age += now.Sub(it.at)
+			}
+			b = wire.AppendString(b, it.key.Tenant)
+			b = wire.AppendString(b, it.key.Subject)
+			b = wire.AppendString(b, it.key.Policy)
+			b = binary.AppendUvarint(b, uint64(it.alg))
+			b = binary.AppendVarint(b, int64(run.Age))
+			b = binary.AppendVarint(b, run.Count)
+		}
+	}
+	if cap(b) <= transport.KeepBuf {
+		sc.buf = b
+	}
+	sc.ops = ops
+	return b, ops, opOf
+}
+
 // stamp readies req, the replication message of batch, for sending: its
 // number, given here, in the loop that sends them one after another (the
 // backup applies none older than one it has applied), and this node's
@@ -622,36 +727,6 @@ func (c *peerLink) replFinish(ctx context.Context, batch []*replItem, ops []repl
 	}
 	// replicate_refused: some operation was answered but not recorded.
 	env.metrics.Forward(c.name, outcome, time.Since(start))
-}
-
-// replicaApply is the backup's side of one replication message from the
-// holder sender: it decodes the message's operations against this node's
-// policy table and hands each to the ownership log's driver, which keeps
-// the copies (receiveOp, backup.go).
-type replicaApply struct {
-	n       *Node // its receiveOp keeps the copies (backup.go)
-	table   *policyTable
-	parts   int // the ring's partitions: a larger number is refused
-	sender  string
-	seq     uint64      // the message's ReplicateRequest.Seq
-	sw      senderTable // what the sender tells of its policy table
-	closing bool        // this node is closing
-	durIdx  *uint64     // see opHead.durIdx
-}
-
-// op applies one operation to this node's copy.
-func (a *replicaApply) op(op *peerpb.PartitionOp) *peerpb.OpResult {
-	var keys []packedAdmit
-	for _, w := range op.GetKeys() {
-		st, p, err := a.table.decodeState(w)
-		if err != nil || p == nil {
-			continue // malformed, or a policy this node does not have
-		}
-		keys = append(keys, packedAdmit{st: st, sp: importPolicy(p, a.sw)})
-	}
-	h := opHead{kind: op.GetKind(), part: op.GetPartition(), epoch: op.GetEpoch(), holderEpoch: op.GetHolderEpoch(), carried: len(op.GetKeys()), seq: a.seq, durIdx: a.durIdx}
-	r := a.n.receiveOp(a.sender, h, keys, a.closing)
-	return &peerpb.OpResult{Status: r.status, Holder: r.holder, Epoch: r.epoch, Accepted: r.accepted}
 }
 
 // opResult is the backup's answer to one operation (peerpb.OpResult).

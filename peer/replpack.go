@@ -1,8 +1,9 @@
 package peer
 
 // The packed admissions and windows of a replication request, in the
-// layout of package wire: peer packs them from its replication queue and
-// its policy table, and applies them to its partitions.
+// layout of package wire: the holder packs them from its replication queue
+// (packAdmits, replicate.go) and its policy table, and the backup applies
+// them to its partitions (replicaApply.packed, backup.go).
 
 import (
 	"bytes"
@@ -10,13 +11,10 @@ import (
 	"fmt"
 	"iter"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
-	"github.com/ringlimit/ringlimit/peer/internal/transport"
 	"github.com/ringlimit/ringlimit/peer/internal/wire"
-	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
 
@@ -37,187 +35,11 @@ type replOp struct {
 	keys uint32
 }
 
-// packScratch is packAdmits's memory, reused by later batches: what it
-// returns is valid until then.
-type packScratch struct {
-	ints []int
-	ops  []replOp
-	buf  []byte
-}
-
-// packAdmits packs batch, all of it KIND_ADMIT, with ages made relative to
-// now, into sc. It returns the operations in packed order and, per item,
-// its operation's index.
-func packAdmits(sc *packScratch, batch []*replItem, now time.Time) (b []byte, ops []replOp, opOf []int) {
-	// One slice for the four index slices: opOf (kept by the caller until
-	// the answer), then scratch for the counting sort.
-	need := 4*len(batch) + 2
-	if cap(sc.ints) < need {
-		sc.ints = make([]int, need)
-	}
-	ints := sc.ints[:need]
-	clear(ints)
-	opOf, ints = ints[:len(batch):len(batch)], ints[len(batch):]
-	ops = sc.ops[:0]
-	// A batch spans few partitions as a rule: a linear search finds an
-	// operation faster than a map costs to build, up to a few dozen.
-	var index map[replOp]int
-	if len(batch) > 32 {
-		index = make(map[replOp]int, len(batch))
-	}
-	for i, it := range batch {
-		o := replOp{part: it.part, epoch: it.epoch}
-		j := -1
-		if index != nil {
-			if k, ok := index[o]; ok {
-				j = k
-			}
-		} else {
-			for k := range ops {
-				if ops[k] == o {
-					j = k
-					break
-				}
-			}
-		}
-		if j < 0 {
-			j = len(ops)
-			if index != nil {
-				index[o] = j
-			}
-			ops = append(ops, o)
-		}
-		opOf[i] = j
-	}
-	// Items in operation order, by counting sort: start[j] is where
-	// operation j's items begin in order.
-	start, ints := ints[:len(ops)+1], ints[len(ops)+1:]
-	for _, j := range opOf {
-		start[j+1]++
-	}
-	for j := range ops {
-		start[j+1] += start[j]
-	}
-	order, next := ints[:len(batch)], ints[len(batch):len(batch)+len(ops)]
-	copy(next, start[:len(ops)])
-	for i, j := range opOf {
-		order[next[j]] = i
-		next[j]++
-	}
-	for j := range ops {
-		ops[j].keys = uint32(start[j+1] - start[j])
-	}
-	b = sc.buf[:0]
-	if cap(b) < 8+48*len(batch) {
-		b = make([]byte, 0, 8+48*len(batch))
-	}
-	b = binary.AppendUvarint(b, uint64(len(ops)))
-	for j, o := range ops {
-		b = binary.AppendUvarint(b, uint64(o.part))
-		b = binary.AppendUvarint(b, o.epoch)
-		b = binary.AppendUvarint(b, uint64(start[j+1]-start[j]))
-		for _, i := range order[start[j]:start[j+1]] {
-			it := batch[i]
-			run := it.run
-			if it.alg != shard.TokenBucket {
-				// Ages are relative to now, when the message is built.
-				run.Age += now.Sub(it.at)
-			}
-			b = wire.AppendString(b, it.key.Tenant)
-			b = wire.AppendString(b, it.key.Subject)
-			b = wire.AppendString(b, it.key.Policy)
-			b = binary.AppendUvarint(b, uint64(it.alg))
-			b = binary.AppendVarint(b, int64(run.Age))
-			b = binary.AppendVarint(b, run.Count)
-		}
-	}
-	if cap(b) <= transport.KeepBuf {
-		sc.buf = b
-	}
-	sc.ops = ops
-	return b, ops, opOf
-}
-
 // packedAdmit is one decoded, valid key state with the policy it is
 // imported under (importPolicy).
 type packedAdmit struct {
 	st shard.KeyState
 	sp shard.Policy
-}
-
-// admitScratch is replicaApply.packed's scratch.
-type admitScratch struct {
-	runs []shard.Run
-	ents []packedAdmit
-}
-
-var admitScratchPool = sync.Pool{New: func() any { return new(admitScratch) }}
-
-// put drops the keys and policies sc points to and pools it, unless it
-// grew large.
-func (sc *admitScratch) put() {
-	if cap(sc.ents) > maxReplBatch || cap(sc.runs) > maxReplBatch {
-		return
-	}
-	clear(sc.ents[:cap(sc.ents)])
-	admitScratchPool.Put(sc)
-}
-
-// packed applies a packed admissions request and returns the packed
-// answer, in out's memory. a.durIdx, if not nil, gathers the data
-// directory record the answer must wait for (see opHead.durIdx).
-func (a *replicaApply) packed(out []byte, b []byte) ([]byte, error) {
-	r := wire.NewReader(b) // its strings alias b (see wire.NewReader)
-	tab := a.table.Load()  // once per request
-	nops := r.Count(wire.MaxBatch, 3)
-	out = binary.AppendUvarint(slices.Grow(out[:0], 8+16*nops), uint64(nops))
-	// Scratch shared by the operations, and reused by later requests:
-	// receiveOp keeps neither (Import copies the runs it merges).
-	sc := admitScratchPool.Get().(*admitScratch)
-	defer sc.put()
-	runs, ents := sc.runs[:0], sc.ents[:0]
-	defer func() { sc.runs, sc.ents = runs, ents }()
-	for range nops {
-		part, epoch := r.Uvarint(), r.Uvarint()
-		ne := r.Count(r.Size(), 6)
-		// Import copies the runs it merges: one slice serves every
-		// operation.
-		if cap(runs) < ne {
-			runs = make([]shard.Run, 0, ne)
-		}
-		if cap(ents) < ne {
-			ents = make([]packedAdmit, 0, ne)
-		}
-		runs = runs[:0]
-		ents = ents[:0]
-		for range ne {
-			k := Key{Tenant: r.Str(), Subject: r.Str(), Policy: r.Str()}
-			alg := r.Uvarint()
-			runs = append(runs, shard.Run{Age: time.Duration(r.Varint()), Count: r.Varint()})
-			st := shard.KeyState{Key: k, Algorithm: shard.Algorithm(alg), Runs: runs[len(runs)-1 : len(runs) : len(runs)]}
-			if alg > 255 || st.Validate() != nil {
-				continue // malformed: skipped, as replicaApply.op skips it
-			}
-			if p := tab.Lookup(k.Policy); p != nil && p.Shard.Algorithm == st.Algorithm {
-				ents = append(ents, packedAdmit{st: st, sp: importPolicy(p, a.sw)})
-			}
-		}
-		if r.Err() != nil {
-			break
-		}
-		if part > uint64(^uint32(0)) {
-			part = uint64(a.parts) // refused below
-		}
-		res := a.n.receiveOp(a.sender, opHead{kind: peerpb.PartitionOp_KIND_ADMIT, part: uint32(part), epoch: epoch, carried: ne, seq: a.seq, durIdx: a.durIdx}, ents, a.closing)
-		out = binary.AppendUvarint(out, uint64(res.status))
-		out = wire.AppendString(out, res.holder)
-		out = binary.AppendUvarint(out, res.epoch)
-		out = binary.AppendUvarint(out, uint64(res.accepted))
-	}
-	if err := r.End(); err != nil {
-		return nil, fmt.Errorf("%w at byte %d", err, r.Offset())
-	}
-	return out, nil
 }
 
 // Windows: ReplicateRequest.windows_packed, the sender's window of each

@@ -1,7 +1,6 @@
 package peer
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/ringlimit/ringlimit/peer/internal/partition"
@@ -14,33 +13,6 @@ import (
 // HTTP services, a peer's forward) turns its input into before routing.
 // Parsing is here and nowhere else; what is true of each operation is
 // internal/partition's operation table.
-
-// opReq is one validated request: an operation on one key, or a check of
-// several policies of one tenant and subject (internal/partition).
-type opReq = partition.Request
-
-// do validates req for op and routes it.
-func (n *Node) do(ctx context.Context, op partition.Op, req Request) (Decision, error) {
-	if op == partition.OpCheck && len(req.Policies) == 0 {
-		// Allow's single-policy path keeps the key's encoding on the
-		// stack: every caller's check (the public API's too,
-		// TestPublicAllowAllocs) allocates nothing for it.
-		return n.Allow(ctx, req)
-	}
-	if n.stopped.Load() {
-		return Decision{}, ErrClosed
-	}
-	// r stays on this stack. Its key's encoding does not: escape analysis
-	// sees the key's strings leak (to replication, the fallback store)
-	// through r and moves all of r's contents, ek too, to the heap.
-	var r opReq
-	ek, err := n.parseReqInto(&r, op, req.Key, req.Policies, req.Hits, nil)
-	if err != nil {
-		return Decision{}, err
-	}
-	r.EK = ek
-	return n.route(ctx, &r, r.EK)
-}
 
 // parseReq validates a request from a caller or a peer; errors wrap
 // ErrInvalidKey, ErrUnknownPolicy, ErrInvalidHits or ErrWrongAlgorithm.

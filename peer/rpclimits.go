@@ -3,13 +3,10 @@ package peer
 import (
 	"fmt"
 	"math"
-	"net"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
-
-	"github.com/ringlimit/ringlimit/peer/internal/connlimit"
 )
 
 // RPCLimits bounds what a client of the gRPC port can make the node hold:
@@ -130,15 +127,4 @@ func (l RPCLimits) serverOptions() []grpc.ServerOption {
 		// whatever their rate); the rate is what is bounded.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: l.MinPingInterval, PermitWithoutStream: true}),
 	}
-}
-
-// limitConns wraps lis in the connection bounds; refusals are logged
-// (at most one Warn a second, shared with the node's other throttled
-// warnings).
-func (n *Node) limitConns(lis net.Listener) *connlimit.Listener {
-	l := n.cfg.RPCLimits
-	return connlimit.New(lis, l.MaxConns, l.MaxConnsPerIP, func(remote net.Addr, why connlimit.Refusal) {
-		n.warns.warn("rpc connection refused: too many connections", "remote_addr", remote.String(), "bound", why.String(),
-			"max_conns", l.MaxConns, "max_conns_per_ip", l.MaxConnsPerIP)
-	})
 }

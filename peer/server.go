@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"sync"
 	"time"
@@ -169,6 +170,89 @@ func (s *limiterService) check(ctx context.Context, req *peerpb.CheckRequest, sc
 	return resp, nil
 }
 
+// checkStreamWorkers is how many batches of one CheckStream are decided at
+// once: a batch may wait (sync replication, a partition on the move), and
+// the others should not wait behind it. Senders keep MaxInFlight batches
+// in flight (4 by default); more wait for a worker.
+const checkStreamWorkers = 8
+
+// checkTask is a received batch and when its sender gives up on it.
+type checkTask struct {
+	req      *peerpb.CheckRequest
+	deadline time.Time // zero: none
+}
+
+// CheckStream is the receiver's side of a sender's forward pipe: one loop
+// receives, a fixed set of workers decide (through Check, so every rule of
+// Check holds) and answer. The workers end with the stream.
+func (s *limiterService) CheckStream(st peerpb.Limiter_CheckStreamServer) error {
+	ctx := st.Context()
+	tasks := make(chan checkTask, checkStreamWorkers)
+	var sendMu sync.Mutex // a stream takes one Send at a time
+	var wg sync.WaitGroup
+	for range checkStreamWorkers {
+		wg.Go(func() {
+			// The worker's batches share its memory: an answer is
+			// encoded by Send before the next batch is decided.
+			var sc checkScratch
+			bc := newBatchCtx(ctx)
+			defer bc.close()
+			for t := range tasks {
+				resp := s.checkStreamOne(ctx, t, &sc, bc)
+				sendMu.Lock()
+				err := st.Send(resp)
+				sendMu.Unlock()
+				sc.reset()
+				if err != nil {
+					// The stream is gone; Recv fails too and ends the loop.
+					continue
+				}
+			}
+		})
+	}
+	defer func() {
+		close(tasks)
+		wg.Wait()
+	}()
+	for {
+		req, err := st.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		if drop := s.n.hooks.streamDrop.Load(); drop != nil && (*drop)(req) {
+			continue
+		}
+		t := checkTask{req: req}
+		if ns := req.GetTimeoutNs(); ns > 0 {
+			t.deadline = time.Now().Add(time.Duration(ns))
+		}
+		select {
+		case tasks <- t:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// checkStreamOne decides one batch of a CheckStream.
+func (s *limiterService) checkStreamOne(ctx context.Context, t checkTask, sc *checkScratch, bc *batchCtx) *peerpb.CheckResponse {
+	if !t.deadline.IsZero() {
+		bc.begin(t.deadline)
+		defer bc.finish()
+		ctx = bc
+	}
+	resp, err := s.check(ctx, t.req, sc)
+	if err != nil {
+		st := status.Convert(err)
+		return &peerpb.CheckResponse{Id: t.req.GetId(), Code: int32(st.Code()), Error: st.Message()}
+	}
+	resp.Id = t.req.GetId()
+	return resp
+}
+
 // checkSlot is one item of a Check batch: its decision, its request, and
 // the request again while the decision waits for a synchronous backup.
 type checkSlot struct {
@@ -180,21 +264,6 @@ type checkSlot struct {
 // wireError is the wire answer for an item that was not decided.
 func wireError(n *Node, v *view, st peerpb.Status, err error) wire.Decision {
 	return wire.Decision{Status: st, Err: err.Error(), Owner: n.name, RingVersion: v.snap.Version(), MembersHash: v.snap.MembersHash()}
-}
-
-// resetProofInput is what a reset's proof authenticates: the key's
-// canonical encoding, or its parts length-prefixed when it does not
-// encode (it is refused later as invalid all the same).
-func resetProofInput(k Key) []byte {
-	if ek, ok := k.AppendEncoded(nil); ok {
-		return ek
-	}
-	var b []byte
-	for _, s := range []string{k.Tenant, k.Subject, k.Policy} {
-		b = binary.AppendUvarint(b, uint64(len(s)))
-		b = append(b, s...)
-	}
-	return b
 }
 
 // decideWire decides one item as holder. When the decision still waits for
@@ -391,10 +460,6 @@ func (s *publicService) Settle(ctx context.Context, req *peerpb.AllowRequest) (*
 	out.Estimate, out.Overage = st.Estimate, st.Overage
 	return out, nil
 }
-
-// MaxBatch is the most requests one AllowBatch call (or HTTP /v1/checks
-// body) may carry.
-const MaxBatch = 1000
 
 // batchParallel bounds the requests of one AllowBatch decided at once.
 const batchParallel = 64

@@ -34,8 +34,6 @@ package peer
 import (
 	"context"
 	"errors"
-	"io"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -56,6 +54,12 @@ const (
 	// stream methods: it will not gain them before it restarts.
 	pipeUnimplementedPause = time.Minute
 )
+
+// framedResult is the outcome of a framed pipe's dial.
+type framedResult struct {
+	fc  *transport.Conn
+	err error
+}
 
 // pipeState is a client loop's pipe of one kind and when it may next try
 // to open one.
@@ -212,125 +216,6 @@ func (s *pipeState[Req, Resp]) close(err error) {
 
 func checkID(r *peerpb.CheckResponse) uint64         { return r.GetId() }
 func replicateID(r *peerpb.ReplicateResponse) uint64 { return r.GetId() }
-
-// checkStreamWorkers is how many batches of one CheckStream are decided at
-// once: a batch may wait (sync replication, a partition on the move), and
-// the others should not wait behind it. Senders keep MaxInFlight batches
-// in flight (4 by default); more wait for a worker.
-const checkStreamWorkers = 8
-
-// checkTask is a received batch and when its sender gives up on it.
-type checkTask struct {
-	req      *peerpb.CheckRequest
-	deadline time.Time // zero: none
-}
-
-// CheckStream is the receiver's side of a sender's forward pipe: one loop
-// receives, a fixed set of workers decide (through Check, so every rule of
-// Check holds) and answer. The workers end with the stream.
-func (s *limiterService) CheckStream(st peerpb.Limiter_CheckStreamServer) error {
-	ctx := st.Context()
-	tasks := make(chan checkTask, checkStreamWorkers)
-	var sendMu sync.Mutex // a stream takes one Send at a time
-	var wg sync.WaitGroup
-	for range checkStreamWorkers {
-		wg.Go(func() {
-			// The worker's batches share its memory: an answer is
-			// encoded by Send before the next batch is decided.
-			var sc checkScratch
-			bc := newBatchCtx(ctx)
-			defer bc.close()
-			for t := range tasks {
-				resp := s.checkStreamOne(ctx, t, &sc, bc)
-				sendMu.Lock()
-				err := st.Send(resp)
-				sendMu.Unlock()
-				sc.reset()
-				if err != nil {
-					// The stream is gone; Recv fails too and ends the loop.
-					continue
-				}
-			}
-		})
-	}
-	defer func() {
-		close(tasks)
-		wg.Wait()
-	}()
-	for {
-		req, err := st.Recv()
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return err
-		}
-		if drop := s.n.hooks.streamDrop.Load(); drop != nil && (*drop)(req) {
-			continue
-		}
-		t := checkTask{req: req}
-		if ns := req.GetTimeoutNs(); ns > 0 {
-			t.deadline = time.Now().Add(time.Duration(ns))
-		}
-		select {
-		case tasks <- t:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-// checkStreamOne decides one batch of a CheckStream.
-func (s *limiterService) checkStreamOne(ctx context.Context, t checkTask, sc *checkScratch, bc *batchCtx) *peerpb.CheckResponse {
-	if !t.deadline.IsZero() {
-		bc.begin(t.deadline)
-		defer bc.finish()
-		ctx = bc
-	}
-	resp, err := s.check(ctx, t.req, sc)
-	if err != nil {
-		st := status.Convert(err)
-		return &peerpb.CheckResponse{Id: t.req.GetId(), Code: int32(st.Code()), Error: st.Message()}
-	}
-	resp.Id = t.req.GetId()
-	return resp
-}
-
-// ReplicateStream is the backup's side of a holder's replication pipe:
-// requests are applied one after another in arrival order, through
-// Replicate; their answers are sent in the same order, each once its
-// records are on disk (replAnswers: the next request is applied while
-// the data directory syncs, so its records join the next fsync).
-func (s *limiterService) ReplicateStream(st peerpb.Limiter_ReplicateStreamServer) error {
-	ra := newReplAnswers(s.n, st)
-	defer ra.close()
-	for {
-		if err := ra.failed(); err != nil {
-			return err
-		}
-		req, err := st.Recv()
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return ra.close()
-			}
-			return err
-		}
-		if drop := s.n.hooks.replDrop.Load(); drop != nil && (*drop)(req) {
-			continue
-		}
-		sc := ra.scratch()
-		var idx uint64
-		resp, err := s.replicate(req, sc, &idx)
-		if err != nil {
-			st := status.Convert(err)
-			resp = &peerpb.ReplicateResponse{Code: int32(st.Code()), Error: st.Message()}
-		}
-		resp.Id = req.GetId()
-		if err := ra.answer(sc, resp, idx); err != nil {
-			return err
-		}
-	}
-}
 
 // streamErr turns a whole-batch failure carried in a stream answer into
 // the error the unary RPC would have returned.
