@@ -272,13 +272,6 @@ func (n *Node) serveRPC(lis net.Listener) {
 // peer token (setupAuth).
 func (n *Node) rpcAuthServerOptions() []grpc.ServerOption { return n.ops.auth.ServerOptions() }
 
-// rpcAuthDialOptions are the dial options that make a peer client of
-// member receiver send a fresh token on every call (none without a
-// secret).
-func (n *Node) rpcAuthDialOptions(receiver string) []grpc.DialOption {
-	return n.ops.auth.DialOptions(receiver, n.cfg.ClientTLS != nil)
-}
-
 // limitConns wraps lis in the connection bounds; refusals are logged
 // (at most one Warn a second, shared with the node's other throttled
 // warnings).
