@@ -530,7 +530,8 @@ func (m *Member) apply(e *pb.Entry, now int64) {
 		m.poke = true
 		m.do(m.own.Apply(c, now))
 	case pb.EntryConfChange, pb.EntryConfChangeV2:
-		// V2: leaving a joint configuration (a founding one: Config.
+		// V2: a batch of learner changes (learnerChange), and leaving a
+		// joint configuration (that, or a founding one: Config.
 		// Bootstrap), which raft proposes itself.
 		var cc pb.ConfChangeI
 		if e.GetType() == pb.EntryConfChange {
@@ -555,7 +556,7 @@ func (m *Member) apply(e *pb.Entry, now int64) {
 		// observeLeader). Only the leader: every member marshalling the
 		// whole table at every change was most of a fleet deploy's work
 		// (a change per joiner and per leaver, members² snapshots).
-		m.snapNow = m.snapNow || m.Leader()
+		m.snapNow = m.snapNow || m.Leader() && !leavesJoint(cc)
 	}
 }
 
@@ -611,8 +612,8 @@ func VotersFor(n int) int {
 }
 
 // autopilot keeps the voter set, one change at a time (raft refuses a
-// second pending one): a new incarnation in the table joins as a
-// learner; a learner that has caught up is promoted while voters are
+// second pending one): new incarnations in the table join as learners,
+// and done ones leave, in batches (learnerChange); a learner that has caught up is promoted while voters are
 // short; then a voter gossip reports gone, or leaving with its liveness
 // ended, is removed. Promoting first replaces a voter before it goes: a
 // voter leaving while another is dead but not yet removed would
@@ -628,6 +629,12 @@ func (m *Member) autopilot(now int64) {
 		return
 	}
 	st := m.rn.Status()
+	if len(st.Config.Voters[1]) > 0 {
+		// A joint configuration (a batch of learner changes, or a fleet's
+		// founding): raft refuses any change but the leave, which this
+		// leader proposes itself once it applied the entry.
+		return
+	}
 	voters, learners := st.Config.Voters.IDs(), st.Config.Learners
 	in := func(id uint64) bool {
 		_, v := voters[id]
@@ -649,40 +656,34 @@ func (m *Member) autopilot(now int64) {
 		return p.Gone || rec != nil && rec.Ended || p.Leaving && rec == nil
 	}
 	// Learners join and go once the voters need no change (learnerChange,
-	// at the end): a deploy wave of a fleet brings dozens of each, one
-	// change at a time, and replacing the voters it stops came after all
-	// of them; a wave that held three of five voters stopped them (peer's
+	// at the end): a deploy wave of a fleet brings dozens of each, and
+	// when they went one change at a time, replacing the voters it stops
+	// came after all of them; a wave that held three of five voters stopped them (peer's
 	// leave waits four Livenesses for its vote to go) before their
 	// replacements, and the log lost its majority for good (a simulated
 	// fleet of 128).
 	byID := map[uint64]Peer{}
-	var addLearner, dropLearner uint64
+	var addLearners, dropLearners []uint64
 	for _, p := range m.roster {
 		byID[p.RaftID] = p
 		// Every member the table lists and that is not done is in the
 		// log, a leaver too: one removed as a silent voter (paused,
 		// cut off) while it drained would otherwise never see its moves
 		// commit nor anyone extend, and its leave would stall.
-		if addLearner == 0 && !done(p) && !in(p.RaftID) && m.own.Table().Members[p.Member] != nil {
-			addLearner = p.RaftID
+		if len(addLearners) < learnerBatch && !done(p) && !in(p.RaftID) && m.own.Table().Members[p.Member] != nil {
+			addLearners = append(addLearners, p.RaftID)
 		}
 	}
 	for _, id := range sorted(learners) {
-		if p, ok := byID[id]; ok && done(p) {
-			dropLearner = id
-			break
+		if p, ok := byID[id]; ok && done(p) && len(dropLearners) < learnerBatch {
+			dropLearners = append(dropLearners, id)
 		}
 	}
 	defer func() {
 		if m.lastConf == now {
 			return // a voter change was proposed (or leadership handed on)
 		}
-		switch {
-		case addLearner != 0:
-			propose(pb.ConfChangeAddLearnerNode, addLearner)
-		case dropLearner != 0:
-			propose(pb.ConfChangeRemoveNode, dropLearner)
-		}
+		m.learnerChange(now, addLearners, dropLearners)
 	}()
 	// How many voters the log wants counts every member not done, a
 	// leaver still draining too: it still holds or backs partitions, and

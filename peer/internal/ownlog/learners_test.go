@@ -1,0 +1,125 @@
+package ownlog
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ringlimit/ringlimit/peer/internal/ownership"
+)
+
+// confEntries returns, by index, the configuration changes the leader
+// sent in appends since the last reset of c.sent: how many single
+// changes each carried. It fails the test for a batch (a V2 change) that
+// changes a voter.
+func (c *cluster) confEntries(lead uint64) map[uint64]int {
+	c.t.Helper()
+	out := map[uint64]int{}
+	for _, msg := range c.sent {
+		if msg.GetFrom() != lead || msg.GetType() != pb.MsgApp {
+			continue
+		}
+		for _, e := range msg.GetEntries() {
+			switch e.GetType() {
+			case pb.EntryConfChange:
+				out[e.GetIndex()] = 1
+			case pb.EntryConfChangeV2:
+				cc := &pb.ConfChangeV2{}
+				if err := proto.Unmarshal(e.GetData(), cc); err != nil {
+					c.t.Fatal(err)
+				}
+				out[e.GetIndex()] = len(cc.GetChanges())
+				for _, ch := range cc.GetChanges() {
+					// A batch changes no voter: it adds learners, and
+					// removes members the test made learners (4 and up).
+					if ch.GetType() != pb.ConfChangeAddLearnerNode && (ch.GetType() != pb.ConfChangeRemoveNode || ch.GetNodeId() < 4) {
+						c.t.Errorf("entry %d: %v of %d in a batch; want learners added or removed only", e.GetIndex(), ch.GetType(), ch.GetNodeId())
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestLearnersJoinAndGoInBatches: five new incarnations that gossip
+// lists join a log of three voters as learners in one configuration
+// change, not five; once gossip reports them gone they leave it in one
+// too. No batch changes a voter (confEntries), the joiners catch up
+// (they apply the table), and the log goes on committing.
+func TestLearnersJoinAndGoInBatches(t *testing.T) {
+	c := newCluster(t, 3)
+	c.run(5 * time.Second)
+	lead := c.leader()
+	ids := []string{"m1", "m2", "m3"}
+	for i := uint64(4); i <= 8; i++ {
+		m, err := New(Config{RaftID: i, Ownership: ownership.Config{ID: fmt.Sprintf("m%d", i)}, Partitions: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.members[i] = m
+		ids = append(ids, m.Own().ID())
+	}
+	view := func(gone bool) {
+		var roster []Peer
+		var g []string
+		for j, id := range ids {
+			p := Peer{RaftID: uint64(j + 1), Member: id, Gone: gone && j >= 3}
+			if p.Gone {
+				g = append(g, id)
+			}
+			roster = append(roster, p)
+		}
+		for _, m := range c.members {
+			m.SetView(ownership.View{Members: ids, Gone: g, Target: []string{"m1", "m2", "m3", "m1"}}, roster)
+		}
+	}
+	view(false)
+	c.sent = c.sent[:0]
+	c.until(10*time.Second, func() bool {
+		for i := uint64(4); i <= 8; i++ {
+			if !slices.Contains(c.members[lead].conf.GetLearners(), i) || c.members[i].Own().Table().Members[ids[i-1]] == nil {
+				return false
+			}
+		}
+		return true
+	}, func() string {
+		return "the joiners are not all learners that applied their own join: " + c.members[lead].Describe()
+	})
+	changes := c.confEntries(lead)
+	if n, singles := batches(changes); n > 2 || singles < 5 {
+		t.Errorf("5 learners joined in configuration changes %v (index: single changes); want them in one or two", changes)
+	}
+
+	for i := uint64(4); i <= 8; i++ {
+		c.down[i] = true
+	}
+	view(true)
+	c.sent = c.sent[:0]
+	c.until(10*time.Second, func() bool { return len(c.members[lead].conf.GetLearners()) == 0 },
+		func() string { return "the gone learners are still in the log: " + c.members[lead].Describe() })
+	if changes := c.confEntries(lead); func() bool { n, singles := batches(changes); return n > 2 || singles < 5 }() {
+		t.Errorf("5 learners left in configuration changes %v (index: single changes); want them in one or two", changes)
+	}
+	before := c.members[1].Own().LiveUntil()
+	c.run(3 * time.Second)
+	if c.members[1].Own().LiveUntil() <= before {
+		t.Errorf("m1's liveness no longer extends after the batches: %s", c.members[lead].Describe())
+	}
+}
+
+// batches counts the changes that carried single changes, and those
+// single changes.
+func batches(changes map[uint64]int) (entries, singles int) {
+	for _, n := range changes {
+		if n > 0 {
+			entries++
+			singles += n
+		}
+	}
+	return entries, singles
+}
