@@ -127,13 +127,15 @@ type FleetResult struct {
 }
 
 // Failed reports whether the run broke the promise or an invariant, lost
-// state, or left a phase unsettled.
+// state, left a phase unsettled, or left a key unavailable for longer
+// than the bound at a time (Unavailable beyond 2 × Liveness: a
+// crashed holder's keys come back within a Liveness and a commit).
 func (r FleetResult) Failed() bool {
 	if r.Result.Failed() || r.Result.Lost > 0 || r.Result.Stalled > 0 {
 		return true
 	}
 	for _, p := range r.Phases {
-		if p.Settle < 0 {
+		if p.Settle < 0 || p.Unavailable > 2*r.Options.Liveness {
 			return true
 		}
 	}
@@ -154,7 +156,11 @@ func (r FleetResult) String() string {
 			}
 			fmt.Fprintf(&b, " (waves %s)", strings.Join(ws, ", "))
 		}
-		fmt.Fprintf(&b, ", longest unavailable %v\n    %s\n    raft: %s\n", p.Unavailable.Round(time.Millisecond), p.Traffic.Rates(), p.Traffic.RaftMix())
+		over := ""
+		if p.Unavailable > 2*o.Liveness {
+			over = fmt.Sprintf(" (OVER the bound of 2 × Liveness, %v)", 2*o.Liveness)
+		}
+		fmt.Fprintf(&b, ", longest unavailable %v%s\n    %s\n    raft: %s\n", p.Unavailable.Round(time.Millisecond), over, p.Traffic.Rates(), p.Traffic.RaftMix())
 	}
 	res := r.Result
 	fmt.Fprintf(&b, "  %d ops (%d admitted), %d windows over the limit, %d holdings without their state, %d oracle findings, lost %d, misstood %d, stalled leaves %d\n",

@@ -10,15 +10,16 @@ import (
 
 // runFleet runs one fleet replayably (etcd raft draws its election
 // timeouts from crypto/rand; run seeds it) and fails t for a broken
-// promise or invariant, lost state, a stalled leave or a phase that did
-// not settle.
+// promise or invariant, lost state, a stalled leave, a phase that did
+// not settle, or a key unavailable for longer than 2 × Liveness at a
+// time (issue 54's bound).
 func runFleet(t *testing.T, f FleetOptions) FleetResult {
 	t.Helper()
 	run(t, Options{Seed: f.Seed, Members: 1, Duration: time.Nanosecond, Clients: 1}) // seeds crypto/rand
 	r := RunFleet(f)
 	t.Log(r)
 	if r.Failed() {
-		t.Errorf("the fleet broke the promise, lost state or did not settle:\n%s\nschedule:\n  %s", r, strings.Join(r.Result.Schedule, "\n  "))
+		t.Errorf("the fleet broke the promise, lost state, did not settle or left a key unavailable too long:\n%s\nschedule:\n  %s", r, strings.Join(r.Result.Schedule, "\n  "))
 	}
 	want := []string{"founding", "at rest", "churn 10 %", "rolling deploy"}
 	if f.RestOnly {
