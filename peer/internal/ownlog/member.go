@@ -560,11 +560,11 @@ func (m *Member) apply(e *pb.Entry, now int64) {
 	}
 }
 
-// snapshot takes a snapshot of the table every SnapshotEvery applied
+// snapshot takes a snapshot of the table every snapshotEvery applied
 // entries and compacts the log behind it, so that a joining member
 // catches up from a snapshot whose configuration names it.
 func (m *Member) snapshot() {
-	if !m.snapNow && m.applied < m.snapAt+m.cfg.SnapshotEvery || m.conf == nil || m.applied <= m.snapAt {
+	if !m.snapNow && m.applied < m.snapAt+m.snapshotEvery() || m.conf == nil || m.applied <= m.snapAt {
 		return
 	}
 	m.snapNow = false
