@@ -547,6 +547,7 @@ func (m *Member) apply(e *pb.Entry, now int64) {
 			}
 			cc = v2
 		}
+		m.tellRemoved(cc, e.GetIndex())
 		m.conf = m.rn.ApplyConfChange(cc)
 		m.poke = true
 		// A member just added catches up from a snapshot, which raft

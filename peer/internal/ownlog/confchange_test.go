@@ -123,3 +123,60 @@ func batches(changes map[uint64]int) (entries, singles int) {
 	}
 	return entries, singles
 }
+
+// TestRemovedVoterLearnsItsRemoval: voter m3, which gossip reports gone
+// but which still runs (a leaver), is removed by autopilot (after m4 is
+// promoted in its place), and every append that would tell m3 the
+// removal committed is lost. raft sends a removed member nothing more
+// once it applied the change, so m3 listed itself a voter for good, and
+// a leaver waits for that to end (peer's leave); the leader's own
+// heartbeat for the change (tellRemoved) tells it.
+func TestRemovedVoterLearnsItsRemoval(t *testing.T) {
+	c := newClusterConf(t, 4, &pb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}})
+	c.run(5 * time.Second)
+	if c.leader() == 3 {
+		c.members[3].TransferLeadership()
+		c.run(2 * time.Second)
+	}
+	ids := []string{"m1", "m2", "m3", "m4"}
+	var roster []Peer
+	for j, id := range ids {
+		roster = append(roster, Peer{RaftID: uint64(j + 1), Member: id, Gone: id == "m3"})
+	}
+	for _, m := range c.members {
+		m.SetView(ownership.View{Members: ids, Gone: []string{"m3"}, Target: []string{"m1", "m2", "m4", "m1"}}, roster)
+	}
+	removal, lost := uint64(0), 0
+	for end := c.now + int64(10*time.Second); c.members[3].Voter(); c.now += int64(100 * time.Millisecond) {
+		if c.now > end {
+			t.Fatalf("m3 still lists itself a voter 10 s after the removal at index %d (%d commits to it lost): m3 %s; leader %s",
+				removal, lost, c.members[3].Describe(), c.members[c.leader()].Describe())
+		}
+		for id := uint64(1); id <= 4; id++ {
+			c.carry(id, c.members[id].Tick(c.now))
+		}
+		for len(c.inbox) > 0 {
+			msg := c.inbox[0]
+			c.inbox = c.inbox[1:]
+			if msg.GetTo() == 3 && msg.GetType() == pb.MsgApp {
+				for _, e := range msg.GetEntries() {
+					if e.GetType() == pb.EntryConfChange {
+						cc := &pb.ConfChange{}
+						if proto.Unmarshal(e.GetData(), cc) == nil && cc.GetType() == pb.ConfChangeRemoveNode && cc.GetNodeId() == 3 {
+							removal = e.GetIndex()
+						}
+					}
+				}
+				if removal != 0 && msg.GetCommit() >= removal {
+					lost++
+					continue
+				}
+			}
+			c.carry(msg.GetTo(), c.members[msg.GetTo()].Step(msg, c.now))
+		}
+	}
+	if removal == 0 || lost == 0 {
+		t.Fatalf("m3's removal (index %d) went through without a commit to it lost (%d): the test lost nothing", removal, lost)
+	}
+	t.Logf("m3 applied its removal at index %d, %d appends committing it lost", removal, lost)
+}
