@@ -47,6 +47,7 @@ import (
 
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
@@ -144,8 +145,10 @@ type Member struct {
 	// ka is the leader's keep-alive state (session.go).
 	ka sessions
 	// ledTerm is the raft term in which this member was last observed
-	// leading (observeLeader).
+	// leading (observeLeader), and ledAt since when (the now of the call
+	// that first observed it lead in that term).
 	ledTerm uint64
+	ledAt   int64
 	// beat is when the leader last sent each learner a heartbeat;
 	// learners caches the learners of learnersOf (thin).
 	beat       map[uint64]int64
@@ -312,6 +315,7 @@ func (m *Member) observeLeader(now int64) {
 			// Leading anew: its latest snapshot may predate a member
 			// added since, which would refuse it.
 			m.snapNow = true
+			m.ledAt = now
 		}
 		m.ledTerm = st.GetTerm()
 	}
@@ -710,8 +714,15 @@ func (m *Member) autopilot(now int64) {
 	answers := func(id uint64) bool {
 		return id == m.cfg.RaftID || heardWithin(id, 3*m.cfg.HeartbeatTicks)
 	}
+	// Silent only once this member has led for an election timeout: a
+	// follower hears nothing from the other followers, so a new leader
+	// had heard none of them lately but those that voted for it, and
+	// removed the others as silent at once. A leaving voter so removed
+	// lacked the entries that would tell it (tellRemoved), listed itself
+	// a voter and stayed its bound of four Liveness (a 32-member deploy
+	// wave 8 s longer).
 	silent := func(id uint64) bool {
-		return id != m.cfg.RaftID && m.tick > 0 && !heardWithin(id, m.cfg.ElectionTicks)
+		return id != m.cfg.RaftID && m.tick > 0 && !heardWithin(id, m.cfg.ElectionTicks) && now-m.ledAt >= int64(m.cfg.ElectionTicks)*m.tick
 	}
 	// Voters that stay: a leaving voter is replaced before it goes, so
 	// that the last voter of a log never leaves with it. One that stays
@@ -804,6 +815,15 @@ func (m *Member) autopilot(now int64) {
 			m.lastConf = now
 			m.TransferLeadership()
 			return
+		}
+		if !silent(id) && st.Progress[id].State != tracker.StateReplicate {
+			// It answers, but this leader does not know its log yet (a
+			// new leader probes each follower, one append at a time):
+			// removed now, raft would not send it the commit of its
+			// removal, nor could tellRemoved, and a leaver lists itself
+			// a voter until its bound of four Liveness. Once one of
+			// this leader's appends reached it, it goes.
+			continue
 		}
 		propose(pb.ConfChangeRemoveNode, id)
 		return
