@@ -2,6 +2,7 @@ package ownlog
 
 import (
 	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
 	"go.etcd.io/raft/v3/tracker"
 )
 
@@ -54,4 +55,24 @@ func (m *Member) compactTo() uint64 {
 func (m *Member) snapshotEvery() uint64 {
 	t := m.own.Table()
 	return max(m.cfg.SnapshotEvery, uint64(len(t.Parts)+len(t.Members)))
+}
+
+// noteRefused, on the leader, owes a learner that refused an append a
+// heartbeat at the next heartbeat tick (thin sends a learner one only
+// every learnerBeats otherwise). An append that only carries the commit
+// can reach a learner before the one with the entries it commits (the
+// network reordered them, or lost the first): the learner refuses it,
+// then acknowledges the entries, and raft, which has its Match, sends
+// nothing more while the log is quiet. A heartbeat carries the commit
+// (up to the Match); without one the learner applied a partition handed
+// to it only at the next learner heartbeat, 10 s later (a simulated
+// fleet's churn: its keys unavailable for 9.7 s).
+func (m *Member) noteRefused(msg *pb.Message) {
+	if msg.GetType() != pb.MsgAppResp || !msg.GetReject() || !m.learner(msg.GetFrom()) {
+		return
+	}
+	if m.owed == nil {
+		m.owed = map[uint64]bool{}
+	}
+	m.owed[msg.GetFrom()] = true
 }

@@ -76,6 +76,11 @@ func leavesJoint(cc pb.ConfChangeI) bool {
 // member that has the entry (its Match, as raft's own heartbeats carry
 // no commit past it: a commit beyond its log makes raft panic).
 func (m *Member) tellRemoved(cc pb.ConfChangeI, index uint64) {
+	for _, ch := range cc.AsV2().GetChanges() {
+		if ch.GetType() == pb.ConfChangeRemoveNode {
+			delete(m.owed, ch.GetNodeId()) // noteRefused's, for a member gone
+		}
+	}
 	if !m.Leader() {
 		return
 	}

@@ -180,3 +180,63 @@ func TestRemovedVoterLearnsItsRemoval(t *testing.T) {
 	}
 	t.Logf("m3 applied its removal at index %d, %d appends committing it lost", removal, lost)
 }
+
+// TestLearnerGetsTheCommitItRefused: the append that commits an entry
+// reaches learner m4 before the append with the entry (reordered), so m4
+// refuses it, then takes the entry, and its answers reach the leader in
+// the other order too; raft, which has m4's Match, sends it
+// nothing more while the log is quiet, and learners get a heartbeat only
+// every learnerBeats. The refusal owes m4 one at the next heartbeat tick
+// (noteRefused), which commits the entry there within a second.
+func TestLearnerGetsTheCommitItRefused(t *testing.T) {
+	c := newClusterConf(t, 4, &pb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}})
+	c.run(5 * time.Second)
+	lead := c.leader()
+	l := c.members[lead]
+	// Just after a learner heartbeat: the next is learnerBeats away.
+	last := l.beat[4]
+	c.until(10*time.Second, func() bool { return l.beat[4] != last }, func() string { return "no heartbeat to learner m4 in 10 s" })
+	if err := l.rn.Propose([]byte{0xff}); err != nil { // refused alike by every member when applied
+		t.Fatal(err)
+	}
+	c.carry(lead, l.ready(c.now))
+	var held []*pb.Message
+	swapped := false
+	for len(c.inbox) > 0 {
+		msg := c.inbox[0]
+		c.inbox = c.inbox[1:]
+		if msg.GetTo() == 4 && msg.GetType() == pb.MsgApp && !swapped {
+			if len(msg.GetEntries()) > 0 {
+				held = append(held, msg) // the entries, delivered after the commit
+				continue
+			}
+			if len(held) > 0 {
+				// m4 refuses the commit, then takes the entry; its two
+				// answers reach the leader in the other order, the
+				// refusal last (stale by then: raft ignores it).
+				var answers []*pb.Message
+				for _, in := range append([]*pb.Message{msg}, held...) {
+					answers = append(answers, c.members[4].Step(in, c.now).Messages...)
+				}
+				slices.Reverse(answers)
+				for _, a := range answers {
+					c.carry(lead, l.Step(a, c.now))
+				}
+				swapped = true
+				continue
+			}
+		}
+		c.carry(msg.GetTo(), c.members[msg.GetTo()].Step(msg, c.now))
+	}
+	if !swapped {
+		t.Fatal("no append with the entry followed by one with its commit went to m4: the test reordered nothing")
+	}
+	want := l.rn.BasicStatus().HardState.GetCommit()
+	if got := c.members[4].rn.BasicStatus().HardState.GetCommit(); got >= want {
+		t.Fatalf("m4 committed %d after the reorder, the leader %d: the test lost no commit", got, want)
+	}
+	c.until(time.Second, func() bool { return c.members[4].rn.BasicStatus().HardState.GetCommit() >= want },
+		func() string {
+			return fmt.Sprintf("m4 did not commit %d within a second: %s", want, c.members[4].Describe())
+		})
+}

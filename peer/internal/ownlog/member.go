@@ -155,6 +155,8 @@ type Member struct {
 	readBeat   map[uint64]int64 // when a read's heartbeat last went to each voter (thin)
 	learners   map[uint64]bool
 	learnersOf *pb.ConfState
+	// owed are the learners owed a heartbeat (noteRefused).
+	owed map[uint64]bool
 }
 
 // stallTicks is how many ticks' worth of silence in a leader's own
@@ -365,6 +367,7 @@ func (m *Member) Step(msg *pb.Message, now int64) Output {
 		m.stepKeepAlive(msg, now)
 		return m.ready(now)
 	}
+	m.noteRefused(msg)
 	if msg.GetType() == pb.MsgHeartbeatResp && bytes.HasPrefix(msg.GetContext(), kpMagic) {
 		var ok bool
 		if msg, ok = m.uncarry(msg, now); !ok {
