@@ -62,6 +62,9 @@ type FleetOptions struct {
 	Voters int
 	// RestOnly ends the run after the at-rest phase.
 	RestOnly bool
+	// Progress, when set, is told each phase's end as it comes (a run
+	// of 1 024 members takes many minutes).
+	Progress func(phase string, virtual, wall time.Duration)
 }
 
 func (f *FleetOptions) defaults() {
@@ -190,7 +193,7 @@ func RunFleet(f FleetOptions) FleetResult {
 	o.defaults()
 	s := newSim(o)
 	s.checkEvery = int64(f.CheckEvery)
-	s.fleet = &fleet{s: s, o: f}
+	s.fleet = &fleet{s: s, o: f, start: start}
 	s.run()
 	r := FleetResult{Options: f, Phases: s.fleet.phases}
 	r.Result = s.result()
@@ -206,6 +209,7 @@ func RunFleet(f FleetOptions) FleetResult {
 type fleet struct {
 	s      *sim
 	o      FleetOptions
+	start  time.Time // wall time at the run's start
 	phases []Phase
 	spans  [][2]int64 // each phase's start and end (virtual ns)
 }
@@ -454,6 +458,9 @@ func (f *fleet) done(name string, a snapshot, settle int64) {
 	s.note("%s done", name)
 	f.phases = append(f.phases, Phase{Name: name, Traffic: s.since(a), Settle: time.Duration(settle)})
 	f.spans = append(f.spans, [2]int64{a.at, s.now})
+	if f.o.Progress != nil {
+		f.o.Progress(name, time.Duration(s.now), time.Since(f.start))
+	}
 }
 
 // voters lists the running members that vote in the log, the leader

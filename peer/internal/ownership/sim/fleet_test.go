@@ -93,7 +93,9 @@ func TestFleetSizes(t *testing.T) {
 			t.Fatalf("RINGLIMIT_FLEET=%q: want comma-separated member counts of at least 2", v)
 		}
 		t.Run("members="+strconv.Itoa(n), func(t *testing.T) {
-			runFleet(t, FleetOptions{Seed: 1, Members: n, RestOnly: restOnly, Rest: rest})
+			runFleet(t, FleetOptions{Seed: 1, Members: n, RestOnly: restOnly, Rest: rest, Progress: func(phase string, virtual, wall time.Duration) {
+				t.Logf("%s done at %v of virtual time, %v of wall time", phase, virtual.Round(time.Millisecond), wall.Round(time.Second))
+			}})
 		})
 	}
 }
