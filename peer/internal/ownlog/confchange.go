@@ -64,17 +64,19 @@ func leavesJoint(cc pb.ConfChangeI) bool {
 	return ok && v2.LeaveJoint()
 }
 
-// tellRemoved, on the leader, sends each voter that the committed
-// configuration change cc at index removes a heartbeat committing index,
-// so that it applies its own removal. raft stops sending to a member once
-// it applied the change that removes it, and the commit of that change
-// may not have reached it first (it went in an append the network
-// reordered behind the next one, which the member refused): a leaving
-// voter waits until its log no longer lists it (peer's leave, the
-// simulator's leaveLog), and then waited out its bound of four Liveness
-// (a deploy wave of 32 members took 9.9 s instead of 2.6 s). Only to a
-// member that has the entry (its Match, as raft's own heartbeats carry
-// no commit past it: a commit beyond its log makes raft panic).
+// tellRemoved, on the leader, tells each voter that the committed
+// configuration change cc at index removes that index is committed, so
+// that it applies its own removal. raft stops sending to a member once it
+// applied the change that removes it, and the commit of that change may
+// not have reached it first (it went in an append the network reordered
+// behind the next one, which the member refused; or the member had not
+// acknowledged the entry yet): a leaving voter waits until its log no
+// longer lists it (peer's leave, the simulator's leaveLog), and then
+// waited out its bound of four Liveness (a deploy wave of 32 members took
+// 9.9 s instead of 2.6 s). A member that has the entry (its Match) gets a
+// heartbeat committing it; one behind gets an append of the entries from
+// its Match, as raft would send it, while the log still has them. Never
+// a commit past what it has: that makes raft panic.
 func (m *Member) tellRemoved(cc pb.ConfChangeI, index uint64) {
 	for _, ch := range cc.AsV2().GetChanges() {
 		if ch.GetType() == pb.ConfChangeRemoveNode {
@@ -95,10 +97,24 @@ func (m *Member) tellRemoved(cc pb.ConfChangeI, index uint64) {
 				match = pr.Match
 			}
 		})
+		msg := &pb.Message{Type: pb.MsgHeartbeat.Enum(), To: proto.Uint64(id), From: proto.Uint64(m.cfg.RaftID),
+			Term: proto.Uint64(m.rn.BasicStatus().GetTerm()), Commit: proto.Uint64(index)}
 		if match < index {
-			continue
+			// Its log is known to match this one up to match (raft's
+			// own appends probe until they find where).
+			if match == 0 {
+				continue
+			}
+			term, err := m.storage.Term(match)
+			if err != nil {
+				continue // compacted: raft would send it a snapshot
+			}
+			ents, err := m.storage.Entries(match+1, index+1, 1<<20)
+			if err != nil || uint64(len(ents)) != index-match {
+				continue
+			}
+			msg.Type, msg.Index, msg.LogTerm, msg.Entries = pb.MsgApp.Enum(), proto.Uint64(match), proto.Uint64(term), ents
 		}
-		m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgHeartbeat.Enum(), To: proto.Uint64(id), From: proto.Uint64(m.cfg.RaftID),
-			Term: proto.Uint64(m.rn.BasicStatus().GetTerm()), Commit: proto.Uint64(index)})
+		m.out.Messages = append(m.out.Messages, msg)
 	}
 }
