@@ -99,3 +99,21 @@ func TestFleetSizes(t *testing.T) {
 		})
 	}
 }
+
+// TestFleetUnavailableBound: a fleet run whose phase left a key
+// unavailable for longer than 2 × Liveness at a time fails, and says so;
+// up to the bound it does not.
+func TestFleetUnavailableBound(t *testing.T) {
+	for _, c := range []struct {
+		unavailable time.Duration
+		fails       bool
+	}{{0, false}, {4 * time.Second, false}, {4*time.Second + time.Millisecond, true}} {
+		r := FleetResult{Options: FleetOptions{Liveness: 2 * time.Second}, Phases: []Phase{{Name: "churn 10 %", Settle: time.Second, Unavailable: c.unavailable}}}
+		if got := r.Failed(); got != c.fails {
+			t.Errorf("a phase with a key unavailable %v at a 2 s Liveness: Failed() = %v, want %v", c.unavailable, got, c.fails)
+		}
+		if said := strings.Contains(r.String(), "OVER the bound"); said != c.fails {
+			t.Errorf("a phase with a key unavailable %v: the figures say it is over the bound: %v, want %v\n%s", c.unavailable, said, c.fails, r)
+		}
+	}
+}
