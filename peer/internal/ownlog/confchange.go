@@ -55,6 +55,25 @@ func (m *Member) learnerChange(now int64, add, drop []uint64) {
 	}
 }
 
+// leaveJoint is autopilot in a joint configuration (a batch of learner
+// changes, or a fleet's founding): raft refuses any change but the leave,
+// which raft's leader proposes itself once it applied the entry; but a
+// proposal made during a leadership transfer is dropped, and raft makes it
+// again only when more entries apply, which on a quiet log is never: the
+// configuration stayed joint and autopilot changed nothing more. So after
+// an election timeout in it, autopilot proposes the leave (an empty
+// ConfChangeV2), at most once an election timeout; raft refuses it while
+// one is pending.
+func (m *Member) leaveJoint(now int64) {
+	if m.tick == 0 || now-m.lastConf < int64(m.cfg.ElectionTicks)*m.tick {
+		return
+	}
+	m.lastConf = now
+	if m.rn.ProposeConfChange(&pb.ConfChangeV2{}) == nil {
+		m.out.ConfChanges++
+	}
+}
+
 // leavesJoint reports whether a configuration change entry only leaves a
 // joint configuration: it adds nobody, so the leader takes no snapshot
 // for it (apply), and the latest stays the joint one, which a joiner

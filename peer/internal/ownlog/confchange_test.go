@@ -253,3 +253,25 @@ func TestLearnerGetsTheCommitItRefused(t *testing.T) {
 			return fmt.Sprintf("m4 did not commit %d within a second: %s", want, c.members[4].Describe())
 		})
 }
+
+// TestJointConfigurationLeft: a log whose configuration is joint and that
+// raft will not leave by itself (its leave was dropped during a leadership
+// transfer, and the log is quiet; here, a joint configuration without
+// AutoLeave) is left by autopilot, which changes nothing while it is joint.
+func TestJointConfigurationLeft(t *testing.T) {
+	voters := []uint64{1, 2, 3}
+	c := newClusterConf(t, 4, &pb.ConfState{Voters: voters, VotersOutgoing: voters, Learners: []uint64{4}})
+	c.until(5*time.Second, func() bool {
+		for _, m := range c.members {
+			if len(m.conf.GetVotersOutgoing()) > 0 {
+				return false
+			}
+		}
+		return true
+	}, func() string {
+		return fmt.Sprintf("the configuration is still joint after 5 s: %v", c.members[1].conf)
+	})
+	if got := c.members[1].conf.GetVoters(); !slices.Equal(got, voters) {
+		t.Errorf("voters %v after leaving the joint configuration, want %v", got, voters)
+	}
+}

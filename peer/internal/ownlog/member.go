@@ -638,9 +638,7 @@ func (m *Member) autopilot(now int64) {
 	}
 	st := m.rn.Status()
 	if len(st.Config.Voters[1]) > 0 {
-		// A joint configuration (a batch of learner changes, or a fleet's
-		// founding): raft refuses any change but the leave, which this
-		// leader proposes itself once it applied the entry.
+		m.leaveJoint(now)
 		return
 	}
 	voters, learners := st.Config.Voters.IDs(), st.Config.Learners
