@@ -705,9 +705,10 @@ func (m *Member) thin(out, msgs []*pb.Message, now int64) []*pb.Message {
 			if len(msg.GetContext()) > 0 {
 				continue
 			}
-			if at, ok := m.beat[msg.GetTo()]; ok && m.tick > 0 && now-at < m.learnerBeat() {
+			if at, ok := m.beat[msg.GetTo()]; ok && m.tick > 0 && now-at < m.learnerBeat() && !m.owed[msg.GetTo()] {
 				continue
 			}
+			delete(m.owed, msg.GetTo())
 			m.beat[msg.GetTo()] = now
 		}
 		out = append(out, m.carry(msg))

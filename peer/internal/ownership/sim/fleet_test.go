@@ -10,15 +10,16 @@ import (
 
 // runFleet runs one fleet replayably (etcd raft draws its election
 // timeouts from crypto/rand; run seeds it) and fails t for a broken
-// promise or invariant, lost state, a stalled leave or a phase that did
-// not settle.
+// promise or invariant, lost state, a stalled leave, a phase that did
+// not settle, or a key unavailable for longer than 2 × Liveness at a
+// time (issue 54's bound).
 func runFleet(t *testing.T, f FleetOptions) FleetResult {
 	t.Helper()
 	run(t, Options{Seed: f.Seed, Members: 1, Duration: time.Nanosecond, Clients: 1}) // seeds crypto/rand
 	r := RunFleet(f)
 	t.Log(r)
 	if r.Failed() {
-		t.Errorf("the fleet broke the promise, lost state or did not settle:\n%s\nschedule:\n  %s", r, strings.Join(r.Result.Schedule, "\n  "))
+		t.Errorf("the fleet broke the promise, lost state, did not settle or left a key unavailable too long:\n%s\nschedule:\n  %s", r, strings.Join(r.Result.Schedule, "\n  "))
 	}
 	want := []string{"founding", "at rest", "churn 10 %", "rolling deploy"}
 	if f.RestOnly {
@@ -94,7 +95,27 @@ func TestFleetSizes(t *testing.T) {
 			t.Fatalf("RINGLIMIT_FLEET=%q: want comma-separated member counts of at least 2", v)
 		}
 		t.Run("members="+strconv.Itoa(n), func(t *testing.T) {
-			runFleet(t, FleetOptions{Seed: 1, Members: n, RestOnly: restOnly, Rest: rest})
+			runFleet(t, FleetOptions{Seed: 1, Members: n, RestOnly: restOnly, Rest: rest, Progress: func(phase string, virtual, wall time.Duration) {
+				t.Logf("%s done at %v of virtual time, %v of wall time", phase, virtual.Round(time.Millisecond), wall.Round(time.Second))
+			}})
 		})
+	}
+}
+
+// TestFleetUnavailableBound: a fleet run whose phase left a key
+// unavailable for longer than 2 × Liveness at a time fails, and says so;
+// up to the bound it does not.
+func TestFleetUnavailableBound(t *testing.T) {
+	for _, c := range []struct {
+		unavailable time.Duration
+		fails       bool
+	}{{0, false}, {4 * time.Second, false}, {4*time.Second + time.Millisecond, true}} {
+		r := FleetResult{Options: FleetOptions{Liveness: 2 * time.Second}, Phases: []Phase{{Name: "churn 10 %", Settle: time.Second, Unavailable: c.unavailable}}}
+		if got := r.Failed(); got != c.fails {
+			t.Errorf("a phase with a key unavailable %v at a 2 s Liveness: Failed() = %v, want %v", c.unavailable, got, c.fails)
+		}
+		if said := strings.Contains(r.String(), "OVER the bound"); said != c.fails {
+			t.Errorf("a phase with a key unavailable %v: the figures say it is over the bound: %v, want %v\n%s", c.unavailable, said, c.fails, r)
+		}
 	}
 }
