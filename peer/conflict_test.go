@@ -11,10 +11,14 @@ import (
 
 // TestDuplicateNameRefused starts a second node under a live member's name.
 // New must fail with ErrDuplicateName naming the other address, and the
-// established member must keep its place, address and service.
+// established member must keep its place, address and service. The cases
+// run in turn on one cluster: each checks that the ring is unchanged and
+// every member serves after its refused duplicate, so the next starts from
+// the cluster as started (after a failed case the rest do not run).
 func TestDuplicateNameRefused(t *testing.T) {
 	t.Parallel()
 	pols := map[string]PolicyConfig{"p": {Limit: 100, Window: time.Minute}}
+	c := startCluster(t, 2, Config{Policies: pols})
 	for _, tc := range []struct {
 		name string
 		seed int // node the duplicate joins through
@@ -23,8 +27,9 @@ func TestDuplicateNameRefused(t *testing.T) {
 		{"name of the seed", 0, 0},
 		{"name of another member", 0, 1},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := startCluster(t, 2, Config{Policies: pols})
+		// A case that fails leaves the cluster as it found it, or not:
+		// the next case would only report that again.
+		if !t.Run(tc.name, func(t *testing.T) {
 			victim := c.nodes[tc.dup]
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -48,6 +53,8 @@ func TestDuplicateNameRefused(t *testing.T) {
 					t.Fatalf("Allow via %s after the refused duplicate = %+v, %v; want a decision by %s", o.Name(), d, err, victim.Name())
 				}
 			}
-		})
+		}) {
+			return
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -135,77 +136,126 @@ func (s *stallScene) fillAtN1(t *testing.T, confirmed *int, limit int) {
 }
 
 // TestTakeoverClockSkew: the holder n0 and its backup n1 run on
-// clocks 5 s apart (either way). n0 admits the whole limit (sync) and
-// crashes; n1 takes the partition over from its copy. For each algorithm,
-// n1 must refuse until the first moment n0 itself would have admitted
-// again (shared time): the copy is rebased on n1's clock, so neither
-// offset makes the state expire early. (A window that ends later by the
-// replication delay only refuses more; the shared clock is frozen here,
-// so the bound is exact.)
+// clocks 5 s apart (either way). n0 admits the whole limit (sync) of a key
+// of each algorithm and crashes; n1 takes the partition over from its
+// copy. For each algorithm, n1 must refuse until the first moment n0
+// itself would have admitted again (shared time): the copy is rebased on
+// n1's clock, so neither offset makes the state expire early. (A window
+// that ends later by the replication delay only refuses more; the shared
+// clock is frozen here, so the bound is exact.)
+//
+// The three algorithms' keys share a subject, so a partition, and one
+// cluster and one takeover per offset: each key is checked at its own
+// instant, the earliest first, on the clock that only moves forward. (A
+// cluster and a takeover per algorithm cost three times the start and
+// the lease, and the copies they check are the same.)
 func TestTakeoverClockSkew(t *testing.T) {
 	t.Parallel()
 	const limit, window = 5, time.Minute
-	for _, alg := range []Algorithm{SlidingLog, TokenBucket, FixedWindow} {
-		for _, off := range []time.Duration{5 * time.Second, -5 * time.Second} {
-			t.Run(fmt.Sprintf("%v/holder_%+v", alg, off), func(t *testing.T) {
-				t.Parallel()
-				clk := &hoClock{}
-				// Start 7 s into a minute, so the fixed window's boundary
-				// on n0's clock is not where n1's is.
-				clk.Advance(7 * time.Second)
-				offsets := []time.Duration{off, -off, 0}
-				c := startClusterWith(t, 3, Config{
-					Gossip:         hoGossip,
-					ForwardTimeout: time.Second,
-					Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: window, Algorithm: alg}},
-				}, func(i int, cfg *Config) { cfg.Clock = clk.WithOffset(offsets[i]) })
-				n0, n1 := c.nodes[0], c.nodes[1]
-				key, pid := keyHeldWithBackup(t, n0, n1, fmt.Sprintf("skew-takeover-%v-%v", alg, off), "p")
-				admitN(t, n0, key, limit)
-				t0 := clk.Now() // shared time of the admissions
-				// The first shared time at which n0 would admit again.
-				var free time.Time
-				switch alg {
+	algs := map[string]Algorithm{"sliding": SlidingLog, "bucket": TokenBucket, "fixed": FixedWindow}
+	pols := map[string]PolicyConfig{}
+	for name, alg := range algs {
+		pols[name] = PolicyConfig{Limit: limit, Window: window, Algorithm: alg}
+	}
+	for _, off := range []time.Duration{5 * time.Second, -5 * time.Second} {
+		t.Run(fmt.Sprintf("holder_%+v", off), func(t *testing.T) {
+			t.Parallel()
+			clk := &hoClock{}
+			// Start 7 s into a minute, so the fixed window's boundary
+			// on n0's clock is not where n1's is.
+			clk.Advance(7 * time.Second)
+			offsets := []time.Duration{off, -off, 0}
+			c := startClusterWith(t, 3, Config{
+				Gossip:         hoGossip,
+				ForwardTimeout: time.Second,
+				Policies:       pols,
+			}, func(i int, cfg *Config) { cfg.Clock = clk.WithOffset(offsets[i]) })
+			n0, n1 := c.nodes[0], c.nodes[1]
+			first, pid := keyHeldWithBackup(t, n0, n1, fmt.Sprintf("skew-takeover-%v", off), "sliding")
+			type check struct {
+				alg  Algorithm
+				key  Key
+				free time.Time // the first shared time at which n0 would admit again
+			}
+			var checks []check
+			for name, alg := range algs {
+				k := Key{Tenant: first.Tenant, Subject: first.Subject, Policy: name}
+				if p := n0.partIDForTest(k); p != pid {
+					t.Fatalf("key %v is in partition %d, want %d (that of %v)", k, p, pid, first)
+				}
+				checks = append(checks, check{alg: alg, key: k})
+			}
+			for _, ck := range checks {
+				admitN(t, n0, ck.key, limit)
+			}
+			t0 := clk.Now() // shared time of the admissions
+			for i := range checks {
+				switch checks[i].alg {
 				case SlidingLog:
-					free = t0.Add(window)
+					checks[i].free = t0.Add(window)
 				case TokenBucket:
-					free = t0.Add(window / limit)
+					checks[i].free = t0.Add(window / limit)
 				case FixedWindow:
 					at := t0.Add(off) // n0's clock
-					free = at.Truncate(window).Add(window).Add(-off)
+					checks[i].free = at.Truncate(window).Add(window).Add(-off)
 				}
-				n0.KillForTest()
-				waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
-					r, _, _ := n1.roleForTest(pid)
-					return r == partition.RoleHolder
-				})
-				clk.Advance(free.Add(-time.Millisecond).Sub(clk.Now()))
-				for i := range 2 * limit {
-					// The clock is frozen: a check that finds the partition
-					// fenced (n1 moving its backup) is asked again.
-					var d Decision
-					var err error
-					for end := time.Now().Add(20 * time.Second); ; {
-						ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-						d, err = n1.Allow(ctx, Request{Key: key})
-						cancel()
-						if !errors.Is(err, ErrUnavailable) || time.Now().After(end) {
-							break
-						}
-					}
-					if err != nil {
-						t.Fatalf("check %d on n1 after the takeover: %v", i, err)
-					}
-					if d.Allowed {
-						t.Fatalf("n1 admitted %v after the admissions (shared time), before n0 would have (%v): %+v",
-							clk.Now().Sub(t0), free.Sub(t0), d)
+			}
+			slices.SortFunc(checks, func(a, b check) int { return a.free.Compare(b.free) })
+			n0.KillForTest()
+			waitFor(t, 30*time.Second, "n1 to take the partition over", func() bool {
+				r, _, _ := n1.roleForTest(pid)
+				return r == partition.RoleHolder
+			})
+			for _, ck := range checks {
+				// Keys whose instant an earlier key's check passed
+				// (the same free) were checked with it.
+				if !clk.Now().Before(ck.free) {
+					continue
+				}
+				clk.Advance(ck.free.Add(-time.Millisecond).Sub(clk.Now()))
+				for _, same := range checks {
+					if same.free.Equal(ck.free) {
+						refusedUntilFree(t, n1, same.alg, same.key, limit, t0, same.free, clk)
 					}
 				}
 				clk.Advance(time.Millisecond)
-				if d, err := n1.Allow(context.Background(), Request{Key: key}); err != nil || !d.Allowed {
-					t.Logf("at %v n1 still refuses (%+v, %v): its copy ends later than n0's state would", free.Sub(t0), d, err)
+				for _, same := range checks {
+					if !same.free.Equal(ck.free) {
+						continue
+					}
+					if d, err := n1.Allow(context.Background(), Request{Key: same.key}); err != nil || !d.Allowed {
+						t.Logf("%v: at %v n1 still refuses (%+v, %v): its copy ends later than n0's state would", same.alg, same.free.Sub(t0), d, err)
+					}
 				}
-			})
+			}
+		})
+	}
+}
+
+// refusedUntilFree asks n1 for key 2×limit times at the frozen instant 1 ms
+// before free (shared time) and fails if one is admitted: n0 would not
+// have admitted it yet.
+func refusedUntilFree(t *testing.T, n1 *Node, alg Algorithm, key Key, limit int, t0, free time.Time, clk *hoClock) {
+	t.Helper()
+	for i := range 2 * limit {
+		// The clock is frozen: a check that finds the partition
+		// fenced (n1 moving its backup) is asked again.
+		var d Decision
+		var err error
+		for end := time.Now().Add(20 * time.Second); ; {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			d, err = n1.Allow(ctx, Request{Key: key})
+			cancel()
+			if !errors.Is(err, ErrUnavailable) || time.Now().After(end) {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("%v: check %d on n1 after the takeover: %v", alg, i, err)
+		}
+		if d.Allowed {
+			t.Fatalf("%v: n1 admitted %v after the admissions (shared time), before n0 would have (%v): %+v",
+				alg, clk.Now().Sub(t0), free.Sub(t0), d)
 		}
 	}
 }
