@@ -175,12 +175,19 @@ func (n *Node) startRPC() error {
 		return fmt.Errorf("peer: listen rpc %s: %w", n.cfg.RPCAddr, err)
 	}
 	n.rpcLis = lis
+	n.serve(lis)
+	return nil
+}
+
+// serve starts the RPC server on lis, reporting not serving until the
+// node is ready, with peer-RPC authentication and the per-peer links'
+// env set up before anything is served or dialled.
+func (n *Node) serve(lis net.Listener) {
 	n.health = health.NewServer()
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	n.setupAuth()
 	n.links.env = n.newLinkEnv()
 	n.serveRPC(lis)
-	return nil
 }
 
 // setupAuth sets up peer-RPC authentication once, before the node first
@@ -319,11 +326,7 @@ func (n *Node) startDataDirJoiner(ctx context.Context) error {
 	if err = n.openOwner(); err != nil {
 		return fail(err)
 	}
-	n.health = health.NewServer()
-	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	n.setupAuth()
-	n.links.env = n.newLinkEnv()
-	n.serveRPC(lis)
+	n.serve(lis)
 	return nil
 }
 
