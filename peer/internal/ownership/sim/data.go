@@ -416,9 +416,34 @@ func sortedKeys(m map[string][]entry) []string {
 // key was unavailable or unknown, from the first such call to the next
 // decided answer's call.
 func (s *sim) longestGap() time.Duration {
+	return s.gapFrom(0, func(string) bool { return true })
+}
+
+// crashGaps is longestGap after the leader crashed (FaultLeaderCrash),
+// apart for the keys of the partitions it held and for the others.
+func (s *sim) crashGaps() CrashGaps {
+	if s.leaderHeld == nil {
+		return CrashGaps{}
+	}
+	own := func(k string) bool { return s.leaderHeld[s.partition(k)] }
+	g := CrashGaps{Own: s.gapFrom(s.leaderAt, own), Others: s.gapFrom(s.leaderAt, func(k string) bool { return !own(k) }), Measured: true}
+	for _, k := range s.keys {
+		if own(k) {
+			g.OwnKeys++
+		}
+	}
+	return g
+}
+
+// gapFrom is the longest such stretch, among the keys for which in
+// reports true, that began at from or later.
+func (s *sim) gapFrom(from int64, in func(string) bool) time.Duration {
 	var worst int64
 	since := map[string]int64{}
 	for _, o := range s.ops {
+		if o.Call < from || !in(o.Key) {
+			continue
+		}
 		switch o.Outcome {
 		case history.Unavailable, history.Unknown:
 			if _, ok := since[o.Key]; !ok {

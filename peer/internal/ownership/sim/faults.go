@@ -34,6 +34,12 @@ func (s *sim) planFault(warm int64) {
 		case FaultLeaderCrash:
 			if lead := s.leader(); lead != nil {
 				s.note("crash %s, the leader", lead.id)
+				s.leaderHeld, s.leaderAt = map[int]bool{}, s.now
+				for p := range s.o.Partitions {
+					if lead.own.Table().Holds(lead.id, p) {
+						s.leaderHeld[p] = true
+					}
+				}
 				s.crash(lead, false)
 			}
 		case FaultWholeRestart:

@@ -122,6 +122,20 @@ type Result struct {
 	LostAsync, LostOff int
 	// Traffic is the whole run's messages by category (traffic.go).
 	Traffic Traffic
+	// LeaderCrash is, under FaultLeaderCrash, how long keys stayed
+	// unavailable after the leader crashed: those it held and the others.
+	LeaderCrash CrashGaps
+}
+
+// CrashGaps is the longest stretch of one key's consecutive unavailable
+// or unknown answers that began after the log's leader crashed, among the
+// keys of the partitions it held (Own, OwnKeys of them) and among the
+// others (Others); Measured is false when no leader was crashed. A
+// stretch counts from the first call after the crash.
+type CrashGaps struct {
+	Own, Others time.Duration
+	OwnKeys     int
+	Measured    bool
 }
 
 // Failed reports whether the run broke the promise or an invariant.
@@ -187,6 +201,7 @@ func (s *sim) result() Result {
 	w := time.Duration(float64(o.Window) / (1 + o.RateBound))
 	res.Report = history.Check(s.ops, func(k string) history.Limits { return history.Limits{Limit: o.Limit + s.slack[k], Window: w} }, 3*time.Second)
 	res.Unavailable = s.longestGap()
+	res.LeaderCrash = s.crashGaps()
 	res.Granted, res.Used = s.granted, s.used
 	res.Misstood = s.misstood
 	res.Pokes = s.pokes
@@ -278,6 +293,10 @@ type sim struct {
 	lateAnswer map[string]int64
 	lateCopy   bool     // copies are held back 1.2-3 s (FaultLateCopy)
 	disk       *simDisk // data directories of FaultWholeRestart and FaultRestoredBackup (simdisk.go)
+	// leaderHeld is, under FaultLeaderCrash, the partitions the crashed
+	// leader held, and leaderAt when it crashed (Result.LeaderCrash).
+	leaderHeld map[int]bool
+	leaderAt   int64
 	overlaps   int      // probes that found two members that may decide
 	overlapAt  []string // the first few
 	probes     int
