@@ -17,7 +17,8 @@ import (
 // RINGLIMIT_SIM_FAILOVER seeds each: opt-in, beyond CI's budget. The
 // leader's crash is measured apart for the keys it held and the others'
 // (Result.LeaderCrash: the survivors' keys wait only for the election).
-// RINGLIMIT_SIM_FAILOVER_MEMBERS sets the members (5 unless set). It fails
+// RINGLIMIT_SIM_FAILOVER_MEMBERS sets the members (5 unless set), and
+// RINGLIMIT_SIM_TIMING raft's timing (simTiming). It fails
 // on any broken promise, and logs each kind's least, median, 90th
 // percentile and most.
 func TestFailoverTimes(t *testing.T) {
@@ -35,11 +36,13 @@ func TestFailoverTimes(t *testing.T) {
 			t.Fatalf("RINGLIMIT_SIM_FAILOVER_MEMBERS=%q: want a member count of at least 3", v)
 		}
 	}
+	beat, election := simTiming(t)
 	for _, f := range []Fault{FaultCrash, FaultLeaderCrash} {
 		var gaps, own, others []time.Duration
 		for seed := uint64(1); seed <= uint64(n); seed++ {
 			o := options(seed)
 			o.Fault, o.NoFault, o.Members = f, false, members
+			o.Heartbeat, o.Election = beat, election
 			r := run(t, o)
 			if r.Failed() || r.Lost > 0 {
 				t.Errorf("seed %d:\n%s", seed, r)
@@ -66,6 +69,23 @@ func TestFailoverTimes(t *testing.T) {
 			t.Logf("%s, %d members, the other keys: %s", f, members, spread(others))
 		}
 	}
+}
+
+// simTiming is RINGLIMIT_SIM_TIMING, raft's heartbeat interval and
+// election timeout for the opt-in measurements (Options.Heartbeat), as
+// two Go durations, e.g. 700ms,1.7s; zero (a node's timing) unless set.
+func simTiming(t *testing.T) (beat, election time.Duration) {
+	v := os.Getenv("RINGLIMIT_SIM_TIMING")
+	if v == "" {
+		return 0, 0
+	}
+	b, e, ok := strings.Cut(v, ",")
+	beat, err1 := time.ParseDuration(b)
+	election, err2 := time.ParseDuration(e)
+	if !ok || err1 != nil || err2 != nil || beat <= 0 || election <= beat {
+		t.Fatalf("RINGLIMIT_SIM_TIMING=%q: want a heartbeat interval and a longer election timeout, e.g. 700ms,1.7s", v)
+	}
+	return beat, election
 }
 
 // spread tells the least, median, 90th percentile and most of gaps.

@@ -60,6 +60,8 @@ type FleetOptions struct {
 	Liveness time.Duration
 	// Voters is the log's voter count [ownlog.VotersFor(Members): 5].
 	Voters int
+	// Heartbeat and Election replace raft's timing (Options.Heartbeat).
+	Heartbeat, Election time.Duration
 	// RestOnly ends the run after the at-rest phase.
 	RestOnly bool
 	// Progress, when set, is told each phase's end as it comes (a run
@@ -188,7 +190,7 @@ func settle(d time.Duration) string {
 func RunFleet(f FleetOptions) FleetResult {
 	start := time.Now()
 	f.defaults()
-	o := Options{Seed: f.Seed, NoFault: true, Members: f.Members, Partitions: f.Partitions, Keys: f.Keys, Clients: f.Clients, Liveness: f.Liveness, Voters: f.Voters,
+	o := Options{Seed: f.Seed, NoFault: true, Members: f.Members, Partitions: f.Partitions, Keys: f.Keys, Clients: f.Clients, Liveness: f.Liveness, Voters: f.Voters, Heartbeat: f.Heartbeat, Election: f.Election,
 		Duration: time.Hour} // the phases set the end
 	o.defaults()
 	s := newSim(o)

@@ -66,8 +66,9 @@ func TestFleet(t *testing.T) {
 // (comma-separated member counts, e.g. 256,1024): opt-in, beyond CI's
 // budget. RINGLIMIT_FLEET_PHASES=rest stops each after the at-rest phase,
 // and RINGLIMIT_FLEET_REST (a Go duration, 10s unless set) is that
-// phase's length.
-// Each size's phases and figures are logged (go test -v).
+// phase's length; RINGLIMIT_FLEET_VOTERS fixes the voters
+// (ownlog.VotersFor unless set) and RINGLIMIT_SIM_TIMING raft's timing
+// (simTiming). Each size's phases and figures are logged (go test -v).
 func TestFleetSizes(t *testing.T) {
 	v := os.Getenv("RINGLIMIT_FLEET")
 	if v == "" {
@@ -89,13 +90,22 @@ func TestFleetSizes(t *testing.T) {
 		}
 		rest = d
 	}
+	beat, election := simTiming(t)
+	voters := 0
+	if v := os.Getenv("RINGLIMIT_FLEET_VOTERS"); v != "" {
+		if n, err := strconv.Atoi(v); err != nil || n < 1 {
+			t.Fatalf("RINGLIMIT_FLEET_VOTERS=%q: want a voter count", v)
+		} else {
+			voters = n
+		}
+	}
 	for _, s := range strings.Split(v, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 2 {
 			t.Fatalf("RINGLIMIT_FLEET=%q: want comma-separated member counts of at least 2", v)
 		}
 		t.Run("members="+strconv.Itoa(n), func(t *testing.T) {
-			runFleet(t, FleetOptions{Seed: 1, Members: n, RestOnly: restOnly, Rest: rest, Progress: func(phase string, virtual, wall time.Duration) {
+			runFleet(t, FleetOptions{Seed: 1, Members: n, RestOnly: restOnly, Rest: rest, Voters: min(voters, n), Heartbeat: beat, Election: election, Progress: func(phase string, virtual, wall time.Duration) {
 				t.Logf("%s done at %v of virtual time, %v of wall time", phase, virtual.Round(time.Millisecond), wall.Round(time.Second))
 			}})
 		})

@@ -282,6 +282,12 @@ type Options struct {
 	// the clients' requests go to it.
 	Spread bool
 	Lease  time.Duration // [1 s] a grant's lease
+	// Heartbeat and Election, when Heartbeat is set, replace raft's
+	// heartbeat interval and election timeout [ownlog.Timing's, as a node
+	// derives them: 200 ms and 500 ms at a 2 s Liveness], rounded down to
+	// the simulator's 100 ms tick: what a slower heartbeat would cost
+	// (TestFailoverTimes, TestFleetSizes: RINGLIMIT_SIM_TIMING).
+	Heartbeat, Election time.Duration
 	// NoFault leaves Fault at FaultNone instead of drawing one.
 	NoFault bool
 }

@@ -503,6 +503,9 @@ func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *memb
 		clamp: map[string]int64{}, pending: map[uint64]*pendingSync{}, rights: map[string]*grantee.State{},
 		detect: int64(300*time.Millisecond) + s.rng.Int64N(int64(4700*time.Millisecond))}
 	beat, election := ownlog.Timing(s.o.Liveness, tick) // as a node derives them
+	if s.o.Heartbeat > 0 {
+		beat, election = max(int(s.o.Heartbeat/tick), 1), max(int(s.o.Election/tick), 2)
+	}
 	log, err := ownlog.New(ownlog.Config{RaftID: raftID, Ownership: ownership.Config{ID: m.id, Liveness: s.o.Liveness, ExtendEvery: s.o.ExtendEvery, EmptyAfter: s.o.emptyAfter(), Mutation: s.o.Rule},
 		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters, Disk: s.diskFor(name), SnapshotEvery: s.snapshotEvery(), HeartbeatTicks: beat, ElectionTicks: election})
 	if err != nil {
