@@ -50,9 +50,16 @@
 //     later: that only put off a crashed holder's End by the read.) Offsets never
 //     matter: each member measures durations on its own monotonic clock.
 //     A member that becomes leader counts a whole Liveness for every
-//     record from its election, before it ends anyone: any keep-alive an
-//     earlier leader granted was confirmed by a quorum one of whose
-//     members then voted for it, so it was sent before the election. A
+//     record, before it ends anyone, from the latest instant at which it
+//     or any member that voted for it last heard from a leader (or led,
+//     or started), as each voter tells with its vote (nine tenths of its
+//     age: its clock may be fast), and from its election when a vote
+//     tells nothing: any keep-alive an earlier leader granted was
+//     confirmed by a quorum, each of whose members had heard from that
+//     leader after the keep-alive was sent, and one of whom voted for the
+//     new leader (ownlog's votes.go). That instant is a heartbeat or two
+//     before a crashed leader stopped, where the election came an
+//     election timeout or more after. A
 //     leader that ran nothing for several ticks (Stalled: starved or
 //     paused, keep-alives perhaps unread in its inbox) ends nobody for a
 //     lapse until it had a few ticks to read them; waiting longer is

@@ -221,3 +221,34 @@ func TestSetBackupOfItsEpoch(t *testing.T) {
 		return tb.Apply(late) != nil && tb.Parts[0].Backup == "b"
 	})
 }
+
+// TestLeaderCountsFromItsVoters: a member that becomes leader ends a
+// silent member a whole Liveness after the instant its driver names
+// (when its voters last heard a leader: SetLeaderFrom), but never within
+// ExtendEvery of its election.
+func TestLeaderCountsFromItsVoters(t *testing.T) {
+	const live, tick = 2 * time.Second, 100 * time.Millisecond
+	for _, c := range []struct{ from, want time.Duration }{
+		{from: 500 * time.Millisecond, want: 1500 * time.Millisecond}, // a Liveness after from
+		{from: 1500 * time.Millisecond, want: time.Second},            // ExtendEvery after the election
+		{from: -time.Second, want: live},                              // never later than from the election
+	} {
+		m := New(Config{ID: "c", Liveness: live}, 1)
+		tb := twoMembers(MutNone)
+		tb.Members["c"] = &Liveness{Epoch: 1, Version: 1}
+		m.Restored(tb, 0)
+		now := int64(100 * time.Second)
+		m.SetLeaderFrom(true, now, now-int64(c.from))
+		var ended time.Duration
+		for at := now; at < now+int64(3*live) && ended == 0; at += int64(tick) {
+			for _, a := range m.Tick(at) {
+				if a.Kind == Propose && a.Cmd.Kind == End && a.Cmd.Member != "c" {
+					ended = time.Duration(at - now)
+				}
+			}
+		}
+		if ended < c.want || ended > c.want+tick {
+			t.Errorf("voters last heard a leader %v before the election: a silent member ended %v after it, want %v", c.from, ended, c.want)
+		}
+	}
+}

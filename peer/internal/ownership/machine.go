@@ -317,14 +317,25 @@ func (m *Machine) Gen() uint64 { return m.gen }
 // A member that has just become leader counts every record's whole
 // Liveness from now: while no leader committed anything (an election)
 // nobody could extend, and ending everyone then would only churn.
-//
-// It is also what makes sessions safe across leaders: a keep-alive granted
-// by an earlier leader was confirmed by a quorum before this member's
-// election, so its member's lease ends within a Liveness of now.
-func (m *Machine) SetLeader(leader bool, now int64) {
+func (m *Machine) SetLeader(leader bool, now int64) { m.SetLeaderFrom(leader, now, now) }
+
+// SetLeaderFrom is SetLeader, but a member that has just become leader
+// counts every record's whole Liveness from from (at most now): the
+// latest instant at which any keep-alive an earlier leader granted can
+// have been sent. That is what makes sessions safe across leaders: an
+// earlier leader's grant was confirmed by a quorum of voters after the
+// request was sent, and one of them voted for this member, which its
+// driver counts from the latest time any of its voters (itself
+// included) last heard from a leader (ownlog's votes.go). It ends nobody
+// within ExtendEvery of now all the same: a member that could reach no
+// leader through a long election is alive if it checks in by then (its
+// keep-alives go out as soon as it learns of the new leader), and ending
+// it would only hand its partitions on and back.
+func (m *Machine) SetLeaderFrom(leader bool, now, from int64) {
+	from = min(max(from, now-int64(m.cfg.Liveness-m.cfg.ExtendEvery)), now)
 	if leader && !m.leader && m.cfg.Mutation != MutRestoredNoWait && m.cfg.Mutation != MutLeaderNoWait {
 		for _, s := range m.seen {
-			s.at = max(s.at, now)
+			s.at = max(s.at, from)
 		}
 	}
 	if !leader {

@@ -111,6 +111,13 @@ const (
 	// three voters: ownlog's session.go): a leader cut off with one voter
 	// of five grants it until CheckQuorum steps it down.
 	MutCarrierIsQuorum
+	// MutLeaderOwnContact: a member that becomes leader counts every
+	// record's Liveness from when it last heard from a leader itself,
+	// not from the latest of that and its voters' (ownlog's votes.go):
+	// a voter cut off from the leader for a while, elected once the
+	// leader crashed, ends a member whose keep-alive the crashed leader
+	// granted, confirmed by the other voter, just before.
+	MutLeaderOwnContact
 	numMutations
 )
 
@@ -120,7 +127,7 @@ var mutationNames = [...]string{"none", "lease ignored", "holder counts the whol
 	"replica of any epoch", "copy of any epoch", "fence ignored", "aged grant early", "aged grant ignores the version",
 	"new leader counts nothing", "keep-alive while ending", "keep-alive unconfirmed", "heir ignored",
 	"lease counted from the latest keep-alive", "restored forgets the takeover", "leader counts from an earlier keep-alive",
-	"alone leaver counts only holders", "a carrier counts as a quorum"}
+	"alone leaver counts only holders", "a carrier counts as a quorum", "new leader counts from its own contact"}
 
 func (m Mutation) String() string {
 	if int(m) < len(mutationNames) {

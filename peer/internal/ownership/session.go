@@ -23,9 +23,11 @@ package ownership
 //   - A later leader: the read that confirmed a grant was acknowledged by
 //     a quorum after the request arrived, and a later leader's election
 //     needs votes from a quorum, one of which acknowledged first; so the
-//     request was sent before the later leader was elected, and a new
-//     leader counts every record's whole Liveness from its election
-//     (SetLeader) before it ends anyone. An End proposed by an earlier
+//     request was sent before that voter last heard from a leader, which
+//     it tells with its vote, and a new leader counts every record's
+//     whole Liveness from the latest such instant among its voters and
+//     itself (SetLeaderFrom; its election when a vote tells nothing)
+//     before it ends anyone. An End proposed by an earlier
 //     leader that commits later is in the log before any read the later
 //     leader confirms, so it is applied before that leader grants: the
 //     member's epoch moved on and the grant is refused.

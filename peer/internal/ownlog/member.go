@@ -159,6 +159,20 @@ type Member struct {
 	learnersOf *pb.ConfState
 	// owed are the learners owed a heartbeat (noteRefused).
 	owed map[uint64]bool
+	// contact is when this member last heard from a leader (an append,
+	// a heartbeat, a snapshot) or led, or started (contactSet: since its
+	// first call): every acknowledgement it gave a leader was sent
+	// before (votes.go).
+	contact    int64
+	contactSet bool
+	// votes are the votes granted to this member in votes.term: the
+	// latest contact any of them reported (votes.go).
+	votes votes
+	// electedTerm is the term in which this member was last elected,
+	// and electedFrom the latest contact among it and its voters then:
+	// any keep-alive an earlier leader granted was sent before.
+	electedTerm uint64
+	electedFrom int64
 }
 
 // stallTicks is how many ticks' worth of silence in a leader's own
@@ -311,8 +325,8 @@ func (m *Member) observeLeader(now int64) {
 	if leader && st.GetTerm() != m.ledTerm {
 		// Leading in another term than when last observed: it lost the
 		// leadership and won it back in between, and another leader may
-		// have granted keep-alives meanwhile. Lead anew (SetLeader waits
-		// a whole Liveness).
+		// have granted keep-alives meanwhile. Lead anew (SetLeaderFrom
+		// waits a whole Liveness from its voters' contact: votes.go).
 		m.own.SetLeader(false, now)
 	}
 	if leader {
@@ -324,7 +338,11 @@ func (m *Member) observeLeader(now int64) {
 		}
 		m.ledTerm = st.GetTerm()
 	}
-	m.own.SetLeader(leader, now)
+	from := now
+	if leader && st.GetTerm() == m.electedTerm {
+		from = min(m.electedFrom, now)
+	}
+	m.own.SetLeaderFrom(leader, now, from)
 	if l := m.Lead(); l != m.lead {
 		m.lead = l
 		if l != 0 {
@@ -366,6 +384,13 @@ func (m *Member) Step(msg *pb.Message, now int64) Output {
 		return m.ready(now)
 	}
 	m.heard[msg.GetFrom()] = now
+	m.touch(now)
+	switch msg.GetType() {
+	case pb.MsgApp, pb.MsgHeartbeat, pb.MsgSnap, pb.MsgTimeoutNow, pb.MsgReadIndexResp:
+		m.contact = now // from a leader (or answers it sent)
+	case pb.MsgVoteResp:
+		msg = m.noteVote(msg, now)
+	}
 	if IsKeepAlive(msg) {
 		m.stepKeepAlive(msg, now)
 		return m.ready(now)
@@ -484,6 +509,7 @@ func (m *Member) ready(now int64) Output {
 	if m.diskStopped(now) {
 		return Output{}
 	}
+	m.touch(now)
 	for m.rn.HasReady() {
 		rd := m.rn.Ready()
 		if m.cfg.Disk != nil && m.cfg.Disk.save(rd) != nil {
@@ -503,6 +529,7 @@ func (m *Member) ready(now int64) Output {
 		}
 		_ = m.storage.Append(rd.Entries)
 		m.out.Messages = m.thin(m.out.Messages, rd.Messages, now)
+		m.tellAge(m.out.Messages, now)
 		for _, e := range rd.CommittedEntries {
 			m.apply(e, now)
 		}

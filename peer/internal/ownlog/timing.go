@@ -14,7 +14,8 @@ import "time"
 // election: a new leader makes every member extend at once, so an
 // election must end well within a holder's lease (9/10 of Liveness from
 // its last keep-alive, sent every half of it), and a crashed leader's own
-// partitions wait for an election and then a whole Liveness. A keep-alive
+// partitions wait for an election and then what is left of a Liveness
+// from when its successor's voters last heard it (votes.go). A keep-alive
 // is answered within a few heartbeats (a relay's batch, then the leader's
 // read: session.go), well within the lease's margin. Faster heartbeats
 // cost every voter and the leader messages at rest for nothing: at 2 s, a
@@ -28,8 +29,8 @@ import "time"
 // simulator measured it (its README, "Below 13 members"): at 3 members, a
 // heartbeat every 0.7 s left keys unavailable at rest and, after the
 // leader's crash, the survivors' keys unavailable for 2.7 s (median) where
-// this timing leaves 1.2 s, the crashed leader's 4.2 s where it leaves
-// 2.6 s. And at 3 members no heartbeat meets the target with a lease that
+// this timing leaves 1.2 s, the crashed leader's 3.0 s where it leaves
+// 2.1 s. And at 3 members no heartbeat meets the target with a lease that
 // outlasts one lost answer (a renewal every 0.6 s or less).
 func Timing(liveness, tick time.Duration) (heartbeatTicks, electionTicks int) {
 	if tick <= 0 || liveness <= 0 {

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
@@ -42,6 +43,8 @@ func (s *sim) planFault(warm int64) {
 				}
 				s.crash(lead, false)
 			}
+		case FaultVoterCutCrash:
+			s.voterCutCrash(victim, span)
 		case FaultWholeRestart:
 			s.wholeRestart(span)
 		case FaultRestoredBackup:
@@ -513,6 +516,45 @@ func (s *sim) setPolicies(next func(i int) policyState, keys ...int) {
 			})
 		})
 	}
+}
+
+// voterCutCrash is FaultVoterCutCrash, h the first key's holder: if it
+// votes, another holder that does not (a voter cut off would leave the
+// log without a majority).
+func (s *sim) voterCutCrash(h *member, span func(lo, hi time.Duration) int64) {
+	lead := s.leader()
+	var cut *member
+	if lead != nil && h.log.Voter() {
+		h = nil
+		for _, id := range s.sortedIDs() {
+			if m := s.members[id]; !m.log.Voter() && slices.ContainsFunc(m.own.Table().Parts, func(p ownership.Partition) bool { return p.Holder == m.id }) {
+				h = m
+				break
+			}
+		}
+	}
+	for _, id := range s.sortedIDs() {
+		if m := s.members[id]; lead != nil && m != lead && m != h && m.log.Voter() {
+			cut = m
+			break
+		}
+	}
+	if cut == nil || h == nil || h == lead {
+		s.note("no leader, no holder that does not vote, or no voter to cut")
+		return
+	}
+	s.note("%s hears nothing from %s, the leader", cut.id, lead.id)
+	s.setCut(lead.name, cut.name, true)
+	s.at(span(time.Second, 2500*time.Millisecond), func() {
+		s.note("crash %s, the leader; cut %s, a holder, off for 5s", lead.id, h.id)
+		s.setCut(lead.name, cut.name, false)
+		s.crash(lead, false)
+		s.cutMember(h.name, true, true, true)
+		s.at(int64(5*time.Second), func() {
+			s.cutMember(h.name, true, true, false)
+			s.note("heal %s", h.id)
+		})
+	})
 }
 
 // cutMember drops messages to (in) and from (out) the member's name.

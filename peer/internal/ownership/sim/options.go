@@ -146,13 +146,21 @@ const (
 	// FaultLeaderCrash crashes the log's leader for good: its own
 	// holdings wait for an election, then for the new leader to wait out
 	// the keep-alives the crashed one may have granted (a whole Liveness
-	// from its election) before it ends it. TestFailoverTimes measures
+	// from when its voters last heard the crashed one) before it ends it.
+	// TestFailoverTimes measures
 	// how long its keys are unavailable.
 	FaultLeaderCrash = numFaults + 8
+	// FaultVoterCutCrash cuts a voter (not the leader, nor the first
+	// key's holder) off from the log's leader, both ways, for 0.6-1.2 s,
+	// then crashes the leader and cuts the holder off from everyone for
+	// 5 s: the cut voter may be elected next, with the vote of the other,
+	// which heard the crashed leader to the end (and confirmed its last
+	// grants), and must wait them out all the same.
+	FaultVoterCutCrash = numFaults + 9
 )
 
 var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash",
-	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "leader pauses", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it", "every member crashes at once and restarts from disk", "a member restarts from an old backup of its data directory", "the log falls silent to a backup, whose holder crashes as it re-copies", "the leader crashes"}
+	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "leader pauses", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it", "every member crashes at once and restarts from disk", "a member restarts from an old backup of its data directory", "the log falls silent to a backup, whose holder crashes as it re-copies", "the leader crashes", "a voter cut off from the leader, then the leader crashes"}
 
 func (f Fault) String() string { return faultNames[f] }
 

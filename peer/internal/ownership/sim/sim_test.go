@@ -245,6 +245,7 @@ func catalogue() []mutant {
 		{name: "fence ignored", rule: ownership.MutFenceIgnored, faults: []Fault{FaultJoin, FaultLeave, FaultRaise, FaultBlip}},
 		{name: "aged grant early", rule: ownership.MutAgedGrantEarly, faults: []Fault{FaultSplit, FaultLongSplit}},
 		{name: "new leader counts nothing", rule: ownership.MutLeaderNoWait, faults: []Fault{FaultLeaderChange, FaultLeaderSplit, FaultLeaderPause}},
+		{name: "new leader counts from its own contact", rule: ownership.MutLeaderOwnContact, faults: []Fault{FaultVoterCutCrash}, tweak: oftener, budget: 200},
 		{name: "keep-alive unconfirmed", rule: ownership.MutKeepAliveUnconfirmed,
 			beyond: "a leader cut off steps down within two election timeouts (CheckQuorum) and a later leader waits a Liveness from its election, so an unconfirmed grant outlasts that wait only when the step-down comes later than the election by a tenth of a Liveness and a keep-alive lands in between; FaultLeaderSplit aims at it, 0 of 60 schedules hit it; TestCutOffLeaderGrantsNothing"},
 		{name: "a carrier counts as a quorum", rule: ownership.MutCarrierIsQuorum,
