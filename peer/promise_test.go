@@ -270,7 +270,12 @@ func TestPromiseRounds(t *testing.T) {
 //
 // The last two together say the cluster behaves like the sequential
 // reference model at the owner's decision times.
+//
+// It runs beside another test: its nodes wait on their forwards' batches
+// far more than they compute (about a fifth of a core alone), and nothing
+// in it has a deadline but the 10 s forward timeout.
 func TestPromiseFreeRunning(t *testing.T) {
+	t.Parallel()
 	const (
 		limit          = 10
 		window         = 100 * time.Millisecond
