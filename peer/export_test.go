@@ -348,6 +348,21 @@ func (n *Node) fillForTest(pid int, ks shard.KeyState, policy string, now time.T
 	return pt.Store.Import(ks, p.Shard, now)
 }
 
+// fillCopyForTest merges ks into n's complete copy of partition pid kept
+// for holder, as fillForTest does into the holder's store: what
+// replication would have brought it.
+func (n *Node) fillCopyForTest(pid int, holder string, ks shard.KeyState, policy string, now time.Time) error {
+	p := n.table.Load().Lookup(policy)
+	if p == nil {
+		return fmt.Errorf("no policy %q", policy)
+	}
+	st := n.copyForTest(pid, holder)
+	if st == nil {
+		return fmt.Errorf("%s keeps no complete copy of partition %d for %s", n.Name(), pid, holder)
+	}
+	return st.Import(ks, p.Shard, now)
+}
+
 // copyForTest returns n's complete copy of partition pid kept for holder,
 // or nil when n keeps none.
 func (n *Node) copyForTest(pid int, holder string) *shard.Store {

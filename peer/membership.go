@@ -174,12 +174,22 @@ func (g *gossiper) start(ctx context.Context) error {
 		mc.AdvertiseAddr = ah
 		mc.AdvertisePort, _ = strconv.Atoi(ap)
 	}
-	d := &membership.Delegate{Queue: &g.events, OnEvent: func(e membership.Event) { g.noteReconnect(e); g.nudge() }, OnConflict: g.noteConflict}
+	// The join ends as soon as another claimant of this node's name is
+	// seen (conflict.go); New then fails.
+	joinCtx, endJoin := context.WithCancel(ctx)
+	defer endJoin()
+	g.conflict.mu.Lock()
+	g.conflict.stop = endJoin
+	g.conflict.mu.Unlock()
+	var selfAddr atomic.Pointer[string] // set once memberlist is up
+	d := &membership.Delegate{Queue: &g.events, OnEvent: func(e membership.Event) { g.noteReconnect(e); g.nudge() }, OnConflict: g.noteConflict,
+		OnMerge: func(peers []*memberlist.Node) error { return g.checkMerge(selfAddr.Load(), mc.ProbeTimeout, peers) }}
 	d.SetMeta(g.env.meta(false))
 	g.delegate = d
 	mc.Delegate = d
 	mc.Events = d
 	mc.Conflict = d
+	mc.Merge = d
 	g.mlLog = membership.NewLog(g.env.log)
 	mc.Logger = log.New(g.mlLog, "", 0)
 	mc.LogOutput = nil
@@ -195,16 +205,18 @@ func (g *gossiper) start(ctx context.Context) error {
 		return fmt.Errorf("peer: start gossip on %s: %w", g.env.cfg.GossipAddr, err)
 	}
 	g.ml = ml
+	self := ml.LocalNode().Address()
+	selfAddr.Store(&self)
 	if len(g.env.cfg.Join) == 0 {
 		return nil
 	}
-	err = membership.Join(ctx, ml, g.env.cfg.Join, g.env.cfg.JoinTimeout, g.env.log)
+	err = membership.Join(joinCtx, ml, g.env.cfg.Join, g.env.cfg.JoinTimeout, g.env.log)
 	if errors.Is(err, membership.ErrKeyMismatch) {
 		// This node's GossipKey is not the cluster's: a config error.
 		err = fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	if err == nil {
-		err = g.conflict.err(g.env.name)
+	if cerr := g.conflict.err(g.env.name); cerr != nil {
+		err = cerr // the join was ended for it, or it came after
 	}
 	if err != nil {
 		// Shutdown, not Leave: after a name conflict a leave would
@@ -530,6 +542,27 @@ func (g *gossiper) noteRestarts(evs []membership.Event, starts map[string]uint64
 		}
 	}
 	g.starts = starts
+}
+
+// checkMerge is the membership delegate's OnMerge: it refuses the member
+// list of a join's state exchange, this node's or a joiner's, that names
+// another member that may hold this node's name (membership.OtherClaimant),
+// and records the claimant. self is this node's gossip address (nil until
+// memberlist is up: no one has joined it yet). Called on memberlist's
+// goroutines; waits at most probeTimeout per entry under this node's name
+// in a state that needs a look.
+func (g *gossiper) checkMerge(self *string, probeTimeout time.Duration, peers []*memberlist.Node) error {
+	if self == nil {
+		return nil
+	}
+	other := membership.OtherClaimant(g.env.name, *self, peers, probeTimeout)
+	if other == nil {
+		return nil
+	}
+	if g.conflict.claim(other.Address()) {
+		g.env.log.Warn("another member uses this node's name", "member_addr", other.Address(), "state", membership.StateName(other.State))
+	}
+	return fmt.Errorf("%w: %q is claimed by the member at %s too", ErrDuplicateName, g.env.name, other.Address())
 }
 
 // noteConflict is the membership delegate's OnConflict: another member

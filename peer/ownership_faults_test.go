@@ -358,10 +358,27 @@ func TestOwnershipLargePartition(t *testing.T) {
 	// of one width): measured once, not 2000 times (600 000 runs encoded
 	// again under the race detector).
 	wire := len(keys) * proto.Size(stateToWire(shard.KeyState{Key: keys[0], Algorithm: shard.SlidingLog, Runs: ages}))
+	// The backup gets the same state, as replication would have brought
+	// it: on a loaded machine n0's liveness lapsed during the copies that
+	// follow, and n1 took over from a copy without the fill (the check
+	// below then met an empty key).
+	backup0 := n0.backupForTest(pid)
+	var b0 *Node
+	for _, nd := range c.nodes {
+		if nd.Name() == backup0 {
+			b0 = nd
+		}
+	}
+	if b0 == nil {
+		t.Fatalf("partition %d has no backup among the nodes (%q)", pid, backup0)
+	}
 	for _, k := range keys {
 		ks := shard.KeyState{Key: k, Algorithm: shard.SlidingLog, Runs: ages}
 		if err := n0.fillForTest(pid, ks, "big", clk.Now()); err != nil {
 			t.Fatalf("fill: %v", err)
+		}
+		if err := b0.fillCopyForTest(pid, n0.Name(), ks, "big", clk.Now()); err != nil {
+			t.Fatalf("fill the backup: %v", err)
 		}
 	}
 	if wire <= 5<<20 {

@@ -379,7 +379,8 @@ func hoMembership(t *testing.T, c *cluster, load *hoLoad, rounds, workers int, p
 
 // TestHandoffJoinLeaveUnderLoad drives 200 keys (L = 20, W = 1 h, so
 // nothing expires) from every node while the cluster goes 3 -> 5 -> 3
-// members twice. No key may ever exceed its limit, and keys of a policy with
+// members (partitions move at each of the four steps; a second
+// round added only more of the same moves, and as many seconds). No key may ever exceed its limit, and keys of a policy with
 // a limit never reached ("wide") must come out of all the moves with
 // Remaining exactly reflecting every admission made before: a lost or
 // reset log would show as extra Remaining.
@@ -400,7 +401,7 @@ func TestHandoffJoinLeaveUnderLoad(t *testing.T) {
 		load.drive(nd, 2)
 	}
 	load.progress(400)
-	hoMembership(t, c, load, 2, 2, 400)
+	hoMembership(t, c, load, 1, 2, 400)
 	load.halt()
 
 	admitted, unavailable := load.totals()
@@ -499,8 +500,9 @@ func TestHandoffJoinLeaveRollingWindow(t *testing.T) {
 	for _, nd := range c.nodes {
 		load.drive(nd, 2)
 	}
-	// The clock advances one step per 25 answered requests: about 25
-	// requests per key per window, so keys keep hitting the limit.
+	// The clock advances one step per 15 answered requests: about 15
+	// requests per key per window, so keys keep hitting the limit, and the
+	// window slides about four times over one round of 3 -> 5 -> 3.
 	stopClock := make(chan struct{})
 	var clockDone sync.WaitGroup
 	clockDone.Go(func() {
@@ -513,14 +515,14 @@ func TestHandoffJoinLeaveRollingWindow(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			if n := load.requests.Load(); n-last >= 25 {
+			if n := load.requests.Load(); n-last >= 15 {
 				last = n
 				clk.Advance(step)
 			}
 		}
 	})
 	load.progress(600)
-	hoMembership(t, c, load, 2, 2, 600)
+	hoMembership(t, c, load, 1, 2, 600)
 	load.halt()
 	close(stopClock)
 	clockDone.Wait()

@@ -54,7 +54,9 @@ func TestProcDataDirKill9(t *testing.T) {
 	dirs := []string{filepath.Join(root, "a"), filepath.Join(root, "b"), filepath.Join(root, "c")}
 	names := []string{"dd-a", "dd-b", "dd-c"}
 	start := func() []*serveProc {
-		args := func(i int) []string { return []string{"--policies", pols, "--data-dir", dirs[i]} }
+		args := func(i int) []string {
+			return []string{"--policies", pols, "--data-dir", dirs[i], "--forward-timeout", "500ms"}
+		}
 		a := startServe(t, names[0], nil, args(0)...)
 		b := startServe(t, names[1], nil, append(args(1), "--join", a.gossipAddr)...)
 		c := startServe(t, names[2], nil, append(args(2), "--join", a.gossipAddr)...)

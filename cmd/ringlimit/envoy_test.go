@@ -68,7 +68,11 @@ func rlsClient(t *testing.T, p *serveProc) rlsv3.RateLimitServiceClient {
 // ratelimit filter sends: several descriptors, hits_addend (request and
 // descriptor level), refunds (is_negative_hits), unknown domains and
 // descriptors, and 300 concurrent requests against a limit of 100.
+//
+// It runs beside other tests: what it checks is exact counts, and its
+// forwards get 5 s.
 func TestEnvoyRLS(t *testing.T) {
+	t.Parallel()
 	pols := writeFile(t, t.TempDir(), "policies.yaml", envoyPolicies)
 	// 300 requests at once, two thirds forwarded, under the race detector
 	// on a loaded machine: some waited past the default half second for

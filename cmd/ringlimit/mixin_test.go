@@ -82,7 +82,10 @@ func mixinMetrics(t *testing.T) []string {
 // TestMixin: the alert rules pass promtool (check and their unit tests),
 // and every series the dashboard and the rules name is on the /metrics of
 // real serve processes once they have done the work that creates it.
+//
+// It runs beside other tests: it waits up to 30 s for the series.
 func TestMixin(t *testing.T) {
+	t.Parallel()
 	names := mixinMetrics(t)
 	if len(names) < 15 {
 		t.Fatalf("the mixin names only %d series: %v", len(names), names)

@@ -68,7 +68,9 @@ const procTenant = "acme"
 func procCluster(t *testing.T, prefix string) (nodes []*serveProc, pols string) {
 	t.Helper()
 	pols = writeFile(t, t.TempDir(), "policies.yaml", procPolicies)
-	args := []string{"--policies", pols, "--log-level", "debug"}
+	// The default forward timeout: what callers of a stopped or killed
+	// owner see is what these tests measure.
+	args := []string{"--policies", pols, "--log-level", "debug", "--forward-timeout", "500ms"}
 	a := startServe(t, prefix+"-a", nil, args...)
 	b := startServe(t, prefix+"-b", nil, append(args, "--join", a.gossipAddr)...)
 	c := startServe(t, prefix+"-c", nil, append(args, "--join", a.gossipAddr)...)
@@ -765,7 +767,7 @@ func TestProcRollingRestart(t *testing.T) {
 			t.Logf("LOG %s:\n%s", old.name, old.logText())
 		}
 		drained := time.Since(t0)
-		p := startServe(t, old.name, nil, []string{"--policies", pols, "--log-level", "debug",
+		p := startServe(t, old.name, nil, []string{"--policies", pols, "--log-level", "debug", "--forward-timeout", "500ms",
 			"--gossip-addr", old.gossipAddr, "--grpc-addr", old.grpcAddr, "--http-addr", old.httpAddr,
 			"--join", strings.Join(join, ",")}...)
 		mu.Lock()

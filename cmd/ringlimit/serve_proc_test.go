@@ -63,9 +63,18 @@ func writeFile(t *testing.T, dir, name, data string) string {
 // README's quick start (TestQuickStart) and the demo run the default.
 const testPartitions = 31
 
-// startServe starts a node on loopback with ephemeral ports, fast gossip
-// and testPartitions (unless extra sets the count), and waits for its
-// "serving" line. extra are added flags; env are added environment
+// testForwardTimeout is the --forward-timeout of the serve processes
+// whose flags set none. The default, half a second, is what a client of a
+// healthy cluster should wait; under the race detector on a loaded 2-core
+// machine a live owner sometimes takes longer (TestServeMutualTLS failed
+// so: "no answer within 500ms"), and a test that forwards between healthy
+// members must not fail because a forward took long. The process tests
+// that stop or kill an owner and measure what callers see set their own.
+const testForwardTimeout = "3s"
+
+// startServe starts a node on loopback with ephemeral ports, fast gossip,
+// testPartitions (unless extra sets the count) and testForwardTimeout
+// (unless extra sets one), and waits for its "serving" line. extra are added flags; env are added environment
 // variables. The process is killed at cleanup if still running.
 func startServe(t *testing.T, name string, env []string, extra ...string) *serveProc {
 	t.Helper()
@@ -78,6 +87,9 @@ func startServe(t *testing.T, name string, env []string, extra ...string) *serve
 		"--log-format", "json", "--gossip-profile", "fast", "--drain-timeout", "5s", "--exit-on-stdin-eof"}, extra...)
 	if !slices.Contains(extra, "--partitions") && !slices.Contains(extra, "--expected-members") {
 		args = append(args, "--partitions", strconv.Itoa(testPartitions))
+	}
+	if !slices.Contains(extra, "--forward-timeout") {
+		args = append(args, "--forward-timeout", testForwardTimeout)
 	}
 	cmd := exec.Command(exe, args...)
 	cmd.Env = append(childEnv(os.Environ()), env...)

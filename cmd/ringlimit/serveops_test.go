@@ -155,7 +155,10 @@ func want(t *testing.T, what string, r httpResult, status int, fields map[string
 	}
 }
 
+// TestServeOperations runs beside other tests: no check in it has a bound
+// tighter than a second.
 func TestServeOperations(t *testing.T) {
+	t.Parallel()
 	nodes, tokFile := opsCluster(t)
 	a, b := nodes[0], nodes[1]
 

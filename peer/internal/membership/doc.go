@@ -20,6 +20,9 @@
 //     driver's OnEvent.
 //   - Log, memberlist's standard logger bridged into slog, with repeated
 //     warnings of one kind rate-limited.
+//   - OtherClaimant, which finds in a join's state exchange another
+//     member that may still hold this node's name, whatever state the
+//     seed gives it (memberlist reports only an alive one).
 //   - Join, joining seeds with backoff until one answers or a timeout; a
 //     seed that answers that its gossip key differs ends it at once
 //     (ErrKeyMismatch, with which side lacks a key and the answer).

@@ -150,6 +150,10 @@ type Delegate struct {
 	// OnConflict, if set, hears of two members claiming one name
 	// (memberlist's ConflictDelegate); it must not block.
 	OnConflict func(existing, other *memberlist.Node)
+	// OnMerge, if set, sees the member list of each push/pull made to
+	// join, this node's or a joiner's (memberlist's MergeDelegate), before
+	// it is merged: an error refuses the merge, and the join fails.
+	OnMerge func(peers []*memberlist.Node) error
 
 	mu   sync.Mutex
 	meta []byte
@@ -192,6 +196,14 @@ func (d *Delegate) NotifyConflict(existing, other *memberlist.Node) {
 	if d.OnConflict != nil {
 		d.OnConflict(existing, other)
 	}
+}
+
+// NotifyMerge implements memberlist.MergeDelegate.
+func (d *Delegate) NotifyMerge(peers []*memberlist.Node) error {
+	if d.OnMerge != nil {
+		return d.OnMerge(peers)
+	}
+	return nil
 }
 
 func (d *Delegate) GetBroadcasts(int, int) [][]byte { return nil }
