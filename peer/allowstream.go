@@ -160,7 +160,6 @@ func (as *allowStream) decide(items []*peerpb.AllowStreamItem) {
 	}
 	slab := make([]byte, 0, size)
 	var job streamJob
-	diskCopies := false // an admission waits for its disk and its backup
 	for i, it := range items {
 		sr := &reqs[i]
 		sr.res.Id = it.GetId()
@@ -188,16 +187,9 @@ func (as *allowStream) decide(items []*peerpb.AllowStreamItem) {
 		}
 		if sr.r.Wait != nil || sr.r.DurIdx != 0 {
 			job.waiting = append(job.waiting, sr)
-			diskCopies = diskCopies || sr.r.Wait != nil && sr.r.DurIdx != 0
 		} else {
 			job.ready = append(job.ready, sr)
 		}
-	}
-	if diskCopies {
-		// The message's copies for the backups first: the batcher the
-		// first one woke runs next, before the sender this job wakes
-		// (and its fsync) takes its place (dataDir.await).
-		yieldToReplication()
 	}
 	as.push(job)
 }
