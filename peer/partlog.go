@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -429,30 +428,12 @@ func (pl *partLog) keyOrGone(pid int, epoch uint64, st *shard.Store, key Key, du
 // (deferWait, durability disk) is on disk, and clears it. The receiver
 // calls it for each such item after deciding the whole batch: the first
 // call's fsync covers every item logged before it (group commit), so a
-// batch costs one fsync, not one per item. When the item waits for a
-// backup too, the replication is let out first (yieldToReplication).
+// batch costs one fsync, not one per item.
 func (dd *dataDir) await(r *opReq) error {
 	idx := r.DurIdx
 	if idx == 0 {
 		return nil
 	}
 	r.DurIdx = 0
-	if r.Wait != nil && !dd.parts.parts.Synced(idx) {
-		yieldToReplication()
-	}
 	return dd.sync(idx)
 }
-
-// yieldToReplication lets the goroutines ready to run go first before a
-// holder's fsync whose admissions also wait for their backup. The
-// replication batcher that those admissions woke is among them, queued
-// behind this goroutine on the same processor: an fsync is a blocking
-// system call, and the processor stays with it until the runtime's
-// monitor takes it back, so without the yield the message to the backup
-// left after the holder's fsync (measured with the routed client, 3 nodes
-// on 2 cores: 0.47–1.8 ms from an admission to its batcher, against
-// 0.11–0.25 ms with it). The backup's round trip (its own fsync and two
-// hops) is the longer wait of the two, so the holder's fsync starting a
-// little later costs the answer nothing, while the backup's message
-// leaving late costs it the whole delay.
-func yieldToReplication() { runtime.Gosched() }

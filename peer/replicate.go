@@ -214,10 +214,7 @@ func (c *peerLink) replLoop() {
 			c.awaitReplIdle(first)
 			continue
 		}
-		// diskFirst: an admission whose answer waits for the backup's
-		// disk leads the batch.
-		diskFirst := first.done != nil && c.env.diskPolicy(first.key.Policy)
-		if len(r.sem) > 1 && len(r.queue) < maxReplBatch-1 && !diskFirst {
+		if len(r.sem) > 1 && len(r.queue) < maxReplBatch-1 && !(first.done != nil && c.env.diskPolicy(first.key.Policy)) {
 			// As in batchLoop: while a message is out, what queues waits
 			// for its answer (or pipeGather) and leaves with it in one
 			// message, instead of one small message each. Not an
@@ -237,13 +234,8 @@ func (c *peerLink) replLoop() {
 			}
 			gather.Stop()
 		}
-		if len(r.queue) < maxReplBatch && !diskFirst {
+		if len(r.queue) < maxReplBatch {
 			// As in batchLoop: deciders ready to run add to this batch.
-			// Not before a disk admission: the holder yields before its
-			// own fsync so that this batch leaves first
-			// (yieldToReplication), and yielding here would put the
-			// batcher behind that fsync again; what the deciders add
-			// meanwhile joins the backup's next fsync.
 			runtime.Gosched()
 		}
 		// The batch, its packing and its answer use a pooled replSend.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/bits"
-	"runtime"
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
@@ -60,12 +59,6 @@ func (e *Env) check(ctx context.Context, pt *Part, r *Request, pk shard.Placed, 
 		return Decided, nil, rerr
 	}
 	if derr == nil && didx != 0 && !r.DeferWait {
-		if cp != nil {
-			// The backup's copy first: the batcher it woke waits
-			// behind this goroutine, and the fsync below would keep
-			// the processor (see Disk.Sync).
-			runtime.Gosched()
-		}
 		derr, didx = e.Disk.Sync(didx), 0
 	}
 	if derr != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/ringlimit/ringlimit/peer/internal/policy"
@@ -63,9 +62,6 @@ func (e *Env) decide(ctx context.Context, pt *Part, r *Request, alone bool, res 
 	unlock()
 	*r = c.r
 	if err == nil && didx != 0 {
-		if len(c.waits) > 0 {
-			runtime.Gosched() // the backup's copies first (see Disk.Sync)
-		}
 		err = e.Disk.Sync(didx)
 	}
 	if err == nil && spec.Admits && c.admitted && !r.fenced() && e.leaseEnded() {

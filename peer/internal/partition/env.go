@@ -50,12 +50,7 @@ type Disk interface {
 	// is to Sync before answering (0: none to wait for). A key the store
 	// no longer has is logged empty.
 	Log(pid int, epoch uint64, st *shard.Store, key shard.Key, dur policy.Durability, now time.Time) (uint64, error)
-	// Sync returns once the log holds idx on disk. It blocks in an
-	// fsync, which keeps the goroutine's processor until the runtime
-	// takes it back: a decision that also waits for its backup yields
-	// before it, so that the replication batcher its copy woke sends
-	// first (the backup's round trip is the longer wait, and starts
-	// only once the batcher runs).
+	// Sync returns once the log holds idx on disk.
 	Sync(idx uint64) error
 }
 
