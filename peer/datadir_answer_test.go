@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -47,10 +46,12 @@ func (f *fakeAllowStream) Send(r *peerpb.AllowStreamResponse) error {
 // admission of a disk policy under sync replication only once its own
 // record and its backup's are on disk. The timed flushes are off on both
 // nodes, so the answer's own waits are the only fsyncs, and the backup
-// applies the message only after the holder's fsync: an answer sent
-// before the holder's fsync (await skipped) or before the backup's (its
-// answer not waited for) finds a record not yet on disk and fails here.
+// applies the message only once an answer was sent or holdBackup passed:
+// an answer sent before the holder's fsync (await skipped), before the
+// backup's answer (not waited for) or before the backup's fsync finds a
+// record not yet on disk and fails here.
 func TestDurableStreamAnswerAfterFsync(t *testing.T) {
+	const holdBackup = 200 * time.Millisecond
 	base := logConfig(1000, time.Hour)
 	base.Policies = map[string]PolicyConfig{"api": {Limit: 1000, Window: time.Hour, Durability: DurabilityDisk, Replication: ReplicateSync}}
 	root := t.TempDir()
@@ -103,12 +104,16 @@ func TestDurableStreamAnswerAfterFsync(t *testing.T) {
 	defer backup.hooks.replHold.Store(nil)
 	for round := range 3 {
 		h0, b0 := hlog.Next(), blog.Next()
-		// The backup applies the message only once the holder's records
-		// are on disk, so that an answer not waiting for the backup
-		// leaves before the backup's records exist, every time.
+		// The backup applies the message only once an answer has been
+		// sent, or after holdBackup: an answer that does not wait for
+		// the backup leaves before the backup's records exist, every
+		// time; a right one waits out holdBackup.
+		sent := make(chan struct{})
+		var sentOnce sync.Once
 		hold := func(*peerpb.ReplicateRequest) func() {
-			for deadline := time.Now().Add(5 * time.Second); !hlog.Synced(h0+items-1) && time.Now().Before(deadline); {
-				runtime.Gosched()
+			select {
+			case <-sent:
+			case <-time.After(holdBackup):
 			}
 			return nil
 		}
@@ -117,6 +122,7 @@ func TestDurableStreamAnswerAfterFsync(t *testing.T) {
 		var errs []error
 		answered := 0
 		fs := &fakeAllowStream{ctx: context.Background(), msgs: []*peerpb.AllowStreamRequest{msg}, onSend: func(r *peerpb.AllowStreamResponse) {
+			defer sentOnce.Do(func() { close(sent) })
 			mu.Lock()
 			defer mu.Unlock()
 			// The message's records are the holder's from h0 and the
