@@ -296,22 +296,21 @@ func (as *allowStream) collect(srs []*streamReq, job streamJob) []*streamReq {
 	n := as.n
 	srs = append(srs, job.ready...)
 	for _, sr := range job.waiting {
-		// The fsync here first: it runs while the backup writes its own.
-		err := n.dd.await(&sr.r)
+		// The backup first, then this node's disk (dataDir.await).
+		var err error
 		if sr.r.Wait != nil {
-			var rerr error
 			select {
-			case rerr = <-sr.r.Wait.Done():
+			case err = <-sr.r.Wait.Done():
 				sr.r.Wait.Release()
 			case <-as.ctx.Done():
-				rerr = errors.Join(ErrUnavailable, as.ctx.Err())
+				err = errors.Join(ErrUnavailable, as.ctx.Err())
 			case <-n.ctx.Done():
-				rerr = ErrClosed
+				err = ErrClosed
 			}
 			sr.r.Wait = nil
-			if err == nil {
-				err = rerr
-			}
+		}
+		if derr := n.dd.await(&sr.r); err == nil {
+			err = derr
 		}
 		if err != nil {
 			// Recorded here but not confirmed by the backup: the failure

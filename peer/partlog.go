@@ -428,7 +428,10 @@ func (pl *partLog) keyOrGone(pid int, epoch uint64, st *shard.Store, key Key, du
 // (deferWait, durability disk) is on disk, and clears it. The receiver
 // calls it for each such item after deciding the whole batch: the first
 // call's fsync covers every item logged before it (group commit), so a
-// batch costs one fsync, not one per item.
+// batch costs one fsync, not one per item. An item that waits for a
+// backup too calls it once the backup has answered (partition.Disk's
+// Sync says why): by then the fsyncs this node ran as a backup have
+// usually taken the record with them, and await returns without one.
 func (dd *dataDir) await(r *opReq) error {
 	idx := r.DurIdx
 	if idx == 0 {

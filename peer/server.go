@@ -133,19 +133,18 @@ func (s *limiterService) check(ctx context.Context, req *peerpb.CheckRequest, sc
 		if r == nil {
 			continue
 		}
-		// The fsync here first: it runs while the backup writes its own.
-		err := n.dd.await(r)
+		// The backup first, then this node's disk (dataDir.await).
+		var err error
 		if r.Wait != nil {
-			var rerr error
 			select {
-			case rerr = <-r.Wait.Done():
+			case err = <-r.Wait.Done():
 				r.Wait.Release()
 			case <-ctx.Done():
-				rerr = fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
+				err = fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
 			}
-			if err == nil {
-				err = rerr
-			}
+		}
+		if derr := n.dd.await(r); err == nil {
+			err = derr
 		}
 		if err != nil {
 			slots[i].out = wireError(n, v, peerpb.Status_STATUS_UNAVAILABLE, err)

@@ -58,8 +58,16 @@ func (e *Env) check(ctx context.Context, pt *Part, r *Request, pk shard.Placed, 
 	if rerr != nil && sync {
 		return Decided, nil, rerr
 	}
+	// syncAfter: the record is synced once the backup has answered
+	// (see Disk.Sync).
+	syncAfter := uint64(0)
 	if derr == nil && didx != 0 && !r.DeferWait {
-		derr, didx = e.Disk.Sync(didx), 0
+		if cp != nil {
+			syncAfter = didx
+		} else {
+			derr = e.Disk.Sync(didx)
+		}
+		didx = 0
 	}
 	if derr != nil {
 		return Decided, nil, derr
@@ -72,8 +80,9 @@ func (e *Env) check(ctx context.Context, pt *Part, r *Request, pk shard.Placed, 
 		r.Wait = cp
 	} else if cp != nil {
 		// The admission is recorded here; it is answered only once the
-		// backup has it too. If the backup does not confirm, the caller
-		// gets unavailable and the admission stays counted (it can only
+		// backup has it too (and, kept on disk, once it is on this
+		// node's disk). If either does not confirm, the caller gets
+		// unavailable and the admission stays counted (it can only
 		// refuse more).
 		select {
 		case err := <-cp.Done():
@@ -83,6 +92,11 @@ func (e *Env) check(ctx context.Context, pt *Part, r *Request, pk shard.Placed, 
 			}
 		case <-ctx.Done():
 			return Decided, nil, fmt.Errorf("%w: waiting for the backup: %w", ErrUnavailable, ctx.Err())
+		}
+		if syncAfter != 0 {
+			if err := e.Disk.Sync(syncAfter); err != nil {
+				return Decided, nil, err
+			}
 		}
 	}
 	// Field by field: a composite literal is built aside and then copied

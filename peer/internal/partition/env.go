@@ -50,7 +50,12 @@ type Disk interface {
 	// is to Sync before answering (0: none to wait for). A key the store
 	// no longer has is logged empty.
 	Log(pid int, epoch uint64, st *shard.Store, key shard.Key, dur policy.Durability, now time.Time) (uint64, error)
-	// Sync returns once the log holds idx on disk.
+	// Sync returns once the log holds idx on disk. A decision that
+	// also waits for its backup syncs after the backup's answer, not
+	// before: the backup's round trip (its own fsync and two hops) is the
+	// longer wait, and meanwhile the fsyncs this node runs as a backup
+	// of other holders' partitions usually take the record with them,
+	// so that Sync returns at once instead of running an fsync of its own.
 	Sync(idx uint64) error
 }
 
