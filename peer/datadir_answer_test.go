@@ -3,44 +3,15 @@ package peer
 import (
 	"context"
 	"fmt"
-	"io"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/ringlimit/ringlimit/peer/internal/partition"
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 	"github.com/ringlimit/ringlimit/shard"
 )
-
-// fakeAllowStream is an AllowStream call's server side: it hands the
-// handler msgs in turn, then io.EOF, and calls onSend with what the
-// handler sends.
-type fakeAllowStream struct {
-	grpc.ServerStream
-	ctx    context.Context
-	msgs   []*peerpb.AllowStreamRequest
-	next   int
-	onSend func(*peerpb.AllowStreamResponse)
-}
-
-func (f *fakeAllowStream) Context() context.Context { return f.ctx }
-
-func (f *fakeAllowStream) Recv() (*peerpb.AllowStreamRequest, error) {
-	if f.next == len(f.msgs) {
-		return nil, io.EOF
-	}
-	f.next++
-	return f.msgs[f.next-1], nil
-}
-
-func (f *fakeAllowStream) Send(r *peerpb.AllowStreamResponse) error {
-	f.onSend(r)
-	return nil
-}
 
 // TestDurableStreamAnswerAfterFsync: the holder answers an AllowStream
 // admission of a disk policy under sync replication only once its own
@@ -121,7 +92,7 @@ func TestDurableStreamAnswerAfterFsync(t *testing.T) {
 		var mu sync.Mutex
 		var errs []error
 		answered := 0
-		fs := &fakeAllowStream{ctx: context.Background(), msgs: []*peerpb.AllowStreamRequest{msg}, onSend: func(r *peerpb.AllowStreamResponse) {
+		fs := &fakeStream[peerpb.AllowStreamRequest, peerpb.AllowStreamResponse]{ctx: context.Background(), msgs: []*peerpb.AllowStreamRequest{msg}, onSend: func(r *peerpb.AllowStreamResponse) {
 			defer sentOnce.Do(func() { close(sent) })
 			mu.Lock()
 			defer mu.Unlock()

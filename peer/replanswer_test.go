@@ -14,27 +14,28 @@ import (
 	"github.com/ringlimit/ringlimit/peer/peerpb"
 )
 
-// fakeReplStream is a ReplicateStream's side of a pipe: it hands the
-// stream reqs in turn, then io.EOF, and keeps what the stream sends.
-type fakeReplStream struct {
+// fakeStream is a server-streaming call's side of a pipe: it hands the
+// handler msgs in turn, then io.EOF, and calls onSend with what the
+// handler sends (ReplicateStream's and AllowStream's server sides).
+type fakeStream[Req, Resp any] struct {
 	grpc.ServerStream
 	ctx    context.Context
-	reqs   []*peerpb.ReplicateRequest
+	msgs   []*Req
 	next   int
-	onSend func(*peerpb.ReplicateResponse)
+	onSend func(*Resp)
 }
 
-func (f *fakeReplStream) Context() context.Context { return f.ctx }
+func (f *fakeStream[Req, Resp]) Context() context.Context { return f.ctx }
 
-func (f *fakeReplStream) Recv() (*peerpb.ReplicateRequest, error) {
-	if f.next == len(f.reqs) {
+func (f *fakeStream[Req, Resp]) Recv() (*Req, error) {
+	if f.next == len(f.msgs) {
 		return nil, io.EOF
 	}
 	f.next++
-	return f.reqs[f.next-1], nil
+	return f.msgs[f.next-1], nil
 }
 
-func (f *fakeReplStream) Send(r *peerpb.ReplicateResponse) error {
+func (f *fakeStream[Req, Resp]) Send(r *Resp) error {
 	f.onSend(r)
 	return nil
 }
@@ -102,7 +103,7 @@ func TestDurableReplicaStreamAfterFsync(t *testing.T) {
 	defer backup.hooks.replHold.Store(nil)
 	var errs []error
 	var sent []uint64
-	fs := &fakeReplStream{ctx: context.Background(), reqs: reqs, onSend: func(r *peerpb.ReplicateResponse) {
+	fs := &fakeStream[peerpb.ReplicateRequest, peerpb.ReplicateResponse]{ctx: context.Background(), msgs: reqs, onSend: func(r *peerpb.ReplicateResponse) {
 		mu.Lock()
 		defer mu.Unlock()
 		id := r.GetId()
