@@ -231,6 +231,17 @@ func TestAloneLeaverKeepsTheOnlyCopy(t *testing.T) {
 		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateSync}},
 	}, hoGossip, func(*memberlist.Config) {})
 	n0, n1 := c.nodes[0], c.nodes[1]
+	t.Cleanup(func() {
+		if t.Failed() {
+			// Whether the log still has a leader, and who votes: a
+			// leaver that went with its vote leaves it without one.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			for _, nd := range c.live() {
+				t.Logf("%s's log: %s", nd.Name(), nd.lo.run.Describe(ctx))
+			}
+		}
+	})
 	key, pid := keyHeldWithBackup(t, n0, n1, "alone-leaver", "p")
 	admitted := admitN(t, n0, key, limit)
 	n0.setCopyUnsentForTest(func(p int, to string) bool { return p == pid && to != n1.Name() })
