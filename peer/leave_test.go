@@ -231,6 +231,17 @@ func TestAloneLeaverKeepsTheOnlyCopy(t *testing.T) {
 		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateSync}},
 	}, hoGossip, func(*memberlist.Config) {})
 	n0, n1 := c.nodes[0], c.nodes[1]
+	t.Cleanup(func() {
+		if t.Failed() {
+			// Whether the log still has a leader, and who votes: a
+			// leaver that went with its vote leaves it without one.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			for _, nd := range c.live() {
+				t.Logf("%s's log: %s", nd.Name(), nd.lo.run.Describe(ctx))
+			}
+		}
+	})
 	key, pid := keyHeldWithBackup(t, n0, n1, "alone-leaver", "p")
 	admitted := admitN(t, n0, key, limit)
 	n0.setCopyUnsentForTest(func(p int, to string) bool { return p == pid && to != n1.Name() })
@@ -317,4 +328,70 @@ func TestLeaverCutFromGossipKeepsItsVote(t *testing.T) {
 	cut.Store(false)
 	cancel() // n1's leave cannot finish: its copies all fail
 	awaitLeave(t, closed)
+}
+
+// TestLeaverWaitsForElection: n1 leaves (Close) while its log elects a
+// leader slowly: n0, one of three voters, crashed, and n1's raft messages
+// to n2 are lost for a while, so n2's vote requests reach n1 but nothing
+// of n1's reaches n2 (what a starved machine's late answers do to an
+// election). The drain gave up three election timeouts into it ("no
+// leader"), holding its partitions and with its vote: n0 and n1 were two
+// of the three voters, and the log never had a leader again. A leaver
+// whose log reaches a majority of its voters (n1 hears n2) waits for the
+// election; once it has a leader it drains and leaves, and n2 decides
+// what n1 held.
+func TestLeaverWaitsForElection(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t, 3, Config{
+		ForwardTimeout: time.Second,
+		Policies:       map[string]PolicyConfig{"p": {Limit: 5, Window: time.Hour}},
+	})
+	n0, n1, n2 := c.nodes[0], c.nodes[1], c.nodes[2]
+	if v := n1.lo.run.Voters(); v != 3 || !n1.lo.run.Voter() {
+		t.Fatalf("the log has %d voters (n1 one of them: %v), want 3 with n1", v, n1.lo.run.Voter())
+	}
+	var key Key
+	for _, k := range hoKeys("election-leaver", 2000, "p") {
+		if o, _ := n1.Owner(k); o == n1.Name() {
+			key = k
+			break
+		}
+	}
+	if key.Policy == "" {
+		t.Fatal("no key held by n1")
+	}
+	admitN(t, n1, key, 1)
+	var lost atomic.Bool
+	lost.Store(true)
+	to2 := n2.raftID()
+	drop := func(to uint64) bool { return lost.Load() && to == to2 }
+	n1.lo.raftDrop.Store(&drop)
+	n0.KillForTest()
+	waitFor(t, 20*time.Second, "n1 to know of no leader", func() bool { return n1.lo.run.Leaderless() != 0 })
+	closed := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+		defer cancel()
+		closed <- n1.Close(ctx)
+	}()
+	// Three times as long without a leader as the drain used to wait.
+	giveUp := noLeaderGiveUp(n1.cfg.LeaseDuration)
+	waitForWhy(t, 30*time.Second, fmt.Sprintf("n1 to have been without a leader for %v", 3*giveUp), func() bool {
+		select {
+		case err := <-closed:
+			t.Fatalf("n1's Close returned while its log was electing a leader (n1 hears n2, two of three voters): %v", err)
+		default:
+		}
+		since := n1.lo.run.Leaderless()
+		return since != 0 && n1.mono()-since > int64(3*giveUp)
+	}, func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		return fmt.Sprintf("n1: %s; n2: %s", n1.lo.run.Describe(ctx), n2.lo.run.Describe(ctx))
+	})
+	lost.Store(false)
+	awaitLeave(t, closed)
+	if after, _, _ := survivorAdmits(t, []*Node{n2}, key, 5, 40*time.Second); after > 4 {
+		t.Fatalf("n2 admitted %d of a key n1 had admitted once, limit 5: n1's admission was lost", after)
+	}
 }

@@ -92,10 +92,12 @@ func (lo *logOwner) drain(ctx context.Context) error {
 			// for good, so that nobody waits for it to expire.
 			return lo.leaveLog(ctx)
 		}
-		if since := lo.run.Leaderless(); since != 0 && e.mono()-since > int64(noLeaderGiveUp(e.lease)) {
+		if since := lo.run.Leaderless(); since != 0 && e.mono()-since > int64(noLeaderGiveUp(e.lease)) && !lo.electing(ctx) {
 			// Nothing moves without a leader: no copy commits, no
 			// liveness ends. Waiting out the close deadline only made
 			// Close slow (11 s) and its error long (issue 53 item 14).
+			// But only a log that reaches no majority of its voters
+			// never elects one: see electing.
 			parts, _ = lo.depends()
 			_, keys := heldPartitions(e.parts)
 			return fmt.Errorf("%w: the ownership log has no leader (%v); %d partitions (%d keys) move once this member's liveness lapses",
@@ -129,13 +131,33 @@ func (lo *logOwner) drain(ctx context.Context) error {
 }
 
 // noLeaderGiveUp is how long a drain waits for the ownership log to have
-// a leader before it gives up: three election timeouts (ownlog.Timing:
-// at a 2 s lease an election after 0.5 to 1 s without a leader, so 1.5 s),
-// so a log whose leader crashed elects another first, while one without
-// a majority of voters never does.
+// a leader before it gives up, unless the log is electing one (electing):
+// three election timeouts (ownlog.Timing: at a 2 s lease an election
+// after 0.5 to 1 s without a leader, so 1.5 s), so a log whose leader
+// crashed elects another first on an idle machine, while one without a
+// majority of voters never does. It is also how recently the voters must
+// have been heard from to count as electing.
 func noLeaderGiveUp(lease time.Duration) time.Duration {
 	_, election := ownlog.Timing(lease, logTick)
 	return 3 * time.Duration(election) * logTick
+}
+
+// electing reports whether the ownership log, leaderless, may still elect
+// a leader: within the last noLeaderGiveUp this member heard from a
+// majority of its voters (itself among them when it is one), or its
+// runner did not answer within a second (a starved runner proves nothing
+// about the voters). Such a log is electing, however long a loaded
+// machine makes that take: votes split, candidates time out again. A
+// drain that gave up on it after three election timeouts went with the
+// partitions it held, the only copy of one among them, and, a voter,
+// with its vote: with another of three voters crashed, the log never had
+// a leader again (TestAloneLeaverKeepsTheOnlyCopy at a load of 7 to 13 on
+// two cores, its election over 3 s; TestLeaverWaitsForElection).
+func (lo *logOwner) electing(ctx context.Context) bool {
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	reach, ok := lo.run.ReachesMajority(rctx, noLeaderGiveUp(lo.env.lease))
+	return reach || !ok
 }
 
 // errNoLeader ends a drain whose log has no leader.

@@ -246,6 +246,31 @@ func (m *Member) Voters(members int) (have, want int) {
 	return have, min(m.voters(members), members)
 }
 
+// ReachesMajority reports whether the voters of the applied
+// configuration this member had a raft message from (of any kind: a vote
+// request counts as much as a heartbeat) at or after since, itself
+// included when it is a voter, make a majority of them (of both halves of
+// a joint configuration). Voters that reach each other elect a leader in
+// the end, however many election timeouts a starved machine makes that
+// take; a member that reaches no majority may wait for one for good.
+// Without an applied configuration it reports false.
+func (m *Member) ReachesMajority(since int64) bool {
+	if len(m.conf.GetVoters()) == 0 {
+		return false
+	}
+	majority := func(ids []uint64) bool {
+		n := 0
+		for _, id := range ids {
+			if at, ok := m.heard[id]; id == m.cfg.RaftID || ok && at >= since {
+				n++
+			}
+		}
+		return n > len(ids)/2
+	}
+	out := m.conf.GetVotersOutgoing()
+	return majority(m.conf.GetVoters()) && (len(out) == 0 || majority(out))
+}
+
 // Describe summarises the member's raft state (term, leader, voters,
 // learners, commit), for status pages and test failures.
 func (m *Member) Describe() string {

@@ -563,3 +563,32 @@ func TestNeverAnsweringLearnerNotPromoted(t *testing.T) {
 		t.Fatalf("learners that answer are not promoted: voters %v: %s", v, c.members[1].Describe())
 	}
 }
+
+// TestReachesMajority: a member reaches a majority of the voters while it
+// (if a voter) and those it had a message from within the window are
+// more than half of them: each of three members with all up, each of the
+// two left after one crashed, and not the one left after two crashed,
+// once a window has passed since it last heard from them.
+func TestReachesMajority(t *testing.T) {
+	c := newCluster(t, 3)
+	c.run(5 * time.Second)
+	window := int64(time.Second)
+	reach := func(id uint64) bool { return c.members[id].ReachesMajority(c.now - window) }
+	for id := uint64(1); id <= 3; id++ {
+		if !reach(id) {
+			t.Fatalf("m%d, all three up, reaches no majority: %s", id, c.members[id].Describe())
+		}
+	}
+	c.down[3] = true
+	c.run(3 * time.Second)
+	for id := uint64(1); id <= 2; id++ {
+		if !reach(id) {
+			t.Fatalf("m%d, m3 down, reaches no majority: %s", id, c.members[id].Describe())
+		}
+	}
+	c.down[2] = true
+	c.run(2 * time.Second)
+	if reach(1) {
+		t.Fatalf("m1, m2 and m3 down, reaches a majority: %s", c.members[1].Describe())
+	}
+}

@@ -200,6 +200,14 @@ func (r *Runner) Lead() uint64 { return uint64(r.pub.Load().lead) }
 // leader, or 0 while it knows one.
 func (r *Runner) Leaderless() int64 { return r.pub.Load().leaderless }
 
+// ReachesMajority asks, on the runner's goroutine, whether this member
+// heard from a majority of the log's voters within the last within
+// (Member.ReachesMajority). ok is false when ctx ended or the runner
+// stopped before it answered.
+func (r *Runner) ReachesMajority(ctx context.Context, within time.Duration) (reach, ok bool) {
+	return ask(ctx, r, func() bool { return r.m.ReachesMajority(r.mono() - int64(within)) })
+}
+
 // Voters returns the voter count of the configuration last published.
 func (r *Runner) Voters() int { return r.pub.Load().voters }
 
