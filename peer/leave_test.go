@@ -92,15 +92,7 @@ func TestLeaverTrustsRestartedHolder(t *testing.T) {
 		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateSync}},
 	}, slowDetectGossip, func(mc *memberlist.Config) { mc.SuspicionMult = 12 })
 	n0, n1 := c.nodes[0], c.nodes[1]
-	t.Cleanup(func() {
-		if t.Failed() {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			for _, nd := range c.live() {
-				t.Logf("%s's log: %s", nd.Name(), nd.lo.run.Describe(ctx))
-			}
-		}
-	})
+	logsOnFailure(t, c)
 	key, pid := keyHeldWithBackup(t, n0, n1, "leaver-restarted-holder", "p")
 	admitted := admitN(t, n0, key, limit)
 	closed := leaveWithTheOnlyCopy(t, n0, n1, pid)
@@ -231,17 +223,7 @@ func TestAloneLeaverKeepsTheOnlyCopy(t *testing.T) {
 		Policies:       map[string]PolicyConfig{"p": {Limit: limit, Window: time.Hour, Replication: ReplicateSync}},
 	}, hoGossip, func(*memberlist.Config) {})
 	n0, n1 := c.nodes[0], c.nodes[1]
-	t.Cleanup(func() {
-		if t.Failed() {
-			// Whether the log still has a leader, and who votes: a
-			// leaver that went with its vote leaves it without one.
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			for _, nd := range c.live() {
-				t.Logf("%s's log: %s", nd.Name(), nd.lo.run.Describe(ctx))
-			}
-		}
-	})
+	logsOnFailure(t, c)
 	key, pid := keyHeldWithBackup(t, n0, n1, "alone-leaver", "p")
 	admitted := admitN(t, n0, key, limit)
 	n0.setCopyUnsentForTest(func(p int, to string) bool { return p == pid && to != n1.Name() })
@@ -394,4 +376,20 @@ func TestLeaverWaitsForElection(t *testing.T) {
 	if after, _, _ := survivorAdmits(t, []*Node{n2}, key, 5, 40*time.Second); after > 4 {
 		t.Fatalf("n2 admitted %d of a key n1 had admitted once, limit 5: n1's admission was lost", after)
 	}
+}
+
+// logsOnFailure logs, if t fails, each live node's ownership log: whether
+// it still has a leader, and who votes (a leaver that went with its vote
+// leaves it without one).
+func logsOnFailure(t *testing.T, c *cluster) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		for _, nd := range c.live() {
+			t.Logf("%s's log: %s", nd.Name(), nd.lo.run.Describe(ctx))
+		}
+	})
 }
