@@ -70,7 +70,7 @@ const leakGrace = 5 * time.Second
 
 // parallelTests is how many of the package's parallel tests run at once by
 // default.
-const parallelTests = 4
+const parallelTests = 3
 
 // TestCloseIdempotent checks that Close can be called repeatedly and
 // concurrently with one result, and that Allow afterwards returns ErrClosed.
