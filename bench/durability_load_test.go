@@ -59,6 +59,7 @@ func TestLoadDurability(t *testing.T) {
 		}
 		return n, took
 	}
+	t.Logf("fsyncs on an io_uring (their waiters parked): %v", nodes[0].Stats().DataDirAsyncSync)
 	res := make([][]loadResult, len(durs))
 	perDec := make([][]float64, len(durs))        // fsyncs per decision, all nodes
 	perSync := make([][]time.Duration, len(durs)) // one fsync's mean wall time

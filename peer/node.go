@@ -181,6 +181,10 @@ type Stats struct {
 	DataDirSyncs uint64
 	// DataDirSyncTime is the wall time those fsyncs took, added up.
 	DataDirSyncTime time.Duration
+	// DataDirAsyncSync: those fsyncs run on an io_uring, their waiters
+	// parked (Linux); false where the kernel refused one, the log then
+	// calling a blocking fsync.
+	DataDirAsyncSync bool
 }
 
 // Stats returns the local stores' sizes.
@@ -203,6 +207,7 @@ func (n *Node) Stats() Stats {
 	if n.dd != nil && n.dd.parts != nil {
 		s.DataDirSyncs = n.dd.parts.parts.Syncs()
 		s.DataDirSyncTime = n.dd.parts.parts.SyncTime()
+		s.DataDirAsyncSync, _ = n.dd.parts.parts.AsyncSync()
 	}
 	return s
 }

@@ -14,7 +14,9 @@
 //     flushing every N ms for disk_async calls it on its ticker). Records
 //     appended while an fsync runs are written and fsynced beside it (two
 //     at a time), and count as on disk only once the earlier fsync has
-//     ended too.
+//     ended too. On Linux the fsyncs run on an io_uring, the waiter
+//     parked in the netpoller rather than holding a processor; where the
+//     kernel refuses a ring, f.Sync (WAL.AsyncSync says which).
 //   - WriteBlob/ReadBlob: whole files (snapshots, the meta file) written
 //     to a temporary file, fsynced and renamed.
 //   - Parts: partition state as the operations copies and replication

@@ -147,6 +147,10 @@ func (p *Parts) Syncs() uint64 { return p.wal.Syncs() }
 // SyncTime returns the wall time the log's fsyncs took, added up.
 func (p *Parts) SyncTime() time.Duration { return p.wal.SyncTime() }
 
+// AsyncSync reports whether the log's fsyncs run on an io_uring, and if
+// not though it was wanted, why (WAL.AsyncSync).
+func (p *Parts) AsyncSync() (bool, error) { return p.wal.AsyncSync() }
+
 // Snapshot writes parts (one KIND_SYNC_CHUNK op per partition held or
 // backed here whose state is complete, with its whole state, ages
 // relative to wall) as the snapshot covering every

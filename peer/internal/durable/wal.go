@@ -89,8 +89,13 @@ type WAL struct {
 	// is their wall time, added up (two at once count twice).
 	syncs    uint64
 	syncTime time.Duration
-	// fsync syncs a segment (tests hold it).
-	fsync func(*os.File) error
+	// syncer is the WAL's way to fsync (syncer.go), chosen at open;
+	// ringErr says why the asynchronous one could not be set up, if
+	// not. fsync syncs a segment: syncer.sync (tests hold it).
+	syncer  syncer
+	async   bool
+	ringErr error
+	fsync   func(*os.File) error
 }
 
 // maxFlights bounds the fsyncs a WAL runs at a time. Two: while one runs,
@@ -164,7 +169,7 @@ func OpenWAL(dir, prefix, cluster string, segBytes int64, replay func(index uint
 	if err != nil {
 		return nil, err
 	}
-	w := &WAL{dir: dir, prefix: prefix, cluster: cluster, segBytes: segBytes, segs: segs, fsync: (*os.File).Sync}
+	w := &WAL{dir: dir, prefix: prefix, cluster: cluster, segBytes: segBytes, segs: segs}
 	w.cond.L = &w.mu
 	// Headers first: each segment's complete length is in its
 	// successor's header.
@@ -222,7 +227,18 @@ func OpenWAL(dir, prefix, cluster string, segBytes int64, replay func(index uint
 		prevLen = uint64(end)
 	}
 	w.durable, w.taken, w.prevEnd = w.next, w.next, prevLen
+	w.syncer, w.ringErr = newSyncer()
+	_, isFile := w.syncer.(fileSyncer)
+	w.async = !isFile
+	w.fsync = w.syncer.sync
 	return w, nil
+}
+
+// AsyncSync reports whether the WAL's fsyncs run on an io_uring (the
+// waiting goroutine parked, holding no processor) and, if they fall back
+// to a blocking f.Sync though the ring was wanted, why.
+func (w *WAL) AsyncSync() (bool, error) {
+	return w.async, w.ringErr
 }
 
 // completeRecords returns segment b up to where its successor (next,
@@ -535,6 +551,9 @@ func (w *WAL) Close() error {
 			err = cerr
 		}
 		w.f = nil
+	}
+	if cerr := w.syncer.close(); err == nil {
+		err = cerr
 	}
 	return err
 }
