@@ -118,6 +118,12 @@ const (
 	// leader crashed, ends a member whose keep-alive the crashed leader
 	// granted, confirmed by the other voter, just before.
 	MutLeaderOwnContact
+	// MutRemovedLeaderLeads: a leader that applies a configuration
+	// without itself keeps leading (ownlog's raft without
+	// StepDownOnRemoval): raft drops all its proposals while its
+	// heartbeats keep the others from electing another, so nothing
+	// commits again (a crashed holder is never ended).
+	MutRemovedLeaderLeads
 	numMutations
 )
 
@@ -127,7 +133,8 @@ var mutationNames = [...]string{"none", "lease ignored", "holder counts the whol
 	"replica of any epoch", "copy of any epoch", "fence ignored", "aged grant early", "aged grant ignores the version",
 	"new leader counts nothing", "keep-alive while ending", "keep-alive unconfirmed", "heir ignored",
 	"lease counted from the latest keep-alive", "restored forgets the takeover", "leader counts from an earlier keep-alive",
-	"alone leaver counts only holders", "a carrier counts as a quorum", "new leader counts from its own contact"}
+	"alone leaver counts only holders", "a carrier counts as a quorum", "new leader counts from its own contact",
+	"removed leader keeps leading"}
 
 func (m Mutation) String() string {
 	if int(m) < len(mutationNames) {

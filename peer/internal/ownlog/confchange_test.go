@@ -275,3 +275,43 @@ func TestJointConfigurationLeft(t *testing.T) {
 		t.Errorf("voters %v after leaving the joint configuration, want %v", got, voters)
 	}
 }
+
+// TestRemovedLeaderStepsDown: a leader that applies a configuration
+// without itself (a removal a previous leader proposed and this one
+// committed with its first entry, say) must step down. raft drops every
+// proposal of a leader outside the configuration, and its followers,
+// which still get its heartbeats, never elect another: seen under load,
+// a crashed holder's liveness was never ended (its End dropped) for the
+// 30 s the test waited. With StepDownOnRemoval the others elect a
+// leader, which commits again: m1..m3 less the old leader extend.
+func TestRemovedLeaderStepsDown(t *testing.T) {
+	c := newCluster(t, 3)
+	c.run(5 * time.Second)
+	old := c.leader()
+	if err := c.members[old].rn.ProposeConfChange(&pb.ConfChange{Type: pb.ConfChangeRemoveNode.Enum(), NodeId: proto.Uint64(old)}); err != nil {
+		t.Fatal(err)
+	}
+	c.until(5*time.Second, func() bool { return !slices.Contains(c.members[old].conf.GetVoters(), old) },
+		func() string { return "the leader has not applied its own removal: " + c.members[old].Describe() })
+	var rest []uint64
+	for id := range c.members {
+		if id != old {
+			rest = append(rest, id)
+		}
+	}
+	c.until(10*time.Second, func() bool {
+		return !c.members[old].Leader() && (c.members[rest[0]].Leader() || c.members[rest[1]].Leader())
+	}, func() string {
+		return fmt.Sprintf("the removed leader m%d still leads, or nobody else does: %s", old, c.members[old].Describe())
+	})
+	lead := c.leader()
+	other := rest[0]
+	if other == lead {
+		other = rest[1]
+	}
+	before := c.members[other].Own().LiveUntil()
+	c.run(3 * time.Second)
+	if c.members[other].Own().LiveUntil() <= before {
+		t.Errorf("m%d's liveness no longer extends under the new leader m%d: %s", other, lead, c.members[lead].Describe())
+	}
+}

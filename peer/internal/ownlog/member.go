@@ -213,8 +213,14 @@ func New(cfg Config) (*Member, error) {
 			return nil, err
 		}
 	}
+	// StepDownOnRemoval: a leader that applies a configuration without
+	// itself (a removal an earlier leader proposed, committed with this
+	// one's first entry) steps down. raft drops every proposal of a
+	// leader outside the configuration, while its heartbeats keep its
+	// followers from electing another: no End, move or extension would
+	// commit again (TestRemovedLeaderStepsDown).
 	rn, err := raft.NewRawNode(&raft.Config{ID: cfg.RaftID, ElectionTick: cfg.ElectionTicks, HeartbeatTick: cfg.HeartbeatTicks, Storage: m.storage,
-		MaxSizePerMsg: 1 << 20, MaxInflightMsgs: 256, CheckQuorum: true, PreVote: true, Logger: quiet{}})
+		MaxSizePerMsg: 1 << 20, MaxInflightMsgs: 256, CheckQuorum: true, PreVote: true, StepDownOnRemoval: cfg.Ownership.Mutation != ownership.MutRemovedLeaderLeads, Logger: quiet{}})
 	if err != nil {
 		return nil, fmt.Errorf("ownlog: %w", err)
 	}
