@@ -312,6 +312,9 @@ func (m *Member) Lead() uint64 { return m.rn.BasicStatus().Lead }
 // Leader reports whether this member leads the log.
 func (m *Member) Leader() bool { return m.rn.BasicStatus().RaftState == raft.StateLeader }
 
+// Term returns the raft term this member is in.
+func (m *Member) Term() uint64 { return m.rn.BasicStatus().GetTerm() }
+
 // SetView passes the gossip view on to the machine, and the raft members
 // gossip knows of to autopilot.
 func (m *Member) SetView(v ownership.View, roster []Peer) {
