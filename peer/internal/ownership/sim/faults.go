@@ -464,6 +464,9 @@ func (s *sim) crash(m *member, gone bool) {
 	if gone {
 		s.gone = append(s.gone, m.id)
 	}
+	if s.fleet == nil {
+		s.at(s.endedWithin(), func() { s.checkEnded(m) })
+	}
 }
 
 // crashLater crashes the first key's holder 0.5-4 s from now.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
 )
 
 // This file is the oracles beside the windows. The windows alone miss a
@@ -20,7 +22,9 @@ import (
 //   - it lacked an async admission made more than ReplicaTimeout before
 //     its holder stopped deciding: more than what was in flight;
 //   - it lacked an admission after an aged grant that could still count
-//     in a window.
+//     in a window;
+//   - a crashed member's liveness was still active in every running
+//     member's table endedWithin after the crash (checkEnded).
 //
 // Losses within those bounds (async in flight, off, a counted restart
 // after a double fault) are allowed, counted, and added to their key's
@@ -330,3 +334,46 @@ func cmpStr(a, b string) int {
 }
 
 func dur(ns int64) time.Duration { return time.Duration(ns).Round(time.Microsecond) }
+
+// endedWithin is how long after a crash the member's liveness may still
+// be active (checkEnded), in virtual ns. DESIGN's price is the liveness's
+// expiry and a commit; this allows a Liveness for the lease last granted
+// to lapse, a Liveness for a new leader's wait when the leader went too
+// (votes.go), four election timeouts for its election (a split vote
+// doubles two), and a Liveness of margin for pauses and lost messages:
+// 8 s at a 2 s Liveness.
+func (s *sim) endedWithin() int64 {
+	_, election := ownlog.Timing(s.o.Liveness, tick)
+	if s.o.Heartbeat > 0 {
+		election = max(int(s.o.Election/tick), 2)
+	}
+	return int64(3*s.o.Liveness) + 4*int64(election)*int64(tick)
+}
+
+// checkEnded, endedWithin after c crashed, records c (Result.Unended)
+// when every running member whose table has its record lists it active:
+// no leader ended it, so what it held is unavailable and stays so. (A
+// removed leader that kept leading did that: raft dropped its End while
+// its heartbeats kept the others from electing another.) A member whose
+// table does not know c yet has no say; a run with no member that knows
+// it checks nothing, nor does a crash within endedWithin of the run's
+// end, nor a fleet run (crash does not schedule it: each phase's settle
+// check covers it). Double faults may leave c active (a lost majority
+// ends nobody): the tests of them do not look at Result.Unended.
+func (s *sim) checkEnded(c *member) {
+	knows := 0
+	for _, id := range s.sortedIDs() {
+		rec := s.members[id].own.Table().Members[c.id]
+		if rec == nil {
+			continue
+		}
+		if rec.Ended || !rec.Active {
+			return
+		}
+		knows++
+	}
+	if knows > 0 {
+		s.unended = append(s.unended, fmt.Sprintf("%s crashed at %v and was still active in every running member's table at %v (%d know it)",
+			c.id, dur(s.now-s.endedWithin()), dur(s.now), knows))
+	}
+}

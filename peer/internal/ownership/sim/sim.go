@@ -45,7 +45,9 @@
 //     within ReplicaTimeout before their holder stopped, none at a move,
 //     none after an aged grant while they could count;
 //   - no holding handed without its state, no single fault restarting a
-//     partition empty.
+//     partition empty;
+//   - a crashed member's liveness ended within a bound (DESIGN's price:
+//     its keys unavailable for the liveness to expire and a commit).
 //
 // The simulator is itself tested: sim_test.go's catalogue breaks every
 // rule of ownership.Mutation and of this package's Mutation, one at a
@@ -125,6 +127,10 @@ type Result struct {
 	// LeaderCrash is, under FaultLeaderCrash, how long keys stayed
 	// unavailable after the leader crashed: those it held and the others.
 	LeaderCrash CrashGaps
+	// Unended lists the crashed incarnations every running member's
+	// table still listed active endedWithin after the crash (oracle.go):
+	// whatever they held stayed unavailable.
+	Unended []string
 }
 
 // CrashGaps is the longest stretch of one key's consecutive unavailable
@@ -140,15 +146,16 @@ type CrashGaps struct {
 
 // Failed reports whether the run broke the promise or an invariant.
 func (r Result) Failed() bool {
-	return len(r.Report.Violations) > 0 || r.Counters.MissingCopy > 0 || r.Misstood > 0 || len(r.Oracle) > 0
+	return len(r.Report.Violations) > 0 || r.Counters.MissingCopy > 0 || r.Misstood > 0 || len(r.Oracle) > 0 || len(r.Unended) > 0
 }
 
 // Caught reports whether a checker of the promise (a window, the
 // overlap and loss oracles, a holding handed without its state, a single
-// fault's restart from empty) failed the run: what a mutation test requires, beside the machine's own
+// fault's restart from empty, a crashed member never ended) failed the
+// run: what a mutation test requires, beside the machine's own
 // consistency check (Misstood).
 func (r Result) Caught() bool {
-	return len(r.Report.Violations) > 0 || r.Counters.MissingCopy > 0 || len(r.Oracle) > 0 || r.Lost > 0 && r.Fault < numFaults
+	return len(r.Report.Violations) > 0 || r.Counters.MissingCopy > 0 || len(r.Oracle) > 0 || len(r.Unended) > 0 || r.Lost > 0 && r.Fault < numFaults
 }
 
 // String tells the run in a few lines, with its schedule.
@@ -164,6 +171,9 @@ func (r Result) String() string {
 	}
 	for _, v := range r.Oracle {
 		fmt.Fprintf(&b, "  ORACLE %s\n", v)
+	}
+	for _, v := range r.Unended {
+		fmt.Fprintf(&b, "  UNENDED %s\n", v)
 	}
 	return b.String()
 }
@@ -206,6 +216,7 @@ func (s *sim) result() Result {
 	res.Misstood = s.misstood
 	res.Pokes = s.pokes
 	res.Stalled = s.stalled
+	res.Unended = s.unended
 	res.Traffic = s.since(snapshot{})
 	return res
 }
@@ -324,6 +335,7 @@ type sim struct {
 	// checkEvery spaces each member's consistency checks (checkDue; 0:
 	// after every output).
 	checkEvery int64
+	unended    []string // Result.Unended
 }
 
 const (

@@ -390,6 +390,8 @@ func TestMutationsAreCaught(t *testing.T) {
 						why = r.Oracle[0]
 					case len(r.Report.Violations) > 0:
 						why = r.Report.Violations[0].String()
+					case len(r.Unended) > 0:
+						why = "never ended: " + r.Unended[0]
 					default:
 						why = fmt.Sprintf("%d holdings handed without their state", r.Counters.MissingCopy)
 					}
