@@ -45,6 +45,8 @@ func (s *sim) planFault(warm int64) {
 			}
 		case FaultVoterCutCrash:
 			s.voterCutCrash(victim, span)
+		case FaultSelfRemoval:
+			s.selfRemovalFault()
 		case FaultWholeRestart:
 			s.wholeRestart(span)
 		case FaultRestoredBackup:

@@ -157,10 +157,20 @@ const (
 	// which heard the crashed leader to the end (and confirmed its last
 	// grants), and must wait them out all the same.
 	FaultVoterCutCrash = numFaults + 9
+	// FaultSelfRemoval makes a leader apply its own removal, then
+	// crashes a holder (selfremoval.go): a voter's messages to the
+	// leader are lost (a link failing one way), so autopilot replaces it
+	// and proposes its removal; the leader pauses the instant that
+	// append has gone out to the removed voter alone, which is then
+	// elected (its log is the longest) and commits its own removal with
+	// its first entry. It must step down: a leader outside its
+	// configuration has every proposal dropped while its heartbeats keep
+	// the others from electing, and the crashed holder is never ended.
+	FaultSelfRemoval = numFaults + 10
 )
 
 var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash",
-	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "leader pauses", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it", "every member crashes at once and restarts from disk", "a member restarts from an old backup of its data directory", "the log falls silent to a backup, whose holder crashes as it re-copies", "the leader crashes", "a voter cut off from the leader, then the leader crashes"}
+	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "leader pauses", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it", "every member crashes at once and restarts from disk", "a member restarts from an old backup of its data directory", "the log falls silent to a backup, whose holder crashes as it re-copies", "the leader crashes", "a voter cut off from the leader, then the leader crashes", "a leader elected with its own removal, then a holder crashes"}
 
 func (f Fault) String() string { return faultNames[f] }
 

@@ -131,6 +131,9 @@ type Result struct {
 	// table still listed active endedWithin after the crash (oracle.go):
 	// whatever they held stayed unavailable.
 	Unended []string
+	// SelfRemoved is, under FaultSelfRemoval, whether a leader applied
+	// its own removal in the term it led (selfremoval.go).
+	SelfRemoved bool
 }
 
 // CrashGaps is the longest stretch of one key's consecutive unavailable
@@ -217,6 +220,7 @@ func (s *sim) result() Result {
 	res.Pokes = s.pokes
 	res.Stalled = s.stalled
 	res.Unended = s.unended
+	res.SelfRemoved = s.sr != nil && s.sr.reached
 	res.Traffic = s.since(snapshot{})
 	return res
 }
@@ -335,7 +339,8 @@ type sim struct {
 	// checkEvery spaces each member's consistency checks (checkDue; 0:
 	// after every output).
 	checkEvery int64
-	unended    []string // Result.Unended
+	unended    []string     // Result.Unended
+	sr         *selfRemoval // FaultSelfRemoval's aim (selfremoval.go)
 }
 
 const (
@@ -709,7 +714,11 @@ func (m *member) carry(out ownlog.Output) {
 			s.restoreFromDisk(m, a.P)
 		}
 	}
-	for _, msg := range out.Messages {
+	msgs := out.Messages
+	if s.sr != nil {
+		msgs = s.aimSelfRemoval(m, msgs)
+	}
+	for _, msg := range msgs {
 		to := s.byRaft[msg.GetTo()]
 		if to == nil {
 			continue

@@ -250,8 +250,10 @@ func catalogue() []mutant {
 			beyond: "a leader cut off steps down within two election timeouts (CheckQuorum) and a later leader waits a Liveness from its election, so an unconfirmed grant outlasts that wait only when the step-down comes later than the election by a tenth of a Liveness and a keep-alive lands in between; FaultLeaderSplit aims at it, 0 of 60 schedules hit it; TestCutOffLeaderGrantsNothing"},
 		{name: "a carrier counts as a quorum", rule: ownership.MutCarrierIsQuorum,
 			beyond: "of three voters (the schedules' log) the leader and a carrier are a quorum, so the rule holds there; of five, a leader cut off with the carrier grants until CheckQuorum steps it down, which outlasts a later leader's wait only as an unconfirmed grant does; FaultLeaderSplit with five voters, keep-alives every third of a Liveness and clocks at the bound aims at it, 0 of 300 schedules hit it, nor 400 of leader split, isolation and leader pause with five voters of six members; TestCutOffLeaderGrantsNothing, TestCarrierConfirms"},
-		{name: "removed leader keeps leading", rule: ownership.MutRemovedLeaderLeads,
-			beyond: "a leader must apply its own removal (seen once in the peer suite under load, where a crashed holder then went unended for 30 s; an earlier leader's proposal committed with the next one's first entry would do it); 0 of 600 schedules of leader change, pause and split, crash, restart, leave and join hit it; TestRemovedLeaderStepsDown"},
+		// FaultSelfRemoval aims at it: a leader elected with its own
+		// removal in its log; with the rule broken it leads on, and the
+		// holder crashed next is never ended (checkEnded).
+		{name: "removed leader keeps leading", rule: ownership.MutRemovedLeaderLeads, faults: []Fault{FaultSelfRemoval}, budget: 10},
 		{name: "keep-alive while ending", rule: ownership.MutKeepAliveWhileEnding,
 			beyond: "a keep-alive must be confirmed between the leader's End proposal and its commit (one round trip), and its holder apply the End after its backup; TestNoKeepAliveWhileEnding"},
 		{name: "lease counted from the latest keep-alive", rule: ownership.MutLeaseFromLatestSend, faults: []Fault{FaultSlowCut}},
