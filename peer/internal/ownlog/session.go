@@ -139,6 +139,14 @@ func CarriesAnswers(msg *pb.Message) bool {
 	return IsKeepAlive(msg) && msg.GetType() == pb.MsgReadIndexResp || msg.GetType() == pb.MsgHeartbeat && bytes.HasPrefix(msg.GetContext(), kqMagic)
 }
 
+// CarriesRequests reports whether a raft message is a voter's heartbeat
+// answer that carries keep-alive requests (carry); for drivers that delay
+// or drop them.
+func CarriesRequests(msg *pb.Message) bool {
+	c := msg.GetContext()
+	return msg.GetType() == pb.MsgHeartbeatResp && (bytes.HasPrefix(c, krMagic) || bytes.HasPrefix(c, kpMagic))
+}
+
 // sendKeepAlive sends the machine's keep-alive toward the leader, or
 // queues it here when this member leads. A voter holds it for its next
 // answer to the leader's heartbeat to carry (carry; a heartbeat interval

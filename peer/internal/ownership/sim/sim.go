@@ -134,6 +134,11 @@ type Result struct {
 	// SelfRemoved is, under FaultSelfRemoval, whether a leader applied
 	// its own removal in the term it led (selfremoval.go).
 	SelfRemoved bool
+	// EndingRace is, under FaultEndingRace, whether the leader took and
+	// answered a holder's keep-alive while its End was pending, and the
+	// holder applied the End after the answer and its backup
+	// (aimending.go).
+	EndingRace bool
 }
 
 // CrashGaps is the longest stretch of one key's consecutive unavailable
@@ -221,6 +226,7 @@ func (s *sim) result() Result {
 	res.Stalled = s.stalled
 	res.Unended = s.unended
 	res.SelfRemoved = s.sr != nil && s.sr.reached
+	res.EndingRace = s.er.reached()
 	res.Traffic = s.since(snapshot{})
 	return res
 }
@@ -341,6 +347,7 @@ type sim struct {
 	checkEvery int64
 	unended    []string     // Result.Unended
 	sr         *selfRemoval // FaultSelfRemoval's aim (selfremoval.go)
+	er         *endingRace  // FaultEndingRace's aim (aimending.go)
 }
 
 const (
@@ -717,6 +724,9 @@ func (m *member) carry(out ownlog.Output) {
 	msgs := out.Messages
 	if s.sr != nil {
 		msgs = s.aimSelfRemoval(m, msgs)
+	}
+	if s.er != nil {
+		msgs = s.aimEndingRace(m, msgs)
 	}
 	for _, msg := range msgs {
 		to := s.byRaft[msg.GetTo()]
