@@ -134,6 +134,9 @@ type Result struct {
 	// SelfRemoved is, under FaultSelfRemoval, whether a leader applied
 	// its own removal in the term it led (selfremoval.go).
 	SelfRemoved bool
+	// KeptAliveCut is, under FaultKeepAliveCut, whether the holder sent
+	// the cut-off leader a keep-alive once another led (aimkeepalive.go).
+	KeptAliveCut bool
 }
 
 // CrashGaps is the longest stretch of one key's consecutive unavailable
@@ -221,6 +224,7 @@ func (s *sim) result() Result {
 	res.Stalled = s.stalled
 	res.Unended = s.unended
 	res.SelfRemoved = s.sr != nil && s.sr.reached
+	res.KeptAliveCut = s.kc != nil && s.kc.reached
 	res.Traffic = s.since(snapshot{})
 	return res
 }
@@ -339,8 +343,9 @@ type sim struct {
 	// checkEvery spaces each member's consistency checks (checkDue; 0:
 	// after every output).
 	checkEvery int64
-	unended    []string     // Result.Unended
-	sr         *selfRemoval // FaultSelfRemoval's aim (selfremoval.go)
+	unended    []string      // Result.Unended
+	sr         *selfRemoval  // FaultSelfRemoval's aim (selfremoval.go)
+	kc         *keepAliveCut // FaultKeepAliveCut's aim (aimkeepalive.go)
 }
 
 const (
@@ -717,6 +722,9 @@ func (m *member) carry(out ownlog.Output) {
 	msgs := out.Messages
 	if s.sr != nil {
 		msgs = s.aimSelfRemoval(m, msgs)
+	}
+	if s.kc != nil {
+		s.aimKeepAliveCut(m, msgs)
 	}
 	for _, msg := range msgs {
 		to := s.byRaft[msg.GetTo()]
