@@ -10,7 +10,7 @@ import (
 // when they are not a quorum), of three voters and of five voters of six
 // members: nothing over the limit, nothing lost. Most runs must reach the
 // state the fault is for, the holder's keep-alive reaching the cut-off
-// leader, still leading, a tenth of a Liveness or more into the cut; the
+// leader, still leading, a fifth of a Liveness or more into the cut; the
 // mutation catalogue breaks the rules on it. 40 schedules each (4 under
 // the race detector), or RINGLIMIT_SIM_SEEDS.
 func TestKeepAliveCut(t *testing.T) {
@@ -44,7 +44,7 @@ func TestKeepAliveCut(t *testing.T) {
 			}
 			t.Logf("%d schedules, %d with a keep-alive to the cut-off leader well into the cut", n, reached)
 			if reached < n/2 {
-				t.Errorf("%d of %d schedules had a keep-alive reach the cut-off leader, still leading, a tenth of a Liveness into the cut, want at least half: the fault no longer reaches what it is for", reached, n)
+				t.Errorf("%d of %d schedules had a keep-alive reach the cut-off leader, still leading, a fifth of a Liveness into the cut, want at least half: the fault no longer reaches what it is for", reached, n)
 			}
 		})
 	}

@@ -135,7 +135,7 @@ type Result struct {
 	// its own removal in the term it led (selfremoval.go).
 	SelfRemoved bool
 	// KeptAliveCut is, under FaultKeepAliveCut, whether the holder sent
-	// the cut-off leader, still leading, a keep-alive a tenth of a
+	// the cut-off leader, still leading, a keep-alive a fifth of a
 	// Liveness or more into the cut (aimkeepalive.go).
 	KeptAliveCut bool
 }
