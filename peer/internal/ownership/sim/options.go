@@ -167,9 +167,9 @@ const (
 	// configuration has every proposal dropped while its heartbeats keep
 	// the others from electing, and the crashed holder is never ended.
 	FaultSelfRemoval = numFaults + 10
-	// FaultKeepAliveCut is FaultLeaderSplit with a holder that does not
-	// vote, timed by the holder's keep-alives so that one reaches the
-	// cut-off leader after the other side's wait began (aimkeepalive.go).
+	// FaultKeepAliveCut is FaultLeaderSplit timed by the holder's
+	// keep-alives (one that does not vote, of three voters), so that one
+	// reaches the cut-off leader late into the cut (aimkeepalive.go).
 	FaultKeepAliveCut = numFaults + 11
 )
 
