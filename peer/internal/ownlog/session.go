@@ -139,12 +139,14 @@ func CarriesAnswers(msg *pb.Message) bool {
 	return IsKeepAlive(msg) && msg.GetType() == pb.MsgReadIndexResp || msg.GetType() == pb.MsgHeartbeat && bytes.HasPrefix(msg.GetContext(), kqMagic)
 }
 
-// CarriesRequests reports whether a raft message is a voter's heartbeat
-// answer that carries keep-alive requests (carry); for drivers that delay
-// or drop them.
+// CarriesRequests reports whether a raft message carries keep-alive
+// requests: one of its own, a batch, or a voter's heartbeat answer that
+// carries a batch (carry); for drivers that aim at them.
 func CarriesRequests(msg *pb.Message) bool {
-	c := msg.GetContext()
-	return msg.GetType() == pb.MsgHeartbeatResp && (bytes.HasPrefix(c, krMagic) || bytes.HasPrefix(c, kpMagic))
+	if msg.GetType() == pb.MsgHeartbeatResp {
+		return slices.ContainsFunc(carriers, func(c []byte) bool { return bytes.HasPrefix(msg.GetContext(), c) })
+	}
+	return IsKeepAlive(msg) && msg.GetType() == pb.MsgReadIndex
 }
 
 // sendKeepAlive sends the machine's keep-alive toward the leader, or

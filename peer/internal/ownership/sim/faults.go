@@ -49,6 +49,8 @@ func (s *sim) planFault(warm int64) {
 			s.selfRemovalFault()
 		case FaultEndingRace:
 			s.endingRaceFault()
+		case FaultKeepAliveCut:
+			s.keepAliveCutFault()
 		case FaultWholeRestart:
 			s.wholeRestart(span)
 		case FaultRestoredBackup:

@@ -167,6 +167,10 @@ const (
 	// configuration has every proposal dropped while its heartbeats keep
 	// the others from electing, and the crashed holder is never ended.
 	FaultSelfRemoval = numFaults + 10
+	// FaultKeepAliveCut is FaultLeaderSplit timed by the holder's
+	// keep-alives (one that does not vote, of three voters), so that one
+	// reaches the cut-off leader late into the cut (aimkeepalive.go).
+	FaultKeepAliveCut = numFaults + 11
 	// FaultEndingRace cuts what a voter that holds a partition sends the
 	// leader, its keep-alives waiting, until the leader's append of its
 	// End goes out: then they arrive, a round trip before the End
@@ -176,7 +180,7 @@ const (
 )
 
 var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash",
-	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "leader pauses", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it", "every member crashes at once and restarts from disk", "a member restarts from an old backup of its data directory", "the log falls silent to a backup, whose holder crashes as it re-copies", "the leader crashes", "a voter cut off from the leader, then the leader crashes", "a leader elected with its own removal, then a holder crashes",
+	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "leader pauses", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it", "every member crashes at once and restarts from disk", "a member restarts from an old backup of its data directory", "the log falls silent to a backup, whose holder crashes as it re-copies", "the leader crashes", "a voter cut off from the leader, then the leader crashes", "a leader elected with its own removal, then a holder crashes", "leader cut off with a holder, timed by its keep-alives",
 	FaultEndingRace: "a holder's keep-alive races its End"}
 
 func (f Fault) String() string { return faultNames[f] }

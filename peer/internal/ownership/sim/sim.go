@@ -139,6 +139,10 @@ type Result struct {
 	// holder applied the End after the answer and its backup
 	// (aimending.go).
 	EndingRace bool
+	// KeptAliveCut is, under FaultKeepAliveCut, whether the holder sent
+	// the cut-off leader, still leading, a keep-alive a fifth of a
+	// Liveness or more into the cut (aimkeepalive.go).
+	KeptAliveCut bool
 }
 
 // CrashGaps is the longest stretch of one key's consecutive unavailable
@@ -227,6 +231,7 @@ func (s *sim) result() Result {
 	res.Unended = s.unended
 	res.SelfRemoved = s.sr != nil && s.sr.reached
 	res.EndingRace = s.er.reached()
+	res.KeptAliveCut = s.kc != nil && s.kc.reached
 	res.Traffic = s.since(snapshot{})
 	return res
 }
@@ -345,9 +350,10 @@ type sim struct {
 	// checkEvery spaces each member's consistency checks (checkDue; 0:
 	// after every output).
 	checkEvery int64
-	unended    []string     // Result.Unended
-	sr         *selfRemoval // FaultSelfRemoval's aim (selfremoval.go)
-	er         *endingRace  // FaultEndingRace's aim (aimending.go)
+	unended    []string      // Result.Unended
+	sr         *selfRemoval  // FaultSelfRemoval's aim (selfremoval.go)
+	er         *endingRace   // FaultEndingRace's aim (aimending.go)
+	kc         *keepAliveCut // FaultKeepAliveCut's aim (aimkeepalive.go)
 }
 
 const (
@@ -727,6 +733,9 @@ func (m *member) carry(out ownlog.Output) {
 	}
 	if s.er != nil {
 		msgs = s.aimEndingRace(m, msgs)
+	}
+	if s.kc != nil {
+		s.aimKeepAliveCut(m, msgs)
 	}
 	for _, msg := range msgs {
 		to := s.byRaft[msg.GetTo()]

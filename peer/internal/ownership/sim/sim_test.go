@@ -246,10 +246,14 @@ func catalogue() []mutant {
 		{name: "aged grant early", rule: ownership.MutAgedGrantEarly, faults: []Fault{FaultSplit, FaultLongSplit}},
 		{name: "new leader counts nothing", rule: ownership.MutLeaderNoWait, faults: []Fault{FaultLeaderChange, FaultLeaderSplit, FaultLeaderPause}},
 		{name: "new leader counts from its own contact", rule: ownership.MutLeaderOwnContact, faults: []Fault{FaultVoterCutCrash}, tweak: oftener, budget: 200},
-		{name: "keep-alive unconfirmed", rule: ownership.MutKeepAliveUnconfirmed,
-			beyond: "a leader cut off steps down within two election timeouts (CheckQuorum) and a later leader waits a Liveness from its election, so an unconfirmed grant outlasts that wait only when the step-down comes later than the election by a tenth of a Liveness and a keep-alive lands in between; FaultLeaderSplit aims at it, 0 of 60 schedules hit it; TestCutOffLeaderGrantsNothing"},
-		{name: "a carrier counts as a quorum", rule: ownership.MutCarrierIsQuorum,
-			beyond: "of three voters (the schedules' log) the leader and a carrier are a quorum, so the rule holds there; of five, a leader cut off with the carrier grants until CheckQuorum steps it down, which outlasts a later leader's wait only as an unconfirmed grant does; FaultLeaderSplit with five voters, keep-alives every third of a Liveness and clocks at the bound aims at it, 0 of 300 schedules hit it, nor 400 of leader split, isolation and leader pause with five voters of six members; TestCutOffLeaderGrantsNothing, TestCarrierConfirms"},
+		// FaultKeepAliveCut aims at it: the holder's keep-alives reach the
+		// cut-off leader well into the cut (aimkeepalive.go).
+		{name: "keep-alive unconfirmed", rule: ownership.MutKeepAliveUnconfirmed, faults: []Fault{FaultKeepAliveCut}, budget: 20},
+		// FaultKeepAliveCut with five voters aims at it: a voter that
+		// holds is cut off with the leader, its keep-alive riding a
+		// heartbeat answer well into the cut (aimkeepalive.go).
+		{name: "a carrier counts as a quorum", rule: ownership.MutCarrierIsQuorum, faults: []Fault{FaultKeepAliveCut},
+			tweak: func(o *Options) { o.Voters, o.Members = 5, 6 }, budget: 20},
 		// FaultSelfRemoval aims at it: a leader elected with its own
 		// removal in its log; with the rule broken it leads on, and the
 		// holder crashed next is never ended (checkEnded).
