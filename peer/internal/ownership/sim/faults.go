@@ -47,6 +47,8 @@ func (s *sim) planFault(warm int64) {
 			s.voterCutCrash(victim, span)
 		case FaultSelfRemoval:
 			s.selfRemovalFault()
+		case FaultLateSetBackup:
+			s.lateSetBackupFault()
 		case FaultWholeRestart:
 			s.wholeRestart(span)
 		case FaultRestoredBackup:

@@ -134,6 +134,8 @@ type Result struct {
 	// SelfRemoved is, under FaultSelfRemoval, whether a leader applied
 	// its own removal in the term it led (selfremoval.go).
 	SelfRemoved bool
+	// LateSetBackup is what FaultLateSetBackup brought about (aimepoch.go).
+	LateSetBackup LateSetBackup
 }
 
 // CrashGaps is the longest stretch of one key's consecutive unavailable
@@ -221,6 +223,9 @@ func (s *sim) result() Result {
 	res.Stalled = s.stalled
 	res.Unended = s.unended
 	res.SelfRemoved = s.sr != nil && s.sr.reached
+	if s.lsb != nil {
+		res.LateSetBackup = s.lsb.res
+	}
 	res.Traffic = s.since(snapshot{})
 	return res
 }
@@ -339,8 +344,9 @@ type sim struct {
 	// checkEvery spaces each member's consistency checks (checkDue; 0:
 	// after every output).
 	checkEvery int64
-	unended    []string     // Result.Unended
-	sr         *selfRemoval // FaultSelfRemoval's aim (selfremoval.go)
+	unended    []string       // Result.Unended
+	sr         *selfRemoval   // FaultSelfRemoval's aim (selfremoval.go)
+	lsb        *lateSetBackup // FaultLateSetBackup's aim (aimepoch.go)
 }
 
 const (
@@ -717,6 +723,9 @@ func (m *member) carry(out ownlog.Output) {
 	msgs := out.Messages
 	if s.sr != nil {
 		msgs = s.aimSelfRemoval(m, msgs)
+	}
+	if s.lsb != nil {
+		msgs = s.aimLateSetBackup(m, msgs)
 	}
 	for _, msg := range msgs {
 		to := s.byRaft[msg.GetTo()]
