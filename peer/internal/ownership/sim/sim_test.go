@@ -262,7 +262,7 @@ func catalogue() []mutant {
 		// state counts a missing copy, which fails a schedule.
 		{name: "restored forgets the takeover", rule: ownership.MutRestoredForgetsTakeover, faults: []Fault{FaultBehindBackup}},
 		{name: "aged grant ignores the version", rule: ownership.MutAgedGrantIgnoresVersion,
-			beyond: "a split must heal within the commit of an aged grant, EmptyAfter after it began, and even then no checker of the promise can see it: EmptyAfter outlasts every window Last's state counts in, so the state the grant drops no longer counts (split and long split with the rule broken: 54 of 60 schedules granted aged, 0 caught); the version is a second guard; TestAgedGrant"},
+			beyond: "a split must heal within the commit of an aged grant, EmptyAfter after it began, and even then no checker of the promise can see it: EmptyAfter outlasts every window Last's state counts in, so the state the grant drops no longer counts (split and long split with the rule broken, not aimed at the heal: aged grants in 54 of 60 schedules, 0 caught); the version is a second guard; TestAgedGrant"},
 		{name: "a backup takes over on its gossip view", mut: MutGossipTakeover, faults: cut},
 		{name: "a takeover starts empty", mut: MutTakeoverEmpty, faults: []Fault{FaultCrash, FaultRestart}},
 		{name: "raised replication is not re-copied", mut: MutNoRecopy, faults: []Fault{FaultRaise}},
