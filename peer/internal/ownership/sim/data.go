@@ -350,7 +350,7 @@ func insertEntry(log []entry, e entry) []entry {
 func (m *member) sendCopy(a ownership.Action) {
 	s := m.s
 	to := s.members[a.To]
-	if to == nil {
+	if to == nil || s.lsb != nil && s.losesCopy(m, to, a) {
 		return
 	}
 	now := m.mono()

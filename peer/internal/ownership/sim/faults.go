@@ -51,6 +51,8 @@ func (s *sim) planFault(warm int64) {
 			s.endingRaceFault()
 		case FaultKeepAliveCut:
 			s.keepAliveCutFault()
+		case FaultLateSetBackup:
+			s.lateSetBackupFault()
 		case FaultWholeRestart:
 			s.wholeRestart(span)
 		case FaultRestoredBackup:

@@ -177,11 +177,16 @@ const (
 	// commits, and the leader's appends to it stall for 0.25-0.5
 	// Liveness (aimending.go). No keep-alive may be granted meanwhile.
 	FaultEndingRace = numFaults + 13
+	// FaultLateSetBackup holds back one SetBackup that replaces a
+	// working backup until its holder has applied the Keep that lifted
+	// its fence, a client asking the holder at that instant; the
+	// holder's next copies are lost, then it crashes (aimepoch.go).
+	FaultLateSetBackup = numFaults + 15
 )
 
 var faultNames = [...]string{"none", "crash", "restart", "pause", "isolate", "split", "deaf", "mute", "loss", "delay", "duplicate", "join", "leave", "raise then crash",
 	"split past the failure timeout", "policy removed and added back, then crash", "replication blip, then crash", "late proposals, then crash", "slow then cut off", "stalled sends", "leader cut off with a holder", "holder then leader crash", "late keep-alive answers, then muted", "late copies, then crash", "leader pauses", "double crash", "leave while the backup pauses", "leave, pausing while it drains", "backup leaves as its holder restarts", "split, the holder restarting in it", "every member crashes at once and restarts from disk", "a member restarts from an old backup of its data directory", "the log falls silent to a backup, whose holder crashes as it re-copies", "the leader crashes", "a voter cut off from the leader, then the leader crashes", "a leader elected with its own removal, then a holder crashes", "leader cut off with a holder, timed by its keep-alives",
-	FaultEndingRace: "a holder's keep-alive races its End"}
+	FaultEndingRace: "a holder's keep-alive races its End", FaultLateSetBackup: "a SetBackup held back past its Keep, then its holder crashes"}
 
 func (f Fault) String() string { return faultNames[f] }
 

@@ -143,6 +143,8 @@ type Result struct {
 	// the cut-off leader, still leading, a keep-alive a fifth of a
 	// Liveness or more into the cut (aimkeepalive.go).
 	KeptAliveCut bool
+	// LateSetBackup is what FaultLateSetBackup brought about (aimepoch.go).
+	LateSetBackup LateSetBackup
 }
 
 // CrashGaps is the longest stretch of one key's consecutive unavailable
@@ -232,6 +234,9 @@ func (s *sim) result() Result {
 	res.SelfRemoved = s.sr != nil && s.sr.reached
 	res.EndingRace = s.er.reached()
 	res.KeptAliveCut = s.kc != nil && s.kc.reached
+	if s.lsb != nil {
+		res.LateSetBackup = s.lsb.res
+	}
 	res.Traffic = s.since(snapshot{})
 	return res
 }
@@ -350,10 +355,11 @@ type sim struct {
 	// checkEvery spaces each member's consistency checks (checkDue; 0:
 	// after every output).
 	checkEvery int64
-	unended    []string      // Result.Unended
-	sr         *selfRemoval  // FaultSelfRemoval's aim (selfremoval.go)
-	er         *endingRace   // FaultEndingRace's aim (aimending.go)
-	kc         *keepAliveCut // FaultKeepAliveCut's aim (aimkeepalive.go)
+	unended    []string       // Result.Unended
+	sr         *selfRemoval   // FaultSelfRemoval's aim (selfremoval.go)
+	er         *endingRace    // FaultEndingRace's aim (aimending.go)
+	kc         *keepAliveCut  // FaultKeepAliveCut's aim (aimkeepalive.go)
+	lsb        *lateSetBackup // FaultLateSetBackup's aim (aimepoch.go)
 }
 
 const (
@@ -736,6 +742,9 @@ func (m *member) carry(out ownlog.Output) {
 	}
 	if s.kc != nil {
 		s.aimKeepAliveCut(m, msgs)
+	}
+	if s.lsb != nil {
+		msgs = s.aimLateSetBackup(m, msgs)
 	}
 	for _, msg := range msgs {
 		to := s.byRaft[msg.GetTo()]
