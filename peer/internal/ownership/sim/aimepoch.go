@@ -156,21 +156,7 @@ func (s *sim) syncKey(p int) string {
 // Keep, before its next copy fences it.
 func (s *sim) requestAt(m *member, p int) {
 	key := s.syncKey(p)
-	i := len(s.ops)
-	s.ops = append(s.ops, history.Op{Key: key, Hits: 1, Call: s.now, Client: s.o.Clients + 1, Outcome: history.Unknown})
-	done := false
-	finish := func(out history.Outcome, owner string, epoch uint64) {
-		if done {
-			return
-		}
-		done = true
-		o := &s.ops[i]
-		o.Outcome, o.Return, o.Owner, o.Epoch = out, s.now, owner, epoch
-		if out == history.Unknown {
-			o.Return = 0
-		}
-	}
-	s.at(int64(clientWait), func() { finish(history.Unknown, "", 0) })
+	i, finish := s.record(key, s.o.Clients+1, func() {})
 	m.handle(key, i, 0, func(out history.Outcome, owner string, epoch uint64) {
 		s.deliver(m, func() { finish(out, owner, epoch) })
 	})

@@ -120,22 +120,7 @@ func (s *sim) client(c int) {
 		return
 	}
 	entry := running[s.rng.IntN(len(running))]
-	i := len(s.ops)
-	s.ops = append(s.ops, history.Op{Key: key, Hits: 1, Call: s.now, Client: c, Outcome: history.Unknown})
-	done := false
-	finish := func(out history.Outcome, owner string, epoch uint64) {
-		if done {
-			return
-		}
-		done = true
-		o := &s.ops[i]
-		o.Outcome, o.Return, o.Owner, o.Epoch = out, s.now, owner, epoch
-		if out == history.Unknown {
-			o.Return = 0
-		}
-		next()
-	}
-	s.at(int64(clientWait), func() { finish(history.Unknown, "", 0) })
+	i, finish := s.record(key, c, next)
 	// The client sits beside its entry member: a request reaches it
 	// unless it is down, and the answer comes back on the same path.
 	s.deliver(entry, func() {
@@ -143,6 +128,29 @@ func (s *sim) client(c int) {
 			s.deliver(entry, func() { finish(out, owner, epoch) })
 		})
 	})
+}
+
+// record records client c's request for key, made now, and returns its
+// index in the history and finish, which records its answer once (an
+// unknown outcome after clientWait without one) and then runs done.
+func (s *sim) record(key string, c int, done func()) (int, func(history.Outcome, string, uint64)) {
+	i := len(s.ops)
+	s.ops = append(s.ops, history.Op{Key: key, Hits: 1, Call: s.now, Client: c, Outcome: history.Unknown})
+	answered := false
+	finish := func(out history.Outcome, owner string, epoch uint64) {
+		if answered {
+			return
+		}
+		answered = true
+		o := &s.ops[i]
+		o.Outcome, o.Return, o.Owner, o.Epoch = out, s.now, owner, epoch
+		if out == history.Unknown {
+			o.Return = 0
+		}
+		done()
+	}
+	s.at(int64(clientWait), func() { finish(history.Unknown, "", 0) })
+	return i, finish
 }
 
 // handle decides for key if this member may, else forwards it once to
