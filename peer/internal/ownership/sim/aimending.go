@@ -76,14 +76,10 @@ func (er *endingRace) reached() bool {
 // heals and nothing more happens.
 func (s *sim) endingRaceFault() {
 	lead := s.leader()
-	var holder *member
-	for _, id := range s.sortedIDs() {
-		m := s.members[id]
-		if held, _ := m.own.Depends(); lead != nil && m != lead && !m.crashed && m.log.Voter() && held > 0 {
-			holder = m
-			break
-		}
-	}
+	holder := s.besideLeader(lead, func(m *member) bool {
+		held, _ := m.own.Depends()
+		return !m.crashed && m.log.Voter() && held > 0
+	})
 	if holder == nil {
 		s.note("no leader, or no voter beside it that holds a partition")
 		return

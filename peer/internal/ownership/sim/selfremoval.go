@@ -49,13 +49,7 @@ type selfRemoval struct {
 // not gone out within 6 s, the link heals and nothing more happens.
 func (s *sim) selfRemovalFault() {
 	lead := s.leader()
-	var voter *member
-	for _, id := range s.sortedIDs() {
-		if m := s.members[id]; lead != nil && m != lead && m.log.Voter() {
-			voter = m
-			break
-		}
-	}
+	voter := s.besideLeader(lead, func(m *member) bool { return m.log.Voter() })
 	if voter == nil {
 		s.note("no leader, or no voter beside it")
 		return
@@ -161,4 +155,18 @@ func (s *sim) holderBesides(a, b *member) *member {
 		}
 	}
 	return pick
+}
+
+// besideLeader returns the first member in ID order, other than lead,
+// that ok accepts (nil: no leader, or none).
+func (s *sim) besideLeader(lead *member, ok func(*member) bool) *member {
+	if lead == nil {
+		return nil
+	}
+	for _, id := range s.sortedIDs() {
+		if m := s.members[id]; m != lead && ok(m) {
+			return m
+		}
+	}
+	return nil
 }
