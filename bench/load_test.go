@@ -211,18 +211,25 @@ func pidCPU(pid int) time.Duration {
 // srvPIDs are server processes whose CPU time is added.
 func runLoad(t *testing.T, d time.Duration, srvPIDs []int, call loadCall) loadResult {
 	t.Helper()
-	lat := make([][]time.Duration, loadCallers)
+	return runLoadN(t, d, loadCallers, srvPIDs, call)
+}
+
+// runLoadN is runLoad with callers goroutines. Each keeps its newest
+// latencies, loadLatCap for 64 callers and as many in all for more.
+func runLoadN(t *testing.T, d time.Duration, callers int, srvPIDs []int, call loadCall) loadResult {
+	t.Helper()
+	lat := make([][]time.Duration, callers)
 	for i := range lat {
-		lat[i] = make([]time.Duration, loadLatCap)
+		lat[i] = make([]time.Duration, min(loadLatCap, max(1<<10, loadLatCap*64/callers)))
 	}
-	filled := make([]int, loadCallers)
-	counts := make([]int64, loadCallers)
+	filled := make([]int, callers)
+	counts := make([]int64, callers)
 	var stop atomic.Bool
 	var failed atomic.Pointer[error]
 	var wg sync.WaitGroup
 	runtime.GC()
 	cpu0, srv0, pre0, t0 := processCPU(), pidsCPU(srvPIDs), involuntary(srvPIDs), time.Now()
-	for c := range loadCallers {
+	for c := range callers {
 		wg.Go(func() {
 			rec := lat[c]
 			i, j, n := c*7919, 0, 0
@@ -257,7 +264,7 @@ func runLoad(t *testing.T, d time.Duration, srvPIDs []int, call loadCall) loadRe
 	}
 	var total int64
 	var all []time.Duration
-	for c := range loadCallers {
+	for c := range callers {
 		total += counts[c]
 		all = append(all, lat[c][:filled[c]]...)
 	}
