@@ -10,7 +10,8 @@ import (
 	"time"
 )
 
-// datadirPolicies: "probe" finds holders; "month" and "api" keep their
+// datadirPolicies: "probe" finds holders; "month", "api" and "conc" (a
+// concurrency limit: its slots are held, never released here) keep their
 // admissions on disk; "mem" keeps them in memory (the control).
 const datadirPolicies = `policies:
   - name: probe
@@ -23,6 +24,11 @@ const datadirPolicies = `policies:
   - name: api
     limit: 20
     window: 1h
+    durability: disk
+  - name: conc
+    limit: 20
+    window: 1h
+    algorithm: concurrency
     durability: disk
   - name: fast
     limit: 20
@@ -71,6 +77,7 @@ func TestProcDataDirKill9(t *testing.T) {
 	// node, until each key has been asked 30 times (bounded in count and
 	// time); then the kill, while a last round is in flight.
 	const keys, callers = 12, 8
+	loadPols := []string{"api", "month", "conc", "fast"}
 	var mu sync.Mutex
 	acked := map[string]int{} // key → admissions acknowledged before the kill
 	var ackTimes []time.Time  // when each "fast" admission was answered
@@ -79,14 +86,14 @@ func TestProcDataDirKill9(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for c := range callers {
 		wg.Go(func() {
-			for i := c; i < 3*keys*30 && time.Now().Before(deadline); i += callers {
+			for i := c; i < len(loadPols)*keys*30 && time.Now().Before(deadline); i += callers {
 				select {
 				case <-stop:
 					return
 				default:
 				}
-				pol := []string{"api", "month", "fast"}[i%3]
-				o := ask(nodes[i%3], fmt.Sprint("k", (i/3)%keys), pol)
+				pol := loadPols[i%len(loadPols)]
+				o := askOp(nodes[i%3], opOf(pol), fmt.Sprint("k", (i/len(loadPols))%keys), pol)
 				if o.admitted() {
 					mu.Lock()
 					acked[o.key]++
@@ -111,7 +118,7 @@ func TestProcDataDirKill9(t *testing.T) {
 		for _, v := range acked {
 			n += v
 		}
-		return n >= keys*3*20/3
+		return n >= keys*len(loadPols)*20/3
 	})
 	killAt := time.Now()
 	var kills sync.WaitGroup
@@ -139,11 +146,11 @@ func TestProcDataDirKill9(t *testing.T) {
 	t.Logf("restarted and settled in %v", time.Since(restartAt).Round(time.Millisecond))
 	lost, over, asyncLost := 0, 0, 0
 	for i := range keys {
-		for _, pol := range []string{"api", "month", "fast"} {
+		for _, pol := range loadPols {
 			key := fmt.Sprint("k", i) + "/" + pol
 			after := 0
 			for range 21 {
-				o := ask(nodes[i%3], fmt.Sprint("k", i), pol)
+				o := askOp(nodes[i%3], opOf(pol), fmt.Sprint("k", i), pol)
 				if o.status == http.StatusTooManyRequests {
 					break
 				}
@@ -172,4 +179,13 @@ func TestProcDataDirKill9(t *testing.T) {
 		}
 	}
 	t.Logf("durability disk_async: %d acknowledged admissions lost; %d were answered in the last 10 ms before the kill", asyncLost, inLast)
+}
+
+// opOf is the /v1 operation that admits under datadirPolicies' policy pol:
+// a concurrency policy takes a lease.
+func opOf(pol string) string {
+	if pol == "conc" {
+		return "acquire"
+	}
+	return "check"
 }

@@ -166,9 +166,13 @@ func (o outcome) refused() bool { return errors.Is(o.err, syscall.ECONNREFUSED) 
 
 // ask sends one check for subject and policy through p; safe on any
 // goroutine.
-func ask(p *serveProc, subject, policy string) outcome {
+func ask(p *serveProc, subject, policy string) outcome { return askOp(p, "check", subject, policy) }
+
+// askOp is ask through /v1/<op>: "check", or "acquire" for a lease of
+// a concurrency policy.
+func askOp(p *serveProc, op, subject, policy string) outcome {
 	o := outcome{key: subject + "/" + policy, via: p.name, send: time.Now()}
-	r, err := httpDo("POST", "http://"+p.httpAddr+"/v1/check", procCheckBody(subject, policy))
+	r, err := httpDo("POST", "http://"+p.httpAddr+"/v1/"+op, procCheckBody(subject, policy))
 	o.recv = time.Now()
 	if err != nil {
 		o.err = err
