@@ -188,7 +188,11 @@ func (s *sim) keepAliveCutAt() {
 		if s.now-kc.start < int64(6*time.Second) {
 			return
 		}
-		pick, how = s.keepAliveHolder(lead), "no keep-alive due in time"
+		if pick, how = s.keepAliveHolder(lead), "no keep-alive due in time"; pick == nil {
+			kc.cutAt = -1
+			s.note("no holder beside %s: no cut", lead.id)
+			return
+		}
 	}
 	kc.holder = pick
 	s.cutLeader(fmt.Sprintf("%v after %s's first heartbeat since a CheckQuorum, %s", time.Duration(cutSettle), lead.id, how))
