@@ -8,5 +8,5 @@ import "testing"
 // pending, and the holder apply the End after the answer and after its
 // backup.
 func TestEndingRace(t *testing.T) {
-	testReach(t, FaultEndingRace, nil, "a keep-alive answered while its End was pending", func(r Result) bool { return r.EndingRace })
+	testReach(t, FaultEndingRace, nil, 0.5, "a keep-alive answered while its End was pending", func(r Result) bool { return r.EndingRace })
 }

@@ -13,7 +13,7 @@ import (
 // race detector), or RINGLIMIT_SIM_SEEDS.
 func TestLateSetBackup(t *testing.T) {
 	behind := 0
-	testReach(t, FaultLateSetBackup, lateSetBackupWindow, "the holder of a late SetBackup deciding between its Keep and its next copy", func(r Result) bool {
+	testReach(t, FaultLateSetBackup, lateSetBackupWindow, 0.5, "the holder of a late SetBackup deciding between its Keep and its next copy", func(r Result) bool {
 		if r.LateSetBackup.Behind {
 			behind++
 		}

@@ -168,8 +168,9 @@ const (
 	// the others from electing, and the crashed holder is never ended.
 	FaultSelfRemoval = numFaults + 10
 	// FaultKeepAliveCut is FaultLeaderSplit timed by the holder's
-	// keep-alives (one that does not vote, of three voters), so that one
-	// reaches the cut-off leader late into the cut (aimkeepalive.go).
+	// keep-alives (one that does not vote, of three voters; of five, a
+	// voter, and the leader's CheckQuorum), so that one reaches the
+	// cut-off leader late into the cut (aimkeepalive.go).
 	FaultKeepAliveCut = numFaults + 11
 	// FaultEndingRace cuts what a voter that holds a partition sends the
 	// leader, its keep-alives waiting, until the leader's append of its

@@ -7,5 +7,5 @@ import "testing"
 // ended within endedWithin. Most runs must have a leader apply its own
 // removal.
 func TestSelfRemoval(t *testing.T) {
-	testReach(t, FaultSelfRemoval, nil, "a leader that applied its own removal", func(r Result) bool { return r.SelfRemoved })
+	testReach(t, FaultSelfRemoval, nil, 0.5, "a leader that applied its own removal", func(r Result) bool { return r.SelfRemoved })
 }

@@ -500,6 +500,11 @@ type member struct {
 	heldGen uint64
 	heldAt  bool
 	checkAt int64
+	// ledTicks counts, under FaultKeepAliveCut, the raft ticks since
+	// the member last became leader, in term ledTerm: raft's CheckQuorum
+	// keeps that count (aimkeepalive.go).
+	ledTerm  uint64
+	ledTicks int
 	// leaveLog, when set, ends a drain that may go (faults.go's drain)
 	// in place of its default: fleet.go's leaveLog.
 	leaveLog func()
@@ -538,10 +543,7 @@ func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *memb
 		rate: s.rate(), born: s.now,
 		clamp: map[string]int64{}, pending: map[uint64]*pendingSync{}, rights: map[string]*grantee.State{},
 		detect: int64(300*time.Millisecond) + s.rng.Int64N(int64(4700*time.Millisecond))}
-	beat, election := ownlog.Timing(s.o.Liveness, tick) // as a node derives them
-	if s.o.Heartbeat > 0 {
-		beat, election = max(int(s.o.Heartbeat/tick), 1), max(int(s.o.Election/tick), 2)
-	}
+	beat, election := s.raftTicks()
 	log, err := ownlog.New(ownlog.Config{RaftID: raftID, Ownership: ownership.Config{ID: m.id, Liveness: s.o.Liveness, ExtendEvery: s.o.ExtendEvery, EmptyAfter: s.o.emptyAfter(), Mutation: s.o.Rule},
 		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters, Disk: s.diskFor(name), SnapshotEvery: s.snapshotEvery(), HeartbeatTicks: beat, ElectionTicks: election})
 	if err != nil {
@@ -584,6 +586,15 @@ func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *memb
 	m.heard[m.ix] = s.now + 1
 	s.schedTick(m)
 	return m
+}
+
+// raftTicks are the members' heartbeat interval and election timeout, in
+// ticks: as a node derives them, or the options'.
+func (s *sim) raftTicks() (beat, election int) {
+	if s.o.Heartbeat > 0 {
+		return max(int(s.o.Heartbeat/tick), 1), max(int(s.o.Election/tick), 2)
+	}
+	return ownlog.Timing(s.o.Liveness, tick)
 }
 
 // rate draws a member's clock rate within the bound (at it, with
@@ -649,6 +660,9 @@ func (s *sim) send(c Category, size int, from, to *member, fn func()) {
 }
 
 func (m *member) tick() {
+	if m.s.fault == FaultKeepAliveCut {
+		m.s.keepAliveCutTick(m)
+	}
 	m.carry(m.log.Tick(m.mono()))
 }
 
