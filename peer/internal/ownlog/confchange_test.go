@@ -315,3 +315,48 @@ func TestRemovedLeaderStepsDown(t *testing.T) {
 		t.Errorf("m%d's liveness no longer extends under the new leader m%d: %s", other, lead, c.members[lead].Describe())
 	}
 }
+
+// TestNewLearnerHeardFromSoon: learner m4 drops everything the leader
+// sends it for its first 2 s (a member that just joined, whose view does
+// not list the leader yet, drops its messages), so the append that would
+// bring it up to date is lost, and raft sends it nothing more until it
+// answers. A learner never heard from gets every heartbeat (thin), so m4
+// answers one within a heartbeat of listening and catches up; thinned
+// to one every learnerBeats, it waited for the next.
+func TestNewLearnerHeardFromSoon(t *testing.T) {
+	c := newClusterConf(t, 4, &pb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}})
+	deafUntil := c.now + int64(2*time.Second)
+	dropped := 0
+	step := func() {
+		for id := uint64(1); id <= 4; id++ {
+			c.carry(id, c.members[id].Tick(c.now))
+		}
+		for len(c.inbox) > 0 {
+			msg := c.inbox[0]
+			c.inbox = c.inbox[1:]
+			if msg.GetTo() == 4 && c.now < deafUntil {
+				dropped++
+				continue
+			}
+			c.carry(msg.GetTo(), c.members[msg.GetTo()].Step(msg, c.now))
+		}
+		c.now += int64(100 * time.Millisecond)
+	}
+	for c.now < deafUntil {
+		step()
+	}
+	lead := c.leader()
+	want := c.members[lead].rn.BasicStatus().HardState.GetCommit()
+	if dropped == 0 || c.members[4].rn.BasicStatus().HardState.GetCommit() >= want {
+		t.Fatalf("m4 dropped %d messages and is at commit %d of %d: the test lost nothing", dropped, c.members[4].rn.BasicStatus().HardState.GetCommit(), want)
+	}
+	from := c.now
+	for c.members[4].rn.BasicStatus().HardState.GetCommit() < want {
+		if c.now-from > int64(time.Second) {
+			t.Fatalf("m4 at commit %d of %d a second after it listened (%d messages dropped before): %s",
+				c.members[4].rn.BasicStatus().HardState.GetCommit(), want, dropped, c.members[4].Describe())
+		}
+		step()
+	}
+	t.Logf("m4 dropped %d messages, then caught up to commit %d in %v", dropped, want, time.Duration(c.now-from))
+}
