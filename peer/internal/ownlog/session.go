@@ -693,10 +693,10 @@ func (m *Member) learnerBeat() int64 {
 // just joined drops its first append or snapshot when its view does not
 // list the leader yet, and raft sends it nothing more until it answers
 // (joins to a 64-member cluster waited for the next learner heartbeat,
-// 9-11 s, in about half the runs). Nor does it send a voter a plain heartbeat within a heartbeat
-// interval of a read's (in the same batch or since): the read's heartbeat
-// carries the same commit index, resets the same election timer and is
-// answered as one, so the plain one repeats it. The leader issues a read
+// 9-11 s, in about half the runs). Nor does it send a voter a plain
+// heartbeat within a heartbeat interval of a read's (in the same batch or
+// since): the read's heartbeat carries the same commit index, resets the
+// same election timer and is answered as one, so the plain one repeats it. The leader issues a read
 // a heartbeat while keep-alives wait, which is always in a fleet, so the
 // reads are the voters' heartbeats; raft's own, on its own phase, went out
 // beside them, twice what a voter needs. A voter still hears from the
