@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"time"
-
-	"github.com/ringlimit/ringlimit/peer/internal/ownlog"
 )
 
 // This file is the oracles beside the windows. The windows alone miss a
@@ -343,10 +341,7 @@ func dur(ns int64) time.Duration { return time.Duration(ns).Round(time.Microseco
 // doubles two), and a Liveness of margin for pauses and lost messages:
 // 8 s at a 2 s Liveness.
 func (s *sim) endedWithin() int64 {
-	_, election := ownlog.Timing(s.o.Liveness, tick)
-	if s.o.Heartbeat > 0 {
-		election = max(int(s.o.Election/tick), 2)
-	}
+	_, election := s.raftTicks()
 	return int64(3*s.o.Liveness) + 4*int64(election)*int64(tick)
 }
 
