@@ -696,12 +696,13 @@ func (m *Member) learnerBeat() int64 {
 // 9-11 s, in about half the runs). Nor does it send a voter a plain
 // heartbeat within a heartbeat interval of a read's (in the same batch or
 // since): the read's heartbeat carries the same commit index, resets the
-// same election timer and is answered as one, so the plain one repeats it. The leader issues a read
-// a heartbeat while keep-alives wait, which is always in a fleet, so the
-// reads are the voters' heartbeats; raft's own, on its own phase, went out
-// beside them, twice what a voter needs. A voter still hears from the
-// leader within two heartbeat intervals, well within an election timeout
-// (Timing). Raft's safety never rests on a heartbeat arriving.
+// same election timer and is answered as one, so the plain one repeats
+// it. The leader issues a read a heartbeat while keep-alives wait, which
+// is always in a fleet, so the reads are the voters' heartbeats; raft's
+// own, on its own phase, went out beside them, twice what a voter needs.
+// A voter still hears from the leader within two heartbeat intervals,
+// well within an election timeout (Timing). Raft's safety never rests on
+// a heartbeat arriving.
 func (m *Member) thin(out, msgs []*pb.Message, now int64) []*pb.Message {
 	for _, msg := range msgs {
 		if msg.GetType() == pb.MsgHeartbeat && len(msg.GetContext()) > 0 && !m.learner(msg.GetTo()) {
