@@ -124,6 +124,13 @@ const (
 	// heartbeats keep the others from electing another, so nothing
 	// commits again (a crashed holder is never ended).
 	MutRemovedLeaderLeads
+	// MutQuietOwnFromKeepAlive: the leader of three voters without
+	// learners (ownlog's quiet.go) counts its own lease from the arrival
+	// of a voter's keep-alive, not from the send of an answer the voter
+	// acknowledged: the voter last heard from it a keep-alive interval
+	// before, and a new leader that those voters elect once it is cut
+	// off counts from then, and ends it while it still decides.
+	MutQuietOwnFromKeepAlive
 	numMutations
 )
 
@@ -134,7 +141,7 @@ var mutationNames = [...]string{"none", "lease ignored", "holder counts the whol
 	"new leader counts nothing", "keep-alive while ending", "keep-alive unconfirmed", "heir ignored",
 	"lease counted from the latest keep-alive", "restored forgets the takeover", "leader counts from an earlier keep-alive",
 	"alone leaver counts only holders", "a carrier counts as a quorum", "new leader counts from its own contact",
-	"removed leader keeps leading"}
+	"removed leader keeps leading", "quiet leader counts from a keep-alive"}
 
 func (m Mutation) String() string {
 	if int(m) < len(mutationNames) {

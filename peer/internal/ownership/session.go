@@ -118,6 +118,34 @@ func (m *Machine) KeepAlive(r KeepAliveRequest, arrived, now int64) KeepAliveAns
 	return a
 }
 
+// KeptAliveFrom is the leader's own side of a session confirmed without
+// a read (ownlog's quiet.go): a voter's contact with this leader, which
+// it tells a later leader with its vote, was at or after from (on this
+// member's clock, at most now), and the voter and this leader are a
+// quorum. Any later leader's election needs the vote of one of them, so
+// it counts every record's whole Liveness from from or later: this
+// member may count its own lease, HolderShare of Liveness, from from.
+// It grants r, this member's own keep-alive, as KeepAlive does (arrived
+// at from), and extends its lease from from rather than from r's send;
+// from must be after r was sent, so that r's epoch was still current
+// then (the driver passes the requests sent by from). It reports whether
+// the lease was extended.
+func (m *Machine) KeptAliveFrom(r KeepAliveRequest, from, now int64) bool {
+	if !m.leader || r.Member != m.cfg.ID {
+		return false
+	}
+	at, ok := m.sent[r.Seq]
+	from = min(from, now)
+	if !ok || at > from {
+		return false
+	}
+	if a := m.KeepAlive(r, from, now); !a.Granted {
+		return false
+	}
+	m.extendFrom(r.Seq, from, now)
+	return true
+}
+
 // Heard tells the leader, at now, that keep-alive r arrived and waits for
 // the read that confirms it: a member whose keep-alive waits in the
 // leader's hands is alive, so the leader ends it for no lapse until a

@@ -80,6 +80,10 @@ type Config struct {
 	// SnapshotEvery is how many applied entries between snapshots; zero
 	// means 64.
 	SnapshotEvery uint64
+	// NoQuiet keeps raft's heartbeats among three voters without
+	// learners, where quiet sessions (quiet.go) would replace them: for
+	// comparisons.
+	NoQuiet bool
 	// Disk keeps the log in a data directory (OpenDisk); nil keeps it in
 	// memory. A member whose Disk holds a log resumes it, as the same
 	// raft member (RaftID must be the one it had) under an ownership ID
@@ -144,8 +148,13 @@ type Member struct {
 	// makes possible (a grant after a join, a handoff after a copy) is
 	// proposed at once instead of at the next tick.
 	poke bool
-	// ka is the leader's keep-alive state (session.go).
+	// ka is the leader's keep-alive state (session.go), q the quiet
+	// sessions' (quiet.go).
 	ka sessions
+	q  quietState
+	// now is the now of the latest call (Tick, Poke, Step, ready): when
+	// the machine's keep-alives are sent.
+	now int64
 	// ledTerm is the raft term in which this member was last observed
 	// leading (observeLeader), and ledAt since when (the now of the call
 	// that first observed it lead in that term).
@@ -298,7 +307,7 @@ func (m *Member) TransferLeadership() bool {
 		// One that answers: a transfer to a voter that is down stalls
 		// proposals for an election timeout before raft gives it up.
 		at, heard := m.heard[id]
-		if id != m.cfg.RaftID && heard && (m.tick == 0 || m.lastTick-at <= int64(3*m.cfg.HeartbeatTicks)*m.tick) && st.Progress[id].Match+m.cfg.SnapshotEvery >= st.HardState.GetCommit() {
+		if id != m.cfg.RaftID && heard && (m.tick == 0 || m.lastTick-at <= int64(3*m.cfg.HeartbeatTicks*m.slow())*m.tick) && st.Progress[id].Match+m.cfg.SnapshotEvery >= st.HardState.GetCommit() {
 			m.rn.TransferLeader(id)
 			return true
 		}
@@ -337,11 +346,14 @@ func (m *Member) Tick(now int64) Output {
 		m.tick = now - m.lastTick
 	}
 	m.lastTick = now
+	m.now = max(m.now, now)
 	m.proposeHeld()
 	m.poke = false
-	m.rn.Tick()
+	m.raftTick()
 	m.observeLeader(now)
+	m.slotQuiet(now)
 	m.do(m.own.Tick(now))
+	m.tickQuiet(now)
 	m.readKeepAlives(now)
 	m.forwardRelayed(now)
 	m.sendBack(now)
@@ -398,6 +410,7 @@ func (m *Member) Poked() bool { return m.poke }
 // step of the machine reads now and is safe at any time; a poke only
 // makes one come sooner.
 func (m *Member) Poke(now int64) Output {
+	m.now = max(m.now, now)
 	if m.poke {
 		m.poke = false
 		m.observeLeader(now)
@@ -418,12 +431,15 @@ func (m *Member) Step(msg *pb.Message, now int64) Output {
 		return m.ready(now)
 	}
 	m.heard[msg.GetFrom()] = now
+	m.now = max(m.now, now)
 	m.touch(now)
 	switch msg.GetType() {
 	case pb.MsgApp, pb.MsgHeartbeat, pb.MsgSnap, pb.MsgTimeoutNow, pb.MsgReadIndexResp:
 		m.contact = now // from a leader (or answers it sent)
 	case pb.MsgVoteResp:
 		msg = m.noteVote(msg, now)
+	case pb.MsgPreVote:
+		m.probeQuiet(msg, now)
 	}
 	if IsKeepAlive(msg) {
 		m.stepKeepAlive(msg, now)
@@ -441,11 +457,25 @@ func (m *Member) Step(msg *pb.Message, now int64) Output {
 			}
 		}
 	}
+	if msg.GetType() == pb.MsgHeartbeatResp && bytes.HasPrefix(msg.GetContext(), kzMagic) {
+		var ok bool
+		if msg, ok = m.stepQuiet(msg, now); !ok {
+			return m.ready(now)
+		}
+	}
+
 	if msg.GetType() == pb.MsgHeartbeat && bytes.HasPrefix(msg.GetContext(), kqMagic) {
 		var ok bool
 		if msg, ok = m.uncarryBack(msg, now); !ok {
 			return m.ready(now)
 		}
+	}
+	if msg.GetType() == pb.MsgHeartbeat && bytes.HasPrefix(msg.GetContext(), kyMagic) {
+		var ok bool
+		if msg, ok = m.unquietAnswer(msg, now); !ok {
+			return m.ready(now)
+		}
+		defer func() { m.q.drop = false }()
 	}
 	if msg.GetType() == pb.MsgProp && msg.GetFrom() != m.cfg.RaftID && m.Leader() && len(m.held) < heldMax {
 		// Held for the tick: raft sends every follower an append, and
@@ -543,6 +573,7 @@ func (m *Member) ready(now int64) Output {
 	if m.diskStopped(now) {
 		return Output{}
 	}
+	m.now = max(m.now, now)
 	m.touch(now)
 	for m.rn.HasReady() {
 		rd := m.rn.Ready()

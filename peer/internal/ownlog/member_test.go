@@ -57,6 +57,15 @@ func newClusterConf(t *testing.T, n int, cs *pb.ConfState) *cluster {
 	return c
 }
 
+// noQuiet turns quiet sessions off on every member (quiet.go): for the
+// tests of what three voters do without them (as with learners).
+func (c *cluster) noQuiet() *cluster {
+	for _, m := range c.members {
+		m.cfg.NoQuiet, m.q.of = true, nil
+	}
+	return c
+}
+
 func (c *cluster) carry(from uint64, out Output) {
 	for _, msg := range out.Messages {
 		c.inbox = append(c.inbox, msg)

@@ -136,7 +136,8 @@ func IsKeepAlive(msg *pb.Message) bool {
 // answers: one of its own, a batch, or the leader's heartbeat that
 // carries a batch back (carryBack); for drivers that delay or drop them.
 func CarriesAnswers(msg *pb.Message) bool {
-	return IsKeepAlive(msg) && msg.GetType() == pb.MsgReadIndexResp || msg.GetType() == pb.MsgHeartbeat && bytes.HasPrefix(msg.GetContext(), kqMagic)
+	return IsKeepAlive(msg) && msg.GetType() == pb.MsgReadIndexResp ||
+		msg.GetType() == pb.MsgHeartbeat && (bytes.HasPrefix(msg.GetContext(), kqMagic) || bytes.HasPrefix(msg.GetContext(), kyMagic))
 }
 
 // CarriesRequests reports whether a raft message carries keep-alive
@@ -144,7 +145,7 @@ func CarriesAnswers(msg *pb.Message) bool {
 // carries a batch (carry); for drivers that aim at them.
 func CarriesRequests(msg *pb.Message) bool {
 	if msg.GetType() == pb.MsgHeartbeatResp {
-		return slices.ContainsFunc(carriers, func(c []byte) bool { return bytes.HasPrefix(msg.GetContext(), c) })
+		return bytes.HasPrefix(msg.GetContext(), kzMagic) || slices.ContainsFunc(carriers, func(c []byte) bool { return bytes.HasPrefix(msg.GetContext(), c) })
 	}
 	return IsKeepAlive(msg) && msg.GetType() == pb.MsgReadIndex
 }
@@ -168,6 +169,12 @@ func (m *Member) sendKeepAlive(r ownership.KeepAliveRequest) {
 		if m.Leader() {
 			m.queueKeepAlive(kaReq{req: r})
 		}
+		return
+	}
+	if m.Voter() && m.quiet() {
+		// Sent at once as the voter's keep-alive (quiet.go).
+		m.queueRelay(relayed{from: m.cfg.RaftID, body: r.Encode(nil)}, m.now)
+		m.sendQuiet(m.now)
 		return
 	}
 	if m.Voter() {
@@ -591,7 +598,7 @@ func (m *Member) readKeepAlives(now int64) {
 		clear(m.ka.reads[len(live):])
 		m.ka.reads = live
 	}
-	if len(m.ka.wait) == 0 || len(m.ka.reads) >= 2*m.cfg.ElectionTicks || !m.ka.due(now, m, 1) {
+	if len(m.ka.wait) == 0 || len(m.ka.reads) >= 2*m.cfg.ElectionTicks || m.quietOwnWaits(now) || !m.ka.due(now, m, 1) {
 		return
 	}
 	m.ka.next++
@@ -711,6 +718,9 @@ func (m *Member) thin(out, msgs []*pb.Message, now int64) []*pb.Message {
 	}
 	beat := int64(m.cfg.HeartbeatTicks) * m.tick
 	for _, msg := range msgs {
+		if m.quietHeartbeat(msg, now) || m.dropQuietAnswer(msg) {
+			continue
+		}
 		if msg.GetType() == pb.MsgHeartbeat && len(msg.GetContext()) == 0 {
 			if at, ok := m.readBeat[msg.GetTo()]; ok && (at == now || now-at < beat) {
 				continue

@@ -225,7 +225,7 @@ func TestHeldKeepAliveKeepsItsMember(t *testing.T) {
 		for len(c.inbox) > 0 {
 			msg := c.inbox[0]
 			c.inbox = c.inbox[1:]
-			if msg.GetFrom() == b && (IsKeepAlive(msg) || msg.GetType() == pb.MsgHeartbeatResp && bytes.HasPrefix(msg.GetContext(), krMagic)) {
+			if msg.GetFrom() == b && CarriesRequests(msg) {
 				continue
 			}
 			c.carry(msg.GetTo(), c.members[msg.GetTo()].Step(msg, c.now))
@@ -307,7 +307,7 @@ func TestCarrierConfirms(t *testing.T) {
 // sends it its answers in a message of their own, and its lease keeps
 // extending.
 func TestVoterBeforeCarryBack(t *testing.T) {
-	c := newCluster(t, 3)
+	c := newCluster(t, 3).noQuiet()
 	c.run(5 * time.Second)
 	lead := c.leader()
 	old := lead%3 + 1

@@ -13,10 +13,11 @@ import (
 	"github.com/ringlimit/ringlimit/peer/internal/ownership"
 )
 
-// voter is member id of a log of voters 1, 2 and 3.
+// voter is member id of a log of voters 1, 2 and 3, without quiet
+// sessions (a quiet voter's keep-alives are contact too: quiet_test.go).
 func voter(t *testing.T, id uint64, mut ownership.Mutation) *Member {
 	t.Helper()
-	m, err := New(Config{RaftID: id, Ownership: ownership.Config{ID: "m", Mutation: mut}, Partitions: 4,
+	m, err := New(Config{RaftID: id, Ownership: ownership.Config{ID: "m", Mutation: mut}, Partitions: 4, NoQuiet: true,
 		Bootstrap: &pb.ConfState{Voters: []uint64{1, 2, 3}}})
 	if err != nil {
 		t.Fatal(err)

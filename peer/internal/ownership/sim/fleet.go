@@ -62,6 +62,8 @@ type FleetOptions struct {
 	Voters int
 	// Heartbeat and Election replace raft's timing (Options.Heartbeat).
 	Heartbeat, Election time.Duration
+	// NoQuiet keeps raft's heartbeats among three voters (Options.NoQuiet).
+	NoQuiet bool
 	// RestOnly ends the run after the at-rest phase.
 	RestOnly bool
 	// Progress, when set, is told each phase's end as it comes (a run
@@ -190,7 +192,7 @@ func settle(d time.Duration) string {
 func RunFleet(f FleetOptions) FleetResult {
 	start := time.Now()
 	f.defaults()
-	o := Options{Seed: f.Seed, NoFault: true, Members: f.Members, Partitions: f.Partitions, Keys: f.Keys, Clients: f.Clients, Liveness: f.Liveness, Voters: f.Voters, Heartbeat: f.Heartbeat, Election: f.Election,
+	o := Options{Seed: f.Seed, NoFault: true, Members: f.Members, Partitions: f.Partitions, Keys: f.Keys, Clients: f.Clients, Liveness: f.Liveness, Voters: f.Voters, Heartbeat: f.Heartbeat, Election: f.Election, NoQuiet: f.NoQuiet,
 		Duration: time.Hour} // the phases set the end
 	o.defaults()
 	s := newSim(o)

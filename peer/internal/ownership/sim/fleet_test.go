@@ -67,8 +67,9 @@ func TestFleet(t *testing.T) {
 // budget. RINGLIMIT_FLEET_PHASES=rest stops each after the at-rest phase,
 // and RINGLIMIT_FLEET_REST (a Go duration, 10s unless set) is that
 // phase's length; RINGLIMIT_FLEET_VOTERS fixes the voters
-// (ownlog.VotersFor unless set) and RINGLIMIT_SIM_TIMING raft's timing
-// (simTiming). Each size's phases and figures are logged (go test -v).
+// (ownlog.VotersFor unless set), RINGLIMIT_SIM_TIMING raft's timing
+// (simTiming) and RINGLIMIT_SIM_NOQUIET=1 keeps raft's heartbeats among
+// three voters (Options.NoQuiet). Each size's phases and figures are logged (go test -v).
 func TestFleetSizes(t *testing.T) {
 	v := os.Getenv("RINGLIMIT_FLEET")
 	if v == "" {
@@ -105,7 +106,7 @@ func TestFleetSizes(t *testing.T) {
 			t.Fatalf("RINGLIMIT_FLEET=%q: want comma-separated member counts of at least 2", v)
 		}
 		t.Run("members="+strconv.Itoa(n), func(t *testing.T) {
-			runFleet(t, FleetOptions{Seed: 1, Members: n, RestOnly: restOnly, Rest: rest, Voters: min(voters, n), Heartbeat: beat, Election: election, Progress: func(phase string, virtual, wall time.Duration) {
+			runFleet(t, FleetOptions{Seed: 1, Members: n, RestOnly: restOnly, Rest: rest, Voters: min(voters, n), Heartbeat: beat, Election: election, NoQuiet: os.Getenv("RINGLIMIT_SIM_NOQUIET") != "", Progress: func(phase string, virtual, wall time.Duration) {
 				t.Logf("%s done at %v of virtual time, %v of wall time", phase, virtual.Round(time.Millisecond), wall.Round(time.Second))
 			}})
 		})

@@ -323,6 +323,10 @@ type Options struct {
 	// the simulator's 100 ms tick: what a slower heartbeat would cost
 	// (TestFailoverTimes, TestFleetSizes: RINGLIMIT_SIM_TIMING).
 	Heartbeat, Election time.Duration
+	// NoQuiet keeps raft's heartbeats among three voters without
+	// learners (ownlog.Config.NoQuiet), for comparisons
+	// (RINGLIMIT_SIM_NOQUIET=1 in TestFailoverTimes, TestFleetSizes).
+	NoQuiet bool
 	// NoFault leaves Fault at FaultNone instead of drawing one.
 	NoFault bool
 }

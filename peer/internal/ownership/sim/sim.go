@@ -545,7 +545,7 @@ func (s *sim) start(name string, inc int, raftID uint64, cs *pb.ConfState) *memb
 		detect: int64(300*time.Millisecond) + s.rng.Int64N(int64(4700*time.Millisecond))}
 	beat, election := s.raftTicks()
 	log, err := ownlog.New(ownlog.Config{RaftID: raftID, Ownership: ownership.Config{ID: m.id, Liveness: s.o.Liveness, ExtendEvery: s.o.ExtendEvery, EmptyAfter: s.o.emptyAfter(), Mutation: s.o.Rule},
-		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters, Disk: s.diskFor(name), SnapshotEvery: s.snapshotEvery(), HeartbeatTicks: beat, ElectionTicks: election})
+		Partitions: s.o.Partitions, Bootstrap: cs, Voters: s.o.Voters, Disk: s.diskFor(name), SnapshotEvery: s.snapshotEvery(), HeartbeatTicks: beat, ElectionTicks: election, NoQuiet: s.o.NoQuiet})
 	if err != nil {
 		panic(err)
 	}

@@ -82,14 +82,28 @@ func options(seed uint64) Options {
 // against the sliding-log model), no holding handed without its state,
 // and no partition restarted empty (a single fault never loses state).
 func TestSchedules(t *testing.T) {
-	n := seeds(t)
+	schedules(t, seeds(t), 0)
+}
+
+// schedules runs n seeded single-fault schedules from firstSeed, with
+// members members (0: Options' default).
+func schedules(t *testing.T, n, members int) {
 	first := firstSeed(t)
 	start := time.Now()
 	var ops, faults, lost, failed int
 	var events int
 	worst := map[Fault]time.Duration{}
 	for seed := first; seed < first+uint64(n); seed++ {
-		r := run(t, options(seed))
+		o := options(seed)
+		if members > 0 && members < 5 && o.Fault == FaultLeaderChange {
+			// Two crashes: of three members, one is left, no majority.
+			continue
+		}
+		o.Members = members
+		if os.Getenv("RINGLIMIT_SIM_NOQUIET") != "" {
+			o.NoQuiet = true
+		}
+		r := run(t, o)
 		ops += len(r.Ops)
 		events += r.Events
 		worst[r.Fault] = max(worst[r.Fault], r.Unavailable)
@@ -102,7 +116,7 @@ func TestSchedules(t *testing.T) {
 		}
 		if r.Failed() {
 			failed++
-			t.Errorf("promise broken (replay: Run(options(%d))):\n%s", seed, r)
+			t.Errorf("promise broken (replay: Run(options(%d)), %d members):\n%s", seed, members, r)
 		}
 		if r.Fault == FaultLeave && r.Stalled > 0 {
 			t.Errorf("a graceful leave stopped at its close deadline still holding partitions:\n%s", r)
@@ -255,6 +269,13 @@ func catalogue() []mutant {
 		// heartbeat answer well into the cut (aimkeepalive.go).
 		{name: "a carrier counts as a quorum", rule: ownership.MutCarrierIsQuorum, faults: []Fault{FaultKeepAliveCut},
 			tweak: func(o *Options) { o.Voters, o.Members = 5, 6 }, budget: 20},
+		// Three members, whose voters' keep-alives are the log's
+		// heartbeats (ownlog's quiet.go): a muted leader hears the
+		// voters' keep-alives while they no longer hear it, and counts
+		// its own lease on from them; its successor ends it from the
+		// voters' last hearing, a keep-alive interval earlier.
+		{name: "quiet leader counts from a keep-alive", rule: ownership.MutQuietOwnFromKeepAlive,
+			faults: []Fault{FaultMute, FaultLeaderSplit, FaultIsolate}, tweak: func(o *Options) { o.Members = 3 }, budget: 60},
 		// FaultSelfRemoval aims at it: a leader elected with its own
 		// removal in its log; with the rule broken it leads on, and the
 		// holder crashed next is never ended (checkEnded).
@@ -564,4 +585,20 @@ func runDoubleFault(t *testing.T, f Fault) (n, lost, over int, worst time.Durati
 // over the limit, nor the leave stall at its deadline.
 func TestBackupLeavesAsHolderRestarts(t *testing.T) {
 	runLeave(t, FaultBackupLeave, 5*time.Second, 8)
+}
+
+// TestQuietSchedules is TestSchedules at three members, whose voters'
+// keep-alives are the log's heartbeats (ownlog's quiet.go): every fault
+// kind against the quiet sessions' rules, but FaultLeaderChange (a
+// holder's crash, then the leader's: of three, one is left). RINGLIMIT_SIM_QUIET_SEEDS
+// sets how many (a fifth of TestSchedules' unless set).
+func TestQuietSchedules(t *testing.T) {
+	n := max(seeds(t)/5, 1)
+	if v := os.Getenv("RINGLIMIT_SIM_QUIET_SEEDS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			t.Fatalf("RINGLIMIT_SIM_QUIET_SEEDS=%q: want a positive count", v)
+		}
+	}
+	schedules(t, n, 3)
 }
