@@ -1,0 +1,139 @@
+package ownlog
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/raft/v3/raftpb"
+
+	"github.com/ringlimit/ringlimit/peer/internal/ownership"
+)
+
+// atRest runs c for 10 s after a 5 s start and counts the messages the
+// leader sent and received a second, and those that were raft's own
+// heartbeats to a voter (no keep-alive in them) or reads (a heartbeat
+// with raft's read context).
+func atRest(t *testing.T, c *cluster) (leader, plain float64) {
+	t.Helper()
+	c.run(5 * time.Second)
+	lead := c.leader()
+	c.sent = nil
+	c.run(10 * time.Second)
+	n, p := 0, 0
+	for _, msg := range c.sent {
+		if msg.GetFrom() == lead || msg.GetTo() == lead {
+			n++
+		}
+		if msg.GetType() == pb.MsgHeartbeat && !bytes.HasPrefix(msg.GetContext(), kyMagic) {
+			p++
+		}
+	}
+	return float64(n) / 10, float64(p) / 10
+}
+
+// TestQuietTraffic: of three voters at rest, the voters' keep-alives and
+// their answers are all the leader exchanges, within issue 54's 2
+// messages a second per member; raft's heartbeats (and reads) are gone.
+// Without quiet sessions it exchanges 20 a second.
+func TestQuietTraffic(t *testing.T) {
+	lead, plain := atRest(t, newCluster(t, 3))
+	if lead > 6 || plain > 0 {
+		t.Errorf("at rest the leader of 3 exchanged %.1f messages a second (want at most 6), %.1f of raft's own heartbeats (want none)", lead, plain)
+	}
+	loud, loudPlain := atRest(t, newCluster(t, 3).noQuiet())
+	if loud < 3*lead || loudPlain == 0 {
+		t.Errorf("without quiet sessions the leader exchanged %.1f a second (%.1f heartbeats of raft's), with them %.1f: the count sees nothing", loud, loudPlain, lead)
+	}
+	t.Logf("the leader of 3 at rest: %.1f messages a second (%.1f without quiet sessions)", lead, loud)
+}
+
+// TestQuietLeaderLease: the leader of a quiet configuration counts its
+// own lease from the send of an answer a voter acknowledged, never from
+// a keep-alive's arrival (MutQuietOwnFromKeepAlive): with every answer to
+// the voters lost from some instant on, their keep-alives still arrive,
+// acknowledging only answers sent before it, and the leader's lease ends
+// no later than HolderShare of a Liveness after that instant.
+func TestQuietLeaderLease(t *testing.T) {
+	for _, c := range []struct {
+		mut     ownership.Mutation
+		extends bool
+	}{{ownership.MutNone, false}, {ownership.MutQuietOwnFromKeepAlive, true}} {
+		cl := newCluster(t, 3)
+		for _, m := range cl.members {
+			m.cfg.Ownership.Mutation = c.mut // the rule is ownlog's
+		}
+		cl.run(5 * time.Second)
+		lead := cl.leader()
+		l := cl.members[lead]
+		if !l.quiet() || l.q.from == 0 {
+			t.Fatalf("%v: the leader m%d is not quiet or no answer was acknowledged (from %d)", c.mut, lead, l.q.from)
+		}
+		cut := cl.now
+		share := int64(float64(2*time.Second) * ownership.HolderShare)
+		for end := cl.now + int64(3*time.Second); cl.now < end; cl.now += int64(100 * time.Millisecond) {
+			for id := uint64(1); id <= 3; id++ {
+				cl.carry(id, cl.members[id].Tick(cl.now))
+			}
+			for len(cl.inbox) > 0 {
+				msg := cl.inbox[0]
+				cl.inbox = cl.inbox[1:]
+				if msg.GetFrom() == lead {
+					continue // every answer, append and heartbeat lost
+				}
+				cl.carry(msg.GetTo(), cl.members[msg.GetTo()].Step(msg, cl.now))
+			}
+		}
+		over := l.Own().LiveUntil() > cut+share
+		if over != c.extends {
+			t.Errorf("%v: the leader's lease runs to %v after its answers stopped reaching anyone (share of a Liveness: %v); extends past it: %v, want %v",
+				c.mut, time.Duration(l.Own().LiveUntil()-cut), time.Duration(share), over, c.extends)
+		}
+	}
+}
+
+// TestQuietLeaderCrash: when the leader of a quiet configuration
+// crashes, the voters find out from their unanswered keep-alives and
+// elect one of them well within the election timeout raft's slowed
+// clock keeps (slow), about a keep-alive interval and a wait later.
+func TestQuietLeaderCrash(t *testing.T) {
+	c := newCluster(t, 3)
+	c.run(5 * time.Second)
+	lead := c.leader()
+	slowed := time.Duration(int64(c.members[lead].cfg.ElectionTicks*c.members[lead].slow()) * c.members[lead].tick)
+	c.down[lead] = true
+	crash := c.now
+	c.until(slowed, func() bool {
+		for id, m := range c.members {
+			if id != lead && m.Leader() {
+				return true
+			}
+		}
+		return false
+	}, func() string { return "no new leader" })
+	took := time.Duration(c.now - crash)
+	if took >= slowed {
+		t.Errorf("a new leader %v after the crash, not before the slowed election timeout %v", took, slowed)
+	}
+	t.Logf("a new leader %v after the leader's crash (raft's slowed election timeout: %v)", took, slowed)
+}
+
+// TestQuietAnswerOutsideConfiguration: a keep-alive from a member the
+// leader's configuration no longer lists (removed before it heard so)
+// gets no answer: raft's heartbeat to it would carry a commit index past
+// its log, which raft panics on, as the simulator found.
+func TestQuietAnswerOutsideConfiguration(t *testing.T) {
+	c := newCluster(t, 3)
+	c.run(5 * time.Second)
+	l := c.members[c.leader()]
+	ctx := append(append([]byte(nil), kzMagic...), 0)
+	ctx = encodeBatch(ctx, nil)
+	out := l.Step(&pb.Message{Type: pb.MsgHeartbeatResp.Enum(), From: ptr(uint64(9)), To: ptr(l.cfg.RaftID), Term: ptr(l.Term()), Context: ctx}, c.now)
+	for _, msg := range out.Messages {
+		if msg.GetTo() == 9 {
+			t.Errorf("the leader answered a member outside its configuration: %v", msg)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
