@@ -97,12 +97,12 @@ func (m *Member) autopilot(now int64) {
 	// three heartbeats (followers answer every heartbeat); a silent one
 	// it has had none from for an election timeout. Ticks not yet
 	// measured: nobody is silent, and only this member answers.
-	heardWithin := func(id uint64, ticks int) bool {
+	heardWithin := func(id uint64, d int64) bool {
 		at, ok := m.heard[id]
-		return ok && m.tick > 0 && now-at <= int64(ticks)*m.tick
+		return ok && m.tick > 0 && now-at <= d
 	}
 	answers := func(id uint64) bool {
-		return id == m.cfg.RaftID || heardWithin(id, 3*m.cfg.HeartbeatTicks*m.slow())
+		return id == m.cfg.RaftID || heardWithin(id, m.answersWithin())
 	}
 	// Silent only once this member has led for an election timeout: a
 	// follower hears nothing from the other followers, so a new leader
@@ -112,7 +112,7 @@ func (m *Member) autopilot(now int64) {
 	// a voter and stayed its bound of four Liveness (a 32-member deploy
 	// wave 8 s longer).
 	silent := func(id uint64) bool {
-		return id != m.cfg.RaftID && m.tick > 0 && !heardWithin(id, m.cfg.ElectionTicks*m.slow()) && now-m.ledAt >= int64(m.cfg.ElectionTicks*m.slow())*m.tick
+		return id != m.cfg.RaftID && m.tick > 0 && !heardWithin(id, m.silentAfter()) && now-m.ledAt >= m.silentAfter()
 	}
 	// Voters that stay: a leaving voter is replaced before it goes, so
 	// that the last voter of a log never leaves with it. One that stays

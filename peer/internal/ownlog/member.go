@@ -307,7 +307,7 @@ func (m *Member) TransferLeadership() bool {
 		// One that answers: a transfer to a voter that is down stalls
 		// proposals for an election timeout before raft gives it up.
 		at, heard := m.heard[id]
-		if id != m.cfg.RaftID && heard && (m.tick == 0 || m.lastTick-at <= int64(3*m.cfg.HeartbeatTicks*m.slow())*m.tick) && st.Progress[id].Match+m.cfg.SnapshotEvery >= st.HardState.GetCommit() {
+		if id != m.cfg.RaftID && heard && (m.tick == 0 || m.lastTick-at <= m.answersWithin()) && st.Progress[id].Match+m.cfg.SnapshotEvery >= st.HardState.GetCommit() {
 			m.rn.TransferLeader(id)
 			return true
 		}
@@ -391,6 +391,11 @@ func (m *Member) observeLeader(now int64) {
 	m.own.SetLeaderFrom(leader, now, from)
 	if l := m.Lead(); l != m.lead {
 		m.lead = l
+		if l != 0 {
+			// A leader known anew: no keep-alive waits for it yet
+			// (quiet.go).
+			m.q.waiting, m.q.campaigned = false, false
+		}
 		if l != 0 {
 			m.lastLead = l
 			// A new leader: extensions proposed during the election were
@@ -715,17 +720,15 @@ func (m *Member) voters(n int) int {
 
 // VotersFor is how many voters autopilot keeps for n live members
 // without Config.Voters: 5 survive two voters' failure where 3 survive
-// one, but exchange a heartbeat and its answer with the leader every
-// heartbeat interval each (Timing), what a member's keep-alives cost five
-// times over, and only among at most three are the leader and a voter a
-// quorum, so that a heartbeat answer confirms the keep-alives it carries
-// (session.go): with 5 voters, 16 members exchanged 6.2 ownership
-// messages a second each at rest and the leader 3.3 per member, over the
-// 5 and 2 a member may cost; with 3 voters, 4.8 and 1.5. Below 13 members
-// no count meets those (3 voters' heartbeats alone are 20 messages a
-// second at the leader), so a small cluster keeps 5 voters from 5
-// members, and survives two of them failing at once; from 13 members to
-// 63, 3; from 64 on, where 5 voters' heartbeats are a small share, 5.
+// one, but only among at most three are the leader and a voter a
+// quorum, so that a voter's message confirms the keep-alives it carries
+// (session.go) and the voters' keep-alives are the log's heartbeats
+// (quiet.go): at rest the leader of 3 or 4 members, or of 13 to 63,
+// exchanges 6 messages a second with its voters, where of 5 voters raft's
+// heartbeats and their answers are 43 to 50 at 5 to 12 members, over
+// issue 54's 2 a member. A small cluster keeps 5 voters from 5 members
+// all the same, and survives two of them failing at once: from 13 members
+// to 63, 3; from 64 on, where 5 voters' heartbeats are a small share, 5.
 func VotersFor(n int) int {
 	switch {
 	case n >= 64:

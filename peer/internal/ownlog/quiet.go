@@ -18,14 +18,19 @@ package ownlog
 //     election clock and is its contact with the leader (votes.go), as
 //     raft's heartbeat is. Raft's answer to that heartbeat is not sent:
 //     the voter's next keep-alive carries the sequence back.
-//   - Raft's clock runs slower while a leader is known (slow),
-//     so that an election timeout (and the leader's CheckQuorum) outlasts
-//     a keep-alive interval; the leader sends a voter no heartbeat of
+//   - Raft's clock runs slower while a leader is known (slow), so that
+//     an election timeout (and the leader's CheckQuorum) outlasts two
+//     keep-alive intervals; the leader sends a voter no heartbeat of
 //     raft's own while its keep-alives come.
 //   - A leader's crash is found by the voters' keep-alives: one unanswered
-//     for two heartbeat intervals (quietWait) makes its voter campaign, and
-//     the other voter, asked for its pre-vote, sends one at once
-//     (probeQuiet): PreVote elects only once both went unanswered.
+//     for a wait (quietWait, a heartbeat interval) makes its voter
+//     suspect the leader: it runs raft's clock out, so that it grants
+//     pre-votes and campaigns within raft's randomized timeout; the other
+//     voter, asked for its pre-vote, sends a keep-alive at once
+//     (probeQuiet) and finds out as soon. A leader that hears no voter's
+//     keep-alive for an interval and a wait runs its clock out too
+//     (quietOverdue), and CheckQuorum steps it down as soon as without
+//     quiet sessions.
 //
 // Two messages a keep-alive interval per voter: 6 a second at the leader
 // of three members at a 2 s Liveness (2 per member), 3 at a voter.
@@ -104,8 +109,12 @@ type quietState struct {
 	overdue bool
 }
 
-// quiet reports whether the applied configuration is quiet: three
-// voters, this member one of them, no learners, no joint configuration.
+// quiet reports whether the applied configuration is quiet for this
+// member: three voters, this member one of them, no learners, not joint.
+// With learners it is not: they are heard by the leader only when its
+// heartbeats reach them, and autopilot, not hearing them, promoted none
+// (in the simulator a member of five stayed a learner beside three
+// voters, and the log stayed quiet).
 func (m *Member) quiet() bool {
 	if m.conf != m.q.of {
 		c := m.conf
@@ -153,6 +162,29 @@ func (m *Member) quietHeard() int64 {
 		at = max(at, m.q.heard)
 	}
 	return at
+}
+
+// answersWithin is how recently the leader must have heard from a voter
+// for it to answer (autopilot, TransferLeadership): three heartbeat
+// intervals, as followers answer every heartbeat; in a quiet
+// configuration a keep-alive interval and a wait.
+func (m *Member) answersWithin() int64 {
+	d := int64(3*m.cfg.HeartbeatTicks) * m.tick
+	if m.quiet() {
+		d = max(d, m.quietEvery()+m.quietWait())
+	}
+	return d
+}
+
+// silentAfter is how long the leader must not have heard from a voter
+// for it to count as silent (autopilot): an election timeout; in a quiet
+// configuration two keep-alive intervals and a wait, if longer.
+func (m *Member) silentAfter() int64 {
+	d := int64(m.cfg.ElectionTicks) * m.tick
+	if m.quiet() {
+		d = max(d, 2*m.quietEvery()+m.quietWait())
+	}
+	return d
 }
 
 // quietEvery is the keep-alive interval: two thirds of ExtendEvery, so
@@ -256,9 +288,12 @@ func (m *Member) suspect() {
 }
 
 // quietWait is how long a voter's keep-alive waits for its answer
-// before the voter suspects the leader: two heartbeat intervals, many
-// round trips.
-func (m *Member) quietWait() int64 { return int64(m.cfg.HeartbeatTicks) * m.tick }
+// before the voter suspects the leader: a heartbeat interval, at least a
+// quarter of a keep-alive interval (many round trips either way; 200 ms
+// at a 2 s Liveness).
+func (m *Member) quietWait() int64 {
+	return max(int64(m.cfg.HeartbeatTicks)*m.tick, m.quietEvery()/4)
+}
 
 // probeQuiet, on a voter of a quiet configuration that follows a leader,
 // sends a bare keep-alive at once when the other voter asks for its

@@ -2,6 +2,7 @@ package ownlog
 
 import (
 	"bytes"
+	"encoding/binary"
 	"testing"
 	"time"
 
@@ -86,12 +87,14 @@ func TestTiming(t *testing.T) {
 // leader's heartbeats stop reaching one voter, that voter sends them in a
 // message of their own and its lease still extends.
 func TestVoterKeepAlivesRideHeartbeats(t *testing.T) {
-	const n = 13 // 3 voters (VotersFor), where answers ride heartbeats
+	// 3 voters (VotersFor), where answers ride heartbeats without quiet
+	// sessions (quiet.go, where they are the heartbeats: quiet_test.go).
+	const n = 13
 	cs := &pb.ConfState{Voters: []uint64{1, 2, 3}}
 	for i := uint64(4); i <= n; i++ {
 		cs.Learners = append(cs.Learners, i)
 	}
-	c := newClusterConf(t, n, cs)
+	c := newClusterConf(t, n, cs).noQuiet()
 	c.run(5 * time.Second)
 	lead := c.leader()
 	var voter uint64
@@ -240,7 +243,8 @@ func TestHeldKeepAliveKeepsItsMember(t *testing.T) {
 }
 
 // answers counts the keep-alive answers msg carries: one in a message of
-// its own, those of a relay's batch, those a heartbeat carries back.
+// its own, those of a relay's batch, those a heartbeat carries back (or
+// a quiet answer: quiet.go).
 func answers(msg *pb.Message) int {
 	ctx := msg.GetContext()
 	switch {
@@ -252,6 +256,12 @@ func answers(msg *pb.Message) int {
 	case msg.GetType() == pb.MsgHeartbeat && bytes.HasPrefix(ctx, kqMagic):
 		_, items, _ := withoutBatch(msg, kqMagic)
 		return len(items)
+	case msg.GetType() == pb.MsgHeartbeat && bytes.HasPrefix(ctx, kyMagic):
+		b := ctx[len(kyMagic):]
+		if _, k := binary.Uvarint(b); k > 0 {
+			items, _ := decodeBatch(b[k:])
+			return len(items)
+		}
 	}
 	return 0
 }
