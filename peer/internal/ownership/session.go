@@ -40,6 +40,14 @@ package ownership
 //     carrierConfirms). Of more voters they are not a quorum: a leader
 //     cut off with one voter of five would grant on it
 //     (MutCarrierIsQuorum).
+//   - Of three voters without learners, the voters' keep-alives are the
+//     log's heartbeats (ownlog's quiet.go), and the leader confirms its
+//     own keep-alive without a read: a voter that acknowledges an answer
+//     heard the leader after it was sent, so its contact, from which any
+//     later leader counts, is no earlier; the leader counts its own lease
+//     from that answer's send (KeptAliveFrom), never from the arrival of
+//     a keep-alive that acknowledges an older one
+//     (MutQuietOwnFromKeepAlive).
 
 import (
 	"encoding/binary"

@@ -394,7 +394,7 @@ func (m *Member) observeLeader(now int64) {
 		if l != 0 {
 			// A leader known anew: no keep-alive waits for it yet
 			// (quiet.go).
-			m.q.waiting, m.q.campaigned = false, false
+			m.q.waiting, m.q.campaigned, m.q.asked, m.q.ranOut = false, false, false, false
 		}
 		if l != 0 {
 			m.lastLead = l

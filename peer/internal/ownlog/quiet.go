@@ -24,10 +24,10 @@ package ownlog
 //     raft's own while its keep-alives come.
 //   - A leader's crash is found by the voters' keep-alives: one unanswered
 //     for a wait (quietWait, a heartbeat interval) makes its voter
-//     suspect the leader: it runs raft's clock out, so that it grants
-//     pre-votes and campaigns within raft's randomized timeout; the other
-//     voter, asked for its pre-vote, sends a keep-alive at once
-//     (probeQuiet) and finds out as soon. A leader that hears no voter's
+//     suspect the leader (suspect): the first voter campaigns at once;
+//     the other, asked for its pre-vote, sends a keep-alive at once
+//     (probeQuiet) unless one is unanswered already, and grants it once
+//     that one went unanswered for the wait too. A leader that hears no voter's
 //     keep-alive for an interval and a wait runs its clock out too
 //     (quietOverdue), and CheckQuorum steps it down as soon as without
 //     quiet sessions.
@@ -90,6 +90,8 @@ type quietState struct {
 	waiting    bool
 	waitFrom   int64
 	campaigned bool
+	asked      bool // the other voter asked for its pre-vote meanwhile
+	ranOut     bool // raft's clock was run out for them (runOut)
 	ack        uint64
 	drop       bool
 	// ticks counts the calls to Tick toward raft's next tick.
@@ -270,21 +272,60 @@ func (m *Member) tickQuiet(now int64) {
 	}
 }
 
-// suspect runs raft's election clock out, once per stretch of unanswered
-// keep-alives: the voter no longer counts the leader's lease (it grants
-// pre-votes), and raft campaigns within its randomized election timeout,
-// on the fast clock (slow) until an answer comes. Raft's randomness
-// keeps the two voters, whose keep-alives go together after an election
-// (each extends at once), from campaigning together and splitting their
-// votes.
+// suspect, once per stretch of unanswered keep-alives, puts raft on the
+// fast clock (slow) until an answer comes and runs raft's election clock
+// out (runOut), and, on the first of the two voters that do not lead
+// (quietRank), campaigns at once. The other campaigns at once too if the first
+// asked for its pre-vote meanwhile (the first then waits for raft's
+// timer), else on raft's own timer, on the fast clock, should the first
+// not be elected; asked for its pre-vote once its own keep-alive went
+// unanswered too, it grants it (probeQuiet). The voters' keep-alives go together after an election
+// (each extends at once), and campaigning together they split their
+// votes, again and again.
 func (m *Member) suspect() {
 	if m.q.campaigned {
 		return
 	}
 	m.q.campaigned = true
+	m.runOut()
+	if m.quietRank() == 0 || m.q.asked {
+		_ = m.rn.Campaign()
+	}
+}
+
+// runOut runs raft's election clock out, once: the member no longer
+// counts the leader's lease, and grants pre-votes and votes. A follower's
+// clock is first set back to the leader's last heartbeat (raft restarts
+// it at each), so that it runs out exactly: raft then campaigns on its
+// randomized timer, within an election timeout more, rather than at
+// once (both voters' clocks ran since the same answer, and both
+// campaigning at once split their votes). Contact (votes.go) is not
+// touched: nothing was heard.
+func (m *Member) runOut() {
+	if m.q.ranOut {
+		return
+	}
+	m.q.ranOut = true
+	st := m.rn.BasicStatus()
+	if st.RaftState == raft.StateFollower && st.Lead != 0 {
+		_ = m.rn.Step(&pb.Message{Type: pb.MsgHeartbeat.Enum(), From: proto.Uint64(st.Lead), To: proto.Uint64(m.cfg.RaftID), Term: proto.Uint64(st.GetTerm())})
+		m.q.drop = true // raft's answer to it goes nowhere
+	}
 	for range m.cfg.ElectionTicks {
 		m.rn.Tick()
 	}
+}
+
+// quietRank is 0 for the first of the voters that do not lead (by raft
+// ID), 1 for the other.
+func (m *Member) quietRank() int {
+	lead := m.kaLead()
+	for _, v := range m.conf.GetVoters() {
+		if v != lead && v < m.cfg.RaftID {
+			return 1
+		}
+	}
+	return 0
 }
 
 // quietWait is how long a voter's keep-alive waits for its answer
@@ -296,13 +337,24 @@ func (m *Member) quietWait() int64 {
 }
 
 // probeQuiet, on a voter of a quiet configuration that follows a leader,
-// sends a bare keep-alive at once when the other voter asks for its
-// pre-vote and none of its own is unanswered: the other's went
-// unanswered, so the leader may have crashed, and this voter finds out
-// within quietWait rather than after its next keep-alive.
+// when the other voter asks for its pre-vote (its keep-alive went
+// unanswered, so the leader may have crashed): if its own went
+// unanswered for quietWait too, it runs raft's election clock out, so
+// that it grants the pre-vote; if none of its own is unanswered, it sends
+// one at once, and finds out within quietWait rather than after its next
+// keep-alive (the other asks again on raft's timer).
 func (m *Member) probeQuiet(msg *pb.Message, now int64) {
-	if msg.GetType() == pb.MsgPreVote && m.quietVoter() && !m.q.waiting {
+	if msg.GetType() != pb.MsgPreVote || !m.quietVoter() {
+		return
+	}
+	switch {
+	case now-m.q.waitFrom >= m.quietWait() && m.q.waiting:
+		m.suspect()
+	case !m.q.waiting:
 		m.sendQuiet(now)
+		fallthrough
+	default:
+		m.q.asked = true
 	}
 }
 
@@ -433,7 +485,7 @@ func (m *Member) unquietAnswer(msg *pb.Message, now int64) (*pb.Message, bool) {
 		return nil, false
 	}
 	m.handOn(items, now)
-	m.q.ack, m.q.waiting, m.q.campaigned, m.q.drop = seq, false, false, true
+	m.q.ack, m.q.waiting, m.q.campaigned, m.q.asked, m.q.ranOut, m.q.drop = seq, false, false, false, false, true
 	c := proto.Clone(msg).(*pb.Message)
 	c.Context = nil
 	return c, true

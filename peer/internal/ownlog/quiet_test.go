@@ -2,6 +2,7 @@ package ownlog
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 	"time"
 
@@ -52,8 +53,9 @@ func TestQuietTraffic(t *testing.T) {
 // own lease from the send of an answer a voter acknowledged, never from
 // a keep-alive's arrival (MutQuietOwnFromKeepAlive): with every answer to
 // the voters lost from some instant on, their keep-alives still arrive,
-// acknowledging only answers sent before it, and the leader's lease ends
-// no later than HolderShare of a Liveness after that instant.
+// acknowledging only answers sent before it (no election: votes are lost
+// too), and the leader's lease ends no later than HolderShare of a
+// Liveness after that instant.
 func TestQuietLeaderLease(t *testing.T) {
 	for _, c := range []struct {
 		mut     ownership.Mutation
@@ -78,8 +80,11 @@ func TestQuietLeaderLease(t *testing.T) {
 			for len(cl.inbox) > 0 {
 				msg := cl.inbox[0]
 				cl.inbox = cl.inbox[1:]
-				if msg.GetFrom() == lead {
-					continue // every answer, append and heartbeat lost
+				if msg.GetFrom() == lead || msg.GetType() == pb.MsgPreVote || msg.GetType() == pb.MsgVote {
+					// Every answer, append and heartbeat lost; and no
+					// election, so that the voters' keep-alives keep
+					// coming to the leader.
+					continue
 				}
 				cl.carry(msg.GetTo(), cl.members[msg.GetTo()].Step(msg, cl.now))
 			}
@@ -94,28 +99,36 @@ func TestQuietLeaderLease(t *testing.T) {
 
 // TestQuietLeaderCrash: when the leader of a quiet configuration
 // crashes, the voters find out from their unanswered keep-alives and
-// elect one of them well within the election timeout raft's slowed
-// clock keeps (slow), about a keep-alive interval and a wait later.
+// elect one of them about a keep-alive interval and a wait later, well
+// within the election timeout raft's slowed clock keeps (slow): the
+// median of 15 crashes within half of it. (Raft's votes split now and
+// then, as without quiet sessions: then its randomized timer, on the
+// fast clock, elects one a second or two later.)
 func TestQuietLeaderCrash(t *testing.T) {
-	c := newCluster(t, 3)
-	c.run(5 * time.Second)
-	lead := c.leader()
-	slowed := time.Duration(int64(c.members[lead].cfg.ElectionTicks*c.members[lead].slow()) * c.members[lead].tick)
-	c.down[lead] = true
-	crash := c.now
-	c.until(slowed, func() bool {
-		for id, m := range c.members {
-			if id != lead && m.Leader() {
-				return true
+	var took []time.Duration
+	var slowed time.Duration
+	for range 15 {
+		c := newCluster(t, 3)
+		c.run(5 * time.Second)
+		lead := c.leader()
+		slowed = time.Duration(int64(c.members[lead].cfg.ElectionTicks*c.members[lead].slow()) * c.members[lead].tick)
+		c.down[lead] = true
+		crash := c.now
+		c.until(3*slowed, func() bool {
+			for id, m := range c.members {
+				if id != lead && m.Leader() {
+					return true
+				}
 			}
-		}
-		return false
-	}, func() string { return "no new leader" })
-	took := time.Duration(c.now - crash)
-	if took >= slowed {
-		t.Errorf("a new leader %v after the crash, not before the slowed election timeout %v", took, slowed)
+			return false
+		}, func() string { return "no new leader" })
+		took = append(took, time.Duration(c.now-crash))
 	}
-	t.Logf("a new leader %v after the leader's crash (raft's slowed election timeout: %v)", took, slowed)
+	slices.Sort(took)
+	if med := took[len(took)/2]; med > slowed/2 {
+		t.Errorf("a new leader %v after the crash (median of %v), not within half the slowed election timeout %v", med, took, slowed)
+	}
+	t.Logf("a new leader after the leader's crash: median %v, most %v (raft's slowed election timeout: %v)", took[len(took)/2], took[len(took)-1], slowed)
 }
 
 // TestQuietAnswerOutsideConfiguration: a keep-alive from a member the

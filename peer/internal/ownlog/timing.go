@@ -21,17 +21,14 @@ import "time"
 // cost every voter and the leader messages at rest for nothing: at 2 s, a
 // heartbeat every 100 ms was most of what a small fleet exchanged.
 //
-// It does not slow down in a small cluster, though below 13 members the
-// leader's heartbeats to its voters and their answers then cost more
-// than 2 messages a second per member (issue 54's target): a heartbeat
-// slow enough (2/N s at N members with 3 voters) makes the election as
-// slow, and a crashed leader's keys and the survivors' wait for it. The
-// simulator measured it (its README, "Below 13 members"): at 3 members, a
-// heartbeat every 0.7 s left keys unavailable at rest and, after the
-// leader's crash, the survivors' keys unavailable for 2.7 s (median) where
-// this timing leaves 1.2 s, the crashed leader's 3.0 s where it leaves
-// 2.1 s. And at 3 members no heartbeat meets the target with a lease that
-// outlasts one lost answer (a renewal every 0.6 s or less).
+// It does not slow down in a small cluster. Below 13 members the leader's
+// heartbeats to its voters and their answers cost more than 2 messages a
+// second per member (issue 54's target), and a heartbeat slow enough
+// (2/N s at N members with 3 voters) makes the election as slow. At three
+// members the voters' keep-alives are the heartbeats instead (quiet.go):
+// 6 messages a second at the leader, with raft's clock slowed and the
+// crashed leader found by the unanswered keep-alives, not by this
+// timing's election.
 func Timing(liveness, tick time.Duration) (heartbeatTicks, electionTicks int) {
 	if tick <= 0 || liveness <= 0 {
 		return 1, 10
