@@ -38,7 +38,12 @@
 //     acknowledged the term after the request was sent, and the leader and
 //     it are a quorum (ownlog's carrierConfirms); it grants while the
 //     table names the member active at that epoch and no End of it that
-//     it proposed is pending. A member's lease is HolderShare (9/10) of Liveness counted
+//     it proposed is pending. Of three voters without learners the
+//     voters' keep-alives are the log's heartbeats (ownlog's quiet.go),
+//     and the leader confirms its own without a read, counting its lease
+//     from the send of an answer a voter's next keep-alive acknowledged:
+//     that voter heard it after, and a later leader counts from that
+//     voter's contact or its own. A member's lease is HolderShare (9/10) of Liveness counted
 //     from when it *sent* the extension that was then applied or granted
 //     (that one, by its sequence number: a retry sent after it may be
 //     lost, and then no leader counts from it).

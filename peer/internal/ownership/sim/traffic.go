@@ -322,7 +322,7 @@ func (t Traffic) Rates() Rates {
 // String is the rates on one line.
 func (r Rates) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "ownership %.0f msgs/s %s/s, %.1f commands/s; leader %.0f msgs/s %s/s; per member %.1f msgs/s %s/s (max %.1f msgs/s %s/s; a learner's max %.1f msgs/s %s/s; %d members, %d voting); data plane %.0f msgs/s",
+	fmt.Fprintf(&b, "ownership %.1f msgs/s %s/s, %.1f commands/s; leader %.1f msgs/s %s/s; per member %.1f msgs/s %s/s (max %.1f msgs/s %s/s; a learner's max %.1f msgs/s %s/s; %d members, %d voting); data plane %.0f msgs/s",
 		r.OwnMsgs, bytesize(r.OwnBytes), r.Commands, r.LeaderMsgs, bytesize(r.LeaderBytes), r.MemberMsgs, bytesize(r.MemberBytes), r.MaxMemberMsgs, bytesize(r.MaxMemberBytes),
 		r.MaxLearnerMsgs, bytesize(r.MaxLearnerBytes), r.Members, r.Voters, r.DataMsgs)
 	return b.String()
