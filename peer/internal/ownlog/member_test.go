@@ -66,6 +66,23 @@ func (c *cluster) noQuiet() *cluster {
 	return c
 }
 
+// runDropping is run, but every message drop reports true for is lost
+// (c.down is not consulted).
+func (c *cluster) runDropping(d time.Duration, drop func(*pb.Message) bool) {
+	for end := c.now + int64(d); c.now < end; c.now += int64(100 * time.Millisecond) {
+		for id := uint64(1); id <= uint64(len(c.members)); id++ {
+			c.carry(id, c.members[id].Tick(c.now))
+		}
+		for len(c.inbox) > 0 {
+			msg := c.inbox[0]
+			c.inbox = c.inbox[1:]
+			if !drop(msg) {
+				c.carry(msg.GetTo(), c.members[msg.GetTo()].Step(msg, c.now))
+			}
+		}
+	}
+}
+
 func (c *cluster) carry(from uint64, out Output) {
 	for _, msg := range out.Messages {
 		c.inbox = append(c.inbox, msg)

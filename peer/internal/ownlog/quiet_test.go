@@ -73,22 +73,11 @@ func TestQuietLeaderLease(t *testing.T) {
 		}
 		cut := cl.now
 		share := int64(float64(2*time.Second) * ownership.HolderShare)
-		for end := cl.now + int64(3*time.Second); cl.now < end; cl.now += int64(100 * time.Millisecond) {
-			for id := uint64(1); id <= 3; id++ {
-				cl.carry(id, cl.members[id].Tick(cl.now))
-			}
-			for len(cl.inbox) > 0 {
-				msg := cl.inbox[0]
-				cl.inbox = cl.inbox[1:]
-				if msg.GetFrom() == lead || msg.GetType() == pb.MsgPreVote || msg.GetType() == pb.MsgVote {
-					// Every answer, append and heartbeat lost; and no
-					// election, so that the voters' keep-alives keep
-					// coming to the leader.
-					continue
-				}
-				cl.carry(msg.GetTo(), cl.members[msg.GetTo()].Step(msg, cl.now))
-			}
-		}
+		cl.runDropping(3*time.Second, func(msg *pb.Message) bool {
+			// Every answer, append and heartbeat lost; and no election,
+			// so that the voters' keep-alives keep coming to the leader.
+			return msg.GetFrom() == lead || msg.GetType() == pb.MsgPreVote || msg.GetType() == pb.MsgVote
+		})
 		over := l.Own().LiveUntil() > cut+share
 		if over != c.extends {
 			t.Errorf("%v: the leader's lease runs to %v after its answers stopped reaching anyone (share of a Liveness: %v); extends past it: %v, want %v",
