@@ -469,6 +469,9 @@ func (m *Member) Step(msg *pb.Message, now int64) Output {
 		}
 	}
 
+	if msg.GetType() == pb.MsgHeartbeat && !bytes.HasPrefix(msg.GetContext(), kyMagic) {
+		m.noteLoud(msg, now)
+	}
 	if msg.GetType() == pb.MsgHeartbeat && bytes.HasPrefix(msg.GetContext(), kqMagic) {
 		var ok bool
 		if msg, ok = m.uncarryBack(msg, now); !ok {

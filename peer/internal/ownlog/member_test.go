@@ -34,8 +34,9 @@ func newCluster(t *testing.T, n int) *cluster {
 	return newClusterConf(t, n, cs)
 }
 
-// newClusterConf is newCluster with the founding configuration cs.
-func newClusterConf(t *testing.T, n int, cs *pb.ConfState) *cluster {
+// newClusterConf is newCluster with the founding configuration cs, and
+// each member's configuration changed by opts.
+func newClusterConf(t *testing.T, n int, cs *pb.ConfState, opts ...func(*Config)) *cluster {
 	t.Helper()
 	c := &cluster{t: t, members: map[uint64]*Member{}, down: map[uint64]bool{}}
 	var ids []string
@@ -43,7 +44,11 @@ func newClusterConf(t *testing.T, n int, cs *pb.ConfState) *cluster {
 		ids = append(ids, fmt.Sprintf("m%d", i))
 	}
 	for i := 1; i <= n; i++ {
-		m, err := New(Config{RaftID: uint64(i), Ownership: ownership.Config{ID: ids[i-1]}, Partitions: 4, Bootstrap: cs})
+		cfg := Config{RaftID: uint64(i), Ownership: ownership.Config{ID: ids[i-1]}, Partitions: 4, Bootstrap: cs}
+		for _, o := range opts {
+			o(&cfg)
+		}
+		m, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

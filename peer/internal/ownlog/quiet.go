@@ -92,8 +92,11 @@ type quietState struct {
 	campaigned bool
 	asked      bool // the other voter asked for its pre-vote meanwhile
 	ranOut     bool // raft's clock was run out for them (runOut)
-	ack        uint64
-	drop       bool
+	// loud is the term in which its leader answered with raft's own
+	// heartbeats instead (noteLoud).
+	loud uint64
+	ack  uint64
+	drop bool
 	// ticks counts the calls to Tick toward raft's next tick.
 	ticks int
 	// On the leader, in term: its latest answers to each voter, when it
@@ -136,7 +139,7 @@ func (m *Member) quiet() bool {
 // members that know no leader, at the start say, runs on the fast
 // clock).
 func (m *Member) slow() int {
-	if m.quietOverdue() {
+	if m.quietOverdue() || m.Leader() && !m.quietVoters() || !m.Leader() && m.q.loud == m.Term() {
 		return 1
 	}
 	if m.quiet() && m.rn.BasicStatus().Lead != 0 && !m.q.campaigned && m.tick > 0 {
@@ -222,7 +225,41 @@ func (m *Member) raftTick() {
 // quietVoter reports whether this member is a voter of a quiet
 // configuration that does not lead, with a leader to send to.
 func (m *Member) quietVoter() bool {
-	return m.quiet() && !m.Leader() && m.tick > 0 && m.kaLead() != 0 && m.kaLead() != m.cfg.RaftID
+	return m.quiet() && !m.Leader() && m.tick > 0 && m.kaLead() != 0 && m.kaLead() != m.cfg.RaftID && m.q.loud != m.Term()
+}
+
+// quietVoters reports, on the leader of a quiet configuration, whether
+// both other voters sent a quiet keep-alive in its term within two
+// intervals: only then does
+// its raft clock run slower, and raft's heartbeats stop. A voter of a
+// release before quiet sessions answers raft's heartbeats, which must
+// come as often as ever; so must a voter's that crashed or was cut off.
+func (m *Member) quietVoters() bool {
+	if m.q.term != m.Term() {
+		return false
+	}
+	n := 0
+	for _, at := range m.q.answered {
+		if m.now-at <= 2*m.quietEvery() {
+			n++
+		}
+	}
+	return n >= len(m.conf.GetVoters())-1
+}
+
+// noteLoud, on a voter of a quiet configuration, notes a heartbeat of
+// raft's own from its leader that came while its keep-alive waited for
+// an answer longer than quietWait: a leader of a release before quiet
+// sessions, which hands the keep-alive to raft and answers none (a quiet
+// leader answers at once, and sends raft's heartbeats to a voter only
+// until its keep-alives come). For the rest of the term the voter
+// keeps raft's clock and carries its keep-alives on raft's heartbeat
+// answers, as that leader expects (a quiet leader takes those too).
+func (m *Member) noteLoud(msg *pb.Message, now int64) {
+	if msg.GetType() == pb.MsgHeartbeat && msg.GetFrom() == m.Lead() && msg.GetTerm() == m.Term() && m.q.waiting &&
+		now-m.q.waitFrom >= m.quietWait() && m.quietVoter() {
+		m.q.loud = m.Term()
+	}
 }
 
 // slotQuiet, before the machine's periodic step on a voter of a quiet
@@ -264,7 +301,9 @@ func (m *Member) tickQuiet(now int64) {
 	if !m.quietVoter() {
 		return
 	}
-	if m.q.waiting && now-m.q.waitFrom >= m.quietWait() {
+	if at := m.heard[m.kaLead()]; m.q.waiting && now-m.q.waitFrom >= m.quietWait() && at < m.q.waitFrom {
+		// Nothing at all from the leader since: not a leader of an
+		// older release, whose heartbeats still come (noteLoud).
 		m.suspect()
 	}
 	if now-m.q.sentAt >= m.quietEvery() {
@@ -515,9 +554,10 @@ func (m *Member) quietOwnWaits(now int64) bool {
 // quietHeartbeat reports whether msg, raft's own heartbeat to a voter,
 // is one the leader of a quiet configuration does not send: that voter's
 // keep-alives come, the latest answered within an interval and an
-// election timeout.
+// election timeout, and so did the other's (quietVoters: else raft's
+// clock runs fast, and its CheckQuorum needs the heartbeats' answers).
 func (m *Member) quietHeartbeat(msg *pb.Message, now int64) bool {
-	if !m.quiet() || msg.GetType() != pb.MsgHeartbeat || len(msg.GetContext()) > 0 || m.q.term != msg.GetTerm() {
+	if !m.quiet() || msg.GetType() != pb.MsgHeartbeat || len(msg.GetContext()) > 0 || m.q.term != msg.GetTerm() || !m.quietVoters() {
 		return false
 	}
 	at, ok := m.q.answered[msg.GetTo()]

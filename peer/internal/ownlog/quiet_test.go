@@ -139,3 +139,65 @@ func TestQuietAnswerOutsideConfiguration(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestQuietBesideAnOlderRelease: quiet sessions in a rolling upgrade.
+// Beside a leader of a release before them (it hands a voter's quiet
+// keep-alive to raft and answers none, and keeps raft's heartbeats), the
+// voters find it out (noteLoud) and carry their keep-alives on raft's
+// heartbeat answers for the term; beside a voter of that release (no
+// quiet keep-alives), the leader keeps raft's clock and heartbeats. Either
+// way no voter's election clock runs out, and every lease keeps
+// extending.
+func TestQuietBesideAnOlderRelease(t *testing.T) {
+	for _, oldLeader := range []bool{true, false} {
+		// A node's timing (Timing at a 2 s Liveness, 100 ms ticks): a
+		// heartbeat every 200 ms, an election after 0.5-1 s.
+		c := newClusterConf(t, 3, &pb.ConfState{Voters: []uint64{1, 2, 3}}, func(cfg *Config) {
+			cfg.HeartbeatTicks, cfg.ElectionTicks = Timing(2*time.Second, 100*time.Millisecond)
+		})
+		c.run(5 * time.Second)
+		lead := c.leader()
+		old := lead
+		if !oldLeader {
+			old = lead%3 + 1
+		}
+		if !oldLeader {
+			// Restarted as the older release: down for a while first
+			// (with its data directory, the same raft member).
+			c.runDropping(2*time.Second, func(msg *pb.Message) bool { return msg.GetFrom() == old || msg.GetTo() == old })
+		}
+		c.members[old].cfg.NoQuiet, c.members[old].q.of = true, nil
+		term := c.members[lead].Term()
+		before := map[uint64]int64{}
+		for id, m := range c.members {
+			before[id] = m.Own().LiveUntil()
+		}
+		prevotes, late, start := 0, 0, c.now
+		c.runDropping(10*time.Second, func(msg *pb.Message) bool {
+			if msg.GetTo() == old && bytes.HasPrefix(msg.GetContext(), kzMagic) {
+				msg.Context = nil // an older release knows no quiet keep-alive
+				if c.now-start > int64(5*time.Second) {
+					late++
+				}
+			}
+			if msg.GetType() == pb.MsgPreVote && c.now-start > int64(time.Second) {
+				prevotes++ // (not the restarted voter's first, from its time down)
+			}
+			return false
+		})
+		if late > 0 {
+			t.Errorf("old leader %v: %d quiet keep-alives sent to it in the last 5 s: the voters never found out", oldLeader, late)
+		}
+		if prevotes > 0 {
+			t.Errorf("old leader %v: %d pre-votes asked: a voter's election clock ran out", oldLeader, prevotes)
+		}
+		for id, m := range c.members {
+			if m.Term() != term {
+				t.Errorf("old leader %v: m%d at term %d, was %d: an election", oldLeader, id, m.Term(), term)
+			}
+			if until := m.Own().LiveUntil(); until <= c.now || until <= before[id]+int64(8*time.Second) {
+				t.Errorf("old leader %v: m%d's lease stopped extending: until %v, was %v", oldLeader, id, time.Duration(until), time.Duration(before[id]))
+			}
+		}
+	}
+}

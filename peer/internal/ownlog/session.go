@@ -171,7 +171,7 @@ func (m *Member) sendKeepAlive(r ownership.KeepAliveRequest) {
 		}
 		return
 	}
-	if m.Voter() && m.quiet() {
+	if m.Voter() && m.quietVoter() {
 		// Sent at once as the voter's keep-alive (quiet.go).
 		m.queueRelay(relayed{from: m.cfg.RaftID, body: r.Encode(nil)}, m.now)
 		m.sendQuiet(m.now)
