@@ -395,8 +395,6 @@ func (m *Member) observeLeader(now int64) {
 			// A leader known anew: no keep-alive waits for it yet
 			// (quiet.go).
 			m.q.waiting, m.q.campaigned, m.q.asked, m.q.ranOut = false, false, false, false
-		}
-		if l != 0 {
 			m.lastLead = l
 			// A new leader: extensions proposed during the election were
 			// dropped, so extend now rather than at the next interval.
@@ -468,7 +466,6 @@ func (m *Member) Step(msg *pb.Message, now int64) Output {
 			return m.ready(now)
 		}
 	}
-
 	if msg.GetType() == pb.MsgHeartbeat && !bytes.HasPrefix(msg.GetContext(), kyMagic) {
 		m.noteLoud(msg, now)
 	}
