@@ -282,8 +282,7 @@ func (m *Member) sendQuiet(now int64) {
 	if lead == 0 || lead == m.cfg.RaftID {
 		return
 	}
-	b := binary.AppendUvarint(append([]byte(nil), kzMagic...), m.q.ack)
-	b = encodeBatch(b, m.ka.relay)
+	b := withSeq(kzMagic, m.q.ack, m.ka.relay)
 	m.ka.relay = m.ka.relay[:0]
 	m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgHeartbeatResp.Enum(), To: proto.Uint64(lead),
 		From: proto.Uint64(m.cfg.RaftID), Term: proto.Uint64(m.Term()), Context: b})
@@ -401,17 +400,10 @@ func (m *Member) probeQuiet(msg *pb.Message, now int64) {
 // returns the heartbeat answer it is to raft; ok is false for a
 // malformed one, dropped whole.
 func (m *Member) stepQuiet(msg *pb.Message, now int64) (*pb.Message, bool) {
-	b := msg.GetContext()[len(kzMagic):]
-	ack, k := binary.Uvarint(b)
-	if k <= 0 {
-		return nil, false
-	}
-	items, ok := decodeBatch(b[k:])
+	c, ack, items, ok := withoutSeq(msg, kzMagic)
 	if !ok {
 		return nil, false
 	}
-	c := proto.Clone(msg).(*pb.Message)
-	c.Context = nil
 	st := m.rn.BasicStatus()
 	if st.RaftState != raft.StateLeader || msg.GetTerm() != st.GetTerm() {
 		return c, true
@@ -464,8 +456,7 @@ func (m *Member) quietAnswer(v uint64, answers []relayed, now int64) {
 		return
 	}
 	m.q.seq++
-	b := binary.AppendUvarint(append([]byte(nil), kyMagic...), m.q.seq)
-	b = encodeBatch(b, answers)
+	b := withSeq(kyMagic, m.q.seq, answers)
 	m.out.Messages = append(m.out.Messages, &pb.Message{Type: pb.MsgHeartbeat.Enum(), To: proto.Uint64(v), From: proto.Uint64(m.cfg.RaftID),
 		Term: proto.Uint64(m.q.term), Commit: proto.Uint64(commit), Context: b})
 	s := append(m.q.sent[v], quietSent{seq: m.q.seq, at: now})
@@ -514,20 +505,36 @@ func (m *Member) ownWaits(now int64) {
 // answer carries and returns the heartbeat as raft is to see it; ok is
 // false for a malformed one, dropped whole.
 func (m *Member) unquietAnswer(msg *pb.Message, now int64) (*pb.Message, bool) {
-	b := msg.GetContext()[len(kyMagic):]
-	seq, k := binary.Uvarint(b)
-	if k <= 0 {
-		return nil, false
-	}
-	items, ok := decodeBatch(b[k:])
+	c, seq, items, ok := withoutSeq(msg, kyMagic)
 	if !ok {
 		return nil, false
 	}
 	m.handOn(items, now)
 	m.q.ack, m.q.waiting, m.q.campaigned, m.q.asked, m.q.ranOut, m.q.drop = seq, false, false, false, false, true
-	c := proto.Clone(msg).(*pb.Message)
-	c.Context = nil
 	return c, true
+}
+
+// withSeq is a quiet keep-alive's or answer's context: magic, a
+// sequence (the answer acknowledged, or the answer's own), then items.
+func withSeq(magic []byte, seq uint64, items []relayed) []byte {
+	return encodeBatch(binary.AppendUvarint(append([]byte(nil), magic...), seq), items)
+}
+
+// withoutSeq undoes withSeq on msg: it returns msg without its context,
+// the sequence and the items; ok is false for a malformed one, dropped
+// whole.
+func withoutSeq(msg *pb.Message, magic []byte) (c *pb.Message, seq uint64, items []relayed, ok bool) {
+	b := msg.GetContext()[len(magic):]
+	seq, k := binary.Uvarint(b)
+	if k <= 0 {
+		return nil, 0, nil, false
+	}
+	if items, ok = decodeBatch(b[k:]); !ok {
+		return nil, 0, nil, false
+	}
+	c = proto.Clone(msg).(*pb.Message)
+	c.Context = nil
+	return c, seq, items, true
 }
 
 // dropQuietAnswer reports whether msg is raft's answer to a quiet answer

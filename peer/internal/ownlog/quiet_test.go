@@ -128,8 +128,7 @@ func TestQuietAnswerOutsideConfiguration(t *testing.T) {
 	c := newCluster(t, 3)
 	c.run(5 * time.Second)
 	l := c.members[c.leader()]
-	ctx := append(append([]byte(nil), kzMagic...), 0)
-	ctx = encodeBatch(ctx, nil)
+	ctx := withSeq(kzMagic, 0, nil)
 	out := l.Step(&pb.Message{Type: pb.MsgHeartbeatResp.Enum(), From: ptr(uint64(9)), To: ptr(l.cfg.RaftID), Term: ptr(l.Term()), Context: ctx}, c.now)
 	for _, msg := range out.Messages {
 		if msg.GetTo() == 9 {

@@ -2,7 +2,6 @@ package ownlog
 
 import (
 	"bytes"
-	"encoding/binary"
 	"testing"
 	"time"
 
@@ -257,11 +256,8 @@ func answers(msg *pb.Message) int {
 		_, items, _ := withoutBatch(msg, kqMagic)
 		return len(items)
 	case msg.GetType() == pb.MsgHeartbeat && bytes.HasPrefix(ctx, kyMagic):
-		b := ctx[len(kyMagic):]
-		if _, k := binary.Uvarint(b); k > 0 {
-			items, _ := decodeBatch(b[k:])
-			return len(items)
-		}
+		_, _, items, _ := withoutSeq(msg, kyMagic)
+		return len(items)
 	}
 	return 0
 }
